@@ -1,0 +1,324 @@
+//! The cell's configuration: one TOML file with documented defaults, checked
+//! by [`CellConfig::validate`] at start so that a bad value fails with a
+//! message naming the field instead of misbehaving later.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// An invalid configuration, naming the offending field.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config file {path} is not valid: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("invalid config: `{field}` {message}")]
+    Invalid {
+        field: &'static str,
+        message: String,
+    },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CellConfig {
+    /// `region/name`, e.g. `eu-west/c1`.
+    pub cell_id: String,
+    /// Address the gRPC server binds; port 0 picks a free port.
+    pub listen: SocketAddr,
+    /// Where RocksDB and the cell's files live.
+    pub data_dir: PathBuf,
+    /// Distinguishes this cell instance inside message ids (0..=1023); must be
+    /// unique among the cell instances of a deployment.
+    pub instance_id: u16,
+    pub limits: LimitsConfig,
+    pub rate_limit: RateLimitConfig,
+    pub idempotency: IdempotencyConfig,
+    pub storage: StorageConfig,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Largest message body accepted.
+    pub max_body_bytes: usize,
+    /// Largest group.
+    pub max_group_members: u32,
+    /// Most member ids one create / add / remove request may carry.
+    pub max_members_per_request: usize,
+    /// Largest page `Pull` returns.
+    pub max_pull_limit: u32,
+    /// Longest `client_req_id`.
+    pub max_client_req_id_bytes: usize,
+    /// Longest conversation title.
+    pub max_title_bytes: usize,
+    /// How long after sending a message its sender may recall or edit it.
+    pub edit_window_secs: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RateLimitConfig {
+    /// Sends per second one user may make (sustained).
+    pub user_per_sec: u32,
+    pub user_burst: u32,
+    /// Sends per second one conversation accepts (sustained). This bounds how
+    /// far a conversation's seq can move between two checkpoints.
+    pub conversation_per_sec: u32,
+    pub conversation_burst: u32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct IdempotencyConfig {
+    /// How long a `client_req_id` is remembered.
+    pub ttl_secs: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StorageConfig {
+    /// fsync the WAL before acknowledging. Only benchmarks of the non-durable
+    /// path turn this off.
+    pub sync_wal: bool,
+    /// Most mutations written in one group-commit batch.
+    pub group_commit_max_batch: usize,
+    /// Mutations that may wait for the committer before writers block.
+    pub commit_queue_depth: usize,
+    pub block_cache_mb: usize,
+    pub write_buffer_mb: usize,
+}
+
+impl Default for CellConfig {
+    fn default() -> Self {
+        Self {
+            cell_id: "local/c1".into(),
+            listen: "127.0.0.1:7400".parse().expect("static address"),
+            data_dir: PathBuf::from("data/cell"),
+            instance_id: 1,
+            limits: LimitsConfig::default(),
+            rate_limit: RateLimitConfig::default(),
+            idempotency: IdempotencyConfig::default(),
+            storage: StorageConfig::default(),
+        }
+    }
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 64 * 1024,
+            max_group_members: 10_000,
+            max_members_per_request: 1_000,
+            max_pull_limit: 1_000,
+            max_client_req_id_bytes: 128,
+            max_title_bytes: 256,
+            edit_window_secs: 24 * 3600,
+        }
+    }
+}
+
+impl Default for RateLimitConfig {
+    fn default() -> Self {
+        Self {
+            user_per_sec: 100,
+            user_burst: 200,
+            conversation_per_sec: 2_000,
+            conversation_burst: 4_000,
+        }
+    }
+}
+
+impl Default for IdempotencyConfig {
+    fn default() -> Self {
+        Self {
+            ttl_secs: 24 * 3600,
+        }
+    }
+}
+
+impl Default for StorageConfig {
+    fn default() -> Self {
+        Self {
+            sync_wal: true,
+            group_commit_max_batch: 1_024,
+            commit_queue_depth: 8_192,
+            block_cache_mb: 256,
+            write_buffer_mb: 64,
+        }
+    }
+}
+
+/// The gRPC message size limit is the body limit plus this much for the rest
+/// of the request, so an oversize body still reaches validation and gets a
+/// precise error.
+pub const REQUEST_OVERHEAD_BYTES: usize = 64 * 1024;
+
+impl CellConfig {
+    /// Reads and validates a TOML file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::from_toml(&text).map_err(|e| match e {
+            ConfigError::Parse { message, .. } => ConfigError::Parse {
+                path: path.to_path_buf(),
+                message,
+            },
+            other => other,
+        })
+    }
+
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        let config: Self = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: PathBuf::new(),
+            message: e.to_string(),
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        validate_cell_id(&self.cell_id)?;
+        check(
+            "instance_id",
+            self.instance_id <= 1023,
+            "must be at most 1023",
+        )?;
+        let l = &self.limits;
+        check(
+            "limits.max_body_bytes",
+            (1..=4 * 1024 * 1024).contains(&l.max_body_bytes),
+            "must be between 1 and 4194304",
+        )?;
+        check(
+            "limits.max_group_members",
+            l.max_group_members >= 2,
+            "must be at least 2",
+        )?;
+        check(
+            "limits.max_members_per_request",
+            l.max_members_per_request >= 1,
+            "must be at least 1",
+        )?;
+        check(
+            "limits.max_pull_limit",
+            l.max_pull_limit >= 1,
+            "must be at least 1",
+        )?;
+        check(
+            "limits.max_client_req_id_bytes",
+            (1..=1024).contains(&l.max_client_req_id_bytes),
+            "must be between 1 and 1024",
+        )?;
+        let r = &self.rate_limit;
+        for (field, value) in [
+            ("rate_limit.user_per_sec", r.user_per_sec),
+            ("rate_limit.user_burst", r.user_burst),
+            ("rate_limit.conversation_per_sec", r.conversation_per_sec),
+            ("rate_limit.conversation_burst", r.conversation_burst),
+        ] {
+            check(field, value >= 1, "must be at least 1")?;
+        }
+        check(
+            "idempotency.ttl_secs",
+            self.idempotency.ttl_secs >= 1,
+            "must be at least 1",
+        )?;
+        let s = &self.storage;
+        check(
+            "storage.group_commit_max_batch",
+            s.group_commit_max_batch >= 1,
+            "must be at least 1",
+        )?;
+        check(
+            "storage.commit_queue_depth",
+            s.commit_queue_depth >= 1,
+            "must be at least 1",
+        )?;
+        check(
+            "storage.block_cache_mb",
+            s.block_cache_mb >= 1,
+            "must be at least 1",
+        )?;
+        check(
+            "storage.write_buffer_mb",
+            s.write_buffer_mb >= 1,
+            "must be at least 1",
+        )?;
+        Ok(())
+    }
+}
+
+fn check(field: &'static str, ok: bool, message: &str) -> Result<(), ConfigError> {
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError::Invalid {
+            field,
+            message: message.to_string(),
+        })
+    }
+}
+
+fn validate_cell_id(id: &str) -> Result<(), ConfigError> {
+    let valid_part = |p: &str| {
+        !p.is_empty()
+            && p.len() <= 63
+            && p.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+    };
+    let ok = matches!(id.split_once('/'), Some((region, name)) if valid_part(region) && valid_part(name));
+    check(
+        "cell_id",
+        ok,
+        &format!("must look like `region/name` (lowercase letters, digits, '-'), got {id:?}"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        CellConfig::default().validate().unwrap();
+        let parsed = CellConfig::from_toml("").unwrap();
+        assert_eq!(parsed.limits.max_body_bytes, 64 * 1024);
+    }
+
+    #[test]
+    fn invalid_values_name_their_field() {
+        let cases = [
+            ("cell_id = \"nocell\"", "cell_id"),
+            ("cell_id = \"EU/c1\"", "cell_id"),
+            ("instance_id = 2000", "instance_id"),
+            ("[limits]\nmax_body_bytes = 0", "limits.max_body_bytes"),
+            ("[rate_limit]\nuser_per_sec = 0", "rate_limit.user_per_sec"),
+            (
+                "[storage]\ngroup_commit_max_batch = 0",
+                "storage.group_commit_max_batch",
+            ),
+        ];
+        for (text, field) in cases {
+            let err = CellConfig::from_toml(text).unwrap_err().to_string();
+            assert!(err.contains(field), "{text:?} -> {err}");
+        }
+    }
+
+    #[test]
+    fn unknown_and_mistyped_fields_are_rejected() {
+        let err = CellConfig::from_toml("listne = \"x\"")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("listne"), "{err}");
+        let err = CellConfig::from_toml("listen = 5").unwrap_err().to_string();
+        assert!(err.contains("listen"), "{err}");
+    }
+}

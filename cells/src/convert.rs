@@ -1,0 +1,215 @@
+//! Wire ↔ domain conversions. Wire input is validated here, once: a request
+//! that converts into a command has a caller, a conversation id and known
+//! enum values; records convert into the wire view of a message or
+//! conversation.
+
+use cellmesh_proto::storage::v1::{ConversationRecord, ConversationSeq, MessageRecord};
+use cellmesh_proto::v1 as pb;
+
+use crate::error::CellError;
+use crate::message::{
+    Caller, ChangeMembersCommand, CreateCommand, DeleteForMeCommand, EditCommand,
+    GetConversationCommand, MarkReadCommand, PullCommand, RecallCommand, SendCommand,
+};
+use crate::storage::ScanDirection;
+
+fn caller(caller: Option<pb::Caller>) -> Result<Caller, CellError> {
+    match caller {
+        Some(c) if c.tenant_id != 0 && c.user_id != 0 => Ok(Caller {
+            tenant: c.tenant_id,
+            user: c.user_id,
+        }),
+        _ => Err(CellError::Unauthenticated {
+            message: "request carries no caller (tenant_id and user_id are required)".into(),
+        }),
+    }
+}
+
+fn conversation_id(id: u64) -> Result<u64, CellError> {
+    if id == 0 {
+        return Err(CellError::invalid(
+            "MISSING_CONVERSATION_ID",
+            "conversation_id is required",
+        ));
+    }
+    Ok(id)
+}
+
+impl TryFrom<pb::SendRequest> for SendCommand {
+    type Error = CellError;
+
+    fn try_from(r: pb::SendRequest) -> Result<Self, CellError> {
+        let kind = match pb::MessageType::try_from(r.r#type) {
+            Ok(pb::MessageType::Unspecified) | Err(_) => {
+                return Err(CellError::invalid(
+                    "UNKNOWN_MESSAGE_TYPE",
+                    format!("message type {} is not known", r.r#type),
+                ));
+            }
+            Ok(kind) => kind,
+        };
+        Ok(Self {
+            caller: caller(r.caller)?,
+            conversation: conversation_id(r.conversation_id)?,
+            client_req_id: r.client_req_id,
+            kind,
+            body: r.body,
+            route_epoch: r.route_epoch,
+        })
+    }
+}
+
+impl TryFrom<pb::PullRequest> for PullCommand {
+    type Error = CellError;
+
+    fn try_from(r: pb::PullRequest) -> Result<Self, CellError> {
+        let direction = match pb::Direction::try_from(r.direction) {
+            Ok(pb::Direction::Forward) => ScanDirection::Forward,
+            Ok(pb::Direction::Backward) => ScanDirection::Backward,
+            Err(_) => {
+                return Err(CellError::invalid(
+                    "UNKNOWN_DIRECTION",
+                    format!("direction {} is not known", r.direction),
+                ));
+            }
+        };
+        Ok(Self {
+            caller: caller(r.caller)?,
+            conversation: conversation_id(r.conversation_id)?,
+            since_seq: r.since_seq,
+            direction,
+            limit: r.limit,
+        })
+    }
+}
+
+impl TryFrom<pb::CreateConversationRequest> for CreateCommand {
+    type Error = CellError;
+
+    fn try_from(r: pb::CreateConversationRequest) -> Result<Self, CellError> {
+        Ok(Self {
+            caller: caller(r.caller)?,
+            kind: pb::ConversationKind::try_from(r.kind)
+                .unwrap_or(pb::ConversationKind::Unspecified),
+            title: r.title,
+            members: r.member_ids,
+            client_req_id: r.client_req_id,
+        })
+    }
+}
+
+impl TryFrom<pb::ChangeMembersRequest> for ChangeMembersCommand {
+    type Error = CellError;
+
+    fn try_from(r: pb::ChangeMembersRequest) -> Result<Self, CellError> {
+        Ok(Self {
+            caller: caller(r.caller)?,
+            conversation: conversation_id(r.conversation_id)?,
+            users: r.user_ids,
+        })
+    }
+}
+
+impl TryFrom<pb::GetConversationRequest> for GetConversationCommand {
+    type Error = CellError;
+
+    fn try_from(r: pb::GetConversationRequest) -> Result<Self, CellError> {
+        Ok(Self {
+            caller: caller(r.caller)?,
+            conversation: conversation_id(r.conversation_id)?,
+            members_after: r.members_after,
+            member_limit: r.member_limit,
+        })
+    }
+}
+
+impl TryFrom<pb::MarkReadRequest> for MarkReadCommand {
+    type Error = CellError;
+
+    fn try_from(r: pb::MarkReadRequest) -> Result<Self, CellError> {
+        Ok(Self {
+            caller: caller(r.caller)?,
+            conversation: conversation_id(r.conversation_id)?,
+            read_seq: r.read_seq,
+        })
+    }
+}
+
+fn message_seq(seq: u64) -> Result<u64, CellError> {
+    if seq == 0 {
+        return Err(CellError::invalid("MISSING_SEQ", "seq is required"));
+    }
+    Ok(seq)
+}
+
+impl TryFrom<pb::RecallRequest> for RecallCommand {
+    type Error = CellError;
+
+    fn try_from(r: pb::RecallRequest) -> Result<Self, CellError> {
+        Ok(Self {
+            caller: caller(r.caller)?,
+            conversation: conversation_id(r.conversation_id)?,
+            seq: message_seq(r.seq)?,
+        })
+    }
+}
+
+impl TryFrom<pb::EditRequest> for EditCommand {
+    type Error = CellError;
+
+    fn try_from(r: pb::EditRequest) -> Result<Self, CellError> {
+        Ok(Self {
+            caller: caller(r.caller)?,
+            conversation: conversation_id(r.conversation_id)?,
+            seq: message_seq(r.seq)?,
+            body: r.body,
+        })
+    }
+}
+
+impl TryFrom<pb::DeleteForMeRequest> for DeleteForMeCommand {
+    type Error = CellError;
+
+    fn try_from(r: pb::DeleteForMeRequest) -> Result<Self, CellError> {
+        Ok(Self {
+            caller: caller(r.caller)?,
+            conversation: conversation_id(r.conversation_id)?,
+            seqs: r.seqs,
+        })
+    }
+}
+
+/// The wire view of a stored message.
+pub fn message_to_proto(conversation: u64, seq: u64, r: MessageRecord) -> pb::Message {
+    pb::Message {
+        conversation_id: conversation,
+        seq,
+        msg_id: r.msg_id,
+        sender_id: r.sender_id,
+        r#type: r.r#type,
+        body: r.body,
+        server_ts_ms: r.server_ts_ms,
+        state: r.state,
+        edited_at_ms: r.edited_at_ms,
+        edit_version: r.edit_version,
+    }
+}
+
+/// The wire view of a stored conversation.
+pub fn conversation_to_proto(
+    id: u64,
+    r: &ConversationRecord,
+    seq: &ConversationSeq,
+) -> pb::Conversation {
+    pb::Conversation {
+        conversation_id: id,
+        tenant_id: r.tenant_id,
+        kind: r.kind,
+        title: r.title.clone(),
+        created_by: r.created_by,
+        created_at_ms: r.created_at_ms,
+        member_count: r.member_count,
+        latest_seq: seq.latest_seq,
+        seq_floor: seq.seq_floor,
+    }
+}

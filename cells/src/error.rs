@@ -1,0 +1,116 @@
+//! The cell's error type. Each variant is something a caller can act on, and
+//! maps to one of the stable codes of the API (`cellmesh.v1.ErrorCode`).
+
+use std::time::Duration;
+
+use cellmesh_proto::status::to_status;
+use cellmesh_proto::v1::ErrorCode;
+
+use crate::storage::StorageError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CellError {
+    #[error("{message}")]
+    InvalidArgument {
+        reason: &'static str,
+        message: String,
+    },
+    #[error("{message}")]
+    Unauthenticated { message: String },
+    #[error("{message}")]
+    PermissionDenied {
+        reason: &'static str,
+        message: String,
+    },
+    #[error("{what} {id} not found")]
+    NotFound { what: &'static str, id: u64 },
+    #[error("rate limit of the {scope} exceeded")]
+    RateLimited {
+        scope: &'static str,
+        retry_after: Duration,
+    },
+    #[error("{message}")]
+    RetryLater {
+        reason: &'static str,
+        message: String,
+        retry_after: Duration,
+    },
+    #[error("storage: {0}")]
+    Storage(#[from] StorageError),
+}
+
+pub type Result<T, E = CellError> = std::result::Result<T, E>;
+
+impl CellError {
+    pub fn invalid(reason: &'static str, message: impl Into<String>) -> Self {
+        Self::InvalidArgument {
+            reason,
+            message: message.into(),
+        }
+    }
+
+    pub fn denied(reason: &'static str, message: impl Into<String>) -> Self {
+        Self::PermissionDenied {
+            reason,
+            message: message.into(),
+        }
+    }
+
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Self::InvalidArgument { .. } => ErrorCode::InvalidArgument,
+            Self::Unauthenticated { .. } => ErrorCode::Unauthenticated,
+            Self::PermissionDenied { .. } => ErrorCode::PermissionDenied,
+            Self::NotFound { .. } => ErrorCode::NotFound,
+            Self::RateLimited { .. } => ErrorCode::RateLimited,
+            Self::RetryLater { .. } => ErrorCode::RetryLater,
+            Self::Storage(StorageError::Closed) => ErrorCode::RetryLater,
+            Self::Storage(_) => ErrorCode::Internal,
+        }
+    }
+
+    /// Stable machine-readable reason within the code.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::InvalidArgument { reason, .. }
+            | Self::PermissionDenied { reason, .. }
+            | Self::RetryLater { reason, .. } => reason,
+            Self::Unauthenticated { .. } => "NO_CALLER",
+            Self::NotFound { what, .. } => match *what {
+                "message" => "MESSAGE_NOT_FOUND",
+                _ => "CONVERSATION_NOT_FOUND",
+            },
+            Self::RateLimited { scope, .. } => match *scope {
+                "user" => "USER_RATE_LIMITED",
+                _ => "CONVERSATION_RATE_LIMITED",
+            },
+            Self::Storage(StorageError::Closed) => "SHUTTING_DOWN",
+            Self::Storage(StorageError::Failed(_)) => "STORAGE_FAILED",
+            Self::Storage(_) => "STORAGE_ERROR",
+        }
+    }
+
+    fn retry_after(&self) -> Duration {
+        match self {
+            Self::RateLimited { retry_after, .. } | Self::RetryLater { retry_after, .. } => {
+                *retry_after
+            }
+            _ => Duration::ZERO,
+        }
+    }
+}
+
+impl From<CellError> for tonic::Status {
+    fn from(err: CellError) -> Self {
+        if err.code() == ErrorCode::Internal {
+            tracing::error!(error = %err, "request failed");
+        }
+        let retry_ms = err.retry_after().as_millis().max(1) as u64;
+        let retry_ms = if err.retry_after().is_zero() {
+            0
+        } else {
+            retry_ms
+        };
+        to_status(err.code(), err.reason(), err.to_string(), retry_ms, None)
+    }
+}

@@ -1,0 +1,25 @@
+//! A cellmesh cell: a self-contained unit that runs the whole message
+//! pipeline for the conversations and users routed to it (DESIGN.md §4).
+//!
+//! - [`message`]: the message service — send, history, conversations, read
+//!   state — as domain logic over [`storage`].
+//! - [`storage`]: RocksDB, group commit and key encodings; the only module
+//!   that names the storage engine.
+//! - [`grpc`] and [`convert`]: the wire surface, thin over the domain.
+//! - [`server`]: starting and stopping a cell; [`config`]: its TOML config.
+
+pub mod clock;
+pub mod config;
+pub mod convert;
+pub mod error;
+pub mod grpc;
+pub mod ids;
+pub mod message;
+pub mod ownership;
+pub mod ratelimit;
+pub mod server;
+pub mod storage;
+
+pub use config::CellConfig;
+pub use error::CellError;
+pub use server::{RunningCell, StartError, run, start};

@@ -1,0 +1,292 @@
+//! Conversations: creation (idempotent when the client names a request id),
+//! membership changes and the conversation view with the caller's unread count.
+
+use std::collections::BTreeSet;
+
+use cellmesh_proto::storage::v1::{
+    ConversationRecord, ConversationSeq, IdempotencyRecord, MemberRecord, OutboxEvent, OutboxKind,
+};
+use cellmesh_proto::v1::{
+    ChangeMembersResponse, Conversation, ConversationKind, GetConversationResponse,
+};
+
+use super::inflight::Begin;
+use super::send::concurrent_attempt_failed;
+use super::{Caller, MessageService};
+use crate::convert::conversation_to_proto;
+use crate::error::{CellError, Result};
+use crate::storage::{IdemKey, IdemKind, Mutation};
+
+/// Members listed when the request names no page size.
+const DEFAULT_MEMBER_PAGE: usize = 100;
+
+#[derive(Debug, Clone)]
+pub struct CreateCommand {
+    pub caller: Caller,
+    pub kind: ConversationKind,
+    pub title: String,
+    pub members: Vec<u64>,
+    pub client_req_id: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct ChangeMembersCommand {
+    pub caller: Caller,
+    pub conversation: u64,
+    pub users: Vec<u64>,
+}
+
+#[derive(Debug, Clone)]
+pub struct GetConversationCommand {
+    pub caller: Caller,
+    pub conversation: u64,
+    pub members_after: u64,
+    pub member_limit: u32,
+}
+
+impl MessageService {
+    #[tracing::instrument(skip_all, fields(tenant = cmd.caller.tenant, user = cmd.caller.user, req_id = %cmd.client_req_id))]
+    pub async fn create_conversation(&self, cmd: CreateCommand) -> Result<Conversation> {
+        let members = self.validate_create(&cmd)?;
+        let key = (!cmd.client_req_id.is_empty()).then(|| IdemKey {
+            kind: IdemKind::CreateConversation,
+            tenant: cmd.caller.tenant,
+            user: cmd.caller.user,
+            client_req_id: cmd.client_req_id.clone(),
+        });
+        let leader = match key.as_ref().map(|k| self.inflight.begin(k.clone())) {
+            Some(Begin::Follower(f)) => {
+                let record = f.wait().await.ok_or_else(concurrent_attempt_failed)?;
+                return self.conversation_view(&cmd.caller, record.conversation_id);
+            }
+            Some(Begin::Leader(leader)) => Some(leader),
+            None => None,
+        };
+        if let Some(key) = &key
+            && let Some(record) = self.store.idempotency(key)?
+            && record.expires_at_ms > self.now_ms()
+        {
+            let view = self.conversation_view(&cmd.caller, record.conversation_id);
+            if let Some(leader) = leader {
+                leader.complete(record);
+            }
+            return view;
+        }
+
+        let now = self.now_ms();
+        let id = self.next_id(now)?;
+        let record = ConversationRecord {
+            tenant_id: cmd.caller.tenant,
+            kind: cmd.kind as i32,
+            title: cmd.title,
+            created_by: cmd.caller.user,
+            created_at_ms: now,
+            member_count: members.len() as u32,
+        };
+        let mut m = Mutation::new();
+        m.put_conversation(id, &record);
+        m.put_conv_seq(id, &ConversationSeq::default());
+        for user in &members {
+            m.put_member(id, *user, &MemberRecord { joined_at_ms: now });
+        }
+        let idem = IdempotencyRecord {
+            conversation_id: id,
+            server_ts_ms: now,
+            expires_at_ms: self.idempotency_expiry(now),
+            ..Default::default()
+        };
+        if let Some(key) = &key {
+            m.put_idempotency(key, &idem);
+        }
+        m.emit(&OutboxEvent {
+            kind: OutboxKind::ConversationCreated as i32,
+            tenant_id: cmd.caller.tenant,
+            conversation_id: id,
+            user_id: cmd.caller.user,
+            server_ts_ms: now,
+            items: members.iter().copied().collect(),
+            ..Default::default()
+        });
+        self.store.commit(m).await?;
+        if let Some(leader) = leader {
+            leader.complete(idem);
+        }
+        tracing::info!(
+            conversation = id,
+            members = members.len(),
+            "conversation created"
+        );
+        Ok(conversation_to_proto(
+            id,
+            &record,
+            &ConversationSeq::default(),
+        ))
+    }
+
+    fn validate_create(&self, cmd: &CreateCommand) -> Result<BTreeSet<u64>> {
+        let limits = &self.config.limits;
+        if cmd.title.len() > limits.max_title_bytes {
+            return Err(CellError::invalid(
+                "TITLE_TOO_LONG",
+                format!("title is longer than {} bytes", limits.max_title_bytes),
+            ));
+        }
+        if cmd.client_req_id.len() > limits.max_client_req_id_bytes {
+            return Err(CellError::invalid(
+                "CLIENT_REQ_ID_TOO_LONG",
+                "client_req_id is too long",
+            ));
+        }
+        self.validate_member_list(&cmd.members)?;
+        let mut members: BTreeSet<u64> = cmd.members.iter().copied().collect();
+        members.insert(cmd.caller.user);
+        match cmd.kind {
+            ConversationKind::Direct if members.len() != 2 => Err(CellError::invalid(
+                "DIRECT_NEEDS_TWO_MEMBERS",
+                "a direct conversation has exactly two distinct members",
+            )),
+            ConversationKind::Group if members.len() > limits.max_group_members as usize => {
+                Err(CellError::invalid(
+                    "TOO_MANY_MEMBERS",
+                    format!("a group has at most {} members", limits.max_group_members),
+                ))
+            }
+            ConversationKind::Direct | ConversationKind::Group => Ok(members),
+            ConversationKind::Unspecified => Err(CellError::invalid(
+                "UNKNOWN_CONVERSATION_KIND",
+                "conversation kind must be DIRECT or GROUP",
+            )),
+        }
+    }
+
+    fn validate_member_list(&self, users: &[u64]) -> Result<()> {
+        let max = self.config.limits.max_members_per_request;
+        if users.len() > max {
+            return Err(CellError::invalid(
+                "TOO_MANY_MEMBERS_IN_REQUEST",
+                format!("at most {max} member ids per request"),
+            ));
+        }
+        if users.contains(&0) {
+            return Err(CellError::invalid(
+                "INVALID_USER_ID",
+                "user id 0 is not valid",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Adds (`add = true`) or removes members of a group. Any member may add;
+    /// members may remove others or leave.
+    #[tracing::instrument(skip_all, fields(tenant = cmd.caller.tenant, conversation = cmd.conversation, user = cmd.caller.user, add))]
+    pub async fn change_members(
+        &self,
+        cmd: ChangeMembersCommand,
+        add: bool,
+    ) -> Result<ChangeMembersResponse> {
+        self.validate_member_list(&cmd.users)?;
+        if cmd.users.is_empty() {
+            return Err(CellError::invalid("NO_USERS", "user_ids is empty"));
+        }
+        let conv = self.conversation(&cmd.caller, cmd.conversation)?;
+        self.ownership
+            .check(cmd.caller.tenant, cmd.conversation, 0)?;
+        if conv.kind != ConversationKind::Group {
+            return Err(CellError::invalid(
+                "NOT_A_GROUP",
+                "members of a direct conversation cannot change",
+            ));
+        }
+        let _admin = conv.admin.lock().await;
+        self.require_member(&cmd.caller, cmd.conversation)?;
+        let mut record = self.stored_conversation(cmd.conversation)?;
+        let unique: BTreeSet<u64> = cmd.users.iter().copied().collect();
+        let mut changed = Vec::new();
+        for user in unique {
+            if self.store.is_member(cmd.conversation, user)? != add {
+                changed.push(user);
+            }
+        }
+        let count = if add {
+            record.member_count as usize + changed.len()
+        } else {
+            (record.member_count as usize).saturating_sub(changed.len())
+        };
+        if count > self.config.limits.max_group_members as usize {
+            return Err(CellError::invalid(
+                "TOO_MANY_MEMBERS",
+                format!(
+                    "a group has at most {} members",
+                    self.config.limits.max_group_members
+                ),
+            ));
+        }
+        if !changed.is_empty() {
+            let now = self.now_ms();
+            record.member_count = count as u32;
+            let mut m = Mutation::new();
+            for user in &changed {
+                if add {
+                    m.put_member(cmd.conversation, *user, &MemberRecord { joined_at_ms: now });
+                } else {
+                    m.delete_member(cmd.conversation, *user);
+                }
+            }
+            m.put_conversation(cmd.conversation, &record);
+            m.emit(&OutboxEvent {
+                kind: OutboxKind::MembersChanged as i32,
+                tenant_id: cmd.caller.tenant,
+                conversation_id: cmd.conversation,
+                user_id: cmd.caller.user,
+                server_ts_ms: now,
+                items: changed.clone(),
+                ..Default::default()
+            });
+            self.store.commit(m).await?;
+        }
+        let seq = self.store.conv_seq(cmd.conversation)?;
+        Ok(ChangeMembersResponse {
+            conversation: Some(conversation_to_proto(cmd.conversation, &record, &seq)),
+            changed,
+        })
+    }
+
+    pub fn get_conversation(&self, cmd: GetConversationCommand) -> Result<GetConversationResponse> {
+        self.conversation(&cmd.caller, cmd.conversation)?;
+        self.require_member(&cmd.caller, cmd.conversation)?;
+        let record = self.stored_conversation(cmd.conversation)?;
+        let seq = self.store.conv_seq(cmd.conversation)?;
+        let limit = match cmd.member_limit {
+            0 => DEFAULT_MEMBER_PAGE,
+            n => (n as usize).min(self.config.limits.max_members_per_request),
+        };
+        let (member_ids, members_truncated) =
+            self.store
+                .members(cmd.conversation, cmd.members_after, limit)?;
+        let read_seq = self.store.read_seq(cmd.conversation, cmd.caller.user)?;
+        Ok(GetConversationResponse {
+            conversation: Some(conversation_to_proto(cmd.conversation, &record, &seq)),
+            member_ids,
+            members_truncated,
+            read_seq,
+            unread: seq.latest_seq.saturating_sub(read_seq),
+        })
+    }
+
+    fn conversation_view(&self, caller: &Caller, id: u64) -> Result<Conversation> {
+        self.conversation(caller, id)?;
+        let record = self.stored_conversation(id)?;
+        Ok(conversation_to_proto(
+            id,
+            &record,
+            &self.store.conv_seq(id)?,
+        ))
+    }
+
+    fn stored_conversation(&self, id: u64) -> Result<ConversationRecord> {
+        self.store.conversation(id)?.ok_or(CellError::NotFound {
+            what: "conversation",
+            id,
+        })
+    }
+}

@@ -1,0 +1,161 @@
+//! The message service: the domain logic behind the messaging API. It owns
+//! the rules of DESIGN.md §4 — validation, ownership, membership, rate
+//! limits, idempotency, seq assignment — and turns each request into one
+//! atomic storage [`Mutation`](crate::storage::Mutation). Operations live in
+//! their own files: `send`, `pull`, `conversation` (create, members, get) and
+//! `update` (recall, edit, delete-for-me, read state).
+
+mod cache;
+mod conversation;
+mod inflight;
+mod pull;
+mod send;
+mod update;
+
+use std::sync::Arc;
+
+use cellmesh_proto::v1::ConversationKind;
+
+pub use conversation::{ChangeMembersCommand, CreateCommand, GetConversationCommand};
+pub use pull::PullCommand;
+pub use send::SendCommand;
+pub use update::{DeleteForMeCommand, EditCommand, MarkReadCommand, RecallCommand};
+
+use crate::clock::Clock;
+use crate::config::CellConfig;
+use crate::error::{CellError, Result};
+use crate::ids::{IdGenerator, Next};
+use crate::ownership::Ownership;
+use crate::ratelimit::SendLimits;
+use crate::storage::{Store, keys};
+use cache::{ConvCache, ConvEntry, SeqState};
+use inflight::Inflight;
+
+/// The authenticated identity a request acts as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caller {
+    pub tenant: u64,
+    pub user: u64,
+}
+
+/// How far ahead of the clock message ids are reserved (one synced write
+/// per this interval).
+const ID_RESERVATION_MS: u64 = 10_000;
+
+/// Conversations whose sequencer state is kept in memory.
+const CONVERSATION_CACHE: usize = 1 << 20;
+
+pub struct MessageService {
+    store: Arc<Store>,
+    config: Arc<CellConfig>,
+    ids: IdGenerator,
+    limits: SendLimits,
+    conversations: ConvCache,
+    inflight: Inflight,
+    ownership: Arc<dyn Ownership>,
+    clock: Arc<dyn Clock>,
+}
+
+impl MessageService {
+    pub fn new(
+        store: Arc<Store>,
+        config: Arc<CellConfig>,
+        ownership: Arc<dyn Ownership>,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self> {
+        let reserved = store
+            .meta_u64(keys::meta::MSG_ID_RESERVED_UNTIL)?
+            .unwrap_or(0);
+        Ok(Self {
+            ids: IdGenerator::new(config.instance_id, reserved),
+            limits: SendLimits::new(&config.rate_limit),
+            conversations: ConvCache::new(CONVERSATION_CACHE),
+            inflight: Inflight::new(),
+            store,
+            config,
+            ownership,
+            clock,
+        })
+    }
+
+    pub fn store(&self) -> &Arc<Store> {
+        &self.store
+    }
+
+    /// Periodic upkeep: forgets idle rate-limit state.
+    pub fn maintain(&self) {
+        self.limits.prune();
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    /// A fresh time-ordered id. Rarely (every few seconds) persists a new
+    /// reservation first, so ids stay unique across restarts.
+    fn next_id(&self, now_ms: u64) -> Result<u64> {
+        loop {
+            match self.ids.next(now_ms) {
+                Next::Id(id) => return Ok(id),
+                Next::Reserve(ms) => {
+                    let until = ms + ID_RESERVATION_MS;
+                    self.store
+                        .put_meta_u64_sync(keys::meta::MSG_ID_RESERVED_UNTIL, until)?;
+                    self.ids.extend_reservation(until);
+                }
+            }
+        }
+    }
+
+    /// The conversation, checked to belong to the caller's tenant.
+    fn conversation(&self, caller: &Caller, id: u64) -> Result<Arc<ConvEntry>> {
+        let not_found = CellError::NotFound {
+            what: "conversation",
+            id,
+        };
+        let entry = self
+            .conversations
+            .get_or_load(id, || -> Result<_> {
+                let Some(record) = self.store.conversation(id)? else {
+                    return Ok(None);
+                };
+                let seq = self.store.conv_seq(id)?;
+                let kind = ConversationKind::try_from(record.kind)
+                    .unwrap_or(ConversationKind::Unspecified);
+                Ok(Some(ConvEntry::new(
+                    record.tenant_id,
+                    kind,
+                    SeqState {
+                        latest: seq.latest_seq,
+                        floor: seq.seq_floor,
+                    },
+                )))
+            })?
+            .ok_or(not_found)?;
+        if entry.tenant != caller.tenant {
+            return Err(CellError::denied(
+                "WRONG_TENANT",
+                format!("conversation {id} belongs to another tenant"),
+            ));
+        }
+        Ok(entry)
+    }
+
+    fn require_member(&self, caller: &Caller, conversation: u64) -> Result<()> {
+        if self.store.is_member(conversation, caller.user)? {
+            Ok(())
+        } else {
+            Err(CellError::denied(
+                "NOT_A_MEMBER",
+                format!(
+                    "user {} is not a member of conversation {conversation}",
+                    caller.user
+                ),
+            ))
+        }
+    }
+
+    fn idempotency_expiry(&self, now_ms: u64) -> u64 {
+        now_ms + self.config.idempotency.ttl_secs * 1000
+    }
+}

@@ -1,0 +1,62 @@
+//! `Pull`: a page of a conversation's history in either direction, as the
+//! caller sees it (recalled and edited messages in their current state,
+//! delete-for-me hidden), with `latest_seq` so the client can detect gaps.
+
+use cellmesh_proto::v1::PullResponse;
+
+use super::{Caller, MessageService};
+use crate::convert::message_to_proto;
+use crate::error::Result;
+use crate::storage::ScanDirection;
+
+/// Page size when the request names none.
+pub const DEFAULT_PULL_LIMIT: u32 = 50;
+
+/// Stop filling a page once its bodies reach this many bytes, so a page
+/// always fits a client's default 4 MiB message limit.
+const PAGE_BYTE_BUDGET: usize = 3 * 1024 * 1024;
+
+#[derive(Debug, Clone)]
+pub struct PullCommand {
+    pub caller: Caller,
+    pub conversation: u64,
+    pub since_seq: u64,
+    pub direction: ScanDirection,
+    pub limit: u32,
+}
+
+impl MessageService {
+    #[tracing::instrument(skip_all, fields(tenant = cmd.caller.tenant, conversation = cmd.conversation, user = cmd.caller.user))]
+    pub fn pull(&self, cmd: PullCommand) -> Result<PullResponse> {
+        self.conversation(&cmd.caller, cmd.conversation)?;
+        self.require_member(&cmd.caller, cmd.conversation)?;
+        let limit = match cmd.limit {
+            0 => DEFAULT_PULL_LIMIT,
+            n => n.min(self.config.limits.max_pull_limit),
+        } as usize;
+        let seq = self.store.conv_seq(cmd.conversation)?;
+        let from = match (cmd.direction, cmd.since_seq) {
+            (ScanDirection::Backward, 0) => seq.latest_seq.saturating_add(1),
+            (_, since) => since,
+        };
+        let page = self.store.scan_messages(
+            cmd.conversation,
+            cmd.caller.user,
+            from,
+            cmd.direction,
+            limit,
+            PAGE_BYTE_BUDGET,
+        )?;
+        Ok(PullResponse {
+            messages: page
+                .messages
+                .into_iter()
+                .map(|(s, record)| message_to_proto(cmd.conversation, s, record))
+                .collect(),
+            next_seq: page.last_seq.unwrap_or(cmd.since_seq),
+            has_more: page.more,
+            latest_seq: seq.latest_seq,
+            seq_floor: seq.seq_floor,
+        })
+    }
+}

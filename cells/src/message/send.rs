@@ -1,0 +1,184 @@
+//! `Send`: the write path of DESIGN.md §4. Checks, then under the
+//! conversation's sequencer lock assigns `seq = max(latest, floor) + 1` and a
+//! msg_id and queues one mutation (message, conversation seq, idempotency
+//! record, outbox event) for group commit; answers once it is durable.
+
+use cellmesh_proto::storage::v1::{
+    ConversationSeq, IdempotencyRecord, MessageRecord, OutboxEvent, OutboxKind,
+};
+use cellmesh_proto::v1::{MessageState, MessageType, SendResponse};
+
+use super::inflight::Begin;
+use super::{Caller, MessageService};
+use crate::error::{CellError, Result};
+use crate::storage::{IdemKey, IdemKind, Mutation};
+
+#[derive(Debug, Clone)]
+pub struct SendCommand {
+    pub caller: Caller,
+    pub conversation: u64,
+    pub client_req_id: String,
+    pub kind: MessageType,
+    pub body: Vec<u8>,
+    pub route_epoch: u64,
+}
+
+impl MessageService {
+    #[tracing::instrument(skip_all, fields(tenant = cmd.caller.tenant, conversation = cmd.conversation, user = cmd.caller.user, req_id = %cmd.client_req_id))]
+    pub async fn send(&self, cmd: SendCommand) -> Result<SendResponse> {
+        self.validate_send(&cmd)?;
+        let conv = self.conversation(&cmd.caller, cmd.conversation)?;
+        let fence = self
+            .ownership
+            .check(cmd.caller.tenant, cmd.conversation, cmd.route_epoch)?;
+        self.require_member(&cmd.caller, cmd.conversation)?;
+        self.limits
+            .check(cmd.caller.tenant, cmd.caller.user, cmd.conversation)?;
+
+        let key = IdemKey {
+            kind: IdemKind::Send,
+            tenant: cmd.caller.tenant,
+            user: cmd.caller.user,
+            client_req_id: cmd.client_req_id.clone(),
+        };
+        let leader = match self.inflight.begin(key.clone()) {
+            Begin::Follower(follower) => {
+                let record = follower
+                    .wait()
+                    .await
+                    .ok_or_else(concurrent_attempt_failed)?;
+                return replay(&record, cmd.conversation);
+            }
+            Begin::Leader(leader) => leader,
+        };
+        if let Some(record) = self.store.idempotency(&key)?
+            && record.expires_at_ms > self.now_ms()
+        {
+            let response = replay(&record, cmd.conversation);
+            leader.complete(record);
+            return response;
+        }
+
+        let slot = self.store.reserve().await?;
+        let now = self.now_ms();
+        let (ticket, record) = {
+            let mut state = conv.seq.lock().expect("sequencer lock");
+            let floor = state.floor.max(fence.seq_floor);
+            let seq = state.latest.max(floor) + 1;
+            let msg_id = self.next_id(now)?;
+            let record = IdempotencyRecord {
+                conversation_id: cmd.conversation,
+                msg_id,
+                seq,
+                server_ts_ms: now,
+                expires_at_ms: self.idempotency_expiry(now),
+            };
+            let mut m = Mutation::new();
+            m.put_message(
+                cmd.conversation,
+                seq,
+                &MessageRecord {
+                    msg_id,
+                    sender_id: cmd.caller.user,
+                    r#type: cmd.kind as i32,
+                    body: cmd.body,
+                    server_ts_ms: now,
+                    state: MessageState::Normal as i32,
+                    edited_at_ms: 0,
+                    edit_version: 0,
+                },
+            );
+            m.put_conv_seq(
+                cmd.conversation,
+                &ConversationSeq {
+                    latest_seq: seq,
+                    seq_floor: floor,
+                },
+            );
+            m.put_idempotency(&key, &record);
+            m.emit(&OutboxEvent {
+                kind: OutboxKind::Message as i32,
+                tenant_id: cmd.caller.tenant,
+                conversation_id: cmd.conversation,
+                seq,
+                msg_id,
+                user_id: cmd.caller.user,
+                server_ts_ms: now,
+                items: Vec::new(),
+            });
+            state.latest = seq;
+            state.floor = floor;
+            (slot.submit(m), record)
+        };
+        ticket.wait().await?;
+        tracing::debug!(seq = record.seq, msg_id = record.msg_id, "message stored");
+        let response = SendResponse {
+            msg_id: record.msg_id,
+            seq: record.seq,
+            server_ts_ms: record.server_ts_ms,
+            duplicate: false,
+        };
+        leader.complete(record);
+        Ok(response)
+    }
+
+    fn validate_send(&self, cmd: &SendCommand) -> Result<()> {
+        let limits = &self.config.limits;
+        if cmd.client_req_id.is_empty() {
+            return Err(CellError::invalid(
+                "MISSING_CLIENT_REQ_ID",
+                "client_req_id is required",
+            ));
+        }
+        if cmd.client_req_id.len() > limits.max_client_req_id_bytes {
+            return Err(CellError::invalid(
+                "CLIENT_REQ_ID_TOO_LONG",
+                format!(
+                    "client_req_id is {} bytes; the limit is {}",
+                    cmd.client_req_id.len(),
+                    limits.max_client_req_id_bytes
+                ),
+            ));
+        }
+        validate_body(&cmd.body, limits.max_body_bytes)
+    }
+}
+
+pub(super) fn validate_body(body: &[u8], max: usize) -> Result<()> {
+    if body.is_empty() {
+        return Err(CellError::invalid("EMPTY_BODY", "message body is empty"));
+    }
+    if body.len() > max {
+        return Err(CellError::invalid(
+            "BODY_TOO_LARGE",
+            format!("message body is {} bytes; the limit is {max}", body.len()),
+        ));
+    }
+    Ok(())
+}
+
+fn replay(record: &IdempotencyRecord, conversation: u64) -> Result<SendResponse> {
+    if record.conversation_id != conversation {
+        return Err(CellError::invalid(
+            "CLIENT_REQ_ID_REUSED",
+            format!(
+                "client_req_id was already used for a send to conversation {}",
+                record.conversation_id
+            ),
+        ));
+    }
+    Ok(SendResponse {
+        msg_id: record.msg_id,
+        seq: record.seq,
+        server_ts_ms: record.server_ts_ms,
+        duplicate: true,
+    })
+}
+
+pub(super) fn concurrent_attempt_failed() -> CellError {
+    CellError::RetryLater {
+        reason: "CONCURRENT_ATTEMPT_FAILED",
+        message: "a concurrent request with the same client_req_id failed; retry".into(),
+        retry_after: std::time::Duration::from_millis(50),
+    }
+}

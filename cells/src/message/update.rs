@@ -1,0 +1,216 @@
+//! Changes to existing state: recall and edit (by the sender, within the edit
+//! window, shown to everyone), delete-for-me (an overlay for one user) and the
+//! per-user read position (which never moves backwards).
+
+use cellmesh_proto::storage::v1::{MessageRecord, OutboxEvent, OutboxKind};
+use cellmesh_proto::v1::{DeleteForMeResponse, MarkReadResponse, Message, MessageState};
+
+use super::send::validate_body;
+use super::{Caller, MessageService};
+use crate::convert::message_to_proto;
+use crate::error::{CellError, Result};
+use crate::storage::Mutation;
+
+/// Most seqs one delete-for-me request may name.
+pub const MAX_DELETE_BATCH: usize = 1_000;
+
+#[derive(Debug, Clone)]
+pub struct RecallCommand {
+    pub caller: Caller,
+    pub conversation: u64,
+    pub seq: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct EditCommand {
+    pub caller: Caller,
+    pub conversation: u64,
+    pub seq: u64,
+    pub body: Vec<u8>,
+}
+
+#[derive(Debug, Clone)]
+pub struct DeleteForMeCommand {
+    pub caller: Caller,
+    pub conversation: u64,
+    pub seqs: Vec<u64>,
+}
+
+#[derive(Debug, Clone)]
+pub struct MarkReadCommand {
+    pub caller: Caller,
+    pub conversation: u64,
+    pub read_seq: u64,
+}
+
+impl MessageService {
+    pub async fn recall(&self, cmd: RecallCommand) -> Result<Message> {
+        self.rewrite_message(
+            cmd.caller,
+            cmd.conversation,
+            cmd.seq,
+            OutboxKind::Recall,
+            |r, now| {
+                if r.state == MessageState::Recalled as i32 {
+                    return Ok(false);
+                }
+                r.state = MessageState::Recalled as i32;
+                r.body.clear();
+                r.edited_at_ms = now;
+                r.edit_version += 1;
+                Ok(true)
+            },
+        )
+        .await
+    }
+
+    pub async fn edit(&self, cmd: EditCommand) -> Result<Message> {
+        validate_body(&cmd.body, self.config.limits.max_body_bytes)?;
+        let body = cmd.body;
+        self.rewrite_message(
+            cmd.caller,
+            cmd.conversation,
+            cmd.seq,
+            OutboxKind::Edit,
+            |r, now| {
+                if r.state == MessageState::Recalled as i32 {
+                    return Err(CellError::invalid(
+                        "MESSAGE_RECALLED",
+                        "a recalled message cannot be edited",
+                    ));
+                }
+                r.state = MessageState::Edited as i32;
+                r.body = body;
+                r.edited_at_ms = now;
+                r.edit_version += 1;
+                Ok(true)
+            },
+        )
+        .await
+    }
+
+    /// Read-modify-write of one message by its sender under the
+    /// conversation's admin lock. `change` returns whether it changed anything.
+    async fn rewrite_message(
+        &self,
+        caller: Caller,
+        conversation: u64,
+        seq: u64,
+        kind: OutboxKind,
+        change: impl FnOnce(&mut MessageRecord, u64) -> Result<bool>,
+    ) -> Result<Message> {
+        let conv = self.conversation(&caller, conversation)?;
+        self.ownership.check(caller.tenant, conversation, 0)?;
+        self.require_member(&caller, conversation)?;
+        let _admin = conv.admin.lock().await;
+        let mut record = self
+            .store
+            .message(conversation, seq)?
+            .ok_or(CellError::NotFound {
+                what: "message",
+                id: seq,
+            })?;
+        if record.sender_id != caller.user {
+            return Err(CellError::denied(
+                "NOT_SENDER",
+                "only the sender may recall or edit a message",
+            ));
+        }
+        let now = self.now_ms();
+        let window_ms = self.config.limits.edit_window_secs * 1000;
+        if now.saturating_sub(record.server_ts_ms) > window_ms {
+            return Err(CellError::denied(
+                "EDIT_WINDOW_PASSED",
+                format!(
+                    "messages can be recalled or edited for {} s after sending",
+                    self.config.limits.edit_window_secs
+                ),
+            ));
+        }
+        if change(&mut record, now)? {
+            let mut m = Mutation::new();
+            m.put_message(conversation, seq, &record);
+            m.emit(&OutboxEvent {
+                kind: kind as i32,
+                tenant_id: caller.tenant,
+                conversation_id: conversation,
+                seq,
+                msg_id: record.msg_id,
+                user_id: caller.user,
+                server_ts_ms: now,
+                items: Vec::new(),
+            });
+            self.store.commit(m).await?;
+        }
+        Ok(message_to_proto(conversation, seq, record))
+    }
+
+    pub async fn delete_for_me(&self, cmd: DeleteForMeCommand) -> Result<DeleteForMeResponse> {
+        if cmd.seqs.is_empty() || cmd.seqs.len() > MAX_DELETE_BATCH {
+            return Err(CellError::invalid(
+                "BAD_SEQ_LIST",
+                format!("name between 1 and {MAX_DELETE_BATCH} seqs"),
+            ));
+        }
+        self.conversation(&cmd.caller, cmd.conversation)?;
+        self.ownership
+            .check(cmd.caller.tenant, cmd.conversation, 0)?;
+        self.require_member(&cmd.caller, cmd.conversation)?;
+        let latest = self.store.conv_seq(cmd.conversation)?.latest_seq;
+        if let Some(bad) = cmd.seqs.iter().find(|s| **s == 0 || **s > latest) {
+            return Err(CellError::invalid(
+                "SEQ_OUT_OF_RANGE",
+                format!("seq {bad} is outside 1..={latest}"),
+            ));
+        }
+        let mut seqs = cmd.seqs;
+        seqs.sort_unstable();
+        seqs.dedup();
+        let mut m = Mutation::new();
+        for seq in &seqs {
+            m.hide(cmd.conversation, cmd.caller.user, *seq);
+        }
+        m.emit(&OutboxEvent {
+            kind: OutboxKind::DeleteForMe as i32,
+            tenant_id: cmd.caller.tenant,
+            conversation_id: cmd.conversation,
+            user_id: cmd.caller.user,
+            server_ts_ms: self.now_ms(),
+            items: seqs.clone(),
+            ..Default::default()
+        });
+        self.store.commit(m).await?;
+        Ok(DeleteForMeResponse {
+            deleted: seqs.len() as u32,
+        })
+    }
+
+    pub async fn mark_read(&self, cmd: MarkReadCommand) -> Result<MarkReadResponse> {
+        self.conversation(&cmd.caller, cmd.conversation)?;
+        self.ownership
+            .check(cmd.caller.tenant, cmd.conversation, 0)?;
+        self.require_member(&cmd.caller, cmd.conversation)?;
+        let latest = self.store.conv_seq(cmd.conversation)?.latest_seq;
+        let target = cmd.read_seq.min(latest);
+        if target > self.store.read_seq(cmd.conversation, cmd.caller.user)? {
+            let mut m = Mutation::new();
+            m.raise_read_seq(cmd.conversation, cmd.caller.user, target);
+            m.emit(&OutboxEvent {
+                kind: OutboxKind::Read as i32,
+                tenant_id: cmd.caller.tenant,
+                conversation_id: cmd.conversation,
+                seq: target,
+                user_id: cmd.caller.user,
+                server_ts_ms: self.now_ms(),
+                ..Default::default()
+            });
+            self.store.commit(m).await?;
+        }
+        let read_seq = self.store.read_seq(cmd.conversation, cmd.caller.user)?;
+        Ok(MarkReadResponse {
+            read_seq,
+            latest_seq: latest,
+            unread: latest.saturating_sub(read_seq),
+        })
+    }
+}

@@ -1,0 +1,107 @@
+//! Per-user and per-conversation send rate limits (GCRA token buckets from
+//! `governor`, one per key). Idle keys are forgotten by [`SendLimits::prune`],
+//! which the service calls periodically.
+
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use governor::clock::{Clock, DefaultClock};
+use governor::{DefaultKeyedRateLimiter, Quota};
+
+use crate::config::RateLimitConfig;
+use crate::error::CellError;
+
+pub struct SendLimits {
+    users: DefaultKeyedRateLimiter<(u64, u64)>,
+    conversations: DefaultKeyedRateLimiter<u64>,
+    clock: DefaultClock,
+}
+
+fn quota(per_sec: u32, burst: u32) -> Quota {
+    let nz = |v: u32| NonZeroU32::new(v.max(1)).expect("at least 1");
+    Quota::per_second(nz(per_sec)).allow_burst(nz(burst.max(per_sec)))
+}
+
+impl SendLimits {
+    pub fn new(config: &RateLimitConfig) -> Self {
+        Self {
+            users: DefaultKeyedRateLimiter::keyed(quota(config.user_per_sec, config.user_burst)),
+            conversations: DefaultKeyedRateLimiter::keyed(quota(
+                config.conversation_per_sec,
+                config.conversation_burst,
+            )),
+            clock: DefaultClock::default(),
+        }
+    }
+
+    /// Takes one send from the sender's and the conversation's budgets.
+    pub fn check(&self, tenant: u64, user: u64, conversation: u64) -> Result<(), CellError> {
+        if let Err(not_until) = self.users.check_key(&(tenant, user)) {
+            return Err(self.limited("user", not_until.wait_time_from(self.clock.now())));
+        }
+        if let Err(not_until) = self.conversations.check_key(&conversation) {
+            return Err(self.limited("conversation", not_until.wait_time_from(self.clock.now())));
+        }
+        Ok(())
+    }
+
+    fn limited(&self, scope: &'static str, retry_after: Duration) -> CellError {
+        CellError::RateLimited {
+            scope,
+            retry_after: retry_after.max(Duration::from_millis(1)),
+        }
+    }
+
+    /// Drops the state of keys whose buckets are full again.
+    pub fn prune(&self) {
+        self.users.retain_recent();
+        self.users.shrink_to_fit();
+        self.conversations.retain_recent();
+        self.conversations.shrink_to_fit();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cellmesh_proto::v1::ErrorCode;
+
+    fn limits(user: u32, conv: u32) -> SendLimits {
+        SendLimits::new(&RateLimitConfig {
+            user_per_sec: user,
+            user_burst: user,
+            conversation_per_sec: conv,
+            conversation_burst: conv,
+        })
+    }
+
+    #[test]
+    fn a_user_over_budget_is_limited_with_a_retry_hint() {
+        let l = limits(5, 1000);
+        for _ in 0..5 {
+            l.check(1, 1, 10).unwrap();
+        }
+        let err = l.check(1, 1, 10).unwrap_err();
+        assert_eq!(err.code(), ErrorCode::RateLimited);
+        assert_eq!(err.reason(), "USER_RATE_LIMITED");
+        match err {
+            CellError::RateLimited { retry_after, .. } => {
+                assert!(retry_after > Duration::ZERO && retry_after <= Duration::from_millis(200))
+            }
+            other => panic!("{other:?}"),
+        }
+        // Another user of the same tenant is unaffected.
+        l.check(1, 2, 10).unwrap();
+    }
+
+    #[test]
+    fn a_busy_conversation_is_limited_across_senders() {
+        let l = limits(1000, 3);
+        for user in 0..3 {
+            l.check(1, user, 77).unwrap();
+        }
+        let err = l.check(1, 99, 77).unwrap_err();
+        assert_eq!(err.reason(), "CONVERSATION_RATE_LIMITED");
+        l.check(1, 99, 78).unwrap();
+    }
+}

@@ -1,0 +1,159 @@
+//! Running a cell: open storage, build the services, serve gRPC until told to
+//! stop, then drain and close storage cleanly.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cellmesh_proto::server::standard_services;
+use cellmesh_proto::v1::messaging_server::MessagingServer;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::TcpListenerStream;
+
+use crate::clock::{Clock, SystemClock};
+use crate::config::{CellConfig, ConfigError, REQUEST_OVERHEAD_BYTES};
+use crate::error::CellError;
+use crate::grpc::MessagingApi;
+use crate::message::MessageService;
+use crate::ownership::{OwnAll, Ownership};
+use crate::storage::{StorageError, Store};
+
+/// File in the data directory holding the address the cell listens on, for
+/// supervisors and scripts that started it on port 0.
+pub const ADDR_FILE: &str = "cell.addr";
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("cannot open storage: {0}")]
+    Storage(#[from] StorageError),
+    #[error("cannot start the message service: {0}")]
+    Service(#[from] CellError),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("io: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("grpc: {0}")]
+    Grpc(String),
+}
+
+/// A cell serving in the background.
+pub struct RunningCell {
+    pub addr: SocketAddr,
+    pub service: Arc<MessageService>,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<Result<(), StartError>>,
+}
+
+impl RunningCell {
+    /// Stops serving, waits for in-flight requests, closes storage.
+    pub async fn shutdown(mut self) -> Result<(), StartError> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        self.task
+            .await
+            .map_err(|e| StartError::Grpc(e.to_string()))?
+    }
+
+    /// Waits until the cell stops on its own (its shutdown signal fired).
+    pub async fn wait(self) -> Result<(), StartError> {
+        self.task
+            .await
+            .map_err(|e| StartError::Grpc(e.to_string()))?
+    }
+}
+
+/// Runs a cell until `shutdown` resolves.
+pub async fn run(
+    config: CellConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), StartError> {
+    let cell = start(config, Arc::new(OwnAll), Arc::new(SystemClock)).await?;
+    let RunningCell { stop, task, .. } = cell;
+    tokio::spawn(async move {
+        shutdown.await;
+        if let Some(stop) = stop {
+            let _ = stop.send(());
+        }
+    });
+    task.await.map_err(|e| StartError::Grpc(e.to_string()))?
+}
+
+/// Starts a cell and returns once it accepts connections.
+pub async fn start(
+    config: CellConfig,
+    ownership: Arc<dyn Ownership>,
+    clock: Arc<dyn Clock>,
+) -> Result<RunningCell, StartError> {
+    config.validate()?;
+    std::fs::create_dir_all(&config.data_dir)?;
+    let store = Store::open(&config.data_dir.join("db"), &config.storage)?;
+    let config = Arc::new(config);
+    let service = Arc::new(MessageService::new(
+        store.clone(),
+        config.clone(),
+        ownership,
+        clock,
+    )?);
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| StartError::Bind {
+            addr: config.listen,
+            source,
+        })?;
+    let addr = listener.local_addr()?;
+    write_addr_file(&config, addr)?;
+
+    let standard = standard_services::<MessagingServer<MessagingApi>>()
+        .await
+        .map_err(|e| StartError::Grpc(e.to_string()))?;
+    let max_message = config.limits.max_body_bytes + REQUEST_OVERHEAD_BYTES;
+    let messaging = MessagingServer::new(MessagingApi::new(service.clone()))
+        .max_decoding_message_size(max_message);
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let maintenance = tokio::spawn(maintain(service.clone()));
+    let task = tokio::spawn(async move {
+        let served = tonic::transport::Server::builder()
+            .add_service(standard.health)
+            .add_service(standard.reflection)
+            .add_service(messaging)
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
+                let _ = stop_rx.await;
+            })
+            .await;
+        maintenance.abort();
+        store.close();
+        tracing::info!("cell stopped");
+        served.map_err(|e| StartError::Grpc(e.to_string()))
+    });
+    tracing::info!(cell = %config.cell_id, %addr, data_dir = %config.data_dir.display(), "cell serving");
+    Ok(RunningCell {
+        addr,
+        service,
+        stop: Some(stop_tx),
+        task,
+    })
+}
+
+fn write_addr_file(config: &CellConfig, addr: SocketAddr) -> std::io::Result<()> {
+    let path = config.data_dir.join(ADDR_FILE);
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, addr.to_string())?;
+    std::fs::rename(tmp, path)
+}
+
+async fn maintain(service: Arc<MessageService>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(60));
+    loop {
+        tick.tick().await;
+        service.maintain();
+    }
+}

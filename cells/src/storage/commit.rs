@@ -1,0 +1,220 @@
+//! Group commit. One thread owns every write to the database: it takes all
+//! mutations queued while the previous batch was being synced, applies them as
+//! one WriteBatch with the WAL fsynced, and only then answers their callers.
+//! Concurrent writers therefore share one fsync, and the order in which
+//! mutations are queued is the order in which they become durable.
+//!
+//! A failed write leaves the store refusing every later write: after an fsync
+//! error the state of the WAL is unknown, and accepting writes on top of it
+//! could acknowledge something a restart would not find.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::JoinHandle;
+
+use rocksdb::{DB, IteratorMode, WriteBatch, WriteOptions};
+use tokio::sync::{mpsc, oneshot};
+
+use super::keys::{self, cf};
+use super::{Mutation, Op, Result, StorageError};
+use crate::config::StorageConfig;
+
+/// Counters of the commit path.
+#[derive(Debug, Default)]
+pub struct CommitStats {
+    /// Mutations made durable.
+    pub mutations: AtomicU64,
+    /// WriteBatches written (each one WAL sync).
+    pub batches: AtomicU64,
+}
+
+struct Job {
+    mutation: Mutation,
+    reply: oneshot::Sender<Result<()>>,
+}
+
+pub(super) struct Committer {
+    tx: RwLock<Option<mpsc::Sender<Job>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    stats: Arc<CommitStats>,
+    failed: Arc<Mutex<Option<String>>>,
+}
+
+/// A reserved place in the commit queue.
+pub struct CommitSlot(mpsc::OwnedPermit<Job>);
+
+/// The pending outcome of a submitted mutation.
+pub struct CommitTicket(oneshot::Receiver<Result<()>>);
+
+impl CommitSlot {
+    /// Queues `mutation` without waiting; its place in the durable order is
+    /// fixed by this call.
+    pub fn submit(self, mutation: Mutation) -> CommitTicket {
+        let (reply, rx) = oneshot::channel();
+        self.0.send(Job { mutation, reply });
+        CommitTicket(rx)
+    }
+}
+
+impl CommitTicket {
+    pub async fn wait(self) -> Result<()> {
+        self.0.await.unwrap_or(Err(StorageError::Closed))
+    }
+}
+
+impl Committer {
+    pub(super) fn start(db: Arc<DB>, config: &StorageConfig) -> Result<Self> {
+        let (tx, rx) = mpsc::channel(config.commit_queue_depth);
+        let stats = Arc::new(CommitStats::default());
+        let failed = Arc::new(Mutex::new(None));
+        let next_outbox_id = last_outbox_id(&db)? + 1;
+        let mut writer = Writer {
+            db,
+            sync: config.sync_wal,
+            max_batch: config.group_commit_max_batch,
+            next_outbox_id,
+            stats: stats.clone(),
+            failed: failed.clone(),
+        };
+        let thread = std::thread::Builder::new()
+            .name("cellmesh-commit".into())
+            .spawn(move || writer.run(rx))
+            .map_err(|e| StorageError::Failed(format!("cannot start commit thread: {e}")))?;
+        Ok(Self {
+            tx: RwLock::new(Some(tx)),
+            thread: Mutex::new(Some(thread)),
+            stats,
+            failed,
+        })
+    }
+
+    pub(super) async fn reserve(&self) -> Result<CommitSlot> {
+        let tx = self
+            .tx
+            .read()
+            .expect("commit sender lock")
+            .clone()
+            .ok_or(StorageError::Closed)?;
+        let permit = tx.reserve_owned().await.map_err(|_| StorageError::Closed)?;
+        Ok(CommitSlot(permit))
+    }
+
+    pub(super) fn stats(&self) -> &CommitStats {
+        &self.stats
+    }
+
+    pub(super) fn failed(&self) -> Option<String> {
+        self.failed.lock().expect("failed lock").clone()
+    }
+
+    /// Closes the queue and waits until every queued mutation is answered.
+    pub(super) fn stop(&self) {
+        self.tx.write().expect("commit sender lock").take();
+        if let Some(thread) = self.thread.lock().expect("thread lock").take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Committer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn last_outbox_id(db: &DB) -> Result<u64> {
+    let handle = db.cf_handle(cf::OUTBOX).expect("outbox column family");
+    match db.iterator_cf(handle, IteratorMode::End).next() {
+        None => Ok(0),
+        Some(item) => {
+            let (key, _) = item?;
+            keys::decode_u64(&key).ok_or(StorageError::Corrupt {
+                cf: cf::OUTBOX,
+                detail: "bad key".into(),
+            })
+        }
+    }
+}
+
+struct Writer {
+    db: Arc<DB>,
+    sync: bool,
+    max_batch: usize,
+    next_outbox_id: u64,
+    stats: Arc<CommitStats>,
+    failed: Arc<Mutex<Option<String>>>,
+}
+
+impl Writer {
+    fn run(&mut self, mut rx: mpsc::Receiver<Job>) {
+        let mut jobs = Vec::with_capacity(self.max_batch);
+        while let Some(first) = rx.blocking_recv() {
+            jobs.push(first);
+            while jobs.len() < self.max_batch {
+                match rx.try_recv() {
+                    Ok(job) => jobs.push(job),
+                    Err(_) => break,
+                }
+            }
+            let outcome = self.write(&jobs);
+            for job in jobs.drain(..) {
+                let _ = job.reply.send(outcome.clone());
+            }
+        }
+    }
+
+    fn write(&mut self, jobs: &[Job]) -> Result<(), StorageError> {
+        if let Some(reason) = self.failed.lock().expect("failed lock").clone() {
+            return Err(StorageError::Failed(reason));
+        }
+        let mut batch = WriteBatch::default();
+        let mut outbox_id = self.next_outbox_id;
+        for job in jobs {
+            for op in &job.mutation.ops {
+                match op {
+                    Op::Put(name, k, v) => batch.put_cf(self.handle(name), k, v),
+                    Op::Delete(name, k) => batch.delete_cf(self.handle(name), k),
+                    Op::Merge(name, k, v) => batch.merge_cf(self.handle(name), k, v),
+                }
+            }
+            for event in &job.mutation.outbox {
+                batch.put_cf(self.handle(cf::OUTBOX), outbox_id.to_be_bytes(), event);
+                outbox_id += 1;
+            }
+        }
+        let mut opts = WriteOptions::default();
+        opts.set_sync(self.sync);
+        match self.db.write_opt(batch, &opts) {
+            Ok(()) => {
+                self.next_outbox_id = outbox_id;
+                self.stats.batches.fetch_add(1, Ordering::Relaxed);
+                self.stats
+                    .mutations
+                    .fetch_add(jobs.len() as u64, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "write batch failed; storage now refuses writes");
+                *self.failed.lock().expect("failed lock") = Some(e.to_string());
+                Err(StorageError::Failed(e.to_string()))
+            }
+        }
+    }
+
+    fn handle(&self, name: &str) -> &rocksdb::ColumnFamily {
+        self.db.cf_handle(name).expect("column family exists")
+    }
+}
+
+impl Clone for StorageError {
+    fn clone(&self) -> Self {
+        match self {
+            StorageError::Corrupt { cf, detail } => StorageError::Corrupt {
+                cf,
+                detail: detail.clone(),
+            },
+            StorageError::Closed => StorageError::Closed,
+            other => StorageError::Failed(other.to_string()),
+        }
+    }
+}

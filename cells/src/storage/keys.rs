@@ -1,0 +1,130 @@
+//! Every RocksDB key a cell writes, in one place. Integers are big-endian so
+//! that byte order is numeric order: a conversation's messages sort by seq,
+//! its members by user id, and a range scan is a key range.
+
+/// Column families, one per record kind.
+pub mod cf {
+    /// conversation id → `ConversationRecord`
+    pub const CONVERSATIONS: &str = "conversations";
+    /// conversation id → `ConversationSeq` (rewritten by every send)
+    pub const CONV_SEQ: &str = "conv_seq";
+    /// conversation id | user id → `MemberRecord`
+    pub const MEMBERS: &str = "members";
+    /// conversation id | seq → `MessageRecord`
+    pub const MESSAGES: &str = "messages";
+    /// kind | tenant | user | client_req_id → `IdempotencyRecord`
+    pub const IDEMPOTENCY: &str = "idempotency";
+    /// conversation id | user id → read seq (u64, merged with max)
+    pub const READ_STATE: &str = "read_state";
+    /// conversation id | user id | seq → empty: the delete-for-me overlay
+    pub const HIDDEN: &str = "hidden";
+    /// outbox id → `OutboxEvent`, consumed by the fan-out relay
+    pub const OUTBOX: &str = "outbox";
+    /// named cell-level values (see [`super::meta`])
+    pub const META: &str = "meta";
+
+    pub const ALL: [&str; 9] = [
+        CONVERSATIONS,
+        CONV_SEQ,
+        MEMBERS,
+        MESSAGES,
+        IDEMPOTENCY,
+        READ_STATE,
+        HIDDEN,
+        OUTBOX,
+        META,
+    ];
+}
+
+/// Keys of the `meta` column family.
+pub mod meta {
+    /// Time (ms) up to which message ids may have been issued.
+    pub const MSG_ID_RESERVED_UNTIL: &[u8] = b"msg_id_reserved_until_ms";
+}
+
+/// What an idempotency record answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum IdemKind {
+    Send = 1,
+    CreateConversation = 2,
+}
+
+pub fn u64_key(a: u64) -> [u8; 8] {
+    a.to_be_bytes()
+}
+
+pub fn pair_key(a: u64, b: u64) -> [u8; 16] {
+    let mut k = [0u8; 16];
+    k[..8].copy_from_slice(&a.to_be_bytes());
+    k[8..].copy_from_slice(&b.to_be_bytes());
+    k
+}
+
+pub fn triple_key(a: u64, b: u64, c: u64) -> [u8; 24] {
+    let mut k = [0u8; 24];
+    k[..8].copy_from_slice(&a.to_be_bytes());
+    k[8..16].copy_from_slice(&b.to_be_bytes());
+    k[16..].copy_from_slice(&c.to_be_bytes());
+    k
+}
+
+/// `messages` / `members` / `read_state` key.
+pub fn conv_item(conversation: u64, item: u64) -> [u8; 16] {
+    pair_key(conversation, item)
+}
+
+/// `hidden` key.
+pub fn hidden(conversation: u64, user: u64, seq: u64) -> [u8; 24] {
+    triple_key(conversation, user, seq)
+}
+
+/// `idempotency` key.
+pub fn idempotency(kind: IdemKind, tenant: u64, user: u64, client_req_id: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(17 + client_req_id.len());
+    k.push(kind as u8);
+    k.extend_from_slice(&tenant.to_be_bytes());
+    k.extend_from_slice(&user.to_be_bytes());
+    k.extend_from_slice(client_req_id.as_bytes());
+    k
+}
+
+/// The trailing u64 of a key (seq in `messages`/`hidden`, user in `members`).
+pub fn last_u64(key: &[u8]) -> Option<u64> {
+    let tail = key.len().checked_sub(8).map(|at| &key[at..])?;
+    Some(u64::from_be_bytes(tail.try_into().ok()?))
+}
+
+pub fn decode_u64(value: &[u8]) -> Option<u64> {
+    Some(u64::from_be_bytes(value.try_into().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_sort_numerically() {
+        assert!(conv_item(1, 255) < conv_item(1, 256));
+        assert!(conv_item(1, u64::MAX) < conv_item(2, 0));
+        assert!(hidden(5, 9, 1) < hidden(5, 9, 2));
+        assert!(hidden(5, 9, u64::MAX) < hidden(5, 10, 0));
+    }
+
+    #[test]
+    fn trailing_integer_round_trips() {
+        assert_eq!(last_u64(&conv_item(3, 42)), Some(42));
+        assert_eq!(last_u64(&hidden(3, 4, 77)), Some(77));
+        assert_eq!(last_u64(b"short"), None);
+        assert_eq!(decode_u64(&9u64.to_be_bytes()), Some(9));
+        assert_eq!(decode_u64(b"bad"), None);
+    }
+
+    #[test]
+    fn idempotency_keys_separate_kind_tenant_and_user() {
+        let a = idempotency(IdemKind::Send, 1, 2, "r");
+        assert_ne!(a, idempotency(IdemKind::CreateConversation, 1, 2, "r"));
+        assert_ne!(a, idempotency(IdemKind::Send, 2, 2, "r"));
+        assert_ne!(a, idempotency(IdemKind::Send, 1, 3, "r"));
+    }
+}

@@ -1,0 +1,289 @@
+//! The cell's durable state in RocksDB. This module (with its children) is
+//! the only code that names RocksDB: the rest of the cell reads through the
+//! domain methods of [`Store`] and writes by building a [`Mutation`] that the
+//! group committer ([`commit`]) applies atomically with the WAL synced.
+
+mod commit;
+pub mod keys;
+mod options;
+mod scan;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use cellmesh_proto::storage::v1::{
+    ConversationRecord, ConversationSeq, IdempotencyRecord, MemberRecord, MessageRecord,
+    OutboxEvent,
+};
+use prost::Message as _;
+use rocksdb::{ColumnFamily, DB, Direction, IteratorMode, ReadOptions};
+
+pub use commit::{CommitSlot, CommitStats, CommitTicket};
+pub use keys::IdemKind;
+pub use scan::{ScanDirection, ScanPage};
+
+use crate::config::StorageConfig;
+use keys::cf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    #[error("storage engine error: {0}")]
+    Engine(#[from] rocksdb::Error),
+    #[error("corrupt record in column family {cf}: {detail}")]
+    Corrupt { cf: &'static str, detail: String },
+    #[error("storage refuses writes after an unrecoverable write error: {0}")]
+    Failed(String),
+    #[error("storage is closed")]
+    Closed,
+}
+
+pub type Result<T, E = StorageError> = std::result::Result<T, E>;
+
+/// Identity of an idempotent request.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct IdemKey {
+    pub kind: IdemKind,
+    pub tenant: u64,
+    pub user: u64,
+    pub client_req_id: String,
+}
+
+impl IdemKey {
+    fn encode(&self) -> Vec<u8> {
+        keys::idempotency(self.kind, self.tenant, self.user, &self.client_req_id)
+    }
+}
+
+/// One atomic change: applied in a single WriteBatch together with its outbox
+/// events, or not at all.
+#[derive(Debug, Default)]
+pub struct Mutation {
+    ops: Vec<Op>,
+    outbox: Vec<Vec<u8>>,
+}
+
+#[derive(Debug)]
+enum Op {
+    Put(&'static str, Vec<u8>, Vec<u8>),
+    Delete(&'static str, Vec<u8>),
+    Merge(&'static str, Vec<u8>, Vec<u8>),
+}
+
+impl Mutation {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty() && self.outbox.is_empty()
+    }
+
+    fn put(&mut self, cf: &'static str, key: impl Into<Vec<u8>>, value: Vec<u8>) {
+        self.ops.push(Op::Put(cf, key.into(), value));
+    }
+
+    pub fn put_conversation(&mut self, id: u64, record: &ConversationRecord) {
+        self.put(cf::CONVERSATIONS, keys::u64_key(id), record.encode_to_vec());
+    }
+
+    pub fn put_conv_seq(&mut self, id: u64, record: &ConversationSeq) {
+        self.put(cf::CONV_SEQ, keys::u64_key(id), record.encode_to_vec());
+    }
+
+    pub fn put_member(&mut self, conversation: u64, user: u64, record: &MemberRecord) {
+        let key = keys::conv_item(conversation, user);
+        self.put(cf::MEMBERS, key, record.encode_to_vec());
+    }
+
+    pub fn delete_member(&mut self, conversation: u64, user: u64) {
+        let key = keys::conv_item(conversation, user).to_vec();
+        self.ops.push(Op::Delete(cf::MEMBERS, key));
+    }
+
+    pub fn put_message(&mut self, conversation: u64, seq: u64, record: &MessageRecord) {
+        let key = keys::conv_item(conversation, seq);
+        self.put(cf::MESSAGES, key, record.encode_to_vec());
+    }
+
+    pub fn put_idempotency(&mut self, key: &IdemKey, record: &IdempotencyRecord) {
+        self.put(cf::IDEMPOTENCY, key.encode(), record.encode_to_vec());
+    }
+
+    /// Raises (never lowers) a user's read position in a conversation.
+    pub fn raise_read_seq(&mut self, conversation: u64, user: u64, seq: u64) {
+        let key = keys::conv_item(conversation, user).to_vec();
+        let value = seq.to_be_bytes().to_vec();
+        self.ops.push(Op::Merge(cf::READ_STATE, key, value));
+    }
+
+    pub fn hide(&mut self, conversation: u64, user: u64, seq: u64) {
+        self.put(
+            cf::HIDDEN,
+            keys::hidden(conversation, user, seq),
+            Vec::new(),
+        );
+    }
+
+    /// Appends an event to the outbox; the committer assigns its id.
+    pub fn emit(&mut self, event: &OutboxEvent) {
+        self.outbox.push(event.encode_to_vec());
+    }
+}
+
+/// The cell's database.
+pub struct Store {
+    db: Arc<DB>,
+    committer: commit::Committer,
+}
+
+impl Store {
+    /// Opens (creating if needed) the database under `dir` and starts the
+    /// group committer.
+    pub fn open(dir: &Path, config: &StorageConfig) -> Result<Arc<Self>> {
+        let db = Arc::new(options::open(dir, config)?);
+        let committer = commit::Committer::start(db.clone(), config)?;
+        Ok(Arc::new(Self { db, committer }))
+    }
+
+    /// Stops accepting writes, waits for queued ones and flushes memtables.
+    pub fn close(&self) {
+        self.committer.stop();
+        let _ = self.db.flush();
+    }
+
+    pub fn stats(&self) -> &CommitStats {
+        self.committer.stats()
+    }
+
+    /// Whether a write has failed and the store refuses further writes.
+    pub fn failed(&self) -> Option<String> {
+        self.committer.failed()
+    }
+
+    /// Applies `mutation` durably.
+    pub async fn commit(&self, mutation: Mutation) -> Result<()> {
+        self.reserve().await?.submit(mutation).wait().await
+    }
+
+    /// Reserves a place in the commit queue, so that a caller holding a lock
+    /// can enqueue without waiting (see [`CommitSlot::submit`]).
+    pub async fn reserve(&self) -> Result<CommitSlot> {
+        self.committer.reserve().await
+    }
+
+    fn cf(&self, name: &'static str) -> &ColumnFamily {
+        self.db
+            .cf_handle(name)
+            .expect("every column family is created at open")
+    }
+
+    fn get_record<T: prost::Message + Default>(
+        &self,
+        name: &'static str,
+        key: &[u8],
+    ) -> Result<Option<T>> {
+        match self.db.get_pinned_cf(self.cf(name), key)? {
+            None => Ok(None),
+            Some(bytes) => T::decode(bytes.as_ref())
+                .map(Some)
+                .map_err(|e| corrupt(name, e)),
+        }
+    }
+
+    pub fn conversation(&self, id: u64) -> Result<Option<ConversationRecord>> {
+        self.get_record(cf::CONVERSATIONS, &keys::u64_key(id))
+    }
+
+    /// The conversation's seq state; zeroes for a conversation never written to.
+    pub fn conv_seq(&self, id: u64) -> Result<ConversationSeq> {
+        Ok(self
+            .get_record(cf::CONV_SEQ, &keys::u64_key(id))?
+            .unwrap_or_default())
+    }
+
+    pub fn is_member(&self, conversation: u64, user: u64) -> Result<bool> {
+        let key = keys::conv_item(conversation, user);
+        Ok(self.db.get_pinned_cf(self.cf(cf::MEMBERS), key)?.is_some())
+    }
+
+    /// Members with ids above `after`, at most `limit`; and whether more follow.
+    pub fn members(&self, conversation: u64, after: u64, limit: usize) -> Result<(Vec<u64>, bool)> {
+        let mut opts = ReadOptions::default();
+        opts.set_iterate_upper_bound(keys::conv_item(conversation, u64::MAX).to_vec());
+        let start = keys::conv_item(conversation, after.saturating_add(1));
+        let iter = self.db.iterator_cf_opt(
+            self.cf(cf::MEMBERS),
+            opts,
+            IteratorMode::From(&start, Direction::Forward),
+        );
+        let mut out = Vec::new();
+        for item in iter {
+            let (key, _) = item?;
+            if out.len() == limit {
+                return Ok((out, true));
+            }
+            out.push(keys::last_u64(&key).ok_or_else(|| corrupt(cf::MEMBERS, "short key"))?);
+        }
+        Ok((out, false))
+    }
+
+    pub fn message(&self, conversation: u64, seq: u64) -> Result<Option<MessageRecord>> {
+        self.get_record(cf::MESSAGES, &keys::conv_item(conversation, seq))
+    }
+
+    pub fn idempotency(&self, key: &IdemKey) -> Result<Option<IdempotencyRecord>> {
+        self.get_record(cf::IDEMPOTENCY, &key.encode())
+    }
+
+    pub fn read_seq(&self, conversation: u64, user: u64) -> Result<u64> {
+        let key = keys::conv_item(conversation, user);
+        match self.db.get_pinned_cf(self.cf(cf::READ_STATE), key)? {
+            None => Ok(0),
+            Some(v) => keys::decode_u64(&v).ok_or_else(|| corrupt(cf::READ_STATE, "bad length")),
+        }
+    }
+
+    /// Outbox events with ids above `after`, oldest first.
+    pub fn outbox_after(&self, after: u64, limit: usize) -> Result<Vec<(u64, OutboxEvent)>> {
+        let start = keys::u64_key(after.saturating_add(1));
+        let iter = self.db.iterator_cf(
+            self.cf(cf::OUTBOX),
+            IteratorMode::From(&start, Direction::Forward),
+        );
+        let mut out = Vec::new();
+        for item in iter.take(limit) {
+            let (key, value) = item?;
+            let id = keys::decode_u64(&key).ok_or_else(|| corrupt(cf::OUTBOX, "bad key"))?;
+            out.push((
+                id,
+                OutboxEvent::decode(value.as_ref()).map_err(|e| corrupt(cf::OUTBOX, e))?,
+            ));
+        }
+        Ok(out)
+    }
+
+    pub fn meta_u64(&self, key: &[u8]) -> Result<Option<u64>> {
+        match self.db.get_pinned_cf(self.cf(cf::META), key)? {
+            None => Ok(None),
+            Some(v) => keys::decode_u64(&v)
+                .map(Some)
+                .ok_or_else(|| corrupt(cf::META, "bad length")),
+        }
+    }
+
+    /// Writes a cell-level value outside the commit queue, synced.
+    pub fn put_meta_u64_sync(&self, key: &[u8], value: u64) -> Result<()> {
+        let mut opts = rocksdb::WriteOptions::default();
+        opts.set_sync(true);
+        self.db
+            .put_cf_opt(self.cf(cf::META), key, value.to_be_bytes(), &opts)?;
+        Ok(())
+    }
+}
+
+fn corrupt(cf: &'static str, detail: impl ToString) -> StorageError {
+    StorageError::Corrupt {
+        cf,
+        detail: detail.to_string(),
+    }
+}

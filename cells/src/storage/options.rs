@@ -1,0 +1,76 @@
+//! How the cell's RocksDB is opened: column families, their tuning, the
+//! read-state merge operator and the idempotency TTL compaction filter.
+
+use std::path::Path;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use cellmesh_proto::storage::v1::IdempotencyRecord;
+use prost::Message as _;
+use rocksdb::compaction_filter::Decision;
+use rocksdb::{
+    BlockBasedOptions, Cache, ColumnFamilyDescriptor, DB, DBCompressionType, MergeOperands, Options,
+};
+
+use super::Result;
+use super::keys::{cf, decode_u64};
+use crate::config::StorageConfig;
+
+pub(super) fn open(dir: &Path, config: &StorageConfig) -> Result<DB> {
+    let cache = Cache::new_lru_cache(config.block_cache_mb * 1024 * 1024);
+    let mut db_opts = Options::default();
+    db_opts.create_if_missing(true);
+    db_opts.create_missing_column_families(true);
+    db_opts.increase_parallelism(2);
+    db_opts.set_max_background_jobs(2);
+    db_opts.set_keep_log_file_num(4);
+
+    let descriptors = cf::ALL.iter().map(|name| {
+        let mut opts = Options::default();
+        let mut table = BlockBasedOptions::default();
+        table.set_block_cache(&cache);
+        table.set_bloom_filter(10.0, false);
+        opts.set_block_based_table_factory(&table);
+        opts.set_compression_type(DBCompressionType::Lz4);
+        opts.set_write_buffer_size(config.write_buffer_mb * 1024 * 1024);
+        match *name {
+            cf::READ_STATE => opts.set_merge_operator_associative("max_u64", merge_max_u64),
+            cf::IDEMPOTENCY => {
+                opts.set_compaction_filter("idempotency_ttl", drop_expired_idempotency);
+                // Rewrite files at least daily so expired records go away even
+                // when nothing else triggers a compaction.
+                opts.set_periodic_compaction_seconds(24 * 3600);
+            }
+            _ => {}
+        }
+        ColumnFamilyDescriptor::new(*name, opts)
+    });
+    Ok(DB::open_cf_descriptors(&db_opts, dir, descriptors)?)
+}
+
+/// Merge operator of `read_state`: the value is the largest u64 ever written,
+/// so a read position cannot move backwards whatever the order of writes.
+fn merge_max_u64(
+    _key: &[u8],
+    existing: Option<&[u8]>,
+    operands: &MergeOperands,
+) -> Option<Vec<u8>> {
+    let max = existing
+        .into_iter()
+        .chain(operands.iter())
+        .filter_map(decode_u64)
+        .max()
+        .unwrap_or(0);
+    Some(max.to_be_bytes().to_vec())
+}
+
+/// Compaction filter of `idempotency`: drops records past their expiry.
+fn drop_expired_idempotency(_level: u32, _key: &[u8], value: &[u8]) -> Decision {
+    let now_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    match IdempotencyRecord::decode(value) {
+        Ok(record) if record.expires_at_ms <= now_ms => Decision::Remove,
+        _ => Decision::Keep,
+    }
+}

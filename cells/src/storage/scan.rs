@@ -1,0 +1,122 @@
+//! Paging through a conversation's messages in either direction, merged with
+//! the viewer's delete-for-me overlay so hidden messages never leave storage.
+
+use cellmesh_proto::storage::v1::MessageRecord;
+use prost::Message as _;
+use rocksdb::{DBRawIterator, ReadOptions};
+
+use super::keys::{self, cf};
+use super::{Result, Store, corrupt};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScanDirection {
+    /// seq > from, ascending.
+    Forward,
+    /// seq < from, descending.
+    Backward,
+}
+
+#[derive(Debug, Default)]
+pub struct ScanPage {
+    /// Visible messages, in scan order.
+    pub messages: Vec<(u64, MessageRecord)>,
+    /// The last seq examined (visible or hidden); resume from here.
+    pub last_seq: Option<u64>,
+    /// Whether stored messages exist beyond `last_seq` in this direction.
+    pub more: bool,
+}
+
+impl Store {
+    /// Up to `limit` messages of `conversation` strictly beyond `from` in
+    /// `direction`, skipping those `viewer` deleted for themselves; the page
+    /// ends early once its bodies reach `byte_budget` bytes.
+    pub fn scan_messages(
+        &self,
+        conversation: u64,
+        viewer: u64,
+        from: u64,
+        direction: ScanDirection,
+        limit: usize,
+        byte_budget: usize,
+    ) -> Result<ScanPage> {
+        let mut messages = self.bounded_iter(cf::MESSAGES, conversation_bounds(conversation));
+        let mut hidden = self.bounded_iter(cf::HIDDEN, hidden_bounds(conversation, viewer));
+        match direction {
+            ScanDirection::Forward => {
+                messages.seek(keys::conv_item(conversation, from.saturating_add(1)));
+                hidden.seek(keys::hidden(conversation, viewer, from.saturating_add(1)));
+            }
+            ScanDirection::Backward => {
+                messages.seek_for_prev(keys::conv_item(conversation, from.saturating_sub(1)));
+                hidden.seek_for_prev(keys::hidden(conversation, viewer, from.saturating_sub(1)));
+            }
+        }
+        let mut page = ScanPage::default();
+        let mut bytes = 0;
+        if direction == ScanDirection::Backward && from == 0 {
+            return Ok(page);
+        }
+        while messages.valid() {
+            if page.messages.len() == limit || bytes >= byte_budget {
+                page.more = true;
+                break;
+            }
+            let key = messages.key().unwrap_or_default();
+            let seq = keys::last_u64(key).ok_or_else(|| corrupt(cf::MESSAGES, "short key"))?;
+            page.last_seq = Some(seq);
+            if !is_hidden(&mut hidden, seq, direction) {
+                let value = messages.value().unwrap_or_default();
+                let record = MessageRecord::decode(value).map_err(|e| corrupt(cf::MESSAGES, e))?;
+                bytes += record.body.len();
+                page.messages.push((seq, record));
+            }
+            match direction {
+                ScanDirection::Forward => messages.next(),
+                ScanDirection::Backward => messages.prev(),
+            }
+        }
+        messages.status()?;
+        hidden.status()?;
+        Ok(page)
+    }
+
+    fn bounded_iter(
+        &self,
+        name: &'static str,
+        (lower, upper): (Vec<u8>, Vec<u8>),
+    ) -> DBRawIterator<'_> {
+        let mut opts = ReadOptions::default();
+        opts.set_iterate_lower_bound(lower);
+        opts.set_iterate_upper_bound(upper);
+        self.db.raw_iterator_cf_opt(self.cf(name), opts)
+    }
+}
+
+/// Advances the overlay iterator up to `seq` and says whether `seq` is hidden.
+fn is_hidden(hidden: &mut DBRawIterator<'_>, seq: u64, direction: ScanDirection) -> bool {
+    while hidden.valid() {
+        let Some(h) = hidden.key().and_then(keys::last_u64) else {
+            return false;
+        };
+        match direction {
+            ScanDirection::Forward if h < seq => hidden.next(),
+            ScanDirection::Backward if h > seq => hidden.prev(),
+            _ => return h == seq,
+        }
+    }
+    false
+}
+
+fn conversation_bounds(conversation: u64) -> (Vec<u8>, Vec<u8>) {
+    (
+        keys::conv_item(conversation, 0).to_vec(),
+        keys::conv_item(conversation, u64::MAX).to_vec(),
+    )
+}
+
+fn hidden_bounds(conversation: u64, viewer: u64) -> (Vec<u8>, Vec<u8>) {
+    (
+        keys::hidden(conversation, viewer, 0).to_vec(),
+        keys::hidden(conversation, viewer, u64::MAX).to_vec(),
+    )
+}

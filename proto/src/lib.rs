@@ -1,0 +1,23 @@
+//! The cellmesh protocol: generated prost/tonic code for the messaging API
+//! (`v1`), the records cells store (`storage::v1`), the encoded descriptor set
+//! served by gRPC reflection, and the mapping between the stable error codes
+//! and `tonic::Status` (`status`).
+
+pub mod codec;
+pub mod server;
+pub mod status;
+
+/// The public API: messaging service, shared types, error details.
+pub mod v1 {
+    tonic::include_proto!("cellmesh.v1");
+}
+
+/// Records persisted by cells. Not part of any wire API.
+pub mod storage {
+    pub mod v1 {
+        tonic::include_proto!("cellmesh.storage.v1");
+    }
+}
+
+/// Encoded `FileDescriptorSet` of every cellmesh proto, for server reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("cellmesh_descriptor");

@@ -1,0 +1,36 @@
+//! The standard services every cellmesh gRPC server carries next to its own:
+//! `grpc.health.v1.Health` (for load balancers and probes) and server
+//! reflection (for generic tools such as grpcurl).
+
+use tonic::server::NamedService;
+use tonic_health::server::{HealthReporter, health_reporter};
+
+/// Health and reflection services, with `S` reported as serving.
+pub struct StandardServices<H, R> {
+    pub health: H,
+    pub reflection: R,
+    pub reporter: HealthReporter,
+}
+
+/// Builds the standard services for a server whose main service is `S`.
+pub async fn standard_services<S: NamedService>() -> Result<
+    StandardServices<
+        tonic_health::pb::health_server::HealthServer<impl tonic_health::pb::health_server::Health>,
+        tonic_reflection::server::v1::ServerReflectionServer<
+            impl tonic_reflection::server::v1::ServerReflection,
+        >,
+    >,
+    tonic_reflection::server::Error,
+> {
+    let (reporter, health) = health_reporter();
+    reporter.set_serving::<S>().await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(crate::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    Ok(StandardServices {
+        health,
+        reflection,
+        reporter,
+    })
+}

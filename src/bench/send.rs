@@ -1,0 +1,195 @@
+//! `cellmesh bench send`: N concurrent clients send into a set of group
+//! conversations, each send with a unique client_req_id, and every ack's
+//! latency goes into an HDR histogram.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use cellmesh_proto::status::error_code;
+use cellmesh_proto::v1::messaging_client::MessagingClient;
+use cellmesh_proto::v1::{ConversationKind, CreateConversationRequest, MessageType, SendRequest};
+use clap::Args;
+use hdrhistogram::Histogram;
+use rand::Rng;
+use tonic::transport::Channel;
+
+use super::Report;
+use crate::client::{call_error, caller, connect};
+
+#[derive(Args)]
+pub struct SendArgs {
+    /// gRPC endpoint of a cell.
+    #[arg(long)]
+    endpoint: String,
+    /// Concurrent in-flight sends.
+    #[arg(long, default_value_t = 64)]
+    concurrency: usize,
+    /// How long to send, e.g. `30s`.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    duration: Duration,
+    /// Write the figures here as JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Conversations to spread the sends over.
+    #[arg(long, default_value_t = 256)]
+    conversations: u64,
+    /// Members per conversation (each one a sender).
+    #[arg(long, default_value_t = 8)]
+    members: u64,
+    #[arg(long, default_value_t = 200)]
+    body_bytes: usize,
+    /// HTTP/2 connections the clients share.
+    #[arg(long, default_value_t = 4)]
+    connections: usize,
+    /// Tenant to create the conversations in (default: a fresh one).
+    #[arg(long)]
+    tenant: Option<u64>,
+}
+
+struct Conv {
+    id: u64,
+    first_user: u64,
+}
+
+pub async fn run(args: SendArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.concurrency > 0, "--concurrency must be at least 1");
+    anyhow::ensure!(
+        args.conversations > 0 && args.members > 0,
+        "need conversations and members"
+    );
+    let tenant = args
+        .tenant
+        .unwrap_or_else(|| rand::rng().random_range(1_000_000..u32::MAX as u64));
+    let mut clients = Vec::new();
+    for _ in 0..args.connections.max(1) {
+        clients.push(connect(&args.endpoint).await?);
+    }
+    let conversations = create_conversations(&mut clients[0], tenant, &args).await?;
+    println!(
+        "created {} conversations in tenant {tenant}; sending for {:?} at concurrency {}",
+        conversations.len(),
+        args.duration,
+        args.concurrency
+    );
+
+    let conversations = std::sync::Arc::new(conversations);
+    let start = Instant::now();
+    let deadline = start + args.duration;
+    let mut workers = Vec::new();
+    for w in 0..args.concurrency {
+        let client = clients[w % clients.len()].clone();
+        let convs = conversations.clone();
+        let (members, body_bytes) = (args.members, args.body_bytes);
+        workers.push(tokio::spawn(async move {
+            worker(client, tenant, w, convs, members, body_bytes, deadline).await
+        }));
+    }
+    let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    let mut acked = 0;
+    let mut errors = BTreeMap::new();
+    for w in workers {
+        let out = w.await?;
+        latency.add(&out.latency)?;
+        acked += out.acked;
+        for (code, n) in out.errors {
+            *errors.entry(code).or_insert(0) += n;
+        }
+    }
+    let report = Report::new("send", acked, errors, start.elapsed(), &latency)
+        .param("concurrency", args.concurrency)
+        .param("conversations", args.conversations)
+        .param("members", args.members)
+        .param("body_bytes", args.body_bytes)
+        .param("connections", args.connections);
+    report.print();
+    if let Some(path) = &args.json {
+        report.write_json(path)?;
+    }
+    Ok(())
+}
+
+async fn create_conversations(
+    client: &mut MessagingClient<Channel>,
+    tenant: u64,
+    args: &SendArgs,
+) -> anyhow::Result<Vec<Conv>> {
+    let mut out = Vec::new();
+    for i in 0..args.conversations {
+        let first_user = 1 + i * args.members;
+        let members = (first_user + 1..first_user + args.members).collect();
+        let kind = if args.members == 2 {
+            ConversationKind::Direct
+        } else {
+            ConversationKind::Group
+        };
+        let created = client
+            .create_conversation(CreateConversationRequest {
+                caller: caller(tenant, first_user),
+                kind: kind as i32,
+                title: format!("bench {i}"),
+                member_ids: members,
+                client_req_id: format!("bench-create-{i}"),
+            })
+            .await
+            .map_err(call_error)
+            .context("creating bench conversations")?
+            .into_inner();
+        let id = created.conversation.map(|c| c.conversation_id).unwrap_or(0);
+        out.push(Conv { id, first_user });
+    }
+    Ok(out)
+}
+
+struct WorkerResult {
+    acked: u64,
+    errors: BTreeMap<String, u64>,
+    latency: Histogram<u64>,
+}
+
+async fn worker(
+    mut client: MessagingClient<Channel>,
+    tenant: u64,
+    worker: usize,
+    convs: std::sync::Arc<Vec<Conv>>,
+    members: u64,
+    body_bytes: usize,
+    deadline: Instant,
+) -> WorkerResult {
+    let mut out = WorkerResult {
+        acked: 0,
+        errors: BTreeMap::new(),
+        latency: Histogram::new_with_bounds(1, 60_000_000, 3).expect("histogram bounds"),
+    };
+    let body = vec![b'x'; body_bytes.max(1)];
+    let mut n = 0u64;
+    while Instant::now() < deadline {
+        let (conv, sender) = {
+            let mut rng = rand::rng();
+            let c = &convs[rng.random_range(0..convs.len())];
+            (c.id, c.first_user + rng.random_range(0..members))
+        };
+        n += 1;
+        let request = SendRequest {
+            caller: caller(tenant, sender),
+            conversation_id: conv,
+            client_req_id: format!("b{worker}-{n}"),
+            r#type: MessageType::Text as i32,
+            body: body.clone(),
+            route_epoch: 0,
+        };
+        let started = Instant::now();
+        match client.send(request).await {
+            Ok(_) => {
+                out.acked += 1;
+                let _ = out.latency.record(started.elapsed().as_micros() as u64);
+            }
+            Err(status) => {
+                let code = error_code(&status).as_str_name().to_string();
+                *out.errors.entry(code).or_insert(0) += 1;
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,240 @@
+//! `cellmesh chat`: a small real client of the messaging API, enough for a
+//! person to create conversations, talk and read history.
+
+use cellmesh_proto::v1::{
+    ChangeMembersRequest, ConversationKind, CreateConversationRequest, Direction,
+    GetConversationRequest, MarkReadRequest, Message, MessageState, MessageType, PullRequest,
+    RecallRequest, SendRequest,
+};
+use clap::{Args, Subcommand};
+
+use crate::client::{call_error, caller, connect};
+
+#[derive(Args)]
+pub struct ChatArgs {
+    /// gRPC endpoint of a cell.
+    #[arg(
+        long,
+        env = "CELLMESH_ENDPOINT",
+        default_value = "http://127.0.0.1:7400"
+    )]
+    endpoint: String,
+    #[arg(long, env = "CELLMESH_TENANT", default_value_t = 1)]
+    tenant: u64,
+    /// The user to act as.
+    #[arg(long, env = "CELLMESH_USER")]
+    user: u64,
+    #[command(subcommand)]
+    command: ChatCommand,
+}
+
+#[derive(Subcommand)]
+enum ChatCommand {
+    /// Create a conversation; prints its id.
+    Create {
+        /// A 1:1 conversation with exactly one other member.
+        #[arg(long)]
+        direct: bool,
+        #[arg(long, default_value = "")]
+        title: String,
+        /// Other members, comma-separated user ids.
+        #[arg(long, value_delimiter = ',', required = true)]
+        members: Vec<u64>,
+    },
+    /// Send a text message.
+    Send {
+        #[arg(long, short)]
+        conversation: u64,
+        /// The text (words are joined with spaces).
+        #[arg(required = true)]
+        text: Vec<String>,
+    },
+    /// Show history, oldest first: the latest page, or the page before --before.
+    History {
+        #[arg(long, short)]
+        conversation: u64,
+        #[arg(long, default_value_t = 20)]
+        limit: u32,
+        /// Show messages older than this seq.
+        #[arg(long, default_value_t = 0)]
+        before: u64,
+    },
+    /// Show a conversation, its members and your unread count.
+    Info {
+        #[arg(long, short)]
+        conversation: u64,
+    },
+    /// Mark everything up to --seq (default: the latest) as read.
+    Read {
+        #[arg(long, short)]
+        conversation: u64,
+        #[arg(long, default_value_t = u64::MAX)]
+        seq: u64,
+    },
+    /// Recall one of your messages.
+    Recall {
+        #[arg(long, short)]
+        conversation: u64,
+        #[arg(long)]
+        seq: u64,
+    },
+    /// Add members to a group.
+    Invite {
+        #[arg(long, short)]
+        conversation: u64,
+        #[arg(value_delimiter = ',', required = true)]
+        users: Vec<u64>,
+    },
+}
+
+pub async fn run(args: ChatArgs) -> anyhow::Result<()> {
+    let mut client = connect(&args.endpoint).await?;
+    let me = caller(args.tenant, args.user);
+    match args.command {
+        ChatCommand::Create {
+            direct,
+            title,
+            members,
+        } => {
+            let kind = if direct {
+                ConversationKind::Direct
+            } else {
+                ConversationKind::Group
+            };
+            let response = client
+                .create_conversation(CreateConversationRequest {
+                    caller: me,
+                    kind: kind as i32,
+                    title,
+                    member_ids: members,
+                    client_req_id: new_request_id(),
+                })
+                .await
+                .map_err(call_error)?
+                .into_inner();
+            let c = response.conversation.unwrap_or_default();
+            println!(
+                "conversation {} ({} members)",
+                c.conversation_id, c.member_count
+            );
+        }
+        ChatCommand::Send { conversation, text } => {
+            let r = client
+                .send(SendRequest {
+                    caller: me,
+                    conversation_id: conversation,
+                    client_req_id: new_request_id(),
+                    r#type: MessageType::Text as i32,
+                    body: text.join(" ").into_bytes(),
+                    route_epoch: 0,
+                })
+                .await
+                .map_err(call_error)?
+                .into_inner();
+            println!("sent seq {} msg_id {}", r.seq, r.msg_id);
+        }
+        ChatCommand::History {
+            conversation,
+            limit,
+            before,
+        } => {
+            let page = client
+                .pull(PullRequest {
+                    caller: me,
+                    conversation_id: conversation,
+                    since_seq: before,
+                    direction: Direction::Backward as i32,
+                    limit,
+                })
+                .await
+                .map_err(call_error)?
+                .into_inner();
+            for m in page.messages.iter().rev() {
+                println!("{}", render(m));
+            }
+            if page.has_more {
+                println!("(older: --before {})", page.next_seq);
+            }
+        }
+        ChatCommand::Info { conversation } => {
+            let r = client
+                .get_conversation(GetConversationRequest {
+                    caller: me,
+                    conversation_id: conversation,
+                    members_after: 0,
+                    member_limit: 0,
+                })
+                .await
+                .map_err(call_error)?
+                .into_inner();
+            let c = r.conversation.unwrap_or_default();
+            println!(
+                "conversation {} {:?} {:?}: {} members, latest seq {}, unread {}",
+                c.conversation_id,
+                ConversationKind::try_from(c.kind).unwrap_or_default(),
+                c.title,
+                c.member_count,
+                c.latest_seq,
+                r.unread
+            );
+            let more = if r.members_truncated { " …" } else { "" };
+            println!("members: {:?}{more}", r.member_ids);
+        }
+        ChatCommand::Read { conversation, seq } => {
+            let r = client
+                .mark_read(MarkReadRequest {
+                    caller: me,
+                    conversation_id: conversation,
+                    read_seq: seq,
+                })
+                .await
+                .map_err(call_error)?
+                .into_inner();
+            println!(
+                "read up to {} of {}; unread {}",
+                r.read_seq, r.latest_seq, r.unread
+            );
+        }
+        ChatCommand::Recall { conversation, seq } => {
+            client
+                .recall(RecallRequest {
+                    caller: me,
+                    conversation_id: conversation,
+                    seq,
+                })
+                .await
+                .map_err(call_error)?;
+            println!("recalled seq {seq}");
+        }
+        ChatCommand::Invite {
+            conversation,
+            users,
+        } => {
+            let r = client
+                .add_members(ChangeMembersRequest {
+                    caller: me,
+                    conversation_id: conversation,
+                    user_ids: users,
+                })
+                .await
+                .map_err(call_error)?
+                .into_inner();
+            println!("added {:?}", r.changed);
+        }
+    }
+    Ok(())
+}
+
+fn render(m: &Message) -> String {
+    let body = match MessageState::try_from(m.state) {
+        Ok(MessageState::Recalled) => "(recalled)".to_string(),
+        Ok(MessageState::Edited) => format!("{} (edited)", String::from_utf8_lossy(&m.body)),
+        _ => String::from_utf8_lossy(&m.body).into_owned(),
+    };
+    format!("#{:<6} user {:<8} {body}", m.seq, m.sender_id)
+}
+
+/// A request id unique enough for one person's commands.
+fn new_request_id() -> String {
+    format!("chat-{:032x}", rand::random::<u128>())
+}

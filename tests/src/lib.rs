@@ -1,0 +1,245 @@
+//! Harness for cellmesh's cross-crate tests: cells started in-process on
+//! port 0 over temp dirs, cells started as real `cellmesh` processes (for
+//! crash tests), and small request helpers.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cellmesh_cell::clock::{Clock, SystemClock};
+use cellmesh_cell::ownership::OwnAll;
+use cellmesh_cell::{CellConfig, RunningCell};
+use cellmesh_proto::v1::messaging_client::MessagingClient;
+use cellmesh_proto::v1::{
+    Caller, ConversationKind, CreateConversationRequest, Direction, Message, MessageType,
+    PullRequest, SendRequest,
+};
+use tempfile::TempDir;
+use tonic::transport::Channel;
+
+pub type Client = MessagingClient<Channel>;
+
+/// A cell running inside the test process.
+pub struct TestCell {
+    pub cell: RunningCell,
+    pub endpoint: String,
+    pub dir: TempDir,
+}
+
+/// A config for tests: port 0 under `dir`, generous rate limits.
+pub fn test_config(dir: &Path) -> CellConfig {
+    let mut config = CellConfig {
+        listen: "127.0.0.1:0".parse().expect("static address"),
+        data_dir: dir.to_path_buf(),
+        ..CellConfig::default()
+    };
+    config.storage.block_cache_mb = 16;
+    config.storage.write_buffer_mb = 8;
+    config.rate_limit.user_per_sec = 100_000;
+    config.rate_limit.user_burst = 100_000;
+    config.rate_limit.conversation_per_sec = 100_000;
+    config.rate_limit.conversation_burst = 100_000;
+    config
+}
+
+impl TestCell {
+    pub async fn start() -> Self {
+        Self::start_with(|_| {}, Arc::new(SystemClock)).await
+    }
+
+    pub async fn start_with(tune: impl FnOnce(&mut CellConfig), clock: Arc<dyn Clock>) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut config = test_config(dir.path());
+        tune(&mut config);
+        let cell = cellmesh_cell::start(config, Arc::new(OwnAll), clock)
+            .await
+            .expect("cell starts");
+        let endpoint = format!("http://{}", cell.addr);
+        Self {
+            cell,
+            endpoint,
+            dir,
+        }
+    }
+
+    pub async fn client(&self) -> Client {
+        connect(&self.endpoint).await
+    }
+
+    pub async fn stop(self) -> TempDir {
+        self.cell.shutdown().await.expect("clean shutdown");
+        self.dir
+    }
+}
+
+pub async fn connect(endpoint: &str) -> Client {
+    let channel = Channel::from_shared(endpoint.to_string())
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connect");
+    MessagingClient::new(channel).max_decoding_message_size(64 * 1024 * 1024)
+}
+
+pub fn caller(tenant: u64, user: u64) -> Option<Caller> {
+    Some(Caller {
+        tenant_id: tenant,
+        user_id: user,
+        device_id: String::new(),
+    })
+}
+
+/// Creates a group of `creator` and `members` in `tenant`; returns its id.
+pub async fn create_group(client: &mut Client, tenant: u64, creator: u64, members: &[u64]) -> u64 {
+    client
+        .create_conversation(CreateConversationRequest {
+            caller: caller(tenant, creator),
+            kind: ConversationKind::Group as i32,
+            title: "test".into(),
+            member_ids: members.to_vec(),
+            client_req_id: String::new(),
+        })
+        .await
+        .expect("create group")
+        .into_inner()
+        .conversation
+        .expect("conversation")
+        .conversation_id
+}
+
+pub fn text(tenant: u64, user: u64, conversation: u64, req_id: &str, body: &str) -> SendRequest {
+    SendRequest {
+        caller: caller(tenant, user),
+        conversation_id: conversation,
+        client_req_id: req_id.to_string(),
+        r#type: MessageType::Text as i32,
+        body: body.as_bytes().to_vec(),
+        route_epoch: 0,
+    }
+}
+
+/// Every message of a conversation as `user` sees it, paging forward.
+pub async fn pull_all(
+    client: &mut Client,
+    tenant: u64,
+    user: u64,
+    conversation: u64,
+) -> Vec<Message> {
+    pull_pages(client, tenant, user, conversation, Direction::Forward, 500).await
+}
+
+/// Pages through a conversation in `direction` with pages of `limit`.
+pub async fn pull_pages(
+    client: &mut Client,
+    tenant: u64,
+    user: u64,
+    conversation: u64,
+    direction: Direction,
+    limit: u32,
+) -> Vec<Message> {
+    let mut out = Vec::new();
+    let mut since = 0;
+    loop {
+        let page = client
+            .pull(PullRequest {
+                caller: caller(tenant, user),
+                conversation_id: conversation,
+                since_seq: since,
+                direction: direction as i32,
+                limit,
+            })
+            .await
+            .expect("pull")
+            .into_inner();
+        out.extend(page.messages);
+        if !page.has_more {
+            return out;
+        }
+        since = page.next_seq;
+    }
+}
+
+/// Polls `check` until it holds or `timeout` passes.
+pub async fn eventually<F, Fut>(timeout: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if check().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
+/// The `cellmesh` binary: `$CELLMESH_BIN`, or the one built next to this
+/// test executable (`cargo build --bins` builds it).
+pub fn cellmesh_bin() -> PathBuf {
+    if let Ok(path) = std::env::var("CELLMESH_BIN") {
+        return PathBuf::from(path);
+    }
+    let exe = std::env::current_exe().expect("current exe");
+    let profile_dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target profile dir");
+    let bin = profile_dir.join("cellmesh");
+    assert!(
+        bin.exists(),
+        "{} not found: build it first (cargo build --bins) or set CELLMESH_BIN",
+        bin.display()
+    );
+    bin
+}
+
+/// A cell running as its own OS process.
+pub struct CellProcess {
+    child: Child,
+    pub endpoint: String,
+}
+
+impl CellProcess {
+    /// Starts `cellmesh cell` on port 0 over `data_dir` and waits until it
+    /// serves.
+    pub async fn start(data_dir: &Path) -> Self {
+        let addr_file = data_dir.join(cellmesh_cell::server::ADDR_FILE);
+        let _ = std::fs::remove_file(&addr_file);
+        let child = Command::new(cellmesh_bin())
+            .args(["cell", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(data_dir)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn cellmesh cell");
+        let mut process = Self {
+            child,
+            endpoint: String::new(),
+        };
+        let started = eventually(Duration::from_secs(30), || {
+            let addr_file = addr_file.clone();
+            async move { addr_file.exists() }
+        })
+        .await;
+        assert!(started, "cell process did not start");
+        let addr = std::fs::read_to_string(&addr_file).expect("addr file");
+        process.endpoint = format!("http://{}", addr.trim());
+        process
+    }
+
+    /// SIGKILL: no shutdown, no flush.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for CellProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

@@ -1,0 +1,338 @@
+//! Bad input gets a clear error with a stable code and reason, and the
+//! server keeps serving (and its data stays intact) afterwards.
+
+use cellmesh_proto::status::{error_code, error_detail};
+use cellmesh_proto::v1::*;
+use cellmesh_tests::*;
+use tonic::codegen::http::uri::PathAndQuery;
+
+const T: u64 = 11;
+
+/// A request whose field 1 (the caller, a nested message) holds bytes that
+/// do not decode: malformed protobuf on the wire.
+#[derive(Clone, PartialEq, prost::Message)]
+struct Garbage {
+    #[prost(bytes = "vec", tag = "1")]
+    junk: Vec<u8>,
+}
+
+async fn send_garbage(endpoint: &str) -> tonic::Status {
+    let channel = tonic::transport::Channel::from_shared(endpoint.to_string())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    let codec = tonic_prost::ProstCodec::<Garbage, SendResponse>::default();
+    grpc.unary(
+        tonic::Request::new(Garbage {
+            junk: vec![0xff, 0xff, 0xff, 0xff, 0x0f],
+        }),
+        PathAndQuery::from_static("/cellmesh.v1.Messaging/Send"),
+        codec,
+    )
+    .await
+    .unwrap_err()
+}
+
+#[tokio::test]
+async fn malformed_requests_get_stable_codes_and_the_server_keeps_serving() {
+    let cell = TestCell::start().await;
+    let mut c = cell.client().await;
+    let conv = create_group(&mut c, T, 1, &[2]).await;
+    let direct = c
+        .create_conversation(CreateConversationRequest {
+            caller: caller(T, 1),
+            kind: ConversationKind::Direct as i32,
+            member_ids: vec![2],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .conversation
+        .unwrap()
+        .conversation_id;
+    let ok = c
+        .send(text(T, 1, conv, "ok-1", "fine"))
+        .await
+        .unwrap()
+        .into_inner();
+    let max_body = cellmesh_cell::CellConfig::default().limits.max_body_bytes;
+
+    let with = |f: fn(&mut SendRequest)| {
+        let mut r = text(T, 1, conv, "bad", "x");
+        f(&mut r);
+        r
+    };
+    let mut cases: Vec<(&str, Result<(), tonic::Status>, ErrorCode, &str)> = Vec::new();
+    macro_rules! case {
+        ($name:expr, $call:expr, $code:expr, $reason:expr) => {
+            cases.push(($name, $call.await.map(|_| ()), $code, $reason));
+        };
+    }
+    use ErrorCode::*;
+    case!(
+        "no caller",
+        c.send(with(|r| r.caller = None)),
+        Unauthenticated,
+        "NO_CALLER"
+    );
+    case!(
+        "zero user",
+        c.send(with(|r| r.caller = caller(T, 0))),
+        Unauthenticated,
+        "NO_CALLER"
+    );
+    case!(
+        "no conversation",
+        c.send(with(|r| r.conversation_id = 0)),
+        InvalidArgument,
+        "MISSING_CONVERSATION_ID"
+    );
+    case!(
+        "unknown conversation",
+        c.send(with(|r| r.conversation_id = 424242)),
+        NotFound,
+        "CONVERSATION_NOT_FOUND"
+    );
+    case!(
+        "empty body",
+        c.send(with(|r| r.body.clear())),
+        InvalidArgument,
+        "EMPTY_BODY"
+    );
+    let mut big = text(T, 1, conv, "big", "");
+    big.body = vec![b'a'; max_body + 1];
+    case!(
+        "oversize body",
+        c.send(big),
+        InvalidArgument,
+        "BODY_TOO_LARGE"
+    );
+    let mut huge = text(T, 1, conv, "huge", "");
+    huge.body = vec![b'a'; 8 * 1024 * 1024];
+    case!(
+        "body over the transport limit",
+        c.send(huge),
+        InvalidArgument,
+        "GRPC_OUTOFRANGE"
+    );
+    case!(
+        "unknown type",
+        c.send(with(|r| r.r#type = 99)),
+        InvalidArgument,
+        "UNKNOWN_MESSAGE_TYPE"
+    );
+    case!(
+        "unspecified type",
+        c.send(with(|r| r.r#type = 0)),
+        InvalidArgument,
+        "UNKNOWN_MESSAGE_TYPE"
+    );
+    case!(
+        "no client_req_id",
+        c.send(with(|r| r.client_req_id.clear())),
+        InvalidArgument,
+        "MISSING_CLIENT_REQ_ID"
+    );
+    case!(
+        "long client_req_id",
+        c.send(with(|r| r.client_req_id = "x".repeat(500))),
+        InvalidArgument,
+        "CLIENT_REQ_ID_TOO_LONG"
+    );
+    case!(
+        "wrong tenant",
+        c.send(with(|r| r.caller = caller(T + 1, 1))),
+        PermissionDenied,
+        "WRONG_TENANT"
+    );
+    case!(
+        "not a member",
+        c.send(with(|r| r.caller = caller(T, 99))),
+        PermissionDenied,
+        "NOT_A_MEMBER"
+    );
+    case!(
+        "req id reused elsewhere",
+        c.send(text(T, 1, direct, "ok-1", "x")),
+        InvalidArgument,
+        "CLIENT_REQ_ID_REUSED"
+    );
+    case!(
+        "unknown direction",
+        c.pull(PullRequest {
+            caller: caller(T, 1),
+            conversation_id: conv,
+            direction: 7,
+            ..Default::default()
+        }),
+        InvalidArgument,
+        "UNKNOWN_DIRECTION"
+    );
+    case!(
+        "pull by non-member",
+        c.pull(PullRequest {
+            caller: caller(T, 50),
+            conversation_id: conv,
+            ..Default::default()
+        }),
+        PermissionDenied,
+        "NOT_A_MEMBER"
+    );
+    case!(
+        "direct with three",
+        c.create_conversation(CreateConversationRequest {
+            caller: caller(T, 1),
+            kind: ConversationKind::Direct as i32,
+            member_ids: vec![2, 3],
+            ..Default::default()
+        }),
+        InvalidArgument,
+        "DIRECT_NEEDS_TWO_MEMBERS"
+    );
+    case!(
+        "no kind",
+        c.create_conversation(CreateConversationRequest {
+            caller: caller(T, 1),
+            member_ids: vec![2],
+            ..Default::default()
+        }),
+        InvalidArgument,
+        "UNKNOWN_CONVERSATION_KIND"
+    );
+    case!(
+        "user id zero",
+        c.create_conversation(CreateConversationRequest {
+            caller: caller(T, 1),
+            kind: ConversationKind::Group as i32,
+            member_ids: vec![0],
+            ..Default::default()
+        }),
+        InvalidArgument,
+        "INVALID_USER_ID"
+    );
+    case!(
+        "recall by another user",
+        c.recall(RecallRequest {
+            caller: caller(T, 2),
+            conversation_id: conv,
+            seq: ok.seq
+        }),
+        PermissionDenied,
+        "NOT_SENDER"
+    );
+    case!(
+        "recall unknown seq",
+        c.recall(RecallRequest {
+            caller: caller(T, 1),
+            conversation_id: conv,
+            seq: 999
+        }),
+        NotFound,
+        "MESSAGE_NOT_FOUND"
+    );
+    case!(
+        "edit seq zero",
+        c.edit(EditRequest {
+            caller: caller(T, 1),
+            conversation_id: conv,
+            seq: 0,
+            body: b"e".to_vec()
+        }),
+        InvalidArgument,
+        "MISSING_SEQ"
+    );
+    case!(
+        "edit to empty",
+        c.edit(EditRequest {
+            caller: caller(T, 1),
+            conversation_id: conv,
+            seq: ok.seq,
+            body: vec![]
+        }),
+        InvalidArgument,
+        "EMPTY_BODY"
+    );
+    case!(
+        "delete beyond latest",
+        c.delete_for_me(DeleteForMeRequest {
+            caller: caller(T, 1),
+            conversation_id: conv,
+            seqs: vec![5]
+        }),
+        InvalidArgument,
+        "SEQ_OUT_OF_RANGE"
+    );
+    case!(
+        "delete nothing",
+        c.delete_for_me(DeleteForMeRequest {
+            caller: caller(T, 1),
+            conversation_id: conv,
+            seqs: vec![]
+        }),
+        InvalidArgument,
+        "BAD_SEQ_LIST"
+    );
+    case!(
+        "members of a direct",
+        c.add_members(ChangeMembersRequest {
+            caller: caller(T, 1),
+            conversation_id: direct,
+            user_ids: vec![3]
+        }),
+        InvalidArgument,
+        "NOT_A_GROUP"
+    );
+    case!(
+        "members by outsider",
+        c.add_members(ChangeMembersRequest {
+            caller: caller(T, 77),
+            conversation_id: conv,
+            user_ids: vec![3]
+        }),
+        PermissionDenied,
+        "NOT_A_MEMBER"
+    );
+    cases.push((
+        "malformed protobuf",
+        Err(send_garbage(&cell.endpoint).await),
+        InvalidArgument,
+        "MALFORMED_REQUEST",
+    ));
+
+    let mut failures = Vec::new();
+    for (name, result, code, reason) in cases {
+        match result {
+            Ok(()) => failures.push(format!("{name}: succeeded")),
+            Err(status) => {
+                let detail = error_detail(&status);
+                if error_code(&status) != code || (!reason.is_empty() && detail.reason != reason) {
+                    failures.push(format!(
+                        "{name}: expected {code:?}/{reason}, got {:?}/{} ({})",
+                        error_code(&status),
+                        detail.reason,
+                        detail.message
+                    ));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+
+    // Still serving, and nothing bad was stored.
+    let next = c
+        .send(text(T, 1, conv, "ok-2", "still here"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(next.seq, ok.seq + 1);
+    let history = pull_all(&mut c, T, 1, conv).await;
+    assert_eq!(
+        history.iter().map(|m| m.seq).collect::<Vec<_>>(),
+        vec![1, 2]
+    );
+    cell.stop().await;
+}

@@ -1,0 +1,222 @@
+//! History as users see it: recall and edit show current state, delete-for-me
+//! hides for one user only, read state never moves backwards, idempotency
+//! records expire after their TTL, and state survives a clean restart.
+
+use std::sync::Arc;
+
+use cellmesh_cell::clock::ManualClock;
+use cellmesh_proto::status::error_detail;
+use cellmesh_proto::v1::*;
+use cellmesh_tests::*;
+
+const T: u64 = 5;
+
+#[tokio::test]
+async fn recall_edit_and_delete_for_me_show_in_history() {
+    let cell = TestCell::start().await;
+    let mut c = cell.client().await;
+    let conv = create_group(&mut c, T, 1, &[2]).await;
+    for i in 1..=5 {
+        c.send(text(T, 1, conv, &format!("m{i}"), &format!("msg {i}")))
+            .await
+            .unwrap();
+    }
+    let recalled = c
+        .recall(RecallRequest {
+            caller: caller(T, 1),
+            conversation_id: conv,
+            seq: 2,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .message
+        .unwrap();
+    assert_eq!(recalled.state, MessageState::Recalled as i32);
+    let edited = c
+        .edit(EditRequest {
+            caller: caller(T, 1),
+            conversation_id: conv,
+            seq: 3,
+            body: b"fixed".to_vec(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .message
+        .unwrap();
+    assert_eq!(
+        (edited.edit_version, edited.body.as_slice()),
+        (1, &b"fixed"[..])
+    );
+    let status = c
+        .edit(EditRequest {
+            caller: caller(T, 1),
+            conversation_id: conv,
+            seq: 2,
+            body: b"x".to_vec(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(error_detail(&status).reason, "MESSAGE_RECALLED");
+    c.delete_for_me(DeleteForMeRequest {
+        caller: caller(T, 2),
+        conversation_id: conv,
+        seqs: vec![4, 1],
+    })
+    .await
+    .unwrap();
+
+    let for_sender = pull_all(&mut c, T, 1, conv).await;
+    assert_eq!(for_sender.len(), 5);
+    assert!(for_sender[1].body.is_empty() && for_sender[1].state == MessageState::Recalled as i32);
+    assert_eq!(for_sender[2].body, b"fixed");
+    assert_eq!(for_sender[2].state, MessageState::Edited as i32);
+
+    let for_other = pull_all(&mut c, T, 2, conv).await;
+    assert_eq!(
+        for_other.iter().map(|m| m.seq).collect::<Vec<_>>(),
+        vec![2, 3, 5]
+    );
+    // Backward paging over the overlay agrees.
+    let mut back = pull_pages(&mut c, T, 2, conv, Direction::Backward, 1).await;
+    back.reverse();
+    assert_eq!(back, for_other);
+    cell.stop().await;
+}
+
+#[tokio::test]
+async fn read_state_never_moves_backwards() {
+    let cell = TestCell::start().await;
+    let mut c = cell.client().await;
+    let conv = create_group(&mut c, T, 1, &[2]).await;
+    for i in 1..=10 {
+        c.send(text(T, 1, conv, &format!("r{i}"), "x"))
+            .await
+            .unwrap();
+    }
+    let mark = |seq| MarkReadRequest {
+        caller: caller(T, 2),
+        conversation_id: conv,
+        read_seq: seq,
+    };
+    let r = c.mark_read(mark(7)).await.unwrap().into_inner();
+    assert_eq!((r.read_seq, r.unread), (7, 3));
+    let r = c.mark_read(mark(3)).await.unwrap().into_inner();
+    assert_eq!(
+        (r.read_seq, r.unread),
+        (7, 3),
+        "a lower read_seq does not move it back"
+    );
+    let r = c.mark_read(mark(1_000)).await.unwrap().into_inner();
+    assert_eq!(
+        (r.read_seq, r.latest_seq, r.unread),
+        (10, 10, 0),
+        "capped at latest"
+    );
+    let info = c
+        .get_conversation(GetConversationRequest {
+            caller: caller(T, 2),
+            conversation_id: conv,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((info.read_seq, info.unread), (10, 0));
+    assert_eq!(info.member_ids, vec![1, 2]);
+    // The sender has read nothing.
+    let info = c
+        .get_conversation(GetConversationRequest {
+            caller: caller(T, 1),
+            conversation_id: conv,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.unread, 10);
+    cell.stop().await;
+}
+
+#[tokio::test]
+async fn idempotency_expires_after_its_ttl() {
+    let clock = Arc::new(ManualClock::new(1_800_000_000_000));
+    let cell = TestCell::start_with(|c| c.idempotency.ttl_secs = 60, clock.clone()).await;
+    let mut c = cell.client().await;
+    let conv = create_group(&mut c, T, 1, &[2]).await;
+    let first = c
+        .send(text(T, 1, conv, "k", "a"))
+        .await
+        .unwrap()
+        .into_inner();
+    clock.advance_ms(59_000);
+    let repeat = c
+        .send(text(T, 1, conv, "k", "a"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(repeat.duplicate && repeat.seq == first.seq);
+    clock.advance_ms(2_000);
+    let fresh = c
+        .send(text(T, 1, conv, "k", "a"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!fresh.duplicate);
+    assert_eq!(fresh.seq, first.seq + 1);
+    cell.stop().await;
+}
+
+#[tokio::test]
+async fn members_change_and_state_survives_restart() {
+    let cell = TestCell::start().await;
+    let mut c = cell.client().await;
+    let conv = create_group(&mut c, T, 1, &[2]).await;
+    let added = c
+        .add_members(ChangeMembersRequest {
+            caller: caller(T, 2),
+            conversation_id: conv,
+            user_ids: vec![3, 4, 2],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(added.changed, vec![3, 4]);
+    assert_eq!(added.conversation.unwrap().member_count, 4);
+    c.send(text(T, 4, conv, "from-4", "hi")).await.unwrap();
+    let removed = c
+        .remove_members(ChangeMembersRequest {
+            caller: caller(T, 1),
+            conversation_id: conv,
+            user_ids: vec![4],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(removed.conversation.unwrap().member_count, 3);
+    assert!(c.send(text(T, 4, conv, "from-4b", "hi")).await.is_err());
+
+    // Clean restart over the same directory.
+    let dir = cell.stop().await;
+    let mut config = test_config(dir.path());
+    config.listen = "127.0.0.1:0".parse().unwrap();
+    let cell = cellmesh_cell::start(
+        config,
+        Arc::new(cellmesh_cell::ownership::OwnAll),
+        Arc::new(cellmesh_cell::clock::SystemClock),
+    )
+    .await
+    .unwrap();
+    let mut c = connect(&format!("http://{}", cell.addr)).await;
+    let history = pull_all(&mut c, T, 1, conv).await;
+    assert_eq!(history.len(), 1);
+    assert_eq!(history[0].sender_id, 4);
+    let next = c
+        .send(text(T, 3, conv, "from-3", "hey"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(next.seq, 2);
+    cell.shutdown().await.unwrap();
+}
