@@ -40,6 +40,66 @@ pub struct CellConfig {
     pub rate_limit: RateLimitConfig,
     pub idempotency: IdempotencyConfig,
     pub storage: StorageConfig,
+    pub queue: QueueConfig,
+    pub fanout: FanoutConfig,
+    pub sync: SyncConfig,
+    pub notifications: NotificationsConfig,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QueueBackend {
+    /// A durable log inside the cell's RocksDB.
+    Embedded,
+    /// A Kafka topic per cell; processors form a consumer group.
+    Kafka,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct QueueConfig {
+    pub backend: QueueBackend,
+    /// Partitions of the embedded log (a Kafka topic has its own count).
+    pub partitions: u32,
+    pub kafka: KafkaConfig,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KafkaConfig {
+    /// `host:port[,host:port…]`.
+    pub brokers: String,
+    /// Topic of this cell's events; empty = `cellmesh.<region>.<name>`.
+    pub topic: String,
+    /// Consumer group of this cell's processors.
+    pub group: String,
+    pub session_timeout_ms: u32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FanoutConfig {
+    /// Conversations with more members than this use read diffusion: the
+    /// message is stored once and members get only a hint.
+    pub large_group_threshold: u32,
+    /// Most queue events applied in one batch.
+    pub batch: usize,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SyncConfig {
+    /// A subscriber further behind than this many events gets a Rebase.
+    pub rebase_threshold: u64,
+    /// A device is online for this long after a heartbeat.
+    pub presence_window_secs: u64,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NotificationsConfig {
+    /// POST each notification as JSON here (http:// only); none = log them.
+    pub webhook_url: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -105,6 +165,49 @@ impl Default for CellConfig {
             rate_limit: RateLimitConfig::default(),
             idempotency: IdempotencyConfig::default(),
             storage: StorageConfig::default(),
+            queue: QueueConfig::default(),
+            fanout: FanoutConfig::default(),
+            sync: SyncConfig::default(),
+            notifications: NotificationsConfig::default(),
+        }
+    }
+}
+
+impl Default for QueueConfig {
+    fn default() -> Self {
+        Self {
+            backend: QueueBackend::Embedded,
+            partitions: 4,
+            kafka: KafkaConfig::default(),
+        }
+    }
+}
+
+impl Default for KafkaConfig {
+    fn default() -> Self {
+        Self {
+            brokers: String::new(),
+            topic: String::new(),
+            group: "cellmesh-processor".into(),
+            session_timeout_ms: 10_000,
+        }
+    }
+}
+
+impl Default for FanoutConfig {
+    fn default() -> Self {
+        Self {
+            large_group_threshold: 500,
+            batch: 512,
+        }
+    }
+}
+
+impl Default for SyncConfig {
+    fn default() -> Self {
+        Self {
+            rebase_threshold: 1_000,
+            presence_window_secs: 60,
         }
     }
 }
@@ -160,6 +263,27 @@ impl Default for StorageConfig {
 pub const REQUEST_OVERHEAD_BYTES: usize = 64 * 1024;
 
 impl CellConfig {
+    /// The Kafka topic of this cell's events.
+    pub fn kafka_topic(&self) -> String {
+        if self.queue.kafka.topic.is_empty() {
+            format!("cellmesh.{}", self.cell_id.replace('/', "."))
+        } else {
+            self.queue.kafka.topic.clone()
+        }
+    }
+
+    /// The consumer group of this cell's fan-out processors.
+    pub fn processor_group(&self) -> String {
+        match self.queue.backend {
+            QueueBackend::Embedded => "processor".into(),
+            QueueBackend::Kafka => format!(
+                "{}.{}",
+                self.queue.kafka.group,
+                self.cell_id.replace('/', ".")
+            ),
+        }
+    }
+
     /// Reads and validates a TOML file.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
@@ -252,6 +376,29 @@ impl CellConfig {
             s.write_buffer_mb >= 1,
             "must be at least 1",
         )?;
+        check(
+            "queue.partitions",
+            (1..=1024).contains(&self.queue.partitions),
+            "must be between 1 and 1024",
+        )?;
+        check(
+            "queue.kafka.brokers",
+            self.queue.backend != QueueBackend::Kafka || !self.queue.kafka.brokers.is_empty(),
+            "is required when queue.backend = \"kafka\"",
+        )?;
+        check("fanout.batch", self.fanout.batch >= 1, "must be at least 1")?;
+        check(
+            "sync.rebase_threshold",
+            self.sync.rebase_threshold >= 1,
+            "must be at least 1",
+        )?;
+        if let Some(url) = &self.notifications.webhook_url {
+            check(
+                "notifications.webhook_url",
+                url.starts_with("http://"),
+                "must be an http:// URL",
+            )?;
+        }
         Ok(())
     }
 }
@@ -304,6 +451,11 @@ mod tests {
             (
                 "[storage]\ngroup_commit_max_batch = 0",
                 "storage.group_commit_max_batch",
+            ),
+            ("[queue]\nbackend = \"kafka\"", "queue.kafka.brokers"),
+            (
+                "[notifications]\nwebhook_url = \"ftp://x\"",
+                "notifications.webhook_url",
             ),
         ];
         for (text, field) in cases {

@@ -213,3 +213,26 @@ pub fn conversation_to_proto(
         seq_floor: seq.seq_floor,
     }
 }
+
+/// The calling device of a sync request: a caller with a device id.
+pub fn device(c: Option<pb::Caller>) -> Result<crate::sync::Device, CellError> {
+    let device = c.as_ref().map(|c| c.device_id.clone()).unwrap_or_default();
+    let caller = caller(c)?;
+    if device.is_empty() || device.len() > 128 {
+        return Err(CellError::invalid(
+            "BAD_DEVICE_ID",
+            "caller.device_id is required (1..=128 bytes)",
+        ));
+    }
+    Ok(crate::sync::Device { caller, device })
+}
+
+/// The caller of a request that needs no device.
+pub fn caller_of(c: Option<pb::Caller>) -> Result<Caller, CellError> {
+    caller(c)
+}
+
+/// The conversation id of a request.
+pub fn conversation_of(id: u64) -> Result<u64, CellError> {
+    conversation_id(id)
+}

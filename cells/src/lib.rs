@@ -5,6 +5,10 @@
 //!   state — as domain logic over [`storage`].
 //! - [`storage`]: RocksDB, group commit and key encodings; the only module
 //!   that names the storage engine.
+//! - [`pipeline`] and [`queue`]: after the ack, the outbox relay, the event
+//!   queue (embedded log or Kafka) and the fan-out processor.
+//! - [`sync`]: per-user sync queues pushed to devices, conversation lists,
+//!   presence and typing.
 //! - [`grpc`] and [`convert`]: the wire surface, thin over the domain.
 //! - [`server`]: starting and stopping a cell; [`config`]: its TOML config.
 
@@ -16,9 +20,12 @@ pub mod grpc;
 pub mod ids;
 pub mod message;
 pub mod ownership;
+pub mod pipeline;
+pub mod queue;
 pub mod ratelimit;
 pub mod server;
 pub mod storage;
+pub mod sync;
 
 pub use config::CellConfig;
 pub use error::CellError;

@@ -8,18 +8,22 @@ use std::time::Duration;
 
 use cellmesh_proto::server::standard_services;
 use cellmesh_proto::v1::messaging_server::MessagingServer;
+use cellmesh_proto::v1::sync_server::SyncServer;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
 
 use crate::clock::{Clock, SystemClock};
+use crate::config::QueueBackend;
 use crate::config::{CellConfig, ConfigError, REQUEST_OVERHEAD_BYTES};
 use crate::error::CellError;
-use crate::grpc::MessagingApi;
+use crate::grpc::{MessagingApi, SyncApi};
 use crate::message::MessageService;
 use crate::ownership::{OwnAll, Ownership};
+use crate::queue::{EventQueue, QueueError, embedded::EmbeddedQueue};
 use crate::storage::{StorageError, Store};
+use crate::sync::{Hub, SyncService};
 
 /// File in the data directory holding the address the cell listens on, for
 /// supervisors and scripts that started it on port 0.
@@ -33,6 +37,8 @@ pub enum StartError {
     Storage(#[from] StorageError),
     #[error("cannot start the message service: {0}")]
     Service(#[from] CellError),
+    #[error("cannot open the event queue: {0}")]
+    Queue(#[from] QueueError),
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: SocketAddr,
@@ -48,6 +54,7 @@ pub enum StartError {
 pub struct RunningCell {
     pub addr: SocketAddr,
     pub service: Arc<MessageService>,
+    pub sync: Arc<SyncService>,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<Result<(), StartError>>,
 }
@@ -101,8 +108,18 @@ pub async fn start(
         store.clone(),
         config.clone(),
         ownership,
-        clock,
+        clock.clone(),
     )?);
+    let hub = Arc::new(Hub::new(config.sync.presence_window_secs * 1000));
+    let sync = Arc::new(SyncService::new(
+        store.clone(),
+        hub.clone(),
+        service.clone(),
+        config.clone(),
+        clock.clone(),
+    ));
+    let queue = open_queue(&config, &store).await?;
+    let workers = crate::pipeline::spawn(&config, store.clone(), queue, hub.clone(), clock.clone());
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(|source| StartError::Bind {
@@ -118,18 +135,27 @@ pub async fn start(
     let max_message = config.limits.max_body_bytes + REQUEST_OVERHEAD_BYTES;
     let messaging = MessagingServer::new(MessagingApi::new(service.clone()))
         .max_decoding_message_size(max_message);
+    standard.reporter.set_serving::<SyncServer<SyncApi>>().await;
+    let sync_api = SyncServer::new(SyncApi::new(sync.clone()));
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
-    let maintenance = tokio::spawn(maintain(service.clone()));
+    let maintenance = tokio::spawn(maintain(service.clone(), hub.clone(), clock));
     let task = tokio::spawn(async move {
         let served = tonic::transport::Server::builder()
             .add_service(standard.health)
             .add_service(standard.reflection)
             .add_service(messaging)
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
+            .add_service(sync_api)
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
                 let _ = stop_rx.await;
+                // Live sync streams would otherwise hold shutdown open.
+                hub.close();
             })
             .await;
         maintenance.abort();
+        for worker in workers {
+            worker.abort();
+            let _ = worker.await;
+        }
         store.close();
         tracing::info!("cell stopped");
         served.map_err(|e| StartError::Grpc(e.to_string()))
@@ -138,6 +164,7 @@ pub async fn start(
     Ok(RunningCell {
         addr,
         service,
+        sync,
         stop: Some(stop_tx),
         task,
     })
@@ -150,10 +177,23 @@ fn write_addr_file(config: &CellConfig, addr: SocketAddr) -> std::io::Result<()>
     std::fs::rename(tmp, path)
 }
 
-async fn maintain(service: Arc<MessageService>) {
+async fn maintain(service: Arc<MessageService>, hub: Arc<Hub>, clock: Arc<dyn Clock>) {
     let mut tick = tokio::time::interval(Duration::from_secs(60));
     loop {
         tick.tick().await;
         service.maintain();
+        hub.prune(clock.now_ms());
     }
+}
+
+async fn open_queue(
+    config: &CellConfig,
+    store: &Arc<Store>,
+) -> Result<Arc<dyn EventQueue>, StartError> {
+    Ok(match config.queue.backend {
+        QueueBackend::Embedded => {
+            Arc::new(EmbeddedQueue::open(store.clone(), config.queue.partitions)?)
+        }
+        QueueBackend::Kafka => Arc::new(crate::queue::kafka::KafkaQueue::connect(config).await?),
+    })
 }

@@ -243,3 +243,134 @@ impl Drop for CellProcess {
         self.kill();
     }
 }
+
+pub mod sync {
+    //! Helpers for the sync API: subscribing devices and reading what they
+    //! are pushed.
+
+    use std::time::Duration;
+
+    use cellmesh_proto::v1::sync_client::SyncClient;
+    use cellmesh_proto::v1::{
+        Caller, SubscribeRequest, SyncEvent, SyncEventKind, SyncPush, sync_push,
+    };
+    use tonic::Streaming;
+    use tonic::transport::Channel;
+
+    pub type Sync = SyncClient<Channel>;
+
+    pub async fn connect_sync(endpoint: &str) -> Sync {
+        SyncClient::connect(endpoint.to_string())
+            .await
+            .expect("connect sync")
+            .max_decoding_message_size(64 * 1024 * 1024)
+    }
+
+    pub fn device(tenant: u64, user: u64, device: &str) -> Option<Caller> {
+        Some(Caller {
+            tenant_id: tenant,
+            user_id: user,
+            device_id: device.to_string(),
+        })
+    }
+
+    pub async fn subscribe(
+        sync: &mut Sync,
+        tenant: u64,
+        user: u64,
+        name: &str,
+        from_pts: u64,
+    ) -> Streaming<SyncPush> {
+        sync.subscribe(SubscribeRequest {
+            caller: device(tenant, user, name),
+            from_pts,
+        })
+        .await
+        .expect("subscribe")
+        .into_inner()
+    }
+
+    /// The next push, or None if nothing arrives within `wait`.
+    pub async fn next_push(stream: &mut Streaming<SyncPush>, wait: Duration) -> Option<SyncPush> {
+        match tokio::time::timeout(wait, stream.message()).await {
+            Ok(Ok(Some(push))) => Some(push),
+            Ok(Ok(None)) => None,
+            Ok(Err(status)) => panic!("stream failed: {status}"),
+            Err(_) => None,
+        }
+    }
+
+    /// Reads pushes until `n` message events arrived (panics after `wait`);
+    /// returns every sync event seen, in order.
+    pub async fn messages(
+        stream: &mut Streaming<SyncPush>,
+        n: usize,
+        wait: Duration,
+    ) -> Vec<SyncEvent> {
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut events = Vec::new();
+        let mut got = 0;
+        while got < n {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let push = next_push(stream, left)
+                .await
+                .unwrap_or_else(|| panic!("only {got} of {n} messages arrived"));
+            if let Some(sync_push::Push::Event(e)) = push.push {
+                if e.kind == SyncEventKind::Message as i32 {
+                    got += 1;
+                }
+                events.push(e);
+            }
+        }
+        events
+    }
+
+    /// The seqs of the message events among `events`.
+    pub fn message_seqs(events: &[SyncEvent]) -> Vec<u64> {
+        events
+            .iter()
+            .filter(|e| e.kind == SyncEventKind::Message as i32)
+            .map(|e| e.seq)
+            .collect()
+    }
+}
+
+pub mod backends {
+    //! Running the same test against each queue backend.
+
+    use cellmesh_cell::CellConfig;
+    use cellmesh_cell::config::QueueBackend;
+    use rdkafka::mocking::MockCluster;
+
+    /// A Kafka mock cluster (librdkafka's, in-process, real protocol).
+    pub struct Kafka {
+        pub cluster: MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
+    }
+
+    impl Kafka {
+        pub fn start(brokers: i32) -> Self {
+            Self {
+                cluster: MockCluster::new(brokers).expect("mock kafka cluster"),
+            }
+        }
+
+        /// Points `config` at this cluster with a fresh topic.
+        pub fn configure(&self, config: &mut CellConfig) {
+            config.queue.backend = QueueBackend::Kafka;
+            config.queue.kafka.brokers = self.cluster.bootstrap_servers();
+            config.queue.kafka.topic = format!("cellmesh-test-{}", rand_suffix());
+            config.queue.kafka.session_timeout_ms = 6_000;
+            self.cluster
+                .create_topic(&config.queue.kafka.topic, config.queue.partitions as i32, 1)
+                .expect("create topic");
+        }
+    }
+
+    fn rand_suffix() -> u64 {
+        use std::time::{SystemTime, UNIX_EPOCH};
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0)
+    }
+}

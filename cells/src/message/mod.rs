@@ -141,6 +141,13 @@ impl MessageService {
         Ok(entry)
     }
 
+    /// Checks that `conversation` exists in the caller's tenant and that the
+    /// caller is a member.
+    pub fn check_member(&self, caller: &Caller, conversation: u64) -> Result<()> {
+        self.conversation(caller, conversation)?;
+        self.require_member(caller, conversation)
+    }
+
     fn require_member(&self, caller: &Caller, conversation: u64) -> Result<()> {
         if self.store.is_member(conversation, caller.user)? {
             Ok(())

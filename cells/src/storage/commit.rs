@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 
 use rocksdb::{DB, IteratorMode, WriteBatch, WriteOptions};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Notify, mpsc, oneshot};
 
 use super::keys::{self, cf};
 use super::{Mutation, Op, Result, StorageError};
@@ -26,6 +26,8 @@ pub struct CommitStats {
     pub mutations: AtomicU64,
     /// WriteBatches written (each one WAL sync).
     pub batches: AtomicU64,
+    /// Keys written (puts, deletes, merges, outbox events).
+    pub keys: AtomicU64,
 }
 
 struct Job {
@@ -38,6 +40,7 @@ pub(super) struct Committer {
     thread: Mutex<Option<JoinHandle<()>>>,
     stats: Arc<CommitStats>,
     failed: Arc<Mutex<Option<String>>>,
+    outbox_signal: Arc<Notify>,
 }
 
 /// A reserved place in the commit queue.
@@ -68,7 +71,9 @@ impl Committer {
         let stats = Arc::new(CommitStats::default());
         let failed = Arc::new(Mutex::new(None));
         let next_outbox_id = last_outbox_id(&db)? + 1;
+        let outbox_signal = Arc::new(Notify::new());
         let mut writer = Writer {
+            outbox_signal: outbox_signal.clone(),
             db,
             sync: config.sync_wal,
             max_batch: config.group_commit_max_batch,
@@ -85,6 +90,7 @@ impl Committer {
             thread: Mutex::new(Some(thread)),
             stats,
             failed,
+            outbox_signal,
         })
     }
 
@@ -101,6 +107,10 @@ impl Committer {
 
     pub(super) fn stats(&self) -> &CommitStats {
         &self.stats
+    }
+
+    pub(super) fn outbox_signal(&self) -> Arc<Notify> {
+        self.outbox_signal.clone()
     }
 
     pub(super) fn failed(&self) -> Option<String> {
@@ -143,6 +153,7 @@ struct Writer {
     next_outbox_id: u64,
     stats: Arc<CommitStats>,
     failed: Arc<Mutex<Option<String>>>,
+    outbox_signal: Arc<Notify>,
 }
 
 impl Writer {
@@ -169,12 +180,17 @@ impl Writer {
         }
         let mut batch = WriteBatch::default();
         let mut outbox_id = self.next_outbox_id;
+        let mut written = 0;
         for job in jobs {
+            written += job.mutation.len() as u64;
             for op in &job.mutation.ops {
                 match op {
                     Op::Put(name, k, v) => batch.put_cf(self.handle(name), k, v),
                     Op::Delete(name, k) => batch.delete_cf(self.handle(name), k),
                     Op::Merge(name, k, v) => batch.merge_cf(self.handle(name), k, v),
+                    Op::DeleteRange(name, from, to) => {
+                        batch.delete_range_cf(self.handle(name), from, to)
+                    }
                 }
             }
             for event in &job.mutation.outbox {
@@ -186,7 +202,11 @@ impl Writer {
         opts.set_sync(self.sync);
         match self.db.write_opt(batch, &opts) {
             Ok(()) => {
+                if outbox_id != self.next_outbox_id {
+                    self.outbox_signal.notify_one();
+                }
                 self.next_outbox_id = outbox_id;
+                self.stats.keys.fetch_add(written, Ordering::Relaxed);
                 self.stats.batches.fetch_add(1, Ordering::Relaxed);
                 self.stats
                     .mutations

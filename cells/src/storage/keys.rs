@@ -22,8 +22,24 @@ pub mod cf {
     pub const OUTBOX: &str = "outbox";
     /// named cell-level values (see [`super::meta`])
     pub const META: &str = "meta";
+    /// partition (u32) | offset → `QueuedEvent`: the embedded event log
+    pub const QUEUE: &str = "queue";
+    /// consumer group | 0 | partition (u32) → last processed offset
+    pub const QUEUE_OFFSETS: &str = "queue_offsets";
+    /// user | pts → `SyncRecord`: each user's sync queue
+    pub const SYNC: &str = "sync";
+    /// user → latest pts
+    pub const USER_PTS: &str = "user_pts";
+    /// user | conversation → `ConvListEntry`
+    pub const CONV_LIST: &str = "conv_list";
+    /// user | conversation → muted flag (1 byte)
+    pub const MUTED: &str = "muted";
+    /// user | device id → cursor pts (u64, merged with max)
+    pub const DEVICE_CURSOR: &str = "device_cursor";
+    /// notification id → `NotificationRecord`
+    pub const NOTIFY: &str = "notify";
 
-    pub const ALL: [&str; 9] = [
+    pub const ALL: [&str; 17] = [
         CONVERSATIONS,
         CONV_SEQ,
         MEMBERS,
@@ -33,6 +49,14 @@ pub mod cf {
         HIDDEN,
         OUTBOX,
         META,
+        QUEUE,
+        QUEUE_OFFSETS,
+        SYNC,
+        USER_PTS,
+        CONV_LIST,
+        MUTED,
+        DEVICE_CURSOR,
+        NOTIFY,
     ];
 }
 
@@ -40,6 +64,10 @@ pub mod cf {
 pub mod meta {
     /// Time (ms) up to which message ids may have been issued.
     pub const MSG_ID_RESERVED_UNTIL: &[u8] = b"msg_id_reserved_until_ms";
+    /// Highest outbox id the relay has published to the queue.
+    pub const RELAY_CURSOR: &[u8] = b"relay_cursor";
+    /// Highest notification id issued.
+    pub const NOTIFY_LAST_ID: &[u8] = b"notify_last_id";
 }
 
 /// What an idempotency record answers.
@@ -86,6 +114,31 @@ pub fn idempotency(kind: IdemKind, tenant: u64, user: u64, client_req_id: &str) 
     k.extend_from_slice(&tenant.to_be_bytes());
     k.extend_from_slice(&user.to_be_bytes());
     k.extend_from_slice(client_req_id.as_bytes());
+    k
+}
+
+/// `queue` key.
+pub fn queue(partition: u32, offset: u64) -> [u8; 12] {
+    let mut k = [0u8; 12];
+    k[..4].copy_from_slice(&partition.to_be_bytes());
+    k[4..].copy_from_slice(&offset.to_be_bytes());
+    k
+}
+
+/// `queue_offsets` key.
+pub fn queue_offset(group: &str, partition: u32) -> Vec<u8> {
+    let mut k = Vec::with_capacity(group.len() + 5);
+    k.extend_from_slice(group.as_bytes());
+    k.push(0);
+    k.extend_from_slice(&partition.to_be_bytes());
+    k
+}
+
+/// `device_cursor` key.
+pub fn device(user: u64, device: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(8 + device.len());
+    k.extend_from_slice(&user.to_be_bytes());
+    k.extend_from_slice(device.as_bytes());
     k
 }
 

@@ -6,7 +6,9 @@
 mod commit;
 pub mod keys;
 mod options;
+mod queue;
 mod scan;
+mod sync;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -39,6 +41,9 @@ pub enum StorageError {
 
 pub type Result<T, E = StorageError> = std::result::Result<T, E>;
 
+/// A raw key and value read from a column family.
+type KeyValue = (Box<[u8]>, Box<[u8]>);
+
 /// Identity of an idempotent request.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct IdemKey {
@@ -67,6 +72,8 @@ enum Op {
     Put(&'static str, Vec<u8>, Vec<u8>),
     Delete(&'static str, Vec<u8>),
     Merge(&'static str, Vec<u8>, Vec<u8>),
+    /// Deletes keys in [from, to).
+    DeleteRange(&'static str, Vec<u8>, Vec<u8>),
 }
 
 impl Mutation {
@@ -76,6 +83,11 @@ impl Mutation {
 
     pub fn is_empty(&self) -> bool {
         self.ops.is_empty() && self.outbox.is_empty()
+    }
+
+    /// Keys written (puts, deletes, merges, outbox events).
+    pub fn len(&self) -> usize {
+        self.ops.len() + self.outbox.len()
     }
 
     fn put(&mut self, cf: &'static str, key: impl Into<Vec<u8>>, value: Vec<u8>) {
@@ -236,11 +248,7 @@ impl Store {
     }
 
     pub fn read_seq(&self, conversation: u64, user: u64) -> Result<u64> {
-        let key = keys::conv_item(conversation, user);
-        match self.db.get_pinned_cf(self.cf(cf::READ_STATE), key)? {
-            None => Ok(0),
-            Some(v) => keys::decode_u64(&v).ok_or_else(|| corrupt(cf::READ_STATE, "bad length")),
-        }
+        self.get_u64(cf::READ_STATE, &keys::conv_item(conversation, user))
     }
 
     /// Outbox events with ids above `after`, oldest first.
@@ -260,6 +268,38 @@ impl Store {
             ));
         }
         Ok(out)
+    }
+
+    /// Signalled after every commit that appended outbox events.
+    pub fn outbox_signal(&self) -> Arc<tokio::sync::Notify> {
+        self.committer.outbox_signal()
+    }
+
+    fn get_u64(&self, name: &'static str, key: &[u8]) -> Result<u64> {
+        match self.db.get_pinned_cf(self.cf(name), key)? {
+            None => Ok(0),
+            Some(v) => keys::decode_u64(&v).ok_or_else(|| corrupt(name, "bad length")),
+        }
+    }
+
+    /// Key/value pairs of `name` in [lower, upper), at most `limit`.
+    fn range(
+        &self,
+        name: &'static str,
+        lower: Vec<u8>,
+        upper: Vec<u8>,
+        limit: usize,
+    ) -> Result<Vec<KeyValue>> {
+        let mut opts = ReadOptions::default();
+        opts.set_iterate_upper_bound(upper);
+        let iter = self.db.iterator_cf_opt(
+            self.cf(name),
+            opts,
+            IteratorMode::From(&lower, Direction::Forward),
+        );
+        iter.take(limit)
+            .map(|item| item.map_err(Into::into))
+            .collect()
     }
 
     pub fn meta_u64(&self, key: &[u8]) -> Result<Option<u64>> {

@@ -33,7 +33,9 @@ pub(super) fn open(dir: &Path, config: &StorageConfig) -> Result<DB> {
         opts.set_compression_type(DBCompressionType::Lz4);
         opts.set_write_buffer_size(config.write_buffer_mb * 1024 * 1024);
         match *name {
-            cf::READ_STATE => opts.set_merge_operator_associative("max_u64", merge_max_u64),
+            cf::READ_STATE | cf::DEVICE_CURSOR => {
+                opts.set_merge_operator_associative("max_u64", merge_max_u64)
+            }
             cf::IDEMPOTENCY => {
                 opts.set_compaction_filter("idempotency_ttl", drop_expired_idempotency);
                 // Rewrite files at least daily so expired records go away even
@@ -47,7 +49,7 @@ pub(super) fn open(dir: &Path, config: &StorageConfig) -> Result<DB> {
     Ok(DB::open_cf_descriptors(&db_opts, dir, descriptors)?)
 }
 
-/// Merge operator of `read_state`: the value is the largest u64 ever written,
+/// Merge operator of `read_state` and `device_cursor`: the value is the largest u64 ever written,
 /// so a read position cannot move backwards whatever the order of writes.
 fn merge_max_u64(
     _key: &[u8],

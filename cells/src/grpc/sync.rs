@@ -1,0 +1,84 @@
+//! gRPC handlers of the sync API.
+
+use std::sync::Arc;
+
+use cellmesh_proto::v1::sync_server::Sync;
+use cellmesh_proto::v1::*;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use crate::convert::{caller_of, conversation_of, device};
+use crate::sync::SyncService;
+use crate::sync::stream::PushResult;
+
+pub struct SyncApi {
+    service: Arc<SyncService>,
+}
+
+impl SyncApi {
+    pub fn new(service: Arc<SyncService>) -> Self {
+        Self { service }
+    }
+}
+
+type Reply<T> = Result<Response<T>, Status>;
+
+#[tonic::async_trait]
+impl Sync for SyncApi {
+    type SubscribeStream = ReceiverStream<PushResult>;
+
+    async fn subscribe(&self, request: Request<SubscribeRequest>) -> Reply<Self::SubscribeStream> {
+        let r = request.into_inner();
+        let rx = self.service.subscribe(device(r.caller)?, r.from_pts)?;
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn ack(&self, request: Request<AckRequest>) -> Reply<AckResponse> {
+        let r = request.into_inner();
+        Ok(Response::new(
+            self.service.ack(device(r.caller)?, r.pts).await?,
+        ))
+    }
+
+    async fn list_conversations(
+        &self,
+        request: Request<ListConversationsRequest>,
+    ) -> Reply<ListConversationsResponse> {
+        let r = request.into_inner();
+        let list = self
+            .service
+            .list_conversations(caller_of(r.caller)?, r.limit)?;
+        Ok(Response::new(list))
+    }
+
+    async fn set_muted(&self, request: Request<SetMutedRequest>) -> Reply<SetMutedResponse> {
+        let r = request.into_inner();
+        let conversation = conversation_of(r.conversation_id)?;
+        self.service
+            .set_muted(caller_of(r.caller)?, conversation, r.muted)
+            .await?;
+        Ok(Response::new(SetMutedResponse {}))
+    }
+
+    async fn heartbeat(&self, request: Request<HeartbeatRequest>) -> Reply<HeartbeatResponse> {
+        let device = device(request.into_inner().caller)?;
+        let interval_ms = self.service.heartbeat(&device);
+        Ok(Response::new(HeartbeatResponse { interval_ms }))
+    }
+
+    async fn get_presence(
+        &self,
+        request: Request<GetPresenceRequest>,
+    ) -> Reply<GetPresenceResponse> {
+        let r = request.into_inner();
+        caller_of(r.caller)?;
+        Ok(Response::new(self.service.presence(&r.user_ids)?))
+    }
+
+    async fn typing(&self, request: Request<TypingRequest>) -> Reply<TypingResponse> {
+        let r = request.into_inner();
+        let conversation = conversation_of(r.conversation_id)?;
+        self.service.typing(caller_of(r.caller)?, conversation)?;
+        Ok(Response::new(TypingResponse {}))
+    }
+}

@@ -1,0 +1,41 @@
+//! The outbox relay: moves outbox events, in outbox order, onto the queue,
+//! then records how far it got and drops what it moved. A crash between the
+//! two steps republishes the tail; the processor skips what it already
+//! applied.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cellmesh_proto::storage::v1::QueuedEvent;
+
+use super::PipelineError;
+use crate::queue::EventQueue;
+use crate::storage::{Mutation, Store};
+
+/// Outbox events moved per round.
+const RELAY_BATCH: usize = 1_024;
+
+/// Relays until an error.
+pub async fn run(store: Arc<Store>, queue: Arc<dyn EventQueue>) -> Result<(), PipelineError> {
+    let signal = store.outbox_signal();
+    loop {
+        let pending = store.outbox_pending(RELAY_BATCH)?;
+        let Some((last, _)) = pending.last() else {
+            // Woken by the committer; the timeout is only a safety net.
+            let _ = tokio::time::timeout(Duration::from_secs(1), signal.notified()).await;
+            continue;
+        };
+        let last = *last;
+        let events = pending
+            .into_iter()
+            .map(|(id, event)| QueuedEvent {
+                id,
+                event: Some(event),
+            })
+            .collect();
+        queue.publish(events).await?;
+        let mut m = Mutation::new();
+        m.relayed_through(last);
+        store.commit(m).await?;
+    }
+}

@@ -1,0 +1,225 @@
+//! The Kafka backend: one topic per cell, keyed (so partitioned) by
+//! conversation; the idempotent producer keeps each partition in publish
+//! order; the cell's processors form one consumer group with auto-commit
+//! off, committing offsets only after the effects are durable.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cellmesh_proto::storage::v1::QueuedEvent;
+use prost::Message as _;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::error::RDKafkaErrorCode;
+use rdkafka::message::Message as _;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{Offset, TopicPartitionList};
+
+use super::{Delivery, EventConsumer, EventQueue, QueueError, last_offsets};
+use crate::config::CellConfig;
+
+/// How long a publish may wait for the brokers before it fails (and the
+/// relay retries it).
+const PUBLISH_TIMEOUT: Duration = Duration::from_secs(30);
+/// Bound on topic metadata and creation requests at start.
+const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub struct KafkaQueue {
+    producer: FutureProducer,
+    topic: String,
+    brokers: String,
+    session_timeout_ms: u32,
+}
+
+fn kafka(e: impl std::fmt::Display) -> QueueError {
+    QueueError::Kafka(e.to_string())
+}
+
+impl KafkaQueue {
+    /// Connects, creating the cell's topic if it does not exist.
+    pub async fn connect(config: &CellConfig) -> Result<Self, QueueError> {
+        let brokers = config.queue.kafka.brokers.clone();
+        let topic = config.kafka_topic();
+        ensure_topic(&brokers, &topic, config.queue.partitions).await?;
+        let producer: FutureProducer = ClientConfig::new()
+            .set("bootstrap.servers", &brokers)
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("linger.ms", "1")
+            .set(
+                "message.timeout.ms",
+                PUBLISH_TIMEOUT.as_millis().to_string(),
+            )
+            .create()
+            .map_err(kafka)?;
+        Ok(Self {
+            producer,
+            topic,
+            brokers,
+            session_timeout_ms: config.queue.kafka.session_timeout_ms,
+        })
+    }
+
+    /// Joins `group` as a new consumer; `consumer()` of the trait uses the
+    /// configured group name.
+    pub fn join(&self, group: &str) -> Result<KafkaConsumer, QueueError> {
+        let consumer: StreamConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &self.brokers)
+            .set("group.id", group)
+            .set("enable.auto.commit", "false")
+            .set("auto.offset.reset", "earliest")
+            .set("session.timeout.ms", self.session_timeout_ms.to_string())
+            .set(
+                "heartbeat.interval.ms",
+                (self.session_timeout_ms / 4).max(100).to_string(),
+            )
+            .create()
+            .map_err(kafka)?;
+        consumer.subscribe(&[&self.topic]).map_err(kafka)?;
+        Ok(KafkaConsumer {
+            consumer: Arc::new(consumer),
+            topic: self.topic.clone(),
+        })
+    }
+}
+
+async fn ensure_topic(brokers: &str, topic: &str, partitions: u32) -> Result<(), QueueError> {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .map_err(kafka)?;
+    let admin = Arc::new(admin);
+    let (probe, name) = (admin.clone(), topic.to_string());
+    let existing = tokio::task::spawn_blocking(move || {
+        probe
+            .inner()
+            .fetch_metadata(Some(&name), ADMIN_TIMEOUT)
+            .map(|m| {
+                m.topics()
+                    .iter()
+                    .any(|t| t.error().is_none() && !t.partitions().is_empty())
+            })
+    })
+    .await
+    .map_err(kafka)?
+    .map_err(kafka)?;
+    if existing {
+        return Ok(());
+    }
+    // Operators may pre-create the topic (and brokers may refuse creation);
+    // a failure here is reported, and publishing will tell if it matters.
+    let new = NewTopic::new(topic, partitions as i32, TopicReplication::Fixed(1));
+    let options = AdminOptions::new().request_timeout(Some(ADMIN_TIMEOUT));
+    match admin.create_topics([&new], &options).await {
+        Ok(results) => {
+            for result in results {
+                match result {
+                    Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                    Err((name, code)) => {
+                        tracing::warn!(topic = %name, %code, "cannot create topic")
+                    }
+                }
+            }
+        }
+        Err(e) => tracing::warn!(topic, error = %e, "cannot create topic"),
+    }
+    Ok(())
+}
+
+#[tonic::async_trait]
+impl EventQueue for KafkaQueue {
+    async fn publish(&self, events: Vec<QueuedEvent>) -> Result<(), QueueError> {
+        let sends = events.iter().map(|event| {
+            let key = event
+                .event
+                .as_ref()
+                .map_or(0, |e| e.conversation_id)
+                .to_be_bytes();
+            let payload = event.encode_to_vec();
+            let producer = self.producer.clone();
+            let topic = self.topic.clone();
+            async move {
+                producer
+                    .send(
+                        FutureRecord::to(&topic).key(&key[..]).payload(&payload),
+                        PUBLISH_TIMEOUT,
+                    )
+                    .await
+                    .map(|_| ())
+                    .map_err(|(e, _)| kafka(e))
+            }
+        });
+        // Sent concurrently; per-partition order holds because the producer
+        // is idempotent (ordered retries) and records are enqueued in order.
+        for result in futures::future::join_all(sends).await {
+            result?;
+        }
+        Ok(())
+    }
+
+    async fn consumer(&self, group: &str) -> Result<Box<dyn EventConsumer>, QueueError> {
+        Ok(Box::new(self.join(group)?))
+    }
+}
+
+pub struct KafkaConsumer {
+    consumer: Arc<StreamConsumer>,
+    topic: String,
+}
+
+impl KafkaConsumer {
+    fn delivery(&self, m: &rdkafka::message::BorrowedMessage<'_>) -> Option<Delivery> {
+        let event = match QueuedEvent::decode(m.payload().unwrap_or_default()) {
+            Ok(event) => event,
+            Err(e) => {
+                tracing::error!(partition = m.partition(), offset = m.offset(), error = %e, "skipping malformed queue record");
+                QueuedEvent::default()
+            }
+        };
+        Some(Delivery {
+            partition: u32::try_from(m.partition()).ok()?,
+            offset: u64::try_from(m.offset()).ok()?,
+            event,
+        })
+    }
+}
+
+#[tonic::async_trait]
+impl EventConsumer for KafkaConsumer {
+    async fn poll(&mut self, max: usize, wait: Duration) -> Result<Vec<Delivery>, QueueError> {
+        let mut out = Vec::new();
+        let first = match tokio::time::timeout(wait, self.consumer.recv()).await {
+            Err(_) => return Ok(out),
+            Ok(result) => result.map_err(kafka)?,
+        };
+        out.extend(self.delivery(&first));
+        drop(first);
+        while out.len() < max {
+            match tokio::time::timeout(Duration::from_millis(1), self.consumer.recv()).await {
+                Ok(Ok(m)) => out.extend(self.delivery(&m)),
+                Ok(Err(e)) => return Err(kafka(e)),
+                Err(_) => break,
+            }
+        }
+        Ok(out)
+    }
+
+    async fn commit(&mut self, deliveries: &[Delivery]) -> Result<(), QueueError> {
+        let mut list = TopicPartitionList::new();
+        for (partition, offset) in last_offsets(deliveries) {
+            list.add_partition_offset(
+                &self.topic,
+                partition as i32,
+                Offset::Offset(offset as i64 + 1),
+            )
+            .map_err(kafka)?;
+        }
+        let consumer = self.consumer.clone();
+        tokio::task::spawn_blocking(move || consumer.commit(&list, CommitMode::Sync))
+            .await
+            .map_err(kafka)?
+            .map_err(kafka)
+    }
+}

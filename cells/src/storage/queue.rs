@@ -1,0 +1,100 @@
+//! Storage of the embedded event log (partitioned, with consumer-group
+//! offsets) and of the outbox relay's progress.
+
+use cellmesh_proto::storage::v1::{OutboxEvent, QueuedEvent};
+use prost::Message as _;
+use rocksdb::IteratorMode;
+
+use super::keys::{self, cf};
+use super::{Mutation, Op, Result, Store, corrupt};
+
+impl Mutation {
+    pub fn put_queued(&mut self, partition: u32, offset: u64, event: &QueuedEvent) {
+        self.put(
+            cf::QUEUE,
+            keys::queue(partition, offset),
+            event.encode_to_vec(),
+        );
+    }
+
+    /// Drops a partition's entries below `offset`. The entry at `offset` stays
+    /// so the partition's last offset survives a restart.
+    pub fn trim_queue(&mut self, partition: u32, offset: u64) {
+        let from = keys::queue(partition, 0).to_vec();
+        let to = keys::queue(partition, offset).to_vec();
+        self.ops.push(Op::DeleteRange(cf::QUEUE, from, to));
+    }
+
+    pub fn put_queue_offset(&mut self, group: &str, partition: u32, offset: u64) {
+        let key = keys::queue_offset(group, partition);
+        self.put(cf::QUEUE_OFFSETS, key, offset.to_be_bytes().to_vec());
+    }
+
+    /// Records that outbox events up to `id` are on the queue and drops them.
+    pub fn relayed_through(&mut self, id: u64) {
+        self.put(
+            cf::META,
+            keys::meta::RELAY_CURSOR.to_vec(),
+            id.to_be_bytes().to_vec(),
+        );
+        let to = keys::u64_key(id.saturating_add(1)).to_vec();
+        self.ops
+            .push(Op::DeleteRange(cf::OUTBOX, keys::u64_key(0).to_vec(), to));
+    }
+}
+
+impl Store {
+    /// Entries of `partition` with offsets above `after`, oldest first.
+    pub fn queue_after(
+        &self,
+        partition: u32,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, QueuedEvent)>> {
+        let lower = keys::queue(partition, after.saturating_add(1)).to_vec();
+        let upper = keys::queue(partition, u64::MAX).to_vec();
+        self.range(cf::QUEUE, lower, upper, limit)?
+            .into_iter()
+            .map(|(k, v)| {
+                let offset = keys::last_u64(&k).ok_or_else(|| corrupt(cf::QUEUE, "short key"))?;
+                let event = QueuedEvent::decode(v.as_ref()).map_err(|e| corrupt(cf::QUEUE, e))?;
+                Ok((offset, event))
+            })
+            .collect()
+    }
+
+    /// The highest offset ever written to `partition` (0 if none remain).
+    pub fn queue_last_offset(&self, partition: u32) -> Result<u64> {
+        let upper = keys::queue(partition, u64::MAX);
+        let mut iter = self.db.iterator_cf(
+            self.cf(cf::QUEUE),
+            IteratorMode::From(&upper, rocksdb::Direction::Reverse),
+        );
+        match iter.next() {
+            Some(item) => {
+                let (k, _) = item?;
+                if k.len() == 12 && k[..4] == partition.to_be_bytes() {
+                    return keys::last_u64(&k).ok_or_else(|| corrupt(cf::QUEUE, "short key"));
+                }
+                Ok(0)
+            }
+            None => Ok(0),
+        }
+    }
+
+    /// The last offset `group` processed in `partition`.
+    pub fn queue_offset(&self, group: &str, partition: u32) -> Result<u64> {
+        self.get_u64(cf::QUEUE_OFFSETS, &keys::queue_offset(group, partition))
+    }
+
+    pub fn relay_cursor(&self) -> Result<u64> {
+        Ok(self.meta_u64(keys::meta::RELAY_CURSOR)?.unwrap_or(0))
+    }
+}
+
+impl Store {
+    /// Outbox events not yet relayed, oldest first.
+    pub fn outbox_pending(&self, limit: usize) -> Result<Vec<(u64, OutboxEvent)>> {
+        self.outbox_after(self.relay_cursor()?, limit)
+    }
+}

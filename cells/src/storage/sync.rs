@@ -1,0 +1,145 @@
+//! Storage of what the sync service serves: per-user sync queues and their
+//! pts, device cursors, conversation lists, mute flags and the notification
+//! queue.
+
+use cellmesh_proto::storage::v1::{ConvListEntry, NotificationRecord, SyncRecord};
+use prost::Message as _;
+
+use super::keys::{self, cf};
+use super::{Mutation, Op, Result, Store, corrupt};
+
+impl Mutation {
+    pub fn put_sync(&mut self, user: u64, pts: u64, record: &SyncRecord) {
+        self.put(cf::SYNC, keys::pair_key(user, pts), record.encode_to_vec());
+    }
+
+    pub fn put_user_pts(&mut self, user: u64, pts: u64) {
+        self.put(
+            cf::USER_PTS,
+            keys::u64_key(user),
+            pts.to_be_bytes().to_vec(),
+        );
+    }
+
+    pub fn put_conv_list(&mut self, user: u64, conversation: u64, entry: &ConvListEntry) {
+        let key = keys::pair_key(user, conversation);
+        self.put(cf::CONV_LIST, key, entry.encode_to_vec());
+    }
+
+    pub fn set_muted(&mut self, user: u64, conversation: u64, muted: bool) {
+        let key = keys::pair_key(user, conversation).to_vec();
+        if muted {
+            self.put(cf::MUTED, key, vec![1]);
+        } else {
+            self.ops.push(Op::Delete(cf::MUTED, key));
+        }
+    }
+
+    /// Raises (never lowers) a device's cursor.
+    pub fn raise_device_cursor(&mut self, user: u64, device: &str, pts: u64) {
+        let key = keys::device(user, device);
+        self.ops.push(Op::Merge(
+            cf::DEVICE_CURSOR,
+            key,
+            pts.to_be_bytes().to_vec(),
+        ));
+    }
+
+    /// Queues a new notification; `id` must be above every earlier one.
+    pub fn put_notification(&mut self, id: u64, record: &NotificationRecord) {
+        self.update_notification(id, record);
+        self.put(
+            cf::META,
+            keys::meta::NOTIFY_LAST_ID.to_vec(),
+            id.to_be_bytes().to_vec(),
+        );
+    }
+
+    /// Rewrites a queued notification (e.g. its attempt count).
+    pub fn update_notification(&mut self, id: u64, record: &NotificationRecord) {
+        self.put(cf::NOTIFY, keys::u64_key(id), record.encode_to_vec());
+    }
+
+    pub fn delete_notification(&mut self, id: u64) {
+        self.ops
+            .push(Op::Delete(cf::NOTIFY, keys::u64_key(id).to_vec()));
+    }
+}
+
+impl Store {
+    /// Sync events of `user` with pts above `after`, in order.
+    pub fn sync_after(
+        &self,
+        user: u64,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, SyncRecord)>> {
+        let lower = keys::pair_key(user, after.saturating_add(1)).to_vec();
+        let upper = keys::pair_key(user, u64::MAX).to_vec();
+        self.range(cf::SYNC, lower, upper, limit)?
+            .into_iter()
+            .map(|(k, v)| {
+                let pts = keys::last_u64(&k).ok_or_else(|| corrupt(cf::SYNC, "short key"))?;
+                Ok((
+                    pts,
+                    SyncRecord::decode(v.as_ref()).map_err(|e| corrupt(cf::SYNC, e))?,
+                ))
+            })
+            .collect()
+    }
+
+    pub fn user_pts(&self, user: u64) -> Result<u64> {
+        self.get_u64(cf::USER_PTS, &keys::u64_key(user))
+    }
+
+    pub fn conv_list_entry(&self, user: u64, conversation: u64) -> Result<Option<ConvListEntry>> {
+        self.get_record(cf::CONV_LIST, &keys::pair_key(user, conversation))
+    }
+
+    /// Every conversation-list entry of `user`.
+    pub fn conv_list(&self, user: u64) -> Result<Vec<(u64, ConvListEntry)>> {
+        let lower = keys::pair_key(user, 0).to_vec();
+        let upper = keys::pair_key(user, u64::MAX).to_vec();
+        self.range(cf::CONV_LIST, lower, upper, usize::MAX)?
+            .into_iter()
+            .map(|(k, v)| {
+                let conv = keys::last_u64(&k).ok_or_else(|| corrupt(cf::CONV_LIST, "short key"))?;
+                let entry =
+                    ConvListEntry::decode(v.as_ref()).map_err(|e| corrupt(cf::CONV_LIST, e))?;
+                Ok((conv, entry))
+            })
+            .collect()
+    }
+
+    pub fn muted(&self, user: u64, conversation: u64) -> Result<bool> {
+        let key = keys::pair_key(user, conversation);
+        Ok(self.db.get_pinned_cf(self.cf(cf::MUTED), key)?.is_some())
+    }
+
+    pub fn device_cursor(&self, user: u64, device: &str) -> Result<u64> {
+        self.get_u64(cf::DEVICE_CURSOR, &keys::device(user, device))
+    }
+
+    /// Pending notifications, oldest first.
+    pub fn notifications(&self, limit: usize) -> Result<Vec<(u64, NotificationRecord)>> {
+        self.range(
+            cf::NOTIFY,
+            keys::u64_key(0).to_vec(),
+            keys::u64_key(u64::MAX).to_vec(),
+            limit,
+        )?
+        .into_iter()
+        .map(|(k, v)| {
+            let id = keys::decode_u64(&k).ok_or_else(|| corrupt(cf::NOTIFY, "bad key"))?;
+            Ok((
+                id,
+                NotificationRecord::decode(v.as_ref()).map_err(|e| corrupt(cf::NOTIFY, e))?,
+            ))
+        })
+        .collect()
+    }
+
+    pub fn notify_last_id(&self) -> Result<u64> {
+        Ok(self.meta_u64(keys::meta::NOTIFY_LAST_ID)?.unwrap_or(0))
+    }
+}

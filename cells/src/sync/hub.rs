@@ -1,0 +1,175 @@
+//! Who is online, in memory: the live subscriptions of each user's devices
+//! (woken when the user's sync queue grows, or handed transient pushes such
+//! as typing notices and large-group hints) and device heartbeats.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use cellmesh_proto::v1::SyncPush;
+use tokio::sync::broadcast;
+
+/// What a subscription is told.
+#[derive(Debug, Clone)]
+pub enum HubEvent {
+    /// The user's sync queue now reaches this pts.
+    Pts(u64),
+    /// Deliver as is; not stored.
+    Push(SyncPush),
+}
+
+/// Pending hub events per subscription before it counts as lagging (a
+/// lagging subscription rereads its queue from storage).
+const CHANNEL_DEPTH: usize = 256;
+
+#[derive(Default)]
+struct UserState {
+    tx: Option<broadcast::Sender<HubEvent>>,
+    /// device → last heartbeat (Unix ms).
+    heartbeats: HashMap<String, u64>,
+}
+
+pub struct Hub {
+    users: Mutex<HashMap<u64, UserState>>,
+    presence_window_ms: u64,
+    closed: std::sync::atomic::AtomicBool,
+}
+
+/// Keeps a user's subscription alive; dropping it unsubscribes.
+pub struct Subscription {
+    pub rx: broadcast::Receiver<HubEvent>,
+}
+
+impl Hub {
+    pub fn new(presence_window_ms: u64) -> Self {
+        Self {
+            users: Mutex::new(HashMap::new()),
+            presence_window_ms,
+            closed: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// Ends every subscription (their streams finish), and any made later:
+    /// the server is shutting down.
+    pub fn close(&self) {
+        self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
+        let mut users = self.users.lock().expect("hub lock");
+        for state in users.values_mut() {
+            state.tx = None;
+        }
+    }
+
+    pub fn subscribe(&self, user: u64) -> Subscription {
+        let mut users = self.users.lock().expect("hub lock");
+        if self.closed.load(std::sync::atomic::Ordering::SeqCst) {
+            return Subscription {
+                rx: broadcast::channel(1).1,
+            };
+        }
+        let state = users.entry(user).or_default();
+        let tx = state
+            .tx
+            .get_or_insert_with(|| broadcast::channel(CHANNEL_DEPTH).0);
+        Subscription { rx: tx.subscribe() }
+    }
+
+    fn send(&self, user: u64, event: HubEvent) {
+        let users = self.users.lock().expect("hub lock");
+        if let Some(tx) = users.get(&user).and_then(|s| s.tx.as_ref()) {
+            let _ = tx.send(event);
+        }
+    }
+
+    pub fn notify_pts(&self, user: u64, pts: u64) {
+        self.send(user, HubEvent::Pts(pts));
+    }
+
+    pub fn push(&self, user: u64, push: SyncPush) {
+        self.send(user, HubEvent::Push(push));
+    }
+
+    pub fn heartbeat(&self, user: u64, device: &str, now_ms: u64) {
+        let mut users = self.users.lock().expect("hub lock");
+        users
+            .entry(user)
+            .or_default()
+            .heartbeats
+            .insert(device.to_string(), now_ms);
+    }
+
+    /// Online: a device subscribed right now, or one that heartbeat within
+    /// the presence window. Also returns the last heartbeat.
+    pub fn presence(&self, user: u64, now_ms: u64) -> (bool, u64) {
+        let users = self.users.lock().expect("hub lock");
+        let Some(state) = users.get(&user) else {
+            return (false, 0);
+        };
+        let last_seen = state.heartbeats.values().copied().max().unwrap_or(0);
+        let subscribed = state.tx.as_ref().is_some_and(|tx| tx.receiver_count() > 0);
+        let recent = now_ms.saturating_sub(last_seen) <= self.presence_window_ms && last_seen > 0;
+        (subscribed || recent, last_seen)
+    }
+
+    pub fn is_online(&self, user: u64, now_ms: u64) -> bool {
+        self.presence(user, now_ms).0
+    }
+
+    /// Forgets users with no subscription and no recent heartbeat.
+    pub fn prune(&self, now_ms: u64) {
+        let window = self.presence_window_ms;
+        let mut users = self.users.lock().expect("hub lock");
+        users.retain(|_, s| {
+            s.heartbeats
+                .retain(|_, seen| now_ms.saturating_sub(*seen) <= window);
+            if s.tx.as_ref().is_some_and(|tx| tx.receiver_count() == 0) {
+                s.tx = None;
+            }
+            s.tx.is_some() || !s.heartbeats.is_empty()
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presence_follows_subscriptions_and_heartbeats() {
+        let hub = Hub::new(1_000);
+        assert!(!hub.is_online(1, 10_000));
+        let sub = hub.subscribe(1);
+        assert!(hub.is_online(1, 10_000));
+        drop(sub);
+        assert!(!hub.is_online(1, 10_000));
+        hub.heartbeat(1, "phone", 10_000);
+        assert!(hub.is_online(1, 10_500));
+        assert!(!hub.is_online(1, 11_500));
+        hub.prune(11_500);
+        assert_eq!(hub.presence(1, 11_500), (false, 0));
+    }
+
+    #[tokio::test]
+    async fn closing_ends_every_subscription() {
+        let hub = Hub::new(1_000);
+        let mut a = hub.subscribe(1);
+        hub.close();
+        assert!(matches!(
+            a.rx.recv().await,
+            Err(broadcast::error::RecvError::Closed)
+        ));
+        let mut late = hub.subscribe(2);
+        assert!(matches!(
+            late.rx.recv().await,
+            Err(broadcast::error::RecvError::Closed)
+        ));
+    }
+
+    #[tokio::test]
+    async fn only_subscribers_of_a_user_are_woken() {
+        let hub = Hub::new(1_000);
+        let mut a = hub.subscribe(1);
+        let mut b = hub.subscribe(2);
+        hub.notify_pts(1, 5);
+        assert!(matches!(a.rx.recv().await.unwrap(), HubEvent::Pts(5)));
+        assert!(b.rx.try_recv().is_err());
+    }
+}

@@ -1,0 +1,198 @@
+//! The sync service: each user's ordered sync queue served to their devices
+//! (subscribe from a cursor, then live; Rebase when too far behind; acks
+//! that never move a cursor backwards), the conversation list with unread
+//! counts, presence and typing notices. The queue itself is written by the
+//! fan-out processor; this module only reads it and pushes.
+
+mod hub;
+pub mod stream;
+
+use std::sync::Arc;
+
+use cellmesh_proto::v1::{
+    AckResponse, ConversationSummary, GetPresenceResponse, ListConversationsResponse, SyncPush,
+    TypingNotice, UserPresence, sync_push,
+};
+
+pub use hub::{Hub, HubEvent, Subscription};
+
+use crate::clock::Clock;
+use crate::config::CellConfig;
+use crate::convert::{conversation_to_proto, message_to_proto};
+use crate::error::{CellError, Result};
+use crate::message::{Caller, MessageService};
+use crate::storage::{Mutation, Store};
+
+/// Conversations listed when the request names no limit.
+const DEFAULT_LIST: usize = 100;
+/// Most users one presence query may name.
+const MAX_PRESENCE_QUERY: usize = 1_000;
+
+/// A caller acting from one device.
+#[derive(Debug, Clone)]
+pub struct Device {
+    pub caller: Caller,
+    pub device: String,
+}
+
+pub struct SyncService {
+    store: Arc<Store>,
+    hub: Arc<Hub>,
+    messages: Arc<MessageService>,
+    config: Arc<CellConfig>,
+    clock: Arc<dyn Clock>,
+}
+
+impl SyncService {
+    pub fn new(
+        store: Arc<Store>,
+        hub: Arc<Hub>,
+        messages: Arc<MessageService>,
+        config: Arc<CellConfig>,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        Self {
+            store,
+            hub,
+            messages,
+            config,
+            clock,
+        }
+    }
+
+    pub fn hub(&self) -> &Arc<Hub> {
+        &self.hub
+    }
+
+    pub async fn ack(&self, device: Device, pts: u64) -> Result<AckResponse> {
+        let user = device.caller.user;
+        let latest = self.store.user_pts(user)?;
+        if pts > latest {
+            return Err(CellError::invalid(
+                "PTS_AHEAD",
+                format!("pts {pts} is beyond the latest {latest}"),
+            ));
+        }
+        if pts > self.store.device_cursor(user, &device.device)? {
+            let mut m = Mutation::new();
+            m.raise_device_cursor(user, &device.device, pts);
+            self.store.commit(m).await?;
+        }
+        Ok(AckResponse {
+            cursor: self.store.device_cursor(user, &device.device)?,
+            latest_pts: latest,
+        })
+    }
+
+    /// The caller's conversations, most recently active first, with the
+    /// last message and unread count computed now (so large groups, which
+    /// keep nothing per member, are as current as small ones).
+    pub fn list_conversations(
+        &self,
+        caller: Caller,
+        limit: u32,
+    ) -> Result<ListConversationsResponse> {
+        let limit = match limit {
+            0 => DEFAULT_LIST,
+            n => (n as usize).min(self.config.limits.max_pull_limit as usize),
+        };
+        let mut out = Vec::new();
+        for (id, entry) in self.store.conv_list(caller.user)? {
+            if entry.left {
+                continue;
+            }
+            let Some(record) = self.store.conversation(id)? else {
+                continue;
+            };
+            if record.tenant_id != caller.tenant {
+                continue;
+            }
+            let seq = self.store.conv_seq(id)?;
+            let last_message = match seq.latest_seq {
+                0 => None,
+                latest => self
+                    .store
+                    .message(id, latest)?
+                    .map(|m| message_to_proto(id, latest, m)),
+            };
+            let read_seq = self.store.read_seq(id, caller.user)?;
+            let updated_at_ms = last_message
+                .as_ref()
+                .map_or(record.created_at_ms, |m| m.server_ts_ms)
+                .max(entry.updated_at_ms);
+            out.push(ConversationSummary {
+                conversation: Some(conversation_to_proto(id, &record, &seq)),
+                last_message,
+                read_seq,
+                unread: seq.latest_seq.saturating_sub(read_seq),
+                muted: self.store.muted(caller.user, id)?,
+                updated_at_ms,
+            });
+        }
+        out.sort_by_key(|s| std::cmp::Reverse(s.updated_at_ms));
+        let has_more = out.len() > limit;
+        out.truncate(limit);
+        Ok(ListConversationsResponse {
+            conversations: out,
+            has_more,
+        })
+    }
+
+    pub async fn set_muted(&self, caller: Caller, conversation: u64, muted: bool) -> Result<()> {
+        self.messages.check_member(&caller, conversation)?;
+        let mut m = Mutation::new();
+        m.set_muted(caller.user, conversation, muted);
+        self.store.commit(m).await?;
+        Ok(())
+    }
+
+    /// Records a heartbeat; returns the interval to keep to stay online.
+    pub fn heartbeat(&self, device: &Device) -> u64 {
+        self.hub
+            .heartbeat(device.caller.user, &device.device, self.clock.now_ms());
+        self.config.sync.presence_window_secs * 1000 / 2
+    }
+
+    pub fn presence(&self, users: &[u64]) -> Result<GetPresenceResponse> {
+        if users.len() > MAX_PRESENCE_QUERY {
+            return Err(CellError::invalid(
+                "TOO_MANY_USERS",
+                format!("at most {MAX_PRESENCE_QUERY} users per query"),
+            ));
+        }
+        let now = self.clock.now_ms();
+        Ok(GetPresenceResponse {
+            users: users
+                .iter()
+                .map(|u| {
+                    let (online, last_seen_ms) = self.hub.presence(*u, now);
+                    UserPresence {
+                        user_id: *u,
+                        online,
+                        last_seen_ms,
+                    }
+                })
+                .collect(),
+        })
+    }
+
+    /// Pushes a typing notice to the other members who are online; stores
+    /// nothing.
+    pub fn typing(&self, caller: Caller, conversation: u64) -> Result<()> {
+        self.messages.check_member(&caller, conversation)?;
+        let push = SyncPush {
+            push: Some(sync_push::Push::Typing(TypingNotice {
+                conversation_id: conversation,
+                user_id: caller.user,
+            })),
+        };
+        let now = self.clock.now_ms();
+        let (members, _) = self.store.members(conversation, 0, usize::MAX)?;
+        for user in members {
+            if user != caller.user && self.hub.is_online(user, now) {
+                self.hub.push(user, push.clone());
+            }
+        }
+        Ok(())
+    }
+}

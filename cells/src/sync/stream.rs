@@ -1,0 +1,120 @@
+//! One device's subscription: its backlog from storage, in pts order, then
+//! live events as the processor appends them. The hub subscription is taken
+//! before the first storage read, so nothing appended in between is missed;
+//! events always come from storage by pts, so a wake-up that is lost or
+//! lagging only delays delivery, never reorders or drops it.
+
+use std::sync::Arc;
+
+use cellmesh_proto::storage::v1::SyncRecord;
+use cellmesh_proto::v1::{Rebase, SyncEvent, SyncEventKind, SyncPush, sync_push};
+use tokio::sync::{broadcast, mpsc};
+
+use super::{Device, HubEvent, SyncService};
+use crate::convert::message_to_proto;
+use crate::error::Result;
+
+/// Pushes buffered per subscription before the stream applies backpressure.
+const PUSH_BUFFER: usize = 256;
+/// Sync events read from storage at a time.
+const READ_PAGE: usize = 256;
+
+pub type PushResult = std::result::Result<SyncPush, tonic::Status>;
+
+impl SyncService {
+    /// Starts streaming `device`'s sync queue after `from_pts` (0 = the
+    /// device's stored cursor).
+    pub fn subscribe(
+        self: &Arc<Self>,
+        device: Device,
+        from_pts: u64,
+    ) -> Result<mpsc::Receiver<PushResult>> {
+        let user = device.caller.user;
+        let subscription = self.hub.subscribe(user);
+        let latest = self.store.user_pts(user)?;
+        let mut cursor = match from_pts {
+            0 => self.store.device_cursor(user, &device.device)?,
+            pts => pts,
+        }
+        .min(latest);
+        let (tx, rx) = mpsc::channel(PUSH_BUFFER);
+        let mut first = None;
+        if latest - cursor > self.config.sync.rebase_threshold {
+            first = Some(SyncPush {
+                push: Some(sync_push::Push::Rebase(Rebase { latest_pts: latest })),
+            });
+            cursor = latest;
+        }
+        let service = self.clone();
+        tokio::spawn(async move {
+            if let Some(push) = first
+                && tx.send(Ok(push)).await.is_err()
+            {
+                return;
+            }
+            if let Err(e) = service.stream(user, cursor, subscription.rx, &tx).await {
+                let _ = tx.send(Err(e.into())).await;
+            }
+        });
+        Ok(rx)
+    }
+
+    async fn stream(
+        &self,
+        user: u64,
+        mut cursor: u64,
+        mut wake: broadcast::Receiver<HubEvent>,
+        tx: &mpsc::Sender<PushResult>,
+    ) -> Result<()> {
+        loop {
+            loop {
+                let page = self.store.sync_after(user, cursor, READ_PAGE)?;
+                if page.is_empty() {
+                    break;
+                }
+                for (pts, record) in page {
+                    let push = self.hydrate(pts, record)?;
+                    if tx.send(Ok(push)).await.is_err() {
+                        return Ok(());
+                    }
+                    cursor = pts;
+                }
+            }
+            tokio::select! {
+                _ = tx.closed() => return Ok(()),
+                event = wake.recv() => match event {
+                    Ok(HubEvent::Pts(_)) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+                    Ok(HubEvent::Push(push)) => {
+                        if tx.send(Ok(push)).await.is_err() {
+                            return Ok(());
+                        }
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return Ok(()),
+                },
+            }
+        }
+    }
+
+    /// A stored sync record as pushed: messages in their current state.
+    fn hydrate(&self, pts: u64, record: SyncRecord) -> Result<SyncPush> {
+        let kind = SyncEventKind::try_from(record.kind).unwrap_or(SyncEventKind::Unspecified);
+        let message = match kind {
+            SyncEventKind::Message | SyncEventKind::Recall | SyncEventKind::Edit => self
+                .store
+                .message(record.conversation_id, record.seq)?
+                .map(|m| message_to_proto(record.conversation_id, record.seq, m)),
+            _ => None,
+        };
+        Ok(SyncPush {
+            push: Some(sync_push::Push::Event(SyncEvent {
+                pts,
+                kind: kind as i32,
+                conversation_id: record.conversation_id,
+                seq: record.seq,
+                message,
+                items: record.items,
+                server_ts_ms: record.server_ts_ms,
+            })),
+        })
+    }
+}
