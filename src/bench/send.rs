@@ -48,6 +48,8 @@ pub struct SendArgs {
     tenant: Option<u64>,
 }
 
+pub type Client = MessagingClient<Channel>;
+
 struct Conv {
     id: u64,
     first_user: u64,

@@ -10,6 +10,8 @@ use clap::{Args, Subcommand};
 
 use crate::client::{call_error, caller, connect};
 
+mod tail;
+
 #[derive(Args)]
 pub struct ChatArgs {
     /// gRPC endpoint of a cell.
@@ -78,6 +80,17 @@ enum ChatCommand {
         #[arg(long)]
         seq: u64,
     },
+    /// Follow this device's sync queue live: messages as they arrive.
+    Tail {
+        /// This device's id (its cursor is kept per device).
+        #[arg(long, default_value = "cli")]
+        device: String,
+        /// Start after this pts (0 = where this device left off).
+        #[arg(long, default_value_t = 0)]
+        from: u64,
+    },
+    /// List your conversations with unread counts.
+    List,
     /// Add members to a group.
     Invite {
         #[arg(long, short)]
@@ -91,6 +104,10 @@ pub async fn run(args: ChatArgs) -> anyhow::Result<()> {
     let mut client = connect(&args.endpoint).await?;
     let me = caller(args.tenant, args.user);
     match args.command {
+        ChatCommand::Tail { device, from } => {
+            return tail::run(&args.endpoint, args.tenant, args.user, device, from).await;
+        }
+        ChatCommand::List => return tail::list(&args.endpoint, args.tenant, args.user).await,
         ChatCommand::Create {
             direct,
             title,
@@ -225,7 +242,7 @@ pub async fn run(args: ChatArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn render(m: &Message) -> String {
+pub(crate) fn render(m: &Message) -> String {
     let body = match MessageState::try_from(m.state) {
         Ok(MessageState::Recalled) => "(recalled)".to_string(),
         Ok(MessageState::Edited) => format!("{} (edited)", String::from_utf8_lossy(&m.body)),

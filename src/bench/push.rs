@@ -1,0 +1,299 @@
+//! `cellmesh bench push`: D online devices (one per user) subscribe to
+//! their sync queues while senders, paced at a target rate, send into 1:1
+//! and group conversations among those users. Each body carries its send
+//! time, so every push received measures send→push latency.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cellmesh_proto::status::error_code;
+use cellmesh_proto::v1::sync_client::SyncClient;
+use cellmesh_proto::v1::{
+    Caller, ConversationKind, CreateConversationRequest, MessageType, SendRequest,
+    SubscribeRequest, SyncEventKind, sync_push,
+};
+use clap::Args;
+use hdrhistogram::Histogram;
+use rand::Rng;
+use tonic::transport::Channel;
+
+use super::Report;
+use crate::client::{call_error, caller, connect};
+
+#[derive(Args)]
+pub struct PushArgs {
+    /// gRPC endpoint of a cell.
+    #[arg(long)]
+    endpoint: String,
+    /// Online devices (one user each).
+    #[arg(long, default_value_t = 1_000)]
+    devices: u64,
+    /// Target sends per second.
+    #[arg(long, default_value_t = 5_000)]
+    rate: u64,
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    duration: Duration,
+    /// Members of each group conversation.
+    #[arg(long, default_value_t = 50)]
+    group_size: u64,
+    /// Share of sends that go to 1:1 conversations (the rest to groups).
+    #[arg(long, default_value_t = 0.5)]
+    direct_share: f64,
+    /// Concurrent senders.
+    #[arg(long, default_value_t = 64)]
+    senders: usize,
+    /// HTTP/2 connections shared by the devices' streams.
+    #[arg(long, default_value_t = 8)]
+    connections: usize,
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Tenant to run in (default: a fresh one).
+    #[arg(long)]
+    tenant: Option<u64>,
+}
+
+struct Conv {
+    id: u64,
+    members: Vec<u64>,
+}
+
+fn now_us(epoch: Instant) -> u64 {
+    epoch.elapsed().as_micros() as u64
+}
+
+pub async fn run(args: PushArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.devices >= args.group_size.max(2),
+        "need at least --group-size devices"
+    );
+    let tenant = args
+        .tenant
+        .unwrap_or_else(|| rand::rng().random_range(1_000_000..u32::MAX as u64));
+    let mut client = connect(&args.endpoint).await?;
+    let (directs, groups) = conversations(&mut client, tenant, &args).await?;
+    println!(
+        "{} devices, {} 1:1 and {} groups of {}; sending {}/s for {:?}",
+        args.devices,
+        directs.len(),
+        groups.len(),
+        args.group_size,
+        args.rate,
+        args.duration
+    );
+
+    let epoch = Instant::now();
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let mut channels = Vec::new();
+    for _ in 0..args.connections.max(1) {
+        channels.push(
+            Channel::from_shared(args.endpoint.clone())?
+                .connect()
+                .await?,
+        );
+    }
+    let mut receivers = Vec::new();
+    for user in 1..=args.devices {
+        let mut sync = SyncClient::new(channels[user as usize % channels.len()].clone());
+        let stream = sync
+            .subscribe(SubscribeRequest {
+                caller: Some(Caller {
+                    tenant_id: tenant,
+                    user_id: user,
+                    device_id: format!("bench-{user}"),
+                }),
+                from_pts: 0,
+            })
+            .await
+            .map_err(call_error)?
+            .into_inner();
+        receivers.push(tokio::spawn(receive(stream, epoch, stopped.clone())));
+    }
+    // Let the backlog of joins drain before measuring.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let directs = Arc::new(directs);
+    let groups = Arc::new(groups);
+    let per_sender = (args.rate as f64 / args.senders.max(1) as f64).max(0.001);
+    let deadline = Instant::now() + args.duration;
+    let started = Instant::now();
+    let mut senders = Vec::new();
+    for s in 0..args.senders.max(1) {
+        let (client, directs, groups) = (client.clone(), directs.clone(), groups.clone());
+        let share = args.direct_share;
+        senders.push(tokio::spawn(async move {
+            send_loop(
+                client, tenant, s, directs, groups, share, per_sender, deadline, epoch,
+            )
+            .await
+        }));
+    }
+    let mut acked = 0;
+    let mut errors = BTreeMap::new();
+    for s in senders {
+        let (ok, errs) = s.await?;
+        acked += ok;
+        for (code, n) in errs {
+            *errors.entry(code).or_insert(0) += n;
+        }
+    }
+    let send_elapsed = started.elapsed();
+    // Give in-flight pushes a moment, then stop the devices.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let _ = stop.send(true);
+    let mut latency = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3)?;
+    let mut delivered = 0;
+    for r in receivers {
+        if let Ok((n, h)) = r.await {
+            delivered += n;
+            latency.add(&h)?;
+        }
+    }
+    let mut report = Report::new("push", delivered, errors, send_elapsed, &latency)
+        .param("devices", args.devices)
+        .param("target_sends_per_s", args.rate)
+        .param("sends_acked", acked)
+        .param("sends_per_s", acked as f64 / send_elapsed.as_secs_f64())
+        .param("group_size", args.group_size)
+        .param("direct_share", args.direct_share);
+    report.scenario = "push".into();
+    println!("(acked = pushes delivered to devices; throughput = deliveries/s)");
+    report.print();
+    if let Some(path) = &args.json {
+        report.write_json(path)?;
+    }
+    Ok(())
+}
+
+async fn conversations(
+    client: &mut crate::bench::send::Client,
+    tenant: u64,
+    args: &PushArgs,
+) -> anyhow::Result<(Vec<Conv>, Vec<Conv>)> {
+    let mut directs = Vec::new();
+    for a in (1..args.devices).step_by(2) {
+        let id = create(client, tenant, a, ConversationKind::Direct, vec![a + 1]).await?;
+        directs.push(Conv {
+            id,
+            members: vec![a, a + 1],
+        });
+    }
+    let mut groups = Vec::new();
+    let mut first = 1;
+    while first + args.group_size - 1 <= args.devices {
+        let members: Vec<u64> = (first..first + args.group_size).collect();
+        let id = create(
+            client,
+            tenant,
+            first,
+            ConversationKind::Group,
+            members[1..].to_vec(),
+        )
+        .await?;
+        groups.push(Conv { id, members });
+        first += args.group_size;
+    }
+    Ok((directs, groups))
+}
+
+async fn create(
+    client: &mut crate::bench::send::Client,
+    tenant: u64,
+    creator: u64,
+    kind: ConversationKind,
+    members: Vec<u64>,
+) -> anyhow::Result<u64> {
+    let r = client
+        .create_conversation(CreateConversationRequest {
+            caller: caller(tenant, creator),
+            kind: kind as i32,
+            title: String::new(),
+            member_ids: members,
+            client_req_id: String::new(),
+        })
+        .await
+        .map_err(call_error)?
+        .into_inner();
+    Ok(r.conversation.map(|c| c.conversation_id).unwrap_or(0))
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn send_loop(
+    mut client: crate::bench::send::Client,
+    tenant: u64,
+    sender: usize,
+    directs: Arc<Vec<Conv>>,
+    groups: Arc<Vec<Conv>>,
+    direct_share: f64,
+    per_second: f64,
+    deadline: Instant,
+    epoch: Instant,
+) -> (u64, BTreeMap<String, u64>) {
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / per_second));
+    let (mut ok, mut errors, mut n) = (0, BTreeMap::new(), 0u64);
+    while Instant::now() < deadline {
+        tick.tick().await;
+        let (conv, from) = {
+            let mut rng = rand::rng();
+            let pool =
+                if groups.is_empty() || (!directs.is_empty() && rng.random_bool(direct_share)) {
+                    &directs
+                } else {
+                    &groups
+                };
+            let c = &pool[rng.random_range(0..pool.len())];
+            (c.id, c.members[rng.random_range(0..c.members.len())])
+        };
+        n += 1;
+        let request = SendRequest {
+            caller: caller(tenant, from),
+            conversation_id: conv,
+            client_req_id: format!("p{sender}-{n}"),
+            r#type: MessageType::Custom as i32,
+            body: now_us(epoch).to_be_bytes().to_vec(),
+            route_epoch: 0,
+        };
+        match client.send(request).await {
+            Ok(_) => ok += 1,
+            Err(status) => {
+                *errors
+                    .entry(error_code(&status).as_str_name().to_string())
+                    .or_insert(0) += 1
+            }
+        }
+    }
+    (ok, errors)
+}
+
+async fn receive(
+    mut stream: tonic::Streaming<cellmesh_proto::v1::SyncPush>,
+    epoch: Instant,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> (u64, Histogram<u64>) {
+    let mut latency =
+        Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).expect("histogram bounds");
+    let mut n = 0;
+    loop {
+        let push = tokio::select! {
+            _ = stop.changed() => break,
+            push = stream.message() => push,
+        };
+        let Ok(Some(push)) = push else {
+            break;
+        };
+        if let Some(sync_push::Push::Event(e)) = push.push
+            && e.kind == SyncEventKind::Message as i32
+            && let Some(m) = e.message
+            && let Ok(sent) = <[u8; 8]>::try_from(m.body.as_slice())
+        {
+            n += 1;
+            let _ = latency.record(
+                now_us(epoch)
+                    .saturating_sub(u64::from_be_bytes(sent))
+                    .max(1),
+            );
+        }
+    }
+    (n, latency)
+}
