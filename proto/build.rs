@@ -13,6 +13,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 "proto/cellmesh/v1/common.proto",
                 "proto/cellmesh/v1/messaging.proto",
                 "proto/cellmesh/v1/sync.proto",
+                "proto/cellmesh/v1/peer.proto",
                 "proto/cellmesh/storage/v1/storage.proto",
             ],
             &["proto"],

@@ -44,6 +44,16 @@ pub struct CellConfig {
     pub fanout: FanoutConfig,
     pub sync: SyncConfig,
     pub notifications: NotificationsConfig,
+    pub homes: HomesConfig,
+}
+
+/// Users whose home is another cell. Until the route table serves user
+/// homes, this static map names them; everyone else is homed here.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HomesConfig {
+    /// user id (as a string key) → gRPC endpoint of the user's home cell.
+    pub remote: std::collections::BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -169,6 +179,7 @@ impl Default for CellConfig {
             fanout: FanoutConfig::default(),
             sync: SyncConfig::default(),
             notifications: NotificationsConfig::default(),
+            homes: HomesConfig::default(),
         }
     }
 }
@@ -392,6 +403,13 @@ impl CellConfig {
             self.sync.rebase_threshold >= 1,
             "must be at least 1",
         )?;
+        for (user, endpoint) in &self.homes.remote {
+            check(
+                "homes.remote",
+                user.parse::<u64>().is_ok_and(|u| u > 0) && endpoint.starts_with("http://"),
+                &format!("maps user ids to http:// endpoints; {user:?} = {endpoint:?} is not one"),
+            )?;
+        }
         if let Some(url) = &self.notifications.webhook_url {
             check(
                 "notifications.webhook_url",

@@ -17,6 +17,7 @@ pub mod config;
 pub mod convert;
 pub mod error;
 pub mod grpc;
+pub mod homes;
 pub mod ids;
 pub mod message;
 pub mod ownership;

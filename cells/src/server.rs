@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cellmesh_proto::server::standard_services;
+use cellmesh_proto::v1::cell_peer_server::CellPeerServer;
 use cellmesh_proto::v1::messaging_server::MessagingServer;
 use cellmesh_proto::v1::sync_server::SyncServer;
 use tokio::net::TcpListener;
@@ -18,7 +19,8 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::QueueBackend;
 use crate::config::{CellConfig, ConfigError, REQUEST_OVERHEAD_BYTES};
 use crate::error::CellError;
-use crate::grpc::{MessagingApi, SyncApi};
+use crate::grpc::{MessagingApi, PeerApi, SyncApi};
+use crate::homes::StaticHomes;
 use crate::message::MessageService;
 use crate::ownership::{OwnAll, Ownership};
 use crate::queue::{EventQueue, QueueError, embedded::EmbeddedQueue};
@@ -119,7 +121,16 @@ pub async fn start(
         clock.clone(),
     ));
     let queue = open_queue(&config, &store).await?;
-    let workers = crate::pipeline::spawn(&config, store.clone(), queue, hub.clone(), clock.clone());
+    let homes = Arc::new(StaticHomes::from_config(&config.homes));
+    let pipeline = crate::pipeline::spawn(
+        &config,
+        store.clone(),
+        queue,
+        hub.clone(),
+        clock.clone(),
+        homes,
+    );
+    let workers = pipeline.workers;
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(|source| StartError::Bind {
@@ -137,6 +148,8 @@ pub async fn start(
         .max_decoding_message_size(max_message);
     standard.reporter.set_serving::<SyncServer<SyncApi>>().await;
     let sync_api = SyncServer::new(SyncApi::new(sync.clone()));
+    let peer_api = CellPeerServer::new(PeerApi::new(pipeline.inbound))
+        .max_decoding_message_size(64 * 1024 * 1024);
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let maintenance = tokio::spawn(maintain(service.clone(), hub.clone(), clock));
     let task = tokio::spawn(async move {
@@ -145,6 +158,7 @@ pub async fn start(
             .add_service(standard.reflection)
             .add_service(messaging)
             .add_service(sync_api)
+            .add_service(peer_api)
             .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
                 let _ = stop_rx.await;
                 // Live sync streams would otherwise hold shutdown open.

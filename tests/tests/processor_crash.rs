@@ -6,16 +6,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cellmesh_cell::clock::SystemClock;
+use cellmesh_cell::homes::StaticHomes;
 use cellmesh_cell::message::{Caller, CreateCommand, MessageService, SendCommand};
 use cellmesh_cell::ownership::OwnAll;
-use cellmesh_cell::pipeline::{processor::Processor, relay};
+use cellmesh_cell::pipeline::processor::{Processor, Signals};
+use cellmesh_cell::pipeline::relay;
 use cellmesh_cell::queue::{EventQueue, embedded::EmbeddedQueue, kafka::KafkaQueue};
 use cellmesh_cell::storage::Store;
 use cellmesh_cell::sync::Hub;
 use cellmesh_proto::v1::{ConversationKind, MessageType, SyncEventKind};
 use cellmesh_tests::backends::Kafka;
 use cellmesh_tests::{eventually, test_config};
-use tokio::sync::Notify;
 
 const T: u64 = 9;
 
@@ -76,13 +77,16 @@ async fn crash_between_apply_and_commit(kafka: Option<&Kafka>) {
 
     let group = config.processor_group();
     let hub = Arc::new(Hub::new(60_000));
+    let homes = Arc::new(StaticHomes::from_config(&config.homes));
     let new_processor = || {
+        let signals = Signals::default();
         Processor::new(
             store.clone(),
             hub.clone(),
             clock.clone(),
             500,
-            Arc::new(Notify::new()),
+            homes.clone(),
+            signals,
         )
         .unwrap()
     };

@@ -4,6 +4,7 @@
 //! users with no online device. Each loop runs under a supervisor that
 //! restarts it after an error.
 
+pub mod forward;
 pub mod notify;
 pub mod processor;
 pub mod relay;
@@ -12,15 +13,17 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::Notify;
+use cellmesh_proto::v1::PeerEvent;
+use tokio::sync::{Mutex, mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::clock::Clock;
 use crate::config::CellConfig;
+use crate::homes::Homes;
 use crate::queue::{EventQueue, QueueError};
 use crate::storage::{StorageError, Store};
 use crate::sync::Hub;
-use processor::Processor;
+use processor::{Inbound, Processor, Signals};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PipelineError {
@@ -28,17 +31,45 @@ pub enum PipelineError {
     Storage(#[from] StorageError),
     #[error(transparent)]
     Queue(#[from] QueueError),
+    #[error("the processor is not running")]
+    Stopped,
 }
 
-/// Starts the relay, the processor and the notifier.
+/// Hands events from other cells to the processor (the only writer of sync
+/// queues) and waits until they are durable.
+#[derive(Clone)]
+pub struct PeerInbound(mpsc::Sender<Inbound>);
+
+impl PeerInbound {
+    pub async fn deliver(&self, events: Vec<PeerEvent>) -> Result<u32, PipelineError> {
+        let (reply, rx) = oneshot::channel();
+        self.0
+            .send((events, reply))
+            .await
+            .map_err(|_| PipelineError::Stopped)?;
+        rx.await.map_err(|_| PipelineError::Stopped)?
+    }
+}
+
+/// The running pipeline.
+pub struct Pipeline {
+    pub workers: Vec<JoinHandle<()>>,
+    pub inbound: PeerInbound,
+}
+
+/// Starts the relay, the processor, the notifier and the forwarder.
 pub fn spawn(
     config: &CellConfig,
     store: Arc<Store>,
     queue: Arc<dyn EventQueue>,
     hub: Arc<Hub>,
     clock: Arc<dyn Clock>,
-) -> Vec<JoinHandle<()>> {
-    let notifications = Arc::new(Notify::new());
+    homes: Arc<dyn Homes>,
+) -> Pipeline {
+    let signals = Signals::default();
+    let (inbound_tx, inbound_rx) = mpsc::channel::<Inbound>(64);
+    // Survives processor restarts.
+    let inbound_rx = Arc::new(Mutex::new(inbound_rx));
     let relay = {
         let (store, queue) = (store.clone(), queue.clone());
         supervise("relay", move || relay::run(store.clone(), queue.clone()))
@@ -47,37 +78,50 @@ pub fn spawn(
     let batch = config.fanout.batch;
     let group = config.processor_group();
     let processor = {
-        let (store, queue, hub, clock, notifications) = (
+        let (store, queue, hub, clock, signals) = (
             store.clone(),
             queue.clone(),
             hub.clone(),
             clock.clone(),
-            notifications.clone(),
+            signals.clone(),
         );
         supervise("processor", move || {
-            let (store, queue, hub, clock, notifications, group) = (
+            let (store, queue, hub, clock, homes, signals, group, inbound) = (
                 store.clone(),
                 queue.clone(),
                 hub.clone(),
                 clock.clone(),
-                notifications.clone(),
+                homes.clone(),
+                signals.clone(),
                 group.clone(),
+                inbound_rx.clone(),
             );
             async move {
                 let consumer = queue.consumer(&group).await?;
-                Processor::new(store, hub, clock, threshold, notifications)?
-                    .run(consumer, batch)
+                let mut inbound = inbound.lock().await;
+                Processor::new(store, hub, clock, threshold, homes, signals)?
+                    .run(consumer, batch, &mut inbound)
                     .await
             }
         })
     };
     let notifier = {
         let sink = notify::sink(&config.notifications);
+        let (store, signal) = (store.clone(), signals.notifications.clone());
         supervise("notifier", move || {
-            notify::run(store.clone(), sink.clone(), notifications.clone())
+            notify::run(store.clone(), sink.clone(), signal.clone())
         })
     };
-    vec![relay, processor, notifier]
+    let forwarder = {
+        let (signal, cell_id) = (signals.forwards.clone(), config.cell_id.clone());
+        supervise("forwarder", move || {
+            forward::run(store.clone(), signal.clone(), cell_id.clone())
+        })
+    };
+    Pipeline {
+        workers: vec![relay, processor, notifier, forwarder],
+        inbound: PeerInbound(inbound_tx),
+    }
 }
 
 /// Runs `make()` again whenever it fails, with capped backoff.

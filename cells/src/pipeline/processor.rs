@@ -15,16 +15,25 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cellmesh_proto::storage::v1::{
-    ConvListEntry, NotificationRecord, OutboxEvent, OutboxKind, SyncRecord,
+    ConvListEntry, ForwardRecord, NotificationRecord, OutboxEvent, OutboxKind, SyncRecord,
 };
-use cellmesh_proto::v1::{ConversationHint, SyncEventKind, SyncPush, sync_push};
-use tokio::sync::Notify;
+use cellmesh_proto::v1::{ConversationHint, PeerEvent, SyncEventKind, SyncPush, sync_push};
+use prost::Message as _;
+use tokio::sync::{Notify, mpsc, oneshot};
 
 use super::PipelineError;
 use crate::clock::Clock;
+use crate::convert::message_to_proto;
+use crate::homes::Homes;
 use crate::queue::{Delivery, EventConsumer};
 use crate::storage::{Mutation, Store};
 use crate::sync::Hub;
+
+/// Events delivered by another cell, with where to send the outcome.
+pub type Inbound = (Vec<PeerEvent>, oneshot::Sender<Result<u32, PipelineError>>);
+
+/// How long a poll waits before the processor checks for inbound events.
+const POLL_WAIT: Duration = Duration::from_millis(50);
 
 /// Users whose pts stay cached.
 const PTS_CACHE: usize = 1 << 20;
@@ -38,6 +47,18 @@ pub struct Processor {
     pts: HashMap<u64, u64>,
     next_notification: u64,
     notifications: Arc<Notify>,
+    homes: Arc<dyn Homes>,
+    next_forward: u64,
+    forwards: Arc<Notify>,
+}
+
+/// The signals a processor raises after a commit.
+#[derive(Clone, Default)]
+pub struct Signals {
+    /// New notifications are queued.
+    pub notifications: Arc<Notify>,
+    /// New forwards to other cells are queued.
+    pub forwards: Arc<Notify>,
 }
 
 /// Effects of one batch, built before the commit and announced after it.
@@ -48,6 +69,17 @@ struct Batch {
     pts: HashMap<u64, u64>,
     hints: Vec<(Vec<u64>, ConversationHint)>,
     notified: bool,
+    /// Events for users homed elsewhere, by home endpoint.
+    forward: HashMap<String, Vec<PeerEvent>>,
+    forwarded: bool,
+    applied: u32,
+}
+
+/// Who caused an event: for notifications and forwarded events.
+#[derive(Clone, Copy)]
+struct Origin {
+    tenant: u64,
+    sender: u64,
 }
 
 impl Processor {
@@ -56,9 +88,11 @@ impl Processor {
         hub: Arc<Hub>,
         clock: Arc<dyn Clock>,
         large_group_threshold: usize,
-        notifications: Arc<Notify>,
+        homes: Arc<dyn Homes>,
+        signals: Signals,
     ) -> Result<Self, PipelineError> {
         let next_notification = store.notify_last_id()? + 1;
+        let next_forward = store.forward_last_id()? + 1;
         Ok(Self {
             store,
             hub,
@@ -66,7 +100,10 @@ impl Processor {
             large_group_threshold,
             pts: HashMap::new(),
             next_notification,
-            notifications,
+            notifications: signals.notifications,
+            homes,
+            next_forward,
+            forwards: signals.forwards,
         })
     }
 
@@ -76,15 +113,54 @@ impl Processor {
         mut self,
         mut consumer: Box<dyn EventConsumer>,
         batch: usize,
+        inbound: &mut mpsc::Receiver<Inbound>,
     ) -> Result<(), PipelineError> {
         loop {
-            let deliveries = consumer.poll(batch, Duration::from_millis(500)).await?;
+            // Between polls (a poll is not safe to cancel midway).
+            while let Ok((events, reply)) = inbound.try_recv() {
+                let _ = reply.send(self.apply_remote(&events).await);
+            }
+            let deliveries = consumer.poll(batch, POLL_WAIT).await?;
             if deliveries.is_empty() {
                 continue;
             }
             self.apply(&deliveries).await?;
             consumer.commit(&deliveries).await?;
         }
+    }
+
+    /// Applies events another cell delivered for users homed here; returns
+    /// how many were new.
+    pub async fn apply_remote(&mut self, events: &[PeerEvent]) -> Result<u32, PipelineError> {
+        let mut batch = Batch::default();
+        for e in events {
+            let record = SyncRecord {
+                kind: e.kind,
+                conversation_id: e.conversation_id,
+                seq: e.seq,
+                msg_id: e.msg_id,
+                items: e.items.clone(),
+                server_ts_ms: e.server_ts_ms,
+                remote_message: e
+                    .message
+                    .as_ref()
+                    .map(|m| m.encode_to_vec())
+                    .unwrap_or_default(),
+            };
+            if self.append(&mut batch, e.user_id, e.event_id, &record)?
+                && e.kind == SyncEventKind::Message as i32
+                && e.user_id != e.sender_id
+            {
+                let origin = Origin {
+                    tenant: e.tenant_id,
+                    sender: e.sender_id,
+                };
+                self.maybe_notify(&mut batch, e.user_id, &record, origin)?;
+            }
+        }
+        let applied = batch.applied;
+        self.finish(batch).await?;
+        Ok(applied)
     }
 
     /// Makes the effects of `deliveries` durable and announces them to
@@ -96,6 +172,24 @@ impl Processor {
                 continue;
             };
             self.apply_event(&mut batch, delivery.event.id, event)?;
+        }
+        self.finish(batch).await
+    }
+
+    /// Commits a batch's effects, then announces them.
+    async fn finish(&mut self, mut batch: Batch) -> Result<(), PipelineError> {
+        for (endpoint, events) in std::mem::take(&mut batch.forward) {
+            let id = self.next_forward;
+            self.next_forward += 1;
+            batch.mutation.put_forward(
+                id,
+                &ForwardRecord {
+                    endpoint,
+                    events: events.iter().map(|e| e.encode_to_vec()).collect(),
+                    attempts: 0,
+                },
+            );
+            batch.forwarded = true;
         }
         for ((user, conversation), entry) in &batch.entries {
             batch.mutation.put_conv_list(*user, *conversation, entry);
@@ -129,6 +223,9 @@ impl Processor {
         if batch.notified {
             self.notifications.notify_one();
         }
+        if batch.forwarded {
+            self.forwards.notify_one();
+        }
         Ok(())
     }
 
@@ -140,6 +237,31 @@ impl Processor {
     ) -> Result<(), PipelineError> {
         let kind = OutboxKind::try_from(event.kind).unwrap_or(OutboxKind::Unspecified);
         let conversation = event.conversation_id;
+        let sync_kind = match kind {
+            OutboxKind::Message => SyncEventKind::Message,
+            OutboxKind::Recall => SyncEventKind::Recall,
+            OutboxKind::Edit => SyncEventKind::Edit,
+            OutboxKind::DeleteForMe => SyncEventKind::DeleteForMe,
+            OutboxKind::Read => SyncEventKind::Read,
+            OutboxKind::ConversationCreated | OutboxKind::MembersChanged => SyncEventKind::Joined,
+            OutboxKind::Unspecified => return Ok(()),
+        };
+        let record = SyncRecord {
+            kind: sync_kind as i32,
+            conversation_id: conversation,
+            seq: event.seq,
+            msg_id: event.msg_id,
+            items: match kind {
+                OutboxKind::DeleteForMe => event.items.clone(),
+                _ => Vec::new(),
+            },
+            server_ts_ms: event.server_ts_ms,
+            remote_message: Vec::new(),
+        };
+        let origin = Origin {
+            tenant: event.tenant_id,
+            sender: event.user_id,
+        };
         match kind {
             OutboxKind::Message | OutboxKind::Recall | OutboxKind::Edit => {
                 let (members, _) = self.store.members(conversation, 0, usize::MAX)?;
@@ -157,40 +279,74 @@ impl Processor {
                     batch.hints.push((online, hint));
                     return Ok(());
                 }
-                let sync_kind = match kind {
-                    OutboxKind::Recall => SyncEventKind::Recall,
-                    OutboxKind::Edit => SyncEventKind::Edit,
-                    _ => SyncEventKind::Message,
-                };
                 for user in members {
-                    let appended = self.append(batch, user, id, event, sync_kind)?;
-                    if appended && kind == OutboxKind::Message && user != event.user_id {
-                        self.maybe_notify(batch, user, event)?;
-                    }
+                    self.deliver(batch, user, id, &record, origin)?;
                 }
             }
-            OutboxKind::DeleteForMe => {
-                self.append(batch, event.user_id, id, event, SyncEventKind::DeleteForMe)?;
-            }
-            OutboxKind::Read => {
-                self.append(batch, event.user_id, id, event, SyncEventKind::Read)?;
+            OutboxKind::DeleteForMe | OutboxKind::Read => {
+                self.deliver(batch, event.user_id, id, &record, origin)?;
             }
             OutboxKind::ConversationCreated => {
                 for user in &event.items {
-                    self.append(batch, *user, id, event, SyncEventKind::Joined)?;
+                    self.deliver(batch, *user, id, &record, origin)?;
                 }
             }
             OutboxKind::MembersChanged => {
                 for user in &event.items {
-                    let kind = if self.store.is_member(conversation, *user)? {
-                        SyncEventKind::Joined
-                    } else {
-                        SyncEventKind::Left
-                    };
-                    self.append(batch, *user, id, event, kind)?;
+                    let mut record = record.clone();
+                    if !self.store.is_member(conversation, *user)? {
+                        record.kind = SyncEventKind::Left as i32;
+                    }
+                    self.deliver(batch, *user, id, &record, origin)?;
                 }
             }
             OutboxKind::Unspecified => {}
+        }
+        Ok(())
+    }
+
+    /// Delivers one event to `user`: appended here, or queued for the
+    /// user's home cell (with the message, which lives here).
+    fn deliver(
+        &mut self,
+        batch: &mut Batch,
+        user: u64,
+        id: u64,
+        record: &SyncRecord,
+        origin: Origin,
+    ) -> Result<(), PipelineError> {
+        if let Some(endpoint) = self.homes.remote_home(user) {
+            let message = match SyncEventKind::try_from(record.kind) {
+                Ok(SyncEventKind::Message | SyncEventKind::Recall | SyncEventKind::Edit) => self
+                    .store
+                    .message(record.conversation_id, record.seq)?
+                    .map(|m| message_to_proto(record.conversation_id, record.seq, m)),
+                _ => None,
+            };
+            batch
+                .forward
+                .entry(endpoint.to_string())
+                .or_default()
+                .push(PeerEvent {
+                    user_id: user,
+                    event_id: id,
+                    kind: record.kind,
+                    tenant_id: origin.tenant,
+                    conversation_id: record.conversation_id,
+                    seq: record.seq,
+                    msg_id: record.msg_id,
+                    sender_id: origin.sender,
+                    items: record.items.clone(),
+                    server_ts_ms: record.server_ts_ms,
+                    message,
+                });
+            return Ok(());
+        }
+        if self.append(batch, user, id, record)?
+            && record.kind == SyncEventKind::Message as i32
+            && user != origin.sender
+        {
+            self.maybe_notify(batch, user, record, origin)?;
         }
         Ok(())
     }
@@ -202,15 +358,14 @@ impl Processor {
         batch: &mut Batch,
         user: u64,
         id: u64,
-        event: &OutboxEvent,
-        kind: SyncEventKind,
+        record: &SyncRecord,
     ) -> Result<bool, PipelineError> {
-        let key = (user, event.conversation_id);
+        let key = (user, record.conversation_id);
         let mut entry = match batch.entries.remove(&key) {
             Some(entry) => entry,
             None => self
                 .store
-                .conv_list_entry(user, event.conversation_id)?
+                .conv_list_entry(user, record.conversation_id)?
                 .unwrap_or_default(),
         };
         if id <= entry.last_event_id {
@@ -219,33 +374,20 @@ impl Processor {
         }
         let pts = self.latest_pts(batch, user)? + 1;
         batch.pts.insert(user, pts);
-        batch.mutation.put_sync(
-            user,
-            pts,
-            &SyncRecord {
-                kind: kind as i32,
-                conversation_id: event.conversation_id,
-                seq: event.seq,
-                msg_id: event.msg_id,
-                items: match kind {
-                    SyncEventKind::DeleteForMe => event.items.clone(),
-                    _ => Vec::new(),
-                },
-                server_ts_ms: event.server_ts_ms,
-            },
-        );
+        batch.mutation.put_sync(user, pts, record);
+        batch.applied += 1;
         entry.last_event_id = id;
-        match kind {
-            SyncEventKind::Message => {
-                entry.last_seq = entry.last_seq.max(event.seq);
-                entry.last_msg_id = event.msg_id;
-                entry.updated_at_ms = event.server_ts_ms;
+        match SyncEventKind::try_from(record.kind) {
+            Ok(SyncEventKind::Message) => {
+                entry.last_seq = entry.last_seq.max(record.seq);
+                entry.last_msg_id = record.msg_id;
+                entry.updated_at_ms = record.server_ts_ms;
             }
-            SyncEventKind::Joined => {
+            Ok(SyncEventKind::Joined) => {
                 entry.left = false;
-                entry.updated_at_ms = entry.updated_at_ms.max(event.server_ts_ms);
+                entry.updated_at_ms = entry.updated_at_ms.max(record.server_ts_ms);
             }
-            SyncEventKind::Left => entry.left = true,
+            Ok(SyncEventKind::Left) => entry.left = true,
             _ => {}
         }
         batch.entries.insert(key, entry);
@@ -269,10 +411,11 @@ impl Processor {
         &mut self,
         batch: &mut Batch,
         user: u64,
-        event: &OutboxEvent,
+        record: &SyncRecord,
+        origin: Origin,
     ) -> Result<(), PipelineError> {
         let now = self.clock.now_ms();
-        if self.hub.is_online(user, now) || self.store.muted(user, event.conversation_id)? {
+        if self.hub.is_online(user, now) || self.store.muted(user, record.conversation_id)? {
             return Ok(());
         }
         let id = self.next_notification;
@@ -281,11 +424,11 @@ impl Processor {
             id,
             &NotificationRecord {
                 user_id: user,
-                tenant_id: event.tenant_id,
-                conversation_id: event.conversation_id,
-                seq: event.seq,
-                msg_id: event.msg_id,
-                sender_id: event.user_id,
+                tenant_id: origin.tenant,
+                conversation_id: record.conversation_id,
+                seq: record.seq,
+                msg_id: record.msg_id,
+                sender_id: origin.sender,
                 created_at_ms: now,
                 attempts: 0,
             },

@@ -38,8 +38,10 @@ pub mod cf {
     pub const DEVICE_CURSOR: &str = "device_cursor";
     /// notification id → `NotificationRecord`
     pub const NOTIFY: &str = "notify";
+    /// forward id → `ForwardRecord`: events for users homed in other cells
+    pub const FORWARD: &str = "forward";
 
-    pub const ALL: [&str; 17] = [
+    pub const ALL: [&str; 18] = [
         CONVERSATIONS,
         CONV_SEQ,
         MEMBERS,
@@ -57,6 +59,7 @@ pub mod cf {
         MUTED,
         DEVICE_CURSOR,
         NOTIFY,
+        FORWARD,
     ];
 }
 
@@ -68,6 +71,8 @@ pub mod meta {
     pub const RELAY_CURSOR: &[u8] = b"relay_cursor";
     /// Highest notification id issued.
     pub const NOTIFY_LAST_ID: &[u8] = b"notify_last_id";
+    /// Highest forward id issued.
+    pub const FORWARD_LAST_ID: &[u8] = b"forward_last_id";
 }
 
 /// What an idempotency record answers.

@@ -2,7 +2,7 @@
 //! pts, device cursors, conversation lists, mute flags and the notification
 //! queue.
 
-use cellmesh_proto::storage::v1::{ConvListEntry, NotificationRecord, SyncRecord};
+use cellmesh_proto::storage::v1::{ConvListEntry, ForwardRecord, NotificationRecord, SyncRecord};
 use prost::Message as _;
 
 use super::keys::{self, cf};
@@ -58,6 +58,25 @@ impl Mutation {
     /// Rewrites a queued notification (e.g. its attempt count).
     pub fn update_notification(&mut self, id: u64, record: &NotificationRecord) {
         self.put(cf::NOTIFY, keys::u64_key(id), record.encode_to_vec());
+    }
+
+    /// Queues events for another cell; `id` must be above every earlier one.
+    pub fn put_forward(&mut self, id: u64, record: &ForwardRecord) {
+        self.update_forward(id, record);
+        self.put(
+            cf::META,
+            keys::meta::FORWARD_LAST_ID.to_vec(),
+            id.to_be_bytes().to_vec(),
+        );
+    }
+
+    pub fn update_forward(&mut self, id: u64, record: &ForwardRecord) {
+        self.put(cf::FORWARD, keys::u64_key(id), record.encode_to_vec());
+    }
+
+    pub fn delete_forward(&mut self, id: u64) {
+        self.ops
+            .push(Op::Delete(cf::FORWARD, keys::u64_key(id).to_vec()));
     }
 
     pub fn delete_notification(&mut self, id: u64) {
@@ -137,6 +156,29 @@ impl Store {
             ))
         })
         .collect()
+    }
+
+    /// Queued forwards, oldest first.
+    pub fn forwards(&self, limit: usize) -> Result<Vec<(u64, ForwardRecord)>> {
+        self.range(
+            cf::FORWARD,
+            keys::u64_key(0).to_vec(),
+            keys::u64_key(u64::MAX).to_vec(),
+            limit,
+        )?
+        .into_iter()
+        .map(|(k, v)| {
+            let id = keys::decode_u64(&k).ok_or_else(|| corrupt(cf::FORWARD, "bad key"))?;
+            Ok((
+                id,
+                ForwardRecord::decode(v.as_ref()).map_err(|e| corrupt(cf::FORWARD, e))?,
+            ))
+        })
+        .collect()
+    }
+
+    pub fn forward_last_id(&self) -> Result<u64> {
+        Ok(self.meta_u64(keys::meta::FORWARD_LAST_ID)?.unwrap_or(0))
     }
 
     pub fn notify_last_id(&self) -> Result<u64> {

@@ -7,7 +7,8 @@
 use std::sync::Arc;
 
 use cellmesh_proto::storage::v1::SyncRecord;
-use cellmesh_proto::v1::{Rebase, SyncEvent, SyncEventKind, SyncPush, sync_push};
+use cellmesh_proto::v1::{Message, Rebase, SyncEvent, SyncEventKind, SyncPush, sync_push};
+use prost::Message as _;
 use tokio::sync::{broadcast, mpsc};
 
 use super::{Device, HubEvent, SyncService};
@@ -99,6 +100,10 @@ impl SyncService {
     fn hydrate(&self, pts: u64, record: SyncRecord) -> Result<SyncPush> {
         let kind = SyncEventKind::try_from(record.kind).unwrap_or(SyncEventKind::Unspecified);
         let message = match kind {
+            // Delivered by the conversation's cell, with the message.
+            _ if !record.remote_message.is_empty() => {
+                Message::decode(record.remote_message.as_slice()).ok()
+            }
             SyncEventKind::Message | SyncEventKind::Recall | SyncEventKind::Edit => self
                 .store
                 .message(record.conversation_id, record.seq)?

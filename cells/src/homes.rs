@@ -1,0 +1,33 @@
+//! Where users live: this cell, or another cell whose endpoint the fan-out
+//! forwards their events to. A static map from config serves until the
+//! route table answers user-home lookups.
+
+use std::collections::HashMap;
+
+use crate::config::HomesConfig;
+
+pub trait Homes: Send + Sync + 'static {
+    /// The endpoint of `user`'s home cell, or None when it is this cell.
+    fn remote_home(&self, user: u64) -> Option<&str>;
+}
+
+pub struct StaticHomes(HashMap<u64, String>);
+
+impl StaticHomes {
+    /// From a validated config (entries that do not parse are skipped).
+    pub fn from_config(config: &HomesConfig) -> Self {
+        Self(
+            config
+                .remote
+                .iter()
+                .filter_map(|(user, endpoint)| Some((user.parse().ok()?, endpoint.clone())))
+                .collect(),
+        )
+    }
+}
+
+impl Homes for StaticHomes {
+    fn remote_home(&self, user: u64) -> Option<&str> {
+        self.0.get(&user).map(String::as_str)
+    }
+}

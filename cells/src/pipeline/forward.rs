@@ -1,0 +1,111 @@
+//! Delivers queued events to the cells where their users live, over
+//! `CellPeer.DeliverBatch`, oldest first per destination. A destination that
+//! fails is backed off and its later records wait (so its users keep their
+//! order), while other destinations carry on: one unreachable cell never
+//! stalls another's deliveries or the local fan-out.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cellmesh_proto::v1::cell_peer_client::CellPeerClient;
+use cellmesh_proto::v1::{DeliverBatchRequest, PeerEvent};
+use prost::Message as _;
+use tokio::sync::Notify;
+use tonic::transport::{Channel, Endpoint};
+
+use super::PipelineError;
+use crate::storage::{Mutation, Store};
+
+const DELIVER_TIMEOUT: Duration = Duration::from_secs(10);
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+struct Destination {
+    client: CellPeerClient<Channel>,
+    retry_at: Instant,
+    backoff: Duration,
+}
+
+/// Forwards until a storage error.
+pub async fn run(
+    store: Arc<Store>,
+    signal: Arc<Notify>,
+    cell_id: String,
+) -> Result<(), PipelineError> {
+    let mut destinations: HashMap<String, Destination> = HashMap::new();
+    loop {
+        let pending = store.forwards(256)?;
+        if pending.is_empty() {
+            let _ = tokio::time::timeout(Duration::from_secs(1), signal.notified()).await;
+            continue;
+        }
+        let mut m = Mutation::new();
+        let mut waiting: HashSet<String> = HashSet::new();
+        for (id, record) in pending {
+            if waiting.contains(&record.endpoint) {
+                continue;
+            }
+            let Some(dest) = destination(&mut destinations, &record.endpoint) else {
+                tracing::error!(endpoint = %record.endpoint, "dropping forward to an invalid endpoint");
+                m.delete_forward(id);
+                continue;
+            };
+            if dest.retry_at > Instant::now() {
+                waiting.insert(record.endpoint);
+                continue;
+            }
+            let events: Vec<PeerEvent> = record
+                .events
+                .iter()
+                .filter_map(|e| PeerEvent::decode(e.as_slice()).ok())
+                .collect();
+            let request = DeliverBatchRequest {
+                source_cell: cell_id.clone(),
+                events,
+            };
+            match tokio::time::timeout(DELIVER_TIMEOUT, dest.client.deliver_batch(request)).await {
+                Ok(Ok(_)) => {
+                    dest.backoff = Duration::from_millis(100);
+                    m.delete_forward(id);
+                }
+                outcome => {
+                    let error = match outcome {
+                        Ok(Err(status)) => status.to_string(),
+                        _ => "timed out".to_string(),
+                    };
+                    tracing::warn!(endpoint = %record.endpoint, %error, "forward failed; backing off");
+                    dest.retry_at = Instant::now() + dest.backoff;
+                    dest.backoff = (dest.backoff * 2).min(MAX_BACKOFF);
+                    waiting.insert(record.endpoint);
+                }
+            }
+        }
+        let idle = m.is_empty();
+        store.commit(m).await?;
+        if idle {
+            // Everything pending waits for a backoff to pass.
+            let _ = tokio::time::timeout(Duration::from_millis(100), signal.notified()).await;
+        }
+    }
+}
+
+fn destination<'a>(
+    destinations: &'a mut HashMap<String, Destination>,
+    endpoint: &str,
+) -> Option<&'a mut Destination> {
+    if !destinations.contains_key(endpoint) {
+        let channel = Endpoint::from_shared(endpoint.to_string())
+            .ok()?
+            .connect_timeout(Duration::from_secs(2))
+            .connect_lazy();
+        destinations.insert(
+            endpoint.to_string(),
+            Destination {
+                client: CellPeerClient::new(channel),
+                retry_at: Instant::now(),
+                backoff: Duration::from_millis(100),
+            },
+        );
+    }
+    destinations.get_mut(endpoint)
+}

@@ -1,0 +1,176 @@
+//! Presence, typing notices and notifications for offline users.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cellmesh_cell::clock::SystemClock;
+use cellmesh_proto::v1::*;
+use cellmesh_tests::sync::*;
+use cellmesh_tests::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+const T: u64 = 41;
+
+#[tokio::test]
+async fn presence_and_typing_reach_only_online_members() {
+    let cell = TestCell::start().await;
+    let mut c = cell.client().await;
+    let mut s = connect_sync(&cell.endpoint).await;
+    let conv = create_group(&mut c, T, 1, &[2, 3]).await;
+
+    let hb = s
+        .heartbeat(HeartbeatRequest {
+            caller: device(T, 1, "laptop"),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(hb.interval_ms > 0);
+    let mut two = subscribe(&mut s, T, 2, "phone", 0).await;
+    let presence = s
+        .get_presence(GetPresenceRequest {
+            caller: caller(T, 1),
+            user_ids: vec![1, 2, 3],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let online: Vec<bool> = presence.users.iter().map(|u| u.online).collect();
+    assert_eq!(online, vec![true, true, false]);
+
+    s.typing(TypingRequest {
+        caller: caller(T, 1),
+        conversation_id: conv,
+    })
+    .await
+    .unwrap();
+    let typing = loop {
+        let push = next_push(&mut two, Duration::from_secs(10))
+            .await
+            .expect("a push");
+        if let Some(sync_push::Push::Typing(t)) = push.push {
+            break t;
+        }
+    };
+    assert_eq!((typing.conversation_id, typing.user_id), (conv, 1));
+    // Typing is never stored: it is not in anyone's sync queue.
+    let store = cell.cell.service.store();
+    let kinds: Vec<i32> = store
+        .sync_after(2, 0, 100)
+        .unwrap()
+        .iter()
+        .map(|(_, r)| r.kind)
+        .collect();
+    assert_eq!(kinds, vec![SyncEventKind::Joined as i32]);
+    // Only members may signal typing.
+    assert!(
+        s.typing(TypingRequest {
+            caller: caller(T, 9),
+            conversation_id: conv
+        })
+        .await
+        .is_err()
+    );
+    cell.stop().await;
+}
+
+/// A webhook receiver that fails its first request, then accepts; every
+/// request body is sent to the channel.
+async fn flaky_webhook() -> (String, tokio::sync::mpsc::UnboundedReceiver<String>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/notify", listener.local_addr().unwrap());
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut served = 0;
+        loop {
+            let Ok((mut socket, _)) = listener.accept().await else {
+                return;
+            };
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 4096];
+            // Read headers, then the body by content-length.
+            let body = loop {
+                let n = socket.read(&mut chunk).await.unwrap_or(0);
+                if n == 0 {
+                    break None;
+                }
+                buf.extend_from_slice(&chunk[..n]);
+                let text = String::from_utf8_lossy(&buf).to_string();
+                if let Some(at) = text.find("\r\n\r\n") {
+                    let len = text[..at]
+                        .lines()
+                        .find_map(|l| {
+                            l.to_ascii_lowercase()
+                                .strip_prefix("content-length:")
+                                .map(|v| v.trim().parse::<usize>().unwrap_or(0))
+                        })
+                        .unwrap_or(0);
+                    if buf.len() >= at + 4 + len {
+                        break Some(text[at + 4..at + 4 + len].to_string());
+                    }
+                }
+            };
+            let Some(body) = body else { continue };
+            served += 1;
+            let status = if served == 1 {
+                "500 Internal Server Error"
+            } else {
+                "200 OK"
+            };
+            let _ = tx.send(body);
+            let _ = socket
+                .write_all(
+                    format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+                        .as_bytes(),
+                )
+                .await;
+        }
+    });
+    (url, rx)
+}
+
+#[tokio::test]
+async fn offline_members_are_notified_through_the_webhook_with_retries() {
+    let (url, mut bodies) = flaky_webhook().await;
+    let cell = TestCell::start_with(
+        |c| c.notifications.webhook_url = Some(url),
+        Arc::new(SystemClock),
+    )
+    .await;
+    let mut c = cell.client().await;
+    let mut s = connect_sync(&cell.endpoint).await;
+    let conv = create_group(&mut c, T, 1, &[2, 3]).await;
+    // User 2 is online; user 3 is not; user 1 sends.
+    let mut two = subscribe(&mut s, T, 2, "phone", 0).await;
+    c.send(text(T, 1, conv, "n1", "ping")).await.unwrap();
+    messages(&mut two, 1, Duration::from_secs(10)).await;
+
+    let mut seen = Vec::new();
+    while seen.len() < 2 {
+        let body = tokio::time::timeout(Duration::from_secs(20), bodies.recv())
+            .await
+            .expect("webhook called")
+            .unwrap();
+        seen.push(serde_json::from_str::<serde_json::Value>(&body).unwrap());
+    }
+    assert_eq!(seen[0], seen[1], "the failed delivery is retried");
+    assert_eq!(seen[0]["user_id"], 3, "only the offline member");
+    assert_eq!(seen[0]["conversation_id"], conv);
+    assert_eq!(seen[0]["sender_id"], 1);
+    let store = cell.cell.service.store().clone();
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let store = store.clone();
+            async move { store.notifications(10).unwrap().is_empty() }
+        })
+        .await
+    );
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), bodies.recv())
+            .await
+            .is_err(),
+        "delivered once accepted"
+    );
+    cell.stop().await;
+}
