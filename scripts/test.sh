@@ -13,4 +13,9 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== build (the crash tests run the cellmesh binary)"
 cargo build --workspace --bins --locked
 echo "== tests"
-cargo nextest run --workspace --locked --no-fail-fast "$@"
+start_test_broker
+trap '[ -z "${TEST_BROKER_PID:-}" ] || kill "$TEST_BROKER_PID" 2>/dev/null || true' EXIT
+ignored=()
+# Tests marked ignored need a real broker; run them when one is up.
+[ -n "${CELLMESH_TEST_KAFKA_BROKERS:-}" ] && ignored=(--run-ignored all)
+cargo nextest run --workspace --locked --no-fail-fast "${ignored[@]}" "$@"

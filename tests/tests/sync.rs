@@ -318,3 +318,20 @@ async fn large_groups_cost_constant_writes_and_list_correctly() {
     assert_eq!(l.conversations[0].unread, 2, "another member is unaffected");
     cell.stop().await;
 }
+
+/// The same suite against a real Kafka-protocol broker, when
+/// `CELLMESH_TEST_KAFKA_BROKERS` names one (`scripts/test.sh` starts one
+/// when it can).
+#[tokio::test]
+#[ignore = "needs a broker: set CELLMESH_TEST_KAFKA_BROKERS and run ignored tests"]
+async fn devices_share_one_order_and_resume_from_their_cursor_real_broker() {
+    let brokers = std::env::var("CELLMESH_TEST_KAFKA_BROKERS")
+        .expect("CELLMESH_TEST_KAFKA_BROKERS names the broker to test against");
+    two_devices_and_reconnect(|c| {
+        c.queue.backend = cellmesh_cell::config::QueueBackend::Kafka;
+        c.queue.kafka.brokers = brokers;
+        c.queue.kafka.topic = format!("cellmesh-it-{}", std::process::id());
+        c.queue.kafka.session_timeout_ms = 6_000;
+    })
+    .await;
+}
