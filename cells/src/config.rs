@@ -452,6 +452,13 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_documented_config_file_states_the_defaults() {
+        let documented = CellConfig::from_toml(include_str!("../../config/cell.toml")).unwrap();
+        let as_toml = |c: &CellConfig| toml::to_string(c).unwrap();
+        assert_eq!(as_toml(&documented), as_toml(&CellConfig::default()));
+    }
+
+    #[test]
     fn defaults_are_valid() {
         CellConfig::default().validate().unwrap();
         let parsed = CellConfig::from_toml("").unwrap();
