@@ -253,21 +253,8 @@ impl Store {
 
     /// Outbox events with ids above `after`, oldest first.
     pub fn outbox_after(&self, after: u64, limit: usize) -> Result<Vec<(u64, OutboxEvent)>> {
-        let start = keys::u64_key(after.saturating_add(1));
-        let iter = self.db.iterator_cf(
-            self.cf(cf::OUTBOX),
-            IteratorMode::From(&start, Direction::Forward),
-        );
-        let mut out = Vec::new();
-        for item in iter.take(limit) {
-            let (key, value) = item?;
-            let id = keys::decode_u64(&key).ok_or_else(|| corrupt(cf::OUTBOX, "bad key"))?;
-            out.push((
-                id,
-                OutboxEvent::decode(value.as_ref()).map_err(|e| corrupt(cf::OUTBOX, e))?,
-            ));
-        }
-        Ok(out)
+        let lower = keys::u64_key(after.saturating_add(1)).to_vec();
+        self.records(cf::OUTBOX, lower, keys::u64_key(u64::MAX).to_vec(), limit)
     }
 
     /// Signalled after every commit that appended outbox events.
@@ -299,6 +286,24 @@ impl Store {
         );
         iter.take(limit)
             .map(|item| item.map_err(Into::into))
+            .collect()
+    }
+
+    /// Records of `name` in [lower, upper) with the u64 that ends each key
+    /// (an id, offset, pts or conversation), at most `limit`.
+    fn records<T: prost::Message + Default>(
+        &self,
+        name: &'static str,
+        lower: Vec<u8>,
+        upper: Vec<u8>,
+        limit: usize,
+    ) -> Result<Vec<(u64, T)>> {
+        self.range(name, lower, upper, limit)?
+            .into_iter()
+            .map(|(k, v)| {
+                let id = keys::last_u64(&k).ok_or_else(|| corrupt(name, "short key"))?;
+                Ok((id, T::decode(v.as_ref()).map_err(|e| corrupt(name, e))?))
+            })
             .collect()
     }
 

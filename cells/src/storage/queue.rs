@@ -53,14 +53,7 @@ impl Store {
     ) -> Result<Vec<(u64, QueuedEvent)>> {
         let lower = keys::queue(partition, after.saturating_add(1)).to_vec();
         let upper = keys::queue(partition, u64::MAX).to_vec();
-        self.range(cf::QUEUE, lower, upper, limit)?
-            .into_iter()
-            .map(|(k, v)| {
-                let offset = keys::last_u64(&k).ok_or_else(|| corrupt(cf::QUEUE, "short key"))?;
-                let event = QueuedEvent::decode(v.as_ref()).map_err(|e| corrupt(cf::QUEUE, e))?;
-                Ok((offset, event))
-            })
-            .collect()
+        self.records(cf::QUEUE, lower, upper, limit)
     }
 
     /// The highest offset ever written to `partition` (0 if none remain).

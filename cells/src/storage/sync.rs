@@ -6,7 +6,7 @@ use cellmesh_proto::storage::v1::{ConvListEntry, ForwardRecord, NotificationReco
 use prost::Message as _;
 
 use super::keys::{self, cf};
-use super::{Mutation, Op, Result, Store, corrupt};
+use super::{Mutation, Op, Result, Store};
 
 impl Mutation {
     pub fn put_sync(&mut self, user: u64, pts: u64, record: &SyncRecord) {
@@ -94,17 +94,12 @@ impl Store {
         limit: usize,
     ) -> Result<Vec<(u64, SyncRecord)>> {
         let lower = keys::pair_key(user, after.saturating_add(1)).to_vec();
-        let upper = keys::pair_key(user, u64::MAX).to_vec();
-        self.range(cf::SYNC, lower, upper, limit)?
-            .into_iter()
-            .map(|(k, v)| {
-                let pts = keys::last_u64(&k).ok_or_else(|| corrupt(cf::SYNC, "short key"))?;
-                Ok((
-                    pts,
-                    SyncRecord::decode(v.as_ref()).map_err(|e| corrupt(cf::SYNC, e))?,
-                ))
-            })
-            .collect()
+        self.records(
+            cf::SYNC,
+            lower,
+            keys::pair_key(user, u64::MAX).to_vec(),
+            limit,
+        )
     }
 
     pub fn user_pts(&self, user: u64) -> Result<u64> {
@@ -117,17 +112,8 @@ impl Store {
 
     /// Every conversation-list entry of `user`.
     pub fn conv_list(&self, user: u64) -> Result<Vec<(u64, ConvListEntry)>> {
-        let lower = keys::pair_key(user, 0).to_vec();
-        let upper = keys::pair_key(user, u64::MAX).to_vec();
-        self.range(cf::CONV_LIST, lower, upper, usize::MAX)?
-            .into_iter()
-            .map(|(k, v)| {
-                let conv = keys::last_u64(&k).ok_or_else(|| corrupt(cf::CONV_LIST, "short key"))?;
-                let entry =
-                    ConvListEntry::decode(v.as_ref()).map_err(|e| corrupt(cf::CONV_LIST, e))?;
-                Ok((conv, entry))
-            })
-            .collect()
+        let (lower, upper) = (keys::pair_key(user, 0), keys::pair_key(user, u64::MAX));
+        self.records(cf::CONV_LIST, lower.to_vec(), upper.to_vec(), usize::MAX)
     }
 
     pub fn muted(&self, user: u64, conversation: u64) -> Result<bool> {
@@ -141,40 +127,14 @@ impl Store {
 
     /// Pending notifications, oldest first.
     pub fn notifications(&self, limit: usize) -> Result<Vec<(u64, NotificationRecord)>> {
-        self.range(
-            cf::NOTIFY,
-            keys::u64_key(0).to_vec(),
-            keys::u64_key(u64::MAX).to_vec(),
-            limit,
-        )?
-        .into_iter()
-        .map(|(k, v)| {
-            let id = keys::decode_u64(&k).ok_or_else(|| corrupt(cf::NOTIFY, "bad key"))?;
-            Ok((
-                id,
-                NotificationRecord::decode(v.as_ref()).map_err(|e| corrupt(cf::NOTIFY, e))?,
-            ))
-        })
-        .collect()
+        let (lower, upper) = (keys::u64_key(0), keys::u64_key(u64::MAX));
+        self.records(cf::NOTIFY, lower.to_vec(), upper.to_vec(), limit)
     }
 
     /// Queued forwards, oldest first.
     pub fn forwards(&self, limit: usize) -> Result<Vec<(u64, ForwardRecord)>> {
-        self.range(
-            cf::FORWARD,
-            keys::u64_key(0).to_vec(),
-            keys::u64_key(u64::MAX).to_vec(),
-            limit,
-        )?
-        .into_iter()
-        .map(|(k, v)| {
-            let id = keys::decode_u64(&k).ok_or_else(|| corrupt(cf::FORWARD, "bad key"))?;
-            Ok((
-                id,
-                ForwardRecord::decode(v.as_ref()).map_err(|e| corrupt(cf::FORWARD, e))?,
-            ))
-        })
-        .collect()
+        let (lower, upper) = (keys::u64_key(0), keys::u64_key(u64::MAX));
+        self.records(cf::FORWARD, lower.to_vec(), upper.to_vec(), limit)
     }
 
     pub fn forward_last_id(&self) -> Result<u64> {
