@@ -55,6 +55,7 @@ impl TryFrom<pb::SendRequest> for SendCommand {
             kind,
             body: r.body,
             route_epoch: r.route_epoch,
+            visible_to: r.visible_to,
         })
     }
 }
@@ -192,6 +193,7 @@ pub fn message_to_proto(conversation: u64, seq: u64, r: MessageRecord) -> pb::Me
         state: r.state,
         edited_at_ms: r.edited_at_ms,
         edit_version: r.edit_version,
+        visible_to: r.visible_to,
     }
 }
 

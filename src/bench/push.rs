@@ -253,6 +253,7 @@ async fn send_loop(
             r#type: MessageType::Custom as i32,
             body: now_us(epoch).to_be_bytes().to_vec(),
             route_epoch: 0,
+            visible_to: Vec::new(),
         };
         match client.send(request).await {
             Ok(_) => ok += 1,

@@ -180,6 +180,7 @@ async fn worker(
             r#type: MessageType::Text as i32,
             body: body.clone(),
             route_epoch: 0,
+            visible_to: Vec::new(),
         };
         let started = Instant::now();
         match client.send(request).await {

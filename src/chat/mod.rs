@@ -47,6 +47,9 @@ enum ChatCommand {
     Send {
         #[arg(long, short)]
         conversation: u64,
+        /// Directed message: only these members (comma-separated) see it.
+        #[arg(long, value_delimiter = ',')]
+        to: Vec<u64>,
         /// The text (words are joined with spaces).
         #[arg(required = true)]
         text: Vec<String>,
@@ -135,7 +138,11 @@ pub async fn run(args: ChatArgs) -> anyhow::Result<()> {
                 c.conversation_id, c.member_count
             );
         }
-        ChatCommand::Send { conversation, text } => {
+        ChatCommand::Send {
+            conversation,
+            to,
+            text,
+        } => {
             let r = client
                 .send(SendRequest {
                     caller: me,
@@ -144,6 +151,7 @@ pub async fn run(args: ChatArgs) -> anyhow::Result<()> {
                     r#type: MessageType::Text as i32,
                     body: text.join(" ").into_bytes(),
                     route_epoch: 0,
+                    visible_to: to,
                 })
                 .await
                 .map_err(call_error)?

@@ -116,6 +116,7 @@ pub fn text(tenant: u64, user: u64, conversation: u64, req_id: &str, body: &str)
         r#type: MessageType::Text as i32,
         body: body.as_bytes().to_vec(),
         route_epoch: 0,
+        visible_to: Vec::new(),
     }
 }
 

@@ -61,6 +61,7 @@ async fn crash_between_apply_and_commit(kafka: Option<&Kafka>) {
             kind: MessageType::Text,
             body: b"exactly once".to_vec(),
             route_epoch: 0,
+            visible_to: Vec::new(),
         })
         .await
         .unwrap();

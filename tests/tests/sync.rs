@@ -335,3 +335,67 @@ async fn devices_share_one_order_and_resume_from_their_cursor_real_broker() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn directed_messages_reach_and_show_to_their_recipients_only() {
+    let cell = TestCell::start().await;
+    let mut c = cell.client().await;
+    let mut s = connect_sync(&cell.endpoint).await;
+    let conv = create_group(&mut c, T, 1, &[2, 3]).await;
+    let mut two = subscribe(&mut s, T, 2, "phone", 0).await;
+    let mut three = subscribe(&mut s, T, 3, "phone", 0).await;
+    c.send(text(T, 1, conv, "d1", "to everyone")).await.unwrap();
+    let mut directed = text(T, 1, conv, "d2", "just for 2");
+    directed.visible_to = vec![2];
+    c.send(directed).await.unwrap();
+    c.send(text(T, 2, conv, "d3", "to everyone again"))
+        .await
+        .unwrap();
+
+    assert_eq!(
+        message_seqs(&messages(&mut two, 3, WAIT).await),
+        vec![1, 2, 3]
+    );
+    assert_eq!(
+        message_seqs(&messages(&mut three, 2, WAIT).await),
+        vec![1, 3]
+    );
+    assert!(
+        next_push(&mut three, Duration::from_millis(300))
+            .await
+            .is_none()
+    );
+
+    let seqs = |h: Vec<Message>| h.iter().map(|m| m.seq).collect::<Vec<_>>();
+    assert_eq!(
+        seqs(pull_all(&mut c, T, 1, conv).await),
+        vec![1, 2, 3],
+        "the sender sees it"
+    );
+    assert_eq!(seqs(pull_all(&mut c, T, 2, conv).await), vec![1, 2, 3]);
+    assert_eq!(seqs(pull_all(&mut c, T, 3, conv).await), vec![1, 3]);
+
+    // The last message in 3's list skips what 3 may not see.
+    let mut only_two = text(T, 1, conv, "d4", "psst");
+    only_two.visible_to = vec![2];
+    c.send(only_two).await.unwrap();
+    messages(&mut two, 1, WAIT).await;
+    let list = s
+        .list_conversations(ListConversationsRequest {
+            caller: caller(T, 3),
+            limit: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(list.conversations[0].last_message.as_ref().unwrap().seq, 3);
+
+    let mut stranger = text(T, 1, conv, "d5", "x");
+    stranger.visible_to = vec![99];
+    let status = c.send(stranger).await.unwrap_err();
+    assert_eq!(
+        cellmesh_proto::status::error_detail(&status).reason,
+        "RECIPIENT_NOT_A_MEMBER"
+    );
+    cell.stop().await;
+}

@@ -21,6 +21,8 @@ pub struct SendCommand {
     pub kind: MessageType,
     pub body: Vec<u8>,
     pub route_epoch: u64,
+    /// Directed message: only these members (and the sender) see it.
+    pub visible_to: Vec<u64>,
 }
 
 impl MessageService {
@@ -32,6 +34,7 @@ impl MessageService {
             .ownership
             .check(cmd.caller.tenant, cmd.conversation, cmd.route_epoch)?;
         self.require_member(&cmd.caller, cmd.conversation)?;
+        let visible_to = self.recipients(&cmd)?;
         self.limits
             .check(cmd.caller.tenant, cmd.caller.user, cmd.conversation)?;
 
@@ -86,6 +89,7 @@ impl MessageService {
                     state: MessageState::Normal as i32,
                     edited_at_ms: 0,
                     edit_version: 0,
+                    visible_to: visible_to.clone(),
                 },
             );
             m.put_conv_seq(
@@ -104,7 +108,7 @@ impl MessageService {
                 msg_id,
                 user_id: cmd.caller.user,
                 server_ts_ms: now,
-                items: Vec::new(),
+                items: visible_to,
             });
             state.latest = seq;
             state.floor = floor;
@@ -120,6 +124,29 @@ impl MessageService {
         };
         leader.complete(record);
         Ok(response)
+    }
+
+    /// The recipients of a directed message, checked to be members and
+    /// deduplicated; empty for a message to everyone.
+    fn recipients(&self, cmd: &SendCommand) -> Result<Vec<u64>> {
+        if cmd.visible_to.len() > self.config.limits.max_members_per_request {
+            return Err(CellError::invalid(
+                "TOO_MANY_RECIPIENTS",
+                "too many users in visible_to",
+            ));
+        }
+        let mut users = cmd.visible_to.clone();
+        users.sort_unstable();
+        users.dedup();
+        for user in &users {
+            if !self.store.is_member(cmd.conversation, *user)? {
+                return Err(CellError::invalid(
+                    "RECIPIENT_NOT_A_MEMBER",
+                    format!("user {user} in visible_to is not a member"),
+                ));
+            }
+        }
+        Ok(users)
     }
 
     fn validate_send(&self, cmd: &SendCommand) -> Result<()> {

@@ -138,7 +138,7 @@ impl MessageService {
                 msg_id: record.msg_id,
                 user_id: caller.user,
                 server_ts_ms: now,
-                items: Vec::new(),
+                items: record.visible_to.clone(),
             });
             self.store.commit(m).await?;
         }

@@ -263,6 +263,20 @@ impl Processor {
             sender: event.user_id,
         };
         match kind {
+            OutboxKind::Message | OutboxKind::Recall | OutboxKind::Edit
+                if !event.items.is_empty() =>
+            {
+                // Directed: the recipients and the sender, if still members.
+                let mut targets = event.items.clone();
+                targets.push(event.user_id);
+                targets.sort_unstable();
+                targets.dedup();
+                for user in targets {
+                    if self.store.is_member(conversation, user)? {
+                        self.deliver(batch, user, id, &record, origin)?;
+                    }
+                }
+            }
             OutboxKind::Message | OutboxKind::Recall | OutboxKind::Edit => {
                 let (members, _) = self.store.members(conversation, 0, usize::MAX)?;
                 if members.len() > self.large_group_threshold {

@@ -22,7 +22,7 @@ use rocksdb::{ColumnFamily, DB, Direction, IteratorMode, ReadOptions};
 
 pub use commit::{CommitSlot, CommitStats, CommitTicket};
 pub use keys::IdemKind;
-pub use scan::{ScanDirection, ScanPage};
+pub use scan::{ScanDirection, ScanPage, visible};
 
 use crate::config::StorageConfig;
 use keys::cf;

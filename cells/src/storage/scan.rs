@@ -28,7 +28,8 @@ pub struct ScanPage {
 
 impl Store {
     /// Up to `limit` messages of `conversation` strictly beyond `from` in
-    /// `direction`, skipping those `viewer` deleted for themselves; the page
+    /// `direction`, skipping those `viewer` deleted for themselves or may not
+    /// see (directed to others); the page
     /// ends early once its bodies reach `byte_budget` bytes.
     pub fn scan_messages(
         &self,
@@ -67,8 +68,10 @@ impl Store {
             if !is_hidden(&mut hidden, seq, direction) {
                 let value = messages.value().unwrap_or_default();
                 let record = MessageRecord::decode(value).map_err(|e| corrupt(cf::MESSAGES, e))?;
-                bytes += record.body.len();
-                page.messages.push((seq, record));
+                if visible(&record, viewer) {
+                    bytes += record.body.len();
+                    page.messages.push((seq, record));
+                }
             }
             match direction {
                 ScanDirection::Forward => messages.next(),
@@ -90,6 +93,13 @@ impl Store {
         opts.set_iterate_upper_bound(upper);
         self.db.raw_iterator_cf_opt(self.cf(name), opts)
     }
+}
+
+/// Whether `viewer` may see a message: everyone, unless it is directed.
+pub fn visible(record: &MessageRecord, viewer: u64) -> bool {
+    record.visible_to.is_empty()
+        || record.sender_id == viewer
+        || record.visible_to.contains(&viewer)
 }
 
 /// Advances the overlay iterator up to `seq` and says whether `seq` is hidden.

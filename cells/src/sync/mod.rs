@@ -21,7 +21,7 @@ use crate::config::CellConfig;
 use crate::convert::{conversation_to_proto, message_to_proto};
 use crate::error::{CellError, Result};
 use crate::message::{Caller, MessageService};
-use crate::storage::{Mutation, Store};
+use crate::storage::{Mutation, ScanDirection, Store};
 
 /// Conversations listed when the request names no limit.
 const DEFAULT_LIST: usize = 100;
@@ -108,13 +108,19 @@ impl SyncService {
                 continue;
             }
             let seq = self.store.conv_seq(id)?;
-            let last_message = match seq.latest_seq {
-                0 => None,
-                latest => self
-                    .store
-                    .message(id, latest)?
-                    .map(|m| message_to_proto(id, latest, m)),
-            };
+            let last_message = self
+                .store
+                .scan_messages(
+                    id,
+                    caller.user,
+                    seq.latest_seq.saturating_add(1),
+                    ScanDirection::Backward,
+                    1,
+                    usize::MAX,
+                )?
+                .messages
+                .pop()
+                .map(|(s, m)| message_to_proto(id, s, m));
             let read_seq = self.store.read_seq(id, caller.user)?;
             let updated_at_ms = last_message
                 .as_ref()
