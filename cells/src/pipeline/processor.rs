@@ -194,9 +194,6 @@ impl Processor {
         for ((user, conversation), entry) in &batch.entries {
             batch.mutation.put_conv_list(*user, *conversation, entry);
         }
-        for (user, pts) in &batch.pts {
-            batch.mutation.put_user_pts(*user, *pts);
-        }
         if !batch.mutation.is_empty() {
             let mutation = std::mem::take(&mut batch.mutation);
             if let Err(e) = self.store.commit(mutation).await {

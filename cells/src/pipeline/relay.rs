@@ -20,12 +20,12 @@ pub async fn run(store: Arc<Store>, queue: Arc<dyn EventQueue>) -> Result<(), Pi
     let signal = store.outbox_signal();
     loop {
         let pending = store.outbox_pending(RELAY_BATCH)?;
-        let Some((last, _)) = pending.last() else {
+        if pending.is_empty() {
             // Woken by the committer; the timeout is only a safety net.
             let _ = tokio::time::timeout(Duration::from_secs(1), signal.notified()).await;
             continue;
-        };
-        let last = *last;
+        }
+        let ids: Vec<u64> = pending.iter().map(|(id, _)| *id).collect();
         let events = pending
             .into_iter()
             .map(|(id, event)| QueuedEvent {
@@ -35,7 +35,7 @@ pub async fn run(store: Arc<Store>, queue: Arc<dyn EventQueue>) -> Result<(), Pi
             .collect();
         queue.publish(events).await?;
         let mut m = Mutation::new();
-        m.relayed_through(last);
+        m.relayed(&ids);
         store.commit(m).await?;
     }
 }

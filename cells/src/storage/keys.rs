@@ -28,8 +28,6 @@ pub mod cf {
     pub const QUEUE_OFFSETS: &str = "queue_offsets";
     /// user | pts → `SyncRecord`: each user's sync queue
     pub const SYNC: &str = "sync";
-    /// user → latest pts
-    pub const USER_PTS: &str = "user_pts";
     /// user | conversation → `ConvListEntry`
     pub const CONV_LIST: &str = "conv_list";
     /// user | conversation → muted flag (1 byte)
@@ -41,7 +39,7 @@ pub mod cf {
     /// forward id → `ForwardRecord`: events for users homed in other cells
     pub const FORWARD: &str = "forward";
 
-    pub const ALL: [&str; 18] = [
+    pub const ALL: [&str; 17] = [
         CONVERSATIONS,
         CONV_SEQ,
         MEMBERS,
@@ -54,7 +52,6 @@ pub mod cf {
         QUEUE,
         QUEUE_OFFSETS,
         SYNC,
-        USER_PTS,
         CONV_LIST,
         MUTED,
         DEVICE_CURSOR,

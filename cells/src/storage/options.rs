@@ -46,7 +46,19 @@ pub(super) fn open(dir: &Path, config: &StorageConfig) -> Result<DB> {
         }
         ColumnFamilyDescriptor::new(*name, opts)
     });
-    Ok(DB::open_cf_descriptors(&db_opts, dir, descriptors)?)
+    // Families this version no longer uses (RocksDB refuses to open a
+    // database without all of them): opened with defaults, left alone.
+    let retired: Vec<ColumnFamilyDescriptor> = DB::list_cf(&db_opts, dir)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|name| name != "default" && !cf::ALL.contains(&name.as_str()))
+        .map(|name| ColumnFamilyDescriptor::new(name, Options::default()))
+        .collect();
+    Ok(DB::open_cf_descriptors(
+        &db_opts,
+        dir,
+        descriptors.chain(retired),
+    )?)
 }
 
 /// Merge operator of `read_state` and `device_cursor`: the value is the largest u64 ever written,

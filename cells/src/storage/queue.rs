@@ -30,16 +30,19 @@ impl Mutation {
         self.put(cf::QUEUE_OFFSETS, key, offset.to_be_bytes().to_vec());
     }
 
-    /// Records that outbox events up to `id` are on the queue and drops them.
-    pub fn relayed_through(&mut self, id: u64) {
-        self.put(
-            cf::META,
-            keys::meta::RELAY_CURSOR.to_vec(),
-            id.to_be_bytes().to_vec(),
-        );
-        let to = keys::u64_key(id.saturating_add(1)).to_vec();
-        self.ops
-            .push(Op::DeleteRange(cf::OUTBOX, keys::u64_key(0).to_vec(), to));
+    /// Records that the outbox events `ids` (ascending) are on the queue and
+    /// drops them. Point deletes, not a range: range tombstones in the
+    /// memtable are re-fragmented by every iterator and get expensive.
+    pub fn relayed(&mut self, ids: &[u64]) {
+        let Some(last) = ids.last() else {
+            return;
+        };
+        let cursor = last.to_be_bytes().to_vec();
+        self.put(cf::META, keys::meta::RELAY_CURSOR.to_vec(), cursor);
+        for id in ids {
+            self.ops
+                .push(Op::Delete(cf::OUTBOX, keys::u64_key(*id).to_vec()));
+        }
     }
 }
 

@@ -13,14 +13,6 @@ impl Mutation {
         self.put(cf::SYNC, keys::pair_key(user, pts), record.encode_to_vec());
     }
 
-    pub fn put_user_pts(&mut self, user: u64, pts: u64) {
-        self.put(
-            cf::USER_PTS,
-            keys::u64_key(user),
-            pts.to_be_bytes().to_vec(),
-        );
-    }
-
     pub fn put_conv_list(&mut self, user: u64, conversation: u64, entry: &ConvListEntry) {
         let key = keys::pair_key(user, conversation);
         self.put(cf::CONV_LIST, key, entry.encode_to_vec());
@@ -102,8 +94,15 @@ impl Store {
         )
     }
 
+    /// The latest pts of `user`: the last key of their sync queue.
     pub fn user_pts(&self, user: u64) -> Result<u64> {
-        self.get_u64(cf::USER_PTS, &keys::u64_key(user))
+        let mut opts = rocksdb::ReadOptions::default();
+        opts.set_iterate_lower_bound(keys::pair_key(user, 0).to_vec());
+        let mut iter = self.db.raw_iterator_cf_opt(self.cf(cf::SYNC), opts);
+        iter.seek_for_prev(keys::pair_key(user, u64::MAX));
+        let pts = iter.key().and_then(keys::last_u64).unwrap_or(0);
+        iter.status()?;
+        Ok(pts)
     }
 
     pub fn conv_list_entry(&self, user: u64, conversation: u64) -> Result<Option<ConvListEntry>> {
