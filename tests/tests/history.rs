@@ -125,17 +125,27 @@ async fn read_state_never_moves_backwards() {
         .into_inner();
     assert_eq!((info.read_seq, info.unread), (10, 0));
     assert_eq!(info.member_ids, vec![1, 2]);
-    // The sender has read nothing.
-    let info = c
-        .get_conversation(GetConversationRequest {
-            caller: caller(T, 1),
-            conversation_id: conv,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(info.unread, 10);
+    // Sending reads up to your own message: the sender has nothing unread,
+    // until someone else writes.
+    let reader = c.clone();
+    let unread_of = |user| {
+        let mut c = reader.clone();
+        async move {
+            c.get_conversation(GetConversationRequest {
+                caller: caller(T, user),
+                conversation_id: conv,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+        }
+    };
+    let info = unread_of(1).await;
+    assert_eq!((info.read_seq, info.unread), (10, 0));
+    c.send(text(T, 2, conv, "reply", "x")).await.unwrap();
+    assert_eq!(unread_of(1).await.unread, 1);
+    assert_eq!(unread_of(2).await.read_seq, 11);
     cell.stop().await;
 }
 

@@ -100,6 +100,8 @@ impl MessageService {
                 },
             );
             m.put_idempotency(&key, &record);
+            // Whoever sends has read up to their own message.
+            m.raise_read_seq(cmd.conversation, cmd.caller.user, seq);
             m.emit(&OutboxEvent {
                 kind: OutboxKind::Message as i32,
                 tenant_id: cmd.caller.tenant,
