@@ -6,9 +6,41 @@ mod push;
 mod report;
 mod send;
 
+use std::collections::BTreeMap;
+
+use cellmesh_proto::status::error_code;
+use cellmesh_proto::v1::{MessageType, SendRequest};
 use clap::{Args, Subcommand};
 
 pub use report::Report;
+
+use crate::client::caller;
+
+/// A send as the benchmarks issue it: one unique request id each.
+pub fn send_request(
+    tenant: u64,
+    user: u64,
+    conversation: u64,
+    client_req_id: String,
+    kind: MessageType,
+    body: Vec<u8>,
+) -> SendRequest {
+    SendRequest {
+        caller: caller(tenant, user),
+        conversation_id: conversation,
+        client_req_id,
+        r#type: kind as i32,
+        body,
+        route_epoch: 0,
+        visible_to: Vec::new(),
+    }
+}
+
+/// Counts a failed call under its stable code.
+pub fn count_error(errors: &mut BTreeMap<String, u64>, status: &tonic::Status) {
+    let code = error_code(status).as_str_name().to_string();
+    *errors.entry(code).or_insert(0) += 1;
+}
 
 #[derive(Args)]
 pub struct BenchArgs {

@@ -8,18 +8,17 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cellmesh_proto::status::error_code;
 use cellmesh_proto::v1::sync_client::SyncClient;
 use cellmesh_proto::v1::{
-    Caller, ConversationKind, CreateConversationRequest, MessageType, SendRequest,
-    SubscribeRequest, SyncEventKind, sync_push,
+    Caller, ConversationKind, CreateConversationRequest, MessageType, SubscribeRequest,
+    SyncEventKind, sync_push,
 };
 use clap::Args;
 use hdrhistogram::Histogram;
 use rand::Rng;
 use tonic::transport::Channel;
 
-use super::Report;
+use super::{Report, count_error, send_request};
 use crate::client::{call_error, caller, connect};
 
 #[derive(Args)]
@@ -246,22 +245,12 @@ async fn send_loop(
             (c.id, c.members[rng.random_range(0..c.members.len())])
         };
         n += 1;
-        let request = SendRequest {
-            caller: caller(tenant, from),
-            conversation_id: conv,
-            client_req_id: format!("p{sender}-{n}"),
-            r#type: MessageType::Custom as i32,
-            body: now_us(epoch).to_be_bytes().to_vec(),
-            route_epoch: 0,
-            visible_to: Vec::new(),
-        };
+        let body = now_us(epoch).to_be_bytes().to_vec();
+        let id = format!("p{sender}-{n}");
+        let request = send_request(tenant, from, conv, id, MessageType::Custom, body);
         match client.send(request).await {
             Ok(_) => ok += 1,
-            Err(status) => {
-                *errors
-                    .entry(error_code(&status).as_str_name().to_string())
-                    .or_insert(0) += 1
-            }
+            Err(status) => count_error(&mut errors, &status),
         }
     }
     (ok, errors)

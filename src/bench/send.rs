@@ -7,15 +7,14 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use cellmesh_proto::status::error_code;
 use cellmesh_proto::v1::messaging_client::MessagingClient;
-use cellmesh_proto::v1::{ConversationKind, CreateConversationRequest, MessageType, SendRequest};
+use cellmesh_proto::v1::{ConversationKind, CreateConversationRequest, MessageType};
 use clap::Args;
 use hdrhistogram::Histogram;
 use rand::Rng;
 use tonic::transport::Channel;
 
-use super::Report;
+use super::{Report, count_error, send_request};
 use crate::client::{call_error, caller, connect};
 
 #[derive(Args)]
@@ -173,25 +172,15 @@ async fn worker(
             (c.id, c.first_user + rng.random_range(0..members))
         };
         n += 1;
-        let request = SendRequest {
-            caller: caller(tenant, sender),
-            conversation_id: conv,
-            client_req_id: format!("b{worker}-{n}"),
-            r#type: MessageType::Text as i32,
-            body: body.clone(),
-            route_epoch: 0,
-            visible_to: Vec::new(),
-        };
+        let id = format!("b{worker}-{n}");
+        let request = send_request(tenant, sender, conv, id, MessageType::Text, body.clone());
         let started = Instant::now();
         match client.send(request).await {
             Ok(_) => {
                 out.acked += 1;
                 let _ = out.latency.record(started.elapsed().as_micros() as u64);
             }
-            Err(status) => {
-                let code = error_code(&status).as_str_name().to_string();
-                *out.errors.entry(code).or_insert(0) += 1;
-            }
+            Err(status) => count_error(&mut out.errors, &status),
         }
     }
     out
