@@ -1,0 +1,106 @@
+//! What a drill records. Clients log each send's invocation and outcome,
+//! devices log every delivery and every cursor the server confirmed, cells
+//! log the writes they accepted (with the route epoch), and after the drill
+//! every conversation's history is read back. Messages are identified by a
+//! tag the workload puts in the body: the send's `client_req_id`.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct History {
+    pub sends: Vec<SendOp>,
+    /// Final read-back: conversation → messages in history order.
+    pub conversations: BTreeMap<u64, Vec<Stored>>,
+    pub deliveries: Vec<DeliveryRecord>,
+    pub cursor_acks: Vec<CursorAck>,
+    /// Seq floors set by failovers: the only places seq may jump.
+    pub floors: Vec<Floor>,
+    /// Writes cells report accepting.
+    pub accepted: Vec<AcceptedWrite>,
+    pub migrations: Vec<Migration>,
+}
+
+/// One send: when it was invoked, when it completed, and what came back.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SendOp {
+    pub conversation: u64,
+    pub sender: u64,
+    pub client_req_id: String,
+    pub invoked_ms: u64,
+    pub completed_ms: u64,
+    pub outcome: Outcome,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Outcome {
+    Ok {
+        msg_id: u64,
+        seq: u64,
+    },
+    /// A definite rejection: the send did not happen.
+    Rejected {
+        code: String,
+    },
+    /// Timeout, lost connection, or an error that may have been applied.
+    Unknown,
+}
+
+/// A message as read back after the drill.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stored {
+    pub seq: u64,
+    pub msg_id: u64,
+    /// The body tag: the `client_req_id` of the send that wrote it.
+    pub tag: String,
+}
+
+/// A push a device received.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DeliveryRecord {
+    pub user: u64,
+    pub device: String,
+    /// Increments each time the device (re)subscribes.
+    pub session: u64,
+    pub pts: u64,
+    pub conversation: u64,
+    pub seq: u64,
+    pub kind: i32,
+}
+
+/// A cursor the server confirmed for a device.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CursorAck {
+    pub user: u64,
+    pub device: String,
+    pub at_ms: u64,
+    pub cursor: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Floor {
+    pub conversation: u64,
+    pub floor: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AcceptedWrite {
+    pub cell: String,
+    pub conversation: u64,
+    pub epoch: u64,
+    pub seq: u64,
+    pub at_ms: u64,
+}
+
+/// A conversation moved from `source` to `target`, with both histories read
+/// back at the end.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Migration {
+    pub conversation: u64,
+    pub source: String,
+    pub target: String,
+    pub switch_ms: u64,
+    pub source_history: Vec<Stored>,
+    pub target_history: Vec<Stored>,
+}
