@@ -6,6 +6,7 @@
 
 pub mod history;
 pub mod invariants;
+pub mod proxy;
 
 pub use history::History;
 pub use invariants::{Verdict, Violation, check_all};

@@ -1,0 +1,314 @@
+//! A user-space TCP fault proxy for component links (there is no `tc netem`
+//! here). It forwards one listening address to one upstream and applies
+//! faults, changeable while connections are live: added latency with jitter
+//! (order preserved), a stall of either direction or both (a partition:
+//! bytes wait, as in a real network, until it heals), a bandwidth cap, and
+//! cutting every open connection.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use rand::Rng;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+/// The faults in force.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Faults {
+    pub latency: Duration,
+    /// Each chunk is delayed by latency plus up to this much more.
+    pub jitter: Duration,
+    /// Client → upstream bytes wait.
+    pub stall_to_upstream: bool,
+    /// Upstream → client bytes wait.
+    pub stall_from_upstream: bool,
+    /// Bytes per second in each direction; None = unlimited.
+    pub bandwidth: Option<u64>,
+    /// Bumped by [`FaultProxy::cut`]: connections opened before end.
+    generation: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Way {
+    ToUpstream,
+    FromUpstream,
+}
+
+pub struct FaultProxy {
+    addr: SocketAddr,
+    faults: watch::Sender<Faults>,
+    task: JoinHandle<()>,
+}
+
+impl FaultProxy {
+    /// Listens on `listen` (port 0 picks one) and forwards to `upstream`.
+    pub async fn start(listen: SocketAddr, upstream: SocketAddr) -> std::io::Result<Self> {
+        let listener = TcpListener::bind(listen).await?;
+        let addr = listener.local_addr()?;
+        let (faults, watcher) = watch::channel(Faults::default());
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let watcher = watcher.clone();
+                tokio::spawn(async move {
+                    let Ok(server) = TcpStream::connect(upstream).await else {
+                        return;
+                    };
+                    connect(client, server, watcher).await;
+                });
+            }
+        });
+        Ok(Self { addr, faults, task })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn faults(&self) -> Faults {
+        self.faults.borrow().clone()
+    }
+
+    pub fn set_latency(&self, latency: Duration, jitter: Duration) {
+        self.faults.send_modify(|f| {
+            f.latency = latency;
+            f.jitter = jitter;
+        });
+    }
+
+    /// Stalls one direction or both; [`FaultProxy::heal`] releases them.
+    pub fn partition(&self, to_upstream: bool, from_upstream: bool) {
+        self.faults.send_modify(|f| {
+            f.stall_to_upstream = to_upstream;
+            f.stall_from_upstream = from_upstream;
+        });
+    }
+
+    pub fn heal(&self) {
+        self.partition(false, false);
+    }
+
+    pub fn set_bandwidth(&self, bytes_per_sec: Option<u64>) {
+        self.faults.send_modify(|f| f.bandwidth = bytes_per_sec);
+    }
+
+    /// Closes every connection open now; new ones are accepted.
+    pub fn cut(&self) {
+        self.faults.send_modify(|f| f.generation += 1);
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn connect(client: TcpStream, server: TcpStream, faults: watch::Receiver<Faults>) {
+    let _ = client.set_nodelay(true);
+    let _ = server.set_nodelay(true);
+    let generation = faults.borrow().generation;
+    let (client_read, client_write) = client.into_split();
+    let (server_read, server_write) = server.into_split();
+    let up = pump(client_read, server_write, faults.clone(), Way::ToUpstream);
+    let down = pump(server_read, client_write, faults.clone(), Way::FromUpstream);
+    let mut watcher = faults;
+    let cut = async move {
+        while watcher.borrow().generation == generation {
+            if watcher.changed().await.is_err() {
+                return;
+            }
+        }
+    };
+    // Either side closing, or a cut, ends the connection: dropping the
+    // pumps closes both sockets.
+    tokio::select! {
+        _ = up => {}
+        _ = down => {}
+        _ = cut => {}
+    }
+}
+
+/// Copies one direction: a reader stamps each chunk with when it may be
+/// delivered; a writer holds it until then (and while stalled).
+async fn pump(
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    faults: watch::Receiver<Faults>,
+    way: Way,
+) {
+    let (tx, mut rx) = mpsc::channel::<(Instant, Vec<u8>)>(1024);
+    let reader_faults = faults.clone();
+    let reader = async move {
+        let mut buf = vec![0u8; 16 * 1024];
+        let mut last = Instant::now();
+        loop {
+            let n = match from.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            let f = reader_faults.borrow().clone();
+            let jitter = if f.jitter.is_zero() {
+                Duration::ZERO
+            } else {
+                rand::rng().random_range(Duration::ZERO..f.jitter)
+            };
+            // Never before an earlier chunk: order is kept.
+            last = last.max(Instant::now() + f.latency + jitter);
+            if tx.send((last, buf[..n].to_vec())).await.is_err() {
+                return;
+            }
+        }
+    };
+    let writer = async move {
+        let mut faults = faults;
+        while let Some((at, chunk)) = rx.recv().await {
+            tokio::time::sleep_until(at).await;
+            loop {
+                let f = faults.borrow().clone();
+                let stalled = match way {
+                    Way::ToUpstream => f.stall_to_upstream,
+                    Way::FromUpstream => f.stall_from_upstream,
+                };
+                if !stalled {
+                    if let Some(bps) = f.bandwidth.filter(|b| *b > 0) {
+                        tokio::time::sleep(Duration::from_secs_f64(
+                            chunk.len() as f64 / bps as f64,
+                        ))
+                        .await;
+                    }
+                    break;
+                }
+                if faults.changed().await.is_err() {
+                    return;
+                }
+            }
+            if to.write_all(&chunk).await.is_err() {
+                return;
+            }
+        }
+    };
+    tokio::join!(reader, writer);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn echo_server() -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    while let Ok(n) = s.read(&mut buf).await {
+                        if n == 0 || s.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    async fn round_trip(s: &mut TcpStream, msg: &[u8], wait: Duration) -> Option<Duration> {
+        let started = Instant::now();
+        s.write_all(msg).await.ok()?;
+        let mut got = vec![0u8; msg.len()];
+        tokio::time::timeout(wait, s.read_exact(&mut got))
+            .await
+            .ok()?
+            .ok()?;
+        assert_eq!(got, msg);
+        Some(started.elapsed())
+    }
+
+    #[tokio::test]
+    async fn latency_applies_both_ways_and_keeps_order() {
+        let proxy = FaultProxy::start("127.0.0.1:0".parse().unwrap(), echo_server().await)
+            .await
+            .unwrap();
+        let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+        let fast = round_trip(&mut s, b"ping", Duration::from_secs(5))
+            .await
+            .unwrap();
+        proxy.set_latency(Duration::from_millis(40), Duration::from_millis(20));
+        let slow = round_trip(&mut s, b"ping", Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(slow >= Duration::from_millis(80), "{fast:?} then {slow:?}");
+        // Many small writes with jitter still arrive in order.
+        let msg: Vec<u8> = (0..200u8).collect();
+        for chunk in msg.chunks(10) {
+            s.write_all(chunk).await.unwrap();
+        }
+        let mut got = vec![0u8; msg.len()];
+        s.read_exact(&mut got).await.unwrap();
+        assert_eq!(got, msg);
+    }
+
+    #[tokio::test]
+    async fn a_partition_stalls_until_healed() {
+        let proxy = FaultProxy::start("127.0.0.1:0".parse().unwrap(), echo_server().await)
+            .await
+            .unwrap();
+        let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+        proxy.partition(false, true);
+        assert!(
+            round_trip(&mut s, b"lost?", Duration::from_millis(300))
+                .await
+                .is_none()
+        );
+        proxy.heal();
+        // The stalled reply arrives once healed.
+        let mut got = [0u8; 5];
+        tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut got))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(&got, b"lost?");
+    }
+
+    #[tokio::test]
+    async fn a_cut_closes_open_connections_and_new_ones_work() {
+        let proxy = FaultProxy::start("127.0.0.1:0".parse().unwrap(), echo_server().await)
+            .await
+            .unwrap();
+        let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+        round_trip(&mut s, b"hi", Duration::from_secs(5))
+            .await
+            .unwrap();
+        proxy.cut();
+        let mut buf = [0u8; 1];
+        let closed = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+            .await
+            .unwrap();
+        assert!(
+            matches!(closed, Ok(0) | Err(_)),
+            "the idle connection is closed at once"
+        );
+        let mut fresh = TcpStream::connect(proxy.addr()).await.unwrap();
+        round_trip(&mut fresh, b"again", Duration::from_secs(5))
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn bandwidth_caps_throughput() {
+        let proxy = FaultProxy::start("127.0.0.1:0".parse().unwrap(), echo_server().await)
+            .await
+            .unwrap();
+        let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+        proxy.set_bandwidth(Some(100_000));
+        let took = round_trip(&mut s, &vec![7u8; 20_000], Duration::from_secs(10))
+            .await
+            .unwrap();
+        // 20 kB each way at 100 kB/s.
+        assert!(took >= Duration::from_millis(350), "{took:?}");
+    }
+}
