@@ -13,7 +13,8 @@ use crate::message::{
 };
 use crate::storage::ScanDirection;
 
-fn caller(caller: Option<pb::Caller>) -> Result<Caller, CellError> {
+/// The caller of a request: tenant and user are required.
+pub fn caller(caller: Option<pb::Caller>) -> Result<Caller, CellError> {
     match caller {
         Some(c) if c.tenant_id != 0 && c.user_id != 0 => Ok(Caller {
             tenant: c.tenant_id,
@@ -25,7 +26,8 @@ fn caller(caller: Option<pb::Caller>) -> Result<Caller, CellError> {
     }
 }
 
-fn conversation_id(id: u64) -> Result<u64, CellError> {
+/// The conversation id of a request (required).
+pub fn conversation_id(id: u64) -> Result<u64, CellError> {
     if id == 0 {
         return Err(CellError::invalid(
             "MISSING_CONVERSATION_ID",
@@ -227,14 +229,4 @@ pub fn device(c: Option<pb::Caller>) -> Result<crate::sync::Device, CellError> {
         ));
     }
     Ok(crate::sync::Device { caller, device })
-}
-
-/// The caller of a request that needs no device.
-pub fn caller_of(c: Option<pb::Caller>) -> Result<Caller, CellError> {
-    caller(c)
-}
-
-/// The conversation id of a request.
-pub fn conversation_of(id: u64) -> Result<u64, CellError> {
-    conversation_id(id)
 }

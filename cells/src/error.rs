@@ -105,12 +105,8 @@ impl From<CellError> for tonic::Status {
         if err.code() == ErrorCode::Internal {
             tracing::error!(error = %err, "request failed");
         }
-        let retry_ms = err.retry_after().as_millis().max(1) as u64;
-        let retry_ms = if err.retry_after().is_zero() {
-            0
-        } else {
-            retry_ms
-        };
+        // A non-zero wait never rounds down to "no wait".
+        let retry_ms = err.retry_after().as_nanos().div_ceil(1_000_000) as u64;
         to_status(err.code(), err.reason(), err.to_string(), retry_ms, None)
     }
 }

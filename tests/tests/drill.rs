@@ -64,18 +64,12 @@ async fn send_all(
                     seq: r.seq,
                 }
             }
-            Ok(Err(status)) if error_code(&status) == ErrorCode::Unspecified => Outcome::Unknown,
+            // May have been applied (a lost connection maps to RETRY_LATER).
             Ok(Err(status))
                 if matches!(
                     error_code(&status),
                     ErrorCode::Internal | ErrorCode::RetryLater
                 ) =>
-            {
-                Outcome::Unknown
-            }
-            Ok(Err(status))
-                if status.code() == tonic::Code::Unavailable
-                    || status.code() == tonic::Code::Unknown =>
             {
                 Outcome::Unknown
             }

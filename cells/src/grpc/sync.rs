@@ -7,7 +7,7 @@ use cellmesh_proto::v1::*;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
-use crate::convert::{caller_of, conversation_of, device};
+use crate::convert::{caller, conversation_id, device};
 use crate::sync::SyncService;
 use crate::sync::stream::PushResult;
 
@@ -47,15 +47,15 @@ impl Sync for SyncApi {
         let r = request.into_inner();
         let list = self
             .service
-            .list_conversations(caller_of(r.caller)?, r.limit)?;
+            .list_conversations(caller(r.caller)?, r.limit)?;
         Ok(Response::new(list))
     }
 
     async fn set_muted(&self, request: Request<SetMutedRequest>) -> Reply<SetMutedResponse> {
         let r = request.into_inner();
-        let conversation = conversation_of(r.conversation_id)?;
+        let conversation = conversation_id(r.conversation_id)?;
         self.service
-            .set_muted(caller_of(r.caller)?, conversation, r.muted)
+            .set_muted(caller(r.caller)?, conversation, r.muted)
             .await?;
         Ok(Response::new(SetMutedResponse {}))
     }
@@ -71,14 +71,14 @@ impl Sync for SyncApi {
         request: Request<GetPresenceRequest>,
     ) -> Reply<GetPresenceResponse> {
         let r = request.into_inner();
-        caller_of(r.caller)?;
+        caller(r.caller)?;
         Ok(Response::new(self.service.presence(&r.user_ids)?))
     }
 
     async fn typing(&self, request: Request<TypingRequest>) -> Reply<TypingResponse> {
         let r = request.into_inner();
-        let conversation = conversation_of(r.conversation_id)?;
-        self.service.typing(caller_of(r.caller)?, conversation)?;
+        let conversation = conversation_id(r.conversation_id)?;
+        self.service.typing(caller(r.caller)?, conversation)?;
         Ok(Response::new(TypingResponse {}))
     }
 }

@@ -128,7 +128,7 @@ pub async fn run(
                         m.delete_notification(id);
                     } else {
                         tracing::warn!(user = n.user_id, attempt = n.attempts, error = %e, "notification delivery failed");
-                        m.update_notification(id, &n);
+                        m.put_notification(id, &n);
                         failed = true;
                         break;
                     }

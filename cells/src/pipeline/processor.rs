@@ -194,6 +194,17 @@ impl Processor {
         for ((user, conversation), entry) in &batch.entries {
             batch.mutation.put_conv_list(*user, *conversation, entry);
         }
+        // Ids are issued from memory; storage learns the high mark once.
+        if batch.notified {
+            batch
+                .mutation
+                .notifications_issued_through(self.next_notification - 1);
+        }
+        if batch.forwarded {
+            batch
+                .mutation
+                .forwards_issued_through(self.next_forward - 1);
+        }
         if !batch.mutation.is_empty() {
             let mutation = std::mem::take(&mut batch.mutation);
             if let Err(e) = self.store.commit(mutation).await {

@@ -37,32 +37,26 @@ impl Mutation {
         ));
     }
 
-    /// Queues a new notification; `id` must be above every earlier one.
-    pub fn put_notification(&mut self, id: u64, record: &NotificationRecord) {
-        self.update_notification(id, record);
-        self.put(
-            cf::META,
-            keys::meta::NOTIFY_LAST_ID.to_vec(),
-            id.to_be_bytes().to_vec(),
-        );
+    /// Records that notification ids up to `id` are issued (once per batch,
+    /// with the notifications it queues).
+    pub fn notifications_issued_through(&mut self, id: u64) {
+        let value = id.to_be_bytes().to_vec();
+        self.put(cf::META, keys::meta::NOTIFY_LAST_ID.to_vec(), value);
     }
 
-    /// Rewrites a queued notification (e.g. its attempt count).
-    pub fn update_notification(&mut self, id: u64, record: &NotificationRecord) {
+    /// Queues a notification, or rewrites one (e.g. its attempt count).
+    pub fn put_notification(&mut self, id: u64, record: &NotificationRecord) {
         self.put(cf::NOTIFY, keys::u64_key(id), record.encode_to_vec());
     }
 
-    /// Queues events for another cell; `id` must be above every earlier one.
-    pub fn put_forward(&mut self, id: u64, record: &ForwardRecord) {
-        self.update_forward(id, record);
-        self.put(
-            cf::META,
-            keys::meta::FORWARD_LAST_ID.to_vec(),
-            id.to_be_bytes().to_vec(),
-        );
+    /// Records that forward ids up to `id` are issued (once per batch).
+    pub fn forwards_issued_through(&mut self, id: u64) {
+        let value = id.to_be_bytes().to_vec();
+        self.put(cf::META, keys::meta::FORWARD_LAST_ID.to_vec(), value);
     }
 
-    pub fn update_forward(&mut self, id: u64, record: &ForwardRecord) {
+    /// Queues events for another cell, or rewrites a queued record.
+    pub fn put_forward(&mut self, id: u64, record: &ForwardRecord) {
         self.put(cf::FORWARD, keys::u64_key(id), record.encode_to_vec());
     }
 
