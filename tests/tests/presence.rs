@@ -28,6 +28,18 @@ async fn presence_and_typing_reach_only_online_members() {
         .into_inner();
     assert!(hb.interval_ms > 0);
     let mut two = subscribe(&mut s, T, 2, "phone", 0).await;
+    // The processor writes user 2's Joined event asynchronously; wait for it
+    // so the queue below is complete before typing is signalled.
+    loop {
+        let push = next_push(&mut two, Duration::from_secs(10))
+            .await
+            .expect("the joined event");
+        if let Some(sync_push::Push::Event(e)) = push.push
+            && e.kind == SyncEventKind::Joined as i32
+        {
+            break;
+        }
+    }
     let presence = s
         .get_presence(GetPresenceRequest {
             caller: caller(T, 1),
@@ -143,6 +155,18 @@ async fn offline_members_are_notified_through_the_webhook_with_retries() {
     let conv = create_group(&mut c, T, 1, &[2, 3]).await;
     // User 2 is online; user 3 is not; user 1 sends.
     let mut two = subscribe(&mut s, T, 2, "phone", 0).await;
+    // The processor writes user 2's Joined event asynchronously; wait for it
+    // so the queue below is complete before typing is signalled.
+    loop {
+        let push = next_push(&mut two, Duration::from_secs(10))
+            .await
+            .expect("the joined event");
+        if let Some(sync_push::Push::Event(e)) = push.push
+            && e.kind == SyncEventKind::Joined as i32
+        {
+            break;
+        }
+    }
     c.send(text(T, 1, conv, "n1", "ping")).await.unwrap();
     messages(&mut two, 1, Duration::from_secs(10)).await;
 
