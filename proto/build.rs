@@ -14,6 +14,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 "proto/cellmesh/v1/messaging.proto",
                 "proto/cellmesh/v1/sync.proto",
                 "proto/cellmesh/v1/peer.proto",
+                "proto/cellmesh/v1/routing.proto",
+                "proto/cellmesh/raft/v1/raft.proto",
                 "proto/cellmesh/storage/v1/storage.proto",
             ],
             &["proto"],

@@ -7,22 +7,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-/// An invalid configuration, naming the offending field.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("cannot read config file {path}: {source}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("config file {path} is not valid: {message}")]
-    Parse { path: PathBuf, message: String },
-    #[error("invalid config: `{field}` {message}")]
-    Invalid {
-        field: &'static str,
-        message: String,
-    },
-}
+pub use cellmesh_proto::config::ConfigError;
+use cellmesh_proto::config::check;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -297,24 +283,11 @@ impl CellConfig {
 
     /// Reads and validates a TOML file.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        Self::from_toml(&text).map_err(|e| match e {
-            ConfigError::Parse { message, .. } => ConfigError::Parse {
-                path: path.to_path_buf(),
-                message,
-            },
-            other => other,
-        })
+        cellmesh_proto::config::load_toml(path, Self::validate)
     }
 
     pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
-        let config: Self = toml::from_str(text).map_err(|e| ConfigError::Parse {
-            path: PathBuf::new(),
-            message: e.to_string(),
-        })?;
+        let config: Self = cellmesh_proto::config::parse_toml(text)?;
         config.validate()?;
         Ok(config)
     }
@@ -418,17 +391,6 @@ impl CellConfig {
             )?;
         }
         Ok(())
-    }
-}
-
-fn check(field: &'static str, ok: bool, message: &str) -> Result<(), ConfigError> {
-    if ok {
-        Ok(())
-    } else {
-        Err(ConfigError::Invalid {
-            field,
-            message: message.to_string(),
-        })
     }
 }
 

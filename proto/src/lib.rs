@@ -4,12 +4,21 @@
 //! and `tonic::Status` (`status`).
 
 pub mod codec;
+pub mod config;
+pub mod secret;
 pub mod server;
 pub mod status;
 
 /// The public API: messaging service, shared types, error details.
 pub mod v1 {
     tonic::include_proto!("cellmesh.v1");
+}
+
+/// Replication between RoutingService replicas (never client-facing).
+pub mod raft {
+    pub mod v1 {
+        tonic::include_proto!("cellmesh.raft.v1");
+    }
 }
 
 /// Records persisted by cells. Not part of any wire API.

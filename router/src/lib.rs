@@ -1,6 +1,13 @@
 //! RoutingService (DESIGN.md §3): the Raft-replicated route table that maps
-//! tenants, conversations and user homes to cells, the route client with its
-//! watch-fed cache, and the edge access layer.
-//!
-//! Nothing is implemented here yet: cells currently own every conversation
-//! (`cellmesh_cell::ownership::OwnAll`).
+//! tenants, conversations and user homes to cells (`table`, `storage`,
+//! `node`), the route client with its watch-fed cache (`client`), and the
+//! edge access layer that authenticates clients and proxies to the owning
+//! cell (`edge`).
+
+pub mod config;
+pub mod grpc;
+pub mod network;
+pub mod node;
+pub mod storage;
+pub mod table;
+pub mod types;

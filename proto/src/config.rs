@@ -1,0 +1,63 @@
+//! Shared by every role's TOML configuration: the error that names the
+//! offending field, and reading a file with documented defaults.
+
+use std::path::{Path, PathBuf};
+
+use serde::de::DeserializeOwned;
+
+/// An invalid configuration, naming the offending field.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config file {path} is not valid: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("invalid config: `{field}` {message}")]
+    Invalid {
+        field: &'static str,
+        message: String,
+    },
+}
+
+/// Parses TOML text (unknown keys are errors when the type denies them).
+pub fn parse_toml<T: DeserializeOwned>(text: &str) -> Result<T, ConfigError> {
+    toml::from_str(text).map_err(|e| ConfigError::Parse {
+        path: PathBuf::new(),
+        message: e.to_string(),
+    })
+}
+
+/// Reads a TOML file, then checks it with `validate`.
+pub fn load_toml<T: DeserializeOwned>(
+    path: &Path,
+    validate: impl FnOnce(&T) -> Result<(), ConfigError>,
+) -> Result<T, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let config = parse_toml(&text).map_err(|e| match e {
+        ConfigError::Parse { message, .. } => ConfigError::Parse {
+            path: path.to_path_buf(),
+            message,
+        },
+        other => other,
+    })?;
+    validate(&config)?;
+    Ok(config)
+}
+
+/// `Ok` when `ok`, else an error naming `field`.
+pub fn check(field: &'static str, ok: bool, message: &str) -> Result<(), ConfigError> {
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError::Invalid {
+            field,
+            message: message.to_string(),
+        })
+    }
+}

@@ -1,0 +1,277 @@
+//! Conversions between the Routing API's protobuf messages and the route
+//! table's types. Malformed requests become INVALID_ARGUMENT statuses here.
+
+use cellmesh_proto::v1 as pb;
+use cellmesh_proto::v1::route_key::Scope as PbScope;
+use cellmesh_proto::v1::{route_change, route_command, update_route};
+use tonic::Status;
+
+use crate::table::{
+    CellInfo, CellStatus, Change, Command, Entry, Key, Phase, Resolved, RouteError, RouteState,
+    RouteTable, Scope, Transition,
+};
+
+fn missing(field: &str) -> Status {
+    RouteError::invalid(field, "missing").to_status()
+}
+
+pub fn key_from_pb(key: Option<pb::RouteKey>) -> Result<Key, Status> {
+    let key = key.ok_or_else(|| missing("key"))?;
+    let scope = match key.scope.ok_or_else(|| missing("key.scope"))? {
+        PbScope::Tenant(_) => Scope::Tenant,
+        PbScope::ConversationId(c) => Scope::Conversation(c),
+        PbScope::UserId(u) => Scope::User(u),
+    };
+    if key.tenant_id == 0 {
+        return Err(RouteError::invalid("key.tenant_id", "must not be 0").to_status());
+    }
+    Ok(Key {
+        tenant: key.tenant_id,
+        scope,
+    })
+}
+
+pub fn key_to_pb(key: &Key) -> pb::RouteKey {
+    pb::RouteKey {
+        tenant_id: key.tenant,
+        scope: Some(match key.scope {
+            Scope::Tenant => PbScope::Tenant(true),
+            Scope::Conversation(c) => PbScope::ConversationId(c),
+            Scope::User(u) => PbScope::UserId(u),
+        }),
+    }
+}
+
+pub fn cell_status_to_pb(s: CellStatus) -> pb::CellStatus {
+    match s {
+        CellStatus::Up => pb::CellStatus::Up,
+        CellStatus::Degraded => pb::CellStatus::Degraded,
+        CellStatus::Down => pb::CellStatus::Down,
+        CellStatus::Draining => pb::CellStatus::Draining,
+    }
+}
+
+pub fn cell_status_from_pb(s: i32) -> Result<CellStatus, Status> {
+    match pb::CellStatus::try_from(s) {
+        Ok(pb::CellStatus::Up) => Ok(CellStatus::Up),
+        Ok(pb::CellStatus::Degraded) => Ok(CellStatus::Degraded),
+        Ok(pb::CellStatus::Down) => Ok(CellStatus::Down),
+        Ok(pb::CellStatus::Draining) => Ok(CellStatus::Draining),
+        _ => Err(RouteError::invalid("status", format!("unknown cell status {s}")).to_status()),
+    }
+}
+
+pub fn cell_to_pb(c: &CellInfo) -> pb::CellInfo {
+    pb::CellInfo {
+        cell_id: c.id.clone(),
+        region: c.region.clone(),
+        address: c.address.clone(),
+        status: cell_status_to_pb(c.status) as i32,
+        epoch: c.epoch,
+    }
+}
+
+pub fn cell_from_pb(c: pb::CellInfo) -> Result<CellInfo, Status> {
+    Ok(CellInfo {
+        status: cell_status_from_pb(c.status)?,
+        id: c.cell_id,
+        region: c.region,
+        address: c.address,
+        epoch: c.epoch,
+    })
+}
+
+fn phase_to_pb(p: Phase) -> pb::MigrationPhase {
+    match p {
+        Phase::Copy => pb::MigrationPhase::Copy,
+        Phase::CatchUp => pb::MigrationPhase::CatchUp,
+    }
+}
+
+fn phase_from_pb(p: i32) -> Result<Phase, Status> {
+    match pb::MigrationPhase::try_from(p) {
+        Ok(pb::MigrationPhase::Copy) => Ok(Phase::Copy),
+        Ok(pb::MigrationPhase::CatchUp) => Ok(Phase::CatchUp),
+        _ => Err(RouteError::invalid(
+            "set_phase",
+            "only COPY and CATCH_UP are set directly; freeze and switch have their own transitions",
+        )
+        .to_status()),
+    }
+}
+
+pub fn entry_to_pb(e: &Entry) -> pb::RouteEntry {
+    let (state, migrating_to, phase) = match &e.state {
+        RouteState::Active => (pb::RouteState::Active, String::new(), None),
+        RouteState::Migrating { to, phase } => (
+            pb::RouteState::Migrating,
+            to.clone(),
+            Some(phase_to_pb(*phase)),
+        ),
+        RouteState::Frozen { to } => (
+            pb::RouteState::Frozen,
+            to.clone(),
+            Some(pb::MigrationPhase::Freeze),
+        ),
+    };
+    pb::RouteEntry {
+        key: Some(key_to_pb(&e.key)),
+        cell_id: e.cell.clone(),
+        epoch: e.epoch,
+        state: state as i32,
+        migrating_to,
+        phase: phase.map_or(0, |p| p as i32),
+        seq_floor: e.seq_floor,
+        floor_margin: e.floor_margin,
+    }
+}
+
+pub fn entry_from_pb(e: pb::RouteEntry) -> Result<Entry, Status> {
+    let state = match pb::RouteState::try_from(e.state) {
+        Ok(pb::RouteState::Active) => RouteState::Active,
+        Ok(pb::RouteState::Migrating) => RouteState::Migrating {
+            to: e.migrating_to,
+            phase: phase_from_pb(e.phase)?,
+        },
+        Ok(pb::RouteState::Frozen) => RouteState::Frozen { to: e.migrating_to },
+        _ => return Err(RouteError::invalid("state", "unknown route state").to_status()),
+    };
+    Ok(Entry {
+        key: key_from_pb(e.key)?,
+        cell: e.cell_id,
+        epoch: e.epoch,
+        state,
+        seq_floor: e.seq_floor,
+        floor_margin: e.floor_margin,
+    })
+}
+
+/// The client-facing route of a resolved key.
+pub fn route_to_pb(r: &Resolved) -> pb::Route {
+    let state = match r.entry.state {
+        RouteState::Active => pb::RouteState::Active,
+        RouteState::Migrating { .. } => pb::RouteState::Migrating,
+        RouteState::Frozen { .. } => pb::RouteState::Frozen,
+    };
+    pb::Route {
+        epoch: r.entry.epoch,
+        cell_id: r.entry.cell.clone(),
+        cell_address: r.cell_address.clone(),
+        state: state as i32,
+        seq_floor: r.seq_floor,
+    }
+}
+
+pub fn change_to_pb(c: &Change) -> pb::RouteChange {
+    pb::RouteChange {
+        change: Some(match c {
+            Change::Cell(cell) => route_change::Change::Cell(cell_to_pb(cell)),
+            Change::Route(e) => route_change::Change::Route(entry_to_pb(e)),
+            Change::Removed(k) => route_change::Change::Removed(key_to_pb(k)),
+            Change::Checkpoint {
+                tenant,
+                conversation,
+                hwm,
+            } => route_change::Change::Checkpoint(pb::Checkpoint {
+                tenant_id: *tenant,
+                conversation_id: *conversation,
+                hwm: *hwm,
+            }),
+        }),
+    }
+}
+
+pub fn change_from_pb(c: pb::RouteChange) -> Result<Change, Status> {
+    Ok(match c.change.ok_or_else(|| missing("change"))? {
+        route_change::Change::Cell(cell) => Change::Cell(cell_from_pb(cell)?),
+        route_change::Change::Route(e) => Change::Route(entry_from_pb(e)?),
+        route_change::Change::Removed(k) => Change::Removed(key_from_pb(Some(k))?),
+        route_change::Change::Checkpoint(k) => Change::Checkpoint {
+            tenant: k.tenant_id,
+            conversation: k.conversation_id,
+            hwm: k.hwm,
+        },
+    })
+}
+
+pub fn table_to_pb(t: &RouteTable) -> pb::RouteTable {
+    pb::RouteTable {
+        applied_index: t.applied,
+        cells: t.cells.values().map(cell_to_pb).collect(),
+        entries: t.routes.values().map(entry_to_pb).collect(),
+        checkpoints: t
+            .checkpoints
+            .iter()
+            .map(|(&(tenant_id, conversation_id), &hwm)| pb::Checkpoint {
+                tenant_id,
+                conversation_id,
+                hwm,
+            })
+            .collect(),
+    }
+}
+
+pub fn table_from_pb(t: pb::RouteTable) -> Result<RouteTable, Status> {
+    let mut table = RouteTable::default();
+    for cell in t.cells {
+        table.apply_change(&Change::Cell(cell_from_pb(cell)?));
+    }
+    for e in t.entries {
+        table.apply_change(&Change::Route(entry_from_pb(e)?));
+    }
+    for k in t.checkpoints {
+        table.apply_change(&Change::Checkpoint {
+            tenant: k.tenant_id,
+            conversation: k.conversation_id,
+            hwm: k.hwm,
+        });
+    }
+    table.applied = t.applied_index;
+    Ok(table)
+}
+
+pub fn command_from_pb(c: pb::RouteCommand) -> Result<Command, Status> {
+    Ok(match c.command.ok_or_else(|| missing("command"))? {
+        route_command::Command::RegisterCell(r) => Command::RegisterCell {
+            id: r.cell_id,
+            region: r.region,
+            address: r.address,
+        },
+        route_command::Command::SetCellStatus(s) => Command::SetCellStatus {
+            status: cell_status_from_pb(s.status)?,
+            id: s.cell_id,
+        },
+        route_command::Command::AssignTenant(a) => Command::AssignTenant {
+            tenant: a.tenant_id,
+            cell: a.cell_id,
+            expect_epoch: a.expect_epoch,
+        },
+        route_command::Command::UpdateRoute(u) => Command::UpdateRoute {
+            key: key_from_pb(u.key)?,
+            expect_epoch: u.expect_epoch,
+            transition: match u.transition.ok_or_else(|| missing("transition"))? {
+                update_route::Transition::BeginMigration(to) => Transition::BeginMigration { to },
+                update_route::Transition::SetPhase(p) => Transition::SetPhase(phase_from_pb(p)?),
+                update_route::Transition::Freeze(_) => Transition::Freeze,
+                update_route::Transition::SwitchFloor(seq_floor) => {
+                    Transition::Switch { seq_floor }
+                }
+                update_route::Transition::Cancel(_) => Transition::Cancel,
+                update_route::Transition::Failover(f) => Transition::Failover {
+                    to: f.to,
+                    seq_floor: f.seq_floor,
+                    floor_margin: f.floor_margin,
+                },
+                update_route::Transition::Remove(_) => Transition::Remove,
+            },
+        },
+        route_command::Command::Checkpoint(b) => Command::Checkpoint {
+            cell: b.cell_id,
+            entries: b
+                .checkpoints
+                .into_iter()
+                .map(|k| (k.tenant_id, k.conversation_id, k.hwm))
+                .collect(),
+        },
+    })
+}

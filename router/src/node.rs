@@ -1,0 +1,243 @@
+//! One RoutingService replica: storage, the Raft instance, the RaftPeer
+//! server on its own listener and the Routing API server. [`start`] binds
+//! both listeners first so port 0 works, then serves until shut down.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cellmesh_proto::raft::v1::raft_peer_server::RaftPeerServer;
+use cellmesh_proto::secret::ClusterSecret;
+use cellmesh_proto::v1::routing_server::RoutingServer;
+use openraft::SnapshotPolicy;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::TcpListenerStream;
+
+use crate::config::RouterConfig;
+use crate::grpc::raft::RaftPeerService;
+use crate::grpc::routing::RoutingService;
+use crate::network::{MAX_RAFT_MESSAGE, Network};
+use crate::storage::{self, RouteStore};
+use crate::types::{NodeId, Raft, RouterNode};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Config(#[from] cellmesh_proto::config::ConfigError),
+    #[error("cannot bind {what} {addr}: {source}")]
+    Bind {
+        what: &'static str,
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("cannot create data dir {0}: {1}")]
+    DataDir(std::path::PathBuf, std::io::Error),
+    #[error("storage: {0}")]
+    Storage(#[from] crate::types::StorageError),
+    #[error("raft: {0}")]
+    Raft(String),
+}
+
+/// A running replica.
+pub struct RunningRouter {
+    pub node_id: NodeId,
+    pub node: RouterNode,
+    pub raft: Raft,
+    pub store: Arc<RouteStore>,
+    pub api_addr: SocketAddr,
+    pub raft_addr: SocketAddr,
+    shutdown: Vec<oneshot::Sender<()>>,
+    servers: Vec<JoinHandle<()>>,
+}
+
+pub async fn start(config: RouterConfig) -> Result<RunningRouter, StartError> {
+    config.validate()?;
+    std::fs::create_dir_all(&config.data_dir)
+        .map_err(|e| StartError::DataDir(config.data_dir.clone(), e))?;
+    let bind = |what, addr| async move {
+        TcpListener::bind(addr)
+            .await
+            .map_err(|source| StartError::Bind { what, addr, source })
+    };
+    let api_listener = bind("api_listen", config.api_listen).await?;
+    let raft_listener = bind("raft_listen", config.raft_listen).await?;
+    let api_addr = api_listener
+        .local_addr()
+        .map_err(|source| StartError::Bind {
+            what: "api_listen",
+            addr: config.api_listen,
+            source,
+        })?;
+    let raft_addr = raft_listener
+        .local_addr()
+        .map_err(|source| StartError::Bind {
+            what: "raft_listen",
+            addr: config.raft_listen,
+            source,
+        })?;
+    let or_bound = |advertised: &str, bound: SocketAddr| {
+        if advertised.is_empty() {
+            format!("http://{bound}")
+        } else {
+            advertised.to_string()
+        }
+    };
+    let node = RouterNode {
+        region: config.region.clone(),
+        raft_addr: or_bound(&config.advertise_raft, raft_addr),
+        api_addr: or_bound(&config.advertise_api, api_addr),
+    };
+
+    let (log_store, state_machine) = storage::open(&config.data_dir, config.raft.watch_history)?;
+    let store = state_machine.store();
+    let raft_config = openraft::Config {
+        cluster_name: "cellmesh-routing".into(),
+        heartbeat_interval: config.raft.heartbeat_ms,
+        election_timeout_min: config.raft.election_timeout_min_ms,
+        election_timeout_max: config.raft.election_timeout_max_ms,
+        snapshot_policy: SnapshotPolicy::LogsSinceLast(config.raft.snapshot_every),
+        max_in_snapshot_log_to_keep: config.raft.keep_logs_after_snapshot,
+        install_snapshot_timeout: 10_000,
+        ..Default::default()
+    }
+    .validate()
+    .map_err(|e| StartError::Raft(e.to_string()))?;
+    let secret = ClusterSecret::new(&config.cluster_secret);
+    let network = Network {
+        secret: secret.clone(),
+    };
+    let raft = Raft::new(
+        config.node_id,
+        Arc::new(raft_config),
+        network,
+        log_store,
+        state_machine,
+    )
+    .await
+    .map_err(|e| StartError::Raft(e.to_string()))?;
+
+    let mut shutdown = Vec::new();
+    let mut servers = Vec::new();
+    {
+        let peer = RaftPeerServer::new(RaftPeerService { raft: raft.clone() })
+            .max_decoding_message_size(MAX_RAFT_MESSAGE)
+            .max_encoding_message_size(MAX_RAFT_MESSAGE);
+        let check = secret.clone();
+        let peer = tonic_interceptor(peer, check);
+        let (tx, rx) = oneshot::channel();
+        shutdown.push(tx);
+        servers.push(tokio::spawn(async move {
+            let result = tonic::transport::Server::builder()
+                .add_service(peer)
+                .serve_with_incoming_shutdown(TcpListenerStream::new(raft_listener), async {
+                    let _ = rx.await;
+                })
+                .await;
+            if let Err(e) = result {
+                tracing::error!(error = %e, "raft peer server stopped");
+            }
+        }));
+    }
+    {
+        let routing = RoutingService::new(
+            raft.clone(),
+            store.clone(),
+            config.node_id,
+            node.clone(),
+            secret.clone(),
+        );
+        let check = secret.clone();
+        let routing = tonic_interceptor(RoutingServer::new(routing), check);
+        let std = cellmesh_proto::server::standard_services::<RoutingServer<RoutingService>>()
+            .await
+            .map_err(|e| StartError::Raft(e.to_string()))?;
+        let (tx, rx) = oneshot::channel();
+        shutdown.push(tx);
+        servers.push(tokio::spawn(async move {
+            let result = tonic::transport::Server::builder()
+                .add_service(std.health)
+                .add_service(std.reflection)
+                .add_service(routing)
+                .serve_with_incoming_shutdown(TcpListenerStream::new(api_listener), async {
+                    let _ = rx.await;
+                })
+                .await;
+            if let Err(e) = result {
+                tracing::error!(error = %e, "routing server stopped");
+            }
+        }));
+    }
+
+    let running = RunningRouter {
+        node_id: config.node_id,
+        node,
+        raft,
+        store,
+        api_addr,
+        raft_addr,
+        shutdown,
+        servers,
+    };
+    if config.cluster.bootstrap {
+        let members = config
+            .cluster
+            .members
+            .iter()
+            .map(|m| {
+                (
+                    m.node_id,
+                    RouterNode {
+                        region: m.region.clone(),
+                        raft_addr: m.raft_addr.clone(),
+                        api_addr: m.api_addr.clone(),
+                    },
+                )
+            })
+            .collect();
+        running.initialize(members).await?;
+    }
+    tracing::info!(node = config.node_id, api = %api_addr, raft = %raft_addr, "router replica started");
+    Ok(running)
+}
+
+fn tonic_interceptor<S>(
+    service: S,
+    secret: ClusterSecret,
+) -> tonic::service::interceptor::InterceptedService<S, impl tonic::service::Interceptor + Clone> {
+    tonic::service::interceptor::InterceptedService::new(service, move |r| secret.check(r))
+}
+
+impl RunningRouter {
+    /// Forms a new cluster with these members. A replica that already has
+    /// state ignores it.
+    pub async fn initialize(
+        &self,
+        members: BTreeMap<NodeId, RouterNode>,
+    ) -> Result<(), StartError> {
+        match self.raft.initialize(members).await {
+            Ok(()) => Ok(()),
+            Err(openraft::error::RaftError::APIError(
+                openraft::error::InitializeError::NotAllowed(_),
+            )) => Ok(()),
+            Err(e) => Err(StartError::Raft(e.to_string())),
+        }
+    }
+
+    pub fn api_endpoint(&self) -> String {
+        format!("http://{}", self.api_addr)
+    }
+
+    /// Stops serving and shuts Raft down (storage stays).
+    pub async fn stop(mut self) {
+        for tx in self.shutdown.drain(..) {
+            let _ = tx.send(());
+        }
+        let _ = self.raft.shutdown().await;
+        for s in self.servers.drain(..) {
+            let _ = tokio::time::timeout(Duration::from_secs(5), s).await;
+        }
+    }
+}

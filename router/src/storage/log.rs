@@ -1,0 +1,152 @@
+//! The Raft log and vote in RocksDB. Every append is one synced WriteBatch:
+//! an entry is acknowledged to openraft only once it is on disk.
+
+use std::fmt::Debug;
+use std::ops::{Bound, RangeBounds};
+use std::sync::Arc;
+
+use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
+use openraft::{OptionalSend, RaftLogReader, Vote};
+use rocksdb::{DB, Direction, IteratorMode, WriteBatch};
+
+use super::{
+    CF_LOG, CF_RAFT_META, cf, decode, encode, get, index_key, put, read_err, synced, write_err,
+};
+use crate::types::{Entry, LogId, NodeId, StorageError, TypeConfig};
+
+const VOTE: &[u8] = b"vote";
+const COMMITTED: &[u8] = b"committed";
+const LAST_PURGED: &[u8] = b"last_purged";
+
+#[derive(Clone)]
+pub struct LogStore {
+    db: Arc<DB>,
+}
+
+impl LogStore {
+    pub(super) fn new(db: Arc<DB>) -> Self {
+        Self { db }
+    }
+
+    fn last_entry_id(&self) -> Result<Option<LogId>, StorageError> {
+        match self
+            .db
+            .iterator_cf(cf(&self.db, CF_LOG), IteratorMode::End)
+            .next()
+        {
+            Some(item) => {
+                let (_, bytes) = item.map_err(read_err)?;
+                Ok(Some(decode::<Entry>(&bytes)?.log_id))
+            }
+            None => Ok(None),
+        }
+    }
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry>, StorageError> {
+        let start = match range.start_bound() {
+            Bound::Included(&i) => i,
+            Bound::Excluded(&i) => i + 1,
+            Bound::Unbounded => 0,
+        };
+        let from = index_key(start);
+        let mut entries = Vec::new();
+        for item in self.db.iterator_cf(
+            cf(&self.db, CF_LOG),
+            IteratorMode::From(&from, Direction::Forward),
+        ) {
+            let (key, bytes) = item.map_err(read_err)?;
+            if !range.contains(&super::index_of(&key)) {
+                break;
+            }
+            entries.push(decode(&bytes)?);
+        }
+        Ok(entries)
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = Self;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
+        let last_purged_log_id: Option<LogId> = get(&self.db, CF_RAFT_META, LAST_PURGED)?;
+        let last_log_id = self.last_entry_id()?.or(last_purged_log_id);
+        Ok(LogState {
+            last_purged_log_id,
+            last_log_id,
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError> {
+        put(&self.db, CF_RAFT_META, VOTE, vote)
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError> {
+        get(&self.db, CF_RAFT_META, VOTE)
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
+        put(&self.db, CF_RAFT_META, COMMITTED, &committed)
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {
+        Ok(get::<Option<LogId>>(&self.db, CF_RAFT_META, COMMITTED)?.flatten())
+    }
+
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: LogFlushed<TypeConfig>,
+    ) -> Result<(), StorageError>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let mut batch = WriteBatch::default();
+        for entry in entries {
+            batch.put_cf(
+                cf(&self.db, CF_LOG),
+                index_key(entry.log_id.index),
+                encode(&entry)?,
+            );
+        }
+        let result = self.db.write_opt(batch, &synced());
+        callback.log_io_completed(
+            result
+                .as_ref()
+                .map(|_| ())
+                .map_err(|e| std::io::Error::other(e.to_string())),
+        );
+        result.map_err(write_err)
+    }
+
+    async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        let mut batch = WriteBatch::default();
+        batch.delete_range_cf(
+            cf(&self.db, CF_LOG),
+            index_key(log_id.index),
+            index_key(u64::MAX),
+        );
+        batch.delete_cf(cf(&self.db, CF_LOG), index_key(u64::MAX));
+        self.db.write_opt(batch, &synced()).map_err(write_err)
+    }
+
+    async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        put(&self.db, CF_RAFT_META, LAST_PURGED, &log_id)?;
+        let mut batch = WriteBatch::default();
+        batch.delete_range_cf(
+            cf(&self.db, CF_LOG),
+            index_key(0),
+            index_key(log_id.index + 1),
+        );
+        self.db.write_opt(batch, &synced()).map_err(write_err)
+    }
+}

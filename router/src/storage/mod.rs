@@ -1,0 +1,101 @@
+//! RocksDB storage of a RoutingService replica: the Raft log and vote
+//! ([`LogStore`]) and the route-table state machine with its change history
+//! ([`StateMachine`]), in one database with a column family per kind. The only
+//! module of the router that names rocksdb.
+
+mod log;
+mod state;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use openraft::{AnyError, StorageIOError};
+use rocksdb::{ColumnFamilyDescriptor, DB, DBCompressionType, Options, WriteOptions};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+pub use log::LogStore;
+pub use state::{RouteStore, StateMachine, WatchBatch};
+
+use crate::types::StorageError;
+
+/// Raft log entries by big-endian index.
+const CF_LOG: &str = "raft_log";
+/// Vote, committed and purged log ids.
+const CF_RAFT_META: &str = "raft_meta";
+/// The route table: cells, route entries, checkpoints.
+const CF_ROUTES: &str = "routes";
+/// Changes by big-endian log index, for the watch stream.
+const CF_CHANGES: &str = "changes";
+/// Applied log id, membership, compaction point, current snapshot.
+const CF_SM_META: &str = "sm_meta";
+
+const ALL_CFS: [&str; 5] = [CF_LOG, CF_RAFT_META, CF_ROUTES, CF_CHANGES, CF_SM_META];
+
+/// Opens (creating if needed) a replica's database and returns its two halves.
+pub fn open(dir: &Path, watch_history: u64) -> Result<(LogStore, StateMachine), StorageError> {
+    let mut options = Options::default();
+    options.create_if_missing(true);
+    options.create_missing_column_families(true);
+    options.set_compression_type(DBCompressionType::None);
+    let cfs = ALL_CFS.iter().map(|name| {
+        let mut cf = Options::default();
+        cf.set_compression_type(DBCompressionType::None);
+        ColumnFamilyDescriptor::new(*name, cf)
+    });
+    let db = DB::open_cf_descriptors(&options, dir, cfs).map_err(read_err)?;
+    let db = Arc::new(db);
+    Ok((
+        LogStore::new(db.clone()),
+        StateMachine::open(db, watch_history)?,
+    ))
+}
+
+fn cf<'a>(db: &'a DB, name: &str) -> &'a rocksdb::ColumnFamily {
+    db.cf_handle(name).expect("column family opened at start")
+}
+
+fn synced() -> WriteOptions {
+    let mut w = WriteOptions::default();
+    w.set_sync(true);
+    w
+}
+
+fn index_key(index: u64) -> [u8; 8] {
+    index.to_be_bytes()
+}
+
+fn index_of(key: &[u8]) -> u64 {
+    u64::from_be_bytes(key[..8].try_into().expect("8-byte index key"))
+}
+
+fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, StorageError> {
+    serde_json::to_vec(value).map_err(write_err)
+}
+
+fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, StorageError> {
+    serde_json::from_slice(bytes).map_err(read_err)
+}
+
+fn get<T: DeserializeOwned>(db: &DB, cf_name: &str, key: &[u8]) -> Result<Option<T>, StorageError> {
+    match db.get_cf(cf(db, cf_name), key).map_err(read_err)? {
+        Some(bytes) => Ok(Some(decode(&bytes)?)),
+        None => Ok(None),
+    }
+}
+
+fn put<T: Serialize>(db: &DB, cf_name: &str, key: &[u8], value: &T) -> Result<(), StorageError> {
+    db.put_cf_opt(cf(db, cf_name), key, encode(value)?, &synced())
+        .map_err(write_err)
+}
+
+fn read_err(e: impl std::error::Error + 'static) -> StorageError {
+    StorageIOError::read(AnyError::new(&e)).into()
+}
+
+fn write_err(e: impl std::error::Error + 'static) -> StorageError {
+    StorageIOError::write(AnyError::new(&e)).into()
+}
+
+#[cfg(test)]
+mod tests;

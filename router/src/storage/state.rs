@@ -1,0 +1,374 @@
+//! The route-table state machine in RocksDB. Applying a batch of log entries
+//! writes the changed table records, the batch's changes (for the watch
+//! stream) and the applied log id in one synced WriteBatch; the in-memory
+//! [`RouteTable`] is the read model lookups use. Snapshots carry the table and
+//! the retained change history; history older than `watch_history` indices is
+//! compacted when a snapshot is built.
+
+use std::io::Cursor;
+use std::sync::{Arc, RwLock};
+
+use openraft::storage::RaftStateMachine;
+use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder};
+use rocksdb::{DB, Direction, IteratorMode, WriteBatch};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use super::{
+    CF_CHANGES, CF_ROUTES, CF_SM_META, cf, decode, encode, get, index_key, index_of, read_err,
+    synced, write_err,
+};
+use crate::table::{Change, RouteTable};
+use crate::types::{
+    Applied, Entry, LogId, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
+};
+
+const LAST_APPLIED: &[u8] = b"last_applied";
+const MEMBERSHIP: &[u8] = b"membership";
+const COMPACTED: &[u8] = b"compacted_through";
+const SNAPSHOT: &[u8] = b"snapshot";
+
+/// One applied log index and the changes it made.
+pub type WatchBatch = (u64, Vec<Change>);
+
+/// The replica's route table, readable by the API while Raft applies to it.
+pub struct RouteStore {
+    db: Arc<DB>,
+    table: RwLock<RouteTable>,
+    inner: RwLock<Meta>,
+    applied: watch::Sender<u64>,
+    watch_history: u64,
+}
+
+struct Meta {
+    last_applied: Option<LogId>,
+    membership: StoredMembership,
+    compacted_through: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+struct SnapshotData {
+    applied: u64,
+    table: Vec<Change>,
+    history: Vec<WatchBatch>,
+    compacted_through: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+struct StoredSnapshot {
+    meta: SnapshotMeta,
+    data: Vec<u8>,
+}
+
+impl RouteStore {
+    /// A copy of the table at one applied index.
+    pub fn table(&self) -> RouteTable {
+        self.table.read().expect("route table lock").clone()
+    }
+
+    /// Runs `f` over the current table without copying it.
+    pub fn read<R>(&self, f: impl FnOnce(&RouteTable) -> R) -> R {
+        f(&self.table.read().expect("route table lock"))
+    }
+
+    pub fn applied_index(&self) -> u64 {
+        *self.applied.borrow()
+    }
+
+    /// Fires whenever the applied index moves.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.applied.subscribe()
+    }
+
+    /// History at or below this index is gone; a watch from there restarts
+    /// from a copy of the table.
+    pub fn compacted_through(&self) -> u64 {
+        self.inner.read().expect("meta lock").compacted_through
+    }
+
+    /// Up to `limit` change batches with index ≥ `from`, in order.
+    pub fn changes_from(&self, from: u64, limit: usize) -> Result<Vec<WatchBatch>, StorageError> {
+        let start = index_key(from);
+        let mut out = Vec::new();
+        for item in self.db.iterator_cf(
+            cf(&self.db, CF_CHANGES),
+            IteratorMode::From(&start, Direction::Forward),
+        ) {
+            if out.len() >= limit {
+                break;
+            }
+            let (key, bytes) = item.map_err(read_err)?;
+            out.push((index_of(&key), decode(&bytes)?));
+        }
+        Ok(out)
+    }
+
+    fn snapshot_data(
+        &self,
+    ) -> Result<(SnapshotData, Option<LogId>, StoredMembership), StorageError> {
+        // Compact the history first, then copy table and history under the
+        // table lock so both describe one applied index.
+        let table = self.table.read().expect("route table lock");
+        let mut meta = self.inner.write().expect("meta lock");
+        let keep_from = table.applied.saturating_sub(self.watch_history);
+        if keep_from > meta.compacted_through {
+            let mut batch = WriteBatch::default();
+            batch.delete_range_cf(
+                cf(&self.db, CF_CHANGES),
+                index_key(0),
+                index_key(keep_from + 1),
+            );
+            batch.put_cf(cf(&self.db, CF_SM_META), COMPACTED, encode(&keep_from)?);
+            self.db.write_opt(batch, &synced()).map_err(write_err)?;
+            meta.compacted_through = keep_from;
+        }
+        let history = self.changes_from(meta.compacted_through + 1, usize::MAX)?;
+        Ok((
+            SnapshotData {
+                applied: table.applied,
+                table: table.as_changes(),
+                history,
+                compacted_through: meta.compacted_through,
+            },
+            meta.last_applied,
+            meta.membership.clone(),
+        ))
+    }
+}
+
+/// The openraft state machine over a shared [`RouteStore`].
+#[derive(Clone)]
+pub struct StateMachine {
+    store: Arc<RouteStore>,
+}
+
+impl StateMachine {
+    pub(super) fn open(db: Arc<DB>, watch_history: u64) -> Result<Self, StorageError> {
+        let last_applied: Option<LogId> =
+            get::<Option<LogId>>(&db, CF_SM_META, LAST_APPLIED)?.flatten();
+        let membership: StoredMembership = get(&db, CF_SM_META, MEMBERSHIP)?.unwrap_or_default();
+        let compacted_through: u64 = get(&db, CF_SM_META, COMPACTED)?.unwrap_or(0);
+        let mut table = RouteTable::default();
+        for item in db.iterator_cf(cf(&db, CF_ROUTES), IteratorMode::Start) {
+            let (_, bytes) = item.map_err(read_err)?;
+            table.apply_change(&decode::<Change>(&bytes)?);
+        }
+        table.applied = last_applied.map_or(0, |l| l.index);
+        let (applied, _) = watch::channel(table.applied);
+        Ok(Self {
+            store: Arc::new(RouteStore {
+                db,
+                table: RwLock::new(table),
+                inner: RwLock::new(Meta {
+                    last_applied,
+                    membership,
+                    compacted_through,
+                }),
+                applied,
+                watch_history,
+            }),
+        })
+    }
+
+    pub fn store(&self) -> Arc<RouteStore> {
+        self.store.clone()
+    }
+}
+
+/// Where a change's record lives in the routes column family; `None` for a
+/// removal's key.
+fn record_key(change: &Change) -> Vec<u8> {
+    match change {
+        Change::Cell(cell) => [b"c/".as_slice(), cell.id.as_bytes()].concat(),
+        Change::Route(entry) => route_key(&entry.key),
+        Change::Removed(key) => route_key(key),
+        Change::Checkpoint {
+            tenant,
+            conversation,
+            ..
+        } => [
+            b"k/".as_slice(),
+            &tenant.to_be_bytes(),
+            &conversation.to_be_bytes(),
+        ]
+        .concat(),
+    }
+}
+
+fn route_key(key: &crate::table::Key) -> Vec<u8> {
+    let scope = match key.scope {
+        crate::table::Scope::Tenant => [0u8; 9],
+        crate::table::Scope::Conversation(c) => {
+            let mut b = [1u8; 9];
+            b[1..].copy_from_slice(&c.to_be_bytes());
+            b
+        }
+        crate::table::Scope::User(u) => {
+            let mut b = [2u8; 9];
+            b[1..].copy_from_slice(&u.to_be_bytes());
+            b
+        }
+    };
+    [b"r/".as_slice(), &key.tenant.to_be_bytes(), &scope].concat()
+}
+
+fn put_change(db: &DB, batch: &mut WriteBatch, change: &Change) -> Result<(), StorageError> {
+    let key = record_key(change);
+    match change {
+        Change::Removed(_) => batch.delete_cf(cf(db, CF_ROUTES), key),
+        _ => batch.put_cf(cf(db, CF_ROUTES), key, encode(change)?),
+    }
+    Ok(())
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
+    async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
+        let (data, last_applied, membership) = self.store.snapshot_data()?;
+        let bytes = encode(&data)?;
+        let meta = SnapshotMeta {
+            last_log_id: last_applied,
+            last_membership: membership,
+            snapshot_id: format!(
+                "{}-{}",
+                data.applied,
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis())
+            ),
+        };
+        let stored = StoredSnapshot {
+            meta: meta.clone(),
+            data: bytes.clone(),
+        };
+        super::put(&self.store.db, CF_SM_META, SNAPSHOT, &stored)?;
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(bytes)),
+        })
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachine {
+    type SnapshotBuilder = Self;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), StorageError> {
+        let meta = self.store.inner.read().expect("meta lock");
+        Ok((meta.last_applied, meta.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Applied>, StorageError>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let db = &self.store.db;
+        let mut table = self.store.table.write().expect("route table lock");
+        let mut meta = self.store.inner.write().expect("meta lock");
+        let mut batch = WriteBatch::default();
+        let mut responses = Vec::new();
+        for entry in entries {
+            let index = entry.log_id.index;
+            let result = match &entry.payload {
+                EntryPayload::Blank => Ok(Vec::new()),
+                EntryPayload::Normal(command) => table.apply(command, index),
+                EntryPayload::Membership(m) => {
+                    meta.membership = StoredMembership::new(Some(entry.log_id), m.clone());
+                    Ok(Vec::new())
+                }
+            };
+            table.applied = index;
+            if let Ok(changes) = &result
+                && !changes.is_empty()
+            {
+                for change in changes {
+                    put_change(db, &mut batch, change)?;
+                }
+                batch.put_cf(cf(db, CF_CHANGES), index_key(index), encode(changes)?);
+            }
+            meta.last_applied = Some(entry.log_id);
+            responses.push(Applied { index, result });
+        }
+        batch.put_cf(
+            cf(db, CF_SM_META),
+            LAST_APPLIED,
+            encode(&meta.last_applied)?,
+        );
+        batch.put_cf(cf(db, CF_SM_META), MEMBERSHIP, encode(&meta.membership)?);
+        db.write_opt(batch, &synced()).map_err(write_err)?;
+        let applied = table.applied;
+        drop(meta);
+        drop(table);
+        self.store.applied.send_replace(applied);
+        Ok(responses)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.clone()
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError> {
+        let bytes = snapshot.into_inner();
+        let data: SnapshotData = decode(&bytes)?;
+        let db = &self.store.db;
+        let mut table = RouteTable::default();
+        let mut batch = WriteBatch::default();
+        for c in [CF_ROUTES, CF_CHANGES] {
+            batch.delete_range_cf(cf(db, c), &[0u8; 0][..], &[0xffu8; 32][..]);
+        }
+        for change in &data.table {
+            table.apply_change(change);
+            put_change(db, &mut batch, change)?;
+        }
+        for (index, changes) in &data.history {
+            batch.put_cf(cf(db, CF_CHANGES), index_key(*index), encode(changes)?);
+        }
+        table.applied = meta.last_log_id.map_or(0, |l| l.index);
+        batch.put_cf(cf(db, CF_SM_META), LAST_APPLIED, encode(&meta.last_log_id)?);
+        batch.put_cf(
+            cf(db, CF_SM_META),
+            MEMBERSHIP,
+            encode(&meta.last_membership)?,
+        );
+        batch.put_cf(
+            cf(db, CF_SM_META),
+            COMPACTED,
+            encode(&data.compacted_through)?,
+        );
+        batch.put_cf(
+            cf(db, CF_SM_META),
+            SNAPSHOT,
+            encode(&StoredSnapshot {
+                meta: meta.clone(),
+                data: bytes.clone(),
+            })?,
+        );
+        let mut current = self.store.table.write().expect("route table lock");
+        let mut m = self.store.inner.write().expect("meta lock");
+        db.write_opt(batch, &synced()).map_err(write_err)?;
+        let applied = table.applied;
+        *current = table;
+        m.last_applied = meta.last_log_id;
+        m.membership = meta.last_membership.clone();
+        m.compacted_through = data.compacted_through;
+        drop(m);
+        drop(current);
+        self.store.applied.send_replace(applied);
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, StorageError> {
+        let stored: Option<StoredSnapshot> = get(&self.store.db, CF_SM_META, SNAPSHOT)?;
+        Ok(stored.map(|s| Snapshot {
+            meta: s.meta,
+            snapshot: Box::new(Cursor::new(s.data)),
+        }))
+    }
+}

@@ -1,0 +1,323 @@
+//! Route writes and their validation: each [`Command`] is checked against the
+//! current table and turned into the [`Change`]s it makes. Epochs of changed
+//! entries become the log index of the command.
+
+use serde::{Deserialize, Serialize};
+
+use super::{
+    CellInfo, CellStatus, Change, Entry, Key, Phase, RouteError, RouteState, RouteTable, Scope,
+};
+
+/// One transition of a route entry (DESIGN.md §5 and §6).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Transition {
+    /// Active → Migrating{to, Copy}.
+    BeginMigration { to: String },
+    /// Migrating: advance to a later phase.
+    SetPhase(Phase),
+    /// Migrating → Frozen.
+    Freeze,
+    /// Frozen → Active on the migration target with seq above the floor.
+    Switch { seq_floor: u64 },
+    /// Migrating or Frozen → Active on the same cell.
+    Cancel,
+    /// Any state → Active on another cell.
+    Failover {
+        to: String,
+        seq_floor: u64,
+        floor_margin: u64,
+    },
+    /// Drop an override that agrees with its tenant's route.
+    Remove,
+}
+
+impl Transition {
+    fn name(&self) -> &'static str {
+        match self {
+            Transition::BeginMigration { .. } => "begin a migration",
+            Transition::SetPhase(_) => "set a migration phase",
+            Transition::Freeze => "freeze",
+            Transition::Switch { .. } => "switch",
+            Transition::Cancel => "cancel a migration",
+            Transition::Failover { .. } => "fail over",
+            Transition::Remove => "remove the override",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    RegisterCell {
+        id: String,
+        region: String,
+        address: String,
+    },
+    SetCellStatus {
+        id: String,
+        status: CellStatus,
+    },
+    /// Places a new tenant (`expect_epoch` 0) or moves an Active one.
+    AssignTenant {
+        tenant: u64,
+        cell: String,
+        expect_epoch: u64,
+    },
+    UpdateRoute {
+        key: Key,
+        expect_epoch: u64,
+        transition: Transition,
+    },
+    /// High-water marks reported by `cell`; entries for conversations it does
+    /// not own are ignored.
+    Checkpoint {
+        cell: String,
+        entries: Vec<(u64, u64, u64)>,
+    },
+}
+
+impl Command {
+    pub(super) fn plan(&self, table: &RouteTable, index: u64) -> Result<Vec<Change>, RouteError> {
+        match self {
+            Command::RegisterCell {
+                id,
+                region,
+                address,
+            } => {
+                validate_cell_id(id, region)?;
+                if address.is_empty() {
+                    return Err(RouteError::invalid("address", "empty"));
+                }
+                let status = table.cell(id).map_or(CellStatus::Up, |c| c.status);
+                Ok(vec![Change::Cell(CellInfo {
+                    id: id.clone(),
+                    region: region.clone(),
+                    address: address.clone(),
+                    status,
+                    epoch: index,
+                })])
+            }
+            Command::SetCellStatus { id, status } => {
+                let mut cell = known_cell(table, id)?.clone();
+                cell.status = *status;
+                cell.epoch = index;
+                Ok(vec![Change::Cell(cell)])
+            }
+            Command::AssignTenant {
+                tenant,
+                cell,
+                expect_epoch,
+            } => {
+                nonzero("tenant_id", *tenant)?;
+                usable_cell(table, cell)?;
+                let key = Key::tenant(*tenant);
+                let entry = match table.entry(&key) {
+                    None if *expect_epoch == 0 => Entry {
+                        key,
+                        cell: cell.clone(),
+                        epoch: index,
+                        state: RouteState::Active,
+                        seq_floor: 0,
+                        floor_margin: 0,
+                    },
+                    None => return Err(RouteError::NoRoute(key.to_string())),
+                    Some(current) => {
+                        check_epoch(current, *expect_epoch)?;
+                        if current.state != RouteState::Active {
+                            return Err(illegal(current, "reassign"));
+                        }
+                        Entry {
+                            cell: cell.clone(),
+                            epoch: index,
+                            ..current.clone()
+                        }
+                    }
+                };
+                Ok(vec![Change::Route(entry)])
+            }
+            Command::UpdateRoute {
+                key,
+                expect_epoch,
+                transition,
+            } => update_route(table, *key, *expect_epoch, transition, index),
+            Command::Checkpoint { cell, entries } => {
+                known_cell(table, cell)?;
+                Ok(entries
+                    .iter()
+                    .filter(|&&(tenant, conversation, hwm)| {
+                        hwm > 0
+                            && table
+                                .effective(&Key::conversation(tenant, conversation))
+                                .is_some_and(|e| &e.cell == cell)
+                            && table.checkpoints.get(&(tenant, conversation)) < Some(&hwm)
+                    })
+                    .map(|&(tenant, conversation, hwm)| Change::Checkpoint {
+                        tenant,
+                        conversation,
+                        hwm,
+                    })
+                    .collect())
+            }
+        }
+    }
+}
+
+fn update_route(
+    table: &RouteTable,
+    key: Key,
+    expect_epoch: u64,
+    transition: &Transition,
+    index: u64,
+) -> Result<Vec<Change>, RouteError> {
+    nonzero("tenant_id", key.tenant)?;
+    match key.scope {
+        Scope::Conversation(id) => nonzero("conversation_id", id)?,
+        Scope::User(id) => nonzero("user_id", id)?,
+        Scope::Tenant => {}
+    }
+    // An override that does not exist yet starts as a copy of its tenant's.
+    let current = table
+        .effective(&key)
+        .ok_or_else(|| RouteError::NoRoute(key.to_string()))?;
+    check_epoch(current, expect_epoch)?;
+    let mut next = Entry {
+        key,
+        epoch: index,
+        ..current.clone()
+    };
+    let refuse = || illegal(current, transition.name());
+    match (transition, &current.state) {
+        (Transition::BeginMigration { to }, RouteState::Active) => {
+            usable_cell(table, to)?;
+            if *to == current.cell {
+                return Err(RouteError::invalid("to", "is the current owner"));
+            }
+            next.state = RouteState::Migrating {
+                to: to.clone(),
+                phase: Phase::Copy,
+            };
+        }
+        (Transition::SetPhase(phase), RouteState::Migrating { to, phase: now }) if phase >= now => {
+            next.state = RouteState::Migrating {
+                to: to.clone(),
+                phase: *phase,
+            };
+        }
+        (Transition::Freeze, RouteState::Migrating { to, .. }) => {
+            next.state = RouteState::Frozen { to: to.clone() };
+        }
+        (Transition::Switch { seq_floor }, RouteState::Frozen { to }) => {
+            next.cell = to.clone();
+            next.state = RouteState::Active;
+            next.seq_floor = current.seq_floor.max(*seq_floor);
+            next.floor_margin = 0;
+        }
+        (Transition::Cancel, RouteState::Migrating { .. } | RouteState::Frozen { .. }) => {
+            next.state = RouteState::Active;
+        }
+        (
+            Transition::Failover {
+                to,
+                seq_floor,
+                floor_margin,
+            },
+            _,
+        ) => {
+            known_cell(table, to)?;
+            if *to == current.cell {
+                return Err(RouteError::invalid("to", "is the current owner"));
+            }
+            next.cell = to.clone();
+            next.state = RouteState::Active;
+            next.seq_floor = current.seq_floor.max(*seq_floor);
+            next.floor_margin = *floor_margin;
+        }
+        (Transition::Remove, RouteState::Active) => {
+            if !key.is_override() || table.entry(&key).is_none() {
+                return Err(RouteError::NoRoute(format!("override for {key}")));
+            }
+            let tenant = table
+                .entry(&key.tenant_key())
+                .ok_or_else(|| RouteError::NoRoute(key.tenant_key().to_string()))?;
+            if tenant.cell != current.cell {
+                return Err(RouteError::invalid(
+                    "key",
+                    format!(
+                        "the override points at {}, its tenant at {}",
+                        current.cell, tenant.cell
+                    ),
+                ));
+            }
+            return Ok(vec![Change::Removed(key)]);
+        }
+        _ => return Err(refuse()),
+    }
+    Ok(vec![Change::Route(next)])
+}
+
+fn validate_cell_id(id: &str, region: &str) -> Result<(), RouteError> {
+    let valid_part = |s: &str| {
+        !s.is_empty()
+            && s.len() <= 64
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    };
+    match id.split_once('/') {
+        Some((r, name)) if valid_part(r) && valid_part(name) => {
+            if r != region {
+                return Err(RouteError::invalid(
+                    "region",
+                    format!("cell {id} is not in region {region:?}"),
+                ));
+            }
+            Ok(())
+        }
+        _ => Err(RouteError::invalid(
+            "cell_id",
+            format!("{id:?} is not region/name"),
+        )),
+    }
+}
+
+fn known_cell<'a>(table: &'a RouteTable, id: &str) -> Result<&'a CellInfo, RouteError> {
+    table
+        .cell(id)
+        .ok_or_else(|| RouteError::UnknownCell(id.to_string()))
+}
+
+/// A cell that may receive new ownership.
+fn usable_cell(table: &RouteTable, id: &str) -> Result<(), RouteError> {
+    let cell = known_cell(table, id)?;
+    match cell.status {
+        CellStatus::Up | CellStatus::Degraded => Ok(()),
+        status => Err(RouteError::invalid(
+            "cell_id",
+            format!("cell {id} is {status:?}"),
+        )),
+    }
+}
+
+fn nonzero(field: &str, value: u64) -> Result<(), RouteError> {
+    if value == 0 {
+        return Err(RouteError::invalid(field, "must not be 0"));
+    }
+    Ok(())
+}
+
+fn check_epoch(current: &Entry, expected: u64) -> Result<(), RouteError> {
+    if current.epoch != expected {
+        return Err(RouteError::StaleEpoch {
+            key: current.key.to_string(),
+            expected,
+            current: current.epoch,
+        });
+    }
+    Ok(())
+}
+
+fn illegal(current: &Entry, transition: &str) -> RouteError {
+    RouteError::IllegalTransition {
+        key: current.key.to_string(),
+        state: current.state.name().to_string(),
+        transition: transition.to_string(),
+    }
+}

@@ -1,0 +1,55 @@
+//! Why a route write was refused. Deterministic: every replica applying the
+//! same command reaches the same error, which is returned as the command's
+//! result rather than failing the Raft log.
+
+use cellmesh_proto::v1::ErrorCode;
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+pub enum RouteError {
+    #[error("invalid {field}: {reason}")]
+    Invalid { field: String, reason: String },
+    #[error("unknown cell {0:?}")]
+    UnknownCell(String),
+    #[error("no route for {0}")]
+    NoRoute(String),
+    #[error("{key} is at epoch {current}, not {expected}")]
+    StaleEpoch {
+        key: String,
+        expected: u64,
+        current: u64,
+    },
+    #[error("{key} is {state}: cannot {transition}")]
+    IllegalTransition {
+        key: String,
+        state: String,
+        transition: String,
+    },
+}
+
+impl RouteError {
+    pub fn invalid(field: &str, reason: impl Into<String>) -> Self {
+        RouteError::Invalid {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+
+    /// The stable code and reason on the wire.
+    pub fn code(&self) -> (ErrorCode, &'static str) {
+        match self {
+            RouteError::Invalid { .. } => (ErrorCode::InvalidArgument, "INVALID_ROUTE_COMMAND"),
+            RouteError::UnknownCell(_) => (ErrorCode::NotFound, "UNKNOWN_CELL"),
+            RouteError::NoRoute(_) => (ErrorCode::NotFound, "NO_ROUTE"),
+            RouteError::StaleEpoch { .. } => (ErrorCode::InvalidArgument, "STALE_EPOCH"),
+            RouteError::IllegalTransition { .. } => {
+                (ErrorCode::InvalidArgument, "ILLEGAL_TRANSITION")
+            }
+        }
+    }
+
+    pub fn to_status(&self) -> tonic::Status {
+        let (code, reason) = self.code();
+        cellmesh_proto::status::to_status(code, reason, self.to_string(), 0, None)
+    }
+}

@@ -1,0 +1,255 @@
+//! The route table (DESIGN.md §3): which cell owns each tenant, each
+//! conversation override and each user-home override, with epochs, migration
+//! states and seq floors; the cell registry; conversation high-water-mark
+//! checkpoints. Pure data and logic: the Raft state machine and every route
+//! client hold one of these and feed it the same [`Change`]s.
+
+mod command;
+mod error;
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+pub use command::{Command, Transition};
+pub use error::RouteError;
+
+/// What a route is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum Scope {
+    Tenant,
+    Conversation(u64),
+    User(u64),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Key {
+    pub tenant: u64,
+    pub scope: Scope,
+}
+
+impl Key {
+    pub fn tenant(tenant: u64) -> Self {
+        Self {
+            tenant,
+            scope: Scope::Tenant,
+        }
+    }
+    pub fn conversation(tenant: u64, conversation: u64) -> Self {
+        Self {
+            tenant,
+            scope: Scope::Conversation(conversation),
+        }
+    }
+    pub fn user(tenant: u64, user: u64) -> Self {
+        Self {
+            tenant,
+            scope: Scope::User(user),
+        }
+    }
+    /// The tenant default this key falls back to.
+    pub fn tenant_key(&self) -> Self {
+        Self::tenant(self.tenant)
+    }
+    pub fn is_override(&self) -> bool {
+        self.scope != Scope::Tenant
+    }
+}
+
+impl fmt::Display for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.scope {
+            Scope::Tenant => write!(f, "tenant {}", self.tenant),
+            Scope::Conversation(c) => write!(f, "conversation {c} of tenant {}", self.tenant),
+            Scope::User(u) => write!(f, "user {u} of tenant {}", self.tenant),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CellStatus {
+    Up,
+    Degraded,
+    Down,
+    Draining,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CellInfo {
+    pub id: String,
+    pub region: String,
+    pub address: String,
+    pub status: CellStatus,
+    pub epoch: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Phase {
+    Copy,
+    CatchUp,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RouteState {
+    Active,
+    Migrating {
+        to: String,
+        phase: Phase,
+    },
+    /// The owner rejects writes; `to` is the migration target.
+    Frozen {
+        to: String,
+    },
+}
+
+impl RouteState {
+    pub fn name(&self) -> &'static str {
+        match self {
+            RouteState::Active => "Active",
+            RouteState::Migrating { .. } => "Migrating",
+            RouteState::Frozen { .. } => "Frozen",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    pub key: Key,
+    pub cell: String,
+    /// The log index of the last change: every change bumps it, and epochs
+    /// are ordered across the whole table.
+    pub epoch: u64,
+    pub state: RouteState,
+    pub seq_floor: u64,
+    /// After a failover: a conversation's floor is its checkpoint plus this.
+    pub floor_margin: u64,
+}
+
+/// One effect of an applied command; the watch stream carries these.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Change {
+    Cell(CellInfo),
+    Route(Entry),
+    Removed(Key),
+    Checkpoint {
+        tenant: u64,
+        conversation: u64,
+        hwm: u64,
+    },
+}
+
+/// The effective route of a key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolved {
+    /// The entry the route comes from (the override, else the tenant's).
+    pub entry: Entry,
+    pub cell_address: String,
+    /// Seq must be assigned strictly above this.
+    pub seq_floor: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RouteTable {
+    pub cells: BTreeMap<String, CellInfo>,
+    pub routes: BTreeMap<Key, Entry>,
+    pub checkpoints: BTreeMap<(u64, u64), u64>,
+    /// Log index of the last applied command.
+    pub applied: u64,
+}
+
+impl RouteTable {
+    /// Validates `command` at log `index` and applies its changes; an error
+    /// leaves the table as it was (except the applied index).
+    pub fn apply(&mut self, command: &Command, index: u64) -> Result<Vec<Change>, RouteError> {
+        let result = command.plan(self, index);
+        if let Ok(changes) = &result {
+            for change in changes {
+                self.apply_change(change);
+            }
+        }
+        self.applied = self.applied.max(index);
+        result
+    }
+
+    /// Applies one change (the route client's path: changes come validated).
+    pub fn apply_change(&mut self, change: &Change) {
+        match change {
+            Change::Cell(cell) => {
+                self.cells.insert(cell.id.clone(), cell.clone());
+            }
+            Change::Route(entry) => {
+                self.routes.insert(entry.key, entry.clone());
+            }
+            Change::Removed(key) => {
+                self.routes.remove(key);
+            }
+            Change::Checkpoint {
+                tenant,
+                conversation,
+                hwm,
+            } => {
+                let slot = self
+                    .checkpoints
+                    .entry((*tenant, *conversation))
+                    .or_default();
+                *slot = (*slot).max(*hwm);
+            }
+        }
+    }
+
+    /// The entry stored under exactly `key`.
+    pub fn entry(&self, key: &Key) -> Option<&Entry> {
+        self.routes.get(key)
+    }
+
+    /// The entry that decides `key`: its override, else its tenant's.
+    pub fn effective(&self, key: &Key) -> Option<&Entry> {
+        self.routes
+            .get(key)
+            .or_else(|| self.routes.get(&key.tenant_key()))
+    }
+
+    /// Where `key` lives now, with the floor its owner must respect.
+    pub fn resolve(&self, key: &Key) -> Option<Resolved> {
+        let entry = self.effective(key)?;
+        let mut seq_floor = entry.seq_floor;
+        if entry.floor_margin > 0
+            && let Scope::Conversation(c) = key.scope
+        {
+            let hwm = self.checkpoints.get(&(key.tenant, c)).copied().unwrap_or(0);
+            seq_floor = seq_floor.max(hwm + entry.floor_margin);
+        }
+        Some(Resolved {
+            entry: entry.clone(),
+            cell_address: self
+                .cells
+                .get(&entry.cell)
+                .map(|c| c.address.clone())
+                .unwrap_or_default(),
+            seq_floor,
+        })
+    }
+
+    pub fn cell(&self, id: &str) -> Option<&CellInfo> {
+        self.cells.get(id)
+    }
+
+    /// Every change that rebuilds this table from empty (snapshots, resets).
+    pub fn as_changes(&self) -> Vec<Change> {
+        let cells = self.cells.values().cloned().map(Change::Cell);
+        let routes = self.routes.values().cloned().map(Change::Route);
+        let checkpoints = self
+            .checkpoints
+            .iter()
+            .map(|(&(tenant, conversation), &hwm)| Change::Checkpoint {
+                tenant,
+                conversation,
+                hwm,
+            });
+        cells.chain(routes).chain(checkpoints).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests;

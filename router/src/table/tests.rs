@@ -1,0 +1,328 @@
+use super::*;
+
+fn table_with_cells() -> (RouteTable, u64) {
+    let mut t = RouteTable::default();
+    for (i, id) in ["eu/c1", "eu/c2", "us/c1"].iter().enumerate() {
+        let region = id.split('/').next().unwrap().to_string();
+        t.apply(
+            &Command::RegisterCell {
+                id: id.to_string(),
+                region,
+                address: format!("http://127.0.0.1:{}", 7000 + i),
+            },
+            i as u64 + 1,
+        )
+        .unwrap();
+    }
+    (t, 4)
+}
+
+fn update(
+    t: &mut RouteTable,
+    index: u64,
+    key: Key,
+    expect: u64,
+    tr: Transition,
+) -> Result<Vec<Change>, RouteError> {
+    t.apply(
+        &Command::UpdateRoute {
+            key,
+            expect_epoch: expect,
+            transition: tr,
+        },
+        index,
+    )
+}
+
+#[test]
+fn tenant_placement_and_overrides_resolve() {
+    let (mut t, i) = table_with_cells();
+    t.apply(
+        &Command::AssignTenant {
+            tenant: 7,
+            cell: "eu/c1".into(),
+            expect_epoch: 0,
+        },
+        i,
+    )
+    .unwrap();
+    let conv = Key::conversation(7, 100);
+    let r = t.resolve(&conv).unwrap();
+    assert_eq!((r.entry.cell.as_str(), r.entry.epoch), ("eu/c1", i));
+    assert_eq!(r.cell_address, "http://127.0.0.1:7000");
+    // A second placement of the same tenant must name its epoch.
+    let again = t.apply(
+        &Command::AssignTenant {
+            tenant: 7,
+            cell: "eu/c2".into(),
+            expect_epoch: 0,
+        },
+        i + 1,
+    );
+    assert!(matches!(again, Err(RouteError::StaleEpoch { current, .. }) if current == i));
+    // Failing one conversation over creates an override; others stay.
+    update(
+        &mut t,
+        i + 2,
+        conv,
+        i,
+        Transition::Failover {
+            to: "us/c1".into(),
+            seq_floor: 0,
+            floor_margin: 0,
+        },
+    )
+    .unwrap();
+    assert_eq!(t.resolve(&conv).unwrap().entry.cell, "us/c1");
+    assert_eq!(
+        t.resolve(&Key::conversation(7, 101)).unwrap().entry.cell,
+        "eu/c1"
+    );
+    assert!(t.resolve(&Key::conversation(8, 100)).is_none());
+}
+
+#[test]
+fn a_migration_walks_its_phases_and_switches_with_a_floor() {
+    let (mut t, i) = table_with_cells();
+    t.apply(
+        &Command::AssignTenant {
+            tenant: 1,
+            cell: "eu/c1".into(),
+            expect_epoch: 0,
+        },
+        i,
+    )
+    .unwrap();
+    let key = Key::conversation(1, 5);
+    // Freeze before a migration began is illegal.
+    assert!(matches!(
+        update(&mut t, i + 1, key, i, Transition::Freeze),
+        Err(RouteError::IllegalTransition { .. })
+    ));
+    update(
+        &mut t,
+        i + 2,
+        key,
+        i,
+        Transition::BeginMigration { to: "eu/c2".into() },
+    )
+    .unwrap();
+    update(
+        &mut t,
+        i + 3,
+        key,
+        i + 2,
+        Transition::SetPhase(Phase::CatchUp),
+    )
+    .unwrap();
+    // Phases never go back.
+    assert!(update(&mut t, i + 4, key, i + 3, Transition::SetPhase(Phase::Copy)).is_err());
+    update(&mut t, i + 5, key, i + 3, Transition::Freeze).unwrap();
+    assert_eq!(
+        t.entry(&key).unwrap().state,
+        RouteState::Frozen { to: "eu/c2".into() }
+    );
+    // A stale compare-and-set is refused and changes nothing.
+    let before = t.entry(&key).cloned();
+    assert!(
+        update(
+            &mut t,
+            i + 6,
+            key,
+            i + 3,
+            Transition::Switch { seq_floor: 9 }
+        )
+        .is_err()
+    );
+    assert_eq!(t.entry(&key).cloned(), before);
+    update(
+        &mut t,
+        i + 7,
+        key,
+        i + 5,
+        Transition::Switch { seq_floor: 42 },
+    )
+    .unwrap();
+    let r = t.resolve(&key).unwrap();
+    assert_eq!(
+        (r.entry.cell.as_str(), r.entry.epoch, r.seq_floor),
+        ("eu/c2", i + 7, 42)
+    );
+    assert_eq!(r.entry.state, RouteState::Active);
+}
+
+#[test]
+fn unknown_and_unusable_cells_are_refused() {
+    let (mut t, i) = table_with_cells();
+    let err = t
+        .apply(
+            &Command::AssignTenant {
+                tenant: 1,
+                cell: "eu/c9".into(),
+                expect_epoch: 0,
+            },
+            i,
+        )
+        .unwrap_err();
+    assert_eq!(err, RouteError::UnknownCell("eu/c9".into()));
+    t.apply(
+        &Command::SetCellStatus {
+            id: "eu/c2".into(),
+            status: CellStatus::Down,
+        },
+        i + 1,
+    )
+    .unwrap();
+    assert!(matches!(
+        t.apply(
+            &Command::AssignTenant {
+                tenant: 1,
+                cell: "eu/c2".into(),
+                expect_epoch: 0
+            },
+            i + 2
+        ),
+        Err(RouteError::Invalid { .. })
+    ));
+    for (id, region) in [
+        ("c1", "eu"),
+        ("eu/", "eu"),
+        ("eu/c1", "us"),
+        ("eu/c 1", "eu"),
+    ] {
+        let cmd = Command::RegisterCell {
+            id: id.into(),
+            region: region.into(),
+            address: "http://x".into(),
+        };
+        assert!(t.apply(&cmd, i + 3).is_err(), "{id} in {region}");
+    }
+    assert_eq!(t.applied, i + 3);
+}
+
+#[test]
+fn failover_floors_come_from_checkpoints_plus_the_margin() {
+    let (mut t, i) = table_with_cells();
+    t.apply(
+        &Command::AssignTenant {
+            tenant: 1,
+            cell: "eu/c1".into(),
+            expect_epoch: 0,
+        },
+        i,
+    )
+    .unwrap();
+    let changes = t
+        .apply(
+            &Command::Checkpoint {
+                cell: "eu/c1".into(),
+                entries: vec![(1, 10, 500), (1, 11, 20), (2, 10, 7)],
+            },
+            i + 1,
+        )
+        .unwrap();
+    // Tenant 2 is not owned by eu/c1: ignored.
+    assert_eq!(changes.len(), 2);
+    // A checkpoint never moves a high-water mark back.
+    let changes = t
+        .apply(
+            &Command::Checkpoint {
+                cell: "eu/c1".into(),
+                entries: vec![(1, 10, 400)],
+            },
+            i + 2,
+        )
+        .unwrap();
+    assert!(changes.is_empty());
+    update(
+        &mut t,
+        i + 3,
+        Key::tenant(1),
+        i,
+        Transition::Failover {
+            to: "eu/c2".into(),
+            seq_floor: 0,
+            floor_margin: 100,
+        },
+    )
+    .unwrap();
+    assert_eq!(t.resolve(&Key::conversation(1, 10)).unwrap().seq_floor, 600);
+    assert_eq!(t.resolve(&Key::conversation(1, 11)).unwrap().seq_floor, 120);
+    assert_eq!(t.resolve(&Key::conversation(1, 12)).unwrap().seq_floor, 100);
+    assert_eq!(
+        t.resolve(&Key::conversation(1, 12)).unwrap().entry.cell,
+        "eu/c2"
+    );
+}
+
+#[test]
+fn overrides_are_removed_only_when_they_agree_with_the_tenant() {
+    let (mut t, i) = table_with_cells();
+    t.apply(
+        &Command::AssignTenant {
+            tenant: 1,
+            cell: "eu/c1".into(),
+            expect_epoch: 0,
+        },
+        i,
+    )
+    .unwrap();
+    let user = Key::user(1, 3);
+    assert!(update(&mut t, i + 1, user, i, Transition::Remove).is_err());
+    update(
+        &mut t,
+        i + 2,
+        user,
+        i,
+        Transition::Failover {
+            to: "us/c1".into(),
+            seq_floor: 0,
+            floor_margin: 0,
+        },
+    )
+    .unwrap();
+    assert!(update(&mut t, i + 3, user, i + 2, Transition::Remove).is_err());
+    update(
+        &mut t,
+        i + 4,
+        user,
+        i + 2,
+        Transition::Failover {
+            to: "eu/c1".into(),
+            seq_floor: 0,
+            floor_margin: 0,
+        },
+    )
+    .unwrap();
+    let changes = update(&mut t, i + 5, user, i + 4, Transition::Remove).unwrap();
+    assert_eq!(changes, vec![Change::Removed(user)]);
+    assert_eq!(t.effective(&user).unwrap().key, Key::tenant(1));
+}
+
+#[test]
+fn a_table_rebuilds_from_its_changes() {
+    let (mut t, i) = table_with_cells();
+    t.apply(
+        &Command::AssignTenant {
+            tenant: 1,
+            cell: "eu/c1".into(),
+            expect_epoch: 0,
+        },
+        i,
+    )
+    .unwrap();
+    t.apply(
+        &Command::Checkpoint {
+            cell: "eu/c1".into(),
+            entries: vec![(1, 10, 5)],
+        },
+        i + 1,
+    )
+    .unwrap();
+    let mut copy = RouteTable::default();
+    for c in t.as_changes() {
+        copy.apply_change(&c);
+    }
+    copy.applied = t.applied;
+    assert_eq!(copy, t);
+}
