@@ -4,6 +4,8 @@
 //! edge access layer that authenticates clients and proxies to the owning
 //! cell (`edge`).
 
+pub mod client;
+pub mod commands;
 pub mod config;
 pub mod grpc;
 pub mod network;

@@ -12,7 +12,7 @@ use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::v1::routing_server::RoutingServer;
 use openraft::SnapshotPolicy;
 use tokio::net::TcpListener;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
 
@@ -50,6 +50,7 @@ pub struct RunningRouter {
     pub api_addr: SocketAddr,
     pub raft_addr: SocketAddr,
     shutdown: Vec<oneshot::Sender<()>>,
+    stopping: watch::Sender<bool>,
     servers: Vec<JoinHandle<()>>,
 }
 
@@ -121,6 +122,7 @@ pub async fn start(config: RouterConfig) -> Result<RunningRouter, StartError> {
 
     let mut shutdown = Vec::new();
     let mut servers = Vec::new();
+    let (stopping, _) = watch::channel(false);
     {
         let peer = RaftPeerServer::new(RaftPeerService { raft: raft.clone() })
             .max_decoding_message_size(MAX_RAFT_MESSAGE)
@@ -144,7 +146,8 @@ pub async fn start(config: RouterConfig) -> Result<RunningRouter, StartError> {
     {
         let routing = RoutingService::new(
             raft.clone(),
-            store.clone(),
+            &store,
+            stopping.subscribe(),
             config.node_id,
             node.clone(),
             secret.clone(),
@@ -179,6 +182,7 @@ pub async fn start(config: RouterConfig) -> Result<RunningRouter, StartError> {
         api_addr,
         raft_addr,
         shutdown,
+        stopping,
         servers,
     };
     if config.cluster.bootstrap {
@@ -232,6 +236,7 @@ impl RunningRouter {
 
     /// Stops serving and shuts Raft down (storage stays).
     pub async fn stop(mut self) {
+        self.stopping.send_replace(true);
         for tx in self.shutdown.drain(..) {
             let _ = tx.send(());
         }

@@ -245,6 +245,8 @@ impl Drop for CellProcess {
     }
 }
 
+pub mod router;
+
 pub mod sync {
     //! Helpers for the sync API: subscribing devices and reading what they
     //! are pushed.

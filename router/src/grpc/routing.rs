@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::status::to_status;
@@ -16,7 +16,7 @@ use cellmesh_proto::v1::routing_server::Routing;
 use cellmesh_proto::v1::{self as pb, Consistency, ErrorCode};
 use openraft::error::{ForwardToLeader, RaftError};
 use openraft::{ServerState, TryAsRef};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataValue;
@@ -36,7 +36,10 @@ const WATCH_BATCH: usize = 256;
 
 pub struct RoutingService {
     pub raft: Raft,
-    pub store: Arc<RouteStore>,
+    /// Weak: a stopped replica's storage closes even while clients hold
+    /// connections open.
+    store: Weak<RouteStore>,
+    stopping: watch::Receiver<bool>,
     pub node_id: NodeId,
     pub node: RouterNode,
     pub secret: ClusterSecret,
@@ -55,14 +58,16 @@ type ForwardFn<'a, Req, Resp> = Box<
 impl RoutingService {
     pub fn new(
         raft: Raft,
-        store: Arc<RouteStore>,
+        store: &Arc<RouteStore>,
+        stopping: watch::Receiver<bool>,
         node_id: NodeId,
         node: RouterNode,
         secret: ClusterSecret,
     ) -> Self {
         Self {
             raft,
-            store,
+            store: Arc::downgrade(store),
+            stopping,
             node_id,
             node,
             secret,
@@ -87,6 +92,10 @@ impl RoutingService {
             status.metadata_mut().insert(LEADER_HEADER, v);
         }
         status
+    }
+
+    fn store(&self) -> Result<Arc<RouteStore>, Status> {
+        self.store.upgrade().ok_or_else(stopped)
     }
 
     fn leader_channel(&self, addr: &str) -> Result<Channel, Status> {
@@ -141,6 +150,16 @@ impl RoutingService {
     }
 }
 
+fn stopped() -> Status {
+    to_status(
+        ErrorCode::RetryLater,
+        "STOPPING",
+        "this replica is shutting down".into(),
+        100,
+        None,
+    )
+}
+
 fn forwarded<T>(request: &Request<T>) -> bool {
     request.metadata().contains_key(FORWARDED_HEADER)
 }
@@ -178,7 +197,7 @@ impl Routing for RoutingService {
                 )
                 .await;
         }
-        let (resolved, applied) = self.store.read(|t| (t.resolve(&key), t.applied));
+        let (resolved, applied) = self.store()?.read(|t| (t.resolve(&key), t.applied));
         let resolved = resolved
             .ok_or_else(|| crate::table::RouteError::NoRoute(key.to_string()).to_status())?;
         Ok(Response::new(pb::ResolveResponse {
@@ -206,7 +225,7 @@ impl Routing for RoutingService {
                 )
                 .await;
         }
-        Ok(Response::new(self.store.read(table_to_pb)))
+        Ok(Response::new(self.store()?.read(table_to_pb)))
     }
 
     type WatchStream = WatchStream;
@@ -217,7 +236,13 @@ impl Routing for RoutingService {
     ) -> Result<Response<WatchStream>, Status> {
         let from = request.into_inner().from_index.max(1);
         let (tx, rx) = mpsc::channel(16);
-        tokio::spawn(run_watch(self.store.clone(), from, tx));
+        self.store()?;
+        tokio::spawn(run_watch(
+            self.store.clone(),
+            self.stopping.clone(),
+            from,
+            tx,
+        ));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
@@ -361,12 +386,16 @@ impl Routing for RoutingService {
 /// Streams every change batch from `next` on. A watcher behind the
 /// compacted history first gets the whole table (`reset`).
 async fn run_watch(
-    store: Arc<RouteStore>,
+    store: Weak<RouteStore>,
+    mut stopping: watch::Receiver<bool>,
     mut next: u64,
     tx: mpsc::Sender<Result<pb::WatchEvent, Status>>,
 ) {
-    let mut applied = store.subscribe();
+    let Some(mut applied) = store.upgrade().map(|s| s.subscribe()) else {
+        return;
+    };
     loop {
+        let Some(store) = store.upgrade() else { return };
         let upto = *applied.borrow_and_update();
         if next <= store.compacted_through() {
             let table = store.table();
@@ -408,9 +437,14 @@ async fn run_watch(
             continue;
         }
         next = next.max(upto + 1);
+        drop(store);
         tokio::select! {
             changed = applied.changed() => if changed.is_err() { return },
             _ = tx.closed() => return,
+            _ = stopping.changed() => {
+                let _ = tx.send(Err(stopped())).await;
+                return;
+            }
         }
     }
 }

@@ -1,0 +1,306 @@
+//! The route client: a local copy of the route table, started from a table
+//! copy and kept current by the watch stream (resuming from the last applied
+//! index after any disconnect, on any replica), plus writes that find the
+//! leader. Cells use it to check ownership, edges to find owners.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::Duration;
+
+use cellmesh_proto::secret::ClusterSecret;
+use cellmesh_proto::status::{error_code, to_status};
+use cellmesh_proto::v1::routing_client::RoutingClient;
+use cellmesh_proto::v1::{self as pb, Consistency, ErrorCode};
+use tokio::sync::{broadcast, watch};
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Request, Status};
+
+use crate::grpc::convert::{change_from_pb, key_to_pb, table_from_pb};
+use crate::grpc::routing::LEADER_HEADER;
+use crate::storage::WatchBatch;
+use crate::table::{Key, Resolved, RouteTable};
+
+/// How many replicas a write tries (following leader hints) before giving up.
+const WRITE_ATTEMPTS: usize = 8;
+
+#[derive(Clone)]
+pub struct RouteClient {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    endpoints: Vec<String>,
+    secret: ClusterSecret,
+    table: RwLock<RouteTable>,
+    applied: watch::Sender<u64>,
+    events: broadcast::Sender<WatchBatch>,
+    channels: Mutex<HashMap<String, Channel>>,
+    /// The endpoint that answered last.
+    preferred: AtomicUsize,
+}
+
+impl RouteClient {
+    /// Copies the table from the first replica that answers and starts
+    /// following its changes.
+    pub async fn connect(endpoints: Vec<String>, secret: ClusterSecret) -> Result<Self, Status> {
+        if endpoints.is_empty() {
+            return Err(to_status(
+                ErrorCode::InvalidArgument,
+                "NO_ROUTERS",
+                "no router endpoints configured".into(),
+                0,
+                None,
+            ));
+        }
+        let (applied, _) = watch::channel(0);
+        let (events, _) = broadcast::channel(1024);
+        let inner = Arc::new(Inner {
+            endpoints,
+            secret,
+            table: RwLock::new(RouteTable::default()),
+            applied,
+            events,
+            channels: Mutex::new(HashMap::new()),
+            preferred: AtomicUsize::new(0),
+        });
+        let table = inner.fetch_table(Consistency::Stale).await?;
+        inner.replace(table);
+        tokio::spawn(follow(Arc::downgrade(&inner)));
+        Ok(Self { inner })
+    }
+
+    /// The cached route of `key`.
+    pub fn resolve(&self, key: &Key) -> Option<Resolved> {
+        self.read(|t| t.resolve(key))
+    }
+
+    pub fn read<R>(&self, f: impl FnOnce(&RouteTable) -> R) -> R {
+        f(&self.inner.table.read().expect("route cache lock"))
+    }
+
+    /// Index of the last change in the cache.
+    pub fn applied(&self) -> u64 {
+        *self.inner.applied.borrow()
+    }
+
+    /// Every change batch the cache applies, in order (a reset appears as
+    /// a batch of the whole table).
+    pub fn changes(&self) -> broadcast::Receiver<WatchBatch> {
+        self.inner.events.subscribe()
+    }
+
+    /// Waits until the cache has applied `index`; false on timeout.
+    pub async fn wait_applied(&self, index: u64, timeout: Duration) -> bool {
+        let mut rx = self.inner.applied.subscribe();
+        tokio::time::timeout(timeout, rx.wait_for(|&a| a >= index))
+            .await
+            .is_ok_and(|r| r.is_ok())
+    }
+
+    /// Brings the cache up to at least `epoch` (an epoch a cell answered
+    /// with): waits for the watch briefly, else copies the table from the
+    /// leader.
+    pub async fn refresh(&self, epoch: u64) -> Result<(), Status> {
+        if self.wait_applied(epoch, Duration::from_millis(500)).await {
+            return Ok(());
+        }
+        let table = self.inner.fetch_table(Consistency::Linearizable).await?;
+        if table.applied > self.applied() {
+            self.inner.replace(table);
+        }
+        Ok(())
+    }
+
+    /// A linearizable lookup on the leader.
+    pub async fn resolve_linearizable(&self, key: &Key) -> Result<pb::ResolveResponse, Status> {
+        let request = pb::ResolveRequest {
+            key: Some(key_to_pb(key)),
+            consistency: Consistency::Linearizable as i32,
+        };
+        self.inner
+            .call(request, |mut c, r| async move { c.resolve(r).await })
+            .await
+    }
+
+    /// A route write, sent to the leader wherever it is.
+    pub async fn apply(&self, command: pb::RouteCommand) -> Result<pb::ApplyResponse, Status> {
+        self.inner
+            .call(command, |mut c, r| async move { c.apply(r).await })
+            .await
+    }
+
+    /// A client for other Routing calls (status, membership).
+    pub fn routing(&self) -> Result<RoutingClient<Channel>, Status> {
+        let i = self.inner.preferred.load(Ordering::Relaxed);
+        self.inner
+            .client(&self.inner.endpoints[i % self.inner.endpoints.len()])
+    }
+}
+
+impl Inner {
+    fn client(&self, endpoint: &str) -> Result<RoutingClient<Channel>, Status> {
+        let mut channels = self.channels.lock().expect("channel cache");
+        let channel = match channels.get(endpoint) {
+            Some(c) => c.clone(),
+            None => {
+                let c = Endpoint::from_shared(endpoint.to_string())
+                    .map_err(|e| {
+                        Status::invalid_argument(format!("router endpoint {endpoint:?}: {e}"))
+                    })?
+                    .connect_timeout(Duration::from_secs(1))
+                    .tcp_nodelay(true)
+                    .connect_lazy();
+                channels.insert(endpoint.to_string(), c.clone());
+                c
+            }
+        };
+        Ok(RoutingClient::new(channel))
+    }
+
+    fn request<T>(&self, message: T) -> Request<T> {
+        let mut r = Request::new(message);
+        r.set_timeout(Duration::from_secs(5));
+        self.secret.attach(&mut r);
+        r
+    }
+
+    /// Tries the preferred replica, then the leader it names, then the
+    /// others, until one answers something other than NOT_LEADER or a
+    /// transport failure.
+    async fn call<T, R, F, Fut>(&self, message: T, f: F) -> Result<R, Status>
+    where
+        T: Clone,
+        F: Fn(RoutingClient<Channel>, Request<T>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<R>, Status>>,
+    {
+        let n = self.endpoints.len();
+        let mut target = self.endpoints[self.preferred.load(Ordering::Relaxed) % n].clone();
+        let mut last = Status::unavailable("no router answered");
+        for attempt in 0..WRITE_ATTEMPTS {
+            match f(self.client(&target)?, self.request(message.clone())).await {
+                Ok(r) => {
+                    if let Some(i) = self.endpoints.iter().position(|e| *e == target) {
+                        self.preferred.store(i, Ordering::Relaxed);
+                    }
+                    return Ok(r.into_inner());
+                }
+                Err(status) => {
+                    let leader = status
+                        .metadata()
+                        .get(LEADER_HEADER)
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_string);
+                    let retry = error_code(&status) == ErrorCode::RetryLater
+                        || status.code() == tonic::Code::Unavailable;
+                    if !retry {
+                        return Err(status);
+                    }
+                    last = status;
+                    target = match leader {
+                        Some(l) if l != target => l,
+                        _ => {
+                            tokio::time::sleep(Duration::from_millis(50 << attempt.min(4))).await;
+                            self.endpoints[(attempt + 1) % n].clone()
+                        }
+                    };
+                }
+            }
+        }
+        Err(last)
+    }
+
+    async fn fetch_table(&self, consistency: Consistency) -> Result<RouteTable, Status> {
+        let request = pb::GetTableRequest {
+            consistency: consistency as i32,
+        };
+        let table = self
+            .call(request, |mut c, r| async move { c.get_table(r).await })
+            .await?;
+        table_from_pb(table)
+    }
+
+    fn replace(&self, table: RouteTable) {
+        let applied = table.applied;
+        let changes = table.as_changes();
+        *self.table.write().expect("route cache lock") = table;
+        self.applied.send_replace(applied);
+        let _ = self.events.send((applied, changes));
+    }
+
+    fn apply(&self, index: u64, changes: Vec<crate::table::Change>) {
+        {
+            let mut table = self.table.write().expect("route cache lock");
+            if index <= table.applied {
+                return;
+            }
+            for c in &changes {
+                table.apply_change(c);
+            }
+            table.applied = index;
+        }
+        self.applied.send_replace(index);
+        let _ = self.events.send((index, changes));
+    }
+}
+
+/// Follows the watch stream for as long as a client handle exists.
+async fn follow(inner: Weak<Inner>) {
+    let mut failures = 0u32;
+    loop {
+        let Some(strong) = inner.upgrade() else {
+            return;
+        };
+        let n = strong.endpoints.len();
+        let endpoint = strong.endpoints[strong.preferred.load(Ordering::Relaxed) % n].clone();
+        let from = *strong.applied.borrow() + 1;
+        let stream = match strong.client(&endpoint) {
+            Ok(mut c) => {
+                let mut request = Request::new(pb::WatchRequest { from_index: from });
+                strong.secret.attach(&mut request);
+                c.watch(request).await.map(|r| r.into_inner())
+            }
+            Err(e) => Err(e),
+        };
+        drop(strong);
+        if let Ok(mut stream) = stream {
+            loop {
+                let message = tokio::select! {
+                    m = stream.message() => m,
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {
+                        if inner.strong_count() == 0 { return }
+                        continue;
+                    }
+                };
+                let Ok(Some(event)) = message else { break };
+                let Some(strong) = inner.upgrade() else {
+                    return;
+                };
+                failures = 0;
+                if let Some(reset) = event.reset {
+                    match table_from_pb(reset) {
+                        Ok(table) => strong.replace(table),
+                        Err(e) => tracing::warn!(error = %e, "undecodable route table reset"),
+                    }
+                    continue;
+                }
+                let changes: Result<Vec<_>, _> =
+                    event.changes.into_iter().map(change_from_pb).collect();
+                match changes {
+                    Ok(changes) => strong.apply(event.index, changes),
+                    Err(e) => {
+                        tracing::warn!(error = %e, index = event.index, "undecodable route change")
+                    }
+                }
+            }
+        }
+        // Reconnect elsewhere with backoff.
+        let Some(strong) = inner.upgrade() else {
+            return;
+        };
+        strong.preferred.fetch_add(1, Ordering::Relaxed);
+        drop(strong);
+        failures += 1;
+        tokio::time::sleep(Duration::from_millis(50 * u64::from(failures.min(20)))).await;
+    }
+}

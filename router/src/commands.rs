@@ -1,0 +1,73 @@
+//! Builders for Routing API write messages, shared by the control plane,
+//! `cellmesh ctl` and tests.
+
+use cellmesh_proto::v1::{self as pb, route_command::Command, update_route::Transition};
+
+use crate::grpc::convert::key_to_pb;
+use crate::table::Key;
+
+pub fn register_cell(cell_id: &str, region: &str, address: &str) -> pb::RouteCommand {
+    pb::RouteCommand {
+        command: Some(Command::RegisterCell(pb::RegisterCell {
+            cell_id: cell_id.into(),
+            region: region.into(),
+            address: address.into(),
+        })),
+    }
+}
+
+pub fn set_cell_status(cell_id: &str, status: pb::CellStatus) -> pb::RouteCommand {
+    pb::RouteCommand {
+        command: Some(Command::SetCellStatus(pb::SetCellStatus {
+            cell_id: cell_id.into(),
+            status: status as i32,
+        })),
+    }
+}
+
+pub fn assign_tenant(tenant: u64, cell_id: &str, expect_epoch: u64) -> pb::RouteCommand {
+    pb::RouteCommand {
+        command: Some(Command::AssignTenant(pb::AssignTenant {
+            tenant_id: tenant,
+            cell_id: cell_id.into(),
+            expect_epoch,
+        })),
+    }
+}
+
+pub fn update_route(key: &Key, expect_epoch: u64, transition: Transition) -> pb::RouteCommand {
+    pb::RouteCommand {
+        command: Some(Command::UpdateRoute(pb::UpdateRoute {
+            key: Some(key_to_pb(key)),
+            expect_epoch,
+            transition: Some(transition),
+        })),
+    }
+}
+
+pub fn failover(
+    key: &Key,
+    expect_epoch: u64,
+    to: &str,
+    seq_floor: u64,
+    floor_margin: u64,
+) -> pb::RouteCommand {
+    update_route(
+        key,
+        expect_epoch,
+        Transition::Failover(pb::Failover {
+            to: to.into(),
+            seq_floor,
+            floor_margin,
+        }),
+    )
+}
+
+pub fn checkpoint(cell_id: &str, checkpoints: Vec<pb::Checkpoint>) -> pb::RouteCommand {
+    pb::RouteCommand {
+        command: Some(Command::Checkpoint(pb::CheckpointBatch {
+            cell_id: cell_id.into(),
+            checkpoints,
+        })),
+    }
+}

@@ -1,0 +1,364 @@
+//! The RoutingService as a 3-replica Raft group over real gRPC: leader
+//! failover, catch-up by snapshot, linearizable reads, the watch stream
+//! across reconnects, membership changes, validation and restarts.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use cellmesh_proto::status::error_detail;
+use cellmesh_proto::v1::update_route::Transition;
+use cellmesh_proto::v1::{self as pb, Consistency, ErrorCode};
+use cellmesh_router::commands::*;
+use cellmesh_router::grpc::convert::key_to_pb;
+use cellmesh_router::table::Key;
+use cellmesh_tests::eventually;
+use cellmesh_tests::router::*;
+
+async fn seed(client: &cellmesh_router::client::RouteClient) {
+    for (id, region) in [
+        ("eu-west/c1", "eu-west"),
+        ("eu-west/c2", "eu-west"),
+        ("us-east/c1", "us-east"),
+    ] {
+        client
+            .apply(register_cell(id, region, &format!("http://{id}.invalid")))
+            .await
+            .expect("register cell");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_leader_is_replaced_and_writes_continue() {
+    let mut cluster = RouterCluster::start(3, |_| {}).await;
+    let client = cluster.client().await;
+    seed(&client).await;
+    for t in 1..=20 {
+        client
+            .apply(assign_tenant(t, "eu-west/c1", 0))
+            .await
+            .unwrap();
+    }
+    let old = cluster.leader().await;
+    let killed_at = Instant::now();
+    cluster.stop(old).await;
+    // Writes fail over to the new leader through the same client.
+    let mut t = 21;
+    let first_ok = loop {
+        match client.apply(assign_tenant(t, "eu-west/c2", 0)).await {
+            Ok(_) => break killed_at.elapsed(),
+            // Unavailable, or the outcome is unknown (connection closed).
+            Err(e) => assert!(
+                [ErrorCode::RetryLater as i32, ErrorCode::Internal as i32]
+                    .contains(&error_detail(&e).code),
+                "{e}"
+            ),
+        }
+        assert!(
+            killed_at.elapsed() < Duration::from_secs(15),
+            "no leader after 15 s"
+        );
+        t += 1;
+    };
+    println!("write gap after leader kill: {} ms", first_ok.as_millis());
+    let new = cluster.leader().await;
+    assert_ne!(new, old);
+    for t in 100..110 {
+        client
+            .apply(assign_tenant(t, "us-east/c1", 0))
+            .await
+            .unwrap();
+    }
+    // The old leader comes back as a follower with everything.
+    cluster.restart(old).await;
+    let want = cluster.running(new).store.table();
+    let back = cluster.running(old).store.clone();
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let ok = back.table().routes == want.routes;
+            async move { ok }
+        })
+        .await
+    );
+    assert_eq!(
+        client
+            .resolve(&Key::conversation(105, 1))
+            .map(|r| r.entry.cell),
+        Some("us-east/c1".to_string())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_missed_purged_log_catches_up_by_snapshot() {
+    let mut cluster = RouterCluster::start(3, |c| {
+        c.raft.snapshot_every = 20;
+        c.raft.keep_logs_after_snapshot = 0;
+    })
+    .await;
+    let client = cluster.client().await;
+    seed(&client).await;
+    let leader = cluster.leader().await;
+    let lagging = (leader + 1) % 3;
+    cluster.stop(lagging).await;
+    for t in 1..=150 {
+        client
+            .apply(assign_tenant(t, "eu-west/c1", 0))
+            .await
+            .unwrap();
+    }
+    let leader_raft = cluster.running(leader).raft.clone();
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let purged = leader_raft.metrics().borrow().purged.map_or(0, |l| l.index);
+            async move { purged > 100 }
+        })
+        .await,
+        "the leader purged its log"
+    );
+    cluster.restart(lagging).await;
+    let want = cluster.running(leader).store.table();
+    let store = cluster.running(lagging).store.clone();
+    assert!(
+        eventually(Duration::from_secs(15), || {
+            let ok = store.applied_index() >= want.applied;
+            async move { ok }
+        })
+        .await,
+        "the lagging replica caught up"
+    );
+    let m = cluster.running(lagging).raft.metrics().borrow().clone();
+    assert!(
+        m.snapshot.is_some_and(|s| s.index > 100),
+        "installed a snapshot: {:?}",
+        m.snapshot
+    );
+    let got = store.table();
+    assert_eq!(got.routes, want.routes);
+    assert_eq!(got.cells, want.cells);
+    // Its lookups answer the same.
+    let mut api = cluster.api(lagging).await;
+    let r = api
+        .resolve(pb::ResolveRequest {
+            key: Some(key_to_pb(&Key::user(150, 9))),
+            consistency: Consistency::Stale as i32,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.route.unwrap().cell_id, "eu-west/c1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_linearizable_read_on_a_follower_sees_a_write_made_elsewhere() {
+    let cluster = RouterCluster::start(3, |_| {}).await;
+    let client = cluster.client().await;
+    seed(&client).await;
+    let leader = cluster.leader().await;
+    let follower = (leader + 1) % 3;
+    let mut on_leader = cluster.api(leader).await;
+    let mut on_follower = cluster.api(follower).await;
+    for t in 1..=20u64 {
+        on_leader
+            .apply(assign_tenant(t, "us-east/c1", 0))
+            .await
+            .unwrap();
+        let r = on_follower
+            .resolve(pb::ResolveRequest {
+                key: Some(key_to_pb(&Key::conversation(t, 77))),
+                consistency: Consistency::Linearizable as i32,
+            })
+            .await
+            .unwrap_or_else(|e| panic!("tenant {t}: {e}"))
+            .into_inner();
+        assert_eq!(r.route.unwrap().cell_id, "us-east/c1");
+    }
+    // A write sent to a follower is forwarded to the leader.
+    let applied = on_follower
+        .apply(assign_tenant(500, "eu-west/c2", 0))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(applied.index > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watch_delivers_every_change_once_in_order_across_a_reconnect() {
+    let mut cluster = RouterCluster::start(3, |_| {}).await;
+    let leader = cluster.leader().await;
+    let watched = (leader + 1) % 3;
+    // The client watches a follower first.
+    let mut endpoints = cluster.endpoints();
+    endpoints.rotate_left(watched);
+    let client = cellmesh_router::client::RouteClient::connect(
+        endpoints,
+        cellmesh_proto::secret::ClusterSecret::new(SECRET),
+    )
+    .await
+    .unwrap();
+    let mut changes = client.changes();
+    let writer = cluster.client().await;
+    seed(&writer).await;
+    for t in 1..=30 {
+        writer
+            .apply(assign_tenant(t, "eu-west/c1", 0))
+            .await
+            .unwrap();
+    }
+    cluster.stop(watched).await;
+    for t in 31..=60 {
+        writer
+            .apply(assign_tenant(t, "eu-west/c2", 0))
+            .await
+            .unwrap();
+    }
+    let last = writer
+        .apply(assign_tenant(61, "us-east/c1", 0))
+        .await
+        .unwrap()
+        .index;
+    assert!(
+        client.wait_applied(last, Duration::from_secs(10)).await,
+        "watch resumed"
+    );
+    let mut seen = Vec::new();
+    while let Ok((index, batch)) = changes.try_recv() {
+        seen.push((index, batch));
+    }
+    let indexes: Vec<u64> = seen.iter().map(|(i, _)| *i).collect();
+    let expected: Vec<u64> = cluster
+        .running(leader)
+        .store
+        .changes_from(0, usize::MAX)
+        .unwrap()
+        .into_iter()
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(indexes, expected, "every change exactly once, in order");
+    assert_eq!(
+        client.read(|t| t.routes.clone()),
+        cluster.running(leader).store.table().routes
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn membership_grows_and_shrinks_and_a_restart_keeps_state() {
+    let mut cluster = RouterCluster::start(3, |_| {}).await;
+    let client = cluster.client().await;
+    seed(&client).await;
+    client
+        .apply(assign_tenant(1, "eu-west/c1", 0))
+        .await
+        .unwrap();
+    // A fourth replica joins as a learner, is promoted, and one is removed.
+    let dir = tempfile::tempdir().unwrap();
+    let fourth = cellmesh_router::node::start(router_config(4, "eu-west", dir.path()))
+        .await
+        .unwrap();
+    let mut api = cluster.api(0).await;
+    api.add_learner(pb::AddLearnerRequest {
+        node: Some(pb::RouterNode {
+            node_id: 4,
+            region: "eu-west".into(),
+            raft_address: fourth.node.raft_addr.clone(),
+            api_address: fourth.node.api_addr.clone(),
+        }),
+    })
+    .await
+    .unwrap();
+    let fourth_store = fourth.store.clone();
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let ok = fourth_store.table().routes.len() == 1;
+            async move { ok }
+        })
+        .await
+    );
+    api.change_membership(pb::ChangeMembershipRequest {
+        voters: vec![1, 2, 4],
+    })
+    .await
+    .unwrap();
+    let status = api
+        .status(pb::RouterStatusRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let voters: BTreeSet<u64> = status.voters.iter().map(|n| n.node_id).collect();
+    assert_eq!(voters, BTreeSet::from([1, 2, 4]));
+    let err = api
+        .change_membership(pb::ChangeMembershipRequest { voters: vec![] })
+        .await
+        .unwrap_err();
+    assert_eq!(error_detail(&err).code, ErrorCode::InvalidArgument as i32);
+
+    // Every replica restarts and the table is still there.
+    for i in 0..3 {
+        cluster.stop(i).await;
+    }
+    for i in 0..3 {
+        cluster.restart(i).await;
+    }
+    cluster.leader().await;
+    let store = cluster.running(0).store.clone();
+    assert_eq!(
+        store.read(|t| t.resolve(&Key::conversation(1, 5)).map(|r| r.entry.cell)),
+        Some("eu-west/c1".to_string())
+    );
+    fourth.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_writes_get_stable_codes_and_calls_need_the_secret() {
+    let cluster = RouterCluster::start(3, |_| {}).await;
+    let client = cluster.client().await;
+    seed(&client).await;
+    let e = client
+        .apply(assign_tenant(1, "eu-west/c9", 0))
+        .await
+        .unwrap_err();
+    let d = error_detail(&e);
+    assert_eq!(
+        (d.code, d.reason.as_str()),
+        (ErrorCode::NotFound as i32, "UNKNOWN_CELL")
+    );
+    let placed = client
+        .apply(assign_tenant(1, "eu-west/c1", 0))
+        .await
+        .unwrap();
+    let e = client
+        .apply(assign_tenant(1, "eu-west/c2", placed.index - 1))
+        .await
+        .unwrap_err();
+    assert_eq!(error_detail(&e).reason, "STALE_EPOCH");
+    let e = client
+        .apply(update_route(
+            &Key::conversation(1, 2),
+            placed.index,
+            Transition::Freeze(true),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(error_detail(&e).reason, "ILLEGAL_TRANSITION");
+    let e = client
+        .apply(pb::RouteCommand { command: None })
+        .await
+        .unwrap_err();
+    assert_eq!(error_detail(&e).code, ErrorCode::InvalidArgument as i32);
+    let e = client
+        .apply(register_cell("nope", "eu-west", "http://x"))
+        .await
+        .unwrap_err();
+    assert_eq!(error_detail(&e).code, ErrorCode::InvalidArgument as i32);
+    // Without the deployment secret nothing is served.
+    let mut bare = pb::routing_client::RoutingClient::connect(cluster.endpoint(0))
+        .await
+        .unwrap();
+    let e = bare
+        .get_table(pb::GetTableRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(error_detail(&e).code, ErrorCode::Unauthenticated as i32);
+    // The table is unchanged by all of the above.
+    let table = cluster.running(0).store.table();
+    assert_eq!(table.routes.len(), 1);
+    assert_eq!(table.cells.len(), 3);
+}
