@@ -31,6 +31,22 @@ pub struct CellConfig {
     pub sync: SyncConfig,
     pub notifications: NotificationsConfig,
     pub homes: HomesConfig,
+    pub routing: RoutingConfig,
+}
+
+/// Where the route table lives. With no routers the cell is standalone: it
+/// owns every conversation and homes every user not in `homes.remote`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RoutingConfig {
+    /// Routing API endpoints of the router replicas (`http://host:port`).
+    pub routers: Vec<String>,
+    /// The address other components reach this cell at; default
+    /// `http://` + the bound listen address.
+    pub advertise: String,
+    /// The deployment's shared secret: required on every call to this cell
+    /// and sent on every call it makes (empty: no check, standalone use).
+    pub cluster_secret: String,
 }
 
 /// Users whose home is another cell. Until the route table serves user
@@ -166,6 +182,7 @@ impl Default for CellConfig {
             sync: SyncConfig::default(),
             notifications: NotificationsConfig::default(),
             homes: HomesConfig::default(),
+            routing: RoutingConfig::default(),
         }
     }
 }
@@ -376,6 +393,13 @@ impl CellConfig {
             self.sync.rebase_threshold >= 1,
             "must be at least 1",
         )?;
+        for router in &self.routing.routers {
+            check(
+                "routing.routers",
+                router.starts_with("http://") || router.starts_with("https://"),
+                "must be http:// or https:// URLs",
+            )?;
+        }
         for (user, endpoint) in &self.homes.remote {
             check(
                 "homes.remote",

@@ -35,6 +35,12 @@ pub enum CellError {
         message: String,
         retry_after: Duration,
     },
+    /// This cell does not own the key; `route` says who does.
+    #[error("{message}")]
+    WrongCell {
+        message: String,
+        route: Box<cellmesh_proto::v1::Route>,
+    },
     #[error("storage: {0}")]
     Storage(#[from] StorageError),
 }
@@ -64,6 +70,7 @@ impl CellError {
             Self::NotFound { .. } => ErrorCode::NotFound,
             Self::RateLimited { .. } => ErrorCode::RateLimited,
             Self::RetryLater { .. } => ErrorCode::RetryLater,
+            Self::WrongCell { .. } => ErrorCode::WrongCell,
             Self::Storage(StorageError::Closed) => ErrorCode::RetryLater,
             Self::Storage(_) => ErrorCode::Internal,
         }
@@ -76,6 +83,7 @@ impl CellError {
             | Self::PermissionDenied { reason, .. }
             | Self::RetryLater { reason, .. } => reason,
             Self::Unauthenticated { .. } => "NO_CALLER",
+            Self::WrongCell { .. } => "NOT_OWNER",
             Self::NotFound { what, .. } => match *what {
                 "message" => "MESSAGE_NOT_FOUND",
                 _ => "CONVERSATION_NOT_FOUND",
@@ -107,6 +115,10 @@ impl From<CellError> for tonic::Status {
         }
         // A non-zero wait never rounds down to "no wait".
         let retry_ms = err.retry_after().as_nanos().div_ceil(1_000_000) as u64;
-        to_status(err.code(), err.reason(), err.to_string(), retry_ms, None)
+        let route = match &err {
+            CellError::WrongCell { route, .. } => Some((**route).clone()),
+            _ => None,
+        };
+        to_status(err.code(), err.reason(), err.to_string(), retry_ms, route)
     }
 }

@@ -8,7 +8,7 @@ use crate::config::HomesConfig;
 
 pub trait Homes: Send + Sync + 'static {
     /// The endpoint of `user`'s home cell, or None when it is this cell.
-    fn remote_home(&self, user: u64) -> Option<&str>;
+    fn remote_home(&self, tenant: u64, user: u64) -> Option<String>;
 }
 
 pub struct StaticHomes(HashMap<u64, String>);
@@ -27,7 +27,7 @@ impl StaticHomes {
 }
 
 impl Homes for StaticHomes {
-    fn remote_home(&self, user: u64) -> Option<&str> {
-        self.0.get(&user).map(String::as_str)
+    fn remote_home(&self, _tenant: u64, user: u64) -> Option<String> {
+        self.0.get(&user).cloned()
     }
 }

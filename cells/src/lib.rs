@@ -24,10 +24,11 @@ pub mod ownership;
 pub mod pipeline;
 pub mod queue;
 pub mod ratelimit;
+pub mod routed;
 pub mod server;
 pub mod storage;
 pub mod sync;
 
 pub use config::CellConfig;
 pub use error::CellError;
-pub use server::{RunningCell, StartError, run, start};
+pub use server::{Placement, RunningCell, StartError, run, start, start_placed};

@@ -19,6 +19,12 @@ pub trait Ownership: Send + Sync + 'static {
     /// ahead of this cell's view is answered with a retryable error, one on
     /// another cell's route with `WRONG_CELL`.
     fn check(&self, tenant: u64, conversation: u64, caller_epoch: u64) -> Result<Fence, CellError>;
+
+    /// Checks that this cell may serve reads of `conversation` (a frozen
+    /// route still serves them).
+    fn check_read(&self, tenant: u64, conversation: u64) -> Result<(), CellError> {
+        self.check(tenant, conversation, 0).map(|_| ())
+    }
 }
 
 /// A standalone cell: owns every conversation, epoch 0, no floor.

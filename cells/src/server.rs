@@ -20,12 +20,18 @@ use crate::config::QueueBackend;
 use crate::config::{CellConfig, ConfigError, REQUEST_OVERHEAD_BYTES};
 use crate::error::CellError;
 use crate::grpc::{MessagingApi, PeerApi, SyncApi};
+use crate::homes::Homes;
 use crate::homes::StaticHomes;
 use crate::message::MessageService;
 use crate::ownership::{OwnAll, Ownership};
 use crate::queue::{EventQueue, QueueError, embedded::EmbeddedQueue};
+use crate::routed::Routed;
 use crate::storage::{StorageError, Store};
 use crate::sync::{Hub, SyncService};
+use cellmesh_proto::secret::ClusterSecret;
+use cellmesh_router::client::RouteClient;
+use cellmesh_router::commands::register_cell;
+use tonic::service::interceptor::InterceptedService;
 
 /// File in the data directory holding the address the cell listens on, for
 /// supervisors and scripts that started it on port 0.
@@ -50,6 +56,52 @@ pub enum StartError {
     Io(#[from] std::io::Error),
     #[error("grpc: {0}")]
     Grpc(String),
+    #[error("route table: {0}")]
+    Routing(String),
+}
+
+/// How a cell learns what it owns and where its users live.
+pub struct Placement {
+    pub ownership: Arc<dyn Ownership>,
+    pub homes: Arc<dyn Homes>,
+    /// Set when the cell follows a route table: it registers there at start.
+    pub routes: Option<RouteClient>,
+}
+
+impl Placement {
+    /// Owns every conversation; remote homes from `homes.remote`.
+    pub fn standalone(config: &CellConfig) -> Self {
+        Self {
+            ownership: Arc::new(OwnAll),
+            homes: Arc::new(StaticHomes::from_config(&config.homes)),
+            routes: None,
+        }
+    }
+
+    /// Follows the route table of `routing.routers`.
+    pub async fn routed(config: &CellConfig) -> Result<Self, StartError> {
+        let client = RouteClient::connect(
+            config.routing.routers.clone(),
+            ClusterSecret::new(&config.routing.cluster_secret),
+        )
+        .await
+        .map_err(|e| StartError::Routing(e.message().to_string()))?;
+        let routed = Arc::new(Routed::new(client.clone(), config.cell_id.clone()));
+        Ok(Self {
+            ownership: routed.clone(),
+            homes: routed,
+            routes: Some(client),
+        })
+    }
+
+    /// Routed when routers are configured, else standalone.
+    pub async fn from_config(config: &CellConfig) -> Result<Self, StartError> {
+        if config.routing.routers.is_empty() {
+            Ok(Self::standalone(config))
+        } else {
+            Self::routed(config).await
+        }
+    }
 }
 
 /// A cell serving in the background.
@@ -85,7 +137,8 @@ pub async fn run(
     config: CellConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), StartError> {
-    let cell = start(config, Arc::new(OwnAll), Arc::new(SystemClock)).await?;
+    let placement = Placement::from_config(&config).await?;
+    let cell = start_placed(config, placement, Arc::new(SystemClock)).await?;
     let RunningCell { stop, task, .. } = cell;
     tokio::spawn(async move {
         shutdown.await;
@@ -96,12 +149,31 @@ pub async fn run(
     task.await.map_err(|e| StartError::Grpc(e.to_string()))?
 }
 
-/// Starts a cell and returns once it accepts connections.
+/// Starts a cell with `ownership` and the static homes of its config.
 pub async fn start(
     config: CellConfig,
     ownership: Arc<dyn Ownership>,
     clock: Arc<dyn Clock>,
 ) -> Result<RunningCell, StartError> {
+    let placement = Placement {
+        ownership,
+        ..Placement::standalone(&config)
+    };
+    start_placed(config, placement, clock).await
+}
+
+/// Starts a cell and returns once it accepts connections (and, when it
+/// follows a route table, is registered there).
+pub async fn start_placed(
+    config: CellConfig,
+    placement: Placement,
+    clock: Arc<dyn Clock>,
+) -> Result<RunningCell, StartError> {
+    let Placement {
+        ownership,
+        homes,
+        routes,
+    } = placement;
     config.validate()?;
     std::fs::create_dir_all(&config.data_dir)?;
     let store = Store::open(&config.data_dir.join("db"), &config.storage)?;
@@ -121,7 +193,6 @@ pub async fn start(
         clock.clone(),
     ));
     let queue = open_queue(&config, &store).await?;
-    let homes = Arc::new(StaticHomes::from_config(&config.homes));
     let pipeline = crate::pipeline::spawn(
         &config,
         store.clone(),
@@ -144,12 +215,23 @@ pub async fn start(
         .await
         .map_err(|e| StartError::Grpc(e.to_string()))?;
     let max_message = config.limits.max_body_bytes + REQUEST_OVERHEAD_BYTES;
-    let messaging = MessagingServer::new(MessagingApi::new(service.clone()))
-        .max_decoding_message_size(max_message);
+    let secret = ClusterSecret::new(&config.routing.cluster_secret);
+    let guard = |secret: ClusterSecret| move |r| secret.check(r);
+    let messaging = InterceptedService::new(
+        MessagingServer::new(MessagingApi::new(service.clone()))
+            .max_decoding_message_size(max_message),
+        guard(secret.clone()),
+    );
     standard.reporter.set_serving::<SyncServer<SyncApi>>().await;
-    let sync_api = SyncServer::new(SyncApi::new(sync.clone()));
-    let peer_api = CellPeerServer::new(PeerApi::new(pipeline.inbound))
-        .max_decoding_message_size(64 * 1024 * 1024);
+    let sync_api = InterceptedService::new(
+        SyncServer::new(SyncApi::new(sync.clone())),
+        guard(secret.clone()),
+    );
+    let peer_api = InterceptedService::new(
+        CellPeerServer::new(PeerApi::new(pipeline.inbound))
+            .max_decoding_message_size(64 * 1024 * 1024),
+        guard(secret.clone()),
+    );
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let maintenance = tokio::spawn(maintain(service.clone(), hub.clone(), clock));
     let task = tokio::spawn(async move {
@@ -174,6 +256,18 @@ pub async fn start(
         tracing::info!("cell stopped");
         served.map_err(|e| StartError::Grpc(e.to_string()))
     });
+    if let Some(routes) = routes {
+        let advertise = if config.routing.advertise.is_empty() {
+            format!("http://{addr}")
+        } else {
+            config.routing.advertise.clone()
+        };
+        let region = config.cell_id.split('/').next().unwrap_or_default();
+        routes
+            .apply(register_cell(&config.cell_id, region, &advertise))
+            .await
+            .map_err(|e| StartError::Routing(format!("cannot register: {}", e.message())))?;
+    }
     tracing::info!(cell = %config.cell_id, %addr, data_dir = %config.data_dir.display(), "cell serving");
     Ok(RunningCell {
         addr,

@@ -7,6 +7,7 @@
 pub mod client;
 pub mod commands;
 pub mod config;
+pub mod edge;
 pub mod grpc;
 pub mod network;
 pub mod node;

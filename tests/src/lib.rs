@@ -63,6 +63,28 @@ impl TestCell {
         }
     }
 
+    /// A cell that follows the route table of `routers` as `cell_id`,
+    /// requiring the test cluster secret.
+    pub async fn start_routed(cell_id: &str, routers: Vec<String>) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut config = test_config(dir.path());
+        config.cell_id = cell_id.to_string();
+        config.routing.routers = routers;
+        config.routing.cluster_secret = router::SECRET.to_string();
+        let placement = cellmesh_cell::Placement::routed(&config)
+            .await
+            .expect("route table reachable");
+        let cell = cellmesh_cell::start_placed(config, placement, Arc::new(SystemClock))
+            .await
+            .expect("routed cell starts");
+        let endpoint = format!("http://{}", cell.addr);
+        Self {
+            cell,
+            endpoint,
+            dir,
+        }
+    }
+
     pub async fn client(&self) -> Client {
         connect(&self.endpoint).await
     }

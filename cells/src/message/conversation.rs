@@ -48,6 +48,8 @@ impl MessageService {
     #[tracing::instrument(skip_all, fields(tenant = cmd.caller.tenant, user = cmd.caller.user, req_id = %cmd.client_req_id))]
     pub async fn create_conversation(&self, cmd: CreateCommand) -> Result<Conversation> {
         let members = self.validate_create(&cmd)?;
+        // New conversations belong to their tenant's cell.
+        self.ownership.check(cmd.caller.tenant, 0, 0)?;
         let key = (!cmd.client_req_id.is_empty()).then(|| IdemKey {
             kind: IdemKind::CreateConversation,
             tenant: cmd.caller.tenant,
@@ -252,6 +254,8 @@ impl MessageService {
     }
 
     pub fn get_conversation(&self, cmd: GetConversationCommand) -> Result<GetConversationResponse> {
+        self.ownership
+            .check_read(cmd.caller.tenant, cmd.conversation)?;
         self.conversation(&cmd.caller, cmd.conversation)?;
         self.require_member(&cmd.caller, cmd.conversation)?;
         let record = self.stored_conversation(cmd.conversation)?;

@@ -28,6 +28,8 @@ pub struct PullCommand {
 impl MessageService {
     #[tracing::instrument(skip_all, fields(tenant = cmd.caller.tenant, conversation = cmd.conversation, user = cmd.caller.user))]
     pub fn pull(&self, cmd: PullCommand) -> Result<PullResponse> {
+        self.ownership
+            .check_read(cmd.caller.tenant, cmd.conversation)?;
         self.conversation(&cmd.caller, cmd.conversation)?;
         self.require_member(&cmd.caller, cmd.conversation)?;
         let limit = match cmd.limit {

@@ -29,10 +29,10 @@ impl MessageService {
     #[tracing::instrument(skip_all, fields(tenant = cmd.caller.tenant, conversation = cmd.conversation, user = cmd.caller.user, req_id = %cmd.client_req_id))]
     pub async fn send(&self, cmd: SendCommand) -> Result<SendResponse> {
         self.validate_send(&cmd)?;
-        let conv = self.conversation(&cmd.caller, cmd.conversation)?;
         let fence = self
             .ownership
             .check(cmd.caller.tenant, cmd.conversation, cmd.route_epoch)?;
+        let conv = self.conversation(&cmd.caller, cmd.conversation)?;
         self.require_member(&cmd.caller, cmd.conversation)?;
         let visible_to = self.recipients(&cmd)?;
         self.limits

@@ -8,6 +8,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::v1::cell_peer_client::CellPeerClient;
 use cellmesh_proto::v1::{DeliverBatchRequest, PeerEvent};
 use prost::Message as _;
@@ -31,6 +32,7 @@ pub async fn run(
     store: Arc<Store>,
     signal: Arc<Notify>,
     cell_id: String,
+    secret: ClusterSecret,
 ) -> Result<(), PipelineError> {
     let mut destinations: HashMap<String, Destination> = HashMap::new();
     loop {
@@ -59,10 +61,11 @@ pub async fn run(
                 .iter()
                 .filter_map(|e| PeerEvent::decode(e.as_slice()).ok())
                 .collect();
-            let request = DeliverBatchRequest {
+            let mut request = tonic::Request::new(DeliverBatchRequest {
                 source_cell: cell_id.clone(),
                 events,
-            };
+            });
+            secret.attach(&mut request);
             match tokio::time::timeout(DELIVER_TIMEOUT, dest.client.deliver_batch(request)).await {
                 Ok(Ok(_)) => {
                     dest.backoff = Duration::from_millis(100);

@@ -23,6 +23,7 @@ use crate::homes::Homes;
 use crate::queue::{EventQueue, QueueError};
 use crate::storage::{StorageError, Store};
 use crate::sync::Hub;
+use cellmesh_proto::secret::ClusterSecret;
 use processor::{Inbound, Processor, Signals};
 
 #[derive(Debug, thiserror::Error)]
@@ -114,8 +115,14 @@ pub fn spawn(
     };
     let forwarder = {
         let (signal, cell_id) = (signals.forwards.clone(), config.cell_id.clone());
+        let secret = ClusterSecret::new(&config.routing.cluster_secret);
         supervise("forwarder", move || {
-            forward::run(store.clone(), signal.clone(), cell_id.clone())
+            forward::run(
+                store.clone(),
+                signal.clone(),
+                cell_id.clone(),
+                secret.clone(),
+            )
         })
     };
     Pipeline {

@@ -337,7 +337,7 @@ impl Processor {
         record: &SyncRecord,
         origin: Origin,
     ) -> Result<(), PipelineError> {
-        if let Some(endpoint) = self.homes.remote_home(user) {
+        if let Some(endpoint) = self.homes.remote_home(origin.tenant, user) {
             let message = match SyncEventKind::try_from(record.kind) {
                 Ok(SyncEventKind::Message | SyncEventKind::Recall | SyncEventKind::Edit) => self
                     .store
@@ -345,23 +345,19 @@ impl Processor {
                     .map(|m| message_to_proto(record.conversation_id, record.seq, m)),
                 _ => None,
             };
-            batch
-                .forward
-                .entry(endpoint.to_string())
-                .or_default()
-                .push(PeerEvent {
-                    user_id: user,
-                    event_id: id,
-                    kind: record.kind,
-                    tenant_id: origin.tenant,
-                    conversation_id: record.conversation_id,
-                    seq: record.seq,
-                    msg_id: record.msg_id,
-                    sender_id: origin.sender,
-                    items: record.items.clone(),
-                    server_ts_ms: record.server_ts_ms,
-                    message,
-                });
+            batch.forward.entry(endpoint).or_default().push(PeerEvent {
+                user_id: user,
+                event_id: id,
+                kind: record.kind,
+                tenant_id: origin.tenant,
+                conversation_id: record.conversation_id,
+                seq: record.seq,
+                msg_id: record.msg_id,
+                sender_id: origin.sender,
+                items: record.items.clone(),
+                server_ts_ms: record.server_ts_ms,
+                message,
+            });
             return Ok(());
         }
         if self.append(batch, user, id, record)?

@@ -1,0 +1,95 @@
+//! Ownership and user homes from the route table. A cell in a deployment
+//! follows the table through a route client and answers, for every write,
+//! whether it owns the conversation at the caller's epoch: `WRONG_CELL` with
+//! the current route when another cell does, `RETRY_LATER` while the route
+//! is frozen for a migration or when the caller has seen a newer epoch than
+//! this cell. Users whose home is another cell get their events there.
+
+use cellmesh_proto::v1::RouteState as PbRouteState;
+use cellmesh_router::client::RouteClient;
+use cellmesh_router::grpc::convert::route_to_pb;
+use cellmesh_router::table::{Key, RouteState};
+use std::time::Duration;
+
+use crate::error::CellError;
+use crate::homes::Homes;
+use crate::ownership::{Fence, Ownership};
+
+pub struct Routed {
+    client: RouteClient,
+    cell_id: String,
+}
+
+impl Routed {
+    pub fn new(client: RouteClient, cell_id: String) -> Self {
+        Self { client, cell_id }
+    }
+
+    pub fn client(&self) -> &RouteClient {
+        &self.client
+    }
+}
+
+impl Ownership for Routed {
+    fn check_read(&self, tenant: u64, conversation: u64) -> Result<(), CellError> {
+        match self.check(tenant, conversation, 0) {
+            Err(CellError::RetryLater {
+                reason: "FROZEN", ..
+            }) => Ok(()),
+            other => other.map(|_| ()),
+        }
+    }
+
+    fn check(&self, tenant: u64, conversation: u64, caller_epoch: u64) -> Result<Fence, CellError> {
+        let key = if conversation == 0 {
+            Key::tenant(tenant)
+        } else {
+            Key::conversation(tenant, conversation)
+        };
+        let Some(route) = self.client.resolve(&key) else {
+            return Err(CellError::RetryLater {
+                reason: "NO_ROUTE",
+                message: format!("tenant {tenant} has no placement in the route table"),
+                retry_after: Duration::from_millis(500),
+            });
+        };
+        if route.entry.cell != self.cell_id {
+            let mut pb = route_to_pb(&route);
+            if pb.state == PbRouteState::Unspecified as i32 {
+                pb.state = PbRouteState::Active as i32;
+            }
+            return Err(CellError::WrongCell {
+                message: format!("{key} is owned by {}", route.entry.cell),
+                route: Box::new(pb),
+            });
+        }
+        if caller_epoch > route.entry.epoch && caller_epoch > self.client.applied() {
+            return Err(CellError::RetryLater {
+                reason: "ROUTE_BEHIND",
+                message: format!(
+                    "the caller routed at epoch {caller_epoch}; this cell has seen {}",
+                    self.client.applied()
+                ),
+                retry_after: Duration::from_millis(50),
+            });
+        }
+        if matches!(route.entry.state, RouteState::Frozen { .. }) {
+            return Err(CellError::RetryLater {
+                reason: "FROZEN",
+                message: format!("{key} is frozen for a migration"),
+                retry_after: Duration::from_millis(100),
+            });
+        }
+        Ok(Fence {
+            epoch: route.entry.epoch,
+            seq_floor: route.seq_floor,
+        })
+    }
+}
+
+impl Homes for Routed {
+    fn remote_home(&self, tenant: u64, user: u64) -> Option<String> {
+        let route = self.client.resolve(&Key::user(tenant, user))?;
+        (route.entry.cell != self.cell_id).then_some(route.cell_address)
+    }
+}

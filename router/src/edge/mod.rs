@@ -1,0 +1,197 @@
+//! The edge access layer (`cellmesh edge`): the client-facing messaging API
+//! and sync stream. It verifies each client's token, resolves the owning
+//! cell from a watch-fed route cache and proxies there with the deployment
+//! secret; cells are never exposed to clients.
+
+pub mod auth;
+pub mod proxy;
+mod services;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cellmesh_proto::config::{ConfigError, check};
+use cellmesh_proto::secret::ClusterSecret;
+use cellmesh_proto::v1::messaging_server::MessagingServer;
+use cellmesh_proto::v1::sync_server::SyncServer;
+use serde::{Deserialize, Serialize};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::TcpListenerStream;
+
+use crate::client::RouteClient;
+use auth::TokenKey;
+use proxy::Proxy;
+use services::EdgeApi;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EdgeConfig {
+    pub listen: SocketAddr,
+    pub region: String,
+    /// Routing API endpoints of the router replicas.
+    pub routers: Vec<String>,
+    /// The deployment's shared secret, sent on every call to cells and routers.
+    pub cluster_secret: String,
+    /// Verifies client tokens (`cellmesh ctl token` signs with the same).
+    pub token_secret: String,
+    /// How long one client request may spend retrying WRONG_CELL / FROZEN.
+    pub retry_deadline_ms: u64,
+    pub retry_attempts: usize,
+    /// Largest request accepted from a client.
+    pub max_request_bytes: usize,
+}
+
+impl Default for EdgeConfig {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:7200".parse().expect("valid default"),
+            region: "local".into(),
+            routers: vec!["http://127.0.0.1:7300".into()],
+            cluster_secret: String::new(),
+            token_secret: String::new(),
+            retry_deadline_ms: 5_000,
+            retry_attempts: 20,
+            max_request_bytes: 256 * 1024,
+        }
+    }
+}
+
+impl EdgeConfig {
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        cellmesh_proto::config::load_toml(path, Self::validate)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        check(
+            "routers",
+            !self.routers.is_empty(),
+            "must name at least one router",
+        )?;
+        for r in &self.routers {
+            check(
+                "routers",
+                r.starts_with("http://") || r.starts_with("https://"),
+                "must be http:// or https:// URLs",
+            )?;
+        }
+        check(
+            "token_secret",
+            self.token_secret.len() >= 16,
+            "must be at least 16 bytes",
+        )?;
+        check(
+            "retry_attempts",
+            self.retry_attempts > 0,
+            "must be greater than 0",
+        )?;
+        check(
+            "max_request_bytes",
+            self.max_request_bytes >= 1024,
+            "must be at least 1024",
+        )?;
+        Ok(())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EdgeError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("cannot reach the route table: {0}")]
+    Routing(String),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("grpc: {0}")]
+    Grpc(String),
+}
+
+pub struct RunningEdge {
+    pub addr: SocketAddr,
+    pub routes: RouteClient,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<()>,
+}
+
+impl RunningEdge {
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(5), &mut self.task).await;
+    }
+
+    /// Serves until the task ends.
+    pub async fn wait(self) {
+        let _ = self.task.await;
+    }
+
+    pub fn stop_handle(&mut self) -> Option<oneshot::Sender<()>> {
+        self.stop.take()
+    }
+}
+
+pub async fn start(config: EdgeConfig) -> Result<RunningEdge, EdgeError> {
+    config.validate()?;
+    let secret = ClusterSecret::new(&config.cluster_secret);
+    let routes = RouteClient::connect(config.routers.clone(), secret.clone())
+        .await
+        .map_err(|e| EdgeError::Routing(e.message().to_string()))?;
+    let proxy = Arc::new(Proxy::new(
+        routes.clone(),
+        secret,
+        TokenKey::new(&config.token_secret),
+        Duration::from_millis(config.retry_deadline_ms),
+        config.retry_attempts,
+    ));
+    let api = EdgeApi { proxy };
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| EdgeError::Bind {
+            addr: config.listen,
+            source,
+        })?;
+    let addr = listener.local_addr().map_err(|source| EdgeError::Bind {
+        addr: config.listen,
+        source,
+    })?;
+    let standard = cellmesh_proto::server::standard_services::<MessagingServer<EdgeApi>>()
+        .await
+        .map_err(|e| EdgeError::Grpc(e.to_string()))?;
+    standard.reporter.set_serving::<SyncServer<EdgeApi>>().await;
+    let messaging =
+        MessagingServer::new(api.clone()).max_decoding_message_size(config.max_request_bytes);
+    let sync = SyncServer::new(api).max_decoding_message_size(config.max_request_bytes);
+    let (tx, rx) = oneshot::channel();
+    let task = tokio::spawn(async move {
+        let result = tonic::transport::Server::builder()
+            .add_service(standard.health)
+            .add_service(standard.reflection)
+            .add_service(messaging)
+            .add_service(sync)
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
+                let _ = rx.await;
+            })
+            .await;
+        if let Err(e) = result {
+            tracing::error!(error = %e, "edge server stopped");
+        }
+    });
+    tracing::info!(%addr, region = %config.region, "edge serving");
+    Ok(RunningEdge {
+        addr,
+        routes,
+        stop: Some(tx),
+        task,
+    })
+}

@@ -1,0 +1,212 @@
+//! Sends one client request to the cell that owns it: authenticates the
+//! token and stamps the caller, resolves the owner from the route cache,
+//! and retries with bounded backoff on `WRONG_CELL` (after refreshing the
+//! route) and on the transient answers of a migration (`FROZEN`) or a cell
+//! whose route view is behind. Other answers go back to the client as-is.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use cellmesh_proto::secret::ClusterSecret;
+use cellmesh_proto::status::{error_detail, to_status};
+use cellmesh_proto::v1::{self as pb, ErrorCode};
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Request, Response, Status};
+
+use super::auth::{Claims, TokenKey};
+use crate::client::RouteClient;
+use crate::table::Key;
+
+/// Reasons of RETRY_LATER answers the edge retries itself.
+const RETRIED_REASONS: [&str; 3] = ["FROZEN", "ROUTE_BEHIND", "NO_ROUTE"];
+
+/// A request that names its caller.
+pub trait HasCaller {
+    fn caller_mut(&mut self) -> &mut Option<pb::Caller>;
+    /// Stamps the route epoch the owner was resolved at (sends only).
+    fn set_route_epoch(&mut self, _epoch: u64) {}
+}
+
+macro_rules! has_caller {
+    ($($t:ty),*) => {$(
+        impl HasCaller for $t {
+            fn caller_mut(&mut self) -> &mut Option<pb::Caller> {
+                &mut self.caller
+            }
+        }
+    )*};
+}
+
+has_caller!(
+    pb::CreateConversationRequest,
+    pb::ChangeMembersRequest,
+    pb::GetConversationRequest,
+    pb::PullRequest,
+    pb::MarkReadRequest,
+    pb::RecallRequest,
+    pb::EditRequest,
+    pb::DeleteForMeRequest,
+    pb::SubscribeRequest,
+    pb::AckRequest,
+    pb::ListConversationsRequest,
+    pb::SetMutedRequest,
+    pb::HeartbeatRequest,
+    pb::GetPresenceRequest,
+    pb::TypingRequest
+);
+
+impl HasCaller for pb::SendRequest {
+    fn caller_mut(&mut self) -> &mut Option<pb::Caller> {
+        &mut self.caller
+    }
+    fn set_route_epoch(&mut self, epoch: u64) {
+        self.route_epoch = epoch;
+    }
+}
+
+pub struct Proxy {
+    pub routes: RouteClient,
+    secret: ClusterSecret,
+    tokens: TokenKey,
+    channels: Mutex<HashMap<String, Channel>>,
+    /// How long one request may keep retrying.
+    deadline: Duration,
+    attempts: usize,
+}
+
+impl Proxy {
+    pub fn new(
+        routes: RouteClient,
+        secret: ClusterSecret,
+        tokens: TokenKey,
+        deadline: Duration,
+        attempts: usize,
+    ) -> Self {
+        Self {
+            routes,
+            secret,
+            tokens,
+            channels: Mutex::new(HashMap::new()),
+            deadline,
+            attempts,
+        }
+    }
+
+    /// Verifies the token and makes the request's caller the token's.
+    pub fn authenticate<T: HasCaller>(&self, request: Request<T>) -> Result<(Claims, T), Status> {
+        let claims = self.tokens.verify_metadata(request.metadata())?;
+        let mut message = request.into_inner();
+        let caller = message.caller_mut();
+        if let Some(c) = caller.as_ref() {
+            if c.tenant_id != 0 && c.tenant_id != claims.tenant {
+                return Err(to_status(
+                    ErrorCode::PermissionDenied,
+                    "CROSS_TENANT",
+                    format!(
+                        "the token is for tenant {}, the request names {}",
+                        claims.tenant, c.tenant_id
+                    ),
+                    0,
+                    None,
+                ));
+            }
+            if c.user_id != 0 && c.user_id != claims.user {
+                return Err(to_status(
+                    ErrorCode::PermissionDenied,
+                    "CALLER_MISMATCH",
+                    "the request names another user than the token".into(),
+                    0,
+                    None,
+                ));
+            }
+        }
+        *caller = Some(pb::Caller {
+            tenant_id: claims.tenant,
+            user_id: claims.user,
+            device_id: claims.device.clone(),
+        });
+        Ok((claims, message))
+    }
+
+    fn channel(&self, address: &str) -> Result<Channel, Status> {
+        let mut channels = self.channels.lock().expect("channel cache");
+        if let Some(c) = channels.get(address) {
+            return Ok(c.clone());
+        }
+        let channel = Endpoint::from_shared(address.to_string())
+            .map_err(|e| Status::internal(format!("cell address {address:?}: {e}")))?
+            .connect_timeout(Duration::from_secs(2))
+            .tcp_nodelay(true)
+            .connect_lazy();
+        channels.insert(address.to_string(), channel.clone());
+        Ok(channel)
+    }
+
+    /// Calls the owner of `key` with `message`, retrying as described above.
+    pub async fn call<T, R, F, Fut>(
+        &self,
+        key: Key,
+        message: T,
+        f: F,
+    ) -> Result<Response<R>, Status>
+    where
+        T: HasCaller + Clone,
+        F: Fn(Channel, Request<T>) -> Fut,
+        Fut: Future<Output = Result<Response<R>, Status>>,
+    {
+        let started = Instant::now();
+        let mut last = None;
+        for attempt in 0..self.attempts {
+            if attempt > 0 && started.elapsed() > self.deadline {
+                break;
+            }
+            let Some(route) = self.routes.resolve(&key) else {
+                last = Some(to_status(
+                    ErrorCode::RetryLater,
+                    "NO_ROUTE",
+                    format!("{key} has no placement yet"),
+                    500,
+                    None,
+                ));
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            };
+            let mut m = message.clone();
+            m.set_route_epoch(route.entry.epoch);
+            let mut request = Request::new(m);
+            self.secret.attach(&mut request);
+            let result = f(self.channel(&route.cell_address)?, request).await;
+            let status = match result {
+                Ok(r) => return Ok(r),
+                Err(status) => status,
+            };
+            let detail = error_detail(&status);
+            match ErrorCode::try_from(detail.code) {
+                Ok(ErrorCode::WrongCell) => {
+                    let epoch = detail.route.as_ref().map_or(0, |r| r.epoch);
+                    self.routes
+                        .refresh(epoch.max(route.entry.epoch + 1))
+                        .await
+                        .ok();
+                }
+                Ok(ErrorCode::RetryLater) if RETRIED_REASONS.contains(&detail.reason.as_str()) => {
+                    let wait = Duration::from_millis(detail.retry_after_ms)
+                        .clamp(Duration::from_millis(10), Duration::from_millis(500));
+                    tokio::time::sleep(wait).await;
+                }
+                _ if status.code() == tonic::Code::Unavailable
+                    && detail.reason.starts_with("GRPC_") =>
+                {
+                    // The owner is unreachable; the route may be moving.
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    self.routes.refresh(route.entry.epoch + 1).await.ok();
+                }
+                _ => return Err(status),
+            }
+            last = Some(status);
+        }
+        Err(last.unwrap_or_else(|| Status::unavailable("no attempt made")))
+    }
+}

@@ -1,0 +1,182 @@
+//! The client-facing Messaging and Sync services of the edge: each handler
+//! authenticates, picks the key that decides the owner (the conversation,
+//! the tenant for a new conversation, the caller's home for sync) and
+//! proxies to that cell.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use cellmesh_proto::v1::messaging_client::MessagingClient;
+use cellmesh_proto::v1::messaging_server::Messaging;
+use cellmesh_proto::v1::sync_client::SyncClient;
+use cellmesh_proto::v1::sync_server::Sync;
+use cellmesh_proto::v1::*;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+
+use super::proxy::Proxy;
+use crate::table::Key;
+
+#[derive(Clone)]
+pub struct EdgeApi {
+    pub proxy: Arc<Proxy>,
+}
+
+/// One proxied unary call: authenticate, resolve by `$key`, call `$method`.
+macro_rules! proxied {
+    ($self:ident, $request:ident, $client:ident, $method:ident, |$claims:ident, $m:ident| $key:expr) => {{
+        let ($claims, $m) = $self.proxy.authenticate($request)?;
+        let key = $key;
+        $self
+            .proxy
+            .call(key, $m, |channel, r| async move {
+                $client::new(channel).$method(r).await
+            })
+            .await
+    }};
+}
+
+#[tonic::async_trait]
+impl Messaging for EdgeApi {
+    async fn create_conversation(
+        &self,
+        request: Request<CreateConversationRequest>,
+    ) -> Result<Response<CreateConversationResponse>, Status> {
+        proxied!(
+            self,
+            request,
+            MessagingClient,
+            create_conversation,
+            |c, m| Key::tenant(c.tenant)
+        )
+    }
+    async fn add_members(
+        &self,
+        request: Request<ChangeMembersRequest>,
+    ) -> Result<Response<ChangeMembersResponse>, Status> {
+        proxied!(self, request, MessagingClient, add_members, |c, m| {
+            Key::conversation(c.tenant, m.conversation_id)
+        })
+    }
+    async fn remove_members(
+        &self,
+        request: Request<ChangeMembersRequest>,
+    ) -> Result<Response<ChangeMembersResponse>, Status> {
+        proxied!(self, request, MessagingClient, remove_members, |c, m| {
+            Key::conversation(c.tenant, m.conversation_id)
+        })
+    }
+    async fn get_conversation(
+        &self,
+        request: Request<GetConversationRequest>,
+    ) -> Result<Response<GetConversationResponse>, Status> {
+        proxied!(self, request, MessagingClient, get_conversation, |c, m| {
+            Key::conversation(c.tenant, m.conversation_id)
+        })
+    }
+    async fn send(&self, request: Request<SendRequest>) -> Result<Response<SendResponse>, Status> {
+        proxied!(self, request, MessagingClient, send, |c, m| {
+            Key::conversation(c.tenant, m.conversation_id)
+        })
+    }
+    async fn pull(&self, request: Request<PullRequest>) -> Result<Response<PullResponse>, Status> {
+        proxied!(self, request, MessagingClient, pull, |c, m| {
+            Key::conversation(c.tenant, m.conversation_id)
+        })
+    }
+    async fn mark_read(
+        &self,
+        request: Request<MarkReadRequest>,
+    ) -> Result<Response<MarkReadResponse>, Status> {
+        proxied!(self, request, MessagingClient, mark_read, |c, m| {
+            Key::conversation(c.tenant, m.conversation_id)
+        })
+    }
+    async fn recall(
+        &self,
+        request: Request<RecallRequest>,
+    ) -> Result<Response<MessageUpdateResponse>, Status> {
+        proxied!(self, request, MessagingClient, recall, |c, m| {
+            Key::conversation(c.tenant, m.conversation_id)
+        })
+    }
+    async fn edit(
+        &self,
+        request: Request<EditRequest>,
+    ) -> Result<Response<MessageUpdateResponse>, Status> {
+        proxied!(self, request, MessagingClient, edit, |c, m| {
+            Key::conversation(c.tenant, m.conversation_id)
+        })
+    }
+    async fn delete_for_me(
+        &self,
+        request: Request<DeleteForMeRequest>,
+    ) -> Result<Response<DeleteForMeResponse>, Status> {
+        proxied!(self, request, MessagingClient, delete_for_me, |c, m| {
+            Key::conversation(c.tenant, m.conversation_id)
+        })
+    }
+}
+
+type PushStream = Pin<Box<dyn Stream<Item = Result<SyncPush, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Sync for EdgeApi {
+    type SubscribeStream = PushStream;
+
+    async fn subscribe(
+        &self,
+        request: Request<SubscribeRequest>,
+    ) -> Result<Response<PushStream>, Status> {
+        let response = proxied!(self, request, SyncClient, subscribe, |c, m| Key::user(
+            c.tenant, c.user
+        ))?;
+        Ok(Response::new(Box::pin(response.into_inner())))
+    }
+    async fn ack(&self, request: Request<AckRequest>) -> Result<Response<AckResponse>, Status> {
+        proxied!(self, request, SyncClient, ack, |c, m| Key::user(
+            c.tenant, c.user
+        ))
+    }
+    async fn list_conversations(
+        &self,
+        request: Request<ListConversationsRequest>,
+    ) -> Result<Response<ListConversationsResponse>, Status> {
+        proxied!(self, request, SyncClient, list_conversations, |c, m| {
+            Key::user(c.tenant, c.user)
+        })
+    }
+    async fn set_muted(
+        &self,
+        request: Request<SetMutedRequest>,
+    ) -> Result<Response<SetMutedResponse>, Status> {
+        proxied!(self, request, SyncClient, set_muted, |c, m| Key::user(
+            c.tenant, c.user
+        ))
+    }
+    async fn heartbeat(
+        &self,
+        request: Request<HeartbeatRequest>,
+    ) -> Result<Response<HeartbeatResponse>, Status> {
+        proxied!(self, request, SyncClient, heartbeat, |c, m| Key::user(
+            c.tenant, c.user
+        ))
+    }
+    async fn get_presence(
+        &self,
+        request: Request<GetPresenceRequest>,
+    ) -> Result<Response<GetPresenceResponse>, Status> {
+        proxied!(self, request, SyncClient, get_presence, |c, m| Key::user(
+            c.tenant, c.user
+        ))
+    }
+    async fn typing(
+        &self,
+        request: Request<TypingRequest>,
+    ) -> Result<Response<TypingResponse>, Status> {
+        proxied!(self, request, SyncClient, typing, |c, m| Key::conversation(
+            c.tenant,
+            m.conversation_id
+        ))
+    }
+}

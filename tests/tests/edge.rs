@@ -1,0 +1,356 @@
+//! The edge and routed cells: clients authenticate with tokens, requests
+//! reach the owning cell (also right after a route change the edge has not
+//! seen yet), cells refuse what they do not own with WRONG_CELL and refuse
+//! callers without the deployment secret.
+
+use std::time::Duration;
+
+use cellmesh_chaos::proxy::FaultProxy;
+use cellmesh_proto::status::error_detail;
+use cellmesh_proto::v1::messaging_client::MessagingClient;
+use cellmesh_proto::v1::sync_client::SyncClient;
+use cellmesh_proto::v1::*;
+use cellmesh_router::commands::*;
+use cellmesh_router::edge::auth::{Claims, TokenKey, now_secs};
+use cellmesh_router::edge::{EdgeConfig, RunningEdge};
+use cellmesh_router::table::Key;
+use cellmesh_tests::router::*;
+use cellmesh_tests::*;
+use tonic::metadata::MetadataValue;
+use tonic::transport::Channel;
+
+const TOKEN_SECRET: &str = "edge-test-token-secret";
+
+struct Deployment {
+    cluster: RouterCluster,
+    cells: Vec<TestCell>,
+    edge: RunningEdge,
+    _edge_link: Option<FaultProxy>,
+}
+
+async fn deploy(edge_router_latency: Option<Duration>) -> Deployment {
+    let cluster = RouterCluster::start(1, |_| {}).await;
+    let routers = cluster.endpoints();
+    let cells = vec![
+        TestCell::start_routed("eu-west/c1", routers.clone()).await,
+        TestCell::start_routed("us-east/c1", routers.clone()).await,
+    ];
+    let client = cluster.client().await;
+    client
+        .apply(assign_tenant(1, "eu-west/c1", 0))
+        .await
+        .unwrap();
+    // The edge reaches the route table through a link with added latency.
+    let (edge_routers, link) = match edge_router_latency {
+        Some(latency) => {
+            let upstream = cluster.replicas[0].config.api_listen;
+            let link = FaultProxy::start("127.0.0.1:0".parse().unwrap(), upstream)
+                .await
+                .unwrap();
+            link.set_latency(latency, Duration::ZERO);
+            (vec![format!("http://{}", link.addr())], Some(link))
+        }
+        None => (routers, None),
+    };
+    let edge = cellmesh_router::edge::start(EdgeConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        routers: edge_routers,
+        cluster_secret: SECRET.into(),
+        token_secret: TOKEN_SECRET.into(),
+        ..EdgeConfig::default()
+    })
+    .await
+    .expect("edge starts");
+    Deployment {
+        cluster,
+        cells,
+        edge,
+        _edge_link: link,
+    }
+}
+
+fn token(tenant: u64, user: u64) -> String {
+    TokenKey::new(TOKEN_SECRET).issue(&Claims {
+        tenant,
+        user,
+        device: "phone".into(),
+        exp: now_secs() + 3600,
+    })
+}
+
+fn authed<T>(message: T, token: &str) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(message);
+    r.metadata_mut().insert(
+        "authorization",
+        MetadataValue::try_from(format!("Bearer {token}")).unwrap(),
+    );
+    r
+}
+
+async fn edge_clients(edge: &RunningEdge) -> (MessagingClient<Channel>, SyncClient<Channel>) {
+    let channel = Channel::from_shared(edge.endpoint())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    (
+        MessagingClient::new(channel.clone()),
+        SyncClient::new(channel),
+    )
+}
+
+fn send(conversation: u64, req_id: &str, body: &str) -> SendRequest {
+    SendRequest {
+        caller: None,
+        conversation_id: conversation,
+        client_req_id: req_id.into(),
+        r#type: MessageType::Text as i32,
+        body: body.as_bytes().to_vec(),
+        ..Default::default()
+    }
+}
+
+async fn create(m: &mut MessagingClient<Channel>, token: &str, members: Vec<u64>) -> u64 {
+    m.create_conversation(authed(
+        CreateConversationRequest {
+            caller: None,
+            kind: ConversationKind::Group as i32,
+            title: "t".into(),
+            member_ids: members,
+            client_req_id: String::new(),
+        },
+        token,
+    ))
+    .await
+    .expect("create through the edge")
+    .into_inner()
+    .conversation
+    .unwrap()
+    .conversation_id
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_talk_through_the_edge_and_cells_refuse_what_they_do_not_own() {
+    let d = deploy(None).await;
+    let (mut m, mut s) = edge_clients(&d.edge).await;
+    let alice = token(1, 10);
+    let bob = token(1, 11);
+    let conv = create(&mut m, &alice, vec![11]).await;
+    let mut stream = s
+        .subscribe(authed(
+            SubscribeRequest {
+                from_pts: 0,
+                ..Default::default()
+            },
+            &bob,
+        ))
+        .await
+        .expect("subscribe through the edge")
+        .into_inner();
+    let sent = m
+        .send(authed(send(conv, "r1", "hello"), &alice))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(sent.seq, 1);
+    let delivered = loop {
+        let push = sync::next_push(&mut stream, Duration::from_secs(10))
+            .await
+            .expect("a push");
+        if let Some(sync_push::Push::Event(e)) = push.push
+            && e.kind == SyncEventKind::Message as i32
+        {
+            break e;
+        }
+    };
+    assert_eq!((delivered.conversation_id, delivered.seq), (conv, 1));
+
+    // The other cell does not own tenant 1: WRONG_CELL naming the owner.
+    let mut wrong = d.cells[1].client().await;
+    let mut direct = tonic::Request::new(SendRequest {
+        caller: caller(1, 10),
+        ..send(conv, "r2", "x")
+    });
+    cellmesh_proto::secret::ClusterSecret::new(SECRET).attach(&mut direct);
+    let e = wrong.send(direct).await.unwrap_err();
+    let detail = error_detail(&e);
+    assert_eq!(detail.code, ErrorCode::WrongCell as i32, "{e}");
+    let route = detail.route.expect("the current route");
+    assert_eq!(route.cell_id, "eu-west/c1");
+    assert_eq!(route.cell_address, d.cells[0].endpoint);
+
+    // Cells only serve the deployment's own components.
+    let mut bare = d.cells[0].client().await;
+    let e = bare
+        .send(SendRequest {
+            caller: caller(1, 10),
+            ..send(conv, "r3", "x")
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(error_detail(&e).code, ErrorCode::Unauthenticated as i32);
+    let _ = d.cluster;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_edge_rejects_missing_expired_forged_and_cross_tenant_requests() {
+    let d = deploy(None).await;
+    let (mut m, _) = edge_clients(&d.edge).await;
+    let alice = token(1, 10);
+    let conv = create(&mut m, &alice, vec![11]).await;
+    let reason = |r: Result<tonic::Response<SendResponse>, tonic::Status>| {
+        let e = r.unwrap_err();
+        let d = error_detail(&e);
+        (ErrorCode::try_from(d.code).unwrap(), d.reason)
+    };
+    let missing = m.send(tonic::Request::new(send(conv, "a", "x"))).await;
+    assert_eq!(
+        reason(missing),
+        (ErrorCode::Unauthenticated, "MISSING_TOKEN".into())
+    );
+    let expired = TokenKey::new(TOKEN_SECRET).issue(&Claims {
+        tenant: 1,
+        user: 10,
+        device: "d".into(),
+        exp: now_secs() - 1,
+    });
+    let r = m.send(authed(send(conv, "b", "x"), &expired)).await;
+    assert_eq!(
+        reason(r),
+        (ErrorCode::Unauthenticated, "TOKEN_EXPIRED".into())
+    );
+    let forged = TokenKey::new("another-deployment-secret").issue(&Claims {
+        tenant: 1,
+        user: 10,
+        device: "d".into(),
+        exp: now_secs() + 60,
+    });
+    let r = m.send(authed(send(conv, "c", "x"), &forged)).await;
+    assert_eq!(
+        reason(r),
+        (ErrorCode::Unauthenticated, "BAD_SIGNATURE".into())
+    );
+    // A token of tenant 1 cannot act for tenant 2, nor as another user.
+    let r = m
+        .send(authed(
+            SendRequest {
+                caller: caller(2, 10),
+                ..send(conv, "d", "x")
+            },
+            &alice,
+        ))
+        .await;
+    assert_eq!(
+        reason(r),
+        (ErrorCode::PermissionDenied, "CROSS_TENANT".into())
+    );
+    let r = m
+        .send(authed(
+            SendRequest {
+                caller: caller(1, 99),
+                ..send(conv, "e", "x")
+            },
+            &alice,
+        ))
+        .await;
+    assert_eq!(
+        reason(r),
+        (ErrorCode::PermissionDenied, "CALLER_MISMATCH".into())
+    );
+    // A user of another tenant cannot reach tenant 1's conversation.
+    let mallory = token(2, 10);
+    d.cluster
+        .client()
+        .await
+        .apply(assign_tenant(2, "us-east/c1", 0))
+        .await
+        .unwrap();
+    let r = m.send(authed(send(conv, "f", "x"), &mallory)).await;
+    assert!(
+        r.is_err(),
+        "a tenant-2 token reached a tenant-1 conversation"
+    );
+    // Nothing above created a message.
+    let pulled = m
+        .pull(authed(
+            PullRequest {
+                caller: None,
+                conversation_id: conv,
+                since_seq: 0,
+                direction: Direction::Forward as i32,
+                limit: 10,
+            },
+            &alice,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(pulled.messages.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_routed_by_a_stale_edge_reaches_the_new_owner() {
+    // The edge sees route changes a second late; cells see them at once.
+    let d = deploy(Some(Duration::from_millis(1000))).await;
+    let (mut m, _) = edge_clients(&d.edge).await;
+    let routes = d.cluster.client().await;
+    let carol = token(3, 30);
+    let placed = routes
+        .apply(assign_tenant(3, "eu-west/c1", 0))
+        .await
+        .unwrap();
+    assert!(
+        d.edge
+            .routes
+            .wait_applied(placed.index, Duration::from_secs(10))
+            .await
+    );
+    let first = create(&mut m, &carol, vec![31]).await;
+    // Tenant 3 moves to us-east/c1 (it has no conversations left to copy in
+    // this test: only new conversations are created after the move).
+    let moved = routes
+        .apply(assign_tenant(3, "us-east/c1", placed.index))
+        .await
+        .unwrap();
+    let mut old_owner = d.cells[0].client().await;
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            let mut c = old_owner.clone();
+            async move {
+                let mut r = tonic::Request::new(CreateConversationRequest {
+                    caller: caller(3, 30),
+                    kind: ConversationKind::Group as i32,
+                    title: "probe".into(),
+                    member_ids: vec![31],
+                    client_req_id: String::new(),
+                });
+                cellmesh_proto::secret::ClusterSecret::new(SECRET).attach(&mut r);
+                c.create_conversation(r)
+                    .await
+                    .is_err_and(|e| error_detail(&e).code == ErrorCode::WrongCell as i32)
+            }
+        })
+        .await,
+        "the old owner learns the move"
+    );
+    assert!(
+        d.edge.routes.applied() < moved.index,
+        "the edge is still stale"
+    );
+    let second = create(&mut m, &carol, vec![31]).await;
+    assert_ne!(first, second);
+    // It was created on the new owner.
+    let mut new_owner = d.cells[1].client().await;
+    let mut r = tonic::Request::new(GetConversationRequest {
+        caller: caller(3, 30),
+        conversation_id: second,
+        ..Default::default()
+    });
+    cellmesh_proto::secret::ClusterSecret::new(SECRET).attach(&mut r);
+    assert!(new_owner.get_conversation(r).await.is_ok());
+    assert_eq!(
+        d.edge.routes.resolve(&Key::tenant(3)).unwrap().entry.cell,
+        "us-east/c1"
+    );
+    let _ = &mut old_owner;
+}
