@@ -1,17 +1,16 @@
-//! `cellmesh`: the one operator binary. Each subcommand is a role (`cell`)
-//! or a tool (`chat`, `bench`); this file only parses flags, sets up logging
+//! `cellmesh`: the one operator binary. Each subcommand is a role (`cell`,
+//! `router`, `edge`) or a tool (`ctl`, `chat`, `bench`); this file only parses flags, sets up logging
 //! and hands over to library code.
 
 mod bench;
 mod chat;
 mod client;
+mod ctl;
+mod roles;
 mod telemetry;
 
-use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::process::ExitCode;
 
-use cellmesh_cell::CellConfig;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -28,27 +27,17 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run one cell: the message service over RocksDB.
-    Cell(CellArgs),
+    Cell(roles::CellArgs),
+    /// Run one RoutingService replica (Raft over RocksDB).
+    Router(roles::RouterArgs),
+    /// Run the client-facing edge: token checks and routing to cells.
+    Edge(roles::EdgeArgs),
+    /// Operator commands against the route table.
+    Ctl(ctl::CtlArgs),
     /// A small client: create conversations, send, read history.
     Chat(chat::ChatArgs),
     /// Load generators that print throughput and latency percentiles.
     Bench(bench::BenchArgs),
-}
-
-#[derive(clap::Args)]
-struct CellArgs {
-    /// TOML config file; every field has a default.
-    #[arg(long, env = "CELLMESH_CONFIG")]
-    config: Option<PathBuf>,
-    /// Overrides `listen`.
-    #[arg(long, env = "CELLMESH_LISTEN")]
-    listen: Option<SocketAddr>,
-    /// Overrides `data_dir`.
-    #[arg(long, env = "CELLMESH_DATA_DIR")]
-    data_dir: Option<PathBuf>,
-    /// Overrides `cell_id`.
-    #[arg(long, env = "CELLMESH_CELL_ID")]
-    cell_id: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -63,7 +52,10 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Cell(args) => run_cell(args).await,
+            Command::Cell(args) => roles::run_cell(args).await,
+            Command::Router(args) => roles::run_router(args).await,
+            Command::Edge(args) => roles::run_edge(args).await,
+            Command::Ctl(args) => ctl::run(args).await,
             Command::Chat(args) => chat::run(args).await,
             Command::Bench(args) => bench::run(args).await,
         }
@@ -92,23 +84,4 @@ fn describe(e: &anyhow::Error) -> String {
         line.push_str(&text);
     }
     line
-}
-
-async fn run_cell(args: CellArgs) -> anyhow::Result<()> {
-    let mut config = match &args.config {
-        Some(path) => CellConfig::load(path)?,
-        None => CellConfig::default(),
-    };
-    if let Some(listen) = args.listen {
-        config.listen = listen;
-    }
-    if let Some(dir) = args.data_dir {
-        config.data_dir = dir;
-    }
-    if let Some(id) = args.cell_id {
-        config.cell_id = id;
-    }
-    config.validate()?;
-    cellmesh_cell::run(config, telemetry::shutdown_signal()).await?;
-    Ok(())
 }

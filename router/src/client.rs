@@ -130,6 +130,11 @@ impl RouteClient {
             .await
     }
 
+    /// Adds the deployment secret to a request made with [`Self::routing`].
+    pub fn attach_secret<T>(&self, request: &mut Request<T>) {
+        self.inner.secret.attach(request);
+    }
+
     /// A client for other Routing calls (status, membership).
     pub fn routing(&self) -> Result<RoutingClient<Channel>, Status> {
         let i = self.inner.preferred.load(Ordering::Relaxed);

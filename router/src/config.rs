@@ -182,6 +182,13 @@ mod tests {
                 .to_string()
                 .contains("cluster.members")
         );
+        // The documented example file is exactly the defaults.
+        let example = include_str!("../../config/router.toml");
+        let parsed: RouterConfig = cellmesh_proto::config::parse_toml(example).unwrap();
+        assert_eq!(
+            toml::to_string(&parsed).unwrap(),
+            toml::to_string(&RouterConfig::default()).unwrap()
+        );
         let text = "node_id = 2\nbogus = 1\n";
         assert!(cellmesh_proto::config::parse_toml::<RouterConfig>(text).is_err());
     }

@@ -4,6 +4,7 @@
 
 mod push;
 mod report;
+mod router;
 mod send;
 
 use std::collections::BTreeMap;
@@ -56,11 +57,15 @@ enum Scenario {
     /// Online devices receive pushes while senders send into 1:1 and group
     /// conversations; measures send→push latency and deliveries per second.
     Push(push::PushArgs),
+    /// Route writes and lookups against the RoutingService, or the same
+    /// workload against etcd for comparison.
+    Router(router::RouterArgs),
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.scenario {
         Scenario::Send(args) => send::run(args).await,
         Scenario::Push(args) => push::run(args).await,
+        Scenario::Router(args) => router::run(args).await,
     }
 }

@@ -97,6 +97,29 @@ impl EdgeConfig {
     }
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_example_config_is_valid_and_bad_values_name_their_field() {
+        let example: EdgeConfig =
+            cellmesh_proto::config::parse_toml(include_str!("../../../config/edge.toml")).unwrap();
+        example.validate().unwrap();
+        assert_eq!(
+            example.retry_deadline_ms,
+            EdgeConfig::default().retry_deadline_ms
+        );
+        let err = EdgeConfig::default().validate().unwrap_err().to_string();
+        assert!(err.contains("token_secret"), "{err}");
+        let bad = EdgeConfig {
+            routers: vec!["127.0.0.1:7300".into()],
+            ..example
+        };
+        assert!(bad.validate().unwrap_err().to_string().contains("routers"));
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum EdgeError {
     #[error(transparent)]

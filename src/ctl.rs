@@ -1,0 +1,271 @@
+//! `cellmesh ctl`: operator commands against the route table — cells,
+//! routes, tenant placement, router replicas — and client token issuing.
+//! Every read command takes `--json`.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use cellmesh_proto::secret::ClusterSecret;
+use cellmesh_proto::v1 as pb;
+use cellmesh_router::client::RouteClient;
+use cellmesh_router::commands::assign_tenant;
+use cellmesh_router::edge::auth::{Claims, TokenKey, now_secs};
+use cellmesh_router::grpc::convert::{entry_to_pb, route_to_pb};
+use cellmesh_router::table::Key;
+use clap::{Args, Subcommand};
+use serde_json::json;
+use tonic::transport::Channel;
+
+use crate::client::describe;
+
+#[derive(Args)]
+pub struct CtlArgs {
+    /// Routing API endpoints, comma-separated.
+    #[arg(
+        long,
+        env = "CELLMESH_ROUTERS",
+        value_delimiter = ',',
+        default_value = "http://127.0.0.1:7300"
+    )]
+    routers: Vec<String>,
+    /// The deployment's shared secret.
+    #[arg(
+        long,
+        env = "CELLMESH_CLUSTER_SECRET",
+        default_value = "",
+        hide_env_values = true
+    )]
+    secret: String,
+    #[command(subcommand)]
+    command: CtlCommand,
+}
+
+#[derive(Subcommand)]
+enum CtlCommand {
+    /// Issue a client token for the edge.
+    Token {
+        #[arg(long)]
+        tenant: u64,
+        #[arg(long)]
+        user: u64,
+        #[arg(long, default_value = "cli")]
+        device: String,
+        /// How long the token is valid, e.g. `24h`.
+        #[arg(long, default_value = "24h")]
+        ttl: humantime::Duration,
+        /// The edge's token secret.
+        #[arg(long, env = "CELLMESH_TOKEN_SECRET", hide_env_values = true)]
+        token_secret: String,
+    },
+    /// Registered cells with region, address and status.
+    Cells {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Route table lookups.
+    Routes {
+        #[command(subcommand)]
+        command: RoutesCommand,
+    },
+    /// Tenant placement.
+    Tenant {
+        #[command(subcommand)]
+        command: TenantCommand,
+    },
+    /// The router replicas: role, leader, term, applied index.
+    Routers {
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum RoutesCommand {
+    /// Where a tenant, conversation or user home lives.
+    Get {
+        #[arg(long)]
+        tenant: u64,
+        #[arg(long, conflicts_with = "user")]
+        conversation: Option<u64>,
+        #[arg(long)]
+        user: Option<u64>,
+        /// Ask the leader (read index) instead of the local cache.
+        #[arg(long)]
+        linearizable: bool,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum TenantCommand {
+    /// Place a new tenant on a cell.
+    Place {
+        tenant: u64,
+        #[arg(long)]
+        cell: String,
+    },
+}
+
+pub async fn run(args: CtlArgs) -> anyhow::Result<()> {
+    if let CtlCommand::Token {
+        tenant,
+        user,
+        device,
+        ttl,
+        token_secret,
+    } = &args.command
+    {
+        anyhow::ensure!(
+            token_secret.len() >= 16,
+            "--token-secret must be at least 16 bytes"
+        );
+        let claims = Claims {
+            tenant: *tenant,
+            user: *user,
+            device: device.clone(),
+            exp: now_secs() + Duration::from(*ttl).as_secs(),
+        };
+        println!("{}", TokenKey::new(token_secret).issue(&claims));
+        return Ok(());
+    }
+    let secret = ClusterSecret::new(&args.secret);
+    let routes = RouteClient::connect(args.routers.clone(), secret.clone())
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot read the route table: {}", describe(&e)))?;
+    match args.command {
+        CtlCommand::Token { .. } => unreachable!("handled above"),
+        CtlCommand::Cells { json } => {
+            let cells: Vec<_> = routes.read(|t| t.cells.values().cloned().collect());
+            if json {
+                let out: Vec<_> = cells
+                    .iter()
+                    .map(|c| json!({"cell_id": c.id, "region": c.region, "address": c.address, "status": format!("{:?}", c.status), "epoch": c.epoch}))
+                    .collect();
+                println!("{}", serde_json::to_string_pretty(&out)?);
+            } else {
+                println!("{:<20} {:<12} {:<10} ADDRESS", "CELL", "REGION", "STATUS");
+                for c in cells {
+                    println!(
+                        "{:<20} {:<12} {:<10} {}",
+                        c.id,
+                        c.region,
+                        format!("{:?}", c.status),
+                        c.address
+                    );
+                }
+            }
+        }
+        CtlCommand::Routes {
+            command:
+                RoutesCommand::Get {
+                    tenant,
+                    conversation,
+                    user,
+                    linearizable,
+                    json,
+                },
+        } => {
+            let key = match (conversation, user) {
+                (Some(c), _) => Key::conversation(tenant, c),
+                (_, Some(u)) => Key::user(tenant, u),
+                _ => Key::tenant(tenant),
+            };
+            let (route, entry) = if linearizable {
+                let r = routes
+                    .resolve_linearizable(&key)
+                    .await
+                    .map_err(|e| anyhow::anyhow!(describe(&e)))?;
+                (r.route.unwrap_or_default(), r.entry.unwrap_or_default())
+            } else {
+                let r = routes
+                    .resolve(&key)
+                    .with_context(|| format!("no route for {key}"))?;
+                (route_to_pb(&r), entry_to_pb(&r.entry))
+            };
+            let state = pb::RouteState::try_from(route.state)
+                .map(|s| {
+                    s.as_str_name()
+                        .trim_start_matches("ROUTE_STATE_")
+                        .to_string()
+                })
+                .unwrap_or_default();
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&json!({
+                        "key": key.to_string(),
+                        "cell_id": route.cell_id,
+                        "cell_address": route.cell_address,
+                        "epoch": route.epoch,
+                        "state": state,
+                        "migrating_to": entry.migrating_to,
+                        "seq_floor": route.seq_floor,
+                        "override": entry.key.as_ref().is_some_and(|k| !matches!(k.scope, Some(pb::route_key::Scope::Tenant(_)))),
+                    }))?
+                );
+            } else {
+                println!(
+                    "{key}: {} ({}) epoch {} {state}, seq floor {}",
+                    route.cell_id, route.cell_address, route.epoch, route.seq_floor
+                );
+            }
+        }
+        CtlCommand::Tenant {
+            command: TenantCommand::Place { tenant, cell },
+        } => {
+            let r = routes
+                .apply(assign_tenant(tenant, &cell, 0))
+                .await
+                .map_err(|e| anyhow::anyhow!(describe(&e)))?;
+            println!("tenant {tenant} placed on {cell} at epoch {}", r.index);
+        }
+        CtlCommand::Routers { json } => {
+            let mut rows = Vec::new();
+            for endpoint in &args.routers {
+                let status = router_status(endpoint, &secret).await;
+                rows.push((endpoint.clone(), status));
+            }
+            if json {
+                let out: Vec<_> = rows
+                    .iter()
+                    .map(|(e, s)| match s {
+                        Ok(s) => json!({"endpoint": e, "node_id": s.node_id, "region": s.region, "role": s.role, "leader": s.current_leader, "term": s.term, "applied_index": s.applied_index, "last_log_index": s.last_log_index, "snapshot_index": s.snapshot_index}),
+                        Err(err) => json!({"endpoint": e, "error": err.to_string()}),
+                    })
+                    .collect();
+                println!("{}", serde_json::to_string_pretty(&out)?);
+            } else {
+                println!(
+                    "{:<28} {:>4} {:<10} {:<10} {:>6} {:>8} {:>8}",
+                    "ENDPOINT", "ID", "REGION", "ROLE", "LEADER", "TERM", "APPLIED"
+                );
+                for (e, s) in rows {
+                    match s {
+                        Ok(s) => println!(
+                            "{e:<28} {:>4} {:<10} {:<10} {:>6} {:>8} {:>8}",
+                            s.node_id, s.region, s.role, s.current_leader, s.term, s.applied_index
+                        ),
+                        Err(err) => println!("{e:<28} unreachable: {err}"),
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn router_status(endpoint: &str, secret: &ClusterSecret) -> anyhow::Result<pb::RouterStatus> {
+    let channel = Channel::from_shared(endpoint.to_string())?
+        .connect_timeout(Duration::from_secs(2))
+        .connect()
+        .await?;
+    let mut client = pb::routing_client::RoutingClient::new(channel);
+    let mut request = tonic::Request::new(pb::RouterStatusRequest {});
+    secret.attach(&mut request);
+    Ok(client
+        .status(request)
+        .await
+        .map_err(|e| anyhow::anyhow!(describe(&e)))?
+        .into_inner())
+}
