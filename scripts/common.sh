@@ -14,6 +14,8 @@ setup() {
   command -v c++ >/dev/null 2>&1 || need+=(g++)
   command -v clang >/dev/null 2>&1 || need+=(clang)
   dpkg -s libclang-dev >/dev/null 2>&1 || need+=(libclang-dev)
+  # A real etcd for the coordination tests (the tests start their own).
+  command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
   if ((${#need[@]})); then
     local sudo=""
     [ "$(id -u)" = 0 ] || sudo="sudo"
@@ -34,6 +36,17 @@ setup() {
     cargo install cargo-nextest --locked
   fi
   mkdir -p "$CARGO_TARGET_DIR"
+  prune_cache
+}
+
+# Test binaries of old builds pile up in the cache (hundreds of MB each);
+# drop those not rebuilt for two days. Libraries are kept: they are what
+# makes a warm build fast.
+prune_cache() {
+  local deps="$CARGO_TARGET_DIR/debug/deps"
+  [ -d "$deps" ] || return 0
+  find "$deps" -maxdepth 1 -type f -perm -u+x -mtime +2 \
+    ! -name '*.so' ! -name '*.rlib' ! -name '*.rmeta' ! -name '*.d' -delete 2>/dev/null || true
 }
 
 # Starts a real Kafka-protocol broker (tansu, shipped inside the PyPI package

@@ -13,7 +13,6 @@ use cellmesh_proto::v1::sync_server::SyncServer;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::TcpListenerStream;
 
 use crate::clock::{Clock, SystemClock};
 use crate::config::QueueBackend;
@@ -241,7 +240,7 @@ pub async fn start_placed(
             .add_service(messaging)
             .add_service(sync_api)
             .add_service(peer_api)
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
+            .serve_with_incoming_shutdown(cellmesh_proto::server::incoming(listener), async move {
                 let _ = stop_rx.await;
                 // Live sync streams would otherwise hold shutdown open.
                 hub.close();

@@ -34,3 +34,16 @@ pub async fn standard_services<S: NamedService>() -> Result<
         reporter,
     })
 }
+
+/// Connections accepted from `listener` with Nagle's algorithm off: small
+/// gRPC frames (acks, Raft appends) must not wait for delayed ACKs.
+pub fn incoming(
+    listener: tokio::net::TcpListener,
+) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    use tokio_stream::StreamExt;
+    tokio_stream::wrappers::TcpListenerStream::new(listener).map(|stream| {
+        let stream = stream?;
+        stream.set_nodelay(true)?;
+        Ok(stream)
+    })
+}

@@ -14,7 +14,6 @@ use openraft::SnapshotPolicy;
 use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::TcpListenerStream;
 
 use crate::config::RouterConfig;
 use crate::grpc::raft::RaftPeerService;
@@ -134,9 +133,12 @@ pub async fn start(config: RouterConfig) -> Result<RunningRouter, StartError> {
         servers.push(tokio::spawn(async move {
             let result = tonic::transport::Server::builder()
                 .add_service(peer)
-                .serve_with_incoming_shutdown(TcpListenerStream::new(raft_listener), async {
-                    let _ = rx.await;
-                })
+                .serve_with_incoming_shutdown(
+                    cellmesh_proto::server::incoming(raft_listener),
+                    async {
+                        let _ = rx.await;
+                    },
+                )
                 .await;
             if let Err(e) = result {
                 tracing::error!(error = %e, "raft peer server stopped");
@@ -164,9 +166,12 @@ pub async fn start(config: RouterConfig) -> Result<RunningRouter, StartError> {
                 .add_service(std.health)
                 .add_service(std.reflection)
                 .add_service(routing)
-                .serve_with_incoming_shutdown(TcpListenerStream::new(api_listener), async {
-                    let _ = rx.await;
-                })
+                .serve_with_incoming_shutdown(
+                    cellmesh_proto::server::incoming(api_listener),
+                    async {
+                        let _ = rx.await;
+                    },
+                )
                 .await;
             if let Err(e) = result {
                 tracing::error!(error = %e, "routing server stopped");

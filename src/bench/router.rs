@@ -60,7 +60,7 @@ pub struct RouterArgs {
 #[derive(Clone)]
 enum Target {
     Router(RouteClient),
-    Etcd(etcd_client::Client),
+    Etcd(Box<etcd_client::Client>),
 }
 
 /// Tenant ids of this run start here so repeated runs never collide.
@@ -96,7 +96,7 @@ pub async fn run(args: RouterArgs) -> anyhow::Result<()> {
                 .put(format!("/bench/{}", base + k + 1), "bench/c1", None)
                 .await?;
         }
-        (Target::Etcd(client), "etcd")
+        (Target::Etcd(Box::new(client)), "etcd")
     };
     let deadline = Instant::now() + Duration::from(args.duration);
     let started = Instant::now();

@@ -20,7 +20,6 @@ use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::TcpListenerStream;
 
 use crate::client::RouteClient;
 use auth::TokenKey;
@@ -202,7 +201,7 @@ pub async fn start(config: EdgeConfig) -> Result<RunningEdge, EdgeError> {
             .add_service(standard.reflection)
             .add_service(messaging)
             .add_service(sync)
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
+            .serve_with_incoming_shutdown(cellmesh_proto::server::incoming(listener), async {
                 let _ = rx.await;
             })
             .await;

@@ -3,6 +3,9 @@
 //! ([`StateMachine`]), in one database with a column family per kind. The only
 //! module of the router that names rocksdb.
 
+// openraft's StorageError is large; every storage function returns it.
+#![allow(clippy::result_large_err)]
+
 mod log;
 mod state;
 

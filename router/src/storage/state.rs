@@ -1,6 +1,6 @@
 //! The route-table state machine in RocksDB. Applying a batch of log entries
 //! writes the changed table records, the batch's changes (for the watch
-//! stream) and the applied log id in one synced WriteBatch; the in-memory
+//! stream) and the applied log id in one WriteBatch; the in-memory
 //! [`RouteTable`] is the read model lookups use. Snapshots carry the table and
 //! the retained change history; history older than `watch_history` indices is
 //! compacted when a snapshot is built.
@@ -110,6 +110,9 @@ impl RouteStore {
         // table lock so both describe one applied index.
         let table = self.table.read().expect("route table lock");
         let mut meta = self.inner.write().expect("meta lock");
+        // Everything applied so far becomes durable before any log entry
+        // it covers may be purged.
+        self.db.flush_wal(true).map_err(write_err)?;
         let keep_from = table.applied.saturating_sub(self.watch_history);
         if keep_from > meta.compacted_through {
             let mut batch = WriteBatch::default();
@@ -294,7 +297,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             encode(&meta.last_applied)?,
         );
         batch.put_cf(cf(db, CF_SM_META), MEMBERSHIP, encode(&meta.membership)?);
-        db.write_opt(batch, &synced()).map_err(write_err)?;
+        // Not synced: the applied id travels in the same batch, so a power
+        // loss only rewinds the state machine to a point the (synced) log
+        // replays from. Snapshots sync the WAL before the log is purged.
+        db.write(batch).map_err(write_err)?;
         let applied = table.applied;
         drop(meta);
         drop(table);
