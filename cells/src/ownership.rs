@@ -25,6 +25,12 @@ pub trait Ownership: Send + Sync + 'static {
     fn check_read(&self, tenant: u64, conversation: u64) -> Result<(), CellError> {
         self.check(tenant, conversation, 0).map(|_| ())
     }
+
+    /// The route-table index this cell's view has reached (a standalone
+    /// cell has seen everything).
+    fn route_index(&self) -> u64 {
+        u64::MAX
+    }
 }
 
 /// A standalone cell: owns every conversation, epoch 0, no floor.

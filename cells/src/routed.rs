@@ -31,6 +31,10 @@ impl Routed {
 }
 
 impl Ownership for Routed {
+    fn route_index(&self) -> u64 {
+        self.client.applied()
+    }
+
     fn check_read(&self, tenant: u64, conversation: u64) -> Result<(), CellError> {
         match self.check(tenant, conversation, 0) {
             Err(CellError::RetryLater {

@@ -227,8 +227,12 @@ pub async fn start_placed(
         guard(secret.clone()),
     );
     let peer_api = InterceptedService::new(
-        CellPeerServer::new(PeerApi::new(pipeline.inbound))
-            .max_decoding_message_size(64 * 1024 * 1024),
+        CellPeerServer::new(PeerApi::new(
+            pipeline.inbound,
+            service.clone(),
+            secret.clone(),
+        ))
+        .max_decoding_message_size(64 * 1024 * 1024),
         guard(secret.clone()),
     );
     let (stop_tx, stop_rx) = oneshot::channel::<()>();

@@ -267,6 +267,7 @@ impl Drop for CellProcess {
     }
 }
 
+pub mod deploy;
 pub mod router;
 
 pub mod sync {

@@ -1,18 +1,35 @@
-//! gRPC handler of the cell-to-cell API.
+//! gRPC handlers of the cell-to-cell API: fan-out deliveries and the
+//! migration calls (export, seal, digest on the source; copy on the target).
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use cellmesh_proto::secret::ClusterSecret;
+use cellmesh_proto::v1::cell_peer_client::CellPeerClient;
 use cellmesh_proto::v1::cell_peer_server::CellPeer;
-use cellmesh_proto::v1::{DeliverBatchRequest, DeliverBatchResponse};
+use cellmesh_proto::v1::*;
 use tonic::{Request, Response, Status};
 
+use crate::error::CellError;
+use crate::message::MessageService;
 use crate::pipeline::PeerInbound;
+
+/// Messages per export chunk unless the caller asks otherwise.
+const DEFAULT_CHUNK: u32 = 1_000;
 
 pub struct PeerApi {
     inbound: PeerInbound,
+    service: Arc<MessageService>,
+    secret: ClusterSecret,
 }
 
 impl PeerApi {
-    pub fn new(inbound: PeerInbound) -> Self {
-        Self { inbound }
+    pub fn new(inbound: PeerInbound, service: Arc<MessageService>, secret: ClusterSecret) -> Self {
+        Self {
+            inbound,
+            service,
+            secret,
+        }
     }
 }
 
@@ -24,15 +41,104 @@ impl CellPeer for PeerApi {
     ) -> Result<Response<DeliverBatchResponse>, Status> {
         let r = request.into_inner();
         tracing::debug!(source = %r.source_cell, events = r.events.len(), "deliver batch");
-        let applied =
-            self.inbound
-                .deliver(r.events)
-                .await
-                .map_err(|e| crate::CellError::RetryLater {
-                    reason: "PIPELINE_UNAVAILABLE",
-                    message: e.to_string(),
-                    retry_after: std::time::Duration::from_millis(200),
-                })?;
+        let applied = self
+            .inbound
+            .deliver(r.events)
+            .await
+            .map_err(|e| CellError::RetryLater {
+                reason: "PIPELINE_UNAVAILABLE",
+                message: e.to_string(),
+                retry_after: Duration::from_millis(200),
+            })?;
         Ok(Response::new(DeliverBatchResponse { applied }))
+    }
+
+    async fn export_conversation(
+        &self,
+        request: Request<ExportRequest>,
+    ) -> Result<Response<ExportChunk>, Status> {
+        let r = request.into_inner();
+        let limit = if r.limit == 0 { DEFAULT_CHUNK } else { r.limit } as usize;
+        Ok(Response::new(self.service.export_conversation(
+            r.tenant_id,
+            r.conversation_id,
+            r.after_seq,
+            limit,
+        )?))
+    }
+
+    async fn seal_conversation(
+        &self,
+        request: Request<SealRequest>,
+    ) -> Result<Response<SealResponse>, Status> {
+        let r = request.into_inner();
+        let latest_seq = self
+            .service
+            .seal_conversation(r.tenant_id, r.conversation_id, r.epoch)
+            .await?;
+        Ok(Response::new(SealResponse { latest_seq }))
+    }
+
+    async fn conversation_digest(
+        &self,
+        request: Request<DigestRequest>,
+    ) -> Result<Response<DigestResponse>, Status> {
+        let r = request.into_inner();
+        let (count, checksum, latest_seq) = self
+            .service
+            .digest_conversation(r.conversation_id, r.through_seq)?;
+        Ok(Response::new(DigestResponse {
+            count,
+            checksum,
+            latest_seq,
+        }))
+    }
+
+    async fn copy_conversation(
+        &self,
+        request: Request<CopyRequest>,
+    ) -> Result<Response<CopyResponse>, Status> {
+        let r = request.into_inner();
+        let mut source = CellPeerClient::connect(r.source_address.clone())
+            .await
+            .map_err(|e| CellError::RetryLater {
+                reason: "SOURCE_UNREACHABLE",
+                message: format!("cannot reach {}: {e}", r.source_address),
+                retry_after: Duration::from_millis(500),
+            })?
+            .max_decoding_message_size(64 * 1024 * 1024);
+        let chunk = if r.chunk == 0 { DEFAULT_CHUNK } else { r.chunk };
+        let mut after = r.after_seq;
+        let mut copied = 0u64;
+        let mut source_latest;
+        loop {
+            let mut export = Request::new(ExportRequest {
+                tenant_id: r.tenant_id,
+                conversation_id: r.conversation_id,
+                after_seq: after,
+                limit: chunk,
+            });
+            self.secret.attach(&mut export);
+            let exported = source.export_conversation(export).await?.into_inner();
+            source_latest = exported.latest_seq;
+            let n = exported.messages.len() as u64;
+            let last = exported.messages.last().map(|m| m.seq);
+            self.service
+                .import_chunk(r.tenant_id, r.conversation_id, exported)
+                .await?;
+            copied += n;
+            match last {
+                Some(last) => after = last,
+                None => break,
+            }
+            if r.max_messages > 0 && copied >= u64::from(r.max_messages) {
+                break;
+            }
+        }
+        Ok(Response::new(CopyResponse {
+            copied_through: after,
+            messages: copied,
+            source_latest_seq: source_latest,
+        }))
     }
 }

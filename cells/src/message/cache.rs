@@ -78,6 +78,15 @@ impl ConvCache {
         Ok(Some(entry))
     }
 
+    /// Forgets an entry so the next use reloads it from storage (after its
+    /// history was imported by a migration).
+    pub fn invalidate(&self, id: u64) {
+        self.shards[id as usize % SHARDS]
+            .lock()
+            .expect("cache shard")
+            .remove(&id);
+    }
+
     #[cfg(test)]
     pub fn len(&self) -> usize {
         self.shards

@@ -8,6 +8,7 @@
 mod cache;
 mod conversation;
 mod inflight;
+mod migrate;
 mod pull;
 mod send;
 mod update;

@@ -29,8 +29,8 @@ impl MessageService {
     #[tracing::instrument(skip_all, fields(tenant = cmd.caller.tenant, conversation = cmd.conversation, user = cmd.caller.user, req_id = %cmd.client_req_id))]
     pub async fn send(&self, cmd: SendCommand) -> Result<SendResponse> {
         self.validate_send(&cmd)?;
-        let fence = self
-            .ownership
+        // Early refusal (and the caller's epoch); repeated under the lock.
+        self.ownership
             .check(cmd.caller.tenant, cmd.conversation, cmd.route_epoch)?;
         let conv = self.conversation(&cmd.caller, cmd.conversation)?;
         self.require_member(&cmd.caller, cmd.conversation)?;
@@ -66,6 +66,12 @@ impl MessageService {
         let now = self.now_ms();
         let (ticket, record) = {
             let mut state = conv.seq.lock().expect("sequencer lock");
+            // Checked again under the sequencer lock: once this cell sees a
+            // route frozen or moved, no further seq is assigned here (a
+            // migration seals the conversation on that).
+            let fence = self
+                .ownership
+                .check(cmd.caller.tenant, cmd.conversation, 0)?;
             let floor = state.floor.max(fence.seq_floor);
             let seq = state.latest.max(floor) + 1;
             let msg_id = self.next_id(now)?;
@@ -90,6 +96,7 @@ impl MessageService {
                     edited_at_ms: 0,
                     edit_version: 0,
                     visible_to: visible_to.clone(),
+                    client_req_id: cmd.client_req_id.clone(),
                 },
             );
             m.put_conv_seq(

@@ -83,6 +83,32 @@ impl Store {
         Ok(page)
     }
 
+    /// Up to `limit` stored messages of `conversation` with seq > `after`,
+    /// ascending, whatever their visibility (migration copies them all).
+    pub fn messages_after(
+        &self,
+        conversation: u64,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, MessageRecord)>> {
+        let lower = keys::conv_item(conversation, after.saturating_add(1)).to_vec();
+        let upper = keys::conv_item(conversation, u64::MAX).to_vec();
+        let mut it = self.bounded_iter(cf::MESSAGES, (lower, upper));
+        it.seek_to_first();
+        let mut out = Vec::new();
+        while it.valid() && out.len() < limit {
+            let (Some(key), Some(value)) = (it.key(), it.value()) else {
+                break;
+            };
+            let seq = keys::last_u64(key).ok_or_else(|| corrupt(cf::MESSAGES, "short key"))?;
+            let record = MessageRecord::decode(value).map_err(|e| corrupt(cf::MESSAGES, e))?;
+            out.push((seq, record));
+            it.next();
+        }
+        it.status()?;
+        Ok(out)
+    }
+
     fn bounded_iter(
         &self,
         name: &'static str,

@@ -5,87 +5,18 @@
 
 use std::time::Duration;
 
-use cellmesh_chaos::proxy::FaultProxy;
 use cellmesh_proto::status::error_detail;
 use cellmesh_proto::v1::messaging_client::MessagingClient;
 use cellmesh_proto::v1::sync_client::SyncClient;
 use cellmesh_proto::v1::*;
 use cellmesh_router::commands::*;
+use cellmesh_router::edge::RunningEdge;
 use cellmesh_router::edge::auth::{Claims, TokenKey, now_secs};
-use cellmesh_router::edge::{EdgeConfig, RunningEdge};
 use cellmesh_router::table::Key;
+use cellmesh_tests::deploy::*;
 use cellmesh_tests::router::*;
 use cellmesh_tests::*;
-use tonic::metadata::MetadataValue;
 use tonic::transport::Channel;
-
-const TOKEN_SECRET: &str = "edge-test-token-secret";
-
-struct Deployment {
-    cluster: RouterCluster,
-    cells: Vec<TestCell>,
-    edge: RunningEdge,
-    _edge_link: Option<FaultProxy>,
-}
-
-async fn deploy(edge_router_latency: Option<Duration>) -> Deployment {
-    let cluster = RouterCluster::start(1, |_| {}).await;
-    let routers = cluster.endpoints();
-    let cells = vec![
-        TestCell::start_routed("eu-west/c1", routers.clone()).await,
-        TestCell::start_routed("us-east/c1", routers.clone()).await,
-    ];
-    let client = cluster.client().await;
-    client
-        .apply(assign_tenant(1, "eu-west/c1", 0))
-        .await
-        .unwrap();
-    // The edge reaches the route table through a link with added latency.
-    let (edge_routers, link) = match edge_router_latency {
-        Some(latency) => {
-            let upstream = cluster.replicas[0].config.api_listen;
-            let link = FaultProxy::start("127.0.0.1:0".parse().unwrap(), upstream)
-                .await
-                .unwrap();
-            link.set_latency(latency, Duration::ZERO);
-            (vec![format!("http://{}", link.addr())], Some(link))
-        }
-        None => (routers, None),
-    };
-    let edge = cellmesh_router::edge::start(EdgeConfig {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        routers: edge_routers,
-        cluster_secret: SECRET.into(),
-        token_secret: TOKEN_SECRET.into(),
-        ..EdgeConfig::default()
-    })
-    .await
-    .expect("edge starts");
-    Deployment {
-        cluster,
-        cells,
-        edge,
-        _edge_link: link,
-    }
-}
-
-fn token(tenant: u64, user: u64) -> String {
-    TokenKey::new(TOKEN_SECRET).issue(&Claims {
-        tenant,
-        user,
-        device: "phone".into(),
-        exp: now_secs() + 3600,
-    })
-}
-
-fn authed<T>(message: T, token: &str) -> tonic::Request<T> {
-    let mut r = tonic::Request::new(message);
-    r.metadata_mut().insert(
-        "authorization",
-        MetadataValue::try_from(format!("Bearer {token}")).unwrap(),
-    );
-    r
-}
 
 async fn edge_clients(edge: &RunningEdge) -> (MessagingClient<Channel>, SyncClient<Channel>) {
     let channel = Channel::from_shared(edge.endpoint())

@@ -1,0 +1,250 @@
+//! The cell's part of a migration (DESIGN.md §5). As the source it exports
+//! a conversation in chunks, seals it once the route is frozen (no seq is
+//! assigned after, every assigned seq is durable), and digests its history
+//! for verification. As the target it stores exported chunks — messages,
+//! meta, members, read positions, and idempotency records rebuilt from the
+//! messages' request ids — without fanning them out again.
+
+use std::time::{Duration, Instant};
+
+use cellmesh_proto::storage::v1::{
+    ConversationSeq, IdempotencyRecord, MemberRecord, MessageRecord,
+};
+use cellmesh_proto::v1::{ExportChunk, ReadPosition, StoredMessage};
+use sha2::{Digest, Sha256};
+
+use super::MessageService;
+use crate::error::{CellError, Result};
+use crate::storage::{IdemKey, IdemKind, Mutation};
+
+/// How long a seal waits for the frozen route and the last commits.
+const SEAL_TIMEOUT: Duration = Duration::from_secs(10);
+const MAX_EXPORT_CHUNK: usize = 5_000;
+
+/// A message's contribution to a conversation checksum; sums of these are
+/// compared between source and target.
+pub fn message_checksum(seq: u64, m: &MessageRecord) -> u64 {
+    let mut h = Sha256::new();
+    h.update(seq.to_be_bytes());
+    h.update(m.msg_id.to_be_bytes());
+    h.update(m.sender_id.to_be_bytes());
+    h.update(m.state.to_be_bytes());
+    h.update(m.edit_version.to_be_bytes());
+    h.update(&m.body);
+    u64::from_be_bytes(h.finalize()[..8].try_into().expect("8 bytes"))
+}
+
+fn retry_later(reason: &'static str, message: String) -> CellError {
+    CellError::RetryLater {
+        reason,
+        message,
+        retry_after: Duration::from_millis(200),
+    }
+}
+
+impl MessageService {
+    /// A chunk of `conversation` after `after_seq` (source side).
+    pub fn export_conversation(
+        &self,
+        tenant: u64,
+        conversation: u64,
+        after_seq: u64,
+        limit: usize,
+    ) -> Result<ExportChunk> {
+        let record = self
+            .store
+            .conversation(conversation)?
+            .ok_or(CellError::NotFound {
+                what: "conversation",
+                id: conversation,
+            })?;
+        if record.tenant_id != tenant {
+            return Err(CellError::denied(
+                "WRONG_TENANT",
+                "conversation belongs to another tenant",
+            ));
+        }
+        let seq = self.store.conv_seq(conversation)?;
+        let (members, _) = self.store.members(conversation, 0, usize::MAX)?;
+        let mut read_positions = Vec::new();
+        for user in &members {
+            let read_seq = self.store.read_seq(conversation, *user)?;
+            if read_seq > 0 {
+                read_positions.push(ReadPosition {
+                    user_id: *user,
+                    read_seq,
+                });
+            }
+        }
+        let limit = limit.clamp(1, MAX_EXPORT_CHUNK);
+        let messages = self.store.messages_after(conversation, after_seq, limit)?;
+        let checksum = messages.iter().fold(0u64, |acc, (s, m)| {
+            acc.wrapping_add(message_checksum(*s, m))
+        });
+        Ok(ExportChunk {
+            conversation: Some(record),
+            members,
+            read_positions,
+            messages: messages
+                .into_iter()
+                .map(|(seq, record)| StoredMessage {
+                    seq,
+                    record: Some(record),
+                })
+                .collect(),
+            latest_seq: seq.latest_seq,
+            seq_floor: seq.seq_floor,
+            checksum,
+        })
+    }
+
+    /// Waits until this cell's route view has reached the freeze at
+    /// `epoch` and every seq it assigned is durable; returns the final
+    /// latest seq (source side).
+    pub async fn seal_conversation(
+        &self,
+        tenant: u64,
+        conversation: u64,
+        epoch: u64,
+    ) -> Result<u64> {
+        let deadline = Instant::now() + SEAL_TIMEOUT;
+        while self.ownership.route_index() < epoch {
+            if Instant::now() > deadline {
+                return Err(retry_later(
+                    "ROUTE_BEHIND",
+                    format!("this cell has not seen route epoch {epoch} yet"),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        if self.ownership.check(tenant, conversation, 0).is_ok() {
+            return Err(CellError::invalid(
+                "NOT_FROZEN",
+                format!("conversation {conversation} is not frozen here at epoch {epoch}"),
+            ));
+        }
+        let caller = crate::message::Caller { tenant, user: 0 };
+        let entry = self.conversation(&caller, conversation)?;
+        // Sends check ownership under this lock, so none assigns after it.
+        let latest = entry.seq.lock().expect("sequencer lock").latest;
+        while self.store.conv_seq(conversation)?.latest_seq < latest {
+            if let Some(failure) = self.store.failed() {
+                return Err(CellError::Storage(crate::storage::StorageError::Failed(
+                    failure,
+                )));
+            }
+            if Instant::now() > deadline {
+                return Err(retry_later(
+                    "COMMIT_PENDING",
+                    "the last sends are not durable yet".into(),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        Ok(latest)
+    }
+
+    /// Count and checksum of the messages up to `through_seq`, and the
+    /// latest seq stored.
+    pub fn digest_conversation(
+        &self,
+        conversation: u64,
+        through_seq: u64,
+    ) -> Result<(u64, u64, u64)> {
+        let (mut count, mut checksum, mut after) = (0u64, 0u64, 0u64);
+        loop {
+            let page = self
+                .store
+                .messages_after(conversation, after, MAX_EXPORT_CHUNK)?;
+            let Some(&(last, _)) = page.last() else { break };
+            for (seq, m) in page.iter().filter(|(s, _)| *s <= through_seq) {
+                count += 1;
+                checksum = checksum.wrapping_add(message_checksum(*seq, m));
+            }
+            if last >= through_seq {
+                break;
+            }
+            after = last;
+        }
+        Ok((
+            count,
+            checksum,
+            self.store.conv_seq(conversation)?.latest_seq,
+        ))
+    }
+
+    /// Stores an exported chunk (target side); returns the highest seq now
+    /// stored here.
+    pub async fn import_chunk(
+        &self,
+        tenant: u64,
+        conversation: u64,
+        chunk: ExportChunk,
+    ) -> Result<u64> {
+        let record = chunk
+            .conversation
+            .ok_or_else(|| CellError::invalid("EMPTY_CHUNK", "the chunk has no conversation"))?;
+        if record.tenant_id != tenant {
+            return Err(CellError::denied(
+                "WRONG_TENANT",
+                "the source answered for another tenant",
+            ));
+        }
+        let sum = chunk
+            .messages
+            .iter()
+            .filter_map(|m| m.record.as_ref().map(|r| message_checksum(m.seq, r)))
+            .fold(0u64, u64::wrapping_add);
+        if sum != chunk.checksum {
+            return Err(retry_later(
+                "CHUNK_CHECKSUM",
+                "a migration chunk arrived corrupted".into(),
+            ));
+        }
+        let now = self.now_ms();
+        let stored = self.store.conv_seq(conversation)?;
+        let mut latest = stored.latest_seq;
+        let mut m = Mutation::new();
+        m.put_conversation(conversation, &record);
+        for user in &chunk.members {
+            m.put_member(conversation, *user, &MemberRecord { joined_at_ms: 0 });
+        }
+        for p in &chunk.read_positions {
+            m.raise_read_seq(conversation, p.user_id, p.read_seq);
+        }
+        for message in chunk.messages {
+            let Some(r) = message.record else { continue };
+            latest = latest.max(message.seq);
+            let expires = r.server_ts_ms + self.config.idempotency.ttl_secs * 1000;
+            if !r.client_req_id.is_empty() && expires > now {
+                let key = IdemKey {
+                    kind: IdemKind::Send,
+                    tenant,
+                    user: r.sender_id,
+                    client_req_id: r.client_req_id.clone(),
+                };
+                m.put_idempotency(
+                    &key,
+                    &IdempotencyRecord {
+                        conversation_id: conversation,
+                        msg_id: r.msg_id,
+                        seq: message.seq,
+                        server_ts_ms: r.server_ts_ms,
+                        expires_at_ms: expires,
+                    },
+                );
+            }
+            m.put_message(conversation, message.seq, &r);
+        }
+        m.put_conv_seq(
+            conversation,
+            &ConversationSeq {
+                latest_seq: latest,
+                seq_floor: stored.seq_floor.max(chunk.seq_floor),
+            },
+        );
+        self.store.commit(m).await?;
+        self.conversations.invalidate(conversation);
+        Ok(latest)
+    }
+}

@@ -1,0 +1,337 @@
+//! Moving one conversation from its cell A to cell B without losing,
+//! duplicating or reordering a message (DESIGN.md §5):
+//!
+//! 1. plan — route `Migrating{B, Copy}`; A keeps serving;
+//! 2. copy — B pulls A's history in checksummed chunks;
+//! 3. catch-up — B pulls the delta until it is within `catch_up_lag`;
+//! 4. freeze — route `Frozen{B}`; A refuses writes (the edge retries);
+//!    A is sealed: it has seen the freeze and every seq it assigned is durable;
+//!    B pulls the final delta; counts and checksums of A and B must agree;
+//! 5. switch — route to B with `seq_floor` = A's final seq; A answers WRONG_CELL.
+//!
+//! Cleanup of A's copy after a grace period is not done yet.
+
+use std::time::{Duration, Instant};
+
+use cellmesh_proto::secret::ClusterSecret;
+use cellmesh_proto::v1::cell_peer_client::CellPeerClient;
+use cellmesh_proto::v1::update_route::Transition;
+use cellmesh_proto::v1::{CopyRequest, DigestRequest, MigrationPhase, SealRequest};
+use cellmesh_router::client::RouteClient;
+use cellmesh_router::commands::update_route;
+use cellmesh_router::table::{Key, Phase, RouteState};
+use tonic::transport::Channel;
+
+#[derive(Debug, Clone)]
+pub struct MigrationOptions {
+    /// Messages per copied chunk.
+    pub chunk: u32,
+    /// Freeze once the target is at most this many messages behind.
+    pub catch_up_lag: u64,
+    /// Catch-up rounds before freezing anyway.
+    pub max_catch_up_rounds: u32,
+    /// Pause between copy rounds (throttling).
+    pub pause: Duration,
+}
+
+impl Default for MigrationOptions {
+    fn default() -> Self {
+        Self {
+            chunk: 1_000,
+            catch_up_lag: 50,
+            max_catch_up_rounds: 20,
+            pause: Duration::ZERO,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Progress {
+    pub phase: &'static str,
+    pub copied_through: u64,
+    pub source_latest: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct MigrationReport {
+    pub tenant: u64,
+    pub conversation: u64,
+    pub from: String,
+    pub to: String,
+    /// The source's last seq; the target assigns above it.
+    pub final_seq: u64,
+    pub messages_verified: u64,
+    /// How long writes were refused (freeze → switch).
+    pub frozen_for: Duration,
+    pub total: Duration,
+    pub switch_epoch: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum MigrationError {
+    #[error("{0}")]
+    Refused(String),
+    #[error("the route changed under the migration (cancelled or moved by someone else): {0}")]
+    Conflict(String),
+    #[error(
+        "verification failed: source has {source_count} messages (checksum {source_sum:x}), target {target_count} ({target_sum:x}); the migration was rolled back"
+    )]
+    Mismatch {
+        source_count: u64,
+        source_sum: u64,
+        target_count: u64,
+        target_sum: u64,
+    },
+    #[error("{what}: {status}")]
+    Call { what: String, status: tonic::Status },
+}
+
+pub struct Migrator {
+    routes: RouteClient,
+    secret: ClusterSecret,
+    pub options: MigrationOptions,
+}
+
+fn call(what: &str) -> impl FnOnce(tonic::Status) -> MigrationError + '_ {
+    move |status| MigrationError::Call {
+        what: what.to_string(),
+        status,
+    }
+}
+
+impl Migrator {
+    pub fn new(routes: RouteClient, secret: ClusterSecret, options: MigrationOptions) -> Self {
+        Self {
+            routes,
+            secret,
+            options,
+        }
+    }
+
+    fn request<T>(&self, message: T) -> tonic::Request<T> {
+        let mut r = tonic::Request::new(message);
+        self.secret.attach(&mut r);
+        r
+    }
+
+    async fn peer(&self, cell: &str) -> Result<(CellPeerClient<Channel>, String), MigrationError> {
+        let address = self
+            .routes
+            .read(|t| t.cell(cell).map(|c| c.address.clone()))
+            .ok_or_else(|| MigrationError::Refused(format!("unknown cell {cell}")))?;
+        let channel = Channel::from_shared(address.clone())
+            .map_err(|e| MigrationError::Refused(format!("cell {cell} address {address:?}: {e}")))?
+            .connect_timeout(Duration::from_secs(2))
+            .connect_lazy();
+        Ok((
+            CellPeerClient::new(channel).max_decoding_message_size(64 << 20),
+            address,
+        ))
+    }
+
+    /// Applies one transition of `key` at `expect_epoch`; the new epoch.
+    async fn transition(
+        &self,
+        key: &Key,
+        expect_epoch: u64,
+        t: Transition,
+    ) -> Result<u64, MigrationError> {
+        let applied = self
+            .routes
+            .apply(update_route(key, expect_epoch, t))
+            .await
+            .map_err(|status| {
+                let d = cellmesh_proto::status::error_detail(&status);
+                if d.reason == "STALE_EPOCH" || d.reason == "ILLEGAL_TRANSITION" {
+                    MigrationError::Conflict(d.message)
+                } else {
+                    MigrationError::Call {
+                        what: "route write".into(),
+                        status,
+                    }
+                }
+            })?;
+        // Cells and edges follow the table; give them the change first.
+        self.routes
+            .wait_applied(applied.index, Duration::from_secs(5))
+            .await;
+        Ok(applied.index)
+    }
+
+    /// Moves `conversation` of `tenant` to cell `to`, or resumes a move that
+    /// was interrupted. `progress` sees every copy round.
+    pub async fn migrate_conversation(
+        &self,
+        tenant: u64,
+        conversation: u64,
+        to: &str,
+        mut progress: impl FnMut(&Progress),
+    ) -> Result<MigrationReport, MigrationError> {
+        let started = Instant::now();
+        let key = Key::conversation(tenant, conversation);
+        let resolved = self
+            .routes
+            .resolve_linearizable(&key)
+            .await
+            .map_err(call("route lookup"))?;
+        let entry =
+            cellmesh_router::grpc::convert::entry_from_pb(resolved.entry.unwrap_or_default())
+                .map_err(call("route entry"))?;
+        let from = entry.cell.clone();
+        let mut epoch = entry.epoch;
+        let (target_cell, frozen) = match &entry.state {
+            RouteState::Active if entry.cell == to => {
+                return Err(MigrationError::Refused(format!(
+                    "{key} already lives on {to}"
+                )));
+            }
+            RouteState::Active => {
+                epoch = self
+                    .transition(&key, epoch, Transition::BeginMigration(to.to_string()))
+                    .await?;
+                (to.to_string(), false)
+            }
+            RouteState::Migrating { to: t, .. } => (t.clone(), false),
+            RouteState::Frozen { to: t } => (t.clone(), true),
+        };
+        if target_cell != to {
+            return Err(MigrationError::Refused(format!(
+                "{key} is already migrating to {target_cell}; cancel that first"
+            )));
+        }
+        let (mut source, source_address) = self.peer(&from).await?;
+        let (mut target, _) = self.peer(to).await?;
+        // Copying is idempotent; resume after what the target already has.
+        let mut copied = target
+            .conversation_digest(self.request(DigestRequest {
+                conversation_id: conversation,
+                through_seq: 0,
+            }))
+            .await
+            .map_err(call("target digest"))?
+            .into_inner()
+            .latest_seq;
+        let copy = |after: u64| CopyRequest {
+            source_address: source_address.clone(),
+            tenant_id: tenant,
+            conversation_id: conversation,
+            after_seq: after,
+            max_messages: 0,
+            chunk: self.options.chunk,
+        };
+        let mut frozen_at = Instant::now();
+        if !frozen {
+            let mut phase = "copy";
+            for round in 0..=self.options.max_catch_up_rounds {
+                let r = target
+                    .copy_conversation(self.request(copy(copied)))
+                    .await
+                    .map_err(call("copy"))?
+                    .into_inner();
+                copied = r.copied_through.max(copied);
+                progress(&Progress {
+                    phase,
+                    copied_through: copied,
+                    source_latest: r.source_latest_seq,
+                });
+                if round == 0
+                    && matches!(
+                        entry.state,
+                        RouteState::Active
+                            | RouteState::Migrating {
+                                phase: Phase::Copy,
+                                ..
+                            }
+                    )
+                {
+                    epoch = self
+                        .transition(
+                            &key,
+                            epoch,
+                            Transition::SetPhase(MigrationPhase::CatchUp as i32),
+                        )
+                        .await?;
+                    phase = "catch-up";
+                }
+                if r.source_latest_seq.saturating_sub(copied) <= self.options.catch_up_lag {
+                    break;
+                }
+                tokio::time::sleep(self.options.pause).await;
+            }
+            frozen_at = Instant::now();
+            epoch = self
+                .transition(&key, epoch, Transition::Freeze(true))
+                .await?;
+        }
+        let final_seq = source
+            .seal_conversation(self.request(SealRequest {
+                tenant_id: tenant,
+                conversation_id: conversation,
+                epoch,
+            }))
+            .await
+            .map_err(call("seal the source"))?
+            .into_inner()
+            .latest_seq;
+        while copied < final_seq {
+            let r = target
+                .copy_conversation(self.request(copy(copied)))
+                .await
+                .map_err(call("final copy"))?
+                .into_inner();
+            if r.copied_through <= copied {
+                break;
+            }
+            copied = r.copied_through;
+        }
+        progress(&Progress {
+            phase: "verify",
+            copied_through: copied,
+            source_latest: final_seq,
+        });
+        let digest = DigestRequest {
+            conversation_id: conversation,
+            through_seq: final_seq,
+        };
+        let a = source
+            .conversation_digest(self.request(digest))
+            .await
+            .map_err(call("source digest"))?
+            .into_inner();
+        let b = target
+            .conversation_digest(self.request(digest))
+            .await
+            .map_err(call("target digest"))?
+            .into_inner();
+        if (a.count, a.checksum) != (b.count, b.checksum) {
+            self.transition(&key, epoch, Transition::Cancel(true))
+                .await
+                .ok();
+            return Err(MigrationError::Mismatch {
+                source_count: a.count,
+                source_sum: a.checksum,
+                target_count: b.count,
+                target_sum: b.checksum,
+            });
+        }
+        let switch_epoch = self
+            .transition(&key, epoch, Transition::SwitchFloor(final_seq))
+            .await?;
+        progress(&Progress {
+            phase: "switched",
+            copied_through: copied,
+            source_latest: final_seq,
+        });
+        Ok(MigrationReport {
+            tenant,
+            conversation,
+            from,
+            to: to.to_string(),
+            final_seq,
+            messages_verified: a.count,
+            frozen_for: frozen_at.elapsed(),
+            total: started.elapsed(),
+            switch_epoch,
+        })
+    }
+}

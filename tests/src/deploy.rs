@@ -1,0 +1,83 @@
+//! A small deployment inside the test process: a router group, two cells
+//! that follow it (eu-west/c1, us-east/c1), tenant 1 on the first, and an
+//! edge — optionally reaching the routers through a slow link — plus client
+//! token helpers.
+
+use std::time::Duration;
+
+use cellmesh_chaos::proxy::FaultProxy;
+use cellmesh_router::commands::assign_tenant;
+use cellmesh_router::edge::auth::{Claims, TokenKey, now_secs};
+use cellmesh_router::edge::{EdgeConfig, RunningEdge};
+use tonic::metadata::MetadataValue;
+
+use crate::TestCell;
+use crate::router::{RouterCluster, SECRET};
+
+pub const TOKEN_SECRET: &str = "edge-test-token-secret";
+
+pub struct Deployment {
+    pub cluster: RouterCluster,
+    pub cells: Vec<TestCell>,
+    pub edge: RunningEdge,
+    pub edge_link: Option<FaultProxy>,
+}
+
+pub async fn deploy(edge_router_latency: Option<Duration>) -> Deployment {
+    let cluster = RouterCluster::start(1, |_| {}).await;
+    let routers = cluster.endpoints();
+    let cells = vec![
+        TestCell::start_routed("eu-west/c1", routers.clone()).await,
+        TestCell::start_routed("us-east/c1", routers.clone()).await,
+    ];
+    let client = cluster.client().await;
+    client
+        .apply(assign_tenant(1, "eu-west/c1", 0))
+        .await
+        .unwrap();
+    // The edge reaches the route table through a link with added latency.
+    let (edge_routers, link) = match edge_router_latency {
+        Some(latency) => {
+            let upstream = cluster.replicas[0].config.api_listen;
+            let link = FaultProxy::start("127.0.0.1:0".parse().unwrap(), upstream)
+                .await
+                .unwrap();
+            link.set_latency(latency, Duration::ZERO);
+            (vec![format!("http://{}", link.addr())], Some(link))
+        }
+        None => (routers, None),
+    };
+    let edge = cellmesh_router::edge::start(EdgeConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        routers: edge_routers,
+        cluster_secret: SECRET.into(),
+        token_secret: TOKEN_SECRET.into(),
+        ..EdgeConfig::default()
+    })
+    .await
+    .expect("edge starts");
+    Deployment {
+        cluster,
+        cells,
+        edge,
+        edge_link: link,
+    }
+}
+
+pub fn token(tenant: u64, user: u64) -> String {
+    TokenKey::new(TOKEN_SECRET).issue(&Claims {
+        tenant,
+        user,
+        device: "phone".into(),
+        exp: now_secs() + 3600,
+    })
+}
+
+pub fn authed<T>(message: T, token: &str) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(message);
+    r.metadata_mut().insert(
+        "authorization",
+        MetadataValue::try_from(format!("Bearer {token}")).unwrap(),
+    );
+    r
+}

@@ -1,0 +1,16 @@
+//! Every cross-crate integration test, in one binary (one link of RocksDB
+//! instead of one per file). Each module is one area of behaviour.
+
+mod bad_input;
+mod chat_cli;
+mod drill;
+mod durability;
+mod edge;
+mod history;
+mod homes;
+mod migration;
+mod presence;
+mod processor_crash;
+mod router;
+mod send;
+mod sync;
