@@ -5,13 +5,15 @@
 use std::time::Duration;
 
 use anyhow::Context;
+use cellmesh_control_plane::migration::{MigrationOptions, Migrator};
 use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::v1 as pb;
+use cellmesh_proto::v1::update_route::Transition;
 use cellmesh_router::client::RouteClient;
-use cellmesh_router::commands::assign_tenant;
+use cellmesh_router::commands::{assign_tenant, update_route};
 use cellmesh_router::edge::auth::{Claims, TokenKey, now_secs};
 use cellmesh_router::grpc::convert::{entry_to_pb, route_to_pb};
-use cellmesh_router::table::Key;
+use cellmesh_router::table::{Key, RouteState};
 use clap::{Args, Subcommand};
 use serde_json::json;
 use tonic::transport::Channel;
@@ -76,6 +78,48 @@ enum CtlCommand {
     Routers {
         #[arg(long)]
         json: bool,
+    },
+    /// Move a conversation to another cell (copy, catch up, freeze, verify,
+    /// switch). Running it again resumes an interrupted move.
+    Migrate {
+        #[command(subcommand)]
+        command: MigrateCommand,
+    },
+    /// Migrations in progress (from the route table), and cancelling one.
+    Migrations {
+        #[command(subcommand)]
+        command: Option<MigrationsCommand>,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum MigrateCommand {
+    Conversation {
+        #[arg(long)]
+        tenant: u64,
+        #[arg(long)]
+        conversation: u64,
+        #[arg(long)]
+        to: String,
+        /// Messages per copied chunk.
+        #[arg(long, default_value_t = 1000)]
+        chunk: u32,
+        /// Pause between copy rounds (throttle), e.g. `100ms`.
+        #[arg(long, default_value = "0s")]
+        pause: humantime::Duration,
+    },
+}
+
+#[derive(Subcommand)]
+enum MigrationsCommand {
+    /// Roll a migration back: the route returns to Active on its source.
+    Cancel {
+        #[arg(long)]
+        tenant: u64,
+        #[arg(long)]
+        conversation: u64,
     },
 }
 
@@ -220,6 +264,98 @@ pub async fn run(args: CtlArgs) -> anyhow::Result<()> {
                 .map_err(|e| anyhow::anyhow!(describe(&e)))?;
             println!("tenant {tenant} placed on {cell} at epoch {}", r.index);
         }
+        CtlCommand::Migrate {
+            command:
+                MigrateCommand::Conversation {
+                    tenant,
+                    conversation,
+                    to,
+                    chunk,
+                    pause,
+                },
+        } => {
+            let migrator = Migrator::new(
+                routes,
+                secret,
+                MigrationOptions {
+                    chunk,
+                    pause: pause.into(),
+                    ..MigrationOptions::default()
+                },
+            );
+            let report = migrator
+                .migrate_conversation(tenant, conversation, &to, |p| {
+                    let pct = if p.source_latest == 0 {
+                        100
+                    } else {
+                        (p.copied_through * 100 / p.source_latest).min(100)
+                    };
+                    let bar = "#".repeat(pct as usize / 5) + &".".repeat(20 - pct as usize / 5);
+                    println!(
+                        "{:<9} [{bar}] {}/{}",
+                        p.phase, p.copied_through, p.source_latest
+                    );
+                })
+                .await?;
+            println!(
+                "conversation {conversation} moved {} -> {}: {} messages verified, seq continues above {}, writes paused {} ms, total {} ms",
+                report.from,
+                report.to,
+                report.messages_verified,
+                report.final_seq,
+                report.frozen_for.as_millis(),
+                report.total.as_millis()
+            );
+        }
+        CtlCommand::Migrations { command, json } => match command {
+            Some(MigrationsCommand::Cancel {
+                tenant,
+                conversation,
+            }) => {
+                let key = Key::conversation(tenant, conversation);
+                let entry = routes
+                    .resolve(&key)
+                    .with_context(|| format!("no route for {key}"))?
+                    .entry;
+                let r = routes
+                    .apply(update_route(&key, entry.epoch, Transition::Cancel(true)))
+                    .await
+                    .map_err(|e| anyhow::anyhow!(describe(&e)))?;
+                println!(
+                    "{key}: migration cancelled, active on {} at epoch {}",
+                    entry.cell, r.index
+                );
+            }
+            None => {
+                let moving: Vec<_> = routes.read(|t| {
+                    t.routes
+                        .values()
+                        .filter(|e| e.state != RouteState::Active)
+                        .cloned()
+                        .collect()
+                });
+                if json {
+                    let out: Vec<_> = moving
+                        .iter()
+                        .map(|e| {
+                            let (state, to, phase) = match &e.state {
+                                RouteState::Migrating { to, phase } => ("Migrating", to.clone(), format!("{phase:?}")),
+                                RouteState::Frozen { to } => ("Frozen", to.clone(), "Freeze".into()),
+                                RouteState::Active => ("Active", String::new(), String::new()),
+                            };
+                            json!({"key": e.key.to_string(), "from": e.cell, "to": to, "state": state, "phase": phase, "epoch": e.epoch})
+                        })
+                        .collect();
+                    println!("{}", serde_json::to_string_pretty(&out)?);
+                } else if moving.is_empty() {
+                    println!("no migrations in progress");
+                } else {
+                    for e in moving {
+                        println!("{}: {} {:?} (epoch {})", e.key, e.cell, e.state, e.epoch);
+                    }
+                }
+            }
+        },
         CtlCommand::Routers { json } => {
             let mut rows = Vec::new();
             for endpoint in &args.routers {
