@@ -36,7 +36,7 @@ pub struct CellConfig {
 
 /// Where the route table lives. With no routers the cell is standalone: it
 /// owns every conversation and homes every user not in `homes.remote`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RoutingConfig {
     /// Routing API endpoints of the router replicas (`http://host:port`).
@@ -47,6 +47,20 @@ pub struct RoutingConfig {
     /// The deployment's shared secret: required on every call to this cell
     /// and sent on every call it makes (empty: no check, standalone use).
     pub cluster_secret: String,
+    /// How often conversation high-water marks are checkpointed to the
+    /// route table (bounds the failover seq floor margin).
+    pub checkpoint_interval_ms: u64,
+}
+
+impl Default for RoutingConfig {
+    fn default() -> Self {
+        Self {
+            routers: Vec::new(),
+            advertise: String::new(),
+            cluster_secret: String::new(),
+            checkpoint_interval_ms: 1000,
+        }
+    }
 }
 
 /// Users whose home is another cell. Until the route table serves user
@@ -392,6 +406,11 @@ impl CellConfig {
             "sync.rebase_threshold",
             self.sync.rebase_threshold >= 1,
             "must be at least 1",
+        )?;
+        check(
+            "routing.checkpoint_interval_ms",
+            self.routing.checkpoint_interval_ms >= 10,
+            "must be at least 10",
         )?;
         for router in &self.routing.routers {
             check(

@@ -9,6 +9,12 @@ use crate::config::HomesConfig;
 pub trait Homes: Send + Sync + 'static {
     /// The endpoint of `user`'s home cell, or None when it is this cell.
     fn remote_home(&self, tenant: u64, user: u64) -> Option<String>;
+
+    /// The endpoint of this cell's standby (its failover target), which
+    /// receives a copy of every conversation's meta and members.
+    fn standby(&self) -> Option<String> {
+        None
+    }
 }
 
 pub struct StaticHomes(HashMap<u64, String>);

@@ -96,4 +96,9 @@ impl Homes for Routed {
         let route = self.client.resolve(&Key::user(tenant, user))?;
         (route.entry.cell != self.cell_id).then_some(route.cell_address)
     }
+
+    fn standby(&self) -> Option<String> {
+        self.client
+            .read(|t| t.fallback_for(&self.cell_id).map(|c| c.address.clone()))
+    }
 }

@@ -270,6 +270,12 @@ pub async fn start_placed(
             .apply(register_cell(&config.cell_id, region, &advertise))
             .await
             .map_err(|e| StartError::Routing(format!("cannot register: {}", e.message())))?;
+        tokio::spawn(checkpoint(
+            routes,
+            service.clone(),
+            config.cell_id.clone(),
+            Duration::from_millis(config.routing.checkpoint_interval_ms),
+        ));
     }
     tracing::info!(cell = %config.cell_id, %addr, data_dir = %config.data_dir.display(), "cell serving");
     Ok(RunningCell {
@@ -279,6 +285,44 @@ pub async fn start_placed(
         stop: Some(stop_tx),
         task,
     })
+}
+
+/// Reports the conversations' high-water marks to the route table in
+/// batches, for failover floors. Ends with the message service.
+async fn checkpoint(
+    routes: RouteClient,
+    service: Arc<MessageService>,
+    cell_id: String,
+    every: Duration,
+) {
+    let service = Arc::downgrade(&service);
+    let mut tick = tokio::time::interval(every);
+    loop {
+        tick.tick().await;
+        let Some(service) = service.upgrade() else {
+            return;
+        };
+        let marks = service.take_checkpoints();
+        for batch in marks.chunks(1000) {
+            let entries = batch
+                .iter()
+                .map(
+                    |&(tenant_id, conversation_id, hwm)| cellmesh_proto::v1::Checkpoint {
+                        tenant_id,
+                        conversation_id,
+                        hwm,
+                    },
+                )
+                .collect();
+            if let Err(e) = routes
+                .apply(cellmesh_router::commands::checkpoint(&cell_id, entries))
+                .await
+            {
+                tracing::warn!(error = %e.message(), "checkpoint failed; retrying next round");
+                service.restore_checkpoints(batch.to_vec());
+            }
+        }
+    }
 }
 
 fn write_addr_file(config: &CellConfig, addr: SocketAddr) -> std::io::Result<()> {

@@ -52,6 +52,11 @@ pub struct MessageService {
     ids: IdGenerator,
     limits: SendLimits,
     conversations: ConvCache,
+    /// Latest acknowledged seq of conversations written since the last
+    /// checkpoint: (tenant, seq) by conversation.
+    written: std::sync::Mutex<std::collections::HashMap<u64, (u64, u64)>>,
+    /// Set once something takes checkpoints (a routed cell).
+    checkpointing: std::sync::atomic::AtomicBool,
     inflight: Inflight,
     ownership: Arc<dyn Ownership>,
     clock: Arc<dyn Clock>,
@@ -71,6 +76,8 @@ impl MessageService {
             ids: IdGenerator::new(config.instance_id, reserved),
             limits: SendLimits::new(&config.rate_limit),
             conversations: ConvCache::new(CONVERSATION_CACHE),
+            written: Default::default(),
+            checkpointing: Default::default(),
             inflight: Inflight::new(),
             store,
             config,
@@ -160,6 +167,27 @@ impl MessageService {
                     caller.user
                 ),
             ))
+        }
+    }
+
+    /// Takes the high-water marks written since the last call, as
+    /// (tenant, conversation, latest seq), for a checkpoint to the route table.
+    pub fn take_checkpoints(&self) -> Vec<(u64, u64, u64)> {
+        self.checkpointing
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        let written = std::mem::take(&mut *self.written.lock().expect("checkpoint lock"));
+        written
+            .into_iter()
+            .map(|(conversation, (tenant, seq))| (tenant, conversation, seq))
+            .collect()
+    }
+
+    /// Puts back marks a checkpoint could not deliver.
+    pub fn restore_checkpoints(&self, marks: Vec<(u64, u64, u64)>) {
+        let mut written = self.written.lock().expect("checkpoint lock");
+        for (tenant, conversation, seq) in marks {
+            let slot = written.entry(conversation).or_insert((tenant, 0));
+            slot.1 = slot.1.max(seq);
         }
     }
 

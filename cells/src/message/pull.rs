@@ -49,7 +49,21 @@ impl MessageService {
             limit,
             PAGE_BYTE_BUDGET,
         )?;
+        // After a failover the history below the floor stays in the failed
+        // cell until it is backfilled: say so instead of looking empty.
+        let unavailable_through = if seq.seq_floor > 0
+            && self
+                .store
+                .messages_after(cmd.conversation, seq.seq_floor.saturating_sub(1), 1)?
+                .first()
+                .is_none_or(|(s, _)| *s > seq.seq_floor)
+        {
+            seq.seq_floor
+        } else {
+            0
+        };
         Ok(PullResponse {
+            unavailable_through,
             messages: page
                 .messages
                 .into_iter()

@@ -125,6 +125,16 @@ impl MessageService {
         };
         ticket.wait().await?;
         tracing::debug!(seq = record.seq, msg_id = record.msg_id, "message stored");
+        if self
+            .checkpointing
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            let mut written = self.written.lock().expect("checkpoint lock");
+            let slot = written
+                .entry(cmd.conversation)
+                .or_insert((cmd.caller.tenant, 0));
+            slot.1 = slot.1.max(record.seq);
+        }
         let response = SendResponse {
             msg_id: record.msg_id,
             seq: record.seq,

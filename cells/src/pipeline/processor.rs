@@ -15,9 +15,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cellmesh_proto::storage::v1::{
-    ConvListEntry, ForwardRecord, NotificationRecord, OutboxEvent, OutboxKind, SyncRecord,
+    ConvListEntry, ForwardRecord, MemberRecord, NotificationRecord, OutboxEvent, OutboxKind,
+    SyncRecord,
 };
-use cellmesh_proto::v1::{ConversationHint, PeerEvent, SyncEventKind, SyncPush, sync_push};
+use cellmesh_proto::v1::{
+    ConversationHint, ConversationMeta, PeerEvent, SyncEventKind, SyncPush, sync_push,
+};
 use prost::Message as _;
 use tokio::sync::{Notify, mpsc, oneshot};
 
@@ -134,6 +137,10 @@ impl Processor {
     pub async fn apply_remote(&mut self, events: &[PeerEvent]) -> Result<u32, PipelineError> {
         let mut batch = Batch::default();
         for e in events {
+            if let Some(meta) = &e.meta {
+                self.apply_meta(&mut batch, e.conversation_id, meta)?;
+                continue;
+            }
             let record = SyncRecord {
                 kind: e.kind,
                 conversation_id: e.conversation_id,
@@ -161,6 +168,35 @@ impl Processor {
         let applied = batch.applied;
         self.finish(batch).await?;
         Ok(applied)
+    }
+
+    /// Stores a replicated conversation meta: the record and exactly the
+    /// members listed.
+    fn apply_meta(
+        &mut self,
+        batch: &mut Batch,
+        conversation: u64,
+        meta: &ConversationMeta,
+    ) -> Result<(), PipelineError> {
+        let Some(record) = &meta.record else {
+            return Ok(());
+        };
+        batch.mutation.put_conversation(conversation, record);
+        let (current, _) = self.store.members(conversation, 0, usize::MAX)?;
+        for user in current.iter().filter(|u| !meta.members.contains(u)) {
+            batch.mutation.delete_member(conversation, *user);
+        }
+        for user in meta.members.iter().filter(|u| !current.contains(u)) {
+            batch.mutation.put_member(
+                conversation,
+                *user,
+                &MemberRecord {
+                    joined_at_ms: record.created_at_ms,
+                },
+            );
+        }
+        batch.applied += 1;
+        Ok(())
     }
 
     /// Makes the effects of `deliveries` durable and announces them to
@@ -309,11 +345,13 @@ impl Processor {
                 self.deliver(batch, event.user_id, id, &record, origin)?;
             }
             OutboxKind::ConversationCreated => {
+                self.replicate_meta(batch, id, event)?;
                 for user in &event.items {
                     self.deliver(batch, *user, id, &record, origin)?;
                 }
             }
             OutboxKind::MembersChanged => {
+                self.replicate_meta(batch, id, event)?;
                 for user in &event.items {
                     let mut record = record.clone();
                     if !self.store.is_member(conversation, *user)? {
@@ -324,6 +362,34 @@ impl Processor {
             }
             OutboxKind::Unspecified => {}
         }
+        Ok(())
+    }
+
+    /// Queues the conversation's meta and members for this cell's standby,
+    /// so a failover finds the conversation there.
+    fn replicate_meta(
+        &mut self,
+        batch: &mut Batch,
+        id: u64,
+        event: &OutboxEvent,
+    ) -> Result<(), PipelineError> {
+        let Some(endpoint) = self.homes.standby() else {
+            return Ok(());
+        };
+        let Some(record) = self.store.conversation(event.conversation_id)? else {
+            return Ok(());
+        };
+        let (members, _) = self.store.members(event.conversation_id, 0, usize::MAX)?;
+        batch.forward.entry(endpoint).or_default().push(PeerEvent {
+            event_id: id,
+            tenant_id: event.tenant_id,
+            conversation_id: event.conversation_id,
+            meta: Some(ConversationMeta {
+                record: Some(record),
+                members,
+            }),
+            ..Default::default()
+        });
         Ok(())
     }
 
@@ -357,6 +423,7 @@ impl Processor {
                 items: record.items.clone(),
                 server_ts_ms: record.server_ts_ms,
                 message,
+                meta: None,
             });
             return Ok(());
         }

@@ -235,6 +235,20 @@ impl RouteTable {
         self.cells.get(id)
     }
 
+    /// Where `cell`'s routes go when it fails: the first other cell that is
+    /// Up in its region, else the first Up cell anywhere (by id). Cells
+    /// replicate conversation meta to the same choice ahead of time.
+    pub fn fallback_for(&self, cell: &str) -> Option<&CellInfo> {
+        let region = self.cells.get(cell).map(|c| c.region.as_str());
+        let up = || {
+            self.cells
+                .values()
+                .filter(move |c| c.id != cell && c.status == CellStatus::Up)
+        };
+        up().find(|c| Some(c.region.as_str()) == region)
+            .or_else(|| up().next())
+    }
+
     /// Every change that rebuilds this table from empty (snapshots, resets).
     pub fn as_changes(&self) -> Vec<Change> {
         let cells = self.cells.values().cloned().map(Change::Cell);
