@@ -8,4 +8,6 @@
 //! cancel is a route transition the running migrator observes as a lost
 //! compare-and-set.
 
+pub mod failover;
 pub mod migration;
+pub mod server;

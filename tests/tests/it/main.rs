@@ -6,6 +6,7 @@ mod chat_cli;
 mod drill;
 mod durability;
 mod edge;
+mod failover;
 mod history;
 mod homes;
 mod migration;

@@ -1,0 +1,208 @@
+//! The failover planner: a pure function from the route table and a failed
+//! cell to the route writes that move everything it owned to its fallback
+//! (same region first), each with a new epoch and a seq floor of the
+//! conversation's checkpoint plus a safety margin.
+
+use cellmesh_proto::v1::{self as pb, update_route::Transition};
+use cellmesh_router::commands::{failover, set_cell_status, update_route};
+use cellmesh_router::table::{RouteState, RouteTable};
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct FailoverPlan {
+    pub failed: String,
+    pub fallback: String,
+    /// Marks the cell Down, then moves every entry it owns.
+    pub commands: Vec<pb::RouteCommand>,
+    pub moved_entries: usize,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum PlanError {
+    #[error("unknown cell {0}")]
+    UnknownCell(String),
+    #[error("no healthy cell can take over from {0}")]
+    NoFallback(String),
+}
+
+/// How far past its last checkpoint a conversation's seq can have moved:
+/// the burst plus the sustained rate over two checkpoint intervals (one may
+/// have been in flight when the cell died).
+pub fn safety_margin(
+    conversation_per_sec: u64,
+    conversation_burst: u64,
+    checkpoint_interval_ms: u64,
+) -> u64 {
+    conversation_burst + (conversation_per_sec * checkpoint_interval_ms * 2).div_ceil(1000)
+}
+
+pub fn plan_failover(
+    table: &RouteTable,
+    failed: &str,
+    margin: u64,
+) -> Result<FailoverPlan, PlanError> {
+    if table.cell(failed).is_none() {
+        return Err(PlanError::UnknownCell(failed.to_string()));
+    }
+    let fallback = table
+        .fallback_for(failed)
+        .ok_or_else(|| PlanError::NoFallback(failed.to_string()))?
+        .id
+        .clone();
+    let mut commands = vec![set_cell_status(failed, pb::CellStatus::Down)];
+    let mut moved = 0;
+    for entry in table.routes.values() {
+        if entry.cell == failed {
+            commands.push(failover(
+                &entry.key,
+                entry.epoch,
+                &fallback,
+                entry.seq_floor,
+                margin,
+            ));
+            moved += 1;
+        } else if matches!(&entry.state, RouteState::Migrating { to, .. } | RouteState::Frozen { to } if to == failed)
+        {
+            // A move towards the failed cell is rolled back.
+            commands.push(update_route(
+                &entry.key,
+                entry.epoch,
+                Transition::Cancel(true),
+            ));
+        }
+    }
+    Ok(FailoverPlan {
+        failed: failed.to_string(),
+        fallback,
+        commands,
+        moved_entries: moved,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cellmesh_router::table::{CellStatus, Command, Key, Transition as T};
+
+    fn table() -> RouteTable {
+        let mut t = RouteTable::default();
+        let mut i = 0;
+        let mut apply = |t: &mut RouteTable, c: Command| {
+            i += 1;
+            t.apply(&c, i).unwrap();
+        };
+        for (id, region) in [("eu/c1", "eu"), ("eu/c2", "eu"), ("us/c1", "us")] {
+            apply(
+                &mut t,
+                Command::RegisterCell {
+                    id: id.into(),
+                    region: region.into(),
+                    address: format!("http://{id}"),
+                },
+            );
+        }
+        apply(
+            &mut t,
+            Command::AssignTenant {
+                tenant: 1,
+                cell: "eu/c1".into(),
+                expect_epoch: 0,
+            },
+        );
+        apply(
+            &mut t,
+            Command::AssignTenant {
+                tenant: 2,
+                cell: "us/c1".into(),
+                expect_epoch: 0,
+            },
+        );
+        let epoch = t.entry(&Key::tenant(2)).unwrap().epoch;
+        apply(
+            &mut t,
+            Command::UpdateRoute {
+                key: Key::conversation(2, 9),
+                expect_epoch: epoch,
+                transition: T::Failover {
+                    to: "eu/c1".into(),
+                    seq_floor: 5,
+                    floor_margin: 0,
+                },
+            },
+        );
+        let epoch = t.entry(&Key::tenant(2)).unwrap().epoch;
+        apply(
+            &mut t,
+            Command::UpdateRoute {
+                key: Key::conversation(2, 10),
+                expect_epoch: epoch,
+                transition: T::BeginMigration { to: "eu/c1".into() },
+            },
+        );
+        t
+    }
+
+    #[test]
+    fn everything_of_the_failed_cell_moves_to_a_same_region_fallback() {
+        let t = table();
+        let plan = plan_failover(&t, "eu/c1", 100).unwrap();
+        assert_eq!(plan.fallback, "eu/c2");
+        // Tenant 1 and the override of conversation 9 move; the migration
+        // towards eu/c1 is cancelled; the cell is marked Down first.
+        assert_eq!(plan.moved_entries, 2);
+        assert_eq!(plan.commands.len(), 4);
+        // Applying the plan leaves nothing on the failed cell.
+        let mut after = t.clone();
+        for (n, c) in plan.commands.iter().enumerate() {
+            let cmd = cellmesh_router::grpc::convert::command_from_pb(c.clone()).unwrap();
+            after.apply(&cmd, 100 + n as u64).unwrap();
+        }
+        assert_eq!(after.cell("eu/c1").unwrap().status, CellStatus::Down);
+        assert!(after.routes.values().all(|e| e.cell != "eu/c1"));
+        let r = after.resolve(&Key::conversation(2, 9)).unwrap();
+        assert_eq!((r.entry.cell.as_str(), r.seq_floor), ("eu/c2", 100));
+        assert_eq!(
+            after
+                .resolve(&Key::conversation(2, 10))
+                .unwrap()
+                .entry
+                .state,
+            RouteState::Active
+        );
+    }
+
+    #[test]
+    fn another_region_is_used_when_the_region_has_no_healthy_cell() {
+        let mut t = table();
+        t.apply(
+            &Command::SetCellStatus {
+                id: "eu/c2".into(),
+                status: CellStatus::Down,
+            },
+            50,
+        )
+        .unwrap();
+        assert_eq!(plan_failover(&t, "eu/c1", 1).unwrap().fallback, "us/c1");
+        t.apply(
+            &Command::SetCellStatus {
+                id: "us/c1".into(),
+                status: CellStatus::Draining,
+            },
+            51,
+        )
+        .unwrap();
+        assert_eq!(
+            plan_failover(&t, "eu/c1", 1),
+            Err(PlanError::NoFallback("eu/c1".into()))
+        );
+        assert_eq!(
+            plan_failover(&t, "xx/c9", 1),
+            Err(PlanError::UnknownCell("xx/c9".into()))
+        );
+    }
+
+    #[test]
+    fn the_margin_covers_the_rate_over_two_checkpoint_intervals() {
+        assert_eq!(safety_margin(100, 50, 1000), 250);
+        assert_eq!(safety_margin(1, 0, 10), 1);
+    }
+}

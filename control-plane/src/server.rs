@@ -1,0 +1,265 @@
+//! The control-plane loop (`cellmesh control-plane`): probes every
+//! registered cell's gRPC health service, and when the detector declares a
+//! cell failed, marks it Down and moves everything it owned to its fallback
+//! (re-planning until nothing points at it). A recovered cell is marked Up
+//! again but gets nothing back on its own: failing back is an operator's
+//! migration.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cellmesh_proto::config::{ConfigError, check};
+use cellmesh_proto::secret::ClusterSecret;
+use cellmesh_proto::v1::CellStatus as PbCellStatus;
+use cellmesh_router::client::RouteClient;
+use cellmesh_router::commands::set_cell_status;
+use cellmesh_router::table::CellStatus;
+use serde::{Deserialize, Serialize};
+use tokio::task::JoinHandle;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+
+use crate::failover::detector::{Detector, Verdict};
+use crate::failover::execute;
+use crate::failover::planner::{plan_failover, safety_margin};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ControlPlaneConfig {
+    pub routers: Vec<String>,
+    pub cluster_secret: String,
+    pub probe_interval_ms: u64,
+    pub probe_timeout_ms: u64,
+    /// Consecutive failed probes before a cell is failed over.
+    pub down_after: u32,
+    /// Consecutive good probes before a failed cell is Up again.
+    pub up_after: u32,
+    pub failover: FailoverConfig,
+}
+
+/// What bounds a conversation's seq growth between checkpoints; must match
+/// the cells' `rate_limit` and `routing.checkpoint_interval_ms`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FailoverConfig {
+    pub conversation_per_sec: u64,
+    pub conversation_burst: u64,
+    pub checkpoint_interval_ms: u64,
+}
+
+impl Default for ControlPlaneConfig {
+    fn default() -> Self {
+        Self {
+            routers: vec!["http://127.0.0.1:7300".into()],
+            cluster_secret: String::new(),
+            probe_interval_ms: 500,
+            probe_timeout_ms: 400,
+            down_after: 3,
+            up_after: 3,
+            failover: FailoverConfig::default(),
+        }
+    }
+}
+
+impl Default for FailoverConfig {
+    fn default() -> Self {
+        Self {
+            conversation_per_sec: 100,
+            conversation_burst: 200,
+            checkpoint_interval_ms: 1000,
+        }
+    }
+}
+
+impl ControlPlaneConfig {
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        cellmesh_proto::config::load_toml(path, Self::validate)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        check(
+            "routers",
+            !self.routers.is_empty(),
+            "must name at least one router",
+        )?;
+        check(
+            "probe_interval_ms",
+            self.probe_interval_ms >= 10,
+            "must be at least 10",
+        )?;
+        check(
+            "probe_timeout_ms",
+            self.probe_timeout_ms >= 1,
+            "must be at least 1",
+        )?;
+        check("down_after", self.down_after >= 1, "must be at least 1")?;
+        check("up_after", self.up_after >= 1, "must be at least 1")?;
+        check(
+            "failover.checkpoint_interval_ms",
+            self.failover.checkpoint_interval_ms >= 10,
+            "must be at least 10",
+        )?;
+        Ok(())
+    }
+
+    pub fn margin(&self) -> u64 {
+        safety_margin(
+            self.failover.conversation_per_sec,
+            self.failover.conversation_burst,
+            self.failover.checkpoint_interval_ms,
+        )
+    }
+}
+
+/// Something the control plane did, for operators and tests.
+#[derive(Debug, Clone)]
+pub enum Event {
+    FailedOver {
+        cell: String,
+        fallback: String,
+        moved_entries: usize,
+        /// From the first failed probe to the last route write.
+        took: Duration,
+    },
+    Recovered {
+        cell: String,
+    },
+}
+
+pub struct RunningControlPlane {
+    pub routes: RouteClient,
+    events: Arc<Mutex<Vec<Event>>>,
+    task: JoinHandle<()>,
+}
+
+impl RunningControlPlane {
+    pub fn events(&self) -> Vec<Event> {
+        self.events.lock().expect("events").clone()
+    }
+
+    pub fn stop(self) {
+        self.task.abort();
+    }
+}
+
+pub async fn start(config: ControlPlaneConfig) -> Result<RunningControlPlane, String> {
+    config.validate().map_err(|e| e.to_string())?;
+    let routes = RouteClient::connect(
+        config.routers.clone(),
+        ClusterSecret::new(&config.cluster_secret),
+    )
+    .await
+    .map_err(|e| format!("cannot reach the route table: {}", e.message()))?;
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let task = tokio::spawn(run(config, routes.clone(), events.clone()));
+    Ok(RunningControlPlane {
+        routes,
+        events,
+        task,
+    })
+}
+
+async fn probe(address: String, timeout: Duration) -> bool {
+    let attempt = async {
+        let channel = tonic::transport::Endpoint::from_shared(address)
+            .ok()?
+            .connect_timeout(timeout)
+            .connect()
+            .await
+            .ok()?;
+        let reply = HealthClient::new(channel)
+            .check(HealthCheckRequest::default())
+            .await
+            .ok()?;
+        Some(reply.into_inner().status == ServingStatus::Serving as i32)
+    };
+    tokio::time::timeout(timeout, attempt)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or(false)
+}
+
+async fn run(config: ControlPlaneConfig, routes: RouteClient, events: Arc<Mutex<Vec<Event>>>) {
+    let mut detector = Detector::new(config.down_after, config.up_after);
+    let mut first_failure: std::collections::HashMap<String, Instant> = Default::default();
+    let timeout = Duration::from_millis(config.probe_timeout_ms);
+    let mut tick = tokio::time::interval(Duration::from_millis(config.probe_interval_ms));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let cells: Vec<_> = routes.read(|t| t.cells.values().cloned().collect());
+        let probes: Vec<_> = cells
+            .iter()
+            .map(|c| tokio::spawn(probe(c.address.clone(), timeout)))
+            .collect();
+        for (cell, probe) in cells.iter().zip(probes) {
+            let healthy = probe.await.unwrap_or(false);
+            if !healthy {
+                first_failure
+                    .entry(cell.id.clone())
+                    .or_insert_with(Instant::now);
+            } else if !detector.is_failed(&cell.id) {
+                first_failure.remove(&cell.id);
+            }
+            if cell.status == CellStatus::Down && !detector.is_failed(&cell.id) && !healthy {
+                detector.mark_failed(&cell.id);
+            }
+            match detector.observe(&cell.id, healthy) {
+                Some(Verdict::Recovered) if cell.status == CellStatus::Down => {
+                    if routes
+                        .apply(set_cell_status(&cell.id, PbCellStatus::Up))
+                        .await
+                        .is_ok()
+                    {
+                        tracing::info!(cell = %cell.id, "cell recovered; it owns nothing until failed back");
+                        first_failure.remove(&cell.id);
+                        events.lock().expect("events").push(Event::Recovered {
+                            cell: cell.id.clone(),
+                        });
+                    }
+                }
+                _ => {}
+            }
+        }
+        // Fail over every failed cell that still owns something (again after
+        // a lost compare-and-set).
+        for cell in &cells {
+            if !detector.is_failed(&cell.id) {
+                continue;
+            }
+            let (owns, marked) = routes.read(|t| {
+                (
+                    t.routes.values().any(|e| e.cell == cell.id),
+                    t.cell(&cell.id)
+                        .is_some_and(|c| c.status == CellStatus::Down),
+                )
+            });
+            if !owns && marked {
+                continue;
+            }
+            let plan = match routes.read(|t| plan_failover(t, &cell.id, config.margin())) {
+                Ok(plan) => plan,
+                Err(e) => {
+                    tracing::error!(cell = %cell.id, error = %e, "cannot fail over");
+                    continue;
+                }
+            };
+            tracing::warn!(cell = %cell.id, fallback = %plan.fallback, entries = plan.moved_entries, "failing over");
+            if execute(&routes, &plan.commands).await.is_ok() {
+                let took = first_failure
+                    .get(&cell.id)
+                    .map(|t| t.elapsed())
+                    .unwrap_or_default();
+                events.lock().expect("events").push(Event::FailedOver {
+                    cell: cell.id.clone(),
+                    fallback: plan.fallback.clone(),
+                    moved_entries: plan.moved_entries,
+                    took,
+                });
+            }
+        }
+    }
+}
