@@ -5,6 +5,8 @@
 use std::time::Duration;
 
 use anyhow::Context;
+use cellmesh_control_plane::failover::execute;
+use cellmesh_control_plane::failover::planner::plan_failover;
 use cellmesh_control_plane::migration::{MigrationOptions, Migrator};
 use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::v1 as pb;
@@ -84,6 +86,14 @@ enum CtlCommand {
     Migrate {
         #[command(subcommand)]
         command: MigrateCommand,
+    },
+    /// Fail a cell over now (a drill, or a cell known to be bad): mark it
+    /// Down and move everything it owns to its fallback.
+    Fail {
+        cell: String,
+        /// Seq floor margin above each conversation's checkpoint.
+        #[arg(long, default_value_t = 1000)]
+        margin: u64,
     },
     /// Migrations in progress (from the route table), and cancelling one.
     Migrations {
@@ -285,11 +295,10 @@ pub async fn run(args: CtlArgs) -> anyhow::Result<()> {
             );
             let report = migrator
                 .migrate_conversation(tenant, conversation, &to, |p| {
-                    let pct = if p.source_latest == 0 {
-                        100
-                    } else {
-                        (p.copied_through * 100 / p.source_latest).min(100)
-                    };
+                    let pct = (p.copied_through * 100)
+                        .checked_div(p.source_latest)
+                        .unwrap_or(100)
+                        .min(100);
                     let bar = "#".repeat(pct as usize / 5) + &".".repeat(20 - pct as usize / 5);
                     println!(
                         "{:<9} [{bar}] {}/{}",
@@ -305,6 +314,18 @@ pub async fn run(args: CtlArgs) -> anyhow::Result<()> {
                 report.final_seq,
                 report.frozen_for.as_millis(),
                 report.total.as_millis()
+            );
+        }
+        CtlCommand::Fail { cell, margin } => {
+            let plan = routes
+                .read(|t| plan_failover(t, &cell, margin))
+                .map_err(anyhow::Error::msg)?;
+            execute(&routes, &plan.commands)
+                .await
+                .map_err(|e| anyhow::anyhow!(describe(&e)))?;
+            println!(
+                "{cell} is Down; {} routes moved to {} (floors: checkpoint + {margin})",
+                plan.moved_entries, plan.fallback
             );
         }
         CtlCommand::Migrations { command, json } => match command {

@@ -32,6 +32,8 @@ enum Command {
     Router(roles::RouterArgs),
     /// Run the client-facing edge: token checks and routing to cells.
     Edge(roles::EdgeArgs),
+    /// Run the control plane: cell health probes and failover.
+    ControlPlane(roles::ControlPlaneArgs),
     /// Operator commands against the route table.
     Ctl(ctl::CtlArgs),
     /// A small client: create conversations, send, read history.
@@ -55,6 +57,7 @@ fn main() -> ExitCode {
             Command::Cell(args) => roles::run_cell(args).await,
             Command::Router(args) => roles::run_router(args).await,
             Command::Edge(args) => roles::run_edge(args).await,
+            Command::ControlPlane(args) => roles::run_control_plane(args).await,
             Command::Ctl(args) => ctl::run(args).await,
             Command::Chat(args) => chat::run(args).await,
             Command::Bench(args) => bench::run(args).await,

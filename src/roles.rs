@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use cellmesh_cell::CellConfig;
+use cellmesh_control_plane::server::ControlPlaneConfig;
 use cellmesh_router::config::RouterConfig;
 use cellmesh_router::edge::EdgeConfig;
 
@@ -45,6 +46,30 @@ pub struct EdgeArgs {
     /// Overrides `listen`.
     #[arg(long, env = "CELLMESH_LISTEN")]
     listen: Option<SocketAddr>,
+}
+
+#[derive(clap::Args)]
+pub struct ControlPlaneArgs {
+    /// TOML config file (see config/control-plane.toml).
+    #[arg(long, env = "CELLMESH_CONFIG")]
+    config: Option<PathBuf>,
+}
+
+pub async fn run_control_plane(args: ControlPlaneArgs) -> anyhow::Result<()> {
+    let config = match &args.config {
+        Some(path) => ControlPlaneConfig::load(path)?,
+        None => ControlPlaneConfig::default(),
+    };
+    let cp = cellmesh_control_plane::server::start(config)
+        .await
+        .map_err(anyhow::Error::msg)?;
+    println!(
+        "control plane watching {} cells",
+        cp.routes.read(|t| t.cells.len())
+    );
+    telemetry::shutdown_signal().await;
+    cp.stop();
+    Ok(())
 }
 
 pub async fn run_cell(args: CellArgs) -> anyhow::Result<()> {

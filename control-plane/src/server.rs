@@ -66,8 +66,8 @@ impl Default for ControlPlaneConfig {
 impl Default for FailoverConfig {
     fn default() -> Self {
         Self {
-            conversation_per_sec: 100,
-            conversation_burst: 200,
+            conversation_per_sec: 2000,
+            conversation_burst: 4000,
             checkpoint_interval_ms: 1000,
         }
     }
@@ -207,21 +207,18 @@ async fn run(config: ControlPlaneConfig, routes: RouteClient, events: Arc<Mutex<
             if cell.status == CellStatus::Down && !detector.is_failed(&cell.id) && !healthy {
                 detector.mark_failed(&cell.id);
             }
-            match detector.observe(&cell.id, healthy) {
-                Some(Verdict::Recovered) if cell.status == CellStatus::Down => {
-                    if routes
-                        .apply(set_cell_status(&cell.id, PbCellStatus::Up))
-                        .await
-                        .is_ok()
-                    {
-                        tracing::info!(cell = %cell.id, "cell recovered; it owns nothing until failed back");
-                        first_failure.remove(&cell.id);
-                        events.lock().expect("events").push(Event::Recovered {
-                            cell: cell.id.clone(),
-                        });
-                    }
-                }
-                _ => {}
+            if detector.observe(&cell.id, healthy) == Some(Verdict::Recovered)
+                && cell.status == CellStatus::Down
+                && routes
+                    .apply(set_cell_status(&cell.id, PbCellStatus::Up))
+                    .await
+                    .is_ok()
+            {
+                tracing::info!(cell = %cell.id, "cell recovered; it owns nothing until failed back");
+                first_failure.remove(&cell.id);
+                events.lock().expect("events").push(Event::Recovered {
+                    cell: cell.id.clone(),
+                });
             }
         }
         // Fail over every failed cell that still owns something (again after
@@ -261,5 +258,32 @@ async fn run(config: ControlPlaneConfig, routes: RouteClient, events: Arc<Mutex<
                 });
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_documented_config_is_the_default_and_bad_values_name_their_field() {
+        let example: ControlPlaneConfig =
+            cellmesh_proto::config::parse_toml(include_str!("../../config/control-plane.toml"))
+                .unwrap();
+        assert_eq!(
+            format!("{example:?}"),
+            format!("{:?}", ControlPlaneConfig::default())
+        );
+        assert_eq!(example.margin(), 8000);
+        let bad = ControlPlaneConfig {
+            down_after: 0,
+            ..ControlPlaneConfig::default()
+        };
+        assert!(
+            bad.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("down_after")
+        );
     }
 }
