@@ -50,6 +50,10 @@ pub struct RoutingConfig {
     /// How often conversation high-water marks are checkpointed to the
     /// route table (bounds the failover seq floor margin).
     pub checkpoint_interval_ms: u64,
+    /// etcd endpoints: when set, the cell registers itself there under a
+    /// lease it keeps alive; the control plane fails it over when it expires.
+    pub etcd_endpoints: Vec<String>,
+    pub lease_ttl_ms: u64,
 }
 
 impl Default for RoutingConfig {
@@ -59,6 +63,8 @@ impl Default for RoutingConfig {
             advertise: String::new(),
             cluster_secret: String::new(),
             checkpoint_interval_ms: 1000,
+            etcd_endpoints: Vec::new(),
+            lease_ttl_ms: 3000,
         }
     }
 }
@@ -406,6 +412,11 @@ impl CellConfig {
             "sync.rebase_threshold",
             self.sync.rebase_threshold >= 1,
             "must be at least 1",
+        )?;
+        check(
+            "routing.lease_ttl_ms",
+            self.routing.lease_ttl_ms >= 1000,
+            "must be at least 1000",
         )?;
         check(
             "routing.checkpoint_interval_ms",

@@ -110,6 +110,8 @@ pub struct RunningCell {
     pub sync: Arc<SyncService>,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<Result<(), StartError>>,
+    /// The cell's lease registration in etcd, held while it serves.
+    _registration: Option<cellmesh_control_plane::coord::Lease>,
 }
 
 impl RunningCell {
@@ -138,14 +140,21 @@ pub async fn run(
 ) -> Result<(), StartError> {
     let placement = Placement::from_config(&config).await?;
     let cell = start_placed(config, placement, Arc::new(SystemClock)).await?;
-    let RunningCell { stop, task, .. } = cell;
+    let RunningCell {
+        stop,
+        task,
+        _registration: registration,
+        ..
+    } = cell;
     tokio::spawn(async move {
         shutdown.await;
         if let Some(stop) = stop {
             let _ = stop.send(());
         }
     });
-    task.await.map_err(|e| StartError::Grpc(e.to_string()))?
+    let result = task.await.map_err(|e| StartError::Grpc(e.to_string()))?;
+    drop(registration);
+    result
 }
 
 /// Starts a cell with `ownership` and the static homes of its config.
@@ -259,6 +268,7 @@ pub async fn start_placed(
         tracing::info!("cell stopped");
         served.map_err(|e| StartError::Grpc(e.to_string()))
     });
+    let mut registration = None;
     if let Some(routes) = routes {
         let advertise = if config.routing.advertise.is_empty() {
             format!("http://{addr}")
@@ -270,6 +280,23 @@ pub async fn start_placed(
             .apply(register_cell(&config.cell_id, region, &advertise))
             .await
             .map_err(|e| StartError::Routing(format!("cannot register: {}", e.message())))?;
+        if !config.routing.etcd_endpoints.is_empty() {
+            use cellmesh_control_plane::coord::{CELLS_PREFIX, Coordination};
+            let etcd = cellmesh_control_plane::coord::etcd::EtcdCoordination::connect(
+                &config.routing.etcd_endpoints,
+            )
+            .await
+            .map_err(|e| StartError::Routing(e.to_string()))?;
+            let lease = etcd
+                .register(
+                    &format!("{CELLS_PREFIX}{}", config.cell_id),
+                    &advertise,
+                    Duration::from_millis(config.routing.lease_ttl_ms),
+                )
+                .await
+                .map_err(|e| StartError::Routing(e.to_string()))?;
+            registration = Some(lease);
+        }
         tokio::spawn(checkpoint(
             routes,
             service.clone(),
@@ -284,6 +311,7 @@ pub async fn start_placed(
         sync,
         stop: Some(stop_tx),
         task,
+        _registration: registration,
     })
 }
 

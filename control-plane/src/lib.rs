@@ -8,6 +8,7 @@
 //! cancel is a route transition the running migrator observes as a lost
 //! compare-and-set.
 
+pub mod coord;
 pub mod failover;
 pub mod migration;
 pub mod server;

@@ -16,11 +16,15 @@ use cellmesh_router::client::RouteClient;
 use cellmesh_router::commands::set_cell_status;
 use cellmesh_router::table::CellStatus;
 use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
+use crate::coord::embedded::EmbeddedCoordination;
+use crate::coord::etcd::EtcdCoordination;
+use crate::coord::{CELLS_PREFIX, CONTROL_PLANE_ELECTION, Coordination};
 use crate::failover::detector::{Detector, Verdict};
 use crate::failover::execute;
 use crate::failover::planner::{plan_failover, safety_margin};
@@ -37,6 +41,51 @@ pub struct ControlPlaneConfig {
     /// Consecutive good probes before a failed cell is Up again.
     pub up_after: u32,
     pub failover: FailoverConfig,
+    pub coordination: CoordinationConfig,
+}
+
+/// Leader election between control-plane replicas, and cell liveness from
+/// their lease registrations when etcd is used.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CoordinationConfig {
+    /// `embedded` (one control plane, probes only) or `etcd`.
+    pub backend: CoordinationBackend,
+    pub etcd_endpoints: Vec<String>,
+    /// This replica's name in the election.
+    pub name: String,
+    pub lease_ttl_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CoordinationBackend {
+    Embedded,
+    Etcd,
+}
+
+impl Default for CoordinationConfig {
+    fn default() -> Self {
+        Self {
+            backend: CoordinationBackend::Embedded,
+            etcd_endpoints: Vec::new(),
+            name: "control-plane-1".into(),
+            lease_ttl_ms: 3000,
+        }
+    }
+}
+
+impl CoordinationConfig {
+    pub async fn connect(&self) -> Result<Arc<dyn Coordination>, String> {
+        Ok(match self.backend {
+            CoordinationBackend::Embedded => Arc::new(EmbeddedCoordination::default()),
+            CoordinationBackend::Etcd => Arc::new(
+                EtcdCoordination::connect(&self.etcd_endpoints)
+                    .await
+                    .map_err(|e| e.to_string())?,
+            ),
+        })
+    }
 }
 
 /// What bounds a conversation's seq growth between checkpoints; must match
@@ -59,6 +108,7 @@ impl Default for ControlPlaneConfig {
             down_after: 3,
             up_after: 3,
             failover: FailoverConfig::default(),
+            coordination: CoordinationConfig::default(),
         }
     }
 }
@@ -97,6 +147,17 @@ impl ControlPlaneConfig {
         check("down_after", self.down_after >= 1, "must be at least 1")?;
         check("up_after", self.up_after >= 1, "must be at least 1")?;
         check(
+            "coordination.etcd_endpoints",
+            self.coordination.backend == CoordinationBackend::Embedded
+                || !self.coordination.etcd_endpoints.is_empty(),
+            "must name etcd endpoints for the etcd backend",
+        )?;
+        check(
+            "coordination.lease_ttl_ms",
+            self.coordination.lease_ttl_ms >= 1000,
+            "must be at least 1000",
+        )?;
+        check(
             "failover.checkpoint_interval_ms",
             self.failover.checkpoint_interval_ms >= 10,
             "must be at least 10",
@@ -131,12 +192,18 @@ pub enum Event {
 pub struct RunningControlPlane {
     pub routes: RouteClient,
     events: Arc<Mutex<Vec<Event>>>,
+    leading: watch::Receiver<bool>,
     task: JoinHandle<()>,
 }
 
 impl RunningControlPlane {
     pub fn events(&self) -> Vec<Event> {
         self.events.lock().expect("events").clone()
+    }
+
+    /// Whether this replica is the active one.
+    pub fn is_leader(&self) -> bool {
+        *self.leading.borrow()
     }
 
     pub fn stop(self) {
@@ -152,13 +219,56 @@ pub async fn start(config: ControlPlaneConfig) -> Result<RunningControlPlane, St
     )
     .await
     .map_err(|e| format!("cannot reach the route table: {}", e.message()))?;
+    let coordination = config.coordination.connect().await?;
     let events = Arc::new(Mutex::new(Vec::new()));
-    let task = tokio::spawn(run(config, routes.clone(), events.clone()));
+    let (leading_tx, leading) = watch::channel(false);
+    let task = tokio::spawn(lead(
+        config,
+        coordination,
+        routes.clone(),
+        events.clone(),
+        leading_tx,
+    ));
     Ok(RunningControlPlane {
         routes,
         events,
+        leading,
         task,
     })
+}
+
+/// Campaigns for leadership and runs the failover loop while leading; a
+/// lost lease stops the loop and campaigns again.
+async fn lead(
+    config: ControlPlaneConfig,
+    coordination: Arc<dyn Coordination>,
+    routes: RouteClient,
+    events: Arc<Mutex<Vec<Event>>>,
+    leading: watch::Sender<bool>,
+) {
+    let ttl = Duration::from_millis(config.coordination.lease_ttl_ms);
+    loop {
+        let lease = match coordination
+            .campaign(CONTROL_PLANE_ELECTION, &config.coordination.name, ttl)
+            .await
+        {
+            Ok(lease) => lease,
+            Err(e) => {
+                tracing::warn!(error = %e, "campaign failed; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        tracing::info!(name = %config.coordination.name, "leading the control plane");
+        leading.send_replace(true);
+        let mut lost = lease.lost.clone();
+        tokio::select! {
+            _ = run(config.clone(), coordination.clone(), routes.clone(), events.clone()) => {}
+            _ = lost.wait_for(|l| *l) => tracing::warn!("control-plane leadership lost"),
+        }
+        leading.send_replace(false);
+        drop(lease);
+    }
 }
 
 async fn probe(address: String, timeout: Duration) -> bool {
@@ -182,7 +292,13 @@ async fn probe(address: String, timeout: Duration) -> bool {
         .unwrap_or(false)
 }
 
-async fn run(config: ControlPlaneConfig, routes: RouteClient, events: Arc<Mutex<Vec<Event>>>) {
+async fn run(
+    config: ControlPlaneConfig,
+    coordination: Arc<dyn Coordination>,
+    routes: RouteClient,
+    events: Arc<Mutex<Vec<Event>>>,
+) {
+    let leases = config.coordination.backend == CoordinationBackend::Etcd;
     let mut detector = Detector::new(config.down_after, config.up_after);
     let mut first_failure: std::collections::HashMap<String, Instant> = Default::default();
     let timeout = Duration::from_millis(config.probe_timeout_ms);
@@ -195,8 +311,17 @@ async fn run(config: ControlPlaneConfig, routes: RouteClient, events: Arc<Mutex<
             .iter()
             .map(|c| tokio::spawn(probe(c.address.clone(), timeout)))
             .collect();
+        // With etcd, a cell whose lease expired is dead whatever it answers.
+        let registered = if leases {
+            coordination.list(CELLS_PREFIX).await.ok()
+        } else {
+            None
+        };
         for (cell, probe) in cells.iter().zip(probes) {
-            let healthy = probe.await.unwrap_or(false);
+            let live = registered
+                .as_ref()
+                .is_none_or(|r| r.contains_key(&format!("{CELLS_PREFIX}{}", cell.id)));
+            let healthy = probe.await.unwrap_or(false) && live;
             if !healthy {
                 first_failure
                     .entry(cell.id.clone())

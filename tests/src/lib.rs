@@ -268,6 +268,7 @@ impl Drop for CellProcess {
 }
 
 pub mod deploy;
+pub mod etcd;
 pub mod router;
 
 pub mod sync {

@@ -44,6 +44,7 @@ async fn a_dead_cell_is_failed_over_and_sends_continue_above_the_floor() {
             conversation_burst: 100,
             checkpoint_interval_ms: 1000,
         },
+        coordination: Default::default(),
     })
     .await
     .unwrap();

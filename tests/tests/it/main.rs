@@ -3,6 +3,7 @@
 
 mod bad_input;
 mod chat_cli;
+mod coordination;
 mod drill;
 mod durability;
 mod edge;

@@ -1,0 +1,59 @@
+//! Coordination between the deployment's processes (DESIGN.md §6): members
+//! registered under a lease that they keep alive (cells), and leader
+//! election (the active control-plane replica). Two backends: etcd for
+//! production, and an embedded in-process one for single-process use and
+//! unit tests.
+
+pub mod embedded;
+pub mod etcd;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CoordError {
+    #[error("coordination store: {0}")]
+    Store(String),
+}
+
+/// Held while a registration or leadership lasts; dropping it gives it up.
+/// `lost` turns true if the lease expired underneath (keep-alive failed).
+pub struct Lease {
+    pub lost: watch::Receiver<bool>,
+    pub(crate) _guard: tokio::sync::oneshot::Sender<()>,
+}
+
+impl Lease {
+    pub fn is_lost(&self) -> bool {
+        *self.lost.borrow()
+    }
+}
+
+#[tonic::async_trait]
+pub trait Coordination: Send + Sync {
+    /// Puts `key = value` for as long as the returned lease is held and kept
+    /// alive (expires `ttl` after the holder dies).
+    async fn register(&self, key: &str, value: &str, ttl: Duration) -> Result<Lease, CoordError>;
+
+    /// Live registrations under `prefix`.
+    async fn list(&self, prefix: &str) -> Result<BTreeMap<String, String>, CoordError>;
+
+    /// Waits until `candidate` leads `election`; leadership lasts as long as
+    /// the returned lease.
+    async fn campaign(
+        &self,
+        election: &str,
+        candidate: &str,
+        ttl: Duration,
+    ) -> Result<Lease, CoordError>;
+
+    /// The current leader of `election`, if any.
+    async fn leader(&self, election: &str) -> Result<Option<String>, CoordError>;
+}
+
+/// Where cells register: `cellmesh/cells/<cell id>` = address.
+pub const CELLS_PREFIX: &str = "cellmesh/cells/";
+/// The control plane's election.
+pub const CONTROL_PLANE_ELECTION: &str = "cellmesh/control-plane";

@@ -1,0 +1,132 @@
+//! Coordination against a real etcd: lease registrations disappear with
+//! their holder, one control-plane replica leads and a second takes over
+//! when it dies, and cells register themselves under a lease.
+
+use std::time::Duration;
+
+use cellmesh_control_plane::coord::etcd::EtcdCoordination;
+use cellmesh_control_plane::coord::{CELLS_PREFIX, CONTROL_PLANE_ELECTION, Coordination};
+use cellmesh_control_plane::server::{ControlPlaneConfig, CoordinationBackend, CoordinationConfig};
+use cellmesh_tests::etcd::Etcd;
+use cellmesh_tests::router::{RouterCluster, SECRET};
+use cellmesh_tests::{eventually, test_config};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_leases_and_elections_follow_their_holders() {
+    let etcd = Etcd::start().await;
+    let c = EtcdCoordination::connect(std::slice::from_ref(&etcd.endpoint))
+        .await
+        .unwrap();
+    let ttl = Duration::from_secs(2);
+    let lease = c
+        .register("cellmesh/cells/eu/c1", "http://a", ttl)
+        .await
+        .unwrap();
+    assert_eq!(
+        c.list(CELLS_PREFIX)
+            .await
+            .unwrap()
+            .get("cellmesh/cells/eu/c1")
+            .map(String::as_str),
+        Some("http://a")
+    );
+    drop(lease);
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            c.list(CELLS_PREFIX).await.unwrap().is_empty()
+        })
+        .await,
+        "a dropped registration is revoked"
+    );
+    assert_eq!(c.leader("nobody-yet").await.unwrap(), None);
+    let first = c.campaign("e", "one", ttl).await.unwrap();
+    assert_eq!(c.leader("e").await.unwrap().as_deref(), Some("one"));
+    let c2 = EtcdCoordination::connect(std::slice::from_ref(&etcd.endpoint))
+        .await
+        .unwrap();
+    let second =
+        tokio::spawn(async move { c2.campaign("e", "two", ttl).await.map(|l| l.is_lost()) });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!second.is_finished(), "one leader at a time");
+    drop(first);
+    let lost = tokio::time::timeout(Duration::from_secs(10), second)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(!lost);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_control_plane_takes_over_and_cells_register_under_leases() {
+    let etcd = Etcd::start().await;
+    let cluster = RouterCluster::start(1, |_| {}).await;
+    let config = |name: &str| ControlPlaneConfig {
+        routers: cluster.endpoints(),
+        cluster_secret: SECRET.into(),
+        coordination: CoordinationConfig {
+            backend: CoordinationBackend::Etcd,
+            etcd_endpoints: vec![etcd.endpoint.clone()],
+            name: name.into(),
+            lease_ttl_ms: 2000,
+        },
+        ..ControlPlaneConfig::default()
+    };
+    let active = cellmesh_control_plane::server::start(config("cp-1"))
+        .await
+        .unwrap();
+    assert!(eventually(Duration::from_secs(10), || async { active.is_leader() }).await);
+    let standby = cellmesh_control_plane::server::start(config("cp-2"))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!standby.is_leader(), "two active control planes");
+    let c = EtcdCoordination::connect(std::slice::from_ref(&etcd.endpoint))
+        .await
+        .unwrap();
+    assert_eq!(
+        c.leader(CONTROL_PLANE_ELECTION).await.unwrap().as_deref(),
+        Some("cp-1")
+    );
+    active.stop();
+    assert!(
+        eventually(Duration::from_secs(10), || async { standby.is_leader() }).await,
+        "the standby took over"
+    );
+    assert_eq!(
+        c.leader(CONTROL_PLANE_ELECTION).await.unwrap().as_deref(),
+        Some("cp-2")
+    );
+
+    // A routed cell with etcd endpoints registers itself while it serves.
+    let dir = tempfile::tempdir().unwrap();
+    let mut cell_config = test_config(dir.path());
+    cell_config.cell_id = "eu-west/c7".into();
+    cell_config.routing.routers = cluster.endpoints();
+    cell_config.routing.cluster_secret = SECRET.into();
+    cell_config.routing.etcd_endpoints = vec![etcd.endpoint.clone()];
+    let placement = cellmesh_cell::Placement::routed(&cell_config)
+        .await
+        .unwrap();
+    let cell = cellmesh_cell::start_placed(
+        cell_config,
+        placement,
+        std::sync::Arc::new(cellmesh_cell::clock::SystemClock),
+    )
+    .await
+    .unwrap();
+    let registered = c.list(CELLS_PREFIX).await.unwrap();
+    assert!(
+        registered.contains_key("cellmesh/cells/eu-west/c7"),
+        "{registered:?}"
+    );
+    cell.shutdown().await.unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            c.list(CELLS_PREFIX).await.unwrap().is_empty()
+        })
+        .await,
+        "the registration ends with the cell"
+    );
+    standby.stop();
+}
