@@ -264,7 +264,12 @@ async fn lead(
         let mut lost = lease.lost.clone();
         tokio::select! {
             _ = run(config.clone(), coordination.clone(), routes.clone(), events.clone()) => {}
-            _ = lost.wait_for(|l| *l) => tracing::warn!("control-plane leadership lost"),
+            _ = async {
+                // A closed channel means the lease cannot report loss.
+                if lost.wait_for(|l| *l).await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            } => tracing::warn!("control-plane leadership lost"),
         }
         leading.send_replace(false);
         drop(lease);

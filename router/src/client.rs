@@ -229,8 +229,9 @@ impl Inner {
         let applied = table.applied;
         let changes = table.as_changes();
         *self.table.write().expect("route cache lock") = table;
-        self.applied.send_replace(applied);
+        // The event goes out first: whoever sees `applied` move can read it.
         let _ = self.events.send((applied, changes));
+        self.applied.send_replace(applied);
     }
 
     fn apply(&self, index: u64, changes: Vec<crate::table::Change>) {
@@ -244,8 +245,8 @@ impl Inner {
             }
             table.applied = index;
         }
-        self.applied.send_replace(index);
         let _ = self.events.send((index, changes));
+        self.applied.send_replace(index);
     }
 }
 

@@ -34,9 +34,11 @@ impl EmbeddedCoordination {
     /// A lease whose drop runs `release`.
     fn lease(&self, release: impl FnOnce(&mut State) + Send + 'static) -> Lease {
         let (guard, dropped) = oneshot::channel::<()>();
-        let (_, lost) = watch::channel(false);
+        let (held, lost) = watch::channel(false);
         let inner = self.inner.clone();
         tokio::spawn(async move {
+            // An embedded lease is never lost; it ends when its guard drops.
+            let _held = held;
             let _ = dropped.await;
             release(&mut inner.state.lock().expect("coordination state"));
             inner.changed.notify_waiters();
