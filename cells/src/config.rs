@@ -54,6 +54,9 @@ pub struct RoutingConfig {
     /// lease it keeps alive; the control plane fails it over when it expires.
     pub etcd_endpoints: Vec<String>,
     pub lease_ttl_ms: u64,
+    /// Another cell's address → the address this cell dials instead (a
+    /// proxy on the path to another region).
+    pub links: std::collections::BTreeMap<String, String>,
 }
 
 impl Default for RoutingConfig {
@@ -65,6 +68,7 @@ impl Default for RoutingConfig {
             checkpoint_interval_ms: 1000,
             etcd_endpoints: Vec::new(),
             lease_ttl_ms: 3000,
+            links: Default::default(),
         }
     }
 }

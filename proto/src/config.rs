@@ -61,3 +61,9 @@ pub fn check(field: &'static str, ok: bool, message: &str) -> Result<(), ConfigE
         })
     }
 }
+
+/// The address to dial for `address`: its entry in `links` (a proxy that
+/// sits on that network path, e.g. a cross-region link), else itself.
+pub fn via<'a>(links: &'a std::collections::BTreeMap<String, String>, address: &'a str) -> &'a str {
+    links.get(address).map_or(address, String::as_str)
+}

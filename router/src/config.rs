@@ -27,6 +27,9 @@ pub struct RouterConfig {
     pub cluster_secret: String,
     pub raft: RaftConfig,
     pub cluster: ClusterConfig,
+    /// Peer Raft address → the address this replica dials instead (a proxy
+    /// on the path to another region).
+    pub links: std::collections::BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -76,6 +79,7 @@ impl Default for RouterConfig {
             cluster_secret: String::new(),
             raft: RaftConfig::default(),
             cluster: ClusterConfig::default(),
+            links: Default::default(),
         }
     }
 }

@@ -28,13 +28,15 @@ pub const MAX_RAFT_MESSAGE: usize = 256 * 1024 * 1024;
 #[derive(Clone)]
 pub struct Network {
     pub secret: ClusterSecret,
+    pub links: std::collections::BTreeMap<String, String>,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = PeerClient;
 
     async fn new_client(&mut self, target: NodeId, node: &RouterNode) -> PeerClient {
-        let client = Endpoint::from_shared(node.raft_addr.clone())
+        let address = cellmesh_proto::config::via(&self.links, &node.raft_addr).to_string();
+        let client = Endpoint::from_shared(address)
             .map(|e| {
                 e.connect_timeout(Duration::from_secs(1))
                     .tcp_nodelay(true)

@@ -108,6 +108,7 @@ pub async fn start(config: RouterConfig) -> Result<RunningRouter, StartError> {
     let secret = ClusterSecret::new(&config.cluster_secret);
     let network = Network {
         secret: secret.clone(),
+        links: config.links.clone(),
     };
     let raft = Raft::new(
         config.node_id,

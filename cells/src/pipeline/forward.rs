@@ -33,6 +33,7 @@ pub async fn run(
     signal: Arc<Notify>,
     cell_id: String,
     secret: ClusterSecret,
+    links: Arc<std::collections::BTreeMap<String, String>>,
 ) -> Result<(), PipelineError> {
     let mut destinations: HashMap<String, Destination> = HashMap::new();
     loop {
@@ -47,7 +48,7 @@ pub async fn run(
             if waiting.contains(&record.endpoint) {
                 continue;
             }
-            let Some(dest) = destination(&mut destinations, &record.endpoint) else {
+            let Some(dest) = destination(&mut destinations, &record.endpoint, &links) else {
                 tracing::error!(endpoint = %record.endpoint, "dropping forward to an invalid endpoint");
                 m.delete_forward(id);
                 continue;
@@ -95,9 +96,11 @@ pub async fn run(
 fn destination<'a>(
     destinations: &'a mut HashMap<String, Destination>,
     endpoint: &str,
+    links: &std::collections::BTreeMap<String, String>,
 ) -> Option<&'a mut Destination> {
     if !destinations.contains_key(endpoint) {
-        let channel = Endpoint::from_shared(endpoint.to_string())
+        let dial = cellmesh_proto::config::via(links, endpoint);
+        let channel = Endpoint::from_shared(dial.to_string())
             .ok()?
             .connect_timeout(Duration::from_secs(2))
             .connect_lazy();

@@ -116,12 +116,14 @@ pub fn spawn(
     let forwarder = {
         let (signal, cell_id) = (signals.forwards.clone(), config.cell_id.clone());
         let secret = ClusterSecret::new(&config.routing.cluster_secret);
+        let links = Arc::new(config.routing.links.clone());
         supervise("forwarder", move || {
             forward::run(
                 store.clone(),
                 signal.clone(),
                 cell_id.clone(),
                 secret.clone(),
+                links.clone(),
             )
         })
     };

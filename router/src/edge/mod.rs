@@ -42,6 +42,9 @@ pub struct EdgeConfig {
     pub retry_attempts: usize,
     /// Largest request accepted from a client.
     pub max_request_bytes: usize,
+    /// Cell address → the address this edge dials instead (a proxy on the
+    /// path to another region).
+    pub links: std::collections::BTreeMap<String, String>,
 }
 
 impl Default for EdgeConfig {
@@ -55,6 +58,7 @@ impl Default for EdgeConfig {
             retry_deadline_ms: 5_000,
             retry_attempts: 20,
             max_request_bytes: 256 * 1024,
+            links: Default::default(),
         }
     }
 }
@@ -175,6 +179,7 @@ pub async fn start(config: EdgeConfig) -> Result<RunningEdge, EdgeError> {
         TokenKey::new(&config.token_secret),
         Duration::from_millis(config.retry_deadline_ms),
         config.retry_attempts,
+        config.links.clone(),
     ));
     let api = EdgeApi { proxy };
     let listener = TcpListener::bind(config.listen)

@@ -74,6 +74,7 @@ pub struct Proxy {
     /// How long one request may keep retrying.
     deadline: Duration,
     attempts: usize,
+    links: std::collections::BTreeMap<String, String>,
 }
 
 impl Proxy {
@@ -83,6 +84,7 @@ impl Proxy {
         tokens: TokenKey,
         deadline: Duration,
         attempts: usize,
+        links: std::collections::BTreeMap<String, String>,
     ) -> Self {
         Self {
             routes,
@@ -91,6 +93,7 @@ impl Proxy {
             channels: Mutex::new(HashMap::new()),
             deadline,
             attempts,
+            links,
         }
     }
 
@@ -131,6 +134,7 @@ impl Proxy {
     }
 
     fn channel(&self, address: &str) -> Result<Channel, Status> {
+        let address = cellmesh_proto::config::via(&self.links, address);
         let mut channels = self.channels.lock().expect("channel cache");
         if let Some(c) = channels.get(address) {
             return Ok(c.clone());
