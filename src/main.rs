@@ -6,6 +6,7 @@ mod bench;
 mod chat;
 mod client;
 mod ctl;
+mod dev;
 mod roles;
 mod telemetry;
 
@@ -26,6 +27,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// A whole multi-region deployment on this machine, one process per
+    /// component, with a demo tenant.
+    Dev(dev::DevArgs),
     /// Run one cell: the message service over RocksDB.
     Cell(roles::CellArgs),
     /// Run one RoutingService replica (Raft over RocksDB).
@@ -54,6 +58,7 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
+            Command::Dev(args) => dev::run(args).await,
             Command::Cell(args) => roles::run_cell(args).await,
             Command::Router(args) => roles::run_router(args).await,
             Command::Edge(args) => roles::run_edge(args).await,

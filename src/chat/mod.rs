@@ -8,7 +8,7 @@ use cellmesh_proto::v1::{
 };
 use clap::{Args, Subcommand};
 
-use crate::client::{call_error, caller, connect};
+use crate::client::{call_error, caller, connect_as};
 
 mod tail;
 
@@ -23,9 +23,13 @@ pub struct ChatArgs {
     endpoint: String,
     #[arg(long, env = "CELLMESH_TENANT", default_value_t = 1)]
     tenant: u64,
-    /// The user to act as.
-    #[arg(long, env = "CELLMESH_USER")]
-    user: u64,
+    /// The user to act as (taken from the token when one is given).
+    #[arg(long, env = "CELLMESH_USER", required_unless_present = "token")]
+    user: Option<u64>,
+    /// A token from `cellmesh ctl token` (or `cellmesh dev`): talk to an
+    /// edge as the user it names.
+    #[arg(long, env = "CELLMESH_TOKEN", hide_env_values = true)]
+    token: Option<String>,
     #[command(subcommand)]
     command: ChatCommand,
 }
@@ -104,13 +108,22 @@ enum ChatCommand {
 }
 
 pub async fn run(args: ChatArgs) -> anyhow::Result<()> {
-    let mut client = connect(&args.endpoint).await?;
-    let me = caller(args.tenant, args.user);
+    let (tenant, user) = match (&args.token, args.user) {
+        (Some(token), _) => {
+            let claims = cellmesh_router::edge::auth::TokenKey::peek(token)
+                .ok_or_else(|| anyhow::anyhow!("the token is not a cellmesh token"))?;
+            (claims.tenant, claims.user)
+        }
+        (None, Some(user)) => (args.tenant, user),
+        (None, None) => anyhow::bail!("--user or --token is required"),
+    };
+    let (mut client, sync) = connect_as(&args.endpoint, args.token.as_deref()).await?;
+    let me = caller(tenant, user);
     match args.command {
         ChatCommand::Tail { device, from } => {
-            return tail::run(&args.endpoint, args.tenant, args.user, device, from).await;
+            return tail::run(sync, tenant, user, device, from).await;
         }
-        ChatCommand::List => return tail::list(&args.endpoint, args.tenant, args.user).await,
+        ChatCommand::List => return tail::list(sync, tenant, user).await,
         ChatCommand::Create {
             direct,
             title,

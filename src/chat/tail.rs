@@ -8,7 +8,7 @@ use cellmesh_proto::v1::{
 };
 
 use super::render;
-use crate::client::call_error;
+use crate::client::{Authed, call_error};
 
 fn device(tenant: u64, user: u64, device: &str) -> Option<Caller> {
     Some(Caller {
@@ -19,13 +19,12 @@ fn device(tenant: u64, user: u64, device: &str) -> Option<Caller> {
 }
 
 pub async fn run(
-    endpoint: &str,
+    mut sync: SyncClient<Authed>,
     tenant: u64,
     user: u64,
     name: String,
     from: u64,
 ) -> anyhow::Result<()> {
-    let mut sync = SyncClient::connect(endpoint.to_string()).await?;
     let mut stream = sync
         .subscribe(SubscribeRequest {
             caller: device(tenant, user, &name),
@@ -58,7 +57,7 @@ pub async fn run(
                     "(far behind: skipping to pts {}; your conversations:)",
                     r.latest_pts
                 );
-                list(endpoint, tenant, user).await?;
+                list(sync.clone(), tenant, user).await?;
             }
             Some(sync_push::Push::Hint(h)) => {
                 println!(
@@ -75,8 +74,7 @@ pub async fn run(
     Ok(())
 }
 
-pub async fn list(endpoint: &str, tenant: u64, user: u64) -> anyhow::Result<()> {
-    let mut sync = SyncClient::connect(endpoint.to_string()).await?;
+pub async fn list(mut sync: SyncClient<Authed>, tenant: u64, user: u64) -> anyhow::Result<()> {
     let list = sync
         .list_conversations(ListConversationsRequest {
             caller: device(tenant, user, ""),

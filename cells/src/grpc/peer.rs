@@ -43,7 +43,7 @@ impl CellPeer for PeerApi {
         tracing::debug!(source = %r.source_cell, events = r.events.len(), "deliver batch");
         let applied = self
             .inbound
-            .deliver(r.events)
+            .deliver(r.source_cell, r.events)
             .await
             .map_err(|e| CellError::RetryLater {
                 reason: "PIPELINE_UNAVAILABLE",

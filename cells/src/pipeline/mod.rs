@@ -42,10 +42,14 @@ pub enum PipelineError {
 pub struct PeerInbound(mpsc::Sender<Inbound>);
 
 impl PeerInbound {
-    pub async fn deliver(&self, events: Vec<PeerEvent>) -> Result<u32, PipelineError> {
+    pub async fn deliver(
+        &self,
+        source: String,
+        events: Vec<PeerEvent>,
+    ) -> Result<u32, PipelineError> {
         let (reply, rx) = oneshot::channel();
         self.0
-            .send((events, reply))
+            .send((source, events, reply))
             .await
             .map_err(|_| PipelineError::Stopped)?;
         rx.await.map_err(|_| PipelineError::Stopped)?

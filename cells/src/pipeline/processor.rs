@@ -33,7 +33,12 @@ use crate::storage::{Mutation, Store};
 use crate::sync::Hub;
 
 /// Events delivered by another cell, with where to send the outcome.
-pub type Inbound = (Vec<PeerEvent>, oneshot::Sender<Result<u32, PipelineError>>);
+/// Events another cell (`source`) delivered, and where to answer.
+pub type Inbound = (
+    String,
+    Vec<PeerEvent>,
+    oneshot::Sender<Result<u32, PipelineError>>,
+);
 
 /// How long a poll waits before the processor checks for inbound events.
 const POLL_WAIT: Duration = Duration::from_millis(50);
@@ -120,8 +125,8 @@ impl Processor {
     ) -> Result<(), PipelineError> {
         loop {
             // Between polls (a poll is not safe to cancel midway).
-            while let Ok((events, reply)) = inbound.try_recv() {
-                let _ = reply.send(self.apply_remote(&events).await);
+            while let Ok((source, events, reply)) = inbound.try_recv() {
+                let _ = reply.send(self.apply_remote(&source, &events).await);
             }
             let deliveries = consumer.poll(batch, POLL_WAIT).await?;
             if deliveries.is_empty() {
@@ -134,7 +139,11 @@ impl Processor {
 
     /// Applies events another cell delivered for users homed here; returns
     /// how many were new.
-    pub async fn apply_remote(&mut self, events: &[PeerEvent]) -> Result<u32, PipelineError> {
+    pub async fn apply_remote(
+        &mut self,
+        source: &str,
+        events: &[PeerEvent],
+    ) -> Result<u32, PipelineError> {
         let mut batch = Batch::default();
         for e in events {
             if let Some(meta) = &e.meta {
@@ -154,7 +163,7 @@ impl Processor {
                     .map(|m| m.encode_to_vec())
                     .unwrap_or_default(),
             };
-            if self.append(&mut batch, e.user_id, e.event_id, &record)?
+            if self.append(&mut batch, e.user_id, e.event_id, source, &record)?
                 && e.kind == SyncEventKind::Message as i32
                 && e.user_id != e.sender_id
             {
@@ -427,7 +436,7 @@ impl Processor {
             });
             return Ok(());
         }
-        if self.append(batch, user, id, record)?
+        if self.append(batch, user, id, "", record)?
             && record.kind == SyncEventKind::Message as i32
             && user != origin.sender
         {
@@ -443,6 +452,7 @@ impl Processor {
         batch: &mut Batch,
         user: u64,
         id: u64,
+        source: &str,
         record: &SyncRecord,
     ) -> Result<bool, PipelineError> {
         let key = (user, record.conversation_id);
@@ -453,7 +463,7 @@ impl Processor {
                 .conv_list_entry(user, record.conversation_id)?
                 .unwrap_or_default(),
         };
-        if id <= entry.last_event_id {
+        if source == entry.last_event_source && id <= entry.last_event_id {
             batch.entries.insert(key, entry);
             return Ok(false);
         }
@@ -462,6 +472,7 @@ impl Processor {
         batch.mutation.put_sync(user, pts, record);
         batch.applied += 1;
         entry.last_event_id = id;
+        entry.last_event_source = source.to_string();
         match SyncEventKind::try_from(record.kind) {
             Ok(SyncEventKind::Message) => {
                 entry.last_seq = entry.last_seq.max(record.seq);

@@ -122,6 +122,9 @@ impl SyncService {
                 .pop()
                 .map(|(s, m)| message_to_proto(id, s, m));
             let read_seq = self.store.read_seq(id, caller.user)?;
+            // A conversation owned by another cell (moved away, or remote)
+            // is only as current here as the events that reached its members.
+            let latest = seq.latest_seq.max(entry.last_seq);
             let updated_at_ms = last_message
                 .as_ref()
                 .map_or(record.created_at_ms, |m| m.server_ts_ms)
@@ -130,7 +133,7 @@ impl SyncService {
                 conversation: Some(conversation_to_proto(id, &record, &seq)),
                 last_message,
                 read_seq,
-                unread: seq.latest_seq.saturating_sub(read_seq),
+                unread: latest.saturating_sub(read_seq),
                 muted: self.store.muted(caller.user, id)?,
                 updated_at_ms,
             });

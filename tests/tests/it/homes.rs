@@ -61,12 +61,12 @@ async fn remote_members_get_their_events_through_their_home_cell() {
             .is_empty()
     );
 
-    // Delivering the same batch again applies nothing.
+    // The same batch delivered again by the same cell applies nothing.
     let mut peer = CellPeerClient::connect(home.endpoint.clone())
         .await
         .unwrap();
     let replay = DeliverBatchRequest {
-        source_cell: "test/replay".into(),
+        source_cell: cellmesh_cell::CellConfig::default().cell_id,
         events: vec![PeerEvent {
             user_id: 3,
             event_id: 1,

@@ -4,6 +4,7 @@
 mod bad_input;
 mod chat_cli;
 mod coordination;
+mod dev;
 mod drill;
 mod durability;
 mod edge;

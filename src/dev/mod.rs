@@ -1,0 +1,371 @@
+//! `cellmesh dev`: a whole multi-region deployment on this machine, as
+//! separate processes of this binary supervised from here — 3 regions, a
+//! router replica each (one Raft group), 2 cells each, an edge each, and the
+//! control plane — with every cross-region path going through a fault proxy
+//! that adds latency. It creates a demo tenant, prints endpoints, a token
+//! and what to try, and writes the same to `DATA_DIR/dev.json`. The data
+//! directory persists across runs; Ctrl-C stops every child cleanly.
+
+mod demo;
+mod supervisor;
+mod topology;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context;
+use cellmesh_cell::CellConfig;
+use cellmesh_cell::config::QueueBackend;
+use cellmesh_chaos::proxy::FaultProxy;
+use cellmesh_control_plane::server::{ControlPlaneConfig, CoordinationBackend};
+use cellmesh_proto::secret::ClusterSecret;
+use cellmesh_router::client::RouteClient;
+use cellmesh_router::config::{MemberConfig, RouterConfig};
+use cellmesh_router::edge::EdgeConfig;
+use clap::Args;
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+
+use supervisor::{Spec, Supervisor};
+use topology::{CELLS_PER_REGION, REGIONS, Topology};
+
+#[derive(Args)]
+pub struct DevArgs {
+    /// Where every component keeps its data, configs and logs.
+    #[arg(long, default_value = "data/dev")]
+    data_dir: PathBuf,
+    /// Ports are allocated upwards from here.
+    #[arg(long, default_value_t = 7500)]
+    base_port: u16,
+    /// Round-trip time added between regions.
+    #[arg(long, default_value = "40ms")]
+    latency: humantime::Duration,
+    /// Start a local etcd (the `etcd` binary) for cell leases and two
+    /// control-plane replicas with leader election.
+    #[arg(long)]
+    etcd: bool,
+    /// Use these Kafka brokers as the cells' queue instead of the embedded log.
+    #[arg(long)]
+    kafka: Option<String>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Secrets {
+    cluster: String,
+    token: String,
+}
+
+fn random_secret() -> String {
+    let mut rng = rand::rng();
+    (0..32)
+        .map(|_| format!("{:x}", rng.random_range(0..16u8)))
+        .collect()
+}
+
+fn secrets(data_dir: &Path) -> anyhow::Result<Secrets> {
+    let path = data_dir.join("secrets.json");
+    if let Ok(text) = std::fs::read_to_string(&path) {
+        return Ok(serde_json::from_str(&text)?);
+    }
+    let s = Secrets {
+        cluster: random_secret(),
+        token: random_secret(),
+    };
+    std::fs::write(&path, serde_json::to_string_pretty(&s)?)?;
+    Ok(s)
+}
+
+fn write_config<T: Serialize>(dir: &Path, name: &str, config: &T) -> anyhow::Result<String> {
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, toml::to_string(config)?)?;
+    Ok(path.to_string_lossy().into_owned())
+}
+
+pub async fn run(args: DevArgs) -> anyhow::Result<()> {
+    let data = &args.data_dir;
+    let configs = data.join("config");
+    std::fs::create_dir_all(&configs)
+        .with_context(|| format!("cannot create {}", configs.display()))?;
+    let secrets = secrets(data)?;
+    let topo = Topology {
+        base: args.base_port,
+    };
+    let one_way = Duration::from(args.latency) / 2;
+
+    // Cross-region paths: one proxy per (region, remote component).
+    let mut proxies = Vec::new();
+    for link in topo.links() {
+        let upstream = link
+            .target
+            .trim_start_matches("http://")
+            .parse()
+            .context("link target")?;
+        let proxy = FaultProxy::start(format!("127.0.0.1:{}", link.port).parse()?, upstream)
+            .await
+            .with_context(|| {
+                format!(
+                    "cannot listen on port {} (is another `cellmesh dev` running?)",
+                    link.port
+                )
+            })?;
+        proxy.set_latency(one_way, one_way / 10);
+        proxies.push(proxy);
+    }
+
+    let mut sup = Supervisor::new(data)?;
+    let etcd_endpoints = if args.etcd {
+        let (client, peer) = topo.etcd_ports();
+        start_etcd(&mut sup, data, client, peer)?;
+        vec![format!("http://127.0.0.1:{client}")]
+    } else {
+        Vec::new()
+    };
+
+    // Routers: one Raft group across the regions.
+    let members: Vec<MemberConfig> = (0..REGIONS.len())
+        .map(|r| MemberConfig {
+            node_id: r as u64 + 1,
+            region: REGIONS[r].into(),
+            raft_addr: topo.router_raft(r),
+            api_addr: topo.router_api(r),
+        })
+        .collect();
+    for (r, region) in REGIONS.iter().enumerate() {
+        let mut config = RouterConfig {
+            node_id: r as u64 + 1,
+            region: region.to_string(),
+            data_dir: data.join(format!("router-{region}")),
+            api_listen: format!("127.0.0.1:{}", topo.router_api_port(r)).parse()?,
+            raft_listen: format!("127.0.0.1:{}", topo.router_raft_port(r)).parse()?,
+            cluster_secret: secrets.cluster.clone(),
+            links: topo.links_from(r),
+            ..RouterConfig::default()
+        };
+        config.cluster.bootstrap = r == 0;
+        config.cluster.members = members.clone();
+        let path = write_config(&configs, &format!("router-{region}"), &config)?;
+        sup.start(Spec {
+            name: format!("router-{region}"),
+            args: vec!["router".into(), "--config".into(), path],
+        })?;
+    }
+    let routes = connect_routes(&topo, &secrets.cluster).await?;
+    println!("routers: a Raft group of {} replicas is up", REGIONS.len());
+
+    for (r, region) in REGIONS.iter().enumerate() {
+        for c in 0..CELLS_PER_REGION {
+            let id = topo.cell_id(r, c);
+            let mut config = CellConfig {
+                cell_id: id.clone(),
+                listen: format!("127.0.0.1:{}", topo.cell_port(r, c)).parse()?,
+                data_dir: data.join(id.replace('/', "-")),
+                instance_id: (r * CELLS_PER_REGION + c) as u16 + 1,
+                ..CellConfig::default()
+            };
+            config.routing.routers = topo.routers_from(r);
+            config.routing.cluster_secret = secrets.cluster.clone();
+            config.routing.links = topo.links_from(r);
+            config.routing.etcd_endpoints = etcd_endpoints.clone();
+            if let Some(brokers) = &args.kafka {
+                config.queue.backend = QueueBackend::Kafka;
+                config.queue.kafka.brokers = brokers.clone();
+                config.queue.kafka.topic = format!("cellmesh-{}", id.replace('/', "-"));
+            }
+            let path = write_config(&configs, &id.replace('/', "-"), &config)?;
+            sup.start(Spec {
+                name: id.replace('/', "-"),
+                args: vec!["cell".into(), "--config".into(), path],
+            })?;
+        }
+        let _ = region;
+    }
+    wait_for(Duration::from_secs(60), "cells to register", || {
+        routes.read(|t| t.cells.len()) >= REGIONS.len() * CELLS_PER_REGION
+    })
+    .await?;
+    println!("cells: {} registered", REGIONS.len() * CELLS_PER_REGION);
+
+    let replicas = if args.etcd { 2 } else { 1 };
+    for i in 0..replicas {
+        let mut config = ControlPlaneConfig {
+            routers: topo.routers_from(0),
+            cluster_secret: secrets.cluster.clone(),
+            ..ControlPlaneConfig::default()
+        };
+        config.coordination.name = format!("control-plane-{}", i + 1);
+        if args.etcd {
+            config.coordination.backend = CoordinationBackend::Etcd;
+            config.coordination.etcd_endpoints = etcd_endpoints.clone();
+        }
+        let path = write_config(&configs, &format!("control-plane-{}", i + 1), &config)?;
+        sup.start(Spec {
+            name: format!("control-plane-{}", i + 1),
+            args: vec!["control-plane".into(), "--config".into(), path],
+        })?;
+    }
+
+    let mut edges = BTreeMap::new();
+    for (r, region) in REGIONS.iter().enumerate() {
+        let config = EdgeConfig {
+            listen: format!("127.0.0.1:{}", topo.edge_port(r)).parse()?,
+            region: region.to_string(),
+            routers: topo.routers_from(r),
+            cluster_secret: secrets.cluster.clone(),
+            token_secret: secrets.token.clone(),
+            links: topo.links_from(r),
+            ..EdgeConfig::default()
+        };
+        let path = write_config(&configs, &format!("edge-{region}"), &config)?;
+        sup.start(Spec {
+            name: format!("edge-{region}"),
+            args: vec!["edge".into(), "--config".into(), path],
+        })?;
+        edges.insert(region.to_string(), topo.edge(r));
+    }
+
+    let demo = demo::prepare(data, &routes, &topo, &secrets.cluster, &secrets.token).await?;
+    let info = serde_json::json!({
+        "edges": edges,
+        "cells": (0..REGIONS.len())
+            .flat_map(|r| (0..CELLS_PER_REGION).map(move |c| (r, c)))
+            .map(|(r, c)| (topo.cell_id(r, c), topo.cell(r, c)))
+            .collect::<BTreeMap<_, _>>(),
+        "routers": (0..REGIONS.len()).map(|r| topo.router_api(r)).collect::<Vec<_>>(),
+        "control_plane": {"replicas": replicas, "coordination": if args.etcd { "etcd" } else { "embedded" }},
+        "console_url": serde_json::Value::Null,
+        "cluster_secret": secrets.cluster,
+        "etcd": etcd_endpoints,
+        "latency_ms": Duration::from(args.latency).as_millis() as u64,
+        "demo": demo.to_json(),
+        "processes": sup.pids().into_iter().collect::<BTreeMap<_, _>>(),
+    });
+    std::fs::write(
+        data.join("dev.json"),
+        serde_json::to_string_pretty(&info)? + "\n",
+    )?;
+    print_summary(&info, data);
+
+    let shutdown = crate::telemetry::shutdown_signal();
+    tokio::pin!(shutdown);
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            _ = tick.tick() => {
+                for line in sup.check() {
+                    println!("dev: {line}");
+                }
+            }
+        }
+    }
+    println!("dev: stopping every component");
+    tokio::task::spawn_blocking(move || sup.stop_all(Duration::from_secs(15))).await?;
+    drop(proxies);
+    println!("dev: stopped; data kept in {}", data.display());
+    Ok(())
+}
+
+fn start_etcd(sup: &mut Supervisor, data: &Path, client: u16, peer: u16) -> anyhow::Result<()> {
+    let dir = data.join("etcd");
+    let client_url = format!("http://127.0.0.1:{client}");
+    let peer_url = format!("http://127.0.0.1:{peer}");
+    sup.start_command(
+        "etcd",
+        "etcd",
+        vec![
+            "--name".into(),
+            "dev".into(),
+            "--data-dir".into(),
+            dir.to_string_lossy().into_owned(),
+            "--listen-client-urls".into(),
+            client_url.clone(),
+            "--advertise-client-urls".into(),
+            client_url,
+            "--listen-peer-urls".into(),
+            peer_url.clone(),
+            "--initial-advertise-peer-urls".into(),
+            peer_url.clone(),
+            "--initial-cluster".into(),
+            format!("dev={peer_url}"),
+        ],
+    )
+}
+
+async fn connect_routes(topo: &Topology, secret: &str) -> anyhow::Result<RouteClient> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(client) =
+            RouteClient::connect(topo.routers_from(0), ClusterSecret::new(secret)).await
+            && let Ok(mut api) = client.routing()
+        {
+            let mut r = tonic::Request::new(cellmesh_proto::v1::RouterStatusRequest {});
+            client.attach_secret(&mut r);
+            if api
+                .status(r)
+                .await
+                .is_ok_and(|s| s.into_inner().current_leader != 0)
+            {
+                return Ok(client);
+            }
+        }
+        if tokio::time::Instant::now() > deadline {
+            anyhow::bail!(
+                "the routers did not elect a leader within 60 s (see the logs directory)"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn wait_for(limit: Duration, what: &str, mut ok: impl FnMut() -> bool) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + limit;
+    while !ok() {
+        if tokio::time::Instant::now() > deadline {
+            anyhow::bail!("timed out waiting for {what} (see the logs directory)");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
+}
+
+fn print_summary(info: &serde_json::Value, data: &Path) {
+    println!();
+    println!(
+        "cellmesh dev is running ({}; Ctrl-C stops it)",
+        data.display()
+    );
+    for (region, url) in info["edges"].as_object().into_iter().flatten() {
+        println!("  edge {region:<9} {}", url.as_str().unwrap_or_default());
+    }
+    println!("  routers        {}", info["routers"]);
+    let demo = &info["demo"];
+    println!("  demo tenant    {}", demo["tenant"]);
+    println!(
+        "  token (user 1) {}",
+        demo["token"].as_str().unwrap_or_default()
+    );
+    println!();
+    println!("Try:");
+    let edge = info["edges"]["eu-west"].as_str().unwrap_or_default();
+    for c in demo["conversations"].as_array().into_iter().flatten() {
+        println!(
+            "  conversation {} \"{}\" lives on {}",
+            c["id"],
+            c["title"].as_str().unwrap_or_default(),
+            c["owner"].as_str().unwrap_or_default()
+        );
+    }
+    println!(
+        "  export CELLMESH_TOKEN={}",
+        demo["token"].as_str().unwrap_or_default()
+    );
+    println!("  cellmesh chat --endpoint {edge} list");
+    println!("  cellmesh chat --endpoint {edge} send -c CONVERSATION hello");
+    println!(
+        "  CELLMESH_CLUSTER_SECRET={} cellmesh ctl --routers {} cells",
+        info["cluster_secret"].as_str().unwrap_or_default(),
+        info["routers"][0].as_str().unwrap_or_default()
+    );
+    println!("Everything above is in {}/dev.json.", data.display());
+}

@@ -1,0 +1,171 @@
+//! Child processes of `cellmesh dev`: started from the same binary with a
+//! role and a config file, logging to `DATA_DIR/logs/NAME.log`, restarted
+//! (with a report) when they die unexpectedly, and stopped cleanly — SIGTERM,
+//! then SIGKILL after a grace period — in reverse start order.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct Spec {
+    pub name: String,
+    pub args: Vec<String>,
+}
+
+/// Another program than this binary (etcd).
+struct External {
+    program: String,
+}
+
+struct Running {
+    spec: Spec,
+    program: Option<External>,
+    child: Child,
+    restarts: u32,
+    started: Instant,
+}
+
+pub struct Supervisor {
+    exe: PathBuf,
+    logs: PathBuf,
+    children: Vec<Running>,
+}
+
+impl Supervisor {
+    pub fn new(data_dir: &Path) -> anyhow::Result<Self> {
+        let logs = data_dir.join("logs");
+        std::fs::create_dir_all(&logs)?;
+        Ok(Self {
+            exe: std::env::current_exe()?,
+            logs,
+            children: Vec::new(),
+        })
+    }
+
+    fn spawn(&self, spec: &Spec) -> anyhow::Result<Child> {
+        spawn(&self.exe, &self.logs, spec)
+    }
+
+    pub fn start(&mut self, spec: Spec) -> anyhow::Result<()> {
+        let child = self.spawn(&spec)?;
+        self.children.push(Running {
+            spec,
+            program: None,
+            child,
+            restarts: 0,
+            started: Instant::now(),
+        });
+        Ok(())
+    }
+
+    /// Starts `program` (from PATH) as a supervised child.
+    pub fn start_command(
+        &mut self,
+        name: &str,
+        program: &str,
+        args: Vec<String>,
+    ) -> anyhow::Result<()> {
+        let spec = Spec {
+            name: name.into(),
+            args,
+        };
+        let child = spawn(Path::new(program), &self.logs, &spec)
+            .map_err(|e| anyhow::anyhow!("cannot start {program}: {e}"))?;
+        self.children.push(Running {
+            spec,
+            program: Some(External {
+                program: program.into(),
+            }),
+            child,
+            restarts: 0,
+            started: Instant::now(),
+        });
+        Ok(())
+    }
+
+    /// Restarts children that exited; returns what happened, for printing.
+    pub fn check(&mut self) -> Vec<String> {
+        let mut report = Vec::new();
+        for running in &mut self.children {
+            if let Ok(Some(status)) = running.child.try_wait() {
+                // Back off a child that keeps dying right after start.
+                if running.started.elapsed() < Duration::from_secs(2) && running.restarts > 3 {
+                    continue;
+                }
+                report.push(format!(
+                    "{} exited ({status}); restarting (see logs/{}.log)",
+                    running.spec.name,
+                    running.spec.name.replace('/', "-")
+                ));
+                let exe = running
+                    .program
+                    .as_ref()
+                    .map_or(self.exe.clone(), |p| PathBuf::from(&p.program));
+                match spawn(&exe, &self.logs, &running.spec) {
+                    Ok(child) => {
+                        running.child = child;
+                        running.restarts += 1;
+                        running.started = Instant::now();
+                    }
+                    Err(e) => report.push(format!("cannot restart {}: {e}", running.spec.name)),
+                }
+            }
+        }
+        report
+    }
+
+    pub fn pids(&self) -> Vec<(String, u32)> {
+        self.children
+            .iter()
+            .map(|r| (r.spec.name.clone(), r.child.id()))
+            .collect()
+    }
+
+    /// SIGTERM in reverse start order, wait up to `grace`, then SIGKILL.
+    pub fn stop_all(&mut self, grace: Duration) {
+        for running in self.children.iter().rev() {
+            // SAFETY: kill(2) on a pid we spawned and have not reaped.
+            unsafe {
+                libc::kill(running.child.id() as i32, libc::SIGTERM);
+            }
+        }
+        let deadline = Instant::now() + grace;
+        for running in self.children.iter_mut().rev() {
+            loop {
+                match running.child.try_wait() {
+                    Ok(Some(_)) | Err(_) => break,
+                    Ok(None) if Instant::now() > deadline => {
+                        let _ = running.child.kill();
+                        let _ = running.child.wait();
+                        break;
+                    }
+                    Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+                }
+            }
+        }
+        self.children.clear();
+    }
+}
+
+fn spawn(exe: &Path, logs: &Path, spec: &Spec) -> anyhow::Result<Child> {
+    let log = File::options()
+        .create(true)
+        .append(true)
+        .open(logs.join(format!("{}.log", spec.name.replace('/', "-"))))?;
+    Ok(Command::new(exe)
+        .args(&spec.args)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()?)
+}
+
+impl Drop for Supervisor {
+    fn drop(&mut self) {
+        for running in &mut self.children {
+            let _ = running.child.kill();
+            let _ = running.child.wait();
+        }
+    }
+}

@@ -1,0 +1,160 @@
+//! `cellmesh dev` end to end, as a subprocess: a message sent through the
+//! edge of one region into a conversation owned by a cell of another region
+//! reaches a device following through the third region's edge; Ctrl-C stops
+//! every component and a restart on the same data keeps every message.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use cellmesh_proto::v1::messaging_client::MessagingClient;
+use cellmesh_proto::v1::sync_client::SyncClient;
+use cellmesh_proto::v1::*;
+use cellmesh_tests::cellmesh_bin;
+use cellmesh_tests::deploy::authed;
+use cellmesh_tests::sync::next_push;
+use serde_json::Value;
+use tonic::transport::Channel;
+
+fn start_dev(dir: &Path, base: u16) -> Child {
+    let _ = std::fs::remove_file(dir.join("dev.json"));
+    Command::new(cellmesh_bin())
+        .args(["dev", "--data-dir"])
+        .arg(dir)
+        .args(["--base-port", &base.to_string(), "--latency", "20ms"])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("dev.stderr")).expect("log file"))
+        .spawn()
+        .expect("cellmesh dev starts")
+}
+
+async fn wait_info(dir: &Path, dev: &mut Child) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        if let Some(status) = dev.try_wait().unwrap() {
+            panic!(
+                "cellmesh dev exited early ({status}); see {}/logs",
+                dir.display()
+            );
+        }
+        if let Ok(text) = std::fs::read_to_string(dir.join("dev.json"))
+            && let Ok(v) = serde_json::from_str::<Value>(&text)
+        {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "dev.json never appeared; see {}/logs",
+            dir.display()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+fn interrupt_and_wait(mut dev: Child, info: &Value) {
+    // SAFETY: kill(2) on the child we spawned.
+    unsafe {
+        libc::kill(dev.id() as i32, libc::SIGINT);
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = dev.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "cellmesh dev did not stop");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(status.success(), "{status}");
+    // Every component went with it.
+    for (name, pid) in info["processes"].as_object().unwrap() {
+        let alive = unsafe { libc::kill(pid.as_i64().unwrap() as i32, 0) } == 0;
+        assert!(!alive, "{name} still running after Ctrl-C");
+    }
+}
+
+async fn channel(url: &Value) -> Channel {
+    Channel::from_shared(url.as_str().unwrap().to_string())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_crosses_three_regions_and_survives_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    // Fixed ports below the kernel's ephemeral range (32768+), where the
+    // port-0 servers and client sockets of concurrent tests cannot take them.
+    let base = 20_000 + (std::process::id() % 90) as u16 * 130;
+    let mut dev = start_dev(dir.path(), base);
+    let info = wait_info(dir.path(), &mut dev).await;
+    let demo = &info["demo"];
+    let general = &demo["conversations"][0];
+    assert_eq!(general["title"], "general");
+    let owner = general["owner"].as_str().unwrap();
+    assert!(owner.starts_with("us-east/"), "{owner}");
+    let conv = general["id"].as_u64().unwrap();
+    let alice = demo["tokens"]["1"].as_str().unwrap().to_string();
+    let bob = demo["tokens"]["2"].as_str().unwrap().to_string();
+
+    // Bob follows through ap-south; Alice sends through eu-west; the owner
+    // is in us-east and both users live in eu-west.
+    let mut sync = SyncClient::new(channel(&info["edges"]["ap-south"]).await);
+    let mut stream = sync
+        .subscribe(authed(SubscribeRequest::default(), &bob))
+        .await
+        .expect("subscribe through the ap-south edge")
+        .into_inner();
+    let mut send = MessagingClient::new(channel(&info["edges"]["eu-west"]).await);
+    let sent = send
+        .send(authed(
+            SendRequest {
+                conversation_id: conv,
+                client_req_id: "e2e-1".into(),
+                r#type: MessageType::Text as i32,
+                body: b"across three regions".to_vec(),
+                ..Default::default()
+            },
+            &alice,
+        ))
+        .await
+        .expect("send through the eu-west edge")
+        .into_inner();
+    let got = loop {
+        let push = next_push(&mut stream, Duration::from_secs(30))
+            .await
+            .expect("a push to ap-south");
+        if let Some(sync_push::Push::Event(e)) = push.push
+            && e.kind == SyncEventKind::Message as i32
+        {
+            break e;
+        }
+    };
+    let msg_id = got.message.as_ref().map(|m| m.msg_id);
+    assert_eq!(
+        (got.conversation_id, got.seq, msg_id),
+        (conv, sent.seq, Some(sent.msg_id))
+    );
+    drop(stream);
+
+    interrupt_and_wait(dev, &info);
+    let mut dev = start_dev(dir.path(), base);
+    let info = wait_info(dir.path(), &mut dev).await;
+    let mut pull = MessagingClient::new(channel(&info["edges"]["us-east"]).await);
+    let page = pull
+        .pull(authed(
+            PullRequest {
+                conversation_id: conv,
+                direction: Direction::Forward as i32,
+                limit: 10,
+                ..Default::default()
+            },
+            &bob,
+        ))
+        .await
+        .expect("history after the restart")
+        .into_inner();
+    let ids: Vec<u64> = page.messages.iter().map(|m| m.msg_id).collect();
+    assert_eq!(ids, vec![sent.msg_id]);
+    interrupt_and_wait(dev, &info);
+}
