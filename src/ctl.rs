@@ -40,6 +40,12 @@ pub struct CtlArgs {
         hide_env_values = true
     )]
     secret: String,
+    /// Take routers and secret from a running `cellmesh dev` (its data dir).
+    #[arg(long, env = "CELLMESH_DEV")]
+    dev: Option<std::path::PathBuf>,
+    /// etcd endpoints (for the control-plane leader in `status`).
+    #[arg(long, env = "CELLMESH_ETCD", value_delimiter = ',')]
+    etcd: Vec<String>,
     #[command(subcommand)]
     command: CtlCommand,
 }
@@ -60,6 +66,12 @@ enum CtlCommand {
         /// The edge's token secret.
         #[arg(long, env = "CELLMESH_TOKEN_SECRET", hide_env_values = true)]
         token_secret: String,
+    },
+    /// The deployment at a glance: cells by region, routers, control-plane
+    /// leader, migrations with progress.
+    Status {
+        #[arg(long)]
+        json: bool,
     },
     /// Registered cells with region, address and status.
     Cells {
@@ -161,7 +173,35 @@ enum TenantCommand {
     },
 }
 
-pub async fn run(args: CtlArgs) -> anyhow::Result<()> {
+pub async fn run(mut args: CtlArgs) -> anyhow::Result<()> {
+    if let Some(dir) = &args.dev {
+        let path = dir.join("dev.json");
+        let text = std::fs::read_to_string(&path).with_context(|| {
+            format!(
+                "cannot read {} (is `cellmesh dev` running?)",
+                path.display()
+            )
+        })?;
+        let info: serde_json::Value = serde_json::from_str(&text)?;
+        args.routers = info["routers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|r| r.as_str().map(str::to_string))
+            .collect();
+        args.secret = info["cluster_secret"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        if args.etcd.is_empty() {
+            args.etcd = info["etcd"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|r| r.as_str().map(str::to_string))
+                .collect();
+        }
+    }
     if let CtlCommand::Token {
         tenant,
         user,
@@ -189,6 +229,14 @@ pub async fn run(args: CtlArgs) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("cannot read the route table: {}", describe(&e)))?;
     match args.command {
         CtlCommand::Token { .. } => unreachable!("handled above"),
+        CtlCommand::Status { json } => {
+            let status = crate::status::collect(&routes, &args.routers, &secret, &args.etcd).await;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&status)?);
+            } else {
+                crate::status::print(&status);
+            }
+        }
         CtlCommand::Cells { json } => {
             let cells: Vec<_> = routes.read(|t| t.cells.values().cloned().collect());
             if json {
@@ -412,7 +460,10 @@ pub async fn run(args: CtlArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn router_status(endpoint: &str, secret: &ClusterSecret) -> anyhow::Result<pb::RouterStatus> {
+pub async fn router_status(
+    endpoint: &str,
+    secret: &ClusterSecret,
+) -> anyhow::Result<pb::RouterStatus> {
     let channel = Channel::from_shared(endpoint.to_string())?
         .connect_timeout(Duration::from_secs(2))
         .connect()

@@ -8,6 +8,7 @@ mod client;
 mod ctl;
 mod dev;
 mod roles;
+mod status;
 mod telemetry;
 
 use std::process::ExitCode;

@@ -94,6 +94,17 @@ impl CellPeer for PeerApi {
         }))
     }
 
+    async fn stats(&self, _request: Request<StatsRequest>) -> Result<Response<CellStats>, Status> {
+        let (uptime_ms, sends, queue_lag, route_index) = self.service.stats()?;
+        Ok(Response::new(CellStats {
+            cell_id: self.service.cell_id().to_string(),
+            uptime_ms,
+            sends,
+            queue_lag,
+            route_index,
+        }))
+    }
+
     async fn copy_conversation(
         &self,
         request: Request<CopyRequest>,

@@ -57,6 +57,9 @@ pub struct MessageService {
     written: std::sync::Mutex<std::collections::HashMap<u64, (u64, u64)>>,
     /// Set once something takes checkpoints (a routed cell).
     checkpointing: std::sync::atomic::AtomicBool,
+    /// Sends acknowledged since start.
+    pub(crate) sends: std::sync::atomic::AtomicU64,
+    started: std::time::Instant,
     inflight: Inflight,
     ownership: Arc<dyn Ownership>,
     clock: Arc<dyn Clock>,
@@ -78,6 +81,8 @@ impl MessageService {
             conversations: ConvCache::new(CONVERSATION_CACHE),
             written: Default::default(),
             checkpointing: Default::default(),
+            sends: Default::default(),
+            started: std::time::Instant::now(),
             inflight: Inflight::new(),
             store,
             config,
@@ -180,6 +185,21 @@ impl MessageService {
             .into_iter()
             .map(|(conversation, (tenant, seq))| (tenant, conversation, seq))
             .collect()
+    }
+
+    pub fn cell_id(&self) -> &str {
+        &self.config.cell_id
+    }
+
+    /// Uptime, sends acknowledged, relay lag and route index, for operators.
+    pub fn stats(&self) -> Result<(u64, u64, u64, u64)> {
+        let lag = self.store.outbox_pending(100_000)?.len() as u64;
+        Ok((
+            self.started.elapsed().as_millis() as u64,
+            self.sends.load(std::sync::atomic::Ordering::Relaxed),
+            lag,
+            self.ownership.route_index().min(i64::MAX as u64),
+        ))
     }
 
     /// Puts back marks a checkpoint could not deliver.

@@ -72,6 +72,21 @@ fn interrupt_and_wait(mut dev: Child, info: &Value) {
     }
 }
 
+fn ctl_status(dir: &Path) -> Value {
+    let out = Command::new(cellmesh_bin())
+        .args(["ctl", "--dev"])
+        .arg(dir)
+        .args(["status", "--json"])
+        .output()
+        .expect("cellmesh ctl runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("status is JSON")
+}
+
 async fn channel(url: &Value) -> Channel {
     Channel::from_shared(url.as_str().unwrap().to_string())
         .unwrap()
@@ -136,6 +151,45 @@ async fn a_message_crosses_three_regions_and_survives_a_restart() {
         (conv, sent.seq, Some(sent.msg_id))
     );
     drop(stream);
+
+    // `ctl status --json` shows every cell, and a killed cell coming back.
+    let status = ctl_status(dir.path());
+    let cell = |s: &Value, id: &str| -> Value {
+        s["regions"]
+            .as_object()
+            .unwrap()
+            .values()
+            .flat_map(|cells| cells.as_array().unwrap().clone())
+            .find(|c| c["cell_id"] == id)
+            .unwrap_or_else(|| panic!("{id} missing from {s}"))
+    };
+    for region in ["eu-west", "us-east", "ap-south"] {
+        for c in 1..=2 {
+            assert_eq!(
+                cell(&status, &format!("{region}/c{c}"))["health"],
+                "serving"
+            );
+        }
+    }
+    let uptime = cell(&status, "us-east/c2")["uptime_ms"].as_u64().unwrap();
+    let pid = info["processes"]["us-east-c2"].as_i64().unwrap();
+    // SAFETY: kill(2) on a process of the deployment under test.
+    unsafe {
+        libc::kill(pid as i32, libc::SIGKILL);
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let s = ctl_status(dir.path());
+        let c = cell(&s, "us-east/c2");
+        if c["health"] == "serving" && c["uptime_ms"].as_u64().is_some_and(|u| u < uptime) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the killed cell never came back: {c}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 
     interrupt_and_wait(dev, &info);
     let mut dev = start_dev(dir.path(), base);
