@@ -27,6 +27,8 @@ pub enum Op {
     Read,
     /// A read-index lookup / a linearizable get.
     Linearizable,
+    /// A lookup in the route client's watch-fed cache (router only).
+    Cached,
 }
 
 #[derive(Args)]
@@ -44,6 +46,10 @@ pub struct RouterArgs {
     /// Run the workload against these etcd endpoints instead.
     #[arg(long, value_delimiter = ',')]
     etcd: Vec<String>,
+    /// With --etcd: run against the routers and then etcd, and write both
+    /// reports side by side.
+    #[arg(long)]
+    compare: bool,
     #[arg(long, value_enum, default_value = "write")]
     op: Op,
     #[arg(long, default_value_t = 16)]
@@ -71,35 +77,144 @@ fn run_base() -> u64 {
     (ms % 1_000_000) * 1_000_000_000
 }
 
+async fn router_target(args: &RouterArgs, base: u64) -> anyhow::Result<Target> {
+    let client = RouteClient::connect(args.routers.clone(), ClusterSecret::new(&args.secret))
+        .await
+        .map_err(|e| {
+            anyhow::anyhow!("cannot reach the routers: {}", crate::client::describe(&e))
+        })?;
+    let _ = client
+        .apply(register_cell("bench/c1", "bench", "http://bench.invalid"))
+        .await;
+    // The read workloads look up tenants placed here.
+    let mut last = 0;
+    for k in 0..args.keys {
+        if let Ok(r) = client
+            .apply(assign_tenant(base + k + 1, "bench/c1", 0))
+            .await
+        {
+            last = r.index;
+        }
+    }
+    // The cached workload reads what the watch has delivered.
+    client.wait_applied(last, Duration::from_secs(10)).await;
+    Ok(Target::Router(client))
+}
+
+async fn etcd_target(args: &RouterArgs, base: u64) -> anyhow::Result<Target> {
+    let mut client = etcd_client::Client::connect(args.etcd.clone(), None).await?;
+    for k in 0..args.keys {
+        client
+            .put(format!("/bench/{}", base + k + 1), "bench/c1", None)
+            .await?;
+    }
+    Ok(Target::Etcd(Box::new(client)))
+}
+
+fn op_name(op: Op) -> &'static str {
+    match op {
+        Op::Write => "write",
+        Op::Read => "read",
+        Op::Linearizable => "linearizable",
+        Op::Cached => "cached",
+    }
+}
+
 pub async fn run(args: RouterArgs) -> anyhow::Result<()> {
     let base = run_base();
-    let (target, name) = if args.etcd.is_empty() {
-        let client = RouteClient::connect(args.routers.clone(), ClusterSecret::new(&args.secret))
-            .await
-            .map_err(|e| {
-                anyhow::anyhow!("cannot reach the routers: {}", crate::client::describe(&e))
-            })?;
-        let _ = client
-            .apply(register_cell("bench/c1", "bench", "http://bench.invalid"))
-            .await;
-        // The read workloads look up tenants placed here.
-        for k in 0..args.keys {
-            let _ = client
-                .apply(assign_tenant(base + k + 1, "bench/c1", 0))
-                .await;
-        }
-        (Target::Router(client), "router")
-    } else {
-        let mut client = etcd_client::Client::connect(args.etcd.clone(), None).await?;
-        for k in 0..args.keys {
-            client
-                .put(format!("/bench/{}", base + k + 1), "bench/c1", None)
-                .await?;
-        }
-        (Target::Etcd(Box::new(client)), "etcd")
-    };
+    let mut targets = Vec::new();
+    if args.etcd.is_empty() || args.compare {
+        targets.push(("router", router_target(&args, base).await?));
+    }
+    if !args.etcd.is_empty() {
+        targets.push(("etcd", etcd_target(&args, base).await?));
+    }
+    let mut reports = serde_json::Map::new();
+    for (name, target) in targets {
+        let report = measure(&args, base, name, target).await?;
+        report.print();
+        reports.insert(name.to_string(), serde_json::to_value(&report)?);
+    }
+    if let Some(path) = &args.json {
+        let out = if reports.len() == 1 {
+            reports
+                .into_iter()
+                .next()
+                .map(|(_, v)| v)
+                .unwrap_or_default()
+        } else {
+            serde_json::json!({"scenario": format!("router-vs-etcd-{}", op_name(args.op)), "reports": reports})
+        };
+        std::fs::write(path, serde_json::to_string_pretty(&out)? + "\n")?;
+    }
+    Ok(())
+}
+
+/// Lookups from the route client's in-process cache, on plain threads.
+fn cached(client: &RouteClient, args: &RouterArgs, base: u64) -> (u64, Histogram<u64>) {
     let deadline = Instant::now() + Duration::from(args.duration);
+    let threads: Vec<_> = (0..args.concurrency)
+        .map(|_| {
+            let client = client.clone();
+            let keys = args.keys;
+            std::thread::spawn(move || {
+                let mut latency =
+                    Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("bounds");
+                let mut n = 0u64;
+                let mut rng = rand::rng();
+                while Instant::now() < deadline {
+                    // Timed per 1,000 lookups; recorded in nanoseconds each.
+                    let t = Instant::now();
+                    for _ in 0..1000 {
+                        let key = Key::conversation(base + 1 + rng.random_range(0..keys), 1);
+                        std::hint::black_box(client.resolve(&key));
+                    }
+                    let _ = latency.record((t.elapsed().as_nanos() / 1000).max(1) as u64);
+                    n += 1000;
+                }
+                (n, latency)
+            })
+        })
+        .collect();
+    let mut total = 0;
+    let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("bounds");
+    for t in threads {
+        let (n, l) = t.join().expect("bench thread");
+        total += n;
+        let _ = latency.add(l);
+    }
+    (total, latency)
+}
+
+async fn measure(
+    args: &RouterArgs,
+    base: u64,
+    name: &str,
+    target: Target,
+) -> anyhow::Result<Report> {
+    let op = op_name(args.op);
     let started = Instant::now();
+    if let (Op::Cached, Target::Router(client)) = (args.op, &target) {
+        let (acked, latency) = cached(client, args, base);
+        // Latency here is nanoseconds per lookup (the report's unit is µs).
+        return Ok(Report::new(
+            &format!("{name}-{op}"),
+            acked,
+            BTreeMap::new(),
+            started.elapsed(),
+            &latency,
+        )
+        .param("target", name)
+        .param("op", op)
+        .param("latency_unit", "ns (cached lookups are sub-microsecond)")
+        .param("concurrency", args.concurrency)
+        .param("keys", args.keys));
+    }
+    anyhow::ensure!(
+        !matches!(args.op, Op::Cached),
+        "--op cached measures the route client only"
+    );
+    let deadline = Instant::now() + Duration::from(args.duration);
     let mut workers = Vec::new();
     for w in 0..args.concurrency {
         let target = target.clone();
@@ -114,8 +229,7 @@ pub async fn run(args: RouterArgs) -> anyhow::Result<()> {
                 let write_id = base + keys + 1 + (w as u64) * 100_000_000 + n;
                 let read_id = base + 1 + rand::rng().random_range(0..keys);
                 let t = Instant::now();
-                let ok = one(&target, op, write_id, read_id, &mut errors).await;
-                if ok {
+                if one(&target, op, write_id, read_id, &mut errors).await {
                     acked += 1;
                     let _ = latency.record(t.elapsed().as_micros() as u64);
                 }
@@ -134,12 +248,7 @@ pub async fn run(args: RouterArgs) -> anyhow::Result<()> {
         }
         latency.add(l)?;
     }
-    let op = match args.op {
-        Op::Write => "write",
-        Op::Read => "read",
-        Op::Linearizable => "linearizable",
-    };
-    let report = Report::new(
+    Ok(Report::new(
         &format!("{name}-{op}"),
         acked,
         errors,
@@ -149,12 +258,7 @@ pub async fn run(args: RouterArgs) -> anyhow::Result<()> {
     .param("target", name)
     .param("op", op)
     .param("concurrency", args.concurrency)
-    .param("keys", args.keys);
-    report.print();
-    if let Some(path) = &args.json {
-        report.write_json(path)?;
-    }
-    Ok(())
+    .param("keys", args.keys))
 }
 
 async fn one(
@@ -171,6 +275,7 @@ async fn one(
                     .apply(assign_tenant(write_id, "bench/c1", 0))
                     .await
                     .map(|_| ()),
+                Op::Cached => return client.resolve(&Key::conversation(read_id, 1)).is_some(),
                 Op::Read | Op::Linearizable => {
                     let consistency = if matches!(op, Op::Read) {
                         Consistency::Stale
@@ -212,7 +317,9 @@ async fn one(
                     )
                     .await
                     .map(|_| ()),
-                Op::Linearizable => kv.get(format!("/bench/{read_id}"), None).await.map(|_| ()),
+                Op::Linearizable | Op::Cached => {
+                    kv.get(format!("/bench/{read_id}"), None).await.map(|_| ())
+                }
             };
             match result {
                 Ok(()) => true,

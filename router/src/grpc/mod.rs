@@ -4,4 +4,5 @@
 
 pub mod convert;
 pub mod raft;
+pub mod read_index;
 pub mod routing;

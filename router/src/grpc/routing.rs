@@ -44,6 +44,7 @@ pub struct RoutingService {
     pub node: RouterNode,
     pub secret: ClusterSecret,
     leaders: Mutex<BTreeMap<String, Channel>>,
+    read_index: super::read_index::ReadIndex,
 }
 
 type ForwardFn<'a, Req, Resp> = Box<
@@ -65,6 +66,7 @@ impl RoutingService {
         secret: ClusterSecret,
     ) -> Self {
         Self {
+            read_index: super::read_index::ReadIndex::new(raft.clone()),
             raft,
             store: Arc::downgrade(store),
             stopping,
@@ -186,7 +188,7 @@ impl Routing for RoutingService {
         let req = request.into_inner();
         let key = key_from_pb(req.key)?;
         if req.consistency == Consistency::Linearizable as i32
-            && let Err(e) = self.raft.ensure_linearizable().await
+            && let Err(e) = self.read_index.ensure(&self.raft).await
         {
             return self
                 .forward(
@@ -214,7 +216,7 @@ impl Routing for RoutingService {
         let fwd = forwarded(&request);
         let req = request.into_inner();
         if req.consistency == Consistency::Linearizable as i32
-            && let Err(e) = self.raft.ensure_linearizable().await
+            && let Err(e) = self.read_index.ensure(&self.raft).await
         {
             return self
                 .forward(
