@@ -32,6 +32,22 @@ pub struct MigrationOptions {
     pub max_catch_up_rounds: u32,
     /// Pause between copy rounds (throttling).
     pub pause: Duration,
+    /// Give up right after this point, as if the control plane died there
+    /// (drills and tests); running the migration again resumes it.
+    pub stop_after: Option<StopPoint>,
+}
+
+/// Points at which a migrator can stop (see [`MigrationOptions::stop_after`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopPoint {
+    /// The route says Migrating; nothing copied.
+    Planned,
+    /// The first copy round is stored on the target.
+    Copied,
+    /// The route is Frozen; the source is not sealed yet.
+    Frozen,
+    /// The source is sealed and the final delta copied; not yet switched.
+    Sealed,
 }
 
 impl Default for MigrationOptions {
@@ -41,6 +57,7 @@ impl Default for MigrationOptions {
             catch_up_lag: 50,
             max_catch_up_rounds: 20,
             pause: Duration::ZERO,
+            stop_after: None,
         }
     }
 }
@@ -82,6 +99,8 @@ pub enum MigrationError {
         target_count: u64,
         target_sum: u64,
     },
+    #[error("stopped after {0:?} (resume by migrating again)")]
+    Stopped(StopPoint),
     #[error("{what}: {status}")]
     Call { what: String, status: tonic::Status },
 }
@@ -106,6 +125,13 @@ impl Migrator {
             secret,
             options,
         }
+    }
+
+    fn stop_at(&self, point: StopPoint) -> Result<(), MigrationError> {
+        if self.options.stop_after == Some(point) {
+            return Err(MigrationError::Stopped(point));
+        }
+        Ok(())
     }
 
     fn request<T>(&self, message: T) -> tonic::Request<T> {
@@ -189,6 +215,7 @@ impl Migrator {
                 epoch = self
                     .transition(&key, epoch, Transition::BeginMigration(to.to_string()))
                     .await?;
+                self.stop_at(StopPoint::Planned)?;
                 (to.to_string(), false)
             }
             RouteState::Migrating { to: t, .. } => (t.clone(), false),
@@ -252,6 +279,7 @@ impl Migrator {
                         )
                         .await?;
                     phase = "catch-up";
+                    self.stop_at(StopPoint::Copied)?;
                 }
                 if r.source_latest_seq.saturating_sub(copied) <= self.options.catch_up_lag {
                     break;
@@ -262,6 +290,7 @@ impl Migrator {
             epoch = self
                 .transition(&key, epoch, Transition::Freeze(true))
                 .await?;
+            self.stop_at(StopPoint::Frozen)?;
         }
         let final_seq = source
             .seal_conversation(self.request(SealRequest {
@@ -284,6 +313,7 @@ impl Migrator {
             }
             copied = r.copied_through;
         }
+        self.stop_at(StopPoint::Sealed)?;
         progress(&Progress {
             phase: "verify",
             copied_through: copied,

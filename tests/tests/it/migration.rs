@@ -267,3 +267,118 @@ async fn a_conversation_moves_under_load_without_loss_duplicates_or_reordering()
         .into_inner();
     assert!(listed.read_seq >= before.seq, "{listed:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migration_interrupted_in_any_phase_resumes_and_finishes() {
+    use cellmesh_control_plane::migration::{MigrationError, StopPoint};
+    let d = deploy(None).await;
+    let alice = token(1, 10);
+    let mut m = MessagingClient::new(
+        Channel::from_shared(d.edge.endpoint())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap(),
+    );
+    for (i, point) in [
+        StopPoint::Planned,
+        StopPoint::Copied,
+        StopPoint::Frozen,
+        StopPoint::Sealed,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        // A fresh sender per round: request ids are per sender.
+        let user = 20 + i as u64;
+        let token = token(1, user);
+        let conv = m
+            .create_conversation(authed(
+                CreateConversationRequest {
+                    kind: ConversationKind::Group as i32,
+                    member_ids: vec![user],
+                    client_req_id: format!("resume-{i}"),
+                    ..Default::default()
+                },
+                &alice,
+            ))
+            .await
+            .unwrap()
+            .into_inner()
+            .conversation
+            .unwrap()
+            .conversation_id;
+        let epoch = Instant::now();
+        let stop = Instant::now() + Duration::from_millis(1500);
+        let ops = Arc::new(Mutex::new(Vec::new()));
+        let sending = tokio::spawn(sender(
+            d.edge.endpoint(),
+            token,
+            conv,
+            user,
+            stop,
+            epoch,
+            ops.clone(),
+        ));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let routes = d.cluster.client().await;
+        let interrupted = Migrator::new(
+            routes.clone(),
+            ClusterSecret::new(SECRET),
+            MigrationOptions {
+                chunk: 20,
+                stop_after: Some(point),
+                ..MigrationOptions::default()
+            },
+        )
+        .migrate_conversation(1, conv, "us-east/c1", |_| {})
+        .await;
+        assert!(
+            matches!(interrupted, Err(MigrationError::Stopped(p)) if p == point),
+            "{interrupted:?}"
+        );
+        // A new control plane picks it up from the route table.
+        let report = Migrator::new(
+            routes,
+            ClusterSecret::new(SECRET),
+            MigrationOptions::default(),
+        )
+        .migrate_conversation(1, conv, "us-east/c1", |_| {})
+        .await
+        .unwrap_or_else(|e| panic!("resume after {point:?}: {e}"));
+        sending.await.unwrap();
+        let ops = std::mem::take(&mut *ops.lock().unwrap());
+        let failed: Vec<_> = ops
+            .iter()
+            .filter(|o| !matches!(o.outcome, Outcome::Ok { .. }))
+            .collect();
+        assert!(
+            failed.is_empty(),
+            "{point:?}: {} failed, e.g. {:?}",
+            failed.len(),
+            failed.first()
+        );
+        let target_history = export_all(&d.cells[1].endpoint, 1, conv).await;
+        let mut history = History {
+            sends: ops,
+            ..History::default()
+        };
+        history.conversations.insert(conv, target_history.clone());
+        history.migrations.push(Migration {
+            conversation: conv,
+            source: "eu-west/c1".into(),
+            target: "us-east/c1".into(),
+            switch_ms: epoch.elapsed().as_millis() as u64,
+            source_history: export_all(&d.cells[0].endpoint, 1, conv).await,
+            target_history,
+        });
+        for verdict in check_all(&history) {
+            assert!(
+                verdict.holds,
+                "{point:?} {}: {:?}",
+                verdict.invariant, verdict.counterexamples
+            );
+        }
+        assert!(report.final_seq > 0, "{point:?}");
+    }
+}
