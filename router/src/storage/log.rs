@@ -1,9 +1,10 @@
-//! The Raft log and vote in RocksDB. Every append is one synced WriteBatch:
-//! an entry is acknowledged to openraft only once it is on disk.
+//! The Raft log and vote in RocksDB. Appends are written at once and made
+//! durable by a group WAL sync; an entry is reported flushed to openraft only
+//! once it is on disk.
 
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{OptionalSend, RaftLogReader, Vote};
@@ -21,11 +22,69 @@ const LAST_PURGED: &[u8] = b"last_purged";
 #[derive(Clone)]
 pub struct LogStore {
     db: Arc<DB>,
+    flusher: Arc<Flusher>,
+}
+
+/// Group fsync of the log: appends are written (readable at once) and
+/// queue their callbacks; one thread syncs the WAL for everything queued so
+/// far and then reports them all durable.
+struct Flusher {
+    pending: Mutex<Vec<LogFlushed<TypeConfig>>>,
+    wake: Condvar,
+}
+
+impl Flusher {
+    fn start(db: Arc<DB>) -> Arc<Self> {
+        let flusher = Arc::new(Self {
+            pending: Mutex::new(Vec::new()),
+            wake: Condvar::new(),
+        });
+        let weak = Arc::downgrade(&flusher);
+        // Weak: the thread must not keep the database open after its store.
+        let db = Arc::downgrade(&db);
+        std::thread::Builder::new()
+            .name("raft-log-fsync".into())
+            .spawn(move || {
+                loop {
+                    let Some(f) = weak.upgrade() else { return };
+                    let waiting = {
+                        let mut pending = f.pending.lock().expect("flush queue");
+                        while pending.is_empty() {
+                            let (p, timeout) = f
+                                .wake
+                                .wait_timeout(pending, std::time::Duration::from_millis(200))
+                                .expect("flush queue");
+                            pending = p;
+                            if timeout.timed_out()
+                                && pending.is_empty()
+                                && Arc::strong_count(&f) == 1
+                            {
+                                return;
+                            }
+                        }
+                        std::mem::take(&mut *pending)
+                    };
+                    drop(f);
+                    let result = match db.upgrade() {
+                        Some(db) => db.flush_wal(true).map_err(|e| e.to_string()),
+                        None => Err("the log store is closed".to_string()),
+                    };
+                    for callback in waiting {
+                        callback.log_io_completed(result.clone().map_err(std::io::Error::other));
+                    }
+                }
+            })
+            .expect("log fsync thread");
+        flusher
+    }
 }
 
 impl LogStore {
     pub(super) fn new(db: Arc<DB>) -> Self {
-        Self { db }
+        Self {
+            flusher: Flusher::start(db.clone()),
+            db,
+        }
     }
 
     fn last_entry_id(&self) -> Result<Option<LogId>, StorageError> {
@@ -118,14 +177,19 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 encode(&entry)?,
             );
         }
-        let result = self.db.write_opt(batch, &synced());
-        callback.log_io_completed(
-            result
-                .as_ref()
-                .map(|_| ())
-                .map_err(|e| std::io::Error::other(e.to_string())),
-        );
-        result.map_err(write_err)
+        // Written now (readable when this returns), durable when the
+        // flusher's next WAL sync reports it.
+        if let Err(e) = self.db.write(batch) {
+            callback.log_io_completed(Err(std::io::Error::other(e.to_string())));
+            return Err(write_err(e));
+        }
+        self.flusher
+            .pending
+            .lock()
+            .expect("flush queue")
+            .push(callback);
+        self.flusher.wake.notify_one();
+        Ok(())
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
