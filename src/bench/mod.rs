@@ -2,6 +2,7 @@
 //! can write the same figures as JSON (`--json FILE`) with the keys
 //! `scenario`, `acked`, `errors`, `throughput_per_s`, `latency_ms.{p50,p99,p999}`.
 
+mod migrate;
 mod push;
 mod report;
 mod router;
@@ -60,6 +61,9 @@ enum Scenario {
     /// Route writes and lookups against the RoutingService, or the same
     /// workload against etcd for comparison.
     Router(router::RouterArgs),
+    /// Live conversation moves on a running `cellmesh dev`: messages copied
+    /// per second and the freeze window.
+    Migrate(migrate::MigrateArgs),
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
@@ -67,5 +71,6 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         Scenario::Send(args) => send::run(args).await,
         Scenario::Push(args) => push::run(args).await,
         Scenario::Router(args) => router::run(args).await,
+        Scenario::Migrate(args) => migrate::run(args).await,
     }
 }
