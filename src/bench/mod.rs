@@ -2,6 +2,7 @@
 //! can write the same figures as JSON (`--json FILE`) with the keys
 //! `scenario`, `acked`, `errors`, `throughput_per_s`, `latency_ms.{p50,p99,p999}`.
 
+mod failover;
 mod migrate;
 mod push;
 mod report;
@@ -64,6 +65,9 @@ enum Scenario {
     /// Live conversation moves on a running `cellmesh dev`: messages copied
     /// per second and the freeze window.
     Migrate(migrate::MigrateArgs),
+    /// Hangs the cell owning the demo conversation of a running `cellmesh
+    /// dev` and measures the time to the first accepted send.
+    Failover(failover::FailoverArgs),
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
@@ -72,5 +76,6 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         Scenario::Push(args) => push::run(args).await,
         Scenario::Router(args) => router::run(args).await,
         Scenario::Migrate(args) => migrate::run(args).await,
+        Scenario::Failover(args) => failover::run(args).await,
     }
 }

@@ -153,6 +153,7 @@ impl Proxy {
         &self,
         key: Key,
         message: T,
+        attempt_timeout: Option<Duration>,
         f: F,
     ) -> Result<Response<R>, Status>
     where
@@ -181,6 +182,10 @@ impl Proxy {
             m.set_route_epoch(route.entry.epoch);
             let mut request = Request::new(m);
             self.secret.attach(&mut request);
+            if let Some(t) = attempt_timeout {
+                // A hung owner must not hold the request past a reroute.
+                request.set_timeout(t);
+            }
             let result = f(self.channel(&route.cell_address)?, request).await;
             let status = match result {
                 Ok(r) => return Ok(r),
@@ -200,8 +205,12 @@ impl Proxy {
                         .clamp(Duration::from_millis(10), Duration::from_millis(500));
                     tokio::time::sleep(wait).await;
                 }
-                _ if status.code() == tonic::Code::Unavailable
-                    && detail.reason.starts_with("GRPC_") =>
+                _ if matches!(
+                    status.code(),
+                    tonic::Code::Unavailable
+                        | tonic::Code::DeadlineExceeded
+                        | tonic::Code::Cancelled
+                ) && detail.reason.starts_with("GRPC_") =>
                 {
                     // The owner is unreachable; the route may be moving.
                     tokio::time::sleep(Duration::from_millis(100)).await;

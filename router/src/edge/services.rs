@@ -17,6 +17,10 @@ use tonic::{Request, Response, Status};
 use super::proxy::Proxy;
 use crate::table::Key;
 
+/// How long one unary attempt at a cell may take before the edge looks
+/// for a new owner (a hung cell must not hold requests past a failover).
+const ATTEMPT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+
 #[derive(Clone)]
 pub struct EdgeApi {
     pub proxy: Arc<Proxy>,
@@ -24,12 +28,22 @@ pub struct EdgeApi {
 
 /// One proxied unary call: authenticate, resolve by `$key`, call `$method`.
 macro_rules! proxied {
-    ($self:ident, $request:ident, $client:ident, $method:ident, |$claims:ident, $m:ident| $key:expr) => {{
+    ($self:ident, $request:ident, $client:ident, $method:ident, |$claims:ident, $m:ident| $key:expr) => {
+        proxied!(
+            $self,
+            $request,
+            $client,
+            $method,
+            Some(ATTEMPT_TIMEOUT),
+            |$claims, $m| $key
+        )
+    };
+    ($self:ident, $request:ident, $client:ident, $method:ident, $timeout:expr, |$claims:ident, $m:ident| $key:expr) => {{
         let ($claims, $m) = $self.proxy.authenticate($request)?;
         let key = $key;
         $self
             .proxy
-            .call(key, $m, |channel, r| async move {
+            .call(key, $m, $timeout, |channel, r| async move {
                 $client::new(channel).$method(r).await
             })
             .await
@@ -128,9 +142,10 @@ impl Sync for EdgeApi {
         &self,
         request: Request<SubscribeRequest>,
     ) -> Result<Response<PushStream>, Status> {
-        let response = proxied!(self, request, SyncClient, subscribe, |c, m| Key::user(
-            c.tenant, c.user
-        ))?;
+        // A stream lives long: no attempt timeout.
+        let response = proxied!(self, request, SyncClient, subscribe, None, |c, m| {
+            Key::user(c.tenant, c.user)
+        })?;
         Ok(Response::new(Box::pin(response.into_inner())))
     }
     async fn ack(&self, request: Request<AckRequest>) -> Result<Response<AckResponse>, Status> {

@@ -78,6 +78,8 @@ async fn clients_talk_through_the_edge_and_cells_refuse_what_they_do_not_own() {
         .await
         .expect("subscribe through the edge")
         .into_inner();
+    // Streams outlive the edge's per-attempt timeout for unary calls.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
     let sent = m
         .send(authed(send(conv, "r1", "hello"), &alice))
         .await

@@ -1,0 +1,136 @@
+//! `cellmesh bench failover --dev DATA_DIR`: freezes (SIGSTOP) the cell that
+//! owns the demo tenant of a running `cellmesh dev`, sends through the edge
+//! until a send is accepted again, and reports the time from the fault to
+//! that first accepted send; the stopped cell is resumed (SIGCONT) after
+//! each round. A hung process, not a killed one: the supervisor would
+//! restart a killed cell before the failover fires.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use cellmesh_proto::secret::ClusterSecret;
+use cellmesh_proto::v1::messaging_client::MessagingClient;
+use cellmesh_proto::v1::{MessageType, SendRequest};
+use cellmesh_router::client::RouteClient;
+use cellmesh_router::table::Key;
+use clap::Args;
+use hdrhistogram::Histogram;
+use tonic::metadata::MetadataValue;
+use tonic::transport::Channel;
+
+use super::Report;
+
+#[derive(Args)]
+pub struct FailoverArgs {
+    /// The data dir of a running `cellmesh dev`.
+    #[arg(long)]
+    dev: PathBuf,
+    #[arg(long, default_value_t = 3)]
+    rounds: u32,
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
+    let info: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(args.dev.join("dev.json"))?)?;
+    let secret = info["cluster_secret"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let routers: Vec<String> = info["routers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v.as_str().map(str::to_string))
+        .collect();
+    let edge = info["edges"]["eu-west"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let token = info["demo"]["tokens"]["1"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let tenant = info["demo"]["tenant"].as_u64().unwrap_or(1);
+    let conv = info["demo"]["conversations"][1]["id"].as_u64().unwrap_or(0);
+    let routes = RouteClient::connect(routers, ClusterSecret::new(&secret))
+        .await
+        .map_err(|e| anyhow::anyhow!(crate::client::describe(&e)))?;
+    let mut client = MessagingClient::new(Channel::from_shared(edge)?.connect().await?);
+    let mut times = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3)?;
+    let run = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    for round in 0..args.rounds {
+        let owner = routes
+            .resolve(&Key::conversation(tenant, conv))
+            .map(|r| r.entry.cell)
+            .ok_or_else(|| anyhow::anyhow!("conversation {conv} has no route"))?;
+        let pid = info["processes"][owner.replace('/', "-")]
+            .as_i64()
+            .ok_or_else(|| anyhow::anyhow!("no process for {owner} in dev.json"))?
+            as i32;
+        // SAFETY: signals to a process of the dev deployment.
+        unsafe {
+            libc::kill(pid, libc::SIGSTOP);
+        }
+        let fault = Instant::now();
+        let mut n = 0;
+        let took = loop {
+            n += 1;
+            let mut request = tonic::Request::new(SendRequest {
+                conversation_id: conv,
+                client_req_id: format!("bf-{run}-{round}-{n}"),
+                r#type: MessageType::Text as i32,
+                body: b"failover probe".to_vec(),
+                ..Default::default()
+            });
+            request.metadata_mut().insert(
+                "authorization",
+                MetadataValue::try_from(format!("Bearer {token}"))?,
+            );
+            request.set_timeout(Duration::from_millis(250));
+            if client.send(request).await.is_ok() {
+                break fault.elapsed();
+            }
+            if fault.elapsed() > Duration::from_secs(120) {
+                unsafe {
+                    libc::kill(pid, libc::SIGCONT);
+                }
+                anyhow::bail!("no send accepted within 120 s of stopping {owner}");
+            }
+        };
+        unsafe {
+            libc::kill(pid, libc::SIGCONT);
+        }
+        let now_owner = routes
+            .resolve(&Key::conversation(tenant, conv))
+            .map(|r| r.entry.cell)
+            .unwrap_or_default();
+        println!(
+            "round {round}: {owner} hung; first send accepted on {now_owner} after {} ms",
+            took.as_millis()
+        );
+        let _ = times.record(took.as_micros() as u64);
+        // Let the resumed cell be seen healthy again before the next round.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    }
+    let report = Report::new(
+        "failover",
+        u64::from(args.rounds),
+        BTreeMap::new(),
+        Duration::ZERO,
+        &times,
+    )
+    .param(
+        "latency_is",
+        "fault (SIGSTOP of the owning cell) to first accepted send",
+    );
+    report.print();
+    if let Some(path) = &args.json {
+        report.write_json(path)?;
+    }
+    Ok(())
+}
