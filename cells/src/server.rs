@@ -299,7 +299,7 @@ pub async fn start_placed(
         }
         tokio::spawn(checkpoint(
             routes,
-            service.clone(),
+            Arc::downgrade(&service),
             config.cell_id.clone(),
             Duration::from_millis(config.routing.checkpoint_interval_ms),
         ));
@@ -319,11 +319,10 @@ pub async fn start_placed(
 /// batches, for failover floors. Ends with the message service.
 async fn checkpoint(
     routes: RouteClient,
-    service: Arc<MessageService>,
+    service: std::sync::Weak<MessageService>,
     cell_id: String,
     every: Duration,
 ) {
-    let service = Arc::downgrade(&service);
     let mut tick = tokio::time::interval(every);
     loop {
         tick.tick().await;

@@ -245,6 +245,7 @@ impl Migrator {
             after_seq: after,
             max_messages: 0,
             chunk: self.options.chunk,
+            backfill: false,
         };
         let mut frozen_at = Instant::now();
         if !frozen {

@@ -187,6 +187,11 @@ pub enum Event {
     Recovered {
         cell: String,
     },
+    Backfilled {
+        cell: String,
+        conversations: usize,
+        messages: u64,
+    },
 }
 
 pub struct RunningControlPlane {
@@ -348,6 +353,18 @@ async fn run(
                 first_failure.remove(&cell.id);
                 events.lock().expect("events").push(Event::Recovered {
                     cell: cell.id.clone(),
+                });
+                let (routes, events, id) = (routes.clone(), events.clone(), cell.id.clone());
+                let secret = ClusterSecret::new(&config.cluster_secret);
+                tokio::spawn(async move {
+                    let (conversations, messages) =
+                        crate::failover::backfill::backfill(&routes, &secret, &id).await;
+                    tracing::info!(cell = %id, conversations, messages, "backfilled");
+                    events.lock().expect("events").push(Event::Backfilled {
+                        cell: id,
+                        conversations,
+                        messages,
+                    });
                 });
             }
         }

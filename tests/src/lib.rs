@@ -66,17 +66,33 @@ impl TestCell {
     /// A cell that follows the route table of `routers` as `cell_id`,
     /// requiring the test cluster secret.
     pub async fn start_routed(cell_id: &str, routers: Vec<String>) -> Self {
-        let dir = tempfile::tempdir().expect("temp dir");
+        Self::start_routed_in(cell_id, routers, tempfile::tempdir().expect("temp dir")).await
+    }
+
+    /// A routed cell on an existing data dir (a restart).
+    pub async fn start_routed_in(cell_id: &str, routers: Vec<String>, dir: TempDir) -> Self {
         let mut config = test_config(dir.path());
         config.cell_id = cell_id.to_string();
         config.routing.routers = routers;
         config.routing.cluster_secret = router::SECRET.to_string();
-        let placement = cellmesh_cell::Placement::routed(&config)
-            .await
-            .expect("route table reachable");
-        let cell = cellmesh_cell::start_placed(config, placement, Arc::new(SystemClock))
-            .await
-            .expect("routed cell starts");
+        // A stopped cell's storage closes once its last background task has
+        // gone; a restart on the same dir waits for that.
+        let mut attempts = 0;
+        let cell = loop {
+            let placement = cellmesh_cell::Placement::routed(&config)
+                .await
+                .expect("route table reachable");
+            match cellmesh_cell::start_placed(config.clone(), placement, Arc::new(SystemClock))
+                .await
+            {
+                Ok(cell) => break cell,
+                Err(e) if attempts < 50 && e.to_string().contains("lock") => {
+                    attempts += 1;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("routed cell starts: {e}"),
+            }
+        };
         let endpoint = format!("http://{}", cell.addr);
         Self {
             cell,

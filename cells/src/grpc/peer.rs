@@ -134,9 +134,15 @@ impl CellPeer for PeerApi {
             source_latest = exported.latest_seq;
             let n = exported.messages.len() as u64;
             let last = exported.messages.last().map(|m| m.seq);
-            self.service
-                .import_chunk(r.tenant_id, r.conversation_id, exported)
-                .await?;
+            if r.backfill {
+                self.service
+                    .backfill_chunk(r.tenant_id, r.conversation_id, exported)
+                    .await?;
+            } else {
+                self.service
+                    .import_chunk(r.tenant_id, r.conversation_id, exported)
+                    .await?;
+            }
             copied += n;
             match last {
                 Some(last) => after = last,
@@ -145,6 +151,9 @@ impl CellPeer for PeerApi {
             if r.max_messages > 0 && copied >= u64::from(r.max_messages) {
                 break;
             }
+        }
+        if r.backfill {
+            self.service.mark_backfilled(r.conversation_id, after)?;
         }
         Ok(Response::new(CopyResponse {
             copied_through: after,

@@ -173,6 +173,57 @@ impl MessageService {
         ))
     }
 
+    /// Stores the messages of a chunk from a returned failed cell: history
+    /// below this (owning) cell's floor. Nothing else of the conversation
+    /// changes here, so it is safe while this cell serves sends above it.
+    pub async fn backfill_chunk(
+        &self,
+        tenant: u64,
+        conversation: u64,
+        chunk: ExportChunk,
+    ) -> Result<()> {
+        let floor = self.store.conv_seq(conversation)?.seq_floor;
+        if chunk
+            .conversation
+            .as_ref()
+            .is_some_and(|c| c.tenant_id != tenant)
+        {
+            return Err(CellError::denied(
+                "WRONG_TENANT",
+                "the source answered for another tenant",
+            ));
+        }
+        let mut m = Mutation::new();
+        for message in chunk.messages {
+            let Some(r) = message.record else { continue };
+            if message.seq > floor {
+                // Never overwrite what this cell assigned above its floor.
+                continue;
+            }
+            m.put_message(conversation, message.seq, &r);
+        }
+        if !m.is_empty() {
+            self.store.commit(m).await?;
+        }
+        Ok(())
+    }
+
+    /// Records that the history below the floor is back.
+    pub fn mark_backfilled(&self, conversation: u64, through: u64) -> Result<()> {
+        self.store.put_meta_u64_sync(
+            &crate::storage::keys::meta::backfilled(conversation),
+            through.max(1),
+        )?;
+        Ok(())
+    }
+
+    pub fn backfilled(&self, conversation: u64) -> Result<bool> {
+        Ok(self
+            .store
+            .meta_u64(&crate::storage::keys::meta::backfilled(conversation))?
+            .is_some())
+    }
+
     /// Stores an exported chunk (target side); returns the highest seq now
     /// stored here.
     pub async fn import_chunk(

@@ -52,6 +52,7 @@ impl MessageService {
         // After a failover the history below the floor stays in the failed
         // cell until it is backfilled: say so instead of looking empty.
         let unavailable_through = if seq.seq_floor > 0
+            && !self.backfilled(cmd.conversation)?
             && self
                 .store
                 .messages_after(cmd.conversation, seq.seq_floor.saturating_sub(1), 1)?

@@ -70,6 +70,12 @@ pub mod meta {
     pub const NOTIFY_LAST_ID: &[u8] = b"notify_last_id";
     /// Highest forward id issued.
     pub const FORWARD_LAST_ID: &[u8] = b"forward_last_id";
+
+    /// A conversation whose history below its failover floor was copied
+    /// back from the failed cell (value: the last seq copied).
+    pub fn backfilled(conversation: u64) -> Vec<u8> {
+        [b"backfilled/".as_slice(), &conversation.to_be_bytes()].concat()
+    }
 }
 
 /// What an idempotency record answers.

@@ -3,6 +3,7 @@
 //! cell into route changes, and [`execute`] applies them through the route
 //! table's compare-and-set (a lost race is re-planned next round).
 
+pub mod backfill;
 pub mod detector;
 pub mod planner;
 

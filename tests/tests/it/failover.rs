@@ -31,6 +31,7 @@ fn text(conversation: u64, tag: &str) -> SendRequest {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_cell_is_failed_over_and_sends_continue_above_the_floor() {
     let mut d = deploy(None).await;
+    // Probes and verdicts (a cell is back after 3 good probes).
     let routes = d.cluster.client().await;
     let cp = cellmesh_control_plane::server::start(ControlPlaneConfig {
         routers: d.cluster.endpoints(),
@@ -124,7 +125,7 @@ async fn a_dead_cell_is_failed_over_and_sends_continue_above_the_floor() {
 
     let killed = Instant::now();
     let dead = d.cells.remove(0);
-    dead.stop().await;
+    let dead_dir = dead.stop().await;
     let (after, first_ok) = loop {
         match m.send(authed(text(conv, "after"), &alice)).await {
             Ok(r) => break (r.into_inner(), killed.elapsed()),
@@ -182,10 +183,57 @@ async fn a_dead_cell_is_failed_over_and_sends_continue_above_the_floor() {
             tag: String::from_utf8_lossy(&msg.body).into_owned(),
         })
         .collect();
-    // The checker: acknowledged sends below the floor are the ones the
-    // failed cell still holds, so only order and floors are judged here.
+    assert_eq!(
+        stored.len(),
+        1,
+        "only the message above the floor is here yet"
+    );
+
+    // The failed cell returns: it is Up again (owning nothing) and its
+    // history is backfilled into the new owner.
+    let returned =
+        cellmesh_tests::TestCell::start_routed_in("eu-west/c1", d.cluster.endpoints(), dead_dir)
+            .await;
+    assert!(
+        eventually(Duration::from_secs(20), || {
+            let done = cp.events().iter().any(|e| {
+                matches!(e, Event::Backfilled { cell, conversations, .. }
+                    if cell == "eu-west/c1" && *conversations >= 1)
+            });
+            async move { done }
+        })
+        .await,
+        "backfill ran: {:?}",
+        cp.events()
+    );
+    let page = m
+        .pull(authed(
+            PullRequest {
+                conversation_id: conv,
+                direction: Direction::Forward as i32,
+                limit: 100,
+                ..Default::default()
+            },
+            &alice,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(page.unavailable_through, 0, "history is complete again");
+    let stored: Vec<Stored> = page
+        .messages
+        .iter()
+        .map(|msg| Stored {
+            seq: msg.seq,
+            msg_id: msg.msg_id,
+            tag: String::from_utf8_lossy(&msg.body).into_owned(),
+        })
+        .collect();
+    assert_eq!(stored.len(), 21);
+    // Every acknowledged send exactly once, in order, the gap explained by
+    // the floor.
     let mut history = History {
-        sends: ops.split_off(20),
+        sends: ops,
         ..History::default()
     };
     history.conversations.insert(conv, stored);
@@ -200,5 +248,28 @@ async fn a_dead_cell_is_failed_over_and_sends_continue_above_the_floor() {
             verdict.invariant, verdict.counterexamples
         );
     }
+    drop(returned);
     cp.stop();
+}
+
+/// A routed cell's background tasks must not keep its storage open after
+/// shutdown: a restart on the same data (what a returning cell does) opens it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_routed_cell_restarts_on_its_own_data() {
+    let d = deploy(None).await;
+    let mut cells = d.cells;
+    let c = cells.remove(1);
+    let dir = c.stop().await;
+    let back =
+        cellmesh_tests::TestCell::start_routed_in("us-east/c1", d.cluster.endpoints(), dir).await;
+    let routes = d.cluster.client().await;
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            let address = routes.read(|t| t.cell("us-east/c1").map(|c| c.address.clone()));
+            let want = back.endpoint.clone();
+            async move { address.as_deref() == Some(want.as_str()) }
+        })
+        .await,
+        "the restarted cell re-registered its address"
+    );
 }
