@@ -79,3 +79,53 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         Scenario::Failover(args) => failover::run(args).await,
     }
 }
+
+/// A running `cellmesh dev` as a bench target: its eu-west edge, the demo
+/// tenant, and tokens for any user signed with the deployment's token secret.
+pub struct DevTarget {
+    pub edge: String,
+    pub tenant: u64,
+    key: cellmesh_router::edge::auth::TokenKey,
+}
+
+impl DevTarget {
+    pub fn load(dir: &std::path::Path) -> anyhow::Result<Self> {
+        let read = |name: &str| -> anyhow::Result<serde_json::Value> {
+            let path = dir.join(name);
+            let text = std::fs::read_to_string(&path).map_err(|e| {
+                anyhow::anyhow!(
+                    "cannot read {} (is `cellmesh dev` running?): {e}",
+                    path.display()
+                )
+            })?;
+            Ok(serde_json::from_str(&text)?)
+        };
+        let info = read("dev.json")?;
+        let secrets = read("secrets.json")?;
+        Ok(Self {
+            edge: info["edges"]["eu-west"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+            tenant: info["demo"]["tenant"].as_u64().unwrap_or(1),
+            key: cellmesh_router::edge::auth::TokenKey::new(
+                secrets["token"].as_str().unwrap_or_default(),
+            ),
+        })
+    }
+
+    /// `message` as `user` of the demo tenant, with a fresh token.
+    pub fn request<T>(&self, message: T, user: u64) -> tonic::Request<T> {
+        let token = self.key.issue(&cellmesh_router::edge::auth::Claims {
+            tenant: self.tenant,
+            user,
+            device: "bench".into(),
+            exp: cellmesh_router::edge::auth::now_secs() + 3600,
+        });
+        let mut request = tonic::Request::new(message);
+        if let Ok(v) = format!("Bearer {token}").parse() {
+            request.metadata_mut().insert("authorization", v);
+        }
+        request
+    }
+}

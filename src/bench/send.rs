@@ -19,9 +19,13 @@ use crate::client::{call_error, caller, connect};
 
 #[derive(Args)]
 pub struct SendArgs {
-    /// gRPC endpoint of a cell.
-    #[arg(long)]
-    endpoint: String,
+    /// gRPC endpoint of a standalone cell.
+    #[arg(long, required_unless_present = "dev")]
+    endpoint: Option<String>,
+    /// Send through the edge of a running `cellmesh dev` (its data dir),
+    /// as users of its demo tenant with tokens.
+    #[arg(long, conflicts_with = "endpoint")]
+    dev: Option<PathBuf>,
     /// Concurrent in-flight sends.
     #[arg(long, default_value_t = 64)]
     concurrency: usize,
@@ -60,14 +64,26 @@ pub async fn run(args: SendArgs) -> anyhow::Result<()> {
         args.conversations > 0 && args.members > 0,
         "need conversations and members"
     );
-    let tenant = args
-        .tenant
-        .unwrap_or_else(|| rand::rng().random_range(1_000_000..u32::MAX as u64));
+    let dev = args
+        .dev
+        .as_deref()
+        .map(super::DevTarget::load)
+        .transpose()?
+        .map(std::sync::Arc::new);
+    let (endpoint, tenant) = match &dev {
+        Some(d) => (d.edge.clone(), d.tenant),
+        None => (
+            args.endpoint.clone().unwrap_or_default(),
+            args.tenant
+                .unwrap_or_else(|| rand::rng().random_range(1_000_000..u32::MAX as u64)),
+        ),
+    };
     let mut clients = Vec::new();
     for _ in 0..args.connections.max(1) {
-        clients.push(connect(&args.endpoint).await?);
+        clients.push(connect(&endpoint).await?);
     }
-    let conversations = create_conversations(&mut clients[0], tenant, &args).await?;
+    let conversations =
+        create_conversations(&mut clients[0], tenant, &args, dev.as_deref()).await?;
     println!(
         "created {} conversations in tenant {tenant}; sending for {:?} at concurrency {}",
         conversations.len(),
@@ -83,8 +99,9 @@ pub async fn run(args: SendArgs) -> anyhow::Result<()> {
         let client = clients[w % clients.len()].clone();
         let convs = conversations.clone();
         let (members, body_bytes) = (args.members, args.body_bytes);
+        let dev = dev.clone();
         workers.push(tokio::spawn(async move {
-            worker(client, tenant, w, convs, members, body_bytes, deadline).await
+            worker(client, tenant, w, convs, members, body_bytes, deadline, dev).await
         }));
     }
     let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
@@ -111,14 +128,19 @@ pub async fn run(args: SendArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Bench users start here in a dev deployment (clear of the demo users).
+const DEV_USER_BASE: u64 = 100_000;
+
 async fn create_conversations(
     client: &mut MessagingClient<Channel>,
     tenant: u64,
     args: &SendArgs,
+    dev: Option<&super::DevTarget>,
 ) -> anyhow::Result<Vec<Conv>> {
+    let base = if dev.is_some() { DEV_USER_BASE } else { 0 };
     let mut out = Vec::new();
     for i in 0..args.conversations {
-        let first_user = 1 + i * args.members;
+        let first_user = base + 1 + i * args.members;
         let members = (first_user + 1..first_user + args.members).collect();
         let kind = if args.members == 2 {
             ConversationKind::Direct
@@ -126,13 +148,17 @@ async fn create_conversations(
             ConversationKind::Group
         };
         let created = client
-            .create_conversation(CreateConversationRequest {
-                caller: caller(tenant, first_user),
-                kind: kind as i32,
-                title: format!("bench {i}"),
-                member_ids: members,
-                client_req_id: format!("bench-create-{i}"),
-            })
+            .create_conversation(authed(
+                dev,
+                first_user,
+                CreateConversationRequest {
+                    caller: caller(tenant, first_user),
+                    kind: kind as i32,
+                    title: format!("bench {i}"),
+                    member_ids: members,
+                    client_req_id: format!("bench-create-{i}"),
+                },
+            ))
             .await
             .map_err(call_error)
             .context("creating bench conversations")?
@@ -141,6 +167,14 @@ async fn create_conversations(
         out.push(Conv { id, first_user });
     }
     Ok(out)
+}
+
+/// The request, with a token for `user` when sending through a dev edge.
+fn authed<T>(dev: Option<&super::DevTarget>, user: u64, message: T) -> tonic::Request<T> {
+    match dev {
+        Some(d) => d.request(message, user),
+        None => tonic::Request::new(message),
+    }
 }
 
 struct WorkerResult {
@@ -157,7 +191,12 @@ async fn worker(
     members: u64,
     body_bytes: usize,
     deadline: Instant,
+    dev: Option<std::sync::Arc<super::DevTarget>>,
 ) -> WorkerResult {
+    // Request ids unique across runs (a dev tenant outlives a run).
+    let run = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
     let mut out = WorkerResult {
         acked: 0,
         errors: BTreeMap::new(),
@@ -172,10 +211,10 @@ async fn worker(
             (c.id, c.first_user + rng.random_range(0..members))
         };
         n += 1;
-        let id = format!("b{worker}-{n}");
+        let id = format!("b{run}-{worker}-{n}");
         let request = send_request(tenant, sender, conv, id, MessageType::Text, body.clone());
         let started = Instant::now();
-        match client.send(request).await {
+        match client.send(authed(dev.as_deref(), sender, request)).await {
             Ok(_) => {
                 out.acked += 1;
                 let _ = out.latency.record(started.elapsed().as_micros() as u64);
