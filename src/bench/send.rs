@@ -91,18 +91,20 @@ pub async fn run(args: SendArgs) -> anyhow::Result<()> {
         args.concurrency
     );
 
-    let conversations = std::sync::Arc::new(conversations);
     let start = Instant::now();
-    let deadline = start + args.duration;
+    let load = std::sync::Arc::new(Load {
+        tenant,
+        convs: conversations,
+        members: args.members,
+        body_bytes: args.body_bytes,
+        deadline: start + args.duration,
+        dev,
+    });
     let mut workers = Vec::new();
     for w in 0..args.concurrency {
         let client = clients[w % clients.len()].clone();
-        let convs = conversations.clone();
-        let (members, body_bytes) = (args.members, args.body_bytes);
-        let dev = dev.clone();
-        workers.push(tokio::spawn(async move {
-            worker(client, tenant, w, convs, members, body_bytes, deadline, dev).await
-        }));
+        let load = load.clone();
+        workers.push(tokio::spawn(async move { worker(client, w, load).await }));
     }
     let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
     let mut acked = 0;
@@ -183,16 +185,29 @@ struct WorkerResult {
     latency: Histogram<u64>,
 }
 
-async fn worker(
-    mut client: MessagingClient<Channel>,
+/// What every worker sends, and until when.
+struct Load {
     tenant: u64,
-    worker: usize,
-    convs: std::sync::Arc<Vec<Conv>>,
+    convs: Vec<Conv>,
     members: u64,
     body_bytes: usize,
     deadline: Instant,
     dev: Option<std::sync::Arc<super::DevTarget>>,
+}
+
+async fn worker(
+    mut client: MessagingClient<Channel>,
+    worker: usize,
+    load: std::sync::Arc<Load>,
 ) -> WorkerResult {
+    let Load {
+        tenant,
+        ref convs,
+        members,
+        body_bytes,
+        deadline,
+        ref dev,
+    } = *load;
     // Request ids unique across runs (a dev tenant outlives a run).
     let run = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
