@@ -7,6 +7,7 @@ mod chat;
 mod client;
 mod ctl;
 mod dev;
+mod drill;
 mod roles;
 mod status;
 mod telemetry;
@@ -43,6 +44,8 @@ enum Command {
     Ctl(ctl::CtlArgs),
     /// A small client: create conversations, send, read history.
     Chat(chat::ChatArgs),
+    /// Chaos drills against a running `cellmesh dev`, with a verdict.
+    Chaos(drill::ChaosArgs),
     /// Load generators that print throughput and latency percentiles.
     Bench(bench::BenchArgs),
 }
@@ -67,6 +70,7 @@ fn main() -> ExitCode {
             Command::Ctl(args) => ctl::run(args).await,
             Command::Chat(args) => chat::run(args).await,
             Command::Bench(args) => bench::run(args).await,
+            Command::Chaos(args) => drill::run(args).await,
         }
     });
     match result {

@@ -338,6 +338,7 @@ async fn checkpoint(
                         tenant_id,
                         conversation_id,
                         hwm,
+                        owner: false,
                     },
                 )
                 .collect();

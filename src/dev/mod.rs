@@ -225,7 +225,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     }
 
     let demo = demo::prepare(data, &routes, &topo, &secrets.cluster, &secrets.token).await?;
-    let info = serde_json::json!({
+    let mut info = serde_json::json!({
         "edges": edges,
         "cells": (0..REGIONS.len())
             .flat_map(|r| (0..CELLS_PER_REGION).map(move |c| (r, c)))
@@ -253,8 +253,14 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         tokio::select! {
             _ = &mut shutdown => break,
             _ = tick.tick() => {
-                for line in sup.check() {
+                let report = sup.check();
+                for line in &report {
                     println!("dev: {line}");
+                }
+                if !report.is_empty() {
+                    // Keep dev.json's pids current for tools that signal them.
+                    info["processes"] = serde_json::json!(sup.pids().into_iter().collect::<BTreeMap<_, _>>());
+                    let _ = std::fs::write(data.join("dev.json"), serde_json::to_string_pretty(&info)? + "\n");
                 }
             }
         }

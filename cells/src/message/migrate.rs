@@ -195,10 +195,30 @@ impl MessageService {
         }
         let mut m = Mutation::new();
         for message in chunk.messages {
-            let Some(r) = message.record else { continue };
+            let Some(mut r) = message.record else {
+                continue;
+            };
             if message.seq > floor {
                 // Never overwrite what this cell assigned above its floor.
                 continue;
+            }
+            // A send whose outcome its client never learned (the cell
+            // failed) may have been retried here and accepted: the retry's
+            // answer stands, the failed cell's copy is kept as a tombstone.
+            if !r.client_req_id.is_empty() {
+                let key = IdemKey {
+                    kind: IdemKind::Send,
+                    tenant,
+                    user: r.sender_id,
+                    client_req_id: r.client_req_id.clone(),
+                };
+                if let Some(accepted) = self.store.idempotency(&key)?
+                    && accepted.conversation_id == conversation
+                    && accepted.seq != message.seq
+                {
+                    r.state = cellmesh_proto::v1::MessageState::Recalled as i32;
+                    r.body.clear();
+                }
             }
             m.put_message(conversation, message.seq, &r);
         }

@@ -176,6 +176,17 @@ pub fn change_to_pb(c: &Change) -> pb::RouteChange {
                 tenant_id: *tenant,
                 conversation_id: *conversation,
                 hwm: *hwm,
+                owner: false,
+            }),
+            Change::OwnerCheckpoint {
+                tenant,
+                conversation,
+                hwm,
+            } => route_change::Change::Checkpoint(pb::Checkpoint {
+                tenant_id: *tenant,
+                conversation_id: *conversation,
+                hwm: *hwm,
+                owner: true,
             }),
         }),
     }
@@ -186,12 +197,25 @@ pub fn change_from_pb(c: pb::RouteChange) -> Result<Change, Status> {
         route_change::Change::Cell(cell) => Change::Cell(cell_from_pb(cell)?),
         route_change::Change::Route(e) => Change::Route(entry_from_pb(e)?),
         route_change::Change::Removed(k) => Change::Removed(key_from_pb(Some(k))?),
-        route_change::Change::Checkpoint(k) => Change::Checkpoint {
-            tenant: k.tenant_id,
-            conversation: k.conversation_id,
-            hwm: k.hwm,
-        },
+        route_change::Change::Checkpoint(k) => checkpoint_from_pb(&k),
     })
+}
+
+fn checkpoint_from_pb(k: &pb::Checkpoint) -> Change {
+    let (tenant, conversation, hwm) = (k.tenant_id, k.conversation_id, k.hwm);
+    if k.owner {
+        Change::OwnerCheckpoint {
+            tenant,
+            conversation,
+            hwm,
+        }
+    } else {
+        Change::Checkpoint {
+            tenant,
+            conversation,
+            hwm,
+        }
+    }
 }
 
 pub fn table_to_pb(t: &RouteTable) -> pb::RouteTable {
@@ -202,11 +226,16 @@ pub fn table_to_pb(t: &RouteTable) -> pb::RouteTable {
         checkpoints: t
             .checkpoints
             .iter()
-            .map(|(&(tenant_id, conversation_id), &hwm)| pb::Checkpoint {
-                tenant_id,
-                conversation_id,
-                hwm,
-            })
+            .map(|(k, v)| (k, v, false))
+            .chain(t.owner_checkpoints.iter().map(|(k, v)| (k, v, true)))
+            .map(
+                |(&(tenant_id, conversation_id), &hwm, owner)| pb::Checkpoint {
+                    tenant_id,
+                    conversation_id,
+                    hwm,
+                    owner,
+                },
+            )
             .collect(),
     }
 }
@@ -220,11 +249,7 @@ pub fn table_from_pb(t: pb::RouteTable) -> Result<RouteTable, Status> {
         table.apply_change(&Change::Route(entry_from_pb(e)?));
     }
     for k in t.checkpoints {
-        table.apply_change(&Change::Checkpoint {
-            tenant: k.tenant_id,
-            conversation: k.conversation_id,
-            hwm: k.hwm,
-        });
+        table.apply_change(&checkpoint_from_pb(&k));
     }
     table.applied = t.applied_index;
     Ok(table)

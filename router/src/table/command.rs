@@ -143,17 +143,29 @@ impl Command {
                 known_cell(table, cell)?;
                 Ok(entries
                     .iter()
-                    .filter(|&&(tenant, conversation, hwm)| {
-                        hwm > 0
-                            && table
-                                .effective(&Key::conversation(tenant, conversation))
-                                .is_some_and(|e| &e.cell == cell)
-                            && table.checkpoints.get(&(tenant, conversation)) < Some(&hwm)
-                    })
-                    .map(|&(tenant, conversation, hwm)| Change::Checkpoint {
-                        tenant,
-                        conversation,
-                        hwm,
+                    .filter_map(|&(tenant, conversation, hwm)| {
+                        let entry = table.effective(&Key::conversation(tenant, conversation))?;
+                        if hwm == 0 || &entry.cell != cell {
+                            return None;
+                        }
+                        // After a failover the floor must not follow the new
+                        // owner's progress: that goes to its own map.
+                        if entry.floor_margin > 0 {
+                            (table.owner_checkpoints.get(&(tenant, conversation)) < Some(&hwm))
+                                .then_some(Change::OwnerCheckpoint {
+                                    tenant,
+                                    conversation,
+                                    hwm,
+                                })
+                        } else {
+                            (table.checkpoints.get(&(tenant, conversation)) < Some(&hwm)).then_some(
+                                Change::Checkpoint {
+                                    tenant,
+                                    conversation,
+                                    hwm,
+                                },
+                            )
+                        }
                     })
                     .collect())
             }
@@ -230,6 +242,27 @@ fn update_route(
             next.state = RouteState::Active;
             next.seq_floor = current.seq_floor.max(*seq_floor);
             next.floor_margin = *floor_margin;
+            // The owner failing now may have advanced past the last floor:
+            // its own reports become the checkpoints the new floor uses.
+            let mut changes: Vec<Change> = table
+                .owner_checkpoints
+                .iter()
+                .filter(|&(&(t, c), _)| {
+                    t == key.tenant
+                        && match key.scope {
+                            Scope::Tenant => true,
+                            Scope::Conversation(id) => id == c,
+                            Scope::User(_) => false,
+                        }
+                })
+                .map(|(&(tenant, conversation), &hwm)| Change::Checkpoint {
+                    tenant,
+                    conversation,
+                    hwm,
+                })
+                .collect();
+            changes.push(Change::Route(next));
+            return Ok(changes);
         }
         (Transition::Remove, RouteState::Active) => {
             if !key.is_override() || table.entry(&key).is_none() {

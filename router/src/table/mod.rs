@@ -137,6 +137,12 @@ pub enum Change {
         conversation: u64,
         hwm: u64,
     },
+    /// Progress of the owner a failover moved the conversation to.
+    OwnerCheckpoint {
+        tenant: u64,
+        conversation: u64,
+        hwm: u64,
+    },
 }
 
 /// The effective route of a key.
@@ -154,6 +160,9 @@ pub struct RouteTable {
     pub cells: BTreeMap<String, CellInfo>,
     pub routes: BTreeMap<Key, Entry>,
     pub checkpoints: BTreeMap<(u64, u64), u64>,
+    /// High-water marks reported after a failover by the new owner; a
+    /// failover floor is computed from `checkpoints` only, so it stays put.
+    pub owner_checkpoints: BTreeMap<(u64, u64), u64>,
     /// Log index of the last applied command.
     pub applied: u64,
 }
@@ -191,6 +200,17 @@ impl RouteTable {
             } => {
                 let slot = self
                     .checkpoints
+                    .entry((*tenant, *conversation))
+                    .or_default();
+                *slot = (*slot).max(*hwm);
+            }
+            Change::OwnerCheckpoint {
+                tenant,
+                conversation,
+                hwm,
+            } => {
+                let slot = self
+                    .owner_checkpoints
                     .entry((*tenant, *conversation))
                     .or_default();
                 *slot = (*slot).max(*hwm);
@@ -261,7 +281,19 @@ impl RouteTable {
                 conversation,
                 hwm,
             });
-        cells.chain(routes).chain(checkpoints).collect()
+        let owners = self
+            .owner_checkpoints
+            .iter()
+            .map(|(&(tenant, conversation), &hwm)| Change::OwnerCheckpoint {
+                tenant,
+                conversation,
+                hwm,
+            });
+        cells
+            .chain(routes)
+            .chain(checkpoints)
+            .chain(owners)
+            .collect()
     }
 }
 

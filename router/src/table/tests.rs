@@ -326,3 +326,37 @@ fn a_table_rebuilds_from_its_changes() {
     copy.applied = t.applied;
     assert_eq!(copy, t);
 }
+
+#[test]
+fn a_failover_floor_stays_put_while_the_new_owner_writes_and_moves_with_a_second_failover() {
+    let (mut t, i) = table_with_cells();
+    t.apply(
+        &Command::AssignTenant {
+            tenant: 1,
+            cell: "eu/c1".into(),
+            expect_epoch: 0,
+        },
+        i,
+    )
+    .unwrap();
+    let cp = |cell: &str, hwm: u64| Command::Checkpoint {
+        cell: cell.into(),
+        entries: vec![(1, 10, hwm)],
+    };
+    t.apply(&cp("eu/c1", 50), i + 1).unwrap();
+    let failover = |to: &str| Transition::Failover {
+        to: to.into(),
+        seq_floor: 0,
+        floor_margin: 100,
+    };
+    update(&mut t, i + 2, Key::tenant(1), i, failover("eu/c2")).unwrap();
+    let key = Key::conversation(1, 10);
+    assert_eq!(t.resolve(&key).unwrap().seq_floor, 150);
+    // The new owner's progress does not drag its own floor along.
+    t.apply(&cp("eu/c2", 400), i + 3).unwrap();
+    assert_eq!(t.resolve(&key).unwrap().seq_floor, 150);
+    // When it fails too, its progress is what the next floor starts from.
+    update(&mut t, i + 4, Key::tenant(1), i + 2, failover("us/c1")).unwrap();
+    let r = t.resolve(&key).unwrap();
+    assert_eq!((r.entry.cell.as_str(), r.seq_floor), ("us/c1", 500));
+}
