@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The whole test suite: set-up, formatting, lints, then every test of the
-# workspace (unit and integration) with cargo-nextest.
+# The whole test suite: set-up, formatting, lints, every test of the
+# workspace (unit and integration) with cargo-nextest, then a short mixed
+# chaos drill against a `cellmesh dev` deployment (skip it with
+# CELLMESH_SKIP_DRILL=1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/common.sh
@@ -19,3 +21,21 @@ ignored=()
 # Tests marked ignored need a real broker; run them when one is up.
 [ -n "${CELLMESH_TEST_KAFKA_BROKERS:-}" ] && ignored=(--run-ignored all)
 cargo nextest run --workspace --locked --no-fail-fast "${ignored[@]}" "$@"
+
+if [ -z "${CELLMESH_SKIP_DRILL:-}" ]; then
+  echo "== chaos drill: mixed faults for 15 s (seed 7) against cellmesh dev"
+  bin="$CARGO_TARGET_DIR/debug/cellmesh"
+  drill_dir=$(mktemp -d)
+  "$bin" dev --data-dir "$drill_dir" --base-port 21000 --latency 20ms >"$drill_dir/dev.out" 2>&1 &
+  dev_pid=$!
+  stop_dev() { kill -INT "$dev_pid" 2>/dev/null || true; wait "$dev_pid" 2>/dev/null || true; }
+  for _ in $(seq 1 240); do [ -f "$drill_dir/dev.json" ] && break; sleep 0.5; done
+  if [ ! -f "$drill_dir/dev.json" ]; then
+    echo "cellmesh dev did not come up:"; tail -20 "$drill_dir/dev.out"; stop_dev; exit 1
+  fi
+  if ! "$bin" chaos run mixed --dev "$drill_dir" --duration 15s --seed 7 --report "$drill_dir/report.json"; then
+    echo "report: $drill_dir/report.json"; stop_dev; exit 1
+  fi
+  stop_dev
+  rm -rf "$drill_dir"
+fi
