@@ -26,6 +26,11 @@ use rand::{Rng, SeedableRng};
 use serde_json::json;
 use tonic::transport::Channel;
 
+use cellmesh_control_plane::migration::{MigrationOptions, Migrator};
+use cellmesh_proto::secret::ClusterSecret;
+use cellmesh_router::client::RouteClient;
+use cellmesh_router::table::Key;
+
 use crate::bench::DevTarget;
 
 #[derive(Args)]
@@ -46,7 +51,10 @@ enum Scenario {
     CellKill,
     /// SIGSTOP a random cell for a while (failover), then SIGCONT.
     CellHang,
-    /// Either fault, chosen from the seed.
+    /// Move the drill's conversations live to other cells while they are
+    /// written.
+    MigrationUnderLoad,
+    /// Kills and hangs, chosen from the seed.
     Mixed,
 }
 
@@ -89,6 +97,61 @@ fn outcome_of(status: &tonic::Status) -> Outcome {
         code => Outcome::Rejected {
             code: code.as_str_name().to_string(),
         },
+    }
+}
+
+/// Moves `conversation` live to another cell; what happened, for the report.
+async fn migrate(
+    dir: &std::path::Path,
+    tenant: u64,
+    conversation: u64,
+    rng: &mut StdRng,
+) -> String {
+    let attempt = async {
+        let info: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("dev.json"))?)?;
+        let secret = info["cluster_secret"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let routers: Vec<String> = info["routers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v.as_str().map(str::to_string))
+            .collect();
+        let routes = RouteClient::connect(routers, ClusterSecret::new(&secret))
+            .await
+            .map_err(|e| anyhow::anyhow!(crate::client::describe(&e)))?;
+        let owner = routes
+            .resolve(&Key::conversation(tenant, conversation))
+            .map(|r| r.entry.cell)
+            .unwrap_or_default();
+        let targets: Vec<String> = routes.read(|t| {
+            t.cells
+                .values()
+                .filter(|c| c.id != owner && c.status == cellmesh_router::table::CellStatus::Up)
+                .map(|c| c.id.clone())
+                .collect()
+        });
+        anyhow::ensure!(!targets.is_empty(), "no cell to move to");
+        let to = targets[rng.random_range(0..targets.len())].clone();
+        let report = Migrator::new(
+            routes,
+            ClusterSecret::new(&secret),
+            MigrationOptions::default(),
+        )
+        .migrate_conversation(tenant, conversation, &to, |_| {})
+        .await?;
+        Ok::<_, anyhow::Error>(format!(
+            "conversation {conversation} {owner} -> {to}: {} messages, writes paused {} ms",
+            report.messages_verified,
+            report.frozen_for.as_millis()
+        ))
+    };
+    match attempt.await {
+        Ok(done) => done,
+        Err(e) => format!("conversation {conversation}: migration failed: {e}"),
     }
 }
 
@@ -202,31 +265,36 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
             break;
         }
         let (name, pid) = cells[rng.random_range(0..cells.len())].clone();
-        let hang = match args.scenario {
-            Scenario::CellKill => false,
-            Scenario::CellHang => true,
-            Scenario::Mixed => rng.random_bool(0.5),
+        let kind = match args.scenario {
+            Scenario::CellKill => 0,
+            Scenario::CellHang => 1,
+            Scenario::MigrationUnderLoad => 2,
+            Scenario::Mixed => usize::from(rng.random_bool(0.5)),
         };
         let at = now_ms(epoch);
-        if hang {
-            // SAFETY: signals to a process of the dev deployment under drill.
-            unsafe { libc::kill(pid, libc::SIGSTOP) };
-            tokio::time::sleep(Duration::from_secs(3)).await;
-            unsafe { libc::kill(pid, libc::SIGCONT) };
-            faults.push(json!({"at_ms": at, "kind": "hang 3s (SIGSTOP/SIGCONT)", "target": name}));
-        } else {
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-            faults.push(json!({"at_ms": at, "kind": "kill (SIGKILL)", "target": name}));
+        match kind {
+            0 => {
+                // SAFETY: signals to a process of the dev deployment under drill.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                faults.push(json!({"at_ms": at, "kind": "kill (SIGKILL)", "target": name}));
+            }
+            1 => {
+                unsafe { libc::kill(pid, libc::SIGSTOP) };
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                unsafe { libc::kill(pid, libc::SIGCONT) };
+                faults.push(
+                    json!({"at_ms": at, "kind": "hang 3s (SIGSTOP/SIGCONT)", "target": name}),
+                );
+            }
+            _ => {
+                let conversation = conversations[rng.random_range(0..conversations.len())];
+                let done = migrate(&args.dev, dev.tenant, conversation, &mut rng).await;
+                faults.push(json!({"at_ms": at, "kind": "migrate", "target": done}));
+            }
         }
-        println!(
-            "  {at:>6} ms  {}",
-            faults
-                .last()
-                .map(|f| f["kind"].to_string())
-                .unwrap_or_default()
-                + " "
-                + &name
-        );
+        if let Some(f) = faults.last() {
+            println!("  {at:>6} ms  {} {}", f["kind"], f["target"]);
+        }
     }
     for w in workers {
         w.await?;
