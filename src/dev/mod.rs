@@ -224,6 +224,10 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         edges.insert(region.to_string(), topo.edge(r));
     }
 
+    // dev.json promises working endpoints: every edge must accept first.
+    for (r, region) in REGIONS.iter().enumerate() {
+        wait_listening(topo.edge_port(r), &format!("the {region} edge")).await?;
+    }
     let demo = demo::prepare(data, &routes, &topo, &secrets.cluster, &secrets.token).await?;
     let mut info = serde_json::json!({
         "edges": edges,
@@ -322,6 +326,21 @@ async fn connect_routes(topo: &Topology, secret: &str) -> anyhow::Result<RouteCl
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// Waits until something accepts TCP connections on a loopback port.
+async fn wait_listening(port: u16, what: &str) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        if tokio::time::Instant::now() > deadline {
+            anyhow::bail!("timed out waiting for {what} on port {port} (see the logs directory)");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
 }
 
 async fn wait_for(limit: Duration, what: &str, mut ok: impl FnMut() -> bool) -> anyhow::Result<()> {
