@@ -16,16 +16,48 @@ use cellmesh_tests::sync::next_push;
 use serde_json::Value;
 use tonic::transport::Channel;
 
-fn start_dev(dir: &Path, base: u16) -> Child {
+/// A `cellmesh dev` child that is interrupted (and its components with it)
+/// even when the test fails midway.
+struct Dev(Option<Child>);
+
+impl Dev {
+    fn child(&mut self) -> &mut Child {
+        self.0.as_mut().expect("running")
+    }
+    fn take(mut self) -> Child {
+        self.0.take().expect("running")
+    }
+}
+
+impl Drop for Dev {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            // SAFETY: kill(2) on the child we spawned.
+            unsafe {
+                libc::kill(child.id() as i32, libc::SIGINT);
+            }
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn start_dev(dir: &Path, base: u16) -> Dev {
     let _ = std::fs::remove_file(dir.join("dev.json"));
-    Command::new(cellmesh_bin())
-        .args(["dev", "--data-dir"])
-        .arg(dir)
-        .args(["--base-port", &base.to_string(), "--latency", "20ms"])
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.join("dev.stderr")).expect("log file"))
-        .spawn()
-        .expect("cellmesh dev starts")
+    Dev(Some(
+        Command::new(cellmesh_bin())
+            .args(["dev", "--data-dir"])
+            .arg(dir)
+            .args(["--base-port", &base.to_string(), "--latency", "20ms"])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("dev.stderr")).expect("log file"))
+            .spawn()
+            .expect("cellmesh dev starts"),
+    ))
 }
 
 async fn wait_info(dir: &Path, dev: &mut Child) -> Value {
@@ -102,7 +134,7 @@ async fn a_message_crosses_three_regions_and_survives_a_restart() {
     // port-0 servers and client sockets of concurrent tests cannot take them.
     let base = 20_000 + (std::process::id() % 90) as u16 * 130;
     let mut dev = start_dev(dir.path(), base);
-    let info = wait_info(dir.path(), &mut dev).await;
+    let info = wait_info(dir.path(), dev.child()).await;
     let demo = &info["demo"];
     let general = &demo["conversations"][0];
     assert_eq!(general["title"], "general");
@@ -191,9 +223,9 @@ async fn a_message_crosses_three_regions_and_survives_a_restart() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 
-    interrupt_and_wait(dev, &info);
+    interrupt_and_wait(dev.take(), &info);
     let mut dev = start_dev(dir.path(), base);
-    let info = wait_info(dir.path(), &mut dev).await;
+    let info = wait_info(dir.path(), dev.child()).await;
     let mut pull = MessagingClient::new(channel(&info["edges"]["us-east"]).await);
     let page = pull
         .pull(authed(
@@ -210,5 +242,5 @@ async fn a_message_crosses_three_regions_and_survives_a_restart() {
         .into_inner();
     let ids: Vec<u64> = page.messages.iter().map(|m| m.msg_id).collect();
     assert_eq!(ids, vec![sent.msg_id]);
-    interrupt_and_wait(dev, &info);
+    interrupt_and_wait(dev.take(), &info);
 }
