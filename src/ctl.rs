@@ -175,31 +175,11 @@ enum TenantCommand {
 
 pub async fn run(mut args: CtlArgs) -> anyhow::Result<()> {
     if let Some(dir) = &args.dev {
-        let path = dir.join("dev.json");
-        let text = std::fs::read_to_string(&path).with_context(|| {
-            format!(
-                "cannot read {} (is `cellmesh dev` running?)",
-                path.display()
-            )
-        })?;
-        let info: serde_json::Value = serde_json::from_str(&text)?;
-        args.routers = info["routers"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|r| r.as_str().map(str::to_string))
-            .collect();
-        args.secret = info["cluster_secret"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
+        let dev = crate::devtarget::DevTarget::load(dir)?;
+        args.routers = dev.routers;
+        args.secret = dev.cluster_secret;
         if args.etcd.is_empty() {
-            args.etcd = info["etcd"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|r| r.as_str().map(str::to_string))
-                .collect();
+            args.etcd = dev.etcd;
         }
     }
     if let CtlCommand::Token {

@@ -7,6 +7,7 @@ mod chat;
 mod client;
 mod ctl;
 mod dev;
+mod devtarget;
 mod drill;
 mod roles;
 mod status;

@@ -24,10 +24,6 @@ impl Routed {
     pub fn new(client: RouteClient, cell_id: String) -> Self {
         Self { client, cell_id }
     }
-
-    pub fn client(&self) -> &RouteClient {
-        &self.client
-    }
 }
 
 impl Ownership for Routed {

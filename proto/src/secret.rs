@@ -32,10 +32,6 @@ impl ClusterSecret {
         Self((!secret.is_empty()).then(|| Arc::from(secret)))
     }
 
-    pub fn is_set(&self) -> bool {
-        self.0.is_some()
-    }
-
     /// Adds the secret to an outgoing request.
     pub fn attach<T>(&self, request: &mut Request<T>) {
         if let Some(secret) = &self.0

@@ -9,17 +9,15 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::v1::messaging_client::MessagingClient;
 use cellmesh_proto::v1::{MessageType, SendRequest};
-use cellmesh_router::client::RouteClient;
 use cellmesh_router::table::Key;
 use clap::Args;
 use hdrhistogram::Histogram;
-use tonic::metadata::MetadataValue;
 use tonic::transport::Channel;
 
 use super::Report;
+use crate::devtarget::DevTarget;
 
 #[derive(Args)]
 pub struct FailoverArgs {
@@ -33,45 +31,28 @@ pub struct FailoverArgs {
 }
 
 pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
-    let info: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(args.dev.join("dev.json"))?)?;
-    let secret = info["cluster_secret"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    let routers: Vec<String> = info["routers"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|v| v.as_str().map(str::to_string))
-        .collect();
-    let edge = info["edges"]["eu-west"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    let token = info["demo"]["tokens"]["1"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    let tenant = info["demo"]["tenant"].as_u64().unwrap_or(1);
-    let conv = info["demo"]["conversations"][1]["id"].as_u64().unwrap_or(0);
-    let routes = RouteClient::connect(routers, ClusterSecret::new(&secret))
-        .await
-        .map_err(|e| anyhow::anyhow!(crate::client::describe(&e)))?;
-    let mut client = MessagingClient::new(Channel::from_shared(edge)?.connect().await?);
+    let dev = DevTarget::load(&args.dev)?;
+    // The demo 1:1 conversation, written as demo user 1.
+    let conv = *dev
+        .conversations
+        .get(1)
+        .ok_or_else(|| anyhow::anyhow!("no demo 1:1 conversation in dev.json"))?;
+    let routes = dev.routes().await?;
+    let mut client = MessagingClient::new(Channel::from_shared(dev.edge.clone())?.connect().await?);
     let mut times = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3)?;
     let run = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     for round in 0..args.rounds {
         let owner = routes
-            .resolve(&Key::conversation(tenant, conv))
+            .resolve(&Key::conversation(dev.tenant, conv))
             .map(|r| r.entry.cell)
             .ok_or_else(|| anyhow::anyhow!("conversation {conv} has no route"))?;
-        let pid = info["processes"][owner.replace('/', "-")]
-            .as_i64()
-            .ok_or_else(|| anyhow::anyhow!("no process for {owner} in dev.json"))?
-            as i32;
+        let pid = dev
+            .cell_pids()?
+            .into_iter()
+            .find_map(|(id, pid)| (id == owner).then_some(pid))
+            .ok_or_else(|| anyhow::anyhow!("no process for {owner} in dev.json"))?;
         // SAFETY: signals to a process of the dev deployment.
         unsafe {
             libc::kill(pid, libc::SIGSTOP);
@@ -80,16 +61,15 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
         let mut n = 0;
         let took = loop {
             n += 1;
-            let mut request = tonic::Request::new(SendRequest {
-                conversation_id: conv,
-                client_req_id: format!("bf-{run}-{round}-{n}"),
-                r#type: MessageType::Text as i32,
-                body: b"failover probe".to_vec(),
-                ..Default::default()
-            });
-            request.metadata_mut().insert(
-                "authorization",
-                MetadataValue::try_from(format!("Bearer {token}"))?,
+            let mut request = dev.request(
+                SendRequest {
+                    conversation_id: conv,
+                    client_req_id: format!("bf-{run}-{round}-{n}"),
+                    r#type: MessageType::Text as i32,
+                    body: b"failover probe".to_vec(),
+                    ..Default::default()
+                },
+                1,
             );
             request.set_timeout(Duration::from_millis(250));
             if client.send(request).await.is_ok() {
@@ -106,7 +86,7 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
             libc::kill(pid, libc::SIGCONT);
         }
         let now_owner = routes
-            .resolve(&Key::conversation(tenant, conv))
+            .resolve(&Key::conversation(dev.tenant, conv))
             .map(|r| r.entry.cell)
             .unwrap_or_default();
         println!(

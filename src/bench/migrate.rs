@@ -5,23 +5,21 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cellmesh_control_plane::migration::{MigrationOptions, Migrator};
-use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::status::{error_code, error_detail};
 use cellmesh_proto::v1::ErrorCode;
 use cellmesh_proto::v1::messaging_client::MessagingClient;
 use cellmesh_proto::v1::{ConversationKind, CreateConversationRequest, MessageType, SendRequest};
-use cellmesh_router::client::RouteClient;
-use cellmesh_router::edge::auth::{Claims, TokenKey, now_secs};
 use cellmesh_router::table::Key;
 use clap::Args;
 use hdrhistogram::Histogram;
-use tonic::metadata::MetadataValue;
 use tonic::transport::Channel;
 
 use super::Report;
+use crate::devtarget::DevTarget;
 
 #[derive(Args)]
 pub struct MigrateArgs {
@@ -42,28 +40,21 @@ pub struct MigrateArgs {
     json: Option<PathBuf>,
 }
 
-fn authed<T>(message: T, token: &str) -> tonic::Request<T> {
-    let mut r = tonic::Request::new(message);
-    if let Ok(v) = MetadataValue::try_from(format!("Bearer {token}")) {
-        r.metadata_mut().insert("authorization", v);
-    }
-    r
-}
-
-/// Sends `messages` into `conv` from one sender per token, retrying rate
+/// Sends `messages` into `conv`, spread over `senders`, retrying rate
 /// limits after the wait the cell asks for.
 async fn fill(
-    edge: String,
-    tokens: Vec<String>,
+    channel: Channel,
+    dev: Arc<DevTarget>,
+    senders: Vec<u64>,
     conv: u64,
     messages: u32,
     run: u64,
 ) -> anyhow::Result<()> {
-    let channel = Channel::from_shared(edge)?.connect().await?;
-    let per = messages.div_ceil(tokens.len() as u32);
+    let per = messages.div_ceil(senders.len() as u32);
     let mut tasks = Vec::new();
-    for (w, token) in tokens.into_iter().enumerate() {
+    for (w, user) in senders.into_iter().enumerate() {
         let mut client = MessagingClient::new(channel.clone());
+        let dev = dev.clone();
         tasks.push(tokio::spawn(async move {
             for n in 0..per {
                 let request = SendRequest {
@@ -74,7 +65,7 @@ async fn fill(
                     ..Default::default()
                 };
                 loop {
-                    match client.send(authed(request.clone(), &token)).await {
+                    match client.send(dev.request(request.clone(), user)).await {
                         Ok(_) => break,
                         Err(e) if error_code(&e) == ErrorCode::RateLimited => {
                             let wait = error_detail(&e).retry_after_ms.max(1);
@@ -95,55 +86,21 @@ async fn fill(
 }
 
 pub async fn run(args: MigrateArgs) -> anyhow::Result<()> {
-    let info: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(args.dev.join("dev.json"))?)?;
-    let secret = info["cluster_secret"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    let routers: Vec<String> = info["routers"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|v| v.as_str().map(str::to_string))
-        .collect();
-    let edge = info["edges"]["eu-west"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    let token = info["demo"]["tokens"]["1"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    let tenant = info["demo"]["tenant"].as_u64().unwrap_or(1);
-    // Senders of their own (a user's rate limit is per user), with tokens
-    // signed by the deployment's token secret.
-    let secrets: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(args.dev.join("secrets.json"))?)?;
-    let key = TokenKey::new(secrets["token"].as_str().unwrap_or_default());
+    let dev = Arc::new(DevTarget::load(&args.dev)?);
+    let tenant = dev.tenant;
+    // Senders of their own: a user's rate limit is per user.
     let senders: Vec<u64> = (0..args.concurrency as u64).map(|w| 1000 + w).collect();
-    let tokens: Vec<String> = senders
-        .iter()
-        .map(|&user| {
-            key.issue(&Claims {
-                tenant,
-                user,
-                device: "bench".into(),
-                exp: now_secs() + 3600,
-            })
-        })
-        .collect();
-    let routes = RouteClient::connect(routers, ClusterSecret::new(&secret))
-        .await
-        .map_err(|e| anyhow::anyhow!(crate::client::describe(&e)))?;
+    let routes = dev.routes().await?;
     let migrator = Migrator::new(
         routes.clone(),
-        ClusterSecret::new(&secret),
+        dev.secret(),
         MigrationOptions {
             chunk: args.chunk,
             ..MigrationOptions::default()
         },
     );
+    let channel = Channel::from_shared(dev.edge.clone())?.connect().await?;
+    let mut client = MessagingClient::new(channel.clone());
     let run = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
@@ -151,9 +108,8 @@ pub async fn run(args: MigrateArgs) -> anyhow::Result<()> {
     let (mut copied, mut copy_time) = (0u64, Duration::ZERO);
     let started = Instant::now();
     for i in 0..args.conversations {
-        let mut client = MessagingClient::new(Channel::from_shared(edge.clone())?.connect().await?);
         let conv = client
-            .create_conversation(authed(
+            .create_conversation(dev.request(
                 CreateConversationRequest {
                     kind: ConversationKind::Group as i32,
                     title: format!("bench-migrate-{i}"),
@@ -161,14 +117,23 @@ pub async fn run(args: MigrateArgs) -> anyhow::Result<()> {
                     client_req_id: format!("bm-{run}-{i}"),
                     ..Default::default()
                 },
-                &token,
+                // The demo user 1 creates; the senders are its members.
+                1,
             ))
             .await
             .map_err(|e| anyhow::anyhow!(crate::client::describe(&e)))?
             .into_inner()
             .conversation
             .map_or(0, |c| c.conversation_id);
-        fill(edge.clone(), tokens.clone(), conv, args.messages, run).await?;
+        fill(
+            channel.clone(),
+            dev.clone(),
+            senders.clone(),
+            conv,
+            args.messages,
+            run,
+        )
+        .await?;
         let owner = routes
             .resolve(&Key::conversation(tenant, conv))
             .map(|r| r.entry.cell)
@@ -185,8 +150,9 @@ pub async fn run(args: MigrateArgs) -> anyhow::Result<()> {
         let to = to.ok_or_else(|| anyhow::anyhow!("no cell in another region"))?;
         // A sender keeps going during the move.
         let keep = tokio::spawn(fill(
-            edge.clone(),
-            vec![tokens[0].clone()],
+            channel.clone(),
+            dev.clone(),
+            vec![senders[0]],
             conv,
             200,
             run + 1 + i as u64,

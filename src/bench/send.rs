@@ -67,7 +67,7 @@ pub async fn run(args: SendArgs) -> anyhow::Result<()> {
     let dev = args
         .dev
         .as_deref()
-        .map(super::DevTarget::load)
+        .map(crate::devtarget::DevTarget::load)
         .transpose()?
         .map(std::sync::Arc::new);
     let (endpoint, tenant) = match &dev {
@@ -137,7 +137,7 @@ async fn create_conversations(
     client: &mut MessagingClient<Channel>,
     tenant: u64,
     args: &SendArgs,
-    dev: Option<&super::DevTarget>,
+    dev: Option<&crate::devtarget::DevTarget>,
 ) -> anyhow::Result<Vec<Conv>> {
     let base = if dev.is_some() { DEV_USER_BASE } else { 0 };
     let mut out = Vec::new();
@@ -172,7 +172,11 @@ async fn create_conversations(
 }
 
 /// The request, with a token for `user` when sending through a dev edge.
-fn authed<T>(dev: Option<&super::DevTarget>, user: u64, message: T) -> tonic::Request<T> {
+fn authed<T>(
+    dev: Option<&crate::devtarget::DevTarget>,
+    user: u64,
+    message: T,
+) -> tonic::Request<T> {
     match dev {
         Some(d) => d.request(message, user),
         None => tonic::Request::new(message),
@@ -192,7 +196,7 @@ struct Load {
     members: u64,
     body_bytes: usize,
     deadline: Instant,
-    dev: Option<std::sync::Arc<super::DevTarget>>,
+    dev: Option<std::sync::Arc<crate::devtarget::DevTarget>>,
 }
 
 async fn worker(

@@ -27,11 +27,9 @@ use serde_json::json;
 use tonic::transport::Channel;
 
 use cellmesh_control_plane::migration::{MigrationOptions, Migrator};
-use cellmesh_proto::secret::ClusterSecret;
-use cellmesh_router::client::RouteClient;
 use cellmesh_router::table::Key;
 
-use crate::bench::DevTarget;
+use crate::devtarget::DevTarget;
 
 #[derive(Args)]
 pub struct ChaosArgs {
@@ -101,30 +99,11 @@ fn outcome_of(status: &tonic::Status) -> Outcome {
 }
 
 /// Moves `conversation` live to another cell; what happened, for the report.
-async fn migrate(
-    dir: &std::path::Path,
-    tenant: u64,
-    conversation: u64,
-    rng: &mut StdRng,
-) -> String {
+async fn migrate(dev: &DevTarget, conversation: u64, rng: &mut StdRng) -> String {
     let attempt = async {
-        let info: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("dev.json"))?)?;
-        let secret = info["cluster_secret"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        let routers: Vec<String> = info["routers"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|v| v.as_str().map(str::to_string))
-            .collect();
-        let routes = RouteClient::connect(routers, ClusterSecret::new(&secret))
-            .await
-            .map_err(|e| anyhow::anyhow!(crate::client::describe(&e)))?;
+        let routes = dev.routes().await?;
         let owner = routes
-            .resolve(&Key::conversation(tenant, conversation))
+            .resolve(&Key::conversation(dev.tenant, conversation))
             .map(|r| r.entry.cell)
             .unwrap_or_default();
         let targets: Vec<String> = routes.read(|t| {
@@ -136,13 +115,9 @@ async fn migrate(
         });
         anyhow::ensure!(!targets.is_empty(), "no cell to move to");
         let to = targets[rng.random_range(0..targets.len())].clone();
-        let report = Migrator::new(
-            routes,
-            ClusterSecret::new(&secret),
-            MigrationOptions::default(),
-        )
-        .migrate_conversation(tenant, conversation, &to, |_| {})
-        .await?;
+        let report = Migrator::new(routes, dev.secret(), MigrationOptions::default())
+            .migrate_conversation(dev.tenant, conversation, &to, |_| {})
+            .await?;
         Ok::<_, anyhow::Error>(format!(
             "conversation {conversation} {owner} -> {to}: {} messages, writes paused {} ms",
             report.messages_verified,
@@ -252,15 +227,7 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
     let period = (Duration::from(args.duration) / 4).max(Duration::from_secs(2));
     while Instant::now() + period < stop {
         tokio::time::sleep(period).await;
-        let info: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(args.dev.join("dev.json"))?)?;
-        let cells: Vec<(String, i32)> = info["processes"]
-            .as_object()
-            .into_iter()
-            .flatten()
-            .filter(|(name, _)| name.contains("-c"))
-            .filter_map(|(name, pid)| Some((name.clone(), pid.as_i64()? as i32)))
-            .collect();
+        let cells = dev.cell_pids()?;
         if cells.is_empty() {
             break;
         }
@@ -288,7 +255,7 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
             }
             _ => {
                 let conversation = conversations[rng.random_range(0..conversations.len())];
-                let done = migrate(&args.dev, dev.tenant, conversation, &mut rng).await;
+                let done = migrate(&dev, conversation, &mut rng).await;
                 faults.push(json!({"at_ms": at, "kind": "migrate", "target": done}));
             }
         }

@@ -5,11 +5,18 @@
 
 use std::time::Duration;
 
+use cellmesh_chaos::history::Stored;
 use cellmesh_chaos::proxy::FaultProxy;
+use cellmesh_proto::v1::messaging_client::MessagingClient;
+use cellmesh_proto::v1::{
+    ConversationKind, CreateConversationRequest, Direction, Message, MessageType, PullRequest,
+    PullResponse, SendRequest,
+};
 use cellmesh_router::commands::assign_tenant;
 use cellmesh_router::edge::auth::{Claims, TokenKey, now_secs};
 use cellmesh_router::edge::{EdgeConfig, RunningEdge};
 use tonic::metadata::MetadataValue;
+use tonic::transport::Channel;
 
 use crate::TestCell;
 use crate::router::{RouterCluster, SECRET};
@@ -80,4 +87,79 @@ pub fn authed<T>(message: T, token: &str) -> tonic::Request<T> {
         MetadataValue::try_from(format!("Bearer {token}")).unwrap(),
     );
     r
+}
+
+/// A text message whose body is its request id (the history checker's tag).
+pub fn text(conversation: u64, tag: &str) -> SendRequest {
+    SendRequest {
+        conversation_id: conversation,
+        client_req_id: tag.into(),
+        r#type: MessageType::Text as i32,
+        body: tag.as_bytes().to_vec(),
+        ..Default::default()
+    }
+}
+
+pub async fn messaging(edge: &RunningEdge) -> MessagingClient<Channel> {
+    let channel = Channel::from_shared(edge.endpoint())
+        .expect("edge endpoint")
+        .connect()
+        .await
+        .expect("edge reachable");
+    MessagingClient::new(channel)
+}
+
+/// A group of the token's user and `members`, created through the edge.
+pub async fn create_via_edge(
+    m: &mut MessagingClient<Channel>,
+    token: &str,
+    members: Vec<u64>,
+) -> u64 {
+    m.create_conversation(authed(
+        CreateConversationRequest {
+            kind: ConversationKind::Group as i32,
+            title: "test".into(),
+            member_ids: members,
+            ..Default::default()
+        },
+        token,
+    ))
+    .await
+    .expect("create through the edge")
+    .into_inner()
+    .conversation
+    .expect("conversation")
+    .conversation_id
+}
+
+/// The first page of a conversation, oldest first, through the edge.
+pub async fn pull_via_edge(
+    m: &mut MessagingClient<Channel>,
+    token: &str,
+    conversation: u64,
+) -> PullResponse {
+    m.pull(authed(
+        PullRequest {
+            conversation_id: conversation,
+            direction: Direction::Forward as i32,
+            limit: 100,
+            ..Default::default()
+        },
+        token,
+    ))
+    .await
+    .expect("pull through the edge")
+    .into_inner()
+}
+
+/// Messages as the history checker records them.
+pub fn stored(messages: &[Message]) -> Vec<Stored> {
+    messages
+        .iter()
+        .map(|m| Stored {
+            seq: m.seq,
+            msg_id: m.msg_id,
+            tag: String::from_utf8_lossy(&m.body).into_owned(),
+        })
+        .collect()
 }

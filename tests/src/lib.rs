@@ -75,24 +75,12 @@ impl TestCell {
         config.cell_id = cell_id.to_string();
         config.routing.routers = routers;
         config.routing.cluster_secret = router::SECRET.to_string();
-        // A stopped cell's storage closes once its last background task has
-        // gone; a restart on the same dir waits for that.
-        let mut attempts = 0;
-        let cell = loop {
-            let placement = cellmesh_cell::Placement::routed(&config)
-                .await
-                .expect("route table reachable");
-            match cellmesh_cell::start_placed(config.clone(), placement, Arc::new(SystemClock))
-                .await
-            {
-                Ok(cell) => break cell,
-                Err(e) if attempts < 50 && e.to_string().contains("lock") => {
-                    attempts += 1;
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-                Err(e) => panic!("routed cell starts: {e}"),
-            }
-        };
+        let placement = cellmesh_cell::Placement::routed(&config)
+            .await
+            .expect("route table reachable");
+        let cell = cellmesh_cell::start_placed(config, placement, Arc::new(SystemClock))
+            .await
+            .expect("routed cell starts");
         let endpoint = format!("http://{}", cell.addr);
         Self {
             cell,

@@ -156,15 +156,6 @@ impl RunningEdge {
         }
         let _ = tokio::time::timeout(Duration::from_secs(5), &mut self.task).await;
     }
-
-    /// Serves until the task ends.
-    pub async fn wait(self) {
-        let _ = self.task.await;
-    }
-
-    pub fn stop_handle(&mut self) -> Option<oneshot::Sender<()>> {
-        self.stop.take()
-    }
 }
 
 pub async fn start(config: EdgeConfig) -> Result<RunningEdge, EdgeError> {

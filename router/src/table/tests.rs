@@ -17,6 +17,19 @@ fn table_with_cells() -> (RouteTable, u64) {
     (t, 4)
 }
 
+/// Places a new tenant (the write must succeed).
+fn place(t: &mut RouteTable, tenant: u64, cell: &str, index: u64) {
+    t.apply(
+        &Command::AssignTenant {
+            tenant,
+            cell: cell.into(),
+            expect_epoch: 0,
+        },
+        index,
+    )
+    .unwrap();
+}
+
 fn update(
     t: &mut RouteTable,
     index: u64,
@@ -37,15 +50,7 @@ fn update(
 #[test]
 fn tenant_placement_and_overrides_resolve() {
     let (mut t, i) = table_with_cells();
-    t.apply(
-        &Command::AssignTenant {
-            tenant: 7,
-            cell: "eu/c1".into(),
-            expect_epoch: 0,
-        },
-        i,
-    )
-    .unwrap();
+    place(&mut t, 7, "eu/c1", i);
     let conv = Key::conversation(7, 100);
     let r = t.resolve(&conv).unwrap();
     assert_eq!((r.entry.cell.as_str(), r.entry.epoch), ("eu/c1", i));
@@ -84,15 +89,7 @@ fn tenant_placement_and_overrides_resolve() {
 #[test]
 fn a_migration_walks_its_phases_and_switches_with_a_floor() {
     let (mut t, i) = table_with_cells();
-    t.apply(
-        &Command::AssignTenant {
-            tenant: 1,
-            cell: "eu/c1".into(),
-            expect_epoch: 0,
-        },
-        i,
-    )
-    .unwrap();
+    place(&mut t, 1, "eu/c1", i);
     let key = Key::conversation(1, 5);
     // Freeze before a migration began is illegal.
     assert!(matches!(
@@ -203,15 +200,7 @@ fn unknown_and_unusable_cells_are_refused() {
 #[test]
 fn failover_floors_come_from_checkpoints_plus_the_margin() {
     let (mut t, i) = table_with_cells();
-    t.apply(
-        &Command::AssignTenant {
-            tenant: 1,
-            cell: "eu/c1".into(),
-            expect_epoch: 0,
-        },
-        i,
-    )
-    .unwrap();
+    place(&mut t, 1, "eu/c1", i);
     let changes = t
         .apply(
             &Command::Checkpoint {
@@ -258,15 +247,7 @@ fn failover_floors_come_from_checkpoints_plus_the_margin() {
 #[test]
 fn overrides_are_removed_only_when_they_agree_with_the_tenant() {
     let (mut t, i) = table_with_cells();
-    t.apply(
-        &Command::AssignTenant {
-            tenant: 1,
-            cell: "eu/c1".into(),
-            expect_epoch: 0,
-        },
-        i,
-    )
-    .unwrap();
+    place(&mut t, 1, "eu/c1", i);
     let user = Key::user(1, 3);
     assert!(update(&mut t, i + 1, user, i, Transition::Remove).is_err());
     update(
@@ -302,15 +283,7 @@ fn overrides_are_removed_only_when_they_agree_with_the_tenant() {
 #[test]
 fn a_table_rebuilds_from_its_changes() {
     let (mut t, i) = table_with_cells();
-    t.apply(
-        &Command::AssignTenant {
-            tenant: 1,
-            cell: "eu/c1".into(),
-            expect_epoch: 0,
-        },
-        i,
-    )
-    .unwrap();
+    place(&mut t, 1, "eu/c1", i);
     t.apply(
         &Command::Checkpoint {
             cell: "eu/c1".into(),
@@ -330,15 +303,7 @@ fn a_table_rebuilds_from_its_changes() {
 #[test]
 fn a_failover_floor_stays_put_while_the_new_owner_writes_and_moves_with_a_second_failover() {
     let (mut t, i) = table_with_cells();
-    t.apply(
-        &Command::AssignTenant {
-            tenant: 1,
-            cell: "eu/c1".into(),
-            expect_epoch: 0,
-        },
-        i,
-    )
-    .unwrap();
+    place(&mut t, 1, "eu/c1", i);
     let cp = |cell: &str, hwm: u64| Command::Checkpoint {
         cell: cell.into(),
         entries: vec![(1, 10, hwm)],

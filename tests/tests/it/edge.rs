@@ -41,32 +41,13 @@ fn send(conversation: u64, req_id: &str, body: &str) -> SendRequest {
     }
 }
 
-async fn create(m: &mut MessagingClient<Channel>, token: &str, members: Vec<u64>) -> u64 {
-    m.create_conversation(authed(
-        CreateConversationRequest {
-            caller: None,
-            kind: ConversationKind::Group as i32,
-            title: "t".into(),
-            member_ids: members,
-            client_req_id: String::new(),
-        },
-        token,
-    ))
-    .await
-    .expect("create through the edge")
-    .into_inner()
-    .conversation
-    .unwrap()
-    .conversation_id
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_talk_through_the_edge_and_cells_refuse_what_they_do_not_own() {
     let d = deploy(None).await;
     let (mut m, mut s) = edge_clients(&d.edge).await;
     let alice = token(1, 10);
     let bob = token(1, 11);
-    let conv = create(&mut m, &alice, vec![11]).await;
+    let conv = create_via_edge(&mut m, &alice, vec![11]).await;
     let mut stream = s
         .subscribe(authed(
             SubscribeRequest {
@@ -130,7 +111,7 @@ async fn the_edge_rejects_missing_expired_forged_and_cross_tenant_requests() {
     let d = deploy(None).await;
     let (mut m, _) = edge_clients(&d.edge).await;
     let alice = token(1, 10);
-    let conv = create(&mut m, &alice, vec![11]).await;
+    let conv = create_via_edge(&mut m, &alice, vec![11]).await;
     let reason = |r: Result<tonic::Response<SendResponse>, tonic::Status>| {
         let e = r.unwrap_err();
         let d = error_detail(&e);
@@ -238,7 +219,7 @@ async fn a_request_routed_by_a_stale_edge_reaches_the_new_owner() {
             .wait_applied(placed.index, Duration::from_secs(10))
             .await
     );
-    let first = create(&mut m, &carol, vec![31]).await;
+    let first = create_via_edge(&mut m, &carol, vec![31]).await;
     // Tenant 3 moves to us-east/c1 (it has no conversations left to copy in
     // this test: only new conversations are created after the move).
     let moved = routes
@@ -270,7 +251,7 @@ async fn a_request_routed_by_a_stale_edge_reaches_the_new_owner() {
         d.edge.routes.applied() < moved.index,
         "the edge is still stale"
     );
-    let second = create(&mut m, &carol, vec![31]).await;
+    let second = create_via_edge(&mut m, &carol, vec![31]).await;
     assert_ne!(first, second);
     // It was created on the new owner.
     let mut new_owner = d.cells[1].client().await;

@@ -6,32 +6,19 @@
 use std::time::{Duration, Instant};
 
 use cellmesh_chaos::check_all;
-use cellmesh_chaos::history::{Floor, History, Outcome, SendOp, Stored};
+use cellmesh_chaos::history::{Floor, History, Outcome, SendOp};
 use cellmesh_control_plane::server::{ControlPlaneConfig, Event, FailoverConfig};
 use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::v1::cell_peer_client::CellPeerClient;
-use cellmesh_proto::v1::messaging_client::MessagingClient;
 use cellmesh_proto::v1::*;
 use cellmesh_router::table::Key;
 use cellmesh_tests::deploy::*;
 use cellmesh_tests::eventually;
 use cellmesh_tests::router::SECRET;
-use tonic::transport::Channel;
-
-fn text(conversation: u64, tag: &str) -> SendRequest {
-    SendRequest {
-        conversation_id: conversation,
-        client_req_id: tag.into(),
-        r#type: MessageType::Text as i32,
-        body: tag.as_bytes().to_vec(),
-        ..Default::default()
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_cell_is_failed_over_and_sends_continue_above_the_floor() {
     let mut d = deploy(None).await;
-    // Probes and verdicts (a cell is back after 3 good probes).
     let routes = d.cluster.client().await;
     let cp = cellmesh_control_plane::server::start(ControlPlaneConfig {
         routers: d.cluster.endpoints(),
@@ -50,28 +37,8 @@ async fn a_dead_cell_is_failed_over_and_sends_continue_above_the_floor() {
     .await
     .unwrap();
     let alice = token(1, 10);
-    let mut m = MessagingClient::new(
-        Channel::from_shared(d.edge.endpoint())
-            .unwrap()
-            .connect()
-            .await
-            .unwrap(),
-    );
-    let conv = m
-        .create_conversation(authed(
-            CreateConversationRequest {
-                kind: ConversationKind::Group as i32,
-                member_ids: vec![11],
-                ..Default::default()
-            },
-            &alice,
-        ))
-        .await
-        .unwrap()
-        .into_inner()
-        .conversation
-        .unwrap()
-        .conversation_id;
+    let mut m = messaging(&d.edge).await;
+    let conv = create_via_edge(&mut m, &alice, vec![11]).await;
     let mut ops = Vec::new();
     for i in 0..20 {
         let tag = format!("before-{i}");
@@ -160,31 +127,10 @@ async fn a_dead_cell_is_failed_over_and_sends_continue_above_the_floor() {
     );
 
     // History below the floor is not silently missing.
-    let page = m
-        .pull(authed(
-            PullRequest {
-                conversation_id: conv,
-                direction: Direction::Forward as i32,
-                limit: 100,
-                ..Default::default()
-            },
-            &alice,
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+    let page = pull_via_edge(&mut m, &alice, conv).await;
     assert_eq!(page.unavailable_through, floor);
-    let stored: Vec<Stored> = page
-        .messages
-        .iter()
-        .map(|msg| Stored {
-            seq: msg.seq,
-            msg_id: msg.msg_id,
-            tag: String::from_utf8_lossy(&msg.body).into_owned(),
-        })
-        .collect();
     assert_eq!(
-        stored.len(),
+        stored(&page.messages).len(),
         1,
         "only the message above the floor is here yet"
     );
@@ -206,37 +152,17 @@ async fn a_dead_cell_is_failed_over_and_sends_continue_above_the_floor() {
         "backfill ran: {:?}",
         cp.events()
     );
-    let page = m
-        .pull(authed(
-            PullRequest {
-                conversation_id: conv,
-                direction: Direction::Forward as i32,
-                limit: 100,
-                ..Default::default()
-            },
-            &alice,
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+    let page = pull_via_edge(&mut m, &alice, conv).await;
     assert_eq!(page.unavailable_through, 0, "history is complete again");
-    let stored: Vec<Stored> = page
-        .messages
-        .iter()
-        .map(|msg| Stored {
-            seq: msg.seq,
-            msg_id: msg.msg_id,
-            tag: String::from_utf8_lossy(&msg.body).into_owned(),
-        })
-        .collect();
-    assert_eq!(stored.len(), 21);
+    let history_read = stored(&page.messages);
+    assert_eq!(history_read.len(), 21);
     // Every acknowledged send exactly once, in order, the gap explained by
     // the floor.
     let mut history = History {
         sends: ops,
         ..History::default()
     };
-    history.conversations.insert(conv, stored);
+    history.conversations.insert(conv, history_read);
     history.floors.push(Floor {
         conversation: conv,
         floor,

@@ -19,16 +19,6 @@ use cellmesh_tests::deploy::*;
 use cellmesh_tests::router::SECRET;
 use tonic::transport::Channel;
 
-fn text(conversation: u64, tag: &str) -> SendRequest {
-    SendRequest {
-        conversation_id: conversation,
-        client_req_id: tag.into(),
-        r#type: MessageType::Text as i32,
-        body: tag.as_bytes().to_vec(),
-        ..Default::default()
-    }
-}
-
 async fn sender(
     edge: String,
     token: String,
@@ -108,29 +98,8 @@ async fn a_conversation_moves_under_load_without_loss_duplicates_or_reordering()
     let (source, target) = (&d.cells[0], &d.cells[1]);
     let alice = token(1, 10);
     let bob = token(1, 11);
-    let mut m = MessagingClient::new(
-        Channel::from_shared(d.edge.endpoint())
-            .unwrap()
-            .connect()
-            .await
-            .unwrap(),
-    );
-    let conv = m
-        .create_conversation(authed(
-            CreateConversationRequest {
-                kind: ConversationKind::Group as i32,
-                title: "moving".into(),
-                member_ids: vec![11],
-                ..Default::default()
-            },
-            &alice,
-        ))
-        .await
-        .unwrap()
-        .into_inner()
-        .conversation
-        .unwrap()
-        .conversation_id;
+    let mut m = messaging(&d.edge).await;
+    let conv = create_via_edge(&mut m, &alice, vec![11]).await;
     // History before the move, including a request we will retry after it.
     let before = m
         .send(authed(text(conv, "before-1"), &alice))
@@ -273,13 +242,7 @@ async fn a_migration_interrupted_in_any_phase_resumes_and_finishes() {
     use cellmesh_control_plane::migration::{MigrationError, StopPoint};
     let d = deploy(None).await;
     let alice = token(1, 10);
-    let mut m = MessagingClient::new(
-        Channel::from_shared(d.edge.endpoint())
-            .unwrap()
-            .connect()
-            .await
-            .unwrap(),
-    );
+    let mut m = messaging(&d.edge).await;
     for (i, point) in [
         StopPoint::Planned,
         StopPoint::Copied,
@@ -292,22 +255,7 @@ async fn a_migration_interrupted_in_any_phase_resumes_and_finishes() {
         // A fresh sender per round: request ids are per sender.
         let user = 20 + i as u64;
         let token = token(1, user);
-        let conv = m
-            .create_conversation(authed(
-                CreateConversationRequest {
-                    kind: ConversationKind::Group as i32,
-                    member_ids: vec![user],
-                    client_req_id: format!("resume-{i}"),
-                    ..Default::default()
-                },
-                &alice,
-            ))
-            .await
-            .unwrap()
-            .into_inner()
-            .conversation
-            .unwrap()
-            .conversation_id;
+        let conv = create_via_edge(&mut m, &alice, vec![user]).await;
         let epoch = Instant::now();
         let stop = Instant::now() + Duration::from_millis(1500);
         let ops = Arc::new(Mutex::new(Vec::new()));

@@ -1,0 +1,134 @@
+//! A running `cellmesh dev` as the tools see it (`bench ... --dev`,
+//! `chaos run --dev`, `ctl --dev`): endpoints, the demo tenant and the
+//! deployment secret from `DATA_DIR/dev.json`, and client tokens for any user
+//! signed with the token secret from `DATA_DIR/secrets.json`.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use anyhow::Context;
+use cellmesh_proto::secret::ClusterSecret;
+use cellmesh_router::client::RouteClient;
+use cellmesh_router::edge::auth::{Claims, TokenKey, now_secs};
+use serde_json::Value;
+use tonic::metadata::{Ascii, MetadataValue};
+
+/// How long the tokens a tool mints stay valid.
+const TOKEN_TTL_SECS: u64 = 3600;
+
+pub struct DevTarget {
+    dir: PathBuf,
+    /// The eu-west edge.
+    pub edge: String,
+    pub tenant: u64,
+    pub routers: Vec<String>,
+    pub cluster_secret: String,
+    pub etcd: Vec<String>,
+    /// The demo conversations, in dev.json order.
+    pub conversations: Vec<u64>,
+    key: TokenKey,
+    /// `authorization` values by user, minted once each.
+    tokens: Mutex<HashMap<u64, MetadataValue<Ascii>>>,
+}
+
+fn read(dir: &Path, name: &str) -> anyhow::Result<Value> {
+    let path = dir.join(name);
+    let text = std::fs::read_to_string(&path).with_context(|| {
+        format!(
+            "cannot read {} (is `cellmesh dev` running?)",
+            path.display()
+        )
+    })?;
+    Ok(serde_json::from_str(&text)?)
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s.as_str().map(str::to_string))
+        .collect()
+}
+
+impl DevTarget {
+    pub fn load(dir: &Path) -> anyhow::Result<Self> {
+        let info = read(dir, "dev.json")?;
+        let secrets = read(dir, "secrets.json")?;
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            edge: info["edges"]["eu-west"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+            tenant: info["demo"]["tenant"].as_u64().unwrap_or(1),
+            routers: strings(&info["routers"]),
+            cluster_secret: info["cluster_secret"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+            etcd: strings(&info["etcd"]),
+            conversations: info["demo"]["conversations"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|c| c["id"].as_u64())
+                .collect(),
+            key: TokenKey::new(secrets["token"].as_str().unwrap_or_default()),
+            tokens: Mutex::new(HashMap::new()),
+        })
+    }
+
+    pub fn secret(&self) -> ClusterSecret {
+        ClusterSecret::new(&self.cluster_secret)
+    }
+
+    /// A route client of the deployment's routers.
+    pub async fn routes(&self) -> anyhow::Result<RouteClient> {
+        RouteClient::connect(self.routers.clone(), self.secret())
+            .await
+            .map_err(|e| {
+                anyhow::anyhow!("cannot reach the routers: {}", crate::client::describe(&e))
+            })
+    }
+
+    /// `message` as `user` of the demo tenant, with that user's token.
+    pub fn request<T>(&self, message: T, user: u64) -> tonic::Request<T> {
+        let value = self
+            .tokens
+            .lock()
+            .expect("token cache")
+            .entry(user)
+            .or_insert_with(|| {
+                let token = self.key.issue(&Claims {
+                    tenant: self.tenant,
+                    user,
+                    device: "tool".into(),
+                    exp: now_secs() + TOKEN_TTL_SECS,
+                });
+                format!("Bearer {token}")
+                    .parse()
+                    .expect("tokens are header-safe")
+            })
+            .clone();
+        let mut request = tonic::Request::new(message);
+        request.metadata_mut().insert("authorization", value);
+        request
+    }
+
+    /// The cells' current process ids (dev.json is rewritten when the
+    /// supervisor restarts one), by cell id.
+    pub fn cell_pids(&self) -> anyhow::Result<Vec<(String, i32)>> {
+        let info = read(&self.dir, "dev.json")?;
+        let processes = &info["processes"];
+        Ok(info["cells"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter_map(|(id, _)| {
+                let pid = processes[id.replace('/', "-")].as_i64()?;
+                Some((id.clone(), pid as i32))
+            })
+            .collect())
+    }
+}
