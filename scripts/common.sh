@@ -16,6 +16,8 @@ setup() {
   dpkg -s libclang-dev >/dev/null 2>&1 || need+=(libclang-dev)
   # A real etcd for the coordination tests (the tests start their own).
   command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
+  # The web console's test loads the page in headless Chromium.
+  command -v chromium >/dev/null 2>&1 || need+=(chromium)
   if ((${#need[@]})); then
     local sudo=""
     [ "$(id -u)" = 0 ] || sudo="sudo"

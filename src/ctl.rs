@@ -18,7 +18,6 @@ use cellmesh_router::grpc::convert::{entry_to_pb, route_to_pb};
 use cellmesh_router::table::{Key, RouteState};
 use clap::{Args, Subcommand};
 use serde_json::json;
-use tonic::transport::Channel;
 
 use crate::client::describe;
 
@@ -46,6 +45,10 @@ pub struct CtlArgs {
     /// etcd endpoints (for the control-plane leader in `status`).
     #[arg(long, env = "CELLMESH_ETCD", value_delimiter = ',')]
     etcd: Vec<String>,
+    /// The lock-file directory of control-plane replicas sharing one host
+    /// (`coordination.backend = "local"`), for the leader in `status`.
+    #[arg(long)]
+    coordination_dir: Option<std::path::PathBuf>,
     #[command(subcommand)]
     command: CtlCommand,
 }
@@ -131,6 +134,9 @@ enum MigrateCommand {
         /// Pause between copy rounds (throttle), e.g. `100ms`.
         #[arg(long, default_value = "0s")]
         pause: humantime::Duration,
+        /// At most this many messages per copy round (throttle; 0 = all).
+        #[arg(long, default_value_t = 0)]
+        round_messages: u32,
     },
 }
 
@@ -181,6 +187,9 @@ pub async fn run(mut args: CtlArgs) -> anyhow::Result<()> {
         if args.etcd.is_empty() {
             args.etcd = dev.etcd;
         }
+        if args.etcd.is_empty() && args.coordination_dir.is_none() {
+            args.coordination_dir = Some(dir.join("coordination"));
+        }
     }
     if let CtlCommand::Token {
         tenant,
@@ -210,7 +219,14 @@ pub async fn run(mut args: CtlArgs) -> anyhow::Result<()> {
     match args.command {
         CtlCommand::Token { .. } => unreachable!("handled above"),
         CtlCommand::Status { json } => {
-            let status = crate::status::collect(&routes, &args.routers, &secret, &args.etcd).await;
+            let status = crate::status::collect(
+                &routes,
+                &args.routers,
+                &secret,
+                &args.etcd,
+                args.coordination_dir.as_deref(),
+            )
+            .await;
             if json {
                 println!("{}", serde_json::to_string_pretty(&status)?);
             } else {
@@ -310,6 +326,7 @@ pub async fn run(mut args: CtlArgs) -> anyhow::Result<()> {
                     to,
                     chunk,
                     pause,
+                    round_messages,
                 },
         } => {
             let migrator = Migrator::new(
@@ -318,6 +335,7 @@ pub async fn run(mut args: CtlArgs) -> anyhow::Result<()> {
                 MigrationOptions {
                     chunk,
                     pause: pause.into(),
+                    round_messages,
                     ..MigrationOptions::default()
                 },
             );
@@ -408,7 +426,9 @@ pub async fn run(mut args: CtlArgs) -> anyhow::Result<()> {
         CtlCommand::Routers { json } => {
             let mut rows = Vec::new();
             for endpoint in &args.routers {
-                let status = router_status(endpoint, &secret).await;
+                let status = cellmesh_control_plane::status::router_status(endpoint, &secret)
+                    .await
+                    .map_err(|e| describe(&e));
                 rows.push((endpoint.clone(), status));
             }
             if json {
@@ -416,7 +436,7 @@ pub async fn run(mut args: CtlArgs) -> anyhow::Result<()> {
                     .iter()
                     .map(|(e, s)| match s {
                         Ok(s) => json!({"endpoint": e, "node_id": s.node_id, "region": s.region, "role": s.role, "leader": s.current_leader, "term": s.term, "applied_index": s.applied_index, "last_log_index": s.last_log_index, "snapshot_index": s.snapshot_index}),
-                        Err(err) => json!({"endpoint": e, "error": err.to_string()}),
+                        Err(err) => json!({"endpoint": e, "error": err}),
                     })
                     .collect();
                 println!("{}", serde_json::to_string_pretty(&out)?);
@@ -438,22 +458,4 @@ pub async fn run(mut args: CtlArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-pub async fn router_status(
-    endpoint: &str,
-    secret: &ClusterSecret,
-) -> anyhow::Result<pb::RouterStatus> {
-    let channel = Channel::from_shared(endpoint.to_string())?
-        .connect_timeout(Duration::from_secs(2))
-        .connect()
-        .await?;
-    let mut client = pb::routing_client::RoutingClient::new(channel);
-    let mut request = tonic::Request::new(pb::RouterStatusRequest {});
-    secret.attach(&mut request);
-    Ok(client
-        .status(request)
-        .await
-        .map_err(|e| anyhow::anyhow!(describe(&e)))?
-        .into_inner())
 }

@@ -3,156 +3,47 @@
 //! router replicas, the control-plane leader and migrations in progress
 //! with their progress. `--json` prints the same as one object.
 
-use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::time::Duration;
 
 use cellmesh_control_plane::coord::etcd::EtcdCoordination;
+use cellmesh_control_plane::coord::local::LocalCoordination;
 use cellmesh_control_plane::coord::{CONTROL_PLANE_ELECTION, Coordination};
+use cellmesh_control_plane::status::Sampler;
 use cellmesh_proto::secret::ClusterSecret;
-use cellmesh_proto::v1::cell_peer_client::CellPeerClient;
-use cellmesh_proto::v1::{CellStats, DigestRequest, StatsRequest};
 use cellmesh_router::client::RouteClient;
-use cellmesh_router::table::{RouteState, Scope};
 use serde_json::{Value, json};
-use tonic::transport::Channel;
-
-async fn peer(address: &str) -> Option<CellPeerClient<Channel>> {
-    let channel = Channel::from_shared(address.to_string())
-        .ok()?
-        .connect_timeout(Duration::from_millis(500))
-        .timeout(Duration::from_secs(2))
-        .connect()
-        .await
-        .ok()?;
-    Some(CellPeerClient::new(channel))
-}
-
-async fn stats(address: &str, secret: &ClusterSecret) -> Option<CellStats> {
-    let mut client = peer(address).await?;
-    let mut r = tonic::Request::new(StatsRequest {});
-    secret.attach(&mut r);
-    client.stats(r).await.ok().map(|r| r.into_inner())
-}
-
-async fn latest_seq(address: &str, secret: &ClusterSecret, conversation: u64) -> Option<u64> {
-    let mut client = peer(address).await?;
-    let mut r = tonic::Request::new(DigestRequest {
-        conversation_id: conversation,
-        through_seq: 0,
-    });
-    secret.attach(&mut r);
-    client
-        .conversation_digest(r)
-        .await
-        .ok()
-        .map(|r| r.into_inner().latest_seq)
-}
 
 pub async fn collect(
     routes: &RouteClient,
     routers: &[String],
     secret: &ClusterSecret,
     etcd: &[String],
+    coordination_dir: Option<&Path>,
 ) -> Value {
-    let table = routes.read(|t| t.clone());
-    // Two samples a second apart give sends/s.
-    let mut first = BTreeMap::new();
-    for cell in table.cells.values() {
-        first.insert(cell.id.clone(), stats(&cell.address, secret).await);
-    }
-    let sampled = Instant::now();
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let mut cells = Vec::new();
-    for cell in table.cells.values() {
-        let now = stats(&cell.address, secret).await;
-        let rate = match (first.get(&cell.id).cloned().flatten(), &now) {
-            (Some(a), Some(b)) if b.sends >= a.sends && b.uptime_ms >= a.uptime_ms => {
-                (b.sends - a.sends) as f64 / sampled.elapsed().as_secs_f64()
-            }
-            _ => 0.0,
-        };
-        let owned = |scope: fn(&Scope) -> bool| {
-            table
-                .routes
-                .values()
-                .filter(|e| e.cell == cell.id && scope(&e.key.scope))
-                .count()
-        };
-        cells.push(json!({
-            "cell_id": cell.id,
-            "region": cell.region,
-            "address": cell.address,
-            "status": format!("{:?}", cell.status),
-            "health": if now.is_some() { "serving" } else { "unreachable" },
-            "tenants": owned(|s| matches!(s, Scope::Tenant)),
-            "overrides": owned(|s| !matches!(s, Scope::Tenant)),
-            "sends_per_s": (rate * 10.0).round() / 10.0,
-            "queue_lag": now.as_ref().map(|s| s.queue_lag),
-            "uptime_ms": now.as_ref().map(|s| s.uptime_ms),
-        }));
-    }
-    let mut replicas = Vec::new();
-    for endpoint in routers {
-        replicas.push(match crate::ctl::router_status(endpoint, secret).await {
-            Ok(s) => json!({"endpoint": endpoint, "node_id": s.node_id, "region": s.region, "role": s.role,
-                "leader": s.current_leader, "term": s.term, "applied_index": s.applied_index}),
-            Err(e) => json!({"endpoint": endpoint, "error": e.to_string()}),
-        });
-    }
-    let control_plane = if etcd.is_empty() {
-        json!({"leader": null, "coordination": "embedded (not visible from here)"})
+    let coordination: Result<(Box<dyn Coordination>, &str), String> = if !etcd.is_empty() {
+        EtcdCoordination::connect(etcd)
+            .await
+            .map(|c| (Box::new(c) as Box<dyn Coordination>, "etcd"))
+            .map_err(|e| e.to_string())
+    } else if let Some(dir) = coordination_dir {
+        LocalCoordination::open(dir)
+            .map(|c| (Box::new(c) as Box<dyn Coordination>, "local"))
+            .map_err(|e| e.to_string())
     } else {
-        match EtcdCoordination::connect(etcd).await {
-            Ok(c) => {
-                json!({"leader": c.leader(CONTROL_PLANE_ELECTION).await.ok().flatten(), "coordination": "etcd"})
-            }
-            Err(e) => json!({"leader": null, "error": e.to_string()}),
-        }
+        Err("not visible without --etcd or --coordination-dir".into())
     };
-    let mut migrations = Vec::new();
-    for entry in table
-        .routes
-        .values()
-        .filter(|e| e.state != RouteState::Active)
-    {
-        let (to, state) = match &entry.state {
-            RouteState::Migrating { to, phase } => (to.clone(), format!("{phase:?}")),
-            RouteState::Frozen { to } => (to.clone(), "Frozen".into()),
-            RouteState::Active => continue,
-        };
-        let progress = match entry.key.scope {
-            Scope::Conversation(c) => {
-                let address = |id: &str| {
-                    table
-                        .cell(id)
-                        .map(|c| c.address.clone())
-                        .unwrap_or_default()
-                };
-                let source = latest_seq(&address(&entry.cell), secret, c).await;
-                let target = latest_seq(&address(&to), secret, c).await;
-                match (source, target) {
-                    (Some(s), Some(t)) if s > 0 => Some(((t * 100) / s).min(100)),
-                    _ => None,
-                }
-            }
-            _ => None,
-        };
-        migrations.push(json!({"key": entry.key.to_string(), "from": entry.cell, "to": to, "phase": state, "progress_pct": progress}));
-    }
-    let mut regions: BTreeMap<String, Vec<Value>> = BTreeMap::new();
-    for c in cells {
-        regions
-            .entry(c["region"].as_str().unwrap_or_default().to_string())
-            .or_default()
-            .push(c);
-    }
-    json!({
-        "regions": regions,
-        "routers": replicas,
-        "control_plane": control_plane,
-        "migrations": migrations,
-        "route_table_index": table.applied,
-    })
+    let control_plane = match coordination {
+        Ok((c, backend)) => {
+            json!({"leader": c.leader(CONTROL_PLANE_ELECTION).await.ok().flatten(), "coordination": backend})
+        }
+        Err(e) => json!({"leader": null, "error": e}),
+    };
+    // Two samples a second apart give sends/s.
+    let mut sampler = Sampler::new(routers.to_vec(), secret.clone());
+    sampler.sample(routes, Value::Null).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    sampler.sample(routes, control_plane).await
 }
 
 pub fn print(status: &Value) {

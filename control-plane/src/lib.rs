@@ -1,6 +1,6 @@
-//! Control plane (DESIGN.md §5, §6): migration orchestration today; cell
-//! health, failover planning and execution and the admin API are not built
-//! yet.
+//! Control plane (DESIGN.md §5, §6): coordination between processes
+//! (cell leases, leader election), cell health and failover, live
+//! migration, and the deployment's status with its web console.
 //!
 //! A migration keeps all of its state in the route table (the entry's
 //! `Migrating{to, phase}` / `Frozen{to}` state and epoch), so a migrator that
@@ -8,7 +8,9 @@
 //! cancel is a route transition the running migrator observes as a lost
 //! compare-and-set.
 
+pub mod console;
 pub mod coord;
 pub mod failover;
 pub mod migration;
 pub mod server;
+pub mod status;

@@ -32,6 +32,9 @@ pub struct MigrationOptions {
     pub max_catch_up_rounds: u32,
     /// Pause between copy rounds (throttling).
     pub pause: Duration,
+    /// At most this many messages per copy round (throttling; 0 = all the
+    /// source has). Throttled rounds do not count as catch-up rounds.
+    pub round_messages: u32,
     /// Give up right after this point, as if the control plane died there
     /// (drills and tests); running the migration again resumes it.
     pub stop_after: Option<StopPoint>,
@@ -57,6 +60,7 @@ impl Default for MigrationOptions {
             catch_up_lag: 50,
             max_catch_up_rounds: 20,
             pause: Duration::ZERO,
+            round_messages: 0,
             stop_after: None,
         }
     }
@@ -243,19 +247,22 @@ impl Migrator {
             tenant_id: tenant,
             conversation_id: conversation,
             after_seq: after,
-            max_messages: 0,
+            max_messages: self.options.round_messages,
             chunk: self.options.chunk,
             backfill: false,
         };
         let mut frozen_at = Instant::now();
         if !frozen {
             let mut phase = "copy";
-            for round in 0..=self.options.max_catch_up_rounds {
+            let mut catch_up_rounds = 0;
+            for round in 0.. {
                 let r = target
                     .copy_conversation(self.request(copy(copied)))
                     .await
                     .map_err(call("copy"))?
                     .into_inner();
+                let throttled = self.options.round_messages > 0
+                    && r.messages >= u64::from(self.options.round_messages);
                 copied = r.copied_through.max(copied);
                 progress(&Progress {
                     phase,
@@ -284,6 +291,12 @@ impl Migrator {
                 }
                 if r.source_latest_seq.saturating_sub(copied) <= self.options.catch_up_lag {
                     break;
+                }
+                if !throttled {
+                    catch_up_rounds += 1;
+                    if catch_up_rounds > self.options.max_catch_up_rounds {
+                        break;
+                    }
                 }
                 tokio::time::sleep(self.options.pause).await;
             }

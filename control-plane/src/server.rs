@@ -5,6 +5,7 @@
 //! again but gets nothing back on its own: failing back is an operator's
 //! migration.
 
+use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -24,10 +25,12 @@ use tonic_health::pb::health_client::HealthClient;
 
 use crate::coord::embedded::EmbeddedCoordination;
 use crate::coord::etcd::EtcdCoordination;
+use crate::coord::local::LocalCoordination;
 use crate::coord::{CELLS_PREFIX, CONTROL_PLANE_ELECTION, Coordination};
 use crate::failover::detector::{Detector, Verdict};
 use crate::failover::execute;
 use crate::failover::planner::{plan_failover, safety_margin};
+use crate::status::Sampler;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -42,6 +45,8 @@ pub struct ControlPlaneConfig {
     pub up_after: u32,
     pub failover: FailoverConfig,
     pub coordination: CoordinationConfig,
+    /// Where the web console listens (`host:port`); empty turns it off.
+    pub console_listen: String,
 }
 
 /// Leader election between control-plane replicas, and cell liveness from
@@ -49,9 +54,12 @@ pub struct ControlPlaneConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct CoordinationConfig {
-    /// `embedded` (one control plane, probes only) or `etcd`.
+    /// `embedded` (one control plane, probes only), `local` (replicas on
+    /// one host, elected through lock files in `dir`) or `etcd`.
     pub backend: CoordinationBackend,
     pub etcd_endpoints: Vec<String>,
+    /// The shared directory of the `local` backend.
+    pub dir: String,
     /// This replica's name in the election.
     pub name: String,
     pub lease_ttl_ms: u64,
@@ -61,6 +69,7 @@ pub struct CoordinationConfig {
 #[serde(rename_all = "lowercase")]
 pub enum CoordinationBackend {
     Embedded,
+    Local,
     Etcd,
 }
 
@@ -69,6 +78,7 @@ impl Default for CoordinationConfig {
         Self {
             backend: CoordinationBackend::Embedded,
             etcd_endpoints: Vec::new(),
+            dir: String::new(),
             name: "control-plane-1".into(),
             lease_ttl_ms: 3000,
         }
@@ -79,6 +89,9 @@ impl CoordinationConfig {
     pub async fn connect(&self) -> Result<Arc<dyn Coordination>, String> {
         Ok(match self.backend {
             CoordinationBackend::Embedded => Arc::new(EmbeddedCoordination::default()),
+            CoordinationBackend::Local => {
+                Arc::new(LocalCoordination::open(Path::new(&self.dir)).map_err(|e| e.to_string())?)
+            }
             CoordinationBackend::Etcd => Arc::new(
                 EtcdCoordination::connect(&self.etcd_endpoints)
                     .await
@@ -109,6 +122,7 @@ impl Default for ControlPlaneConfig {
             up_after: 3,
             failover: FailoverConfig::default(),
             coordination: CoordinationConfig::default(),
+            console_listen: "127.0.0.1:7400".into(),
         }
     }
 }
@@ -153,9 +167,21 @@ impl ControlPlaneConfig {
             "must name etcd endpoints for the etcd backend",
         )?;
         check(
+            "coordination.dir",
+            self.coordination.backend != CoordinationBackend::Local
+                || !self.coordination.dir.is_empty(),
+            "must name a directory for the local backend",
+        )?;
+        check(
             "coordination.lease_ttl_ms",
             self.coordination.lease_ttl_ms >= 1000,
             "must be at least 1000",
+        )?;
+        check(
+            "console_listen",
+            self.console_listen.is_empty()
+                || self.console_listen.parse::<std::net::SocketAddr>().is_ok(),
+            "must be host:port (or empty to turn the console off)",
         )?;
         check(
             "failover.checkpoint_interval_ms",
@@ -196,9 +222,11 @@ pub enum Event {
 
 pub struct RunningControlPlane {
     pub routes: RouteClient,
+    /// Where the web console answers, when it is on.
+    pub console: Option<SocketAddr>,
     events: Arc<Mutex<Vec<Event>>>,
     leading: watch::Receiver<bool>,
-    task: JoinHandle<()>,
+    tasks: Vec<JoinHandle<()>>,
 }
 
 impl RunningControlPlane {
@@ -212,7 +240,9 @@ impl RunningControlPlane {
     }
 
     pub fn stop(self) {
-        self.task.abort();
+        for task in self.tasks {
+            task.abort();
+        }
     }
 }
 
@@ -227,19 +257,62 @@ pub async fn start(config: ControlPlaneConfig) -> Result<RunningControlPlane, St
     let coordination = config.coordination.connect().await?;
     let events = Arc::new(Mutex::new(Vec::new()));
     let (leading_tx, leading) = watch::channel(false);
-    let task = tokio::spawn(lead(
+    let mut tasks = Vec::new();
+    let console = if config.console_listen.is_empty() {
+        None
+    } else {
+        let listen = config.console_listen.parse().map_err(|e| format!("{e}"))?;
+        let (latest, sampler) = sample(&config, coordination.clone(), routes.clone());
+        let (addr, server) = crate::console::serve(listen, latest)
+            .await
+            .map_err(|e| format!("console_listen {listen}: {e}"))?;
+        tasks.extend([sampler, server]);
+        Some(addr)
+    };
+    tasks.push(tokio::spawn(lead(
         config,
         coordination,
         routes.clone(),
         events.clone(),
         leading_tx,
-    ));
+    )));
     Ok(RunningControlPlane {
         routes,
+        console,
         events,
         leading,
-        task,
+        tasks,
     })
+}
+
+/// Keeps the console's status object fresh (once a second).
+fn sample(
+    config: &ControlPlaneConfig,
+    coordination: Arc<dyn Coordination>,
+    routes: RouteClient,
+) -> (watch::Receiver<serde_json::Value>, JoinHandle<()>) {
+    let (tx, rx) = watch::channel(serde_json::Value::Null);
+    let mut sampler = Sampler::new(
+        config.routers.clone(),
+        ClusterSecret::new(&config.cluster_secret),
+    );
+    let (name, backend) = (
+        config.coordination.name.clone(),
+        format!("{:?}", config.coordination.backend).to_lowercase(),
+    );
+    let task = tokio::spawn(async move {
+        loop {
+            let leader = coordination
+                .leader(CONTROL_PLANE_ELECTION)
+                .await
+                .ok()
+                .flatten();
+            let control_plane = serde_json::json!({"leader": leader, "coordination": backend, "serving_console": name});
+            tx.send_replace(sampler.sample(&routes, control_plane).await);
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    });
+    (rx, task)
 }
 
 /// Campaigns for leadership and runs the failover loop while leading; a

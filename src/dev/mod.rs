@@ -186,7 +186,10 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     .await?;
     println!("cells: {} registered", REGIONS.len() * CELLS_PER_REGION);
 
-    let replicas = if args.etcd { 2 } else { 1 };
+    // Two control-plane replicas: they elect the active one in etcd with
+    // `--etcd`, else through lock files in the data directory.
+    let replicas = 2;
+    let mut consoles = Vec::new();
     for i in 0..replicas {
         let mut config = ControlPlaneConfig {
             routers: topo.routers_from(0),
@@ -194,9 +197,14 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             ..ControlPlaneConfig::default()
         };
         config.coordination.name = format!("control-plane-{}", i + 1);
+        config.console_listen = format!("127.0.0.1:{}", topo.console_port(i));
+        consoles.push(format!("http://{}/", config.console_listen));
         if args.etcd {
             config.coordination.backend = CoordinationBackend::Etcd;
             config.coordination.etcd_endpoints = etcd_endpoints.clone();
+        } else {
+            config.coordination.backend = CoordinationBackend::Local;
+            config.coordination.dir = data.join("coordination").display().to_string();
         }
         let path = write_config(&configs, &format!("control-plane-{}", i + 1), &config)?;
         sup.start(Spec {
@@ -236,8 +244,9 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             .map(|(r, c)| (topo.cell_id(r, c), topo.cell(r, c)))
             .collect::<BTreeMap<_, _>>(),
         "routers": (0..REGIONS.len()).map(|r| topo.router_api(r)).collect::<Vec<_>>(),
-        "control_plane": {"replicas": replicas, "coordination": if args.etcd { "etcd" } else { "embedded" }},
-        "console_url": serde_json::Value::Null,
+        "control_plane": {"replicas": replicas, "coordination": if args.etcd { "etcd" } else { "local" },
+            "consoles": consoles},
+        "console_url": consoles[0],
         "cluster_secret": secrets.cluster,
         "etcd": etcd_endpoints,
         "latency_ms": Duration::from(args.latency).as_millis() as u64,
@@ -364,6 +373,10 @@ fn print_summary(info: &serde_json::Value, data: &Path) {
         println!("  edge {region:<9} {}", url.as_str().unwrap_or_default());
     }
     println!("  routers        {}", info["routers"]);
+    println!(
+        "  console        {}",
+        info["console_url"].as_str().unwrap_or_default()
+    );
     let demo = &info["demo"];
     println!("  demo tenant    {}", demo["tenant"]);
     println!(

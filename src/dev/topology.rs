@@ -58,6 +58,10 @@ impl Topology {
     pub fn etcd_ports(&self) -> (u16, u16) {
         (self.base + 90, self.base + 91)
     }
+    /// Control-plane replica `i`'s web console.
+    pub fn console_port(&self, i: usize) -> u16 {
+        self.base + 92 + i as u16
+    }
 
     /// Every cross-region path with its proxy port.
     pub fn links(&self) -> Vec<Link> {

@@ -273,6 +273,7 @@ impl Drop for CellProcess {
 
 pub mod deploy;
 pub mod etcd;
+pub mod http;
 pub mod router;
 
 pub mod sync {

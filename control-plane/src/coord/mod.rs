@@ -1,11 +1,12 @@
 //! Coordination between the deployment's processes (DESIGN.md §6): members
 //! registered under a lease that they keep alive (cells), and leader
-//! election (the active control-plane replica). Two backends: etcd for
-//! production, and an embedded in-process one for single-process use and
-//! unit tests.
+//! election (the active control-plane replica). Three backends: etcd for
+//! production, lock files for the processes of one host (`cellmesh dev`),
+//! and an embedded in-process one for single-process use and unit tests.
 
 pub mod embedded;
 pub mod etcd;
+pub mod local;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -69,7 +69,9 @@ async fn a_standby_control_plane_takes_over_and_cells_register_under_leases() {
             etcd_endpoints: vec![etcd.endpoint.clone()],
             name: name.into(),
             lease_ttl_ms: 2000,
+            ..CoordinationConfig::default()
         },
+        console_listen: "127.0.0.1:0".into(),
         ..ControlPlaneConfig::default()
     };
     let active = cellmesh_control_plane::server::start(config("cp-1"))
@@ -96,6 +98,16 @@ async fn a_standby_control_plane_takes_over_and_cells_register_under_leases() {
     assert_eq!(
         c.leader(CONTROL_PLANE_ELECTION).await.unwrap().as_deref(),
         Some("cp-2")
+    );
+    // The standby's console shows the new leader.
+    let console = standby.console.expect("the console is on");
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            cellmesh_tests::http::status(console).await["control_plane"]["leader"] == "cp-2"
+        })
+        .await,
+        "{}",
+        cellmesh_tests::http::status(console).await
     );
 
     // A routed cell with etcd endpoints registers itself while it serves.

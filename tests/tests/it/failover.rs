@@ -33,6 +33,7 @@ async fn a_dead_cell_is_failed_over_and_sends_continue_above_the_floor() {
             checkpoint_interval_ms: 1000,
         },
         coordination: Default::default(),
+        console_listen: String::new(),
     })
     .await
     .unwrap();

@@ -3,6 +3,7 @@
 
 mod bad_input;
 mod chat_cli;
+mod console;
 mod coordination;
 mod dev;
 mod drill;

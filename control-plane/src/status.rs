@@ -1,0 +1,189 @@
+//! The deployment at a glance, as one JSON object: regions and their cells
+//! (route status, live health, what they own, sends/s, queue lag, uptime),
+//! router replicas, the control-plane leader and migrations in progress with
+//! their progress. `cellmesh ctl status` prints it; the console serves it.
+//!
+//! A [`Sampler`] remembers each cell's previous counters, so sends/s is the
+//! rate between two samples.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+use cellmesh_proto::secret::ClusterSecret;
+use cellmesh_proto::v1 as pb;
+use cellmesh_proto::v1::cell_peer_client::CellPeerClient;
+use cellmesh_proto::v1::{CellStats, DigestRequest, StatsRequest};
+use cellmesh_router::client::RouteClient;
+use cellmesh_router::table::{RouteState, RouteTable, Scope};
+use serde_json::{Value, json};
+use tonic::transport::Channel;
+
+async fn peer(address: &str) -> Option<CellPeerClient<Channel>> {
+    let channel = Channel::from_shared(address.to_string())
+        .ok()?
+        .connect_timeout(Duration::from_millis(500))
+        .timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .ok()?;
+    Some(CellPeerClient::new(channel))
+}
+
+async fn stats(address: String, secret: ClusterSecret) -> Option<CellStats> {
+    let mut client = peer(&address).await?;
+    let mut r = tonic::Request::new(StatsRequest {});
+    secret.attach(&mut r);
+    client.stats(r).await.ok().map(|r| r.into_inner())
+}
+
+async fn latest_seq(address: &str, secret: &ClusterSecret, conversation: u64) -> Option<u64> {
+    let mut client = peer(address).await?;
+    let mut r = tonic::Request::new(DigestRequest {
+        conversation_id: conversation,
+        through_seq: 0,
+    });
+    secret.attach(&mut r);
+    client
+        .conversation_digest(r)
+        .await
+        .ok()
+        .map(|r| r.into_inner().latest_seq)
+}
+
+/// One router replica's view of the Raft group.
+pub async fn router_status(
+    endpoint: &str,
+    secret: &ClusterSecret,
+) -> Result<pb::RouterStatus, tonic::Status> {
+    let channel = Channel::from_shared(endpoint.to_string())
+        .map_err(|e| tonic::Status::invalid_argument(e.to_string()))?
+        .connect_timeout(Duration::from_secs(2))
+        .timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+    let mut client = pb::routing_client::RoutingClient::new(channel);
+    let mut request = tonic::Request::new(pb::RouterStatusRequest {});
+    secret.attach(&mut request);
+    Ok(client.status(request).await?.into_inner())
+}
+
+pub struct Sampler {
+    routers: Vec<String>,
+    secret: ClusterSecret,
+    previous: HashMap<String, (Instant, CellStats)>,
+}
+
+impl Sampler {
+    pub fn new(routers: Vec<String>, secret: ClusterSecret) -> Self {
+        Self {
+            routers,
+            secret,
+            previous: HashMap::new(),
+        }
+    }
+
+    /// The status now; `control_plane` is whatever the caller knows about
+    /// the control plane's leader.
+    pub async fn sample(&mut self, routes: &RouteClient, control_plane: Value) -> Value {
+        let table = routes.read(|t| t.clone());
+        let mut calls = Vec::new();
+        for cell in table.cells.values() {
+            let call = tokio::spawn(stats(cell.address.clone(), self.secret.clone()));
+            calls.push((cell.clone(), call));
+        }
+        let mut regions: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+        for (cell, call) in calls {
+            let now = call.await.ok().flatten();
+            let rate = match (self.previous.get(&cell.id), &now) {
+                (Some((at, a)), Some(b)) if b.sends >= a.sends && b.uptime_ms >= a.uptime_ms => {
+                    let secs = at.elapsed().as_secs_f64();
+                    if secs > 0.0 {
+                        (b.sends - a.sends) as f64 / secs
+                    } else {
+                        0.0
+                    }
+                }
+                _ => 0.0,
+            };
+            match &now {
+                Some(s) => {
+                    self.previous
+                        .insert(cell.id.clone(), (Instant::now(), s.clone()));
+                }
+                None => {
+                    self.previous.remove(&cell.id);
+                }
+            }
+            let owned = |scope: fn(&Scope) -> bool| {
+                table
+                    .routes
+                    .values()
+                    .filter(|e| e.cell == cell.id && scope(&e.key.scope))
+                    .count()
+            };
+            regions.entry(cell.region.clone()).or_default().push(json!({
+                "cell_id": cell.id,
+                "region": cell.region,
+                "address": cell.address,
+                "status": format!("{:?}", cell.status),
+                "health": if now.is_some() { "serving" } else { "unreachable" },
+                "tenants": owned(|s| matches!(s, Scope::Tenant)),
+                "overrides": owned(|s| !matches!(s, Scope::Tenant)),
+                "sends_per_s": (rate * 10.0).round() / 10.0,
+                "queue_lag": now.as_ref().map(|s| s.queue_lag),
+                "uptime_ms": now.as_ref().map(|s| s.uptime_ms),
+            }));
+        }
+        let mut replicas = Vec::new();
+        for endpoint in &self.routers {
+            replicas.push(match router_status(endpoint, &self.secret).await {
+                Ok(s) => json!({"endpoint": endpoint, "node_id": s.node_id, "region": s.region, "role": s.role,
+                    "leader": s.current_leader, "term": s.term, "applied_index": s.applied_index}),
+                Err(e) => json!({"endpoint": endpoint, "error": e.message()}),
+            });
+        }
+        json!({
+            "regions": regions,
+            "routers": replicas,
+            "control_plane": control_plane,
+            "migrations": migrations(&table, &self.secret).await,
+            "route_table_index": table.applied,
+        })
+    }
+}
+
+/// Entries on their way to another cell, with how far the target has
+/// caught up (conversations: target's latest seq over the source's).
+async fn migrations(table: &RouteTable, secret: &ClusterSecret) -> Vec<Value> {
+    let address = |id: &str| {
+        table
+            .cell(id)
+            .map(|c| c.address.clone())
+            .unwrap_or_default()
+    };
+    let mut out = Vec::new();
+    for entry in table.routes.values() {
+        let (to, phase) = match &entry.state {
+            RouteState::Migrating { to, phase } => (to.clone(), format!("{phase:?}")),
+            RouteState::Frozen { to } => (to.clone(), "Frozen".into()),
+            RouteState::Active => continue,
+        };
+        let progress = match entry.key.scope {
+            Scope::Conversation(c) => {
+                let source = latest_seq(&address(&entry.cell), secret, c).await;
+                let target = latest_seq(&address(&to), secret, c).await;
+                match (source, target) {
+                    (Some(s), Some(t)) if s > 0 => Some(((t * 100) / s).min(100)),
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        out.push(
+            json!({"key": entry.key.to_string(), "from": entry.cell, "to": to,
+            "phase": phase, "progress_pct": progress}),
+        );
+    }
+    out
+}

@@ -1,0 +1,132 @@
+//! The control plane's web console, loaded in headless Chromium: the page
+//! renders every cell in its region's column, coloured by health, and a
+//! running migration's progress moves between two loads.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use cellmesh_control_plane::migration::{MigrationOptions, Migrator};
+use cellmesh_control_plane::server::ControlPlaneConfig;
+use cellmesh_proto::secret::ClusterSecret;
+use cellmesh_tests::deploy::*;
+use cellmesh_tests::eventually;
+use cellmesh_tests::router::SECRET;
+
+/// The DOM after the page's scripts ran for a few seconds.
+async fn rendered(console: SocketAddr) -> String {
+    let profile = tempfile::tempdir().unwrap();
+    let chromium = std::env::var("CELLMESH_CHROMIUM").unwrap_or_else(|_| "chromium".into());
+    let run = tokio::process::Command::new(&chromium)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--no-first-run",
+            "--virtual-time-budget=3000",
+        ])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .arg("--dump-dom")
+        .arg(format!("http://{console}/"))
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(90), run)
+        .await
+        .expect("chromium finishes")
+        .unwrap_or_else(|e| panic!("cannot run {chromium} (scripts/common.sh installs it): {e}"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// `data-progress` of the migration row for `key`.
+fn progress(dom: &str, key: &str) -> Option<u64> {
+    let row = &dom[dom.find(&format!("data-key=\"{key}\""))?..];
+    let at = row.find("data-progress=\"")? + "data-progress=\"".len();
+    row[at..].split('"').next()?.parse().ok()
+}
+
+/// The migration's progress in the console's status object.
+async fn api_progress(console: SocketAddr, key: &str) -> Option<u64> {
+    let status = cellmesh_tests::http::status(console).await;
+    status["migrations"]
+        .as_array()?
+        .iter()
+        .find(|m| m["key"] == key)
+        .map(|m| m["progress_pct"].as_u64().unwrap_or(0))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_shows_every_cell_and_a_migration_moving() {
+    let d = deploy(None).await;
+    let cp = cellmesh_control_plane::server::start(ControlPlaneConfig {
+        routers: d.cluster.endpoints(),
+        cluster_secret: SECRET.into(),
+        console_listen: "127.0.0.1:0".into(),
+        ..ControlPlaneConfig::default()
+    })
+    .await
+    .unwrap();
+    let console = cp.console.expect("the console is on");
+
+    let alice = token(1, 10);
+    let mut m = messaging(&d.edge).await;
+    let conv = create_via_edge(&mut m, &alice, vec![11]).await;
+    for i in 0..400 {
+        m.send(authed(text(conv, &format!("m{i}")), &alice))
+            .await
+            .unwrap();
+    }
+    // A throttled move: 20 messages per round, a quarter second apart.
+    let migrator = Migrator::new(
+        d.cluster.client().await,
+        ClusterSecret::new(SECRET),
+        MigrationOptions {
+            chunk: 10,
+            round_messages: 20,
+            pause: Duration::from_millis(250),
+            ..MigrationOptions::default()
+        },
+    );
+    let moving = tokio::spawn(async move {
+        migrator
+            .migrate_conversation(1, conv, "us-east/c1", |_| {})
+            .await
+    });
+    let key = format!("conversation {conv} of tenant 1");
+    // The console samples once a second; wait until it has seen the move.
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            api_progress(console, &key).await.is_some()
+        })
+        .await
+    );
+
+    let first = rendered(console).await;
+    assert!(first.contains("data-loaded=\"true\""), "{first}");
+    for (cell, region) in [("eu-west/c1", "eu-west"), ("us-east/c1", "us-east")] {
+        assert!(
+            first.contains(&format!("class=\"cell ok\" data-cell=\"{cell}\"")),
+            "{cell} is shown healthy: {first}"
+        );
+        assert!(first.contains(&format!("data-region=\"{region}\"")));
+    }
+    assert!(first.contains("class=\"arrow\""), "the move is drawn");
+    let before = progress(&first, &key).unwrap_or_else(|| panic!("{key} is listed: {first}"));
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            api_progress(console, &key).await.is_none_or(|p| p > before)
+        })
+        .await
+    );
+    let second = rendered(console).await;
+    let after = progress(&second, &key).unwrap_or(100);
+    assert!(after > before, "progress moved: {before}% then {after}%");
+
+    let report = moving.await.unwrap().unwrap();
+    assert_eq!(report.final_seq, 400);
+    cp.stop();
+}
