@@ -21,6 +21,8 @@ pub struct DevTarget {
     dir: PathBuf,
     /// The eu-west edge.
     pub edge: String,
+    /// Every region's edge.
+    pub edges: Vec<String>,
     pub tenant: u64,
     pub routers: Vec<String>,
     pub cluster_secret: String,
@@ -61,6 +63,12 @@ impl DevTarget {
                 .as_str()
                 .unwrap_or_default()
                 .to_string(),
+            edges: info["edges"]
+                .as_object()
+                .into_iter()
+                .flatten()
+                .filter_map(|(_, url)| url.as_str().map(str::to_string))
+                .collect(),
             tenant: info["demo"]["tenant"].as_u64().unwrap_or(1),
             routers: strings(&info["routers"]),
             cluster_secret: info["cluster_secret"]

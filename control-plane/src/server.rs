@@ -122,7 +122,7 @@ impl Default for ControlPlaneConfig {
             up_after: 3,
             failover: FailoverConfig::default(),
             coordination: CoordinationConfig::default(),
-            console_listen: "127.0.0.1:7400".into(),
+            console_listen: "127.0.0.1:7100".into(),
         }
     }
 }
@@ -162,7 +162,7 @@ impl ControlPlaneConfig {
         check("up_after", self.up_after >= 1, "must be at least 1")?;
         check(
             "coordination.etcd_endpoints",
-            self.coordination.backend == CoordinationBackend::Embedded
+            self.coordination.backend != CoordinationBackend::Etcd
                 || !self.coordination.etcd_endpoints.is_empty(),
             "must name etcd endpoints for the etcd backend",
         )?;

@@ -40,6 +40,18 @@ pub fn send_request(
 }
 
 /// Counts a failed call under its stable code.
+/// The request, with a token for `user` when sending through a dev edge.
+pub fn authed<T>(
+    dev: Option<&crate::devtarget::DevTarget>,
+    user: u64,
+    message: T,
+) -> tonic::Request<T> {
+    match dev {
+        Some(d) => d.request(message, user),
+        None => tonic::Request::new(message),
+    }
+}
+
 pub fn count_error(errors: &mut BTreeMap<String, u64>, status: &tonic::Status) {
     let code = error_code(status).as_str_name().to_string();
     *errors.entry(code).or_insert(0) += 1;

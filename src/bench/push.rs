@@ -1,7 +1,9 @@
 //! `cellmesh bench push`: D online devices (one per user) subscribe to
 //! their sync queues while senders, paced at a target rate, send into 1:1
 //! and group conversations among those users. Each body carries its send
-//! time, so every push received measures send→push latency.
+//! time, so every push received measures send→push latency. With `--dev`
+//! the devices follow through every region's edge and the senders send
+//! through eu-west's, all with tokens.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -18,14 +20,18 @@ use hdrhistogram::Histogram;
 use rand::Rng;
 use tonic::transport::Channel;
 
-use super::{Report, count_error, send_request};
+use super::{Report, authed, count_error, send_request};
 use crate::client::{call_error, caller, connect};
+use crate::devtarget::DevTarget;
 
 #[derive(Args)]
 pub struct PushArgs {
-    /// gRPC endpoint of a cell.
-    #[arg(long)]
-    endpoint: String,
+    /// gRPC endpoint of a standalone cell.
+    #[arg(long, required_unless_present = "dev")]
+    endpoint: Option<String>,
+    /// Drive a running `cellmesh dev` (its data dir) through its edges.
+    #[arg(long, conflicts_with = "endpoint")]
+    dev: Option<PathBuf>,
     /// Online devices (one user each).
     #[arg(long, default_value_t = 1_000)]
     devices: u64,
@@ -67,11 +73,29 @@ pub async fn run(args: PushArgs) -> anyhow::Result<()> {
         args.devices >= args.group_size.max(2),
         "need at least --group-size devices"
     );
-    let tenant = args
-        .tenant
-        .unwrap_or_else(|| rand::rng().random_range(1_000_000..u32::MAX as u64));
-    let mut client = connect(&args.endpoint).await?;
-    let (directs, groups) = conversations(&mut client, tenant, &args).await?;
+    let dev = args
+        .dev
+        .as_deref()
+        .map(DevTarget::load)
+        .transpose()?
+        .map(Arc::new);
+    let (tenant, endpoint, device_endpoints, base) = match &dev {
+        Some(d) => (d.tenant, d.edge.clone(), d.edges.clone(), DEV_USER_BASE),
+        None => {
+            let endpoint = args.endpoint.clone().unwrap_or_default();
+            let tenant = args
+                .tenant
+                .unwrap_or_else(|| rand::rng().random_range(1_000_000..u32::MAX as u64));
+            (tenant, endpoint.clone(), vec![endpoint], 0)
+        }
+    };
+    let mut client = connect(&endpoint).await?;
+    let users = Users {
+        tenant,
+        base,
+        dev: dev.clone(),
+    };
+    let (directs, groups) = conversations(&mut client, &users, &args).await?;
     println!(
         "{} devices, {} 1:1 and {} groups of {}; sending {}/s for {:?}",
         args.devices,
@@ -85,25 +109,24 @@ pub async fn run(args: PushArgs) -> anyhow::Result<()> {
     let epoch = Instant::now();
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut channels = Vec::new();
-    for _ in 0..args.connections.max(1) {
-        channels.push(
-            Channel::from_shared(args.endpoint.clone())?
-                .connect()
-                .await?,
-        );
+    for endpoint in &device_endpoints {
+        for _ in 0..args.connections.max(1) {
+            channels.push(Channel::from_shared(endpoint.clone())?.connect().await?);
+        }
     }
     let mut receivers = Vec::new();
-    for user in 1..=args.devices {
+    for user in base + 1..=base + args.devices {
         let mut sync = SyncClient::new(channels[user as usize % channels.len()].clone());
+        let request = SubscribeRequest {
+            caller: Some(Caller {
+                tenant_id: tenant,
+                user_id: user,
+                device_id: format!("bench-{user}"),
+            }),
+            from_pts: 0,
+        };
         let stream = sync
-            .subscribe(SubscribeRequest {
-                caller: Some(Caller {
-                    tenant_id: tenant,
-                    user_id: user,
-                    device_id: format!("bench-{user}"),
-                }),
-                from_pts: 0,
-            })
+            .subscribe(authed(dev.as_deref(), user, request))
             .await
             .map_err(call_error)?
             .into_inner();
@@ -121,9 +144,10 @@ pub async fn run(args: PushArgs) -> anyhow::Result<()> {
     for s in 0..args.senders.max(1) {
         let (client, directs, groups) = (client.clone(), directs.clone(), groups.clone());
         let share = args.direct_share;
+        let users = users.clone();
         senders.push(tokio::spawn(async move {
             send_loop(
-                client, tenant, s, directs, groups, share, per_sender, deadline, epoch,
+                client, users, s, directs, groups, share, per_sender, deadline, epoch,
             )
             .await
         }));
@@ -165,26 +189,46 @@ pub async fn run(args: PushArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Bench devices' users in a dev deployment start above this (clear of the
+/// demo users and of `bench send`'s).
+const DEV_USER_BASE: u64 = 200_000;
+
+/// Who the bench acts as: users `base + 1 ..= base + devices` of `tenant`,
+/// with tokens when driving a dev deployment.
+#[derive(Clone)]
+struct Users {
+    tenant: u64,
+    base: u64,
+    dev: Option<Arc<DevTarget>>,
+}
+
+impl Users {
+    fn request<T>(&self, user: u64, message: T) -> tonic::Request<T> {
+        authed(self.dev.as_deref(), user, message)
+    }
+}
+
 async fn conversations(
     client: &mut crate::bench::send::Client,
-    tenant: u64,
+    users: &Users,
     args: &PushArgs,
 ) -> anyhow::Result<(Vec<Conv>, Vec<Conv>)> {
+    let base = users.base;
     let mut directs = Vec::new();
-    for a in (1..args.devices).step_by(2) {
-        let id = create(client, tenant, a, ConversationKind::Direct, vec![a + 1]).await?;
+    for a in (base + 1..base + args.devices).step_by(2) {
+        let id = create(client, users, a, ConversationKind::Direct, vec![a + 1]).await?;
         directs.push(Conv {
             id,
             members: vec![a, a + 1],
         });
     }
     let mut groups = Vec::new();
-    let mut first = 1;
-    while first + args.group_size - 1 <= args.devices {
+    let mut first = base + 1;
+    while first + args.group_size - 1 <= base + args.devices {
         let members: Vec<u64> = (first..first + args.group_size).collect();
         let id = create(
             client,
-            tenant,
+            users,
             first,
             ConversationKind::Group,
             members[1..].to_vec(),
@@ -198,19 +242,22 @@ async fn conversations(
 
 async fn create(
     client: &mut crate::bench::send::Client,
-    tenant: u64,
+    users: &Users,
     creator: u64,
     kind: ConversationKind,
     members: Vec<u64>,
 ) -> anyhow::Result<u64> {
     let r = client
-        .create_conversation(CreateConversationRequest {
-            caller: caller(tenant, creator),
-            kind: kind as i32,
-            title: String::new(),
-            member_ids: members,
-            client_req_id: String::new(),
-        })
+        .create_conversation(users.request(
+            creator,
+            CreateConversationRequest {
+                caller: caller(users.tenant, creator),
+                kind: kind as i32,
+                title: String::new(),
+                member_ids: members,
+                client_req_id: String::new(),
+            },
+        ))
         .await
         .map_err(call_error)?
         .into_inner();
@@ -220,7 +267,7 @@ async fn create(
 #[allow(clippy::too_many_arguments)]
 async fn send_loop(
     mut client: crate::bench::send::Client,
-    tenant: u64,
+    users: Users,
     sender: usize,
     directs: Arc<Vec<Conv>>,
     groups: Arc<Vec<Conv>>,
@@ -229,6 +276,10 @@ async fn send_loop(
     deadline: Instant,
     epoch: Instant,
 ) -> (u64, BTreeMap<String, u64>) {
+    // Request ids unique across runs (a dev tenant outlives a run).
+    let run = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / per_second));
     let (mut ok, mut errors, mut n) = (0, BTreeMap::new(), 0u64);
     while Instant::now() < deadline {
@@ -246,9 +297,9 @@ async fn send_loop(
         };
         n += 1;
         let body = now_us(epoch).to_be_bytes().to_vec();
-        let id = format!("p{sender}-{n}");
-        let request = send_request(tenant, from, conv, id, MessageType::Custom, body);
-        match client.send(request).await {
+        let id = format!("p{run}-{sender}-{n}");
+        let request = send_request(users.tenant, from, conv, id, MessageType::Custom, body);
+        match client.send(users.request(from, request)).await {
             Ok(_) => ok += 1,
             Err(status) => count_error(&mut errors, &status),
         }

@@ -61,11 +61,16 @@ pub struct RouterArgs {
     keys: u64,
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Take routers and secret (and etcd, if it runs one) from a running
+    /// `cellmesh dev` (its data dir).
+    #[arg(long)]
+    dev: Option<PathBuf>,
 }
 
 #[derive(Clone)]
 enum Target {
-    Router(RouteClient),
+    /// The client and the cell the bench's tenants go on.
+    Router(RouteClient, String),
     Etcd(Box<etcd_client::Client>),
 }
 
@@ -83,22 +88,28 @@ async fn router_target(args: &RouterArgs, base: u64) -> anyhow::Result<Target> {
         .map_err(|e| {
             anyhow::anyhow!("cannot reach the routers: {}", crate::client::describe(&e))
         })?;
-    let _ = client
-        .apply(register_cell("bench/c1", "bench", "http://bench.invalid"))
-        .await;
+    // A deployment's tenants go on one of its cells; an empty route table
+    // (a router cluster of its own) gets a placeholder cell, which a
+    // control plane would fail over.
+    let cell = match client.read(|t| t.cells.keys().next().cloned()) {
+        Some(cell) => cell,
+        None => {
+            let _ = client
+                .apply(register_cell("bench/c1", "bench", "http://bench.invalid"))
+                .await;
+            "bench/c1".to_string()
+        }
+    };
     // The read workloads look up tenants placed here.
     let mut last = 0;
     for k in 0..args.keys {
-        if let Ok(r) = client
-            .apply(assign_tenant(base + k + 1, "bench/c1", 0))
-            .await
-        {
+        if let Ok(r) = client.apply(assign_tenant(base + k + 1, &cell, 0)).await {
             last = r.index;
         }
     }
     // The cached workload reads what the watch has delivered.
     client.wait_applied(last, Duration::from_secs(10)).await;
-    Ok(Target::Router(client))
+    Ok(Target::Router(client, cell))
 }
 
 async fn etcd_target(args: &RouterArgs, base: u64) -> anyhow::Result<Target> {
@@ -120,7 +131,15 @@ fn op_name(op: Op) -> &'static str {
     }
 }
 
-pub async fn run(args: RouterArgs) -> anyhow::Result<()> {
+pub async fn run(mut args: RouterArgs) -> anyhow::Result<()> {
+    if let Some(dir) = &args.dev {
+        let dev = crate::devtarget::DevTarget::load(dir)?;
+        args.routers = dev.routers;
+        args.secret = dev.cluster_secret;
+        if args.etcd.is_empty() {
+            args.etcd = dev.etcd;
+        }
+    }
     let base = run_base();
     let mut targets = Vec::new();
     if args.etcd.is_empty() || args.compare {
@@ -194,7 +213,7 @@ async fn measure(
 ) -> anyhow::Result<Report> {
     let op = op_name(args.op);
     let started = Instant::now();
-    if let (Op::Cached, Target::Router(client)) = (args.op, &target) {
+    if let (Op::Cached, Target::Router(client, _)) = (args.op, &target) {
         let (acked, latency) = cached(client, args, base);
         // Latency here is nanoseconds per lookup (the report's unit is µs).
         return Ok(Report::new(
@@ -269,10 +288,10 @@ async fn one(
     errors: &mut BTreeMap<String, u64>,
 ) -> bool {
     match target {
-        Target::Router(client) => {
+        Target::Router(client, cell) => {
             let result = match op {
                 Op::Write => client
-                    .apply(assign_tenant(write_id, "bench/c1", 0))
+                    .apply(assign_tenant(write_id, cell, 0))
                     .await
                     .map(|_| ()),
                 Op::Cached => return client.resolve(&Key::conversation(read_id, 1)).is_some(),

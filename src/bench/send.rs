@@ -14,7 +14,7 @@ use hdrhistogram::Histogram;
 use rand::Rng;
 use tonic::transport::Channel;
 
-use super::{Report, count_error, send_request};
+use super::{Report, authed, count_error, send_request};
 use crate::client::{call_error, caller, connect};
 
 #[derive(Args)]
@@ -169,18 +169,6 @@ async fn create_conversations(
         out.push(Conv { id, first_user });
     }
     Ok(out)
-}
-
-/// The request, with a token for `user` when sending through a dev edge.
-fn authed<T>(
-    dev: Option<&crate::devtarget::DevTarget>,
-    user: u64,
-    message: T,
-) -> tonic::Request<T> {
-    match dev {
-        Some(d) => d.request(message, user),
-        None => tonic::Request::new(message),
-    }
 }
 
 struct WorkerResult {

@@ -203,6 +203,45 @@ async fn a_message_crosses_three_regions_and_survives_a_restart() {
             );
         }
     }
+    // Two control-plane replicas elect one leader; killing it hands over.
+    let leader = status["control_plane"]["leader"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no control-plane leader: {}", status["control_plane"]))
+        .to_string();
+    let pid = info["processes"][&leader].as_i64().unwrap();
+    // SAFETY: kill(2) on a process of the deployment under test.
+    unsafe {
+        libc::kill(pid as i32, libc::SIGKILL);
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = ctl_status(dir.path())["control_plane"]["leader"].clone();
+        if now.as_str().is_some_and(|l| l != leader) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no takeover from {leader}: {now}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // The console of each replica answers with the same picture.
+    for url in info["control_plane"]["consoles"].as_array().unwrap() {
+        let addr = url.as_str().unwrap().trim_start_matches("http://");
+        let addr = addr.trim_end_matches('/').parse().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok((200, body)) = cellmesh_tests::http::get(addr, "/api/status").await {
+                let s: Value = serde_json::from_str(&body).unwrap();
+                if s["regions"].as_object().is_some_and(|r| r.len() == 3) {
+                    break;
+                }
+            }
+            assert!(Instant::now() < deadline, "console {url} never answered");
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+
     let uptime = cell(&status, "us-east/c2")["uptime_ms"].as_u64().unwrap();
     let pid = info["processes"]["us-east-c2"].as_i64().unwrap();
     // SAFETY: kill(2) on a process of the deployment under test.
