@@ -87,6 +87,11 @@ impl DevTarget {
         })
     }
 
+    /// The deployment's data directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     pub fn secret(&self) -> ClusterSecret {
         ClusterSecret::new(&self.cluster_secret)
     }
@@ -122,6 +127,16 @@ impl DevTarget {
         let mut request = tonic::Request::new(message);
         request.metadata_mut().insert("authorization", value);
         request
+    }
+
+    /// The current process id of the dev child `name` (e.g.
+    /// `router-eu-west`, `control-plane-1`).
+    pub fn pid(&self, name: &str) -> anyhow::Result<i32> {
+        let info = read(&self.dir, "dev.json")?;
+        info["processes"][name]
+            .as_i64()
+            .map(|p| p as i32)
+            .with_context(|| format!("no process {name} in dev.json"))
     }
 
     /// The cells' current process ids (dev.json is rewritten when the

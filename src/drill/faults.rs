@@ -1,0 +1,346 @@
+//! The faults a drill injects into a running `cellmesh dev`: process
+//! faults on cells, on the Raft leader of the route table and on the active
+//! control-plane replica (SIGKILL — the dev supervisor restarts the process
+//! — or SIGSTOP/SIGCONT, a hung process), and live migrations, plain or
+//! with their source killed, or with the migrator stopped after a phase
+//! while the control-plane leader is killed, then resumed.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cellmesh_control_plane::coord::etcd::EtcdCoordination;
+use cellmesh_control_plane::coord::local::LocalCoordination;
+use cellmesh_control_plane::coord::{CONTROL_PLANE_ELECTION, Coordination};
+use cellmesh_control_plane::migration::{MigrationOptions, Migrator, StopPoint};
+use cellmesh_router::table::{CellStatus, Key};
+use rand::Rng;
+use rand::rngs::StdRng;
+use serde_json::{Value, json};
+
+use super::workload::now_ms;
+use crate::devtarget::DevTarget;
+
+#[derive(Clone, Copy, Debug)]
+pub enum FaultKind {
+    CellKill,
+    CellHang,
+    Migrate,
+    RouterLeaderKill,
+    MigrationSourceKill,
+    ControlPlaneKillMidMigration,
+}
+
+/// One injected fault, for the report.
+pub struct Fault {
+    pub at_ms: u64,
+    pub kind: String,
+    pub target: String,
+    pub detail: String,
+    /// Drill conversations the fault hit (owned by the faulted cell, or
+    /// moved); their acks after `at_ms` give the recovery time.
+    pub affected: Vec<u64>,
+    /// When the faulted component was whole again (new leader elected),
+    /// where the injector can tell.
+    pub recovered_ms: Option<u64>,
+}
+
+pub struct Injector {
+    pub dev: Arc<DevTarget>,
+    pub conversations: Vec<u64>,
+    pub epoch: Instant,
+    pub rng: StdRng,
+}
+
+fn signal(pid: i32, sig: libc::c_int) {
+    // SAFETY: kill(2) on a process of the dev deployment under drill.
+    unsafe { libc::kill(pid, sig) };
+}
+
+impl Injector {
+    pub async fn inject(&mut self, kind: FaultKind) -> anyhow::Result<Fault> {
+        let at_ms = now_ms(self.epoch);
+        let mut fault = Fault {
+            at_ms,
+            kind: String::new(),
+            target: String::new(),
+            detail: String::new(),
+            affected: Vec::new(),
+            recovered_ms: None,
+        };
+        match kind {
+            FaultKind::CellKill | FaultKind::CellHang => {
+                let cells = self.dev.cell_pids()?;
+                anyhow::ensure!(!cells.is_empty(), "no cells in dev.json");
+                let (name, pid) = cells[self.rng.random_range(0..cells.len())].clone();
+                fault.affected = self.owned_by(&name).await?;
+                fault.target = name;
+                if matches!(kind, FaultKind::CellKill) {
+                    signal(pid, libc::SIGKILL);
+                    fault.kind = "kill (SIGKILL)".into();
+                } else {
+                    signal(pid, libc::SIGSTOP);
+                    tokio::time::sleep(Duration::from_secs(3)).await;
+                    signal(pid, libc::SIGCONT);
+                    fault.kind = "hang 3s (SIGSTOP/SIGCONT)".into();
+                }
+            }
+            FaultKind::Migrate => {
+                let conversation = self.pick();
+                fault.kind = "migrate".into();
+                fault.affected = vec![conversation];
+                fault.target = self
+                    .migrate(conversation, MigrationOptions::default())
+                    .await;
+            }
+            FaultKind::RouterLeaderKill => {
+                let region = self.router_leader().await?;
+                fault.kind = "kill the route table's Raft leader (SIGKILL)".into();
+                fault.target = format!("router-{region}");
+                signal(self.dev.pid(&fault.target)?, libc::SIGKILL);
+                fault.affected = self.conversations.clone();
+                // Whole again when a linearizable lookup (a leader with a
+                // quorum) answers.
+                let key = Key::conversation(self.dev.tenant, self.conversations[0]);
+                let deadline = Instant::now() + Duration::from_secs(30);
+                while Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    let Ok(routes) = self.dev.routes().await else {
+                        continue;
+                    };
+                    let read = routes.resolve_linearizable(&key);
+                    if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(1), read).await {
+                        fault.recovered_ms = Some(now_ms(self.epoch));
+                        break;
+                    }
+                }
+                fault.detail = match fault.recovered_ms {
+                    Some(ms) => {
+                        format!("linearizable lookups answer again after {} ms", ms - at_ms)
+                    }
+                    None => "no linearizable lookup answered within 30 s".into(),
+                };
+            }
+            FaultKind::MigrationSourceKill => {
+                let conversation = self.pick();
+                let source = self.owner(conversation).await?;
+                fault.kind = "migrate, SIGKILL the source mid-copy, resume".into();
+                fault.affected = vec![conversation];
+                // Throttled so the kill lands inside the copy.
+                let options = MigrationOptions {
+                    round_messages: 200,
+                    pause: Duration::from_millis(100),
+                    ..MigrationOptions::default()
+                };
+                let dev = self.dev.clone();
+                let to = self.other_cell(&source).await?;
+                let moving = {
+                    let to = to.clone();
+                    tokio::spawn(async move {
+                        let routes = dev.routes().await?;
+                        Migrator::new(routes, dev.secret(), options)
+                            .migrate_conversation(dev.tenant, conversation, &to, |_| {})
+                            .await
+                            .map_err(anyhow::Error::from)
+                    })
+                };
+                tokio::time::sleep(Duration::from_millis(self.rng.random_range(20..400))).await;
+                signal(self.dev.pid(&source.replace('/', "-"))?, libc::SIGKILL);
+                let first = match moving.await? {
+                    Ok(r) => format!(
+                        "finished before the kill took effect ({} ms)",
+                        r.total.as_millis()
+                    ),
+                    Err(e) => format!("interrupted: {e}"),
+                };
+                fault.target = format!("{source} -> {to}");
+                fault.detail = format!("{first}; then {}", self.resume(conversation, &to).await);
+            }
+            FaultKind::ControlPlaneKillMidMigration => {
+                let conversation = self.pick();
+                let stop = [
+                    StopPoint::Planned,
+                    StopPoint::Copied,
+                    StopPoint::Frozen,
+                    StopPoint::Sealed,
+                ][self.rng.random_range(0..4)];
+                let source = self.owner(conversation).await?;
+                let to = self.other_cell(&source).await?;
+                fault.kind = format!(
+                    "migration stops after {stop:?}; SIGKILL the control-plane leader; resume"
+                );
+                fault.affected = vec![conversation];
+                fault.target = format!("{source} -> {to}");
+                let routes = self.dev.routes().await?;
+                let stopped = Migrator::new(
+                    routes,
+                    self.dev.secret(),
+                    MigrationOptions {
+                        stop_after: Some(stop),
+                        ..MigrationOptions::default()
+                    },
+                )
+                .migrate_conversation(self.dev.tenant, conversation, &to, |_| {})
+                .await;
+                let leader = self.control_plane_leader().await;
+                let killed = match &leader {
+                    Some(name) => {
+                        signal(self.dev.pid(name)?, libc::SIGKILL);
+                        let deadline = Instant::now() + Duration::from_secs(30);
+                        while Instant::now() < deadline {
+                            if self
+                                .control_plane_leader()
+                                .await
+                                .is_some_and(|l| &l != name)
+                            {
+                                fault.recovered_ms = Some(now_ms(self.epoch));
+                                break;
+                            }
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                        format!("killed {name}")
+                    }
+                    None => "no control-plane leader to kill".into(),
+                };
+                let stopped = match stopped {
+                    Ok(_) => "the migration finished before its stop point".to_string(),
+                    Err(e) => e.to_string(),
+                };
+                fault.detail = format!(
+                    "{stopped}; {killed}; then {}",
+                    self.resume(conversation, &to).await
+                );
+            }
+        }
+        Ok(fault)
+    }
+
+    fn pick(&mut self) -> u64 {
+        self.conversations[self.rng.random_range(0..self.conversations.len())]
+    }
+
+    async fn owner(&self, conversation: u64) -> anyhow::Result<String> {
+        let routes = self.dev.routes().await?;
+        Ok(routes
+            .resolve(&Key::conversation(self.dev.tenant, conversation))
+            .map(|r| r.entry.cell)
+            .unwrap_or_default())
+    }
+
+    async fn owned_by(&self, cell: &str) -> anyhow::Result<Vec<u64>> {
+        let mut out = Vec::new();
+        for &c in &self.conversations {
+            if self.owner(c).await? == cell {
+                out.push(c);
+            }
+        }
+        Ok(out)
+    }
+
+    /// A random Up cell other than `cell`.
+    async fn other_cell(&mut self, cell: &str) -> anyhow::Result<String> {
+        let routes = self.dev.routes().await?;
+        let targets: Vec<String> = routes.read(|t| {
+            t.cells
+                .values()
+                .filter(|c| c.id != cell && c.status == CellStatus::Up)
+                .map(|c| c.id.clone())
+                .collect()
+        });
+        anyhow::ensure!(!targets.is_empty(), "no cell to move to");
+        Ok(targets[self.rng.random_range(0..targets.len())].clone())
+    }
+
+    /// Moves `conversation` live to a random other cell; what happened.
+    async fn migrate(&mut self, conversation: u64, options: MigrationOptions) -> String {
+        let attempt = async {
+            let owner = self.owner(conversation).await?;
+            let to = self.other_cell(&owner).await?;
+            let report = Migrator::new(self.dev.routes().await?, self.dev.secret(), options)
+                .migrate_conversation(self.dev.tenant, conversation, &to, |_| {})
+                .await?;
+            Ok::<_, anyhow::Error>(format!(
+                "conversation {conversation} {owner} -> {to}: {} messages, writes paused {} ms",
+                report.messages_verified,
+                report.frozen_for.as_millis()
+            ))
+        };
+        match attempt.await {
+            Ok(done) => done,
+            Err(e) => format!("conversation {conversation}: migration failed: {e}"),
+        }
+    }
+
+    /// Runs the interrupted move again (its state is in the route table)
+    /// until it finishes, is refused, or 30 s pass.
+    async fn resume(&self, conversation: u64, to: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut last = String::new();
+        while Instant::now() < deadline {
+            let routes = match self.dev.routes().await {
+                Ok(r) => r,
+                Err(e) => {
+                    last = e.to_string();
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    continue;
+                }
+            };
+            match Migrator::new(routes, self.dev.secret(), MigrationOptions::default())
+                .migrate_conversation(self.dev.tenant, conversation, to, |_| {})
+                .await
+            {
+                Ok(r) => {
+                    return format!(
+                        "resumed and finished: {} messages verified, writes paused {} ms",
+                        r.messages_verified,
+                        r.frozen_for.as_millis()
+                    );
+                }
+                Err(e @ cellmesh_control_plane::migration::MigrationError::Refused(_)) => {
+                    return format!("resume refused: {e}");
+                }
+                Err(e) => last = e.to_string(),
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        format!("resume gave up after 30 s: {last}")
+    }
+
+    /// The region of the route table's leader.
+    async fn router_leader(&self) -> anyhow::Result<String> {
+        let secret = self.dev.secret();
+        for endpoint in &self.dev.routers {
+            if let Ok(s) = cellmesh_control_plane::status::router_status(endpoint, &secret).await
+                && s.role == "Leader"
+            {
+                return Ok(s.region);
+            }
+        }
+        anyhow::bail!("no router reports itself leader")
+    }
+
+    async fn control_plane_leader(&self) -> Option<String> {
+        let coordination: Box<dyn Coordination> = if self.dev.etcd.is_empty() {
+            Box::new(LocalCoordination::open(&self.dev.dir().join("coordination")).ok()?)
+        } else {
+            Box::new(EtcdCoordination::connect(&self.dev.etcd).await.ok()?)
+        };
+        coordination
+            .leader(CONTROL_PLANE_ELECTION)
+            .await
+            .ok()
+            .flatten()
+    }
+}
+
+impl Fault {
+    pub fn to_json(&self) -> Value {
+        json!({
+            "at_ms": self.at_ms,
+            "kind": self.kind,
+            "target": self.target,
+            "detail": self.detail,
+            "affected_conversations": self.affected,
+            "recovered_at_ms": self.recovered_ms,
+        })
+    }
+}

@@ -1,0 +1,91 @@
+//! The drill's report: faults with their recovery times, operation
+//! outcomes and the checker's verdicts, as JSON and as a human summary.
+
+use std::collections::BTreeMap;
+
+use cellmesh_chaos::history::{History, Outcome};
+use cellmesh_chaos::invariants::Verdict;
+use serde_json::{Value, json};
+
+use super::faults::Fault;
+
+/// How a fault's conversations recovered, from the recorded acks: the
+/// first ack invoked after the fault, and the longest stretch without an
+/// ack in any of them until `until_ms` (the write outage it caused).
+pub fn recovery(fault: &Fault, history: &History, until_ms: u64) -> Value {
+    let mut first_ack: Option<u64> = None;
+    let mut longest_gap = 0u64;
+    for &conversation in &fault.affected {
+        let mut acks: Vec<u64> = history
+            .sends
+            .iter()
+            .filter(|op| op.conversation == conversation)
+            .filter(|op| matches!(op.outcome, Outcome::Ok { .. }))
+            .filter(|op| op.invoked_ms >= fault.at_ms && op.completed_ms <= until_ms)
+            .map(|op| op.completed_ms)
+            .collect();
+        acks.sort_unstable();
+        if let Some(&first) = acks.first() {
+            first_ack = Some(first_ack.map_or(first, |f: u64| f.min(first)));
+        }
+        let mut previous = fault.at_ms;
+        for ack in acks.iter().copied().chain(std::iter::once(until_ms)) {
+            longest_gap = longest_gap.max(ack.saturating_sub(previous));
+            previous = ack;
+        }
+    }
+    if fault.affected.is_empty() {
+        return json!({"affected": 0});
+    }
+    json!({
+        "affected": fault.affected.len(),
+        "first_ack_after_ms": first_ack.map(|a| a - fault.at_ms),
+        "longest_ack_gap_ms": longest_gap,
+        "component_recovered_after_ms": fault.recovered_ms.map(|r| r.saturating_sub(fault.at_ms)),
+    })
+}
+
+pub struct Summary {
+    pub acked: usize,
+    pub rejected: usize,
+    pub unknown: usize,
+    pub rejected_by_code: BTreeMap<String, u64>,
+}
+
+pub fn summarize(history: &History) -> Summary {
+    let count = |f: fn(&Outcome) -> bool| history.sends.iter().filter(|o| f(&o.outcome)).count();
+    let mut rejected_by_code = BTreeMap::<String, u64>::new();
+    for op in &history.sends {
+        if let Outcome::Rejected { code } = &op.outcome {
+            *rejected_by_code.entry(code.clone()).or_default() += 1;
+        }
+    }
+    Summary {
+        acked: count(|o| matches!(o, Outcome::Ok { .. })),
+        rejected: count(|o| matches!(o, Outcome::Rejected { .. })),
+        unknown: count(|o| matches!(o, Outcome::Unknown)),
+        rejected_by_code,
+    }
+}
+
+pub fn print(summary: &Summary, verdicts: &[Verdict]) {
+    println!(
+        "operations: {} acked, {} rejected {:?}, {} unknown",
+        summary.acked, summary.rejected, summary.rejected_by_code, summary.unknown
+    );
+    for v in verdicts {
+        println!(
+            "  {:<28} {}",
+            v.invariant,
+            if v.holds {
+                "holds".to_string()
+            } else {
+                format!(
+                    "VIOLATED ({}): {:?}",
+                    v.violations,
+                    v.counterexamples.first()
+                )
+            }
+        );
+    }
+}

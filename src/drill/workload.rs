@@ -1,0 +1,201 @@
+//! The drill's workload: senders writing through the edge with unique
+//! request ids, recording each operation's invocation and outcome, and the
+//! read-back of every conversation once the deployment has settled.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cellmesh_chaos::history::{Floor, History, Outcome, SendOp, Stored};
+use cellmesh_proto::status::error_code;
+use cellmesh_proto::v1::messaging_client::MessagingClient;
+use cellmesh_proto::v1::{
+    ConversationKind, CreateConversationRequest, Direction, ErrorCode, MessageType, PullRequest,
+    SendRequest,
+};
+use tonic::transport::Channel;
+
+use crate::devtarget::DevTarget;
+
+/// Drill users start here (clear of the demo users and the benches').
+const USER_BASE: u64 = 300_000;
+
+pub fn now_ms(epoch: Instant) -> u64 {
+    epoch.elapsed().as_millis() as u64
+}
+
+/// Outcomes the client cannot know (the request may have been applied).
+fn outcome_of(status: &tonic::Status) -> Outcome {
+    match error_code(status) {
+        ErrorCode::RetryLater | ErrorCode::Internal | ErrorCode::WrongCell => Outcome::Unknown,
+        code => Outcome::Rejected {
+            code: code.as_str_name().to_string(),
+        },
+    }
+}
+
+pub struct Workload {
+    pub dev: Arc<DevTarget>,
+    pub channel: Channel,
+    pub senders: Vec<u64>,
+    pub conversations: Vec<u64>,
+    run_id: u128,
+}
+
+impl Workload {
+    /// Group conversations among the drill's senders, in the demo tenant.
+    pub async fn create(
+        dev: Arc<DevTarget>,
+        senders: u64,
+        conversations: u64,
+    ) -> anyhow::Result<Self> {
+        let run_id = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis());
+        let channel = Channel::from_shared(dev.edge.clone())?.connect().await?;
+        let senders: Vec<u64> = (0..senders).map(|i| USER_BASE + i).collect();
+        let mut ids = Vec::new();
+        for i in 0..conversations {
+            let mut client = MessagingClient::new(channel.clone());
+            let created = client
+                .create_conversation(dev.request(
+                    CreateConversationRequest {
+                        kind: ConversationKind::Group as i32,
+                        title: format!("drill {run_id} {i}"),
+                        member_ids: senders[1..].to_vec(),
+                        client_req_id: format!("drill-{run_id}-{i}"),
+                        ..Default::default()
+                    },
+                    senders[0],
+                ))
+                .await
+                .map_err(|e| anyhow::anyhow!(crate::client::describe(&e)))?;
+            ids.push(
+                created
+                    .into_inner()
+                    .conversation
+                    .map_or(0, |c| c.conversation_id),
+            );
+        }
+        Ok(Self {
+            dev,
+            channel,
+            senders,
+            conversations: ids,
+            run_id,
+        })
+    }
+
+    /// One task per sender, writing round-robin into the conversations
+    /// until `stop`.
+    pub fn start(
+        &self,
+        epoch: Instant,
+        stop: Instant,
+        ops: Arc<Mutex<Vec<SendOp>>>,
+    ) -> Vec<tokio::task::JoinHandle<()>> {
+        let mut workers = Vec::new();
+        for (w, &user) in self.senders.iter().enumerate() {
+            let (dev, ops, convs, channel) = (
+                self.dev.clone(),
+                ops.clone(),
+                self.conversations.clone(),
+                self.channel.clone(),
+            );
+            let run_id = self.run_id;
+            workers.push(tokio::spawn(async move {
+                let mut client = MessagingClient::new(channel);
+                let mut n = 0u64;
+                while Instant::now() < stop {
+                    n += 1;
+                    let conversation = convs[(n as usize + w) % convs.len()];
+                    let tag = format!("d{run_id}-{user}-{n}");
+                    let invoked_ms = now_ms(epoch);
+                    let mut request = dev.request(
+                        SendRequest {
+                            conversation_id: conversation,
+                            client_req_id: tag.clone(),
+                            r#type: MessageType::Text as i32,
+                            body: tag.clone().into_bytes(),
+                            ..Default::default()
+                        },
+                        user,
+                    );
+                    request.set_timeout(Duration::from_secs(10));
+                    let outcome = match client.send(request).await {
+                        Ok(r) => {
+                            let r = r.into_inner();
+                            Outcome::Ok {
+                                msg_id: r.msg_id,
+                                seq: r.seq,
+                            }
+                        }
+                        Err(e) => outcome_of(&e),
+                    };
+                    ops.lock().expect("ops").push(SendOp {
+                        conversation,
+                        sender: user,
+                        client_req_id: tag,
+                        invoked_ms,
+                        completed_ms: now_ms(epoch),
+                        outcome,
+                    });
+                }
+            }));
+        }
+        workers
+    }
+
+    /// Every conversation as stored now, with its failover floors.
+    pub async fn read_back(&self, history: &mut History) -> anyhow::Result<()> {
+        let mut client = MessagingClient::new(self.channel.clone());
+        for &conversation in &self.conversations {
+            let mut stored = Vec::new();
+            let mut since = 0;
+            let mut floor = 0;
+            loop {
+                let page = client
+                    .pull(self.dev.request(
+                        PullRequest {
+                            conversation_id: conversation,
+                            since_seq: since,
+                            direction: Direction::Forward as i32,
+                            limit: 500,
+                            ..Default::default()
+                        },
+                        self.senders[0],
+                    ))
+                    .await
+                    .map_err(|e| {
+                        anyhow::anyhow!(
+                            "reading back {conversation}: {}",
+                            crate::client::describe(&e)
+                        )
+                    })?
+                    .into_inner();
+                floor = floor.max(page.seq_floor);
+                stored.extend(page.messages.iter().map(|m| Stored {
+                    seq: m.seq,
+                    msg_id: m.msg_id,
+                    // A tombstone (a reconciled duplicate) has no body.
+                    tag: if m.state == cellmesh_proto::v1::MessageState::Recalled as i32 {
+                        format!("tombstone-{}", m.seq)
+                    } else {
+                        String::from_utf8_lossy(&m.body).into_owned()
+                    },
+                }));
+                if !page.has_more || page.next_seq <= since {
+                    break;
+                }
+                since = page.next_seq;
+            }
+            history.conversations.insert(conversation, stored);
+            if floor > 0 {
+                history.floors.push(Floor {
+                    conversation,
+                    floor,
+                });
+            }
+        }
+        Ok(())
+    }
+}
