@@ -69,8 +69,23 @@ impl Injector {
         };
         match kind {
             FaultKind::CellKill | FaultKind::CellHang => {
-                let cells = self.dev.cell_pids()?;
+                let mut cells = self.dev.cell_pids()?;
                 anyhow::ensure!(!cells.is_empty(), "no cells in dev.json");
+                // Half the time, a cell that owns drill conversations.
+                if self.rng.random_bool(0.5) {
+                    let mut owners = Vec::new();
+                    for &c in &self.conversations {
+                        owners.push(self.owner(c).await?);
+                    }
+                    let owning: Vec<_> = cells
+                        .iter()
+                        .filter(|(name, _)| owners.contains(name))
+                        .cloned()
+                        .collect();
+                    if !owning.is_empty() {
+                        cells = owning;
+                    }
+                }
                 let (name, pid) = cells[self.rng.random_range(0..cells.len())].clone();
                 fault.affected = self.owned_by(&name).await?;
                 fault.target = name;

@@ -89,3 +89,55 @@ pub fn print(summary: &Summary, verdicts: &[Verdict]) {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cellmesh_chaos::history::SendOp;
+
+    fn op(conversation: u64, invoked_ms: u64, completed_ms: u64, ok: bool) -> SendOp {
+        SendOp {
+            conversation,
+            sender: 1,
+            client_req_id: format!("{conversation}-{invoked_ms}"),
+            invoked_ms,
+            completed_ms,
+            outcome: if ok {
+                Outcome::Ok { msg_id: 1, seq: 1 }
+            } else {
+                Outcome::Unknown
+            },
+        }
+    }
+
+    #[test]
+    fn recovery_is_the_first_ack_and_the_longest_outage_of_the_hit_conversations() {
+        let fault = Fault {
+            at_ms: 1_000,
+            kind: "kill".into(),
+            target: "eu-west/c1".into(),
+            detail: String::new(),
+            affected: vec![7],
+            recovered_ms: Some(1_500),
+        };
+        let history = History {
+            sends: vec![
+                op(7, 900, 950, true),
+                op(7, 1_010, 3_000, false),
+                op(8, 1_020, 1_030, true), // not hit by the fault
+                op(7, 3_000, 3_200, true),
+                op(7, 3_300, 3_310, true),
+            ],
+            ..History::default()
+        };
+        let r = recovery(&fault, &history, 4_000);
+        assert_eq!(r["first_ack_after_ms"], 2_200);
+        assert_eq!(r["longest_ack_gap_ms"], 2_200);
+        assert_eq!(r["component_recovered_after_ms"], 500);
+        let untouched = Fault {
+            affected: vec![],
+            ..fault
+        };
+        assert_eq!(recovery(&untouched, &history, 4_000)["affected"], 0);
+    }
+}

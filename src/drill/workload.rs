@@ -129,7 +129,13 @@ impl Workload {
                                 seq: r.seq,
                             }
                         }
-                        Err(e) => outcome_of(&e),
+                        Err(e) => {
+                            // A client backs off when told to slow down.
+                            if error_code(&e) == ErrorCode::RateLimited {
+                                tokio::time::sleep(Duration::from_millis(20)).await;
+                            }
+                            outcome_of(&e)
+                        }
                     };
                     ops.lock().expect("ops").push(SendOp {
                         conversation,

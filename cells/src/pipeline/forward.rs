@@ -19,7 +19,8 @@ use super::PipelineError;
 use crate::storage::{Mutation, Store};
 
 const DELIVER_TIMEOUT: Duration = Duration::from_secs(10);
-const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// Short: a standby's copy of new conversations waits behind it.
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
 struct Destination {
     client: CellPeerClient<Channel>,
