@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cellmesh_proto::secret::ClusterSecret;
+use cellmesh_proto::storage::v1::ForwardRecord;
 use cellmesh_proto::v1::cell_peer_client::CellPeerClient;
 use cellmesh_proto::v1::{DeliverBatchRequest, PeerEvent};
 use prost::Message as _;
@@ -19,6 +20,9 @@ use super::PipelineError;
 use crate::storage::{Mutation, Store};
 
 const DELIVER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Records read from the queue at a time, and at most per pass.
+const PAGE: usize = 256;
+const MAX_PASS: usize = 16 * PAGE;
 /// Short: a standby's copy of new conversations waits behind it.
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
@@ -38,58 +42,86 @@ pub async fn run(
 ) -> Result<(), PipelineError> {
     let mut destinations: HashMap<String, Destination> = HashMap::new();
     loop {
-        let pending = store.forwards(256)?;
-        if pending.is_empty() {
-            let _ = tokio::time::timeout(Duration::from_secs(1), signal.notified()).await;
-            continue;
-        }
         let mut m = Mutation::new();
         let mut waiting: HashSet<String> = HashSet::new();
-        for (id, record) in pending {
-            if waiting.contains(&record.endpoint) {
-                continue;
-            }
-            let Some(dest) = destination(&mut destinations, &record.endpoint, &links) else {
-                tracing::error!(endpoint = %record.endpoint, "dropping forward to an invalid endpoint");
-                m.delete_forward(id);
-                continue;
+        // One pass over the queue, page by page: records behind a backed-off
+        // destination's backlog still go out to every other destination.
+        let (mut after, mut seen) = (0, 0);
+        loop {
+            let pending = store.forwards(after, PAGE)?;
+            let Some(&(last, _)) = pending.last() else {
+                break;
             };
-            if dest.retry_at > Instant::now() {
-                waiting.insert(record.endpoint);
-                continue;
-            }
-            let events: Vec<PeerEvent> = record
-                .events
-                .iter()
-                .filter_map(|e| PeerEvent::decode(e.as_slice()).ok())
-                .collect();
-            let mut request = tonic::Request::new(DeliverBatchRequest {
-                source_cell: cell_id.clone(),
-                events,
-            });
-            secret.attach(&mut request);
-            match tokio::time::timeout(DELIVER_TIMEOUT, dest.client.deliver_batch(request)).await {
-                Ok(Ok(_)) => {
-                    dest.backoff = Duration::from_millis(100);
-                    m.delete_forward(id);
+            after = last;
+            seen += pending.len();
+            for (id, record) in pending {
+                if waiting.contains(&record.endpoint) {
+                    continue;
                 }
-                outcome => {
-                    let error = match outcome {
-                        Ok(Err(status)) => status.to_string(),
-                        _ => "timed out".to_string(),
-                    };
-                    tracing::warn!(endpoint = %record.endpoint, %error, "forward failed; backing off");
-                    dest.retry_at = Instant::now() + dest.backoff;
-                    dest.backoff = (dest.backoff * 2).min(MAX_BACKOFF);
+                let Some(dest) = destination(&mut destinations, &record.endpoint, &links) else {
+                    tracing::error!(endpoint = %record.endpoint, "dropping forward to an invalid endpoint");
+                    m.delete_forward(id);
+                    continue;
+                };
+                if dest.retry_at > Instant::now() {
+                    waiting.insert(record.endpoint);
+                    continue;
+                }
+                if deliver(dest, &cell_id, &secret, &record).await {
+                    m.delete_forward(id);
+                } else {
                     waiting.insert(record.endpoint);
                 }
+            }
+            if seen >= MAX_PASS {
+                break;
             }
         }
         let idle = m.is_empty();
         store.commit(m).await?;
         if idle {
-            // Everything pending waits for a backoff to pass.
-            let _ = tokio::time::timeout(Duration::from_millis(100), signal.notified()).await;
+            // Nothing queued, or everything waits for a backoff to pass.
+            let wait = if seen == 0 {
+                Duration::from_secs(1)
+            } else {
+                Duration::from_millis(100)
+            };
+            let _ = tokio::time::timeout(wait, signal.notified()).await;
+        }
+    }
+}
+
+/// Sends one record; on failure backs its destination off.
+async fn deliver(
+    dest: &mut Destination,
+    cell_id: &str,
+    secret: &ClusterSecret,
+    record: &ForwardRecord,
+) -> bool {
+    let events: Vec<PeerEvent> = record
+        .events
+        .iter()
+        .filter_map(|e| PeerEvent::decode(e.as_slice()).ok())
+        .collect();
+    let mut request = tonic::Request::new(DeliverBatchRequest {
+        source_cell: cell_id.to_string(),
+        events,
+    });
+    secret.attach(&mut request);
+    match tokio::time::timeout(DELIVER_TIMEOUT, dest.client.deliver_batch(request)).await {
+        Ok(Ok(_)) => {
+            dest.backoff = Duration::from_millis(100);
+            true
+        }
+        outcome => {
+            let error = match outcome {
+                Ok(Err(status)) => status.to_string(),
+                _ => "timed out".to_string(),
+            };
+            tracing::warn!(endpoint = %record.endpoint, %error, "forward failed; backing off");
+            dest.retry_at = Instant::now() + dest.backoff;
+            dest.backoff = (dest.backoff * 2).min(MAX_BACKOFF);
+            false
         }
     }
 }

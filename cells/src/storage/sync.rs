@@ -124,9 +124,12 @@ impl Store {
         self.records(cf::NOTIFY, lower.to_vec(), upper.to_vec(), limit)
     }
 
-    /// Queued forwards, oldest first.
-    pub fn forwards(&self, limit: usize) -> Result<Vec<(u64, ForwardRecord)>> {
-        let (lower, upper) = (keys::u64_key(0), keys::u64_key(u64::MAX));
+    /// Queued forwards after id `after`, oldest first.
+    pub fn forwards(&self, after: u64, limit: usize) -> Result<Vec<(u64, ForwardRecord)>> {
+        let (lower, upper) = (
+            keys::u64_key(after.saturating_add(1)),
+            keys::u64_key(u64::MAX),
+        );
         self.records(cf::FORWARD, lower.to_vec(), upper.to_vec(), limit)
     }
 

@@ -120,3 +120,39 @@ async fn remote_members_get_their_events_through_their_home_cell() {
     home.shutdown().await.unwrap();
     origin.stop().await;
 }
+
+#[tokio::test]
+async fn a_dead_home_with_a_long_backlog_does_not_hold_back_other_homes() {
+    let home = TestCell::start().await;
+    let home_endpoint = home.endpoint.clone();
+    // User 3's home never answers (nothing listens on port 1).
+    let origin = TestCell::start_with(
+        |c| {
+            c.homes
+                .remote
+                .insert("3".into(), "http://127.0.0.1:1".into());
+            c.homes.remote.insert("4".into(), home_endpoint.clone());
+        },
+        Arc::new(SystemClock),
+    )
+    .await;
+    let mut c = origin.client().await;
+    let to_dead = create_group(&mut c, T, 1, &[3]).await;
+    // More queued records for the dead home than the forwarder reads at once.
+    for i in 0..400 {
+        c.send(text(T, 1, to_dead, &format!("d{i}"), "to nowhere"))
+            .await
+            .unwrap();
+    }
+    let backlog = origin.cell.service.store().forwards(0, 1000).unwrap().len();
+    assert!(backlog > 256, "only {backlog} records queued");
+
+    let to_live = create_group(&mut c, T, 1, &[4]).await;
+    let mut at_home = connect_sync(&home.endpoint).await;
+    let mut device = subscribe(&mut at_home, T, 4, "phone", 0).await;
+    c.send(text(T, 1, to_live, "l1", "hello")).await.unwrap();
+    let got = messages(&mut device, 1, WAIT).await;
+    assert_eq!(got[0].conversation_id, to_live);
+    home.stop().await;
+    origin.stop().await;
+}
