@@ -4,6 +4,7 @@
 //! answers WRONG_CELL afterwards, and retries of requests acknowledged
 //! before the move are answered from the migrated idempotency records.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -24,14 +25,14 @@ async fn sender(
     token: String,
     conversation: u64,
     sender: u64,
-    stop: Instant,
+    stop: Arc<AtomicBool>,
     epoch: Instant,
     ops: Arc<Mutex<Vec<SendOp>>>,
 ) {
     let channel = Channel::from_shared(edge).unwrap().connect().await.unwrap();
     let mut client = MessagingClient::new(channel);
     let mut n = 0;
-    while Instant::now() < stop {
+    while !stop.load(Ordering::Relaxed) {
         n += 1;
         let tag = format!("u{sender}-{n}");
         let invoked_ms = epoch.elapsed().as_millis() as u64;
@@ -92,14 +93,72 @@ async fn export_all(address: &str, tenant: u64, conversation: u64) -> Vec<Stored
     }
 }
 
+/// `count` messages straight into the owning cell, 16 at a time.
+async fn prefill(cell: &str, conversation: u64, count: u64) -> Vec<SendOp> {
+    let mut tasks = Vec::new();
+    for w in 0..16u64 {
+        let cell = cell.to_string();
+        tasks.push(tokio::spawn(async move {
+            let channel = Channel::from_shared(cell).unwrap().connect().await.unwrap();
+            let mut client = MessagingClient::new(channel);
+            let mut ops = Vec::new();
+            for n in (w..count).step_by(16) {
+                let tag = format!("p{n}");
+                let mut r = tonic::Request::new(SendRequest {
+                    caller: cellmesh_tests::caller(1, 10),
+                    ..text(conversation, &tag)
+                });
+                ClusterSecret::new(SECRET).attach(&mut r);
+                let reply = client.send(r).await.unwrap().into_inner();
+                ops.push(SendOp {
+                    conversation,
+                    sender: 10,
+                    client_req_id: tag,
+                    invoked_ms: 0,
+                    completed_ms: 0,
+                    outcome: Outcome::Ok {
+                        msg_id: reply.msg_id,
+                        seq: reply.seq,
+                    },
+                });
+            }
+            ops
+        }));
+    }
+    let mut ops = Vec::new();
+    for t in tasks {
+        ops.extend(t.await.unwrap());
+    }
+    ops
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_conversation_moves_under_load_without_loss_duplicates_or_reordering() {
+    move_under_load(0, 50).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conversation_with_100k_messages_moves_under_load() {
+    move_under_load(100_000, 1_000).await;
+}
+
+/// Moves a conversation holding `history` messages while two clients keep
+/// sending through the edge, and checks every invariant.
+async fn move_under_load(history: u64, chunk: u32) {
     let d = deploy(None).await;
     let (source, target) = (&d.cells[0], &d.cells[1]);
     let alice = token(1, 10);
     let bob = token(1, 11);
     let mut m = messaging(&d.edge).await;
     let conv = create_via_edge(&mut m, &alice, vec![11]).await;
+    let started = Instant::now();
+    let prefilled = prefill(&source.endpoint, conv, history).await;
+    if history > 0 {
+        println!(
+            "prefilled {history} messages in {} ms",
+            started.elapsed().as_millis()
+        );
+    }
     // History before the move, including a request we will retry after it.
     let before = m
         .send(authed(text(conv, "before-1"), &alice))
@@ -118,7 +177,7 @@ async fn a_conversation_moves_under_load_without_loss_duplicates_or_reordering()
     .unwrap();
 
     let epoch = Instant::now();
-    let stop = Instant::now() + Duration::from_secs(4);
+    let stop = Arc::new(AtomicBool::new(false));
     let ops = Arc::new(Mutex::new(Vec::new()));
     let senders: Vec<_> = [(10, &alice), (11, &bob)]
         .into_iter()
@@ -128,7 +187,7 @@ async fn a_conversation_moves_under_load_without_loss_duplicates_or_reordering()
                 token.clone(),
                 conv,
                 user,
-                stop,
+                stop.clone(),
                 epoch,
                 ops.clone(),
             ))
@@ -140,7 +199,7 @@ async fn a_conversation_moves_under_load_without_loss_duplicates_or_reordering()
         d.cluster.client().await,
         ClusterSecret::new(SECRET),
         MigrationOptions {
-            chunk: 50,
+            chunk,
             ..MigrationOptions::default()
         },
     );
@@ -161,11 +220,14 @@ async fn a_conversation_moves_under_load_without_loss_duplicates_or_reordering()
         phases.contains(&"copy") && phases.contains(&"switched"),
         "{phases:?}"
     );
+    // Sends go on for a while on the target, then stop.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop.store(true, Ordering::Relaxed);
     for s in senders {
         s.await.unwrap();
     }
 
-    let ops = std::mem::take(&mut *ops.lock().unwrap());
+    let mut ops = std::mem::take(&mut *ops.lock().unwrap());
     let acked_after_switch = ops
         .iter()
         .filter(|o| o.invoked_ms > switch_ms && matches!(o.outcome, Outcome::Ok { .. }))
@@ -184,6 +246,8 @@ async fn a_conversation_moves_under_load_without_loss_duplicates_or_reordering()
     // The source's copy (it keeps it until cleanup) is a prefix of the target's.
     let source_history = export_all(&source.endpoint, 1, conv).await;
     let target_history = export_all(&target.endpoint, 1, conv).await;
+    assert!(target_history.len() as u64 > history);
+    ops.extend(prefilled);
     assert_eq!(source_history.last().map(|s| s.seq), Some(report.final_seq));
     let mut history = History {
         sends: ops,
@@ -257,7 +321,14 @@ async fn a_migration_interrupted_in_any_phase_resumes_and_finishes() {
         let token = token(1, user);
         let conv = create_via_edge(&mut m, &alice, vec![user]).await;
         let epoch = Instant::now();
-        let stop = Instant::now() + Duration::from_millis(1500);
+        let stop = Arc::new(AtomicBool::new(false));
+        tokio::spawn({
+            let stop = stop.clone();
+            async move {
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+                stop.store(true, Ordering::Relaxed);
+            }
+        });
         let ops = Arc::new(Mutex::new(Vec::new()));
         let sending = tokio::spawn(sender(
             d.edge.endpoint(),
