@@ -4,9 +4,12 @@
 //! 1. plan — route `Migrating{B, Copy}`; A keeps serving;
 //! 2. copy — B pulls A's history in checksummed chunks;
 //! 3. catch-up — B pulls the delta until it is within `catch_up_lag`;
-//! 4. freeze — route `Frozen{B}`; A refuses writes (the edge retries);
-//!    A is sealed: it has seen the freeze and every seq it assigned is durable;
-//!    B pulls the final delta; counts and checksums of A and B must agree;
+//! 4. freeze — the history copied so far is verified first (counts and
+//!    checksums of A and B), then the route goes `Frozen{B}`; A refuses
+//!    writes (the edge retries); A is sealed: it has seen the freeze, every
+//!    seq it assigned is durable and no recall or edit is in flight; B pulls
+//!    the final delta, and only that delta is verified under the freeze —
+//!    all of it again if older messages were rewritten meanwhile;
 //! 5. switch — route to B with `seq_floor` = A's final seq; A answers WRONG_CELL.
 //!
 //! Cleanup of A's copy after a grace period is not done yet.
@@ -16,7 +19,7 @@ use std::time::{Duration, Instant};
 use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::v1::cell_peer_client::CellPeerClient;
 use cellmesh_proto::v1::update_route::Transition;
-use cellmesh_proto::v1::{CopyRequest, DigestRequest, MigrationPhase, SealRequest};
+use cellmesh_proto::v1::{CopyRequest, DigestRequest, DigestResponse, MigrationPhase, SealRequest};
 use cellmesh_router::client::RouteClient;
 use cellmesh_router::commands::update_route;
 use cellmesh_router::table::{Key, Phase, RouteState};
@@ -115,6 +118,8 @@ pub struct Migrator {
     pub options: MigrationOptions,
 }
 
+type Peer = CellPeerClient<Channel>;
+
 fn call(what: &str) -> impl FnOnce(tonic::Status) -> MigrationError + '_ {
     move |status| MigrationError::Call {
         what: what.to_string(),
@@ -160,6 +165,33 @@ impl Migrator {
     }
 
     /// Applies one transition of `key` at `expect_epoch`; the new epoch.
+    /// Source and target digests of the messages in `(after, through]`.
+    async fn digests(
+        &self,
+        source: &mut Peer,
+        target: &mut Peer,
+        conversation: u64,
+        after: u64,
+        through: u64,
+    ) -> Result<(DigestResponse, DigestResponse), MigrationError> {
+        let digest = DigestRequest {
+            conversation_id: conversation,
+            after_seq: after,
+            through_seq: through,
+        };
+        let a = source
+            .conversation_digest(self.request(digest))
+            .await
+            .map_err(call("source digest"))?
+            .into_inner();
+        let b = target
+            .conversation_digest(self.request(digest))
+            .await
+            .map_err(call("target digest"))?
+            .into_inner();
+        Ok((a, b))
+    }
+
     async fn transition(
         &self,
         key: &Key,
@@ -236,7 +268,7 @@ impl Migrator {
         let mut copied = target
             .conversation_digest(self.request(DigestRequest {
                 conversation_id: conversation,
-                through_seq: 0,
+                ..Default::default()
             }))
             .await
             .map_err(call("target digest"))?
@@ -252,6 +284,7 @@ impl Migrator {
             backfill: false,
         };
         let mut frozen_at = Instant::now();
+        let mut pre: Option<(u64, DigestResponse, bool)> = None;
         if !frozen {
             let mut phase = "copy";
             let mut catch_up_rounds = 0;
@@ -300,6 +333,13 @@ impl Migrator {
                 }
                 tokio::time::sleep(self.options.pause).await;
             }
+            // Verify what is copied while writes still flow; under the
+            // freeze only the final delta is compared then, unless older
+            // messages were rewritten in between.
+            let (a, b) = self
+                .digests(&mut source, &mut target, conversation, 0, copied)
+                .await?;
+            pre = Some((copied, a, (a.count, a.checksum) == (b.count, b.checksum)));
             frozen_at = Instant::now();
             epoch = self
                 .transition(&key, epoch, Transition::Freeze(true))
@@ -333,20 +373,27 @@ impl Migrator {
             copied_through: copied,
             source_latest: final_seq,
         });
-        let digest = DigestRequest {
-            conversation_id: conversation,
-            through_seq: final_seq,
+        let mut verified = None;
+        if let Some((through, before, true)) = pre {
+            let (a, b) = self
+                .digests(&mut source, &mut target, conversation, through, final_seq)
+                .await?;
+            if a.rewrites == before.rewrites {
+                let sum = |x: &DigestResponse| DigestResponse {
+                    count: before.count + x.count,
+                    checksum: before.checksum.wrapping_add(x.checksum),
+                    ..*x
+                };
+                verified = Some((sum(&a), sum(&b)));
+            }
+        }
+        let (a, b) = match verified {
+            Some(v) => v,
+            None => {
+                self.digests(&mut source, &mut target, conversation, 0, final_seq)
+                    .await?
+            }
         };
-        let a = source
-            .conversation_digest(self.request(digest))
-            .await
-            .map_err(call("source digest"))?
-            .into_inner();
-        let b = target
-            .conversation_digest(self.request(digest))
-            .await
-            .map_err(call("target digest"))?
-            .into_inner();
         if (a.count, a.checksum) != (b.count, b.checksum) {
             self.transition(&key, epoch, Transition::Cancel(true))
                 .await

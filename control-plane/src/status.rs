@@ -40,7 +40,7 @@ async fn latest_seq(address: &str, secret: &ClusterSecret, conversation: u64) ->
     let mut client = peer(address).await?;
     let mut r = tonic::Request::new(DigestRequest {
         conversation_id: conversation,
-        through_seq: 0,
+        ..Default::default()
     });
     secret.attach(&mut r);
     client

@@ -84,13 +84,14 @@ impl CellPeer for PeerApi {
         request: Request<DigestRequest>,
     ) -> Result<Response<DigestResponse>, Status> {
         let r = request.into_inner();
-        let (count, checksum, latest_seq) = self
+        let d = self
             .service
-            .digest_conversation(r.conversation_id, r.through_seq)?;
+            .digest_conversation(r.conversation_id, r.after_seq, r.through_seq)?;
         Ok(Response::new(DigestResponse {
-            count,
-            checksum,
-            latest_seq,
+            count: d.count,
+            checksum: d.checksum,
+            latest_seq: d.latest_seq,
+            rewrites: d.rewrites,
         }))
     }
 

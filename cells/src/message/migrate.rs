@@ -42,6 +42,15 @@ fn retry_later(reason: &'static str, message: String) -> CellError {
     }
 }
 
+/// See [`MessageService::digest_conversation`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConversationDigest {
+    pub count: u64,
+    pub checksum: u64,
+    pub latest_seq: u64,
+    pub rewrites: u64,
+}
+
 impl MessageService {
     /// A chunk of `conversation` after `after_seq` (source side).
     pub fn export_conversation(
@@ -127,6 +136,9 @@ impl MessageService {
         let entry = self.conversation(&caller, conversation)?;
         // Sends check ownership under this lock, so none assigns after it.
         let latest = entry.seq.lock().expect("sequencer lock").latest;
+        // Rewrites (recall, edit) check it under this one: wait out any in
+        // flight; none starts after.
+        drop(entry.admin.lock().await);
         while self.store.conv_seq(conversation)?.latest_seq < latest {
             if let Some(failure) = self.store.failed() {
                 return Err(CellError::Storage(crate::storage::StorageError::Failed(
@@ -146,12 +158,21 @@ impl MessageService {
 
     /// Count and checksum of the messages up to `through_seq`, and the
     /// latest seq stored.
+    /// Count and checksum of the messages in `(after_seq, through_seq]`
+    /// (checksums add up, so ranges compose), the latest seq and how many
+    /// rewrites the conversation has seen.
     pub fn digest_conversation(
         &self,
         conversation: u64,
+        after_seq: u64,
         through_seq: u64,
-    ) -> Result<(u64, u64, u64)> {
-        let (mut count, mut checksum, mut after) = (0u64, 0u64, 0u64);
+    ) -> Result<ConversationDigest> {
+        // Read before the scan: a rewrite during it shows as a newer count.
+        let rewrites = self
+            .store
+            .meta_u64(&crate::storage::keys::meta::rewrites(conversation))?
+            .unwrap_or(0);
+        let (mut count, mut checksum, mut after) = (0u64, 0u64, after_seq);
         loop {
             let page = self
                 .store
@@ -166,11 +187,12 @@ impl MessageService {
             }
             after = last;
         }
-        Ok((
+        Ok(ConversationDigest {
             count,
             checksum,
-            self.store.conv_seq(conversation)?.latest_seq,
-        ))
+            latest_seq: self.store.conv_seq(conversation)?.latest_seq,
+            rewrites,
+        })
     }
 
     /// Stores the messages of a chunk from a returned failed cell: history

@@ -9,7 +9,7 @@ use super::send::validate_body;
 use super::{Caller, MessageService};
 use crate::convert::message_to_proto;
 use crate::error::{CellError, Result};
-use crate::storage::Mutation;
+use crate::storage::{Mutation, keys};
 
 /// Most seqs one delete-for-me request may name.
 pub const MAX_DELETE_BATCH: usize = 1_000;
@@ -100,9 +100,11 @@ impl MessageService {
         change: impl FnOnce(&mut MessageRecord, u64) -> Result<bool>,
     ) -> Result<Message> {
         let conv = self.conversation(&caller, conversation)?;
-        self.ownership.check(caller.tenant, conversation, 0)?;
         self.require_member(&caller, conversation)?;
+        // Ownership is checked under the lock a seal takes too, so no
+        // rewrite lands after a migration sealed the conversation.
         let _admin = conv.admin.lock().await;
+        self.ownership.check(caller.tenant, conversation, 0)?;
         let mut record = self
             .store
             .message(conversation, seq)?
@@ -130,6 +132,9 @@ impl MessageService {
         if change(&mut record, now)? {
             let mut m = Mutation::new();
             m.put_message(conversation, seq, &record);
+            let rewrites = keys::meta::rewrites(conversation);
+            let count = self.store.meta_u64(&rewrites)?.unwrap_or(0);
+            m.put_meta_u64(&rewrites, count + 1);
             m.emit(&OutboxEvent {
                 kind: kind as i32,
                 tenant_id: caller.tenant,

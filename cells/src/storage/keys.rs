@@ -76,6 +76,12 @@ pub mod meta {
     pub fn backfilled(conversation: u64) -> Vec<u8> {
         [b"backfilled/".as_slice(), &conversation.to_be_bytes()].concat()
     }
+
+    /// How many times existing messages of a conversation were rewritten
+    /// (recall, edit): a migration re-verifies old history only if it moved.
+    pub fn rewrites(conversation: u64) -> Vec<u8> {
+        [b"rewrites/".as_slice(), &conversation.to_be_bytes()].concat()
+    }
 }
 
 /// What an idempotency record answers.

@@ -94,6 +94,10 @@ impl Mutation {
         self.ops.push(Op::Put(cf, key.into(), value));
     }
 
+    pub fn put_meta_u64(&mut self, key: &[u8], value: u64) {
+        self.put(cf::META, key.to_vec(), value.to_be_bytes().to_vec());
+    }
+
     pub fn put_conversation(&mut self, id: u64, record: &ConversationRecord) {
         self.put(cf::CONVERSATIONS, keys::u64_key(id), record.encode_to_vec());
     }

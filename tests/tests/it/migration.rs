@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use cellmesh_chaos::check_all;
 use cellmesh_chaos::history::{History, Migration, Outcome, SendOp, Stored};
-use cellmesh_control_plane::migration::{MigrationOptions, Migrator};
+use cellmesh_control_plane::migration::{MigrationError, MigrationOptions, Migrator, StopPoint};
 use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::status::error_detail;
 use cellmesh_proto::v1::cell_peer_client::CellPeerClient;
@@ -303,7 +303,6 @@ async fn move_under_load(history: u64, chunk: u32) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_migration_interrupted_in_any_phase_resumes_and_finishes() {
-    use cellmesh_control_plane::migration::{MigrationError, StopPoint};
     let d = deploy(None).await;
     let alice = token(1, 10);
     let mut m = messaging(&d.edge).await;
@@ -400,4 +399,76 @@ async fn a_migration_interrupted_in_any_phase_resumes_and_finishes() {
         }
         assert!(report.final_seq > 0, "{point:?}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recall_made_after_the_copy_is_never_lost_by_the_move() {
+    let d = deploy(None).await;
+    let alice = token(1, 10);
+    let mut m = messaging(&d.edge).await;
+    let conv = create_via_edge(&mut m, &alice, vec![11]).await;
+    let first = m
+        .send(authed(text(conv, "r1"), &alice))
+        .await
+        .unwrap()
+        .into_inner();
+    for i in 2..=20 {
+        m.send(authed(text(conv, &format!("r{i}")), &alice))
+            .await
+            .unwrap();
+    }
+    let routes = d.cluster.client().await;
+    let migrator = |stop_after| {
+        Migrator::new(
+            routes.clone(),
+            ClusterSecret::new(SECRET),
+            MigrationOptions {
+                stop_after,
+                ..MigrationOptions::default()
+            },
+        )
+    };
+    let stopped = migrator(Some(StopPoint::Copied))
+        .migrate_conversation(1, conv, "us-east/c1", |_| {})
+        .await;
+    assert!(
+        matches!(stopped, Err(MigrationError::Stopped(_))),
+        "{stopped:?}"
+    );
+    // The source still owns the conversation: the recall lands there,
+    // after the target copied the message.
+    m.recall(authed(
+        RecallRequest {
+            conversation_id: conv,
+            seq: first.seq,
+            ..Default::default()
+        },
+        &alice,
+    ))
+    .await
+    .unwrap();
+    let resumed = migrator(None)
+        .migrate_conversation(1, conv, "us-east/c1", |_| {})
+        .await;
+    let owner = routes
+        .resolve(&cellmesh_router::table::Key::conversation(1, conv))
+        .unwrap()
+        .entry;
+    match resumed {
+        // Whole verification caught the stale copy and rolled back.
+        Err(MigrationError::Mismatch { .. }) => {
+            assert_eq!(owner.cell, "eu-west/c1");
+            assert_eq!(owner.state, cellmesh_router::table::RouteState::Active);
+        }
+        Ok(_) => assert_eq!(owner.cell, "us-east/c1"),
+        Err(e) => panic!("{e}"),
+    }
+    let page = pull_via_edge(&mut m, &alice, conv).await;
+    let recalled = page.messages.iter().find(|x| x.seq == first.seq).unwrap();
+    assert_eq!(
+        recalled.state,
+        MessageState::Recalled as i32,
+        "{recalled:?}"
+    );
+    assert_eq!(page.messages.len(), 20);
 }
