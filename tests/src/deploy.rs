@@ -3,14 +3,17 @@
 //! edge — optionally reaching the routers through a slow link — plus client
 //! token helpers.
 
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use cellmesh_chaos::history::Stored;
+use cellmesh_chaos::history::{Outcome, SendOp, Stored};
 use cellmesh_chaos::proxy::FaultProxy;
+use cellmesh_proto::status::error_detail;
 use cellmesh_proto::v1::messaging_client::MessagingClient;
 use cellmesh_proto::v1::{
-    ConversationKind, CreateConversationRequest, Direction, Message, MessageType, PullRequest,
-    PullResponse, SendRequest,
+    ConversationKind, CreateConversationRequest, Direction, ErrorCode, Message, MessageType,
+    PullRequest, PullResponse, SendRequest,
 };
 use cellmesh_router::commands::assign_tenant;
 use cellmesh_router::edge::auth::{Claims, TokenKey, now_secs};
@@ -54,20 +57,79 @@ pub async fn deploy(edge_router_latency: Option<Duration>) -> Deployment {
         }
         None => (routers, None),
     };
-    let edge = cellmesh_router::edge::start(EdgeConfig {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        routers: edge_routers,
-        cluster_secret: SECRET.into(),
-        token_secret: TOKEN_SECRET.into(),
-        ..EdgeConfig::default()
-    })
-    .await
-    .expect("edge starts");
+    let edge = start_edge(edge_routers).await;
     Deployment {
         cluster,
         cells,
         edge,
         edge_link: link,
+    }
+}
+
+/// An edge on port 0 following `routers`.
+pub async fn start_edge(routers: Vec<String>) -> RunningEdge {
+    cellmesh_router::edge::start(EdgeConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        routers,
+        cluster_secret: SECRET.into(),
+        token_secret: TOKEN_SECRET.into(),
+        ..EdgeConfig::default()
+    })
+    .await
+    .expect("edge starts")
+}
+
+/// Sends through the edge until `stop`, one request id per message
+/// (`u{sender}-{n}`), recording every outcome: a timeout or a retry-later,
+/// unavailable or internal answer may have happened (unknown).
+pub async fn sender(
+    edge: String,
+    token: String,
+    conversation: u64,
+    sender: u64,
+    stop: Arc<AtomicBool>,
+    epoch: Instant,
+    ops: Arc<Mutex<Vec<SendOp>>>,
+) {
+    let channel = Channel::from_shared(edge).unwrap().connect().await.unwrap();
+    let mut client = MessagingClient::new(channel);
+    let mut n = 0;
+    while !stop.load(Ordering::Relaxed) {
+        n += 1;
+        let tag = format!("u{sender}-{n}");
+        let invoked_ms = epoch.elapsed().as_millis() as u64;
+        let outcome = match tokio::time::timeout(
+            Duration::from_secs(10),
+            client.send(authed(text(conversation, &tag), &token)),
+        )
+        .await
+        {
+            Ok(Ok(r)) => {
+                let r = r.into_inner();
+                Outcome::Ok {
+                    msg_id: r.msg_id,
+                    seq: r.seq,
+                }
+            }
+            Ok(Err(e)) => match tonic::Code::from(e.code()) {
+                tonic::Code::Unavailable | tonic::Code::Internal | tonic::Code::Unknown => {
+                    Outcome::Unknown
+                }
+                _ if error_detail(&e).code == ErrorCode::RetryLater as i32 => Outcome::Unknown,
+                _ => Outcome::Rejected {
+                    code: format!("{}/{}", error_detail(&e).code, error_detail(&e).reason),
+                },
+            },
+            Err(_) => Outcome::Unknown,
+        };
+        ops.lock().unwrap().push(SendOp {
+            conversation,
+            sender,
+            client_req_id: tag,
+            invoked_ms,
+            completed_ms: epoch.elapsed().as_millis() as u64,
+            outcome,
+        });
     }
 }
 

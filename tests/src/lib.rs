@@ -233,10 +233,27 @@ impl CellProcess {
     /// Starts `cellmesh cell` on port 0 over `data_dir` and waits until it
     /// serves.
     pub async fn start(data_dir: &Path) -> Self {
+        Self::spawn(data_dir, None).await
+    }
+
+    /// Starts `cellmesh cell --config` with `config` (written next to the
+    /// data), on port 0 over `data_dir`.
+    pub async fn start_configured(data_dir: &Path, config: &cellmesh_cell::CellConfig) -> Self {
+        let path = data_dir.join("cell.toml");
+        std::fs::write(&path, toml::to_string(config).expect("config as TOML")).unwrap();
+        Self::spawn(data_dir, Some(&path)).await
+    }
+
+    async fn spawn(data_dir: &Path, config: Option<&Path>) -> Self {
         let addr_file = data_dir.join(cellmesh_cell::server::ADDR_FILE);
         let _ = std::fs::remove_file(&addr_file);
-        let child = Command::new(cellmesh_bin())
-            .args(["cell", "--listen", "127.0.0.1:0", "--data-dir"])
+        let mut command = Command::new(cellmesh_bin());
+        command.arg("cell");
+        if let Some(config) = config {
+            command.arg("--config").arg(config);
+        }
+        let child = command
+            .args(["--listen", "127.0.0.1:0", "--data-dir"])
             .arg(data_dir)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())

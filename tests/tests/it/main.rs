@@ -14,6 +14,7 @@ mod history;
 mod homes;
 mod migration;
 mod presence;
+mod process_failover;
 mod processor_crash;
 mod router;
 mod send;
