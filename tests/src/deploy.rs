@@ -111,7 +111,7 @@ pub async fn sender(
                     seq: r.seq,
                 }
             }
-            Ok(Err(e)) => match tonic::Code::from(e.code()) {
+            Ok(Err(e)) => match e.code() {
                 tonic::Code::Unavailable | tonic::Code::Internal | tonic::Code::Unknown => {
                     Outcome::Unknown
                 }
