@@ -11,6 +11,11 @@ pub struct Fence {
     pub epoch: u64,
     /// Seq must be assigned strictly above this.
     pub seq_floor: u64,
+    /// And at most this: the conversation's failover base as last seen in
+    /// the route table plus the failover margin. A cell cut off from the
+    /// table (its checkpoints no longer land) stops here, below the floor a
+    /// failover would give its successor.
+    pub seq_limit: Option<u64>,
 }
 
 pub trait Ownership: Send + Sync + 'static {

@@ -18,11 +18,18 @@ use crate::ownership::{Fence, Ownership};
 pub struct Routed {
     client: RouteClient,
     cell_id: String,
+    /// The failover safety margin (from this cell's rate limits and
+    /// checkpoint interval): how far past its failover base it may write.
+    margin: u64,
 }
 
 impl Routed {
-    pub fn new(client: RouteClient, cell_id: String) -> Self {
-        Self { client, cell_id }
+    pub fn new(client: RouteClient, cell_id: String, margin: u64) -> Self {
+        Self {
+            client,
+            cell_id,
+            margin,
+        }
     }
 }
 
@@ -46,7 +53,11 @@ impl Ownership for Routed {
         } else {
             Key::conversation(tenant, conversation)
         };
-        let Some(route) = self.client.resolve(&key) else {
+        let (route, base) = self.client.read(|t| {
+            let base = (conversation != 0).then(|| t.failover_base(tenant, conversation));
+            (t.resolve(&key), base)
+        });
+        let Some(route) = route else {
             return Err(CellError::RetryLater {
                 reason: "NO_ROUTE",
                 message: format!("tenant {tenant} has no placement in the route table"),
@@ -83,6 +94,7 @@ impl Ownership for Routed {
         Ok(Fence {
             epoch: route.entry.epoch,
             seq_floor: route.seq_floor,
+            seq_limit: base.map(|b| b.saturating_add(self.margin)),
         })
     }
 }

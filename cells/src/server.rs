@@ -85,7 +85,12 @@ impl Placement {
         )
         .await
         .map_err(|e| StartError::Routing(e.message().to_string()))?;
-        let routed = Arc::new(Routed::new(client.clone(), config.cell_id.clone()));
+        let margin = cellmesh_router::table::safety_margin(
+            u64::from(config.rate_limit.conversation_per_sec),
+            u64::from(config.rate_limit.conversation_burst),
+            config.routing.checkpoint_interval_ms,
+        );
+        let routed = Arc::new(Routed::new(client.clone(), config.cell_id.clone(), margin));
         Ok(Self {
             ownership: routed.clone(),
             homes: routed,

@@ -71,10 +71,21 @@ impl TestCell {
 
     /// A routed cell on an existing data dir (a restart).
     pub async fn start_routed_in(cell_id: &str, routers: Vec<String>, dir: TempDir) -> Self {
+        Self::start_routed_with(cell_id, routers, dir, |_| {}).await
+    }
+
+    /// A routed cell whose test config `tweak` adjusts first.
+    pub async fn start_routed_with(
+        cell_id: &str,
+        routers: Vec<String>,
+        dir: TempDir,
+        tweak: impl FnOnce(&mut CellConfig),
+    ) -> Self {
         let mut config = test_config(dir.path());
         config.cell_id = cell_id.to_string();
         config.routing.routers = routers;
         config.routing.cluster_secret = router::SECRET.to_string();
+        tweak(&mut config);
         let placement = cellmesh_cell::Placement::routed(&config)
             .await
             .expect("route table reachable");

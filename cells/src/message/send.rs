@@ -74,6 +74,17 @@ impl MessageService {
                 .check(cmd.caller.tenant, cmd.conversation, 0)?;
             let floor = state.floor.max(fence.seq_floor);
             let seq = state.latest.max(floor) + 1;
+            if let Some(limit) = fence.seq_limit
+                && seq > limit
+            {
+                return Err(CellError::RetryLater {
+                    reason: "CHECKPOINT_BEHIND",
+                    message: format!(
+                        "seq {seq} would pass {limit}: the route table has not taken this cell's checkpoints"
+                    ),
+                    retry_after: std::time::Duration::from_millis(200),
+                });
+            }
             let msg_id = self.next_id(now)?;
             let record = IdempotencyRecord {
                 conversation_id: cmd.conversation,

@@ -24,16 +24,7 @@ pub enum PlanError {
     NoFallback(String),
 }
 
-/// How far past its last checkpoint a conversation's seq can have moved:
-/// the burst plus the sustained rate over two checkpoint intervals (one may
-/// have been in flight when the cell died).
-pub fn safety_margin(
-    conversation_per_sec: u64,
-    conversation_burst: u64,
-    checkpoint_interval_ms: u64,
-) -> u64 {
-    conversation_burst + (conversation_per_sec * checkpoint_interval_ms * 2).div_ceil(1000)
-}
+pub use cellmesh_router::table::safety_margin;
 
 pub fn plan_failover(
     table: &RouteTable,
@@ -198,11 +189,5 @@ mod tests {
             plan_failover(&t, "xx/c9", 1),
             Err(PlanError::UnknownCell("xx/c9".into()))
         );
-    }
-
-    #[test]
-    fn the_margin_covers_the_rate_over_two_checkpoint_intervals() {
-        assert_eq!(safety_margin(100, 50, 1000), 250);
-        assert_eq!(safety_margin(1, 0, 10), 1);
     }
 }

@@ -243,22 +243,27 @@ fn update_route(
             next.seq_floor = current.seq_floor.max(*seq_floor);
             next.floor_margin = *floor_margin;
             // The owner failing now may have advanced past the last floor:
-            // its own reports become the checkpoints the new floor uses.
-            let mut changes: Vec<Change> = table
-                .owner_checkpoints
-                .iter()
-                .filter(|&(&(t, c), _)| {
-                    t == key.tenant
-                        && match key.scope {
-                            Scope::Tenant => true,
-                            Scope::Conversation(id) => id == c,
-                            Scope::User(_) => false,
-                        }
-                })
-                .map(|(&(tenant, conversation), &hwm)| Change::Checkpoint {
+            // each conversation it decided for gets its failover base (its
+            // floor and its reports) as the checkpoint the new floor uses.
+            let decided_here = |&(t, c): &(u64, u64)| {
+                t == key.tenant
+                    && table
+                        .effective(&Key::conversation(t, c))
+                        .is_some_and(|e| e.key == key)
+            };
+            let conversations: std::collections::BTreeSet<(u64, u64)> = table
+                .checkpoints
+                .keys()
+                .chain(table.owner_checkpoints.keys())
+                .copied()
+                .filter(decided_here)
+                .collect();
+            let mut changes: Vec<Change> = conversations
+                .into_iter()
+                .map(|(tenant, conversation)| Change::Checkpoint {
                     tenant,
                     conversation,
-                    hwm,
+                    hwm: table.failover_base(tenant, conversation),
                 })
                 .collect();
             changes.push(Change::Route(next));

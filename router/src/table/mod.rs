@@ -230,6 +230,21 @@ impl RouteTable {
             .or_else(|| self.routes.get(&key.tenant_key()))
     }
 
+    /// What a failover of `conversation`'s current owner would put its new
+    /// floor above (plus the margin): the floor the owner started from and
+    /// every high-water mark it reported. The owner itself never assigns a
+    /// seq past this plus the margin, so the new floor is above all of them.
+    pub fn failover_base(&self, tenant: u64, conversation: u64) -> u64 {
+        let floor = self
+            .resolve(&Key::conversation(tenant, conversation))
+            .map_or(0, |r| r.seq_floor);
+        let reported =
+            |m: &BTreeMap<(u64, u64), u64>| m.get(&(tenant, conversation)).copied().unwrap_or(0);
+        floor
+            .max(reported(&self.checkpoints))
+            .max(reported(&self.owner_checkpoints))
+    }
+
     /// Where `key` lives now, with the floor its owner must respect.
     pub fn resolve(&self, key: &Key) -> Option<Resolved> {
         let entry = self.effective(key)?;
@@ -299,3 +314,16 @@ impl RouteTable {
 
 #[cfg(test)]
 mod tests;
+
+/// How far past its last checkpoint a conversation's seq can move: the
+/// burst plus the sustained rate over two checkpoint intervals (one may have
+/// been in flight when the owner died). Cells stop assigning seq beyond
+/// their failover base plus this; the control plane puts failover floors
+/// this far above it.
+pub fn safety_margin(
+    conversation_per_sec: u64,
+    conversation_burst: u64,
+    checkpoint_interval_ms: u64,
+) -> u64 {
+    conversation_burst + (conversation_per_sec * checkpoint_interval_ms * 2).div_ceil(1000)
+}

@@ -325,3 +325,38 @@ fn a_failover_floor_stays_put_while_the_new_owner_writes_and_moves_with_a_second
     let r = t.resolve(&key).unwrap();
     assert_eq!((r.entry.cell.as_str(), r.seq_floor), ("us/c1", 500));
 }
+
+#[test]
+fn a_second_failover_before_the_new_owner_checkpoints_still_lands_above_it() {
+    let (mut t, i) = table_with_cells();
+    place(&mut t, 1, "eu/c1", i);
+    t.apply(
+        &Command::Checkpoint {
+            cell: "eu/c1".into(),
+            entries: vec![(1, 10, 50)],
+        },
+        i + 1,
+    )
+    .unwrap();
+    let failover = |to: &str| Transition::Failover {
+        to: to.into(),
+        seq_floor: 0,
+        floor_margin: 100,
+    };
+    update(&mut t, i + 2, Key::tenant(1), i, failover("eu/c2")).unwrap();
+    // The new owner starts above 150 and may write up to base + margin
+    // before any report of its own lands.
+    assert_eq!(t.failover_base(1, 10), 150);
+    update(&mut t, i + 3, Key::tenant(1), i + 2, failover("us/c1")).unwrap();
+    let r = t.resolve(&Key::conversation(1, 10)).unwrap();
+    assert_eq!((r.entry.cell.as_str(), r.seq_floor), ("us/c1", 250));
+    // A conversation of the tenant that never checkpointed starts at the
+    // margin; an override owned elsewhere keeps its own floor.
+    assert_eq!(t.failover_base(1, 99), 100);
+}
+
+#[test]
+fn the_safety_margin_covers_the_burst_and_two_checkpoint_intervals() {
+    assert_eq!(safety_margin(100, 50, 1000), 250);
+    assert_eq!(safety_margin(1, 0, 10), 1);
+}

@@ -200,3 +200,106 @@ async fn a_routed_cell_restarts_on_its_own_data() {
         "the restarted cell re-registered its address"
     );
 }
+
+/// A cell cut off from the route table keeps serving what it owns, but
+/// stops assigning seq at its failover base plus the margin: the floor a
+/// failover gives its successor meanwhile is above every seq it acked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cell_cut_off_from_the_route_table_stops_below_the_failover_floor() {
+    let cluster = cellmesh_tests::router::RouterCluster::start(1, |_| {}).await;
+    let routers = cluster.endpoints();
+    let link = cellmesh_chaos::proxy::FaultProxy::start(
+        "127.0.0.1:0".parse().unwrap(),
+        cluster.replicas[0].config.api_listen,
+    )
+    .await
+    .unwrap();
+    // Margin: burst 100 + 100/s over two 100 ms intervals = 120.
+    let margin = 120;
+    let _cell = cellmesh_tests::TestCell::start_routed_with(
+        "eu-west/c1",
+        vec![format!("http://{}", link.addr())],
+        tempfile::tempdir().unwrap(),
+        |c| {
+            c.routing.checkpoint_interval_ms = 100;
+            c.rate_limit.conversation_per_sec = 100;
+            c.rate_limit.conversation_burst = 100;
+        },
+    )
+    .await;
+    let _fallback = cellmesh_tests::TestCell::start_routed("eu-west/c2", routers.clone()).await;
+    let routes = cluster.client().await;
+    routes
+        .apply(cellmesh_router::commands::assign_tenant(1, "eu-west/c1", 0))
+        .await
+        .unwrap();
+    let edge = start_edge(routers).await;
+    let alice = token(1, 10);
+    let mut m = messaging(&edge).await;
+    let conv = create_via_edge(&mut m, &alice, vec![11]).await;
+    for i in 0..30 {
+        m.send(authed(text(conv, &format!("in-{i}")), &alice))
+            .await
+            .unwrap();
+    }
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let hwm = routes.read(|t| t.checkpoints.get(&(1, conv)).copied().unwrap_or(0));
+            async move { hwm >= 30 }
+        })
+        .await,
+        "checkpointed"
+    );
+
+    link.partition(true, true);
+    let mut acked = 0;
+    let mut fenced = false;
+    for i in 0..400 {
+        match m
+            .send(authed(text(conv, &format!("cut-{i}")), &alice))
+            .await
+        {
+            Ok(r) => acked = acked.max(r.into_inner().seq),
+            Err(e)
+                if cellmesh_proto::status::error_detail(&e).code
+                    == ErrorCode::RateLimited as i32 =>
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => {
+                let detail = cellmesh_proto::status::error_detail(&e);
+                assert!(
+                    format!("{}{}", detail.reason, e.message()).contains("CHECKPOINT_BEHIND"),
+                    "{e:?}"
+                );
+                fenced = true;
+                break;
+            }
+        }
+    }
+    assert!(fenced, "the cut-off cell kept writing up to seq {acked}");
+    let base = routes.read(|t| t.failover_base(1, conv));
+    assert!(acked <= base + margin, "acked {acked}, base {base}");
+    assert!(acked > 30, "it kept serving while it could");
+
+    // A failover now (the control plane in the majority) puts the
+    // successor's floor above everything the cut-off cell acknowledged.
+    let plan = routes
+        .read(|t| cellmesh_control_plane::failover::planner::plan_failover(t, "eu-west/c1", margin))
+        .unwrap();
+    cellmesh_control_plane::failover::execute(&routes, &plan.commands)
+        .await
+        .unwrap();
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            let floor = routes.read(|t| {
+                t.resolve(&Key::conversation(1, conv))
+                    .filter(|r| r.entry.cell == "eu-west/c2")
+                    .map_or(0, |r| r.seq_floor)
+            });
+            async move { floor >= acked }
+        })
+        .await,
+        "the floor is above seq {acked}"
+    );
+}
