@@ -23,6 +23,8 @@ pub struct DevTarget {
     pub edge: String,
     /// Every region's edge.
     pub edges: Vec<String>,
+    /// Region → its edge.
+    pub edge_by_region: std::collections::BTreeMap<String, String>,
     pub tenant: u64,
     pub routers: Vec<String>,
     pub cluster_secret: String,
@@ -68,6 +70,12 @@ impl DevTarget {
                 .into_iter()
                 .flatten()
                 .filter_map(|(_, url)| url.as_str().map(str::to_string))
+                .collect(),
+            edge_by_region: info["edges"]
+                .as_object()
+                .into_iter()
+                .flatten()
+                .filter_map(|(region, url)| Some((region.clone(), url.as_str()?.to_string())))
                 .collect(),
             tenant: info["demo"]["tenant"].as_u64().unwrap_or(1),
             routers: strings(&info["routers"]),

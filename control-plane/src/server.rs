@@ -47,6 +47,8 @@ pub struct ControlPlaneConfig {
     pub coordination: CoordinationConfig,
     /// Where the web console listens (`host:port`); empty turns it off.
     pub console_listen: String,
+    /// Addresses reached through a proxy: target → the address to dial.
+    pub links: std::collections::BTreeMap<String, String>,
 }
 
 /// Leader election between control-plane replicas, and cell liveness from
@@ -123,6 +125,7 @@ impl Default for ControlPlaneConfig {
             failover: FailoverConfig::default(),
             coordination: CoordinationConfig::default(),
             console_listen: "127.0.0.1:7100".into(),
+            links: Default::default(),
         }
     }
 }
@@ -392,7 +395,10 @@ async fn run(
         let cells: Vec<_> = routes.read(|t| t.cells.values().cloned().collect());
         let probes: Vec<_> = cells
             .iter()
-            .map(|c| tokio::spawn(probe(c.address.clone(), timeout)))
+            .map(|c| {
+                let address = cellmesh_proto::config::via(&config.links, &c.address).to_string();
+                tokio::spawn(probe(address, timeout))
+            })
             .collect();
         // With etcd, a cell whose lease expired is dead whatever it answers.
         let registered = if leases {

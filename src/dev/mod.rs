@@ -95,7 +95,8 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
 
     // Cross-region paths: one proxy per (region, remote component).
     let mut proxies = Vec::new();
-    for link in topo.links() {
+    let links = topo.links();
+    for link in &links {
         let upstream = link
             .target
             .trim_start_matches("http://")
@@ -113,6 +114,8 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         proxies.push(proxy);
     }
 
+    // A partition left over from an interrupted drill does not outlive it.
+    let _ = std::fs::remove_file(data.join(PARTITION_FILE));
     let mut sup = Supervisor::new(data)?;
     let etcd_endpoints = if args.etcd {
         let (client, peer) = topo.etcd_ports();
@@ -197,6 +200,9 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             ..ControlPlaneConfig::default()
         };
         config.coordination.name = format!("control-plane-{}", i + 1);
+        // Both replicas live in eu-west: they probe other regions' cells
+        // across the same links as everything else.
+        config.links = topo.links_from(0);
         config.console_listen = format!("127.0.0.1:{}", topo.console_port(i));
         consoles.push(format!("http://{}/", config.console_listen));
         if args.etcd {
@@ -261,11 +267,13 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
 
     let shutdown = crate::telemetry::shutdown_signal();
     tokio::pin!(shutdown);
-    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    let mut tick = tokio::time::interval(Duration::from_millis(200));
+    let mut partitioned = Vec::new();
     loop {
         tokio::select! {
             _ = &mut shutdown => break,
             _ = tick.tick() => {
+                apply_partition(data, &links, &proxies, &mut partitioned);
                 let report = sup.check();
                 for line in &report {
                     println!("dev: {line}");
@@ -283,6 +291,40 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     drop(proxies);
     println!("dev: stopped; data kept in {}", data.display());
     Ok(())
+}
+
+/// Written by `cellmesh chaos run region-partition`: `{"regions": [...]}`
+/// cuts every cross-region link to and from the listed regions (both
+/// directions stall, open connections are dropped); an empty list heals.
+pub const PARTITION_FILE: &str = "partition.json";
+
+fn apply_partition(
+    data: &Path,
+    links: &[topology::Link],
+    proxies: &[FaultProxy],
+    current: &mut Vec<String>,
+) {
+    let wanted: Vec<String> = std::fs::read_to_string(data.join(PARTITION_FILE))
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .and_then(|v| serde_json::from_value(v["regions"].clone()).ok())
+        .unwrap_or_default();
+    if wanted == *current {
+        return;
+    }
+    for (link, proxy) in links.iter().zip(proxies) {
+        let cut = [link.from_region, link.to_region]
+            .iter()
+            .any(|r| wanted.iter().any(|w| w == REGIONS[*r]));
+        if cut {
+            proxy.partition(true, true);
+            proxy.cut();
+        } else {
+            proxy.heal();
+        }
+    }
+    println!("dev: partitioned regions now {wanted:?}");
+    *current = wanted;
 }
 
 fn start_etcd(sup: &mut Supervisor, data: &Path, client: u16, peer: u16) -> anyhow::Result<()> {

@@ -16,6 +16,7 @@ pub struct Topology {
 #[derive(Debug, Clone)]
 pub struct Link {
     pub from_region: usize,
+    pub to_region: usize,
     pub target: String,
     pub port: u16,
 }
@@ -74,6 +75,7 @@ impl Topology {
                 for target in targets {
                     links.push(Link {
                         from_region: from,
+                        to_region: to,
                         target,
                         port,
                     });

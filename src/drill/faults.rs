@@ -28,6 +28,11 @@ pub enum FaultKind {
     RouterLeaderKill,
     MigrationSourceKill,
     ControlPlaneKillMidMigration,
+    /// Cut `region` off from the others for `hold`, then heal.
+    RegionPartition {
+        region: &'static str,
+        hold: Duration,
+    },
 }
 
 /// One injected fault, for the report.
@@ -135,6 +140,16 @@ impl Injector {
                     None => "no linearizable lookup answered within 30 s".into(),
                 };
             }
+            FaultKind::RegionPartition { region, hold } => {
+                fault.kind = format!("partition for {} ms", hold.as_millis());
+                fault.target = region.to_string();
+                fault.affected = self.conversations.clone();
+                self.partition(&[region]).await?;
+                tokio::time::sleep(hold).await;
+                self.partition(&[]).await?;
+                fault.recovered_ms = Some(now_ms(self.epoch));
+                fault.detail = "healed".into();
+            }
             FaultKind::MigrationSourceKill => {
                 let conversation = self.pick();
                 let source = self.owner(conversation).await?;
@@ -227,6 +242,33 @@ impl Injector {
             }
         }
         Ok(fault)
+    }
+
+    /// Tells the dev deployment which regions to cut off (none: heal).
+    pub async fn partition(&self, regions: &[&str]) -> anyhow::Result<()> {
+        let path = self.dev.dir().join(crate::dev::PARTITION_FILE);
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, json!({ "regions": regions }).to_string())?;
+        std::fs::rename(tmp, path)?;
+        // The dev process looks every 200 ms.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        Ok(())
+    }
+
+    /// Moves every drill conversation to `cell` before the load starts.
+    pub async fn place_all(&mut self, cell: &str) -> anyhow::Result<()> {
+        for c in self.conversations.clone() {
+            if self.owner(c).await? != cell {
+                Migrator::new(
+                    self.dev.routes().await?,
+                    self.dev.secret(),
+                    MigrationOptions::default(),
+                )
+                .migrate_conversation(self.dev.tenant, c, cell, |_| {})
+                .await?;
+            }
+        }
+        Ok(())
     }
 
     fn pick(&mut self) -> u64 {

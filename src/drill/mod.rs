@@ -55,6 +55,10 @@ enum Scenario {
     /// Stop a migration after a random phase, SIGKILL the active
     /// control-plane replica, then resume the move.
     ControlPlaneKillMidMigration,
+    /// Cut a region (us-east or ap-south, from the seed) off from the
+    /// others, with the drill's conversations living there and senders on
+    /// both sides, then heal.
+    RegionPartition,
     /// Kills, hangs and router-leader kills, chosen from the seed.
     Mixed,
 }
@@ -85,8 +89,23 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<()> {
     }
 }
 
-fn next_fault(scenario: Scenario, rng: &mut StdRng) -> FaultKind {
+/// The region a partition drill cuts off: never eu-west, where the drill's
+/// first edge and the control plane live.
+fn partitioned_region(rng: &mut StdRng) -> &'static str {
+    ["us-east", "ap-south"][rng.random_range(0..2)]
+}
+
+fn next_fault(
+    scenario: Scenario,
+    rng: &mut StdRng,
+    period: Duration,
+    region: &'static str,
+) -> FaultKind {
     match scenario {
+        Scenario::RegionPartition => FaultKind::RegionPartition {
+            region,
+            hold: period * 2 / 3,
+        },
         Scenario::CellKill => FaultKind::CellKill,
         Scenario::CellHang => FaultKind::CellHang,
         Scenario::RouterLeaderKill => FaultKind::RouterLeaderKill,
@@ -104,7 +123,7 @@ fn next_fault(scenario: Scenario, rng: &mut StdRng) -> FaultKind {
 async fn drill(args: RunArgs) -> anyhow::Result<()> {
     let dev = Arc::new(DevTarget::load(&args.dev)?);
     let seed = args.seed.unwrap_or_else(|| rand::rng().random());
-    let workload = Workload::create(dev.clone(), args.senders, args.conversations).await?;
+    let mut workload = Workload::create(dev.clone(), args.senders, args.conversations).await?;
     println!(
         "drill {:?} seed {seed}: {} senders into {} conversations for {}",
         args.scenario,
@@ -113,23 +132,37 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
         args.duration
     );
 
+    let mut injector = Injector {
+        dev: dev.clone(),
+        conversations: workload.conversations.clone(),
+        epoch: Instant::now(),
+        rng: StdRng::seed_from_u64(seed),
+    };
+    let region = partitioned_region(&mut StdRng::seed_from_u64(seed));
+    if let Scenario::RegionPartition = args.scenario {
+        // The conversations live in the region to be cut off, and senders
+        // write from inside it too.
+        injector.place_all(&format!("{region}/c1")).await?;
+        let edge = dev
+            .edge_by_region
+            .get(region)
+            .ok_or_else(|| anyhow::anyhow!("no {region} edge in dev.json"))?;
+        workload.add_edge(edge).await?;
+        println!("  conversations placed on {region}/c1; senders on eu-west and {region}");
+    }
+
     let epoch = Instant::now();
+    injector.epoch = epoch;
     let stop = epoch + Duration::from(args.duration);
     let ops = Arc::new(Mutex::new(Vec::new()));
     let workers = workload.start(epoch, stop, ops.clone());
 
     // Faults on a schedule drawn from the seed.
-    let mut injector = Injector {
-        dev: dev.clone(),
-        conversations: workload.conversations.clone(),
-        epoch,
-        rng: StdRng::seed_from_u64(seed),
-    };
     let mut faults = Vec::new();
     let period = (Duration::from(args.duration) / 4).max(Duration::from_secs(2));
     while Instant::now() + period < stop {
         tokio::time::sleep(period).await;
-        let kind = next_fault(args.scenario, &mut injector.rng);
+        let kind = next_fault(args.scenario, &mut injector.rng, period, region);
         let fault = injector.inject(kind).await?;
         println!(
             "  {:>6} ms  {} {} {}",

@@ -35,7 +35,8 @@ fn outcome_of(status: &tonic::Status) -> Outcome {
 
 pub struct Workload {
     pub dev: Arc<DevTarget>,
-    pub channel: Channel,
+    /// The edges the senders use, round-robin; the first reads back.
+    pub channels: Vec<Channel>,
     pub senders: Vec<u64>,
     pub conversations: Vec<u64>,
     run_id: u128,
@@ -78,11 +79,18 @@ impl Workload {
         }
         Ok(Self {
             dev,
-            channel,
+            channels: vec![channel],
             senders,
             conversations: ids,
             run_id,
         })
+    }
+
+    /// Senders alternate between the edges added so far and `url`.
+    pub async fn add_edge(&mut self, url: &str) -> anyhow::Result<()> {
+        self.channels
+            .push(Channel::from_shared(url.to_string())?.connect().await?);
+        Ok(())
     }
 
     /// One task per sender, writing round-robin into the conversations
@@ -99,7 +107,7 @@ impl Workload {
                 self.dev.clone(),
                 ops.clone(),
                 self.conversations.clone(),
-                self.channel.clone(),
+                self.channels[w % self.channels.len()].clone(),
             );
             let run_id = self.run_id;
             workers.push(tokio::spawn(async move {
@@ -153,7 +161,7 @@ impl Workload {
 
     /// Every conversation as stored now, with its failover floors.
     pub async fn read_back(&self, history: &mut History) -> anyhow::Result<()> {
-        let mut client = MessagingClient::new(self.channel.clone());
+        let mut client = MessagingClient::new(self.channels[0].clone());
         for &conversation in &self.conversations {
             let mut stored = Vec::new();
             let mut since = 0;

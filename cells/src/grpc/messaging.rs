@@ -7,6 +7,7 @@ use cellmesh_proto::v1::messaging_server::Messaging;
 use cellmesh_proto::v1::*;
 use tonic::{Request, Response, Status};
 
+use crate::error::CellError;
 use crate::message::MessageService;
 
 pub struct MessagingApi {
@@ -16,6 +17,21 @@ pub struct MessagingApi {
 impl MessagingApi {
     pub fn new(service: Arc<MessageService>) -> Self {
         Self { service }
+    }
+
+    /// Runs a write to its end even if the caller goes away (a timeout, an
+    /// edge's attempt deadline): once its batch is submitted, a retry must
+    /// find its stored answer, never an abandoned attempt whose effect
+    /// lands anyway after the retry made a second one.
+    async fn to_end<T, F>(&self, write: impl FnOnce(Arc<MessageService>) -> F) -> Result<T, Status>
+    where
+        F: Future<Output = Result<T, CellError>> + Send + 'static,
+        T: Send + 'static,
+    {
+        tokio::spawn(write(self.service.clone()))
+            .await
+            .map_err(|e| Status::internal(format!("write task: {e}")))?
+            .map_err(Status::from)
     }
 }
 
@@ -28,7 +44,9 @@ impl Messaging for MessagingApi {
         request: Request<CreateConversationRequest>,
     ) -> Reply<CreateConversationResponse> {
         let cmd = request.into_inner().try_into()?;
-        let conversation = self.service.create_conversation(cmd).await?;
+        let conversation = self
+            .to_end(|s| async move { s.create_conversation(cmd).await })
+            .await?;
         Ok(Response::new(CreateConversationResponse {
             conversation: Some(conversation),
         }))
@@ -39,7 +57,10 @@ impl Messaging for MessagingApi {
         request: Request<ChangeMembersRequest>,
     ) -> Reply<ChangeMembersResponse> {
         let cmd = request.into_inner().try_into()?;
-        Ok(Response::new(self.service.change_members(cmd, true).await?))
+        Ok(Response::new(
+            self.to_end(|s| async move { s.change_members(cmd, true).await })
+                .await?,
+        ))
     }
 
     async fn remove_members(
@@ -48,7 +69,8 @@ impl Messaging for MessagingApi {
     ) -> Reply<ChangeMembersResponse> {
         let cmd = request.into_inner().try_into()?;
         Ok(Response::new(
-            self.service.change_members(cmd, false).await?,
+            self.to_end(|s| async move { s.change_members(cmd, false).await })
+                .await?,
         ))
     }
 
@@ -62,7 +84,9 @@ impl Messaging for MessagingApi {
 
     async fn send(&self, request: Request<SendRequest>) -> Reply<SendResponse> {
         let cmd = request.into_inner().try_into()?;
-        Ok(Response::new(self.service.send(cmd).await?))
+        Ok(Response::new(
+            self.to_end(|s| async move { s.send(cmd).await }).await?,
+        ))
     }
 
     async fn pull(&self, request: Request<PullRequest>) -> Reply<PullResponse> {
@@ -72,12 +96,15 @@ impl Messaging for MessagingApi {
 
     async fn mark_read(&self, request: Request<MarkReadRequest>) -> Reply<MarkReadResponse> {
         let cmd = request.into_inner().try_into()?;
-        Ok(Response::new(self.service.mark_read(cmd).await?))
+        Ok(Response::new(
+            self.to_end(|s| async move { s.mark_read(cmd).await })
+                .await?,
+        ))
     }
 
     async fn recall(&self, request: Request<RecallRequest>) -> Reply<MessageUpdateResponse> {
         let cmd = request.into_inner().try_into()?;
-        let message = self.service.recall(cmd).await?;
+        let message = self.to_end(|s| async move { s.recall(cmd).await }).await?;
         Ok(Response::new(MessageUpdateResponse {
             message: Some(message),
         }))
@@ -85,7 +112,7 @@ impl Messaging for MessagingApi {
 
     async fn edit(&self, request: Request<EditRequest>) -> Reply<MessageUpdateResponse> {
         let cmd = request.into_inner().try_into()?;
-        let message = self.service.edit(cmd).await?;
+        let message = self.to_end(|s| async move { s.edit(cmd).await }).await?;
         Ok(Response::new(MessageUpdateResponse {
             message: Some(message),
         }))
@@ -96,6 +123,9 @@ impl Messaging for MessagingApi {
         request: Request<DeleteForMeRequest>,
     ) -> Reply<DeleteForMeResponse> {
         let cmd = request.into_inner().try_into()?;
-        Ok(Response::new(self.service.delete_for_me(cmd).await?))
+        Ok(Response::new(
+            self.to_end(|s| async move { s.delete_for_me(cmd).await })
+                .await?,
+        ))
     }
 }

@@ -34,6 +34,7 @@ async fn a_dead_cell_is_failed_over_and_sends_continue_above_the_floor() {
         },
         coordination: Default::default(),
         console_listen: String::new(),
+        links: Default::default(),
     })
     .await
     .unwrap();

@@ -55,6 +55,36 @@ async fn fifty_concurrent_repeats_create_one_message() {
     cell.stop().await;
 }
 
+/// A caller that gives up (a timeout, an edge's attempt deadline) cancels
+/// its request; a retry racing the abandoned one must still find one
+/// message, never a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_send_and_its_retry_create_one_message() {
+    let cell = TestCell::start().await;
+    let mut client = cell.client().await;
+    let conv = create_group(&mut client, TENANT, 1, &[2]).await;
+    for i in 0..60u64 {
+        let id = format!("abandoned-{i}");
+        // Give up somewhere between before and after the commit.
+        let patience = std::time::Duration::from_micros(200 + (i % 12) * 250);
+        let mut c = client.clone();
+        let first = tokio::time::timeout(patience, c.send(text(TENANT, 1, conv, &id, "x"))).await;
+        let retry = client
+            .send(text(TENANT, 1, conv, &id, "x"))
+            .await
+            .unwrap()
+            .into_inner();
+        if let Ok(Ok(first)) = first {
+            assert_eq!(first.into_inner().seq, retry.seq);
+        }
+    }
+    let history = pull_all(&mut client, TENANT, 1, conv).await;
+    let ids: HashSet<_> = history.iter().map(|m| m.msg_id).collect();
+    assert_eq!(history.len(), 60, "one message per request id");
+    assert_eq!(ids.len(), 60);
+    cell.stop().await;
+}
+
 #[tokio::test]
 async fn concurrent_senders_get_gapless_seq_and_pages_agree() {
     const SENDERS: u64 = 32;
