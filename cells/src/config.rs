@@ -50,6 +50,11 @@ pub struct RoutingConfig {
     /// How often conversation high-water marks are checkpointed to the
     /// route table (bounds the failover seq floor margin).
     pub checkpoint_interval_ms: u64,
+    /// How long a confirmation from the route table's leader lets this
+    /// cell write what it owns (0: no lease). A cell cut off from the table
+    /// stops writing this long after its last confirmation; the control
+    /// plane waits at least as long before failing it over.
+    pub owner_lease_ms: u64,
     /// etcd endpoints: when set, the cell registers itself there under a
     /// lease it keeps alive; the control plane fails it over when it expires.
     pub etcd_endpoints: Vec<String>,
@@ -66,6 +71,7 @@ impl Default for RoutingConfig {
             advertise: String::new(),
             cluster_secret: String::new(),
             checkpoint_interval_ms: 1000,
+            owner_lease_ms: 1000,
             etcd_endpoints: Vec::new(),
             lease_ttl_ms: 3000,
             links: Default::default(),

@@ -9,7 +9,7 @@ use cellmesh_proto::v1::RouteState as PbRouteState;
 use cellmesh_router::client::RouteClient;
 use cellmesh_router::grpc::convert::route_to_pb;
 use cellmesh_router::table::{Key, RouteState};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::error::CellError;
 use crate::homes::Homes;
@@ -21,15 +21,68 @@ pub struct Routed {
     /// The failover safety margin (from this cell's rate limits and
     /// checkpoint interval): how far past its failover base it may write.
     margin: u64,
+    /// Writes need a confirmation from the route table's leader younger
+    /// than this (`None`: no lease).
+    lease: Option<Duration>,
+    /// When the last confirmation was asked for.
+    confirmed: std::sync::Mutex<Option<Instant>>,
 }
 
 impl Routed {
-    pub fn new(client: RouteClient, cell_id: String, margin: u64) -> Self {
+    pub fn new(client: RouteClient, cell_id: String, margin: u64, lease: Option<Duration>) -> Self {
         Self {
             client,
             cell_id,
             margin,
+            lease,
+            confirmed: std::sync::Mutex::new(None),
         }
+    }
+
+    /// Renews the owner lease until `self` is dropped: a linearizable
+    /// lookup of something this cell owns (the leader, with a quorum,
+    /// answers), applied locally, extends it from the moment it was asked.
+    pub async fn keep_lease(routed: std::sync::Weak<Self>) {
+        loop {
+            let Some(this) = routed.upgrade() else {
+                return;
+            };
+            let Some(lease) = this.lease else {
+                return;
+            };
+            let asked = Instant::now();
+            let owned = this.client.read(|t| {
+                t.routes
+                    .values()
+                    .find(|e| e.cell == this.cell_id)
+                    .map(|e| e.key)
+            });
+            let confirmed = match owned {
+                // Owning nothing, it writes nothing: nothing to confirm.
+                None => true,
+                Some(key) => {
+                    let lookup = this.client.resolve_linearizable(&key);
+                    match tokio::time::timeout(lease / 2, lookup).await {
+                        Ok(Ok(r)) => this.client.wait_applied(r.applied_index, lease / 2).await,
+                        _ => false,
+                    }
+                }
+            };
+            if confirmed {
+                *this.confirmed.lock().expect("lease") = Some(asked);
+            }
+            drop(this);
+            tokio::time::sleep(lease / 4).await;
+        }
+    }
+
+    fn lease_holds(&self) -> bool {
+        self.lease.is_none_or(|lease| {
+            self.confirmed
+                .lock()
+                .expect("lease")
+                .is_some_and(|at| at.elapsed() < lease)
+        })
     }
 }
 
@@ -82,6 +135,13 @@ impl Ownership for Routed {
                     self.client.applied()
                 ),
                 retry_after: Duration::from_millis(50),
+            });
+        }
+        if !self.lease_holds() {
+            return Err(CellError::RetryLater {
+                reason: "OWNER_LEASE_EXPIRED",
+                message: "the route table has not confirmed this cell's view lately".into(),
+                retry_after: Duration::from_millis(200),
             });
         }
         if matches!(route.entry.state, RouteState::Frozen { .. }) {

@@ -90,7 +90,15 @@ impl Placement {
             u64::from(config.rate_limit.conversation_burst),
             config.routing.checkpoint_interval_ms,
         );
-        let routed = Arc::new(Routed::new(client.clone(), config.cell_id.clone(), margin));
+        let lease = (config.routing.owner_lease_ms > 0)
+            .then(|| Duration::from_millis(config.routing.owner_lease_ms));
+        let routed = Arc::new(Routed::new(
+            client.clone(),
+            config.cell_id.clone(),
+            margin,
+            lease,
+        ));
+        tokio::spawn(Routed::keep_lease(Arc::downgrade(&routed)));
         Ok(Self {
             ownership: routed.clone(),
             homes: routed,

@@ -111,6 +111,10 @@ pub struct FailoverConfig {
     pub conversation_per_sec: u64,
     pub conversation_burst: u64,
     pub checkpoint_interval_ms: u64,
+    /// The cells' `routing.owner_lease_ms`: a cell is failed over only once
+    /// this long (plus a tenth for clock drift) has passed since it was
+    /// first seen failing, so it has stopped writing by then.
+    pub owner_lease_ms: u64,
 }
 
 impl Default for ControlPlaneConfig {
@@ -136,6 +140,7 @@ impl Default for FailoverConfig {
             conversation_per_sec: 2000,
             conversation_burst: 4000,
             checkpoint_interval_ms: 1000,
+            owner_lease_ms: 1000,
         }
     }
 }
@@ -461,6 +466,15 @@ async fn run(
                 )
             });
             if !owns && marked {
+                continue;
+            }
+            // Its owner lease must have run out: then it writes no more.
+            let lease = Duration::from_millis(config.failover.owner_lease_ms * 11 / 10);
+            if first_failure
+                .get(&cell.id)
+                .is_none_or(|since| since.elapsed() < lease)
+                && !marked
+            {
                 continue;
             }
             let plan = match routes.read(|t| plan_failover(t, &cell.id, config.margin())) {

@@ -31,6 +31,7 @@ async fn a_dead_cell_is_failed_over_and_sends_continue_above_the_floor() {
             conversation_per_sec: 100,
             conversation_burst: 100,
             checkpoint_interval_ms: 1000,
+            owner_lease_ms: 1000,
         },
         coordination: Default::default(),
         console_listen: String::new(),
@@ -223,6 +224,8 @@ async fn a_cell_cut_off_from_the_route_table_stops_below_the_failover_floor() {
         tempfile::tempdir().unwrap(),
         |c| {
             c.routing.checkpoint_interval_ms = 100;
+            // The checkpoint fence alone (the owner lease has its own test).
+            c.routing.owner_lease_ms = 0;
             c.rate_limit.conversation_per_sec = 100;
             c.rate_limit.conversation_burst = 100;
         },
@@ -302,5 +305,71 @@ async fn a_cell_cut_off_from_the_route_table_stops_below_the_failover_floor() {
         })
         .await,
         "the floor is above seq {acked}"
+    );
+}
+
+/// A cell cut off from the route table stops writing once its owner lease
+/// runs out, long before its checkpoint margin would stop it, and writes
+/// again once the table confirms it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_off_cell_stops_writing_when_its_owner_lease_runs_out() {
+    let cluster = cellmesh_tests::router::RouterCluster::start(1, |_| {}).await;
+    let routers = cluster.endpoints();
+    let link = cellmesh_chaos::proxy::FaultProxy::start(
+        "127.0.0.1:0".parse().unwrap(),
+        cluster.replicas[0].config.api_listen,
+    )
+    .await
+    .unwrap();
+    let _cell = cellmesh_tests::TestCell::start_routed_with(
+        "eu-west/c1",
+        vec![format!("http://{}", link.addr())],
+        tempfile::tempdir().unwrap(),
+        |c| c.routing.owner_lease_ms = 500,
+    )
+    .await;
+    let routes = cluster.client().await;
+    routes
+        .apply(cellmesh_router::commands::assign_tenant(1, "eu-west/c1", 0))
+        .await
+        .unwrap();
+    let edge = start_edge(routers).await;
+    let alice = token(1, 10);
+    let mut m = messaging(&edge).await;
+    let conv = create_via_edge(&mut m, &alice, vec![11]).await;
+    m.send(authed(text(conv, "before"), &alice)).await.unwrap();
+
+    link.partition(true, true);
+    link.cut();
+    let cut = Instant::now();
+    let mut i = 0;
+    let refused = loop {
+        i += 1;
+        match m
+            .send(authed(text(conv, &format!("cut-{i}")), &alice))
+            .await
+        {
+            Ok(_) => assert!(cut.elapsed() < Duration::from_secs(2), "still writing"),
+            Err(e) => break e,
+        }
+    };
+    assert!(
+        format!("{:?}", refused).contains("OWNER_LEASE_EXPIRED"),
+        "{refused:?}"
+    );
+    println!(
+        "writes stopped {} ms after the cut",
+        cut.elapsed().as_millis()
+    );
+
+    link.heal();
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let mut m = m.clone();
+            let alice = alice.clone();
+            async move { m.send(authed(text(conv, "after"), &alice)).await.is_ok() }
+        })
+        .await,
+        "writes resume once the table confirms the cell again"
     );
 }
