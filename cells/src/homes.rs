@@ -10,10 +10,10 @@ pub trait Homes: Send + Sync + 'static {
     /// The endpoint of `user`'s home cell, or None when it is this cell.
     fn remote_home(&self, tenant: u64, user: u64) -> Option<String>;
 
-    /// The endpoint of this cell's standby (its failover target), which
-    /// receives a copy of every conversation's meta and members.
-    fn standby(&self) -> Option<String> {
-        None
+    /// The endpoints of this cell's standbys (its failover targets), which
+    /// receive a copy of every conversation's meta and members.
+    fn standbys(&self) -> Vec<String> {
+        Vec::new()
     }
 }
 

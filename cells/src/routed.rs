@@ -165,8 +165,12 @@ impl Homes for Routed {
         (route.entry.cell != self.cell_id).then_some(route.cell_address)
     }
 
-    fn standby(&self) -> Option<String> {
-        self.client
-            .read(|t| t.fallback_for(&self.cell_id).map(|c| c.address.clone()))
+    fn standbys(&self) -> Vec<String> {
+        self.client.read(|t| {
+            t.standbys_for(&self.cell_id)
+                .into_iter()
+                .map(|c| c.address.clone())
+                .collect()
+        })
     }
 }

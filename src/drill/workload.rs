@@ -138,9 +138,16 @@ impl Workload {
                             }
                         }
                         Err(e) => {
-                            // A client backs off when told to slow down.
-                            if error_code(&e) == ErrorCode::RateLimited {
-                                tokio::time::sleep(Duration::from_millis(20)).await;
+                            // A client backs off when told to slow down or
+                            // to come back later.
+                            match error_code(&e) {
+                                ErrorCode::RateLimited => {
+                                    tokio::time::sleep(Duration::from_millis(20)).await;
+                                }
+                                ErrorCode::RetryLater => {
+                                    tokio::time::sleep(Duration::from_millis(50)).await;
+                                }
+                                _ => {}
                             }
                             outcome_of(&e)
                         }

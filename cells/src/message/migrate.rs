@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use cellmesh_proto::storage::v1::{
-    ConversationSeq, IdempotencyRecord, MemberRecord, MessageRecord,
+    ConversationSeq, IdempotencyRecord, MemberRecord, MessageRecord, OutboxEvent, OutboxKind,
 };
 use cellmesh_proto::v1::{ExportChunk, ReadPosition, StoredMessage};
 use sha2::{Digest, Sha256};
@@ -298,6 +298,19 @@ impl MessageService {
         let stored = self.store.conv_seq(conversation)?;
         let mut latest = stored.latest_seq;
         let mut m = Mutation::new();
+        // New or changed meta goes on to this cell's own standbys.
+        let (known, _) = self.store.members(conversation, 0, usize::MAX)?;
+        let changed = self.store.conversation(conversation)?.as_ref() != Some(&record)
+            || known.len() != chunk.members.len()
+            || chunk.members.iter().any(|u| !known.contains(u));
+        if changed {
+            m.emit(&OutboxEvent {
+                kind: OutboxKind::MetaSync as i32,
+                tenant_id: tenant,
+                conversation_id: conversation,
+                ..Default::default()
+            });
+        }
         m.put_conversation(conversation, &record);
         for user in &chunk.members {
             m.put_member(conversation, *user, &MemberRecord { joined_at_ms: 0 });

@@ -289,6 +289,9 @@ impl Processor {
         event: &OutboxEvent,
     ) -> Result<(), PipelineError> {
         let kind = OutboxKind::try_from(event.kind).unwrap_or(OutboxKind::Unspecified);
+        if kind == OutboxKind::MetaSync {
+            return self.replicate_meta(batch, id, event);
+        }
         let conversation = event.conversation_id;
         let sync_kind = match kind {
             OutboxKind::Message => SyncEventKind::Message,
@@ -297,7 +300,7 @@ impl Processor {
             OutboxKind::DeleteForMe => SyncEventKind::DeleteForMe,
             OutboxKind::Read => SyncEventKind::Read,
             OutboxKind::ConversationCreated | OutboxKind::MembersChanged => SyncEventKind::Joined,
-            OutboxKind::Unspecified => return Ok(()),
+            OutboxKind::Unspecified | OutboxKind::MetaSync => return Ok(()),
         };
         let record = SyncRecord {
             kind: sync_kind as i32,
@@ -369,7 +372,7 @@ impl Processor {
                     self.deliver(batch, *user, id, &record, origin)?;
                 }
             }
-            OutboxKind::Unspecified => {}
+            OutboxKind::Unspecified | OutboxKind::MetaSync => {}
         }
         Ok(())
     }
@@ -382,23 +385,26 @@ impl Processor {
         id: u64,
         event: &OutboxEvent,
     ) -> Result<(), PipelineError> {
-        let Some(endpoint) = self.homes.standby() else {
+        let standbys = self.homes.standbys();
+        if standbys.is_empty() {
             return Ok(());
-        };
+        }
         let Some(record) = self.store.conversation(event.conversation_id)? else {
             return Ok(());
         };
         let (members, _) = self.store.members(event.conversation_id, 0, usize::MAX)?;
-        batch.forward.entry(endpoint).or_default().push(PeerEvent {
-            event_id: id,
-            tenant_id: event.tenant_id,
-            conversation_id: event.conversation_id,
-            meta: Some(ConversationMeta {
-                record: Some(record),
-                members,
-            }),
-            ..Default::default()
-        });
+        for endpoint in standbys {
+            batch.forward.entry(endpoint).or_default().push(PeerEvent {
+                event_id: id,
+                tenant_id: event.tenant_id,
+                conversation_id: event.conversation_id,
+                meta: Some(ConversationMeta {
+                    record: Some(record.clone()),
+                    members: members.clone(),
+                }),
+                ..Default::default()
+            });
+        }
         Ok(())
     }
 

@@ -284,6 +284,22 @@ impl RouteTable {
             .or_else(|| up().next())
     }
 
+    /// Where `cell` copies conversation meta ahead of a failover: its
+    /// fallback, and the first Up cell of another region — where failovers
+    /// end up when its whole region is cut off (the fallback's own
+    /// fallback is then that same cell).
+    pub fn standbys_for(&self, cell: &str) -> Vec<&CellInfo> {
+        let region = self.cells.get(cell).map(|c| c.region.as_str());
+        let mut out: Vec<&CellInfo> = self.fallback_for(cell).into_iter().collect();
+        if let Some(other) = self.cells.values().find(|c| {
+            c.id != cell && c.status == CellStatus::Up && Some(c.region.as_str()) != region
+        }) && !out.iter().any(|c| c.id == other.id)
+        {
+            out.push(other);
+        }
+        out
+    }
+
     /// Every change that rebuilds this table from empty (snapshots, resets).
     pub fn as_changes(&self) -> Vec<Change> {
         let cells = self.cells.values().cloned().map(Change::Cell);

@@ -360,3 +360,27 @@ fn the_safety_margin_covers_the_burst_and_two_checkpoint_intervals() {
     assert_eq!(safety_margin(100, 50, 1000), 250);
     assert_eq!(safety_margin(1, 0, 10), 1);
 }
+
+#[test]
+fn standbys_are_the_fallback_and_the_first_cell_of_another_region() {
+    let (mut t, i) = table_with_cells();
+    let ids = |t: &RouteTable, cell: &str| -> Vec<String> {
+        t.standbys_for(cell).iter().map(|c| c.id.clone()).collect()
+    };
+    let standbys = ids(&t, "eu/c1");
+    assert_eq!(standbys, vec!["eu/c2", "us/c1"]);
+    // eu/c1 fails over to eu/c2; when eu/c2 fails too, its fallback is
+    // among eu/c1's standbys, so the conversations' meta is there.
+    t.apply(
+        &Command::SetCellStatus {
+            id: "eu/c1".into(),
+            status: CellStatus::Down,
+        },
+        i + 1,
+    )
+    .unwrap();
+    let chained = t.fallback_for("eu/c2").map(|c| c.id.clone()).unwrap();
+    assert!(standbys.contains(&chained), "{chained}");
+    // With its region's other cell down, the fallback is already abroad.
+    assert_eq!(ids(&t, "eu/c2"), vec!["us/c1"]);
+}
