@@ -33,14 +33,18 @@ impl SyncService {
         let user = device.caller.user;
         let subscription = self.hub.subscribe(user);
         let latest = self.store.user_pts(user)?;
-        let mut cursor = match from_pts {
+        let asked = match from_pts {
             0 => self.store.device_cursor(user, &device.device)?,
             pts => pts,
-        }
-        .min(latest);
+        };
+        let mut cursor = asked.min(latest);
         let (tx, rx) = mpsc::channel(PUSH_BUFFER);
         let mut first = None;
-        if latest - cursor > self.config.sync.rebase_threshold {
+        // A cursor past this queue's end comes from another queue (the
+        // user's home moved, by failover or migration): its pts mean
+        // nothing here, so the device starts over from the conversation
+        // list instead of silently skipping what this queue holds.
+        if asked > latest || latest - cursor > self.config.sync.rebase_threshold {
             first = Some(SyncPush {
                 push: Some(sync_push::Push::Rebase(Rebase { latest_pts: latest })),
             });

@@ -154,6 +154,34 @@ async fn rebase_only_above_threshold(tune: impl FnOnce(&mut CellConfig)) {
     cell.stop().await;
 }
 
+/// A device whose cursor comes from another home's queue (after a
+/// failover moved the user) is told to rebase, not streamed from a pts that
+/// means something else here.
+#[tokio::test]
+async fn a_cursor_from_another_queue_gets_a_rebase() {
+    let cell = TestCell::start().await;
+    let mut c = cell.client().await;
+    let mut s = connect_sync(&cell.endpoint).await;
+    let conv = create_group(&mut c, T, 1, &[2]).await;
+    let mut watcher = subscribe(&mut s, T, 2, "watch", 0).await;
+    for i in 1..=3 {
+        c.send(text(T, 1, conv, &format!("x{i}"), "x"))
+            .await
+            .unwrap();
+    }
+    messages(&mut watcher, 3, WAIT).await;
+    let mut moved = subscribe(&mut s, T, 2, "phone", 5_000).await;
+    let first = next_push(&mut moved, WAIT).await.expect("a push");
+    let Some(sync_push::Push::Rebase(rebase)) = first.push else {
+        panic!("expected a rebase, got {first:?}");
+    };
+    assert_eq!(rebase.latest_pts, 4, "joined + 3 messages");
+    c.send(text(T, 1, conv, "x4", "x")).await.unwrap();
+    let live = messages(&mut moved, 1, WAIT).await;
+    assert_eq!(live[0].pts, 5);
+    cell.stop().await;
+}
+
 #[tokio::test]
 async fn rebase_only_above_the_backlog_threshold_embedded() {
     rebase_only_above_threshold(|_| {}).await;
