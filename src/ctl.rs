@@ -149,6 +149,20 @@ enum MigrationsCommand {
         #[arg(long)]
         conversation: u64,
     },
+    /// Hold a migration between copy rounds (its migrator waits).
+    Pause {
+        #[arg(long)]
+        tenant: u64,
+        #[arg(long)]
+        conversation: u64,
+    },
+    /// Let a paused migration go on.
+    Resume {
+        #[arg(long)]
+        tenant: u64,
+        #[arg(long)]
+        conversation: u64,
+    },
 }
 
 #[derive(Subcommand)]
@@ -391,6 +405,41 @@ pub async fn run(mut args: CtlArgs) -> anyhow::Result<()> {
                 println!(
                     "{key}: migration cancelled, active on {} at epoch {}",
                     entry.cell, r.index
+                );
+            }
+            Some(
+                MigrationsCommand::Pause {
+                    tenant,
+                    conversation,
+                }
+                | MigrationsCommand::Resume {
+                    tenant,
+                    conversation,
+                },
+            ) => {
+                let pause = matches!(command, Some(MigrationsCommand::Pause { .. }));
+                let key = Key::conversation(tenant, conversation);
+                let entry = routes
+                    .resolve(&key)
+                    .with_context(|| format!("no route for {key}"))?
+                    .entry;
+                let phase = if pause {
+                    pb::MigrationPhase::Paused
+                } else {
+                    pb::MigrationPhase::CatchUp
+                };
+                let r = routes
+                    .apply(update_route(
+                        &key,
+                        entry.epoch,
+                        Transition::SetPhase(phase as i32),
+                    ))
+                    .await
+                    .map_err(|e| anyhow::anyhow!(describe(&e)))?;
+                println!(
+                    "{key}: migration {} at epoch {}",
+                    if pause { "paused" } else { "resumed" },
+                    r.index
                 );
             }
             None => {

@@ -165,6 +165,49 @@ impl Migrator {
     }
 
     /// Applies one transition of `key` at `expect_epoch`; the new epoch.
+    /// Waits while an operator holds the migration of `key` (phase
+    /// `Paused`); the entry's current epoch once it may go on.
+    async fn hold_while_paused(
+        &self,
+        key: &Key,
+        to: &str,
+        known_epoch: u64,
+        copied: u64,
+        progress: &mut impl FnMut(&Progress),
+    ) -> Result<u64, MigrationError> {
+        // The cached table must have seen this migrator's own last change.
+        self.routes
+            .wait_applied(known_epoch, Duration::from_secs(5))
+            .await;
+        let mut reported = false;
+        loop {
+            let entry = self.routes.read(|t| t.entry(key).cloned());
+            match entry {
+                Some(e) if matches!(&e.state, RouteState::Migrating { to: t, phase: Phase::Paused } if t == to) =>
+                {
+                    if !reported {
+                        progress(&Progress {
+                            phase: "paused",
+                            copied_through: copied,
+                            source_latest: copied,
+                        });
+                        reported = true;
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Some(e) if matches!(&e.state, RouteState::Migrating { to: t, .. } if t == to) => {
+                    return Ok(e.epoch);
+                }
+                other => {
+                    return Err(MigrationError::Conflict(format!(
+                        "{key} is no longer migrating to {to}: {:?}",
+                        other.map(|e| e.state)
+                    )));
+                }
+            }
+        }
+    }
+
     /// Source and target digests of the messages in `(after, through]`.
     async fn digests(
         &self,
@@ -289,6 +332,9 @@ impl Migrator {
             let mut phase = "copy";
             let mut catch_up_rounds = 0;
             for round in 0.. {
+                epoch = self
+                    .hold_while_paused(&key, to, epoch, copied, &mut progress)
+                    .await?;
                 let r = target
                     .copy_conversation(self.request(copy(copied)))
                     .await
@@ -340,6 +386,9 @@ impl Migrator {
                 .digests(&mut source, &mut target, conversation, 0, copied)
                 .await?;
             pre = Some((copied, a, (a.count, a.checksum) == (b.count, b.checksum)));
+            epoch = self
+                .hold_while_paused(&key, to, epoch, copied, &mut progress)
+                .await?;
             frozen_at = Instant::now();
             epoch = self
                 .transition(&key, epoch, Transition::Freeze(true))

@@ -85,6 +85,7 @@ fn phase_to_pb(p: Phase) -> pb::MigrationPhase {
     match p {
         Phase::Copy => pb::MigrationPhase::Copy,
         Phase::CatchUp => pb::MigrationPhase::CatchUp,
+        Phase::Paused => pb::MigrationPhase::Paused,
     }
 }
 
@@ -92,9 +93,10 @@ fn phase_from_pb(p: i32) -> Result<Phase, Status> {
     match pb::MigrationPhase::try_from(p) {
         Ok(pb::MigrationPhase::Copy) => Ok(Phase::Copy),
         Ok(pb::MigrationPhase::CatchUp) => Ok(Phase::CatchUp),
+        Ok(pb::MigrationPhase::Paused) => Ok(Phase::Paused),
         _ => Err(RouteError::invalid(
             "set_phase",
-            "only COPY and CATCH_UP are set directly; freeze and switch have their own transitions",
+            "only COPY, CATCH_UP and PAUSED are set directly; freeze and switch have their own transitions",
         )
         .to_status()),
     }

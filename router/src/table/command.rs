@@ -208,13 +208,15 @@ fn update_route(
                 phase: Phase::Copy,
             };
         }
-        (Transition::SetPhase(phase), RouteState::Migrating { to, phase: now }) if phase >= now => {
+        (Transition::SetPhase(phase), RouteState::Migrating { to, phase: now })
+            if phase >= now || (*now == Phase::Paused && *phase == Phase::CatchUp) =>
+        {
             next.state = RouteState::Migrating {
                 to: to.clone(),
                 phase: *phase,
             };
         }
-        (Transition::Freeze, RouteState::Migrating { to, .. }) => {
+        (Transition::Freeze, RouteState::Migrating { to, phase }) if *phase != Phase::Paused => {
             next.state = RouteState::Frozen { to: to.clone() };
         }
         (Transition::Switch { seq_floor }, RouteState::Frozen { to }) => {

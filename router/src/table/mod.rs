@@ -88,6 +88,8 @@ pub struct CellInfo {
 pub enum Phase {
     Copy,
     CatchUp,
+    /// Held by an operator between copy rounds; resumes at `CatchUp`.
+    Paused,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

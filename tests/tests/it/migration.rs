@@ -427,3 +427,93 @@ async fn a_recall_made_after_the_copy_is_never_lost_by_the_move() {
     );
     assert_eq!(page.messages.len(), 20);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_migration_copies_nothing_until_resumed() {
+    use cellmesh_proto::v1::update_route::Transition;
+    use cellmesh_router::commands::update_route;
+    use cellmesh_router::table::{Key, Phase, RouteState};
+    let d = deploy(None).await;
+    let alice = token(1, 10);
+    let mut m = messaging(&d.edge).await;
+    let conv = create_via_edge(&mut m, &alice, vec![11]).await;
+    for i in 0..300 {
+        m.send(authed(text(conv, &format!("p{i}")), &alice))
+            .await
+            .unwrap();
+    }
+    let routes = d.cluster.client().await;
+    let migrator = Migrator::new(
+        routes.clone(),
+        ClusterSecret::new(SECRET),
+        MigrationOptions {
+            chunk: 10,
+            round_messages: 20,
+            pause: Duration::from_millis(100),
+            ..MigrationOptions::default()
+        },
+    );
+    let phases = Arc::new(Mutex::new(Vec::new()));
+    let moving = tokio::spawn({
+        let phases = phases.clone();
+        async move {
+            migrator
+                .migrate_conversation(1, conv, "us-east/c1", |p| {
+                    phases.lock().unwrap().push(p.phase)
+                })
+                .await
+        }
+    });
+    let key = Key::conversation(1, conv);
+    let set_phase = |phase: MigrationPhase| {
+        let routes = routes.clone();
+        async move {
+            let entry = routes.read(|t| t.entry(&key).cloned()).unwrap();
+            routes
+                .apply(update_route(
+                    &key,
+                    entry.epoch,
+                    Transition::SetPhase(phase as i32),
+                ))
+                .await
+        }
+    };
+    assert!(
+        cellmesh_tests::eventually(Duration::from_secs(10), || {
+            let copying = routes.read(|t| {
+                matches!(
+                    t.entry(&key).map(|e| &e.state),
+                    Some(RouteState::Migrating {
+                        phase: Phase::CatchUp,
+                        ..
+                    })
+                )
+            });
+            async move { copying }
+        })
+        .await
+    );
+    set_phase(MigrationPhase::Paused).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let held = export_all(&d.cells[1].endpoint, 1, conv).await.len();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        export_all(&d.cells[1].endpoint, 1, conv).await.len(),
+        held,
+        "nothing is copied while paused"
+    );
+    assert!(held < 300, "paused before the end ({held})");
+    assert!(phases.lock().unwrap().contains(&"paused"));
+    // A paused migration cannot be frozen.
+    let entry = routes.read(|t| t.entry(&key).cloned()).unwrap();
+    assert!(
+        routes
+            .apply(update_route(&key, entry.epoch, Transition::Freeze(true)))
+            .await
+            .is_err()
+    );
+    set_phase(MigrationPhase::CatchUp).await.unwrap();
+    let report = moving.await.unwrap().unwrap();
+    assert_eq!(report.final_seq, 300);
+    assert_eq!(report.messages_verified, 300);
+}
