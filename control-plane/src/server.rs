@@ -140,7 +140,7 @@ impl Default for FailoverConfig {
             conversation_per_sec: 2000,
             conversation_burst: 4000,
             checkpoint_interval_ms: 1000,
-            owner_lease_ms: 1000,
+            owner_lease_ms: 2000,
         }
     }
 }

@@ -120,18 +120,48 @@ impl CellPeer for PeerApi {
             })?
             .max_decoding_message_size(64 * 1024 * 1024);
         let chunk = if r.chunk == 0 { DEFAULT_CHUNK } else { r.chunk };
+        // The next chunk is fetched while this one is stored.
+        let (tx, mut chunks) = tokio::sync::mpsc::channel(2);
+        let fetch = {
+            let (secret, r) = (self.secret.clone(), r.clone());
+            tokio::spawn(async move {
+                let mut after = r.after_seq;
+                let mut fetched = 0u64;
+                loop {
+                    let mut export = Request::new(ExportRequest {
+                        tenant_id: r.tenant_id,
+                        conversation_id: r.conversation_id,
+                        after_seq: after,
+                        limit: chunk,
+                    });
+                    secret.attach(&mut export);
+                    let exported = source
+                        .export_conversation(export)
+                        .await
+                        .map(|e| e.into_inner());
+                    let last = exported
+                        .as_ref()
+                        .ok()
+                        .and_then(|e| e.messages.last().map(|m| m.seq));
+                    fetched += exported.as_ref().map_or(0, |e| e.messages.len() as u64);
+                    if tx.send(exported).await.is_err() {
+                        return;
+                    }
+                    match last {
+                        Some(last) => after = last,
+                        None => return,
+                    }
+                    if r.max_messages > 0 && fetched >= u64::from(r.max_messages) {
+                        return;
+                    }
+                }
+            })
+        };
         let mut after = r.after_seq;
         let mut copied = 0u64;
-        let mut source_latest;
-        loop {
-            let mut export = Request::new(ExportRequest {
-                tenant_id: r.tenant_id,
-                conversation_id: r.conversation_id,
-                after_seq: after,
-                limit: chunk,
-            });
-            self.secret.attach(&mut export);
-            let exported = source.export_conversation(export).await?.into_inner();
+        let mut source_latest = 0;
+        while let Some(exported) = chunks.recv().await {
+            let exported = exported?;
             source_latest = exported.latest_seq;
             let n = exported.messages.len() as u64;
             let last = exported.messages.last().map(|m| m.seq);
@@ -145,14 +175,11 @@ impl CellPeer for PeerApi {
                     .await?;
             }
             copied += n;
-            match last {
-                Some(last) => after = last,
-                None => break,
-            }
-            if r.max_messages > 0 && copied >= u64::from(r.max_messages) {
-                break;
+            if let Some(last) = last {
+                after = last;
             }
         }
+        let _ = fetch.await;
         if r.backfill {
             self.service.mark_backfilled(r.conversation_id, after)?;
         }

@@ -31,7 +31,7 @@ async fn a_dead_cell_is_failed_over_and_sends_continue_above_the_floor() {
             conversation_per_sec: 100,
             conversation_burst: 100,
             checkpoint_interval_ms: 1000,
-            owner_lease_ms: 1000,
+            owner_lease_ms: 2000,
         },
         coordination: Default::default(),
         console_listen: String::new(),

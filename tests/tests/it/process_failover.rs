@@ -48,7 +48,7 @@ async fn a_sigkilled_cell_process_fails_over_under_continuous_sends() {
             conversation_per_sec: 1_000,
             conversation_burst: 1_000,
             checkpoint_interval_ms: 200,
-            owner_lease_ms: 1_000,
+            owner_lease_ms: 2_000,
         },
         console_listen: String::new(),
         ..ControlPlaneConfig::default()
