@@ -120,6 +120,36 @@ fn next_fault(
     }
 }
 
+/// Every seq floor the route table gives the drill's conversations while
+/// it runs (sampled from a route client's cache every 100 ms).
+fn watch_floors(
+    dev: Arc<DevTarget>,
+    conversations: Vec<u64>,
+    stop: Instant,
+) -> tokio::task::JoinHandle<std::collections::BTreeSet<(u64, u64)>> {
+    tokio::spawn(async move {
+        let mut seen = std::collections::BTreeSet::new();
+        let Ok(routes) = dev.routes().await else {
+            return seen;
+        };
+        // A few seconds past the senders, for failovers still in flight.
+        while Instant::now() < stop + Duration::from_secs(5) {
+            routes.read(|t| {
+                for &c in &conversations {
+                    if let Some(r) =
+                        t.resolve(&cellmesh_router::table::Key::conversation(dev.tenant, c))
+                        && r.seq_floor > 0
+                    {
+                        seen.insert((c, r.seq_floor));
+                    }
+                }
+            });
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        seen
+    })
+}
+
 async fn drill(args: RunArgs) -> anyhow::Result<()> {
     let dev = Arc::new(DevTarget::load(&args.dev)?);
     let seed = args.seed.unwrap_or_else(|| rand::rng().random());
@@ -156,6 +186,7 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
     let stop = epoch + Duration::from(args.duration);
     let ops = Arc::new(Mutex::new(Vec::new()));
     let workers = workload.start(epoch, stop, ops.clone());
+    let floors = watch_floors(dev.clone(), workload.conversations.clone(), stop);
 
     // Faults on a schedule drawn from the seed.
     let mut faults = Vec::new();
@@ -182,6 +213,13 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
     // Read every conversation back once the deployment has settled.
     tokio::time::sleep(Duration::from_secs(5)).await;
     workload.read_back(&mut history).await?;
+    // Floors a later failover replaced still explain the gaps they made.
+    for (conversation, floor) in floors.await? {
+        history.floors.push(cellmesh_chaos::history::Floor {
+            conversation,
+            floor,
+        });
+    }
 
     let verdicts = check_all(&history);
     let ok = verdicts.iter().all(|v| v.holds);

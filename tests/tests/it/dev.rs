@@ -60,6 +60,16 @@ fn start_dev(dir: &Path, base: u16) -> Dev {
     ))
 }
 
+/// A child's pid as dev.json says now (the supervisor rewrites it when it
+/// restarts a child).
+fn current_pid(dir: &Path, name: &str) -> i64 {
+    let text = std::fs::read_to_string(dir.join("dev.json")).unwrap();
+    let info: Value = serde_json::from_str(&text).unwrap();
+    info["processes"][name]
+        .as_i64()
+        .unwrap_or_else(|| panic!("no process {name} in dev.json"))
+}
+
 async fn wait_info(dir: &Path, dev: &mut Child) -> Value {
     let deadline = Instant::now() + Duration::from_secs(180);
     loop {
@@ -208,7 +218,7 @@ async fn a_message_crosses_three_regions_and_survives_a_restart() {
         .as_str()
         .unwrap_or_else(|| panic!("no control-plane leader: {}", status["control_plane"]))
         .to_string();
-    let pid = info["processes"][&leader].as_i64().unwrap();
+    let pid = current_pid(dir.path(), &leader);
     // SAFETY: kill(2) on a process of the deployment under test.
     unsafe {
         libc::kill(pid as i32, libc::SIGKILL);
@@ -243,7 +253,7 @@ async fn a_message_crosses_three_regions_and_survives_a_restart() {
     }
 
     let uptime = cell(&status, "us-east/c2")["uptime_ms"].as_u64().unwrap();
-    let pid = info["processes"]["us-east-c2"].as_i64().unwrap();
+    let pid = current_pid(dir.path(), "us-east-c2");
     // SAFETY: kill(2) on a process of the deployment under test.
     unsafe {
         libc::kill(pid as i32, libc::SIGKILL);
