@@ -195,12 +195,11 @@ enum TenantCommand {
 
 pub async fn run(mut args: CtlArgs) -> anyhow::Result<()> {
     if let Some(dir) = &args.dev {
-        let dev = crate::devtarget::DevTarget::load(dir)?;
-        args.routers = dev.routers;
-        args.secret = dev.cluster_secret;
-        if args.etcd.is_empty() {
-            args.etcd = dev.etcd;
-        }
+        crate::devtarget::DevTarget::load(dir)?.fill_routing(
+            &mut args.routers,
+            &mut args.secret,
+            &mut args.etcd,
+        );
         if args.etcd.is_empty() && args.coordination_dir.is_none() {
             args.coordination_dir = Some(dir.join("coordination"));
         }

@@ -95,6 +95,21 @@ impl DevTarget {
         })
     }
 
+    /// Fills a tool's routing flags from the deployment: routers and
+    /// secret, and its etcd unless the command line named one.
+    pub fn fill_routing(
+        &self,
+        routers: &mut Vec<String>,
+        secret: &mut String,
+        etcd: &mut Vec<String>,
+    ) {
+        routers.clone_from(&self.routers);
+        secret.clone_from(&self.cluster_secret);
+        if etcd.is_empty() {
+            etcd.clone_from(&self.etcd);
+        }
+    }
+
     /// The deployment's data directory.
     pub fn dir(&self) -> &Path {
         &self.dir

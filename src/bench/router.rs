@@ -133,12 +133,11 @@ fn op_name(op: Op) -> &'static str {
 
 pub async fn run(mut args: RouterArgs) -> anyhow::Result<()> {
     if let Some(dir) = &args.dev {
-        let dev = crate::devtarget::DevTarget::load(dir)?;
-        args.routers = dev.routers;
-        args.secret = dev.cluster_secret;
-        if args.etcd.is_empty() {
-            args.etcd = dev.etcd;
-        }
+        crate::devtarget::DevTarget::load(dir)?.fill_routing(
+            &mut args.routers,
+            &mut args.secret,
+            &mut args.etcd,
+        );
     }
     let base = run_base();
     let mut targets = Vec::new();

@@ -7,8 +7,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cellmesh_chaos::history::{Outcome, SendOp, Stored};
+use cellmesh_chaos::check_all;
+use cellmesh_chaos::history::{History, Outcome, SendOp, Stored};
 use cellmesh_chaos::proxy::FaultProxy;
+use cellmesh_control_plane::server::{Event, RunningControlPlane};
 use cellmesh_proto::status::error_detail;
 use cellmesh_proto::v1::messaging_client::MessagingClient;
 use cellmesh_proto::v1::{
@@ -133,6 +135,59 @@ pub async fn sender(
     }
 }
 
+/// One [`sender`] per user of tenant 1, all writing into `conversation`
+/// through `edge` until [`Senders::finish`].
+pub struct Senders {
+    /// Operation times are milliseconds since this.
+    pub epoch: Instant,
+    stop: Arc<AtomicBool>,
+    ops: Arc<Mutex<Vec<SendOp>>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Senders {
+    pub fn start(edge: &RunningEdge, conversation: u64, users: &[u64]) -> Self {
+        let epoch = Instant::now();
+        let stop = Arc::new(AtomicBool::new(false));
+        let ops = Arc::new(Mutex::new(Vec::new()));
+        let tasks = users
+            .iter()
+            .map(|&user| {
+                tokio::spawn(sender(
+                    edge.endpoint(),
+                    token(1, user),
+                    conversation,
+                    user,
+                    stop.clone(),
+                    epoch,
+                    ops.clone(),
+                ))
+            })
+            .collect();
+        Self {
+            epoch,
+            stop,
+            ops,
+            tasks,
+        }
+    }
+
+    /// Milliseconds since [`Self::epoch`].
+    pub fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// Lets them send for `more`, stops them, and returns every operation.
+    pub async fn finish(self, more: Duration) -> Vec<SendOp> {
+        tokio::time::sleep(more).await;
+        self.stop.store(true, Ordering::Relaxed);
+        for task in self.tasks {
+            task.await.unwrap();
+        }
+        std::mem::take(&mut *self.ops.lock().unwrap())
+    }
+}
+
 pub fn token(tenant: u64, user: u64) -> String {
     TokenKey::new(TOKEN_SECRET).issue(&Claims {
         tenant,
@@ -194,15 +249,17 @@ pub async fn create_via_edge(
     .conversation_id
 }
 
-/// The first page of a conversation, oldest first, through the edge.
-pub async fn pull_via_edge(
+/// The page of a conversation after `since`, oldest first, through the edge.
+async fn page_via_edge(
     m: &mut MessagingClient<Channel>,
     token: &str,
     conversation: u64,
+    since: u64,
 ) -> PullResponse {
     m.pull(authed(
         PullRequest {
             conversation_id: conversation,
+            since_seq: since,
             direction: Direction::Forward as i32,
             limit: 100,
             ..Default::default()
@@ -212,6 +269,59 @@ pub async fn pull_via_edge(
     .await
     .expect("pull through the edge")
     .into_inner()
+}
+
+/// The first page of a conversation, oldest first, through the edge.
+pub async fn pull_via_edge(
+    m: &mut MessagingClient<Channel>,
+    token: &str,
+    conversation: u64,
+) -> PullResponse {
+    page_via_edge(m, token, conversation, 0).await
+}
+
+/// A conversation's whole history, page by page, through the edge.
+pub async fn history_via_edge(
+    m: &mut MessagingClient<Channel>,
+    token: &str,
+    conversation: u64,
+) -> Vec<Stored> {
+    let mut out = Vec::new();
+    let mut since = 0;
+    loop {
+        let page = page_via_edge(m, token, conversation, since).await;
+        out.extend(stored(&page.messages));
+        if !page.has_more {
+            return out;
+        }
+        since = page.next_seq;
+    }
+}
+
+/// Fails the test with the counterexamples of every invariant `history`
+/// breaks.
+pub fn assert_every_invariant(history: &History) {
+    for verdict in check_all(history) {
+        assert!(
+            verdict.holds,
+            "{}: {:?}",
+            verdict.invariant, verdict.counterexamples
+        );
+    }
+}
+
+/// Waits until the control plane reports `cell`'s history backfilled into
+/// the current owners.
+pub async fn wait_for_backfill(cp: &RunningControlPlane, cell: &str, within: Duration) {
+    let done = crate::eventually(within, || {
+        let done = cp.events().iter().any(|e| {
+            matches!(e, Event::Backfilled { cell: c, conversations, .. }
+                if c == cell && *conversations >= 1)
+        });
+        async move { done }
+    })
+    .await;
+    assert!(done, "backfill of {cell} ran: {:?}", cp.events());
 }
 
 /// Messages as the history checker records them.

@@ -237,9 +237,8 @@ impl RouteTable {
     /// every high-water mark it reported. The owner itself never assigns a
     /// seq past this plus the margin, so the new floor is above all of them.
     pub fn failover_base(&self, tenant: u64, conversation: u64) -> u64 {
-        let floor = self
-            .resolve(&Key::conversation(tenant, conversation))
-            .map_or(0, |r| r.seq_floor);
+        let key = Key::conversation(tenant, conversation);
+        let floor = self.effective(&key).map_or(0, |e| self.floor_of(e, &key));
         let reported =
             |m: &BTreeMap<(u64, u64), u64>| m.get(&(tenant, conversation)).copied().unwrap_or(0);
         floor
@@ -247,16 +246,20 @@ impl RouteTable {
             .max(reported(&self.owner_checkpoints))
     }
 
+    /// The floor `entry`'s owner must assign `key`'s seq above.
+    fn floor_of(&self, entry: &Entry, key: &Key) -> u64 {
+        match key.scope {
+            Scope::Conversation(c) if entry.floor_margin > 0 => {
+                let hwm = self.checkpoints.get(&(key.tenant, c)).copied().unwrap_or(0);
+                entry.seq_floor.max(hwm + entry.floor_margin)
+            }
+            _ => entry.seq_floor,
+        }
+    }
+
     /// Where `key` lives now, with the floor its owner must respect.
     pub fn resolve(&self, key: &Key) -> Option<Resolved> {
         let entry = self.effective(key)?;
-        let mut seq_floor = entry.seq_floor;
-        if entry.floor_margin > 0
-            && let Scope::Conversation(c) = key.scope
-        {
-            let hwm = self.checkpoints.get(&(key.tenant, c)).copied().unwrap_or(0);
-            seq_floor = seq_floor.max(hwm + entry.floor_margin);
-        }
         Some(Resolved {
             entry: entry.clone(),
             cell_address: self
@@ -264,7 +267,7 @@ impl RouteTable {
                 .get(&entry.cell)
                 .map(|c| c.address.clone())
                 .unwrap_or_default(),
-            seq_floor,
+            seq_floor: self.floor_of(entry, key),
         })
     }
 

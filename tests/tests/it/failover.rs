@@ -5,7 +5,6 @@
 
 use std::time::{Duration, Instant};
 
-use cellmesh_chaos::check_all;
 use cellmesh_chaos::history::{Floor, History, Outcome, SendOp};
 use cellmesh_control_plane::server::{ControlPlaneConfig, Event, FailoverConfig};
 use cellmesh_proto::secret::ClusterSecret;
@@ -143,18 +142,7 @@ async fn a_dead_cell_is_failed_over_and_sends_continue_above_the_floor() {
     let returned =
         cellmesh_tests::TestCell::start_routed_in("eu-west/c1", d.cluster.endpoints(), dead_dir)
             .await;
-    assert!(
-        eventually(Duration::from_secs(20), || {
-            let done = cp.events().iter().any(|e| {
-                matches!(e, Event::Backfilled { cell, conversations, .. }
-                    if cell == "eu-west/c1" && *conversations >= 1)
-            });
-            async move { done }
-        })
-        .await,
-        "backfill ran: {:?}",
-        cp.events()
-    );
+    wait_for_backfill(&cp, "eu-west/c1", Duration::from_secs(20)).await;
     let page = pull_via_edge(&mut m, &alice, conv).await;
     assert_eq!(page.unavailable_through, 0, "history is complete again");
     let history_read = stored(&page.messages);
@@ -170,13 +158,7 @@ async fn a_dead_cell_is_failed_over_and_sends_continue_above_the_floor() {
         conversation: conv,
         floor,
     });
-    for verdict in check_all(&history) {
-        assert!(
-            verdict.holds,
-            "{}: {:?}",
-            verdict.invariant, verdict.counterexamples
-        );
-    }
+    assert_every_invariant(&history);
     drop(returned);
     cp.stop();
 }
@@ -203,44 +185,73 @@ async fn a_routed_cell_restarts_on_its_own_data() {
     );
 }
 
-/// A cell cut off from the route table keeps serving what it owns, but
-/// stops assigning seq at its failover base plus the margin: the floor a
-/// failover gives its successor meanwhile is above every seq it acked.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cell_cut_off_from_the_route_table_stops_below_the_failover_floor() {
+/// eu-west/c1 owning tenant 1 and reaching the route table only through
+/// `link`, an edge in front, and a conversation of users 10 and 11.
+struct BehindALink {
+    cluster: cellmesh_tests::router::RouterCluster,
+    link: cellmesh_chaos::proxy::FaultProxy,
+    _cell: cellmesh_tests::TestCell,
+    routes: cellmesh_router::client::RouteClient,
+    _edge: cellmesh_router::edge::RunningEdge,
+    m: cellmesh_proto::v1::messaging_client::MessagingClient<tonic::transport::Channel>,
+    alice: String,
+    conv: u64,
+}
+
+async fn behind_a_link(tweak: impl FnOnce(&mut cellmesh_cell::CellConfig)) -> BehindALink {
     let cluster = cellmesh_tests::router::RouterCluster::start(1, |_| {}).await;
-    let routers = cluster.endpoints();
     let link = cellmesh_chaos::proxy::FaultProxy::start(
         "127.0.0.1:0".parse().unwrap(),
         cluster.replicas[0].config.api_listen,
     )
     .await
     .unwrap();
-    // Margin: burst 100 + 100/s over two 100 ms intervals = 120.
-    let margin = 120;
-    let _cell = cellmesh_tests::TestCell::start_routed_with(
+    let cell = cellmesh_tests::TestCell::start_routed_with(
         "eu-west/c1",
         vec![format!("http://{}", link.addr())],
         tempfile::tempdir().unwrap(),
-        |c| {
-            c.routing.checkpoint_interval_ms = 100;
-            // The checkpoint fence alone (the owner lease has its own test).
-            c.routing.owner_lease_ms = 0;
-            c.rate_limit.conversation_per_sec = 100;
-            c.rate_limit.conversation_burst = 100;
-        },
+        tweak,
     )
     .await;
-    let _fallback = cellmesh_tests::TestCell::start_routed("eu-west/c2", routers.clone()).await;
     let routes = cluster.client().await;
     routes
         .apply(cellmesh_router::commands::assign_tenant(1, "eu-west/c1", 0))
         .await
         .unwrap();
-    let edge = start_edge(routers).await;
+    let edge = start_edge(cluster.endpoints()).await;
     let alice = token(1, 10);
     let mut m = messaging(&edge).await;
     let conv = create_via_edge(&mut m, &alice, vec![11]).await;
+    BehindALink {
+        cluster,
+        link,
+        _cell: cell,
+        routes,
+        _edge: edge,
+        m,
+        alice,
+        conv,
+    }
+}
+
+/// A cell cut off from the route table keeps serving what it owns, but
+/// stops assigning seq at its failover base plus the margin: the floor a
+/// failover gives its successor meanwhile is above every seq it acked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cell_cut_off_from_the_route_table_stops_below_the_failover_floor() {
+    // Margin: burst 100 + 100/s over two 100 ms intervals = 120.
+    let margin = 120;
+    let mut b = behind_a_link(|c| {
+        c.routing.checkpoint_interval_ms = 100;
+        // The checkpoint fence alone (the owner lease has its own test).
+        c.routing.owner_lease_ms = 0;
+        c.rate_limit.conversation_per_sec = 100;
+        c.rate_limit.conversation_burst = 100;
+    })
+    .await;
+    let _fallback =
+        cellmesh_tests::TestCell::start_routed("eu-west/c2", b.cluster.endpoints()).await;
+    let (conv, alice, routes, link, m) = (b.conv, b.alice.clone(), &b.routes, &b.link, &mut b.m);
     for i in 0..30 {
         m.send(authed(text(conv, &format!("in-{i}")), &alice))
             .await
@@ -291,7 +302,7 @@ async fn a_cell_cut_off_from_the_route_table_stops_below_the_failover_floor() {
     let plan = routes
         .read(|t| cellmesh_control_plane::failover::planner::plan_failover(t, "eu-west/c1", margin))
         .unwrap();
-    cellmesh_control_plane::failover::execute(&routes, &plan.commands)
+    cellmesh_control_plane::failover::execute(routes, &plan.commands)
         .await
         .unwrap();
     assert!(
@@ -313,30 +324,8 @@ async fn a_cell_cut_off_from_the_route_table_stops_below_the_failover_floor() {
 /// again once the table confirms it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_off_cell_stops_writing_when_its_owner_lease_runs_out() {
-    let cluster = cellmesh_tests::router::RouterCluster::start(1, |_| {}).await;
-    let routers = cluster.endpoints();
-    let link = cellmesh_chaos::proxy::FaultProxy::start(
-        "127.0.0.1:0".parse().unwrap(),
-        cluster.replicas[0].config.api_listen,
-    )
-    .await
-    .unwrap();
-    let _cell = cellmesh_tests::TestCell::start_routed_with(
-        "eu-west/c1",
-        vec![format!("http://{}", link.addr())],
-        tempfile::tempdir().unwrap(),
-        |c| c.routing.owner_lease_ms = 500,
-    )
-    .await;
-    let routes = cluster.client().await;
-    routes
-        .apply(cellmesh_router::commands::assign_tenant(1, "eu-west/c1", 0))
-        .await
-        .unwrap();
-    let edge = start_edge(routers).await;
-    let alice = token(1, 10);
-    let mut m = messaging(&edge).await;
-    let conv = create_via_edge(&mut m, &alice, vec![11]).await;
+    let mut b = behind_a_link(|c| c.routing.owner_lease_ms = 500).await;
+    let (conv, alice, link, m) = (b.conv, b.alice.clone(), &b.link, &mut b.m);
     m.send(authed(text(conv, "before"), &alice)).await.unwrap();
 
     link.partition(true, true);

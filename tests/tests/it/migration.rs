@@ -4,7 +4,6 @@
 //! answers WRONG_CELL afterwards, and retries of requests acknowledged
 //! before the move are answered from the migrated idempotency records.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -131,23 +130,7 @@ async fn move_under_load(history: u64, chunk: u32) {
     .await
     .unwrap();
 
-    let epoch = Instant::now();
-    let stop = Arc::new(AtomicBool::new(false));
-    let ops = Arc::new(Mutex::new(Vec::new()));
-    let senders: Vec<_> = [(10, &alice), (11, &bob)]
-        .into_iter()
-        .map(|(user, token)| {
-            tokio::spawn(sender(
-                d.edge.endpoint(),
-                token.clone(),
-                conv,
-                user,
-                stop.clone(),
-                epoch,
-                ops.clone(),
-            ))
-        })
-        .collect();
+    let senders = Senders::start(&d.edge, conv, &[10, 11]);
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     let migrator = Migrator::new(
@@ -163,7 +146,7 @@ async fn move_under_load(history: u64, chunk: u32) {
         .migrate_conversation(1, conv, "us-east/c1", |p| phases.push(p.phase))
         .await
         .expect("migration succeeds");
-    let switch_ms = epoch.elapsed().as_millis() as u64;
+    let switch_ms = senders.now_ms();
     println!(
         "migrated {} messages, final seq {}, writes refused for {} ms, total {} ms",
         report.messages_verified,
@@ -176,13 +159,7 @@ async fn move_under_load(history: u64, chunk: u32) {
         "{phases:?}"
     );
     // Sends go on for a while on the target, then stop.
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    stop.store(true, Ordering::Relaxed);
-    for s in senders {
-        s.await.unwrap();
-    }
-
-    let mut ops = std::mem::take(&mut *ops.lock().unwrap());
+    let mut ops = senders.finish(Duration::from_secs(1)).await;
     let acked_after_switch = ops
         .iter()
         .filter(|o| o.invoked_ms > switch_ms && matches!(o.outcome, Outcome::Ok { .. }))
@@ -217,13 +194,7 @@ async fn move_under_load(history: u64, chunk: u32) {
         source_history,
         target_history,
     });
-    for verdict in check_all(&history) {
-        assert!(
-            verdict.holds,
-            "{}: {:?}",
-            verdict.invariant, verdict.counterexamples
-        );
-    }
+    assert_every_invariant(&history);
 
     // The source refuses writes now; a retry of a request acknowledged
     // before the move gets its original answer from the target.
@@ -272,27 +243,8 @@ async fn a_migration_interrupted_in_any_phase_resumes_and_finishes() {
     {
         // A fresh sender per round: request ids are per sender.
         let user = 20 + i as u64;
-        let token = token(1, user);
         let conv = create_via_edge(&mut m, &alice, vec![user]).await;
-        let epoch = Instant::now();
-        let stop = Arc::new(AtomicBool::new(false));
-        tokio::spawn({
-            let stop = stop.clone();
-            async move {
-                tokio::time::sleep(Duration::from_millis(1500)).await;
-                stop.store(true, Ordering::Relaxed);
-            }
-        });
-        let ops = Arc::new(Mutex::new(Vec::new()));
-        let sending = tokio::spawn(sender(
-            d.edge.endpoint(),
-            token,
-            conv,
-            user,
-            stop,
-            epoch,
-            ops.clone(),
-        ));
+        let senders = Senders::start(&d.edge, conv, &[user]);
         tokio::time::sleep(Duration::from_millis(300)).await;
         let routes = d.cluster.client().await;
         let interrupted = Migrator::new(
@@ -319,8 +271,10 @@ async fn a_migration_interrupted_in_any_phase_resumes_and_finishes() {
         .migrate_conversation(1, conv, "us-east/c1", |_| {})
         .await
         .unwrap_or_else(|e| panic!("resume after {point:?}: {e}"));
-        sending.await.unwrap();
-        let ops = std::mem::take(&mut *ops.lock().unwrap());
+        // They send for 1.5 s from the start, whenever the move ends.
+        let left = Duration::from_millis(1500).saturating_sub(senders.epoch.elapsed());
+        let switch_ms = senders.now_ms();
+        let ops = senders.finish(left).await;
         let failed: Vec<_> = ops
             .iter()
             .filter(|o| !matches!(o.outcome, Outcome::Ok { .. }))
@@ -341,7 +295,7 @@ async fn a_migration_interrupted_in_any_phase_resumes_and_finishes() {
             conversation: conv,
             source: "eu-west/c1".into(),
             target: "us-east/c1".into(),
-            switch_ms: epoch.elapsed().as_millis() as u64,
+            switch_ms,
             source_history: export_all(&d.cells[0].endpoint, 1, conv).await,
             target_history,
         });

@@ -4,11 +4,8 @@
 //! its data and backfill completes, every acknowledged message is there
 //! exactly once, in order.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use cellmesh_chaos::check_all;
 use cellmesh_chaos::history::{Floor, History, Outcome};
 use cellmesh_control_plane::server::{ControlPlaneConfig, Event, FailoverConfig};
 use cellmesh_router::commands::assign_tenant;
@@ -59,23 +56,7 @@ async fn a_sigkilled_cell_process_fails_over_under_continuous_sends() {
     let alice = token(1, 10);
     let mut m = messaging(&edge).await;
     let conv = create_via_edge(&mut m, &alice, vec![11]).await;
-    let epoch = Instant::now();
-    let stop = Arc::new(AtomicBool::new(false));
-    let ops = Arc::new(Mutex::new(Vec::new()));
-    let senders: Vec<_> = [(10, token(1, 10)), (11, token(1, 11))]
-        .into_iter()
-        .map(|(user, token)| {
-            tokio::spawn(sender(
-                edge.endpoint(),
-                token,
-                conv,
-                user,
-                stop.clone(),
-                epoch,
-                ops.clone(),
-            ))
-        })
-        .collect();
+    let senders = Senders::start(&edge, conv, &[10, 11]);
     // Sends flow and reach a checkpoint; the standby has the meta.
     assert!(
         eventually(Duration::from_secs(15), || {
@@ -87,7 +68,7 @@ async fn a_sigkilled_cell_process_fails_over_under_continuous_sends() {
     );
     tokio::time::sleep(Duration::from_millis(300)).await;
 
-    let killed_ms = epoch.elapsed().as_millis() as u64;
+    let killed_ms = senders.now_ms();
     process.kill();
     assert!(
         eventually(Duration::from_secs(20), || {
@@ -102,12 +83,7 @@ async fn a_sigkilled_cell_process_fails_over_under_continuous_sends() {
         cp.events()
     );
     // Sends go on at the fallback for a while.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    stop.store(true, Ordering::Relaxed);
-    for s in senders {
-        s.await.unwrap();
-    }
-    let ops = std::mem::take(&mut *ops.lock().unwrap());
+    let ops = senders.finish(Duration::from_millis(1500)).await;
     let acked = |after: u64| {
         ops.iter()
             .filter(move |o| o.invoked_ms >= after)
@@ -139,57 +115,20 @@ async fn a_sigkilled_cell_process_fails_over_under_continuous_sends() {
 
     // The process returns on its data; its history is backfilled.
     let _returned = CellProcess::start_configured(dir.path(), &config).await;
-    assert!(
-        eventually(Duration::from_secs(30), || {
-            let done = cp.events().iter().any(|e| {
-                matches!(e, Event::Backfilled { cell, conversations, .. }
-                    if cell == "eu-west/c1" && *conversations >= 1)
-            });
-            async move { done }
-        })
-        .await,
-        "backfill ran: {:?}",
-        cp.events()
-    );
-    let mut read = Vec::new();
-    let mut since = 0;
-    loop {
-        let page = m
-            .pull(authed(
-                cellmesh_proto::v1::PullRequest {
-                    conversation_id: conv,
-                    since_seq: since,
-                    direction: cellmesh_proto::v1::Direction::Forward as i32,
-                    limit: 500,
-                    ..Default::default()
-                },
-                &alice,
-            ))
-            .await
-            .unwrap()
-            .into_inner();
-        assert_eq!(page.unavailable_through, 0, "history is complete again");
-        read.extend(stored(&page.messages));
-        if !page.has_more {
-            break;
-        }
-        since = page.next_seq;
-    }
+    wait_for_backfill(&cp, "eu-west/c1", Duration::from_secs(30)).await;
+    let page = pull_via_edge(&mut m, &alice, conv).await;
+    assert_eq!(page.unavailable_through, 0, "history is complete again");
     let mut history = History {
         sends: ops,
         ..History::default()
     };
-    history.conversations.insert(conv, read);
+    history
+        .conversations
+        .insert(conv, history_via_edge(&mut m, &alice, conv).await);
     history.floors.push(Floor {
         conversation: conv,
         floor,
     });
-    for verdict in check_all(&history) {
-        assert!(
-            verdict.holds,
-            "{}: {:?}",
-            verdict.invariant, verdict.counterexamples
-        );
-    }
+    assert_every_invariant(&history);
     cp.stop();
 }
