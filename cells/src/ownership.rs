@@ -3,7 +3,19 @@
 //! seq above the route's `seq_floor`. Until the route table is consulted, a
 //! standalone cell owns everything ([`OwnAll`]).
 
+use futures::future::BoxFuture;
+
 use crate::error::CellError;
+
+/// Where a new conversation goes, from this cell's view of its tenant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Creation {
+    /// The tenant lives here: its route covers the new conversation.
+    Owner,
+    /// The tenant is moving here: the conversation needs its own route
+    /// before it is stored.
+    Place,
+}
 
 /// What the route table says about a conversation this cell owns.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -29,6 +41,19 @@ pub trait Ownership: Send + Sync + 'static {
     /// route still serves them).
     fn check_read(&self, tenant: u64, conversation: u64) -> Result<(), CellError> {
         self.check(tenant, conversation, 0).map(|_| ())
+    }
+
+    /// Checks that this cell may create a conversation of `tenant`: its
+    /// owner, or the target of the tenant's migration, which must
+    /// [`place`](Self::place) the new conversation before storing it.
+    fn check_create(&self, tenant: u64) -> Result<Creation, CellError> {
+        self.check(tenant, 0, 0).map(|_| Creation::Owner)
+    }
+
+    /// Routes a conversation about to be created here to this cell (see
+    /// [`Creation::Place`]).
+    fn place(&self, _tenant: u64, _conversation: u64) -> BoxFuture<'_, Result<(), CellError>> {
+        Box::pin(async { Ok(()) })
     }
 
     /// The route-table index this cell's view has reached (a standalone

@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use crate::error::CellError;
 use crate::homes::Homes;
-use crate::ownership::{Fence, Ownership};
+use crate::ownership::{Creation, Fence, Ownership};
+use futures::future::BoxFuture;
 
 pub struct Routed {
     client: RouteClient,
@@ -74,6 +75,17 @@ impl Routed {
             drop(this);
             tokio::time::sleep(lease / 4).await;
         }
+    }
+
+    fn lease_check(&self) -> Result<(), CellError> {
+        if self.lease_holds() {
+            return Ok(());
+        }
+        Err(CellError::RetryLater {
+            reason: "OWNER_LEASE_EXPIRED",
+            message: "the route table has not confirmed this cell's view lately".into(),
+            retry_after: Duration::from_millis(200),
+        })
     }
 
     fn lease_holds(&self) -> bool {
@@ -137,13 +149,7 @@ impl Ownership for Routed {
                 retry_after: Duration::from_millis(50),
             });
         }
-        if !self.lease_holds() {
-            return Err(CellError::RetryLater {
-                reason: "OWNER_LEASE_EXPIRED",
-                message: "the route table has not confirmed this cell's view lately".into(),
-                retry_after: Duration::from_millis(200),
-            });
-        }
+        self.lease_check()?;
         if matches!(route.entry.state, RouteState::Frozen { .. }) {
             return Err(CellError::RetryLater {
                 reason: "FROZEN",
@@ -155,6 +161,68 @@ impl Ownership for Routed {
             epoch: route.entry.epoch,
             seq_floor: route.seq_floor,
             seq_limit: base.map(|b| b.saturating_add(self.margin)),
+        })
+    }
+
+    fn check_create(&self, tenant: u64) -> Result<Creation, CellError> {
+        let key = Key::tenant(tenant);
+        let moving = self.client.read(|t| {
+            let entry = t.entry(&key)?;
+            match &entry.state {
+                RouteState::Active => None,
+                RouteState::Migrating { to, .. } | RouteState::Frozen { to } => {
+                    Some((to.clone(), t.resolve(&key)?))
+                }
+            }
+        });
+        let Some((to, route)) = moving else {
+            return self.check(tenant, 0, 0).map(|_| Creation::Owner);
+        };
+        if to == self.cell_id {
+            self.lease_check()?;
+            return Ok(Creation::Place);
+        }
+        let mut pb = route_to_pb(&route);
+        pb.cell_address = self
+            .client
+            .read(|t| t.cell(&to).map(|c| c.address.clone()))
+            .unwrap_or_default();
+        pb.cell_id = to.clone();
+        Err(CellError::WrongCell {
+            message: format!("tenant {tenant} is moving: new conversations are created on {to}"),
+            route: Box::new(pb),
+        })
+    }
+
+    fn place(&self, tenant: u64, conversation: u64) -> BoxFuture<'_, Result<(), CellError>> {
+        Box::pin(async move {
+            let key = Key::tenant(tenant);
+            let epoch = self
+                .client
+                .read(|t| t.entry(&key).map(|e| e.epoch))
+                .unwrap_or(0);
+            let command = cellmesh_router::commands::update_route(
+                &Key::conversation(tenant, conversation),
+                epoch,
+                cellmesh_proto::v1::update_route::Transition::Place(self.cell_id.clone()),
+            );
+            let applied =
+                self.client
+                    .apply(command)
+                    .await
+                    .map_err(|status| CellError::RetryLater {
+                        reason: "PLACEMENT_FAILED",
+                        message: format!(
+                            "could not route the new conversation here: {}",
+                            status.message()
+                        ),
+                        retry_after: Duration::from_millis(200),
+                    })?;
+            // This cell's own view must cover the new route before it is used.
+            self.client
+                .wait_applied(applied.index, Duration::from_secs(5))
+                .await;
+            Ok(())
         })
     }
 }

@@ -95,6 +95,22 @@ impl CellPeer for PeerApi {
         }))
     }
 
+    async fn tenant_conversations(
+        &self,
+        request: Request<TenantConversationsRequest>,
+    ) -> Result<Response<TenantConversationsResponse>, Status> {
+        let r = request.into_inner();
+        let limit = if r.limit == 0 { DEFAULT_CHUNK } else { r.limit } as usize;
+        let (conversation_ids, has_more) = self
+            .service
+            .tenant_conversations(r.tenant_id, r.after_id, limit, r.epoch)
+            .await?;
+        Ok(Response::new(TenantConversationsResponse {
+            conversation_ids,
+            has_more,
+        }))
+    }
+
     async fn stats(&self, _request: Request<StatsRequest>) -> Result<Response<CellStats>, Status> {
         let (uptime_ms, sends, queue_lag, route_index) = self.service.stats()?;
         Ok(Response::new(CellStats {

@@ -15,6 +15,7 @@ use super::send::concurrent_attempt_failed;
 use super::{Caller, MessageService};
 use crate::convert::conversation_to_proto;
 use crate::error::{CellError, Result};
+use crate::ownership::Creation;
 use crate::storage::{IdemKey, IdemKind, Mutation};
 
 /// Members listed when the request names no page size.
@@ -48,8 +49,10 @@ impl MessageService {
     #[tracing::instrument(skip_all, fields(tenant = cmd.caller.tenant, user = cmd.caller.user, req_id = %cmd.client_req_id))]
     pub async fn create_conversation(&self, cmd: CreateCommand) -> Result<Conversation> {
         let members = self.validate_create(&cmd)?;
-        // New conversations belong to their tenant's cell.
-        self.ownership.check(cmd.caller.tenant, 0, 0)?;
+        // New conversations belong to their tenant's cell (or the target of
+        // its migration).
+        let _creating = self.creating.read().await;
+        let creation = self.ownership.check_create(cmd.caller.tenant)?;
         let key = (!cmd.client_req_id.is_empty()).then(|| IdemKey {
             kind: IdemKind::CreateConversation,
             tenant: cmd.caller.tenant,
@@ -77,6 +80,9 @@ impl MessageService {
 
         let now = self.now_ms();
         let id = self.next_id(now)?;
+        if creation == Creation::Place {
+            self.ownership.place(cmd.caller.tenant, id).await?;
+        }
         let record = ConversationRecord {
             tenant_id: cmd.caller.tenant,
             kind: cmd.kind as i32,

@@ -156,8 +156,54 @@ impl MessageService {
         Ok(latest)
     }
 
-    /// Count and checksum of the messages up to `through_seq`, and the
-    /// latest seq stored.
+    /// Ids above `after` of the conversations of `tenant` stored here, at
+    /// most `limit`, and whether more may follow (source side of a tenant
+    /// move). With `epoch` set, first waits until this cell's route view
+    /// has reached it and no creation checked before then is in flight.
+    pub async fn tenant_conversations(
+        &self,
+        tenant: u64,
+        after: u64,
+        limit: usize,
+        epoch: u64,
+    ) -> Result<(Vec<u64>, bool)> {
+        if epoch > 0 {
+            let deadline = Instant::now() + SEAL_TIMEOUT;
+            while self.ownership.route_index() < epoch {
+                if Instant::now() > deadline {
+                    return Err(retry_later(
+                        "ROUTE_BEHIND",
+                        format!("this cell has not seen route epoch {epoch} yet"),
+                    ));
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            drop(self.creating.write().await);
+        }
+        const PAGE: usize = 1_000;
+        let limit = limit.clamp(1, 10_000);
+        let mut out = Vec::new();
+        let mut cursor = after;
+        loop {
+            let page = self.store.conversations_after(cursor, PAGE)?;
+            let Some(&(last, _)) = page.last() else {
+                return Ok((out, false));
+            };
+            for (id, record) in page.iter() {
+                if record.tenant_id == tenant {
+                    if out.len() == limit {
+                        return Ok((out, true));
+                    }
+                    out.push(*id);
+                }
+            }
+            if page.len() < PAGE {
+                return Ok((out, false));
+            }
+            cursor = last;
+        }
+    }
+
     /// Count and checksum of the messages in `(after_seq, through_seq]`
     /// (checksums add up, so ranges compose), the latest seq and how many
     /// rewrites the conversation has seen.

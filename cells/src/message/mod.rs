@@ -61,6 +61,10 @@ pub struct MessageService {
     pub(crate) sends: std::sync::atomic::AtomicU64,
     started: std::time::Instant,
     inflight: Inflight,
+    /// Held (shared) by every conversation creation from its ownership
+    /// check to its commit; a tenant listing for a migration takes it
+    /// exclusively, so no creation it cannot see is still in flight.
+    creating: tokio::sync::RwLock<()>,
     ownership: Arc<dyn Ownership>,
     clock: Arc<dyn Clock>,
 }
@@ -84,6 +88,7 @@ impl MessageService {
             sends: Default::default(),
             started: std::time::Instant::now(),
             inflight: Inflight::new(),
+            creating: Default::default(),
             store,
             config,
             ownership,

@@ -210,6 +210,21 @@ impl Store {
         self.get_record(cf::CONVERSATIONS, &keys::u64_key(id))
     }
 
+    /// Conversation records with ids above `after`, by id.
+    pub fn conversations_after(
+        &self,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, ConversationRecord)>> {
+        let lower = keys::u64_key(after.saturating_add(1)).to_vec();
+        self.records(
+            cf::CONVERSATIONS,
+            lower,
+            keys::u64_key(u64::MAX).to_vec(),
+            limit,
+        )
+    }
+
     /// The conversation's seq state; zeroes for a conversation never written to.
     pub fn conv_seq(&self, id: u64) -> Result<ConversationSeq> {
         Ok(self

@@ -3,6 +3,8 @@
 //! and retries with bounded backoff on `WRONG_CELL` (after refreshing the
 //! route) and on the transient answers of a migration (`FROZEN`) or a cell
 //! whose route view is behind. Other answers go back to the client as-is.
+//! Conversations are created on their tenant's cell, or on the target of
+//! the tenant's migration while it moves.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -17,7 +19,7 @@ use tonic::{Request, Response, Status};
 
 use super::auth::{Claims, TokenKey};
 use crate::client::RouteClient;
-use crate::table::Key;
+use crate::table::{Key, Scope};
 
 /// Reasons of RETRY_LATER answers the edge retries itself.
 const RETRIED_REASONS: [&str; 3] = ["FROZEN", "ROUTE_BEHIND", "NO_ROUTE"];
@@ -186,7 +188,16 @@ impl Proxy {
                 // A hung owner must not hold the request past a reroute.
                 request.set_timeout(t);
             }
-            let result = f(self.channel(&route.cell_address)?, request).await;
+            // A tenant key stands for creating a conversation: while the
+            // tenant moves, that happens on its target.
+            let address = match key.scope {
+                Scope::Tenant => self
+                    .routes
+                    .read(|t| t.creation_cell(key.tenant).map(|c| c.address.clone()))
+                    .unwrap_or(route.cell_address),
+                _ => route.cell_address,
+            };
+            let result = f(self.channel(&address)?, request).await;
             let status = match result {
                 Ok(r) => return Ok(r),
                 Err(status) => status,

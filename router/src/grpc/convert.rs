@@ -290,6 +290,7 @@ pub fn command_from_pb(c: pb::RouteCommand) -> Result<Command, Status> {
                     floor_margin: f.floor_margin,
                 },
                 update_route::Transition::Remove(_) => Transition::Remove,
+                update_route::Transition::Place(cell) => Transition::Place { cell },
             },
         },
         route_command::Command::Checkpoint(b) => Command::Checkpoint {

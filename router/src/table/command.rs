@@ -29,6 +29,10 @@ pub enum Transition {
     },
     /// Drop an override that agrees with its tenant's route.
     Remove,
+    /// Create the override of a new conversation on the target of its
+    /// tenant's migration (new conversations of a moving tenant are
+    /// created there).
+    Place { cell: String },
 }
 
 impl Transition {
@@ -41,6 +45,7 @@ impl Transition {
             Transition::Cancel => "cancel a migration",
             Transition::Failover { .. } => "fail over",
             Transition::Remove => "remove the override",
+            Transition::Place { .. } => "place a new conversation",
         }
     }
 }
@@ -186,11 +191,26 @@ fn update_route(
         Scope::User(id) => nonzero("user_id", id)?,
         Scope::Tenant => {}
     }
-    // An override that does not exist yet starts as a copy of its tenant's.
-    let current = table
+    // An override that does not exist yet starts as a copy of its tenant's,
+    // Active on the tenant's owner even while the tenant itself moves: the
+    // tenant's phase is about the tenant as a whole.
+    let effective = table
         .effective(&key)
         .ok_or_else(|| RouteError::NoRoute(key.to_string()))?;
-    check_epoch(current, expect_epoch)?;
+    check_epoch(effective, expect_epoch)?;
+    if let Transition::Place { cell } = transition {
+        return place(table, key, effective, cell, index);
+    }
+    let inherited;
+    let current = if effective.key == key {
+        effective
+    } else {
+        inherited = Entry {
+            state: RouteState::Active,
+            ..effective.clone()
+        };
+        &inherited
+    };
     let mut next = Entry {
         key,
         epoch: index,
@@ -292,6 +312,36 @@ fn update_route(
         _ => return Err(refuse()),
     }
     Ok(vec![Change::Route(next)])
+}
+
+/// The override of a conversation created on `cell` while its tenant
+/// migrates there.
+fn place(
+    table: &RouteTable,
+    key: Key,
+    tenant: &Entry,
+    cell: &str,
+    index: u64,
+) -> Result<Vec<Change>, RouteError> {
+    if !matches!(key.scope, Scope::Conversation(_)) || tenant.key == key {
+        return Err(RouteError::invalid(
+            "key",
+            format!("{key} is not a new conversation"),
+        ));
+    }
+    match &tenant.state {
+        RouteState::Migrating { to, .. } | RouteState::Frozen { to } if to == cell => {}
+        _ => return Err(illegal(tenant, "place a new conversation")),
+    }
+    usable_cell(table, cell)?;
+    Ok(vec![Change::Route(Entry {
+        key,
+        cell: cell.to_string(),
+        epoch: index,
+        state: RouteState::Active,
+        seq_floor: 0,
+        floor_margin: 0,
+    })])
 }
 
 fn validate_cell_id(id: &str, region: &str) -> Result<(), RouteError> {

@@ -281,6 +281,49 @@ fn overrides_are_removed_only_when_they_agree_with_the_tenant() {
 }
 
 #[test]
+fn a_moving_tenant_creates_on_its_target_and_its_conversations_move_alone() {
+    let (mut t, i) = table_with_cells();
+    place(&mut t, 1, "eu/c1", i);
+    let tenant = Key::tenant(1);
+    let conv = Key::conversation(1, 10);
+    // Placing needs a moving tenant.
+    let place_on = |cell: &str| Transition::Place { cell: cell.into() };
+    assert!(update(&mut t, i + 1, conv, i, place_on("eu/c2")).is_err());
+    update(
+        &mut t,
+        i + 1,
+        tenant,
+        i,
+        Transition::BeginMigration { to: "eu/c2".into() },
+    )
+    .unwrap();
+    assert_eq!(t.creation_cell(1).unwrap().id, "eu/c2");
+    // Only on the target, only for a conversation without an override.
+    assert!(update(&mut t, i + 2, conv, i + 1, place_on("us/c1")).is_err());
+    update(&mut t, i + 2, conv, i + 1, place_on("eu/c2")).unwrap();
+    assert!(update(&mut t, i + 3, conv, i + 2, place_on("eu/c2")).is_err());
+    let placed = t.resolve(&conv).unwrap().entry;
+    assert_eq!(
+        (placed.cell.as_str(), &placed.state),
+        ("eu/c2", &RouteState::Active)
+    );
+    // An existing conversation without an override still lives on the
+    // source and starts its own move from Active there.
+    let old = Key::conversation(1, 11);
+    update(
+        &mut t,
+        i + 3,
+        old,
+        i + 1,
+        Transition::BeginMigration { to: "eu/c2".into() },
+    )
+    .unwrap();
+    let moving = t.entry(&old).unwrap();
+    assert_eq!(moving.cell, "eu/c1");
+    assert!(matches!(moving.state, RouteState::Migrating { .. }));
+}
+
+#[test]
 fn a_table_rebuilds_from_its_changes() {
     let (mut t, i) = table_with_cells();
     place(&mut t, 1, "eu/c1", i);

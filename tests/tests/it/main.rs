@@ -19,3 +19,4 @@ mod processor_crash;
 mod router;
 mod send;
 mod sync;
+mod tenant_move;

@@ -12,7 +12,8 @@
 //!    all of it again if older messages were rewritten meanwhile;
 //! 5. switch — route to B with `seq_floor` = A's final seq; A answers WRONG_CELL.
 //!
-//! Cleanup of A's copy after a grace period is not done yet.
+//! Cleanup of A's copy after a grace period is not done yet. Whole-tenant
+//! moves are in [`tenant`].
 
 use std::time::{Duration, Instant};
 
@@ -24,6 +25,8 @@ use cellmesh_router::client::RouteClient;
 use cellmesh_router::commands::update_route;
 use cellmesh_router::table::{Key, Phase, RouteState};
 use tonic::transport::Channel;
+
+pub mod tenant;
 
 #[derive(Debug, Clone)]
 pub struct MigrationOptions {
@@ -279,9 +282,14 @@ impl Migrator {
             .resolve_linearizable(&key)
             .await
             .map_err(call("route lookup"))?;
-        let entry =
+        let mut entry =
             cellmesh_router::grpc::convert::entry_from_pb(resolved.entry.unwrap_or_default())
                 .map_err(call("route entry"))?;
+        if entry.key != key {
+            // No override yet: the conversation sits Active on its tenant's
+            // owner, whatever the tenant as a whole is doing.
+            entry.state = RouteState::Active;
+        }
         let from = entry.cell.clone();
         let mut epoch = entry.epoch;
         let (target_cell, frozen) = match &entry.state {

@@ -1,0 +1,245 @@
+//! Moving a whole tenant from cell A to cell B (DESIGN.md §5). The tenant's
+//! entry goes `Migrating{B}` first: from then on new conversations are
+//! created on B (each placed with its own route there), while the existing
+//! ones move one by one, several at a time, each through the conversation
+//! protocol of [`super`]. Then the tenant entry freezes, A is asked for its
+//! conversations once more — after it has seen the freeze and no creation
+//! it checked before is in flight — the stragglers move, and only then does
+//! the tenant entry switch to B. Conversation overrides that now agree with
+//! the tenant are dropped. Every step is in the route table: running the
+//! move again resumes it.
+
+use std::time::{Duration, Instant};
+
+use cellmesh_proto::v1::TenantConversationsRequest;
+use cellmesh_router::table::{Key, RouteState, Scope};
+use futures::StreamExt;
+
+use super::{MigrationError, Migrator, call};
+use cellmesh_proto::v1::update_route::Transition;
+
+/// Where a tenant move stands (for progress bars).
+#[derive(Debug, Clone, Default)]
+pub struct TenantProgress {
+    pub phase: &'static str,
+    /// Conversations found on the source so far.
+    pub conversations: u64,
+    pub moved: u64,
+    pub messages: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct TenantMoveReport {
+    pub tenant: u64,
+    pub from: String,
+    pub to: String,
+    pub conversations_moved: u64,
+    pub messages_moved: u64,
+    /// The longest freeze of one conversation.
+    pub max_freeze: Duration,
+    /// Overrides dropped once the tenant pointed at the target.
+    pub overrides_removed: u64,
+    pub total: Duration,
+    /// The route epoch of the tenant entry's switch: after every
+    /// conversation's.
+    pub switch_epoch: u64,
+}
+
+impl Migrator {
+    /// Moves every conversation of `tenant` and then the tenant itself to
+    /// cell `to`, at most `parallel` conversations at a time; resumes an
+    /// interrupted move.
+    pub async fn migrate_tenant(
+        &self,
+        tenant: u64,
+        to: &str,
+        parallel: usize,
+        mut progress: impl FnMut(&TenantProgress),
+    ) -> Result<TenantMoveReport, MigrationError> {
+        let started = Instant::now();
+        let key = Key::tenant(tenant);
+        let resolved = self
+            .routes
+            .resolve_linearizable(&key)
+            .await
+            .map_err(call("route lookup"))?;
+        let entry =
+            cellmesh_router::grpc::convert::entry_from_pb(resolved.entry.unwrap_or_default())
+                .map_err(call("route entry"))?;
+        let from = entry.cell.clone();
+        let mut epoch = entry.epoch;
+        let frozen = match &entry.state {
+            RouteState::Active if entry.cell == to => {
+                return Err(MigrationError::Refused(format!(
+                    "{key} already lives on {to}"
+                )));
+            }
+            RouteState::Active => {
+                epoch = self
+                    .transition(&key, epoch, Transition::BeginMigration(to.to_string()))
+                    .await?;
+                false
+            }
+            RouteState::Migrating { to: t, .. } | RouteState::Frozen { to: t } if t != to => {
+                return Err(MigrationError::Refused(format!(
+                    "{key} is already migrating to {t}; cancel that first"
+                )));
+            }
+            RouteState::Migrating { .. } => false,
+            RouteState::Frozen { .. } => true,
+        };
+        let mut state = TenantProgress {
+            phase: "conversations",
+            ..Default::default()
+        };
+        let mut max_freeze = Duration::ZERO;
+        if !frozen {
+            epoch = self
+                .hold_while_paused(&key, to, epoch, 0, &mut |_| {})
+                .await?;
+            self.move_conversations(
+                tenant,
+                &from,
+                to,
+                0,
+                parallel,
+                &mut state,
+                &mut max_freeze,
+                &mut progress,
+            )
+            .await?;
+            epoch = self
+                .hold_while_paused(&key, to, epoch, 0, &mut |_| {})
+                .await?;
+            epoch = self
+                .transition(&key, epoch, Transition::Freeze(true))
+                .await?;
+        }
+        // Conversations A created before it saw the tenant move.
+        state.phase = "stragglers";
+        self.move_conversations(
+            tenant,
+            &from,
+            to,
+            epoch,
+            parallel,
+            &mut state,
+            &mut max_freeze,
+            &mut progress,
+        )
+        .await?;
+        let switch_epoch = self
+            .transition(&key, epoch, Transition::SwitchFloor(0))
+            .await?;
+        state.phase = "switched";
+        progress(&state);
+        let overrides_removed = self.drop_agreeing_overrides(tenant, to).await;
+        Ok(TenantMoveReport {
+            tenant,
+            from,
+            to: to.to_string(),
+            conversations_moved: state.moved,
+            messages_moved: state.messages,
+            max_freeze,
+            overrides_removed,
+            total: started.elapsed(),
+            switch_epoch,
+        })
+    }
+
+    /// Moves every conversation of `tenant` that `from` holds and still
+    /// owns; `epoch` as in `TenantConversations`.
+    #[allow(clippy::too_many_arguments)]
+    async fn move_conversations(
+        &self,
+        tenant: u64,
+        from: &str,
+        to: &str,
+        epoch: u64,
+        parallel: usize,
+        state: &mut TenantProgress,
+        max_freeze: &mut Duration,
+        progress: &mut impl FnMut(&TenantProgress),
+    ) -> Result<(), MigrationError> {
+        let (mut source, _) = self.peer(from).await?;
+        let mut ids = Vec::new();
+        let mut after = 0;
+        loop {
+            let page = source
+                .tenant_conversations(self.request(TenantConversationsRequest {
+                    tenant_id: tenant,
+                    after_id: after,
+                    limit: 5_000,
+                    epoch,
+                }))
+                .await
+                .map_err(call("list the source's conversations"))?
+                .into_inner();
+            after = page.conversation_ids.last().copied().unwrap_or(after);
+            ids.extend(page.conversation_ids);
+            if !page.has_more {
+                break;
+            }
+        }
+        // Only those the source still owns (not moved yet, not replicas).
+        let ids: Vec<u64> = self.routes.read(|t| {
+            ids.into_iter()
+                .filter(|&c| {
+                    t.effective(&Key::conversation(tenant, c))
+                        .is_some_and(|e| e.cell == from)
+                })
+                .collect()
+        });
+        state.conversations += ids.len() as u64;
+        progress(state);
+        let mut moves = futures::stream::iter(ids)
+            .map(|c| self.migrate_conversation(tenant, c, to, |_| {}))
+            .buffer_unordered(parallel.max(1));
+        let mut first_error = None;
+        while let Some(result) = moves.next().await {
+            match result {
+                Ok(report) => {
+                    state.moved += 1;
+                    state.messages += report.messages_verified;
+                    *max_freeze = (*max_freeze).max(report.frozen_for);
+                    progress(state);
+                }
+                Err(e) => {
+                    tracing::warn!(tenant, error = %e, "a conversation of the tenant did not move");
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        match first_error {
+            // The tenant stays where it is in its move; running it again
+            // resumes with what is left.
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Removes the conversation overrides of `tenant` that agree with its
+    /// route on `to` and carry no failover floor; how many.
+    async fn drop_agreeing_overrides(&self, tenant: u64, to: &str) -> u64 {
+        let agreeing: Vec<(Key, u64)> = self.routes.read(|t| {
+            t.routes
+                .range(Key::conversation(tenant, 0)..=Key::user(tenant, u64::MAX))
+                .filter(|(k, e)| {
+                    matches!(k.scope, Scope::Conversation(_))
+                        && e.cell == to
+                        && e.state == RouteState::Active
+                        && e.floor_margin == 0
+                })
+                .map(|(k, e)| (*k, e.epoch))
+                .collect()
+        });
+        futures::stream::iter(agreeing)
+            .map(|(key, epoch)| async move {
+                self.transition(&key, epoch, Transition::Remove(true)).await
+            })
+            .buffer_unordered(16)
+            .filter(|r| std::future::ready(r.is_ok()))
+            .count()
+            .await as u64
+    }
+}
