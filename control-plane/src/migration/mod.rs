@@ -13,7 +13,7 @@
 //! 5. switch — route to B with `seq_floor` = A's final seq; A answers WRONG_CELL.
 //!
 //! Cleanup of A's copy after a grace period is not done yet. Whole-tenant
-//! moves are in [`tenant`].
+//! moves are in [`tenant`], draining and failing back a cell in [`bulk`].
 
 use std::time::{Duration, Instant};
 
@@ -26,6 +26,7 @@ use cellmesh_router::commands::update_route;
 use cellmesh_router::table::{Key, Phase, RouteState};
 use tonic::transport::Channel;
 
+pub mod bulk;
 pub mod tenant;
 
 #[derive(Debug, Clone)]

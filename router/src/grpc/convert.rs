@@ -125,6 +125,7 @@ pub fn entry_to_pb(e: &Entry) -> pb::RouteEntry {
         phase: phase.map_or(0, |p| p as i32),
         seq_floor: e.seq_floor,
         floor_margin: e.floor_margin,
+        failed_from: e.failed_from.clone().unwrap_or_default(),
     }
 }
 
@@ -145,6 +146,7 @@ pub fn entry_from_pb(e: pb::RouteEntry) -> Result<Entry, Status> {
         state,
         seq_floor: e.seq_floor,
         floor_margin: e.floor_margin,
+        failed_from: (!e.failed_from.is_empty()).then_some(e.failed_from),
     })
 }
 

@@ -123,6 +123,7 @@ impl Command {
                         state: RouteState::Active,
                         seq_floor: 0,
                         floor_margin: 0,
+                        failed_from: None,
                     },
                     None => return Err(RouteError::NoRoute(key.to_string())),
                     Some(current) => {
@@ -244,6 +245,7 @@ fn update_route(
             next.state = RouteState::Active;
             next.seq_floor = current.seq_floor.max(*seq_floor);
             next.floor_margin = 0;
+            next.failed_from = None;
         }
         (Transition::Cancel, RouteState::Migrating { .. } | RouteState::Frozen { .. }) => {
             next.state = RouteState::Active;
@@ -264,6 +266,10 @@ fn update_route(
             next.state = RouteState::Active;
             next.seq_floor = current.seq_floor.max(*seq_floor);
             next.floor_margin = *floor_margin;
+            next.failed_from = current
+                .failed_from
+                .clone()
+                .or_else(|| Some(current.cell.clone()));
             // The owner failing now may have advanced past the last floor:
             // each conversation it decided for gets its failover base (its
             // floor and its reports) as the checkpoint the new floor uses.
@@ -341,6 +347,7 @@ fn place(
         state: RouteState::Active,
         seq_floor: 0,
         floor_margin: 0,
+        failed_from: None,
     })])
 }
 

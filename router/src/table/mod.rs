@@ -126,6 +126,10 @@ pub struct Entry {
     pub seq_floor: u64,
     /// After a failover: a conversation's floor is its checkpoint plus this.
     pub floor_margin: u64,
+    /// The cell a failover took this route from (the first, across chained
+    /// failovers); a failback moves it there again. A migration clears it.
+    #[serde(default)]
+    pub failed_from: Option<String>,
 }
 
 /// One effect of an applied command; the watch stream carries these.

@@ -199,3 +199,120 @@ async fn a_tenant_of_1000_conversations_moves_under_load_with_its_entry_last() {
     let e = direct.send(r).await.unwrap_err();
     assert_eq!(error_detail(&e).code, ErrorCode::WrongCell as i32);
 }
+
+/// Fails a cell over by hand (its process keeps running, as after a false
+/// alarm), backfills it, fails its tenant back by live migration while a
+/// client keeps sending, then drains it: nothing acknowledged is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_over_cell_takes_its_tenant_back_and_is_then_drained() {
+    use cellmesh_chaos::history::Floor;
+    use cellmesh_control_plane::failover::backfill::backfill;
+    use cellmesh_control_plane::failover::{execute, planner::plan_failover};
+    use cellmesh_router::commands::set_cell_status;
+    use cellmesh_router::table::CellStatus;
+
+    let d = deploy(None).await;
+    let routes = d.cluster.client().await;
+    let secret = ClusterSecret::new(SECRET);
+    let alice = token(1, 10);
+    let mut m = messaging(&d.edge).await;
+    let mut conversations = Vec::new();
+    for i in 0..12 {
+        let c = create_via_edge(&mut m, &alice, vec![11]).await;
+        for n in 0..3 {
+            m.send(authed(text(c, &format!("seed-{i}-{n}")), &alice))
+                .await
+                .unwrap();
+        }
+        conversations.push(c);
+    }
+    // The failover floors come from checkpoints: let them land.
+    let checkpointed = cellmesh_tests::eventually(Duration::from_secs(10), || {
+        let n = routes.read(|t| t.checkpoints.len());
+        async move { n >= 12 }
+    })
+    .await;
+    assert!(checkpointed);
+
+    let plan = routes
+        .read(|t| plan_failover(t, SOURCE, 1000))
+        .expect("failover plan");
+    execute(&routes, &plan.commands).await.unwrap();
+    routes.refresh(0).await.ok();
+    let failed_over = routes.read(|t| t.entry(&Key::tenant(1)).cloned().unwrap());
+    assert_eq!(failed_over.cell, TARGET);
+    assert_eq!(failed_over.failed_from.as_deref(), Some(SOURCE));
+    let floors: Vec<Floor> = routes.read(|t| {
+        conversations
+            .iter()
+            .map(|&c| Floor {
+                conversation: c,
+                floor: t.resolve(&Key::conversation(1, c)).unwrap().seq_floor,
+            })
+            .collect()
+    });
+    let loaded = conversations[0];
+    let senders = Senders::start(&d.edge, loaded, &[10, 11]);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // The cell is back: its history goes to the new owner, then it is Up.
+    let (backfilled, _) = backfill(&routes, &secret, SOURCE).await;
+    assert_eq!(backfilled, 12);
+    let up = routes
+        .apply(set_cell_status(SOURCE, cellmesh_proto::v1::CellStatus::Up))
+        .await
+        .unwrap();
+    routes.wait_applied(up.index, Duration::from_secs(5)).await;
+    let migrator = Migrator::new(routes.clone(), secret, MigrationOptions::default());
+    let back = migrator.failback(SOURCE, 4, |_| {}).await.unwrap();
+    assert!(back.failures.is_empty(), "{:?}", back.failures);
+    assert_eq!(back.selection.tenants, vec![1]);
+    let entry = routes.read(|t| t.entry(&Key::tenant(1)).cloned().unwrap());
+    assert_eq!((entry.cell.as_str(), entry.failed_from), (SOURCE, None));
+    // Nothing is left to fail back.
+    let again = migrator.failback(SOURCE, 4, |_| {}).await.unwrap();
+    assert!(again.selection.tenants.is_empty() && again.selection.conversations.is_empty());
+
+    // Drain it into its fallback (the only other Up cell).
+    let drained = migrator.drain(SOURCE, None, 4, |_| {}).await.unwrap();
+    assert!(drained.failures.is_empty(), "{:?}", drained.failures);
+    assert_eq!(drained.to, TARGET);
+    let (tenant_cell, status) = routes.read(|t| {
+        (
+            t.entry(&Key::tenant(1)).unwrap().cell.clone(),
+            t.cell(SOURCE).unwrap().status,
+        )
+    });
+    assert_eq!(
+        (tenant_cell.as_str(), status),
+        (TARGET, CellStatus::Draining)
+    );
+    // A draining cell takes no new placements.
+    let refused = migrator
+        .migrate_conversation(1, conversations[1], SOURCE, |_| {})
+        .await;
+    assert!(refused.is_err(), "{refused:?}");
+
+    let ops = senders.finish(Duration::from_millis(300)).await;
+    let acked = ops
+        .iter()
+        .filter(|o| matches!(o.outcome, cellmesh_chaos::history::Outcome::Ok { .. }))
+        .count();
+    assert!(
+        acked > 10,
+        "sends went on through failback and drain ({acked})"
+    );
+    let mut history = History {
+        sends: ops,
+        floors,
+        ..History::default()
+    };
+    for &c in &conversations {
+        let h = history_via_edge(&mut m, &alice, c).await;
+        if c != loaded {
+            assert_eq!(h.len(), 3, "seeds of {c} kept: {h:?}");
+        }
+        history.conversations.insert(c, h);
+    }
+    assert_every_invariant(&history);
+}

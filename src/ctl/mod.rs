@@ -21,6 +21,8 @@ use serde_json::json;
 
 use crate::client::describe;
 
+mod moves;
+
 #[derive(Args)]
 pub struct CtlArgs {
     /// Routing API endpoints, comma-separated.
@@ -110,6 +112,26 @@ enum CtlCommand {
         #[arg(long, default_value_t = 1000)]
         margin: u64,
     },
+    /// Stop placing anything on a cell and move everything it owns (its
+    /// tenants and conversation overrides) to another cell by live
+    /// migration. Running it again resumes.
+    Drain {
+        cell: String,
+        /// Where to (default: the cell's fallback, same region first).
+        #[arg(long)]
+        to: Option<String>,
+        /// Conversations moved at a time.
+        #[arg(long, default_value_t = 8)]
+        parallel: usize,
+    },
+    /// Move back, by live migration, every tenant and conversation a
+    /// failover took from CELL (once it is Up again and backfilled).
+    Failback {
+        cell: String,
+        /// Conversations moved at a time.
+        #[arg(long, default_value_t = 8)]
+        parallel: usize,
+    },
     /// Migrations in progress (from the route table), and cancelling one.
     Migrations {
         #[command(subcommand)]
@@ -121,6 +143,19 @@ enum CtlCommand {
 
 #[derive(Subcommand)]
 enum MigrateCommand {
+    /// Move a whole tenant: new conversations go to the target at once,
+    /// existing ones move several at a time, the tenant entry switches last.
+    Tenant {
+        #[arg(long)]
+        tenant: u64,
+        #[arg(long)]
+        to: String,
+        /// Conversations moved at a time.
+        #[arg(long, default_value_t = 8)]
+        parallel: usize,
+        #[arg(long)]
+        json: bool,
+    },
     Conversation {
         #[arg(long)]
         tenant: u64,
@@ -374,6 +409,21 @@ pub async fn run(mut args: CtlArgs) -> anyhow::Result<()> {
                 report.frozen_for.as_millis(),
                 report.total.as_millis()
             );
+        }
+        CtlCommand::Migrate {
+            command:
+                MigrateCommand::Tenant {
+                    tenant,
+                    to,
+                    parallel,
+                    json,
+                },
+        } => moves::migrate_tenant(routes, secret, tenant, &to, parallel, json).await?,
+        CtlCommand::Drain { cell, to, parallel } => {
+            moves::drain(routes, secret, &cell, to, parallel).await?
+        }
+        CtlCommand::Failback { cell, parallel } => {
+            moves::failback(routes, secret, &cell, parallel).await?
         }
         CtlCommand::Fail { cell, margin } => {
             let plan = routes

@@ -1,0 +1,172 @@
+//! Moving everything at once off or onto a cell by live migration:
+//! draining a cell (no new placements, then every tenant and conversation
+//! override it owns moves elsewhere) and failing back what a failover took
+//! from a cell once it is Up again. Both resume when run again: their state
+//! is the route table's.
+
+use cellmesh_proto::v1 as pb;
+use cellmesh_router::commands::set_cell_status;
+use cellmesh_router::table::{CellStatus, Entry, Key, Scope};
+
+use super::tenant::TenantProgress;
+use super::{MigrationError, Migrator, call};
+
+/// The routes a bulk move covers. User-home overrides are listed but not
+/// moved: user homes have no live migration of their own; they follow
+/// their tenant.
+#[derive(Debug, Default, Clone)]
+pub struct Selection {
+    pub tenants: Vec<u64>,
+    pub conversations: Vec<(u64, u64)>,
+    pub users: Vec<Key>,
+}
+
+/// What a bulk move did.
+#[derive(Debug, Default)]
+pub struct BulkReport {
+    pub to: String,
+    pub selection: Selection,
+    pub conversations_moved: u64,
+    /// Routes that did not move, with why; running again resumes them.
+    pub failures: Vec<(Key, String)>,
+}
+
+/// One line of what a bulk move is doing (for an operator's terminal).
+pub enum BulkEvent<'a> {
+    Tenant(u64, &'a TenantProgress),
+    Moved(Key),
+    Failed(Key, &'a MigrationError),
+}
+
+impl Migrator {
+    fn select(&self, pick: impl Fn(&Entry) -> bool) -> Selection {
+        self.routes.read(|t| {
+            let mut s = Selection::default();
+            for e in t.routes.values().filter(|e| pick(e)) {
+                match e.key.scope {
+                    Scope::Tenant => s.tenants.push(e.key.tenant),
+                    Scope::Conversation(c) => s.conversations.push((e.key.tenant, c)),
+                    Scope::User(_) => s.users.push(e.key),
+                }
+            }
+            s
+        })
+    }
+
+    async fn move_all(
+        &self,
+        selection: Selection,
+        to: &str,
+        parallel: usize,
+        mut events: impl FnMut(BulkEvent<'_>),
+    ) -> BulkReport {
+        let mut report = BulkReport {
+            to: to.to_string(),
+            ..Default::default()
+        };
+        for &tenant in &selection.tenants {
+            let key = Key::tenant(tenant);
+            match self
+                .migrate_tenant(tenant, to, parallel, |p| {
+                    events(BulkEvent::Tenant(tenant, p))
+                })
+                .await
+            {
+                Ok(r) => {
+                    report.conversations_moved += r.conversations_moved;
+                    events(BulkEvent::Moved(key));
+                }
+                Err(e) => {
+                    events(BulkEvent::Failed(key, &e));
+                    report.failures.push((key, e.to_string()));
+                }
+            }
+        }
+        for &(tenant, conversation) in &selection.conversations {
+            let key = Key::conversation(tenant, conversation);
+            // A tenant move above may have taken it along already.
+            if self
+                .routes
+                .resolve(&key)
+                .is_some_and(|r| r.entry.cell == to)
+            {
+                continue;
+            }
+            match self
+                .migrate_conversation(tenant, conversation, to, |_| {})
+                .await
+            {
+                Ok(_) => {
+                    report.conversations_moved += 1;
+                    events(BulkEvent::Moved(key));
+                }
+                Err(e) => {
+                    events(BulkEvent::Failed(key, &e));
+                    report.failures.push((key, e.to_string()));
+                }
+            }
+        }
+        report.selection = selection;
+        report
+    }
+
+    /// Marks `cell` Draining (nothing new is placed on it) and moves every
+    /// tenant and conversation override it owns to `to`, else its fallback.
+    pub async fn drain(
+        &self,
+        cell: &str,
+        to: Option<&str>,
+        parallel: usize,
+        events: impl FnMut(BulkEvent<'_>),
+    ) -> Result<BulkReport, MigrationError> {
+        let to = match to {
+            Some(to) => to.to_string(),
+            None => self
+                .routes
+                .read(|t| t.fallback_for(cell).map(|c| c.id.clone()))
+                .ok_or_else(|| {
+                    MigrationError::Refused(format!("no Up cell to drain {cell} into"))
+                })?,
+        };
+        if self.routes.read(|t| t.cell(cell).is_none()) {
+            return Err(MigrationError::Refused(format!("unknown cell {cell}")));
+        }
+        if to == cell {
+            return Err(MigrationError::Refused(format!(
+                "cannot drain {cell} into itself"
+            )));
+        }
+        let applied = self
+            .routes
+            .apply(set_cell_status(cell, pb::CellStatus::Draining))
+            .await
+            .map_err(call("mark the cell Draining"))?;
+        self.routes
+            .wait_applied(applied.index, std::time::Duration::from_secs(5))
+            .await;
+        let selection = self.select(|e| e.cell == cell);
+        Ok(self.move_all(selection, &to, parallel, events).await)
+    }
+
+    /// Moves every tenant and conversation a failover took from `cell` back
+    /// to it; `cell` must be Up again (and its history backfilled, or the
+    /// verification of each move refuses it).
+    pub async fn failback(
+        &self,
+        cell: &str,
+        parallel: usize,
+        events: impl FnMut(BulkEvent<'_>),
+    ) -> Result<BulkReport, MigrationError> {
+        match self.routes.read(|t| t.cell(cell).map(|c| c.status)) {
+            None => return Err(MigrationError::Refused(format!("unknown cell {cell}"))),
+            Some(CellStatus::Up) => {}
+            Some(s) => {
+                return Err(MigrationError::Refused(format!(
+                    "{cell} is {s:?}; it must be Up to take its routes back"
+                )));
+            }
+        }
+        let selection = self.select(|e| e.failed_from.as_deref() == Some(cell));
+        Ok(self.move_all(selection, cell, parallel, events).await)
+    }
+}

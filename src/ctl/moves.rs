@@ -1,0 +1,132 @@
+//! The `ctl` commands that move many routes at once through live
+//! migrations: a whole tenant, draining a cell (everything it owns to
+//! another cell), and failing back what a failover took from a cell once it
+//! has returned. Each runs in this process and can be run again to resume;
+//! its state is in the route table.
+
+use std::time::Instant;
+
+use cellmesh_control_plane::migration::bulk::{BulkEvent, BulkReport};
+use cellmesh_control_plane::migration::tenant::TenantProgress;
+use cellmesh_control_plane::migration::{MigrationOptions, Migrator};
+use cellmesh_proto::secret::ClusterSecret;
+use cellmesh_router::client::RouteClient;
+use serde_json::json;
+
+/// Prints one line per conversation moved, at most every 10%.
+fn tenant_progress(tenant: u64) -> impl FnMut(&TenantProgress) {
+    let mut shown = 0;
+    move |p| {
+        let pct = (p.moved * 100)
+            .checked_div(p.conversations)
+            .unwrap_or(100)
+            .min(100);
+        if p.moved == 0 || pct >= shown + 10 || p.phase == "switched" {
+            shown = pct;
+            let bar = "#".repeat(pct as usize / 5) + &".".repeat(20 - pct as usize / 5);
+            println!(
+                "tenant {tenant} {:<13} [{bar}] {}/{} conversations, {} messages",
+                p.phase, p.moved, p.conversations, p.messages
+            );
+        }
+    }
+}
+
+pub async fn migrate_tenant(
+    routes: RouteClient,
+    secret: ClusterSecret,
+    tenant: u64,
+    to: &str,
+    parallel: usize,
+    json: bool,
+) -> anyhow::Result<()> {
+    let migrator = Migrator::new(routes, secret, MigrationOptions::default());
+    let report = migrator
+        .migrate_tenant(tenant, to, parallel, tenant_progress(tenant))
+        .await?;
+    if json {
+        println!(
+            "{}",
+            json!({"tenant": tenant, "from": report.from, "to": report.to,
+                "conversations_moved": report.conversations_moved,
+                "messages_moved": report.messages_moved,
+                "max_freeze_ms": report.max_freeze.as_millis() as u64,
+                "overrides_removed": report.overrides_removed,
+                "total_ms": report.total.as_millis() as u64,
+                "switch_epoch": report.switch_epoch})
+        );
+    } else {
+        println!(
+            "tenant {tenant} moved {} -> {}: {} conversations, {} messages, longest freeze {} ms, total {} ms",
+            report.from,
+            report.to,
+            report.conversations_moved,
+            report.messages_moved,
+            report.max_freeze.as_millis(),
+            report.total.as_millis()
+        );
+    }
+    Ok(())
+}
+
+/// Prints what a drain or failback does, and fails if anything stayed.
+fn finish(what: &str, started: Instant, report: &BulkReport) -> anyhow::Result<()> {
+    for key in &report.selection.users {
+        println!("{key}: left in place (user homes move with their tenant)");
+    }
+    anyhow::ensure!(
+        report.failures.is_empty(),
+        "{} routes did not move; run the {what} again to resume",
+        report.failures.len()
+    );
+    println!(
+        "{what} into {} done in {} ms: {} tenants and {} conversation overrides, {} conversations moved",
+        report.to,
+        started.elapsed().as_millis(),
+        report.selection.tenants.len(),
+        report.selection.conversations.len(),
+        report.conversations_moved
+    );
+    Ok(())
+}
+
+fn show() -> impl FnMut(BulkEvent<'_>) {
+    let mut tenants = std::collections::HashMap::new();
+    move |event| match event {
+        BulkEvent::Tenant(tenant, p) => tenants
+            .entry(tenant)
+            .or_insert_with(|| tenant_progress(tenant))(p),
+        BulkEvent::Moved(key) => println!("{key}: moved"),
+        BulkEvent::Failed(key, e) => eprintln!("{key}: {e}"),
+    }
+}
+
+/// `ctl drain CELL`.
+pub async fn drain(
+    routes: RouteClient,
+    secret: ClusterSecret,
+    cell: &str,
+    to: Option<String>,
+    parallel: usize,
+) -> anyhow::Result<()> {
+    let started = Instant::now();
+    println!("{cell}: Draining (no new placements); moving what it owns");
+    let report = Migrator::new(routes, secret, MigrationOptions::default())
+        .drain(cell, to.as_deref(), parallel, show())
+        .await?;
+    finish("drain", started, &report)
+}
+
+/// `ctl failback CELL`.
+pub async fn failback(
+    routes: RouteClient,
+    secret: ClusterSecret,
+    cell: &str,
+    parallel: usize,
+) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let report = Migrator::new(routes, secret, MigrationOptions::default())
+        .failback(cell, parallel, show())
+        .await?;
+    finish("failback", started, &report)
+}
