@@ -23,7 +23,7 @@ ignored=()
 cargo nextest run --workspace --locked --no-fail-fast "${ignored[@]}" "$@"
 
 if [ -z "${CELLMESH_SKIP_DRILL:-}" ]; then
-  echo "== chaos drill: mixed faults for 15 s (seed 7) against cellmesh dev"
+  echo "== chaos drills against cellmesh dev: mixed faults, slow disk, queue outage"
   bin="$CARGO_TARGET_DIR/debug/cellmesh"
   drill_dir=$(mktemp -d)
   "$bin" dev --data-dir "$drill_dir" --base-port 21000 --latency 20ms >"$drill_dir/dev.out" 2>&1 &
@@ -33,9 +33,14 @@ if [ -z "${CELLMESH_SKIP_DRILL:-}" ]; then
   if [ ! -f "$drill_dir/dev.json" ]; then
     echo "cellmesh dev did not come up:"; tail -20 "$drill_dir/dev.out"; stop_dev; exit 1
   fi
-  if ! "$bin" chaos run mixed --dev "$drill_dir" --duration 15s --seed 7 --report "$drill_dir/report.json"; then
-    echo "report: $drill_dir/report.json"; stop_dev; exit 1
-  fi
+  # The workspace build has fail points (the tests crate turns them on).
+  for drill in "mixed 15s" "slow-disk 8s" "queue-outage 8s"; do
+    set -- $drill
+    echo "== chaos drill: $1 for $2 (seed 7)"
+    if ! "$bin" chaos run "$1" --dev "$drill_dir" --duration "$2" --seed 7 --report "$drill_dir/$1.json"; then
+      echo "report: $drill_dir/$1.json"; stop_dev; exit 1
+    fi
+  done
   stop_dev
   rm -rf "$drill_dir"
 fi

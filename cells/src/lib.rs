@@ -16,6 +16,7 @@ pub mod clock;
 pub mod config;
 pub mod convert;
 pub mod error;
+pub mod failpoints;
 pub mod grpc;
 pub mod homes;
 pub mod ids;

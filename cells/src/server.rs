@@ -198,6 +198,10 @@ pub async fn start_placed(
     config.validate()?;
     std::fs::create_dir_all(&config.data_dir)?;
     let store = Store::open(&config.data_dir.join("db"), &config.storage)?;
+    store
+        .failpoints()
+        .clone()
+        .watch(config.data_dir.join("failpoints"));
     let config = Arc::new(config);
     let service = Arc::new(MessageService::new(
         store.clone(),

@@ -29,7 +29,8 @@ async fn peer(address: &str) -> Option<CellPeerClient<Channel>> {
     Some(CellPeerClient::new(channel))
 }
 
-async fn stats(address: String, secret: ClusterSecret) -> Option<CellStats> {
+/// A cell's counters, or `None` when it does not answer.
+pub async fn stats(address: String, secret: ClusterSecret) -> Option<CellStats> {
     let mut client = peer(&address).await?;
     let mut r = tonic::Request::new(StatsRequest {});
     secret.attach(&mut r);

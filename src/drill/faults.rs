@@ -28,6 +28,14 @@ pub enum FaultKind {
     RouterLeaderKill,
     MigrationSourceKill,
     ControlPlaneKillMidMigration,
+    /// A fail point set on cells for `hold`, then cleared: `owners` picks
+    /// the cells owning drill conversations (else one random cell).
+    FailPoint {
+        what: &'static str,
+        spec: &'static str,
+        hold: Duration,
+        owners: bool,
+    },
     /// Cut `region` off from the others for `hold`, then heal.
     RegionPartition {
         region: &'static str,
@@ -139,6 +147,57 @@ impl Injector {
                     }
                     None => "no linearizable lookup answered within 30 s".into(),
                 };
+            }
+            FaultKind::FailPoint {
+                what,
+                spec,
+                hold,
+                owners,
+            } => {
+                anyhow::ensure!(
+                    cellmesh_cell::failpoints::ENABLED,
+                    "this build has no fail points: build cellmesh with `--features failpoints` (and run `cellmesh dev` from it)"
+                );
+                let mut cells: Vec<String> = Vec::new();
+                if owners {
+                    for &c in &self.conversations {
+                        let owner = self.owner(c).await?;
+                        if !cells.contains(&owner) {
+                            cells.push(owner);
+                        }
+                    }
+                } else {
+                    let all = self.dev.cell_pids()?;
+                    anyhow::ensure!(!all.is_empty(), "no cells in dev.json");
+                    cells.push(all[self.rng.random_range(0..all.len())].0.clone());
+                }
+                for cell in &cells {
+                    fault.affected.extend(self.owned_by(cell).await?);
+                }
+                fault.kind = format!("{what} for {} ms ({spec})", hold.as_millis());
+                fault.target = cells.join(",");
+                let files: Vec<_> = cells
+                    .iter()
+                    .map(|c| self.dev.dir().join(c.replace('/', "-")).join("failpoints"))
+                    .collect();
+                for f in &files {
+                    std::fs::write(f, format!("{spec}\n"))?;
+                }
+                tokio::time::sleep(hold).await;
+                for f in &files {
+                    std::fs::remove_file(f).ok();
+                }
+                fault.detail = "cleared".into();
+                if spec.starts_with("queue.") {
+                    // Fan-out resumes: the outbox the outage filled drains.
+                    let (lag, drained) = self.drain_outboxes(&cells).await?;
+                    fault.detail = format!("cleared; outbox backlog {lag} drained");
+                    anyhow::ensure!(
+                        drained,
+                        "the outbox of {cells:?} did not drain within 30 s after the queue outage"
+                    );
+                }
+                fault.recovered_ms = Some(now_ms(self.epoch));
             }
             FaultKind::RegionPartition { region, hold } => {
                 fault.kind = format!("partition for {} ms", hold.as_millis());
@@ -273,6 +332,39 @@ impl Injector {
 
     fn pick(&mut self) -> u64 {
         self.conversations[self.rng.random_range(0..self.conversations.len())]
+    }
+
+    /// Waits (up to 30 s) until the outboxes of `cells` are nearly empty
+    /// (senders keep writing); the largest backlog seen, and whether they
+    /// drained.
+    async fn drain_outboxes(&self, cells: &[String]) -> anyhow::Result<(u64, bool)> {
+        let routes = self.dev.routes().await?;
+        let addresses: Vec<String> = routes.read(|t| {
+            cells
+                .iter()
+                .filter_map(|c| t.cell(c).map(|c| c.address.clone()))
+                .collect()
+        });
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut worst = 0;
+        loop {
+            let mut lag = 0;
+            for a in &addresses {
+                let stats =
+                    cellmesh_control_plane::status::stats(a.clone(), self.dev.secret()).await;
+                lag = lag.max(stats.map_or(u64::MAX, |s| s.queue_lag));
+            }
+            if lag != u64::MAX {
+                worst = worst.max(lag);
+            }
+            if lag <= 50 {
+                return Ok((worst, true));
+            }
+            if Instant::now() > deadline {
+                return Ok((worst, false));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     async fn owner(&self, conversation: u64) -> anyhow::Result<String> {

@@ -59,6 +59,14 @@ enum Scenario {
     /// others, with the drill's conversations living there and senders on
     /// both sides, then heal.
     RegionPartition,
+    /// Every write batch of a cell owning drill conversations waits 200 ms
+    /// for a while (fail point `storage.slow_write`; needs a build with
+    /// `--features failpoints`).
+    SlowDisk,
+    /// The cells owning drill conversations cannot publish to their event
+    /// queue for a while (fail point `queue.publish`); fan-out resumes
+    /// after. Needs `--features failpoints`.
+    QueueOutage,
     /// Kills, hangs and router-leader kills, chosen from the seed.
     Mixed,
 }
@@ -112,6 +120,18 @@ fn next_fault(
         Scenario::MigrationUnderLoad => FaultKind::Migrate,
         Scenario::MigrationSourceKill => FaultKind::MigrationSourceKill,
         Scenario::ControlPlaneKillMidMigration => FaultKind::ControlPlaneKillMidMigration,
+        Scenario::SlowDisk => FaultKind::FailPoint {
+            what: "slow disk",
+            spec: "storage.slow_write=delay(200ms)",
+            hold: period / 2,
+            owners: true,
+        },
+        Scenario::QueueOutage => FaultKind::FailPoint {
+            what: "queue outage",
+            spec: "queue.publish=error",
+            hold: period / 2,
+            owners: true,
+        },
         Scenario::Mixed => match rng.random_range(0..5) {
             0 | 1 => FaultKind::CellKill,
             2 | 3 => FaultKind::CellHang,

@@ -11,6 +11,7 @@ use cellmesh_proto::v1::*;
 use tonic::{Request, Response, Status};
 
 use crate::error::CellError;
+use crate::failpoints::Action;
 use crate::message::MessageService;
 use crate::pipeline::PeerInbound;
 
@@ -193,6 +194,10 @@ impl CellPeer for PeerApi {
             copied += n;
             if let Some(last) = last {
                 after = last;
+            }
+            if self.service.failpoint("migration.copy_stored") == Some(Action::Abort) {
+                tracing::error!("fail point migration.copy_stored: aborting");
+                std::process::abort();
             }
         }
         let _ = fetch.await;

@@ -9,7 +9,8 @@ use std::time::Duration;
 use cellmesh_proto::storage::v1::QueuedEvent;
 
 use super::PipelineError;
-use crate::queue::EventQueue;
+use crate::failpoints::Action;
+use crate::queue::{EventQueue, QueueError};
 use crate::storage::{Mutation, Store};
 
 /// Outbox events moved per round.
@@ -33,6 +34,11 @@ pub async fn run(store: Arc<Store>, queue: Arc<dyn EventQueue>) -> Result<(), Pi
                 event: Some(event),
             })
             .collect();
+        if store.failpoints().hit("queue.publish") == Some(Action::Error) {
+            return Err(PipelineError::Queue(QueueError::Kafka(
+                "queue unavailable (fail point queue.publish)".into(),
+            )));
+        }
         queue.publish(events).await?;
         let mut m = Mutation::new();
         m.relayed(&ids);

@@ -8,6 +8,7 @@
 //! error the state of the WAL is unknown, and accepting writes on top of it
 //! could acknowledge something a restart would not find.
 
+use crate::failpoints::{Action, FailPoints};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
@@ -66,7 +67,11 @@ impl CommitTicket {
 }
 
 impl Committer {
-    pub(super) fn start(db: Arc<DB>, config: &StorageConfig) -> Result<Self> {
+    pub(super) fn start(
+        db: Arc<DB>,
+        config: &StorageConfig,
+        failpoints: Arc<FailPoints>,
+    ) -> Result<Self> {
         let (tx, rx) = mpsc::channel(config.commit_queue_depth);
         let stats = Arc::new(CommitStats::default());
         let failed = Arc::new(Mutex::new(None));
@@ -80,6 +85,7 @@ impl Committer {
             next_outbox_id,
             stats: stats.clone(),
             failed: failed.clone(),
+            failpoints,
         };
         let thread = std::thread::Builder::new()
             .name("cellmesh-commit".into())
@@ -154,6 +160,7 @@ struct Writer {
     stats: Arc<CommitStats>,
     failed: Arc<Mutex<Option<String>>>,
     outbox_signal: Arc<Notify>,
+    failpoints: Arc<FailPoints>,
 }
 
 impl Writer {
@@ -200,7 +207,16 @@ impl Writer {
         }
         let mut opts = WriteOptions::default();
         opts.set_sync(self.sync);
-        match self.db.write_opt(batch, &opts) {
+        if let Some(Action::Delay(d)) = self.failpoints.hit("storage.slow_write") {
+            std::thread::sleep(d);
+        }
+        let written_batch = match self.failpoints.hit("storage.fsync_error") {
+            Some(Action::Error) => {
+                Err("IO error: fsync failed (fail point storage.fsync_error)".to_string())
+            }
+            _ => self.db.write_opt(batch, &opts).map_err(|e| e.to_string()),
+        };
+        match written_batch {
             Ok(()) => {
                 if outbox_id != self.next_outbox_id {
                     self.outbox_signal.notify_one();
@@ -215,8 +231,8 @@ impl Writer {
             }
             Err(e) => {
                 tracing::error!(error = %e, "write batch failed; storage now refuses writes");
-                *self.failed.lock().expect("failed lock") = Some(e.to_string());
-                Err(StorageError::Failed(e.to_string()))
+                *self.failed.lock().expect("failed lock") = Some(e.clone());
+                Err(StorageError::Failed(e))
             }
         }
     }

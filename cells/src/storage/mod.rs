@@ -10,6 +10,7 @@ mod queue;
 mod scan;
 mod sync;
 
+use crate::failpoints::FailPoints;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -150,6 +151,7 @@ impl Mutation {
 pub struct Store {
     db: Arc<DB>,
     committer: commit::Committer,
+    failpoints: Arc<FailPoints>,
 }
 
 impl Store {
@@ -157,8 +159,19 @@ impl Store {
     /// group committer.
     pub fn open(dir: &Path, config: &StorageConfig) -> Result<Arc<Self>> {
         let db = Arc::new(options::open(dir, config)?);
-        let committer = commit::Committer::start(db.clone(), config)?;
-        Ok(Arc::new(Self { db, committer }))
+        let failpoints = Arc::new(FailPoints::default());
+        let committer = commit::Committer::start(db.clone(), config, failpoints.clone())?;
+        Ok(Arc::new(Self {
+            db,
+            committer,
+            failpoints,
+        }))
+    }
+
+    /// This cell's fault-injection points (inert without the `failpoints`
+    /// feature).
+    pub fn failpoints(&self) -> &Arc<FailPoints> {
+        &self.failpoints
     }
 
     /// Stops accepting writes, waits for queued ones and flushes memtables.
