@@ -239,6 +239,22 @@ pub async fn start_placed(
     let standard = standard_services::<MessagingServer<MessagingApi>>()
         .await
         .map_err(|e| StartError::Grpc(e.to_string()))?;
+    // A store that failed a write refuses every later one: say so to
+    // probes, so that the control plane fails this cell over.
+    tokio::spawn({
+        let (reporter, store) = (standard.reporter.clone(), Arc::downgrade(&store));
+        async move {
+            while let Some(store) = store.upgrade() {
+                if let Some(reason) = store.failed() {
+                    tracing::error!(%reason, "storage failed: reporting NOT_SERVING");
+                    cellmesh_proto::server::report_not_serving(&reporter).await;
+                    return;
+                }
+                drop(store);
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    });
     let max_message = config.limits.max_body_bytes + REQUEST_OVERHEAD_BYTES;
     let secret = ClusterSecret::new(&config.routing.cluster_secret);
     let guard = |secret: ClusterSecret| move |r| secret.check(r);

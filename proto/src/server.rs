@@ -35,6 +35,14 @@ pub async fn standard_services<S: NamedService>() -> Result<
     })
 }
 
+/// Reports the whole server (the empty service name, what probes ask
+/// about) as not serving, e.g. after its storage failed.
+pub async fn report_not_serving(reporter: &HealthReporter) {
+    reporter
+        .set_service_status("", tonic_health::ServingStatus::NotServing)
+        .await;
+}
+
 /// Connections accepted from `listener` with Nagle's algorithm off: small
 /// gRPC frames (acks, Raft appends) must not wait for delayed ACKs.
 pub fn incoming(

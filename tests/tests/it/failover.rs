@@ -362,3 +362,88 @@ async fn a_cut_off_cell_stops_writing_when_its_owner_lease_runs_out() {
         "writes resume once the table confirms the cell again"
     );
 }
+
+/// A cell whose disk fails (fail point `storage.fsync_error`) refuses
+/// writes with `STORAGE_FAILED`, reports NOT_SERVING, and is failed over:
+/// sends go on on the fallback above every acknowledged seq.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cell_whose_disk_fails_is_failed_over() {
+    let d = deploy(None).await;
+    let routes = d.cluster.client().await;
+    let _cp = cellmesh_control_plane::server::start(ControlPlaneConfig {
+        routers: d.cluster.endpoints(),
+        cluster_secret: SECRET.into(),
+        probe_interval_ms: 100,
+        probe_timeout_ms: 200,
+        down_after: 3,
+        up_after: 3,
+        failover: FailoverConfig {
+            conversation_per_sec: 100,
+            conversation_burst: 100,
+            checkpoint_interval_ms: 1000,
+            owner_lease_ms: 2000,
+        },
+        coordination: Default::default(),
+        console_listen: String::new(),
+        links: Default::default(),
+    })
+    .await
+    .unwrap();
+    let alice = token(1, 10);
+    let mut m = messaging(&d.edge).await;
+    let conv = create_via_edge(&mut m, &alice, vec![11]).await;
+    let mut last = 0;
+    for i in 0..10 {
+        last = m
+            .send(authed(text(conv, &format!("before-{i}")), &alice))
+            .await
+            .unwrap()
+            .into_inner()
+            .seq;
+    }
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let hwm = routes.read(|t| t.checkpoints.get(&(1, conv)).copied().unwrap_or(0));
+            async move { hwm >= 10 }
+        })
+        .await,
+        "checkpointed"
+    );
+    std::fs::write(
+        d.cells[0].dir.path().join("failpoints"),
+        "storage.fsync_error=error\n",
+    )
+    .unwrap();
+    // The cell reads its fail point file every 100 ms.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let failed = Instant::now();
+    let mut storage_failed = 0;
+    let after = loop {
+        match m.send(authed(text(conv, "after"), &alice)).await {
+            Ok(r) => break r.into_inner(),
+            Err(e) => {
+                let d = cellmesh_proto::status::error_detail(&e);
+                if d.reason == "STORAGE_FAILED" {
+                    storage_failed += 1;
+                }
+                assert!(
+                    failed.elapsed() < Duration::from_secs(30),
+                    "no failover: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    println!(
+        "disk failed: {storage_failed} sends refused with STORAGE_FAILED, first accepted on the fallback after {} ms",
+        failed.elapsed().as_millis()
+    );
+    assert!(storage_failed > 0, "the failed cell said why it refused");
+    let owner = routes.read(|t| t.resolve(&Key::conversation(1, conv)).unwrap().entry.cell);
+    assert_eq!(owner, "us-east/c1");
+    assert!(
+        after.seq > last,
+        "seq {} above every acked {last}",
+        after.seq
+    );
+}
