@@ -197,32 +197,54 @@ impl Ownership for Routed {
     fn place(&self, tenant: u64, conversation: u64) -> BoxFuture<'_, Result<(), CellError>> {
         Box::pin(async move {
             let key = Key::tenant(tenant);
-            let epoch = self
-                .client
-                .read(|t| t.entry(&key).map(|e| e.epoch))
-                .unwrap_or(0);
-            let command = cellmesh_router::commands::update_route(
-                &Key::conversation(tenant, conversation),
-                epoch,
-                cellmesh_proto::v1::update_route::Transition::Place(self.cell_id.clone()),
-            );
-            let applied =
-                self.client
-                    .apply(command)
-                    .await
-                    .map_err(|status| CellError::RetryLater {
-                        reason: "PLACEMENT_FAILED",
-                        message: format!(
-                            "could not route the new conversation here: {}",
-                            status.message()
-                        ),
-                        retry_after: Duration::from_millis(200),
-                    })?;
-            // This cell's own view must cover the new route before it is used.
-            self.client
-                .wait_applied(applied.index, Duration::from_secs(5))
-                .await;
-            Ok(())
+            let mut attempt = 0;
+            loop {
+                let Some((epoch, state, cell)) = self.client.read(|t| {
+                    t.entry(&key)
+                        .map(|e| (e.epoch, e.state.clone(), e.cell.clone()))
+                }) else {
+                    return Err(CellError::RetryLater {
+                        reason: "NO_ROUTE",
+                        message: format!("tenant {tenant} has no placement"),
+                        retry_after: Duration::from_millis(500),
+                    });
+                };
+                // The tenant finished moving here meanwhile: its own route
+                // covers the new conversation.
+                if state == RouteState::Active && cell == self.cell_id {
+                    return Ok(());
+                }
+                let command = cellmesh_router::commands::update_route(
+                    &Key::conversation(tenant, conversation),
+                    epoch,
+                    cellmesh_proto::v1::update_route::Transition::Place(self.cell_id.clone()),
+                );
+                match self.client.apply(command).await {
+                    Ok(applied) => {
+                        // This cell's own view must cover the new route.
+                        self.client
+                            .wait_applied(applied.index, Duration::from_secs(5))
+                            .await;
+                        return Ok(());
+                    }
+                    // The tenant entry moved on (frozen, switched) since this
+                    // cell read it: catch up and try again.
+                    Err(_) if attempt < 5 => {
+                        attempt += 1;
+                        self.client.refresh(epoch + 1).await.ok();
+                    }
+                    Err(status) => {
+                        return Err(CellError::RetryLater {
+                            reason: "PLACEMENT_FAILED",
+                            message: format!(
+                                "could not route the new conversation here: {}",
+                                status.message()
+                            ),
+                            retry_after: Duration::from_millis(200),
+                        });
+                    }
+                }
+            }
         })
     }
 }

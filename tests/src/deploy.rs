@@ -10,13 +10,16 @@ use std::time::{Duration, Instant};
 use cellmesh_chaos::check_all;
 use cellmesh_chaos::history::{History, Outcome, SendOp, Stored};
 use cellmesh_chaos::proxy::FaultProxy;
-use cellmesh_control_plane::server::{Event, RunningControlPlane};
+use cellmesh_control_plane::server::{
+    ControlPlaneConfig, Event, FailoverConfig, RunningControlPlane,
+};
 use cellmesh_proto::status::error_detail;
 use cellmesh_proto::v1::messaging_client::MessagingClient;
 use cellmesh_proto::v1::{
     ConversationKind, CreateConversationRequest, Direction, ErrorCode, Message, MessageType,
     PullRequest, PullResponse, SendRequest,
 };
+use cellmesh_router::client::RouteClient;
 use cellmesh_router::commands::assign_tenant;
 use cellmesh_router::edge::auth::{Claims, TokenKey, now_secs};
 use cellmesh_router::edge::{EdgeConfig, RunningEdge};
@@ -308,6 +311,46 @@ pub fn assert_every_invariant(history: &History) {
             verdict.invariant, verdict.counterexamples
         );
     }
+}
+
+/// A control plane on `routers` that probes every 100 ms and fails a cell
+/// over after 3 failed probes (and the 2 s owner lease); failover floors
+/// assume 100 sends/s per conversation and 1 s checkpoints.
+pub async fn fast_control_plane(routers: Vec<String>) -> RunningControlPlane {
+    cellmesh_control_plane::server::start(ControlPlaneConfig {
+        routers,
+        cluster_secret: SECRET.into(),
+        probe_interval_ms: 100,
+        probe_timeout_ms: 200,
+        down_after: 3,
+        up_after: 3,
+        failover: FailoverConfig {
+            conversation_per_sec: 100,
+            conversation_burst: 100,
+            checkpoint_interval_ms: 1000,
+            owner_lease_ms: 2000,
+        },
+        console_listen: String::new(),
+        ..ControlPlaneConfig::default()
+    })
+    .await
+    .expect("control plane starts")
+}
+
+/// Waits until the route table holds a checkpoint of `conversation` of
+/// tenant 1 at `hwm` or above.
+pub async fn wait_for_checkpoint(
+    routes: &RouteClient,
+    conversation: u64,
+    hwm: u64,
+    within: Duration,
+) {
+    let reached = crate::eventually(within, || {
+        let at = routes.read(|t| t.checkpoints.get(&(1, conversation)).copied().unwrap_or(0));
+        async move { at >= hwm }
+    })
+    .await;
+    assert!(reached, "conversation {conversation} checkpointed at {hwm}");
 }
 
 /// Waits until the control plane reports `cell`'s history backfilled into

@@ -27,11 +27,16 @@ pub struct TestCell {
     pub dir: TempDir,
 }
 
-/// A config for tests: port 0 under `dir`, generous rate limits.
+/// A config for tests: port 0 under `dir`, generous rate limits, and an
+/// instance id of its own (message ids are unique across cells only when
+/// their instance ids differ, as in a deployment).
 pub fn test_config(dir: &Path) -> CellConfig {
+    static NEXT_INSTANCE: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
+    let n = NEXT_INSTANCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let mut config = CellConfig {
         listen: "127.0.0.1:0".parse().expect("static address"),
         data_dir: dir.to_path_buf(),
+        instance_id: n % 1023 + 1,
         ..CellConfig::default()
     };
     config.storage.block_cache_mb = 16;

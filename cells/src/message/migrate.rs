@@ -52,6 +52,20 @@ pub struct ConversationDigest {
 }
 
 impl MessageService {
+    /// Waits until this cell's route view has reached `epoch`.
+    async fn await_route_epoch(&self, epoch: u64, deadline: Instant) -> Result<()> {
+        while self.ownership.route_index() < epoch {
+            if Instant::now() > deadline {
+                return Err(retry_later(
+                    "ROUTE_BEHIND",
+                    format!("this cell has not seen route epoch {epoch} yet"),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Ok(())
+    }
+
     /// A chunk of `conversation` after `after_seq` (source side).
     pub fn export_conversation(
         &self,
@@ -117,15 +131,7 @@ impl MessageService {
         epoch: u64,
     ) -> Result<u64> {
         let deadline = Instant::now() + SEAL_TIMEOUT;
-        while self.ownership.route_index() < epoch {
-            if Instant::now() > deadline {
-                return Err(retry_later(
-                    "ROUTE_BEHIND",
-                    format!("this cell has not seen route epoch {epoch} yet"),
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        self.await_route_epoch(epoch, deadline).await?;
         if self.ownership.check(tenant, conversation, 0).is_ok() {
             return Err(CellError::invalid(
                 "NOT_FROZEN",
@@ -168,16 +174,8 @@ impl MessageService {
         epoch: u64,
     ) -> Result<(Vec<u64>, bool)> {
         if epoch > 0 {
-            let deadline = Instant::now() + SEAL_TIMEOUT;
-            while self.ownership.route_index() < epoch {
-                if Instant::now() > deadline {
-                    return Err(retry_later(
-                        "ROUTE_BEHIND",
-                        format!("this cell has not seen route epoch {epoch} yet"),
-                    ));
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
+            self.await_route_epoch(epoch, Instant::now() + SEAL_TIMEOUT)
+                .await?;
             drop(self.creating.write().await);
         }
         const PAGE: usize = 1_000;

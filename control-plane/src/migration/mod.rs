@@ -239,6 +239,20 @@ impl Migrator {
         Ok((a, b))
     }
 
+    /// The entry deciding `key`, read through the route table's leader.
+    async fn current_entry(
+        &self,
+        key: &Key,
+    ) -> Result<cellmesh_router::table::Entry, MigrationError> {
+        let resolved = self
+            .routes
+            .resolve_linearizable(key)
+            .await
+            .map_err(call("route lookup"))?;
+        cellmesh_router::grpc::convert::entry_from_pb(resolved.entry.unwrap_or_default())
+            .map_err(call("route entry"))
+    }
+
     async fn transition(
         &self,
         key: &Key,
@@ -278,14 +292,7 @@ impl Migrator {
     ) -> Result<MigrationReport, MigrationError> {
         let started = Instant::now();
         let key = Key::conversation(tenant, conversation);
-        let resolved = self
-            .routes
-            .resolve_linearizable(&key)
-            .await
-            .map_err(call("route lookup"))?;
-        let mut entry =
-            cellmesh_router::grpc::convert::entry_from_pb(resolved.entry.unwrap_or_default())
-                .map_err(call("route entry"))?;
+        let mut entry = self.current_entry(&key).await?;
         if entry.key != key {
             // No override yet: the conversation sits Active on its tenant's
             // owner, whatever the tenant as a whole is doing.

@@ -58,14 +58,7 @@ impl Migrator {
     ) -> Result<TenantMoveReport, MigrationError> {
         let started = Instant::now();
         let key = Key::tenant(tenant);
-        let resolved = self
-            .routes
-            .resolve_linearizable(&key)
-            .await
-            .map_err(call("route lookup"))?;
-        let entry =
-            cellmesh_router::grpc::convert::entry_from_pb(resolved.entry.unwrap_or_default())
-                .map_err(call("route entry"))?;
+        let entry = self.current_entry(&key).await?;
         let from = entry.cell.clone();
         let mut epoch = entry.epoch;
         let frozen = match &entry.state {

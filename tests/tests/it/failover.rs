@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use cellmesh_chaos::history::{Floor, History, Outcome, SendOp};
-use cellmesh_control_plane::server::{ControlPlaneConfig, Event, FailoverConfig};
+use cellmesh_control_plane::server::Event;
 use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::v1::cell_peer_client::CellPeerClient;
 use cellmesh_proto::v1::*;
@@ -19,25 +19,7 @@ use cellmesh_tests::router::SECRET;
 async fn a_dead_cell_is_failed_over_and_sends_continue_above_the_floor() {
     let mut d = deploy(None).await;
     let routes = d.cluster.client().await;
-    let cp = cellmesh_control_plane::server::start(ControlPlaneConfig {
-        routers: d.cluster.endpoints(),
-        cluster_secret: SECRET.into(),
-        probe_interval_ms: 100,
-        probe_timeout_ms: 200,
-        down_after: 3,
-        up_after: 3,
-        failover: FailoverConfig {
-            conversation_per_sec: 100,
-            conversation_burst: 100,
-            checkpoint_interval_ms: 1000,
-            owner_lease_ms: 2000,
-        },
-        coordination: Default::default(),
-        console_listen: String::new(),
-        links: Default::default(),
-    })
-    .await
-    .unwrap();
+    let cp = fast_control_plane(d.cluster.endpoints()).await;
     let alice = token(1, 10);
     let mut m = messaging(&d.edge).await;
     let conv = create_via_edge(&mut m, &alice, vec![11]).await;
@@ -62,14 +44,7 @@ async fn a_dead_cell_is_failed_over_and_sends_continue_above_the_floor() {
         });
     }
     // The checkpoint reaches the route table and the standby has the meta.
-    assert!(
-        eventually(Duration::from_secs(10), || {
-            let hwm = routes.read(|t| t.checkpoints.get(&(1, conv)).copied().unwrap_or(0));
-            async move { hwm >= 20 }
-        })
-        .await,
-        "checkpointed"
-    );
+    wait_for_checkpoint(&routes, conv, 20, Duration::from_secs(10)).await;
     let standby = d.cells[1].endpoint.clone();
     assert!(
         eventually(Duration::from_secs(10), || {
@@ -370,25 +345,7 @@ async fn a_cut_off_cell_stops_writing_when_its_owner_lease_runs_out() {
 async fn a_cell_whose_disk_fails_is_failed_over() {
     let d = deploy(None).await;
     let routes = d.cluster.client().await;
-    let _cp = cellmesh_control_plane::server::start(ControlPlaneConfig {
-        routers: d.cluster.endpoints(),
-        cluster_secret: SECRET.into(),
-        probe_interval_ms: 100,
-        probe_timeout_ms: 200,
-        down_after: 3,
-        up_after: 3,
-        failover: FailoverConfig {
-            conversation_per_sec: 100,
-            conversation_burst: 100,
-            checkpoint_interval_ms: 1000,
-            owner_lease_ms: 2000,
-        },
-        coordination: Default::default(),
-        console_listen: String::new(),
-        links: Default::default(),
-    })
-    .await
-    .unwrap();
+    let _cp = fast_control_plane(d.cluster.endpoints()).await;
     let alice = token(1, 10);
     let mut m = messaging(&d.edge).await;
     let conv = create_via_edge(&mut m, &alice, vec![11]).await;
@@ -401,14 +358,7 @@ async fn a_cell_whose_disk_fails_is_failed_over() {
             .into_inner()
             .seq;
     }
-    assert!(
-        eventually(Duration::from_secs(10), || {
-            let hwm = routes.read(|t| t.checkpoints.get(&(1, conv)).copied().unwrap_or(0));
-            async move { hwm >= 10 }
-        })
-        .await,
-        "checkpointed"
-    );
+    wait_for_checkpoint(&routes, conv, 10, Duration::from_secs(10)).await;
     std::fs::write(
         d.cells[0].dir.path().join("failpoints"),
         "storage.fsync_error=error\n",

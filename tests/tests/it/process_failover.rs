@@ -58,14 +58,7 @@ async fn a_sigkilled_cell_process_fails_over_under_continuous_sends() {
     let conv = create_via_edge(&mut m, &alice, vec![11]).await;
     let senders = Senders::start(&edge, conv, &[10, 11]);
     // Sends flow and reach a checkpoint; the standby has the meta.
-    assert!(
-        eventually(Duration::from_secs(15), || {
-            let hwm = routes.read(|t| t.checkpoints.get(&(1, conv)).copied().unwrap_or(0));
-            async move { hwm >= 50 }
-        })
-        .await,
-        "checkpointed"
-    );
+    wait_for_checkpoint(&routes, conv, 50, Duration::from_secs(15)).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     let killed_ms = senders.now_ms();
