@@ -238,7 +238,13 @@ async fn a_failed_over_cell_takes_its_tenant_back_and_is_then_drained() {
         .read(|t| plan_failover(t, SOURCE, 1000))
         .expect("failover plan");
     execute(&routes, &plan.commands).await.unwrap();
-    routes.refresh(0).await.ok();
+    // The failover's route changes reach this client's cache.
+    let moved = cellmesh_tests::eventually(Duration::from_secs(5), || {
+        let cell = routes.read(|t| t.entry(&Key::tenant(1)).map(|e| e.cell.clone()));
+        async move { cell.as_deref() == Some(TARGET) }
+    })
+    .await;
+    assert!(moved, "the tenant failed over");
     let failed_over = routes.read(|t| t.entry(&Key::tenant(1)).cloned().unwrap());
     assert_eq!(failed_over.cell, TARGET);
     assert_eq!(failed_over.failed_from.as_deref(), Some(SOURCE));
