@@ -166,16 +166,14 @@ impl Ownership for Routed {
 
     fn check_create(&self, tenant: u64) -> Result<Creation, CellError> {
         let key = Key::tenant(tenant);
+        // A tenant creates where it lives, or on its migration's target.
         let moving = self.client.read(|t| {
-            let entry = t.entry(&key)?;
-            match &entry.state {
-                RouteState::Active => None,
-                RouteState::Migrating { to, .. } | RouteState::Frozen { to } => {
-                    Some((to.clone(), t.resolve(&key)?))
-                }
-            }
+            let route = t.resolve(&key)?;
+            let target = t.creation_cell(tenant)?;
+            (target.id != route.entry.cell)
+                .then(|| (target.id.clone(), target.address.clone(), route))
         });
-        let Some((to, route)) = moving else {
+        let Some((to, address, route)) = moving else {
             return self.check(tenant, 0, 0).map(|_| Creation::Owner);
         };
         if to == self.cell_id {
@@ -183,10 +181,7 @@ impl Ownership for Routed {
             return Ok(Creation::Place);
         }
         let mut pb = route_to_pb(&route);
-        pb.cell_address = self
-            .client
-            .read(|t| t.cell(&to).map(|c| c.address.clone()))
-            .unwrap_or_default();
+        pb.cell_address = address;
         pb.cell_id = to.clone();
         Err(CellError::WrongCell {
             message: format!("tenant {tenant} is moving: new conversations are created on {to}"),

@@ -28,13 +28,12 @@ pub enum FaultKind {
     RouterLeaderKill,
     MigrationSourceKill,
     ControlPlaneKillMidMigration,
-    /// A fail point set on cells for `hold`, then cleared: `owners` picks
-    /// the cells owning drill conversations (else one random cell).
+    /// A fail point set for `hold` on every cell owning drill
+    /// conversations, then cleared.
     FailPoint {
         what: &'static str,
         spec: &'static str,
         hold: Duration,
-        owners: bool,
     },
     /// Cut `region` off from the others for `hold`, then heal.
     RegionPartition {
@@ -148,32 +147,25 @@ impl Injector {
                     None => "no linearizable lookup answered within 30 s".into(),
                 };
             }
-            FaultKind::FailPoint {
-                what,
-                spec,
-                hold,
-                owners,
-            } => {
+            FaultKind::FailPoint { what, spec, hold } => {
                 anyhow::ensure!(
                     cellmesh_cell::failpoints::ENABLED,
                     "this build has no fail points: build cellmesh with `--features failpoints` (and run `cellmesh dev` from it)"
                 );
-                let mut cells: Vec<String> = Vec::new();
-                if owners {
-                    for &c in &self.conversations {
-                        let owner = self.owner(c).await?;
-                        if !cells.contains(&owner) {
-                            cells.push(owner);
-                        }
-                    }
-                } else {
-                    let all = self.dev.cell_pids()?;
-                    anyhow::ensure!(!all.is_empty(), "no cells in dev.json");
-                    cells.push(all[self.rng.random_range(0..all.len())].0.clone());
-                }
-                for cell in &cells {
-                    fault.affected.extend(self.owned_by(cell).await?);
-                }
+                // Every cell owning a drill conversation: all of them are hit.
+                let routes = self.dev.routes().await?;
+                let mut cells: Vec<String> = routes.read(|t| {
+                    self.conversations
+                        .iter()
+                        .filter_map(|&c| {
+                            t.resolve(&Key::conversation(self.dev.tenant, c))
+                                .map(|r| r.entry.cell)
+                        })
+                        .collect()
+                });
+                cells.sort();
+                cells.dedup();
+                fault.affected = self.conversations.clone();
                 fault.kind = format!("{what} for {} ms ({spec})", hold.as_millis());
                 fault.target = cells.join(",");
                 let files: Vec<_> = cells

@@ -124,13 +124,11 @@ fn next_fault(
             what: "slow disk",
             spec: "storage.slow_write=delay(200ms)",
             hold: period / 2,
-            owners: true,
         },
         Scenario::QueueOutage => FaultKind::FailPoint {
             what: "queue outage",
             spec: "queue.publish=error",
             hold: period / 2,
-            owners: true,
         },
         Scenario::Mixed => match rng.random_range(0..5) {
             0 | 1 => FaultKind::CellKill,

@@ -317,6 +317,23 @@ pub fn assert_every_invariant(history: &History) {
 /// over after 3 failed probes (and the 2 s owner lease); failover floors
 /// assume 100 sends/s per conversation and 1 s checkpoints.
 pub async fn fast_control_plane(routers: Vec<String>) -> RunningControlPlane {
+    control_plane_with(
+        routers,
+        FailoverConfig {
+            conversation_per_sec: 100,
+            conversation_burst: 100,
+            checkpoint_interval_ms: 1000,
+            owner_lease_ms: 2000,
+        },
+    )
+    .await
+}
+
+/// As [`fast_control_plane`], with these failover settings.
+pub async fn control_plane_with(
+    routers: Vec<String>,
+    failover: FailoverConfig,
+) -> RunningControlPlane {
     cellmesh_control_plane::server::start(ControlPlaneConfig {
         routers,
         cluster_secret: SECRET.into(),
@@ -324,12 +341,7 @@ pub async fn fast_control_plane(routers: Vec<String>) -> RunningControlPlane {
         probe_timeout_ms: 200,
         down_after: 3,
         up_after: 3,
-        failover: FailoverConfig {
-            conversation_per_sec: 100,
-            conversation_burst: 100,
-            checkpoint_interval_ms: 1000,
-            owner_lease_ms: 2000,
-        },
+        failover,
         console_listen: String::new(),
         ..ControlPlaneConfig::default()
     })

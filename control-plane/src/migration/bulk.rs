@@ -119,6 +119,9 @@ impl Migrator {
         parallel: usize,
         events: impl FnMut(BulkEvent<'_>),
     ) -> Result<BulkReport, MigrationError> {
+        if self.routes.read(|t| t.cell(cell).is_none()) {
+            return Err(MigrationError::Refused(format!("unknown cell {cell}")));
+        }
         let to = match to {
             Some(to) => to.to_string(),
             None => self
@@ -128,9 +131,6 @@ impl Migrator {
                     MigrationError::Refused(format!("no Up cell to drain {cell} into"))
                 })?,
         };
-        if self.routes.read(|t| t.cell(cell).is_none()) {
-            return Err(MigrationError::Refused(format!("unknown cell {cell}")));
-        }
         if to == cell {
             return Err(MigrationError::Refused(format!(
                 "cannot drain {cell} into itself"

@@ -116,6 +116,16 @@ pub enum MigrationError {
     Call { what: String, status: tonic::Status },
 }
 
+/// Where a move starts from (see [`Migrator::begin_or_resume`]).
+struct Start {
+    /// The key's epoch to go on from.
+    epoch: u64,
+    /// The key is frozen already (the move was interrupted past the freeze).
+    frozen: bool,
+    /// This call began the move.
+    began: bool,
+}
+
 pub struct Migrator {
     routes: RouteClient,
     secret: ClusterSecret,
@@ -239,6 +249,43 @@ impl Migrator {
         Ok((a, b))
     }
 
+    /// Begins moving `key` (decided by `entry`) to `to`, or picks up a move
+    /// to `to` already under way; refuses a key that lives on `to` already
+    /// or is moving elsewhere.
+    async fn begin_or_resume(
+        &self,
+        key: &Key,
+        entry: &cellmesh_router::table::Entry,
+        to: &str,
+    ) -> Result<Start, MigrationError> {
+        let resumed = |target: &str, frozen| {
+            if target != to {
+                return Err(MigrationError::Refused(format!(
+                    "{key} is already migrating to {target}; cancel that first"
+                )));
+            }
+            Ok(Start {
+                epoch: entry.epoch,
+                frozen,
+                began: false,
+            })
+        };
+        match &entry.state {
+            RouteState::Active if entry.cell == to => Err(MigrationError::Refused(format!(
+                "{key} already lives on {to}"
+            ))),
+            RouteState::Active => Ok(Start {
+                epoch: self
+                    .transition(key, entry.epoch, Transition::BeginMigration(to.to_string()))
+                    .await?,
+                frozen: false,
+                began: true,
+            }),
+            RouteState::Migrating { to: t, .. } => resumed(t, false),
+            RouteState::Frozen { to: t } => resumed(t, true),
+        }
+    }
+
     /// The entry deciding `key`, read through the route table's leader.
     async fn current_entry(
         &self,
@@ -299,28 +346,11 @@ impl Migrator {
             entry.state = RouteState::Active;
         }
         let from = entry.cell.clone();
-        let mut epoch = entry.epoch;
-        let (target_cell, frozen) = match &entry.state {
-            RouteState::Active if entry.cell == to => {
-                return Err(MigrationError::Refused(format!(
-                    "{key} already lives on {to}"
-                )));
-            }
-            RouteState::Active => {
-                epoch = self
-                    .transition(&key, epoch, Transition::BeginMigration(to.to_string()))
-                    .await?;
-                self.stop_at(StopPoint::Planned)?;
-                (to.to_string(), false)
-            }
-            RouteState::Migrating { to: t, .. } => (t.clone(), false),
-            RouteState::Frozen { to: t } => (t.clone(), true),
-        };
-        if target_cell != to {
-            return Err(MigrationError::Refused(format!(
-                "{key} is already migrating to {target_cell}; cancel that first"
-            )));
+        let start = self.begin_or_resume(&key, &entry, to).await?;
+        if start.began {
+            self.stop_at(StopPoint::Planned)?;
         }
+        let (mut epoch, frozen) = (start.epoch, start.frozen);
         let (mut source, source_address) = self.peer(&from).await?;
         let (mut target, _) = self.peer(to).await?;
         // Copying is idempotent; resume after what the target already has.

@@ -26,6 +26,17 @@ pub struct TenantProgress {
     pub conversations: u64,
     pub moved: u64,
     pub messages: u64,
+    /// The longest freeze of one conversation so far.
+    pub max_freeze: Duration,
+}
+
+/// What a tenant move is about.
+#[derive(Clone, Copy)]
+struct Plan<'a> {
+    tenant: u64,
+    from: &'a str,
+    to: &'a str,
+    parallel: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -60,47 +71,24 @@ impl Migrator {
         let key = Key::tenant(tenant);
         let entry = self.current_entry(&key).await?;
         let from = entry.cell.clone();
-        let mut epoch = entry.epoch;
-        let frozen = match &entry.state {
-            RouteState::Active if entry.cell == to => {
-                return Err(MigrationError::Refused(format!(
-                    "{key} already lives on {to}"
-                )));
-            }
-            RouteState::Active => {
-                epoch = self
-                    .transition(&key, epoch, Transition::BeginMigration(to.to_string()))
-                    .await?;
-                false
-            }
-            RouteState::Migrating { to: t, .. } | RouteState::Frozen { to: t } if t != to => {
-                return Err(MigrationError::Refused(format!(
-                    "{key} is already migrating to {t}; cancel that first"
-                )));
-            }
-            RouteState::Migrating { .. } => false,
-            RouteState::Frozen { .. } => true,
-        };
+        let start = self.begin_or_resume(&key, &entry, to).await?;
+        let (mut epoch, frozen) = (start.epoch, start.frozen);
         let mut state = TenantProgress {
             phase: "conversations",
             ..Default::default()
         };
-        let mut max_freeze = Duration::ZERO;
+        let plan = Plan {
+            tenant,
+            from: &from,
+            to,
+            parallel,
+        };
         if !frozen {
             epoch = self
                 .hold_while_paused(&key, to, epoch, 0, &mut |_| {})
                 .await?;
-            self.move_conversations(
-                tenant,
-                &from,
-                to,
-                0,
-                parallel,
-                &mut state,
-                &mut max_freeze,
-                &mut progress,
-            )
-            .await?;
+            self.move_conversations(&plan, 0, &mut state, &mut progress)
+                .await?;
             epoch = self
                 .hold_while_paused(&key, to, epoch, 0, &mut |_| {})
                 .await?;
@@ -110,17 +98,8 @@ impl Migrator {
         }
         // Conversations A created before it saw the tenant move.
         state.phase = "stragglers";
-        self.move_conversations(
-            tenant,
-            &from,
-            to,
-            epoch,
-            parallel,
-            &mut state,
-            &mut max_freeze,
-            &mut progress,
-        )
-        .await?;
+        self.move_conversations(&plan, epoch, &mut state, &mut progress)
+            .await?;
         let switch_epoch = self
             .transition(&key, epoch, Transition::SwitchFloor(0))
             .await?;
@@ -133,27 +112,28 @@ impl Migrator {
             to: to.to_string(),
             conversations_moved: state.moved,
             messages_moved: state.messages,
-            max_freeze,
+            max_freeze: state.max_freeze,
             overrides_removed,
             total: started.elapsed(),
             switch_epoch,
         })
     }
 
-    /// Moves every conversation of `tenant` that `from` holds and still
-    /// owns; `epoch` as in `TenantConversations`.
-    #[allow(clippy::too_many_arguments)]
+    /// Moves every conversation of the tenant that its source holds and
+    /// still owns; `epoch` as in `TenantConversations`.
     async fn move_conversations(
         &self,
-        tenant: u64,
-        from: &str,
-        to: &str,
+        plan: &Plan<'_>,
         epoch: u64,
-        parallel: usize,
         state: &mut TenantProgress,
-        max_freeze: &mut Duration,
         progress: &mut impl FnMut(&TenantProgress),
     ) -> Result<(), MigrationError> {
+        let Plan {
+            tenant,
+            from,
+            to,
+            parallel,
+        } = *plan;
         let (mut source, _) = self.peer(from).await?;
         let mut ids = Vec::new();
         let mut after = 0;
@@ -194,7 +174,7 @@ impl Migrator {
                 Ok(report) => {
                     state.moved += 1;
                     state.messages += report.messages_verified;
-                    *max_freeze = (*max_freeze).max(report.frozen_for);
+                    state.max_freeze = state.max_freeze.max(report.frozen_for);
                     progress(state);
                 }
                 Err(e) => {

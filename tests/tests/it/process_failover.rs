@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use cellmesh_chaos::history::{Floor, History, Outcome};
-use cellmesh_control_plane::server::{ControlPlaneConfig, Event, FailoverConfig};
+use cellmesh_control_plane::server::{Event, FailoverConfig};
 use cellmesh_router::commands::assign_tenant;
 use cellmesh_router::table::Key;
 use cellmesh_tests::deploy::*;
@@ -34,24 +34,16 @@ async fn a_sigkilled_cell_process_fails_over_under_continuous_sends() {
         .await
         .unwrap();
     let edge = start_edge(routers.clone()).await;
-    let cp = cellmesh_control_plane::server::start(ControlPlaneConfig {
-        routers: routers.clone(),
-        cluster_secret: SECRET.into(),
-        probe_interval_ms: 100,
-        probe_timeout_ms: 200,
-        down_after: 3,
-        up_after: 3,
-        failover: FailoverConfig {
+    let cp = control_plane_with(
+        routers.clone(),
+        FailoverConfig {
             conversation_per_sec: 1_000,
             conversation_burst: 1_000,
             checkpoint_interval_ms: 200,
             owner_lease_ms: 2_000,
         },
-        console_listen: String::new(),
-        ..ControlPlaneConfig::default()
-    })
-    .await
-    .unwrap();
+    )
+    .await;
 
     let alice = token(1, 10);
     let mut m = messaging(&edge).await;
