@@ -12,7 +12,7 @@ use cellmesh_router::table::{Key, RouteState};
 use std::time::{Duration, Instant};
 
 use crate::error::CellError;
-use crate::homes::Homes;
+use crate::homes::{Home, Homes};
 use crate::ownership::{Creation, Fence, Ownership};
 use futures::future::BoxFuture;
 
@@ -130,14 +130,7 @@ impl Ownership for Routed {
             });
         };
         if route.entry.cell != self.cell_id {
-            let mut pb = route_to_pb(&route);
-            if pb.state == PbRouteState::Unspecified as i32 {
-                pb.state = PbRouteState::Active as i32;
-            }
-            return Err(CellError::WrongCell {
-                message: format!("{key} is owned by {}", route.entry.cell),
-                route: Box::new(pb),
-            });
+            return Err(wrong_cell(&key, &route));
         }
         if caller_epoch > route.entry.epoch && caller_epoch > self.client.applied() {
             return Err(CellError::RetryLater {
@@ -245,9 +238,39 @@ impl Ownership for Routed {
 }
 
 impl Homes for Routed {
-    fn remote_home(&self, tenant: u64, user: u64) -> Option<String> {
-        let route = self.client.resolve(&Key::user(tenant, user))?;
-        (route.entry.cell != self.cell_id).then_some(route.cell_address)
+    fn home(&self, tenant: u64, user: u64) -> Home {
+        let key = Key::user(tenant, user);
+        let Some(route) = self.client.resolve(&key) else {
+            return Home::Here;
+        };
+        // Only a move of this user's own home holds its events; a moving
+        // tenant's users stay where the tenant entry says until it switches.
+        if route.entry.key == key && matches!(route.entry.state, RouteState::Frozen { .. }) {
+            Home::Moving
+        } else if route.entry.cell == self.cell_id {
+            Home::Here
+        } else {
+            Home::Remote(route.cell_address)
+        }
+    }
+
+    fn check_home(&self, tenant: u64, user: u64, write: bool) -> Result<(), CellError> {
+        let key = Key::user(tenant, user);
+        let Some(route) = self.client.resolve(&key) else {
+            return Ok(());
+        };
+        if route.entry.cell != self.cell_id {
+            return Err(wrong_cell(&key, &route));
+        }
+        if write && route.entry.key == key && matches!(route.entry.state, RouteState::Frozen { .. })
+        {
+            return Err(CellError::RetryLater {
+                reason: "FROZEN",
+                message: format!("{key} is frozen for a move of the user's home"),
+                retry_after: Duration::from_millis(100),
+            });
+        }
+        Ok(())
     }
 
     fn standbys(&self) -> Vec<String> {
@@ -257,5 +280,17 @@ impl Homes for Routed {
                 .map(|c| c.address.clone())
                 .collect()
         })
+    }
+}
+
+/// `WRONG_CELL` for `key`, carrying the route that owns it.
+fn wrong_cell(key: &Key, route: &cellmesh_router::table::Resolved) -> CellError {
+    let mut pb = route_to_pb(route);
+    if pb.state == PbRouteState::Unspecified as i32 {
+        pb.state = PbRouteState::Active as i32;
+    }
+    CellError::WrongCell {
+        message: format!("{key} is owned by {}", route.entry.cell),
+        route: Box::new(pb),
     }
 }

@@ -216,6 +216,7 @@ pub async fn start_placed(
         service.clone(),
         config.clone(),
         clock.clone(),
+        homes.clone(),
     ));
     let queue = open_queue(&config, &store).await?;
     let pipeline = crate::pipeline::spawn(
@@ -272,6 +273,7 @@ pub async fn start_placed(
         CellPeerServer::new(PeerApi::new(
             pipeline.inbound,
             service.clone(),
+            sync.clone(),
             secret.clone(),
         ))
         .max_decoding_message_size(64 * 1024 * 1024),

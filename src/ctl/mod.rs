@@ -156,6 +156,18 @@ enum MigrateCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Move one user's home: sync queue, conversation list, mute flags and
+    /// device cursors; devices go on from their cursors on the new cell.
+    User {
+        #[arg(long)]
+        tenant: u64,
+        #[arg(long)]
+        user: u64,
+        #[arg(long)]
+        to: String,
+        #[arg(long)]
+        json: bool,
+    },
     Conversation {
         #[arg(long)]
         tenant: u64,
@@ -175,29 +187,35 @@ enum MigrateCommand {
     },
 }
 
+/// The route a migration runs on: a conversation or a user's home.
+#[derive(clap::Args)]
+struct MovingKey {
+    #[arg(long)]
+    tenant: u64,
+    #[arg(long, conflicts_with = "user", required_unless_present = "user")]
+    conversation: Option<u64>,
+    #[arg(long)]
+    user: Option<u64>,
+}
+
+impl MovingKey {
+    fn key(&self) -> Key {
+        match (self.conversation, self.user) {
+            (Some(c), _) => Key::conversation(self.tenant, c),
+            (_, Some(u)) => Key::user(self.tenant, u),
+            _ => Key::tenant(self.tenant),
+        }
+    }
+}
+
 #[derive(Subcommand)]
 enum MigrationsCommand {
     /// Roll a migration back: the route returns to Active on its source.
-    Cancel {
-        #[arg(long)]
-        tenant: u64,
-        #[arg(long)]
-        conversation: u64,
-    },
+    Cancel(MovingKey),
     /// Hold a migration between copy rounds (its migrator waits).
-    Pause {
-        #[arg(long)]
-        tenant: u64,
-        #[arg(long)]
-        conversation: u64,
-    },
+    Pause(MovingKey),
     /// Let a paused migration go on.
-    Resume {
-        #[arg(long)]
-        tenant: u64,
-        #[arg(long)]
-        conversation: u64,
-    },
+    Resume(MovingKey),
 }
 
 #[derive(Subcommand)]
@@ -419,6 +437,15 @@ pub async fn run(mut args: CtlArgs) -> anyhow::Result<()> {
                     json,
                 },
         } => moves::migrate_tenant(routes, secret, tenant, &to, parallel, json).await?,
+        CtlCommand::Migrate {
+            command:
+                MigrateCommand::User {
+                    tenant,
+                    user,
+                    to,
+                    json,
+                },
+        } => moves::migrate_user(routes, secret, tenant, user, &to, json).await?,
         CtlCommand::Drain { cell, to, parallel } => {
             moves::drain(routes, secret, &cell, to, parallel).await?
         }
@@ -438,11 +465,8 @@ pub async fn run(mut args: CtlArgs) -> anyhow::Result<()> {
             );
         }
         CtlCommand::Migrations { command, json } => match command {
-            Some(MigrationsCommand::Cancel {
-                tenant,
-                conversation,
-            }) => {
-                let key = Key::conversation(tenant, conversation);
+            Some(MigrationsCommand::Cancel(moving)) => {
+                let key = moving.key();
                 let entry = routes
                     .resolve(&key)
                     .with_context(|| format!("no route for {key}"))?
@@ -456,18 +480,9 @@ pub async fn run(mut args: CtlArgs) -> anyhow::Result<()> {
                     entry.cell, r.index
                 );
             }
-            Some(
-                MigrationsCommand::Pause {
-                    tenant,
-                    conversation,
-                }
-                | MigrationsCommand::Resume {
-                    tenant,
-                    conversation,
-                },
-            ) => {
-                let pause = matches!(command, Some(MigrationsCommand::Pause { .. }));
-                let key = Key::conversation(tenant, conversation);
+            Some(MigrationsCommand::Pause(ref moving) | MigrationsCommand::Resume(ref moving)) => {
+                let pause = matches!(command, Some(MigrationsCommand::Pause(_)));
+                let key = moving.key();
                 let entry = routes
                     .resolve(&key)
                     .with_context(|| format!("no route for {key}"))?

@@ -69,22 +69,63 @@ pub async fn migrate_tenant(
     Ok(())
 }
 
+/// `ctl migrate user`: moves one user's home (sync queue, conversation
+/// list, mute flags, device cursors).
+pub async fn migrate_user(
+    routes: RouteClient,
+    secret: ClusterSecret,
+    tenant: u64,
+    user: u64,
+    to: &str,
+    json: bool,
+) -> anyhow::Result<()> {
+    let migrator = Migrator::new(routes, secret, MigrationOptions::default());
+    let report = migrator
+        .migrate_user(tenant, user, to, |p| {
+            if !json {
+                println!(
+                    "user {user} {:<9} pts {}/{}",
+                    p.phase, p.copied_through, p.source_latest
+                );
+            }
+        })
+        .await?;
+    if json {
+        println!(
+            "{}",
+            json!({"tenant": tenant, "user": user, "from": report.from, "to": report.to,
+                "final_pts": report.final_pts, "events_verified": report.events_verified,
+                "frozen_ms": report.frozen_for.as_millis() as u64,
+                "total_ms": report.total.as_millis() as u64,
+                "switch_epoch": report.switch_epoch})
+        );
+    } else {
+        println!(
+            "user {user} of tenant {tenant} moved {} -> {}: {} sync events verified, frozen {} ms, total {} ms",
+            report.from,
+            report.to,
+            report.events_verified,
+            report.frozen_for.as_millis(),
+            report.total.as_millis()
+        );
+    }
+    Ok(())
+}
+
 /// Prints what a drain or failback does, and fails if anything stayed.
 fn finish(what: &str, started: Instant, report: &BulkReport) -> anyhow::Result<()> {
-    for key in &report.selection.users {
-        println!("{key}: left in place (user homes move with their tenant)");
-    }
     anyhow::ensure!(
         report.failures.is_empty(),
         "{} routes did not move; run the {what} again to resume",
         report.failures.len()
     );
     println!(
-        "{what} into {} done in {} ms: {} tenants and {} conversation overrides, {} conversations moved",
+        "{what} into {} done in {} ms: {} tenants, {} conversation overrides and {} user homes; {} conversations moved",
         report.to,
         started.elapsed().as_millis(),
         report.selection.tenants.len(),
         report.selection.conversations.len(),
+        report.selection.users.len(),
         report.conversations_moved
     );
     Ok(())

@@ -13,7 +13,9 @@ use tonic::{Request, Response, Status};
 use crate::error::CellError;
 use crate::failpoints::Action;
 use crate::message::MessageService;
-use crate::pipeline::PeerInbound;
+use crate::pipeline::{PeerInbound, UserImport};
+use crate::sync::SyncService;
+use crate::sync::moving::sync_checksum;
 
 /// Messages per export chunk unless the caller asks otherwise.
 const DEFAULT_CHUNK: u32 = 1_000;
@@ -21,16 +23,67 @@ const DEFAULT_CHUNK: u32 = 1_000;
 pub struct PeerApi {
     inbound: PeerInbound,
     service: Arc<MessageService>,
+    sync: Arc<SyncService>,
     secret: ClusterSecret,
 }
 
 impl PeerApi {
-    pub fn new(inbound: PeerInbound, service: Arc<MessageService>, secret: ClusterSecret) -> Self {
+    pub fn new(
+        inbound: PeerInbound,
+        service: Arc<MessageService>,
+        sync: Arc<SyncService>,
+        secret: ClusterSecret,
+    ) -> Self {
         Self {
             inbound,
             service,
+            sync,
             secret,
         }
+    }
+}
+
+fn pipeline_unavailable(e: crate::pipeline::PipelineError) -> CellError {
+    CellError::RetryLater {
+        reason: "PIPELINE_UNAVAILABLE",
+        message: e.to_string(),
+        retry_after: Duration::from_millis(200),
+    }
+}
+
+fn source_unreachable(address: &str, e: impl std::fmt::Display) -> CellError {
+    CellError::RetryLater {
+        reason: "SOURCE_UNREACHABLE",
+        message: format!("cannot reach {address}: {e}"),
+        retry_after: Duration::from_millis(500),
+    }
+}
+
+impl PeerApi {
+    async fn import_user(
+        &self,
+        r: &CopyUserRequest,
+        reset: bool,
+        events: Vec<(u64, cellmesh_proto::storage::v1::SyncRecord)>,
+        state: Option<UserState>,
+    ) -> Result<(), CellError> {
+        if r.source_cell.is_empty() {
+            return Err(CellError::invalid(
+                "NO_SOURCE_CELL",
+                "source_cell is required",
+            ));
+        }
+        let source = r.source_cell.clone();
+        self.inbound
+            .import_user(UserImport {
+                user: r.user_id,
+                source,
+                reset,
+                events,
+                state,
+            })
+            .await
+            .map_err(pipeline_unavailable)
     }
 }
 
@@ -42,16 +95,15 @@ impl CellPeer for PeerApi {
     ) -> Result<Response<DeliverBatchResponse>, Status> {
         let r = request.into_inner();
         tracing::debug!(source = %r.source_cell, events = r.events.len(), "deliver batch");
-        let applied = self
+        let delivered = self
             .inbound
             .deliver(r.source_cell, r.events)
             .await
-            .map_err(|e| CellError::RetryLater {
-                reason: "PIPELINE_UNAVAILABLE",
-                message: e.to_string(),
-                retry_after: Duration::from_millis(200),
-            })?;
-        Ok(Response::new(DeliverBatchResponse { applied }))
+            .map_err(pipeline_unavailable)?;
+        Ok(Response::new(DeliverBatchResponse {
+            applied: delivered.applied,
+            refused_users: delivered.refused_users,
+        }))
     }
 
     async fn export_conversation(
@@ -112,6 +164,111 @@ impl CellPeer for PeerApi {
         }))
     }
 
+    async fn export_user(
+        &self,
+        request: Request<ExportUserRequest>,
+    ) -> Result<Response<UserChunk>, Status> {
+        let r = request.into_inner();
+        let limit = if r.limit == 0 { DEFAULT_CHUNK } else { r.limit } as usize;
+        Ok(Response::new(self.sync.export_user(
+            r.user_id,
+            r.after_pts,
+            limit,
+            r.with_state,
+        )?))
+    }
+
+    async fn seal_user(
+        &self,
+        request: Request<SealRequest>,
+    ) -> Result<Response<SealResponse>, Status> {
+        let r = request.into_inner();
+        let latest_seq = self
+            .sync
+            .seal_user(r.tenant_id, r.user_id, r.epoch, &self.inbound)
+            .await?;
+        Ok(Response::new(SealResponse { latest_seq }))
+    }
+
+    async fn user_digest(
+        &self,
+        request: Request<UserDigestRequest>,
+    ) -> Result<Response<DigestResponse>, Status> {
+        let r = request.into_inner();
+        let d = self
+            .sync
+            .digest_user(r.user_id, r.after_seq, r.through_seq)?;
+        Ok(Response::new(DigestResponse {
+            count: d.count,
+            checksum: d.checksum,
+            latest_seq: d.latest_pts,
+            rewrites: 0,
+        }))
+    }
+
+    async fn copy_user(
+        &self,
+        request: Request<CopyUserRequest>,
+    ) -> Result<Response<CopyResponse>, Status> {
+        let r = request.into_inner();
+        let mut source = CellPeerClient::connect(r.source_address.clone())
+            .await
+            .map_err(|e| source_unreachable(&r.source_address, e))?
+            .max_decoding_message_size(64 * 1024 * 1024);
+        let chunk = if r.chunk == 0 { DEFAULT_CHUNK } else { r.chunk };
+        let export = |after_pts, with_state| {
+            let mut export = Request::new(ExportUserRequest {
+                tenant_id: r.tenant_id,
+                user_id: r.user_id,
+                after_pts,
+                limit: chunk,
+                with_state,
+            });
+            self.secret.attach(&mut export);
+            export
+        };
+        let (mut after, mut copied, mut reset) = (r.after_pts, 0u64, r.reset);
+        // One round copies what the source held when it began; events
+        // arriving meanwhile are the next round's.
+        let mut until = u64::MAX;
+        while after < until {
+            let exported = source.export_user(export(after, false)).await?.into_inner();
+            until = until.min(exported.latest_pts);
+            let sum = exported
+                .events
+                .iter()
+                .filter_map(|e| e.record.as_ref().map(|r| sync_checksum(e.pts, r)))
+                .fold(0u64, u64::wrapping_add);
+            if sum != exported.checksum {
+                return Err(CellError::invalid(
+                    "CHECKSUM_MISMATCH",
+                    "a user chunk arrived corrupted",
+                )
+                .into());
+            }
+            let events: Vec<_> = exported
+                .events
+                .into_iter()
+                .filter_map(|e| Some((e.pts, e.record?)))
+                .collect();
+            let Some(&(last, _)) = events.last() else {
+                break;
+            };
+            copied += events.len() as u64;
+            after = last;
+            self.import_user(&r, std::mem::take(&mut reset), events, None)
+                .await?;
+        }
+        // The state last, so its dedupe positions cover the copied events.
+        let state = source.export_user(export(after, true)).await?.into_inner();
+        self.import_user(&r, reset, Vec::new(), state.state).await?;
+        Ok(Response::new(CopyResponse {
+            copied_through: after,
+            messages: copied,
+            source_latest_seq: state.latest_pts,
+        }))
+    }
+
     async fn stats(&self, _request: Request<StatsRequest>) -> Result<Response<CellStats>, Status> {
         let (uptime_ms, sends, queue_lag, route_index) = self.service.stats()?;
         Ok(Response::new(CellStats {
@@ -130,11 +287,7 @@ impl CellPeer for PeerApi {
         let r = request.into_inner();
         let mut source = CellPeerClient::connect(r.source_address.clone())
             .await
-            .map_err(|e| CellError::RetryLater {
-                reason: "SOURCE_UNREACHABLE",
-                message: format!("cannot reach {}: {e}", r.source_address),
-                retry_after: Duration::from_millis(500),
-            })?
+            .map_err(|e| source_unreachable(&r.source_address, e))?
             .max_decoding_message_size(64 * 1024 * 1024);
         let chunk = if r.chunk == 0 { DEFAULT_CHUNK } else { r.chunk };
         // The next chunk is fetched while this one is stored.

@@ -53,7 +53,7 @@ pub struct ConversationDigest {
 
 impl MessageService {
     /// Waits until this cell's route view has reached `epoch`.
-    async fn await_route_epoch(&self, epoch: u64, deadline: Instant) -> Result<()> {
+    pub(crate) async fn await_route_epoch(&self, epoch: u64, deadline: Instant) -> Result<()> {
         while self.ownership.route_index() < epoch {
             if Instant::now() > deadline {
                 return Err(retry_later(

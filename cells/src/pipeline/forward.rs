@@ -1,10 +1,15 @@
 //! Delivers queued events to the cells where their users live, over
-//! `CellPeer.DeliverBatch`, oldest first per destination. A destination that
-//! fails is backed off and its later records wait (so its users keep their
-//! order), while other destinations carry on: one unreachable cell never
-//! stalls another's deliveries or the local fan-out.
+//! `CellPeer.DeliverBatch`, oldest first. Each user event goes to its user's
+//! home as the route table says at delivery time, so an event queued before
+//! a home moved follows the user; a home frozen for a move holds its
+//! events until the switch. Conversation meta goes to the standby it was
+//! queued for. A user whose event waits (home frozen, destination backed
+//! off or refusing) has all their later events wait behind it, so each
+//! user's events arrive in order; other users and destinations carry on:
+//! one unreachable cell never stalls another's deliveries or the local
+//! fan-out.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -16,7 +21,8 @@ use prost::Message as _;
 use tokio::sync::Notify;
 use tonic::transport::{Channel, Endpoint};
 
-use super::PipelineError;
+use super::{PeerInbound, PipelineError};
+use crate::homes::{Home, Homes};
 use crate::storage::{Mutation, Store};
 
 const DELIVER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -32,96 +38,279 @@ struct Destination {
     backoff: Duration,
 }
 
-/// Forwards until a storage error.
-pub async fn run(
-    store: Arc<Store>,
-    signal: Arc<Notify>,
-    cell_id: String,
-    secret: ClusterSecret,
-    links: Arc<std::collections::BTreeMap<String, String>>,
-) -> Result<(), PipelineError> {
-    let mut destinations: HashMap<String, Destination> = HashMap::new();
-    loop {
-        let mut m = Mutation::new();
-        let mut waiting: HashSet<String> = HashSet::new();
-        // One pass over the queue, page by page: records behind a backed-off
-        // destination's backlog still go out to every other destination.
-        let (mut after, mut seen) = (0, 0);
+/// Where one event goes now.
+#[derive(Clone, PartialEq, Eq)]
+enum Target {
+    /// The user lives here (their home moved to this cell).
+    Local,
+    Remote(String),
+    /// Not now: the home is frozen, or the destination is backed off.
+    Hold,
+}
+
+/// What one pass over the queue has learned.
+#[derive(Default)]
+struct Pass {
+    /// Destinations that failed or are backed off.
+    waiting: HashSet<String>,
+    /// Users with an earlier event still queued.
+    blocked: HashSet<u64>,
+    /// Each user's target, decided once per pass.
+    targets: HashMap<u64, Target>,
+    /// Something was delivered or dropped.
+    progress: bool,
+}
+
+/// A page's events by where they go, each with its record's slot in the
+/// page and its place in the record.
+type Outgoing = Vec<(Target, Vec<(usize, usize, PeerEvent)>)>;
+
+/// A record being worked on, until its page's events are sent.
+struct Open {
+    id: u64,
+    record: ForwardRecord,
+    total: usize,
+    /// Events that stay queued, by their place in the record.
+    held: Vec<(usize, PeerEvent)>,
+}
+
+pub struct Forwarder {
+    pub store: Arc<Store>,
+    pub signal: Arc<Notify>,
+    pub cell_id: String,
+    pub secret: ClusterSecret,
+    pub links: BTreeMap<String, String>,
+    pub homes: Arc<dyn Homes>,
+    /// This cell's processor, for events whose user now lives here.
+    pub local: PeerInbound,
+}
+
+impl Forwarder {
+    /// Forwards until a storage error.
+    pub async fn run(self: Arc<Self>) -> Result<(), PipelineError> {
+        let mut destinations: HashMap<String, Destination> = HashMap::new();
         loop {
-            let pending = store.forwards(after, PAGE)?;
-            let Some(&(last, _)) = pending.last() else {
-                break;
-            };
-            after = last;
-            seen += pending.len();
-            for (id, record) in pending {
-                if waiting.contains(&record.endpoint) {
-                    continue;
-                }
-                let Some(dest) = destination(&mut destinations, &record.endpoint, &links) else {
-                    tracing::error!(endpoint = %record.endpoint, "dropping forward to an invalid endpoint");
-                    m.delete_forward(id);
-                    continue;
+            let mut m = Mutation::new();
+            let mut pass = Pass::default();
+            // One pass over the queue, page by page.
+            let (mut after, mut seen) = (0, 0);
+            loop {
+                let pending = self.store.forwards(after, PAGE)?;
+                let Some(&(last, _)) = pending.last() else {
+                    break;
                 };
-                if dest.retry_at > Instant::now() {
-                    waiting.insert(record.endpoint);
-                    continue;
+                after = last;
+                seen += pending.len();
+                // A page's events go out once per destination, in queue
+                // order: a single call for each cell, and the processor here.
+                let mut open = Vec::with_capacity(pending.len());
+                let mut out = Outgoing::new();
+                for (id, record) in pending {
+                    let slot = (open.len(), id);
+                    let classified =
+                        self.classify(&mut destinations, &mut pass, &mut out, slot, record);
+                    open.push(classified);
                 }
-                if deliver(dest, &cell_id, &secret, &record).await {
-                    m.delete_forward(id);
-                } else {
-                    waiting.insert(record.endpoint);
+                self.send_page(&mut destinations, &mut pass, &mut open, out)
+                    .await;
+                for record in open {
+                    finish(&mut pass, &mut m, record);
+                }
+                if seen >= MAX_PASS {
+                    break;
                 }
             }
-            if seen >= MAX_PASS {
-                break;
+            store_outcome(&self.store, m).await?;
+            if !pass.progress {
+                // Nothing queued, or everything waits.
+                let wait = if seen == 0 {
+                    Duration::from_secs(1)
+                } else {
+                    Duration::from_millis(100)
+                };
+                let _ = tokio::time::timeout(wait, self.signal.notified()).await;
             }
         }
-        let idle = m.is_empty();
-        store.commit(m).await?;
-        if idle {
-            // Nothing queued, or everything waits for a backoff to pass.
-            let wait = if seen == 0 {
-                Duration::from_secs(1)
+    }
+
+    /// Decides where each event of one record goes now: into `out` by
+    /// target (with its record's slot in the page), or held in the record.
+    fn classify(
+        &self,
+        destinations: &mut HashMap<String, Destination>,
+        pass: &mut Pass,
+        out: &mut Outgoing,
+        (slot, id): (usize, u64),
+        record: ForwardRecord,
+    ) -> Open {
+        let events: Vec<PeerEvent> = record
+            .events
+            .iter()
+            .filter_map(|e| PeerEvent::decode(e.as_slice()).ok())
+            .collect();
+        let mut open = Open {
+            id,
+            total: events.len(),
+            record,
+            held: Vec::new(),
+        };
+        for (at, e) in events.into_iter().enumerate() {
+            let target = if e.meta.is_some() {
+                self.reachable(destinations, pass, &open.record.endpoint)
+            } else if pass.blocked.contains(&e.user_id) {
+                Target::Hold
             } else {
-                Duration::from_millis(100)
+                let known = pass.targets.get(&e.user_id).cloned();
+                let target =
+                    known.unwrap_or_else(|| match self.homes.home(e.tenant_id, e.user_id) {
+                        Home::Here => Target::Local,
+                        Home::Moving => Target::Hold,
+                        Home::Remote(endpoint) => self.reachable(destinations, pass, &endpoint),
+                    });
+                pass.targets.insert(e.user_id, target.clone());
+                target
             };
-            let _ = tokio::time::timeout(wait, signal.notified()).await;
+            match target {
+                Target::Hold => open.held.push((at, e)),
+                target => match out.iter_mut().find(|(t, _)| *t == target) {
+                    Some((_, batch)) => batch.push((slot, at, e)),
+                    None => out.push((target, vec![(slot, at, e)])),
+                },
+            }
+        }
+        block_held(pass, &open);
+        open
+    }
+
+    /// Sends a page's events, one call per target; what a target refuses
+    /// or fails to take stays queued in its record.
+    async fn send_page(
+        &self,
+        destinations: &mut HashMap<String, Destination>,
+        pass: &mut Pass,
+        open: &mut [Open],
+        out: Outgoing,
+    ) {
+        for (target, batch) in out {
+            let events: Vec<PeerEvent> = batch.iter().map(|(_, _, e)| e.clone()).collect();
+            let refused: Option<Vec<u64>> = match &target {
+                Target::Local => self
+                    .local
+                    .deliver(String::new(), events)
+                    .await
+                    .ok()
+                    .map(|d| d.refused_users),
+                Target::Remote(endpoint) => {
+                    let dest = destinations
+                        .get_mut(endpoint)
+                        .expect("reachable destination");
+                    let sent = deliver(dest, &self.cell_id, &self.secret, endpoint, events).await;
+                    if sent.is_none() {
+                        pass.waiting.insert(endpoint.clone());
+                    }
+                    sent
+                }
+                Target::Hold => unreachable!("held events are not sent"),
+            };
+            for (slot, at, e) in batch {
+                let kept = match &refused {
+                    None => true,
+                    Some(users) => e.meta.is_none() && users.contains(&e.user_id),
+                };
+                if kept {
+                    if e.meta.is_none() {
+                        pass.blocked.insert(e.user_id);
+                    }
+                    open[slot].held.push((at, e));
+                }
+            }
+        }
+    }
+
+    /// `endpoint` as a target: held while it is backed off or failed in
+    /// this pass, dropped events go nowhere (an invalid endpoint).
+    fn reachable(
+        &self,
+        destinations: &mut HashMap<String, Destination>,
+        pass: &Pass,
+        endpoint: &str,
+    ) -> Target {
+        if pass.waiting.contains(endpoint) {
+            return Target::Hold;
+        }
+        match destination(destinations, endpoint, &self.links) {
+            Some(dest) if dest.retry_at > Instant::now() => Target::Hold,
+            Some(_) => Target::Remote(endpoint.to_string()),
+            None => {
+                tracing::error!(%endpoint, "holding a forward to an invalid endpoint");
+                Target::Hold
+            }
         }
     }
 }
 
-/// Sends one record; on failure backs its destination off.
+/// Users with a held event wait behind it for the rest of the pass.
+fn block_held(pass: &mut Pass, open: &Open) {
+    for (_, e) in &open.held {
+        if e.meta.is_none() {
+            pass.blocked.insert(e.user_id);
+        }
+    }
+}
+
+/// Drops a delivered record, or keeps what is left of it, in order, in its
+/// place.
+fn finish(pass: &mut Pass, m: &mut Mutation, mut open: Open) {
+    if open.held.is_empty() {
+        m.delete_forward(open.id);
+        pass.progress = true;
+    } else if open.held.len() < open.total {
+        open.held.sort_by_key(|(at, _)| *at);
+        let record = ForwardRecord {
+            events: open.held.iter().map(|(_, e)| e.encode_to_vec()).collect(),
+            attempts: open.record.attempts.saturating_add(1),
+            ..open.record
+        };
+        m.put_forward(open.id, &record);
+        pass.progress = true;
+    }
+}
+
+async fn store_outcome(store: &Store, m: Mutation) -> Result<(), PipelineError> {
+    if !m.is_empty() {
+        store.commit(m).await?;
+    }
+    Ok(())
+}
+
+/// Sends one batch; the users the destination refused, or None (and the
+/// destination backed off) when the call failed.
 async fn deliver(
     dest: &mut Destination,
     cell_id: &str,
     secret: &ClusterSecret,
-    record: &ForwardRecord,
-) -> bool {
-    let events: Vec<PeerEvent> = record
-        .events
-        .iter()
-        .filter_map(|e| PeerEvent::decode(e.as_slice()).ok())
-        .collect();
+    endpoint: &str,
+    events: Vec<PeerEvent>,
+) -> Option<Vec<u64>> {
     let mut request = tonic::Request::new(DeliverBatchRequest {
         source_cell: cell_id.to_string(),
         events,
     });
     secret.attach(&mut request);
     match tokio::time::timeout(DELIVER_TIMEOUT, dest.client.deliver_batch(request)).await {
-        Ok(Ok(_)) => {
+        Ok(Ok(response)) => {
             dest.backoff = Duration::from_millis(100);
-            true
+            Some(response.into_inner().refused_users)
         }
         outcome => {
             let error = match outcome {
                 Ok(Err(status)) => status.to_string(),
                 _ => "timed out".to_string(),
             };
-            tracing::warn!(endpoint = %record.endpoint, %error, "forward failed; backing off");
+            tracing::warn!(%endpoint, %error, "forward failed; backing off");
             dest.retry_at = Instant::now() + dest.backoff;
             dest.backoff = (dest.backoff * 2).min(MAX_BACKOFF);
-            false
+            None
         }
     }
 }
@@ -129,8 +318,11 @@ async fn deliver(
 fn destination<'a>(
     destinations: &'a mut HashMap<String, Destination>,
     endpoint: &str,
-    links: &std::collections::BTreeMap<String, String>,
+    links: &BTreeMap<String, String>,
 ) -> Option<&'a mut Destination> {
+    if endpoint.is_empty() {
+        return None;
+    }
     if !destinations.contains_key(endpoint) {
         let dial = cellmesh_proto::config::via(links, endpoint);
         let channel = Endpoint::from_shared(dial.to_string())

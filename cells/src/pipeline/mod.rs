@@ -24,6 +24,7 @@ use crate::queue::{EventQueue, QueueError};
 use crate::storage::{StorageError, Store};
 use crate::sync::Hub;
 use cellmesh_proto::secret::ClusterSecret;
+pub use processor::{Delivered, UserImport};
 use processor::{Inbound, Processor, Signals};
 
 #[derive(Debug, thiserror::Error)]
@@ -36,23 +37,44 @@ pub enum PipelineError {
     Stopped,
 }
 
-/// Hands events from other cells to the processor (the only writer of sync
-/// queues) and waits until they are durable.
+/// Hands work to the processor (the only writer of sync queues) and waits
+/// until it is durable.
 #[derive(Clone)]
 pub struct PeerInbound(mpsc::Sender<Inbound>);
 
 impl PeerInbound {
+    /// Applies events delivered by `source` ("" = this cell).
     pub async fn deliver(
         &self,
         source: String,
         events: Vec<PeerEvent>,
-    ) -> Result<u32, PipelineError> {
+    ) -> Result<Delivered, PipelineError> {
         let (reply, rx) = oneshot::channel();
-        self.0
-            .send((source, events, reply))
-            .await
-            .map_err(|_| PipelineError::Stopped)?;
+        self.send(Inbound::Deliver {
+            source,
+            events,
+            reply,
+        })
+        .await?;
         rx.await.map_err(|_| PipelineError::Stopped)?
+    }
+
+    /// Stores a copied part of a moving user's home.
+    pub async fn import_user(&self, import: UserImport) -> Result<(), PipelineError> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Inbound::ImportUser { import, reply }).await?;
+        rx.await.map_err(|_| PipelineError::Stopped)?
+    }
+
+    /// Returns once every batch the processor took before is durable.
+    pub async fn barrier(&self) -> Result<(), PipelineError> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Inbound::Barrier { reply }).await?;
+        rx.await.map_err(|_| PipelineError::Stopped)
+    }
+
+    async fn send(&self, job: Inbound) -> Result<(), PipelineError> {
+        self.0.send(job).await.map_err(|_| PipelineError::Stopped)
     }
 }
 
@@ -83,15 +105,17 @@ pub fn spawn(
     let batch = config.fanout.batch;
     let group = config.processor_group();
     let processor = {
-        let (store, queue, hub, clock, signals) = (
+        let (store, queue, hub, clock, homes, signals) = (
             store.clone(),
             queue.clone(),
             hub.clone(),
             clock.clone(),
+            homes.clone(),
             signals.clone(),
         );
+        let cell_id = config.cell_id.clone();
         supervise("processor", move || {
-            let (store, queue, hub, clock, homes, signals, group, inbound) = (
+            let (store, queue, hub, clock, homes, signals, group, inbound, cell_id) = (
                 store.clone(),
                 queue.clone(),
                 hub.clone(),
@@ -100,11 +124,12 @@ pub fn spawn(
                 signals.clone(),
                 group.clone(),
                 inbound_rx.clone(),
+                cell_id.clone(),
             );
             async move {
                 let consumer = queue.consumer(&group).await?;
                 let mut inbound = inbound.lock().await;
-                Processor::new(store, hub, clock, threshold, homes, signals)?
+                Processor::new(store, hub, clock, threshold, homes, signals, cell_id)?
                     .run(consumer, batch, &mut inbound)
                     .await
             }
@@ -117,23 +142,22 @@ pub fn spawn(
             notify::run(store.clone(), sink.clone(), signal.clone())
         })
     };
+    let inbound = PeerInbound(inbound_tx);
     let forwarder = {
-        let (signal, cell_id) = (signals.forwards.clone(), config.cell_id.clone());
-        let secret = ClusterSecret::new(&config.routing.cluster_secret);
-        let links = Arc::new(config.routing.links.clone());
-        supervise("forwarder", move || {
-            forward::run(
-                store.clone(),
-                signal.clone(),
-                cell_id.clone(),
-                secret.clone(),
-                links.clone(),
-            )
-        })
+        let forwarder = Arc::new(forward::Forwarder {
+            store,
+            signal: signals.forwards.clone(),
+            cell_id: config.cell_id.clone(),
+            secret: ClusterSecret::new(&config.routing.cluster_secret),
+            links: config.routing.links.clone(),
+            homes,
+            local: inbound.clone(),
+        });
+        supervise("forwarder", move || forwarder.clone().run())
     };
     Pipeline {
         workers: vec![relay, processor, notifier, forwarder],
-        inbound: PeerInbound(inbound_tx),
+        inbound,
     }
 }
 

@@ -10,7 +10,7 @@
 //! The processor is the only writer of sync queues and pts, so it keeps the
 //! latest pts of recently active users in memory.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,7 +19,7 @@ use cellmesh_proto::storage::v1::{
     SyncRecord,
 };
 use cellmesh_proto::v1::{
-    ConversationHint, ConversationMeta, PeerEvent, SyncEventKind, SyncPush, sync_push,
+    ConversationHint, ConversationMeta, PeerEvent, SyncEventKind, SyncPush, UserState, sync_push,
 };
 use prost::Message as _;
 use tokio::sync::{Notify, mpsc, oneshot};
@@ -27,18 +27,47 @@ use tokio::sync::{Notify, mpsc, oneshot};
 use super::PipelineError;
 use crate::clock::Clock;
 use crate::convert::message_to_proto;
-use crate::homes::Homes;
+use crate::homes::{Home, Homes};
 use crate::queue::{Delivery, EventConsumer};
 use crate::storage::{Mutation, Store};
 use crate::sync::Hub;
 
-/// Events delivered by another cell, with where to send the outcome.
-/// Events another cell (`source`) delivered, and where to answer.
-pub type Inbound = (
-    String,
-    Vec<PeerEvent>,
-    oneshot::Sender<Result<u32, PipelineError>>,
-);
+/// What other tasks hand the processor, the only writer of sync queues.
+pub enum Inbound {
+    /// Events another cell (`source`; "" for this cell's own forwards whose
+    /// user turned out to live here) delivered.
+    Deliver {
+        source: String,
+        events: Vec<PeerEvent>,
+        reply: oneshot::Sender<Result<Delivered, PipelineError>>,
+    },
+    /// A chunk of a moving user home copied from `source`.
+    ImportUser {
+        import: UserImport,
+        reply: oneshot::Sender<Result<(), PipelineError>>,
+    },
+    /// Answered once every batch taken before it is durable.
+    Barrier { reply: oneshot::Sender<()> },
+}
+
+/// The outcome of a [`Inbound::Deliver`].
+#[derive(Debug, Default)]
+pub struct Delivered {
+    pub applied: u32,
+    /// Users not homed here, whose events were left out.
+    pub refused_users: Vec<u64>,
+}
+
+/// A copied part of a user's home (see [`Inbound::ImportUser`]).
+pub struct UserImport {
+    pub user: u64,
+    /// The cell the home is copied from.
+    pub source: String,
+    /// Drop what is stored here for the user first.
+    pub reset: bool,
+    pub events: Vec<(u64, SyncRecord)>,
+    pub state: Option<UserState>,
+}
 
 /// How long a poll waits before the processor checks for inbound events.
 const POLL_WAIT: Duration = Duration::from_millis(50);
@@ -58,6 +87,10 @@ pub struct Processor {
     homes: Arc<dyn Homes>,
     next_forward: u64,
     forwards: Arc<Notify>,
+    cell_id: String,
+    /// Users this processor queued events for (a superset of those whose
+    /// events still wait in the forward queue).
+    queued_for: HashSet<u64>,
 }
 
 /// The signals a processor raises after a commit.
@@ -77,8 +110,13 @@ struct Batch {
     pts: HashMap<u64, u64>,
     hints: Vec<(Vec<u64>, ConversationHint)>,
     notified: bool,
-    /// Events for users homed elsewhere, by home endpoint.
+    /// Events for users homed elsewhere, by home endpoint ("" while the
+    /// home is frozen for a move).
     forward: HashMap<String, Vec<PeerEvent>>,
+    /// Conversation meta for standbys, by endpoint.
+    replicate: HashMap<String, Vec<PeerEvent>>,
+    /// Users with events in the forward queue, once looked up.
+    queued: Option<HashSet<u64>>,
     forwarded: bool,
     applied: u32,
 }
@@ -98,20 +136,24 @@ impl Processor {
         large_group_threshold: usize,
         homes: Arc<dyn Homes>,
         signals: Signals,
+        cell_id: String,
     ) -> Result<Self, PipelineError> {
         let next_notification = store.notify_last_id()? + 1;
         let next_forward = store.forward_last_id()? + 1;
+        let queued_for = queued_users(&store)?;
         Ok(Self {
             store,
             hub,
             clock,
             large_group_threshold,
             pts: HashMap::new(),
+            queued_for,
             next_notification,
             notifications: signals.notifications,
             homes,
             next_forward,
             forwards: signals.forwards,
+            cell_id,
         })
     }
 
@@ -125,8 +167,22 @@ impl Processor {
     ) -> Result<(), PipelineError> {
         loop {
             // Between polls (a poll is not safe to cancel midway).
-            while let Ok((source, events, reply)) = inbound.try_recv() {
-                let _ = reply.send(self.apply_remote(&source, &events).await);
+            while let Ok(job) = inbound.try_recv() {
+                match job {
+                    Inbound::Deliver {
+                        source,
+                        events,
+                        reply,
+                    } => {
+                        let _ = reply.send(self.apply_remote(&source, &events).await);
+                    }
+                    Inbound::ImportUser { import, reply } => {
+                        let _ = reply.send(self.import_user(import).await);
+                    }
+                    Inbound::Barrier { reply } => {
+                        let _ = reply.send(());
+                    }
+                }
             }
             let deliveries = consumer.poll(batch, POLL_WAIT).await?;
             if deliveries.is_empty() {
@@ -137,17 +193,25 @@ impl Processor {
         }
     }
 
-    /// Applies events another cell delivered for users homed here; returns
-    /// how many were new.
+    /// Applies events another cell delivered for users homed here; says
+    /// how many were new and which users do not live here.
     pub async fn apply_remote(
         &mut self,
         source: &str,
         events: &[PeerEvent],
-    ) -> Result<u32, PipelineError> {
+    ) -> Result<Delivered, PipelineError> {
         let mut batch = Batch::default();
+        let mut refused = Vec::new();
         for e in events {
             if let Some(meta) = &e.meta {
                 self.apply_meta(&mut batch, e.conversation_id, meta)?;
+                continue;
+            }
+            if refused.contains(&e.user_id) {
+                continue;
+            }
+            if self.homes.home(e.tenant_id, e.user_id) != Home::Here {
+                refused.push(e.user_id);
                 continue;
             }
             let record = SyncRecord {
@@ -176,7 +240,52 @@ impl Processor {
         }
         let applied = batch.applied;
         self.finish(batch).await?;
-        Ok(applied)
+        Ok(Delivered {
+            applied,
+            refused_users: refused,
+        })
+    }
+
+    /// Stores a copied part of a moving user's home. Dedupe positions that
+    /// counted the source's own events now count them as the source's, and
+    /// this cell's events forwarded there count as local again.
+    async fn import_user(&mut self, import: UserImport) -> Result<(), PipelineError> {
+        let user = import.user;
+        let mut batch = Batch::default();
+        if import.reset {
+            batch.mutation.clear_user(user);
+        }
+        for (pts, record) in &import.events {
+            batch.mutation.put_sync(user, *pts, record);
+        }
+        for item in import.state.iter().flat_map(|s| &s.conversations) {
+            let conversation = item.conversation_id;
+            let mut entry = item.entry.clone().unwrap_or_default();
+            if entry.last_event_source.is_empty() {
+                entry.last_event_source = import.source.clone();
+            } else if entry.last_event_source == self.cell_id {
+                entry.last_event_source.clear();
+            }
+            batch.mutation.put_conv_list(user, conversation, &entry);
+            batch.mutation.set_muted(user, conversation, item.muted);
+            // A conversation this cell holds itself keeps its own record.
+            if let Some(meta) = &item.meta
+                && self.store.conversation(conversation)?.is_none()
+            {
+                self.apply_meta(&mut batch, conversation, meta)?;
+            }
+        }
+        for cursor in import.state.iter().flat_map(|s| &s.cursors) {
+            batch
+                .mutation
+                .raise_device_cursor(user, &cursor.device, cursor.pts);
+        }
+        let result = self.store.commit(batch.mutation).await;
+        self.pts.remove(&user);
+        result?;
+        let pts = self.store.user_pts(user)?;
+        self.hub.notify_pts(user, pts);
+        Ok(())
     }
 
     /// Stores a replicated conversation meta: the record and exactly the
@@ -223,7 +332,12 @@ impl Processor {
 
     /// Commits a batch's effects, then announces them.
     async fn finish(&mut self, mut batch: Batch) -> Result<(), PipelineError> {
-        for (endpoint, events) in std::mem::take(&mut batch.forward) {
+        let replicate = std::mem::take(&mut batch.replicate).into_iter();
+        let forward = std::mem::take(&mut batch.forward).into_iter();
+        let records = replicate
+            .map(|r| (r, false))
+            .chain(forward.map(|r| (r, true)));
+        for ((endpoint, events), by_home) in records {
             let id = self.next_forward;
             self.next_forward += 1;
             batch.mutation.put_forward(
@@ -232,6 +346,7 @@ impl Processor {
                     endpoint,
                     events: events.iter().map(|e| e.encode_to_vec()).collect(),
                     attempts: 0,
+                    by_home,
                 },
             );
             batch.forwarded = true;
@@ -394,22 +509,27 @@ impl Processor {
         };
         let (members, _) = self.store.members(event.conversation_id, 0, usize::MAX)?;
         for endpoint in standbys {
-            batch.forward.entry(endpoint).or_default().push(PeerEvent {
-                event_id: id,
-                tenant_id: event.tenant_id,
-                conversation_id: event.conversation_id,
-                meta: Some(ConversationMeta {
-                    record: Some(record.clone()),
-                    members: members.clone(),
-                }),
-                ..Default::default()
-            });
+            batch
+                .replicate
+                .entry(endpoint)
+                .or_default()
+                .push(PeerEvent {
+                    event_id: id,
+                    tenant_id: event.tenant_id,
+                    conversation_id: event.conversation_id,
+                    meta: Some(ConversationMeta {
+                        record: Some(record.clone()),
+                        members: members.clone(),
+                    }),
+                    ..Default::default()
+                });
         }
         Ok(())
     }
 
     /// Delivers one event to `user`: appended here, or queued for the
-    /// user's home cell (with the message, which lives here).
+    /// user's home cell (with the message, which lives here), or held while
+    /// that home is frozen for a move.
     fn deliver(
         &mut self,
         batch: &mut Batch,
@@ -418,7 +538,16 @@ impl Processor {
         record: &SyncRecord,
         origin: Origin,
     ) -> Result<(), PipelineError> {
-        if let Some(endpoint) = self.homes.remote_home(origin.tenant, user) {
+        let endpoint = match self.homes.home(origin.tenant, user) {
+            // Events queued for the user before their home came here go
+            // first: this one follows them through the queue.
+            Home::Here if self.still_queued(batch, user)? => Some(String::new()),
+            Home::Here => None,
+            Home::Remote(endpoint) => Some(endpoint),
+            Home::Moving => Some(String::new()),
+        };
+        if let Some(endpoint) = endpoint {
+            self.queued_for.insert(user);
             let message = match SyncEventKind::try_from(record.kind) {
                 Ok(SyncEventKind::Message | SyncEventKind::Recall | SyncEventKind::Edit) => self
                     .store
@@ -449,6 +578,24 @@ impl Processor {
             self.maybe_notify(batch, user, record, origin)?;
         }
         Ok(())
+    }
+
+    /// Whether events for `user` wait in the forward queue (this batch's
+    /// included). The queue is scanned at most once per batch, and only for
+    /// a user who had events queued and now lives here.
+    fn still_queued(&mut self, batch: &mut Batch, user: u64) -> Result<bool, PipelineError> {
+        if !self.queued_for.contains(&user) {
+            return Ok(false);
+        }
+        if batch.forward.values().flatten().any(|e| e.user_id == user) {
+            return Ok(true);
+        }
+        if batch.queued.is_none() {
+            let queued = queued_users(&self.store)?;
+            self.queued_for.retain(|u| queued.contains(u));
+            batch.queued = Some(queued);
+        }
+        Ok(batch.queued.as_ref().is_some_and(|q| q.contains(&user)))
     }
 
     /// Appends one event to `user`'s sync queue unless it was applied
@@ -537,5 +684,28 @@ impl Processor {
         );
         batch.notified = true;
         Ok(())
+    }
+}
+
+/// The users whose events wait in the forward queue.
+fn queued_users(store: &Store) -> Result<HashSet<u64>, PipelineError> {
+    let mut users = HashSet::new();
+    let mut after = 0;
+    loop {
+        let page = store.forwards(after, 1_024)?;
+        let Some(&(last, _)) = page.last() else {
+            return Ok(users);
+        };
+        after = last;
+        for (_, record) in page {
+            users.extend(
+                record
+                    .events
+                    .iter()
+                    .filter_map(|e| PeerEvent::decode(e.as_slice()).ok())
+                    .filter(|e| e.meta.is_none())
+                    .map(|e| e.user_id),
+            );
+        }
     }
 }

@@ -156,6 +156,15 @@ pub fn device(user: u64, device: &str) -> Vec<u8> {
     k
 }
 
+/// The key range `[from, to)` of all of `user`'s device cursors.
+pub fn devices_of(user: u64) -> (Vec<u8>, Vec<u8>) {
+    let to = match user.checked_add(1) {
+        Some(next) => next.to_be_bytes().to_vec(),
+        None => vec![0xff; 9],
+    };
+    (user.to_be_bytes().to_vec(), to)
+}
+
 /// The trailing u64 of a key (seq in `messages`/`hidden`, user in `members`).
 pub fn last_u64(key: &[u8]) -> Option<u64> {
     let tail = key.len().checked_sub(8).map(|at| &key[at..])?;

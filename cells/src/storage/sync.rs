@@ -6,7 +6,7 @@ use cellmesh_proto::storage::v1::{ConvListEntry, ForwardRecord, NotificationReco
 use prost::Message as _;
 
 use super::keys::{self, cf};
-use super::{Mutation, Op, Result, Store};
+use super::{Mutation, Op, Result, Store, corrupt};
 
 impl Mutation {
     pub fn put_sync(&mut self, user: u64, pts: u64, record: &SyncRecord) {
@@ -65,6 +65,20 @@ impl Mutation {
             .push(Op::Delete(cf::FORWARD, keys::u64_key(id).to_vec()));
     }
 
+    /// Drops everything stored for `user`'s home here: sync queue,
+    /// conversation list, mute flags and device cursors (before a fresh
+    /// copy of a moving home).
+    pub fn clear_user(&mut self, user: u64) {
+        for name in [cf::SYNC, cf::CONV_LIST, cf::MUTED] {
+            let (from, to) = (keys::pair_key(user, 0), keys::pair_key(user, u64::MAX));
+            self.ops
+                .push(Op::DeleteRange(name, from.to_vec(), to.to_vec()));
+            self.ops.push(Op::Delete(name, to.to_vec()));
+        }
+        let (from, to) = keys::devices_of(user);
+        self.ops.push(Op::DeleteRange(cf::DEVICE_CURSOR, from, to));
+    }
+
     pub fn delete_notification(&mut self, id: u64) {
         self.ops
             .push(Op::Delete(cf::NOTIFY, keys::u64_key(id).to_vec()));
@@ -116,6 +130,20 @@ impl Store {
 
     pub fn device_cursor(&self, user: u64, device: &str) -> Result<u64> {
         self.get_u64(cf::DEVICE_CURSOR, &keys::device(user, device))
+    }
+
+    /// Every device cursor of `user`.
+    pub fn device_cursors(&self, user: u64) -> Result<Vec<(String, u64)>> {
+        let (lower, upper) = keys::devices_of(user);
+        self.range(cf::DEVICE_CURSOR, lower, upper, usize::MAX)?
+            .into_iter()
+            .map(|(k, v)| {
+                let device = String::from_utf8_lossy(&k[8..]).into_owned();
+                let pts =
+                    keys::decode_u64(&v).ok_or_else(|| corrupt(cf::DEVICE_CURSOR, "bad length"))?;
+                Ok((device, pts))
+            })
+            .collect()
     }
 
     /// Pending notifications, oldest first.

@@ -5,6 +5,7 @@
 //! fan-out processor; this module only reads it and pushes.
 
 mod hub;
+pub mod moving;
 pub mod stream;
 
 use std::sync::Arc;
@@ -20,6 +21,7 @@ use crate::clock::Clock;
 use crate::config::CellConfig;
 use crate::convert::{conversation_to_proto, message_to_proto};
 use crate::error::{CellError, Result};
+use crate::homes::Homes;
 use crate::message::{Caller, MessageService};
 use crate::storage::{Mutation, ScanDirection, Store};
 
@@ -41,6 +43,10 @@ pub struct SyncService {
     messages: Arc<MessageService>,
     config: Arc<CellConfig>,
     clock: Arc<dyn Clock>,
+    homes: Arc<dyn Homes>,
+    /// Acks and settings hold the read side from their home check to their
+    /// commit; sealing a moving home takes the write side.
+    user_writes: tokio::sync::RwLock<()>,
 }
 
 impl SyncService {
@@ -50,6 +56,7 @@ impl SyncService {
         messages: Arc<MessageService>,
         config: Arc<CellConfig>,
         clock: Arc<dyn Clock>,
+        homes: Arc<dyn Homes>,
     ) -> Self {
         Self {
             store,
@@ -57,7 +64,14 @@ impl SyncService {
             messages,
             config,
             clock,
+            homes,
+            user_writes: tokio::sync::RwLock::new(()),
         }
+    }
+
+    /// Checks that `caller`'s home is here (see [`Homes::check_home`]).
+    pub fn check_home(&self, caller: &Caller, write: bool) -> Result<()> {
+        self.homes.check_home(caller.tenant, caller.user, write)
     }
 
     pub fn hub(&self) -> &Arc<Hub> {
@@ -65,6 +79,8 @@ impl SyncService {
     }
 
     pub async fn ack(&self, device: Device, pts: u64) -> Result<AckResponse> {
+        let _writing = self.user_writes.read().await;
+        self.check_home(&device.caller, true)?;
         let user = device.caller.user;
         let latest = self.store.user_pts(user)?;
         if pts > latest {
@@ -92,6 +108,7 @@ impl SyncService {
         caller: Caller,
         limit: u32,
     ) -> Result<ListConversationsResponse> {
+        self.check_home(&caller, false)?;
         let limit = match limit {
             0 => DEFAULT_LIST,
             n => (n as usize).min(self.config.limits.max_pull_limit as usize),
@@ -148,6 +165,8 @@ impl SyncService {
     }
 
     pub async fn set_muted(&self, caller: Caller, conversation: u64, muted: bool) -> Result<()> {
+        let _writing = self.user_writes.read().await;
+        self.check_home(&caller, true)?;
         self.messages.check_member(&caller, conversation)?;
         let mut m = Mutation::new();
         m.set_muted(caller.user, conversation, muted);

@@ -19,6 +19,8 @@ use crate::error::Result;
 const PUSH_BUFFER: usize = 256;
 /// Sync events read from storage at a time.
 const READ_PAGE: usize = 256;
+/// How often a live stream checks that its user still lives here.
+const HOME_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
 
 pub type PushResult = std::result::Result<SyncPush, tonic::Status>;
 
@@ -30,6 +32,7 @@ impl SyncService {
         device: Device,
         from_pts: u64,
     ) -> Result<mpsc::Receiver<PushResult>> {
+        self.check_home(&device.caller, false)?;
         let user = device.caller.user;
         let subscription = self.hub.subscribe(user);
         let latest = self.store.user_pts(user)?;
@@ -57,20 +60,25 @@ impl SyncService {
             {
                 return;
             }
-            if let Err(e) = service.stream(user, cursor, subscription.rx, &tx).await {
+            if let Err(e) = service.stream(&device, cursor, subscription.rx, &tx).await {
                 let _ = tx.send(Err(e.into())).await;
             }
         });
         Ok(rx)
     }
 
+    /// Streams until the device goes away; ends with `WRONG_CELL` once the
+    /// user's home has moved to another cell (the device reconnects there
+    /// and goes on from its cursor).
     async fn stream(
         &self,
-        user: u64,
+        device: &Device,
         mut cursor: u64,
         mut wake: broadcast::Receiver<HubEvent>,
         tx: &mpsc::Sender<PushResult>,
     ) -> Result<()> {
+        let user = device.caller.user;
+        let mut home_check = tokio::time::interval(HOME_CHECK);
         loop {
             loop {
                 let page = self.store.sync_after(user, cursor, READ_PAGE)?;
@@ -87,6 +95,7 @@ impl SyncService {
             }
             tokio::select! {
                 _ = tx.closed() => return Ok(()),
+                _ = home_check.tick() => self.check_home(&device.caller, false)?,
                 event = wake.recv() => match event {
                     Ok(HubEvent::Pts(_)) | Err(broadcast::error::RecvError::Lagged(_)) => {}
                     Ok(HubEvent::Push(push)) => {

@@ -1,7 +1,7 @@
 //! Moving everything at once off or onto a cell by live migration:
-//! draining a cell (no new placements, then every tenant and conversation
-//! override it owns moves elsewhere) and failing back what a failover took
-//! from a cell once it is Up again. Both resume when run again: their state
+//! draining a cell (no new placements, then every tenant, conversation and
+//! user-home override it owns moves elsewhere) and failing back what a
+//! failover took from a cell once it is Up again. Both resume when run again: their state
 //! is the route table's.
 
 use cellmesh_proto::v1 as pb;
@@ -11,14 +11,13 @@ use cellmesh_router::table::{CellStatus, Entry, Key, Scope};
 use super::tenant::TenantProgress;
 use super::{MigrationError, Migrator, call};
 
-/// The routes a bulk move covers. User-home overrides are listed but not
-/// moved: user homes have no live migration of their own; they follow
-/// their tenant.
+/// The routes a bulk move covers.
 #[derive(Debug, Default, Clone)]
 pub struct Selection {
     pub tenants: Vec<u64>,
     pub conversations: Vec<(u64, u64)>,
-    pub users: Vec<Key>,
+    /// User-home overrides, as (tenant, user).
+    pub users: Vec<(u64, u64)>,
 }
 
 /// What a bulk move did.
@@ -46,7 +45,7 @@ impl Migrator {
                 match e.key.scope {
                     Scope::Tenant => s.tenants.push(e.key.tenant),
                     Scope::Conversation(c) => s.conversations.push((e.key.tenant, c)),
-                    Scope::User(_) => s.users.push(e.key),
+                    Scope::User(u) => s.users.push((e.key.tenant, u)),
                 }
             }
             s
@@ -82,8 +81,10 @@ impl Migrator {
                 }
             }
         }
-        for &(tenant, conversation) in &selection.conversations {
-            let key = Key::conversation(tenant, conversation);
+        let overrides = (selection.conversations.iter())
+            .map(|&(t, c)| Key::conversation(t, c))
+            .chain(selection.users.iter().map(|&(t, u)| Key::user(t, u)));
+        for key in overrides {
             // A tenant move above may have taken it along already.
             if self
                 .routes
@@ -92,12 +93,20 @@ impl Migrator {
             {
                 continue;
             }
-            match self
-                .migrate_conversation(tenant, conversation, to, |_| {})
-                .await
-            {
-                Ok(_) => {
-                    report.conversations_moved += 1;
+            let moved = match key.scope {
+                Scope::User(user) => self
+                    .migrate_user(key.tenant, user, to, |_| {})
+                    .await
+                    .map(|_| 0),
+                Scope::Conversation(c) => self
+                    .migrate_conversation(key.tenant, c, to, |_| {})
+                    .await
+                    .map(|_| 1),
+                Scope::Tenant => continue,
+            };
+            match moved {
+                Ok(n) => {
+                    report.conversations_moved += n;
                     events(BulkEvent::Moved(key));
                 }
                 Err(e) => {
@@ -111,7 +120,7 @@ impl Migrator {
     }
 
     /// Marks `cell` Draining (nothing new is placed on it) and moves every
-    /// tenant and conversation override it owns to `to`, else its fallback.
+    /// tenant and override it owns to `to`, else its fallback.
     pub async fn drain(
         &self,
         cell: &str,
@@ -148,7 +157,7 @@ impl Migrator {
         Ok(self.move_all(selection, &to, parallel, events).await)
     }
 
-    /// Moves every tenant and conversation a failover took from `cell` back
+    /// Moves every tenant, conversation and user home a failover took from `cell` back
     /// to it; `cell` must be Up again (and its history backfilled, or the
     /// verification of each move refuses it).
     pub async fn failback(

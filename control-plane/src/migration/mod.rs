@@ -12,22 +12,28 @@
 //!    all of it again if older messages were rewritten meanwhile;
 //! 5. switch — route to B with `seq_floor` = A's final seq; A answers WRONG_CELL.
 //!
-//! Cleanup of A's copy after a grace period is not done yet. Whole-tenant
-//! moves are in [`tenant`], draining and failing back a cell in [`bulk`].
+//! The phases themselves are in `protocol`, shared with user-home moves
+//! ([`user`]). Cleanup of A's copy after a grace period is not done yet.
+//! Whole-tenant moves are in [`tenant`], draining and failing back a cell
+//! in [`bulk`].
 
 use std::time::{Duration, Instant};
 
 use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::v1::cell_peer_client::CellPeerClient;
 use cellmesh_proto::v1::update_route::Transition;
-use cellmesh_proto::v1::{CopyRequest, DigestRequest, DigestResponse, MigrationPhase, SealRequest};
+use cellmesh_proto::v1::{CopyRequest, CopyResponse, DigestRequest, DigestResponse, SealRequest};
 use cellmesh_router::client::RouteClient;
 use cellmesh_router::commands::update_route;
 use cellmesh_router::table::{Key, Phase, RouteState};
 use tonic::transport::Channel;
 
 pub mod bulk;
+mod protocol;
 pub mod tenant;
+pub mod user;
+
+use protocol::Subject;
 
 #[derive(Debug, Clone)]
 pub struct MigrationOptions {
@@ -222,33 +228,6 @@ impl Migrator {
         }
     }
 
-    /// Source and target digests of the messages in `(after, through]`.
-    async fn digests(
-        &self,
-        source: &mut Peer,
-        target: &mut Peer,
-        conversation: u64,
-        after: u64,
-        through: u64,
-    ) -> Result<(DigestResponse, DigestResponse), MigrationError> {
-        let digest = DigestRequest {
-            conversation_id: conversation,
-            after_seq: after,
-            through_seq: through,
-        };
-        let a = source
-            .conversation_digest(self.request(digest))
-            .await
-            .map_err(call("source digest"))?
-            .into_inner();
-        let b = target
-            .conversation_digest(self.request(digest))
-            .await
-            .map_err(call("target digest"))?
-            .into_inner();
-        Ok((a, b))
-    }
-
     /// Begins moving `key` (decided by `entry`) to `to`, or picks up a move
     /// to `to` already under way; refuses a key that lives on `to` already
     /// or is moving elsewhere.
@@ -350,174 +329,116 @@ impl Migrator {
         if start.began {
             self.stop_at(StopPoint::Planned)?;
         }
-        let (mut epoch, frozen) = (start.epoch, start.frozen);
-        let (mut source, source_address) = self.peer(&from).await?;
-        let (mut target, _) = self.peer(to).await?;
-        // Copying is idempotent; resume after what the target already has.
-        let mut copied = target
-            .conversation_digest(self.request(DigestRequest {
-                conversation_id: conversation,
-                ..Default::default()
-            }))
-            .await
-            .map_err(call("target digest"))?
-            .into_inner()
-            .latest_seq;
-        let copy = |after: u64| CopyRequest {
-            source_address: source_address.clone(),
-            tenant_id: tenant,
-            conversation_id: conversation,
-            after_seq: after,
-            max_messages: self.options.round_messages,
-            chunk: self.options.chunk,
-            backfill: false,
+        let (source, source_address) = self.peer(&from).await?;
+        let (target, _) = self.peer(to).await?;
+        let mut subject = ConversationMove {
+            migrator: self,
+            tenant,
+            conversation,
+            source,
+            source_address,
+            target,
         };
-        let mut frozen_at = Instant::now();
-        let mut pre: Option<(u64, DigestResponse, bool)> = None;
-        if !frozen {
-            let mut phase = "copy";
-            let mut catch_up_rounds = 0;
-            for round in 0.. {
-                epoch = self
-                    .hold_while_paused(&key, to, epoch, copied, &mut progress)
-                    .await?;
-                let r = target
-                    .copy_conversation(self.request(copy(copied)))
-                    .await
-                    .map_err(call("copy"))?
-                    .into_inner();
-                let throttled = self.options.round_messages > 0
-                    && r.messages >= u64::from(self.options.round_messages);
-                copied = r.copied_through.max(copied);
-                progress(&Progress {
-                    phase,
-                    copied_through: copied,
-                    source_latest: r.source_latest_seq,
-                });
-                if round == 0
-                    && matches!(
-                        entry.state,
-                        RouteState::Active
-                            | RouteState::Migrating {
-                                phase: Phase::Copy,
-                                ..
-                            }
-                    )
-                {
-                    epoch = self
-                        .transition(
-                            &key,
-                            epoch,
-                            Transition::SetPhase(MigrationPhase::CatchUp as i32),
-                        )
-                        .await?;
-                    phase = "catch-up";
-                    self.stop_at(StopPoint::Copied)?;
-                }
-                if r.source_latest_seq.saturating_sub(copied) <= self.options.catch_up_lag {
-                    break;
-                }
-                if !throttled {
-                    catch_up_rounds += 1;
-                    if catch_up_rounds > self.options.max_catch_up_rounds {
-                        break;
-                    }
-                }
-                tokio::time::sleep(self.options.pause).await;
-            }
-            // Verify what is copied while writes still flow; under the
-            // freeze only the final delta is compared then, unless older
-            // messages were rewritten in between.
-            let (a, b) = self
-                .digests(&mut source, &mut target, conversation, 0, copied)
-                .await?;
-            pre = Some((copied, a, (a.count, a.checksum) == (b.count, b.checksum)));
-            epoch = self
-                .hold_while_paused(&key, to, epoch, copied, &mut progress)
-                .await?;
-            frozen_at = Instant::now();
-            epoch = self
-                .transition(&key, epoch, Transition::Freeze(true))
-                .await?;
-            self.stop_at(StopPoint::Frozen)?;
-        }
-        let final_seq = source
-            .seal_conversation(self.request(SealRequest {
-                tenant_id: tenant,
-                conversation_id: conversation,
-                epoch,
-            }))
-            .await
-            .map_err(call("seal the source"))?
-            .into_inner()
-            .latest_seq;
-        while copied < final_seq {
-            let r = target
-                .copy_conversation(self.request(copy(copied)))
-                .await
-                .map_err(call("final copy"))?
-                .into_inner();
-            if r.copied_through <= copied {
-                break;
-            }
-            copied = r.copied_through;
-        }
-        self.stop_at(StopPoint::Sealed)?;
-        progress(&Progress {
-            phase: "verify",
-            copied_through: copied,
-            source_latest: final_seq,
-        });
-        let mut verified = None;
-        if let Some((through, before, true)) = pre {
-            let (a, b) = self
-                .digests(&mut source, &mut target, conversation, through, final_seq)
-                .await?;
-            if a.rewrites == before.rewrites {
-                let sum = |x: &DigestResponse| DigestResponse {
-                    count: before.count + x.count,
-                    checksum: before.checksum.wrapping_add(x.checksum),
-                    ..*x
-                };
-                verified = Some((sum(&a), sum(&b)));
-            }
-        }
-        let (a, b) = match verified {
-            Some(v) => v,
-            None => {
-                self.digests(&mut source, &mut target, conversation, 0, final_seq)
-                    .await?
-            }
-        };
-        if (a.count, a.checksum) != (b.count, b.checksum) {
-            self.transition(&key, epoch, Transition::Cancel(true))
-                .await
-                .ok();
-            return Err(MigrationError::Mismatch {
-                source_count: a.count,
-                source_sum: a.checksum,
-                target_count: b.count,
-                target_sum: b.checksum,
-            });
-        }
-        let switch_epoch = self
-            .transition(&key, epoch, Transition::SwitchFloor(final_seq))
+        let moved = self
+            .run_move(&key, &entry.state, start, &mut subject, to, &mut progress)
             .await?;
-        progress(&Progress {
-            phase: "switched",
-            copied_through: copied,
-            source_latest: final_seq,
-        });
         Ok(MigrationReport {
             tenant,
             conversation,
             from,
             to: to.to_string(),
-            final_seq,
-            messages_verified: a.count,
-            frozen_for: frozen_at.elapsed(),
+            final_seq: moved.final_position,
+            messages_verified: moved.verified,
+            frozen_for: moved.frozen_for,
             total: started.elapsed(),
-            switch_epoch,
+            switch_epoch: moved.switch_epoch,
         })
+    }
+}
+
+/// A conversation's history on the move.
+struct ConversationMove<'a> {
+    migrator: &'a Migrator,
+    tenant: u64,
+    conversation: u64,
+    source: Peer,
+    source_address: String,
+    target: Peer,
+}
+
+impl Subject for ConversationMove<'_> {
+    const EXACT_LATEST: bool = false;
+
+    async fn resume_point(&mut self, _start: &Start) -> Result<u64, MigrationError> {
+        // Copying is idempotent; resume after what the target already has.
+        let digest = DigestRequest {
+            conversation_id: self.conversation,
+            ..Default::default()
+        };
+        Ok(self
+            .target
+            .conversation_digest(self.migrator.request(digest))
+            .await
+            .map_err(call("target digest"))?
+            .into_inner()
+            .latest_seq)
+    }
+
+    async fn copy(&mut self, after: u64) -> Result<CopyResponse, MigrationError> {
+        let options = &self.migrator.options;
+        let copy = CopyRequest {
+            source_address: self.source_address.clone(),
+            tenant_id: self.tenant,
+            conversation_id: self.conversation,
+            after_seq: after,
+            max_messages: options.round_messages,
+            chunk: options.chunk,
+            backfill: false,
+        };
+        Ok(self
+            .target
+            .copy_conversation(self.migrator.request(copy))
+            .await
+            .map_err(call("copy"))?
+            .into_inner())
+    }
+
+    async fn digests(
+        &mut self,
+        after: u64,
+        through: u64,
+    ) -> Result<(DigestResponse, DigestResponse), MigrationError> {
+        let digest = DigestRequest {
+            conversation_id: self.conversation,
+            after_seq: after,
+            through_seq: through,
+        };
+        let m = self.migrator;
+        let a = self.source.conversation_digest(m.request(digest)).await;
+        let b = self.target.conversation_digest(m.request(digest)).await;
+        Ok((
+            a.map_err(call("source digest"))?.into_inner(),
+            b.map_err(call("target digest"))?.into_inner(),
+        ))
+    }
+
+    async fn seal(&mut self, epoch: u64) -> Result<u64, MigrationError> {
+        let seal = SealRequest {
+            tenant_id: self.tenant,
+            conversation_id: self.conversation,
+            epoch,
+            user_id: 0,
+        };
+        Ok(self
+            .source
+            .seal_conversation(self.migrator.request(seal))
+            .await
+            .map_err(call("seal the source"))?
+            .into_inner()
+            .latest_seq)
+    }
+
+    fn switch_floor(&self, final_position: u64) -> u64 {
+        final_position
     }
 }

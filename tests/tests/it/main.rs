@@ -20,3 +20,4 @@ mod router;
 mod send;
 mod sync;
 mod tenant_move;
+mod user_move;

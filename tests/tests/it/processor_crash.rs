@@ -88,6 +88,7 @@ async fn crash_between_apply_and_commit(kafka: Option<&Kafka>) {
             500,
             homes.clone(),
             signals,
+            config.cell_id.clone(),
         )
         .unwrap()
     };

@@ -1,0 +1,191 @@
+//! The cell's part of moving a user's home (DESIGN.md §5, for user keys).
+//! As the source it exports the user's sync queue in checksummed chunks —
+//! each event with its message, which may live only here — and the user's
+//! conversation list, mute flags and device cursors; it seals the home
+//! once the route is frozen (the processor has applied every event it took
+//! before, no ack or setting is in flight) and digests the queue for
+//! verification. The target stores the copy through its processor, keeping
+//! the source's pts, so devices go on from their cursors after the switch.
+
+use std::time::{Duration, Instant};
+
+use cellmesh_proto::storage::v1::SyncRecord;
+use cellmesh_proto::v1::{
+    ConvListItem, ConversationMeta, DeviceCursor, PtsRecord, SyncEventKind, UserChunk, UserState,
+};
+use prost::Message as _;
+use sha2::{Digest, Sha256};
+
+use super::SyncService;
+use crate::convert::message_to_proto;
+use crate::error::{CellError, Result};
+use crate::pipeline::PeerInbound;
+
+/// How long a seal waits for the frozen route and the processor.
+const SEAL_TIMEOUT: Duration = Duration::from_secs(10);
+pub const MAX_EXPORT_CHUNK: usize = 5_000;
+
+/// A sync event's contribution to a user checksum (the embedded message is
+/// left out: the source stores it by reference, the target by value).
+pub fn sync_checksum(pts: u64, r: &SyncRecord) -> u64 {
+    let mut h = Sha256::new();
+    h.update(pts.to_be_bytes());
+    h.update(r.kind.to_be_bytes());
+    h.update(r.conversation_id.to_be_bytes());
+    h.update(r.seq.to_be_bytes());
+    h.update(r.msg_id.to_be_bytes());
+    h.update(r.server_ts_ms.to_be_bytes());
+    for item in &r.items {
+        h.update(item.to_be_bytes());
+    }
+    u64::from_be_bytes(h.finalize()[..8].try_into().expect("8 bytes"))
+}
+
+/// See [`SyncService::digest_user`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UserDigest {
+    pub count: u64,
+    pub checksum: u64,
+    pub latest_pts: u64,
+}
+
+impl SyncService {
+    /// A chunk of `user`'s sync queue after `after_pts`, or with
+    /// `with_state` their conversation list, mute flags, cursors and the
+    /// meta of their conversations (source side).
+    pub fn export_user(
+        &self,
+        user: u64,
+        after_pts: u64,
+        limit: usize,
+        with_state: bool,
+    ) -> Result<UserChunk> {
+        let latest_pts = self.store.user_pts(user)?;
+        if with_state {
+            return Ok(UserChunk {
+                latest_pts,
+                state: Some(self.user_state(user)?),
+                ..Default::default()
+            });
+        }
+        let page = self
+            .store
+            .sync_after(user, after_pts, limit.clamp(1, MAX_EXPORT_CHUNK))?;
+        let mut checksum = 0u64;
+        let mut events = Vec::with_capacity(page.len());
+        for (pts, mut record) in page {
+            checksum = checksum.wrapping_add(sync_checksum(pts, &record));
+            let kind = SyncEventKind::try_from(record.kind).unwrap_or(SyncEventKind::Unspecified);
+            if record.remote_message.is_empty()
+                && matches!(
+                    kind,
+                    SyncEventKind::Message | SyncEventKind::Recall | SyncEventKind::Edit
+                )
+                && let Some(m) = self.store.message(record.conversation_id, record.seq)?
+            {
+                record.remote_message =
+                    message_to_proto(record.conversation_id, record.seq, m).encode_to_vec();
+            }
+            events.push(PtsRecord {
+                pts,
+                record: Some(record),
+            });
+        }
+        Ok(UserChunk {
+            events,
+            latest_pts,
+            checksum,
+            state: None,
+        })
+    }
+
+    fn user_state(&self, user: u64) -> Result<UserState> {
+        let mut conversations = Vec::new();
+        for (id, entry) in self.store.conv_list(user)? {
+            let meta = match self.store.conversation(id)? {
+                Some(record) => Some(ConversationMeta {
+                    record: Some(record),
+                    members: self.store.members(id, 0, usize::MAX)?.0,
+                }),
+                None => None,
+            };
+            conversations.push(ConvListItem {
+                conversation_id: id,
+                entry: Some(entry),
+                muted: self.store.muted(user, id)?,
+                meta,
+            });
+        }
+        let cursors = self
+            .store
+            .device_cursors(user)?
+            .into_iter()
+            .map(|(device, pts)| DeviceCursor { device, pts })
+            .collect();
+        Ok(UserState {
+            conversations,
+            cursors,
+        })
+    }
+
+    /// Count and checksum of `user`'s sync events in `(after, through]`, and
+    /// the latest pts.
+    pub fn digest_user(&self, user: u64, after: u64, through: u64) -> Result<UserDigest> {
+        let (mut count, mut checksum, mut from) = (0u64, 0u64, after);
+        while from < through {
+            let page = self.store.sync_after(user, from, MAX_EXPORT_CHUNK)?;
+            let Some(&(last, _)) = page.last() else { break };
+            for (pts, r) in page.iter().filter(|(p, _)| *p <= through) {
+                count += 1;
+                checksum = checksum.wrapping_add(sync_checksum(*pts, r));
+            }
+            from = last;
+        }
+        Ok(UserDigest {
+            count,
+            checksum,
+            latest_pts: self.store.user_pts(user)?,
+        })
+    }
+
+    /// Once this cell has seen `user`'s home frozen at `epoch`, waits until
+    /// nothing more reaches the user's queue here: the processor took every
+    /// later event as held, and no ack or setting is in flight. Answers the
+    /// final latest pts.
+    pub async fn seal_user(
+        &self,
+        tenant: u64,
+        user: u64,
+        epoch: u64,
+        processor: &PeerInbound,
+    ) -> Result<u64> {
+        let deadline = Instant::now() + SEAL_TIMEOUT;
+        self.messages.await_route_epoch(epoch, deadline).await?;
+        match self.homes.check_home(tenant, user, true) {
+            Err(CellError::RetryLater {
+                reason: "FROZEN", ..
+            }) => {}
+            _ => {
+                return Err(CellError::invalid(
+                    "NOT_FROZEN",
+                    format!("the home of user {user} is not frozen here at epoch {epoch}"),
+                ));
+            }
+        }
+        tokio::time::timeout_at(deadline.into(), processor.barrier())
+            .await
+            .map_err(|_| CellError::RetryLater {
+                reason: "PIPELINE_BUSY",
+                message: "the processor did not reach the seal in time".into(),
+                retry_after: Duration::from_millis(200),
+            })?
+            .map_err(|e| CellError::RetryLater {
+                reason: "PIPELINE_UNAVAILABLE",
+                message: e.to_string(),
+                retry_after: Duration::from_millis(200),
+            })?;
+        // Acks and settings check the home under the read side.
+        drop(self.user_writes.write().await);
+        Ok(self.store.user_pts(user)?)
+    }
+}

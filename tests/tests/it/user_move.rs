@@ -1,0 +1,216 @@
+//! A user's home moving between cells while messages keep arriving for
+//! them: their device, reconnecting through the edge, goes on from its
+//! cursor on the new cell — every acknowledged message exactly once, in
+//! order, pts without a gap, no rebase — the conversation list and cursor
+//! come along, and the old home refuses the user afterwards. The home then
+//! moves back, over the old copy it left behind.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cellmesh_chaos::history::Outcome;
+use cellmesh_control_plane::migration::{MigrationOptions, Migrator};
+use cellmesh_proto::secret::ClusterSecret;
+use cellmesh_proto::status::error_detail;
+use cellmesh_proto::v1::sync_client::SyncClient;
+use cellmesh_proto::v1::*;
+use cellmesh_router::table::{Key, RouteState};
+use cellmesh_tests::deploy::*;
+use cellmesh_tests::router::SECRET;
+
+const SOURCE: &str = "eu-west/c1";
+const TARGET: &str = "us-east/c1";
+const BOB: u64 = 11;
+
+/// What one device saw, across reconnects.
+#[derive(Default)]
+struct Seen {
+    events: Vec<SyncEvent>,
+    rebases: usize,
+    /// Why each stream ended.
+    ends: Vec<String>,
+}
+
+/// Bob's phone: subscribes through the edge and, whenever the stream
+/// ends, subscribes again from the last pts it got.
+async fn device(edge: String, stop: Arc<AtomicBool>, seen: Arc<Mutex<Seen>>) {
+    let bob = token(1, BOB);
+    let mut sync = SyncClient::connect(edge).await.unwrap();
+    while !stop.load(Ordering::Relaxed) {
+        let from_pts = seen.lock().unwrap().events.last().map_or(0, |e| e.pts);
+        let request = SubscribeRequest {
+            caller: None,
+            from_pts,
+        };
+        let mut stream = match sync.subscribe(authed(request, &bob)).await {
+            Ok(s) => s.into_inner(),
+            Err(e) => {
+                seen.lock().unwrap().ends.push(format!("subscribe: {e}"));
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        loop {
+            let next = tokio::time::timeout(Duration::from_millis(200), stream.message()).await;
+            if stop.load(Ordering::Relaxed) {
+                return;
+            }
+            match next {
+                Err(_) => continue,
+                Ok(Ok(Some(push))) => {
+                    let mut seen = seen.lock().unwrap();
+                    match push.push {
+                        Some(sync_push::Push::Event(e)) => seen.events.push(e),
+                        Some(sync_push::Push::Rebase(_)) => seen.rebases += 1,
+                        _ => {}
+                    }
+                }
+                Ok(Ok(None)) => break,
+                Ok(Err(status)) => {
+                    let d = error_detail(&status);
+                    seen.lock().unwrap().ends.push(d.reason);
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// `values` is 1, 2, 3, ... (else: where it first is not).
+fn assert_counts_up(values: &[u64], what: &str) {
+    if let Some(at) = (0..values.len()).find(|&i| values[i] != i as u64 + 1) {
+        let around = &values[at.saturating_sub(3)..(at + 4).min(values.len())];
+        panic!("{what} lost, repeated or reordered at #{at}: ...{around:?}...");
+    }
+}
+
+async fn move_home(routes: &cellmesh_router::client::RouteClient, to: &str) -> u64 {
+    let migrator = Migrator::new(
+        routes.clone(),
+        ClusterSecret::new(SECRET),
+        MigrationOptions::default(),
+    );
+    let report = migrator
+        .migrate_user(1, BOB, to, |p| {
+            println!(
+                "move to {to}: {} {}/{}",
+                p.phase, p.copied_through, p.source_latest
+            )
+        })
+        .await
+        .unwrap();
+    println!(
+        "home of user {BOB} moved {} -> {}: {} events verified, frozen {} ms, total {} ms",
+        report.from,
+        report.to,
+        report.events_verified,
+        report.frozen_for.as_millis(),
+        report.total.as_millis()
+    );
+    report.final_pts
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_home_moves_under_load_and_the_device_goes_on_from_its_cursor() {
+    let d = deploy(None).await;
+    let alice = token(1, 10);
+    let mut m = messaging(&d.edge).await;
+    let conversation = create_via_edge(&mut m, &alice, vec![BOB]).await;
+    for i in 0..50 {
+        m.send(authed(text(conversation, &format!("seed-{i}")), &alice))
+            .await
+            .unwrap();
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let phone = tokio::spawn(device(d.edge.endpoint(), stop.clone(), seen.clone()));
+    let senders = Senders::start(&d.edge, conversation, &[10]);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let routes = d.cluster.client().await;
+    let moved_at = move_home(&routes, TARGET).await;
+    let entry = routes
+        .read(|t| t.entry(&Key::user(1, BOB)).cloned())
+        .unwrap();
+    assert_eq!(
+        (entry.cell.as_str(), &entry.state),
+        (TARGET, &RouteState::Active)
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let back_at = move_home(&routes, SOURCE).await;
+    let ops = senders.finish(Duration::from_millis(800)).await;
+
+    // Everything acknowledged reaches the phone.
+    let acked: Vec<u64> = ops
+        .iter()
+        .filter_map(|op| match op.outcome {
+            Outcome::Ok { seq, .. } => Some(seq),
+            _ => None,
+        })
+        .collect();
+    let last_acked = *acked.iter().max().unwrap();
+    let arrived = cellmesh_tests::eventually(Duration::from_secs(20), || {
+        let seen = seen.clone();
+        async move {
+            let seen = seen.lock().unwrap();
+            cellmesh_tests::sync::message_seqs(&seen.events).last() == Some(&last_acked)
+        }
+    })
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    phone.await.unwrap();
+    let seen = std::mem::take(&mut *seen.lock().unwrap());
+    assert!(arrived, "the phone did not get seq {last_acked}");
+    assert_eq!(seen.rebases, 0, "the device had to rebase");
+    let pts: Vec<u64> = seen.events.iter().map(|e| e.pts).collect();
+    assert_counts_up(&pts, "pts");
+    let seqs = cellmesh_tests::sync::message_seqs(&seen.events);
+    assert_counts_up(&seqs, "message seqs");
+    assert_eq!(seqs.len() as u64, last_acked);
+    for seq in &acked {
+        assert!(seqs.contains(seq), "acked seq {seq} never arrived");
+    }
+    assert!(
+        seen.ends.iter().any(|r| r == "NOT_OWNER"),
+        "the old home never told the device to move: {:?}",
+        seen.ends
+    );
+    println!(
+        "{} messages acked, {} sync events in order across 2 moves (switched at pts {moved_at} and {back_at}); streams ended: {:?}",
+        acked.len(),
+        pts.len(),
+        seen.ends
+    );
+
+    // Bob's conversation list and cursor live on the home he is back at.
+    let mut sync = SyncClient::connect(d.edge.endpoint()).await.unwrap();
+    let bob = token(1, BOB);
+    let list = sync
+        .list_conversations(authed(ListConversationsRequest::default(), &bob))
+        .await
+        .unwrap()
+        .into_inner();
+    let summary = list
+        .conversations
+        .iter()
+        .find(|s| s.conversation.as_ref().map(|c| c.conversation_id) == Some(conversation))
+        .expect("the conversation is in Bob's list");
+    assert_eq!(summary.unread, last_acked);
+    let last_pts = *pts.last().unwrap();
+    let ack = |pts| AckRequest { caller: None, pts };
+    let acked_cursor = sync.ack(authed(ack(last_pts), &bob)).await.unwrap();
+    assert_eq!(acked_cursor.into_inner().cursor, last_pts);
+
+    // The cell Bob left refuses his sync writes.
+    let mut away = SyncClient::connect(d.cells[1].endpoint.clone())
+        .await
+        .unwrap();
+    let mut r = tonic::Request::new(AckRequest {
+        caller: cellmesh_tests::sync::device(1, BOB, "phone"),
+        pts: 1,
+    });
+    ClusterSecret::new(SECRET).attach(&mut r);
+    let e = away.ack(r).await.unwrap_err();
+    assert_eq!(error_detail(&e).code, ErrorCode::WrongCell as i32);
+}
