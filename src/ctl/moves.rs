@@ -25,8 +25,8 @@ fn tenant_progress(tenant: u64) -> impl FnMut(&TenantProgress) {
             shown = pct;
             let bar = "#".repeat(pct as usize / 5) + &".".repeat(20 - pct as usize / 5);
             println!(
-                "tenant {tenant} {:<13} [{bar}] {}/{} conversations, {} messages",
-                p.phase, p.moved, p.conversations, p.messages
+                "tenant {tenant} {:<13} [{bar}] {}/{} conversations, {} messages, {} user homes",
+                p.phase, p.moved, p.conversations, p.messages, p.users_moved
             );
         }
     }
@@ -50,6 +50,7 @@ pub async fn migrate_tenant(
             json!({"tenant": tenant, "from": report.from, "to": report.to,
                 "conversations_moved": report.conversations_moved,
                 "messages_moved": report.messages_moved,
+                "users_moved": report.users_moved,
                 "max_freeze_ms": report.max_freeze.as_millis() as u64,
                 "overrides_removed": report.overrides_removed,
                 "total_ms": report.total.as_millis() as u64,
@@ -57,11 +58,12 @@ pub async fn migrate_tenant(
         );
     } else {
         println!(
-            "tenant {tenant} moved {} -> {}: {} conversations, {} messages, longest freeze {} ms, total {} ms",
+            "tenant {tenant} moved {} -> {}: {} conversations, {} messages, {} user homes, longest freeze {} ms, total {} ms",
             report.from,
             report.to,
             report.conversations_moved,
             report.messages_moved,
+            report.users_moved,
             report.max_freeze.as_millis(),
             report.total.as_millis()
         );

@@ -269,6 +269,17 @@ impl CellPeer for PeerApi {
         }))
     }
 
+    async fn tenant_users(
+        &self,
+        request: Request<TenantConversationsRequest>,
+    ) -> Result<Response<TenantUsersResponse>, Status> {
+        let r = request.into_inner();
+        let (user_ids, has_more) =
+            self.service
+                .tenant_users(r.tenant_id, r.after_id, r.limit as usize)?;
+        Ok(Response::new(TenantUsersResponse { user_ids, has_more }))
+    }
+
     async fn stats(&self, _request: Request<StatsRequest>) -> Result<Response<CellStats>, Status> {
         let (uptime_ms, sends, queue_lag, route_index) = self.service.stats()?;
         Ok(Response::new(CellStats {

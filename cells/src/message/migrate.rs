@@ -202,6 +202,25 @@ impl MessageService {
         }
     }
 
+    /// Ids above `after` of the members of `tenant`'s conversations stored
+    /// here, at most `limit`, and whether more follow.
+    pub fn tenant_users(&self, tenant: u64, after: u64, limit: usize) -> Result<(Vec<u64>, bool)> {
+        let mut users = std::collections::BTreeSet::new();
+        let mut cursor = 0;
+        loop {
+            let page = self.store.conversations_after(cursor, 1_000)?;
+            let Some(&(last, _)) = page.last() else { break };
+            for (id, _) in page.iter().filter(|(_, r)| r.tenant_id == tenant) {
+                let (members, _) = self.store.members(*id, after, usize::MAX)?;
+                users.extend(members);
+            }
+            cursor = last;
+        }
+        let limit = limit.clamp(1, 100_000);
+        let has_more = users.len() > limit;
+        Ok((users.into_iter().take(limit).collect(), has_more))
+    }
+
     /// Count and checksum of the messages in `(after_seq, through_seq]`
     /// (checksums add up, so ranges compose), the latest seq and how many
     /// rewrites the conversation has seen.

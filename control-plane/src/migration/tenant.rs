@@ -5,8 +5,10 @@
 //! protocol of [`super`]. Then the tenant entry freezes, A is asked for its
 //! conversations once more — after it has seen the freeze and no creation
 //! it checked before is in flight — the stragglers move, and only then does
-//! the tenant entry switch to B. Conversation overrides that now agree with
-//! the tenant are dropped. Every step is in the route table: running the
+//! the tenant entry switch to B. The homes of the tenant's users (the
+//! members of its conversations) move the same way, each through the
+//! user-home protocol, after the conversations and again for members who
+//! joined meanwhile. Overrides that now agree with the tenant are dropped. Every step is in the route table: running the
 //! move again resumes it.
 
 use std::time::{Duration, Instant};
@@ -26,6 +28,8 @@ pub struct TenantProgress {
     pub conversations: u64,
     pub moved: u64,
     pub messages: u64,
+    /// User homes moved so far.
+    pub users_moved: u64,
     /// The longest freeze of one conversation so far.
     pub max_freeze: Duration,
 }
@@ -46,7 +50,8 @@ pub struct TenantMoveReport {
     pub to: String,
     pub conversations_moved: u64,
     pub messages_moved: u64,
-    /// The longest freeze of one conversation.
+    pub users_moved: u64,
+    /// The longest freeze of one conversation or user home.
     pub max_freeze: Duration,
     /// Overrides dropped once the tenant pointed at the target.
     pub overrides_removed: u64,
@@ -89,6 +94,9 @@ impl Migrator {
                 .await?;
             self.move_conversations(&plan, 0, &mut state, &mut progress)
                 .await?;
+            state.phase = "user homes";
+            self.move_users(&plan, &[&from], &mut state, &mut progress)
+                .await?;
             epoch = self
                 .hold_while_paused(&key, to, epoch, 0, &mut |_| {})
                 .await?;
@@ -99,6 +107,9 @@ impl Migrator {
         // Conversations A created before it saw the tenant move.
         state.phase = "stragglers";
         self.move_conversations(&plan, epoch, &mut state, &mut progress)
+            .await?;
+        // Members who joined during the move, on either cell.
+        self.move_users(&plan, &[&from, to], &mut state, &mut progress)
             .await?;
         let switch_epoch = self
             .transition(&key, epoch, Transition::SwitchFloor(0))
@@ -112,6 +123,7 @@ impl Migrator {
             to: to.to_string(),
             conversations_moved: state.moved,
             messages_moved: state.messages,
+            users_moved: state.users_moved,
             max_freeze: state.max_freeze,
             overrides_removed,
             total: started.elapsed(),
@@ -191,14 +203,81 @@ impl Migrator {
         }
     }
 
-    /// Removes the conversation overrides of `tenant` that agree with its
-    /// route on `to` and carry no failover floor; how many.
+    /// Moves the homes of the tenant's users that still live on the source
+    /// by the tenant's entry or their own: the members of the tenant's
+    /// conversations on `cells`.
+    async fn move_users(
+        &self,
+        plan: &Plan<'_>,
+        cells: &[&str],
+        state: &mut TenantProgress,
+        progress: &mut impl FnMut(&TenantProgress),
+    ) -> Result<(), MigrationError> {
+        let Plan {
+            tenant,
+            from,
+            to,
+            parallel,
+        } = *plan;
+        let mut users = std::collections::BTreeSet::new();
+        for cell in cells {
+            let (mut peer, _) = self.peer(cell).await?;
+            let mut after = 0;
+            loop {
+                let page = peer
+                    .tenant_users(self.request(TenantConversationsRequest {
+                        tenant_id: tenant,
+                        after_id: after,
+                        limit: 100_000,
+                        epoch: 0,
+                    }))
+                    .await
+                    .map_err(call("list the tenant's users"))?
+                    .into_inner();
+                after = page.user_ids.last().copied().unwrap_or(after);
+                users.extend(page.user_ids);
+                if !page.has_more {
+                    break;
+                }
+            }
+        }
+        let users: Vec<u64> = self.routes.read(|t| {
+            users
+                .into_iter()
+                .filter(|&u| {
+                    t.effective(&Key::user(tenant, u))
+                        .is_some_and(|e| e.cell == from)
+                })
+                .collect()
+        });
+        let mut moves = futures::stream::iter(users)
+            .map(|u| self.migrate_user(tenant, u, to, |_| {}))
+            .buffer_unordered(parallel.max(1));
+        let mut first_error = None;
+        while let Some(result) = moves.next().await {
+            match result {
+                Ok(report) => {
+                    state.users_moved += 1;
+                    state.max_freeze = state.max_freeze.max(report.frozen_for);
+                    progress(state);
+                }
+                Err(e) => {
+                    tracing::warn!(tenant, error = %e, "a user home of the tenant did not move");
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Removes the conversation and user-home overrides of `tenant` that
+    /// agree with its route on `to` and carry no failover floor; how many.
     async fn drop_agreeing_overrides(&self, tenant: u64, to: &str) -> u64 {
         let agreeing: Vec<(Key, u64)> = self.routes.read(|t| {
             t.routes
                 .range(Key::conversation(tenant, 0)..=Key::user(tenant, u64::MAX))
                 .filter(|(k, e)| {
-                    matches!(k.scope, Scope::Conversation(_))
+                    k.scope != Scope::Tenant
                         && e.cell == to
                         && e.state == RouteState::Active
                         && e.floor_margin == 0

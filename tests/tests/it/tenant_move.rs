@@ -113,9 +113,10 @@ async fn a_tenant_of_1000_conversations_moves_under_load_with_its_entry_last() {
         .await
         .expect("tenant move succeeds");
     println!(
-        "moved {} conversations ({} messages) in {} ms, longest freeze {} ms, {} overrides dropped",
+        "moved {} conversations ({} messages) and {} user homes in {} ms, longest freeze {} ms, {} overrides dropped",
         report.conversations_moved,
         report.messages_moved,
+        report.users_moved,
         report.total.as_millis(),
         report.max_freeze.as_millis(),
         report.overrides_removed
@@ -129,6 +130,21 @@ async fn a_tenant_of_1000_conversations_moves_under_load_with_its_entry_last() {
     recorder.abort();
     assert_eq!((report.from.as_str(), report.to.as_str()), (SOURCE, TARGET));
     assert!(report.conversations_moved >= CONVERSATIONS as u64);
+    // The members' homes came along, sync queues included (12 joined
+    // conversations created on the target during the move): the target
+    // holds everything the source had for them, and nothing overrides the
+    // tenant's route for them any more.
+    assert_eq!(report.users_moved, 3);
+    for user in [10, 11, 12] {
+        let pts =
+            |cell: &cellmesh_tests::TestCell| cell.cell.service.store().user_pts(user).unwrap();
+        let (source, target) = (pts(&d.cells[0]), pts(&d.cells[1]));
+        assert!(
+            target >= source && target > 0,
+            "user {user}: source pts {source}, target {target}"
+        );
+        assert!(routes.read(|t| t.entry(&Key::user(1, user)).is_none()));
+    }
     assert!(
         !created.is_empty(),
         "conversations were created during the move"
