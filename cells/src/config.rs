@@ -62,6 +62,11 @@ pub struct RoutingConfig {
     /// Another cell's address → the address this cell dials instead (a
     /// proxy on the path to another region).
     pub links: std::collections::BTreeMap<String, String>,
+    /// How long this cell keeps its copy of a conversation or user home
+    /// that moved to another cell, counted from the move's seal (0: keep
+    /// it). The copy serves nothing (the cell answers `WRONG_CELL`); it is
+    /// there to roll back by hand.
+    pub cleanup_grace_secs: u64,
 }
 
 impl Default for RoutingConfig {
@@ -75,6 +80,7 @@ impl Default for RoutingConfig {
             etcd_endpoints: Vec::new(),
             lease_ttl_ms: 3000,
             links: Default::default(),
+            cleanup_grace_secs: 86_400,
         }
     }
 }

@@ -281,6 +281,11 @@ pub async fn start_placed(
     );
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let maintenance = tokio::spawn(maintain(service.clone(), hub.clone(), clock));
+    let cleanup = tokio::spawn(clean_moved(
+        service.clone(),
+        sync.clone(),
+        Duration::from_secs(config.routing.cleanup_grace_secs),
+    ));
     let task = tokio::spawn(async move {
         let served = tonic::transport::Server::builder()
             .add_service(standard.health)
@@ -295,6 +300,7 @@ pub async fn start_placed(
             })
             .await;
         maintenance.abort();
+        cleanup.abort();
         for worker in workers {
             worker.abort();
             let _ = worker.await;
@@ -401,6 +407,25 @@ async fn maintain(service: Arc<MessageService>, hub: Arc<Hub>, clock: Arc<dyn Cl
         tick.tick().await;
         service.maintain();
         hub.prune(clock.now_ms());
+    }
+}
+
+/// Drops this cell's copies of what moved away, once `grace` has passed
+/// (0: keep them).
+async fn clean_moved(service: Arc<MessageService>, sync: Arc<SyncService>, grace: Duration) {
+    if grace.is_zero() {
+        return;
+    }
+    let mut tick =
+        tokio::time::interval((grace / 4).clamp(Duration::from_secs(1), Duration::from_secs(60)));
+    loop {
+        tick.tick().await;
+        if let Err(e) = service.clean_moved(grace).await {
+            tracing::warn!(error = %e, "cleaning up moved conversations failed");
+        }
+        if let Err(e) = sync.clean_moved_users(grace).await {
+            tracing::warn!(error = %e, "cleaning up moved user homes failed");
+        }
     }
 }
 

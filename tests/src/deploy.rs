@@ -39,12 +39,21 @@ pub struct Deployment {
 }
 
 pub async fn deploy(edge_router_latency: Option<Duration>) -> Deployment {
+    deploy_with(edge_router_latency, |_| {}).await
+}
+
+/// [`deploy`] with both cells' configs adjusted by `tweak`.
+pub async fn deploy_with(
+    edge_router_latency: Option<Duration>,
+    tweak: impl Fn(&mut cellmesh_cell::CellConfig),
+) -> Deployment {
     let cluster = RouterCluster::start(1, |_| {}).await;
     let routers = cluster.endpoints();
-    let cells = vec![
-        TestCell::start_routed("eu-west/c1", routers.clone()).await,
-        TestCell::start_routed("us-east/c1", routers.clone()).await,
-    ];
+    let mut cells = Vec::new();
+    for id in ["eu-west/c1", "us-east/c1"] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        cells.push(TestCell::start_routed_with(id, routers.clone(), dir, &tweak).await);
+    }
     let client = cluster.client().await;
     client
         .apply(assign_tenant(1, "eu-west/c1", 0))

@@ -159,6 +159,7 @@ impl MessageService {
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
+        self.mark_sealed(tenant, conversation).await?;
         Ok(latest)
     }
 

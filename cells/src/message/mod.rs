@@ -6,6 +6,7 @@
 //! `update` (recall, edit, delete-for-me, read state).
 
 mod cache;
+pub(crate) mod cleanup;
 mod conversation;
 mod inflight;
 mod migrate;

@@ -77,6 +77,13 @@ pub mod meta {
         [b"backfilled/".as_slice(), &conversation.to_be_bytes()].concat()
     }
 
+    /// A conversation (`b'c'`) or user home (`b'u'`) this cell handed over
+    /// by a move: the value is the tenant and when the source was sealed
+    /// (ms), for cleanup after the grace period.
+    pub fn moved(kind: u8, id: u64) -> Vec<u8> {
+        [b"moved/".as_slice(), &[kind], &id.to_be_bytes()].concat()
+    }
+
     /// How many times existing messages of a conversation were rewritten
     /// (recall, edit): a migration re-verifies old history only if it moved.
     pub fn rewrites(conversation: u64) -> Vec<u8> {
@@ -156,13 +163,18 @@ pub fn device(user: u64, device: &str) -> Vec<u8> {
     k
 }
 
-/// The key range `[from, to)` of all of `user`'s device cursors.
-pub fn devices_of(user: u64) -> (Vec<u8>, Vec<u8>) {
-    let to = match user.checked_add(1) {
+/// The key range `[from, to)` of every key that starts with `id`.
+pub fn prefixed_by(id: u64) -> (Vec<u8>, Vec<u8>) {
+    let to = match id.checked_add(1) {
         Some(next) => next.to_be_bytes().to_vec(),
         None => vec![0xff; 9],
     };
-    (user.to_be_bytes().to_vec(), to)
+    (id.to_be_bytes().to_vec(), to)
+}
+
+/// The key range `[from, to)` of all of `user`'s device cursors.
+pub fn devices_of(user: u64) -> (Vec<u8>, Vec<u8>) {
+    prefixed_by(user)
 }
 
 /// The trailing u64 of a key (seq in `messages`/`hidden`, user in `members`).

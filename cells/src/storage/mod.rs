@@ -5,6 +5,7 @@
 
 mod commit;
 pub mod keys;
+pub mod moved;
 mod options;
 mod queue;
 mod scan;

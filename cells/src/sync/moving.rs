@@ -6,6 +6,7 @@
 //! before, no ack or setting is in flight) and digests the queue for
 //! verification. The target stores the copy through its processor, keeping
 //! the source's pts, so devices go on from their cursors after the switch.
+//! The source drops its copy once the grace period after the move is over.
 
 use std::time::{Duration, Instant};
 
@@ -19,7 +20,10 @@ use sha2::{Digest, Sha256};
 use super::SyncService;
 use crate::convert::message_to_proto;
 use crate::error::{CellError, Result};
+use crate::message::cleanup::{Handed, verdict};
 use crate::pipeline::PeerInbound;
+use crate::storage::Mutation;
+use crate::storage::moved::{self, Moved};
 
 /// How long a seal waits for the frozen route and the processor.
 const SEAL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -186,6 +190,44 @@ impl SyncService {
             })?;
         // Acks and settings check the home under the read side.
         drop(self.user_writes.write().await);
+        let mut m = Mutation::new();
+        let sealed_at_ms = self.clock.now_ms();
+        m.mark_moved(
+            moved::USER,
+            Moved {
+                id: user,
+                tenant,
+                sealed_at_ms,
+            },
+        );
+        self.store.commit(m).await?;
         Ok(self.store.user_pts(user)?)
+    }
+
+    /// Drops the sync state of users whose home has been elsewhere for
+    /// `grace`; how many.
+    pub async fn clean_moved_users(&self, grace: Duration) -> Result<u64> {
+        let now = self.clock.now_ms();
+        let mut dropped = 0;
+        for moved in self.store.moved(moved::USER)? {
+            let handed = Handed::of(self.homes.check_home(moved.tenant, moved.id, true));
+            let Some(drop) = verdict(handed, &moved, now, grace) else {
+                continue;
+            };
+            let mut m = Mutation::new();
+            if drop {
+                m.clear_user(moved.id);
+                dropped += 1;
+            }
+            m.unmark_moved(moved::USER, moved.id);
+            self.store.commit(m).await?;
+        }
+        if dropped > 0 {
+            tracing::info!(
+                dropped,
+                "dropped the sync state of users whose home moved away"
+            );
+        }
+        Ok(dropped)
     }
 }

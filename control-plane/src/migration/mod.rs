@@ -10,12 +10,13 @@
 //!    seq it assigned is durable and no recall or edit is in flight; B pulls
 //!    the final delta, and only that delta is verified under the freeze —
 //!    all of it again if older messages were rewritten meanwhile;
-//! 5. switch — route to B with `seq_floor` = A's final seq; A answers WRONG_CELL.
+//! 5. switch — route to B with `seq_floor` = A's final seq; A answers WRONG_CELL;
+//! 6. cleanup — after the grace period A drops its copy of the history.
 //!
 //! The phases themselves are in `protocol`, shared with user-home moves
-//! ([`user`]). Cleanup of A's copy after a grace period is not done yet.
-//! Whole-tenant moves are in [`tenant`], draining and failing back a cell
-//! in [`bulk`].
+//! ([`user`]). A drops its copy itself once `routing.cleanup_grace_secs`
+//! have passed since the seal. Whole-tenant moves are in [`tenant`],
+//! draining and failing back a cell in [`bulk`].
 
 use std::time::{Duration, Instant};
 

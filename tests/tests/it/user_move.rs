@@ -214,3 +214,57 @@ async fn a_user_home_moves_under_load_and_the_device_goes_on_from_its_cursor() {
     let e = away.ack(r).await.unwrap_err();
     assert_eq!(error_detail(&e).code, ErrorCode::WrongCell as i32);
 }
+
+/// The source of a conversation move and of a user-home move drops its copy
+/// once the grace period is over; the new owner serves everything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn moved_copies_are_dropped_after_the_grace_period() {
+    let d = deploy_with(None, |c| c.routing.cleanup_grace_secs = 1).await;
+    let alice = token(1, 10);
+    let mut m = messaging(&d.edge).await;
+    let conversation = create_via_edge(&mut m, &alice, vec![BOB]).await;
+    for i in 0..20 {
+        m.send(authed(text(conversation, &format!("m-{i}")), &alice))
+            .await
+            .unwrap();
+    }
+    let source = d.cells[0].cell.service.store().clone();
+    let target = d.cells[1].cell.service.store().clone();
+    let has_history = |store: &cellmesh_cell::storage::Store| {
+        !store.messages_after(conversation, 0, 1).unwrap().is_empty()
+    };
+    let has_queue = |store: &cellmesh_cell::storage::Store| store.user_pts(BOB).unwrap() > 0;
+    assert!(
+        cellmesh_tests::eventually(Duration::from_secs(10), || {
+            let source = source.clone();
+            async move { source.user_pts(BOB).unwrap() >= 21 }
+        })
+        .await
+    );
+    let pts = source.user_pts(BOB).unwrap();
+
+    let routes = d.cluster.client().await;
+    let migrator = Migrator::new(
+        routes.clone(),
+        ClusterSecret::new(SECRET),
+        MigrationOptions::default(),
+    );
+    migrator
+        .migrate_conversation(1, conversation, TARGET, |_| {})
+        .await
+        .unwrap();
+    move_home(&routes, TARGET).await;
+    // Both copies are still there right after the moves...
+    assert!(has_history(&source) && has_queue(&source));
+    // ...and gone once the grace period is over.
+    let dropped = cellmesh_tests::eventually(Duration::from_secs(10), || {
+        let source = source.clone();
+        async move { !has_history(&source) && !has_queue(&source) }
+    })
+    .await;
+    assert!(dropped, "the source kept its copies past the grace period");
+    assert!(has_history(&target));
+    assert_eq!(target.user_pts(BOB).unwrap(), pts);
+    let history = history_via_edge(&mut m, &alice, conversation).await;
+    assert_eq!(history.len(), 20);
+}
