@@ -124,6 +124,7 @@ pub async fn run(args: PushArgs) -> anyhow::Result<()> {
                 device_id: format!("bench-{user}"),
             }),
             from_pts: 0,
+            queue_id: 0,
         };
         let stream = sync
             .subscribe(authed(dev.as_deref(), user, request))

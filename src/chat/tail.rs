@@ -29,6 +29,7 @@ pub async fn run(
         .subscribe(SubscribeRequest {
             caller: device(tenant, user, &name),
             from_pts: from,
+            queue_id: 0,
         })
         .await
         .map_err(call_error)?
@@ -48,6 +49,7 @@ pub async fn run(
                 sync.ack(AckRequest {
                     caller: device(tenant, user, &name),
                     pts: e.pts,
+                    queue_id: e.queue_id,
                 })
                 .await
                 .map_err(call_error)?;

@@ -349,6 +349,7 @@ pub mod sync {
         sync.subscribe(SubscribeRequest {
             caller: device(tenant, user, name),
             from_pts,
+            queue_id: 0,
         })
         .await
         .expect("subscribe")

@@ -29,14 +29,18 @@ impl Sync for SyncApi {
 
     async fn subscribe(&self, request: Request<SubscribeRequest>) -> Reply<Self::SubscribeStream> {
         let r = request.into_inner();
-        let rx = self.service.subscribe(device(r.caller)?, r.from_pts)?;
+        let rx = self
+            .service
+            .subscribe(device(r.caller)?, r.from_pts, r.queue_id)?;
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 
     async fn ack(&self, request: Request<AckRequest>) -> Reply<AckResponse> {
         let r = request.into_inner();
         Ok(Response::new(
-            self.service.ack(device(r.caller)?, r.pts).await?,
+            self.service
+                .ack(device(r.caller)?, r.pts, r.queue_id)
+                .await?,
         ))
     }
 

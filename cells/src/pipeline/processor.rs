@@ -280,6 +280,9 @@ impl Processor {
                 .mutation
                 .raise_device_cursor(user, &cursor.device, cursor.pts);
         }
+        if let Some(state) = import.state.as_ref().filter(|s| s.queue_id != 0) {
+            batch.mutation.set_queue_id(user, state.queue_id);
+        }
         let result = self.store.commit(batch.mutation).await;
         self.pts.remove(&user);
         result?;
@@ -643,12 +646,16 @@ impl Processor {
         Ok(true)
     }
 
-    fn latest_pts(&mut self, batch: &Batch, user: u64) -> Result<u64, PipelineError> {
+    fn latest_pts(&mut self, batch: &mut Batch, user: u64) -> Result<u64, PipelineError> {
         if let Some(pts) = batch.pts.get(&user) {
             return Ok(*pts);
         }
         if let Some(pts) = self.pts.get(&user) {
             return Ok(*pts);
+        }
+        // A queue gets its identity with its first event here.
+        if self.store.queue_id(user)? == 0 {
+            batch.mutation.set_queue_id(user, new_queue_id());
         }
         let pts = self.store.user_pts(user)?;
         self.pts.insert(user, pts);
@@ -685,6 +692,11 @@ impl Processor {
         batch.notified = true;
         Ok(())
     }
+}
+
+/// A fresh, non-zero queue identity.
+fn new_queue_id() -> u64 {
+    rand::random::<u64>().max(1)
 }
 
 /// The users whose events wait in the forward queue.

@@ -38,8 +38,10 @@ pub mod cf {
     pub const NOTIFY: &str = "notify";
     /// forward id → `ForwardRecord`: events for users homed in other cells
     pub const FORWARD: &str = "forward";
+    /// user → the identity (u64) of their sync queue here: pts count in it
+    pub const QUEUE_ID: &str = "queue_id";
 
-    pub const ALL: [&str; 17] = [
+    pub const ALL: [&str; 18] = [
         CONVERSATIONS,
         CONV_SEQ,
         MEMBERS,
@@ -57,6 +59,7 @@ pub mod cf {
         DEVICE_CURSOR,
         NOTIFY,
         FORWARD,
+        QUEUE_ID,
     ];
 }
 

@@ -77,6 +77,13 @@ impl Mutation {
         }
         let (from, to) = keys::devices_of(user);
         self.ops.push(Op::DeleteRange(cf::DEVICE_CURSOR, from, to));
+        self.ops
+            .push(Op::Delete(cf::QUEUE_ID, keys::u64_key(user).to_vec()));
+    }
+
+    /// Names `user`'s sync queue here (see [`Store::queue_id`]).
+    pub fn set_queue_id(&mut self, user: u64, id: u64) {
+        self.put(cf::QUEUE_ID, keys::u64_key(user), id.to_be_bytes().to_vec());
     }
 
     pub fn delete_notification(&mut self, id: u64) {
@@ -130,6 +137,14 @@ impl Store {
 
     pub fn device_cursor(&self, user: u64, device: &str) -> Result<u64> {
         self.get_u64(cf::DEVICE_CURSOR, &keys::device(user, device))
+    }
+
+    /// The identity of `user`'s sync queue here (0: none yet). A queue
+    /// started afresh (after a failover) has a new one, a copied queue
+    /// (a user-home move) keeps it: a cursor is only meaningful in the
+    /// queue it came from.
+    pub fn queue_id(&self, user: u64) -> Result<u64> {
+        self.get_u64(cf::QUEUE_ID, &keys::u64_key(user))
     }
 
     /// Every device cursor of `user`.

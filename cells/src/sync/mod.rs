@@ -78,11 +78,20 @@ impl SyncService {
         &self.hub
     }
 
-    pub async fn ack(&self, device: Device, pts: u64) -> Result<AckResponse> {
+    /// Raises the device's cursor to `pts` of queue `queue_id` (0: this
+    /// one); a pts of another queue changes nothing.
+    pub async fn ack(&self, device: Device, pts: u64, queue_id: u64) -> Result<AckResponse> {
         let _writing = self.user_writes.read().await;
         self.check_home(&device.caller, true)?;
         let user = device.caller.user;
         let latest = self.store.user_pts(user)?;
+        let current = self.store.queue_id(user)?;
+        if queue_id != 0 && current != 0 && queue_id != current {
+            return Ok(AckResponse {
+                cursor: self.store.device_cursor(user, &device.device)?,
+                latest_pts: latest,
+            });
+        }
         if pts > latest {
             return Err(CellError::invalid(
                 "PTS_AHEAD",

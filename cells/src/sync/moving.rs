@@ -129,6 +129,7 @@ impl SyncService {
         Ok(UserState {
             conversations,
             cursors,
+            queue_id: self.store.queue_id(user)?,
         })
     }
 

@@ -26,11 +26,12 @@ pub type PushResult = std::result::Result<SyncPush, tonic::Status>;
 
 impl SyncService {
     /// Starts streaming `device`'s sync queue after `from_pts` (0 = the
-    /// device's stored cursor).
+    /// device's stored cursor) of queue `queue_id` (0 = this one).
     pub fn subscribe(
         self: &Arc<Self>,
         device: Device,
         from_pts: u64,
+        queue_id: u64,
     ) -> Result<mpsc::Receiver<PushResult>> {
         self.check_home(&device.caller, false)?;
         let user = device.caller.user;
@@ -43,13 +44,19 @@ impl SyncService {
         let mut cursor = asked.min(latest);
         let (tx, rx) = mpsc::channel(PUSH_BUFFER);
         let mut first = None;
-        // A cursor past this queue's end comes from another queue (the
-        // user's home moved, by failover or migration): its pts mean
-        // nothing here, so the device starts over from the conversation
-        // list instead of silently skipping what this queue holds.
-        if asked > latest || latest - cursor > self.config.sync.rebase_threshold {
+        // A cursor of another queue (the user's home was failed over and
+        // started afresh), or past this queue's end (a device that does not
+        // name its queue), means nothing here: the device starts over from
+        // the conversation list instead of silently skipping what this
+        // queue holds.
+        let current = self.store.queue_id(user)?;
+        let foreign = queue_id != 0 && current != 0 && queue_id != current;
+        if foreign || asked > latest || latest - cursor > self.config.sync.rebase_threshold {
             first = Some(SyncPush {
-                push: Some(sync_push::Push::Rebase(Rebase { latest_pts: latest })),
+                push: Some(sync_push::Push::Rebase(Rebase {
+                    latest_pts: latest,
+                    queue_id: current,
+                })),
             });
             cursor = latest;
         }
@@ -85,8 +92,9 @@ impl SyncService {
                 if page.is_empty() {
                     break;
                 }
+                let queue_id = self.store.queue_id(user)?;
                 for (pts, record) in page {
-                    let push = self.hydrate(pts, record)?;
+                    let push = self.hydrate(queue_id, pts, record)?;
                     if tx.send(Ok(push)).await.is_err() {
                         return Ok(());
                     }
@@ -110,7 +118,7 @@ impl SyncService {
     }
 
     /// A stored sync record as pushed: messages in their current state.
-    fn hydrate(&self, pts: u64, record: SyncRecord) -> Result<SyncPush> {
+    fn hydrate(&self, queue_id: u64, pts: u64, record: SyncRecord) -> Result<SyncPush> {
         let kind = SyncEventKind::try_from(record.kind).unwrap_or(SyncEventKind::Unspecified);
         let message = match kind {
             // Delivered by the conversation's cell, with the message.
@@ -132,6 +140,7 @@ impl SyncService {
                 message,
                 items: record.items,
                 server_ts_ms: record.server_ts_ms,
+                queue_id,
             })),
         })
     }

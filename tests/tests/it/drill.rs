@@ -116,6 +116,7 @@ async fn follow(
                 .ack(AckRequest {
                     caller: device(T, 2, "phone"),
                     pts: e.pts,
+                    queue_id: e.queue_id,
                 })
                 .await
             {

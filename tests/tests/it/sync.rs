@@ -56,6 +56,7 @@ async fn two_devices_and_reconnect(tune: impl FnOnce(&mut CellConfig)) {
         .ack(AckRequest {
             caller: device(T, 2, "laptop"),
             pts: last,
+            queue_id: 0,
         })
         .await
         .unwrap()
@@ -66,6 +67,7 @@ async fn two_devices_and_reconnect(tune: impl FnOnce(&mut CellConfig)) {
         .ack(AckRequest {
             caller: device(T, 2, "laptop"),
             pts: 1,
+            queue_id: 0,
         })
         .await
         .unwrap()
@@ -179,6 +181,38 @@ async fn a_cursor_from_another_queue_gets_a_rebase() {
     c.send(text(T, 1, conv, "x4", "x")).await.unwrap();
     let live = messages(&mut moved, 1, WAIT).await;
     assert_eq!(live[0].pts, 5);
+    let queue = live[0].queue_id;
+    assert_ne!(queue, 0, "events name their queue");
+    assert_eq!(rebase.queue_id, queue);
+
+    // A cursor of another queue (as after a failover of the home) gets a
+    // rebase even when this queue is longer than the cursor, and its acks
+    // move nothing.
+    let resume = |queue_id| SubscribeRequest {
+        caller: device(T, 2, "tablet"),
+        from_pts: 2,
+        queue_id,
+    };
+    let mut foreign = s.subscribe(resume(queue ^ 1)).await.unwrap().into_inner();
+    let first = next_push(&mut foreign, WAIT).await.expect("a push");
+    assert!(
+        matches!(first.push, Some(sync_push::Push::Rebase(Rebase { latest_pts: 5, queue_id })) if queue_id == queue),
+        "expected a rebase, got {first:?}"
+    );
+    let ack = |queue_id| AckRequest {
+        caller: device(T, 2, "tablet"),
+        pts: 5,
+        queue_id,
+    };
+    assert_eq!(s.ack(ack(queue ^ 1)).await.unwrap().into_inner().cursor, 0);
+    assert_eq!(s.ack(ack(queue)).await.unwrap().into_inner().cursor, 5);
+    // The same queue resumes where the cursor is.
+    let mut same = s.subscribe(resume(queue)).await.unwrap().into_inner();
+    let first = next_push(&mut same, WAIT).await.expect("a push");
+    assert!(
+        matches!(&first.push, Some(sync_push::Push::Event(e)) if e.pts == 3),
+        "expected pts 3, got {first:?}"
+    );
     cell.stop().await;
 }
 

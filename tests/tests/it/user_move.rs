@@ -38,10 +38,16 @@ async fn device(edge: String, stop: Arc<AtomicBool>, seen: Arc<Mutex<Seen>>) {
     let bob = token(1, BOB);
     let mut sync = SyncClient::connect(edge).await.unwrap();
     while !stop.load(Ordering::Relaxed) {
-        let from_pts = seen.lock().unwrap().events.last().map_or(0, |e| e.pts);
+        let (from_pts, queue_id) = seen
+            .lock()
+            .unwrap()
+            .events
+            .last()
+            .map_or((0, 0), |e| (e.pts, e.queue_id));
         let request = SubscribeRequest {
             caller: None,
             from_pts,
+            queue_id,
         };
         let mut stream = match sync.subscribe(authed(request, &bob)).await {
             Ok(s) => s.into_inner(),
@@ -163,6 +169,9 @@ async fn a_user_home_moves_under_load_and_the_device_goes_on_from_its_cursor() {
     let seen = std::mem::take(&mut *seen.lock().unwrap());
     assert!(arrived, "the phone did not get seq {last_acked}");
     assert_eq!(seen.rebases, 0, "the device had to rebase");
+    // One queue throughout: the moves copied its identity along.
+    let queue = seen.events[0].queue_id;
+    assert!(queue != 0 && seen.events.iter().all(|e| e.queue_id == queue));
     let pts: Vec<u64> = seen.events.iter().map(|e| e.pts).collect();
     assert_counts_up(&pts, "pts");
     let seqs = cellmesh_tests::sync::message_seqs(&seen.events);
@@ -198,7 +207,11 @@ async fn a_user_home_moves_under_load_and_the_device_goes_on_from_its_cursor() {
         .expect("the conversation is in Bob's list");
     assert_eq!(summary.unread, last_acked);
     let last_pts = *pts.last().unwrap();
-    let ack = |pts| AckRequest { caller: None, pts };
+    let ack = |pts| AckRequest {
+        caller: None,
+        pts,
+        queue_id: queue,
+    };
     let acked_cursor = sync.ack(authed(ack(last_pts), &bob)).await.unwrap();
     assert_eq!(acked_cursor.into_inner().cursor, last_pts);
 
@@ -209,6 +222,7 @@ async fn a_user_home_moves_under_load_and_the_device_goes_on_from_its_cursor() {
     let mut r = tonic::Request::new(AckRequest {
         caller: cellmesh_tests::sync::device(1, BOB, "phone"),
         pts: 1,
+        queue_id: 0,
     });
     ClusterSecret::new(SECRET).attach(&mut r);
     let e = away.ack(r).await.unwrap_err();
