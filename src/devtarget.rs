@@ -33,7 +33,7 @@ pub struct DevTarget {
     pub conversations: Vec<u64>,
     key: TokenKey,
     /// `authorization` values by user, minted once each.
-    tokens: Mutex<HashMap<u64, MetadataValue<Ascii>>>,
+    tokens: Mutex<HashMap<(u64, String), MetadataValue<Ascii>>>,
 }
 
 fn read(dir: &Path, name: &str) -> anyhow::Result<Value> {
@@ -130,16 +130,21 @@ impl DevTarget {
 
     /// `message` as `user` of the demo tenant, with that user's token.
     pub fn request<T>(&self, message: T, user: u64) -> tonic::Request<T> {
+        self.request_as(message, user, "tool")
+    }
+
+    /// `message` as `user` on `device`, with a token for that device.
+    pub fn request_as<T>(&self, message: T, user: u64, device: &str) -> tonic::Request<T> {
         let value = self
             .tokens
             .lock()
             .expect("token cache")
-            .entry(user)
+            .entry((user, device.to_string()))
             .or_insert_with(|| {
                 let token = self.key.issue(&Claims {
                     tenant: self.tenant,
                     user,
-                    device: "tool".into(),
+                    device: device.into(),
                     exp: now_secs() + TOKEN_TTL_SECS,
                 });
                 format!("Bearer {token}")

@@ -67,6 +67,9 @@ pub struct DeliveryRecord {
     pub conversation: u64,
     pub seq: u64,
     pub kind: i32,
+    /// The queue `pts` counts in (a failed-over home starts a new one).
+    #[serde(default)]
+    pub queue: u64,
 }
 
 /// A cursor the server confirmed for a device.
@@ -76,6 +79,9 @@ pub struct CursorAck {
     pub device: String,
     pub at_ms: u64,
     pub cursor: u64,
+    /// The queue the cursor counts in.
+    #[serde(default)]
+    pub queue: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

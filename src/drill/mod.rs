@@ -7,6 +7,7 @@
 //! times and recovery times, the outcomes and every verdict; any violation
 //! makes the command fail.
 
+mod devices;
 mod faults;
 mod report;
 mod workload;
@@ -168,6 +169,9 @@ fn watch_floors(
     })
 }
 
+/// How long the deployment settles after the senders stop.
+const SETTLE: Duration = Duration::from_secs(5);
+
 async fn drill(args: RunArgs) -> anyhow::Result<()> {
     let dev = Arc::new(DevTarget::load(&args.dev)?);
     let seed = args.seed.unwrap_or_else(|| rand::rng().random());
@@ -204,6 +208,19 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
     let stop = epoch + Duration::from(args.duration);
     let ops = Arc::new(Mutex::new(Vec::new()));
     let workers = workload.start(epoch, stop, ops.clone());
+    // Devices follow a member until the read-back is done.
+    let device_log = Arc::new(Mutex::new(devices::DeviceLog::default()));
+    let device_tasks = devices::start(
+        dev.clone(),
+        &workload.channels,
+        workload.senders[1..]
+            .first()
+            .copied()
+            .unwrap_or(workload.senders[0]),
+        epoch,
+        stop + SETTLE,
+        device_log.clone(),
+    );
     let floors = watch_floors(dev.clone(), workload.conversations.clone(), stop);
 
     // Faults on a schedule drawn from the seed.
@@ -229,8 +246,14 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
         ..History::default()
     };
     // Read every conversation back once the deployment has settled.
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    tokio::time::sleep(SETTLE).await;
     workload.read_back(&mut history).await?;
+    for task in device_tasks {
+        task.await?;
+    }
+    let log = std::mem::take(&mut *device_log.lock().expect("device log"));
+    history.deliveries = log.deliveries;
+    history.cursor_acks = log.cursor_acks;
     // Floors a later failover replaced still explain the gaps they made.
     for (conversation, floor) in floors.await? {
         history.floors.push(cellmesh_chaos::history::Floor {
@@ -258,6 +281,7 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
         "faults": fault_records,
         "operations": {"acked": summary.acked, "rejected": summary.rejected,
             "rejected_by_code": summary.rejected_by_code, "unknown": summary.unknown},
+        "devices": {"deliveries": summary.deliveries, "subscriptions": summary.sessions},
         "verdicts": verdicts,
         "ok": ok,
     });

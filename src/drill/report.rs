@@ -50,6 +50,9 @@ pub struct Summary {
     pub rejected: usize,
     pub unknown: usize,
     pub rejected_by_code: BTreeMap<String, u64>,
+    /// Pushes the drill's devices received, and the sessions they took.
+    pub deliveries: usize,
+    pub sessions: usize,
 }
 
 pub fn summarize(history: &History) -> Summary {
@@ -65,6 +68,11 @@ pub fn summarize(history: &History) -> Summary {
         rejected: count(|o| matches!(o, Outcome::Rejected { .. })),
         unknown: count(|o| matches!(o, Outcome::Unknown)),
         rejected_by_code,
+        deliveries: history.deliveries.len(),
+        sessions: (history.deliveries.iter())
+            .map(|d| (d.device.as_str(), d.session))
+            .collect::<std::collections::BTreeSet<_>>()
+            .len(),
     }
 }
 
@@ -72,6 +80,10 @@ pub fn print(summary: &Summary, verdicts: &[Verdict]) {
     println!(
         "operations: {} acked, {} rejected {:?}, {} unknown",
         summary.acked, summary.rejected, summary.rejected_by_code, summary.unknown
+    );
+    println!(
+        "devices: {} events received over {} subscriptions",
+        summary.deliveries, summary.sessions
     );
     for v in verdicts {
         println!(

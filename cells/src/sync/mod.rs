@@ -90,6 +90,7 @@ impl SyncService {
             return Ok(AckResponse {
                 cursor: self.store.device_cursor(user, &device.device)?,
                 latest_pts: latest,
+                queue_id: current,
             });
         }
         if pts > latest {
@@ -106,6 +107,7 @@ impl SyncService {
         Ok(AckResponse {
             cursor: self.store.device_cursor(user, &device.device)?,
             latest_pts: latest,
+            queue_id: current,
         })
     }
 

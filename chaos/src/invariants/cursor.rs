@@ -1,4 +1,6 @@
-//! Invariant 3 (first half): a device's cursor never moves backwards.
+//! Invariant 3 (first half): a device's cursor never moves backwards (in
+//! one queue: a home failed over starts a new queue, and the device a new
+//! cursor in it).
 
 use std::collections::HashMap;
 
@@ -10,10 +12,10 @@ pub const NAME: &str = "device cursors never move backwards";
 pub fn check(h: &History) -> Vec<Violation> {
     let mut acks: Vec<_> = h.cursor_acks.iter().collect();
     acks.sort_by_key(|a| a.at_ms);
-    let mut last: HashMap<(u64, &str), u64> = HashMap::new();
+    let mut last: HashMap<(u64, &str, u64), u64> = HashMap::new();
     let mut out = Vec::new();
     for a in acks {
-        let key = (a.user, a.device.as_str());
+        let key = (a.user, a.device.as_str(), a.queue);
         if let Some(before) = last.get(&key)
             && a.cursor < *before
         {
@@ -44,7 +46,11 @@ mod tests {
         back.cursor = 1;
         h.cursor_acks.push(back);
         assert_eq!(check(&h).len(), 1);
+        // Another queue (after a failover) starts over.
+        h.cursor_acks.last_mut().unwrap().queue = 9;
+        assert!(check(&h).is_empty());
         // Another device is independent.
+        h.cursor_acks.last_mut().unwrap().queue = 0;
         h.cursor_acks.last_mut().unwrap().device = "watch".into();
         assert!(check(&h).is_empty());
     }

@@ -108,6 +108,7 @@ pub(crate) mod fixtures {
             conversation: 7,
             seq,
             kind: 1,
+            queue: 0,
         }
     }
 
@@ -135,12 +136,14 @@ pub(crate) mod fixtures {
                 device: "phone".into(),
                 at_ms: 50,
                 cursor: 2,
+                queue: 0,
             },
             CursorAck {
                 user: 2,
                 device: "phone".into(),
                 at_ms: 60,
                 cursor: 3,
+                queue: 0,
             },
         ];
         h

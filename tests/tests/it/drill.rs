@@ -111,6 +111,7 @@ async fn follow(
                 conversation: e.conversation_id,
                 seq: e.seq,
                 kind: e.kind,
+                queue: e.queue_id,
             });
             if let Ok(ack) = s
                 .ack(AckRequest {
@@ -120,11 +121,13 @@ async fn follow(
                 })
                 .await
             {
+                let ack = ack.into_inner();
                 record.lock().unwrap().cursor_acks.push(CursorAck {
                     user: 2,
                     device: "phone".into(),
                     at_ms: now_ms(epoch),
-                    cursor: ack.into_inner().cursor,
+                    cursor: ack.cursor,
+                    queue: ack.queue_id,
                 });
             }
         }
