@@ -187,12 +187,13 @@ enum MigrateCommand {
     },
 }
 
-/// The route a migration runs on: a conversation or a user's home.
+/// The route a migration runs on: a conversation, a user's home, or (with
+/// neither) the tenant itself.
 #[derive(clap::Args)]
 struct MovingKey {
     #[arg(long)]
     tenant: u64,
-    #[arg(long, conflicts_with = "user", required_unless_present = "user")]
+    #[arg(long, conflicts_with = "user")]
     conversation: Option<u64>,
     #[arg(long)]
     user: Option<u64>,

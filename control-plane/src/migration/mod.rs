@@ -266,6 +266,34 @@ impl Migrator {
         }
     }
 
+    /// Reads `key`'s entry, begins or resumes its move to `to`, and opens
+    /// both cells; the state the entry was read in.
+    async fn open_move(
+        &self,
+        key: &Key,
+        to: &str,
+    ) -> Result<(RouteState, Start, Ends), MigrationError> {
+        let mut entry = self.current_entry(key).await?;
+        if entry.key != *key {
+            // No override yet: the key sits Active on its tenant's owner,
+            // whatever the tenant as a whole is doing.
+            entry.state = RouteState::Active;
+        }
+        let start = self.begin_or_resume(key, &entry, to).await?;
+        if start.began {
+            self.stop_at(StopPoint::Planned)?;
+        }
+        let (source, source_address) = self.peer(&entry.cell).await?;
+        let (target, _) = self.peer(to).await?;
+        let ends = Ends {
+            from: entry.cell,
+            source,
+            source_address,
+            target,
+        };
+        Ok((entry.state, start, ends))
+    }
+
     /// The entry deciding `key`, read through the route table's leader.
     async fn current_entry(
         &self,
@@ -319,29 +347,16 @@ impl Migrator {
     ) -> Result<MigrationReport, MigrationError> {
         let started = Instant::now();
         let key = Key::conversation(tenant, conversation);
-        let mut entry = self.current_entry(&key).await?;
-        if entry.key != key {
-            // No override yet: the conversation sits Active on its tenant's
-            // owner, whatever the tenant as a whole is doing.
-            entry.state = RouteState::Active;
-        }
-        let from = entry.cell.clone();
-        let start = self.begin_or_resume(&key, &entry, to).await?;
-        if start.began {
-            self.stop_at(StopPoint::Planned)?;
-        }
-        let (source, source_address) = self.peer(&from).await?;
-        let (target, _) = self.peer(to).await?;
+        let (state, start, ends) = self.open_move(&key, to).await?;
+        let from = ends.from.clone();
         let mut subject = ConversationMove {
             migrator: self,
             tenant,
             conversation,
-            source,
-            source_address,
-            target,
+            ends,
         };
         let moved = self
-            .run_move(&key, &entry.state, start, &mut subject, to, &mut progress)
+            .run_move(&key, &state, start, &mut subject, to, &mut progress)
             .await?;
         Ok(MigrationReport {
             tenant,
@@ -357,14 +372,32 @@ impl Migrator {
     }
 }
 
+/// The two cells of a move.
+struct Ends {
+    from: String,
+    source: Peer,
+    source_address: String,
+    target: Peer,
+}
+
+/// Source and target answers to the same digest request, or the first
+/// failure.
+fn both(
+    source: Result<tonic::Response<DigestResponse>, tonic::Status>,
+    target: Result<tonic::Response<DigestResponse>, tonic::Status>,
+) -> Result<(DigestResponse, DigestResponse), MigrationError> {
+    Ok((
+        source.map_err(call("source digest"))?.into_inner(),
+        target.map_err(call("target digest"))?.into_inner(),
+    ))
+}
+
 /// A conversation's history on the move.
 struct ConversationMove<'a> {
     migrator: &'a Migrator,
     tenant: u64,
     conversation: u64,
-    source: Peer,
-    source_address: String,
-    target: Peer,
+    ends: Ends,
 }
 
 impl Subject for ConversationMove<'_> {
@@ -377,6 +410,7 @@ impl Subject for ConversationMove<'_> {
             ..Default::default()
         };
         Ok(self
+            .ends
             .target
             .conversation_digest(self.migrator.request(digest))
             .await
@@ -388,7 +422,7 @@ impl Subject for ConversationMove<'_> {
     async fn copy(&mut self, after: u64) -> Result<CopyResponse, MigrationError> {
         let options = &self.migrator.options;
         let copy = CopyRequest {
-            source_address: self.source_address.clone(),
+            source_address: self.ends.source_address.clone(),
             tenant_id: self.tenant,
             conversation_id: self.conversation,
             after_seq: after,
@@ -397,6 +431,7 @@ impl Subject for ConversationMove<'_> {
             backfill: false,
         };
         Ok(self
+            .ends
             .target
             .copy_conversation(self.migrator.request(copy))
             .await
@@ -414,13 +449,10 @@ impl Subject for ConversationMove<'_> {
             after_seq: after,
             through_seq: through,
         };
-        let m = self.migrator;
-        let a = self.source.conversation_digest(m.request(digest)).await;
-        let b = self.target.conversation_digest(m.request(digest)).await;
-        Ok((
-            a.map_err(call("source digest"))?.into_inner(),
-            b.map_err(call("target digest"))?.into_inner(),
-        ))
+        let (m, ends) = (self.migrator, &mut self.ends);
+        let a = ends.source.conversation_digest(m.request(digest)).await;
+        let b = ends.target.conversation_digest(m.request(digest)).await;
+        both(a, b)
     }
 
     async fn seal(&mut self, epoch: u64) -> Result<u64, MigrationError> {
@@ -431,6 +463,7 @@ impl Subject for ConversationMove<'_> {
             user_id: 0,
         };
         Ok(self
+            .ends
             .source
             .seal_conversation(self.migrator.request(seal))
             .await

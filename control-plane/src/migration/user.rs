@@ -10,10 +10,10 @@ use std::time::Instant;
 use cellmesh_proto::v1::{
     CopyResponse, CopyUserRequest, DigestResponse, SealRequest, UserDigestRequest,
 };
-use cellmesh_router::table::{Key, RouteState};
+use cellmesh_router::table::Key;
 
 use super::protocol::Subject;
-use super::{MigrationError, Migrator, Peer, Progress, Start, StopPoint, call};
+use super::{Ends, MigrationError, Migrator, Progress, Start, both, call};
 
 #[derive(Debug, Clone)]
 pub struct UserMoveReport {
@@ -41,29 +41,17 @@ impl Migrator {
     ) -> Result<UserMoveReport, MigrationError> {
         let started = Instant::now();
         let key = Key::user(tenant, user);
-        let mut entry = self.current_entry(&key).await?;
-        if entry.key != key {
-            entry.state = RouteState::Active;
-        }
-        let from = entry.cell.clone();
-        let start = self.begin_or_resume(&key, &entry, to).await?;
-        if start.began {
-            self.stop_at(StopPoint::Planned)?;
-        }
-        let (source, source_address) = self.peer(&from).await?;
-        let (target, _) = self.peer(to).await?;
+        let (state, start, ends) = self.open_move(&key, to).await?;
+        let from = ends.from.clone();
         let mut subject = UserMove {
             migrator: self,
             tenant,
             user,
-            source,
-            source_cell: from.clone(),
-            source_address,
-            target,
+            ends,
             reset: false,
         };
         let moved = self
-            .run_move(&key, &entry.state, start, &mut subject, to, &mut progress)
+            .run_move(&key, &state, start, &mut subject, to, &mut progress)
             .await?;
         Ok(UserMoveReport {
             tenant,
@@ -84,10 +72,7 @@ struct UserMove<'a> {
     migrator: &'a Migrator,
     tenant: u64,
     user: u64,
-    source: Peer,
-    source_cell: String,
-    source_address: String,
-    target: Peer,
+    ends: Ends,
     /// The next copy starts the target's copy afresh.
     reset: bool,
 }
@@ -111,6 +96,7 @@ impl Subject for UserMove<'_> {
         // before a failover): keep what it holds only if it is a prefix of
         // the source's.
         let target = self
+            .ends
             .target
             .user_digest(self.migrator.request(self.digest(0, 0)))
             .await
@@ -131,15 +117,16 @@ impl Subject for UserMove<'_> {
 
     async fn copy(&mut self, after: u64) -> Result<CopyResponse, MigrationError> {
         let copy = CopyUserRequest {
-            source_address: self.source_address.clone(),
+            source_address: self.ends.source_address.clone(),
             tenant_id: self.tenant,
             user_id: self.user,
             after_pts: after,
             chunk: self.migrator.options.chunk,
             reset: std::mem::take(&mut self.reset),
-            source_cell: self.source_cell.clone(),
+            source_cell: self.ends.from.clone(),
         };
         Ok(self
+            .ends
             .target
             .copy_user(self.migrator.request(copy))
             .await
@@ -152,19 +139,10 @@ impl Subject for UserMove<'_> {
         after: u64,
         through: u64,
     ) -> Result<(DigestResponse, DigestResponse), MigrationError> {
-        let m = self.migrator;
-        let a = self
-            .source
-            .user_digest(m.request(self.digest(after, through)))
-            .await;
-        let b = self
-            .target
-            .user_digest(m.request(self.digest(after, through)))
-            .await;
-        Ok((
-            a.map_err(call("source digest"))?.into_inner(),
-            b.map_err(call("target digest"))?.into_inner(),
-        ))
+        let (m, digest) = (self.migrator, self.digest(after, through));
+        let a = self.ends.source.user_digest(m.request(digest)).await;
+        let b = self.ends.target.user_digest(m.request(digest)).await;
+        both(a, b)
     }
 
     async fn seal(&mut self, epoch: u64) -> Result<u64, MigrationError> {
@@ -175,6 +153,7 @@ impl Subject for UserMove<'_> {
             conversation_id: 0,
         };
         Ok(self
+            .ends
             .source
             .seal_user(self.migrator.request(seal))
             .await
