@@ -49,6 +49,8 @@ pub struct ControlPlaneConfig {
     pub console_listen: String,
     /// Addresses reached through a proxy: target → the address to dial.
     pub links: std::collections::BTreeMap<String, String>,
+    /// Resuming moves whose migrator went away.
+    pub migrations: crate::migration::orphans::OrphanConfig,
 }
 
 /// Leader election between control-plane replicas, and cell liveness from
@@ -130,6 +132,7 @@ impl Default for ControlPlaneConfig {
             coordination: CoordinationConfig::default(),
             console_listen: "127.0.0.1:7100".into(),
             links: Default::default(),
+            migrations: Default::default(),
         }
     }
 }
@@ -348,8 +351,16 @@ async fn lead(
         tracing::info!(name = %config.coordination.name, "leading the control plane");
         leading.send_replace(true);
         let mut lost = lease.lost.clone();
+        let orphans = crate::migration::orphans::resume_orphans(
+            crate::migration::orphans::migrator(
+                routes.clone(),
+                ClusterSecret::new(&config.cluster_secret),
+            ),
+            config.migrations.clone(),
+        );
         tokio::select! {
             _ = run(config.clone(), coordination.clone(), routes.clone(), events.clone()) => {}
+            _ = orphans => {}
             _ = async {
                 // A closed channel means the lease cannot report loss.
                 if lost.wait_for(|l| *l).await.is_err() {

@@ -30,6 +30,7 @@ use cellmesh_router::table::{Key, Phase, RouteState};
 use tonic::transport::Channel;
 
 pub mod bulk;
+pub mod orphans;
 mod protocol;
 pub mod tenant;
 pub mod user;

@@ -282,3 +282,80 @@ async fn moved_copies_are_dropped_after_the_grace_period() {
     let history = history_via_edge(&mut m, &alice, conversation).await;
     assert_eq!(history.len(), 20);
 }
+
+/// Moves whose migrator died — a conversation left frozen, a user home
+/// left migrating — are finished by the leading control plane.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_control_plane_finishes_moves_nobody_drives() {
+    use cellmesh_control_plane::migration::StopPoint;
+    use cellmesh_control_plane::migration::orphans::OrphanConfig;
+    use cellmesh_control_plane::server::ControlPlaneConfig;
+
+    let d = deploy(None).await;
+    let alice = token(1, 10);
+    let mut m = messaging(&d.edge).await;
+    let conversation = create_via_edge(&mut m, &alice, vec![BOB]).await;
+    for i in 0..30 {
+        m.send(authed(text(conversation, &format!("m-{i}")), &alice))
+            .await
+            .unwrap();
+    }
+    let routes = d.cluster.client().await;
+    let dying = |stop| {
+        Migrator::new(
+            routes.clone(),
+            ClusterSecret::new(SECRET),
+            MigrationOptions {
+                stop_after: Some(stop),
+                ..MigrationOptions::default()
+            },
+        )
+    };
+    let frozen = dying(StopPoint::Frozen)
+        .migrate_conversation(1, conversation, TARGET, |_| {})
+        .await;
+    assert!(frozen.is_err(), "the migrator stops once frozen");
+    let planned = dying(StopPoint::Planned)
+        .migrate_user(1, BOB, TARGET, |_| {})
+        .await;
+    assert!(planned.is_err(), "the migrator stops once planned");
+    let state =
+        |key: Key| routes.read(|t| t.entry(&key).map(|e| (e.cell.clone(), e.state.clone())));
+    assert!(matches!(
+        state(Key::conversation(1, conversation)),
+        Some((_, RouteState::Frozen { .. }))
+    ));
+
+    let _cp = cellmesh_control_plane::server::start(ControlPlaneConfig {
+        routers: d.cluster.endpoints(),
+        cluster_secret: SECRET.into(),
+        console_listen: String::new(),
+        migrations: OrphanConfig {
+            resume_after_ms: 1_000,
+            resume_frozen_after_ms: 500,
+            tenant_parallel: 4,
+        },
+        ..ControlPlaneConfig::default()
+    })
+    .await
+    .unwrap();
+    let finished = cellmesh_tests::eventually(Duration::from_secs(30), || {
+        let done = [Key::conversation(1, conversation), Key::user(1, BOB)]
+            .into_iter()
+            .all(|k| state(k) == Some((TARGET.to_string(), RouteState::Active)));
+        async move { done }
+    })
+    .await;
+    assert!(
+        finished,
+        "moves left: {:?} {:?}",
+        state(Key::conversation(1, conversation)),
+        state(Key::user(1, BOB))
+    );
+    // Nothing was lost, and the conversation takes writes again.
+    m.send(authed(text(conversation, "after"), &alice))
+        .await
+        .unwrap();
+    let history = history_via_edge(&mut m, &alice, conversation).await;
+    assert_eq!(history.len(), 31);
+}
