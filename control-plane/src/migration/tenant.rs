@@ -177,30 +177,16 @@ impl Migrator {
         });
         state.conversations += ids.len() as u64;
         progress(state);
-        let mut moves = futures::stream::iter(ids)
-            .map(|c| self.migrate_conversation(tenant, c, to, |_| {}))
-            .buffer_unordered(parallel.max(1));
-        let mut first_error = None;
-        while let Some(result) = moves.next().await {
-            match result {
-                Ok(report) => {
-                    state.moved += 1;
-                    state.messages += report.messages_verified;
-                    state.max_freeze = state.max_freeze.max(report.frozen_for);
-                    progress(state);
-                }
-                Err(e) => {
-                    tracing::warn!(tenant, error = %e, "a conversation of the tenant did not move");
-                    first_error.get_or_insert(e);
-                }
-            }
-        }
-        match first_error {
-            // The tenant stays where it is in its move; running it again
-            // resumes with what is left.
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+        let moves = ids
+            .into_iter()
+            .map(|c| self.migrate_conversation(tenant, c, to, |_| {}));
+        all_of(moves, parallel, "a conversation", |report| {
+            state.moved += 1;
+            state.messages += report.messages_verified;
+            state.max_freeze = state.max_freeze.max(report.frozen_for);
+            progress(state);
+        })
+        .await
     }
 
     /// Moves the homes of the tenant's users that still live on the source
@@ -250,24 +236,15 @@ impl Migrator {
                 })
                 .collect()
         });
-        let mut moves = futures::stream::iter(users)
-            .map(|u| self.migrate_user(tenant, u, to, |_| {}))
-            .buffer_unordered(parallel.max(1));
-        let mut first_error = None;
-        while let Some(result) = moves.next().await {
-            match result {
-                Ok(report) => {
-                    state.users_moved += 1;
-                    state.max_freeze = state.max_freeze.max(report.frozen_for);
-                    progress(state);
-                }
-                Err(e) => {
-                    tracing::warn!(tenant, error = %e, "a user home of the tenant did not move");
-                    first_error.get_or_insert(e);
-                }
-            }
-        }
-        first_error.map_or(Ok(()), Err)
+        let moves = users
+            .into_iter()
+            .map(|u| self.migrate_user(tenant, u, to, |_| {}));
+        all_of(moves, parallel, "a user home", |report| {
+            state.users_moved += 1;
+            state.max_freeze = state.max_freeze.max(report.frozen_for);
+            progress(state);
+        })
+        .await
     }
 
     /// Removes the conversation and user-home overrides of `tenant` that
@@ -294,4 +271,27 @@ impl Migrator {
             .count()
             .await as u64
     }
+}
+
+/// Runs `moves`, `parallel` at a time, telling `done` of each that
+/// finishes; the first failure, once all have run. The tenant stays where it
+/// is in its move; running it again resumes with what is left.
+async fn all_of<T>(
+    moves: impl Iterator<Item = impl std::future::Future<Output = Result<T, MigrationError>>>,
+    parallel: usize,
+    what: &str,
+    mut done: impl FnMut(T),
+) -> Result<(), MigrationError> {
+    let mut moves = futures::stream::iter(moves).buffer_unordered(parallel.max(1));
+    let mut first_error = None;
+    while let Some(result) = moves.next().await {
+        match result {
+            Ok(report) => done(report),
+            Err(e) => {
+                tracing::warn!(error = %e, "{what} of the tenant did not move");
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    first_error.map_or(Ok(()), Err)
 }
