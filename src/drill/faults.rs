@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use cellmesh_control_plane::coord::etcd::EtcdCoordination;
 use cellmesh_control_plane::coord::local::LocalCoordination;
 use cellmesh_control_plane::coord::{CONTROL_PLANE_ELECTION, Coordination};
-use cellmesh_control_plane::migration::{MigrationOptions, Migrator, StopPoint};
+use cellmesh_control_plane::migration::{MigrationOptions, MigrationReport, Migrator, StopPoint};
 use cellmesh_router::table::{CellStatus, Key};
 use rand::Rng;
 use rand::rngs::StdRng;
@@ -28,6 +28,9 @@ pub enum FaultKind {
     RouterLeaderKill,
     MigrationSourceKill,
     ControlPlaneKillMidMigration,
+    /// The target of a move crashes between storing a copied chunk and
+    /// answering (fail point `migration.copy_stored`).
+    MigrationTargetCrash,
     /// A fail point set for `hold` on every cell owning drill
     /// conversations, then cleared.
     FailPoint {
@@ -61,6 +64,8 @@ pub struct Injector {
     pub conversations: Vec<u64>,
     pub epoch: Instant,
     pub rng: StdRng,
+    /// Moves that finished: (conversation, source, target, switch ms).
+    pub moves: Vec<(u64, String, String, u64)>,
 }
 
 fn signal(pid: i32, sig: libc::c_int) {
@@ -227,14 +232,49 @@ impl Injector {
                 tokio::time::sleep(Duration::from_millis(self.rng.random_range(20..400))).await;
                 signal(self.dev.pid(&source.replace('/', "-"))?, libc::SIGKILL);
                 let first = match moving.await? {
-                    Ok(r) => format!(
-                        "finished before the kill took effect ({} ms)",
-                        r.total.as_millis()
-                    ),
+                    Ok(r) => {
+                        self.moved(&r);
+                        format!(
+                            "finished before the kill took effect ({} ms)",
+                            r.total.as_millis()
+                        )
+                    }
                     Err(e) => format!("interrupted: {e}"),
                 };
                 fault.target = format!("{source} -> {to}");
                 fault.detail = format!("{first}; then {}", self.resume(conversation, &to).await);
+            }
+            FaultKind::MigrationTargetCrash => {
+                anyhow::ensure!(
+                    cellmesh_cell::failpoints::ENABLED,
+                    "this build has no fail points: build cellmesh with `--features failpoints` (and run `cellmesh dev` from it)"
+                );
+                let conversation = self.pick();
+                let source = self.owner(conversation).await?;
+                let to = self.other_cell(&source).await?;
+                fault.kind = "migrate; the target crashes after storing a chunk; resume".into();
+                fault.target = format!("{source} -> {to}");
+                fault.affected = vec![conversation];
+                let file = self.dev.dir().join(to.replace('/', "-")).join("failpoints");
+                std::fs::write(&file, "migration.copy_stored=abort\n")?;
+                // The cell reads its fail points every 100 ms.
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                let routes = self.dev.routes().await?;
+                let first = Migrator::new(routes, self.dev.secret(), MigrationOptions::default())
+                    .migrate_conversation(self.dev.tenant, conversation, &to, |_| {})
+                    .await;
+                std::fs::remove_file(&file).ok();
+                let first = match first {
+                    Ok(r) => {
+                        self.moved(&r);
+                        "the move finished: the target did not crash".to_string()
+                    }
+                    Err(e) => format!("interrupted: {e}"),
+                };
+                // The supervisor restarts the target; the move resumes from
+                // what it stored.
+                fault.detail = format!("{first}; then {}", self.resume(conversation, &to).await);
+                fault.recovered_ms = Some(now_ms(self.epoch));
             }
             FaultKind::ControlPlaneKillMidMigration => {
                 let conversation = self.pick();
@@ -283,7 +323,10 @@ impl Injector {
                     None => "no control-plane leader to kill".into(),
                 };
                 let stopped = match stopped {
-                    Ok(_) => "the migration finished before its stop point".to_string(),
+                    Ok(r) => {
+                        self.moved(&r);
+                        "the migration finished before its stop point".to_string()
+                    }
                     Err(e) => e.to_string(),
                 };
                 fault.detail = format!(
@@ -399,21 +442,36 @@ impl Injector {
             let report = Migrator::new(self.dev.routes().await?, self.dev.secret(), options)
                 .migrate_conversation(self.dev.tenant, conversation, &to, |_| {})
                 .await?;
-            Ok::<_, anyhow::Error>(format!(
-                "conversation {conversation} {owner} -> {to}: {} messages, writes paused {} ms",
-                report.messages_verified,
-                report.frozen_for.as_millis()
-            ))
+            Ok::<_, anyhow::Error>(report)
         };
         match attempt.await {
-            Ok(done) => done,
+            Ok(report) => {
+                self.moved(&report);
+                format!(
+                    "conversation {conversation} {} -> {}: {} messages, writes paused {} ms",
+                    report.from,
+                    report.to,
+                    report.messages_verified,
+                    report.frozen_for.as_millis()
+                )
+            }
             Err(e) => format!("conversation {conversation}: migration failed: {e}"),
         }
     }
 
+    /// Notes a finished move, for the migration invariant.
+    fn moved(&mut self, report: &MigrationReport) {
+        self.moves.push((
+            report.conversation,
+            report.from.clone(),
+            report.to.clone(),
+            now_ms(self.epoch),
+        ));
+    }
+
     /// Runs the interrupted move again (its state is in the route table)
     /// until it finishes, is refused, or 30 s pass.
-    async fn resume(&self, conversation: u64, to: &str) -> String {
+    async fn resume(&mut self, conversation: u64, to: &str) -> String {
         let deadline = Instant::now() + Duration::from_secs(30);
         let mut last = String::new();
         while Instant::now() < deadline {
@@ -430,6 +488,7 @@ impl Injector {
                 .await
             {
                 Ok(r) => {
+                    self.moved(&r);
                     return format!(
                         "resumed and finished: {} messages verified, writes paused {} ms",
                         r.messages_verified,

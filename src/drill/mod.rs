@@ -56,6 +56,11 @@ enum Scenario {
     /// Stop a migration after a random phase, SIGKILL the active
     /// control-plane replica, then resume the move.
     ControlPlaneKillMidMigration,
+    /// Move a conversation while its target crashes between storing a
+    /// copied chunk and answering (fail point `migration.copy_stored`), then
+    /// resume the move once the target is back. Needs `--features
+    /// failpoints`.
+    MigrationTargetCrash,
     /// Cut a region (us-east or ap-south, from the seed) off from the
     /// others, with the drill's conversations living there and senders on
     /// both sides, then heal.
@@ -121,6 +126,7 @@ fn next_fault(
         Scenario::MigrationUnderLoad => FaultKind::Migrate,
         Scenario::MigrationSourceKill => FaultKind::MigrationSourceKill,
         Scenario::ControlPlaneKillMidMigration => FaultKind::ControlPlaneKillMidMigration,
+        Scenario::MigrationTargetCrash => FaultKind::MigrationTargetCrash,
         Scenario::SlowDisk => FaultKind::FailPoint {
             what: "slow disk",
             spec: "storage.slow_write=delay(200ms)",
@@ -189,6 +195,7 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
         conversations: workload.conversations.clone(),
         epoch: Instant::now(),
         rng: StdRng::seed_from_u64(seed),
+        moves: Vec::new(),
     };
     let region = partitioned_region(&mut StdRng::seed_from_u64(seed));
     if let Scenario::RegionPartition = args.scenario {
@@ -251,6 +258,23 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
     for task in device_tasks {
         task.await?;
     }
+    // Each finished move: what its source kept against what is served now.
+    for (conversation, source, target, switch_ms) in std::mem::take(&mut injector.moves) {
+        let source_history = workload.source_copy(&source, conversation).await?;
+        let target_history = history
+            .conversations
+            .get(&conversation)
+            .cloned()
+            .unwrap_or_default();
+        history.migrations.push(cellmesh_chaos::history::Migration {
+            conversation,
+            source,
+            target,
+            switch_ms,
+            source_history,
+            target_history,
+        });
+    }
     let log = std::mem::take(&mut *device_log.lock().expect("device log"));
     history.deliveries = log.deliveries;
     history.cursor_acks = log.cursor_acks;
@@ -282,6 +306,7 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
         "operations": {"acked": summary.acked, "rejected": summary.rejected,
             "rejected_by_code": summary.rejected_by_code, "unknown": summary.unknown},
         "devices": {"deliveries": summary.deliveries, "subscriptions": summary.sessions},
+        "moves_checked": summary.moves,
         "verdicts": verdicts,
         "ok": ok,
     });

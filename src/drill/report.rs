@@ -53,6 +53,8 @@ pub struct Summary {
     /// Pushes the drill's devices received, and the sessions they took.
     pub deliveries: usize,
     pub sessions: usize,
+    /// Finished moves checked against their source's copy.
+    pub moves: usize,
 }
 
 pub fn summarize(history: &History) -> Summary {
@@ -73,6 +75,7 @@ pub fn summarize(history: &History) -> Summary {
             .map(|d| (d.device.as_str(), d.session))
             .collect::<std::collections::BTreeSet<_>>()
             .len(),
+        moves: history.migrations.len(),
     }
 }
 
@@ -85,6 +88,12 @@ pub fn print(summary: &Summary, verdicts: &[Verdict]) {
         "devices: {} events received over {} subscriptions",
         summary.deliveries, summary.sessions
     );
+    if summary.moves > 0 {
+        println!(
+            "moves: {} checked against their source's copy",
+            summary.moves
+        );
+    }
     for v in verdicts {
         println!(
             "  {:<28} {}",

@@ -7,10 +7,11 @@ use std::time::{Duration, Instant};
 
 use cellmesh_chaos::history::{Floor, History, Outcome, SendOp, Stored};
 use cellmesh_proto::status::error_code;
+use cellmesh_proto::v1::cell_peer_client::CellPeerClient;
 use cellmesh_proto::v1::messaging_client::MessagingClient;
 use cellmesh_proto::v1::{
-    ConversationKind, CreateConversationRequest, Direction, ErrorCode, MessageType, PullRequest,
-    SendRequest,
+    ConversationKind, CreateConversationRequest, Direction, ErrorCode, ExportRequest, MessageType,
+    PullRequest, SendRequest,
 };
 use tonic::transport::Channel;
 
@@ -29,6 +30,20 @@ fn outcome_of(status: &tonic::Status) -> Outcome {
         ErrorCode::RetryLater | ErrorCode::Internal | ErrorCode::WrongCell => Outcome::Unknown,
         code => Outcome::Rejected {
             code: code.as_str_name().to_string(),
+        },
+    }
+}
+
+/// A message as the checker sees it: its body is the tag of the send that
+/// wrote it; a tombstone (a reconciled duplicate) has none.
+fn stored_as_read(seq: u64, msg_id: u64, state: i32, body: &[u8]) -> Stored {
+    Stored {
+        seq,
+        msg_id,
+        tag: if state == cellmesh_proto::v1::MessageState::Recalled as i32 {
+            format!("tombstone-{seq}")
+        } else {
+            String::from_utf8_lossy(body).into_owned()
         },
     }
 }
@@ -166,6 +181,48 @@ impl Workload {
         workers
     }
 
+    /// The copy of `conversation` that `cell` kept after moving it away,
+    /// read through the cell-to-cell export.
+    pub async fn source_copy(&self, cell: &str, conversation: u64) -> anyhow::Result<Vec<Stored>> {
+        let routes = self.dev.routes().await?;
+        let address = routes
+            .read(|t| t.cell(cell).map(|c| c.address.clone()))
+            .ok_or_else(|| anyhow::anyhow!("unknown cell {cell}"))?;
+        let mut peer = CellPeerClient::connect(address)
+            .await?
+            .max_decoding_message_size(64 << 20);
+        let secret = self.dev.secret();
+        let mut stored = Vec::new();
+        let mut after = 0;
+        loop {
+            let mut request = tonic::Request::new(ExportRequest {
+                tenant_id: self.dev.tenant,
+                conversation_id: conversation,
+                after_seq: after,
+                limit: 1_000,
+            });
+            secret.attach(&mut request);
+            let chunk = peer
+                .export_conversation(request)
+                .await
+                .map_err(|e| {
+                    anyhow::anyhow!(
+                        "exporting {conversation} from {cell}: {}",
+                        crate::client::describe(&e)
+                    )
+                })?
+                .into_inner();
+            let Some(last) = chunk.messages.last().map(|m| m.seq) else {
+                return Ok(stored);
+            };
+            stored.extend(chunk.messages.into_iter().filter_map(|m| {
+                let r = m.record?;
+                Some(stored_as_read(m.seq, r.msg_id, r.state, &r.body))
+            }));
+            after = last;
+        }
+    }
+
     /// Every conversation as stored now, with its failover floors.
     pub async fn read_back(&self, history: &mut History) -> anyhow::Result<()> {
         let mut client = MessagingClient::new(self.channels[0].clone());
@@ -194,16 +251,11 @@ impl Workload {
                     })?
                     .into_inner();
                 floor = floor.max(page.seq_floor);
-                stored.extend(page.messages.iter().map(|m| Stored {
-                    seq: m.seq,
-                    msg_id: m.msg_id,
-                    // A tombstone (a reconciled duplicate) has no body.
-                    tag: if m.state == cellmesh_proto::v1::MessageState::Recalled as i32 {
-                        format!("tombstone-{}", m.seq)
-                    } else {
-                        String::from_utf8_lossy(&m.body).into_owned()
-                    },
-                }));
+                stored.extend(
+                    page.messages
+                        .iter()
+                        .map(|m| stored_as_read(m.seq, m.msg_id, m.state, &m.body)),
+                );
                 if !page.has_more || page.next_seq <= since {
                     break;
                 }
