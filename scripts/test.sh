@@ -22,25 +22,37 @@ ignored=()
 [ -n "${CELLMESH_TEST_KAFKA_BROKERS:-}" ] && ignored=(--run-ignored all)
 cargo nextest run --workspace --locked --no-fail-fast "${ignored[@]}" "$@"
 
-if [ -z "${CELLMESH_SKIP_DRILL:-}" ]; then
-  echo "== chaos drills against cellmesh dev: mixed faults, slow disk, queue outage"
-  bin="$CARGO_TARGET_DIR/debug/cellmesh"
+# Starts `cellmesh dev` with the arguments before `--`, runs the drills
+# after it ("scenario duration", seed 7) against it, and stops it.
+run_drills() {
+  local extra=()
+  while [ "$1" != "--" ]; do extra+=("$1"); shift; done
+  shift
+  local bin="$CARGO_TARGET_DIR/debug/cellmesh" drill_dir dev_pid
   drill_dir=$(mktemp -d)
-  "$bin" dev --data-dir "$drill_dir" --base-port 21000 --latency 20ms >"$drill_dir/dev.out" 2>&1 &
+  "$bin" dev --data-dir "$drill_dir" --base-port 21000 --latency 20ms "${extra[@]}" >"$drill_dir/dev.out" 2>&1 &
   dev_pid=$!
-  stop_dev() { kill -INT "$dev_pid" 2>/dev/null || true; wait "$dev_pid" 2>/dev/null || true; }
   for _ in $(seq 1 240); do [ -f "$drill_dir/dev.json" ] && break; sleep 0.5; done
   if [ ! -f "$drill_dir/dev.json" ]; then
-    echo "cellmesh dev did not come up:"; tail -20 "$drill_dir/dev.out"; stop_dev; exit 1
+    echo "cellmesh dev did not come up:"; tail -20 "$drill_dir/dev.out"
+    kill -INT "$dev_pid" 2>/dev/null || true; wait "$dev_pid" 2>/dev/null || true; exit 1
   fi
-  # The workspace build has fail points (the tests crate turns them on).
-  for drill in "mixed 15s" "slow-disk 8s" "queue-outage 8s"; do
+  local drill failed=""
+  for drill in "$@"; do
     set -- $drill
     echo "== chaos drill: $1 for $2 (seed 7)"
     if ! "$bin" chaos run "$1" --dev "$drill_dir" --duration "$2" --seed 7 --report "$drill_dir/$1.json"; then
-      echo "report: $drill_dir/$1.json"; stop_dev; exit 1
+      echo "report: $drill_dir/$1.json"; failed=1; break
     fi
   done
-  stop_dev
+  kill -INT "$dev_pid" 2>/dev/null || true
+  wait "$dev_pid" 2>/dev/null || true
+  [ -z "$failed" ] || exit 1
   rm -rf "$drill_dir"
+}
+
+if [ -z "${CELLMESH_SKIP_DRILL:-}" ]; then
+  echo "== chaos drills against cellmesh dev: mixed faults, slow disk, queue outage"
+  # The workspace build has fail points (the tests crate turns them on).
+  run_drills -- "mixed 15s" "slow-disk 8s" "queue-outage 8s"
 fi

@@ -157,6 +157,12 @@ impl DevTarget {
         request
     }
 
+    /// Whether the deployment's queue is the mock Kafka cluster of
+    /// `cellmesh dev --kafka mock` (its brokers can be taken down).
+    pub fn kafka_mock(&self) -> bool {
+        read(&self.dir, "dev.json").is_ok_and(|info| info["kafka"] == "mock")
+    }
+
     /// The current process id of the dev child `name` (e.g.
     /// `router-eu-west`, `control-plane-1`).
     pub fn pid(&self, name: &str) -> anyhow::Result<i32> {

@@ -7,6 +7,7 @@
 //! directory persists across runs; Ctrl-C stops every child cleanly.
 
 mod demo;
+pub mod kafka;
 mod supervisor;
 mod topology;
 
@@ -45,7 +46,9 @@ pub struct DevArgs {
     /// control-plane replicas with leader election.
     #[arg(long)]
     etcd: bool,
-    /// Use these Kafka brokers as the cells' queue instead of the embedded log.
+    /// Use these Kafka brokers as the cells' queue instead of the embedded
+    /// log; `mock` runs librdkafka's mock cluster in this process (drills
+    /// can take its brokers down).
     #[arg(long)]
     kafka: Option<String>,
 }
@@ -116,6 +119,14 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
 
     // A partition left over from an interrupted drill does not outlive it.
     let _ = std::fs::remove_file(data.join(PARTITION_FILE));
+    let mut mock_kafka = match args.kafka.as_deref() {
+        Some("mock") => Some(kafka::MockKafka::start(data)?),
+        _ => None,
+    };
+    let brokers = match &mock_kafka {
+        Some(mock) => Some(mock.bootstrap_servers()),
+        None => args.kafka.clone(),
+    };
     let mut sup = Supervisor::new(data)?;
     let etcd_endpoints = if args.etcd {
         let (client, peer) = topo.etcd_ports();
@@ -170,10 +181,14 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             config.routing.cluster_secret = secrets.cluster.clone();
             config.routing.links = topo.links_from(r);
             config.routing.etcd_endpoints = etcd_endpoints.clone();
-            if let Some(brokers) = &args.kafka {
+            if let Some(brokers) = &brokers {
                 config.queue.backend = QueueBackend::Kafka;
                 config.queue.kafka.brokers = brokers.clone();
                 config.queue.kafka.topic = format!("cellmesh-{}", id.replace('/', "-"));
+                if let Some(mock) = &mock_kafka {
+                    config.queue.kafka.session_timeout_ms = 6_000;
+                    mock.create_topic(&config.queue.kafka.topic, config.queue.partitions)?;
+                }
             }
             let path = write_config(&configs, &id.replace('/', "-"), &config)?;
             sup.start(Spec {
@@ -255,6 +270,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         "console_url": consoles[0],
         "cluster_secret": secrets.cluster,
         "etcd": etcd_endpoints,
+        "kafka": if mock_kafka.is_some() { Some("mock".to_string()) } else { brokers.clone() },
         "latency_ms": Duration::from(args.latency).as_millis() as u64,
         "demo": demo.to_json(),
         "processes": sup.pids().into_iter().collect::<BTreeMap<_, _>>(),
@@ -274,6 +290,9 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             _ = &mut shutdown => break,
             _ = tick.tick() => {
                 apply_partition(data, &links, &proxies, &mut partitioned);
+                if let Some(mock) = &mut mock_kafka {
+                    mock.apply(data);
+                }
                 let report = sup.check();
                 for line in &report {
                     println!("dev: {line}");

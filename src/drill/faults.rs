@@ -31,6 +31,11 @@ pub enum FaultKind {
     /// The target of a move crashes between storing a copied chunk and
     /// answering (fail point `migration.copy_stored`).
     MigrationTargetCrash,
+    /// Kafka broker 1 of `cellmesh dev --kafka mock` down for `hold`, then
+    /// up.
+    BrokerOutage {
+        hold: Duration,
+    },
     /// A fail point set for `hold` on every cell owning drill
     /// conversations, then cleared.
     FailPoint {
@@ -275,6 +280,30 @@ impl Injector {
                 // what it stored.
                 fault.detail = format!("{first}; then {}", self.resume(conversation, &to).await);
                 fault.recovered_ms = Some(now_ms(self.epoch));
+            }
+            FaultKind::BrokerOutage { hold } => {
+                anyhow::ensure!(
+                    self.dev.kafka_mock(),
+                    "broker-outage needs a deployment started with `cellmesh dev --kafka mock`"
+                );
+                let file = self.dev.dir().join(crate::dev::kafka::KAFKA_FILE);
+                fault.kind = format!("kafka broker down for {} ms", hold.as_millis());
+                fault.target = "broker 1".into();
+                fault.affected = self.conversations.clone();
+                std::fs::write(&file, r#"{"down": [1]}"#)?;
+                tokio::time::sleep(hold).await;
+                std::fs::write(&file, r#"{"down": []}"#)?;
+                let routes = self.dev.routes().await?;
+                let mut cells: Vec<String> = routes.read(|t| t.cells.keys().cloned().collect());
+                cells.sort();
+                // Fan-out resumes: every cell's outbox drains.
+                let (lag, drained) = self.drain_outboxes(&cells).await?;
+                fault.recovered_ms = Some(now_ms(self.epoch));
+                fault.detail = format!("up again; outbox backlog {lag} drained");
+                anyhow::ensure!(
+                    drained,
+                    "the outboxes did not drain within 30 s after the broker came back"
+                );
             }
             FaultKind::ControlPlaneKillMidMigration => {
                 let conversation = self.pick();

@@ -73,6 +73,9 @@ enum Scenario {
     /// queue for a while (fail point `queue.publish`); fan-out resumes
     /// after. Needs `--features failpoints`.
     QueueOutage,
+    /// A Kafka broker goes down for a while, then up (needs `cellmesh dev
+    /// --kafka mock`); fan-out resumes after.
+    BrokerOutage,
     /// Kills, hangs and router-leader kills, chosen from the seed.
     Mixed,
 }
@@ -127,6 +130,7 @@ fn next_fault(
         Scenario::MigrationSourceKill => FaultKind::MigrationSourceKill,
         Scenario::ControlPlaneKillMidMigration => FaultKind::ControlPlaneKillMidMigration,
         Scenario::MigrationTargetCrash => FaultKind::MigrationTargetCrash,
+        Scenario::BrokerOutage => FaultKind::BrokerOutage { hold: period / 2 },
         Scenario::SlowDisk => FaultKind::FailPoint {
             what: "slow disk",
             spec: "storage.slow_write=delay(200ms)",
