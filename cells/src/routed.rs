@@ -243,9 +243,7 @@ impl Homes for Routed {
         let Some(route) = self.client.resolve(&key) else {
             return Home::Here;
         };
-        // Only a move of this user's own home holds its events; a moving
-        // tenant's users stay where the tenant entry says until it switches.
-        if route.entry.key == key && matches!(route.entry.state, RouteState::Frozen { .. }) {
+        if home_frozen(&key, &route) {
             Home::Moving
         } else if route.entry.cell == self.cell_id {
             Home::Here
@@ -262,8 +260,7 @@ impl Homes for Routed {
         if route.entry.cell != self.cell_id {
             return Err(wrong_cell(&key, &route));
         }
-        if write && route.entry.key == key && matches!(route.entry.state, RouteState::Frozen { .. })
-        {
+        if write && home_frozen(&key, &route) {
             return Err(CellError::RetryLater {
                 reason: "FROZEN",
                 message: format!("{key} is frozen for a move of the user's home"),
@@ -281,6 +278,12 @@ impl Homes for Routed {
                 .collect()
         })
     }
+}
+
+/// Whether the home of user `key` is frozen for a move of its own. A moving
+/// tenant's users stay where the tenant entry says until it switches.
+fn home_frozen(key: &Key, route: &cellmesh_router::table::Resolved) -> bool {
+    route.entry.key == *key && matches!(route.entry.state, RouteState::Frozen { .. })
 }
 
 /// `WRONG_CELL` for `key`, carrying the route that owns it.

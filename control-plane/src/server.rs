@@ -352,9 +352,10 @@ async fn lead(
         leading.send_replace(true);
         let mut lost = lease.lost.clone();
         let orphans = crate::migration::orphans::resume_orphans(
-            crate::migration::orphans::migrator(
+            crate::migration::Migrator::new(
                 routes.clone(),
                 ClusterSecret::new(&config.cluster_secret),
+                Default::default(),
             ),
             config.migrations.clone(),
         );

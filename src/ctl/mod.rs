@@ -187,10 +187,10 @@ enum MigrateCommand {
     },
 }
 
-/// The route a migration runs on: a conversation, a user's home, or (with
-/// neither) the tenant itself.
+/// A route key: a conversation, a user's home, or (with neither) the
+/// tenant itself.
 #[derive(clap::Args)]
-struct MovingKey {
+struct KeyArgs {
     #[arg(long)]
     tenant: u64,
     #[arg(long, conflicts_with = "user")]
@@ -199,7 +199,7 @@ struct MovingKey {
     user: Option<u64>,
 }
 
-impl MovingKey {
+impl KeyArgs {
     fn key(&self) -> Key {
         match (self.conversation, self.user) {
             (Some(c), _) => Key::conversation(self.tenant, c),
@@ -212,23 +212,19 @@ impl MovingKey {
 #[derive(Subcommand)]
 enum MigrationsCommand {
     /// Roll a migration back: the route returns to Active on its source.
-    Cancel(MovingKey),
+    Cancel(KeyArgs),
     /// Hold a migration between copy rounds (its migrator waits).
-    Pause(MovingKey),
+    Pause(KeyArgs),
     /// Let a paused migration go on.
-    Resume(MovingKey),
+    Resume(KeyArgs),
 }
 
 #[derive(Subcommand)]
 enum RoutesCommand {
     /// Where a tenant, conversation or user home lives.
     Get {
-        #[arg(long)]
-        tenant: u64,
-        #[arg(long, conflicts_with = "user")]
-        conversation: Option<u64>,
-        #[arg(long)]
-        user: Option<u64>,
+        #[command(flatten)]
+        key: KeyArgs,
         /// Ask the leader (read index) instead of the local cache.
         #[arg(long)]
         linearizable: bool,
@@ -324,18 +320,12 @@ pub async fn run(mut args: CtlArgs) -> anyhow::Result<()> {
         CtlCommand::Routes {
             command:
                 RoutesCommand::Get {
-                    tenant,
-                    conversation,
-                    user,
+                    key,
                     linearizable,
                     json,
                 },
         } => {
-            let key = match (conversation, user) {
-                (Some(c), _) => Key::conversation(tenant, c),
-                (_, Some(u)) => Key::user(tenant, u),
-                _ => Key::tenant(tenant),
-            };
+            let key = key.key();
             let (route, entry) = if linearizable {
                 let r = routes
                     .resolve_linearizable(&key)

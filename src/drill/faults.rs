@@ -73,6 +73,15 @@ pub struct Injector {
     pub moves: Vec<(u64, String, String, u64)>,
 }
 
+/// Refuses a fault this build cannot inject.
+fn needs_failpoints() -> anyhow::Result<()> {
+    anyhow::ensure!(
+        cellmesh_cell::failpoints::ENABLED,
+        "this build has no fail points: build cellmesh with `--features failpoints` (and run `cellmesh dev` from it)"
+    );
+    Ok(())
+}
+
 fn signal(pid: i32, sig: libc::c_int) {
     // SAFETY: kill(2) on a process of the dev deployment under drill.
     unsafe { libc::kill(pid, sig) };
@@ -158,10 +167,7 @@ impl Injector {
                 };
             }
             FaultKind::FailPoint { what, spec, hold } => {
-                anyhow::ensure!(
-                    cellmesh_cell::failpoints::ENABLED,
-                    "this build has no fail points: build cellmesh with `--features failpoints` (and run `cellmesh dev` from it)"
-                );
+                needs_failpoints()?;
                 // Every cell owning a drill conversation: all of them are hit.
                 let routes = self.dev.routes().await?;
                 let mut cells: Vec<String> = routes.read(|t| {
@@ -250,10 +256,7 @@ impl Injector {
                 fault.detail = format!("{first}; then {}", self.resume(conversation, &to).await);
             }
             FaultKind::MigrationTargetCrash => {
-                anyhow::ensure!(
-                    cellmesh_cell::failpoints::ENABLED,
-                    "this build has no fail points: build cellmesh with `--features failpoints` (and run `cellmesh dev` from it)"
-                );
+                needs_failpoints()?;
                 let conversation = self.pick();
                 let source = self.owner(conversation).await?;
                 let to = self.other_cell(&source).await?;

@@ -51,12 +51,16 @@ fn pipeline_unavailable(e: crate::pipeline::PipelineError) -> CellError {
     }
 }
 
-fn source_unreachable(address: &str, e: impl std::fmt::Display) -> CellError {
-    CellError::RetryLater {
-        reason: "SOURCE_UNREACHABLE",
-        message: format!("cannot reach {address}: {e}"),
-        retry_after: Duration::from_millis(500),
-    }
+/// The source cell of a copy, at `address`.
+async fn source(address: &str) -> Result<CellPeerClient<tonic::transport::Channel>, CellError> {
+    let client = CellPeerClient::connect(address.to_string())
+        .await
+        .map_err(|e| CellError::RetryLater {
+            reason: "SOURCE_UNREACHABLE",
+            message: format!("cannot reach {address}: {e}"),
+            retry_after: Duration::from_millis(500),
+        })?;
+    Ok(client.max_decoding_message_size(64 * 1024 * 1024))
 }
 
 impl PeerApi {
@@ -211,10 +215,7 @@ impl CellPeer for PeerApi {
         request: Request<CopyUserRequest>,
     ) -> Result<Response<CopyResponse>, Status> {
         let r = request.into_inner();
-        let mut source = CellPeerClient::connect(r.source_address.clone())
-            .await
-            .map_err(|e| source_unreachable(&r.source_address, e))?
-            .max_decoding_message_size(64 * 1024 * 1024);
+        let mut source = source(&r.source_address).await?;
         let chunk = if r.chunk == 0 { DEFAULT_CHUNK } else { r.chunk };
         let export = |after_pts, with_state| {
             let mut export = Request::new(ExportUserRequest {
@@ -296,10 +297,7 @@ impl CellPeer for PeerApi {
         request: Request<CopyRequest>,
     ) -> Result<Response<CopyResponse>, Status> {
         let r = request.into_inner();
-        let mut source = CellPeerClient::connect(r.source_address.clone())
-            .await
-            .map_err(|e| source_unreachable(&r.source_address, e))?
-            .max_decoding_message_size(64 * 1024 * 1024);
+        let mut source = source(&r.source_address).await?;
         let chunk = if r.chunk == 0 { DEFAULT_CHUNK } else { r.chunk };
         // The next chunk is fetched while this one is stored.
         let (tx, mut chunks) = tokio::sync::mpsc::channel(2);

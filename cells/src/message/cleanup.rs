@@ -1,7 +1,9 @@
-//! Cleanup after a move (DESIGN.md §5, step 6): once a conversation this
-//! cell handed over has been owned elsewhere for the grace period, its
-//! history here is dropped (record and members stay: they may be a
-//! standby's copy). A move that was cancelled, or came back, keeps it.
+//! Cleanup after a move (DESIGN.md §5, step 6): a cell marks each
+//! conversation or user home it seals for a move; once the key has been
+//! owned elsewhere for the grace period, its copy here is dropped (a
+//! conversation's history — record and members stay, they may be a
+//! standby's copy — or a user's sync state). A move that was cancelled, or
+//! came back, keeps it.
 
 use std::time::Duration;
 
@@ -9,8 +11,8 @@ use cellmesh_proto::v1::RouteState;
 
 use super::MessageService;
 use crate::error::{CellError, Result};
-use crate::storage::Mutation;
 use crate::storage::moved::{self, Moved};
+use crate::storage::{Mutation, Store};
 
 /// What the route table says about a key this cell handed over.
 pub(crate) enum Handed {
@@ -35,54 +37,85 @@ impl Handed {
     }
 }
 
-/// Whether `moved`, handed over `grace` ago or more, may be dropped now;
-/// otherwise whether its mark goes.
-pub(crate) fn verdict(handed: Handed, moved: &Moved, now_ms: u64, grace: Duration) -> Option<bool> {
-    match handed {
-        Handed::Back => Some(false),
-        Handed::Away if now_ms >= moved.sealed_at_ms + grace.as_millis() as u64 => Some(true),
-        _ => None,
+/// Records that key `id` of `kind` (see [`moved`]) was sealed here at
+/// `now_ms`.
+pub(crate) async fn mark_sealed(
+    store: &Store,
+    kind: u8,
+    tenant: u64,
+    id: u64,
+    now_ms: u64,
+) -> Result<()> {
+    let mut m = Mutation::new();
+    let sealed_at_ms = now_ms;
+    m.mark_moved(
+        kind,
+        Moved {
+            id,
+            tenant,
+            sealed_at_ms,
+        },
+    );
+    Ok(store.commit(m).await?)
+}
+
+/// Goes through the keys of `kind` this cell handed over: forgets those
+/// `handed` says came back, and drops (with `drop`) the copy of those owned
+/// elsewhere for `grace`; the ids dropped.
+pub(crate) async fn clean(
+    store: &Store,
+    kind: u8,
+    now_ms: u64,
+    grace: Duration,
+    handed: impl Fn(&Moved) -> Handed,
+    drop: impl Fn(&mut Mutation, u64),
+) -> Result<Vec<u64>> {
+    let mut dropped = Vec::new();
+    for moved in store.moved(kind)? {
+        let expired = now_ms >= moved.sealed_at_ms + grace.as_millis() as u64;
+        let mut m = Mutation::new();
+        match handed(&moved) {
+            Handed::Back => {}
+            Handed::Away if expired => {
+                drop(&mut m, moved.id);
+                dropped.push(moved.id);
+            }
+            Handed::Away | Handed::Unsettled => continue,
+        }
+        m.unmark_moved(kind, moved.id);
+        store.commit(m).await?;
     }
+    Ok(dropped)
 }
 
 impl MessageService {
     /// Records that `conversation` was sealed here for a move.
     pub(crate) async fn mark_sealed(&self, tenant: u64, conversation: u64) -> Result<()> {
-        let mut m = Mutation::new();
-        let sealed_at_ms = self.clock.now_ms();
-        m.mark_moved(
-            moved::CONVERSATION,
-            Moved {
-                id: conversation,
-                tenant,
-                sealed_at_ms,
-            },
-        );
-        Ok(self.store.commit(m).await?)
+        let now = self.clock.now_ms();
+        mark_sealed(&self.store, moved::CONVERSATION, tenant, conversation, now).await
     }
 
     /// Drops the history of conversations owned elsewhere for `grace`;
     /// how many.
     pub async fn clean_moved(&self, grace: Duration) -> Result<u64> {
         let now = self.clock.now_ms();
-        let mut dropped = 0;
-        for moved in self.store.moved(moved::CONVERSATION)? {
-            let handed = Handed::of(self.ownership.check(moved.tenant, moved.id, 0));
-            let Some(drop) = verdict(handed, &moved, now, grace) else {
-                continue;
-            };
-            let mut m = Mutation::new();
-            if drop {
-                m.drop_history(moved.id);
-                dropped += 1;
-            }
-            m.unmark_moved(moved::CONVERSATION, moved.id);
-            self.store.commit(m).await?;
-            self.conversations.invalidate(moved.id);
+        let handed = |m: &Moved| Handed::of(self.ownership.check(m.tenant, m.id, 0));
+        let dropped = clean(
+            &self.store,
+            moved::CONVERSATION,
+            now,
+            grace,
+            handed,
+            Mutation::drop_history,
+        )
+        .await?;
+        for &conversation in &dropped {
+            self.conversations.invalidate(conversation);
         }
-        if dropped > 0 {
+        if !dropped.is_empty() {
+            let dropped = dropped.len();
             tracing::info!(dropped, "dropped the history of conversations moved away");
         }
-        Ok(dropped)
+        Ok(dropped.len() as u64)
     }
 }

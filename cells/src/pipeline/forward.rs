@@ -228,7 +228,7 @@ impl Forwarder {
     }
 
     /// `endpoint` as a target: held while it is backed off or failed in
-    /// this pass, dropped events go nowhere (an invalid endpoint).
+    /// this pass, or when it is not a valid endpoint.
     fn reachable(
         &self,
         destinations: &mut HashMap<String, Destination>,

@@ -110,11 +110,12 @@ struct Batch {
     pts: HashMap<u64, u64>,
     hints: Vec<(Vec<u64>, ConversationHint)>,
     notified: bool,
-    /// Events for users homed elsewhere, by home endpoint ("" while the
-    /// home is frozen for a move).
+    /// Events for users homed elsewhere (by home endpoint; "" while the
+    /// home is frozen for a move, or behind queued events), and
+    /// conversation meta for standbys (by standby endpoint).
     forward: HashMap<String, Vec<PeerEvent>>,
-    /// Conversation meta for standbys, by endpoint.
-    replicate: HashMap<String, Vec<PeerEvent>>,
+    /// The users with events in `forward`.
+    forwarded_users: HashSet<u64>,
     /// Users with events in the forward queue, once looked up.
     queued: Option<HashSet<u64>>,
     forwarded: bool,
@@ -335,12 +336,7 @@ impl Processor {
 
     /// Commits a batch's effects, then announces them.
     async fn finish(&mut self, mut batch: Batch) -> Result<(), PipelineError> {
-        let replicate = std::mem::take(&mut batch.replicate).into_iter();
-        let forward = std::mem::take(&mut batch.forward).into_iter();
-        let records = replicate
-            .map(|r| (r, false))
-            .chain(forward.map(|r| (r, true)));
-        for ((endpoint, events), by_home) in records {
+        for (endpoint, events) in std::mem::take(&mut batch.forward) {
             let id = self.next_forward;
             self.next_forward += 1;
             batch.mutation.put_forward(
@@ -349,7 +345,6 @@ impl Processor {
                     endpoint,
                     events: events.iter().map(|e| e.encode_to_vec()).collect(),
                     attempts: 0,
-                    by_home,
                 },
             );
             batch.forwarded = true;
@@ -512,20 +507,16 @@ impl Processor {
         };
         let (members, _) = self.store.members(event.conversation_id, 0, usize::MAX)?;
         for endpoint in standbys {
-            batch
-                .replicate
-                .entry(endpoint)
-                .or_default()
-                .push(PeerEvent {
-                    event_id: id,
-                    tenant_id: event.tenant_id,
-                    conversation_id: event.conversation_id,
-                    meta: Some(ConversationMeta {
-                        record: Some(record.clone()),
-                        members: members.clone(),
-                    }),
-                    ..Default::default()
-                });
+            batch.forward.entry(endpoint).or_default().push(PeerEvent {
+                event_id: id,
+                tenant_id: event.tenant_id,
+                conversation_id: event.conversation_id,
+                meta: Some(ConversationMeta {
+                    record: Some(record.clone()),
+                    members: members.clone(),
+                }),
+                ..Default::default()
+            });
         }
         Ok(())
     }
@@ -551,6 +542,7 @@ impl Processor {
         };
         if let Some(endpoint) = endpoint {
             self.queued_for.insert(user);
+            batch.forwarded_users.insert(user);
             let message = match SyncEventKind::try_from(record.kind) {
                 Ok(SyncEventKind::Message | SyncEventKind::Recall | SyncEventKind::Edit) => self
                     .store
@@ -587,15 +579,16 @@ impl Processor {
     /// included). The queue is scanned at most once per batch, and only for
     /// a user who had events queued and now lives here.
     fn still_queued(&mut self, batch: &mut Batch, user: u64) -> Result<bool, PipelineError> {
+        if batch.forwarded_users.contains(&user) {
+            return Ok(true);
+        }
         if !self.queued_for.contains(&user) {
             return Ok(false);
         }
-        if batch.forward.values().flatten().any(|e| e.user_id == user) {
-            return Ok(true);
-        }
         if batch.queued.is_none() {
             let queued = queued_users(&self.store)?;
-            self.queued_for.retain(|u| queued.contains(u));
+            self.queued_for
+                .retain(|u| queued.contains(u) || batch.forwarded_users.contains(u));
             batch.queued = Some(queued);
         }
         Ok(batch.queued.as_ref().is_some_and(|q| q.contains(&user)))

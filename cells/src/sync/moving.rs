@@ -20,7 +20,7 @@ use sha2::{Digest, Sha256};
 use super::SyncService;
 use crate::convert::message_to_proto;
 use crate::error::{CellError, Result};
-use crate::message::cleanup::{Handed, verdict};
+use crate::message::cleanup::{self, Handed};
 use crate::pipeline::PeerInbound;
 use crate::storage::Mutation;
 use crate::storage::moved::{self, Moved};
@@ -191,17 +191,8 @@ impl SyncService {
             })?;
         // Acks and settings check the home under the read side.
         drop(self.user_writes.write().await);
-        let mut m = Mutation::new();
-        let sealed_at_ms = self.clock.now_ms();
-        m.mark_moved(
-            moved::USER,
-            Moved {
-                id: user,
-                tenant,
-                sealed_at_ms,
-            },
-        );
-        self.store.commit(m).await?;
+        let now = self.clock.now_ms();
+        cleanup::mark_sealed(&self.store, moved::USER, tenant, user, now).await?;
         Ok(self.store.user_pts(user)?)
     }
 
@@ -209,26 +200,23 @@ impl SyncService {
     /// `grace`; how many.
     pub async fn clean_moved_users(&self, grace: Duration) -> Result<u64> {
         let now = self.clock.now_ms();
-        let mut dropped = 0;
-        for moved in self.store.moved(moved::USER)? {
-            let handed = Handed::of(self.homes.check_home(moved.tenant, moved.id, true));
-            let Some(drop) = verdict(handed, &moved, now, grace) else {
-                continue;
-            };
-            let mut m = Mutation::new();
-            if drop {
-                m.clear_user(moved.id);
-                dropped += 1;
-            }
-            m.unmark_moved(moved::USER, moved.id);
-            self.store.commit(m).await?;
-        }
+        let handed = |m: &Moved| Handed::of(self.homes.check_home(m.tenant, m.id, true));
+        let dropped = cleanup::clean(
+            &self.store,
+            moved::USER,
+            now,
+            grace,
+            handed,
+            Mutation::clear_user,
+        )
+        .await?
+        .len();
         if dropped > 0 {
             tracing::info!(
                 dropped,
                 "dropped the sync state of users whose home moved away"
             );
         }
-        Ok(dropped)
+        Ok(dropped as u64)
     }
 }

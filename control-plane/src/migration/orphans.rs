@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use cellmesh_router::table::{Entry, Key, Phase, RouteState, Scope};
 use serde::{Deserialize, Serialize};
 
-use super::{MigrationError, MigrationOptions, Migrator};
+use super::{MigrationError, Migrator};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -122,12 +122,4 @@ async fn resume(
             .await
             .map(|_| ()),
     }
-}
-
-/// A migrator with the default options (what a resumed move runs with).
-pub fn migrator(
-    routes: cellmesh_router::client::RouteClient,
-    secret: cellmesh_proto::secret::ClusterSecret,
-) -> Migrator {
-    Migrator::new(routes, secret, MigrationOptions::default())
 }

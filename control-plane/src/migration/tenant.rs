@@ -146,35 +146,27 @@ impl Migrator {
             to,
             parallel,
         } = *plan;
-        let (mut source, _) = self.peer(from).await?;
-        let mut ids = Vec::new();
-        let mut after = 0;
-        loop {
-            let page = source
-                .tenant_conversations(self.request(TenantConversationsRequest {
-                    tenant_id: tenant,
-                    after_id: after,
-                    limit: 5_000,
-                    epoch,
-                }))
-                .await
-                .map_err(call("list the source's conversations"))?
-                .into_inner();
-            after = page.conversation_ids.last().copied().unwrap_or(after);
-            ids.extend(page.conversation_ids);
-            if !page.has_more {
-                break;
+        let (source, _) = self.peer(from).await?;
+        let ids = all_pages(|after| {
+            let mut source = source.clone();
+            let list = self.request(TenantConversationsRequest {
+                tenant_id: tenant,
+                after_id: after,
+                limit: 5_000,
+                epoch,
+            });
+            async move {
+                let page = source
+                    .tenant_conversations(list)
+                    .await
+                    .map_err(call("list the source's conversations"))?
+                    .into_inner();
+                Ok((page.conversation_ids, page.has_more))
             }
-        }
+        })
+        .await?;
         // Only those the source still owns (not moved yet, not replicas).
-        let ids: Vec<u64> = self.routes.read(|t| {
-            ids.into_iter()
-                .filter(|&c| {
-                    t.effective(&Key::conversation(tenant, c))
-                        .is_some_and(|e| e.cell == from)
-                })
-                .collect()
-        });
+        let ids = self.still_on(from, ids, |c| Key::conversation(tenant, c));
         state.conversations += ids.len() as u64;
         progress(state);
         let moves = ids
@@ -207,35 +199,29 @@ impl Migrator {
         } = *plan;
         let mut users = std::collections::BTreeSet::new();
         for cell in cells {
-            let (mut peer, _) = self.peer(cell).await?;
-            let mut after = 0;
-            loop {
-                let page = peer
-                    .tenant_users(self.request(TenantConversationsRequest {
+            let (peer, _) = self.peer(cell).await?;
+            users.extend(
+                all_pages(|after| {
+                    let mut peer = peer.clone();
+                    let list = self.request(TenantConversationsRequest {
                         tenant_id: tenant,
                         after_id: after,
                         limit: 100_000,
                         epoch: 0,
-                    }))
-                    .await
-                    .map_err(call("list the tenant's users"))?
-                    .into_inner();
-                after = page.user_ids.last().copied().unwrap_or(after);
-                users.extend(page.user_ids);
-                if !page.has_more {
-                    break;
-                }
-            }
-        }
-        let users: Vec<u64> = self.routes.read(|t| {
-            users
-                .into_iter()
-                .filter(|&u| {
-                    t.effective(&Key::user(tenant, u))
-                        .is_some_and(|e| e.cell == from)
+                    });
+                    async move {
+                        let page = peer
+                            .tenant_users(list)
+                            .await
+                            .map_err(call("list the tenant's users"))?
+                            .into_inner();
+                        Ok((page.user_ids, page.has_more))
+                    }
                 })
-                .collect()
-        });
+                .await?,
+            );
+        }
+        let users = self.still_on(from, users, |u| Key::user(tenant, u));
         let moves = users
             .into_iter()
             .map(|u| self.migrate_user(tenant, u, to, |_| {}));
@@ -245,6 +231,21 @@ impl Migrator {
             progress(state);
         })
         .await
+    }
+
+    /// The `ids` whose key (by `key`) the route table still places on
+    /// `from`.
+    fn still_on(
+        &self,
+        from: &str,
+        ids: impl IntoIterator<Item = u64>,
+        key: impl Fn(u64) -> Key,
+    ) -> Vec<u64> {
+        self.routes.read(|t| {
+            ids.into_iter()
+                .filter(|&id| t.effective(&key(id)).is_some_and(|e| e.cell == from))
+                .collect()
+        })
     }
 
     /// Removes the conversation and user-home overrides of `tenant` that
@@ -294,4 +295,22 @@ async fn all_of<T>(
         }
     }
     first_error.map_or(Ok(()), Err)
+}
+
+/// Every id of a paged listing; `fetch(after)` answers one page (the ids
+/// above `after`, and whether more follow).
+async fn all_pages<F, Fut>(mut fetch: F) -> Result<Vec<u64>, MigrationError>
+where
+    F: FnMut(u64) -> Fut,
+    Fut: std::future::Future<Output = Result<(Vec<u64>, bool), MigrationError>>,
+{
+    let (mut ids, mut after) = (Vec::new(), 0);
+    loop {
+        let (page, more) = fetch(after).await?;
+        after = page.last().copied().unwrap_or(after);
+        ids.extend(page);
+        if !more {
+            return Ok(ids);
+        }
+    }
 }
