@@ -122,6 +122,11 @@ pub struct KafkaConfig {
     /// Consumer group of this cell's processors.
     pub group: String,
     pub session_timeout_ms: u32,
+    /// How long the producer waits for a broker's answer before it sends
+    /// the request again (the idempotent producer makes resending safe).
+    /// Kept well below the publish timeout: a request lost with a broker
+    /// connection would otherwise hold the relay for the whole of it.
+    pub request_timeout_ms: u32,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -240,6 +245,7 @@ impl Default for KafkaConfig {
             topic: String::new(),
             group: "cellmesh-processor".into(),
             session_timeout_ms: 10_000,
+            request_timeout_ms: 5_000,
         }
     }
 }
@@ -423,6 +429,11 @@ impl CellConfig {
             self.queue.backend != QueueBackend::Kafka || !self.queue.kafka.brokers.is_empty(),
             "is required when queue.backend = \"kafka\"",
         )?;
+        check(
+            "queue.kafka.request_timeout_ms",
+            (100..=30_000).contains(&self.queue.kafka.request_timeout_ms),
+            "must be between 100 and 30000 (the publish timeout)",
+        )?;
         check("fanout.batch", self.fanout.batch >= 1, "must be at least 1")?;
         check(
             "sync.rebase_threshold",
@@ -510,6 +521,10 @@ mod tests {
                 "storage.group_commit_max_batch",
             ),
             ("[queue]\nbackend = \"kafka\"", "queue.kafka.brokers"),
+            (
+                "[queue.kafka]\nrequest_timeout_ms = 60000",
+                "queue.kafka.request_timeout_ms",
+            ),
             (
                 "[notifications]\nwebhook_url = \"ftp://x\"",
                 "notifications.webhook_url",

@@ -20,6 +20,24 @@ pub struct History {
     /// Writes cells report accepting.
     pub accepted: Vec<AcceptedWrite>,
     pub migrations: Vec<Migration>,
+    /// The devices the drill ran, each with what must reach it.
+    #[serde(default)]
+    pub devices: Vec<Device>,
+}
+
+/// A device that followed its user's sync queue through the drill.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Device {
+    pub user: u64,
+    pub device: String,
+    /// The conversations its user is a member of: every message
+    /// acknowledged in them must reach the device.
+    pub conversations: Vec<u64>,
+    /// When the device was told its queue was replaced (a failed-over
+    /// home). Events of the old queue it had not read are then the
+    /// client's to fetch from history, so messages sent before the last
+    /// rebase are not owed to its stream.
+    pub rebases_ms: Vec<u64>,
 }
 
 /// One send: when it was invoked, when it completed, and what came back.
@@ -70,6 +88,9 @@ pub struct DeliveryRecord {
     /// The queue `pts` counts in (a failed-over home starts a new one).
     #[serde(default)]
     pub queue: u64,
+    /// When it arrived (drill time).
+    #[serde(default)]
+    pub at_ms: u64,
 }
 
 /// A cursor the server confirmed for a device.

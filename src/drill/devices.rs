@@ -1,13 +1,17 @@
 //! The drill's devices: two devices of one member subscribe through the
 //! edges (one each when there are several) for the whole drill, resubscribe
 //! from their last pts and queue whenever a stream ends, ack every few
-//! events, and record every delivery and every cursor the server confirms —
-//! what the device-order and cursor invariants are checked on.
+//! events, and record every delivery, every rebase and every cursor the
+//! server confirms — what the device invariants are checked on. They run
+//! until the drill stops them: after the senders, once they have caught up
+//! (or the drill gave up waiting).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cellmesh_chaos::history::{CursorAck, DeliveryRecord};
+use cellmesh_chaos::history::{CursorAck, DeliveryRecord, Device as Followed, History};
+use cellmesh_chaos::invariants::undelivered;
 use cellmesh_proto::v1::sync_client::SyncClient;
 use cellmesh_proto::v1::{AckRequest, SubscribeRequest, sync_push};
 use tonic::transport::Channel;
@@ -17,24 +21,48 @@ use crate::devtarget::DevTarget;
 
 /// Events between two acks of a device.
 const ACK_EVERY: u64 = 10;
+/// How long the devices may take to catch up once the deployment settled.
+const CATCH_UP_LIMIT: Duration = Duration::from_secs(30);
+/// The devices' names.
+const NAMES: [&str; 2] = ["phone", "laptop"];
 
 /// What the devices recorded.
 #[derive(Default)]
 pub struct DeviceLog {
     pub deliveries: Vec<DeliveryRecord>,
     pub cursor_acks: Vec<CursorAck>,
+    /// Each device with the conversations owed to it and its rebases.
+    pub devices: Vec<Followed>,
 }
 
-/// One task per device of `user`, running until `until`.
+impl DeviceLog {
+    fn followed(&mut self, user: u64, name: &str) -> &mut Followed {
+        let i = (self.devices.iter())
+            .position(|d| d.user == user && d.device == name)
+            .expect("every device is listed at its start");
+        &mut self.devices[i]
+    }
+}
+
+/// One task per device of `user`, a member of `conversations`, running
+/// until `stop` is set.
 pub fn start(
     dev: Arc<DevTarget>,
     channels: &[Channel],
-    user: u64,
+    (user, conversations): (u64, &[u64]),
     epoch: Instant,
-    until: Instant,
+    stop: Arc<AtomicBool>,
     log: Arc<Mutex<DeviceLog>>,
 ) -> Vec<tokio::task::JoinHandle<()>> {
-    ["phone", "laptop"]
+    log.lock().expect("device log").devices = (NAMES.iter())
+        .map(|name| Followed {
+            user,
+            device: name.to_string(),
+            conversations: conversations.to_vec(),
+            rebases_ms: Vec::new(),
+        })
+        .collect();
+    NAMES
         .iter()
         .enumerate()
         .map(|(i, name)| {
@@ -46,9 +74,39 @@ pub fn start(
                 epoch,
                 log: log.clone(),
             };
-            tokio::spawn(device.run(until))
+            tokio::spawn(device.run(stop.clone()))
         })
         .collect()
+}
+
+/// Waits until every message acknowledged in `history` reached the
+/// devices, or [`CATCH_UP_LIMIT`]; when (since `epoch`) they had caught up.
+pub async fn wait_caught_up(
+    history: &History,
+    log: &Mutex<DeviceLog>,
+    epoch: Instant,
+) -> Option<u64> {
+    let deadline = Instant::now() + CATCH_UP_LIMIT;
+    loop {
+        let owed = {
+            let log = log.lock().expect("device log");
+            let snapshot = History {
+                sends: history.sends.clone(),
+                deliveries: log.deliveries.clone(),
+                devices: log.devices.clone(),
+                ..History::default()
+            };
+            undelivered(&snapshot).len()
+        };
+        if owed == 0 {
+            return Some(now_ms(epoch));
+        }
+        if Instant::now() >= deadline {
+            println!("  devices still miss {owed} deliveries; the drill stops waiting");
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 struct Device {
@@ -61,9 +119,10 @@ struct Device {
 }
 
 impl Device {
-    async fn run(mut self, until: Instant) {
+    async fn run(mut self, stop: Arc<AtomicBool>) {
         let (mut pts, mut queue, mut session, mut unacked) = (0u64, 0u64, 0u64, 0u64);
-        while Instant::now() < until {
+        let running = || !stop.load(Ordering::Relaxed);
+        while running() {
             session += 1;
             let request = SubscribeRequest {
                 caller: None,
@@ -83,7 +142,7 @@ impl Device {
             loop {
                 let next = tokio::time::timeout(Duration::from_millis(500), stream.message());
                 let push = match next.await {
-                    Err(_) if Instant::now() < until => continue,
+                    Err(_) if running() => continue,
                     Ok(Ok(Some(push))) => push,
                     // Ended, failed, or the drill is over.
                     _ => break,
@@ -104,6 +163,7 @@ impl Device {
                                 seq: e.seq,
                                 kind: e.kind,
                                 queue: e.queue_id,
+                                at_ms: now_ms(self.epoch),
                             });
                         unacked += 1;
                         if unacked >= ACK_EVERY {
@@ -111,7 +171,12 @@ impl Device {
                             self.ack(pts, queue).await;
                         }
                     }
-                    Some(sync_push::Push::Rebase(r)) => (pts, queue) = (r.latest_pts, r.queue_id),
+                    Some(sync_push::Push::Rebase(r)) => {
+                        (pts, queue) = (r.latest_pts, r.queue_id);
+                        let at = now_ms(self.epoch);
+                        let mut log = self.log.lock().expect("device log");
+                        log.followed(self.user, &self.name).rebases_ms.push(at);
+                    }
                     _ => {}
                 }
             }

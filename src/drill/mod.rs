@@ -13,6 +13,7 @@ mod report;
 mod workload;
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -221,15 +222,19 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
     let workers = workload.start(epoch, stop, ops.clone());
     // Devices follow a member until the read-back is done.
     let device_log = Arc::new(Mutex::new(devices::DeviceLog::default()));
+    let devices_stop = Arc::new(AtomicBool::new(false));
     let device_tasks = devices::start(
         dev.clone(),
         &workload.channels,
-        workload.senders[1..]
-            .first()
-            .copied()
-            .unwrap_or(workload.senders[0]),
+        (
+            workload.senders[1..]
+                .first()
+                .copied()
+                .unwrap_or(workload.senders[0]),
+            &workload.conversations,
+        ),
         epoch,
-        stop + SETTLE,
+        devices_stop.clone(),
         device_log.clone(),
     );
     let floors = watch_floors(dev.clone(), workload.conversations.clone(), stop);
@@ -259,6 +264,14 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
     // Read every conversation back once the deployment has settled.
     tokio::time::sleep(SETTLE).await;
     workload.read_back(&mut history).await?;
+    let caught_up_ms = devices::wait_caught_up(&history, &device_log, epoch).await;
+    devices_stop.store(true, Ordering::Relaxed);
+    if let Some(at) = caught_up_ms {
+        println!(
+            "  devices caught up {} ms after the senders stopped",
+            at.saturating_sub(end_ms)
+        );
+    }
     for task in device_tasks {
         task.await?;
     }
@@ -282,6 +295,7 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
     let log = std::mem::take(&mut *device_log.lock().expect("device log"));
     history.deliveries = log.deliveries;
     history.cursor_acks = log.cursor_acks;
+    history.devices = log.devices;
     // Floors a later failover replaced still explain the gaps they made.
     for (conversation, floor) in floors.await? {
         history.floors.push(cellmesh_chaos::history::Floor {
@@ -309,7 +323,8 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
         "faults": fault_records,
         "operations": {"acked": summary.acked, "rejected": summary.rejected,
             "rejected_by_code": summary.rejected_by_code, "unknown": summary.unknown},
-        "devices": {"deliveries": summary.deliveries, "subscriptions": summary.sessions},
+        "devices": {"deliveries": summary.deliveries, "subscriptions": summary.sessions,
+            "caught_up_at_ms": caught_up_ms, "ack_to_device_ms": summary.delivery_lag_ms},
         "moves_checked": summary.moves,
         "verdicts": verdicts,
         "ok": ok,

@@ -1,7 +1,7 @@
 //! The drill's report: faults with their recovery times, operation
 //! outcomes and the checker's verdicts, as JSON and as a human summary.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use cellmesh_chaos::history::{History, Outcome};
 use cellmesh_chaos::invariants::Verdict;
@@ -55,6 +55,9 @@ pub struct Summary {
     pub sessions: usize,
     /// Finished moves checked against their source's copy.
     pub moves: usize,
+    /// From a send's ack to its first arrival on each device that got it:
+    /// p50, p99 and max in ms (fan-out lag under the drill's faults).
+    pub delivery_lag_ms: Option<[u64; 3]>,
 }
 
 pub fn summarize(history: &History) -> Summary {
@@ -76,7 +79,36 @@ pub fn summarize(history: &History) -> Summary {
             .collect::<std::collections::BTreeSet<_>>()
             .len(),
         moves: history.migrations.len(),
+        delivery_lag_ms: delivery_lag(history),
     }
+}
+
+/// p50, p99 and max of the time from each acked send to its first arrival
+/// on each device (see [`Summary::delivery_lag_ms`]).
+pub fn delivery_lag(history: &History) -> Option<[u64; 3]> {
+    let mut first: HashMap<(&str, u64, u64, u64), u64> = HashMap::new();
+    for d in &history.deliveries {
+        let at = first
+            .entry((d.device.as_str(), d.user, d.conversation, d.seq))
+            .or_insert(d.at_ms);
+        *at = (*at).min(d.at_ms);
+    }
+    let mut lags: Vec<u64> = Vec::new();
+    for device in &history.devices {
+        for op in &history.sends {
+            let Outcome::Ok { seq, .. } = op.outcome else {
+                continue;
+            };
+            let key = (device.device.as_str(), device.user, op.conversation, seq);
+            if let Some(at) = first.get(&key) {
+                lags.push(at.saturating_sub(op.completed_ms));
+            }
+        }
+    }
+    lags.sort_unstable();
+    // Nearest rank.
+    let at = |q: f64| lags[((lags.len() as f64 * q).ceil() as usize).clamp(1, lags.len()) - 1];
+    (!lags.is_empty()).then(|| [at(0.5), at(0.99), at(1.0)])
 }
 
 pub fn print(summary: &Summary, verdicts: &[Verdict]) {
@@ -88,6 +120,9 @@ pub fn print(summary: &Summary, verdicts: &[Verdict]) {
         "devices: {} events received over {} subscriptions",
         summary.deliveries, summary.sessions
     );
+    if let Some([p50, p99, max]) = summary.delivery_lag_ms {
+        println!("  from ack to device: p50 {p50} ms, p99 {p99} ms, max {max} ms");
+    }
     if summary.moves > 0 {
         println!(
             "moves: {} checked against their source's copy",
@@ -114,7 +149,7 @@ pub fn print(summary: &Summary, verdicts: &[Verdict]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cellmesh_chaos::history::SendOp;
+    use cellmesh_chaos::history::{DeliveryRecord, Device, SendOp};
 
     fn op(conversation: u64, invoked_ms: u64, completed_ms: u64, ok: bool) -> SendOp {
         SendOp {
@@ -160,5 +195,36 @@ mod tests {
             ..fault
         };
         assert_eq!(recovery(&untouched, &history, 4_000)["affected"], 0);
+    }
+
+    #[test]
+    fn delivery_lag_counts_each_devices_first_arrival_of_acked_sends() {
+        let mut history = History {
+            sends: vec![op(7, 0, 100, true), op(7, 0, 100, false)],
+            ..History::default()
+        };
+        for (device, at) in [("phone", 130), ("laptop", 400), ("laptop", 150)] {
+            history.deliveries.push(DeliveryRecord {
+                user: 2,
+                device: device.into(),
+                session: 1,
+                pts: 1,
+                conversation: 7,
+                seq: 1,
+                kind: 1,
+                queue: 0,
+                at_ms: at,
+            });
+            if !history.devices.iter().any(|d| d.device == device) {
+                history.devices.push(Device {
+                    user: 2,
+                    device: device.into(),
+                    conversations: vec![7],
+                    rebases_ms: Vec::new(),
+                });
+            }
+        }
+        assert_eq!(delivery_lag(&history), Some([30, 50, 50]));
+        assert_eq!(delivery_lag(&History::default()), None);
     }
 }

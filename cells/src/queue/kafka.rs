@@ -1,10 +1,13 @@
 //! The Kafka backend: one topic per cell, keyed (so partitioned) by
 //! conversation; the idempotent producer keeps each partition in publish
 //! order; the cell's processors form one consumer group with auto-commit
-//! off, committing offsets only after the effects are durable.
+//! off, committing offsets (asynchronously) only after the effects are
+//! durable. Broker outages are ridden out, not reported as failures: the
+//! client reconnects by itself, and a commit lost meanwhile only means
+//! records are applied again, which the processor does idempotently.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cellmesh_proto::storage::v1::QueuedEvent;
 use prost::Message as _;
@@ -12,7 +15,7 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
-use rdkafka::error::RDKafkaErrorCode;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::Message as _;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
@@ -43,14 +46,17 @@ impl KafkaQueue {
         let brokers = config.queue.kafka.brokers.clone();
         let topic = config.kafka_topic();
         ensure_topic(&brokers, &topic, config.queue.partitions).await?;
-        let producer: FutureProducer = ClientConfig::new()
-            .set("bootstrap.servers", &brokers)
+        let producer: FutureProducer = client(&brokers)
             .set("enable.idempotence", "true")
             .set("acks", "all")
             .set("linger.ms", "1")
             .set(
                 "message.timeout.ms",
                 PUBLISH_TIMEOUT.as_millis().to_string(),
+            )
+            .set(
+                "request.timeout.ms",
+                config.queue.kafka.request_timeout_ms.to_string(),
             )
             .create()
             .map_err(kafka)?;
@@ -65,8 +71,7 @@ impl KafkaQueue {
     /// Joins `group` as a new consumer; `consumer()` of the trait uses the
     /// configured group name.
     pub fn join(&self, group: &str) -> Result<KafkaConsumer, QueueError> {
-        let consumer: StreamConsumer = ClientConfig::new()
-            .set("bootstrap.servers", &self.brokers)
+        let consumer: StreamConsumer = client(&self.brokers)
             .set("group.id", group)
             .set("enable.auto.commit", "false")
             .set("auto.offset.reset", "earliest")
@@ -81,15 +86,27 @@ impl KafkaQueue {
         Ok(KafkaConsumer {
             consumer: Arc::new(consumer),
             topic: self.topic.clone(),
+            warned: None,
         })
     }
 }
 
-async fn ensure_topic(brokers: &str, topic: &str, partitions: u32) -> Result<(), QueueError> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+/// What every client of the cell shares: the brokers, and reconnecting to
+/// a broker that was away within a second of its return (librdkafka's
+/// default backs off up to 10 s, which a queue outage then adds to).
+fn client(brokers: &str) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config
         .set("bootstrap.servers", brokers)
-        .create()
-        .map_err(kafka)?;
+        .set("reconnect.backoff.max.ms", RECONNECT_BACKOFF_MAX_MS);
+    config
+}
+
+/// See [`client`].
+const RECONNECT_BACKOFF_MAX_MS: &str = "1000";
+
+async fn ensure_topic(brokers: &str, topic: &str, partitions: u32) -> Result<(), QueueError> {
+    let admin: AdminClient<DefaultClientContext> = client(brokers).create().map_err(kafka)?;
     let admin = Arc::new(admin);
     let (probe, name) = (admin.clone(), topic.to_string());
     let existing = tokio::task::spawn_blocking(move || {
@@ -167,6 +184,8 @@ impl EventQueue for KafkaQueue {
 pub struct KafkaConsumer {
     consumer: Arc<StreamConsumer>,
     topic: String,
+    /// When consumption errors were last logged.
+    warned: Option<Instant>,
 }
 
 impl KafkaConsumer {
@@ -184,7 +203,26 @@ impl KafkaConsumer {
             event,
         })
     }
+
+    /// A consumption error: librdkafka recovers from these itself
+    /// (reconnects, finds the new coordinator, rejoins), so the consumer
+    /// carries on — failing would make the pipeline build a new group
+    /// member and the group wait out the old one's session. Logged at most
+    /// every few seconds.
+    async fn ride_out(&mut self, e: KafkaError) {
+        let now = Instant::now();
+        if self.warned.is_none_or(|at| now - at >= ERROR_LOG_EVERY) {
+            tracing::warn!(topic = %self.topic, error = %e, "kafka consumer error; the client is recovering");
+            self.warned = Some(now);
+        }
+        tokio::time::sleep(ERROR_PAUSE).await;
+    }
 }
+
+/// Least time between two warnings of a consumer's errors.
+const ERROR_LOG_EVERY: Duration = Duration::from_secs(5);
+/// Pause after a consumption error before polling again.
+const ERROR_PAUSE: Duration = Duration::from_millis(50);
 
 #[tonic::async_trait]
 impl EventConsumer for KafkaConsumer {
@@ -192,14 +230,21 @@ impl EventConsumer for KafkaConsumer {
         let mut out = Vec::new();
         let first = match tokio::time::timeout(wait, self.consumer.recv()).await {
             Err(_) => return Ok(out),
-            Ok(result) => result.map_err(kafka)?,
+            Ok(Err(e)) => {
+                self.ride_out(e).await;
+                return Ok(out);
+            }
+            Ok(Ok(m)) => m,
         };
         out.extend(self.delivery(&first));
         drop(first);
         while out.len() < max {
             match tokio::time::timeout(Duration::from_millis(1), self.consumer.recv()).await {
                 Ok(Ok(m)) => out.extend(self.delivery(&m)),
-                Ok(Err(e)) => return Err(kafka(e)),
+                Ok(Err(e)) => {
+                    self.ride_out(e).await;
+                    break;
+                }
                 Err(_) => break,
             }
         }
@@ -216,10 +261,13 @@ impl EventConsumer for KafkaConsumer {
             )
             .map_err(kafka)?;
         }
-        let consumer = self.consumer.clone();
-        tokio::task::spawn_blocking(move || consumer.commit(&list, CommitMode::Sync))
-            .await
-            .map_err(kafka)?
-            .map_err(kafka)
+        // Asynchronous: processing does not wait for the group coordinator.
+        // A commit lost to a broker outage or a rebalance is not an error:
+        // a later commit covers these offsets, or the partition's next owner
+        // reads them again and the processor applies them idempotently.
+        if let Err(e) = self.consumer.commit(&list, CommitMode::Async) {
+            self.ride_out(e).await;
+        }
+        Ok(())
     }
 }

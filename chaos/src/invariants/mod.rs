@@ -4,6 +4,7 @@
 //! twice is not.
 
 mod cursor;
+mod device_complete;
 mod device_order;
 mod duplicates;
 mod lost_acked;
@@ -12,6 +13,10 @@ mod seq_order;
 mod split_brain;
 
 use serde::Serialize;
+
+/// Deliveries still owed to the devices (what the drill waits on before
+/// it stops them).
+pub use device_complete::check as undelivered;
 
 use crate::history::History;
 
@@ -42,12 +47,13 @@ const KEEP: usize = 20;
 type Check = fn(&History) -> Vec<Violation>;
 
 /// Every invariant, in DESIGN.md order.
-pub const ALL: [(&str, Check); 7] = [
+pub const ALL: [(&str, Check); 8] = [
     (lost_acked::NAME, lost_acked::check),
     (duplicates::NAME, duplicates::check),
     (seq_order::NAME, seq_order::check),
     (cursor::NAME, cursor::check),
     (device_order::NAME, device_order::check),
+    (device_complete::NAME, device_complete::check),
     (migration::NAME, migration::check),
     (split_brain::NAME, split_brain::check),
 ];
@@ -109,6 +115,7 @@ pub(crate) mod fixtures {
             seq,
             kind: 1,
             queue: 0,
+            at_ms: seq * 10 + 20,
         }
     }
 
@@ -130,6 +137,14 @@ pub(crate) mod fixtures {
         }
         h.conversations
             .insert(7, vec![stored("a", 1), stored("b", 2), stored("c", 3)]);
+        for device in ["phone", "laptop"] {
+            h.devices.push(Device {
+                user: 2,
+                device: device.into(),
+                conversations: vec![7],
+                rebases_ms: Vec::new(),
+            });
+        }
         h.cursor_acks = vec![
             CursorAck {
                 user: 2,

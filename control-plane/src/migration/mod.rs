@@ -381,8 +381,8 @@ struct Ends {
     target: Peer,
 }
 
-/// Source and target answers to the same digest request, or the first
-/// failure.
+/// Source and target answers to the same digest request (asked at once),
+/// or the first failure.
 fn both(
     source: Result<tonic::Response<DigestResponse>, tonic::Status>,
     target: Result<tonic::Response<DigestResponse>, tonic::Status>,
@@ -451,8 +451,10 @@ impl Subject for ConversationMove<'_> {
             through_seq: through,
         };
         let (m, ends) = (self.migrator, &mut self.ends);
-        let a = ends.source.conversation_digest(m.request(digest)).await;
-        let b = ends.target.conversation_digest(m.request(digest)).await;
+        let (a, b) = tokio::join!(
+            ends.source.conversation_digest(m.request(digest)),
+            ends.target.conversation_digest(m.request(digest))
+        );
         both(a, b)
     }
 

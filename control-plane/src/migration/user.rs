@@ -140,8 +140,11 @@ impl Subject for UserMove<'_> {
         through: u64,
     ) -> Result<(DigestResponse, DigestResponse), MigrationError> {
         let (m, digest) = (self.migrator, self.digest(after, through));
-        let a = self.ends.source.user_digest(m.request(digest)).await;
-        let b = self.ends.target.user_digest(m.request(digest)).await;
+        let (source, target) = (&mut self.ends.source, &mut self.ends.target);
+        let (a, b) = tokio::join!(
+            source.user_digest(m.request(digest)),
+            target.user_digest(m.request(digest))
+        );
         both(a, b)
     }
 

@@ -112,6 +112,7 @@ async fn follow(
                 seq: e.seq,
                 kind: e.kind,
                 queue: e.queue_id,
+                at_ms: epoch.elapsed().as_millis() as u64,
             });
             if let Ok(ack) = s
                 .ack(AckRequest {

@@ -12,6 +12,7 @@ mod edge;
 mod failover;
 mod history;
 mod homes;
+mod kafka_queue;
 mod migration;
 mod presence;
 mod process_failover;
