@@ -34,7 +34,8 @@ pub struct MigrateArgs {
     messages: u32,
     #[arg(long, default_value_t = 32)]
     concurrency: usize,
-    #[arg(long, default_value_t = 1000)]
+    /// Messages per copied chunk (the migrator's default).
+    #[arg(long, default_value_t = MigrationOptions::default().chunk)]
     chunk: u32,
     #[arg(long)]
     json: Option<PathBuf>,

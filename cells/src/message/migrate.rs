@@ -19,7 +19,11 @@ use crate::storage::{IdemKey, IdemKind, Mutation};
 
 /// How long a seal waits for the frozen route and the last commits.
 const SEAL_TIMEOUT: Duration = Duration::from_secs(10);
-const MAX_EXPORT_CHUNK: usize = 5_000;
+/// Most messages in one exported chunk (or one digest page).
+const MAX_EXPORT_CHUNK: usize = 10_000;
+/// Most stored bytes in one exported chunk: a chunk of large messages stays
+/// well inside the peers' 64 MiB message limit.
+const MAX_EXPORT_BYTES: usize = 8 << 20;
 
 /// A message's contribution to a conversation checksum; sums of these are
 /// compared between source and target.
@@ -100,7 +104,8 @@ impl MessageService {
             }
         }
         let limit = limit.clamp(1, MAX_EXPORT_CHUNK);
-        let messages = self.store.messages_after(conversation, after_seq, limit)?;
+        let messages =
+            (self.store).messages_after(conversation, after_seq, limit, MAX_EXPORT_BYTES)?;
         let checksum = messages.iter().fold(0u64, |acc, (s, m)| {
             acc.wrapping_add(message_checksum(*s, m))
         });
@@ -238,9 +243,12 @@ impl MessageService {
             .unwrap_or(0);
         let (mut count, mut checksum, mut after) = (0u64, 0u64, after_seq);
         loop {
-            let page = self
-                .store
-                .messages_after(conversation, after, MAX_EXPORT_CHUNK)?;
+            let page = self.store.messages_after(
+                conversation,
+                after,
+                MAX_EXPORT_CHUNK,
+                MAX_EXPORT_BYTES,
+            )?;
             let Some(&(last, _)) = page.last() else { break };
             for (seq, m) in page.iter().filter(|(s, _)| *s <= through_seq) {
                 count += 1;

@@ -55,7 +55,12 @@ impl MessageService {
             && !self.backfilled(cmd.conversation)?
             && self
                 .store
-                .messages_after(cmd.conversation, seq.seq_floor.saturating_sub(1), 1)?
+                .messages_after(
+                    cmd.conversation,
+                    seq.seq_floor.saturating_sub(1),
+                    1,
+                    usize::MAX,
+                )?
                 .first()
                 .is_none_or(|(s, _)| *s > seq.seq_floor)
         {

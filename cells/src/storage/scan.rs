@@ -84,22 +84,25 @@ impl Store {
     }
 
     /// Up to `limit` stored messages of `conversation` with seq > `after`,
-    /// ascending, whatever their visibility (migration copies them all).
+    /// ascending, whatever their visibility (migration copies them all);
+    /// stops early once they hold `max_bytes` (at least one is returned).
     pub fn messages_after(
         &self,
         conversation: u64,
         after: u64,
         limit: usize,
+        max_bytes: usize,
     ) -> Result<Vec<(u64, MessageRecord)>> {
         let lower = keys::conv_item(conversation, after.saturating_add(1)).to_vec();
         let upper = keys::conv_item(conversation, u64::MAX).to_vec();
         let mut it = self.bounded_iter(cf::MESSAGES, (lower, upper));
         it.seek_to_first();
-        let mut out = Vec::new();
-        while it.valid() && out.len() < limit {
+        let (mut out, mut bytes) = (Vec::new(), 0usize);
+        while it.valid() && out.len() < limit && (out.is_empty() || bytes < max_bytes) {
             let (Some(key), Some(value)) = (it.key(), it.value()) else {
                 break;
             };
+            bytes += value.len();
             let seq = keys::last_u64(key).ok_or_else(|| corrupt(cf::MESSAGES, "short key"))?;
             let record = MessageRecord::decode(value).map_err(|e| corrupt(cf::MESSAGES, e))?;
             out.push((seq, record));

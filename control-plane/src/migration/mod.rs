@@ -71,7 +71,7 @@ pub enum StopPoint {
 impl Default for MigrationOptions {
     fn default() -> Self {
         Self {
-            chunk: 1_000,
+            chunk: 5_000,
             catch_up_lag: 50,
             max_catch_up_rounds: 20,
             pause: Duration::ZERO,
@@ -97,7 +97,8 @@ pub struct MigrationReport {
     /// The source's last seq; the target assigns above it.
     pub final_seq: u64,
     pub messages_verified: u64,
-    /// How long writes were refused (freeze → switch).
+    /// How long writes were refused: from the route table's commit of the
+    /// freeze to its commit of the switch.
     pub frozen_for: Duration,
     pub total: Duration,
     pub switch_epoch: u64,
@@ -186,7 +187,6 @@ impl Migrator {
         ))
     }
 
-    /// Applies one transition of `key` at `expect_epoch`; the new epoch.
     /// Waits while an operator holds the migration of `key` (phase
     /// `Paused`); the entry's current epoch once it may go on.
     async fn hold_while_paused(
@@ -309,7 +309,25 @@ impl Migrator {
             .map_err(call("route entry"))
     }
 
+    /// Applies one transition and waits until this migrator's view of the
+    /// table has it; the new epoch.
     async fn transition(
+        &self,
+        key: &Key,
+        expect_epoch: u64,
+        t: Transition,
+    ) -> Result<u64, MigrationError> {
+        let epoch = self.commit(key, expect_epoch, t).await?;
+        // Cells and edges follow the table; give them the change first.
+        self.routes
+            .wait_applied(epoch, Duration::from_secs(5))
+            .await;
+        Ok(epoch)
+    }
+
+    /// Applies one transition of `key` at `expect_epoch`, returning as soon
+    /// as the route table committed it; the new epoch.
+    async fn commit(
         &self,
         key: &Key,
         expect_epoch: u64,
@@ -330,10 +348,6 @@ impl Migrator {
                     }
                 }
             })?;
-        // Cells and edges follow the table; give them the change first.
-        self.routes
-            .wait_applied(applied.index, Duration::from_secs(5))
-            .await;
         Ok(applied.index)
     }
 

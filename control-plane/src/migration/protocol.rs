@@ -113,10 +113,9 @@ impl Migrator {
             epoch = self
                 .hold_while_paused(key, to, epoch, copied, progress)
                 .await?;
+            // The source's seal waits until it has seen the freeze itself.
+            epoch = self.commit(key, epoch, Transition::Freeze(true)).await?;
             frozen_at = Instant::now();
-            epoch = self
-                .transition(key, epoch, Transition::Freeze(true))
-                .await?;
             self.stop_at(StopPoint::Frozen)?;
         }
         let final_position = subject.seal(epoch).await?;
@@ -162,13 +161,13 @@ impl Migrator {
                 target_sum: b.checksum,
             });
         }
-        let switch_epoch = self
-            .transition(
-                key,
-                epoch,
-                Transition::SwitchFloor(subject.switch_floor(final_position)),
-            )
-            .await?;
+        let floor = Transition::SwitchFloor(subject.switch_floor(final_position));
+        let switch_epoch = self.commit(key, epoch, floor).await?;
+        let frozen_for = frozen_at.elapsed();
+        // Cells and edges follow the table; give them the switch first.
+        self.routes
+            .wait_applied(switch_epoch, std::time::Duration::from_secs(5))
+            .await;
         progress(&Progress {
             phase: "switched",
             copied_through: copied,
@@ -177,7 +176,7 @@ impl Migrator {
         Ok(Moved {
             final_position,
             verified: a.count,
-            frozen_for: frozen_at.elapsed(),
+            frozen_for,
             switch_epoch,
         })
     }

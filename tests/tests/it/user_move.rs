@@ -245,7 +245,10 @@ async fn moved_copies_are_dropped_after_the_grace_period() {
     let source = d.cells[0].cell.service.store().clone();
     let target = d.cells[1].cell.service.store().clone();
     let has_history = |store: &cellmesh_cell::storage::Store| {
-        !store.messages_after(conversation, 0, 1).unwrap().is_empty()
+        !store
+            .messages_after(conversation, 0, 1, usize::MAX)
+            .unwrap()
+            .is_empty()
     };
     let has_queue = |store: &cellmesh_cell::storage::Store| store.user_pts(BOB).unwrap() > 0;
     assert!(
