@@ -5,8 +5,7 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use cellmesh_control_plane::failover::execute;
-use cellmesh_control_plane::failover::planner::plan_failover;
+use cellmesh_control_plane::failover::fail_fenced;
 use cellmesh_control_plane::migration::{MigrationOptions, Migrator};
 use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::v1 as pb;
@@ -111,6 +110,12 @@ enum CtlCommand {
         /// Seq floor margin above each conversation's checkpoint.
         #[arg(long, default_value_t = 1000)]
         margin: u64,
+        /// Wait this long between marking the cell Down and moving its
+        /// routes: the cells' `routing.owner_lease_ms`, after which a cell
+        /// cut off from the route table has stopped writing. `0s` when the
+        /// cell is known to be dead.
+        #[arg(long, default_value = "2s")]
+        fence: humantime::Duration,
     },
     /// Stop placing anything on a cell and move everything it owns (its
     /// tenants and conversation overrides) to another cell by live
@@ -443,13 +448,20 @@ pub async fn run(mut args: CtlArgs) -> anyhow::Result<()> {
         CtlCommand::Failback { cell, parallel } => {
             moves::failback(routes, secret, &cell, parallel).await?
         }
-        CtlCommand::Fail { cell, margin } => {
-            let plan = routes
-                .read(|t| plan_failover(t, &cell, margin))
-                .map_err(anyhow::Error::msg)?;
-            execute(&routes, &plan.commands)
-                .await
-                .map_err(|e| anyhow::anyhow!(describe(&e)))?;
+        CtlCommand::Fail {
+            cell,
+            margin,
+            fence,
+        } => {
+            let fence = Duration::from(fence);
+            let plan = fail_fenced(&routes, &cell, margin, fence, |_| {
+                println!(
+                    "{cell} is Down; moving its routes in {} (its owner lease)",
+                    humantime::format_duration(fence)
+                )
+            })
+            .await
+            .map_err(|e| anyhow::anyhow!(describe(&e)))?;
             println!(
                 "{cell} is Down; {} routes moved to {} (floors: checkpoint + {margin})",
                 plan.moved_entries, plan.fallback

@@ -397,3 +397,50 @@ async fn a_cell_whose_disk_fails_is_failed_over() {
         after.seq
     );
 }
+
+/// `ctl fail` on a cell cut off from the route table (alive, still holding
+/// its owner lease): the routes move only after the fence, by which time
+/// the cut-off cell has stopped writing — it and its successor never
+/// accept writes at the same time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manual_failover_moves_routes_only_once_the_cut_off_cell_stopped_writing() {
+    let b = behind_a_link(|c| c.routing.owner_lease_ms = 500).await;
+    let _fallback =
+        cellmesh_tests::TestCell::start_routed("eu-west/c2", b.cluster.endpoints()).await;
+    // Straight to the cell, as a component of the deployment would.
+    let mut direct = b._cell.client().await;
+    let send = |tag: &str| {
+        let mut r = tonic::Request::new(cellmesh_tests::text(1, 10, b.conv, tag, "x"));
+        ClusterSecret::new(SECRET).attach(&mut r);
+        r
+    };
+    direct.send(send("before")).await.unwrap();
+
+    b.link.partition(true, true);
+    b.link.cut();
+    let mut fenced_at = None;
+    let plan = cellmesh_control_plane::failover::fail_fenced(
+        &b.routes,
+        "eu-west/c1",
+        1000,
+        Duration::from_millis(700),
+        |_| {
+            fenced_at = Some(Instant::now());
+        },
+    )
+    .await
+    .unwrap();
+    assert!(fenced_at.is_some_and(|at| at.elapsed() >= Duration::from_millis(700)));
+    let key = Key::conversation(1, b.conv);
+    assert_eq!(
+        b.routes.read(|t| t.resolve(&key).map(|r| r.entry.cell)),
+        Some("eu-west/c2".to_string()),
+        "{plan:?}"
+    );
+    // The moment the successor owns it, the cut-off cell refuses.
+    let refused = direct.send(send("after the move")).await.unwrap_err();
+    assert!(
+        format!("{refused:?}").contains("OWNER_LEASE_EXPIRED"),
+        "{refused:?}"
+    );
+}
