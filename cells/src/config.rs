@@ -122,10 +122,11 @@ pub struct KafkaConfig {
     /// Consumer group of this cell's processors.
     pub group: String,
     pub session_timeout_ms: u32,
-    /// How long the producer waits for a broker's answer before it sends
-    /// the request again (the idempotent producer makes resending safe).
-    /// Kept well below the publish timeout: a request lost with a broker
-    /// connection would otherwise hold the relay for the whole of it.
+    /// How long a client waits for a broker's answer: the producer then
+    /// sends the request again (safe: it is idempotent), a consumer gives up
+    /// on a heartbeat or offset commit. Kept well below the publish timeout
+    /// and librdkafka's 60 s: a request lost with a broker connection would
+    /// otherwise hold the relay, or a consumer's rejoin, that long.
     pub request_timeout_ms: u32,
 }
 
@@ -431,8 +432,8 @@ impl CellConfig {
         )?;
         check(
             "queue.kafka.request_timeout_ms",
-            (100..=30_000).contains(&self.queue.kafka.request_timeout_ms),
-            "must be between 100 and 30000 (the publish timeout)",
+            (1_000..=30_000).contains(&self.queue.kafka.request_timeout_ms),
+            "must be between 1000 (above the consumer's fetch wait) and 30000 (the publish timeout)",
         )?;
         check("fanout.batch", self.fanout.batch >= 1, "must be at least 1")?;
         check(

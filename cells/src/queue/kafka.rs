@@ -21,7 +21,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::{Delivery, EventConsumer, EventQueue, QueueError, last_offsets};
-use crate::config::CellConfig;
+use crate::config::{CellConfig, KafkaConfig};
 
 /// How long a publish may wait for the brokers before it fails (and the
 /// relay retries it).
@@ -32,8 +32,7 @@ const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct KafkaQueue {
     producer: FutureProducer,
     topic: String,
-    brokers: String,
-    session_timeout_ms: u32,
+    settings: KafkaConfig,
 }
 
 fn kafka(e: impl std::fmt::Display) -> QueueError {
@@ -43,10 +42,10 @@ fn kafka(e: impl std::fmt::Display) -> QueueError {
 impl KafkaQueue {
     /// Connects, creating the cell's topic if it does not exist.
     pub async fn connect(config: &CellConfig) -> Result<Self, QueueError> {
-        let brokers = config.queue.kafka.brokers.clone();
+        let settings = config.queue.kafka.clone();
         let topic = config.kafka_topic();
-        ensure_topic(&brokers, &topic, config.queue.partitions).await?;
-        let producer: FutureProducer = client(&brokers)
+        ensure_topic(&settings, &topic, config.queue.partitions).await?;
+        let producer: FutureProducer = client(&settings)
             .set("enable.idempotence", "true")
             .set("acks", "all")
             .set("linger.ms", "1")
@@ -56,29 +55,29 @@ impl KafkaQueue {
             )
             .set(
                 "request.timeout.ms",
-                config.queue.kafka.request_timeout_ms.to_string(),
+                settings.request_timeout_ms.to_string(),
             )
             .create()
             .map_err(kafka)?;
         Ok(Self {
             producer,
             topic,
-            brokers,
-            session_timeout_ms: config.queue.kafka.session_timeout_ms,
+            settings,
         })
     }
 
     /// Joins `group` as a new consumer; `consumer()` of the trait uses the
     /// configured group name.
     pub fn join(&self, group: &str) -> Result<KafkaConsumer, QueueError> {
-        let consumer: StreamConsumer = client(&self.brokers)
+        let session_timeout_ms = self.settings.session_timeout_ms;
+        let consumer: StreamConsumer = client(&self.settings)
             .set("group.id", group)
             .set("enable.auto.commit", "false")
             .set("auto.offset.reset", "earliest")
-            .set("session.timeout.ms", self.session_timeout_ms.to_string())
+            .set("session.timeout.ms", session_timeout_ms.to_string())
             .set(
                 "heartbeat.interval.ms",
-                (self.session_timeout_ms / 4).max(100).to_string(),
+                (session_timeout_ms / 4).max(100).to_string(),
             )
             .create()
             .map_err(kafka)?;
@@ -91,22 +90,31 @@ impl KafkaQueue {
     }
 }
 
-/// What every client of the cell shares: the brokers, and reconnecting to
-/// a broker that was away within a second of its return (librdkafka's
-/// default backs off up to 10 s, which a queue outage then adds to).
-fn client(brokers: &str) -> ClientConfig {
+/// What every client of the cell shares: the brokers; reconnecting to a
+/// broker that was away within a second of its return (librdkafka's
+/// default backs off up to 10 s, which a queue outage then adds to); and
+/// giving up on an unanswered request (a heartbeat, an offset commit)
+/// after `request_timeout_ms` rather than librdkafka's 60 s — a request
+/// lost with a broker connection otherwise holds a consumer's rejoin that
+/// long.
+fn client(settings: &KafkaConfig) -> ClientConfig {
     let mut config = ClientConfig::new();
     config
-        .set("bootstrap.servers", brokers)
-        .set("reconnect.backoff.max.ms", RECONNECT_BACKOFF_MAX_MS);
+        .set("bootstrap.servers", &settings.brokers)
+        .set("reconnect.backoff.max.ms", RECONNECT_BACKOFF_MAX_MS)
+        .set("socket.timeout.ms", settings.request_timeout_ms.to_string());
     config
 }
 
 /// See [`client`].
 const RECONNECT_BACKOFF_MAX_MS: &str = "1000";
 
-async fn ensure_topic(brokers: &str, topic: &str, partitions: u32) -> Result<(), QueueError> {
-    let admin: AdminClient<DefaultClientContext> = client(brokers).create().map_err(kafka)?;
+async fn ensure_topic(
+    settings: &KafkaConfig,
+    topic: &str,
+    partitions: u32,
+) -> Result<(), QueueError> {
+    let admin: AdminClient<DefaultClientContext> = client(settings).create().map_err(kafka)?;
     let admin = Arc::new(admin);
     let (probe, name) = (admin.clone(), topic.to_string());
     let existing = tokio::task::spawn_blocking(move || {
