@@ -23,6 +23,8 @@ use crate::devtarget::DevTarget;
 const ACK_EVERY: u64 = 10;
 /// How long the devices may take to catch up once the deployment settled.
 const CATCH_UP_LIMIT: Duration = Duration::from_secs(30);
+/// A device that has received nothing for this long subscribes again.
+const IDLE_RESUBSCRIBE: Duration = Duration::from_secs(3);
 /// The devices' names.
 const NAMES: [&str; 2] = ["phone", "laptop"];
 
@@ -33,6 +35,9 @@ pub struct DeviceLog {
     pub cursor_acks: Vec<CursorAck>,
     /// Each device with the conversations owed to it and its rebases.
     pub devices: Vec<Followed>,
+    /// Times a device heard nothing for [`IDLE_RESUBSCRIBE`] and subscribed
+    /// again (a stream that went quiet while events were owed shows here).
+    pub idle_resubscribes: usize,
 }
 
 impl DeviceLog {
@@ -139,9 +144,16 @@ impl Device {
                     continue;
                 }
             };
+            let mut heard = Instant::now();
             loop {
                 let next = tokio::time::timeout(Duration::from_millis(500), stream.message());
                 let push = match next.await {
+                    // A client that has heard nothing for a while checks
+                    // its stream by subscribing again from its cursor.
+                    Err(_) if running() && heard.elapsed() >= IDLE_RESUBSCRIBE => {
+                        self.log.lock().expect("device log").idle_resubscribes += 1;
+                        break;
+                    }
                     Err(_) if running() => continue,
                     Ok(Ok(Some(push))) => push,
                     // Ended, failed, or the drill is over.
@@ -149,6 +161,7 @@ impl Device {
                 };
                 match push.push {
                     Some(sync_push::Push::Event(e)) => {
+                        heard = Instant::now();
                         (pts, queue) = (e.pts, e.queue_id);
                         self.log
                             .lock()

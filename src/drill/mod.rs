@@ -266,6 +266,10 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
     workload.read_back(&mut history).await?;
     let caught_up_ms = devices::wait_caught_up(&history, &device_log, epoch).await;
     devices_stop.store(true, Ordering::Relaxed);
+    println!(
+        "  devices subscribed again after {} quiet spells of 3 s",
+        device_log.lock().expect("device log").idle_resubscribes
+    );
     if let Some(at) = caught_up_ms {
         println!(
             "  devices caught up {} ms after the senders stopped",
@@ -293,6 +297,7 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
         });
     }
     let log = std::mem::take(&mut *device_log.lock().expect("device log"));
+    let idle_resubscribes = log.idle_resubscribes;
     history.deliveries = log.deliveries;
     history.cursor_acks = log.cursor_acks;
     history.devices = log.devices;
@@ -324,7 +329,8 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
         "operations": {"acked": summary.acked, "rejected": summary.rejected,
             "rejected_by_code": summary.rejected_by_code, "unknown": summary.unknown},
         "devices": {"deliveries": summary.deliveries, "subscriptions": summary.sessions,
-            "caught_up_at_ms": caught_up_ms, "ack_to_device_ms": summary.delivery_lag_ms},
+            "caught_up_at_ms": caught_up_ms, "ack_to_device_ms": summary.delivery_lag_ms,
+            "idle_resubscribes": idle_resubscribes},
         "moves_checked": summary.moves,
         "verdicts": verdicts,
         "ok": ok,
