@@ -137,7 +137,8 @@ pub fn print(summary: &Summary, verdicts: &[Verdict]) {
                 "holds".to_string()
             } else {
                 format!(
-                    "VIOLATED ({}): {:?}",
+                    "VIOLATED{} ({}): {:?}",
+                    if v.gating { "" } else { " (advisory)" },
                     v.violations,
                     v.counterexamples.first()
                 )
