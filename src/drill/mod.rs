@@ -266,10 +266,6 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
     workload.read_back(&mut history).await?;
     let caught_up_ms = devices::wait_caught_up(&history, &device_log, epoch).await;
     devices_stop.store(true, Ordering::Relaxed);
-    println!(
-        "  devices subscribed again after {} quiet spells of 3 s",
-        device_log.lock().expect("device log").idle_resubscribes
-    );
     if let Some(at) = caught_up_ms {
         println!(
             "  devices caught up {} ms after the senders stopped",
@@ -298,6 +294,7 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
     }
     let log = std::mem::take(&mut *device_log.lock().expect("device log"));
     let idle_resubscribes = log.idle_resubscribes;
+    println!("  devices subscribed again after {idle_resubscribes} quiet spells");
     history.deliveries = log.deliveries;
     history.cursor_acks = log.cursor_acks;
     history.devices = log.devices;

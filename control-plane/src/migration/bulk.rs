@@ -150,9 +150,7 @@ impl Migrator {
             .apply(set_cell_status(cell, pb::CellStatus::Draining))
             .await
             .map_err(call("mark the cell Draining"))?;
-        self.routes
-            .wait_applied(applied.index, std::time::Duration::from_secs(5))
-            .await;
+        self.follow(applied.index).await;
         let selection = self.select(|e| e.cell == cell);
         Ok(self.move_all(selection, &to, parallel, events).await)
     }

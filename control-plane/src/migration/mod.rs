@@ -198,9 +198,7 @@ impl Migrator {
         progress: &mut impl FnMut(&Progress),
     ) -> Result<u64, MigrationError> {
         // The cached table must have seen this migrator's own last change.
-        self.routes
-            .wait_applied(known_epoch, Duration::from_secs(5))
-            .await;
+        self.follow(known_epoch).await;
         let mut reported = false;
         loop {
             let entry = self.routes.read(|t| t.entry(key).cloned());
@@ -318,11 +316,16 @@ impl Migrator {
         t: Transition,
     ) -> Result<u64, MigrationError> {
         let epoch = self.commit(key, expect_epoch, t).await?;
-        // Cells and edges follow the table; give them the change first.
+        self.follow(epoch).await;
+        Ok(epoch)
+    }
+
+    /// Waits (bounded) until this migrator's view of the table has `epoch`:
+    /// cells and edges follow the table; they get the change first.
+    async fn follow(&self, epoch: u64) {
         self.routes
             .wait_applied(epoch, Duration::from_secs(5))
             .await;
-        Ok(epoch)
     }
 
     /// Applies one transition of `key` at `expect_epoch`, returning as soon

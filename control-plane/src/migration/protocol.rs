@@ -164,10 +164,7 @@ impl Migrator {
         let floor = Transition::SwitchFloor(subject.switch_floor(final_position));
         let switch_epoch = self.commit(key, epoch, floor).await?;
         let frozen_for = frozen_at.elapsed();
-        // Cells and edges follow the table; give them the switch first.
-        self.routes
-            .wait_applied(switch_epoch, std::time::Duration::from_secs(5))
-            .await;
+        self.follow(switch_epoch).await;
         progress(&Progress {
             phase: "switched",
             copied_through: copied,
