@@ -137,8 +137,7 @@ pub fn print(summary: &Summary, verdicts: &[Verdict]) {
                 "holds".to_string()
             } else {
                 format!(
-                    "VIOLATED{} ({}): {:?}",
-                    if v.gating { "" } else { " (advisory)" },
+                    "VIOLATED ({}): {:?}",
                     v.violations,
                     v.counterexamples.first()
                 )

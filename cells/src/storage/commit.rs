@@ -138,18 +138,29 @@ impl Drop for Committer {
     }
 }
 
+/// The highest outbox id ever issued: the last event still in the outbox,
+/// or, once the relay has moved and dropped them all, its cursor. Ids are
+/// never issued twice: the processor takes an event whose id it has seen
+/// for a redelivery.
 fn last_outbox_id(db: &DB) -> Result<u64> {
+    let corrupt = |cf: &'static str, detail: &str| StorageError::Corrupt {
+        cf,
+        detail: detail.into(),
+    };
     let handle = db.cf_handle(cf::OUTBOX).expect("outbox column family");
-    match db.iterator_cf(handle, IteratorMode::End).next() {
-        None => Ok(0),
+    let last = match db.iterator_cf(handle, IteratorMode::End).next() {
+        None => 0,
         Some(item) => {
             let (key, _) = item?;
-            keys::decode_u64(&key).ok_or(StorageError::Corrupt {
-                cf: cf::OUTBOX,
-                detail: "bad key".into(),
-            })
+            keys::decode_u64(&key).ok_or_else(|| corrupt(cf::OUTBOX, "bad key"))?
         }
-    }
+    };
+    let meta = db.cf_handle(cf::META).expect("meta column family");
+    let relayed = match db.get_pinned_cf(meta, keys::meta::RELAY_CURSOR)? {
+        None => 0,
+        Some(v) => keys::decode_u64(&v).ok_or_else(|| corrupt(cf::META, "bad relay cursor"))?,
+    };
+    Ok(last.max(relayed))
 }
 
 struct Writer {

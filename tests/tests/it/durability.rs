@@ -1,6 +1,10 @@
 //! Acknowledged means fsynced: a cell process killed with SIGKILL right after
-//! acknowledging sends keeps every one of them, and seq continues above them.
+//! acknowledging sends keeps every one of them, and seq continues above them,
+//! and what is sent after the restart still reaches the members' devices.
 
+use std::time::Duration;
+
+use cellmesh_tests::sync::{connect_sync, message_seqs, messages, subscribe};
 use cellmesh_tests::*;
 
 const TENANT: u64 = 3;
@@ -74,4 +78,41 @@ async fn sigkill_after_acks_loses_nothing() {
         .unwrap()
         .into_inner();
     assert!(retry.duplicate);
+}
+
+/// The fan-out of a restarted cell goes on: its outbox was drained before the
+/// kill, and the events it takes after the restart are new ones, not taken
+/// for redeliveries of those it fanned out before.
+#[tokio::test]
+async fn fan_out_goes_on_after_a_sigkill() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cell = CellProcess::start(dir.path()).await;
+    let mut client = connect(&cell.endpoint).await;
+    let conv = create_group(&mut client, TENANT, 1, &[2]).await;
+    for i in 0..20 {
+        let req = format!("before-{i}");
+        client.send(text(TENANT, 1, conv, &req, "x")).await.unwrap();
+    }
+    let mut sync = connect_sync(&cell.endpoint).await;
+    let mut stream = subscribe(&mut sync, TENANT, 2, "phone", 0).await;
+    let before = messages(&mut stream, 20, Duration::from_secs(10)).await;
+    assert_eq!(message_seqs(&before), (1..=20).collect::<Vec<_>>());
+    drop((stream, sync));
+    cell.kill();
+    drop(client);
+
+    let restarted = CellProcess::start(dir.path()).await;
+    let mut client = connect(&restarted.endpoint).await;
+    for i in 0..5 {
+        let req = format!("after-{i}");
+        client.send(text(TENANT, 1, conv, &req, "y")).await.unwrap();
+    }
+    let mut sync = connect_sync(&restarted.endpoint).await;
+    let mut stream = subscribe(&mut sync, TENANT, 2, "phone", 0).await;
+    let all = messages(&mut stream, 25, Duration::from_secs(10)).await;
+    assert_eq!(
+        message_seqs(&all),
+        (1..=25).collect::<Vec<_>>(),
+        "every message, before and after the restart, reached the device once, in order"
+    );
 }
