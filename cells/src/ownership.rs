@@ -3,6 +3,8 @@
 //! seq above the route's `seq_floor`. Until the route table is consulted, a
 //! standalone cell owns everything ([`OwnAll`]).
 
+use std::time::Duration;
+
 use futures::future::BoxFuture;
 
 use crate::error::CellError;
@@ -60,6 +62,12 @@ pub trait Ownership: Send + Sync + 'static {
     /// cell has seen everything).
     fn route_index(&self) -> u64 {
         u64::MAX
+    }
+
+    /// Waits at most `timeout` until this cell's view has reached route-table
+    /// index `index`; whether it did.
+    fn await_route_index(&self, _index: u64, _timeout: Duration) -> BoxFuture<'_, bool> {
+        Box::pin(async { true })
     }
 }
 

@@ -103,6 +103,10 @@ impl Ownership for Routed {
         self.client.applied()
     }
 
+    fn await_route_index(&self, index: u64, timeout: Duration) -> BoxFuture<'_, bool> {
+        Box::pin(self.client.wait_applied(index, timeout))
+    }
+
     fn check_read(&self, tenant: u64, conversation: u64) -> Result<(), CellError> {
         match self.check(tenant, conversation, 0) {
             Err(CellError::RetryLater {

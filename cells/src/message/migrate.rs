@@ -58,16 +58,14 @@ pub struct ConversationDigest {
 impl MessageService {
     /// Waits until this cell's route view has reached `epoch`.
     pub(crate) async fn await_route_epoch(&self, epoch: u64, deadline: Instant) -> Result<()> {
-        while self.ownership.route_index() < epoch {
-            if Instant::now() > deadline {
-                return Err(retry_later(
-                    "ROUTE_BEHIND",
-                    format!("this cell has not seen route epoch {epoch} yet"),
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
+        let left = deadline.saturating_duration_since(Instant::now());
+        if self.ownership.await_route_index(epoch, left).await {
+            return Ok(());
         }
-        Ok(())
+        Err(retry_later(
+            "ROUTE_BEHIND",
+            format!("this cell has not seen route epoch {epoch} yet"),
+        ))
     }
 
     /// A chunk of `conversation` after `after_seq` (source side).
