@@ -627,6 +627,13 @@ impl Processor {
                 entry.last_seq = entry.last_seq.max(record.seq);
                 entry.last_msg_id = record.msg_id;
                 entry.updated_at_ms = record.server_ts_ms;
+                entry.last_message_pts = pts;
+            }
+            // A recall or edit of the last message carries its new state.
+            Ok(SyncEventKind::Recall | SyncEventKind::Edit)
+                if record.msg_id == entry.last_msg_id =>
+            {
+                entry.last_message_pts = pts;
             }
             Ok(SyncEventKind::Joined) => {
                 entry.left = false;

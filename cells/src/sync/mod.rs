@@ -10,10 +10,12 @@ pub mod stream;
 
 use std::sync::Arc;
 
+use cellmesh_proto::storage::v1::ConvListEntry;
 use cellmesh_proto::v1::{
-    AckResponse, ConversationSummary, GetPresenceResponse, ListConversationsResponse, SyncPush,
-    TypingNotice, UserPresence, sync_push,
+    AckResponse, ConversationSummary, GetPresenceResponse, ListConversationsResponse, Message,
+    SyncPush, TypingNotice, UserPresence, sync_push,
 };
+use prost::Message as _;
 
 pub use hub::{Hub, HubEvent, Subscription};
 
@@ -149,6 +151,10 @@ impl SyncService {
                 .messages
                 .pop()
                 .map(|(s, m)| message_to_proto(id, s, m));
+            let last_message = match last_message {
+                Some(m) if m.seq >= entry.last_seq => Some(m),
+                local => self.remote_last_message(caller.user, &entry)?.or(local),
+            };
             let read_seq = self.store.read_seq(id, caller.user)?;
             // A conversation owned by another cell (moved away, or remote)
             // is only as current here as the events that reached its members.
@@ -173,6 +179,19 @@ impl SyncService {
             conversations: out,
             has_more,
         })
+    }
+
+    /// The last message of a conversation whose history here lacks it, as
+    /// the sync event about it carries it.
+    fn remote_last_message(&self, user: u64, entry: &ConvListEntry) -> Result<Option<Message>> {
+        if entry.last_message_pts == 0 {
+            return Ok(None);
+        }
+        let event = self.store.sync_after(user, entry.last_message_pts - 1, 1)?;
+        Ok(event
+            .into_iter()
+            .find(|(pts, _)| *pts == entry.last_message_pts)
+            .and_then(|(_, record)| Message::decode(record.remote_message.as_slice()).ok()))
     }
 
     pub async fn set_muted(&self, caller: Caller, conversation: u64, muted: bool) -> Result<()> {

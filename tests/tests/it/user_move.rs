@@ -91,6 +91,25 @@ fn assert_counts_up(values: &[u64], what: &str) {
     }
 }
 
+/// The seq of the last message Bob's conversation list shows for
+/// `conversation`; it is the latest Bob has been told of (he read nothing).
+async fn last_message_seq(edge: &str, conversation: u64) -> u64 {
+    let mut sync = SyncClient::connect(edge.to_string()).await.unwrap();
+    let list = sync
+        .list_conversations(authed(ListConversationsRequest::default(), &token(1, BOB)))
+        .await
+        .unwrap()
+        .into_inner();
+    let summary = list
+        .conversations
+        .iter()
+        .find(|s| s.conversation.as_ref().map(|c| c.conversation_id) == Some(conversation))
+        .expect("the conversation is in Bob's list");
+    let last = summary.last_message.as_ref().expect("a last message");
+    assert_eq!(last.seq, summary.unread, "the last message is the latest");
+    last.seq
+}
+
 async fn move_home(routes: &cellmesh_router::client::RouteClient, to: &str) -> u64 {
     let migrator = Migrator::new(
         routes.clone(),
@@ -144,6 +163,10 @@ async fn a_user_home_moves_under_load_and_the_device_goes_on_from_its_cursor() {
         (TARGET, &RouteState::Active)
     );
     tokio::time::sleep(Duration::from_secs(1)).await;
+    // On its new home, away from the conversation, Bob's list shows the
+    // conversation's last message as the events that reached him carry it.
+    let latest = last_message_seq(&d.edge.endpoint(), conversation).await;
+    assert!(latest > 50, "the list's last message is seq {latest}");
     let back_at = move_home(&routes, SOURCE).await;
     let ops = senders.finish(Duration::from_millis(800)).await;
 
