@@ -306,6 +306,9 @@ impl CellPeer for PeerApi {
             tokio::spawn(async move {
                 let mut after = r.after_seq;
                 let mut fetched = 0u64;
+                // One call copies what the source held when it first
+                // answered: no round trip just to learn that nothing follows.
+                let mut until = u64::MAX;
                 loop {
                     let mut export = Request::new(ExportRequest {
                         tenant_id: r.tenant_id,
@@ -322,7 +325,10 @@ impl CellPeer for PeerApi {
                         .as_ref()
                         .ok()
                         .and_then(|e| e.messages.last().map(|m| m.seq));
-                    fetched += exported.as_ref().map_or(0, |e| e.messages.len() as u64);
+                    if let Ok(e) = &exported {
+                        fetched += e.messages.len() as u64;
+                        until = until.min(e.latest_seq);
+                    }
                     if tx.send(exported).await.is_err() {
                         return;
                     }
@@ -330,7 +336,9 @@ impl CellPeer for PeerApi {
                         Some(last) => after = last,
                         None => return,
                     }
-                    if r.max_messages > 0 && fetched >= u64::from(r.max_messages) {
+                    if after >= until
+                        || (r.max_messages > 0 && fetched >= u64::from(r.max_messages))
+                    {
                         return;
                     }
                 }
