@@ -64,6 +64,15 @@ async fn source(address: &str) -> Result<CellPeerClient<tonic::transport::Channe
 }
 
 impl PeerApi {
+    /// After a migration chunk is stored: the drills' fail point for a
+    /// target that crashes before it answers.
+    fn stored_chunk(&self) {
+        if self.service.failpoint("migration.copy_stored") == Some(Action::Abort) {
+            tracing::error!("fail point migration.copy_stored: aborting");
+            std::process::abort();
+        }
+    }
+
     async fn import_user(
         &self,
         r: &CopyUserRequest,
@@ -133,7 +142,16 @@ impl CellPeer for PeerApi {
             .service
             .seal_conversation(r.tenant_id, r.conversation_id, r.epoch)
             .await?;
-        Ok(Response::new(SealResponse { latest_seq }))
+        let delta = match r.delta_limit {
+            0 => None,
+            limit => Some(self.service.export_conversation(
+                r.tenant_id,
+                r.conversation_id,
+                r.delta_after_seq,
+                limit as usize,
+            )?),
+        };
+        Ok(Response::new(SealResponse { latest_seq, delta }))
     }
 
     async fn conversation_digest(
@@ -191,7 +209,10 @@ impl CellPeer for PeerApi {
             .sync
             .seal_user(r.tenant_id, r.user_id, r.epoch, &self.inbound)
             .await?;
-        Ok(Response::new(SealResponse { latest_seq }))
+        Ok(Response::new(SealResponse {
+            latest_seq,
+            delta: None,
+        }))
     }
 
     async fn user_digest(
@@ -267,6 +288,30 @@ impl CellPeer for PeerApi {
             copied_through: after,
             messages: copied,
             source_latest_seq: state.latest_pts,
+        }))
+    }
+
+    async fn store_conversation_chunk(
+        &self,
+        request: Request<StoreChunkRequest>,
+    ) -> Result<Response<CopyResponse>, Status> {
+        let r = request.into_inner();
+        let chunk = r.chunk.ok_or_else(|| {
+            Status::from(CellError::invalid(
+                "EMPTY_CHUNK",
+                "the request has no chunk",
+            ))
+        })?;
+        let (n, latest) = (chunk.messages.len() as u64, chunk.latest_seq);
+        let last = chunk.messages.last().map(|m| m.seq);
+        self.service
+            .import_chunk(r.tenant_id, r.conversation_id, chunk)
+            .await?;
+        self.stored_chunk();
+        Ok(Response::new(CopyResponse {
+            copied_through: last.unwrap_or(0),
+            messages: n,
+            source_latest_seq: latest,
         }))
     }
 
@@ -365,10 +410,7 @@ impl CellPeer for PeerApi {
             if let Some(last) = last {
                 after = last;
             }
-            if self.service.failpoint("migration.copy_stored") == Some(Action::Abort) {
-                tracing::error!("fail point migration.copy_stored: aborting");
-                std::process::abort();
-            }
+            self.stored_chunk();
         }
         let _ = fetch.await;
         if r.backfill {

@@ -23,7 +23,9 @@ use std::time::{Duration, Instant};
 use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::v1::cell_peer_client::CellPeerClient;
 use cellmesh_proto::v1::update_route::Transition;
-use cellmesh_proto::v1::{CopyRequest, CopyResponse, DigestRequest, DigestResponse, SealRequest};
+use cellmesh_proto::v1::{
+    CopyRequest, CopyResponse, DigestRequest, DigestResponse, SealRequest, StoreChunkRequest,
+};
 use cellmesh_router::client::RouteClient;
 use cellmesh_router::commands::update_route;
 use cellmesh_router::table::{Key, Phase, RouteState};
@@ -475,21 +477,41 @@ impl Subject for ConversationMove<'_> {
         both(a, b)
     }
 
-    async fn seal(&mut self, epoch: u64) -> Result<u64, MigrationError> {
+    /// The source answers the seal with the final delta's first chunk,
+    /// which goes to the target from here: no trip from target to source
+    /// under the freeze.
+    async fn seal(&mut self, epoch: u64, copied: u64) -> Result<(u64, u64), MigrationError> {
         let seal = SealRequest {
             tenant_id: self.tenant,
             conversation_id: self.conversation,
             epoch,
-            user_id: 0,
+            delta_limit: self.migrator.options.chunk,
+            delta_after_seq: copied,
+            ..Default::default()
         };
-        Ok(self
+        let sealed = self
             .ends
             .source
             .seal_conversation(self.migrator.request(seal))
             .await
             .map_err(call("seal the source"))?
-            .into_inner()
-            .latest_seq)
+            .into_inner();
+        let Some(delta) = sealed.delta.filter(|d| !d.messages.is_empty()) else {
+            return Ok((sealed.latest_seq, copied));
+        };
+        let store = StoreChunkRequest {
+            tenant_id: self.tenant,
+            conversation_id: self.conversation,
+            chunk: Some(delta),
+        };
+        let stored = self
+            .ends
+            .target
+            .store_conversation_chunk(self.migrator.request(store))
+            .await
+            .map_err(call("store the final delta"))?
+            .into_inner();
+        Ok((sealed.latest_seq, stored.copied_through.max(copied)))
     }
 
     fn switch_floor(&self, final_position: u64) -> u64 {

@@ -28,8 +28,10 @@ pub(super) trait Subject {
         after: u64,
         through: u64,
     ) -> Result<(DigestResponse, DigestResponse), MigrationError>;
-    /// Seals the source at the freeze `epoch`; its final position.
-    async fn seal(&mut self, epoch: u64) -> Result<u64, MigrationError>;
+    /// Seals the source at the freeze `epoch`, where the target holds
+    /// everything through `copied`; the source's final position and how
+    /// far the target holds it now (a seal may bring the final delta along).
+    async fn seal(&mut self, epoch: u64, copied: u64) -> Result<(u64, u64), MigrationError>;
     /// The route's `seq_floor` at the switch.
     fn switch_floor(&self, final_position: u64) -> u64;
 }
@@ -118,7 +120,8 @@ impl Migrator {
             frozen_at = Instant::now();
             self.stop_at(StopPoint::Frozen)?;
         }
-        let final_position = subject.seal(epoch).await?;
+        let (final_position, sealed_copy) = subject.seal(epoch, copied).await?;
+        copied = copied.max(sealed_copy);
         while copied < final_position {
             let r = subject.copy(copied).await?;
             if r.copied_through <= copied {

@@ -148,21 +148,21 @@ impl Subject for UserMove<'_> {
         both(a, b)
     }
 
-    async fn seal(&mut self, epoch: u64) -> Result<u64, MigrationError> {
+    async fn seal(&mut self, epoch: u64, copied: u64) -> Result<(u64, u64), MigrationError> {
         let seal = SealRequest {
             tenant_id: self.tenant,
             user_id: self.user,
             epoch,
-            conversation_id: 0,
+            ..Default::default()
         };
-        Ok(self
+        let sealed = self
             .ends
             .source
             .seal_user(self.migrator.request(seal))
             .await
             .map_err(call("seal the source"))?
-            .into_inner()
-            .latest_seq)
+            .into_inner();
+        Ok((sealed.latest_seq, copied))
     }
 
     fn switch_floor(&self, _final_position: u64) -> u64 {

@@ -336,3 +336,79 @@ async fn malformed_requests_get_stable_codes_and_the_server_keeps_serving() {
     );
     cell.stop().await;
 }
+
+/// A migration chunk handed to a target is checked before anything of it is
+/// stored: no chunk, another tenant's, or one whose messages do not match
+/// their checksum are refused with stable codes; the good one is stored.
+#[tokio::test]
+async fn bad_migration_chunks_are_refused_and_store_nothing() {
+    use cellmesh_proto::v1::cell_peer_client::CellPeerClient;
+    let (source, target) = (TestCell::start().await, TestCell::start().await);
+    let mut c = source.client().await;
+    let conv = create_group(&mut c, T, 1, &[2]).await;
+    for i in 0..3 {
+        let req = format!("m-{i}");
+        c.send(text(T, 1, conv, &req, "moving")).await.unwrap();
+    }
+    let export = ExportRequest {
+        tenant_id: T,
+        conversation_id: conv,
+        after_seq: 0,
+        limit: 10,
+    };
+    let mut from = CellPeerClient::connect(source.endpoint.clone())
+        .await
+        .unwrap();
+    let chunk = from.export_conversation(export).await.unwrap().into_inner();
+    assert_eq!(chunk.messages.len(), 3);
+    let mut to = CellPeerClient::connect(target.endpoint.clone())
+        .await
+        .unwrap();
+    let store = |tenant_id, chunk| StoreChunkRequest {
+        tenant_id,
+        conversation_id: conv,
+        chunk,
+    };
+    let mut corrupted = chunk.clone();
+    corrupted.messages[1].record.as_mut().unwrap().body = b"tampered".to_vec();
+    let cases = [
+        (
+            "no chunk",
+            store(T, None),
+            ErrorCode::InvalidArgument,
+            "EMPTY_CHUNK",
+        ),
+        (
+            "another tenant",
+            store(T + 1, Some(chunk.clone())),
+            ErrorCode::PermissionDenied,
+            "WRONG_TENANT",
+        ),
+        (
+            "checksum mismatch",
+            store(T, Some(corrupted)),
+            ErrorCode::RetryLater,
+            "CHUNK_CHECKSUM",
+        ),
+    ];
+    for (name, request, code, reason) in cases {
+        let e = to.store_conversation_chunk(request).await.unwrap_err();
+        assert_eq!(
+            (error_code(&e), error_detail(&e).reason.as_str()),
+            (code, reason),
+            "{name}"
+        );
+        let digest = DigestRequest {
+            conversation_id: conv,
+            ..Default::default()
+        };
+        let held = to.conversation_digest(digest).await.unwrap().into_inner();
+        assert_eq!(held.count, 0, "{name}: nothing is stored");
+    }
+    let stored = to
+        .store_conversation_chunk(store(T, Some(chunk)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((stored.copied_through, stored.messages), (3, 3));
+}
