@@ -85,26 +85,22 @@ pub fn start(
 }
 
 /// Waits until every message acknowledged in `history` reached the
-/// devices, or [`CATCH_UP_LIMIT`]; when (since `epoch`) they had caught up.
-pub async fn wait_caught_up(
-    history: &History,
-    log: &Mutex<DeviceLog>,
-    epoch: Instant,
-) -> Option<u64> {
+/// devices, or [`CATCH_UP_LIMIT`]; when (drill time) the last of them arrived.
+pub async fn wait_caught_up(history: &History, log: &Mutex<DeviceLog>) -> Option<u64> {
     let deadline = Instant::now() + CATCH_UP_LIMIT;
     loop {
-        let owed = {
+        let snapshot = {
             let log = log.lock().expect("device log");
-            let snapshot = History {
+            History {
                 sends: history.sends.clone(),
                 deliveries: log.deliveries.clone(),
                 devices: log.devices.clone(),
                 ..History::default()
-            };
-            undelivered(&snapshot).len()
+            }
         };
+        let owed = undelivered(&snapshot).len();
         if owed == 0 {
-            return Some(now_ms(epoch));
+            return Some(super::report::caught_up_at(&snapshot).unwrap_or(0));
         }
         if Instant::now() >= deadline {
             println!("  devices still miss {owed} deliveries; the drill stops waiting");

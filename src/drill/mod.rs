@@ -264,7 +264,7 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
     // Read every conversation back once the deployment has settled.
     tokio::time::sleep(SETTLE).await;
     workload.read_back(&mut history).await?;
-    let caught_up_ms = devices::wait_caught_up(&history, &device_log, epoch).await;
+    let caught_up_ms = devices::wait_caught_up(&history, &device_log).await;
     devices_stop.store(true, Ordering::Relaxed);
     if let Some(at) = caught_up_ms {
         println!(

@@ -86,6 +86,25 @@ pub fn summarize(history: &History) -> Summary {
 /// p50, p99 and max of the time from each acked send to its first arrival
 /// on each device (see [`Summary::delivery_lag_ms`]).
 pub fn delivery_lag(history: &History) -> Option<[u64; 3]> {
+    let mut lags: Vec<u64> = first_arrivals(history)
+        .into_iter()
+        .map(|(acked, at)| at.saturating_sub(acked))
+        .collect();
+    lags.sort_unstable();
+    // Nearest rank.
+    let at = |q: f64| lags[((lags.len() as f64 * q).ceil() as usize).clamp(1, lags.len()) - 1];
+    (!lags.is_empty()).then(|| [at(0.5), at(0.99), at(1.0)])
+}
+
+/// When the last acknowledged message first reached the last device that
+/// was to get it (drill time).
+pub fn caught_up_at(history: &History) -> Option<u64> {
+    first_arrivals(history).into_iter().map(|(_, at)| at).max()
+}
+
+/// For each acknowledged send and each device that received it: when it
+/// was acknowledged and when it first arrived there.
+fn first_arrivals(history: &History) -> Vec<(u64, u64)> {
     let mut first: HashMap<(&str, u64, u64, u64), u64> = HashMap::new();
     for d in &history.deliveries {
         let at = first
@@ -93,7 +112,7 @@ pub fn delivery_lag(history: &History) -> Option<[u64; 3]> {
             .or_insert(d.at_ms);
         *at = (*at).min(d.at_ms);
     }
-    let mut lags: Vec<u64> = Vec::new();
+    let mut out = Vec::new();
     for device in &history.devices {
         for op in &history.sends {
             let Outcome::Ok { seq, .. } = op.outcome else {
@@ -101,14 +120,11 @@ pub fn delivery_lag(history: &History) -> Option<[u64; 3]> {
             };
             let key = (device.device.as_str(), device.user, op.conversation, seq);
             if let Some(at) = first.get(&key) {
-                lags.push(at.saturating_sub(op.completed_ms));
+                out.push((op.completed_ms, *at));
             }
         }
     }
-    lags.sort_unstable();
-    // Nearest rank.
-    let at = |q: f64| lags[((lags.len() as f64 * q).ceil() as usize).clamp(1, lags.len()) - 1];
-    (!lags.is_empty()).then(|| [at(0.5), at(0.99), at(1.0)])
+    out
 }
 
 pub fn print(summary: &Summary, verdicts: &[Verdict]) {
@@ -226,5 +242,8 @@ mod tests {
         }
         assert_eq!(delivery_lag(&history), Some([30, 50, 50]));
         assert_eq!(delivery_lag(&History::default()), None);
+        // Caught up when the laptop first had it; its later copy is a repeat.
+        assert_eq!(caught_up_at(&history), Some(150));
+        assert_eq!(caught_up_at(&History::default()), None);
     }
 }
