@@ -89,30 +89,28 @@ async fn fan_out_goes_on_after_a_sigkill() {
     let mut cell = CellProcess::start(dir.path()).await;
     let mut client = connect(&cell.endpoint).await;
     let conv = create_group(&mut client, TENANT, 1, &[2]).await;
-    for i in 0..20 {
-        let req = format!("before-{i}");
-        client.send(text(TENANT, 1, conv, &req, "x")).await.unwrap();
-    }
-    let mut sync = connect_sync(&cell.endpoint).await;
-    let mut stream = subscribe(&mut sync, TENANT, 2, "phone", 0).await;
-    let before = messages(&mut stream, 20, Duration::from_secs(10)).await;
-    assert_eq!(message_seqs(&before), (1..=20).collect::<Vec<_>>());
-    drop((stream, sync));
+    send_then_read(&mut client, &cell.endpoint, conv, "before", 20).await;
     cell.kill();
     drop(client);
 
     let restarted = CellProcess::start(dir.path()).await;
     let mut client = connect(&restarted.endpoint).await;
-    for i in 0..5 {
-        let req = format!("after-{i}");
-        client.send(text(TENANT, 1, conv, &req, "y")).await.unwrap();
+    // Every message, before and after the restart, reaches the device once,
+    // in order.
+    send_then_read(&mut client, &restarted.endpoint, conv, "after", 5).await;
+}
+
+/// Sends `n` more messages from user 1 into `conv`, then reads user 2's
+/// queue from the start and checks it holds exactly seq 1 to the latest.
+async fn send_then_read(client: &mut Client, endpoint: &str, conv: u64, tag: &str, n: usize) {
+    let mut latest = 0;
+    for i in 0..n {
+        let req = format!("{tag}-{i}");
+        let sent = client.send(text(TENANT, 1, conv, &req, tag)).await.unwrap();
+        latest = sent.into_inner().seq;
     }
-    let mut sync = connect_sync(&restarted.endpoint).await;
+    let mut sync = connect_sync(endpoint).await;
     let mut stream = subscribe(&mut sync, TENANT, 2, "phone", 0).await;
-    let all = messages(&mut stream, 25, Duration::from_secs(10)).await;
-    assert_eq!(
-        message_seqs(&all),
-        (1..=25).collect::<Vec<_>>(),
-        "every message, before and after the restart, reached the device once, in order"
-    );
+    let events = messages(&mut stream, latest as usize, Duration::from_secs(10)).await;
+    assert_eq!(message_seqs(&events), (1..=latest).collect::<Vec<_>>());
 }

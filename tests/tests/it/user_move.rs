@@ -91,20 +91,24 @@ fn assert_counts_up(values: &[u64], what: &str) {
     }
 }
 
-/// The seq of the last message Bob's conversation list shows for
-/// `conversation`; it is the latest Bob has been told of (he read nothing).
-async fn last_message_seq(edge: &str, conversation: u64) -> u64 {
+/// `conversation` as Bob's conversation list shows it.
+async fn bob_summary(edge: &str, conversation: u64) -> ConversationSummary {
     let mut sync = SyncClient::connect(edge.to_string()).await.unwrap();
     let list = sync
         .list_conversations(authed(ListConversationsRequest::default(), &token(1, BOB)))
         .await
         .unwrap()
         .into_inner();
-    let summary = list
-        .conversations
-        .iter()
+    list.conversations
+        .into_iter()
         .find(|s| s.conversation.as_ref().map(|c| c.conversation_id) == Some(conversation))
-        .expect("the conversation is in Bob's list");
+        .expect("the conversation is in Bob's list")
+}
+
+/// The seq of the last message Bob's conversation list shows for
+/// `conversation`; it is the latest Bob has been told of (he read nothing).
+async fn last_message_seq(edge: &str, conversation: u64) -> u64 {
+    let summary = bob_summary(edge, conversation).await;
     let last = summary.last_message.as_ref().expect("a last message");
     assert_eq!(last.seq, summary.unread, "the last message is the latest");
     last.seq
@@ -216,19 +220,10 @@ async fn a_user_home_moves_under_load_and_the_device_goes_on_from_its_cursor() {
     );
 
     // Bob's conversation list and cursor live on the home he is back at.
+    let summary = bob_summary(&d.edge.endpoint(), conversation).await;
+    assert_eq!(summary.unread, last_acked);
     let mut sync = SyncClient::connect(d.edge.endpoint()).await.unwrap();
     let bob = token(1, BOB);
-    let list = sync
-        .list_conversations(authed(ListConversationsRequest::default(), &bob))
-        .await
-        .unwrap()
-        .into_inner();
-    let summary = list
-        .conversations
-        .iter()
-        .find(|s| s.conversation.as_ref().map(|c| c.conversation_id) == Some(conversation))
-        .expect("the conversation is in Bob's list");
-    assert_eq!(summary.unread, last_acked);
     let last_pts = *pts.last().unwrap();
     let ack = |pts| AckRequest {
         caller: None,
