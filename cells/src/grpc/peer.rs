@@ -1,13 +1,15 @@
 //! gRPC handlers of the cell-to-cell API: fan-out deliveries and the
 //! migration calls (export, seal, digest on the source; copy on the target).
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::v1::cell_peer_client::CellPeerClient;
 use cellmesh_proto::v1::cell_peer_server::CellPeer;
 use cellmesh_proto::v1::*;
+use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
 use crate::error::CellError;
@@ -25,6 +27,10 @@ pub struct PeerApi {
     service: Arc<MessageService>,
     sync: Arc<SyncService>,
     secret: ClusterSecret,
+    /// Connections to the source cells of copies, by address: the rounds of
+    /// a move (and the moves of a tenant) do not each pay a new handshake
+    /// across regions.
+    sources: Mutex<HashMap<String, Channel>>,
 }
 
 impl PeerApi {
@@ -39,7 +45,32 @@ impl PeerApi {
             service,
             sync,
             secret,
+            sources: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The source cell of a copy, at `address`.
+    async fn source(&self, address: &str) -> Result<CellPeerClient<Channel>, CellError> {
+        let cached = self.sources.lock().expect("sources").get(address).cloned();
+        let channel = match cached {
+            Some(channel) => channel,
+            None => {
+                let channel = Channel::from_shared(address.to_string())
+                    .map_err(|e| CellError::invalid("BAD_SOURCE_ADDRESS", e.to_string()))?
+                    .connect_timeout(Duration::from_secs(2))
+                    .connect()
+                    .await
+                    .map_err(|e| CellError::RetryLater {
+                        reason: "SOURCE_UNREACHABLE",
+                        message: format!("cannot reach {address}: {e}"),
+                        retry_after: Duration::from_millis(500),
+                    })?;
+                let mut sources = self.sources.lock().expect("sources");
+                sources.insert(address.to_string(), channel.clone());
+                channel
+            }
+        };
+        Ok(CellPeerClient::new(channel).max_decoding_message_size(64 * 1024 * 1024))
     }
 }
 
@@ -49,18 +80,6 @@ fn pipeline_unavailable(e: crate::pipeline::PipelineError) -> CellError {
         message: e.to_string(),
         retry_after: Duration::from_millis(200),
     }
-}
-
-/// The source cell of a copy, at `address`.
-async fn source(address: &str) -> Result<CellPeerClient<tonic::transport::Channel>, CellError> {
-    let client = CellPeerClient::connect(address.to_string())
-        .await
-        .map_err(|e| CellError::RetryLater {
-            reason: "SOURCE_UNREACHABLE",
-            message: format!("cannot reach {address}: {e}"),
-            retry_after: Duration::from_millis(500),
-        })?;
-    Ok(client.max_decoding_message_size(64 * 1024 * 1024))
 }
 
 impl PeerApi {
@@ -236,7 +255,7 @@ impl CellPeer for PeerApi {
         request: Request<CopyUserRequest>,
     ) -> Result<Response<CopyResponse>, Status> {
         let r = request.into_inner();
-        let mut source = source(&r.source_address).await?;
+        let mut source = self.source(&r.source_address).await?;
         let chunk = if r.chunk == 0 { DEFAULT_CHUNK } else { r.chunk };
         let export = |after_pts, with_state| {
             let mut export = Request::new(ExportUserRequest {
@@ -342,7 +361,7 @@ impl CellPeer for PeerApi {
         request: Request<CopyRequest>,
     ) -> Result<Response<CopyResponse>, Status> {
         let r = request.into_inner();
-        let mut source = source(&r.source_address).await?;
+        let mut source = self.source(&r.source_address).await?;
         let chunk = if r.chunk == 0 { DEFAULT_CHUNK } else { r.chunk };
         // The next chunk is fetched while this one is stored.
         let (tx, mut chunks) = tokio::sync::mpsc::channel(2);
