@@ -15,18 +15,28 @@ use cellmesh_router::client::RouteClient;
 
 use planner::{FailoverPlan, plan_failover};
 
+/// How long [`execute`] waits for its own view of what it applied.
+const READ_YOUR_WRITES: Duration = Duration::from_secs(2);
+
 /// Applies `commands` in order; stops at the first refusal (the caller
-/// re-plans from the fresh table). Returns how many were applied.
+/// re-plans from the fresh table). Returns how many were applied, once
+/// `routes` shows them (or after [`READ_YOUR_WRITES`]).
 pub async fn execute(
     routes: &RouteClient,
     commands: &[RouteCommand],
 ) -> Result<usize, tonic::Status> {
+    let mut last = 0;
     for (i, command) in commands.iter().enumerate() {
-        if let Err(status) = routes.apply(command.clone()).await {
-            tracing::warn!(applied = i, error = %status.message(), "failover step refused");
-            return Err(status);
+        match routes.apply(command.clone()).await {
+            Ok(applied) => last = applied.index,
+            Err(status) => {
+                tracing::warn!(applied = i, error = %status.message(), "failover step refused");
+                return Err(status);
+            }
         }
     }
+    // Read your writes: this client's view shows the moves once it returns.
+    routes.wait_applied(last, READ_YOUR_WRITES).await;
     Ok(commands.len())
 }
 
