@@ -20,7 +20,7 @@ use crate::sync::SyncService;
 use crate::sync::moving::sync_checksum;
 
 /// Messages per export chunk unless the caller asks otherwise.
-const DEFAULT_CHUNK: u32 = 5_000;
+const DEFAULT_CHUNK: u32 = 10_000;
 
 pub struct PeerApi {
     inbound: PeerInbound,

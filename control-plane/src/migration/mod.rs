@@ -73,7 +73,7 @@ pub enum StopPoint {
 impl Default for MigrationOptions {
     fn default() -> Self {
         Self {
-            chunk: 5_000,
+            chunk: 10_000,
             catch_up_lag: 50,
             max_catch_up_rounds: 20,
             pause: Duration::ZERO,
