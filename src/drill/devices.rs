@@ -88,16 +88,16 @@ pub fn start(
 /// devices, or [`CATCH_UP_LIMIT`]; when (drill time) the last of them arrived.
 pub async fn wait_caught_up(history: &History, log: &Mutex<DeviceLog>) -> Option<u64> {
     let deadline = Instant::now() + CATCH_UP_LIMIT;
+    let mut snapshot = History {
+        sends: history.sends.clone(),
+        ..History::default()
+    };
     loop {
-        let snapshot = {
+        {
             let log = log.lock().expect("device log");
-            History {
-                sends: history.sends.clone(),
-                deliveries: log.deliveries.clone(),
-                devices: log.devices.clone(),
-                ..History::default()
-            }
-        };
+            snapshot.deliveries.clone_from(&log.deliveries);
+            snapshot.devices.clone_from(&log.devices);
+        }
         let owed = undelivered(&snapshot).len();
         if owed == 0 {
             return Some(super::report::caught_up_at(&snapshot).unwrap_or(0));

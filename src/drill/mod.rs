@@ -220,7 +220,7 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
     let stop = epoch + Duration::from(args.duration);
     let ops = Arc::new(Mutex::new(Vec::new()));
     let workers = workload.start(epoch, stop, ops.clone());
-    // Devices follow a member until the read-back is done.
+    // Devices follow a member until they have caught up after the read-back.
     let device_log = Arc::new(Mutex::new(devices::DeviceLog::default()));
     let devices_stop = Arc::new(AtomicBool::new(false));
     let device_tasks = devices::start(
