@@ -79,7 +79,7 @@ impl Report {
     pub fn print(&self) {
         println!("scenario      {}", self.scenario);
         for (k, v) in &self.params {
-            println!("  {k:<12}{v}");
+            println!("  {k:<19} {v}");
         }
         println!("acked         {} in {:.1} s", self.acked, self.duration_s);
         println!("throughput    {:.0} /s", self.throughput_per_s);

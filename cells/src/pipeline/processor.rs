@@ -15,8 +15,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cellmesh_proto::storage::v1::{
-    ConvListEntry, ForwardRecord, MemberRecord, NotificationRecord, OutboxEvent, OutboxKind,
-    SyncRecord,
+    ConvListEntry, ForwardRecord, MemberRecord, NotificationBatch, NotificationRecord, OutboxEvent,
+    OutboxKind, SyncRecord,
 };
 use cellmesh_proto::v1::{
     ConversationHint, ConversationMeta, PeerEvent, SyncEventKind, SyncPush, UserState, sync_push,
@@ -108,8 +108,11 @@ struct Batch {
     mutation: Mutation,
     entries: HashMap<(u64, u64), ConvListEntry>,
     pts: HashMap<u64, u64>,
+    /// The events appended per user, for their live streams.
+    appended: HashMap<u64, Vec<(u64, SyncRecord)>>,
     hints: Vec<(Vec<u64>, ConversationHint)>,
-    notified: bool,
+    /// Notifications for members with no online device: one record.
+    notifications: Vec<NotificationRecord>,
     /// Events for users homed elsewhere (by home endpoint; "" while the
     /// home is frozen for a move, or behind queued events), and
     /// conversation meta for standbys (by standby endpoint).
@@ -353,10 +356,15 @@ impl Processor {
             batch.mutation.put_conv_list(*user, *conversation, entry);
         }
         // Ids are issued from memory; storage learns the high mark once.
-        if batch.notified {
-            batch
-                .mutation
-                .notifications_issued_through(self.next_notification - 1);
+        let notified = !batch.notifications.is_empty();
+        if notified {
+            let id = self.next_notification;
+            self.next_notification += 1;
+            let notifications = NotificationBatch {
+                notifications: std::mem::take(&mut batch.notifications),
+            };
+            batch.mutation.put_notifications(id, &notifications);
+            batch.mutation.notifications_issued_through(id);
         }
         if batch.forwarded {
             batch
@@ -376,7 +384,10 @@ impl Processor {
         }
         for (user, pts) in batch.pts {
             self.pts.insert(user, pts);
-            self.hub.notify_pts(user, pts);
+            match batch.appended.remove(&user) {
+                Some(events) => self.hub.appended(user, events),
+                None => self.hub.notify_pts(user, pts),
+            }
         }
         for (members, hint) in batch.hints {
             let push = SyncPush {
@@ -386,7 +397,7 @@ impl Processor {
                 self.hub.push(user, push.clone());
             }
         }
-        if batch.notified {
+        if notified {
             self.notifications.notify_one();
         }
         if batch.forwarded {
@@ -619,6 +630,11 @@ impl Processor {
         let pts = self.latest_pts(batch, user)? + 1;
         batch.pts.insert(user, pts);
         batch.mutation.put_sync(user, pts, record);
+        batch
+            .appended
+            .entry(user)
+            .or_default()
+            .push((pts, record.clone()));
         batch.applied += 1;
         entry.last_event_id = id;
         entry.last_event_source = source.to_string();
@@ -674,22 +690,16 @@ impl Processor {
         if self.hub.is_online(user, now) || self.store.muted(user, record.conversation_id)? {
             return Ok(());
         }
-        let id = self.next_notification;
-        self.next_notification += 1;
-        batch.mutation.put_notification(
-            id,
-            &NotificationRecord {
-                user_id: user,
-                tenant_id: origin.tenant,
-                conversation_id: record.conversation_id,
-                seq: record.seq,
-                msg_id: record.msg_id,
-                sender_id: origin.sender,
-                created_at_ms: now,
-                attempts: 0,
-            },
-        );
-        batch.notified = true;
+        batch.notifications.push(NotificationRecord {
+            user_id: user,
+            tenant_id: origin.tenant,
+            conversation_id: record.conversation_id,
+            seq: record.seq,
+            msg_id: record.msg_id,
+            sender_id: origin.sender,
+            created_at_ms: now,
+            attempts: 0,
+        });
         Ok(())
     }
 }

@@ -34,8 +34,8 @@ pub mod cf {
     pub const MUTED: &str = "muted";
     /// user | device id → cursor pts (u64, merged with max)
     pub const DEVICE_CURSOR: &str = "device_cursor";
-    /// notification id → `NotificationRecord`
-    pub const NOTIFY: &str = "notify";
+    /// notification batch id → `NotificationBatch`
+    pub const NOTIFY: &str = "notify_batch";
     /// forward id → `ForwardRecord`: events for users homed in other cells
     pub const FORWARD: &str = "forward";
     /// user → the identity (u64) of their sync queue here: pts count in it

@@ -2,7 +2,7 @@
 //! pts, device cursors, conversation lists, mute flags and the notification
 //! queue.
 
-use cellmesh_proto::storage::v1::{ConvListEntry, ForwardRecord, NotificationRecord, SyncRecord};
+use cellmesh_proto::storage::v1::{ConvListEntry, ForwardRecord, NotificationBatch, SyncRecord};
 use prost::Message as _;
 
 use super::keys::{self, cf};
@@ -44,9 +44,10 @@ impl Mutation {
         self.put(cf::META, keys::meta::NOTIFY_LAST_ID.to_vec(), value);
     }
 
-    /// Queues a notification, or rewrites one (e.g. its attempt count).
-    pub fn put_notification(&mut self, id: u64, record: &NotificationRecord) {
-        self.put(cf::NOTIFY, keys::u64_key(id), record.encode_to_vec());
+    /// Queues a batch of notifications, or rewrites one (what is left of
+    /// it, with attempt counts).
+    pub fn put_notifications(&mut self, id: u64, batch: &NotificationBatch) {
+        self.put(cf::NOTIFY, keys::u64_key(id), batch.encode_to_vec());
     }
 
     /// Records that forward ids up to `id` are issued (once per batch).
@@ -86,7 +87,7 @@ impl Mutation {
         self.put(cf::QUEUE_ID, keys::u64_key(user), id.to_be_bytes().to_vec());
     }
 
-    pub fn delete_notification(&mut self, id: u64) {
+    pub fn delete_notifications(&mut self, id: u64) {
         self.ops
             .push(Op::Delete(cf::NOTIFY, keys::u64_key(id).to_vec()));
     }
@@ -161,9 +162,14 @@ impl Store {
             .collect()
     }
 
-    /// Pending notifications, oldest first.
-    pub fn notifications(&self, limit: usize) -> Result<Vec<(u64, NotificationRecord)>> {
-        let (lower, upper) = (keys::u64_key(0), keys::u64_key(u64::MAX));
+    /// Pending notification batches after id `after`, oldest first.
+    /// Delivered ones are deleted, so a reader keeps its place instead of
+    /// seeking from 0 over their tombstones.
+    pub fn notifications(&self, after: u64, limit: usize) -> Result<Vec<(u64, NotificationBatch)>> {
+        let (lower, upper) = (
+            keys::u64_key(after.saturating_add(1)),
+            keys::u64_key(u64::MAX),
+        );
         self.records(cf::NOTIFY, lower.to_vec(), upper.to_vec(), limit)
     }
 

@@ -3,8 +3,9 @@
 //! as typing notices and large-group hints) and device heartbeats.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
+use cellmesh_proto::storage::v1::SyncRecord;
 use cellmesh_proto::v1::SyncPush;
 use tokio::sync::broadcast;
 
@@ -13,6 +14,10 @@ use tokio::sync::broadcast;
 pub enum HubEvent {
     /// The user's sync queue now reaches this pts.
     Pts(u64),
+    /// These events were appended to the user's sync queue (consecutive
+    /// pts, durable): a stream whose cursor is just before the first one
+    /// pushes them without reading storage.
+    Appended(Arc<Vec<(u64, SyncRecord)>>),
     /// Deliver as is; not stored.
     Push(SyncPush),
 }
@@ -81,6 +86,10 @@ impl Hub {
 
     pub fn notify_pts(&self, user: u64, pts: u64) {
         self.send(user, HubEvent::Pts(pts));
+    }
+
+    pub fn appended(&self, user: u64, events: Vec<(u64, SyncRecord)>) {
+        self.send(user, HubEvent::Appended(Arc::new(events)));
     }
 
     pub fn push(&self, user: u64, push: SyncPush) {

@@ -1,8 +1,10 @@
 //! One device's subscription: its backlog from storage, in pts order, then
 //! live events as the processor appends them. The hub subscription is taken
-//! before the first storage read, so nothing appended in between is missed;
-//! events always come from storage by pts, so a wake-up that is lost or
-//! lagging only delays delivery, never reorders or drops it.
+//! before the first storage read, so nothing appended in between is missed.
+//! Live events come with the processor's wake-up and are pushed as they are
+//! when they follow the cursor exactly; anything else (a gap, a lagging
+//! subscription, a bare wake-up past the cursor) is read from storage by
+//! pts, so delivery is never reordered or dropped.
 
 use std::sync::Arc;
 
@@ -86,26 +88,32 @@ impl SyncService {
     ) -> Result<()> {
         let user = device.caller.user;
         let mut home_check = tokio::time::interval(HOME_CHECK);
+        let mut behind = true;
         loop {
-            loop {
+            while behind {
                 let page = self.store.sync_after(user, cursor, READ_PAGE)?;
-                if page.is_empty() {
-                    break;
-                }
-                let queue_id = self.store.queue_id(user)?;
-                for (pts, record) in page {
-                    let push = self.hydrate(queue_id, pts, record)?;
-                    if tx.send(Ok(push)).await.is_err() {
-                        return Ok(());
-                    }
-                    cursor = pts;
+                behind = !page.is_empty();
+                if !self.send_all(user, page, &mut cursor, tx).await? {
+                    return Ok(());
                 }
             }
             tokio::select! {
                 _ = tx.closed() => return Ok(()),
                 _ = home_check.tick() => self.check_home(&device.caller, false)?,
                 event = wake.recv() => match event {
-                    Ok(HubEvent::Pts(_)) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+                    Ok(HubEvent::Pts(pts)) => behind = pts > cursor,
+                    Ok(HubEvent::Appended(events)) => match events.first() {
+                        // Just what follows the cursor: no storage read.
+                        Some((first, _)) if *first == cursor + 1 => {
+                            let events = events.iter().cloned().collect();
+                            if !self.send_all(user, events, &mut cursor, tx).await? {
+                                return Ok(());
+                            }
+                        }
+                        Some(_) => behind = events.last().is_some_and(|(pts, _)| *pts > cursor),
+                        None => {}
+                    },
+                    Err(broadcast::error::RecvError::Lagged(_)) => behind = true,
                     Ok(HubEvent::Push(push)) => {
                         if tx.send(Ok(push)).await.is_err() {
                             return Ok(());
@@ -115,6 +123,29 @@ impl SyncService {
                 },
             }
         }
+    }
+
+    /// Pushes sync events in pts order, moving `cursor` along; false once
+    /// the device has gone away.
+    async fn send_all(
+        &self,
+        user: u64,
+        events: Vec<(u64, SyncRecord)>,
+        cursor: &mut u64,
+        tx: &mpsc::Sender<PushResult>,
+    ) -> Result<bool> {
+        if events.is_empty() {
+            return Ok(true);
+        }
+        let queue_id = self.store.queue_id(user)?;
+        for (pts, record) in events {
+            let push = self.hydrate(queue_id, pts, record)?;
+            if tx.send(Ok(push)).await.is_err() {
+                return Ok(false);
+            }
+            *cursor = pts;
+        }
+        Ok(true)
     }
 
     /// A stored sync record as pushed: messages in their current state.

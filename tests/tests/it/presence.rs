@@ -186,7 +186,7 @@ async fn offline_members_are_notified_through_the_webhook_with_retries() {
     assert!(
         eventually(Duration::from_secs(10), || {
             let store = store.clone();
-            async move { store.notifications(10).unwrap().is_empty() }
+            async move { store.notifications(0, 10).unwrap().is_empty() }
         })
         .await
     );
