@@ -19,7 +19,8 @@ use cellmesh_proto::storage::v1::{
     OutboxKind, SyncRecord,
 };
 use cellmesh_proto::v1::{
-    ConversationHint, ConversationMeta, PeerEvent, SyncEventKind, SyncPush, UserState, sync_push,
+    ConversationHint, ConversationMeta, Message, PeerEvent, SyncEventKind, SyncPush, UserState,
+    sync_push,
 };
 use prost::Message as _;
 use tokio::sync::{Notify, mpsc, oneshot};
@@ -30,7 +31,7 @@ use crate::convert::message_to_proto;
 use crate::homes::{Home, Homes};
 use crate::queue::{Delivery, EventConsumer};
 use crate::storage::{Mutation, Store};
-use crate::sync::Hub;
+use crate::sync::{Hub, LiveEvent, event_message};
 
 /// What other tasks hand the processor, the only writer of sync queues.
 pub enum Inbound {
@@ -382,10 +383,15 @@ impl Processor {
         if self.pts.len() > PTS_CACHE {
             self.pts.clear();
         }
+        let mut messages = HashMap::new();
         for (user, pts) in batch.pts {
             self.pts.insert(user, pts);
-            match batch.appended.remove(&user) {
-                Some(events) => self.hub.appended(user, events),
+            let appended = batch.appended.remove(&user);
+            match appended.filter(|_| self.hub.is_subscribed(user)) {
+                Some(events) => match self.live(events, &mut messages) {
+                    Ok(live) => self.hub.appended(user, live),
+                    Err(_) => self.hub.notify_pts(user, pts),
+                },
                 None => self.hub.notify_pts(user, pts),
             }
         }
@@ -660,6 +666,36 @@ impl Processor {
         }
         batch.entries.insert(key, entry);
         Ok(true)
+    }
+
+    /// Appended events as live streams push them, each message read once
+    /// per batch however many members' streams carry it.
+    fn live(
+        &self,
+        events: Vec<(u64, SyncRecord)>,
+        messages: &mut HashMap<(u64, u64), Option<Arc<Message>>>,
+    ) -> crate::error::Result<Vec<LiveEvent>> {
+        events
+            .into_iter()
+            .map(|(pts, record)| {
+                let message = match messages.get(&(record.conversation_id, record.seq)) {
+                    Some(message) if record.remote_message.is_empty() => message.clone(),
+                    _ => {
+                        let message = event_message(&self.store, &record)?.map(Arc::new);
+                        if record.remote_message.is_empty() {
+                            let key = (record.conversation_id, record.seq);
+                            messages.insert(key, message.clone());
+                        }
+                        message
+                    }
+                };
+                Ok(LiveEvent {
+                    pts,
+                    record,
+                    message,
+                })
+            })
+            .collect()
     }
 
     fn latest_pts(&mut self, batch: &mut Batch, user: u64) -> Result<u64, PipelineError> {

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use cellmesh_proto::storage::v1::SyncRecord;
-use cellmesh_proto::v1::SyncPush;
+use cellmesh_proto::v1::{Message, SyncPush};
 use tokio::sync::broadcast;
 
 /// What a subscription is told.
@@ -17,9 +17,18 @@ pub enum HubEvent {
     /// These events were appended to the user's sync queue (consecutive
     /// pts, durable): a stream whose cursor is just before the first one
     /// pushes them without reading storage.
-    Appended(Arc<Vec<(u64, SyncRecord)>>),
+    Appended(Arc<Vec<LiveEvent>>),
     /// Deliver as is; not stored.
     Push(SyncPush),
+}
+
+/// A sync event as the processor appended it, with its message read once
+/// for every member's stream.
+#[derive(Debug, Clone)]
+pub struct LiveEvent {
+    pub pts: u64,
+    pub record: SyncRecord,
+    pub message: Option<Arc<Message>>,
 }
 
 /// Pending hub events per subscription before it counts as lagging (a
@@ -88,7 +97,16 @@ impl Hub {
         self.send(user, HubEvent::Pts(pts));
     }
 
-    pub fn appended(&self, user: u64, events: Vec<(u64, SyncRecord)>) {
+    /// Whether any device of `user` streams from this cell right now.
+    pub fn is_subscribed(&self, user: u64) -> bool {
+        let users = self.users.lock().expect("hub lock");
+        users
+            .get(&user)
+            .and_then(|s| s.tx.as_ref())
+            .is_some_and(|tx| tx.receiver_count() > 0)
+    }
+
+    pub fn appended(&self, user: u64, events: Vec<LiveEvent>) {
         self.send(user, HubEvent::Appended(Arc::new(events)));
     }
 

@@ -17,7 +17,8 @@ use cellmesh_proto::v1::{
 };
 use prost::Message as _;
 
-pub use hub::{Hub, HubEvent, Subscription};
+pub use hub::{Hub, HubEvent, LiveEvent, Subscription};
+pub use stream::event_message;
 
 use crate::clock::Clock;
 use crate::config::CellConfig;

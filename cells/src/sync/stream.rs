@@ -16,6 +16,7 @@ use tokio::sync::{broadcast, mpsc};
 use super::{Device, HubEvent, SyncService};
 use crate::convert::message_to_proto;
 use crate::error::Result;
+use crate::storage::Store;
 
 /// Pushes buffered per subscription before the stream applies backpressure.
 const PUSH_BUFFER: usize = 256;
@@ -93,7 +94,15 @@ impl SyncService {
             while behind {
                 let page = self.store.sync_after(user, cursor, READ_PAGE)?;
                 behind = !page.is_empty();
-                if !self.send_all(user, page, &mut cursor, tx).await? {
+                let mut events = Vec::with_capacity(page.len());
+                for (pts, record) in page {
+                    let message = event_message(&self.store, &record)?;
+                    events.push((pts, record, message));
+                }
+                if !self
+                    .send_all(user, events.into_iter(), &mut cursor, tx)
+                    .await?
+                {
                     return Ok(());
                 }
             }
@@ -104,13 +113,16 @@ impl SyncService {
                     Ok(HubEvent::Pts(pts)) => behind = pts > cursor,
                     Ok(HubEvent::Appended(events)) => match events.first() {
                         // Just what follows the cursor: no storage read.
-                        Some((first, _)) if *first == cursor + 1 => {
-                            let events = events.iter().cloned().collect();
-                            if !self.send_all(user, events, &mut cursor, tx).await? {
+                        Some(first) if first.pts == cursor + 1 => {
+                            let events = events.iter().map(|e| {
+                                let message = e.message.as_deref().cloned();
+                                (e.pts, e.record.clone(), message)
+                            });
+                            if !self.send_all(user, events.into_iter(), &mut cursor, tx).await? {
                                 return Ok(());
                             }
                         }
-                        Some(_) => behind = events.last().is_some_and(|(pts, _)| *pts > cursor),
+                        Some(_) => behind = events.last().is_some_and(|e| e.pts > cursor),
                         None => {}
                     },
                     Err(broadcast::error::RecvError::Lagged(_)) => behind = true,
@@ -130,16 +142,16 @@ impl SyncService {
     async fn send_all(
         &self,
         user: u64,
-        events: Vec<(u64, SyncRecord)>,
+        events: impl ExactSizeIterator<Item = (u64, SyncRecord, Option<Message>)>,
         cursor: &mut u64,
         tx: &mpsc::Sender<PushResult>,
     ) -> Result<bool> {
-        if events.is_empty() {
+        if events.len() == 0 {
             return Ok(true);
         }
         let queue_id = self.store.queue_id(user)?;
-        for (pts, record) in events {
-            let push = self.hydrate(queue_id, pts, record)?;
+        for (pts, record, message) in events {
+            let push = hydrate(queue_id, pts, record, message);
             if tx.send(Ok(push)).await.is_err() {
                 return Ok(false);
             }
@@ -147,32 +159,35 @@ impl SyncService {
         }
         Ok(true)
     }
+}
 
-    /// A stored sync record as pushed: messages in their current state.
-    fn hydrate(&self, queue_id: u64, pts: u64, record: SyncRecord) -> Result<SyncPush> {
-        let kind = SyncEventKind::try_from(record.kind).unwrap_or(SyncEventKind::Unspecified);
-        let message = match kind {
-            // Delivered by the conversation's cell, with the message.
-            _ if !record.remote_message.is_empty() => {
-                Message::decode(record.remote_message.as_slice()).ok()
-            }
-            SyncEventKind::Message | SyncEventKind::Recall | SyncEventKind::Edit => self
-                .store
-                .message(record.conversation_id, record.seq)?
-                .map(|m| message_to_proto(record.conversation_id, record.seq, m)),
-            _ => None,
-        };
-        Ok(SyncPush {
-            push: Some(sync_push::Push::Event(SyncEvent {
-                pts,
-                kind: kind as i32,
-                conversation_id: record.conversation_id,
-                seq: record.seq,
-                message,
-                items: record.items,
-                server_ts_ms: record.server_ts_ms,
-                queue_id,
-            })),
-        })
+/// The message a sync event carries: the one delivered with it by the
+/// conversation's cell, or the one stored here in its current state.
+pub fn event_message(store: &Store, record: &SyncRecord) -> Result<Option<Message>> {
+    if !record.remote_message.is_empty() {
+        return Ok(Message::decode(record.remote_message.as_slice()).ok());
+    }
+    Ok(match SyncEventKind::try_from(record.kind) {
+        Ok(SyncEventKind::Message | SyncEventKind::Recall | SyncEventKind::Edit) => store
+            .message(record.conversation_id, record.seq)?
+            .map(|m| message_to_proto(record.conversation_id, record.seq, m)),
+        _ => None,
+    })
+}
+
+/// A sync record as pushed, with its message.
+fn hydrate(queue_id: u64, pts: u64, record: SyncRecord, message: Option<Message>) -> SyncPush {
+    let kind = SyncEventKind::try_from(record.kind).unwrap_or(SyncEventKind::Unspecified);
+    SyncPush {
+        push: Some(sync_push::Push::Event(SyncEvent {
+            pts,
+            kind: kind as i32,
+            conversation_id: record.conversation_id,
+            seq: record.seq,
+            message,
+            items: record.items,
+            server_ts_ms: record.server_ts_ms,
+            queue_id,
+        })),
     }
 }
