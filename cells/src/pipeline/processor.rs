@@ -288,7 +288,7 @@ impl Processor {
         if let Some(state) = import.state.as_ref().filter(|s| s.queue_id != 0) {
             batch.mutation.set_queue_id(user, state.queue_id);
         }
-        let result = self.store.commit(batch.mutation).await;
+        let result = self.store.commit_fan_out(batch.mutation).await;
         self.pts.remove(&user);
         result?;
         let pts = self.store.user_pts(user)?;
@@ -374,7 +374,7 @@ impl Processor {
         }
         if !batch.mutation.is_empty() {
             let mutation = std::mem::take(&mut batch.mutation);
-            if let Err(e) = self.store.commit(mutation).await {
+            if let Err(e) = self.store.commit_fan_out(mutation).await {
                 // The cached pts may now be ahead of storage.
                 self.pts.clear();
                 return Err(e.into());

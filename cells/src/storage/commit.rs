@@ -1,12 +1,21 @@
-//! Group commit. One thread owns every write to the database: it takes all
-//! mutations queued while the previous batch was being synced, applies them as
-//! one WriteBatch with the WAL fsynced, and only then answers their callers.
-//! Concurrent writers therefore share one fsync, and the order in which
-//! mutations are queued is the order in which they become durable.
+//! Group commit. Writes go through two lanes, each owned by one thread: the
+//! message lane (sends, updates, the relay, consumers, everything else) and
+//! the fan-out lane (the processor's sync-queue appends). A lane takes all
+//! mutations queued while its previous batch was being written, applies
+//! them as one WriteBatch with the WAL fsynced, and only then answers their
+//! callers. Concurrent writers therefore share one fsync, and within a lane
+//! the order in which mutations are queued is the order in which they
+//! become durable. The two lanes write concurrently: RocksDB puts both in
+//! one write group (one WAL write and fsync) and inserts each batch into the
+//! memtables on its own thread. Nothing orders one lane after the other;
+//! the fan-out lane only writes what follows from records already durable.
+//! Outbox events, whose ids must become visible in order, go through the
+//! message lane only.
 //!
-//! A failed write leaves the store refusing every later write: after an fsync
-//! error the state of the WAL is unknown, and accepting writes on top of it
-//! could acknowledge something a restart would not find.
+//! A failed write leaves the store refusing every later write, in both
+//! lanes: after an fsync error the state of the WAL is unknown, and
+//! accepting writes on top of it could acknowledge something a restart
+//! would not find.
 
 use crate::failpoints::{Action, FailPoints};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,9 +45,21 @@ struct Job {
     reply: oneshot::Sender<Result<()>>,
 }
 
-pub(super) struct Committer {
+/// Which thread applies a mutation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lane {
+    Message,
+    FanOut,
+}
+
+struct LaneQueue {
     tx: RwLock<Option<mpsc::Sender<Job>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+pub(super) struct Committer {
+    message: LaneQueue,
+    fan_out: LaneQueue,
     stats: Arc<CommitStats>,
     failed: Arc<Mutex<Option<String>>>,
     outbox_signal: Arc<Notify>,
@@ -72,36 +93,46 @@ impl Committer {
         config: &StorageConfig,
         failpoints: Arc<FailPoints>,
     ) -> Result<Self> {
-        let (tx, rx) = mpsc::channel(config.commit_queue_depth);
         let stats = Arc::new(CommitStats::default());
         let failed = Arc::new(Mutex::new(None));
         let next_outbox_id = last_outbox_id(&db)? + 1;
         let outbox_signal = Arc::new(Notify::new());
-        let mut writer = Writer {
-            outbox_signal: outbox_signal.clone(),
-            db,
-            sync: config.sync_wal,
-            max_batch: config.group_commit_max_batch,
-            next_outbox_id,
-            stats: stats.clone(),
-            failed: failed.clone(),
-            failpoints,
+        let lane = |name: &str| -> Result<LaneQueue> {
+            let (tx, rx) = mpsc::channel(config.commit_queue_depth);
+            let mut writer = Writer {
+                outbox_signal: outbox_signal.clone(),
+                db: db.clone(),
+                sync: config.sync_wal,
+                max_batch: config.group_commit_max_batch,
+                next_outbox_id,
+                stats: stats.clone(),
+                failed: failed.clone(),
+                failpoints: failpoints.clone(),
+            };
+            let thread = std::thread::Builder::new()
+                .name(name.into())
+                .spawn(move || writer.run(rx))
+                .map_err(|e| StorageError::Failed(format!("cannot start commit thread: {e}")))?;
+            Ok(LaneQueue {
+                tx: RwLock::new(Some(tx)),
+                thread: Mutex::new(Some(thread)),
+            })
         };
-        let thread = std::thread::Builder::new()
-            .name("cellmesh-commit".into())
-            .spawn(move || writer.run(rx))
-            .map_err(|e| StorageError::Failed(format!("cannot start commit thread: {e}")))?;
         Ok(Self {
-            tx: RwLock::new(Some(tx)),
-            thread: Mutex::new(Some(thread)),
+            message: lane("cellmesh-commit")?,
+            fan_out: lane("cellmesh-fanout")?,
             stats,
             failed,
             outbox_signal,
         })
     }
 
-    pub(super) async fn reserve(&self) -> Result<CommitSlot> {
-        let tx = self
+    pub(super) async fn reserve(&self, lane: Lane) -> Result<CommitSlot> {
+        let queue = match lane {
+            Lane::Message => &self.message,
+            Lane::FanOut => &self.fan_out,
+        };
+        let tx = queue
             .tx
             .read()
             .expect("commit sender lock")
@@ -123,11 +154,13 @@ impl Committer {
         self.failed.lock().expect("failed lock").clone()
     }
 
-    /// Closes the queue and waits until every queued mutation is answered.
+    /// Closes the queues and waits until every queued mutation is answered.
     pub(super) fn stop(&self) {
-        self.tx.write().expect("commit sender lock").take();
-        if let Some(thread) = self.thread.lock().expect("thread lock").take() {
-            let _ = thread.join();
+        for queue in [&self.message, &self.fan_out] {
+            queue.tx.write().expect("commit sender lock").take();
+            if let Some(thread) = queue.thread.lock().expect("thread lock").take() {
+                let _ = thread.join();
+            }
         }
     }
 }

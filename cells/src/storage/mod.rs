@@ -22,6 +22,7 @@ use cellmesh_proto::storage::v1::{
 use prost::Message as _;
 use rocksdb::{ColumnFamily, DB, Direction, IteratorMode, ReadOptions};
 
+use commit::Lane;
 pub use commit::{CommitSlot, CommitStats, CommitTicket};
 pub use keys::IdemKind;
 pub use scan::{ScanDirection, ScanPage, visible};
@@ -190,15 +191,28 @@ impl Store {
         self.committer.failed()
     }
 
-    /// Applies `mutation` durably.
+    /// Applies `mutation` durably, in the message lane.
     pub async fn commit(&self, mutation: Mutation) -> Result<()> {
         self.reserve().await?.submit(mutation).wait().await
     }
 
-    /// Reserves a place in the commit queue, so that a caller holding a lock
-    /// can enqueue without waiting (see [`CommitSlot::submit`]).
+    /// Applies the fan-out processor's `mutation` durably, in its own lane
+    /// (see [`commit`](self::commit)); one with outbox events goes through the message
+    /// lane, which numbers them.
+    pub async fn commit_fan_out(&self, mutation: Mutation) -> Result<()> {
+        let lane = match mutation.outbox.is_empty() {
+            true => Lane::FanOut,
+            false => Lane::Message,
+        };
+        let slot = self.committer.reserve(lane).await?;
+        slot.submit(mutation).wait().await
+    }
+
+    /// Reserves a place in the message lane's queue, so that a caller
+    /// holding a lock can enqueue without waiting (see
+    /// [`CommitSlot::submit`]).
     pub async fn reserve(&self) -> Result<CommitSlot> {
-        self.committer.reserve().await
+        self.committer.reserve(Lane::Message).await
     }
 
     fn cf(&self, name: &'static str) -> &ColumnFamily {

@@ -33,6 +33,10 @@ pub(super) fn open(dir: &Path, config: &StorageConfig) -> Result<DB> {
     db_opts.increase_parallelism(2);
     db_opts.set_max_background_jobs(2);
     db_opts.set_keep_log_file_num(4);
+    // The two commit lanes write at once: RocksDB groups them for the WAL
+    // and inserts their batches into the memtables in parallel. (Pipelined
+    // writes measured slower here.)
+    db_opts.set_allow_concurrent_memtable_write(true);
 
     let descriptors = cf::ALL.iter().map(|name| {
         let mut opts = Options::default();

@@ -3,6 +3,7 @@
 
 mod bad_input;
 mod chat_cli;
+mod commit_lanes;
 mod console;
 mod coordination;
 mod dev;

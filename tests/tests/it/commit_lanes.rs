@@ -1,0 +1,98 @@
+//! The store's two commit lanes (messages, fan-out) write concurrently into
+//! one database: everything either lane acknowledges is there after a
+//! reopen, outbox events get one gapless numbering whichever lane they come
+//! through, and a failed write stops both lanes.
+
+use std::sync::Arc;
+
+use cellmesh_cell::config::StorageConfig;
+use cellmesh_cell::failpoints;
+use cellmesh_cell::storage::{Mutation, Store};
+use cellmesh_proto::storage::v1::OutboxEvent;
+
+fn key(lane: &str, task: u64, i: u64) -> Vec<u8> {
+    format!("lanes/{lane}/{task}/{i}").into_bytes()
+}
+
+fn open(dir: &std::path::Path) -> Arc<Store> {
+    Store::open(dir, &StorageConfig::default()).expect("open store")
+}
+
+#[tokio::test]
+async fn both_lanes_commit_at_once_and_number_outbox_events_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let tasks = (0..8u64).map(|task| {
+        let store = store.clone();
+        tokio::spawn(async move {
+            for i in 0..50u64 {
+                let mut m = Mutation::new();
+                m.emit(&OutboxEvent {
+                    conversation_id: task,
+                    seq: i + 1,
+                    ..Default::default()
+                });
+                if task % 2 == 0 {
+                    m.put_meta_u64(&key("message", task, i), i);
+                    store.commit(m).await.expect("message lane");
+                } else {
+                    m.put_meta_u64(&key("fan-out", task, i), i);
+                    store.commit_fan_out(m).await.expect("fan-out lane");
+                }
+                let mut m = Mutation::new();
+                m.put_meta_u64(&key("fan-out-only", task, i), i);
+                store.commit_fan_out(m).await.expect("fan-out lane");
+            }
+        })
+    });
+    for task in tasks {
+        task.await.unwrap();
+    }
+    store.close();
+    drop(store);
+
+    let store = open(dir.path());
+    for task in 0..8u64 {
+        let lane = if task % 2 == 0 { "message" } else { "fan-out" };
+        for i in 0..50u64 {
+            assert_eq!(store.meta_u64(&key(lane, task, i)).unwrap(), Some(i));
+            let fan_out = store.meta_u64(&key("fan-out-only", task, i)).unwrap();
+            assert_eq!(fan_out, Some(i));
+        }
+    }
+    let outbox = store.outbox_after(0, 1_000).unwrap();
+    let ids: Vec<u64> = outbox.iter().map(|(id, _)| *id).collect();
+    assert_eq!(ids, (1..=400).collect::<Vec<_>>(), "one gapless numbering");
+    for task in 0..8u64 {
+        let seqs: Vec<u64> = outbox
+            .iter()
+            .filter(|(_, e)| e.conversation_id == task)
+            .map(|(_, e)| e.seq)
+            .collect();
+        assert_eq!(seqs, (1..=50).collect::<Vec<_>>(), "each writer's order");
+    }
+}
+
+#[tokio::test]
+async fn a_failed_write_in_one_lane_stops_the_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let mut m = Mutation::new();
+    m.put_meta_u64(b"lanes/before", 1);
+    store.commit_fan_out(m).await.expect("healthy");
+    store
+        .failpoints()
+        .set(failpoints::parse("storage.fsync_error=error").unwrap());
+    let mut m = Mutation::new();
+    m.put_meta_u64(b"lanes/failed", 1);
+    assert!(store.commit(m).await.is_err(), "the write fails");
+    store.failpoints().set(Vec::new());
+    let mut m = Mutation::new();
+    m.put_meta_u64(b"lanes/after", 1);
+    assert!(
+        store.commit_fan_out(m).await.is_err(),
+        "the fan-out lane refuses once the message lane failed"
+    );
+    assert!(store.failed().is_some());
+    assert_eq!(store.meta_u64(b"lanes/after").unwrap(), None);
+}
