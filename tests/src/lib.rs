@@ -391,6 +391,26 @@ pub mod sync {
         events
     }
 
+    /// The next `n` sync events of any kind (panics after `wait`).
+    pub async fn events(
+        stream: &mut Streaming<SyncPush>,
+        n: usize,
+        wait: Duration,
+    ) -> Vec<SyncEvent> {
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut out = Vec::new();
+        while out.len() < n {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let push = next_push(stream, left)
+                .await
+                .unwrap_or_else(|| panic!("only {} of {n} events arrived", out.len()));
+            if let Some(sync_push::Push::Event(e)) = push.push {
+                out.push(e);
+            }
+        }
+        out
+    }
+
     /// The seqs of the message events among `events`.
     pub fn message_seqs(events: &[SyncEvent]) -> Vec<u64> {
         events

@@ -473,20 +473,6 @@ async fn directed_messages_reach_and_show_to_their_recipients_only() {
     cell.stop().await;
 }
 
-/// Sync events until `n` arrived (panics after `wait`).
-async fn events(stream: &mut tonic::Streaming<SyncPush>, n: usize) -> Vec<SyncEvent> {
-    let mut out = Vec::new();
-    while out.len() < n {
-        let push = next_push(stream, WAIT)
-            .await
-            .unwrap_or_else(|| panic!("only {} of {n} events arrived", out.len()));
-        if let Some(sync_push::Push::Event(e)) = push.push {
-            out.push(e);
-        }
-    }
-    out
-}
-
 /// A live device and one reading its queue afterwards both see edits and
 /// recalls with the message's new state; the live one gets each group
 /// member's copy of the message as the processor read it once.
@@ -498,11 +484,11 @@ async fn live_streams_carry_edits_and_recalls_with_their_new_state() {
     let conv = create_group(&mut c, T, 1, &[2, 3]).await;
     let mut live2 = subscribe(&mut s, T, 2, "phone", 0).await;
     let mut live3 = subscribe(&mut s, T, 3, "phone", 0).await;
-    events(&mut live2, 1).await; // joined
-    events(&mut live3, 1).await;
+    events(&mut live2, 1, WAIT).await; // joined
+    events(&mut live3, 1, WAIT).await;
     c.send(text(T, 1, conv, "e1", "first words")).await.unwrap();
     for stream in [&mut live2, &mut live3] {
-        let first = events(stream, 1).await;
+        let first = events(stream, 1, WAIT).await;
         assert_eq!(first[0].message.as_ref().unwrap().body, b"first words");
     }
     let edit = |seq| EditRequest {
@@ -520,7 +506,7 @@ async fn live_streams_carry_edits_and_recalls_with_their_new_state() {
     .await
     .unwrap();
     for stream in [&mut live2, &mut live3] {
-        let seen = events(stream, 2).await;
+        let seen = events(stream, 2, WAIT).await;
         assert_eq!(seen[0].kind, SyncEventKind::Edit as i32);
         let edited = seen[0].message.as_ref().unwrap();
         assert!(
@@ -536,7 +522,7 @@ async fn live_streams_carry_edits_and_recalls_with_their_new_state() {
     }
     // Read back from storage: every event shows the current state.
     let mut later = subscribe(&mut s, T, 2, "laptop", 1).await;
-    for e in events(&mut later, 3).await {
+    for e in events(&mut later, 3, WAIT).await {
         assert_eq!(e.message.unwrap().state, MessageState::Recalled as i32);
     }
     cell.stop().await;
