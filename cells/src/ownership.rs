@@ -45,6 +45,14 @@ pub trait Ownership: Send + Sync + 'static {
         self.check(tenant, conversation, 0).map(|_| ())
     }
 
+    /// The seq floor the route gives `conversation` here, or 0 when this
+    /// cell cannot serve it now. A cell that took a conversation over in a
+    /// failover has this floor before any send stores it locally.
+    fn floor(&self, tenant: u64, conversation: u64) -> u64 {
+        self.check(tenant, conversation, 0)
+            .map_or(0, |fence| fence.seq_floor)
+    }
+
     /// Checks that this cell may create a conversation of `tenant`: its
     /// owner, or the target of the tenant's migration, which must
     /// [`place`](Self::place) the new conversation before storing it.

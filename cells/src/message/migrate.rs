@@ -266,15 +266,20 @@ impl MessageService {
     }
 
     /// Stores the messages of a chunk from a returned failed cell: history
-    /// below this (owning) cell's floor. Nothing else of the conversation
-    /// changes here, so it is safe while this cell serves sends above it.
+    /// below this (owning) cell's floor, the route's when no send here has
+    /// stored it yet. Nothing else of the conversation changes here, so it
+    /// is safe while this cell serves sends above it.
     pub async fn backfill_chunk(
         &self,
         tenant: u64,
         conversation: u64,
         chunk: ExportChunk,
     ) -> Result<()> {
-        let floor = self.store.conv_seq(conversation)?.seq_floor;
+        let floor = self
+            .store
+            .conv_seq(conversation)?
+            .seq_floor
+            .max(self.ownership.floor(tenant, conversation));
         if chunk
             .conversation
             .as_ref()

@@ -37,8 +37,13 @@ impl MessageService {
             n => n.min(self.config.limits.max_pull_limit),
         } as usize;
         let seq = self.store.conv_seq(cmd.conversation)?;
+        // The route's floor counts even before a send here stored it: a
+        // quiet new owner after a failover holds backfilled history up to it.
+        let floor = seq
+            .seq_floor
+            .max(self.ownership.floor(cmd.caller.tenant, cmd.conversation));
         let from = match (cmd.direction, cmd.since_seq) {
-            (ScanDirection::Backward, 0) => seq.latest_seq.saturating_add(1),
+            (ScanDirection::Backward, 0) => seq.latest_seq.max(floor).saturating_add(1),
             (_, since) => since,
         };
         let page = self.store.scan_messages(
@@ -51,20 +56,15 @@ impl MessageService {
         )?;
         // After a failover the history below the floor stays in the failed
         // cell until it is backfilled: say so instead of looking empty.
-        let unavailable_through = if seq.seq_floor > 0
+        let unavailable_through = if floor > 0
             && !self.backfilled(cmd.conversation)?
             && self
                 .store
-                .messages_after(
-                    cmd.conversation,
-                    seq.seq_floor.saturating_sub(1),
-                    1,
-                    usize::MAX,
-                )?
+                .messages_after(cmd.conversation, floor.saturating_sub(1), 1, usize::MAX)?
                 .first()
-                .is_none_or(|(s, _)| *s > seq.seq_floor)
+                .is_none_or(|(s, _)| *s > floor)
         {
-            seq.seq_floor
+            floor
         } else {
             0
         };
@@ -78,7 +78,7 @@ impl MessageService {
             next_seq: page.last_seq.unwrap_or(cmd.since_seq),
             has_more: page.more,
             latest_seq: seq.latest_seq,
-            seq_floor: seq.seq_floor,
+            seq_floor: floor,
         })
     }
 }

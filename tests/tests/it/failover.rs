@@ -17,6 +17,19 @@ use cellmesh_tests::router::SECRET;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_cell_is_failed_over_and_sends_continue_above_the_floor() {
+    fail_over_and_back(true).await;
+}
+
+/// The new owner takes no send before the failed cell returns: it still
+/// reports the history below the route's floor as unavailable, and then
+/// takes all of it in the backfill (its own stored floor is still the old
+/// one, or none).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_new_owner_reports_and_backfills_the_history_below_the_floor() {
+    fail_over_and_back(false).await;
+}
+
+async fn fail_over_and_back(send_after: bool) {
     let mut d = deploy(None).await;
     let routes = d.cluster.client().await;
     let cp = fast_control_plane(d.cluster.endpoints()).await;
@@ -70,33 +83,49 @@ async fn a_dead_cell_is_failed_over_and_sends_continue_above_the_floor() {
     let killed = Instant::now();
     let dead = d.cells.remove(0);
     let dead_dir = dead.stop().await;
-    let (after, first_ok) = loop {
-        match m.send(authed(text(conv, "after"), &alice)).await {
-            Ok(r) => break (r.into_inner(), killed.elapsed()),
-            Err(e) => assert!(
-                killed.elapsed() < Duration::from_secs(30),
-                "no failover: {e}"
-            ),
-        }
-    };
-    println!(
-        "first send accepted {} ms after the cell died",
-        first_ok.as_millis()
-    );
-    let floor = routes.read(|t| t.resolve(&Key::conversation(1, conv)).unwrap().seq_floor);
+    if !send_after {
+        assert!(
+            eventually(Duration::from_secs(30), || {
+                let moved = routes.read(|t| {
+                    t.resolve(&Key::conversation(1, conv))
+                        .is_some_and(|r| r.entry.cell == "us-east/c1")
+                });
+                async move { moved }
+            })
+            .await,
+            "no failover"
+        );
+    }
+    let floor = || routes.read(|t| t.resolve(&Key::conversation(1, conv)).unwrap().seq_floor);
+    if send_after {
+        let (after, first_ok) = loop {
+            match m.send(authed(text(conv, "after"), &alice)).await {
+                Ok(r) => break (r.into_inner(), killed.elapsed()),
+                Err(e) => assert!(
+                    killed.elapsed() < Duration::from_secs(30),
+                    "no failover: {e}"
+                ),
+            }
+        };
+        println!(
+            "first send accepted {} ms after the cell died",
+            first_ok.as_millis()
+        );
+        assert_eq!(after.seq, floor() + 1);
+        ops.push(SendOp {
+            conversation: conv,
+            sender: 10,
+            client_req_id: "after".into(),
+            invoked_ms: 1,
+            completed_ms: 1,
+            outcome: Outcome::Ok {
+                msg_id: after.msg_id,
+                seq: after.seq,
+            },
+        });
+    }
+    let floor = floor();
     assert!(floor >= 20 + 300, "floor {floor}: checkpoint plus margin");
-    assert_eq!(after.seq, floor + 1);
-    ops.push(SendOp {
-        conversation: conv,
-        sender: 10,
-        client_req_id: "after".into(),
-        invoked_ms: 1,
-        completed_ms: 1,
-        outcome: Outcome::Ok {
-            msg_id: after.msg_id,
-            seq: after.seq,
-        },
-    });
     let events = cp.events();
     assert!(
         events.iter().any(|e| matches!(e, Event::FailedOver { cell, fallback, .. } if cell == "eu-west/c1" && fallback == "us-east/c1")),
@@ -108,8 +137,8 @@ async fn a_dead_cell_is_failed_over_and_sends_continue_above_the_floor() {
     assert_eq!(page.unavailable_through, floor);
     assert_eq!(
         stored(&page.messages).len(),
-        1,
-        "only the message above the floor is here yet"
+        usize::from(send_after),
+        "only what was sent above the floor is here yet"
     );
 
     // The failed cell returns: it is Up again (owning nothing) and its
@@ -121,7 +150,27 @@ async fn a_dead_cell_is_failed_over_and_sends_continue_above_the_floor() {
     let page = pull_via_edge(&mut m, &alice, conv).await;
     assert_eq!(page.unavailable_through, 0, "history is complete again");
     let history_read = stored(&page.messages);
-    assert_eq!(history_read.len(), 21);
+    assert_eq!(history_read.len(), 20 + usize::from(send_after));
+    // The latest page (what a client opening the conversation reads) ends
+    // with the newest message, backfilled or not.
+    let latest = m
+        .pull(authed(
+            PullRequest {
+                conversation_id: conv,
+                direction: Direction::Backward as i32,
+                limit: 5,
+                ..Default::default()
+            },
+            &alice,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        latest.messages.iter().map(|m| m.seq).max(),
+        history_read.last().map(|m| m.seq),
+        "the latest page shows the newest message"
+    );
     // Every acknowledged send exactly once, in order, the gap explained by
     // the floor.
     let mut history = History {
