@@ -19,6 +19,9 @@ use crate::devtarget::DevTarget;
 
 /// Drill users start here (clear of the demo users and the benches').
 const USER_BASE: u64 = 300_000;
+/// How long the read-back waits for a failed cell's history to be backfilled
+/// (it comes back, is marked up, then copied into the current owner).
+const BACKFILL_WAIT: Duration = Duration::from_secs(30);
 
 pub fn now_ms(epoch: Instant) -> u64 {
     epoch.elapsed().as_millis() as u64
@@ -223,44 +226,25 @@ impl Workload {
         }
     }
 
-    /// Every conversation as stored now, with its failover floors.
+    /// Every conversation as stored, with its failover floors. History
+    /// below a floor that the owner still reports unavailable (a failed
+    /// cell's part, not yet backfilled) is waited for, up to
+    /// [`BACKFILL_WAIT`]; what is still missing after that counts as lost.
     pub async fn read_back(&self, history: &mut History) -> anyhow::Result<()> {
-        let mut client = MessagingClient::new(self.channels[0].clone());
+        let deadline = tokio::time::Instant::now() + BACKFILL_WAIT;
         for &conversation in &self.conversations {
-            let mut stored = Vec::new();
-            let mut since = 0;
-            let mut floor = 0;
-            loop {
-                let page = client
-                    .pull(self.dev.request(
-                        PullRequest {
-                            conversation_id: conversation,
-                            since_seq: since,
-                            direction: Direction::Forward as i32,
-                            limit: 500,
-                            ..Default::default()
-                        },
-                        self.senders[0],
-                    ))
-                    .await
-                    .map_err(|e| {
-                        anyhow::anyhow!(
-                            "reading back {conversation}: {}",
-                            crate::client::describe(&e)
-                        )
-                    })?
-                    .into_inner();
-                floor = floor.max(page.seq_floor);
-                stored.extend(
-                    page.messages
-                        .iter()
-                        .map(|m| stored_as_read(m.seq, m.msg_id, m.state, &m.body)),
-                );
-                if !page.has_more || page.next_seq <= since {
-                    break;
+            let (stored, floor) = loop {
+                let (stored, floor, unavailable) = self.read_conversation(conversation).await?;
+                if unavailable == 0 || tokio::time::Instant::now() >= deadline {
+                    if unavailable > 0 {
+                        println!(
+                            "  conversation {conversation}: history through seq {unavailable} still unavailable"
+                        );
+                    }
+                    break (stored, floor);
                 }
-                since = page.next_seq;
-            }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            };
             history.conversations.insert(conversation, stored);
             if floor > 0 {
                 history.floors.push(Floor {
@@ -270,5 +254,47 @@ impl Workload {
             }
         }
         Ok(())
+    }
+
+    /// One conversation's history through the edge: messages, its highest
+    /// failover floor, and how far history is still unavailable.
+    async fn read_conversation(
+        &self,
+        conversation: u64,
+    ) -> anyhow::Result<(Vec<Stored>, u64, u64)> {
+        let mut client = MessagingClient::new(self.channels[0].clone());
+        let (mut stored, mut since, mut floor, mut unavailable) = (Vec::new(), 0, 0, 0);
+        loop {
+            let page = client
+                .pull(self.dev.request(
+                    PullRequest {
+                        conversation_id: conversation,
+                        since_seq: since,
+                        direction: Direction::Forward as i32,
+                        limit: 500,
+                        ..Default::default()
+                    },
+                    self.senders[0],
+                ))
+                .await
+                .map_err(|e| {
+                    anyhow::anyhow!(
+                        "reading back {conversation}: {}",
+                        crate::client::describe(&e)
+                    )
+                })?
+                .into_inner();
+            floor = floor.max(page.seq_floor);
+            unavailable = unavailable.max(page.unavailable_through);
+            stored.extend(
+                page.messages
+                    .iter()
+                    .map(|m| stored_as_read(m.seq, m.msg_id, m.state, &m.body)),
+            );
+            if !page.has_more || page.next_seq <= since {
+                return Ok((stored, floor, unavailable));
+            }
+            since = page.next_seq;
+        }
     }
 }
