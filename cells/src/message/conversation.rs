@@ -94,6 +94,12 @@ impl MessageService {
         let mut m = Mutation::new();
         m.put_conversation(id, &record);
         m.put_conv_seq(id, &ConversationSeq::default());
+        // Created under a route with a failover floor: its history begins
+        // here, so nothing below the floor is missing anywhere.
+        let floor = self.ownership.floor(cmd.caller.tenant, id);
+        if floor > 0 {
+            m.put_meta_u64(&crate::storage::keys::meta::backfilled(id), floor);
+        }
         for user in &members {
             m.put_member(id, *user, &MemberRecord { joined_at_ms: now });
         }

@@ -183,6 +183,13 @@ async fn fail_over_and_back(send_after: bool) {
         floor,
     });
     assert_every_invariant(&history);
+
+    // A conversation created under the failed-over route has no history
+    // anywhere else: nothing of it is reported unavailable.
+    let fresh = create_via_edge(&mut m, &alice, vec![11]).await;
+    let page = pull_via_edge(&mut m, &alice, fresh).await;
+    assert!(page.seq_floor > 0, "created under a failover floor");
+    assert_eq!(page.unavailable_through, 0);
     drop(returned);
     cp.stop();
 }
