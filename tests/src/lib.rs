@@ -373,22 +373,8 @@ pub mod sync {
         n: usize,
         wait: Duration,
     ) -> Vec<SyncEvent> {
-        let deadline = tokio::time::Instant::now() + wait;
-        let mut events = Vec::new();
-        let mut got = 0;
-        while got < n {
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            let push = next_push(stream, left)
-                .await
-                .unwrap_or_else(|| panic!("only {got} of {n} messages arrived"));
-            if let Some(sync_push::Push::Event(e)) = push.push {
-                if e.kind == SyncEventKind::Message as i32 {
-                    got += 1;
-                }
-                events.push(e);
-            }
-        }
-        events
+        let is_message = |e: &SyncEvent| e.kind == SyncEventKind::Message as i32;
+        read_events(stream, n, wait, "messages", is_message).await
     }
 
     /// The next `n` sync events of any kind (panics after `wait`).
@@ -397,18 +383,32 @@ pub mod sync {
         n: usize,
         wait: Duration,
     ) -> Vec<SyncEvent> {
+        read_events(stream, n, wait, "events", |_| true).await
+    }
+
+    /// Sync events until `n` of those `counted` arrived (panics after
+    /// `wait`, naming them `what`).
+    async fn read_events(
+        stream: &mut Streaming<SyncPush>,
+        n: usize,
+        wait: Duration,
+        what: &str,
+        counted: impl Fn(&SyncEvent) -> bool,
+    ) -> Vec<SyncEvent> {
         let deadline = tokio::time::Instant::now() + wait;
-        let mut out = Vec::new();
-        while out.len() < n {
+        let mut events = Vec::new();
+        let mut got = 0;
+        while got < n {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             let push = next_push(stream, left)
                 .await
-                .unwrap_or_else(|| panic!("only {} of {n} events arrived", out.len()));
+                .unwrap_or_else(|| panic!("only {got} of {n} {what} arrived"));
             if let Some(sync_push::Push::Event(e)) = push.push {
-                out.push(e);
+                got += usize::from(counted(&e));
+                events.push(e);
             }
         }
-        out
+        events
     }
 
     /// The seqs of the message events among `events`.
