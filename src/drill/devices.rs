@@ -217,3 +217,51 @@ impl Device {
         }
     }
 }
+
+/// How long a drill waits for fan-out to work before its first fault.
+const WARM_UP_LIMIT: Duration = Duration::from_secs(60);
+
+/// Waits until `user` has been told about every one of `conversations`
+/// (their creation reached the user's sync queue), so faults hit a
+/// deployment whose fan-out works, not one still starting (a Kafka
+/// consumer group's first join, say); how long that took.
+pub async fn wait_for_fan_out(
+    dev: &DevTarget,
+    channel: &Channel,
+    user: u64,
+    conversations: &[u64],
+) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    let mut sync = SyncClient::new(channel.clone());
+    let mut pending: std::collections::HashSet<u64> = conversations.iter().copied().collect();
+    while !pending.is_empty() {
+        let left = WARM_UP_LIMIT.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            anyhow::bail!(
+                "fan-out delivered nothing about {} of the drill's conversations to user {user} within {WARM_UP_LIMIT:?}; no fault was injected",
+                pending.len()
+            );
+        }
+        let request = SubscribeRequest {
+            caller: None,
+            from_pts: 0,
+            queue_id: 0,
+        };
+        let call = sync.subscribe(dev.request_as(request, user, "drill-warm-up"));
+        let Ok(Ok(stream)) = tokio::time::timeout(left, call).await else {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        };
+        let mut stream = stream.into_inner();
+        let quiet = Duration::from_secs(1).min(left);
+        while let Ok(Ok(Some(push))) = tokio::time::timeout(quiet, stream.message()).await {
+            if let Some(sync_push::Push::Event(e)) = push.push {
+                pending.remove(&e.conversation_id);
+            }
+            if pending.is_empty() {
+                break;
+            }
+        }
+    }
+    Ok(started.elapsed())
+}

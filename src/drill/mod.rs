@@ -215,6 +215,22 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
         println!("  conversations placed on {region}/c1; senders on eu-west and {region}");
     }
 
+    let follower = workload.senders[1..]
+        .first()
+        .copied()
+        .unwrap_or(workload.senders[0]);
+    let warm = devices::wait_for_fan_out(
+        &dev,
+        &workload.channels[0],
+        follower,
+        &workload.conversations,
+    )
+    .await?;
+    println!(
+        "  fan-out works ({} ms after the conversations were created)",
+        warm.as_millis()
+    );
+
     let epoch = Instant::now();
     injector.epoch = epoch;
     let stop = epoch + Duration::from(args.duration);
@@ -226,13 +242,7 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
     let device_tasks = devices::start(
         dev.clone(),
         &workload.channels,
-        (
-            workload.senders[1..]
-                .first()
-                .copied()
-                .unwrap_or(workload.senders[0]),
-            &workload.conversations,
-        ),
+        (follower, &workload.conversations),
         epoch,
         devices_stop.clone(),
         device_log.clone(),
