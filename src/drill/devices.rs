@@ -221,9 +221,9 @@ impl Device {
 /// How long a drill waits for fan-out to work before its first fault.
 const WARM_UP_LIMIT: Duration = Duration::from_secs(60);
 
-/// Waits until `user` has been told about every one of `conversations`
-/// (their creation reached the user's sync queue), so faults hit a
-/// deployment whose fan-out works, not one still starting (a Kafka
+/// Waits until `user`'s sync queue has an event about every one of
+/// `conversations` (the processor fans their creation out), so faults hit
+/// a deployment whose fan-out works, not one still starting (a Kafka
 /// consumer group's first join, say); how long that took.
 pub async fn wait_for_fan_out(
     dev: &DevTarget,
@@ -234,9 +234,9 @@ pub async fn wait_for_fan_out(
     let started = Instant::now();
     let mut sync = SyncClient::new(channel.clone());
     let mut pending: std::collections::HashSet<u64> = conversations.iter().copied().collect();
+    let (mut from_pts, mut queue_id) = (0, 0);
     while !pending.is_empty() {
-        let left = WARM_UP_LIMIT.saturating_sub(started.elapsed());
-        if left.is_zero() {
+        if started.elapsed() >= WARM_UP_LIMIT {
             anyhow::bail!(
                 "fan-out delivered nothing about {} of the drill's conversations to user {user} within {WARM_UP_LIMIT:?}; no fault was injected",
                 pending.len()
@@ -244,19 +244,29 @@ pub async fn wait_for_fan_out(
         }
         let request = SubscribeRequest {
             caller: None,
-            from_pts: 0,
-            queue_id: 0,
+            from_pts,
+            queue_id,
         };
         let call = sync.subscribe(dev.request_as(request, user, "drill-warm-up"));
-        let Ok(Ok(stream)) = tokio::time::timeout(left, call).await else {
+        let Ok(Ok(stream)) = tokio::time::timeout(Duration::from_secs(5), call).await else {
             tokio::time::sleep(Duration::from_millis(200)).await;
             continue;
         };
         let mut stream = stream.into_inner();
-        let quiet = Duration::from_secs(1).min(left);
-        while let Ok(Ok(Some(push))) = tokio::time::timeout(quiet, stream.message()).await {
-            if let Some(sync_push::Push::Event(e)) = push.push {
-                pending.remove(&e.conversation_id);
+        while let Ok(Ok(Some(push))) =
+            tokio::time::timeout(Duration::from_secs(1), stream.message()).await
+        {
+            match push.push {
+                Some(sync_push::Push::Event(e)) => {
+                    pending.remove(&e.conversation_id);
+                }
+                // A long queue (earlier drills): read just its end, where
+                // the new conversations' events are.
+                Some(sync_push::Push::Rebase(r)) => {
+                    (from_pts, queue_id) = (r.latest_pts.saturating_sub(WARM_UP_TAIL), r.queue_id);
+                    break;
+                }
+                _ => {}
             }
             if pending.is_empty() {
                 break;
@@ -265,3 +275,7 @@ pub async fn wait_for_fan_out(
     }
     Ok(started.elapsed())
 }
+
+/// Events from the end of a long queue the warm-up reads (below any
+/// sensible rebase threshold).
+const WARM_UP_TAIL: u64 = 64;
