@@ -40,17 +40,19 @@ pub trait Ownership: Send + Sync + 'static {
     fn check(&self, tenant: u64, conversation: u64, caller_epoch: u64) -> Result<Fence, CellError>;
 
     /// Checks that this cell may serve reads of `conversation` (a frozen
-    /// route still serves them).
-    fn check_read(&self, tenant: u64, conversation: u64) -> Result<(), CellError> {
-        self.check(tenant, conversation, 0).map(|_| ())
+    /// route still serves them); the seq floor its route gives it here (0
+    /// while frozen). A cell that took a conversation over in a failover
+    /// has this floor before any send stores it locally.
+    fn check_read(&self, tenant: u64, conversation: u64) -> Result<u64, CellError> {
+        self.check(tenant, conversation, 0)
+            .map(|fence| fence.seq_floor)
     }
 
-    /// The seq floor the route gives `conversation` here, or 0 when this
-    /// cell cannot serve it now. A cell that took a conversation over in a
-    /// failover has this floor before any send stores it locally.
+    /// The route's seq floor of `conversation` here (see
+    /// [`check_read`](Self::check_read)), or 0 when this cell cannot serve
+    /// it now.
     fn floor(&self, tenant: u64, conversation: u64) -> u64 {
-        self.check(tenant, conversation, 0)
-            .map_or(0, |fence| fence.seq_floor)
+        self.check_read(tenant, conversation).unwrap_or(0)
     }
 
     /// Checks that this cell may create a conversation of `tenant`: its

@@ -107,12 +107,12 @@ impl Ownership for Routed {
         Box::pin(self.client.wait_applied(index, timeout))
     }
 
-    fn check_read(&self, tenant: u64, conversation: u64) -> Result<(), CellError> {
+    fn check_read(&self, tenant: u64, conversation: u64) -> Result<u64, CellError> {
         match self.check(tenant, conversation, 0) {
             Err(CellError::RetryLater {
                 reason: "FROZEN", ..
-            }) => Ok(()),
-            other => other.map(|_| ()),
+            }) => Ok(0),
+            other => other.map(|fence| fence.seq_floor),
         }
     }
 

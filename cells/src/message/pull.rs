@@ -28,7 +28,8 @@ pub struct PullCommand {
 impl MessageService {
     #[tracing::instrument(skip_all, fields(tenant = cmd.caller.tenant, conversation = cmd.conversation, user = cmd.caller.user))]
     pub fn pull(&self, cmd: PullCommand) -> Result<PullResponse> {
-        self.ownership
+        let route_floor = self
+            .ownership
             .check_read(cmd.caller.tenant, cmd.conversation)?;
         self.conversation(&cmd.caller, cmd.conversation)?;
         self.require_member(&cmd.caller, cmd.conversation)?;
@@ -39,9 +40,7 @@ impl MessageService {
         let seq = self.store.conv_seq(cmd.conversation)?;
         // The route's floor counts even before a send here stored it: a
         // quiet new owner after a failover holds backfilled history up to it.
-        let floor = seq
-            .seq_floor
-            .max(self.ownership.floor(cmd.caller.tenant, cmd.conversation));
+        let floor = seq.seq_floor.max(route_floor);
         let from = match (cmd.direction, cmd.since_seq) {
             (ScanDirection::Backward, 0) => seq.latest_seq.max(floor).saturating_add(1),
             (_, since) => since,

@@ -1,7 +1,8 @@
 //! Notifications for users with no online device: the processor queues them
-//! durably (`notify` column family); this worker hands them to a sink — an
-//! HTTP webhook (JSON POST, retried with backoff) or the log — and deletes
-//! each once delivered or after its last attempt.
+//! durably, one record per fan-out batch (`notify_batch` column family);
+//! this worker hands them to a sink — an HTTP webhook (JSON POST, retried
+//! with backoff) or the log — and deletes a batch once each of its
+//! notifications is delivered or past its last attempt.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

@@ -109,8 +109,9 @@ struct Batch {
     mutation: Mutation,
     entries: HashMap<(u64, u64), ConvListEntry>,
     pts: HashMap<u64, u64>,
-    /// The events appended per user, for their live streams.
-    appended: HashMap<u64, Vec<(u64, SyncRecord)>>,
+    /// The events appended per user, kept for users with a live stream
+    /// (looked up once per user and batch; `None`: nobody streams).
+    appended: HashMap<u64, Option<Vec<(u64, SyncRecord)>>>,
     hints: Vec<(Vec<u64>, ConversationHint)>,
     /// Notifications for members with no online device: one record.
     notifications: Vec<NotificationRecord>,
@@ -386,8 +387,7 @@ impl Processor {
         let mut messages = HashMap::new();
         for (user, pts) in batch.pts {
             self.pts.insert(user, pts);
-            let appended = batch.appended.remove(&user);
-            match appended.filter(|_| self.hub.is_subscribed(user)) {
+            match batch.appended.remove(&user).flatten() {
                 Some(events) => match self.live(events, &mut messages) {
                     Ok(live) => self.hub.appended(user, live),
                     Err(_) => self.hub.notify_pts(user, pts),
@@ -636,11 +636,11 @@ impl Processor {
         let pts = self.latest_pts(batch, user)? + 1;
         batch.pts.insert(user, pts);
         batch.mutation.put_sync(user, pts, record);
-        batch
-            .appended
-            .entry(user)
-            .or_default()
-            .push((pts, record.clone()));
+        let live = (batch.appended.entry(user))
+            .or_insert_with(|| self.hub.is_subscribed(user).then(Vec::new));
+        if let Some(events) = live {
+            events.push((pts, record.clone()));
+        }
         batch.applied += 1;
         entry.last_event_id = id;
         entry.last_event_source = source.to_string();

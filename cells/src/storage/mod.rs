@@ -200,9 +200,10 @@ impl Store {
     /// (see [`commit`](self::commit)); one with outbox events goes through the message
     /// lane, which numbers them.
     pub async fn commit_fan_out(&self, mutation: Mutation) -> Result<()> {
-        let lane = match mutation.outbox.is_empty() {
-            true => Lane::FanOut,
-            false => Lane::Message,
+        let lane = if mutation.outbox.is_empty() {
+            Lane::FanOut
+        } else {
+            Lane::Message
         };
         let slot = self.committer.reserve(lane).await?;
         slot.submit(mutation).wait().await

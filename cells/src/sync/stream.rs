@@ -118,7 +118,7 @@ impl SyncService {
                                 let message = e.message.as_deref().cloned();
                                 (e.pts, e.record.clone(), message)
                             });
-                            if !self.send_all(user, events.into_iter(), &mut cursor, tx).await? {
+                            if !self.send_all(user, events, &mut cursor, tx).await? {
                                 return Ok(());
                             }
                         }
