@@ -32,8 +32,8 @@ pub struct DevTarget {
     /// The demo conversations, in dev.json order.
     pub conversations: Vec<u64>,
     key: TokenKey,
-    /// `authorization` values by user, minted once each.
-    tokens: Mutex<HashMap<(u64, String), MetadataValue<Ascii>>>,
+    /// `authorization` values by tenant, user and device, minted once each.
+    tokens: Mutex<HashMap<(u64, u64, String), MetadataValue<Ascii>>>,
 }
 
 fn read(dir: &Path, name: &str) -> anyhow::Result<Value> {
@@ -133,16 +133,29 @@ impl DevTarget {
         self.request_as(message, user, "tool")
     }
 
-    /// `message` as `user` on `device`, with a token for that device.
+    /// `message` as `user` of the demo tenant on `device`, with a token for
+    /// that device.
     pub fn request_as<T>(&self, message: T, user: u64, device: &str) -> tonic::Request<T> {
+        self.request_in(self.tenant, message, user, device)
+    }
+
+    /// `message` as `user` of `tenant` on `device`, with a token for that
+    /// device.
+    pub fn request_in<T>(
+        &self,
+        tenant: u64,
+        message: T,
+        user: u64,
+        device: &str,
+    ) -> tonic::Request<T> {
         let value = self
             .tokens
             .lock()
             .expect("token cache")
-            .entry((user, device.to_string()))
+            .entry((tenant, user, device.to_string()))
             .or_insert_with(|| {
                 let token = self.key.issue(&Claims {
-                    tenant: self.tenant,
+                    tenant,
                     user,
                     device: device.into(),
                     exp: now_secs() + TOKEN_TTL_SECS,

@@ -90,7 +90,8 @@ impl Default for RoutingConfig {
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct HomesConfig {
-    /// user id (as a string key) → gRPC endpoint of the user's home cell.
+    /// `"TENANT/USER"` → gRPC endpoint of the user's home cell (user ids
+    /// are per tenant).
     pub remote: std::collections::BTreeMap<String, String>,
 }
 
@@ -461,8 +462,10 @@ impl CellConfig {
         for (user, endpoint) in &self.homes.remote {
             check(
                 "homes.remote",
-                user.parse::<u64>().is_ok_and(|u| u > 0) && endpoint.starts_with("http://"),
-                &format!("maps user ids to http:// endpoints; {user:?} = {endpoint:?} is not one"),
+                crate::homes::parse_user(user).is_some() && endpoint.starts_with("http://"),
+                &format!(
+                    "maps \"TENANT/USER\" to http:// endpoints; {user:?} = {endpoint:?} is not one"
+                ),
             )?;
         }
         if let Some(url) = &self.notifications.webhook_url {

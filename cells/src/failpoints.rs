@@ -10,6 +10,8 @@
 //!   itself unhealthy;
 //! - `queue.publish=error` — the outbox relay cannot publish (a queue
 //!   outage); acknowledged sends wait in the outbox;
+//! - `standby.answers=error` — answers to sends are not replicated to the
+//!   standbys (a failover inside the replication lag);
 //! - `migration.copy_stored=abort` — the process dies right after a copied
 //!   chunk is stored, before answering (a crash between two steps of a
 //!   migration's copy phase).

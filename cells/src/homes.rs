@@ -7,6 +7,7 @@ use std::collections::HashMap;
 
 use crate::config::HomesConfig;
 use crate::error::CellError;
+use crate::user::UserKey;
 
 /// A user's home as this cell sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,12 +22,12 @@ pub enum Home {
 
 pub trait Homes: Send + Sync + 'static {
     /// The home of `user`.
-    fn home(&self, tenant: u64, user: u64) -> Home;
+    fn home(&self, user: UserKey) -> Home;
 
     /// Checks that this cell serves `user`'s sync state: reads, or with
     /// `write` acks and settings (refused while the home is frozen). A
     /// static map serves every user who asks.
-    fn check_home(&self, _tenant: u64, _user: u64, _write: bool) -> Result<(), CellError> {
+    fn check_home(&self, _user: UserKey, _write: bool) -> Result<(), CellError> {
         Ok(())
     }
 
@@ -37,7 +38,7 @@ pub trait Homes: Send + Sync + 'static {
     }
 }
 
-pub struct StaticHomes(HashMap<u64, String>);
+pub struct StaticHomes(HashMap<UserKey, String>);
 
 impl StaticHomes {
     /// From a validated config (entries that do not parse are skipped).
@@ -46,17 +47,44 @@ impl StaticHomes {
             config
                 .remote
                 .iter()
-                .filter_map(|(user, endpoint)| Some((user.parse().ok()?, endpoint.clone())))
+                .filter_map(|(user, endpoint)| Some((parse_user(user)?, endpoint.clone())))
                 .collect(),
         )
     }
 }
 
+/// A `homes.remote` key: `"TENANT/USER"`, both ids non-zero.
+pub fn parse_user(key: &str) -> Option<UserKey> {
+    let (tenant, user) = key.split_once('/')?;
+    let (tenant, user) = (tenant.parse().ok()?, user.parse().ok()?);
+    (tenant > 0 && user > 0).then_some(UserKey::new(tenant, user))
+}
+
 impl Homes for StaticHomes {
-    fn home(&self, _tenant: u64, user: u64) -> Home {
+    fn home(&self, user: UserKey) -> Home {
         match self.0.get(&user) {
             Some(endpoint) => Home::Remote(endpoint.clone()),
             None => Home::Here,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn static_homes_are_per_tenant() {
+        let mut config = HomesConfig::default();
+        config.remote.insert("1/3".into(), "http://a".into());
+        let homes = StaticHomes::from_config(&config);
+        assert_eq!(
+            homes.home(UserKey::new(1, 3)),
+            Home::Remote("http://a".into())
+        );
+        assert_eq!(homes.home(UserKey::new(2, 3)), Home::Here);
+        assert_eq!(parse_user("3"), None);
+        assert_eq!(parse_user("0/3"), None);
+        assert_eq!(parse_user("1/x"), None);
     }
 }

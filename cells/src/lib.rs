@@ -10,6 +10,8 @@
 //! - [`sync`]: per-user sync queues pushed to devices, conversation lists,
 //!   presence and typing.
 //! - [`grpc`] and [`convert`]: the wire surface, thin over the domain.
+//! - [`user`]: [`UserKey`], the tenant-scoped user every per-user record
+//!   and map is keyed by.
 //! - [`server`]: starting and stopping a cell; [`config`]: its TOML config.
 
 pub mod clock;
@@ -29,7 +31,9 @@ pub mod routed;
 pub mod server;
 pub mod storage;
 pub mod sync;
+pub mod user;
 
 pub use config::CellConfig;
 pub use error::CellError;
 pub use server::{Placement, RunningCell, StartError, run, start, start_placed};
+pub use user::UserKey;

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use crate::error::CellError;
 use crate::homes::{Home, Homes};
 use crate::ownership::{Creation, Fence, Ownership};
+use crate::user::UserKey;
 use futures::future::BoxFuture;
 
 pub struct Routed {
@@ -242,8 +243,8 @@ impl Ownership for Routed {
 }
 
 impl Homes for Routed {
-    fn home(&self, tenant: u64, user: u64) -> Home {
-        let key = Key::user(tenant, user);
+    fn home(&self, user: UserKey) -> Home {
+        let key = Key::user(user.tenant, user.user);
         let Some(route) = self.client.resolve(&key) else {
             return Home::Here;
         };
@@ -256,8 +257,8 @@ impl Homes for Routed {
         }
     }
 
-    fn check_home(&self, tenant: u64, user: u64, write: bool) -> Result<(), CellError> {
-        let key = Key::user(tenant, user);
+    fn check_home(&self, user: UserKey, write: bool) -> Result<(), CellError> {
+        let key = Key::user(user.tenant, user.user);
         let Some(route) = self.client.resolve(&key) else {
             return Ok(());
         };

@@ -380,6 +380,7 @@ async fn checkpoint(
                         conversation_id,
                         hwm,
                         owner: false,
+                        seq_floor: 0,
                     },
                 )
                 .collect();

@@ -23,11 +23,17 @@ pub struct History {
     /// The devices the drill ran, each with what must reach it.
     #[serde(default)]
     pub devices: Vec<Device>,
+    /// The tenant of each conversation the drill wrote to (tenants share
+    /// cells and user ids; a device must only ever see its own tenant's).
+    #[serde(default)]
+    pub tenants: BTreeMap<u64, u64>,
 }
 
 /// A device that followed its user's sync queue through the drill.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Device {
+    #[serde(default)]
+    pub tenant: u64,
     pub user: u64,
     pub device: String,
     /// The conversations its user is a member of: every message
@@ -77,6 +83,9 @@ pub struct Stored {
 /// A push a device received.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DeliveryRecord {
+    /// The tenant of the device's user (user ids are per tenant).
+    #[serde(default)]
+    pub tenant: u64,
     pub user: u64,
     pub device: String,
     /// Increments each time the device (re)subscribes.
@@ -96,6 +105,8 @@ pub struct DeliveryRecord {
 /// A cursor the server confirmed for a device.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CursorAck {
+    #[serde(default)]
+    pub tenant: u64,
     pub user: u64,
     pub device: String,
     pub at_ms: u64,

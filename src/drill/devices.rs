@@ -1,4 +1,5 @@
-//! The drill's devices: two devices of one member subscribe through the
+//! The drill's devices: two devices of one member of each tenant the drill
+//! writes to (the same user id in every tenant) subscribe through the
 //! edges (one each when there are several) for the whole drill, resubscribe
 //! from their last pts and queue whenever a stream ends, ack every few
 //! events, and record every delivery, every rebase and every cursor the
@@ -41,32 +42,34 @@ pub struct DeviceLog {
 }
 
 impl DeviceLog {
-    fn followed(&mut self, user: u64, name: &str) -> &mut Followed {
+    fn followed(&mut self, tenant: u64, user: u64, name: &str) -> &mut Followed {
         let i = (self.devices.iter())
-            .position(|d| d.user == user && d.device == name)
+            .position(|d| (d.tenant, d.user) == (tenant, user) && d.device == name)
             .expect("every device is listed at its start");
         &mut self.devices[i]
     }
 }
 
-/// One task per device of `user`, a member of `conversations`, running
-/// until `stop` is set.
+/// One task per device of `user` of `tenant`, a member of
+/// `conversations`, running until `stop` is set.
 pub fn start(
     dev: Arc<DevTarget>,
     channels: &[Channel],
-    (user, conversations): (u64, &[u64]),
+    (tenant, user, conversations): (u64, u64, &[u64]),
     epoch: Instant,
     stop: Arc<AtomicBool>,
     log: Arc<Mutex<DeviceLog>>,
 ) -> Vec<tokio::task::JoinHandle<()>> {
-    log.lock().expect("device log").devices = (NAMES.iter())
-        .map(|name| Followed {
+    log.lock()
+        .expect("device log")
+        .devices
+        .extend(NAMES.iter().map(|name| Followed {
+            tenant,
             user,
             device: name.to_string(),
             conversations: conversations.to_vec(),
             rebases_ms: Vec::new(),
-        })
-        .collect();
+        }));
     NAMES
         .iter()
         .enumerate()
@@ -74,6 +77,7 @@ pub fn start(
             let device = Device {
                 dev: dev.clone(),
                 sync: SyncClient::new(channels[i % channels.len()].clone()),
+                tenant,
                 user,
                 name: name.to_string(),
                 epoch,
@@ -113,6 +117,7 @@ pub async fn wait_caught_up(history: &History, log: &Mutex<DeviceLog>) -> Option
 struct Device {
     dev: Arc<DevTarget>,
     sync: SyncClient<Channel>,
+    tenant: u64,
     user: u64,
     name: String,
     epoch: Instant,
@@ -120,6 +125,12 @@ struct Device {
 }
 
 impl Device {
+    /// `message` as this device, with its token.
+    fn request<T>(&self, message: T) -> tonic::Request<T> {
+        self.dev
+            .request_in(self.tenant, message, self.user, &self.name)
+    }
+
     async fn run(mut self, stop: Arc<AtomicBool>) {
         let (mut pts, mut queue, mut session, mut unacked) = (0u64, 0u64, 0u64, 0u64);
         let running = || !stop.load(Ordering::Relaxed);
@@ -130,9 +141,7 @@ impl Device {
                 from_pts: pts,
                 queue_id: queue,
             };
-            let subscribe = self
-                .sync
-                .subscribe(self.dev.request_as(request, self.user, &self.name));
+            let subscribe = self.sync.subscribe(self.request(request));
             let mut stream = match tokio::time::timeout(Duration::from_secs(5), subscribe).await {
                 Ok(Ok(s)) => s.into_inner(),
                 _ => {
@@ -164,6 +173,7 @@ impl Device {
                             .expect("device log")
                             .deliveries
                             .push(DeliveryRecord {
+                                tenant: self.tenant,
                                 user: self.user,
                                 device: self.name.clone(),
                                 session,
@@ -184,7 +194,9 @@ impl Device {
                         (pts, queue) = (r.latest_pts, r.queue_id);
                         let at = now_ms(self.epoch);
                         let mut log = self.log.lock().expect("device log");
-                        log.followed(self.user, &self.name).rebases_ms.push(at);
+                        log.followed(self.tenant, self.user, &self.name)
+                            .rebases_ms
+                            .push(at);
                     }
                     _ => {}
                 }
@@ -198,7 +210,7 @@ impl Device {
             pts,
             queue_id,
         };
-        let request = self.dev.request_as(request, self.user, &self.name);
+        let request = self.request(request);
         if let Ok(Ok(ack)) =
             tokio::time::timeout(Duration::from_secs(5), self.sync.ack(request)).await
         {
@@ -208,6 +220,7 @@ impl Device {
                 .expect("device log")
                 .cursor_acks
                 .push(CursorAck {
+                    tenant: self.tenant,
                     user: self.user,
                     device: self.name.clone(),
                     at_ms: now_ms(self.epoch),

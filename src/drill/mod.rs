@@ -3,7 +3,9 @@
 //! and record every outcome ([`workload`]); faults are injected on a
 //! schedule drawn from the seed ([`faults`]); afterwards every conversation
 //! is read back and the history checker judges each invariant of DESIGN.md
-//! §7. The report ([`report`]: JSON and a summary) lists the faults with
+//! §7. A neighbour tenant shares the demo tenant's cell with the same user
+//! ids, writing and followed by devices too: no device may see the other
+//! tenant's events. The report ([`report`]: JSON and a summary) lists the faults with
 //! times and recovery times, the outcomes and every verdict; any violation
 //! makes the command fail.
 
@@ -183,16 +185,55 @@ fn watch_floors(
 /// How long the deployment settles after the senders stop.
 const SETTLE: Duration = Duration::from_secs(5);
 
+/// The tenant placed beside the demo tenant, with the same user ids.
+const NEIGHBOUR_TENANT: u64 = 9_001;
+
+/// Places the neighbour tenant on the demo tenant's cell (once per
+/// deployment) and creates its conversation among the same user ids as the
+/// drill's senders.
+async fn neighbour(dev: &Arc<DevTarget>, senders: u64) -> anyhow::Result<Workload> {
+    use cellmesh_router::table::Key;
+    anyhow::ensure!(
+        dev.tenant != NEIGHBOUR_TENANT,
+        "the demo tenant is the neighbour's id"
+    );
+    let routes = dev.routes().await?;
+    if routes.read(|t| t.entry(&Key::tenant(NEIGHBOUR_TENANT)).is_none()) {
+        let cell = routes
+            .read(|t| t.entry(&Key::tenant(dev.tenant)).map(|e| e.cell.clone()))
+            .ok_or_else(|| anyhow::anyhow!("the demo tenant is not placed"))?;
+        let command = cellmesh_router::commands::assign_tenant(NEIGHBOUR_TENANT, &cell, 0);
+        routes.apply(command).await.map_err(|e| {
+            anyhow::anyhow!(
+                "placing the neighbour tenant: {}",
+                crate::client::describe(&e)
+            )
+        })?;
+    }
+    // The edges learn the new tenant from the route table's watch.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match Workload::create(dev.clone(), NEIGHBOUR_TENANT, senders, 1).await {
+            Ok(workload) => return Ok(workload),
+            Err(e) if Instant::now() >= deadline => return Err(e),
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
 async fn drill(args: RunArgs) -> anyhow::Result<()> {
     let dev = Arc::new(DevTarget::load(&args.dev)?);
     let seed = args.seed.unwrap_or_else(|| rand::rng().random());
-    let mut workload = Workload::create(dev.clone(), args.senders, args.conversations).await?;
+    let mut workload =
+        Workload::create(dev.clone(), dev.tenant, args.senders, args.conversations).await?;
+    let neighbour = neighbour(&dev, args.senders.min(2)).await?;
     println!(
-        "drill {:?} seed {seed}: {} senders into {} conversations for {}",
+        "drill {:?} seed {seed}: {} senders into {} conversations for {}, beside tenant {} with the same user ids",
         args.scenario,
         workload.senders.len(),
         workload.conversations.len(),
-        args.duration
+        args.duration,
+        neighbour.tenant,
     );
 
     let mut injector = Injector {
@@ -235,18 +276,22 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
     injector.epoch = epoch;
     let stop = epoch + Duration::from(args.duration);
     let ops = Arc::new(Mutex::new(Vec::new()));
-    let workers = workload.start(epoch, stop, ops.clone());
+    let mut workers = workload.start(epoch, stop, ops.clone());
+    workers.extend(neighbour.start(epoch, stop, ops.clone()));
     // Devices follow a member until they have caught up after the read-back.
     let device_log = Arc::new(Mutex::new(devices::DeviceLog::default()));
     let devices_stop = Arc::new(AtomicBool::new(false));
-    let device_tasks = devices::start(
-        dev.clone(),
-        &workload.channels,
-        (follower, &workload.conversations),
-        epoch,
-        devices_stop.clone(),
-        device_log.clone(),
-    );
+    let mut device_tasks = Vec::new();
+    for load in [&workload, &neighbour] {
+        device_tasks.extend(devices::start(
+            dev.clone(),
+            &load.channels,
+            (load.tenant, follower, &load.conversations),
+            epoch,
+            devices_stop.clone(),
+            device_log.clone(),
+        ));
+    }
     let floors = watch_floors(dev.clone(), workload.conversations.clone(), stop);
 
     // Faults on a schedule drawn from the seed.
@@ -274,6 +319,7 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
     // Read every conversation back once the deployment has settled.
     tokio::time::sleep(SETTLE).await;
     workload.read_back(&mut history).await?;
+    neighbour.read_back(&mut history).await?;
     let caught_up_ms = devices::wait_caught_up(&history, &device_log).await;
     devices_stop.store(true, Ordering::Relaxed);
     if let Some(at) = caught_up_ms {

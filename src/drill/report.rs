@@ -221,6 +221,7 @@ mod tests {
         };
         for (device, at) in [("phone", 130), ("laptop", 400), ("laptop", 150)] {
             history.deliveries.push(DeliveryRecord {
+                tenant: 1,
                 user: 2,
                 device: device.into(),
                 session: 1,
@@ -233,6 +234,7 @@ mod tests {
             });
             if !history.devices.iter().any(|d| d.device == device) {
                 history.devices.push(Device {
+                    tenant: 1,
                     user: 2,
                     device: device.into(),
                     conversations: vec![7],

@@ -53,6 +53,8 @@ fn stored_as_read(seq: u64, msg_id: u64, state: i32, body: &[u8]) -> Stored {
 
 pub struct Workload {
     pub dev: Arc<DevTarget>,
+    /// The tenant the workload's users and conversations belong to.
+    pub tenant: u64,
     /// The edges the senders use, round-robin; the first reads back.
     pub channels: Vec<Channel>,
     pub senders: Vec<u64>,
@@ -61,9 +63,11 @@ pub struct Workload {
 }
 
 impl Workload {
-    /// Group conversations among the drill's senders, in the demo tenant.
+    /// Group conversations among the drill's senders, in `tenant`. The
+    /// senders' user ids are the same in every tenant.
     pub async fn create(
         dev: Arc<DevTarget>,
+        tenant: u64,
         senders: u64,
         conversations: u64,
     ) -> anyhow::Result<Self> {
@@ -76,7 +80,8 @@ impl Workload {
         for i in 0..conversations {
             let mut client = MessagingClient::new(channel.clone());
             let created = client
-                .create_conversation(dev.request(
+                .create_conversation(dev.request_in(
+                    tenant,
                     CreateConversationRequest {
                         kind: ConversationKind::Group as i32,
                         title: format!("drill {run_id} {i}"),
@@ -85,6 +90,7 @@ impl Workload {
                         ..Default::default()
                     },
                     senders[0],
+                    "tool",
                 ))
                 .await
                 .map_err(|e| anyhow::anyhow!(crate::client::describe(&e)))?;
@@ -97,6 +103,7 @@ impl Workload {
         }
         Ok(Self {
             dev,
+            tenant,
             channels: vec![channel],
             senders,
             conversations: ids,
@@ -127,16 +134,17 @@ impl Workload {
                 self.conversations.clone(),
                 self.channels[w % self.channels.len()].clone(),
             );
-            let run_id = self.run_id;
+            let (run_id, tenant) = (self.run_id, self.tenant);
             workers.push(tokio::spawn(async move {
                 let mut client = MessagingClient::new(channel);
                 let mut n = 0u64;
                 while Instant::now() < stop {
                     n += 1;
                     let conversation = convs[(n as usize + w) % convs.len()];
-                    let tag = format!("d{run_id}-{user}-{n}");
+                    let tag = format!("d{run_id}-{tenant}-{user}-{n}");
                     let invoked_ms = now_ms(epoch);
-                    let mut request = dev.request(
+                    let mut request = dev.request_in(
+                        tenant,
                         SendRequest {
                             conversation_id: conversation,
                             client_req_id: tag.clone(),
@@ -145,6 +153,7 @@ impl Workload {
                             ..Default::default()
                         },
                         user,
+                        "tool",
                     );
                     request.set_timeout(Duration::from_secs(10));
                     let outcome = match client.send(request).await {
@@ -199,7 +208,7 @@ impl Workload {
         let mut after = 0;
         loop {
             let mut request = tonic::Request::new(ExportRequest {
-                tenant_id: self.dev.tenant,
+                tenant_id: self.tenant,
                 conversation_id: conversation,
                 after_seq: after,
                 limit: 1_000,
@@ -233,6 +242,7 @@ impl Workload {
     pub async fn read_back(&self, history: &mut History) -> anyhow::Result<()> {
         let deadline = tokio::time::Instant::now() + BACKFILL_WAIT;
         for &conversation in &self.conversations {
+            history.tenants.insert(conversation, self.tenant);
             let (stored, floor) = loop {
                 let (stored, floor, unavailable) = self.read_conversation(conversation).await?;
                 if unavailable == 0 || tokio::time::Instant::now() >= deadline {
@@ -266,7 +276,8 @@ impl Workload {
         let (mut stored, mut since, mut floor, mut unavailable) = (Vec::new(), 0, 0, 0);
         loop {
             let page = client
-                .pull(self.dev.request(
+                .pull(self.dev.request_in(
+                    self.tenant,
                     PullRequest {
                         conversation_id: conversation,
                         since_seq: since,
@@ -275,6 +286,7 @@ impl Workload {
                         ..Default::default()
                     },
                     self.senders[0],
+                    "tool",
                 ))
                 .await
                 .map_err(|e| {

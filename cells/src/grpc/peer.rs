@@ -18,6 +18,7 @@ use crate::message::MessageService;
 use crate::pipeline::{PeerInbound, UserImport};
 use crate::sync::SyncService;
 use crate::sync::moving::sync_checksum;
+use crate::user::UserKey;
 
 /// Messages per export chunk unless the caller asks otherwise.
 const DEFAULT_CHUNK: u32 = 10_000;
@@ -108,7 +109,7 @@ impl PeerApi {
         let source = r.source_cell.clone();
         self.inbound
             .import_user(UserImport {
-                user: r.user_id,
+                user: UserKey::new(r.tenant_id, r.user_id),
                 source,
                 reset,
                 events,
@@ -134,7 +135,14 @@ impl CellPeer for PeerApi {
             .map_err(pipeline_unavailable)?;
         Ok(Response::new(DeliverBatchResponse {
             applied: delivered.applied,
-            refused_users: delivered.refused_users,
+            refused: delivered
+                .refused_users
+                .iter()
+                .map(|u| TenantUser {
+                    tenant_id: u.tenant,
+                    user_id: u.user,
+                })
+                .collect(),
         }))
     }
 
@@ -212,7 +220,7 @@ impl CellPeer for PeerApi {
         let r = request.into_inner();
         let limit = if r.limit == 0 { DEFAULT_CHUNK } else { r.limit } as usize;
         Ok(Response::new(self.sync.export_user(
-            r.user_id,
+            UserKey::new(r.tenant_id, r.user_id),
             r.after_pts,
             limit,
             r.with_state,
@@ -226,7 +234,7 @@ impl CellPeer for PeerApi {
         let r = request.into_inner();
         let latest_seq = self
             .sync
-            .seal_user(r.tenant_id, r.user_id, r.epoch, &self.inbound)
+            .seal_user(UserKey::new(r.tenant_id, r.user_id), r.epoch, &self.inbound)
             .await?;
         Ok(Response::new(SealResponse {
             latest_seq,
@@ -239,9 +247,11 @@ impl CellPeer for PeerApi {
         request: Request<UserDigestRequest>,
     ) -> Result<Response<DigestResponse>, Status> {
         let r = request.into_inner();
-        let d = self
-            .sync
-            .digest_user(r.user_id, r.after_seq, r.through_seq)?;
+        let d = self.sync.digest_user(
+            UserKey::new(r.tenant_id, r.user_id),
+            r.after_seq,
+            r.through_seq,
+        )?;
         Ok(Response::new(DigestResponse {
             count: d.count,
             checksum: d.checksum,

@@ -75,8 +75,8 @@ impl Sync for SyncApi {
         request: Request<GetPresenceRequest>,
     ) -> Reply<GetPresenceResponse> {
         let r = request.into_inner();
-        caller(r.caller)?;
-        Ok(Response::new(self.service.presence(&r.user_ids)?))
+        let caller = caller(r.caller)?;
+        Ok(Response::new(self.service.presence(caller, &r.user_ids)?))
     }
 
     async fn typing(&self, request: Request<TypingRequest>) -> Reply<TypingResponse> {

@@ -61,15 +61,15 @@ pub(crate) async fn mark_sealed(
 
 /// Goes through the keys of `kind` this cell handed over: forgets those
 /// `handed` says came back, and drops (with `drop`) the copy of those owned
-/// elsewhere for `grace`; the ids dropped.
+/// elsewhere for `grace`; the keys dropped.
 pub(crate) async fn clean(
     store: &Store,
     kind: u8,
     now_ms: u64,
     grace: Duration,
     handed: impl Fn(&Moved) -> Handed,
-    drop: impl Fn(&mut Mutation, u64),
-) -> Result<Vec<u64>> {
+    drop: impl Fn(&mut Mutation, &Moved),
+) -> Result<Vec<Moved>> {
     let mut dropped = Vec::new();
     for moved in store.moved(kind)? {
         let expired = now_ms >= moved.sealed_at_ms + grace.as_millis() as u64;
@@ -77,12 +77,12 @@ pub(crate) async fn clean(
         match handed(&moved) {
             Handed::Back => {}
             Handed::Away if expired => {
-                drop(&mut m, moved.id);
-                dropped.push(moved.id);
+                drop(&mut m, &moved);
+                dropped.push(moved);
             }
             Handed::Away | Handed::Unsettled => continue,
         }
-        m.unmark_moved(kind, moved.id);
+        m.unmark_moved(kind, moved.tenant, moved.id);
         store.commit(m).await?;
     }
     Ok(dropped)
@@ -106,11 +106,11 @@ impl MessageService {
             now,
             grace,
             handed,
-            Mutation::drop_history,
+            |m, moved| m.drop_history(moved.id),
         )
         .await?;
-        for &conversation in &dropped {
-            self.conversations.invalidate(conversation);
+        for moved in &dropped {
+            self.conversations.invalidate(moved.id);
         }
         if !dropped.is_empty() {
             let dropped = dropped.len();

@@ -290,18 +290,16 @@ impl MessageService {
                 "the source answered for another tenant",
             ));
         }
+        let now = self.now_ms();
         let mut m = Mutation::new();
         for message in chunk.messages {
-            let Some(mut r) = message.record else {
+            let Some(r) = message.record else {
                 continue;
             };
             if message.seq > floor {
                 // Never overwrite what this cell assigned above its floor.
                 continue;
             }
-            // A send whose outcome its client never learned (the cell
-            // failed) may have been retried here and accepted: the retry's
-            // answer stands, the failed cell's copy is kept as a tombstone.
             if !r.client_req_id.is_empty() {
                 let key = IdemKey {
                     kind: IdemKind::Send,
@@ -309,12 +307,26 @@ impl MessageService {
                     user: r.sender_id,
                     client_req_id: r.client_req_id.clone(),
                 };
-                if let Some(accepted) = self.store.idempotency(&key)?
-                    && accepted.conversation_id == conversation
-                    && accepted.seq != message.seq
-                {
-                    r.state = cellmesh_proto::v1::MessageState::Recalled as i32;
-                    r.body.clear();
+                let accepted = self.store.idempotency(&key)?;
+                match reconcile(conversation, message.seq, floor, accepted.as_ref()) {
+                    Reconcile::Keep => {}
+                    Reconcile::Answer => {
+                        let expires_at_ms = self.idempotency_expiry(r.server_ts_ms);
+                        if expires_at_ms > now {
+                            m.put_idempotency(
+                                &key,
+                                &answer(conversation, message.seq, &r, expires_at_ms),
+                            );
+                        }
+                    }
+                    Reconcile::OriginalWins { duplicate } => {
+                        let expires_at_ms = accepted.map_or(0, |a| a.expires_at_ms);
+                        m.put_idempotency(
+                            &key,
+                            &answer(conversation, message.seq, &r, expires_at_ms),
+                        );
+                        self.mark_duplicate(&mut m, tenant, conversation, duplicate, now)?;
+                    }
                 }
             }
             m.put_message(conversation, message.seq, &r);
@@ -322,6 +334,50 @@ impl MessageService {
         if !m.is_empty() {
             self.store.commit(m).await?;
         }
+        Ok(())
+    }
+
+    /// Turns the message at `seq` — a re-send this cell accepted while the
+    /// original's cell was failed — into a tombstone, announced to the
+    /// members as a recall: the original answers its request id.
+    fn mark_duplicate(
+        &self,
+        m: &mut Mutation,
+        tenant: u64,
+        conversation: u64,
+        seq: u64,
+        now: u64,
+    ) -> Result<()> {
+        let Some(mut copy) = self.store.message(conversation, seq)? else {
+            return Ok(());
+        };
+        if copy.state == cellmesh_proto::v1::MessageState::Recalled as i32 {
+            return Ok(());
+        }
+        copy.state = cellmesh_proto::v1::MessageState::Recalled as i32;
+        copy.body.clear();
+        copy.edited_at_ms = now;
+        copy.edit_version += 1;
+        m.put_message(conversation, seq, &copy);
+        let rewrites = crate::storage::keys::meta::rewrites(conversation);
+        let count = self.store.meta_u64(&rewrites)?.unwrap_or(0);
+        m.put_meta_u64(&rewrites, count + 1);
+        m.emit(&OutboxEvent {
+            kind: OutboxKind::Recall as i32,
+            tenant_id: tenant,
+            conversation_id: conversation,
+            seq,
+            msg_id: copy.msg_id,
+            user_id: copy.sender_id,
+            server_ts_ms: now,
+            items: copy.visible_to.clone(),
+            ..Default::default()
+        });
+        tracing::info!(
+            conversation,
+            seq,
+            "a re-send accepted during a failover is the duplicate of a backfilled message"
+        );
         Ok(())
     }
 
@@ -427,5 +483,77 @@ impl MessageService {
         self.store.commit(m).await?;
         self.conversations.invalidate(conversation);
         Ok(latest)
+    }
+}
+
+/// What a backfilled message (at `seq`, below the failover `floor`) does
+/// to the answer this cell holds for its request id.
+#[derive(Debug, PartialEq, Eq)]
+enum Reconcile {
+    /// The answer already names it, or names another conversation.
+    Keep,
+    /// No answer here: rebuild it from the message.
+    Answer,
+    /// A re-send was accepted here above the floor while the original's
+    /// cell was failed: the original answers, the copy at `duplicate` is
+    /// the duplicate.
+    OriginalWins { duplicate: u64 },
+}
+
+fn reconcile(
+    conversation: u64,
+    seq: u64,
+    floor: u64,
+    accepted: Option<&IdempotencyRecord>,
+) -> Reconcile {
+    match accepted {
+        None => Reconcile::Answer,
+        Some(a) if a.conversation_id != conversation || a.seq == seq => Reconcile::Keep,
+        Some(a) if a.seq > floor => Reconcile::OriginalWins { duplicate: a.seq },
+        // Two copies below the floor cannot come from one request: keep
+        // the answer the client was given.
+        Some(_) => Reconcile::Keep,
+    }
+}
+
+/// The answer to a request id, rebuilt from its message.
+fn answer(conversation: u64, seq: u64, r: &MessageRecord, expires_at_ms: u64) -> IdempotencyRecord {
+    IdempotencyRecord {
+        conversation_id: conversation,
+        msg_id: r.msg_id,
+        seq,
+        server_ts_ms: r.server_ts_ms,
+        expires_at_ms,
+    }
+}
+
+#[cfg(test)]
+mod reconcile_tests {
+    use super::*;
+
+    fn accepted(conversation: u64, seq: u64) -> IdempotencyRecord {
+        IdempotencyRecord {
+            conversation_id: conversation,
+            seq,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_original_always_answers_its_request_id() {
+        // Backfill first: the answer is rebuilt from the original.
+        assert_eq!(reconcile(7, 3, 100, None), Reconcile::Answer);
+        // The answer already is the original (replicated to the standby).
+        assert_eq!(reconcile(7, 3, 100, Some(&accepted(7, 3))), Reconcile::Keep);
+        // A re-send reached the new owner first: the original wins.
+        assert_eq!(
+            reconcile(7, 3, 100, Some(&accepted(7, 101))),
+            Reconcile::OriginalWins { duplicate: 101 }
+        );
+        // The same request id in another conversation is another request.
+        assert_eq!(
+            reconcile(7, 3, 100, Some(&accepted(8, 101))),
+            Reconcile::Keep
+        );
     }
 }

@@ -33,12 +33,8 @@ use crate::storage::{Store, keys};
 use cache::{ConvCache, ConvEntry, SeqState};
 use inflight::Inflight;
 
-/// The authenticated identity a request acts as.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Caller {
-    pub tenant: u64,
-    pub user: u64,
-}
+/// The authenticated identity a request acts as: a user of one tenant.
+pub type Caller = crate::user::UserKey;
 
 /// How far ahead of the clock message ids are reserved (one synced write
 /// per this interval).
@@ -133,7 +129,7 @@ impl MessageService {
 
     /// The conversation, checked to belong to the caller's tenant.
     fn conversation(&self, caller: &Caller, id: u64) -> Result<Arc<ConvEntry>> {
-        let not_found = CellError::NotFound {
+        let not_found = || CellError::NotFound {
             what: "conversation",
             id,
         };
@@ -155,12 +151,11 @@ impl MessageService {
                     },
                 )))
             })?
-            .ok_or(not_found)?;
+            .ok_or_else(not_found)?;
+        // Another tenant's conversation is answered as one that does not
+        // exist: the answer must not reveal that the id is taken.
         if entry.tenant != caller.tenant {
-            return Err(CellError::denied(
-                "WRONG_TENANT",
-                format!("conversation {id} belongs to another tenant"),
-            ));
+            return Err(not_found());
         }
         Ok(entry)
     }

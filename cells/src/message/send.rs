@@ -129,6 +129,8 @@ impl MessageService {
                 user_id: cmd.caller.user,
                 server_ts_ms: now,
                 items: visible_to,
+                client_req_id: cmd.client_req_id.clone(),
+                idempotency_expires_at_ms: record.expires_at_ms,
             });
             state.latest = seq;
             state.floor = floor;

@@ -144,6 +144,7 @@ impl MessageService {
                 user_id: caller.user,
                 server_ts_ms: now,
                 items: record.visible_to.clone(),
+                ..Default::default()
             });
             self.store.commit(m).await?;
         }

@@ -21,9 +21,11 @@ use prost::Message as _;
 use tokio::sync::Notify;
 use tonic::transport::{Channel, Endpoint};
 
+use super::for_standby;
 use super::{PeerInbound, PipelineError};
 use crate::homes::{Home, Homes};
 use crate::storage::{Mutation, Store};
+use crate::user::UserKey;
 
 const DELIVER_TIMEOUT: Duration = Duration::from_secs(10);
 /// Records read from the queue at a time, and at most per pass.
@@ -54,9 +56,9 @@ struct Pass {
     /// Destinations that failed or are backed off.
     waiting: HashSet<String>,
     /// Users with an earlier event still queued.
-    blocked: HashSet<u64>,
+    blocked: HashSet<UserKey>,
     /// Each user's target, decided once per pass.
-    targets: HashMap<u64, Target>,
+    targets: HashMap<UserKey, Target>,
     /// Something was delivered or dropped.
     progress: bool,
 }
@@ -155,19 +157,19 @@ impl Forwarder {
             held: Vec::new(),
         };
         for (at, e) in events.into_iter().enumerate() {
-            let target = if e.meta.is_some() {
+            let target = if for_standby(&e) {
                 self.reachable(destinations, pass, &open.record.endpoint)
-            } else if pass.blocked.contains(&e.user_id) {
+            } else if pass.blocked.contains(&user_of(&e)) {
                 Target::Hold
             } else {
-                let known = pass.targets.get(&e.user_id).cloned();
-                let target =
-                    known.unwrap_or_else(|| match self.homes.home(e.tenant_id, e.user_id) {
-                        Home::Here => Target::Local,
-                        Home::Moving => Target::Hold,
-                        Home::Remote(endpoint) => self.reachable(destinations, pass, &endpoint),
-                    });
-                pass.targets.insert(e.user_id, target.clone());
+                let user = user_of(&e);
+                let known = pass.targets.get(&user).cloned();
+                let target = known.unwrap_or_else(|| match self.homes.home(user) {
+                    Home::Here => Target::Local,
+                    Home::Moving => Target::Hold,
+                    Home::Remote(endpoint) => self.reachable(destinations, pass, &endpoint),
+                });
+                pass.targets.insert(user, target.clone());
                 target
             };
             match target {
@@ -193,7 +195,7 @@ impl Forwarder {
     ) {
         for (target, batch) in out {
             let events: Vec<PeerEvent> = batch.iter().map(|(_, _, e)| e.clone()).collect();
-            let refused: Option<Vec<u64>> = match &target {
+            let refused: Option<Vec<UserKey>> = match &target {
                 Target::Local => self
                     .local
                     .deliver(String::new(), events)
@@ -215,11 +217,11 @@ impl Forwarder {
             for (slot, at, e) in batch {
                 let kept = match &refused {
                     None => true,
-                    Some(users) => e.meta.is_none() && users.contains(&e.user_id),
+                    Some(users) => !for_standby(&e) && users.contains(&user_of(&e)),
                 };
                 if kept {
-                    if e.meta.is_none() {
-                        pass.blocked.insert(e.user_id);
+                    if !for_standby(&e) {
+                        pass.blocked.insert(user_of(&e));
                     }
                     open[slot].held.push((at, e));
                 }
@@ -252,10 +254,15 @@ impl Forwarder {
 /// Users with a held event wait behind it for the rest of the pass.
 fn block_held(pass: &mut Pass, open: &Open) {
     for (_, e) in &open.held {
-        if e.meta.is_none() {
-            pass.blocked.insert(e.user_id);
+        if !for_standby(e) {
+            pass.blocked.insert(user_of(e));
         }
     }
+}
+
+/// The user a (non-meta) event is for.
+fn user_of(e: &PeerEvent) -> UserKey {
+    UserKey::new(e.tenant_id, e.user_id)
 }
 
 /// Drops a delivered record, or keeps what is left of it, in order, in its
@@ -291,7 +298,7 @@ async fn deliver(
     secret: &ClusterSecret,
     endpoint: &str,
     events: Vec<PeerEvent>,
-) -> Option<Vec<u64>> {
+) -> Option<Vec<UserKey>> {
     let mut request = tonic::Request::new(DeliverBatchRequest {
         source_cell: cell_id.to_string(),
         events,
@@ -300,7 +307,13 @@ async fn deliver(
     match tokio::time::timeout(DELIVER_TIMEOUT, dest.client.deliver_batch(request)).await {
         Ok(Ok(response)) => {
             dest.backoff = Duration::from_millis(100);
-            Some(response.into_inner().refused_users)
+            let refused = response.into_inner().refused;
+            Some(
+                refused
+                    .iter()
+                    .map(|u| UserKey::new(u.tenant_id, u.user_id))
+                    .collect(),
+            )
         }
         outcome => {
             let error = match outcome {

@@ -27,6 +27,12 @@ use cellmesh_proto::secret::ClusterSecret;
 pub use processor::{Delivered, UserImport};
 use processor::{Inbound, Processor, Signals};
 
+/// Whether a forwarded event is for the standby it was addressed to
+/// (conversation meta, the answer to a send) rather than for a user's home.
+pub(crate) fn for_standby(e: &PeerEvent) -> bool {
+    e.meta.is_some() || e.idempotency.is_some()
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum PipelineError {
     #[error(transparent)]

@@ -179,10 +179,10 @@ async fn deliver_batch(
         };
         n.attempts += 1;
         if n.attempts >= MAX_ATTEMPTS {
-            tracing::error!(user = n.user_id, error = %e, "notification dropped after retries");
+            tracing::error!(tenant = n.tenant_id, user = n.user_id, error = %e, "notification dropped after retries");
             continue;
         }
-        tracing::warn!(user = n.user_id, attempt = n.attempts, error = %e, "notification delivery failed");
+        tracing::warn!(tenant = n.tenant_id, user = n.user_id, attempt = n.attempts, error = %e, "notification delivery failed");
         let notifications = std::iter::once(n).chain(rest).collect();
         return Some(NotificationBatch { notifications });
     }

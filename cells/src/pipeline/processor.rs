@@ -15,8 +15,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cellmesh_proto::storage::v1::{
-    ConvListEntry, ForwardRecord, MemberRecord, NotificationBatch, NotificationRecord, OutboxEvent,
-    OutboxKind, SyncRecord,
+    ConvListEntry, ForwardRecord, IdempotencyRecord, MemberRecord, NotificationBatch,
+    NotificationRecord, OutboxEvent, OutboxKind, SyncRecord,
 };
 use cellmesh_proto::v1::{
     ConversationHint, ConversationMeta, Message, PeerEvent, SyncEventKind, SyncPush, UserState,
@@ -28,10 +28,12 @@ use tokio::sync::{Notify, mpsc, oneshot};
 use super::PipelineError;
 use crate::clock::Clock;
 use crate::convert::message_to_proto;
+use crate::failpoints::Action;
 use crate::homes::{Home, Homes};
 use crate::queue::{Delivery, EventConsumer};
-use crate::storage::{Mutation, Store};
+use crate::storage::{IdemKey, IdemKind, Mutation, Store};
 use crate::sync::{Hub, LiveEvent, event_message};
+use crate::user::UserKey;
 
 /// What other tasks hand the processor, the only writer of sync queues.
 pub enum Inbound {
@@ -56,12 +58,12 @@ pub enum Inbound {
 pub struct Delivered {
     pub applied: u32,
     /// Users not homed here, whose events were left out.
-    pub refused_users: Vec<u64>,
+    pub refused_users: Vec<UserKey>,
 }
 
 /// A copied part of a user's home (see [`Inbound::ImportUser`]).
 pub struct UserImport {
-    pub user: u64,
+    pub user: UserKey,
     /// The cell the home is copied from.
     pub source: String,
     /// Drop what is stored here for the user first.
@@ -82,7 +84,7 @@ pub struct Processor {
     clock: Arc<dyn Clock>,
     large_group_threshold: usize,
     /// Latest durable pts per user.
-    pts: HashMap<u64, u64>,
+    pts: HashMap<UserKey, u64>,
     next_notification: u64,
     notifications: Arc<Notify>,
     homes: Arc<dyn Homes>,
@@ -91,7 +93,7 @@ pub struct Processor {
     cell_id: String,
     /// Users this processor queued events for (a superset of those whose
     /// events still wait in the forward queue).
-    queued_for: HashSet<u64>,
+    queued_for: HashSet<UserKey>,
 }
 
 /// The signals a processor raises after a commit.
@@ -107,12 +109,13 @@ pub struct Signals {
 #[derive(Default)]
 struct Batch {
     mutation: Mutation,
-    entries: HashMap<(u64, u64), ConvListEntry>,
-    pts: HashMap<u64, u64>,
+    /// Conversation-list entries by (user, conversation).
+    entries: HashMap<(UserKey, u64), ConvListEntry>,
+    pts: HashMap<UserKey, u64>,
     /// The events appended per user, kept for users with a live stream
     /// (looked up once per user and batch; `None`: nobody streams).
-    appended: HashMap<u64, Option<Vec<(u64, SyncRecord)>>>,
-    hints: Vec<(Vec<u64>, ConversationHint)>,
+    appended: HashMap<UserKey, Option<Vec<(u64, SyncRecord)>>>,
+    hints: Vec<(Vec<UserKey>, ConversationHint)>,
     /// Notifications for members with no online device: one record.
     notifications: Vec<NotificationRecord>,
     /// Events for users homed elsewhere (by home endpoint; "" while the
@@ -120,18 +123,30 @@ struct Batch {
     /// conversation meta for standbys (by standby endpoint).
     forward: HashMap<String, Vec<PeerEvent>>,
     /// The users with events in `forward`.
-    forwarded_users: HashSet<u64>,
+    forwarded_users: HashSet<UserKey>,
     /// Users with events in the forward queue, once looked up.
-    queued: Option<HashSet<u64>>,
+    queued: Option<HashSet<UserKey>>,
     forwarded: bool,
     applied: u32,
 }
 
-/// Who caused an event: for notifications and forwarded events.
+/// Who caused an event: for notifications and forwarded events. The
+/// event's users are of the same tenant.
 #[derive(Clone, Copy)]
 struct Origin {
     tenant: u64,
     sender: u64,
+}
+
+impl Origin {
+    /// User `user` of the event's tenant.
+    fn user(&self, user: u64) -> UserKey {
+        UserKey::new(self.tenant, user)
+    }
+
+    fn sender(&self) -> UserKey {
+        self.user(self.sender)
+    }
 }
 
 impl Processor {
@@ -213,11 +228,16 @@ impl Processor {
                 self.apply_meta(&mut batch, e.conversation_id, meta)?;
                 continue;
             }
-            if refused.contains(&e.user_id) {
+            if let Some(answer) = &e.idempotency {
+                self.keep_answer(&mut batch, e, answer)?;
                 continue;
             }
-            if self.homes.home(e.tenant_id, e.user_id) != Home::Here {
-                refused.push(e.user_id);
+            let user = UserKey::new(e.tenant_id, e.user_id);
+            if refused.contains(&user) {
+                continue;
+            }
+            if self.homes.home(user) != Home::Here {
+                refused.push(user);
                 continue;
             }
             let record = SyncRecord {
@@ -233,7 +253,7 @@ impl Processor {
                     .map(|m| m.encode_to_vec())
                     .unwrap_or_default(),
             };
-            if self.append(&mut batch, e.user_id, e.event_id, source, &record)?
+            if self.append(&mut batch, user, e.event_id, source, &record)?
                 && e.kind == SyncEventKind::Message as i32
                 && e.user_id != e.sender_id
             {
@@ -241,7 +261,7 @@ impl Processor {
                     tenant: e.tenant_id,
                     sender: e.sender_id,
                 };
-                self.maybe_notify(&mut batch, e.user_id, &record, origin)?;
+                self.maybe_notify(&mut batch, user, &record, origin)?;
             }
         }
         let applied = batch.applied;
@@ -294,6 +314,27 @@ impl Processor {
         result?;
         let pts = self.store.user_pts(user)?;
         self.hub.notify_pts(user, pts);
+        Ok(())
+    }
+
+    /// Keeps a send's answer replicated from the conversation's owner (this
+    /// cell is its standby), unless this cell has an answer of its own.
+    fn keep_answer(
+        &mut self,
+        batch: &mut Batch,
+        e: &PeerEvent,
+        answer: &IdempotencyRecord,
+    ) -> Result<(), PipelineError> {
+        let key = IdemKey {
+            kind: IdemKind::Send,
+            tenant: e.tenant_id,
+            user: e.sender_id,
+            client_req_id: e.client_req_id.clone(),
+        };
+        if !key.client_req_id.is_empty() && self.store.idempotency(&key)?.is_none() {
+            batch.mutation.put_idempotency(&key, answer);
+            batch.applied += 1;
+        }
         Ok(())
     }
 
@@ -422,6 +463,9 @@ impl Processor {
         if kind == OutboxKind::MetaSync {
             return self.replicate_meta(batch, id, event);
         }
+        if kind == OutboxKind::Message {
+            self.replicate_answer(batch, id, event);
+        }
         let conversation = event.conversation_id;
         let sync_kind = match kind {
             OutboxKind::Message => SyncEventKind::Message,
@@ -459,7 +503,7 @@ impl Processor {
                 targets.dedup();
                 for user in targets {
                     if self.store.is_member(conversation, user)? {
-                        self.deliver(batch, user, id, &record, origin)?;
+                        self.deliver(batch, origin.user(user), id, &record, origin)?;
                     }
                 }
             }
@@ -474,22 +518,23 @@ impl Processor {
                     let now = self.clock.now_ms();
                     let online = members
                         .into_iter()
+                        .map(|u| UserKey::new(event.tenant_id, u))
                         .filter(|u| self.hub.is_online(*u, now))
                         .collect();
                     batch.hints.push((online, hint));
                     return Ok(());
                 }
                 for user in members {
-                    self.deliver(batch, user, id, &record, origin)?;
+                    self.deliver(batch, origin.user(user), id, &record, origin)?;
                 }
             }
             OutboxKind::DeleteForMe | OutboxKind::Read => {
-                self.deliver(batch, event.user_id, id, &record, origin)?;
+                self.deliver(batch, origin.user(event.user_id), id, &record, origin)?;
             }
             OutboxKind::ConversationCreated => {
                 self.replicate_meta(batch, id, event)?;
                 for user in &event.items {
-                    self.deliver(batch, *user, id, &record, origin)?;
+                    self.deliver(batch, origin.user(*user), id, &record, origin)?;
                 }
             }
             OutboxKind::MembersChanged => {
@@ -499,12 +544,43 @@ impl Processor {
                     if !self.store.is_member(conversation, *user)? {
                         record.kind = SyncEventKind::Left as i32;
                     }
-                    self.deliver(batch, *user, id, &record, origin)?;
+                    self.deliver(batch, origin.user(*user), id, &record, origin)?;
                 }
             }
             OutboxKind::Unspecified | OutboxKind::MetaSync => {}
         }
         Ok(())
+    }
+
+    /// Queues the answer to an acknowledged send for this cell's standbys,
+    /// so that a failover target answers a re-send of it as this cell did
+    /// (within the replication lag: what the forward queue still holds).
+    fn replicate_answer(&mut self, batch: &mut Batch, id: u64, event: &OutboxEvent) {
+        if event.client_req_id.is_empty()
+            || self.store.failpoints().hit("standby.answers") == Some(Action::Error)
+        {
+            return;
+        }
+        for endpoint in self.homes.standbys() {
+            batch.forward.entry(endpoint).or_default().push(PeerEvent {
+                event_id: id,
+                tenant_id: event.tenant_id,
+                conversation_id: event.conversation_id,
+                seq: event.seq,
+                msg_id: event.msg_id,
+                sender_id: event.user_id,
+                server_ts_ms: event.server_ts_ms,
+                idempotency: Some(IdempotencyRecord {
+                    conversation_id: event.conversation_id,
+                    msg_id: event.msg_id,
+                    seq: event.seq,
+                    server_ts_ms: event.server_ts_ms,
+                    expires_at_ms: event.idempotency_expires_at_ms,
+                }),
+                client_req_id: event.client_req_id.clone(),
+                ..Default::default()
+            });
+        }
     }
 
     /// Queues the conversation's meta and members for this cell's standby,
@@ -544,12 +620,12 @@ impl Processor {
     fn deliver(
         &mut self,
         batch: &mut Batch,
-        user: u64,
+        user: UserKey,
         id: u64,
         record: &SyncRecord,
         origin: Origin,
     ) -> Result<(), PipelineError> {
-        let endpoint = match self.homes.home(origin.tenant, user) {
+        let endpoint = match self.homes.home(user) {
             // Events queued for the user before their home came here go
             // first: this one follows them through the queue.
             Home::Here if self.still_queued(batch, user)? => Some(String::new()),
@@ -568,10 +644,10 @@ impl Processor {
                 _ => None,
             };
             batch.forward.entry(endpoint).or_default().push(PeerEvent {
-                user_id: user,
+                user_id: user.user,
                 event_id: id,
                 kind: record.kind,
-                tenant_id: origin.tenant,
+                tenant_id: user.tenant,
                 conversation_id: record.conversation_id,
                 seq: record.seq,
                 msg_id: record.msg_id,
@@ -579,13 +655,13 @@ impl Processor {
                 items: record.items.clone(),
                 server_ts_ms: record.server_ts_ms,
                 message,
-                meta: None,
+                ..Default::default()
             });
             return Ok(());
         }
         if self.append(batch, user, id, "", record)?
             && record.kind == SyncEventKind::Message as i32
-            && user != origin.sender
+            && user != origin.sender()
         {
             self.maybe_notify(batch, user, record, origin)?;
         }
@@ -595,7 +671,7 @@ impl Processor {
     /// Whether events for `user` wait in the forward queue (this batch's
     /// included). The queue is scanned at most once per batch, and only for
     /// a user who had events queued and now lives here.
-    fn still_queued(&mut self, batch: &mut Batch, user: u64) -> Result<bool, PipelineError> {
+    fn still_queued(&mut self, batch: &mut Batch, user: UserKey) -> Result<bool, PipelineError> {
         if batch.forwarded_users.contains(&user) {
             return Ok(true);
         }
@@ -616,7 +692,7 @@ impl Processor {
     fn append(
         &mut self,
         batch: &mut Batch,
-        user: u64,
+        user: UserKey,
         id: u64,
         source: &str,
         record: &SyncRecord,
@@ -698,7 +774,7 @@ impl Processor {
             .collect()
     }
 
-    fn latest_pts(&mut self, batch: &mut Batch, user: u64) -> Result<u64, PipelineError> {
+    fn latest_pts(&mut self, batch: &mut Batch, user: UserKey) -> Result<u64, PipelineError> {
         if let Some(pts) = batch.pts.get(&user) {
             return Ok(*pts);
         }
@@ -718,7 +794,7 @@ impl Processor {
     fn maybe_notify(
         &mut self,
         batch: &mut Batch,
-        user: u64,
+        user: UserKey,
         record: &SyncRecord,
         origin: Origin,
     ) -> Result<(), PipelineError> {
@@ -727,8 +803,8 @@ impl Processor {
             return Ok(());
         }
         batch.notifications.push(NotificationRecord {
-            user_id: user,
-            tenant_id: origin.tenant,
+            user_id: user.user,
+            tenant_id: user.tenant,
             conversation_id: record.conversation_id,
             seq: record.seq,
             msg_id: record.msg_id,
@@ -746,7 +822,7 @@ fn new_queue_id() -> u64 {
 }
 
 /// The users whose events wait in the forward queue.
-fn queued_users(store: &Store) -> Result<HashSet<u64>, PipelineError> {
+fn queued_users(store: &Store) -> Result<HashSet<UserKey>, PipelineError> {
     let mut users = HashSet::new();
     let mut after = 0;
     loop {
@@ -761,8 +837,8 @@ fn queued_users(store: &Store) -> Result<HashSet<u64>, PipelineError> {
                     .events
                     .iter()
                     .filter_map(|e| PeerEvent::decode(e.as_slice()).ok())
-                    .filter(|e| e.meta.is_none())
-                    .map(|e| e.user_id),
+                    .filter(|e| !super::for_standby(e))
+                    .map(|e| UserKey::new(e.tenant_id, e.user_id)),
             );
         }
     }

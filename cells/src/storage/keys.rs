@@ -1,6 +1,9 @@
 //! Every RocksDB key a cell writes, in one place. Integers are big-endian so
 //! that byte order is numeric order: a conversation's messages sort by seq,
-//! its members by user id, and a range scan is a key range.
+//! its members by user id, and a range scan is a key range. Per-user keys
+//! start with the tenant ([`user`]): user ids overlap between tenants.
+
+use crate::user::UserKey;
 
 /// Column families, one per record kind.
 pub mod cf {
@@ -26,19 +29,20 @@ pub mod cf {
     pub const QUEUE: &str = "queue";
     /// consumer group | 0 | partition (u32) → last processed offset
     pub const QUEUE_OFFSETS: &str = "queue_offsets";
-    /// user | pts → `SyncRecord`: each user's sync queue
+    /// tenant | user | pts → `SyncRecord`: each user's sync queue
     pub const SYNC: &str = "sync";
-    /// user | conversation → `ConvListEntry`
+    /// tenant | user | conversation → `ConvListEntry`
     pub const CONV_LIST: &str = "conv_list";
-    /// user | conversation → muted flag (1 byte)
+    /// tenant | user | conversation → muted flag (1 byte)
     pub const MUTED: &str = "muted";
-    /// user | device id → cursor pts (u64, merged with max)
+    /// tenant | user | device id → cursor pts (u64, merged with max)
     pub const DEVICE_CURSOR: &str = "device_cursor";
     /// notification batch id → `NotificationBatch`
     pub const NOTIFY: &str = "notify_batch";
     /// forward id → `ForwardRecord`: events for users homed in other cells
     pub const FORWARD: &str = "forward";
-    /// user → the identity (u64) of their sync queue here: pts count in it
+    /// tenant | user → the identity (u64) of their sync queue here: pts
+    /// count in it
     pub const QUEUE_ID: &str = "queue_id";
 
     pub const ALL: [&str; 18] = [
@@ -73,6 +77,8 @@ pub mod meta {
     pub const NOTIFY_LAST_ID: &[u8] = b"notify_last_id";
     /// Highest forward id issued.
     pub const FORWARD_LAST_ID: &[u8] = b"forward_last_id";
+    /// The layout of the keys in this database (see [`super::FORMAT`]).
+    pub const STORAGE_FORMAT: &[u8] = b"storage_format";
 
     /// A conversation whose history below its failover floor was copied
     /// back from the failed cell (value: the last seq copied).
@@ -80,12 +86,15 @@ pub mod meta {
         [b"backfilled/".as_slice(), &conversation.to_be_bytes()].concat()
     }
 
-    /// A conversation (`b'c'`) or user home (`b'u'`) this cell handed over
-    /// by a move: the value is the tenant and when the source was sealed
-    /// (ms), for cleanup after the grace period.
-    pub fn moved(kind: u8, id: u64) -> Vec<u8> {
-        [b"moved/".as_slice(), &[kind], &id.to_be_bytes()].concat()
+    /// A conversation (`b'c'`) or user home (`b'u'`) of `tenant` this cell
+    /// handed over by a move: the value is when the source was sealed (ms),
+    /// for cleanup after the grace period.
+    pub fn moved(kind: u8, tenant: u64, id: u64) -> Vec<u8> {
+        [MOVED, &[kind], &tenant.to_be_bytes(), &id.to_be_bytes()].concat()
     }
+
+    /// Prefix of [`moved`] keys.
+    pub const MOVED: &[u8] = b"moved/";
 
     /// How many times existing messages of a conversation were rewritten
     /// (recall, edit): a migration re-verifies old history only if it moved.
@@ -93,6 +102,10 @@ pub mod meta {
         [b"rewrites/".as_slice(), &conversation.to_be_bytes()].concat()
     }
 }
+
+/// The key layout this code reads and writes. 1: per-user keys started
+/// with the user id alone; 2: with the tenant, then the user.
+pub const FORMAT: u64 = 2;
 
 /// What an idempotency record answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -158,12 +171,48 @@ pub fn queue_offset(group: &str, partition: u32) -> Vec<u8> {
     k
 }
 
+/// The 16-byte prefix of every key of `user`'s own state (sync queue,
+/// conversation list, mute flags, device cursors, queue id).
+pub fn user(user: UserKey) -> [u8; 16] {
+    pair_key(user.tenant, user.user)
+}
+
+/// `sync` (item: pts), `conv_list` and `muted` (item: conversation) key.
+pub fn user_item(user: UserKey, item: u64) -> [u8; 24] {
+    triple_key(user.tenant, user.user, item)
+}
+
+/// The key range `[from, to)` of `user`'s items in `sync`, `conv_list`
+/// or `muted`.
+pub fn user_items(user: UserKey) -> ([u8; 24], [u8; 24]) {
+    (user_item(user, 0), user_item(user, u64::MAX))
+}
+
 /// `device_cursor` key.
-pub fn device(user: u64, device: &str) -> Vec<u8> {
-    let mut k = Vec::with_capacity(8 + device.len());
-    k.extend_from_slice(&user.to_be_bytes());
+pub fn device(user: UserKey, device: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(16 + device.len());
+    k.extend_from_slice(&self::user(user));
     k.extend_from_slice(device.as_bytes());
     k
+}
+
+/// The device id of a `device_cursor` key.
+pub fn device_of(key: &[u8]) -> Option<&[u8]> {
+    key.get(16..)
+}
+
+/// The key range `[from, to)` of all of `user`'s device cursors.
+pub fn devices_of(user: UserKey) -> (Vec<u8>, Vec<u8>) {
+    let from = self::user(user).to_vec();
+    let to = match user.user.checked_add(1) {
+        Some(next) => pair_key(user.tenant, next).to_vec(),
+        None => {
+            let mut to = user.tenant.to_be_bytes().to_vec();
+            to.extend_from_slice(&[0xff; 9]);
+            to
+        }
+    };
+    (from, to)
 }
 
 /// The key range `[from, to)` of every key that starts with `id`.
@@ -173,11 +222,6 @@ pub fn prefixed_by(id: u64) -> (Vec<u8>, Vec<u8>) {
         None => vec![0xff; 9],
     };
     (id.to_be_bytes().to_vec(), to)
-}
-
-/// The key range `[from, to)` of all of `user`'s device cursors.
-pub fn devices_of(user: u64) -> (Vec<u8>, Vec<u8>) {
-    prefixed_by(user)
 }
 
 /// The trailing u64 of a key (seq in `messages`/`hidden`, user in `members`).
@@ -209,6 +253,25 @@ mod tests {
         assert_eq!(last_u64(b"short"), None);
         assert_eq!(decode_u64(&9u64.to_be_bytes()), Some(9));
         assert_eq!(decode_u64(b"bad"), None);
+    }
+
+    #[test]
+    fn user_keys_separate_tenants_with_the_same_user_id() {
+        let (a, b) = (UserKey::new(1, 2), UserKey::new(2, 2));
+        assert_ne!(user_item(a, 7), user_item(b, 7));
+        assert_ne!(device(a, "phone"), device(b, "phone"));
+        let (from, to) = user_items(a);
+        assert!(from.as_slice() <= user_item(a, 7).as_slice());
+        assert!(user_item(b, 0).as_slice() >= to.as_slice());
+        let (from, to) = devices_of(a);
+        let key = device(a, "phone");
+        assert!(from <= key && key < to);
+        let other = device(b, "phone");
+        assert!(!(from <= other && other < to));
+        // The next user of the same tenant is outside the range too.
+        let next = device(UserKey::new(1, 3), "");
+        assert!(next >= to);
+        assert_eq!(device_of(&key), Some(b"phone".as_slice()));
     }
 
     #[test]

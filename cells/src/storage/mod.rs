@@ -4,6 +4,7 @@
 //! group committer ([`commit`]) applies atomically with the WAL synced.
 
 mod commit;
+mod format;
 pub mod keys;
 pub mod moved;
 mod options;
@@ -40,6 +41,9 @@ pub enum StorageError {
     Failed(String),
     #[error("storage is closed")]
     Closed,
+    /// The data dir's key layout is not one this build reads or upgrades.
+    #[error("{0}")]
+    Format(String),
 }
 
 pub type Result<T, E = StorageError> = std::result::Result<T, E>;
@@ -157,10 +161,12 @@ pub struct Store {
 }
 
 impl Store {
-    /// Opens (creating if needed) the database under `dir` and starts the
-    /// group committer.
+    /// Opens (creating if needed) the database under `dir`, upgrading an
+    /// older key layout (see [`format`]), and starts the group committer.
     pub fn open(dir: &Path, config: &StorageConfig) -> Result<Arc<Self>> {
-        let db = Arc::new(options::open(dir, config)?);
+        let db = options::open(dir, config)?;
+        format::ensure(&db)?;
+        let db = Arc::new(db);
         let failpoints = Arc::new(FailPoints::default());
         let committer = commit::Committer::start(db.clone(), config, failpoints.clone())?;
         Ok(Arc::new(Self {

@@ -19,13 +19,13 @@ pub struct Moved {
 
 impl Mutation {
     pub fn mark_moved(&mut self, kind: u8, moved: Moved) {
-        let value = [moved.tenant.to_be_bytes(), moved.sealed_at_ms.to_be_bytes()].concat();
-        self.put(cf::META, keys::meta::moved(kind, moved.id), value);
+        let key = keys::meta::moved(kind, moved.tenant, moved.id);
+        self.put(cf::META, key, moved.sealed_at_ms.to_be_bytes().to_vec());
     }
 
-    pub fn unmark_moved(&mut self, kind: u8, id: u64) {
-        self.ops
-            .push(Op::Delete(cf::META, keys::meta::moved(kind, id)));
+    pub fn unmark_moved(&mut self, kind: u8, tenant: u64, id: u64) {
+        let key = keys::meta::moved(kind, tenant, id);
+        self.ops.push(Op::Delete(cf::META, key));
     }
 
     /// Drops a conversation's history, read positions and hidden marks;
@@ -46,21 +46,18 @@ impl Mutation {
 impl Store {
     /// The keys of `kind` this cell handed over and still holds a copy of.
     pub fn moved(&self, kind: u8) -> Result<Vec<Moved>> {
-        let lower = keys::meta::moved(kind, 0);
-        let upper = [b"moved/".as_slice(), &[kind + 1]].concat();
+        let lower = [keys::meta::MOVED, &[kind]].concat();
+        let upper = [keys::meta::MOVED, &[kind + 1]].concat();
+        let bad = || corrupt(cf::META, "bad moved mark");
         self.range(cf::META, lower, upper, usize::MAX)?
             .into_iter()
             .map(|(k, v)| {
-                let id = keys::last_u64(&k).ok_or_else(|| corrupt(cf::META, "short key"))?;
-                let (tenant, at) = v
-                    .split_at_checked(8)
-                    .ok_or_else(|| corrupt(cf::META, "bad length"))?;
+                let ids = k.get(keys::meta::MOVED.len() + 1..).ok_or_else(bad)?;
+                let (tenant, id) = ids.split_at_checked(8).ok_or_else(bad)?;
                 Ok(Moved {
-                    id,
-                    tenant: keys::decode_u64(tenant)
-                        .ok_or_else(|| corrupt(cf::META, "bad length"))?,
-                    sealed_at_ms: keys::decode_u64(at)
-                        .ok_or_else(|| corrupt(cf::META, "bad length"))?,
+                    id: keys::decode_u64(id).ok_or_else(bad)?,
+                    tenant: keys::decode_u64(tenant).ok_or_else(bad)?,
+                    sealed_at_ms: keys::decode_u64(&v).ok_or_else(bad)?,
                 })
             })
             .collect()

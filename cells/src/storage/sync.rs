@@ -1,25 +1,26 @@
 //! Storage of what the sync service serves: per-user sync queues and their
-//! pts, device cursors, conversation lists, mute flags and the notification
-//! queue.
+//! pts, device cursors, conversation lists, mute flags (all keyed by
+//! [`UserKey`]) and the notification and forward queues.
 
 use cellmesh_proto::storage::v1::{ConvListEntry, ForwardRecord, NotificationBatch, SyncRecord};
 use prost::Message as _;
 
 use super::keys::{self, cf};
 use super::{Mutation, Op, Result, Store, corrupt};
+use crate::user::UserKey;
 
 impl Mutation {
-    pub fn put_sync(&mut self, user: u64, pts: u64, record: &SyncRecord) {
-        self.put(cf::SYNC, keys::pair_key(user, pts), record.encode_to_vec());
+    pub fn put_sync(&mut self, user: UserKey, pts: u64, record: &SyncRecord) {
+        self.put(cf::SYNC, keys::user_item(user, pts), record.encode_to_vec());
     }
 
-    pub fn put_conv_list(&mut self, user: u64, conversation: u64, entry: &ConvListEntry) {
-        let key = keys::pair_key(user, conversation);
+    pub fn put_conv_list(&mut self, user: UserKey, conversation: u64, entry: &ConvListEntry) {
+        let key = keys::user_item(user, conversation);
         self.put(cf::CONV_LIST, key, entry.encode_to_vec());
     }
 
-    pub fn set_muted(&mut self, user: u64, conversation: u64, muted: bool) {
-        let key = keys::pair_key(user, conversation).to_vec();
+    pub fn set_muted(&mut self, user: UserKey, conversation: u64, muted: bool) {
+        let key = keys::user_item(user, conversation).to_vec();
         if muted {
             self.put(cf::MUTED, key, vec![1]);
         } else {
@@ -28,7 +29,7 @@ impl Mutation {
     }
 
     /// Raises (never lowers) a device's cursor.
-    pub fn raise_device_cursor(&mut self, user: u64, device: &str, pts: u64) {
+    pub fn raise_device_cursor(&mut self, user: UserKey, device: &str, pts: u64) {
         let key = keys::device(user, device);
         self.ops.push(Op::Merge(
             cf::DEVICE_CURSOR,
@@ -69,9 +70,9 @@ impl Mutation {
     /// Drops everything stored for `user`'s home here: sync queue,
     /// conversation list, mute flags and device cursors (before a fresh
     /// copy of a moving home).
-    pub fn clear_user(&mut self, user: u64) {
+    pub fn clear_user(&mut self, user: UserKey) {
         for name in [cf::SYNC, cf::CONV_LIST, cf::MUTED] {
-            let (from, to) = (keys::pair_key(user, 0), keys::pair_key(user, u64::MAX));
+            let (from, to) = keys::user_items(user);
             self.ops
                 .push(Op::DeleteRange(name, from.to_vec(), to.to_vec()));
             self.ops.push(Op::Delete(name, to.to_vec()));
@@ -79,12 +80,12 @@ impl Mutation {
         let (from, to) = keys::devices_of(user);
         self.ops.push(Op::DeleteRange(cf::DEVICE_CURSOR, from, to));
         self.ops
-            .push(Op::Delete(cf::QUEUE_ID, keys::u64_key(user).to_vec()));
+            .push(Op::Delete(cf::QUEUE_ID, keys::user(user).to_vec()));
     }
 
     /// Names `user`'s sync queue here (see [`Store::queue_id`]).
-    pub fn set_queue_id(&mut self, user: u64, id: u64) {
-        self.put(cf::QUEUE_ID, keys::u64_key(user), id.to_be_bytes().to_vec());
+    pub fn set_queue_id(&mut self, user: UserKey, id: u64) {
+        self.put(cf::QUEUE_ID, keys::user(user), id.to_be_bytes().to_vec());
     }
 
     pub fn delete_notifications(&mut self, id: u64) {
@@ -97,46 +98,47 @@ impl Store {
     /// Sync events of `user` with pts above `after`, in order.
     pub fn sync_after(
         &self,
-        user: u64,
+        user: UserKey,
         after: u64,
         limit: usize,
     ) -> Result<Vec<(u64, SyncRecord)>> {
-        let lower = keys::pair_key(user, after.saturating_add(1)).to_vec();
-        self.records(
-            cf::SYNC,
-            lower,
-            keys::pair_key(user, u64::MAX).to_vec(),
-            limit,
-        )
+        let lower = keys::user_item(user, after.saturating_add(1)).to_vec();
+        let upper = keys::user_item(user, u64::MAX).to_vec();
+        self.records(cf::SYNC, lower, upper, limit)
     }
 
     /// The latest pts of `user`: the last key of their sync queue.
-    pub fn user_pts(&self, user: u64) -> Result<u64> {
+    pub fn user_pts(&self, user: UserKey) -> Result<u64> {
+        let (from, to) = keys::user_items(user);
         let mut opts = rocksdb::ReadOptions::default();
-        opts.set_iterate_lower_bound(keys::pair_key(user, 0).to_vec());
+        opts.set_iterate_lower_bound(from.to_vec());
         let mut iter = self.db.raw_iterator_cf_opt(self.cf(cf::SYNC), opts);
-        iter.seek_for_prev(keys::pair_key(user, u64::MAX));
+        iter.seek_for_prev(to);
         let pts = iter.key().and_then(keys::last_u64).unwrap_or(0);
         iter.status()?;
         Ok(pts)
     }
 
-    pub fn conv_list_entry(&self, user: u64, conversation: u64) -> Result<Option<ConvListEntry>> {
-        self.get_record(cf::CONV_LIST, &keys::pair_key(user, conversation))
+    pub fn conv_list_entry(
+        &self,
+        user: UserKey,
+        conversation: u64,
+    ) -> Result<Option<ConvListEntry>> {
+        self.get_record(cf::CONV_LIST, &keys::user_item(user, conversation))
     }
 
     /// Every conversation-list entry of `user`.
-    pub fn conv_list(&self, user: u64) -> Result<Vec<(u64, ConvListEntry)>> {
-        let (lower, upper) = (keys::pair_key(user, 0), keys::pair_key(user, u64::MAX));
+    pub fn conv_list(&self, user: UserKey) -> Result<Vec<(u64, ConvListEntry)>> {
+        let (lower, upper) = keys::user_items(user);
         self.records(cf::CONV_LIST, lower.to_vec(), upper.to_vec(), usize::MAX)
     }
 
-    pub fn muted(&self, user: u64, conversation: u64) -> Result<bool> {
-        let key = keys::pair_key(user, conversation);
+    pub fn muted(&self, user: UserKey, conversation: u64) -> Result<bool> {
+        let key = keys::user_item(user, conversation);
         Ok(self.db.get_pinned_cf(self.cf(cf::MUTED), key)?.is_some())
     }
 
-    pub fn device_cursor(&self, user: u64, device: &str) -> Result<u64> {
+    pub fn device_cursor(&self, user: UserKey, device: &str) -> Result<u64> {
         self.get_u64(cf::DEVICE_CURSOR, &keys::device(user, device))
     }
 
@@ -144,17 +146,19 @@ impl Store {
     /// started afresh (after a failover) has a new one, a copied queue
     /// (a user-home move) keeps it: a cursor is only meaningful in the
     /// queue it came from.
-    pub fn queue_id(&self, user: u64) -> Result<u64> {
-        self.get_u64(cf::QUEUE_ID, &keys::u64_key(user))
+    pub fn queue_id(&self, user: UserKey) -> Result<u64> {
+        self.get_u64(cf::QUEUE_ID, &keys::user(user))
     }
 
     /// Every device cursor of `user`.
-    pub fn device_cursors(&self, user: u64) -> Result<Vec<(String, u64)>> {
+    pub fn device_cursors(&self, user: UserKey) -> Result<Vec<(String, u64)>> {
         let (lower, upper) = keys::devices_of(user);
         self.range(cf::DEVICE_CURSOR, lower, upper, usize::MAX)?
             .into_iter()
             .map(|(k, v)| {
-                let device = String::from_utf8_lossy(&k[8..]).into_owned();
+                let device =
+                    keys::device_of(&k).ok_or_else(|| corrupt(cf::DEVICE_CURSOR, "short key"))?;
+                let device = String::from_utf8_lossy(device).into_owned();
                 let pts =
                     keys::decode_u64(&v).ok_or_else(|| corrupt(cf::DEVICE_CURSOR, "bad length"))?;
                 Ok((device, pts))

@@ -1,4 +1,4 @@
-//! Who is online, in memory: the live subscriptions of each user's devices
+//! Who is online, in memory, per [`UserKey`]: the live subscriptions of each user's devices
 //! (woken when the user's sync queue grows, or handed transient pushes such
 //! as typing notices and large-group hints) and device heartbeats.
 
@@ -8,6 +8,8 @@ use std::sync::{Arc, Mutex};
 use cellmesh_proto::storage::v1::SyncRecord;
 use cellmesh_proto::v1::{Message, SyncPush};
 use tokio::sync::broadcast;
+
+use crate::user::UserKey;
 
 /// What a subscription is told.
 #[derive(Debug, Clone)]
@@ -43,7 +45,7 @@ struct UserState {
 }
 
 pub struct Hub {
-    users: Mutex<HashMap<u64, UserState>>,
+    users: Mutex<HashMap<UserKey, UserState>>,
     presence_window_ms: u64,
     closed: std::sync::atomic::AtomicBool,
 }
@@ -72,7 +74,7 @@ impl Hub {
         }
     }
 
-    pub fn subscribe(&self, user: u64) -> Subscription {
+    pub fn subscribe(&self, user: UserKey) -> Subscription {
         let mut users = self.users.lock().expect("hub lock");
         if self.closed.load(std::sync::atomic::Ordering::SeqCst) {
             return Subscription {
@@ -86,19 +88,19 @@ impl Hub {
         Subscription { rx: tx.subscribe() }
     }
 
-    fn send(&self, user: u64, event: HubEvent) {
+    fn send(&self, user: UserKey, event: HubEvent) {
         let users = self.users.lock().expect("hub lock");
         if let Some(tx) = users.get(&user).and_then(|s| s.tx.as_ref()) {
             let _ = tx.send(event);
         }
     }
 
-    pub fn notify_pts(&self, user: u64, pts: u64) {
+    pub fn notify_pts(&self, user: UserKey, pts: u64) {
         self.send(user, HubEvent::Pts(pts));
     }
 
     /// Whether any device of `user` streams from this cell right now.
-    pub fn is_subscribed(&self, user: u64) -> bool {
+    pub fn is_subscribed(&self, user: UserKey) -> bool {
         let users = self.users.lock().expect("hub lock");
         users
             .get(&user)
@@ -106,15 +108,15 @@ impl Hub {
             .is_some_and(|tx| tx.receiver_count() > 0)
     }
 
-    pub fn appended(&self, user: u64, events: Vec<LiveEvent>) {
+    pub fn appended(&self, user: UserKey, events: Vec<LiveEvent>) {
         self.send(user, HubEvent::Appended(Arc::new(events)));
     }
 
-    pub fn push(&self, user: u64, push: SyncPush) {
+    pub fn push(&self, user: UserKey, push: SyncPush) {
         self.send(user, HubEvent::Push(push));
     }
 
-    pub fn heartbeat(&self, user: u64, device: &str, now_ms: u64) {
+    pub fn heartbeat(&self, user: UserKey, device: &str, now_ms: u64) {
         let mut users = self.users.lock().expect("hub lock");
         users
             .entry(user)
@@ -125,7 +127,7 @@ impl Hub {
 
     /// Online: a device subscribed right now, or one that heartbeat within
     /// the presence window. Also returns the last heartbeat.
-    pub fn presence(&self, user: u64, now_ms: u64) -> (bool, u64) {
+    pub fn presence(&self, user: UserKey, now_ms: u64) -> (bool, u64) {
         let users = self.users.lock().expect("hub lock");
         let Some(state) = users.get(&user) else {
             return (false, 0);
@@ -136,7 +138,7 @@ impl Hub {
         (subscribed || recent, last_seen)
     }
 
-    pub fn is_online(&self, user: u64, now_ms: u64) -> bool {
+    pub fn is_online(&self, user: UserKey, now_ms: u64) -> bool {
         self.presence(user, now_ms).0
     }
 
@@ -159,31 +161,34 @@ impl Hub {
 mod tests {
     use super::*;
 
+    const U1: UserKey = UserKey::new(1, 1);
+    const U2: UserKey = UserKey::new(1, 2);
+
     #[test]
     fn presence_follows_subscriptions_and_heartbeats() {
         let hub = Hub::new(1_000);
-        assert!(!hub.is_online(1, 10_000));
-        let sub = hub.subscribe(1);
-        assert!(hub.is_online(1, 10_000));
+        assert!(!hub.is_online(U1, 10_000));
+        let sub = hub.subscribe(U1);
+        assert!(hub.is_online(U1, 10_000));
         drop(sub);
-        assert!(!hub.is_online(1, 10_000));
-        hub.heartbeat(1, "phone", 10_000);
-        assert!(hub.is_online(1, 10_500));
-        assert!(!hub.is_online(1, 11_500));
+        assert!(!hub.is_online(U1, 10_000));
+        hub.heartbeat(U1, "phone", 10_000);
+        assert!(hub.is_online(U1, 10_500));
+        assert!(!hub.is_online(U1, 11_500));
         hub.prune(11_500);
-        assert_eq!(hub.presence(1, 11_500), (false, 0));
+        assert_eq!(hub.presence(U1, 11_500), (false, 0));
     }
 
     #[tokio::test]
     async fn closing_ends_every_subscription() {
         let hub = Hub::new(1_000);
-        let mut a = hub.subscribe(1);
+        let mut a = hub.subscribe(U1);
         hub.close();
         assert!(matches!(
             a.rx.recv().await,
             Err(broadcast::error::RecvError::Closed)
         ));
-        let mut late = hub.subscribe(2);
+        let mut late = hub.subscribe(U2);
         assert!(matches!(
             late.rx.recv().await,
             Err(broadcast::error::RecvError::Closed)
@@ -193,10 +198,26 @@ mod tests {
     #[tokio::test]
     async fn only_subscribers_of_a_user_are_woken() {
         let hub = Hub::new(1_000);
-        let mut a = hub.subscribe(1);
-        let mut b = hub.subscribe(2);
-        hub.notify_pts(1, 5);
+        let mut a = hub.subscribe(U1);
+        let mut b = hub.subscribe(U2);
+        hub.notify_pts(U1, 5);
         assert!(matches!(a.rx.recv().await.unwrap(), HubEvent::Pts(5)));
         assert!(b.rx.try_recv().is_err());
+    }
+
+    #[tokio::test]
+    async fn the_same_user_id_in_two_tenants_is_two_users() {
+        let hub = Hub::new(1_000);
+        let (a, b) = (UserKey::new(1, 2), UserKey::new(2, 2));
+        let mut sub_a = hub.subscribe(a);
+        let mut sub_b = hub.subscribe(b);
+        hub.notify_pts(a, 3);
+        assert!(matches!(sub_a.rx.recv().await.unwrap(), HubEvent::Pts(3)));
+        assert!(sub_b.rx.try_recv().is_err());
+        drop(sub_b);
+        hub.heartbeat(a, "phone", 10_000);
+        assert!(hub.is_online(a, 10_000));
+        assert!(!hub.is_online(b, 10_000));
+        assert_eq!(hub.presence(b, 10_000), (false, 0));
     }
 }

@@ -74,7 +74,7 @@ impl SyncService {
 
     /// Checks that `caller`'s home is here (see [`Homes::check_home`]).
     pub fn check_home(&self, caller: &Caller, write: bool) -> Result<()> {
-        self.homes.check_home(caller.tenant, caller.user, write)
+        self.homes.check_home(*caller, write)
     }
 
     pub fn hub(&self) -> &Arc<Hub> {
@@ -86,7 +86,7 @@ impl SyncService {
     pub async fn ack(&self, device: Device, pts: u64, queue_id: u64) -> Result<AckResponse> {
         let _writing = self.user_writes.read().await;
         self.check_home(&device.caller, true)?;
-        let user = device.caller.user;
+        let user = device.caller;
         let latest = self.store.user_pts(user)?;
         let current = self.store.queue_id(user)?;
         if queue_id != 0 && current != 0 && queue_id != current {
@@ -128,7 +128,7 @@ impl SyncService {
             n => (n as usize).min(self.config.limits.max_pull_limit as usize),
         };
         let mut out = Vec::new();
-        for (id, entry) in self.store.conv_list(caller.user)? {
+        for (id, entry) in self.store.conv_list(caller)? {
             if entry.left {
                 continue;
             }
@@ -154,7 +154,7 @@ impl SyncService {
                 .map(|(s, m)| message_to_proto(id, s, m));
             let last_message = match last_message {
                 Some(m) if m.seq >= entry.last_seq => Some(m),
-                local => self.remote_last_message(caller.user, &entry)?.or(local),
+                local => self.remote_last_message(caller, &entry)?.or(local),
             };
             let read_seq = self.store.read_seq(id, caller.user)?;
             // A conversation owned by another cell (moved away, or remote)
@@ -169,7 +169,7 @@ impl SyncService {
                 last_message,
                 read_seq,
                 unread: latest.saturating_sub(read_seq),
-                muted: self.store.muted(caller.user, id)?,
+                muted: self.store.muted(caller, id)?,
                 updated_at_ms,
             });
         }
@@ -184,7 +184,7 @@ impl SyncService {
 
     /// The last message of a conversation whose history here lacks it, as
     /// the sync event about it carries it.
-    fn remote_last_message(&self, user: u64, entry: &ConvListEntry) -> Result<Option<Message>> {
+    fn remote_last_message(&self, user: Caller, entry: &ConvListEntry) -> Result<Option<Message>> {
         if entry.last_message_pts == 0 {
             return Ok(None);
         }
@@ -200,7 +200,7 @@ impl SyncService {
         self.check_home(&caller, true)?;
         self.messages.check_member(&caller, conversation)?;
         let mut m = Mutation::new();
-        m.set_muted(caller.user, conversation, muted);
+        m.set_muted(caller, conversation, muted);
         self.store.commit(m).await?;
         Ok(())
     }
@@ -208,11 +208,12 @@ impl SyncService {
     /// Records a heartbeat; returns the interval to keep to stay online.
     pub fn heartbeat(&self, device: &Device) -> u64 {
         self.hub
-            .heartbeat(device.caller.user, &device.device, self.clock.now_ms());
+            .heartbeat(device.caller, &device.device, self.clock.now_ms());
         self.config.sync.presence_window_secs * 1000 / 2
     }
 
-    pub fn presence(&self, users: &[u64]) -> Result<GetPresenceResponse> {
+    /// Presence of `users` of the caller's tenant (never another tenant's).
+    pub fn presence(&self, caller: Caller, users: &[u64]) -> Result<GetPresenceResponse> {
         if users.len() > MAX_PRESENCE_QUERY {
             return Err(CellError::invalid(
                 "TOO_MANY_USERS",
@@ -224,7 +225,7 @@ impl SyncService {
             users: users
                 .iter()
                 .map(|u| {
-                    let (online, last_seen_ms) = self.hub.presence(*u, now);
+                    let (online, last_seen_ms) = self.hub.presence(caller.peer(*u), now);
                     UserPresence {
                         user_id: *u,
                         online,
@@ -247,8 +248,8 @@ impl SyncService {
         };
         let now = self.clock.now_ms();
         let (members, _) = self.store.members(conversation, 0, usize::MAX)?;
-        for user in members {
-            if user != caller.user && self.hub.is_online(user, now) {
+        for user in members.into_iter().map(|u| caller.peer(u)) {
+            if user != caller && self.hub.is_online(user, now) {
                 self.hub.push(user, push.clone());
             }
         }

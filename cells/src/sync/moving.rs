@@ -22,8 +22,8 @@ use crate::convert::message_to_proto;
 use crate::error::{CellError, Result};
 use crate::message::cleanup::{self, Handed};
 use crate::pipeline::PeerInbound;
-use crate::storage::Mutation;
 use crate::storage::moved::{self, Moved};
+use crate::user::UserKey;
 
 /// How long a seal waits for the frozen route and the processor.
 const SEAL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -59,7 +59,7 @@ impl SyncService {
     /// meta of their conversations (source side).
     pub fn export_user(
         &self,
-        user: u64,
+        user: UserKey,
         after_pts: u64,
         limit: usize,
         with_state: bool,
@@ -103,7 +103,7 @@ impl SyncService {
         })
     }
 
-    fn user_state(&self, user: u64) -> Result<UserState> {
+    fn user_state(&self, user: UserKey) -> Result<UserState> {
         let mut conversations = Vec::new();
         for (id, entry) in self.store.conv_list(user)? {
             let meta = match self.store.conversation(id)? {
@@ -135,7 +135,7 @@ impl SyncService {
 
     /// Count and checksum of `user`'s sync events in `(after, through]`, and
     /// the latest pts.
-    pub fn digest_user(&self, user: u64, after: u64, through: u64) -> Result<UserDigest> {
+    pub fn digest_user(&self, user: UserKey, after: u64, through: u64) -> Result<UserDigest> {
         let (mut count, mut checksum, mut from) = (0u64, 0u64, after);
         while from < through {
             let page = self.store.sync_after(user, from, MAX_EXPORT_CHUNK)?;
@@ -159,21 +159,20 @@ impl SyncService {
     /// final latest pts.
     pub async fn seal_user(
         &self,
-        tenant: u64,
-        user: u64,
+        user: UserKey,
         epoch: u64,
         processor: &PeerInbound,
     ) -> Result<u64> {
         let deadline = Instant::now() + SEAL_TIMEOUT;
         self.messages.await_route_epoch(epoch, deadline).await?;
-        match self.homes.check_home(tenant, user, true) {
+        match self.homes.check_home(user, true) {
             Err(CellError::RetryLater {
                 reason: "FROZEN", ..
             }) => {}
             _ => {
                 return Err(CellError::invalid(
                     "NOT_FROZEN",
-                    format!("the home of user {user} is not frozen here at epoch {epoch}"),
+                    format!("the home of {user} is not frozen here at epoch {epoch}"),
                 ));
             }
         }
@@ -192,7 +191,7 @@ impl SyncService {
         // Acks and settings check the home under the read side.
         drop(self.user_writes.write().await);
         let now = self.clock.now_ms();
-        cleanup::mark_sealed(&self.store, moved::USER, tenant, user, now).await?;
+        cleanup::mark_sealed(&self.store, moved::USER, user.tenant, user.user, now).await?;
         Ok(self.store.user_pts(user)?)
     }
 
@@ -200,15 +199,11 @@ impl SyncService {
     /// `grace`; how many.
     pub async fn clean_moved_users(&self, grace: Duration) -> Result<u64> {
         let now = self.clock.now_ms();
-        let handed = |m: &Moved| Handed::of(self.homes.check_home(m.tenant, m.id, true));
-        let dropped = cleanup::clean(
-            &self.store,
-            moved::USER,
-            now,
-            grace,
-            handed,
-            Mutation::clear_user,
-        )
+        let handed =
+            |m: &Moved| Handed::of(self.homes.check_home(UserKey::new(m.tenant, m.id), true));
+        let dropped = cleanup::clean(&self.store, moved::USER, now, grace, handed, |m, moved| {
+            m.clear_user(UserKey::new(moved.tenant, moved.id))
+        })
         .await?
         .len();
         if dropped > 0 {

@@ -17,6 +17,7 @@ use super::{Device, HubEvent, SyncService};
 use crate::convert::message_to_proto;
 use crate::error::Result;
 use crate::storage::Store;
+use crate::user::UserKey;
 
 /// Pushes buffered per subscription before the stream applies backpressure.
 const PUSH_BUFFER: usize = 256;
@@ -37,7 +38,7 @@ impl SyncService {
         queue_id: u64,
     ) -> Result<mpsc::Receiver<PushResult>> {
         self.check_home(&device.caller, false)?;
-        let user = device.caller.user;
+        let user = device.caller;
         let subscription = self.hub.subscribe(user);
         let latest = self.store.user_pts(user)?;
         let asked = match from_pts {
@@ -87,7 +88,7 @@ impl SyncService {
         mut wake: broadcast::Receiver<HubEvent>,
         tx: &mpsc::Sender<PushResult>,
     ) -> Result<()> {
-        let user = device.caller.user;
+        let user = device.caller;
         let mut home_check = tokio::time::interval(HOME_CHECK);
         let mut behind = true;
         loop {
@@ -141,7 +142,7 @@ impl SyncService {
     /// the device has gone away.
     async fn send_all(
         &self,
-        user: u64,
+        user: UserKey,
         events: impl ExactSizeIterator<Item = (u64, SyncRecord, Option<Message>)>,
         cursor: &mut u64,
         tx: &mpsc::Sender<PushResult>,

@@ -12,18 +12,18 @@ pub const NAME: &str = "device cursors never move backwards";
 pub fn check(h: &History) -> Vec<Violation> {
     let mut acks: Vec<_> = h.cursor_acks.iter().collect();
     acks.sort_by_key(|a| a.at_ms);
-    let mut last: HashMap<(u64, &str, u64), u64> = HashMap::new();
+    let mut last: HashMap<(u64, u64, &str, u64), u64> = HashMap::new();
     let mut out = Vec::new();
     for a in acks {
-        let key = (a.user, a.device.as_str(), a.queue);
+        let key = (a.tenant, a.user, a.device.as_str(), a.queue);
         if let Some(before) = last.get(&key)
             && a.cursor < *before
         {
             out.push(Violation::new(
                 NAME,
                 format!(
-                    "user {} device {:?}: cursor went from {before} back to {} at {} ms",
-                    a.user, a.device, a.cursor, a.at_ms
+                    "tenant {} user {} device {:?}: cursor went from {before} back to {} at {} ms",
+                    a.tenant, a.user, a.device, a.cursor, a.at_ms
                 ),
             ));
         }
@@ -52,6 +52,10 @@ mod tests {
         // Another device is independent.
         h.cursor_acks.last_mut().unwrap().queue = 0;
         h.cursor_acks.last_mut().unwrap().device = "watch".into();
+        assert!(check(&h).is_empty());
+        // So is the same user id and device in another tenant.
+        h.cursor_acks.last_mut().unwrap().device = "phone".into();
+        h.cursor_acks.last_mut().unwrap().tenant = 2;
         assert!(check(&h).is_empty());
     }
 }

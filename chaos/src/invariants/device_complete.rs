@@ -17,7 +17,9 @@ pub fn check(h: &History) -> Vec<Violation> {
     let mut out = Vec::new();
     for device in &h.devices {
         let seen: HashSet<(u64, u64)> = (h.deliveries.iter())
-            .filter(|d| d.user == device.user && d.device == device.device)
+            .filter(|d| {
+                (d.tenant, d.user) == (device.tenant, device.user) && d.device == device.device
+            })
             .map(|d| (d.conversation, d.seq))
             .collect();
         let owed_from = device.rebases_ms.iter().copied().max().unwrap_or(0);

@@ -9,41 +9,42 @@ use crate::history::History;
 
 pub const NAME: &str = "all devices of a user see one order";
 
-/// A user's place in one queue: (user, queue, pts).
-type Place = (u64, u64, u64);
+/// A user's place in one queue: (tenant, user, queue, pts).
+type Place = (u64, u64, u64, u64);
 /// What a device saw there: (conversation, seq, kind, device).
 type Seen<'a> = (u64, u64, i32, &'a str);
 
 pub fn check(h: &History) -> Vec<Violation> {
     let mut out = Vec::new();
     let mut at_pts: HashMap<Place, Seen> = HashMap::new();
-    let mut last_in_session: HashMap<(u64, &str, u64), u64> = HashMap::new();
+    let mut last_in_session: HashMap<(u64, u64, &str, u64), u64> = HashMap::new();
     for d in &h.deliveries {
         let event = (d.conversation, d.seq, d.kind, d.device.as_str());
-        match at_pts.get(&(d.user, d.queue, d.pts)) {
+        let place = (d.tenant, d.user, d.queue, d.pts);
+        match at_pts.get(&place) {
             Some(seen) if (seen.0, seen.1, seen.2) != (event.0, event.1, event.2) => {
                 out.push(Violation::new(
                     NAME,
                     format!(
-                        "user {} pts {}: device {:?} saw conversation {} seq {}, device {:?} saw conversation {} seq {}",
-                        d.user, d.pts, seen.3, seen.0, seen.1, d.device, d.conversation, d.seq
+                        "tenant {} user {} pts {}: device {:?} saw conversation {} seq {}, device {:?} saw conversation {} seq {}",
+                        d.tenant, d.user, d.pts, seen.3, seen.0, seen.1, d.device, d.conversation, d.seq
                     ),
                 ))
             }
             Some(_) => {}
             None => {
-                at_pts.insert((d.user, d.queue, d.pts), event);
+                at_pts.insert(place, event);
             }
         }
-        let session = (d.user, d.device.as_str(), d.session);
+        let session = (d.tenant, d.user, d.device.as_str(), d.session);
         if let Some(previous) = last_in_session.insert(session, d.pts)
             && d.pts <= previous
         {
             out.push(Violation::new(
                 NAME,
                 format!(
-                    "user {} device {:?} session {}: pts {} after {previous}",
-                    d.user, d.device, d.session, d.pts
+                    "tenant {} user {} device {:?} session {}: pts {} after {previous}",
+                    d.tenant, d.user, d.device, d.session, d.pts
                 ),
             ));
         }

@@ -11,6 +11,7 @@ mod lost_acked;
 mod migration;
 mod seq_order;
 mod split_brain;
+mod tenant_isolation;
 
 use serde::Serialize;
 
@@ -47,7 +48,7 @@ const KEEP: usize = 20;
 type Check = fn(&History) -> Vec<Violation>;
 
 /// Every invariant, in DESIGN.md order.
-pub const ALL: [(&str, Check); 8] = [
+pub const ALL: [(&str, Check); 9] = [
     (lost_acked::NAME, lost_acked::check),
     (duplicates::NAME, duplicates::check),
     (seq_order::NAME, seq_order::check),
@@ -56,6 +57,7 @@ pub const ALL: [(&str, Check); 8] = [
     (device_complete::NAME, device_complete::check),
     (migration::NAME, migration::check),
     (split_brain::NAME, split_brain::check),
+    (tenant_isolation::NAME, tenant_isolation::check),
 ];
 
 pub fn check_all(history: &History) -> Vec<Verdict> {
@@ -107,6 +109,7 @@ pub(crate) mod fixtures {
 
     pub fn delivery(device: &str, session: u64, pts: u64, seq: u64) -> DeliveryRecord {
         DeliveryRecord {
+            tenant: 1,
             user: 2,
             device: device.to_string(),
             session,
@@ -137,8 +140,10 @@ pub(crate) mod fixtures {
         }
         h.conversations
             .insert(7, vec![stored("a", 1), stored("b", 2), stored("c", 3)]);
+        h.tenants.insert(7, 1);
         for device in ["phone", "laptop"] {
             h.devices.push(Device {
+                tenant: 1,
                 user: 2,
                 device: device.into(),
                 conversations: vec![7],
@@ -147,6 +152,7 @@ pub(crate) mod fixtures {
         }
         h.cursor_acks = vec![
             CursorAck {
+                tenant: 1,
                 user: 2,
                 device: "phone".into(),
                 at_ms: 50,
@@ -154,6 +160,7 @@ pub(crate) mod fixtures {
                 queue: 0,
             },
             CursorAck {
+                tenant: 1,
                 user: 2,
                 device: "phone".into(),
                 at_ms: 60,

@@ -2,7 +2,11 @@
 //! token and stamps the caller, resolves the owner from the route cache,
 //! and retries with bounded backoff on `WRONG_CELL` (after refreshing the
 //! route) and on the transient answers of a migration (`FROZEN`) or a cell
-//! whose route view is behind. Other answers go back to the client as-is.
+//! whose route view is behind. An owner that cannot be reached (a killed or
+//! hung cell, a cut link) is retried within the deadline with the route
+//! refreshed, then answered `RETRY_LATER` (gRPC `UNAVAILABLE`) with reason
+//! `OWNER_UNREACHABLE` and the route: a transport failure never reaches a
+//! client without a stable code. Other answers go back to the client as-is.
 //! Conversations are created on their tenant's cell, or on the target of
 //! the tenant's migration while it moves.
 
@@ -19,7 +23,8 @@ use tonic::{Request, Response, Status};
 
 use super::auth::{Claims, TokenKey};
 use crate::client::RouteClient;
-use crate::table::{Key, Scope};
+use crate::grpc::convert::route_to_pb;
+use crate::table::{Key, Resolved, Scope};
 
 /// Reasons of RETRY_LATER answers the edge retries itself.
 const RETRIED_REASONS: [&str; 3] = ["FROZEN", "ROUTE_BEHIND", "NO_ROUTE"];
@@ -194,8 +199,8 @@ impl Proxy {
                 Scope::Tenant => self
                     .routes
                     .read(|t| t.creation_cell(key.tenant).map(|c| c.address.clone()))
-                    .unwrap_or(route.cell_address),
-                _ => route.cell_address,
+                    .unwrap_or_else(|| route.cell_address.clone()),
+                _ => route.cell_address.clone(),
             };
             let result = f(self.channel(&address)?, request).await;
             let status = match result {
@@ -216,16 +221,13 @@ impl Proxy {
                         .clamp(Duration::from_millis(10), Duration::from_millis(500));
                     tokio::time::sleep(wait).await;
                 }
-                _ if matches!(
-                    status.code(),
-                    tonic::Code::Unavailable
-                        | tonic::Code::DeadlineExceeded
-                        | tonic::Code::Cancelled
-                ) && detail.reason.starts_with("GRPC_") =>
-                {
+                _ if is_transport_failure(&status) => {
                     // The owner is unreachable; the route may be moving.
+                    let status = owner_unreachable(&key, &route, &status);
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     self.routes.refresh(route.entry.epoch + 1).await.ok();
+                    last = Some(status);
+                    continue;
                 }
                 _ => return Err(status),
             }
@@ -234,3 +236,36 @@ impl Proxy {
         Err(last.unwrap_or_else(|| Status::unavailable("no attempt made")))
     }
 }
+
+/// A status the transport made, not the owner: no cellmesh detail, and a
+/// code that says the call did not complete (a reset connection surfaces
+/// as `UNKNOWN` "transport error").
+pub fn is_transport_failure(status: &Status) -> bool {
+    error_detail(status).reason.starts_with("GRPC_")
+        && matches!(
+            status.code(),
+            tonic::Code::Unavailable
+                | tonic::Code::DeadlineExceeded
+                | tonic::Code::Cancelled
+                | tonic::Code::Unknown
+        )
+}
+
+/// `RETRY_LATER` / `OWNER_UNREACHABLE` for `key`, with the route that names
+/// the owner the edge could not reach.
+pub fn owner_unreachable(key: &Key, route: &Resolved, cause: &Status) -> Status {
+    to_status(
+        ErrorCode::RetryLater,
+        OWNER_UNREACHABLE,
+        format!(
+            "the owner of {key} ({}) could not be reached: {}",
+            route.entry.cell,
+            cause.message()
+        ),
+        200,
+        Some(route_to_pb(route)),
+    )
+}
+
+/// The reason of [`owner_unreachable`].
+pub const OWNER_UNREACHABLE: &str = "OWNER_UNREACHABLE";

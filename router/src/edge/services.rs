@@ -1,7 +1,8 @@
 //! The client-facing Messaging and Sync services of the edge: each handler
 //! authenticates, picks the key that decides the owner (the conversation,
 //! the tenant for a new conversation, the caller's home for sync) and
-//! proxies to that cell.
+//! proxies to that cell. A sync stream that breaks at the owner's end ends
+//! with `OWNER_UNREACHABLE` and the route, like a unary call.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -11,10 +12,10 @@ use cellmesh_proto::v1::messaging_server::Messaging;
 use cellmesh_proto::v1::sync_client::SyncClient;
 use cellmesh_proto::v1::sync_server::Sync;
 use cellmesh_proto::v1::*;
-use tokio_stream::Stream;
+use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 
-use super::proxy::Proxy;
+use super::proxy::{Proxy, is_transport_failure, owner_unreachable};
 use crate::table::Key;
 
 /// How long one unary attempt at a cell may take before the edge looks
@@ -143,10 +144,24 @@ impl Sync for EdgeApi {
         request: Request<SubscribeRequest>,
     ) -> Result<Response<PushStream>, Status> {
         // A stream lives long: no attempt timeout.
-        let response = proxied!(self, request, SyncClient, subscribe, None, |c, m| {
-            Key::user(c.tenant, c.user)
-        })?;
-        Ok(Response::new(Box::pin(response.into_inner())))
+        let (claims, m) = self.proxy.authenticate(request)?;
+        let key = Key::user(claims.tenant, claims.user);
+        let response = (self.proxy)
+            .call(key, m, None, |channel, r| async move {
+                SyncClient::new(channel).subscribe(r).await
+            })
+            .await?;
+        // A stream the owner's end of broke ends with a stable code too.
+        let proxy = self.proxy.clone();
+        let stream = response.into_inner().map(move |item| {
+            item.map_err(|status| match proxy.routes.resolve(&key) {
+                Some(route) if is_transport_failure(&status) => {
+                    owner_unreachable(&key, &route, &status)
+                }
+                _ => status,
+            })
+        });
+        Ok(Response::new(Box::pin(stream)))
     }
     async fn ack(&self, request: Request<AckRequest>) -> Result<Response<AckResponse>, Status> {
         proxied!(self, request, SyncClient, ack, |c, m| Key::user(

@@ -181,6 +181,7 @@ pub fn change_to_pb(c: &Change) -> pb::RouteChange {
                 conversation_id: *conversation,
                 hwm: *hwm,
                 owner: false,
+                seq_floor: 0,
             }),
             Change::OwnerCheckpoint {
                 tenant,
@@ -191,6 +192,7 @@ pub fn change_to_pb(c: &Change) -> pb::RouteChange {
                 conversation_id: *conversation,
                 hwm: *hwm,
                 owner: true,
+                seq_floor: 0,
             }),
         }),
     }
@@ -238,6 +240,9 @@ pub fn table_to_pb(t: &RouteTable) -> pb::RouteTable {
                     conversation_id,
                     hwm,
                     owner,
+                    seq_floor: t
+                        .resolve(&Key::conversation(tenant_id, conversation_id))
+                        .map_or(0, |r| r.seq_floor),
                 },
             )
             .collect(),

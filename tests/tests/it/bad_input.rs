@@ -143,11 +143,12 @@ async fn malformed_requests_get_stable_codes_and_the_server_keeps_serving() {
         InvalidArgument,
         "CLIENT_REQ_ID_TOO_LONG"
     );
+    // Another tenant's conversation is answered as one that does not exist.
     case!(
         "wrong tenant",
         c.send(with(|r| r.caller = caller(T + 1, 1))),
-        PermissionDenied,
-        "WRONG_TENANT"
+        NotFound,
+        "CONVERSATION_NOT_FOUND"
     );
     case!(
         "not a member",

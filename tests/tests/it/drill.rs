@@ -104,6 +104,7 @@ async fn follow(
     while let Ok(Ok(Some(push))) = tokio::time::timeout_at(deadline, stream.message()).await {
         if let Some(sync_push::Push::Event(e)) = push.push {
             record.lock().unwrap().deliveries.push(DeliveryRecord {
+                tenant: T,
                 user: 2,
                 device: "phone".into(),
                 session,
@@ -124,6 +125,7 @@ async fn follow(
             {
                 let ack = ack.into_inner();
                 record.lock().unwrap().cursor_acks.push(CursorAck {
+                    tenant: T,
                     user: 2,
                     device: "phone".into(),
                     at_ms: now_ms(epoch),
@@ -218,6 +220,7 @@ async fn a_crash_drill_satisfies_every_invariant() {
         .collect();
     let mut history = record.lock().unwrap().clone();
     history.conversations.insert(conv, stored);
+    history.tenants.insert(conv, T);
 
     let before_crash = |want: fn(&Outcome) -> bool| {
         history

@@ -21,7 +21,9 @@ async fn remote_members_get_their_events_through_their_home_cell() {
     let home_addr = home.cell.addr;
     let origin = TestCell::start_with(
         |c| {
-            c.homes.remote.insert("3".into(), home_endpoint.clone());
+            c.homes
+                .remote
+                .insert(format!("{T}/3"), home_endpoint.clone());
         },
         Arc::new(SystemClock),
     )
@@ -56,7 +58,7 @@ async fn remote_members_get_their_events_through_their_home_cell() {
             .cell
             .service
             .store()
-            .sync_after(3, 0, 10)
+            .sync_after(cellmesh_cell::UserKey::new(T, 3), 0, 10)
             .unwrap()
             .is_empty()
     );
@@ -131,7 +133,9 @@ async fn a_dead_home_with_a_long_backlog_does_not_hold_back_other_homes() {
             c.homes
                 .remote
                 .insert("3".into(), "http://127.0.0.1:1".into());
-            c.homes.remote.insert("4".into(), home_endpoint.clone());
+            c.homes
+                .remote
+                .insert(format!("{T}/4"), home_endpoint.clone());
         },
         Arc::new(SystemClock),
     )

@@ -7,8 +7,6 @@ use cellmesh_cell::clock::SystemClock;
 use cellmesh_proto::v1::*;
 use cellmesh_tests::sync::*;
 use cellmesh_tests::*;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
 
 const T: u64 = 41;
 
@@ -69,7 +67,7 @@ async fn presence_and_typing_reach_only_online_members() {
     // Typing is never stored: it is not in anyone's sync queue.
     let store = cell.cell.service.store();
     let kinds: Vec<i32> = store
-        .sync_after(2, 0, 100)
+        .sync_after(cellmesh_cell::UserKey::new(T, 2), 0, 100)
         .unwrap()
         .iter()
         .map(|(_, r)| r.kind)
@@ -87,64 +85,9 @@ async fn presence_and_typing_reach_only_online_members() {
     cell.stop().await;
 }
 
-/// A webhook receiver that fails its first request, then accepts; every
-/// request body is sent to the channel.
-async fn flaky_webhook() -> (String, tokio::sync::mpsc::UnboundedReceiver<String>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/notify", listener.local_addr().unwrap());
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        let mut served = 0;
-        loop {
-            let Ok((mut socket, _)) = listener.accept().await else {
-                return;
-            };
-            let mut buf = Vec::new();
-            let mut chunk = [0u8; 4096];
-            // Read headers, then the body by content-length.
-            let body = loop {
-                let n = socket.read(&mut chunk).await.unwrap_or(0);
-                if n == 0 {
-                    break None;
-                }
-                buf.extend_from_slice(&chunk[..n]);
-                let text = String::from_utf8_lossy(&buf).to_string();
-                if let Some(at) = text.find("\r\n\r\n") {
-                    let len = text[..at]
-                        .lines()
-                        .find_map(|l| {
-                            l.to_ascii_lowercase()
-                                .strip_prefix("content-length:")
-                                .map(|v| v.trim().parse::<usize>().unwrap_or(0))
-                        })
-                        .unwrap_or(0);
-                    if buf.len() >= at + 4 + len {
-                        break Some(text[at + 4..at + 4 + len].to_string());
-                    }
-                }
-            };
-            let Some(body) = body else { continue };
-            served += 1;
-            let status = if served == 1 {
-                "500 Internal Server Error"
-            } else {
-                "200 OK"
-            };
-            let _ = tx.send(body);
-            let _ = socket
-                .write_all(
-                    format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
-                        .as_bytes(),
-                )
-                .await;
-        }
-    });
-    (url, rx)
-}
-
 #[tokio::test]
 async fn offline_members_are_notified_through_the_webhook_with_retries() {
-    let (url, mut bodies) = flaky_webhook().await;
+    let (url, mut bodies) = cellmesh_tests::http::webhook(1).await;
     let cell = TestCell::start_with(
         |c| c.notifications.webhook_url = Some(url),
         Arc::new(SystemClock),

@@ -120,7 +120,9 @@ async fn crash_between_apply_and_commit(kafka: Option<&Kafka>) {
     consumer.commit(&again).await.unwrap();
 
     for user in [1, 2, 3, 4] {
-        let queue = store.sync_after(user, 0, 100).unwrap();
+        let queue = store
+            .sync_after(cellmesh_cell::UserKey::new(T, user), 0, 100)
+            .unwrap();
         let message_events: Vec<_> = queue
             .iter()
             .filter(|(_, r)| r.kind == SyncEventKind::Message as i32)
@@ -136,7 +138,12 @@ async fn crash_between_apply_and_commit(kafka: Option<&Kafka>) {
             .filter(|(_, r)| r.kind == SyncEventKind::Joined as i32)
             .count();
         assert_eq!(joined, 1, "user {user} joined once");
-        assert_eq!(store.user_pts(user).unwrap(), 2);
+        assert_eq!(
+            store
+                .user_pts(cellmesh_cell::UserKey::new(T, user))
+                .unwrap(),
+            2
+        );
     }
     store.close();
 }

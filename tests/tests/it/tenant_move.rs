@@ -136,8 +136,13 @@ async fn a_tenant_of_1000_conversations_moves_under_load_with_its_entry_last() {
     // tenant's route for them any more.
     assert_eq!(report.users_moved, 3);
     for user in [10, 11, 12] {
-        let pts =
-            |cell: &cellmesh_tests::TestCell| cell.cell.service.store().user_pts(user).unwrap();
+        let pts = |cell: &cellmesh_tests::TestCell| {
+            cell.cell
+                .service
+                .store()
+                .user_pts(cellmesh_cell::UserKey::new(1, user))
+                .unwrap()
+        };
         let (source, target) = (pts(&d.cells[0]), pts(&d.cells[1]));
         assert!(
             target >= source && target > 0,

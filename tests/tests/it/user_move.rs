@@ -268,15 +268,24 @@ async fn moved_copies_are_dropped_after_the_grace_period() {
             .unwrap()
             .is_empty()
     };
-    let has_queue = |store: &cellmesh_cell::storage::Store| store.user_pts(BOB).unwrap() > 0;
+    let has_queue = |store: &cellmesh_cell::storage::Store| {
+        store.user_pts(cellmesh_cell::UserKey::new(1, BOB)).unwrap() > 0
+    };
     assert!(
         cellmesh_tests::eventually(Duration::from_secs(10), || {
             let source = source.clone();
-            async move { source.user_pts(BOB).unwrap() >= 21 }
+            async move {
+                source
+                    .user_pts(cellmesh_cell::UserKey::new(1, BOB))
+                    .unwrap()
+                    >= 21
+            }
         })
         .await
     );
-    let pts = source.user_pts(BOB).unwrap();
+    let pts = source
+        .user_pts(cellmesh_cell::UserKey::new(1, BOB))
+        .unwrap();
 
     let routes = d.cluster.client().await;
     let migrator = Migrator::new(
@@ -299,7 +308,12 @@ async fn moved_copies_are_dropped_after_the_grace_period() {
     .await;
     assert!(dropped, "the source kept its copies past the grace period");
     assert!(has_history(&target));
-    assert_eq!(target.user_pts(BOB).unwrap(), pts);
+    assert_eq!(
+        target
+            .user_pts(cellmesh_cell::UserKey::new(1, BOB))
+            .unwrap(),
+        pts
+    );
     let history = history_via_edge(&mut m, &alice, conversation).await;
     assert_eq!(history.len(), 20);
 }

@@ -1,0 +1,222 @@
+//! Exactly once across a failover: a client re-sends a request the failed
+//! cell had acknowledged (it lost the answer). The answer was replicated to
+//! the standby, so the failover target answers the re-send as the failed
+//! cell did; and where it was not (a failover inside the replication lag),
+//! the backfill resolves the request id to the original — the later copy
+//! becomes the duplicate, never the reverse. The edge answers an owner it
+//! cannot reach with a stable code, and the route table shows the floors
+//! the failover set.
+
+use std::time::Duration;
+
+use cellmesh_cell::failpoints;
+use cellmesh_cell::storage::{IdemKey, IdemKind};
+use cellmesh_proto::status::error_detail;
+use cellmesh_proto::v1::messaging_client::MessagingClient;
+use cellmesh_proto::v1::*;
+use cellmesh_router::table::Key;
+use cellmesh_tests::deploy::*;
+use cellmesh_tests::eventually;
+use tonic::transport::Channel;
+
+const FAILED: &str = "eu-west/c1";
+const FALLBACK: &str = "us-east/c1";
+
+/// Sends `n` messages tagged `before-{i}`; their answers.
+async fn send_before(
+    m: &mut MessagingClient<Channel>,
+    alice: &str,
+    conv: u64,
+    n: usize,
+) -> Vec<SendResponse> {
+    let mut answers = Vec::new();
+    for i in 0..n {
+        let r = m
+            .send(authed(text(conv, &format!("before-{i}")), alice))
+            .await;
+        answers.push(r.unwrap().into_inner());
+    }
+    answers
+}
+
+async fn resend(
+    m: &mut MessagingClient<Channel>,
+    alice: &str,
+    conv: u64,
+    i: usize,
+) -> SendResponse {
+    let tag = format!("before-{i}");
+    m.send(authed(text(conv, &tag), alice))
+        .await
+        .unwrap_or_else(|e| panic!("re-send of {tag}: {e}"))
+        .into_inner()
+}
+
+fn answer_key(tag: &str) -> IdemKey {
+    IdemKey {
+        kind: IdemKind::Send,
+        tenant: 1,
+        user: 10,
+        client_req_id: tag.into(),
+    }
+}
+
+/// Fails the first cell (a clean stop: everything it acknowledged is on its
+/// disk) and waits until its tenant is served by the fallback; the stopped
+/// cell's data dir.
+async fn fail_first_cell(d: &mut Deployment, conv: u64) -> tempfile::TempDir {
+    let routes = d.cluster.client().await;
+    let dead = d.cells.remove(0);
+    let dir = dead.stop().await;
+    let moved = eventually(Duration::from_secs(30), || {
+        let moved = routes.read(|t| {
+            t.resolve(&Key::conversation(1, conv))
+                .is_some_and(|r| r.entry.cell == FALLBACK)
+        });
+        async move { moved }
+    })
+    .await;
+    assert!(moved, "no failover");
+    dir
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resend_after_a_failover_is_answered_as_the_failed_cell_answered_it() {
+    let mut d = deploy(None).await;
+    let routes = d.cluster.client().await;
+    let cp = fast_control_plane(d.cluster.endpoints()).await;
+    let alice = token(1, 10);
+    let mut m = messaging(&d.edge).await;
+    let conv = create_via_edge(&mut m, &alice, vec![11]).await;
+    let answers = send_before(&mut m, &alice, conv, 20).await;
+    wait_for_checkpoint(&routes, conv, 20, Duration::from_secs(10)).await;
+    // The standby holds every answer (replicated after the ack).
+    let standby = d.cells[1].cell.service.store().clone();
+    let replicated = eventually(Duration::from_secs(10), || {
+        let standby = standby.clone();
+        async move {
+            (0..20).all(|i| {
+                standby
+                    .idempotency(&answer_key(&format!("before-{i}")))
+                    .unwrap()
+                    .is_some()
+            })
+        }
+    })
+    .await;
+    assert!(replicated, "the standby holds the answers");
+
+    let dir = fail_first_cell(&mut d, conv).await;
+    for i in [0, 7, 19] {
+        let again = resend(&mut m, &alice, conv, i).await;
+        assert_eq!(
+            (again.seq, again.msg_id, again.duplicate),
+            (answers[i].seq, answers[i].msg_id, true),
+            "re-send of before-{i} while the failed cell is down"
+        );
+    }
+    // The table shows the floor the failover set for the conversation.
+    let mut api = d.cluster.api(0).await;
+    let table = api
+        .get_table(GetTableRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let floor = routes.read(|t| t.resolve(&Key::conversation(1, conv)).unwrap().seq_floor);
+    assert!(floor >= 20);
+    let checkpoint = table
+        .checkpoints
+        .iter()
+        .find(|c| c.conversation_id == conv)
+        .expect("a checkpoint of the conversation");
+    assert_eq!(checkpoint.seq_floor, floor, "GetTable shows the real floor");
+
+    // The failed cell returns and is backfilled: still one copy each, and
+    // re-sends keep their first answer.
+    let _returned =
+        cellmesh_tests::TestCell::start_routed_in(FAILED, d.cluster.endpoints(), dir).await;
+    wait_for_backfill(&cp, FAILED, Duration::from_secs(20)).await;
+    let history = history_via_edge(&mut m, &alice, conv).await;
+    let tags: Vec<&str> = history.iter().map(|s| s.tag.as_str()).collect();
+    let expected: Vec<String> = (0..20).map(|i| format!("before-{i}")).collect();
+    assert_eq!(tags, expected, "every acknowledged send exactly once");
+    let again = resend(&mut m, &alice, conv, 7).await;
+    assert_eq!((again.seq, again.duplicate), (answers[7].seq, true));
+    cp.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backfill_resolves_a_request_id_to_the_original_in_either_order() {
+    let mut d = deploy(None).await;
+    let routes = d.cluster.client().await;
+    let cp = fast_control_plane(d.cluster.endpoints()).await;
+    let alice = token(1, 10);
+    let mut m = messaging(&d.edge).await;
+    let conv = create_via_edge(&mut m, &alice, vec![11]).await;
+    // Answers are not replicated: a failover inside the replication lag.
+    let points = failpoints::parse("standby.answers=error").unwrap();
+    d.cells[0].cell.service.store().failpoints().set(points);
+    let answers = send_before(&mut m, &alice, conv, 10).await;
+    wait_for_checkpoint(&routes, conv, 10, Duration::from_secs(10)).await;
+
+    let dir = fail_first_cell(&mut d, conv).await;
+    // Re-send first: the new owner knows nothing of before-3 and accepts
+    // it again, above the floor.
+    let copy = resend(&mut m, &alice, conv, 3).await;
+    let floor = routes.read(|t| t.resolve(&Key::conversation(1, conv)).unwrap().seq_floor);
+    assert!(
+        !copy.duplicate && copy.seq > floor,
+        "{copy:?} above {floor}"
+    );
+
+    let _returned =
+        cellmesh_tests::TestCell::start_routed_in(FAILED, d.cluster.endpoints(), dir).await;
+    wait_for_backfill(&cp, FAILED, Duration::from_secs(20)).await;
+    // The original stands with its body; the copy is the tombstone.
+    let page = pull_via_edge(&mut m, &alice, conv).await;
+    let at = |seq: u64| page.messages.iter().find(|x| x.seq == seq).cloned();
+    let original = at(answers[3].seq).expect("the original is in history");
+    assert_eq!(original.body, b"before-3");
+    assert_eq!(original.state, MessageState::Normal as i32);
+    let duplicate = at(copy.seq).expect("the copy's seq is in history");
+    assert_eq!(duplicate.state, MessageState::Recalled as i32);
+    assert!(duplicate.body.is_empty());
+    // Re-sends answer the original: before-3 (re-sent before the backfill)
+    // and before-5 (re-sent only after it: its answer was rebuilt).
+    for i in [3, 5] {
+        let again = resend(&mut m, &alice, conv, i).await;
+        assert_eq!(
+            (again.seq, again.msg_id, again.duplicate),
+            (answers[i].seq, answers[i].msg_id, true),
+            "before-{i}"
+        );
+    }
+    cp.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_the_edge_cannot_reach_is_answered_with_a_stable_code() {
+    let mut d = deploy(None).await;
+    let alice = token(1, 10);
+    let mut m = messaging(&d.edge).await;
+    let conv = create_via_edge(&mut m, &alice, vec![11]).await;
+    // No control plane: the route keeps naming the stopped cell.
+    let dead = d.cells.remove(0);
+    let _dir = dead.stop().await;
+    let e = m
+        .send(authed(text(conv, "to-nobody"), &alice))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unavailable, "{e}");
+    let detail = error_detail(&e);
+    assert_eq!(
+        (
+            ErrorCode::try_from(detail.code).unwrap(),
+            detail.reason.as_str()
+        ),
+        (ErrorCode::RetryLater, "OWNER_UNREACHABLE"),
+        "{e}"
+    );
+    let route = detail.route.expect("the route the edge tried");
+    assert_eq!(route.cell_id, FAILED);
+}
