@@ -17,6 +17,9 @@ use crate::ownership::{Creation, Fence, Ownership};
 use crate::user::UserKey;
 use futures::future::BoxFuture;
 
+/// How soon a failed owner-lease renewal is tried again.
+const RENEW_RETRY: Duration = Duration::from_millis(100);
+
 pub struct Routed {
     client: RouteClient,
     cell_id: String,
@@ -63,9 +66,11 @@ impl Routed {
                 // Owning nothing, it writes nothing: nothing to confirm.
                 None => true,
                 Some(key) => {
+                    // The lookup passes over a hung replica (the route
+                    // client's attempt timeout) to whichever leads now.
                     let lookup = this.client.resolve_linearizable(&key);
-                    match tokio::time::timeout(lease / 2, lookup).await {
-                        Ok(Ok(r)) => this.client.wait_applied(r.applied_index, lease / 2).await,
+                    match tokio::time::timeout(lease * 3 / 4, lookup).await {
+                        Ok(Ok(r)) => this.client.wait_applied(r.applied_index, lease / 4).await,
                         _ => false,
                     }
                 }
@@ -74,7 +79,11 @@ impl Routed {
                 *this.confirmed.lock().expect("lease") = Some(asked);
             }
             drop(this);
-            tokio::time::sleep(lease / 4).await;
+            // A failed renewal is tried again at once: while the table
+            // elects a new leader, the lease must be renewed from it
+            // before it runs out.
+            let pause = if confirmed { lease / 4 } else { RENEW_RETRY };
+            tokio::time::sleep(pause).await;
         }
     }
 

@@ -27,6 +27,23 @@ pub struct History {
     /// cells and user ids; a device must only ever see its own tenant's).
     #[serde(default)]
     pub tenants: BTreeMap<u64, u64>,
+    /// Acknowledged requests sent again after a fault.
+    #[serde(default)]
+    pub resends: Vec<Resend>,
+}
+
+/// An acknowledged request sent again — same request id, same body — after
+/// a fault, as a client that lost the answer does.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Resend {
+    pub conversation: u64,
+    pub client_req_id: String,
+    /// The answer to the first send.
+    pub original: Outcome,
+    /// The answer to the re-send.
+    pub answer: Outcome,
+    /// When the re-send was made (drill time).
+    pub at_ms: u64,
 }
 
 /// A device that followed its user's sync queue through the drill.

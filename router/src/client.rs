@@ -23,6 +23,13 @@ use crate::table::{Key, Resolved, RouteTable};
 
 /// How many replicas a write tries (following leader hints) before giving up.
 const WRITE_ATTEMPTS: usize = 8;
+/// How long one attempt of a call may take before the next replica is
+/// tried (a hung replica must not hold the call).
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
+/// The same for linearizable lookups, which owner leases are renewed with:
+/// while the leader hangs, the lookup must reach the replica that takes
+/// over well within a lease.
+const LOOKUP_ATTEMPT_TIMEOUT: Duration = Duration::from_millis(400);
 
 #[derive(Clone)]
 pub struct RouteClient {
@@ -119,7 +126,9 @@ impl RouteClient {
             consistency: Consistency::Linearizable as i32,
         };
         self.inner
-            .call(request, |mut c, r| async move { c.resolve(r).await })
+            .call_with(request, LOOKUP_ATTEMPT_TIMEOUT, |mut c, r| async move {
+                c.resolve(r).await
+            })
             .await
     }
 
@@ -163,9 +172,9 @@ impl Inner {
         Ok(RoutingClient::new(channel))
     }
 
-    fn request<T>(&self, message: T) -> Request<T> {
+    fn request<T>(&self, message: T, timeout: Duration) -> Request<T> {
         let mut r = Request::new(message);
-        r.set_timeout(Duration::from_secs(5));
+        r.set_timeout(timeout);
         self.secret.attach(&mut r);
         r
     }
@@ -179,11 +188,34 @@ impl Inner {
         F: Fn(RoutingClient<Channel>, Request<T>) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<R>, Status>>,
     {
+        self.call_with(message, ATTEMPT_TIMEOUT, f).await
+    }
+
+    /// [`Self::call`] with each attempt limited to `attempt_timeout`.
+    async fn call_with<T, R, F, Fut>(
+        &self,
+        message: T,
+        attempt_timeout: Duration,
+        f: F,
+    ) -> Result<R, Status>
+    where
+        T: Clone,
+        F: Fn(RoutingClient<Channel>, Request<T>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<R>, Status>>,
+    {
         let n = self.endpoints.len();
         let mut target = self.endpoints[self.preferred.load(Ordering::Relaxed) % n].clone();
         let mut last = Status::unavailable("no router answered");
         for attempt in 0..WRITE_ATTEMPTS {
-            match f(self.client(&target)?, self.request(message.clone())).await {
+            let request = self.request(message.clone(), attempt_timeout);
+            // A hung replica does not enforce the deadline it was sent.
+            let call = tokio::time::timeout(attempt_timeout, f(self.client(&target)?, request));
+            let answer = call.await.unwrap_or_else(|_| {
+                Err(Status::deadline_exceeded(format!(
+                    "router {target} did not answer within {attempt_timeout:?}"
+                )))
+            });
+            match answer {
                 Ok(r) => {
                     if let Some(i) = self.endpoints.iter().position(|e| *e == target) {
                         self.preferred.store(i, Ordering::Relaxed);

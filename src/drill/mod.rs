@@ -185,6 +185,43 @@ fn watch_floors(
 /// How long the deployment settles after the senders stop.
 const SETTLE: Duration = Duration::from_secs(5);
 
+/// Acknowledged requests sent again after each fault.
+const RESENDS_PER_FAULT: usize = 5;
+/// How long before a fault a request's ack must have come for its re-send
+/// to be owed its first answer: answers reach the standbys after the ack,
+/// through the forward queue, and a failover inside that window may not
+/// find them (see the README on idempotent sends).
+const REPLICATION_WINDOW_MS: u64 = 1_000;
+/// Mixed into the seed for the choice of re-sends, so that the fault
+/// schedule stays what the seed alone gives.
+const RESEND_SEED: u64 = 0x5e5e_5e5e;
+
+fn now_ms_since(epoch: Instant) -> u64 {
+    workload::now_ms(epoch)
+}
+
+/// Up to [`RESENDS_PER_FAULT`] sends into `conversations` acknowledged at least
+/// [`REPLICATION_WINDOW_MS`] before `fault_ms`, drawn at random.
+fn resend_sample(
+    ops: &[cellmesh_chaos::history::SendOp],
+    conversations: &[u64],
+    fault_ms: u64,
+    rng: &mut StdRng,
+) -> Vec<cellmesh_chaos::history::SendOp> {
+    use cellmesh_chaos::history::Outcome;
+    let acked: Vec<_> = ops
+        .iter()
+        .filter(|op| {
+            matches!(op.outcome, Outcome::Ok { .. })
+                && conversations.contains(&op.conversation)
+                && op.completed_ms + REPLICATION_WINDOW_MS <= fault_ms
+        })
+        .collect();
+    (0..RESENDS_PER_FAULT.min(acked.len()))
+        .map(|_| acked[rng.random_range(0..acked.len())].clone())
+        .collect()
+}
+
 /// The tenant placed beside the demo tenant, with the same user ids.
 const NEIGHBOUR_TENANT: u64 = 9_001;
 
@@ -294,8 +331,11 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
     }
     let floors = watch_floors(dev.clone(), workload.conversations.clone(), stop);
 
-    // Faults on a schedule drawn from the seed.
+    // Faults on a schedule drawn from the seed; after each, a few requests
+    // acknowledged before it are sent again.
     let mut faults = Vec::new();
+    let mut resends = Vec::new();
+    let mut resend_rng = StdRng::seed_from_u64(seed ^ RESEND_SEED);
     let period = (Duration::from(args.duration) / 4).max(Duration::from_secs(2));
     while Instant::now() + period < stop {
         tokio::time::sleep(period).await;
@@ -305,6 +345,16 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
             "  {:>6} ms  {} {} {}",
             fault.at_ms, fault.kind, fault.target, fault.detail
         );
+        let acked = ops.lock().expect("ops").clone();
+        let sample = resend_sample(
+            &acked,
+            &workload.conversations,
+            fault.at_ms,
+            &mut resend_rng,
+        );
+        for op in sample {
+            resends.push((now_ms_since(epoch), workload.resend(op)));
+        }
         faults.push(fault);
     }
     for w in workers {
@@ -316,6 +366,16 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
         sends: std::mem::take(&mut *ops.lock().expect("ops")),
         ..History::default()
     };
+    for (at_ms, task) in resends {
+        let (op, answer) = task.await?;
+        history.resends.push(cellmesh_chaos::history::Resend {
+            conversation: op.conversation,
+            client_req_id: op.client_req_id,
+            original: op.outcome,
+            answer,
+            at_ms,
+        });
+    }
     // Read every conversation back once the deployment has settled.
     tokio::time::sleep(SETTLE).await;
     workload.read_back(&mut history).await?;

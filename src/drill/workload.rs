@@ -23,6 +23,46 @@ const USER_BASE: u64 = 300_000;
 /// (it comes back, is marked up, then copied into the current owner).
 const BACKFILL_WAIT: Duration = Duration::from_secs(30);
 
+/// How long a re-send after a fault keeps trying for a definite answer.
+const RESEND_FOR: Duration = Duration::from_secs(20);
+
+/// One send of the message tagged `tag` (its request id and body) by
+/// `user` of `tenant` into `conversation`, backing off as a client does
+/// when told to slow down or to come back later.
+async fn send_tagged(
+    dev: &DevTarget,
+    client: &mut MessagingClient<Channel>,
+    (tenant, user, conversation): (u64, u64, u64),
+    tag: &str,
+) -> Outcome {
+    let message = SendRequest {
+        conversation_id: conversation,
+        client_req_id: tag.to_string(),
+        r#type: MessageType::Text as i32,
+        body: tag.as_bytes().to_vec(),
+        ..Default::default()
+    };
+    let mut request = dev.request_in(tenant, message, user, "tool");
+    request.set_timeout(Duration::from_secs(10));
+    match client.send(request).await {
+        Ok(r) => {
+            let r = r.into_inner();
+            Outcome::Ok {
+                msg_id: r.msg_id,
+                seq: r.seq,
+            }
+        }
+        Err(e) => {
+            match error_code(&e) {
+                ErrorCode::RateLimited => tokio::time::sleep(Duration::from_millis(20)).await,
+                ErrorCode::RetryLater => tokio::time::sleep(Duration::from_millis(50)).await,
+                _ => {}
+            }
+            outcome_of(&e)
+        }
+    }
+}
+
 pub fn now_ms(epoch: Instant) -> u64 {
     epoch.elapsed().as_millis() as u64
 }
@@ -143,42 +183,8 @@ impl Workload {
                     let conversation = convs[(n as usize + w) % convs.len()];
                     let tag = format!("d{run_id}-{tenant}-{user}-{n}");
                     let invoked_ms = now_ms(epoch);
-                    let mut request = dev.request_in(
-                        tenant,
-                        SendRequest {
-                            conversation_id: conversation,
-                            client_req_id: tag.clone(),
-                            r#type: MessageType::Text as i32,
-                            body: tag.clone().into_bytes(),
-                            ..Default::default()
-                        },
-                        user,
-                        "tool",
-                    );
-                    request.set_timeout(Duration::from_secs(10));
-                    let outcome = match client.send(request).await {
-                        Ok(r) => {
-                            let r = r.into_inner();
-                            Outcome::Ok {
-                                msg_id: r.msg_id,
-                                seq: r.seq,
-                            }
-                        }
-                        Err(e) => {
-                            // A client backs off when told to slow down or
-                            // to come back later.
-                            match error_code(&e) {
-                                ErrorCode::RateLimited => {
-                                    tokio::time::sleep(Duration::from_millis(20)).await;
-                                }
-                                ErrorCode::RetryLater => {
-                                    tokio::time::sleep(Duration::from_millis(50)).await;
-                                }
-                                _ => {}
-                            }
-                            outcome_of(&e)
-                        }
-                    };
+                    let to = (tenant, user, conversation);
+                    let outcome = send_tagged(&dev, &mut client, to, &tag).await;
                     ops.lock().expect("ops").push(SendOp {
                         conversation,
                         sender: user,
@@ -191,6 +197,26 @@ impl Workload {
             }));
         }
         workers
+    }
+
+    /// A task that sends `op` again — same request id, same body — as a
+    /// client that lost its answer does after a fault, retrying answers
+    /// that leave the outcome unknown for up to [`RESEND_FOR`]; it yields
+    /// what came back.
+    pub fn resend(&self, op: SendOp) -> tokio::task::JoinHandle<(SendOp, Outcome)> {
+        let (dev, tenant) = (self.dev.clone(), self.tenant);
+        let mut client = MessagingClient::new(self.channels[0].clone());
+        tokio::spawn(async move {
+            let deadline = Instant::now() + RESEND_FOR;
+            loop {
+                let to = (tenant, op.sender, op.conversation);
+                let outcome = send_tagged(&dev, &mut client, to, &op.client_req_id).await;
+                if outcome != Outcome::Unknown || Instant::now() >= deadline {
+                    return (op, outcome);
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
     }
 
     /// The copy of `conversation` that `cell` kept after moving it away,

@@ -252,10 +252,11 @@ mod tests {
     use cellmesh_proto::storage::v1::ConvListEntry;
 
     fn config() -> StorageConfig {
-        let mut config = StorageConfig::default();
-        config.block_cache_mb = 8;
-        config.write_buffer_mb = 4;
-        config
+        StorageConfig {
+            block_cache_mb: 8,
+            write_buffer_mb: 4,
+            ..StorageConfig::default()
+        }
     }
 
     /// Writes a format-1 database: conversation 100 of tenant 1 and 200 of

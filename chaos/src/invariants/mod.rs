@@ -9,6 +9,7 @@ mod device_order;
 mod duplicates;
 mod lost_acked;
 mod migration;
+mod resends;
 mod seq_order;
 mod split_brain;
 mod tenant_isolation;
@@ -48,9 +49,10 @@ const KEEP: usize = 20;
 type Check = fn(&History) -> Vec<Violation>;
 
 /// Every invariant, in DESIGN.md order.
-pub const ALL: [(&str, Check); 9] = [
+pub const ALL: [(&str, Check); 10] = [
     (lost_acked::NAME, lost_acked::check),
     (duplicates::NAME, duplicates::check),
+    (resends::NAME, resends::check),
     (seq_order::NAME, seq_order::check),
     (cursor::NAME, cursor::check),
     (device_order::NAME, device_order::check),

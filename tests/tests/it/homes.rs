@@ -70,6 +70,7 @@ async fn remote_members_get_their_events_through_their_home_cell() {
     let replay = DeliverBatchRequest {
         source_cell: cellmesh_cell::CellConfig::default().cell_id,
         events: vec![PeerEvent {
+            tenant_id: T,
             user_id: 3,
             event_id: 1,
             kind: SyncEventKind::Message as i32,
@@ -132,7 +133,7 @@ async fn a_dead_home_with_a_long_backlog_does_not_hold_back_other_homes() {
         |c| {
             c.homes
                 .remote
-                .insert("3".into(), "http://127.0.0.1:1".into());
+                .insert(format!("{T}/3"), "http://127.0.0.1:1".into());
             c.homes
                 .remote
                 .insert(format!("{T}/4"), home_endpoint.clone());

@@ -362,3 +362,41 @@ async fn invalid_writes_get_stable_codes_and_calls_need_the_secret() {
     assert_eq!(table.routes.len(), 1);
     assert_eq!(table.cells.len(), 3);
 }
+
+/// Owner leases are renewed with linearizable lookups: one that reaches a
+/// replica that has stopped answering (a hung leader) moves on to the
+/// others within a fraction of a lease instead of waiting for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lookup_passes_over_a_replica_that_does_not_answer() {
+    let cluster = RouterCluster::start(3, |_| {}).await;
+    let leader = cluster.leader().await;
+    let setup = cluster.client().await;
+    seed(&setup).await;
+    setup
+        .apply(assign_tenant(1, "eu-west/c1", 0))
+        .await
+        .unwrap();
+    // The client reaches the leader through a link that can hang.
+    let upstream = cluster.replicas[leader].config.api_listen;
+    let link = cellmesh_chaos::proxy::FaultProxy::start("127.0.0.1:0".parse().unwrap(), upstream)
+        .await
+        .unwrap();
+    let mut endpoints = vec![format!("http://{}", link.addr())];
+    endpoints.extend((0..3).filter(|&i| i != leader).map(|i| cluster.endpoint(i)));
+    let client = cellmesh_router::client::RouteClient::connect(
+        endpoints,
+        cellmesh_proto::secret::ClusterSecret::new(SECRET),
+    )
+    .await
+    .unwrap();
+    client.resolve_linearizable(&Key::tenant(1)).await.unwrap();
+    link.partition(true, true);
+    let started = Instant::now();
+    let answer = client.resolve_linearizable(&Key::tenant(1)).await;
+    let took = started.elapsed();
+    assert!(answer.is_ok(), "{answer:?}");
+    assert!(
+        took < Duration::from_millis(1_500),
+        "the lookup waited {took:?} on the silent replica"
+    );
+}
