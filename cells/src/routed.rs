@@ -70,7 +70,14 @@ impl Routed {
                     // client's attempt timeout) to whichever leads now.
                     let lookup = this.client.resolve_linearizable(&key);
                     match tokio::time::timeout(lease * 3 / 4, lookup).await {
-                        Ok(Ok(r)) => this.client.wait_applied(r.applied_index, lease / 4).await,
+                        Ok(Ok(r)) => {
+                            let index = r.applied_index;
+                            // The watch lags (a replica it follows may
+                            // hang): copy the table from the leader.
+                            this.client.wait_applied(index, lease / 8).await
+                                || (this.client.catch_up().await.is_ok()
+                                    && this.client.wait_applied(index, lease / 8).await)
+                        }
                         _ => false,
                     }
                 }

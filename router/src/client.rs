@@ -24,8 +24,10 @@ use crate::table::{Key, Resolved, RouteTable};
 /// How many replicas a write tries (following leader hints) before giving up.
 const WRITE_ATTEMPTS: usize = 8;
 /// How long one attempt of a call may take before the next replica is
-/// tried (a hung replica must not hold the call).
+/// tried (a hung replica must not hold the call): table copies may be
+/// large; writes are small and commit within a few round trips.
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
+const WRITE_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(1);
 /// The same for linearizable lookups, which owner leases are renewed with:
 /// while the leader hangs, the lookup must reach the replica that takes
 /// over well within a lease.
@@ -45,6 +47,10 @@ struct Inner {
     channels: Mutex<HashMap<String, Channel>>,
     /// The endpoint that answered last.
     preferred: AtomicUsize,
+    /// Tells the watch to leave its replica for the preferred one (the
+    /// replica it follows went silent: a hung process does not close its
+    /// streams).
+    rewatch: Arc<tokio::sync::Notify>,
 }
 
 impl RouteClient {
@@ -70,6 +76,7 @@ impl RouteClient {
             events,
             channels: Mutex::new(HashMap::new()),
             preferred: AtomicUsize::new(0),
+            rewatch: Arc::new(tokio::sync::Notify::new()),
         });
         let table = inner.fetch_table(Consistency::Stale).await?;
         inner.replace(table);
@@ -112,10 +119,18 @@ impl RouteClient {
         if self.wait_applied(epoch, Duration::from_millis(500)).await {
             return Ok(());
         }
+        self.catch_up().await
+    }
+
+    /// Copies the table from the leader now and follows the watch from the
+    /// replica that answered: for a caller that learned of an index this
+    /// cache has not reached (its watch may be on a replica that hangs).
+    pub async fn catch_up(&self) -> Result<(), Status> {
         let table = self.inner.fetch_table(Consistency::Linearizable).await?;
         if table.applied > self.applied() {
             self.inner.replace(table);
         }
+        self.inner.rewatch.notify_one();
         Ok(())
     }
 
@@ -135,7 +150,9 @@ impl RouteClient {
     /// A route write, sent to the leader wherever it is.
     pub async fn apply(&self, command: pb::RouteCommand) -> Result<pb::ApplyResponse, Status> {
         self.inner
-            .call(command, |mut c, r| async move { c.apply(r).await })
+            .call_with(command, WRITE_ATTEMPT_TIMEOUT, |mut c, r| async move {
+                c.apply(r).await
+            })
             .await
     }
 
@@ -285,7 +302,11 @@ impl Inner {
 /// Follows the watch stream for as long as a client handle exists.
 async fn follow(inner: Weak<Inner>) {
     let mut failures = 0u32;
+    let Some(rewatch) = inner.upgrade().map(|i| i.rewatch.clone()) else {
+        return;
+    };
     loop {
+        let mut moved = false;
         let Some(strong) = inner.upgrade() else {
             return;
         };
@@ -305,6 +326,10 @@ async fn follow(inner: Weak<Inner>) {
             loop {
                 let message = tokio::select! {
                     m = stream.message() => m,
+                    _ = rewatch.notified() => {
+                        moved = true;
+                        break;
+                    }
                     _ = tokio::time::sleep(Duration::from_secs(1)) => {
                         if inner.strong_count() == 0 { return }
                         continue;
@@ -332,7 +357,10 @@ async fn follow(inner: Weak<Inner>) {
                 }
             }
         }
-        // Reconnect elsewhere with backoff.
+        // Reconnect elsewhere with backoff (or at once where told to).
+        if moved {
+            continue;
+        }
         let Some(strong) = inner.upgrade() else {
             return;
         };

@@ -87,9 +87,9 @@ impl Default for RouterConfig {
 impl Default for RaftConfig {
     fn default() -> Self {
         Self {
-            heartbeat_ms: 100,
-            election_timeout_min_ms: 500,
-            election_timeout_max_ms: 1000,
+            heartbeat_ms: 60,
+            election_timeout_min_ms: 300,
+            election_timeout_max_ms: 600,
             snapshot_every: 10_000,
             keep_logs_after_snapshot: 1_000,
             watch_history: 100_000,

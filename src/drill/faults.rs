@@ -26,6 +26,11 @@ pub enum FaultKind {
     CellHang,
     Migrate,
     RouterLeaderKill,
+    /// SIGSTOP the route table's Raft leader for `hold`, then SIGCONT:
+    /// cells must keep writing what they own while a new leader is elected.
+    RouterLeaderHang {
+        hold: Duration,
+    },
     MigrationSourceKill,
     ControlPlaneKillMidMigration,
     /// The target of a move crashes between storing a copied chunk and
@@ -165,6 +170,20 @@ impl Injector {
                     }
                     None => "no linearizable lookup answered within 30 s".into(),
                 };
+            }
+            FaultKind::RouterLeaderHang { hold } => {
+                let region = self.router_leader().await?;
+                fault.kind = format!(
+                    "hang the route table's Raft leader {} ms (SIGSTOP/SIGCONT)",
+                    hold.as_millis()
+                );
+                fault.target = format!("router-{region}");
+                let pid = self.dev.pid(&fault.target)?;
+                fault.affected = self.conversations.clone();
+                signal(pid, libc::SIGSTOP);
+                tokio::time::sleep(hold).await;
+                signal(pid, libc::SIGCONT);
+                fault.recovered_ms = Some(now_ms(self.epoch));
             }
             FaultKind::FailPoint { what, spec, hold } => {
                 needs_failpoints()?;

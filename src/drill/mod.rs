@@ -50,6 +50,9 @@ enum Scenario {
     CellHang,
     /// SIGKILL the route table's Raft leader; a new one is elected.
     RouterLeaderKill,
+    /// SIGSTOP the route table's Raft leader for 6 s, then SIGCONT; cells
+    /// keep writing what they own while a new leader is elected.
+    RouterLeaderHang,
     /// Move the drill's conversations live to other cells while they are
     /// written.
     MigrationUnderLoad,
@@ -129,6 +132,9 @@ fn next_fault(
         Scenario::CellKill => FaultKind::CellKill,
         Scenario::CellHang => FaultKind::CellHang,
         Scenario::RouterLeaderKill => FaultKind::RouterLeaderKill,
+        Scenario::RouterLeaderHang => FaultKind::RouterLeaderHang {
+            hold: Duration::from_secs(6),
+        },
         Scenario::MigrationUnderLoad => FaultKind::Migrate,
         Scenario::MigrationSourceKill => FaultKind::MigrationSourceKill,
         Scenario::ControlPlaneKillMidMigration => FaultKind::ControlPlaneKillMidMigration,
@@ -376,6 +382,13 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
             at_ms,
         });
     }
+    let first_answers = (history.resends.iter())
+        .filter(|r| r.answer == r.original)
+        .count();
+    println!(
+        "  {} acknowledged requests re-sent after the faults, {first_answers} answered as the first time",
+        history.resends.len()
+    );
     // Read every conversation back once the deployment has settled.
     tokio::time::sleep(SETTLE).await;
     workload.read_back(&mut history).await?;

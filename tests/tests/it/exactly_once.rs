@@ -80,14 +80,29 @@ async fn fail_first_cell(d: &mut Deployment, conv: u64) -> tempfile::TempDir {
     dir
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_resend_after_a_failover_is_answered_as_the_failed_cell_answered_it() {
-    let mut d = deploy(None).await;
+/// A deployment with a control plane that fails cells over quickly, and a
+/// conversation of user 10 (Alice) with user 11: the deployment, its route
+/// client, the control plane, Alice's token and client, the conversation.
+async fn failover_deployment() -> (
+    Deployment,
+    cellmesh_router::client::RouteClient,
+    cellmesh_control_plane::server::RunningControlPlane,
+    String,
+    MessagingClient<Channel>,
+    u64,
+) {
+    let d = deploy(None).await;
     let routes = d.cluster.client().await;
     let cp = fast_control_plane(d.cluster.endpoints()).await;
     let alice = token(1, 10);
     let mut m = messaging(&d.edge).await;
     let conv = create_via_edge(&mut m, &alice, vec![11]).await;
+    (d, routes, cp, alice, m, conv)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resend_after_a_failover_is_answered_as_the_failed_cell_answered_it() {
+    let (mut d, routes, cp, alice, mut m, conv) = failover_deployment().await;
     let answers = send_before(&mut m, &alice, conv, 20).await;
     wait_for_checkpoint(&routes, conv, 20, Duration::from_secs(10)).await;
     // The standby holds every answer (replicated after the ack).
@@ -147,12 +162,7 @@ async fn a_resend_after_a_failover_is_answered_as_the_failed_cell_answered_it() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backfill_resolves_a_request_id_to_the_original_in_either_order() {
-    let mut d = deploy(None).await;
-    let routes = d.cluster.client().await;
-    let cp = fast_control_plane(d.cluster.endpoints()).await;
-    let alice = token(1, 10);
-    let mut m = messaging(&d.edge).await;
-    let conv = create_via_edge(&mut m, &alice, vec![11]).await;
+    let (mut d, routes, cp, alice, mut m, conv) = failover_deployment().await;
     // Answers are not replicated: a failover inside the replication lag.
     let points = failpoints::parse("standby.answers=error").unwrap();
     d.cells[0].cell.service.store().failpoints().set(points);

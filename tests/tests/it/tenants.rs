@@ -49,6 +49,19 @@ async fn two_tenants(d: &Deployment, c: &mut Clients) -> (u64, u64) {
     (one, two)
 }
 
+/// `n` messages tagged `t{tenant}-{i}` from user 1 of each tenant into its
+/// conversation.
+async fn send_in_each(c: &mut Clients, conversations: [(u64, u64); 2], n: usize) {
+    for (tenant, conversation) in conversations {
+        for i in 0..n {
+            let tag = format!("t{tenant}-{i}");
+            c.m.send(authed(text(conversation, &tag), &token(tenant, 1)))
+                .await
+                .unwrap();
+        }
+    }
+}
+
 async fn subscribe(c: &mut Clients, tenant: u64, user: u64) -> Streaming<SyncPush> {
     let request = SubscribeRequest::default();
     c.s.subscribe(authed(request, &token(tenant, user)))
@@ -113,14 +126,7 @@ async fn tenants_on_one_cell_with_the_same_user_ids_never_see_each_other() {
         .await
         .unwrap();
 
-    for (tenant, conversation) in [(1, one), (2, two)] {
-        for i in 0..3 {
-            let tag = format!("t{tenant}-{i}");
-            c.m.send(authed(text(conversation, &tag), &token(tenant, 1)))
-                .await
-                .unwrap();
-        }
-    }
+    send_in_each(&mut c, [(1, one), (2, two)], 3).await;
     let seen_1 = pushes_until(&mut one_2, "t1-2").await;
     let seen_2 = pushes_until(&mut two_2, "t2-2").await;
     assert_eq!(conversations(&seen_1), HashSet::from([one]), "{seen_1:?}");
@@ -274,14 +280,7 @@ async fn moving_and_cleaning_up_a_user_home_leaves_the_other_tenants_user_alone(
     let d = deploy_with(None, |c| c.routing.cleanup_grace_secs = 1).await;
     let mut c = clients(&d).await;
     let (one, two) = two_tenants(&d, &mut c).await;
-    for (tenant, conversation) in [(1, one), (2, two)] {
-        for i in 0..5 {
-            let tag = format!("t{tenant}-{i}");
-            c.m.send(authed(text(conversation, &tag), &token(tenant, 1)))
-                .await
-                .unwrap();
-        }
-    }
+    send_in_each(&mut c, [(1, one), (2, two)], 5).await;
     let source = d.cells[0].cell.service.store().clone();
     let target = d.cells[1].cell.service.store().clone();
     let (one_2, two_2) = (UserKey::new(1, 2), UserKey::new(2, 2));
