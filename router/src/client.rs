@@ -245,8 +245,16 @@ impl Inner {
                         .get(LEADER_HEADER)
                         .and_then(|v| v.to_str().ok())
                         .map(str::to_string);
+                    // A replica that did not answer in time (tonic ends
+                    // such a call as CANCELLED "Timeout expired") is passed
+                    // over like one that is unavailable.
                     let retry = error_code(&status) == ErrorCode::RetryLater
-                        || status.code() == tonic::Code::Unavailable;
+                        || matches!(
+                            status.code(),
+                            tonic::Code::Unavailable
+                                | tonic::Code::DeadlineExceeded
+                                | tonic::Code::Cancelled
+                        );
                     if !retry {
                         return Err(status);
                     }
