@@ -128,6 +128,8 @@ struct Batch {
     queued: Option<HashSet<UserKey>>,
     forwarded: bool,
     applied: u32,
+    /// This cell's standbys, looked up once per batch.
+    standbys: Option<Vec<String>>,
 }
 
 /// Who caused an event: for notifications and forwarded events. The
@@ -561,26 +563,32 @@ impl Processor {
         {
             return;
         }
-        for endpoint in self.homes.standbys() {
-            batch.forward.entry(endpoint).or_default().push(PeerEvent {
-                event_id: id,
-                tenant_id: event.tenant_id,
-                conversation_id: event.conversation_id,
-                seq: event.seq,
-                msg_id: event.msg_id,
-                sender_id: event.user_id,
-                server_ts_ms: event.server_ts_ms,
-                idempotency: Some(IdempotencyRecord {
+        let standbys = (batch.standbys.take()).unwrap_or_else(|| self.homes.standbys());
+        for endpoint in &standbys {
+            batch
+                .forward
+                .entry(endpoint.clone())
+                .or_default()
+                .push(PeerEvent {
+                    event_id: id,
+                    tenant_id: event.tenant_id,
                     conversation_id: event.conversation_id,
-                    msg_id: event.msg_id,
                     seq: event.seq,
+                    msg_id: event.msg_id,
+                    sender_id: event.user_id,
                     server_ts_ms: event.server_ts_ms,
-                    expires_at_ms: event.idempotency_expires_at_ms,
-                }),
-                client_req_id: event.client_req_id.clone(),
-                ..Default::default()
-            });
+                    idempotency: Some(IdempotencyRecord {
+                        conversation_id: event.conversation_id,
+                        msg_id: event.msg_id,
+                        seq: event.seq,
+                        server_ts_ms: event.server_ts_ms,
+                        expires_at_ms: event.idempotency_expires_at_ms,
+                    }),
+                    client_req_id: event.client_req_id.clone(),
+                    ..Default::default()
+                });
         }
+        batch.standbys = Some(standbys);
     }
 
     /// Queues the conversation's meta and members for this cell's standby,
