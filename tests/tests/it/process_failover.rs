@@ -2,7 +2,8 @@
 //! the control plane fails its tenant over, sends are accepted on the
 //! fallback above every acknowledged seq, and once the process returns on
 //! its data and backfill completes, every acknowledged message is there
-//! exactly once, in order.
+//! exactly once, in order. Requests the killed process acknowledged, sent
+//! again after the failover and after the backfill, get their first answer.
 
 use std::time::Duration;
 
@@ -51,7 +52,9 @@ async fn a_sigkilled_cell_process_fails_over_under_continuous_sends() {
     let senders = Senders::start(&edge, conv, &[10, 11]);
     // Sends flow and reach a checkpoint; the standby has the meta.
     wait_for_checkpoint(&routes, conv, 50, Duration::from_secs(15)).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Long enough for acknowledged answers to be older than the window
+    // the re-sends below allow for their replication.
+    tokio::time::sleep(Duration::from_millis(800)).await;
 
     let killed_ms = senders.now_ms();
     process.kill();
@@ -69,6 +72,37 @@ async fn a_sigkilled_cell_process_fails_over_under_continuous_sends() {
     );
     // Sends go on at the fallback for a while.
     let ops = senders.finish(Duration::from_millis(1500)).await;
+    // Clients that lost answers from before the kill send again: each gets
+    // the answer the killed process gave (its answers reached the standby).
+    let lost: Vec<_> = ops
+        .iter()
+        .filter(|o| o.completed_ms + 500 <= killed_ms && matches!(o.outcome, Outcome::Ok { .. }))
+        .step_by(7)
+        .take(10)
+        .cloned()
+        .collect();
+    assert!(!lost.is_empty(), "sends were acknowledged before the kill");
+    let client = m.clone();
+    let resend = |op: cellmesh_chaos::history::SendOp| {
+        let (mut m, token) = (client.clone(), token(1, op.sender));
+        async move {
+            let r = m.send(authed(text(conv, &op.client_req_id), &token)).await;
+            let r = r.expect("a re-send is answered").into_inner();
+            assert_eq!(
+                Outcome::Ok {
+                    msg_id: r.msg_id,
+                    seq: r.seq
+                },
+                op.outcome,
+                "re-send of {}",
+                op.client_req_id
+            );
+            assert!(r.duplicate);
+        }
+    };
+    for op in lost.iter().cloned() {
+        resend(op).await;
+    }
     let acked = |after: u64| {
         ops.iter()
             .filter(move |o| o.invoked_ms >= after)
@@ -115,5 +149,9 @@ async fn a_sigkilled_cell_process_fails_over_under_continuous_sends() {
         floor,
     });
     assert_every_invariant(&history);
+    // And after the backfill, the same answers still.
+    for op in lost {
+        resend(op).await;
+    }
     cp.stop();
 }
