@@ -291,6 +291,15 @@ impl CellProcess {
         process
     }
 
+    /// Sends `signal` (e.g. `libc::SIGSTOP` to hang the process,
+    /// `libc::SIGCONT` to resume it).
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: kill(2) on the pid of a child this handle still owns.
+        unsafe {
+            libc::kill(self.child.id() as i32, signal);
+        }
+    }
+
     /// SIGKILL: no shutdown, no flush.
     pub fn kill(&mut self) {
         let _ = self.child.kill();

@@ -17,6 +17,25 @@ use cellmesh_tests::{CellProcess, TestCell, eventually, test_config};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sigkilled_cell_process_fails_over_under_continuous_sends() {
+    fail_over_under_sends(Fault::Kill).await;
+}
+
+/// A hung process (SIGSTOP for 5 s) is failed over like a dead one; once
+/// it resumes it is behind the new owner's floor and is backfilled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_cell_process_fails_over_and_resends_keep_their_first_answer() {
+    fail_over_under_sends(Fault::Hang).await;
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    /// SIGKILL, then a restart on the same data.
+    Kill,
+    /// SIGSTOP until the failover, then SIGCONT.
+    Hang,
+}
+
+async fn fail_over_under_sends(fault: Fault) {
     let cluster = RouterCluster::start(1, |_| {}).await;
     let routers = cluster.endpoints();
     let dir = tempfile::tempdir().unwrap();
@@ -57,7 +76,10 @@ async fn a_sigkilled_cell_process_fails_over_under_continuous_sends() {
     tokio::time::sleep(Duration::from_millis(800)).await;
 
     let killed_ms = senders.now_ms();
-    process.kill();
+    match fault {
+        Fault::Kill => process.kill(),
+        Fault::Hang => process.signal(libc::SIGSTOP),
+    }
     assert!(
         eventually(Duration::from_secs(20), || {
             let moved = cp
@@ -132,8 +154,15 @@ async fn a_sigkilled_cell_process_fails_over_under_continuous_sends() {
     assert!(after_min > before_max, "{after_min} <= {before_max}");
     let floor = routes.read(|t| t.resolve(&Key::conversation(1, conv)).unwrap().seq_floor);
 
-    // The process returns on its data; its history is backfilled.
-    let _returned = CellProcess::start_configured(dir.path(), &config).await;
+    // The process returns (on its data, or resumed); its history is
+    // backfilled.
+    let _returned = match fault {
+        Fault::Kill => Some(CellProcess::start_configured(dir.path(), &config).await),
+        Fault::Hang => {
+            process.signal(libc::SIGCONT);
+            None
+        }
+    };
     wait_for_backfill(&cp, "eu-west/c1", Duration::from_secs(30)).await;
     let page = pull_via_edge(&mut m, &alice, conv).await;
     assert_eq!(page.unavailable_through, 0, "history is complete again");
