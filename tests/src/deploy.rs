@@ -388,14 +388,19 @@ pub async fn wait_for_backfill(cp: &RunningControlPlane, cell: &str, within: Dur
     assert!(done, "backfill of {cell} ran: {:?}", cp.events());
 }
 
-/// Messages as the history checker records them.
+/// Messages as the history checker records them: the body is the tag of
+/// the send that wrote it; a tombstone (a reconciled duplicate) has none.
 pub fn stored(messages: &[Message]) -> Vec<Stored> {
     messages
         .iter()
         .map(|m| Stored {
             seq: m.seq,
             msg_id: m.msg_id,
-            tag: String::from_utf8_lossy(&m.body).into_owned(),
+            tag: if m.state == cellmesh_proto::v1::MessageState::Recalled as i32 {
+                format!("tombstone-{}", m.seq)
+            } else {
+                String::from_utf8_lossy(&m.body).into_owned()
+            },
         })
         .collect()
 }

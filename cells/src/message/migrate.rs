@@ -293,7 +293,7 @@ impl MessageService {
         let now = self.now_ms();
         let mut m = Mutation::new();
         for message in chunk.messages {
-            let Some(r) = message.record else {
+            let Some(mut r) = message.record else {
                 continue;
             };
             if message.seq > floor {
@@ -319,13 +319,15 @@ impl MessageService {
                             );
                         }
                     }
-                    Reconcile::OriginalWins { duplicate } => {
-                        let expires_at_ms = accepted.map_or(0, |a| a.expires_at_ms);
-                        m.put_idempotency(
-                            &key,
-                            &answer(conversation, message.seq, &r, expires_at_ms),
-                        );
-                        self.mark_duplicate(&mut m, tenant, conversation, duplicate, now)?;
+                    Reconcile::LaterAnswerStands => {
+                        self.mark_duplicate(
+                            &mut m,
+                            tenant,
+                            conversation,
+                            message.seq,
+                            &mut r,
+                            now,
+                        )?;
                     }
                 }
             }
@@ -337,20 +339,19 @@ impl MessageService {
         Ok(())
     }
 
-    /// Turns the message at `seq` — a re-send this cell accepted while the
-    /// original's cell was failed — into a tombstone, announced to the
-    /// members as a recall: the original answers its request id.
+    /// Turns `copy`, the failed cell's message at `seq` whose request id
+    /// this cell answered with a message of its own, into a tombstone,
+    /// announced to the members as a recall (the failed cell may have
+    /// fanned it out before it failed).
     fn mark_duplicate(
         &self,
         m: &mut Mutation,
         tenant: u64,
         conversation: u64,
         seq: u64,
+        copy: &mut MessageRecord,
         now: u64,
     ) -> Result<()> {
-        let Some(mut copy) = self.store.message(conversation, seq)? else {
-            return Ok(());
-        };
         if copy.state == cellmesh_proto::v1::MessageState::Recalled as i32 {
             return Ok(());
         }
@@ -358,7 +359,6 @@ impl MessageService {
         copy.body.clear();
         copy.edited_at_ms = now;
         copy.edit_version += 1;
-        m.put_message(conversation, seq, &copy);
         let rewrites = crate::storage::keys::meta::rewrites(conversation);
         let count = self.store.meta_u64(&rewrites)?.unwrap_or(0);
         m.put_meta_u64(&rewrites, count + 1);
@@ -376,7 +376,7 @@ impl MessageService {
         tracing::info!(
             conversation,
             seq,
-            "a re-send accepted during a failover is the duplicate of a backfilled message"
+            "a backfilled message is the duplicate of a re-send answered during the failover"
         );
         Ok(())
     }
@@ -450,7 +450,9 @@ impl MessageService {
             m.raise_read_seq(conversation, p.user_id, p.read_seq);
         }
         for message in chunk.messages {
-            let Some(r) = message.record else { continue };
+            let Some(r) = message.record else {
+                continue;
+            };
             latest = latest.max(message.seq);
             let expires = r.server_ts_ms + self.config.idempotency.ttl_secs * 1000;
             if !r.client_req_id.is_empty() && expires > now {
@@ -495,9 +497,11 @@ enum Reconcile {
     /// No answer here: rebuild it from the message.
     Answer,
     /// A re-send was accepted here above the floor while the original's
-    /// cell was failed: the original answers, the copy at `duplicate` is
-    /// the duplicate.
-    OriginalWins { duplicate: u64 },
+    /// cell was failed, its answer not yet replicated here: the answer this
+    /// cell gave stands (a client re-sends what it got no answer for, and
+    /// the edge retries a send its owner did not answer), and the backfilled
+    /// copy becomes its duplicate.
+    LaterAnswerStands,
 }
 
 fn reconcile(
@@ -509,7 +513,7 @@ fn reconcile(
     match accepted {
         None => Reconcile::Answer,
         Some(a) if a.conversation_id != conversation || a.seq == seq => Reconcile::Keep,
-        Some(a) if a.seq > floor => Reconcile::OriginalWins { duplicate: a.seq },
+        Some(a) if a.seq > floor => Reconcile::LaterAnswerStands,
         // Two copies below the floor cannot come from one request: keep
         // the answer the client was given.
         Some(_) => Reconcile::Keep,
@@ -540,15 +544,16 @@ mod reconcile_tests {
     }
 
     #[test]
-    fn the_original_always_answers_its_request_id() {
+    fn a_request_id_keeps_the_answer_last_given() {
         // Backfill first: the answer is rebuilt from the original.
         assert_eq!(reconcile(7, 3, 100, None), Reconcile::Answer);
         // The answer already is the original (replicated to the standby).
         assert_eq!(reconcile(7, 3, 100, Some(&accepted(7, 3))), Reconcile::Keep);
-        // A re-send reached the new owner first: the original wins.
+        // A re-send reached the new owner first (inside the replication
+        // window): the answer it got stands.
         assert_eq!(
             reconcile(7, 3, 100, Some(&accepted(7, 101))),
-            Reconcile::OriginalWins { duplicate: 101 }
+            Reconcile::LaterAnswerStands
         );
         // The same request id in another conversation is another request.
         assert_eq!(

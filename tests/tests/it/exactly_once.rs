@@ -2,8 +2,9 @@
 //! cell had acknowledged (it lost the answer). The answer was replicated to
 //! the standby, so the failover target answers the re-send as the failed
 //! cell did; and where it was not (a failover inside the replication lag),
-//! the backfill resolves the request id to the original — the later copy
-//! becomes the duplicate, never the reverse. The edge answers an owner it
+//! the re-send was accepted again and the backfill keeps the answer given
+//! last (what a client that re-sends for want of an answer holds): the
+//! failed cell's copy becomes its duplicate. The edge answers an owner it
 //! cannot reach with a stable code, and the route table shows the floors
 //! the failover set.
 
@@ -161,7 +162,7 @@ async fn a_resend_after_a_failover_is_answered_as_the_failed_cell_answered_it() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_backfill_resolves_a_request_id_to_the_original_in_either_order() {
+async fn a_backfill_keeps_the_answer_last_given_in_either_order() {
     let (mut d, routes, cp, alice, mut m, conv) = failover_deployment().await;
     // Answers are not replicated: a failover inside the replication lag.
     let points = failpoints::parse("standby.answers=error").unwrap();
@@ -182,25 +183,28 @@ async fn a_backfill_resolves_a_request_id_to_the_original_in_either_order() {
     let _returned =
         cellmesh_tests::TestCell::start_routed_in(FAILED, d.cluster.endpoints(), dir).await;
     wait_for_backfill(&cp, FAILED, Duration::from_secs(20)).await;
-    // The original stands with its body; the copy is the tombstone.
+    // The copy the re-send was answered with stands; the failed cell's
+    // copy is its tombstone: one message for the request id.
     let page = pull_via_edge(&mut m, &alice, conv).await;
     let at = |seq: u64| page.messages.iter().find(|x| x.seq == seq).cloned();
-    let original = at(answers[3].seq).expect("the original is in history");
-    assert_eq!(original.body, b"before-3");
-    assert_eq!(original.state, MessageState::Normal as i32);
-    let duplicate = at(copy.seq).expect("the copy's seq is in history");
-    assert_eq!(duplicate.state, MessageState::Recalled as i32);
-    assert!(duplicate.body.is_empty());
-    // Re-sends answer the original: before-3 (re-sent before the backfill)
-    // and before-5 (re-sent only after it: its answer was rebuilt).
-    for i in [3, 5] {
-        let again = resend(&mut m, &alice, conv, i).await;
-        assert_eq!(
-            (again.seq, again.msg_id, again.duplicate),
-            (answers[i].seq, answers[i].msg_id, true),
-            "before-{i}"
-        );
-    }
+    let kept = at(copy.seq).expect("the answered copy is in history");
+    assert_eq!(kept.body, b"before-3");
+    assert_eq!(kept.state, MessageState::Normal as i32);
+    let tombstone = at(answers[3].seq).expect("the failed cell's copy is in history");
+    assert_eq!(tombstone.state, MessageState::Recalled as i32);
+    assert!(tombstone.body.is_empty());
+    // Re-sends keep their answers: before-3 the one it got last, before-5
+    // (re-sent only after the backfill) its first, rebuilt from history.
+    let again = resend(&mut m, &alice, conv, 3).await;
+    assert_eq!(
+        (again.seq, again.msg_id, again.duplicate),
+        (copy.seq, copy.msg_id, true)
+    );
+    let again = resend(&mut m, &alice, conv, 5).await;
+    assert_eq!(
+        (again.seq, again.msg_id, again.duplicate),
+        (answers[5].seq, answers[5].msg_id, true)
+    );
     cp.stop();
 }
 
