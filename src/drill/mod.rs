@@ -202,10 +202,6 @@ const REPLICATION_WINDOW_MS: u64 = 1_000;
 /// schedule stays what the seed alone gives.
 const RESEND_SEED: u64 = 0x5e5e_5e5e;
 
-fn now_ms_since(epoch: Instant) -> u64 {
-    workload::now_ms(epoch)
-}
-
 /// Up to [`RESENDS_PER_FAULT`] sends into `conversations` acknowledged at least
 /// [`REPLICATION_WINDOW_MS`] before `fault_ms`, drawn at random.
 fn resend_sample(
@@ -359,7 +355,7 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
             &mut resend_rng,
         );
         for op in sample {
-            resends.push((now_ms_since(epoch), workload.resend(op)));
+            resends.push((workload::now_ms(epoch), workload.resend(op)));
         }
         faults.push(fault);
     }

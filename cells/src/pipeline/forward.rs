@@ -157,12 +157,12 @@ impl Forwarder {
             held: Vec::new(),
         };
         for (at, e) in events.into_iter().enumerate() {
+            let user = user_of(&e);
             let target = if for_standby(&e) {
                 self.reachable(destinations, pass, &open.record.endpoint)
-            } else if pass.blocked.contains(&user_of(&e)) {
+            } else if pass.blocked.contains(&user) {
                 Target::Hold
             } else {
-                let user = user_of(&e);
                 let known = pass.targets.get(&user).cloned();
                 let target = known.unwrap_or_else(|| match self.homes.home(user) {
                     Home::Here => Target::Local,

@@ -129,7 +129,16 @@ struct Batch {
     forwarded: bool,
     applied: u32,
     /// This cell's standbys, looked up once per batch.
-    standbys: Option<Vec<String>>,
+    standbys: Option<Arc<[String]>>,
+}
+
+impl Batch {
+    /// The endpoints of this cell's standbys (see [`Homes::standbys`]).
+    fn standbys(&mut self, homes: &dyn Homes) -> Arc<[String]> {
+        self.standbys
+            .get_or_insert_with(|| homes.standbys().into())
+            .clone()
+    }
 }
 
 /// Who caused an event: for notifications and forwarded events. The
@@ -563,8 +572,7 @@ impl Processor {
         {
             return;
         }
-        let standbys = (batch.standbys.take()).unwrap_or_else(|| self.homes.standbys());
-        for endpoint in &standbys {
+        for endpoint in batch.standbys(self.homes.as_ref()).iter() {
             batch
                 .forward
                 .entry(endpoint.clone())
@@ -588,7 +596,6 @@ impl Processor {
                     ..Default::default()
                 });
         }
-        batch.standbys = Some(standbys);
     }
 
     /// Queues the conversation's meta and members for this cell's standby,
@@ -599,7 +606,7 @@ impl Processor {
         id: u64,
         event: &OutboxEvent,
     ) -> Result<(), PipelineError> {
-        let standbys = self.homes.standbys();
+        let standbys = batch.standbys(self.homes.as_ref());
         if standbys.is_empty() {
             return Ok(());
         }
@@ -607,17 +614,21 @@ impl Processor {
             return Ok(());
         };
         let (members, _) = self.store.members(event.conversation_id, 0, usize::MAX)?;
-        for endpoint in standbys {
-            batch.forward.entry(endpoint).or_default().push(PeerEvent {
-                event_id: id,
-                tenant_id: event.tenant_id,
-                conversation_id: event.conversation_id,
-                meta: Some(ConversationMeta {
-                    record: Some(record.clone()),
-                    members: members.clone(),
-                }),
-                ..Default::default()
-            });
+        for endpoint in standbys.iter() {
+            batch
+                .forward
+                .entry(endpoint.clone())
+                .or_default()
+                .push(PeerEvent {
+                    event_id: id,
+                    tenant_id: event.tenant_id,
+                    conversation_id: event.conversation_id,
+                    meta: Some(ConversationMeta {
+                        record: Some(record.clone()),
+                        members: members.clone(),
+                    }),
+                    ..Default::default()
+                });
         }
         Ok(())
     }
