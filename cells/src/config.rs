@@ -32,6 +32,61 @@ pub struct CellConfig {
     pub notifications: NotificationsConfig,
     pub homes: HomesConfig,
     pub routing: RoutingConfig,
+    pub replication: ReplicationConfig,
+}
+
+/// When a write is acknowledged relative to this cell's standbys (the cells
+/// the route table fails its conversations over to).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReplicationMode {
+    /// Once durable here. Answers and high-water marks reach the standbys
+    /// through the forward queue (the replication window); after a
+    /// failover, history below the floor waits for the backfill.
+    #[default]
+    Async,
+    /// Once durable here and stored on every standby (RPO 0): a failover
+    /// promotes a standby that holds the history and every answer.
+    Sync,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ReplicationConfig {
+    /// The mode of every tenant not named in `tenants`.
+    pub mode: ReplicationMode,
+    /// Tenant id (as a string) → its mode.
+    pub tenants: std::collections::BTreeMap<String, ReplicationMode>,
+    /// How long a `sync` write waits for its standbys; it then fails with
+    /// `UNAVAILABLE / STANDBY_UNREACHABLE`, and a retry with the same
+    /// request id is answered once a standby has it.
+    pub timeout_ms: u64,
+    /// With no standby up (the other cells failed or not yet registered),
+    /// `sync` writes fail with `STANDBY_UNREACHABLE` instead of being
+    /// acknowledged unreplicated. Off by default: after its standby fails
+    /// over to it, a cell keeps serving (logged as degraded).
+    pub require_standby: bool,
+}
+
+impl Default for ReplicationConfig {
+    fn default() -> Self {
+        Self {
+            mode: ReplicationMode::Async,
+            tenants: Default::default(),
+            timeout_ms: 1000,
+            require_standby: false,
+        }
+    }
+}
+
+impl ReplicationConfig {
+    /// The mode of `tenant`'s writes.
+    pub fn mode_of(&self, tenant: u64) -> ReplicationMode {
+        self.tenants
+            .get(&tenant.to_string())
+            .copied()
+            .unwrap_or(self.mode)
+    }
 }
 
 /// Where the route table lives. With no routers the cell is standalone: it
@@ -226,6 +281,7 @@ impl Default for CellConfig {
             notifications: NotificationsConfig::default(),
             homes: HomesConfig::default(),
             routing: RoutingConfig::default(),
+            replication: ReplicationConfig::default(),
         }
     }
 }
@@ -468,6 +524,18 @@ impl CellConfig {
                 ),
             )?;
         }
+        for tenant in self.replication.tenants.keys() {
+            check(
+                "replication.tenants",
+                tenant.parse::<u64>().is_ok_and(|t| t > 0) && !tenant.starts_with('0'),
+                &format!("keys are tenant ids; {tenant:?} is not one"),
+            )?;
+        }
+        check(
+            "replication.timeout_ms",
+            (10..=60_000).contains(&self.replication.timeout_ms),
+            "must be between 10 and 60000",
+        )?;
         if let Some(url) = &self.notifications.webhook_url {
             check(
                 "notifications.webhook_url",
@@ -529,6 +597,11 @@ mod tests {
                 "[queue.kafka]\nrequest_timeout_ms = 60000",
                 "queue.kafka.request_timeout_ms",
             ),
+            (
+                "[replication.tenants]\nx7 = \"sync\"",
+                "replication.tenants",
+            ),
+            ("[replication]\ntimeout_ms = 0", "replication.timeout_ms"),
             (
                 "[notifications]\nwebhook_url = \"ftp://x\"",
                 "notifications.webhook_url",

@@ -10,6 +10,8 @@
 //! - [`sync`]: per-user sync queues pushed to devices, conversation lists,
 //!   presence and typing.
 //! - [`grpc`] and [`convert`]: the wire surface, thin over the domain.
+//! - [`replication`]: replication mode `sync`, writes stored on the
+//!   standbys before the ack.
 //! - [`user`]: [`UserKey`], the tenant-scoped user every per-user record
 //!   and map is keyed by.
 //! - [`server`]: starting and stopping a cell; [`config`]: its TOML config.
@@ -27,6 +29,7 @@ pub mod ownership;
 pub mod pipeline;
 pub mod queue;
 pub mod ratelimit;
+pub mod replication;
 pub mod routed;
 pub mod server;
 pub mod storage;

@@ -203,11 +203,16 @@ pub async fn start_placed(
         .clone()
         .watch(config.data_dir.join("failpoints"));
     let config = Arc::new(config);
+    let replicator = Arc::new(crate::replication::Replicator::start(
+        &config,
+        homes.clone(),
+    ));
     let service = Arc::new(MessageService::new(
         store.clone(),
         config.clone(),
         ownership,
         clock.clone(),
+        replicator,
     )?);
     let hub = Arc::new(Hub::new(config.sync.presence_window_secs * 1000));
     let sync = Arc::new(SyncService::new(

@@ -355,6 +355,18 @@ impl CellPeer for PeerApi {
         Ok(Response::new(TenantUsersResponse { user_ids, has_more }))
     }
 
+    async fn replicate(
+        &self,
+        request: Request<ReplicateRequest>,
+    ) -> Result<Response<ReplicateResponse>, Status> {
+        let r = request.into_inner();
+        let stored = self
+            .service
+            .store_replicated(&r.source_cell, r.writes)
+            .await?;
+        Ok(Response::new(ReplicateResponse { stored }))
+    }
+
     async fn stats(&self, _request: Request<StatsRequest>) -> Result<Response<CellStats>, Status> {
         let (uptime_ms, sends, queue_lag, route_index) = self.service.stats()?;
         Ok(Response::new(CellStats {

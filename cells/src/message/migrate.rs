@@ -331,6 +331,15 @@ impl MessageService {
                     }
                 }
             }
+            // A `sync` standby stored it already, and may have changed it
+            // since (a recall or edit served here after the failover).
+            if self
+                .store
+                .message(conversation, message.seq)?
+                .is_some_and(|here| here.msg_id == r.msg_id && here.edit_version >= r.edit_version)
+            {
+                continue;
+            }
             m.put_message(conversation, message.seq, &r);
         }
         if !m.is_empty() {

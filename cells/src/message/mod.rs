@@ -11,6 +11,7 @@ mod conversation;
 mod inflight;
 mod migrate;
 mod pull;
+mod replica;
 mod send;
 mod update;
 
@@ -29,6 +30,7 @@ use crate::error::{CellError, Result};
 use crate::ids::{IdGenerator, Next};
 use crate::ownership::Ownership;
 use crate::ratelimit::SendLimits;
+use crate::replication::Replicator;
 use crate::storage::{Store, keys};
 use cache::{ConvCache, ConvEntry, SeqState};
 use inflight::Inflight;
@@ -64,6 +66,8 @@ pub struct MessageService {
     creating: tokio::sync::RwLock<()>,
     ownership: Arc<dyn Ownership>,
     clock: Arc<dyn Clock>,
+    /// Ships the writes of `sync` tenants to the standbys before the ack.
+    replicator: Arc<Replicator>,
 }
 
 impl MessageService {
@@ -77,6 +81,7 @@ impl MessageService {
         config: Arc<CellConfig>,
         ownership: Arc<dyn Ownership>,
         clock: Arc<dyn Clock>,
+        replicator: Arc<Replicator>,
     ) -> Result<Self> {
         let reserved = store
             .meta_u64(keys::meta::MSG_ID_RESERVED_UNTIL)?
@@ -95,6 +100,7 @@ impl MessageService {
             config,
             ownership,
             clock,
+            replicator,
         })
     }
 

@@ -55,13 +55,16 @@ impl MessageService {
         )?;
         // After a failover the history below the floor stays in the failed
         // cell until it is backfilled: say so instead of looking empty.
-        let unavailable_through = if floor > 0
-            && !self.backfilled(cmd.conversation)?
-            && self
-                .store
-                .messages_after(cmd.conversation, floor.saturating_sub(1), 1, usize::MAX)?
-                .first()
-                .is_none_or(|(s, _)| *s > floor)
+        let unavailable_through = if floor == 0 || self.backfilled(cmd.conversation)? {
+            0
+        } else if let Some(from) = self.replicated_from(cmd.conversation)? {
+            // A `sync` standby holds every acknowledged message from here.
+            from.saturating_sub(1)
+        } else if self
+            .store
+            .messages_after(cmd.conversation, floor.saturating_sub(1), 1, usize::MAX)?
+            .first()
+            .is_none_or(|(s, _)| *s > floor)
         {
             floor
         } else {

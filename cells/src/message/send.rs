@@ -6,7 +6,7 @@
 use cellmesh_proto::storage::v1::{
     ConversationSeq, IdempotencyRecord, MessageRecord, OutboxEvent, OutboxKind,
 };
-use cellmesh_proto::v1::{MessageState, MessageType, SendResponse};
+use cellmesh_proto::v1::{MessageState, MessageType, ReplicatedWrite, SendResponse, StoredMessage};
 
 use super::inflight::Begin;
 use super::{Caller, MessageService};
@@ -57,9 +57,12 @@ impl MessageService {
         if let Some(record) = self.store.idempotency(&key)?
             && record.expires_at_ms > self.now_ms()
         {
-            let response = replay(&record, cmd.conversation);
+            let response = replay(&record, cmd.conversation)?;
+            // An answer given before its standbys had it (the call failed)
+            // is given again only once they do.
+            self.replicate_sent(cmd.caller.tenant, &record).await?;
             leader.complete(record);
-            return response;
+            return Ok(response);
         }
 
         let slot = self.store.reserve().await?;
@@ -148,6 +151,7 @@ impl MessageService {
                 .or_insert((cmd.caller.tenant, 0));
             slot.1 = slot.1.max(record.seq);
         }
+        self.replicate_sent(cmd.caller.tenant, &record).await?;
         let response = SendResponse {
             msg_id: record.msg_id,
             seq: record.seq,
@@ -156,6 +160,26 @@ impl MessageService {
         };
         leader.complete(record);
         Ok(response)
+    }
+
+    /// For a `sync` tenant: returns once the standbys stored the message
+    /// `record` answers for, with the answer.
+    async fn replicate_sent(&self, tenant: u64, record: &IdempotencyRecord) -> Result<()> {
+        if !self.replicator.is_sync(tenant) {
+            return Ok(());
+        }
+        let message = self.store.message(record.conversation_id, record.seq)?;
+        self.replicator
+            .replicate(ReplicatedWrite {
+                tenant_id: tenant,
+                conversation_id: record.conversation_id,
+                message: Some(StoredMessage {
+                    seq: record.seq,
+                    record: message,
+                }),
+                idempotency: Some(record.clone()),
+            })
+            .await
     }
 
     /// The recipients of a directed message, checked to be members and

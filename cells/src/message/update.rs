@@ -3,7 +3,9 @@
 //! per-user read position (which never moves backwards).
 
 use cellmesh_proto::storage::v1::{MessageRecord, OutboxEvent, OutboxKind};
-use cellmesh_proto::v1::{DeleteForMeResponse, MarkReadResponse, Message, MessageState};
+use cellmesh_proto::v1::{
+    DeleteForMeResponse, MarkReadResponse, Message, MessageState, ReplicatedWrite, StoredMessage,
+};
 
 use super::send::validate_body;
 use super::{Caller, MessageService};
@@ -147,6 +149,20 @@ impl MessageService {
                 ..Default::default()
             });
             self.store.commit(m).await?;
+        }
+        // Unchanged too: a retry of a rewrite whose replication failed.
+        if self.replicator.is_sync(caller.tenant) {
+            self.replicator
+                .replicate(ReplicatedWrite {
+                    tenant_id: caller.tenant,
+                    conversation_id: conversation,
+                    message: Some(StoredMessage {
+                        seq,
+                        record: Some(record.clone()),
+                    }),
+                    idempotency: None,
+                })
+                .await?;
         }
         Ok(message_to_proto(conversation, seq, record))
     }

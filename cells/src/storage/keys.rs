@@ -86,6 +86,13 @@ pub mod meta {
         [b"backfilled/".as_slice(), &conversation.to_be_bytes()].concat()
     }
 
+    /// A conversation of another cell whose new messages this standby has
+    /// stored synchronously since this seq (value), each before its owner
+    /// acknowledged it (replication mode `sync`).
+    pub fn replica_from(conversation: u64) -> Vec<u8> {
+        [b"replica_from/".as_slice(), &conversation.to_be_bytes()].concat()
+    }
+
     /// A conversation (`b'c'`) or user home (`b'u'`) of `tenant` this cell
     /// handed over by a move: the value is when the source was sealed (ms),
     /// for cleanup after the grace period.

@@ -20,11 +20,11 @@ use cellmesh_tests::deploy::*;
 use cellmesh_tests::eventually;
 use tonic::transport::Channel;
 
-const FAILED: &str = "eu-west/c1";
-const FALLBACK: &str = "us-east/c1";
+pub(crate) const FAILED: &str = "eu-west/c1";
+pub(crate) const FALLBACK: &str = "us-east/c1";
 
 /// Sends `n` messages tagged `before-{i}`; their answers.
-async fn send_before(
+pub(crate) async fn send_before(
     m: &mut MessagingClient<Channel>,
     alice: &str,
     conv: u64,
@@ -40,7 +40,7 @@ async fn send_before(
     answers
 }
 
-async fn resend(
+pub(crate) async fn resend(
     m: &mut MessagingClient<Channel>,
     alice: &str,
     conv: u64,
@@ -53,7 +53,7 @@ async fn resend(
         .into_inner()
 }
 
-fn answer_key(tag: &str) -> IdemKey {
+pub(crate) fn answer_key(tag: &str) -> IdemKey {
     IdemKey {
         kind: IdemKind::Send,
         tenant: 1,
@@ -65,7 +65,7 @@ fn answer_key(tag: &str) -> IdemKey {
 /// Fails the first cell (a clean stop: everything it acknowledged is on its
 /// disk) and waits until its tenant is served by the fallback; the stopped
 /// cell's data dir.
-async fn fail_first_cell(d: &mut Deployment, conv: u64) -> tempfile::TempDir {
+pub(crate) async fn fail_first_cell(d: &mut Deployment, conv: u64) -> tempfile::TempDir {
     let routes = d.cluster.client().await;
     let dead = d.cells.remove(0);
     let dir = dead.stop().await;
@@ -84,15 +84,24 @@ async fn fail_first_cell(d: &mut Deployment, conv: u64) -> tempfile::TempDir {
 /// A deployment with a control plane that fails cells over quickly, and a
 /// conversation of user 10 (Alice) with user 11: the deployment, its route
 /// client, the control plane, Alice's token and client, the conversation.
-async fn failover_deployment() -> (
+async fn failover_deployment() -> FailoverDeployment {
+    failover_deployment_with(|_| {}).await
+}
+
+pub(crate) type FailoverDeployment = (
     Deployment,
     cellmesh_router::client::RouteClient,
     cellmesh_control_plane::server::RunningControlPlane,
     String,
     MessagingClient<Channel>,
     u64,
-) {
-    let d = deploy(None).await;
+);
+
+/// [`failover_deployment`] with both cells' configs adjusted by `tweak`.
+pub(crate) async fn failover_deployment_with(
+    tweak: impl Fn(&mut cellmesh_cell::CellConfig),
+) -> FailoverDeployment {
+    let d = deploy_with(None, tweak).await;
     let routes = d.cluster.client().await;
     let cp = fast_control_plane(d.cluster.endpoints()).await;
     let alice = token(1, 10);

@@ -22,6 +22,7 @@ mod processor_crash;
 mod router;
 mod send;
 mod sync;
+mod sync_replication;
 mod tenant_move;
 mod tenants;
 mod user_move;

@@ -34,6 +34,7 @@ async fn crash_between_apply_and_commit(kafka: Option<&Kafka>) {
         config.clone(),
         Arc::new(OwnAll),
         clock.clone(),
+        Arc::new(cellmesh_cell::replication::Replicator::disabled()),
     )
     .unwrap();
     let queue: Arc<dyn EventQueue> = match kafka {

@@ -1,0 +1,127 @@
+//! Replication mode `sync`, standby side: stores the writes an owner ships
+//! before it acknowledges them (see `crate::replication`) — messages at
+//! their seqs, the answers of new ones, the conversation's latest seq — in
+//! one synced commit, and remembers from which seq on the conversation's
+//! history is complete here, so that after a failover `Pull` serves it
+//! without waiting for the backfill.
+
+use std::collections::HashMap;
+
+use cellmesh_proto::v1::ReplicatedWrite;
+
+use super::MessageService;
+use crate::error::{CellError, Result};
+use crate::storage::{IdemKey, IdemKind, Mutation, keys};
+
+impl MessageService {
+    /// Stores `writes` from the owner `source`; returns how many messages
+    /// it stored. Refuses (`NOT_A_STANDBY`) a conversation this cell owns.
+    pub async fn store_replicated(
+        &self,
+        source: &str,
+        writes: Vec<ReplicatedWrite>,
+    ) -> Result<u32> {
+        if source.is_empty() {
+            return Err(CellError::invalid(
+                "NO_SOURCE_CELL",
+                "source_cell is required",
+            ));
+        }
+        let mut m = Mutation::new();
+        // Per conversation: (latest seq, floor) and the first replicated seq.
+        let mut seqs = HashMap::new();
+        let mut from: HashMap<u64, Option<u64>> = HashMap::new();
+        let mut stored = 0;
+        for write in writes {
+            let (tenant, conversation) = (write.tenant_id, write.conversation_id);
+            let Some(message) = write.message else {
+                return Err(CellError::invalid(
+                    "NO_MESSAGE",
+                    "a replicated write carries its message",
+                ));
+            };
+            let Some(record) = message.record else {
+                return Err(CellError::invalid(
+                    "NO_MESSAGE",
+                    "a replicated message carries its record",
+                ));
+            };
+            if tenant == 0 || conversation == 0 || message.seq == 0 {
+                return Err(CellError::invalid(
+                    "BAD_REPLICATED_WRITE",
+                    "tenant, conversation and seq are required",
+                ));
+            }
+            if self.ownership.check_read(tenant, conversation).is_ok() {
+                return Err(CellError::denied(
+                    "NOT_A_STANDBY",
+                    format!("conversation {conversation} is owned here, not by {source}"),
+                ));
+            }
+            if let Some(stored) = self.store.conversation(conversation)?
+                && stored.tenant_id != tenant
+            {
+                return Err(CellError::denied(
+                    "WRONG_TENANT",
+                    "conversation belongs to another tenant",
+                ));
+            }
+            // A rewrite never goes back to an older version of the message.
+            let newer = match self.store.message(conversation, message.seq)? {
+                Some(old) => old.msg_id != record.msg_id || old.edit_version <= record.edit_version,
+                None => true,
+            };
+            if let Some(answer) = &write.idempotency {
+                let key = IdemKey {
+                    kind: IdemKind::Send,
+                    tenant,
+                    user: record.sender_id,
+                    client_req_id: record.client_req_id.clone(),
+                };
+                if !key.client_req_id.is_empty() && self.store.idempotency(&key)?.is_none() {
+                    m.put_idempotency(&key, answer);
+                }
+                let first = match from.get(&conversation) {
+                    Some(first) => *first,
+                    None => self
+                        .store
+                        .meta_u64(&keys::meta::replica_from(conversation))?,
+                };
+                if first.is_none_or(|f| message.seq < f) {
+                    from.insert(conversation, Some(message.seq));
+                }
+            }
+            let seq = match seqs.get(&conversation) {
+                Some(seq) => *seq,
+                None => self.store.conv_seq(conversation)?,
+            };
+            let mut seq = seq;
+            seq.latest_seq = seq.latest_seq.max(message.seq);
+            seqs.insert(conversation, seq);
+            if newer {
+                m.put_message(conversation, message.seq, &record);
+                stored += 1;
+            }
+        }
+        for (conversation, seq) in &seqs {
+            m.put_conv_seq(*conversation, seq);
+        }
+        for (conversation, first) in from {
+            if let Some(first) = first {
+                m.put_meta_u64(&keys::meta::replica_from(conversation), first);
+            }
+        }
+        if !m.is_empty() {
+            self.store.commit(m).await?;
+        }
+        Ok(stored)
+    }
+
+    /// The seq from which this cell holds every acknowledged message of
+    /// `conversation` it did not assign itself (replication mode `sync`).
+    pub fn replicated_from(&self, conversation: u64) -> Result<Option<u64>> {
+        Ok(self
+            .store
+            .meta_u64(&keys::meta::replica_from(conversation))?)
+    }
+}

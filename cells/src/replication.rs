@@ -1,0 +1,215 @@
+//! Replication mode `sync`, owner side: before a write of a `sync` tenant is
+//! acknowledged, what its commit made durable here — a new message with its
+//! answer (idempotency record), or a rewritten message — is stored on every
+//! standby of this cell (the cells the route table fails its conversations
+//! over to). Concurrent writes share one call per standby, as concurrent
+//! commits share one fsync: while a call is in flight the next group
+//! gathers. `async` tenants pass straight through; their answers reach the
+//! standbys through the forward queue (see `pipeline::processor`).
+//!
+//! The standbys are the ones the route table lists as up. With none (the
+//! cell has taken over its failed standby's conversations), writes are
+//! acknowledged unreplicated and the cell logs that it is degraded, unless
+//! `replication.require_standby` asks to refuse them.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cellmesh_proto::secret::ClusterSecret;
+use cellmesh_proto::v1::cell_peer_client::CellPeerClient;
+use cellmesh_proto::v1::{ReplicateRequest, ReplicatedWrite};
+use prost::Message as _;
+use tokio::sync::{mpsc, oneshot};
+use tonic::transport::{Channel, Endpoint};
+
+use crate::config::{CellConfig, ReplicationConfig, ReplicationMode};
+use crate::error::{CellError, Result};
+use crate::homes::Homes;
+
+/// Most writes in one call to a standby.
+const MAX_GROUP: usize = 1024;
+/// Most encoded bytes in one call (well inside the peers' 64 MiB limit).
+const MAX_GROUP_BYTES: usize = 16 << 20;
+/// Writes waiting for a group before senders wait for room.
+const QUEUE_DEPTH: usize = 8192;
+
+struct Pending {
+    write: ReplicatedWrite,
+    reply: oneshot::Sender<Result<()>>,
+}
+
+/// Ships the writes of `sync` tenants to this cell's standbys.
+pub struct Replicator {
+    config: ReplicationConfig,
+    /// Absent when no tenant replicates synchronously.
+    tx: Option<mpsc::Sender<Pending>>,
+}
+
+impl Replicator {
+    /// Starts the shipping task when the config names any `sync` tenant.
+    pub fn start(config: &CellConfig, homes: Arc<dyn Homes>) -> Self {
+        let replication = config.replication.clone();
+        let any_sync = replication.mode == ReplicationMode::Sync
+            || replication
+                .tenants
+                .values()
+                .any(|m| *m == ReplicationMode::Sync);
+        let tx = any_sync.then(|| {
+            let (tx, rx) = mpsc::channel(QUEUE_DEPTH);
+            let shipper = Shipper {
+                homes,
+                cell_id: config.cell_id.clone(),
+                secret: ClusterSecret::new(&config.routing.cluster_secret),
+                links: config.routing.links.clone(),
+                timeout: Duration::from_millis(replication.timeout_ms),
+                require_standby: replication.require_standby,
+                degraded: false,
+                clients: HashMap::new(),
+            };
+            tokio::spawn(run(rx, shipper));
+            tx
+        });
+        Self {
+            config: replication,
+            tx,
+        }
+    }
+
+    /// Every tenant `async`: nothing is shipped.
+    pub fn disabled() -> Self {
+        Self {
+            config: ReplicationConfig::default(),
+            tx: None,
+        }
+    }
+
+    /// Whether `tenant`'s writes wait for the standbys.
+    pub fn is_sync(&self, tenant: u64) -> bool {
+        self.tx.is_some() && self.config.mode_of(tenant) == ReplicationMode::Sync
+    }
+
+    /// Returns once every standby stored `write`. Call only for a `sync`
+    /// tenant (see [`Self::is_sync`]).
+    pub async fn replicate(&self, write: ReplicatedWrite) -> Result<()> {
+        let Some(tx) = &self.tx else {
+            return Ok(());
+        };
+        let (reply, answer) = oneshot::channel();
+        tx.send(Pending { write, reply })
+            .await
+            .map_err(|_| closed())?;
+        answer.await.unwrap_or_else(|_| Err(closed()))
+    }
+}
+
+fn closed() -> CellError {
+    CellError::Storage(crate::storage::StorageError::Closed)
+}
+
+fn unreachable(message: String) -> CellError {
+    CellError::RetryLater {
+        reason: "STANDBY_UNREACHABLE",
+        message,
+        retry_after: Duration::from_millis(200),
+    }
+}
+
+async fn run(mut rx: mpsc::Receiver<Pending>, mut shipper: Shipper) {
+    let mut group: Vec<Pending> = Vec::new();
+    while let Some(first) = rx.recv().await {
+        let mut bytes = first.write.encoded_len();
+        group.push(first);
+        while group.len() < MAX_GROUP && bytes < MAX_GROUP_BYTES {
+            match rx.try_recv() {
+                Ok(next) => {
+                    bytes += next.write.encoded_len();
+                    group.push(next);
+                }
+                Err(_) => break,
+            }
+        }
+        let writes = group.iter().map(|p| p.write.clone()).collect();
+        let outcome = shipper.ship(writes).await;
+        for pending in group.drain(..) {
+            let answer = match &outcome {
+                Ok(()) => Ok(()),
+                Err(message) => Err(unreachable(message.clone())),
+            };
+            let _ = pending.reply.send(answer);
+        }
+    }
+}
+
+struct Shipper {
+    homes: Arc<dyn Homes>,
+    cell_id: String,
+    secret: ClusterSecret,
+    links: std::collections::BTreeMap<String, String>,
+    timeout: Duration,
+    require_standby: bool,
+    /// Writes are acknowledged with no standby up (logged once per spell).
+    degraded: bool,
+    clients: HashMap<String, CellPeerClient<Channel>>,
+}
+
+impl Shipper {
+    /// Stores `writes` on every standby; the first failure otherwise.
+    async fn ship(&mut self, writes: Vec<ReplicatedWrite>) -> Result<(), String> {
+        let standbys = self.homes.standbys();
+        if standbys.is_empty() {
+            if self.require_standby {
+                return Err("this cell has no standby up to replicate to".into());
+            }
+            if !self.degraded {
+                tracing::warn!("no standby up: sync writes are acknowledged unreplicated");
+                self.degraded = true;
+            }
+            return Ok(());
+        }
+        if self.degraded {
+            tracing::info!(?standbys, "a standby is up again: sync writes replicate");
+            self.degraded = false;
+        }
+        let request = ReplicateRequest {
+            source_cell: self.cell_id.clone(),
+            writes,
+        };
+        let calls = standbys.iter().map(|endpoint| {
+            let client = self.client(endpoint);
+            let mut call = tonic::Request::new(request.clone());
+            self.secret.attach(&mut call);
+            let timeout = self.timeout;
+            async move {
+                let Some(mut client) = client else {
+                    return Err(format!("standby {endpoint}: bad address"));
+                };
+                match tokio::time::timeout(timeout, client.replicate(call)).await {
+                    Ok(Ok(_)) => Ok(()),
+                    Ok(Err(status)) => Err(format!("standby {endpoint}: {}", status.message())),
+                    Err(_) => Err(format!(
+                        "standby {endpoint} did not answer within {timeout:?}"
+                    )),
+                }
+            }
+        });
+        for outcome in futures::future::join_all(calls).await {
+            outcome?;
+        }
+        Ok(())
+    }
+
+    fn client(&mut self, endpoint: &str) -> Option<CellPeerClient<Channel>> {
+        if let Some(client) = self.clients.get(endpoint) {
+            return Some(client.clone());
+        }
+        let dial = cellmesh_proto::config::via(&self.links, endpoint);
+        let channel = Endpoint::from_shared(dial.to_string())
+            .ok()?
+            .connect_timeout(Duration::from_secs(2))
+            .connect_lazy();
+        let client = CellPeerClient::new(channel).max_encoding_message_size(64 << 20);
+        self.clients.insert(endpoint.to_string(), client.clone());
+        Some(client)
+    }
+}

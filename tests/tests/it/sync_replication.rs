@@ -1,0 +1,188 @@
+//! Replication mode `sync`: a write is acknowledged only once the standby
+//! stored it, so a failover promotes a standby that already holds every
+//! acknowledged message and answer — re-sends keep their first answer and
+//! history is whole before the failed cell returns, with the asynchronous
+//! answer shipping switched off. A standby that cannot be reached fails the
+//! write with a stable code, and the retry is answered once it is back.
+
+use std::time::Duration;
+
+use cellmesh_cell::config::ReplicationMode;
+use cellmesh_cell::failpoints;
+use cellmesh_proto::status::error_detail;
+use cellmesh_proto::v1::*;
+use cellmesh_router::table::Key;
+use cellmesh_tests::deploy::*;
+use cellmesh_tests::{TestCell, eventually};
+
+use super::exactly_once::{
+    FAILED, FALLBACK, answer_key, fail_first_cell, failover_deployment_with, resend, send_before,
+};
+
+fn sync_mode(config: &mut cellmesh_cell::CellConfig) {
+    config.replication.mode = ReplicationMode::Sync;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_sync_mode_a_failover_keeps_every_acknowledged_message_and_answer() {
+    let (mut d, routes, cp, alice, mut m, conv) = failover_deployment_with(sync_mode).await;
+    // The asynchronous copy of answers is off: only the synchronous one
+    // can answer re-sends after the failover.
+    let points = failpoints::parse("standby.answers=error").unwrap();
+    d.cells[0].cell.service.store().failpoints().set(points);
+    let answers = send_before(&mut m, &alice, conv, 20).await;
+    m.recall(authed(
+        RecallRequest {
+            caller: None,
+            conversation_id: conv,
+            seq: answers[4].seq,
+        },
+        &alice,
+    ))
+    .await
+    .unwrap();
+    // Stored on the standby before the ack: no waiting here.
+    let standby = d.cells[1].cell.service.store().clone();
+    for (i, answer) in answers.iter().enumerate() {
+        let held = standby
+            .idempotency(&answer_key(&format!("before-{i}")))
+            .unwrap()
+            .unwrap_or_else(|| panic!("the standby holds the answer to before-{i}"));
+        assert_eq!((held.seq, held.msg_id), (answer.seq, answer.msg_id));
+        let message = standby.message(conv, answer.seq).unwrap().unwrap();
+        assert_eq!(message.msg_id, answer.msg_id);
+    }
+    let recalled = standby.message(conv, answers[4].seq).unwrap().unwrap();
+    assert_eq!(recalled.state, MessageState::Recalled as i32);
+    wait_for_checkpoint(&routes, conv, answers[19].seq, Duration::from_secs(10)).await;
+
+    let dir = fail_first_cell(&mut d, conv).await;
+    for i in [0, 4, 11, 19] {
+        let again = resend(&mut m, &alice, conv, i).await;
+        assert_eq!(
+            (again.seq, again.msg_id, again.duplicate),
+            (answers[i].seq, answers[i].msg_id, true),
+            "re-send of before-{i} after the failover"
+        );
+    }
+    // History is whole on the new owner before the failed cell returns.
+    let page = pull_via_edge(&mut m, &alice, conv).await;
+    assert_eq!(page.unavailable_through, 0, "nothing waits for a backfill");
+    let seqs: Vec<u64> = page.messages.iter().map(|x| x.seq).collect();
+    let acked: Vec<u64> = answers.iter().map(|a| a.seq).collect();
+    assert_eq!(seqs, acked);
+    // A recall served by the new owner outlives the backfill.
+    m.recall(authed(
+        RecallRequest {
+            caller: None,
+            conversation_id: conv,
+            seq: answers[9].seq,
+        },
+        &alice,
+    ))
+    .await
+    .unwrap();
+
+    let _returned =
+        TestCell::start_routed_with(FAILED, d.cluster.endpoints(), dir, sync_mode).await;
+    wait_for_backfill(&cp, FAILED, Duration::from_secs(20)).await;
+    let history = history_via_edge(&mut m, &alice, conv).await;
+    let tags: Vec<String> = history.iter().map(|s| s.tag.clone()).collect();
+    let expected: Vec<String> = (0..20)
+        .map(|i| match i {
+            4 | 9 => format!("tombstone-{}", answers[i].seq),
+            _ => format!("before-{i}"),
+        })
+        .collect();
+    assert_eq!(
+        tags, expected,
+        "every acknowledged send once, rewrites kept"
+    );
+    let again = resend(&mut m, &alice, conv, 12).await;
+    assert_eq!((again.seq, again.duplicate), (answers[12].seq, true));
+    // The failed cell's late writes are refused by the promoted standby.
+    assert!(
+        routes.read(|t| t.resolve(&Key::conversation(1, conv)).unwrap().entry.cell == FALLBACK)
+    );
+    cp.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_sync_mode_a_write_the_standby_did_not_store_is_not_acknowledged() {
+    let mut d = deploy_with(None, sync_mode).await;
+    let alice = token(1, 10);
+    let mut m = messaging(&d.edge).await;
+    let conv = create_via_edge(&mut m, &alice, vec![11]).await;
+    let first = m
+        .send(authed(text(conv, "first"), &alice))
+        .await
+        .unwrap()
+        .into_inner();
+
+    let standby = d.cells.remove(1);
+    let standby_dir = standby.stop().await;
+    let e = m
+        .send(authed(text(conv, "second"), &alice))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unavailable, "{e}");
+    let detail = error_detail(&e);
+    assert_eq!(
+        (
+            ErrorCode::try_from(detail.code).unwrap(),
+            detail.reason.as_str()
+        ),
+        (ErrorCode::RetryLater, "STANDBY_UNREACHABLE"),
+        "{e}"
+    );
+
+    // Back (on a new port it registers): the retry is answered with the
+    // seq the failed attempt stored, now on the standby too.
+    let back =
+        TestCell::start_routed_with(FALLBACK, d.cluster.endpoints(), standby_dir, sync_mode).await;
+    let routes = d.cluster.client().await;
+    let endpoint = back.endpoint.clone();
+    let registered = eventually(Duration::from_secs(10), || {
+        let moved = routes.read(|t| t.cell(FALLBACK).is_some_and(|c| c.address == endpoint));
+        async move { moved }
+    })
+    .await;
+    assert!(registered, "the standby registered its new address");
+    let second = m
+        .send(authed(text(conv, "second"), &alice))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(second.seq, first.seq + 1);
+    assert!(second.duplicate, "answered from the stored attempt");
+    let held = back.cell.service.store().message(conv, second.seq).unwrap();
+    assert_eq!(held.map(|h| h.msg_id), Some(second.msg_id));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cell_refuses_to_store_a_replica_of_what_it_owns() {
+    let d = deploy(None).await;
+    let alice = token(1, 10);
+    let mut m = messaging(&d.edge).await;
+    let conv = create_via_edge(&mut m, &alice, vec![11]).await;
+    let mut peer =
+        cellmesh_proto::v1::cell_peer_client::CellPeerClient::connect(d.cells[0].endpoint.clone())
+            .await
+            .unwrap();
+    let mut request = tonic::Request::new(ReplicateRequest {
+        source_cell: FALLBACK.into(),
+        writes: vec![ReplicatedWrite {
+            tenant_id: 1,
+            conversation_id: conv,
+            message: Some(StoredMessage {
+                seq: 1,
+                record: Some(Default::default()),
+            }),
+            idempotency: None,
+        }],
+    });
+    cellmesh_proto::secret::ClusterSecret::new(cellmesh_tests::router::SECRET).attach(&mut request);
+    let e = peer.replicate(request).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e}");
+    assert_eq!(error_detail(&e).reason, "NOT_A_STANDBY");
+}
