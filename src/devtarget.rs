@@ -128,6 +128,24 @@ impl DevTarget {
             })
     }
 
+    /// Places `tenant` on the demo tenant's cell unless the route table
+    /// places it already (a neighbour tenant for drills, a second tenant
+    /// for benches), and waits until the edges know it.
+    pub async fn place_beside_demo(&self, tenant: u64) -> anyhow::Result<()> {
+        use cellmesh_router::table::Key;
+        let routes = self.routes().await?;
+        if routes.read(|t| t.entry(&Key::tenant(tenant)).is_none()) {
+            let cell = routes
+                .read(|t| t.entry(&Key::tenant(self.tenant)).map(|e| e.cell.clone()))
+                .ok_or_else(|| anyhow::anyhow!("the demo tenant is not placed"))?;
+            let command = cellmesh_router::commands::assign_tenant(tenant, &cell, 0);
+            routes.apply(command).await.map_err(|e| {
+                anyhow::anyhow!("placing tenant {tenant}: {}", crate::client::describe(&e))
+            })?;
+        }
+        Ok(())
+    }
+
     /// `message` as `user` of the demo tenant, with that user's token.
     pub fn request<T>(&self, message: T, user: u64) -> tonic::Request<T> {
         self.request_as(message, user, "tool")

@@ -47,7 +47,20 @@ pub fn authed<T>(
     message: T,
 ) -> tonic::Request<T> {
     match dev {
-        Some(d) => d.request(message, user),
+        Some(d) => authed_in(Some(d), d.tenant, user, message),
+        None => tonic::Request::new(message),
+    }
+}
+
+/// [`authed`] as a user of `tenant`.
+pub fn authed_in<T>(
+    dev: Option<&crate::devtarget::DevTarget>,
+    tenant: u64,
+    user: u64,
+    message: T,
+) -> tonic::Request<T> {
+    match dev {
+        Some(d) => d.request_in(tenant, message, user, "tool"),
         None => tonic::Request::new(message),
     }
 }

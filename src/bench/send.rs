@@ -14,7 +14,7 @@ use hdrhistogram::Histogram;
 use rand::Rng;
 use tonic::transport::Channel;
 
-use super::{Report, authed, count_error, send_request};
+use super::{Report, authed_in, count_error, error_code, send_request};
 use crate::client::{call_error, caller, connect};
 
 #[derive(Args)]
@@ -46,7 +46,10 @@ pub struct SendArgs {
     /// HTTP/2 connections the clients share.
     #[arg(long, default_value_t = 4)]
     connections: usize,
-    /// Tenant to create the conversations in (default: a fresh one).
+    /// Tenant to create the conversations in (default: a fresh one; with
+    /// `--dev`, the demo tenant). With `--dev`, another tenant is placed on
+    /// the demo tenant's cell (e.g. one the cells replicate in another
+    /// mode, see `scripts/bench-replication.sh`).
     #[arg(long)]
     tenant: Option<u64>,
 }
@@ -71,7 +74,13 @@ pub async fn run(args: SendArgs) -> anyhow::Result<()> {
         .transpose()?
         .map(std::sync::Arc::new);
     let (endpoint, tenant) = match &dev {
-        Some(d) => (d.edge.clone(), d.tenant),
+        Some(d) => {
+            let tenant = args.tenant.unwrap_or(d.tenant);
+            if tenant != d.tenant {
+                d.place_beside_demo(tenant).await?;
+            }
+            (d.edge.clone(), tenant)
+        }
         None => (
             args.endpoint.clone().unwrap_or_default(),
             args.tenant
@@ -122,7 +131,8 @@ pub async fn run(args: SendArgs) -> anyhow::Result<()> {
         .param("conversations", args.conversations)
         .param("members", args.members)
         .param("body_bytes", args.body_bytes)
-        .param("connections", args.connections);
+        .param("connections", args.connections)
+        .param("tenant", tenant);
     report.print();
     if let Some(path) = &args.json {
         report.write_json(path)?;
@@ -149,22 +159,29 @@ async fn create_conversations(
         } else {
             ConversationKind::Group
         };
-        let created = client
-            .create_conversation(authed(
-                dev,
-                first_user,
-                CreateConversationRequest {
-                    caller: caller(tenant, first_user),
-                    kind: kind as i32,
-                    title: format!("bench {i}"),
-                    member_ids: members,
-                    client_req_id: format!("bench-create-{i}"),
-                },
-            ))
-            .await
-            .map_err(call_error)
-            .context("creating bench conversations")?
-            .into_inner();
+        let request = CreateConversationRequest {
+            caller: caller(tenant, first_user),
+            kind: kind as i32,
+            title: format!("bench {i}"),
+            member_ids: members,
+            client_req_id: format!("bench-create-{i}"),
+        };
+        // A tenant just placed reaches the edges through their route watch.
+        let patience = Instant::now() + Duration::from_secs(10);
+        let created = loop {
+            match client
+                .create_conversation(authed_in(dev, tenant, first_user, request.clone()))
+                .await
+            {
+                Ok(created) => break created.into_inner(),
+                Err(e) if error_code(&e).is_retryable() && Instant::now() < patience => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => {
+                    return Err(call_error(e)).context("creating bench conversations");
+                }
+            }
+        };
         let id = created.conversation.map(|c| c.conversation_id).unwrap_or(0);
         out.push(Conv { id, first_user });
     }
@@ -221,7 +238,10 @@ async fn worker(
         let id = format!("b{run}-{worker}-{n}");
         let request = send_request(tenant, sender, conv, id, MessageType::Text, body.clone());
         let started = Instant::now();
-        match client.send(authed(dev.as_deref(), sender, request)).await {
+        match client
+            .send(authed_in(dev.as_deref(), tenant, sender, request))
+            .await
+        {
             Ok(_) => {
                 out.acked += 1;
                 let _ = out.latency.record(started.elapsed().as_micros() as u64);

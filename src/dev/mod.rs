@@ -18,6 +18,7 @@ use std::time::Duration;
 use anyhow::Context;
 use cellmesh_cell::CellConfig;
 use cellmesh_cell::config::QueueBackend;
+use cellmesh_cell::config::ReplicationMode;
 use cellmesh_chaos::proxy::FaultProxy;
 use cellmesh_control_plane::server::{ControlPlaneConfig, CoordinationBackend};
 use cellmesh_proto::secret::ClusterSecret;
@@ -51,6 +52,22 @@ pub struct DevArgs {
     /// can take its brokers down).
     #[arg(long)]
     kafka: Option<String>,
+    /// Cells acknowledge writes once stored on a standby too
+    /// (`replication.mode`: async or sync).
+    #[arg(long, default_value = "async", value_parser = parse_mode)]
+    replication: ReplicationMode,
+    /// Tenants replicated in the other mode than `--replication`
+    /// (comma-separated ids), e.g. to bench both modes in one deployment.
+    #[arg(long, value_delimiter = ',')]
+    other_mode_tenants: Vec<u64>,
+}
+
+fn parse_mode(text: &str) -> Result<ReplicationMode, String> {
+    match text {
+        "async" => Ok(ReplicationMode::Async),
+        "sync" => Ok(ReplicationMode::Sync),
+        other => Err(format!("{other:?} is not a replication mode (async, sync)")),
+    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -181,6 +198,14 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             config.routing.cluster_secret = secrets.cluster.clone();
             config.routing.links = topo.links_from(r);
             config.routing.etcd_endpoints = etcd_endpoints.clone();
+            config.replication.mode = args.replication;
+            let other = match args.replication {
+                ReplicationMode::Async => ReplicationMode::Sync,
+                ReplicationMode::Sync => ReplicationMode::Async,
+            };
+            for tenant in &args.other_mode_tenants {
+                config.replication.tenants.insert(tenant.to_string(), other);
+            }
             if let Some(brokers) = &brokers {
                 config.queue.backend = QueueBackend::Kafka;
                 config.queue.kafka.brokers = brokers.clone();

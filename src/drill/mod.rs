@@ -231,24 +231,11 @@ const NEIGHBOUR_TENANT: u64 = 9_001;
 /// deployment) and creates its conversation among the same user ids as the
 /// drill's senders.
 async fn neighbour(dev: &Arc<DevTarget>, senders: u64) -> anyhow::Result<Workload> {
-    use cellmesh_router::table::Key;
     anyhow::ensure!(
         dev.tenant != NEIGHBOUR_TENANT,
         "the demo tenant is the neighbour's id"
     );
-    let routes = dev.routes().await?;
-    if routes.read(|t| t.entry(&Key::tenant(NEIGHBOUR_TENANT)).is_none()) {
-        let cell = routes
-            .read(|t| t.entry(&Key::tenant(dev.tenant)).map(|e| e.cell.clone()))
-            .ok_or_else(|| anyhow::anyhow!("the demo tenant is not placed"))?;
-        let command = cellmesh_router::commands::assign_tenant(NEIGHBOUR_TENANT, &cell, 0);
-        routes.apply(command).await.map_err(|e| {
-            anyhow::anyhow!(
-                "placing the neighbour tenant: {}",
-                crate::client::describe(&e)
-            )
-        })?;
-    }
+    dev.place_beside_demo(NEIGHBOUR_TENANT).await?;
     // The edges learn the new tenant from the route table's watch.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {

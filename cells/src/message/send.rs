@@ -177,7 +177,7 @@ impl MessageService {
                     seq: record.seq,
                     record: message,
                 }),
-                idempotency: Some(record.clone()),
+                idempotency: Some(*record),
             })
             .await
     }
