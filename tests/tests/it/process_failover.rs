@@ -4,9 +4,13 @@
 //! its data and backfill completes, every acknowledged message is there
 //! exactly once, in order. Requests the killed process acknowledged, sent
 //! again after the failover and after the backfill, get their first answer.
+//! In replication mode `sync` that holds for every acknowledged request,
+//! up to the last before the kill, with no answer shipped after the ack,
+//! and the new owner serves the whole history before the backfill.
 
 use std::time::Duration;
 
+use cellmesh_cell::config::ReplicationMode;
 use cellmesh_chaos::history::{Floor, History, Outcome};
 use cellmesh_control_plane::server::{Event, FailoverConfig};
 use cellmesh_router::commands::assign_tenant;
@@ -17,14 +21,19 @@ use cellmesh_tests::{CellProcess, TestCell, eventually, test_config};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sigkilled_cell_process_fails_over_under_continuous_sends() {
-    fail_over_under_sends(Fault::Kill).await;
+    fail_over_under_sends(Fault::Kill, ReplicationMode::Async).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigkilled_sync_mode_cell_process_loses_no_answer_and_no_history() {
+    fail_over_under_sends(Fault::Kill, ReplicationMode::Sync).await;
 }
 
 /// A hung process (SIGSTOP for 5 s) is failed over like a dead one; once
 /// it resumes it is behind the new owner's floor and is backfilled.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_cell_process_fails_over_and_resends_keep_their_first_answer() {
-    fail_over_under_sends(Fault::Hang).await;
+    fail_over_under_sends(Fault::Hang, ReplicationMode::Async).await;
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -35,7 +44,7 @@ enum Fault {
     Hang,
 }
 
-async fn fail_over_under_sends(fault: Fault) {
+async fn fail_over_under_sends(fault: Fault, mode: ReplicationMode) {
     let cluster = RouterCluster::start(1, |_| {}).await;
     let routers = cluster.endpoints();
     let dir = tempfile::tempdir().unwrap();
@@ -46,8 +55,19 @@ async fn fail_over_under_sends(fault: Fault) {
     config.routing.checkpoint_interval_ms = 200;
     config.rate_limit.conversation_per_sec = 1_000;
     config.rate_limit.conversation_burst = 1_000;
+    config.replication.mode = mode;
+    if mode == ReplicationMode::Sync {
+        // Only the synchronous copy reaches the standby.
+        std::fs::write(config.data_dir.join("failpoints"), "standby.answers=error").unwrap();
+    }
     let mut process = CellProcess::start_configured(dir.path(), &config).await;
-    let _fallback = TestCell::start_routed("eu-west/c2", routers.clone()).await;
+    let _fallback = TestCell::start_routed_with(
+        "eu-west/c2",
+        routers.clone(),
+        tempfile::tempdir().unwrap(),
+        |c| c.replication.mode = mode,
+    )
+    .await;
     let routes = cluster.client().await;
     routes
         .apply(assign_tenant(1, "eu-west/c1", 0))
@@ -96,13 +116,21 @@ async fn fail_over_under_sends(fault: Fault) {
     let ops = senders.finish(Duration::from_millis(1500)).await;
     // Clients that lost answers from before the kill send again: each gets
     // the answer the killed process gave (its answers reached the standby).
-    let lost: Vec<_> = ops
+    // Async: those acknowledged well before (their answers had time to
+    // reach the standby). Sync: every one, up to the kill.
+    let window = match mode {
+        ReplicationMode::Async => 500,
+        ReplicationMode::Sync => 0,
+    };
+    let acked_before: Vec<_> = ops
         .iter()
-        .filter(|o| o.completed_ms + 500 <= killed_ms && matches!(o.outcome, Outcome::Ok { .. }))
-        .step_by(7)
-        .take(10)
+        .filter(|o| o.completed_ms + window <= killed_ms && matches!(o.outcome, Outcome::Ok { .. }))
         .cloned()
         .collect();
+    let mut lost: Vec<_> = acked_before.iter().step_by(7).take(10).cloned().collect();
+    if mode == ReplicationMode::Sync {
+        lost.extend(acked_before.iter().rev().take(10).cloned());
+    }
     assert!(!lost.is_empty(), "sends were acknowledged before the kill");
     let client = m.clone();
     let resend = |op: cellmesh_chaos::history::SendOp| {
@@ -153,6 +181,23 @@ async fn fail_over_under_sends(fault: Fault) {
     let after_min = acked(first_after).map(|(_, seq)| seq).min().unwrap();
     assert!(after_min > before_max, "{after_min} <= {before_max}");
     let floor = routes.read(|t| t.resolve(&Key::conversation(1, conv)).unwrap().seq_floor);
+    if mode == ReplicationMode::Sync {
+        // The promoted standby serves every acknowledged message already.
+        let page = pull_via_edge(&mut m, &alice, conv).await;
+        assert_eq!(page.unavailable_through, 0, "nothing waits for a backfill");
+        let held = history_via_edge(&mut m, &alice, conv).await;
+        for op in &acked_before {
+            let Outcome::Ok { seq, msg_id } = op.outcome else {
+                continue;
+            };
+            assert!(
+                held.iter()
+                    .any(|s| s.seq == seq && s.msg_id == msg_id && s.tag == op.client_req_id),
+                "{} (seq {seq}) is on the new owner before the backfill",
+                op.client_req_id
+            );
+        }
+    }
 
     // The process returns (on its data, or resumed); its history is
     // backfilled.
