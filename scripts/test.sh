@@ -10,6 +10,13 @@ setup
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
+echo "== crate graph: only the router replicas build Raft"
+for crate in cellmesh-cell cellmesh-control-plane cellmesh-edge cellmesh-route-client cellmesh-coord; do
+  if cargo tree -p "$crate" -e normal --locked | grep -q openraft; then
+    echo "$crate depends on openraft; the route client and coordination crates are what it may use"
+    exit 1
+  fi
+done
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== build (the crash tests run the cellmesh binary)"

@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use anyhow::Context;
+use cellmesh_edge::auth::{Claims, TokenKey, now_secs};
 use cellmesh_proto::secret::ClusterSecret;
-use cellmesh_router::client::RouteClient;
-use cellmesh_router::edge::auth::{Claims, TokenKey, now_secs};
+use cellmesh_route_client::client::RouteClient;
 use serde_json::Value;
 use tonic::metadata::{Ascii, MetadataValue};
 
@@ -132,13 +132,13 @@ impl DevTarget {
     /// places it already (a neighbour tenant for drills, a second tenant
     /// for benches), and waits until the edges know it.
     pub async fn place_beside_demo(&self, tenant: u64) -> anyhow::Result<()> {
-        use cellmesh_router::table::Key;
+        use cellmesh_route_client::table::Key;
         let routes = self.routes().await?;
         if routes.read(|t| t.entry(&Key::tenant(tenant)).is_none()) {
             let cell = routes
                 .read(|t| t.entry(&Key::tenant(self.tenant)).map(|e| e.cell.clone()))
                 .ok_or_else(|| anyhow::anyhow!("the demo tenant is not placed"))?;
-            let command = cellmesh_router::commands::assign_tenant(tenant, &cell, 0);
+            let command = cellmesh_route_client::commands::assign_tenant(tenant, &cell, 0);
             routes.apply(command).await.map_err(|e| {
                 anyhow::anyhow!("placing tenant {tenant}: {}", crate::client::describe(&e))
             })?;

@@ -7,8 +7,8 @@ use std::path::PathBuf;
 
 use cellmesh_cell::CellConfig;
 use cellmesh_control_plane::server::ControlPlaneConfig;
+use cellmesh_edge::EdgeConfig;
 use cellmesh_router::config::RouterConfig;
-use cellmesh_router::edge::EdgeConfig;
 
 use crate::telemetry;
 
@@ -117,7 +117,7 @@ pub async fn run_edge(args: EdgeArgs) -> anyhow::Result<()> {
     if let Some(listen) = args.listen {
         config.listen = listen;
     }
-    let edge = cellmesh_router::edge::start(config).await?;
+    let edge = cellmesh_edge::start(config).await?;
     println!("edge serving on {}", edge.endpoint());
     telemetry::shutdown_signal().await;
     edge.stop().await;

@@ -6,12 +6,12 @@
 use std::path::Path;
 use std::time::Duration;
 
-use cellmesh_control_plane::coord::etcd::EtcdCoordination;
-use cellmesh_control_plane::coord::local::LocalCoordination;
-use cellmesh_control_plane::coord::{CONTROL_PLANE_ELECTION, Coordination};
 use cellmesh_control_plane::status::Sampler;
+use cellmesh_coord::etcd::EtcdCoordination;
+use cellmesh_coord::local::LocalCoordination;
+use cellmesh_coord::{CONTROL_PLANE_ELECTION, Coordination};
 use cellmesh_proto::secret::ClusterSecret;
-use cellmesh_router::client::RouteClient;
+use cellmesh_route_client::client::RouteClient;
 use serde_json::{Value, json};
 
 pub async fn collect(

@@ -6,9 +6,9 @@
 //! this cell. Users whose home is another cell get their events there.
 
 use cellmesh_proto::v1::RouteState as PbRouteState;
-use cellmesh_router::client::RouteClient;
-use cellmesh_router::grpc::convert::route_to_pb;
-use cellmesh_router::table::{Key, RouteState};
+use cellmesh_route_client::client::RouteClient;
+use cellmesh_route_client::convert::route_to_pb;
+use cellmesh_route_client::table::{Key, RouteState};
 use std::time::{Duration, Instant};
 
 use crate::error::CellError;
@@ -223,7 +223,7 @@ impl Ownership for Routed {
                 if state == RouteState::Active && cell == self.cell_id {
                     return Ok(());
                 }
-                let command = cellmesh_router::commands::update_route(
+                let command = cellmesh_route_client::commands::update_route(
                     &Key::conversation(tenant, conversation),
                     epoch,
                     cellmesh_proto::v1::update_route::Transition::Place(self.cell_id.clone()),
@@ -303,12 +303,12 @@ impl Homes for Routed {
 
 /// Whether the home of user `key` is frozen for a move of its own. A moving
 /// tenant's users stay where the tenant entry says until it switches.
-fn home_frozen(key: &Key, route: &cellmesh_router::table::Resolved) -> bool {
+fn home_frozen(key: &Key, route: &cellmesh_route_client::table::Resolved) -> bool {
     route.entry.key == *key && matches!(route.entry.state, RouteState::Frozen { .. })
 }
 
 /// `WRONG_CELL` for `key`, carrying the route that owns it.
-fn wrong_cell(key: &Key, route: &cellmesh_router::table::Resolved) -> CellError {
+fn wrong_cell(key: &Key, route: &cellmesh_route_client::table::Resolved) -> CellError {
     let mut pb = route_to_pb(route);
     if pb.state == PbRouteState::Unspecified as i32 {
         pb.state = PbRouteState::Active as i32;

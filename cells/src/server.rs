@@ -28,8 +28,8 @@ use crate::routed::Routed;
 use crate::storage::{StorageError, Store};
 use crate::sync::{Hub, SyncService};
 use cellmesh_proto::secret::ClusterSecret;
-use cellmesh_router::client::RouteClient;
-use cellmesh_router::commands::register_cell;
+use cellmesh_route_client::client::RouteClient;
+use cellmesh_route_client::commands::register_cell;
 use tonic::service::interceptor::InterceptedService;
 
 /// File in the data directory holding the address the cell listens on, for
@@ -85,7 +85,7 @@ impl Placement {
         )
         .await
         .map_err(|e| StartError::Routing(e.message().to_string()))?;
-        let margin = cellmesh_router::table::safety_margin(
+        let margin = cellmesh_route_client::table::safety_margin(
             u64::from(config.rate_limit.conversation_per_sec),
             u64::from(config.rate_limit.conversation_burst),
             config.routing.checkpoint_interval_ms,
@@ -124,7 +124,7 @@ pub struct RunningCell {
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<Result<(), StartError>>,
     /// The cell's lease registration in etcd, held while it serves.
-    _registration: Option<cellmesh_control_plane::coord::Lease>,
+    _registration: Option<cellmesh_coord::Lease>,
 }
 
 impl RunningCell {
@@ -327,12 +327,11 @@ pub async fn start_placed(
             .await
             .map_err(|e| StartError::Routing(format!("cannot register: {}", e.message())))?;
         if !config.routing.etcd_endpoints.is_empty() {
-            use cellmesh_control_plane::coord::{CELLS_PREFIX, Coordination};
-            let etcd = cellmesh_control_plane::coord::etcd::EtcdCoordination::connect(
-                &config.routing.etcd_endpoints,
-            )
-            .await
-            .map_err(|e| StartError::Routing(e.to_string()))?;
+            use cellmesh_coord::{CELLS_PREFIX, Coordination};
+            let etcd =
+                cellmesh_coord::etcd::EtcdCoordination::connect(&config.routing.etcd_endpoints)
+                    .await
+                    .map_err(|e| StartError::Routing(e.to_string()))?;
             let lease = etcd
                 .register(
                     &format!("{CELLS_PREFIX}{}", config.cell_id),
@@ -390,7 +389,9 @@ async fn checkpoint(
                 )
                 .collect();
             if let Err(e) = routes
-                .apply(cellmesh_router::commands::checkpoint(&cell_id, entries))
+                .apply(cellmesh_route_client::commands::checkpoint(
+                    &cell_id, entries,
+                ))
                 .await
             {
                 tracing::warn!(error = %e.message(), "checkpoint failed; retrying next round");

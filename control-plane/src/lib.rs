@@ -1,5 +1,5 @@
-//! Control plane (DESIGN.md §5, §6): coordination between processes
-//! (cell leases, leader election), cell health and failover, live
+//! Control plane (DESIGN.md §5, §6): cell health and failover (leases and
+//! the active replica's election through `cellmesh_coord`), live
 //! migration, and the deployment's status with its web console.
 //!
 //! A migration keeps all of its state in the route table (the entry's
@@ -9,7 +9,6 @@
 //! compare-and-set.
 
 pub mod console;
-pub mod coord;
 pub mod failover;
 pub mod migration;
 pub mod server;

@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 use cellmesh_proto::config::{ConfigError, check};
 use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::v1::CellStatus as PbCellStatus;
-use cellmesh_router::client::RouteClient;
-use cellmesh_router::commands::set_cell_status;
-use cellmesh_router::table::CellStatus;
+use cellmesh_route_client::client::RouteClient;
+use cellmesh_route_client::commands::set_cell_status;
+use cellmesh_route_client::table::CellStatus;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -23,14 +23,14 @@ use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
-use crate::coord::embedded::EmbeddedCoordination;
-use crate::coord::etcd::EtcdCoordination;
-use crate::coord::local::LocalCoordination;
-use crate::coord::{CELLS_PREFIX, CONTROL_PLANE_ELECTION, Coordination};
 use crate::failover::detector::{Detector, Verdict};
 use crate::failover::execute;
 use crate::failover::planner::{plan_failover, safety_margin};
 use crate::status::Sampler;
+use cellmesh_coord::embedded::EmbeddedCoordination;
+use cellmesh_coord::etcd::EtcdCoordination;
+use cellmesh_coord::local::LocalCoordination;
+use cellmesh_coord::{CELLS_PREFIX, CONTROL_PLANE_ELECTION, Coordination};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]

@@ -13,8 +13,8 @@ use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::v1 as pb;
 use cellmesh_proto::v1::cell_peer_client::CellPeerClient;
 use cellmesh_proto::v1::{CellStats, DigestRequest, StatsRequest};
-use cellmesh_router::client::RouteClient;
-use cellmesh_router::table::{RouteState, RouteTable, Scope};
+use cellmesh_route_client::client::RouteClient;
+use cellmesh_route_client::table::{RouteState, RouteTable, Scope};
 use serde_json::{Value, json};
 use tonic::transport::Channel;
 

@@ -1,16 +1,14 @@
 //! RoutingService (DESIGN.md §3): the Raft-replicated route table that maps
-//! tenants, conversations and user homes to cells (`table`, `storage`,
-//! `node`), the route client with its watch-fed cache (`client`), and the
-//! edge access layer that authenticates clients and proxies to the owning
-//! cell (`edge`).
+//! tenants, conversations and user homes to cells — the Raft node
+//! (`node`, `network`), its log and state machine on RocksDB (`storage`),
+//! and the Routing and Raft gRPC services (`grpc`). The table model, its
+//! commands and the route client live in `cellmesh_route_client`.
 
-pub mod client;
-pub mod commands;
 pub mod config;
-pub mod edge;
 pub mod grpc;
 pub mod network;
 pub mod node;
 pub mod storage;
-pub mod table;
 pub mod types;
+
+pub(crate) use cellmesh_route_client::table;

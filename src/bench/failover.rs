@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use cellmesh_proto::v1::messaging_client::MessagingClient;
 use cellmesh_proto::v1::{MessageType, SendRequest};
-use cellmesh_router::table::Key;
+use cellmesh_route_client::table::Key;
 use clap::Args;
 use hdrhistogram::Histogram;
 use tonic::transport::Channel;

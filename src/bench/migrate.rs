@@ -14,7 +14,7 @@ use cellmesh_proto::status::{error_code, error_detail};
 use cellmesh_proto::v1::ErrorCode;
 use cellmesh_proto::v1::messaging_client::MessagingClient;
 use cellmesh_proto::v1::{ConversationKind, CreateConversationRequest, MessageType, SendRequest};
-use cellmesh_router::table::Key;
+use cellmesh_route_client::table::Key;
 use clap::Args;
 use hdrhistogram::Histogram;
 use tonic::transport::Channel;

@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 
 use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::v1::{self as pb, Consistency};
-use cellmesh_router::client::RouteClient;
-use cellmesh_router::commands::{assign_tenant, register_cell};
-use cellmesh_router::grpc::convert::key_to_pb;
-use cellmesh_router::table::Key;
+use cellmesh_route_client::client::RouteClient;
+use cellmesh_route_client::commands::{assign_tenant, register_cell};
+use cellmesh_route_client::convert::key_to_pb;
+use cellmesh_route_client::table::Key;
 use clap::{Args, ValueEnum};
 use etcd_client::GetOptions;
 use hdrhistogram::Histogram;

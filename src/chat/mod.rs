@@ -110,7 +110,7 @@ enum ChatCommand {
 pub async fn run(args: ChatArgs) -> anyhow::Result<()> {
     let (tenant, user) = match (&args.token, args.user) {
         (Some(token), _) => {
-            let claims = cellmesh_router::edge::auth::TokenKey::peek(token)
+            let claims = cellmesh_edge::auth::TokenKey::peek(token)
                 .ok_or_else(|| anyhow::anyhow!("the token is not a cellmesh token"))?;
             (claims.tenant, claims.user)
         }

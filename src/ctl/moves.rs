@@ -10,7 +10,7 @@ use cellmesh_control_plane::migration::bulk::{BulkEvent, BulkReport};
 use cellmesh_control_plane::migration::tenant::TenantProgress;
 use cellmesh_control_plane::migration::{MigrationOptions, Migrator};
 use cellmesh_proto::secret::ClusterSecret;
-use cellmesh_router::client::RouteClient;
+use cellmesh_route_client::client::RouteClient;
 use serde_json::json;
 
 /// Prints one line per conversation moved, at most every 10%.

@@ -8,13 +8,13 @@ use std::time::Duration;
 
 use anyhow::Context;
 use cellmesh_control_plane::migration::{MigrationOptions, Migrator};
+use cellmesh_edge::auth::{Claims, TokenKey, now_secs};
 use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::v1::messaging_client::MessagingClient;
 use cellmesh_proto::v1::{ConversationKind, CreateConversationRequest};
-use cellmesh_router::client::RouteClient;
-use cellmesh_router::commands::assign_tenant;
-use cellmesh_router::edge::auth::{Claims, TokenKey, now_secs};
-use cellmesh_router::table::Key;
+use cellmesh_route_client::client::RouteClient;
+use cellmesh_route_client::commands::assign_tenant;
+use cellmesh_route_client::table::Key;
 use serde::{Deserialize, Serialize};
 use tonic::metadata::MetadataValue;
 

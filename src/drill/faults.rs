@@ -8,11 +8,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cellmesh_control_plane::coord::etcd::EtcdCoordination;
-use cellmesh_control_plane::coord::local::LocalCoordination;
-use cellmesh_control_plane::coord::{CONTROL_PLANE_ELECTION, Coordination};
 use cellmesh_control_plane::migration::{MigrationOptions, MigrationReport, Migrator, StopPoint};
-use cellmesh_router::table::{CellStatus, Key};
+use cellmesh_coord::etcd::EtcdCoordination;
+use cellmesh_coord::local::LocalCoordination;
+use cellmesh_coord::{CONTROL_PLANE_ELECTION, Coordination};
+use cellmesh_route_client::table::{CellStatus, Key};
 use rand::Rng;
 use rand::rngs::StdRng;
 use serde_json::{Value, json};

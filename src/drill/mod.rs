@@ -174,9 +174,9 @@ fn watch_floors(
         while Instant::now() < stop + Duration::from_secs(5) {
             routes.read(|t| {
                 for &c in &conversations {
-                    if let Some(r) =
-                        t.resolve(&cellmesh_router::table::Key::conversation(dev.tenant, c))
-                        && r.seq_floor > 0
+                    if let Some(r) = t.resolve(&cellmesh_route_client::table::Key::conversation(
+                        dev.tenant, c,
+                    )) && r.seq_floor > 0
                     {
                         seen.insert((c, r.seq_floor));
                     }

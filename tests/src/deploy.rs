@@ -13,16 +13,16 @@ use cellmesh_chaos::proxy::FaultProxy;
 use cellmesh_control_plane::server::{
     ControlPlaneConfig, Event, FailoverConfig, RunningControlPlane,
 };
+use cellmesh_edge::auth::{Claims, TokenKey, now_secs};
+use cellmesh_edge::{EdgeConfig, RunningEdge};
 use cellmesh_proto::status::error_detail;
 use cellmesh_proto::v1::messaging_client::MessagingClient;
 use cellmesh_proto::v1::{
     ConversationKind, CreateConversationRequest, Direction, ErrorCode, Message, MessageType,
     PullRequest, PullResponse, SendRequest,
 };
-use cellmesh_router::client::RouteClient;
-use cellmesh_router::commands::assign_tenant;
-use cellmesh_router::edge::auth::{Claims, TokenKey, now_secs};
-use cellmesh_router::edge::{EdgeConfig, RunningEdge};
+use cellmesh_route_client::client::RouteClient;
+use cellmesh_route_client::commands::assign_tenant;
 use tonic::metadata::MetadataValue;
 use tonic::transport::Channel;
 
@@ -82,7 +82,7 @@ pub async fn deploy_with(
 
 /// An edge on port 0 following `routers`.
 pub async fn start_edge(routers: Vec<String>) -> RunningEdge {
-    cellmesh_router::edge::start(EdgeConfig {
+    cellmesh_edge::start(EdgeConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         routers,
         cluster_secret: SECRET.into(),

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::v1::routing_client::RoutingClient;
-use cellmesh_router::client::RouteClient;
+use cellmesh_route_client::client::RouteClient;
 use cellmesh_router::config::RouterConfig;
 use cellmesh_router::node::{RunningRouter, start};
 use cellmesh_router::types::RouterNode;

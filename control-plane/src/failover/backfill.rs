@@ -8,8 +8,8 @@ use std::time::Duration;
 use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::v1::CopyRequest;
 use cellmesh_proto::v1::cell_peer_client::CellPeerClient;
-use cellmesh_router::client::RouteClient;
-use cellmesh_router::table::Key;
+use cellmesh_route_client::client::RouteClient;
+use cellmesh_route_client::table::Key;
 use tonic::transport::Channel;
 
 /// Copies back what `returned` holds; returns (conversations backfilled,

@@ -11,7 +11,7 @@ pub mod planner;
 use std::time::Duration;
 
 use cellmesh_proto::v1::RouteCommand;
-use cellmesh_router::client::RouteClient;
+use cellmesh_route_client::client::RouteClient;
 
 use planner::{FailoverPlan, plan_failover};
 

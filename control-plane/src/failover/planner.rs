@@ -4,8 +4,8 @@
 //! conversation's checkpoint plus a safety margin.
 
 use cellmesh_proto::v1::{self as pb, update_route::Transition};
-use cellmesh_router::commands::{failover, set_cell_status, update_route};
-use cellmesh_router::table::{RouteState, RouteTable};
+use cellmesh_route_client::commands::{failover, set_cell_status, update_route};
+use cellmesh_route_client::table::{RouteState, RouteTable};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct FailoverPlan {
@@ -24,7 +24,7 @@ pub enum PlanError {
     NoFallback(String),
 }
 
-pub use cellmesh_router::table::safety_margin;
+pub use cellmesh_route_client::table::safety_margin;
 
 pub fn plan_failover(
     table: &RouteTable,
@@ -72,7 +72,7 @@ pub fn plan_failover(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cellmesh_router::table::{CellStatus, Command, Key, Transition as T};
+    use cellmesh_route_client::table::{CellStatus, Command, Key, Transition as T};
 
     fn table() -> RouteTable {
         let mut t = RouteTable::default();
@@ -144,7 +144,7 @@ mod tests {
         // Applying the plan leaves nothing on the failed cell.
         let mut after = t.clone();
         for (n, c) in plan.commands.iter().enumerate() {
-            let cmd = cellmesh_router::grpc::convert::command_from_pb(c.clone()).unwrap();
+            let cmd = cellmesh_route_client::convert::command_from_pb(c.clone()).unwrap();
             after.apply(&cmd, 100 + n as u64).unwrap();
         }
         assert_eq!(after.cell("eu/c1").unwrap().status, CellStatus::Down);

@@ -5,8 +5,8 @@
 //! is the route table's.
 
 use cellmesh_proto::v1 as pb;
-use cellmesh_router::commands::set_cell_status;
-use cellmesh_router::table::{CellStatus, Entry, Key, Scope};
+use cellmesh_route_client::commands::set_cell_status;
+use cellmesh_route_client::table::{CellStatus, Entry, Key, Scope};
 
 use super::tenant::TenantProgress;
 use super::{MigrationError, Migrator, call};

@@ -26,9 +26,9 @@ use cellmesh_proto::v1::update_route::Transition;
 use cellmesh_proto::v1::{
     CopyRequest, CopyResponse, DigestRequest, DigestResponse, SealRequest, StoreChunkRequest,
 };
-use cellmesh_router::client::RouteClient;
-use cellmesh_router::commands::update_route;
-use cellmesh_router::table::{Key, Phase, RouteState};
+use cellmesh_route_client::client::RouteClient;
+use cellmesh_route_client::commands::update_route;
+use cellmesh_route_client::table::{Key, Phase, RouteState};
 use tonic::transport::Channel;
 
 pub mod bulk;
@@ -236,7 +236,7 @@ impl Migrator {
     async fn begin_or_resume(
         &self,
         key: &Key,
-        entry: &cellmesh_router::table::Entry,
+        entry: &cellmesh_route_client::table::Entry,
         to: &str,
     ) -> Result<Start, MigrationError> {
         let resumed = |target: &str, frozen| {
@@ -299,13 +299,13 @@ impl Migrator {
     async fn current_entry(
         &self,
         key: &Key,
-    ) -> Result<cellmesh_router::table::Entry, MigrationError> {
+    ) -> Result<cellmesh_route_client::table::Entry, MigrationError> {
         let resolved = self
             .routes
             .resolve_linearizable(key)
             .await
             .map_err(call("route lookup"))?;
-        cellmesh_router::grpc::convert::entry_from_pb(resolved.entry.unwrap_or_default())
+        cellmesh_route_client::convert::entry_from_pb(resolved.entry.unwrap_or_default())
             .map_err(call("route entry"))
     }
 

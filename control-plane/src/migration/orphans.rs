@@ -10,7 +10,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cellmesh_router::table::{Entry, Key, Phase, RouteState, Scope};
+use cellmesh_route_client::table::{Entry, Key, Phase, RouteState, Scope};
 use serde::{Deserialize, Serialize};
 
 use super::{MigrationError, Migrator};

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use cellmesh_proto::v1::update_route::Transition;
 use cellmesh_proto::v1::{CopyResponse, DigestResponse, MigrationPhase};
-use cellmesh_router::table::{Key, Phase, RouteState};
+use cellmesh_route_client::table::{Key, Phase, RouteState};
 
 use super::{MigrationError, Migrator, Progress, Start, StopPoint};
 

@@ -14,7 +14,7 @@
 use std::time::{Duration, Instant};
 
 use cellmesh_proto::v1::TenantConversationsRequest;
-use cellmesh_router::table::{Key, RouteState, Scope};
+use cellmesh_route_client::table::{Key, RouteState, Scope};
 use futures::StreamExt;
 
 use super::{MigrationError, Migrator, call};

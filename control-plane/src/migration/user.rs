@@ -10,7 +10,7 @@ use std::time::Instant;
 use cellmesh_proto::v1::{
     CopyResponse, CopyUserRequest, DigestResponse, SealRequest, UserDigestRequest,
 };
-use cellmesh_router::table::Key;
+use cellmesh_route_client::table::Key;
 
 use super::protocol::Subject;
 use super::{Ends, MigrationError, Migrator, Progress, Start, both, call};

@@ -1,8 +1,8 @@
 //! gRPC handlers of a router replica: the client/admin Routing API and the
-//! separate RaftPeer service, plus the protobuf conversions they share with
-//! the route client.
+//! separate RaftPeer service. Protobuf conversions of the table are the
+//! route client's (`cellmesh_route_client::convert`).
 
-pub mod convert;
+pub(crate) use cellmesh_route_client::convert;
 pub mod raft;
 pub mod read_index;
 pub mod routing;

@@ -28,7 +28,7 @@ use crate::storage::RouteStore;
 use crate::types::{NodeId, Raft, RouterNode};
 
 /// Metadata naming the leader's API address on a NOT_LEADER answer.
-pub const LEADER_HEADER: &str = "x-cellmesh-leader";
+pub use cellmesh_route_client::client::LEADER_HEADER;
 /// Marks a request a follower already forwarded (it is never forwarded twice).
 const FORWARDED_HEADER: &str = "x-cellmesh-forwarded";
 /// Change batches read per step of a watch.

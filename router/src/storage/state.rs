@@ -28,8 +28,7 @@ const MEMBERSHIP: &[u8] = b"membership";
 const COMPACTED: &[u8] = b"compacted_through";
 const SNAPSHOT: &[u8] = b"snapshot";
 
-/// One applied log index and the changes it made.
-pub type WatchBatch = (u64, Vec<Change>);
+pub use cellmesh_route_client::client::WatchBatch;
 
 /// The replica's route table, readable by the API while Raft applies to it.
 pub struct RouteStore {

@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
-use cellmesh_control_plane::coord::etcd::EtcdCoordination;
-use cellmesh_control_plane::coord::{CELLS_PREFIX, CONTROL_PLANE_ELECTION, Coordination};
 use cellmesh_control_plane::server::{ControlPlaneConfig, CoordinationBackend, CoordinationConfig};
+use cellmesh_coord::etcd::EtcdCoordination;
+use cellmesh_coord::{CELLS_PREFIX, CONTROL_PLANE_ELECTION, Coordination};
 use cellmesh_tests::etcd::Etcd;
 use cellmesh_tests::router::{RouterCluster, SECRET};
 use cellmesh_tests::{eventually, test_config};

@@ -5,14 +5,14 @@
 
 use std::time::Duration;
 
+use cellmesh_edge::RunningEdge;
+use cellmesh_edge::auth::{Claims, TokenKey, now_secs};
 use cellmesh_proto::status::error_detail;
 use cellmesh_proto::v1::messaging_client::MessagingClient;
 use cellmesh_proto::v1::sync_client::SyncClient;
 use cellmesh_proto::v1::*;
-use cellmesh_router::commands::*;
-use cellmesh_router::edge::RunningEdge;
-use cellmesh_router::edge::auth::{Claims, TokenKey, now_secs};
-use cellmesh_router::table::Key;
+use cellmesh_route_client::commands::*;
+use cellmesh_route_client::table::Key;
 use cellmesh_tests::deploy::*;
 use cellmesh_tests::router::*;
 use cellmesh_tests::*;

@@ -15,7 +15,7 @@ use cellmesh_cell::storage::{IdemKey, IdemKind};
 use cellmesh_proto::status::error_detail;
 use cellmesh_proto::v1::messaging_client::MessagingClient;
 use cellmesh_proto::v1::*;
-use cellmesh_router::table::Key;
+use cellmesh_route_client::table::Key;
 use cellmesh_tests::deploy::*;
 use cellmesh_tests::eventually;
 use tonic::transport::Channel;
@@ -90,7 +90,7 @@ async fn failover_deployment() -> FailoverDeployment {
 
 pub(crate) type FailoverDeployment = (
     Deployment,
-    cellmesh_router::client::RouteClient,
+    cellmesh_route_client::client::RouteClient,
     cellmesh_control_plane::server::RunningControlPlane,
     String,
     MessagingClient<Channel>,

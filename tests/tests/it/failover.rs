@@ -10,7 +10,7 @@ use cellmesh_control_plane::server::Event;
 use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::v1::cell_peer_client::CellPeerClient;
 use cellmesh_proto::v1::*;
-use cellmesh_router::table::Key;
+use cellmesh_route_client::table::Key;
 use cellmesh_tests::deploy::*;
 use cellmesh_tests::eventually;
 use cellmesh_tests::router::SECRET;
@@ -222,8 +222,8 @@ struct BehindALink {
     cluster: cellmesh_tests::router::RouterCluster,
     link: cellmesh_chaos::proxy::FaultProxy,
     _cell: cellmesh_tests::TestCell,
-    routes: cellmesh_router::client::RouteClient,
-    _edge: cellmesh_router::edge::RunningEdge,
+    routes: cellmesh_route_client::client::RouteClient,
+    _edge: cellmesh_edge::RunningEdge,
     m: cellmesh_proto::v1::messaging_client::MessagingClient<tonic::transport::Channel>,
     alice: String,
     conv: u64,
@@ -246,7 +246,11 @@ async fn behind_a_link(tweak: impl FnOnce(&mut cellmesh_cell::CellConfig)) -> Be
     .await;
     let routes = cluster.client().await;
     routes
-        .apply(cellmesh_router::commands::assign_tenant(1, "eu-west/c1", 0))
+        .apply(cellmesh_route_client::commands::assign_tenant(
+            1,
+            "eu-west/c1",
+            0,
+        ))
         .await
         .unwrap();
     let edge = start_edge(cluster.endpoints()).await;

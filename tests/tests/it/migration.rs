@@ -360,14 +360,17 @@ async fn a_recall_made_after_the_copy_is_never_lost_by_the_move() {
         .migrate_conversation(1, conv, "us-east/c1", |_| {})
         .await;
     let owner = routes
-        .resolve(&cellmesh_router::table::Key::conversation(1, conv))
+        .resolve(&cellmesh_route_client::table::Key::conversation(1, conv))
         .unwrap()
         .entry;
     match resumed {
         // Whole verification caught the stale copy and rolled back.
         Err(MigrationError::Mismatch { .. }) => {
             assert_eq!(owner.cell, "eu-west/c1");
-            assert_eq!(owner.state, cellmesh_router::table::RouteState::Active);
+            assert_eq!(
+                owner.state,
+                cellmesh_route_client::table::RouteState::Active
+            );
         }
         Ok(_) => assert_eq!(owner.cell, "us-east/c1"),
         Err(e) => panic!("{e}"),
@@ -385,8 +388,8 @@ async fn a_recall_made_after_the_copy_is_never_lost_by_the_move() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_migration_copies_nothing_until_resumed() {
     use cellmesh_proto::v1::update_route::Transition;
-    use cellmesh_router::commands::update_route;
-    use cellmesh_router::table::{Key, Phase, RouteState};
+    use cellmesh_route_client::commands::update_route;
+    use cellmesh_route_client::table::{Key, Phase, RouteState};
     let d = deploy(None).await;
     let alice = token(1, 10);
     let mut m = messaging(&d.edge).await;

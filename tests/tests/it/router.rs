@@ -8,13 +8,13 @@ use std::time::{Duration, Instant};
 use cellmesh_proto::status::error_detail;
 use cellmesh_proto::v1::update_route::Transition;
 use cellmesh_proto::v1::{self as pb, Consistency, ErrorCode};
-use cellmesh_router::commands::*;
-use cellmesh_router::grpc::convert::key_to_pb;
-use cellmesh_router::table::Key;
+use cellmesh_route_client::commands::*;
+use cellmesh_route_client::convert::key_to_pb;
+use cellmesh_route_client::table::Key;
 use cellmesh_tests::eventually;
 use cellmesh_tests::router::*;
 
-async fn seed(client: &cellmesh_router::client::RouteClient) {
+async fn seed(client: &cellmesh_route_client::client::RouteClient) {
     for (id, region) in [
         ("eu-west/c1", "eu-west"),
         ("eu-west/c2", "eu-west"),
@@ -188,7 +188,7 @@ async fn the_watch_delivers_every_change_once_in_order_across_a_reconnect() {
     // The client watches a follower first.
     let mut endpoints = cluster.endpoints();
     endpoints.rotate_left(watched);
-    let client = cellmesh_router::client::RouteClient::connect(
+    let client = cellmesh_route_client::client::RouteClient::connect(
         endpoints,
         cellmesh_proto::secret::ClusterSecret::new(SECRET),
     )
@@ -383,7 +383,7 @@ async fn a_lookup_passes_over_a_replica_that_does_not_answer() {
         .unwrap();
     let mut endpoints = vec![format!("http://{}", link.addr())];
     endpoints.extend((0..3).filter(|&i| i != leader).map(|i| cluster.endpoint(i)));
-    let client = cellmesh_router::client::RouteClient::connect(
+    let client = cellmesh_route_client::client::RouteClient::connect(
         endpoints,
         cellmesh_proto::secret::ClusterSecret::new(SECRET),
     )

@@ -11,7 +11,7 @@ use cellmesh_cell::config::ReplicationMode;
 use cellmesh_cell::failpoints;
 use cellmesh_proto::status::error_detail;
 use cellmesh_proto::v1::*;
-use cellmesh_router::table::Key;
+use cellmesh_route_client::table::Key;
 use cellmesh_tests::deploy::*;
 use cellmesh_tests::{TestCell, eventually};
 

@@ -12,7 +12,7 @@ use cellmesh_control_plane::migration::{MigrationOptions, Migrator};
 use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::status::error_detail;
 use cellmesh_proto::v1::*;
-use cellmesh_router::table::{Change, Key, RouteState, Scope};
+use cellmesh_route_client::table::{Change, Key, RouteState, Scope};
 use cellmesh_tests::deploy::*;
 use cellmesh_tests::router::SECRET;
 
@@ -229,8 +229,8 @@ async fn a_failed_over_cell_takes_its_tenant_back_and_is_then_drained() {
     use cellmesh_chaos::history::Floor;
     use cellmesh_control_plane::failover::backfill::backfill;
     use cellmesh_control_plane::failover::{execute, planner::plan_failover};
-    use cellmesh_router::commands::set_cell_status;
-    use cellmesh_router::table::CellStatus;
+    use cellmesh_route_client::commands::set_cell_status;
+    use cellmesh_route_client::table::CellStatus;
 
     let d = deploy(None).await;
     let routes = d.cluster.client().await;

@@ -16,7 +16,7 @@ use cellmesh_proto::status::error_detail;
 use cellmesh_proto::v1::messaging_client::MessagingClient;
 use cellmesh_proto::v1::sync_client::SyncClient;
 use cellmesh_proto::v1::*;
-use cellmesh_router::commands::assign_tenant;
+use cellmesh_route_client::commands::assign_tenant;
 use cellmesh_tests::deploy::*;
 use cellmesh_tests::router::SECRET;
 use cellmesh_tests::sync::next_push;

@@ -15,7 +15,7 @@ use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::status::error_detail;
 use cellmesh_proto::v1::sync_client::SyncClient;
 use cellmesh_proto::v1::*;
-use cellmesh_router::table::{Key, RouteState};
+use cellmesh_route_client::table::{Key, RouteState};
 use cellmesh_tests::deploy::*;
 use cellmesh_tests::router::SECRET;
 
@@ -114,7 +114,7 @@ async fn last_message_seq(edge: &str, conversation: u64) -> u64 {
     last.seq
 }
 
-async fn move_home(routes: &cellmesh_router::client::RouteClient, to: &str) -> u64 {
+async fn move_home(routes: &cellmesh_route_client::client::RouteClient, to: &str) -> u64 {
     let migrator = Migrator::new(
         routes.clone(),
         ClusterSecret::new(SECRET),

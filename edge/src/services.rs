@@ -16,7 +16,7 @@ use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 
 use super::proxy::{Proxy, is_transport_failure, owner_unreachable};
-use crate::table::Key;
+use cellmesh_route_client::table::Key;
 
 /// How long one unary attempt at a cell may take before the edge looks
 /// for a new owner (a hung cell must not hold requests past a failover).

@@ -3,7 +3,7 @@
 
 use cellmesh_proto::v1::{self as pb, route_command::Command, update_route::Transition};
 
-use crate::grpc::convert::key_to_pb;
+use crate::convert::key_to_pb;
 use crate::table::Key;
 
 pub fn register_cell(cell_id: &str, region: &str, address: &str) -> pb::RouteCommand {

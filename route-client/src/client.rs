@@ -16,10 +16,15 @@ use tokio::sync::{broadcast, watch};
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Status};
 
-use crate::grpc::convert::{change_from_pb, key_to_pb, table_from_pb};
-use crate::grpc::routing::LEADER_HEADER;
-use crate::storage::WatchBatch;
-use crate::table::{Key, Resolved, RouteTable};
+use crate::convert::{change_from_pb, key_to_pb, table_from_pb};
+use crate::table::{Change, Key, Resolved, RouteTable};
+
+/// The response header in which a replica that is not the leader names the
+/// leader's address.
+pub const LEADER_HEADER: &str = "x-cellmesh-leader";
+
+/// Changes applied at one log index, as the watch stream delivers them.
+pub type WatchBatch = (u64, Vec<Change>);
 
 /// How many replicas a write tries (following leader hints) before giving up.
 const WRITE_ATTEMPTS: usize = 8;

@@ -21,8 +21,8 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use crate::client::RouteClient;
 use auth::TokenKey;
+use cellmesh_route_client::client::RouteClient;
 use proxy::Proxy;
 use services::EdgeApi;
 
@@ -107,7 +107,7 @@ mod tests {
     #[test]
     fn the_example_config_is_valid_and_bad_values_name_their_field() {
         let example: EdgeConfig =
-            cellmesh_proto::config::parse_toml(include_str!("../../../config/edge.toml")).unwrap();
+            cellmesh_proto::config::parse_toml(include_str!("../../config/edge.toml")).unwrap();
         example.validate().unwrap();
         assert_eq!(
             example.retry_deadline_ms,

@@ -22,9 +22,9 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Response, Status};
 
 use super::auth::{Claims, TokenKey};
-use crate::client::RouteClient;
-use crate::grpc::convert::route_to_pb;
-use crate::table::{Key, Resolved, Scope};
+use cellmesh_route_client::client::RouteClient;
+use cellmesh_route_client::convert::route_to_pb;
+use cellmesh_route_client::table::{Key, Resolved, Scope};
 
 /// Reasons of RETRY_LATER answers the edge retries itself.
 const RETRIED_REASONS: [&str; 3] = ["FROZEN", "ROUTE_BEHIND", "NO_ROUTE"];

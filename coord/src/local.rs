@@ -139,7 +139,7 @@ impl Coordination for LocalCoordination {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::coord::{CELLS_PREFIX, CONTROL_PLANE_ELECTION};
+    use crate::{CELLS_PREFIX, CONTROL_PLANE_ELECTION};
 
     #[tokio::test]
     async fn locks_are_leases_across_handles_and_end_with_their_holder() {

@@ -118,7 +118,7 @@ impl Coordination for EmbeddedCoordination {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::coord::CELLS_PREFIX;
+    use crate::CELLS_PREFIX;
 
     #[tokio::test]
     async fn registrations_and_leadership_end_with_their_lease() {
