@@ -17,6 +17,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 "proto/cellmesh/v1/routing.proto",
                 "proto/cellmesh/raft/v1/raft.proto",
                 "proto/cellmesh/storage/v1/storage.proto",
+                "proto/google/rpc/status.proto",
+                "proto/google/rpc/error_details.proto",
             ],
             &["proto"],
         )?;

@@ -28,5 +28,13 @@ pub mod storage {
     }
 }
 
+/// The standard gRPC error model (`google.rpc.Status` and the details
+/// cellmesh sends), as any gRPC client decodes it.
+pub mod google {
+    pub mod rpc {
+        tonic::include_proto!("google.rpc");
+    }
+}
+
 /// Encoded `FileDescriptorSet` of every cellmesh proto, for server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("cellmesh_descriptor");

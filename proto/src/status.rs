@@ -1,11 +1,25 @@
 //! Stable error codes on the wire. Every cellmesh error travels as a
-//! `tonic::Status` whose details hold an encoded [`ErrorDetail`]; this module
-//! builds such statuses and reads them back, so servers and clients agree on
-//! one mapping.
+//! `tonic::Status` whose details are a standard `google.rpc.Status` — so any
+//! gRPC client's status helpers decode it — holding a `google.rpc.ErrorInfo`
+//! (the stable reason, domain [`DOMAIN`], the code and route as metadata), a
+//! `google.rpc.RetryInfo` when a retry should wait, and the full
+//! [`ErrorDetail`]. This module builds such statuses and reads them back
+//! ([`error_detail`]), so servers and clients agree on one mapping.
+
+use std::collections::HashMap;
 
 use prost::Message;
+use prost_types::Any;
 
+use crate::google::rpc::{ErrorInfo, RetryInfo, Status as RpcStatus};
 use crate::v1::{ErrorCode, ErrorDetail, Route};
+
+/// The `ErrorInfo.domain` of every cellmesh error.
+pub const DOMAIN: &str = "cellmesh";
+
+const TYPE_ERROR_INFO: &str = "type.googleapis.com/google.rpc.ErrorInfo";
+const TYPE_RETRY_INFO: &str = "type.googleapis.com/google.rpc.RetryInfo";
+const TYPE_ERROR_DETAIL: &str = "type.googleapis.com/cellmesh.v1.ErrorDetail";
 
 impl ErrorCode {
     /// The gRPC status code each stable code travels under.
@@ -20,6 +34,12 @@ impl ErrorCode {
             ErrorCode::RetryLater => tonic::Code::Unavailable,
             ErrorCode::RateLimited => tonic::Code::ResourceExhausted,
         }
+    }
+
+    /// The code's name without the enum prefix, e.g. `RETRY_LATER`.
+    pub fn short_name(self) -> &'static str {
+        let name = self.as_str_name();
+        name.strip_prefix("ERROR_CODE_").unwrap_or(name)
     }
 
     /// Whether the same request may simply be sent again later.
@@ -39,20 +59,89 @@ pub fn to_status(
     retry_after_ms: u64,
     route: Option<Route>,
 ) -> tonic::Status {
-    let detail = ErrorDetail {
-        code: code as i32,
-        reason: reason.to_string(),
+    let mut metadata = HashMap::from([("code".to_string(), code.short_name().to_string())]);
+    if let Some(route) = &route {
+        metadata.insert("cell_id".into(), route.cell_id.clone());
+        metadata.insert("address".into(), route.cell_address.clone());
+        metadata.insert("epoch".into(), route.epoch.to_string());
+    }
+    let mut details = vec![Any {
+        type_url: TYPE_ERROR_INFO.into(),
+        value: ErrorInfo {
+            reason: reason.to_string(),
+            domain: DOMAIN.into(),
+            metadata,
+        }
+        .encode_to_vec(),
+    }];
+    if retry_after_ms > 0 {
+        let delay = std::time::Duration::from_millis(retry_after_ms);
+        details.push(Any {
+            type_url: TYPE_RETRY_INFO.into(),
+            value: RetryInfo {
+                retry_delay: Some(prost_types::Duration {
+                    seconds: delay.as_secs() as i64,
+                    nanos: delay.subsec_nanos() as i32,
+                }),
+            }
+            .encode_to_vec(),
+        });
+    }
+    details.push(Any {
+        type_url: TYPE_ERROR_DETAIL.into(),
+        value: ErrorDetail {
+            code: code as i32,
+            reason: reason.to_string(),
+            message: message.clone(),
+            retry_after_ms,
+            route,
+        }
+        .encode_to_vec(),
+    });
+    let grpc = code.grpc_code();
+    let status = RpcStatus {
+        code: grpc as i32,
         message: message.clone(),
-        retry_after_ms,
-        route,
+        details,
     };
-    tonic::Status::with_details(code.grpc_code(), message, detail.encode_to_vec().into())
+    tonic::Status::with_details(grpc, message, status.encode_to_vec().into())
+}
+
+/// The cellmesh detail inside a status's standard details, if it has one.
+fn cellmesh_detail(status: &tonic::Status) -> Option<ErrorDetail> {
+    let standard = RpcStatus::decode(status.details()).ok()?;
+    let mut from_info = None;
+    for any in &standard.details {
+        match any.type_url.as_str() {
+            TYPE_ERROR_DETAIL => return ErrorDetail::decode(any.value.as_slice()).ok(),
+            TYPE_ERROR_INFO => {
+                let info = ErrorInfo::decode(any.value.as_slice()).ok()?;
+                let code = info
+                    .metadata
+                    .get("code")
+                    .and_then(|c| ErrorCode::from_str_name(&format!("ERROR_CODE_{c}")));
+                if info.domain == DOMAIN
+                    && let Some(code) = code
+                {
+                    from_info = Some(ErrorDetail {
+                        code: code as i32,
+                        reason: info.reason,
+                        message: status.message().to_string(),
+                        retry_after_ms: 0,
+                        route: None,
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+    from_info
 }
 
 /// The stable detail of a status. Statuses produced outside cellmesh (the
 /// transport, a proxy) get one derived from their gRPC code.
 pub fn error_detail(status: &tonic::Status) -> ErrorDetail {
-    if let Ok(detail) = ErrorDetail::decode(status.details())
+    if let Some(detail) = cellmesh_detail(status)
         && detail.code != ErrorCode::Unspecified as i32
     {
         return detail;
@@ -105,6 +194,38 @@ mod tests {
         assert_eq!(detail.code, ErrorCode::WrongCell as i32);
         assert_eq!(detail.reason, "NOT_OWNER");
         assert_eq!(detail.route, Some(route));
+    }
+
+    #[test]
+    fn details_are_a_standard_google_rpc_status() {
+        let status = to_status(
+            ErrorCode::RetryLater,
+            "OWNER_UNREACHABLE",
+            "owner down".into(),
+            250,
+            None,
+        );
+        let standard = RpcStatus::decode(status.details()).unwrap();
+        assert_eq!(standard.code, tonic::Code::Unavailable as i32);
+        let info = standard
+            .details
+            .iter()
+            .find(|a| a.type_url == TYPE_ERROR_INFO)
+            .map(|a| ErrorInfo::decode(a.value.as_slice()).unwrap())
+            .unwrap();
+        assert_eq!(
+            (info.reason.as_str(), info.domain.as_str()),
+            ("OWNER_UNREACHABLE", DOMAIN)
+        );
+        assert_eq!(info.metadata["code"], "RETRY_LATER");
+        let retry = standard
+            .details
+            .iter()
+            .find(|a| a.type_url == TYPE_RETRY_INFO)
+            .map(|a| RetryInfo::decode(a.value.as_slice()).unwrap())
+            .unwrap();
+        assert_eq!(retry.retry_delay.unwrap().nanos, 250_000_000);
+        assert_eq!(error_detail(&status).retry_after_ms, 250);
     }
 
     #[test]

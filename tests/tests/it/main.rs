@@ -21,6 +21,7 @@ mod process_failover;
 mod processor_crash;
 mod router;
 mod send;
+mod standard_errors;
 mod sync;
 mod sync_replication;
 mod tenant_move;
