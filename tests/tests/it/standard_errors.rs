@@ -3,7 +3,6 @@
 //! from its `ErrorInfo`, the code and the owner route from its metadata,
 //! and the wait from its `RetryInfo`.
 
-use cellmesh_proto::v1::*;
 use cellmesh_tests::deploy::*;
 use tonic_types::StatusExt;
 
