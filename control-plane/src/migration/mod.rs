@@ -32,6 +32,7 @@ use cellmesh_route_client::table::{Key, Phase, RouteState};
 use tonic::transport::Channel;
 
 pub mod bulk;
+mod engine;
 pub mod orphans;
 mod protocol;
 pub mod tenant;

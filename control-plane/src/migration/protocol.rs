@@ -1,8 +1,10 @@
 //! The phases every move goes through, whatever moves (DESIGN.md §5): copy
 //! rounds until the target is close, verification of what is copied while
 //! writes still flow, freeze, seal of the source, the final delta, its
-//! verification, switch. A [`Subject`] supplies the cell calls for one kind
-//! of key — a conversation's history, a user's sync queue.
+//! verification, switch. The decisions are the pure [`MoveEngine`]'s; this
+//! module executes its actions against the route table and, through a
+//! [`Subject`], the cell calls for one kind of key — a conversation's
+//! history, a user's sync queue.
 
 use std::time::Instant;
 
@@ -10,7 +12,8 @@ use cellmesh_proto::v1::update_route::Transition;
 use cellmesh_proto::v1::{CopyResponse, DigestResponse, MigrationPhase};
 use cellmesh_route_client::table::{Key, Phase, RouteState};
 
-use super::{MigrationError, Migrator, Progress, Start, StopPoint};
+use super::engine::{Action, EngineOptions, MoveEngine, Observation, Resume};
+use super::{MigrationError, Migrator, Progress, Start};
 
 /// The cell calls that move one key.
 pub(super) trait Subject {
@@ -46,7 +49,7 @@ pub(super) struct Moved {
 
 impl Migrator {
     /// Runs `key`'s move to `to` from `start` (the entry as it was read is
-    /// `state`) through the switch.
+    /// `state`) through the switch: executes the [`MoveEngine`]'s actions.
     pub(super) async fn run_move<S: Subject>(
         &self,
         key: &Key,
@@ -56,128 +59,98 @@ impl Migrator {
         to: &str,
         progress: &mut impl FnMut(&Progress),
     ) -> Result<Moved, MigrationError> {
-        let (mut epoch, frozen) = (start.epoch, start.frozen);
-        let mut copied = subject.resume_point(&start).await?;
+        let options = EngineOptions {
+            catch_up_lag: self.options.catch_up_lag,
+            max_catch_up_rounds: self.options.max_catch_up_rounds,
+            round_messages: self.options.round_messages,
+            exact_latest: S::EXACT_LATEST,
+        };
+        let resume = Resume {
+            epoch: start.epoch,
+            frozen: start.frozen,
+            announce_catch_up: matches!(
+                state,
+                RouteState::Active
+                    | RouteState::Migrating {
+                        phase: Phase::Copy,
+                        ..
+                    }
+            ),
+        };
+        let mut engine = MoveEngine::new(options, resume);
         let mut frozen_at = Instant::now();
-        let mut pre: Option<(u64, DigestResponse, bool)> = None;
-        if !frozen {
-            let mut phase = "copy";
-            let mut catch_up_rounds = 0;
-            for round in 0.. {
-                epoch = self
-                    .hold_while_paused(key, to, epoch, copied, progress)
-                    .await?;
-                let r = subject.copy(copied).await?;
-                let throttled = self.options.round_messages > 0
-                    && r.messages >= u64::from(self.options.round_messages);
-                copied = r.copied_through.max(copied);
-                progress(&Progress {
-                    phase,
-                    copied_through: copied,
-                    source_latest: r.source_latest_seq,
-                });
-                if round == 0
-                    && matches!(
-                        state,
-                        RouteState::Active
-                            | RouteState::Migrating {
-                                phase: Phase::Copy,
-                                ..
-                            }
+        let mut seen = Observation::Start {
+            copied: subject.resume_point(&start).await?,
+        };
+        loop {
+            let (report, action) = engine.step(seen);
+            if let Some(report) = report {
+                progress(&report);
+            }
+            seen = match action {
+                Action::HoldIfPaused { epoch, copied } => Observation::Held {
+                    epoch: self
+                        .hold_while_paused(key, to, epoch, copied, progress)
+                        .await?,
+                },
+                Action::Copy { after } => Observation::Copied(subject.copy(after).await?),
+                Action::SetCatchUp { epoch } => Observation::Epoch(
+                    self.transition(
+                        key,
+                        epoch,
+                        Transition::SetPhase(MigrationPhase::CatchUp as i32),
                     )
-                {
-                    epoch = self
-                        .transition(
-                            key,
-                            epoch,
-                            Transition::SetPhase(MigrationPhase::CatchUp as i32),
-                        )
-                        .await?;
-                    phase = "catch-up";
-                    self.stop_at(StopPoint::Copied)?;
+                    .await?,
+                ),
+                Action::Pause => {
+                    tokio::time::sleep(self.options.pause).await;
+                    Observation::Done
                 }
-                if r.source_latest_seq.saturating_sub(copied) <= self.options.catch_up_lag {
-                    break;
+                Action::Digests { after, through } => {
+                    let (a, b) = subject.digests(after, through).await?;
+                    Observation::Digests(a, b)
                 }
-                if !throttled {
-                    catch_up_rounds += 1;
-                    if catch_up_rounds > self.options.max_catch_up_rounds {
-                        break;
+                Action::Freeze { epoch } => {
+                    // The source's seal waits until it has seen the freeze.
+                    let epoch = self.commit(key, epoch, Transition::Freeze(true)).await?;
+                    frozen_at = Instant::now();
+                    Observation::Epoch(epoch)
+                }
+                Action::Seal { epoch, copied } => {
+                    let (final_position, copied) = subject.seal(epoch, copied).await?;
+                    Observation::Sealed {
+                        final_position,
+                        copied,
                     }
                 }
-                tokio::time::sleep(self.options.pause).await;
-            }
-            // Verify what is copied while writes still flow; under the
-            // freeze only the final delta is compared then, unless older
-            // entries were rewritten in between.
-            let (a, b) = subject.digests(0, copied).await?;
-            pre = Some((copied, a, (a.count, a.checksum) == (b.count, b.checksum)));
-            epoch = self
-                .hold_while_paused(key, to, epoch, copied, progress)
-                .await?;
-            // The source's seal waits until it has seen the freeze itself.
-            epoch = self.commit(key, epoch, Transition::Freeze(true)).await?;
-            frozen_at = Instant::now();
-            self.stop_at(StopPoint::Frozen)?;
+                Action::Reached(point) => {
+                    self.stop_at(point)?;
+                    Observation::Done
+                }
+                Action::Abort { epoch, error } => {
+                    self.transition(key, epoch, Transition::Cancel(true))
+                        .await
+                        .ok();
+                    return Err(error.into());
+                }
+                Action::Switch {
+                    epoch,
+                    final_position,
+                } => {
+                    let floor = Transition::SwitchFloor(subject.switch_floor(final_position));
+                    let switch_epoch = self.commit(key, epoch, floor).await?;
+                    self.follow(switch_epoch).await;
+                    Observation::Epoch(switch_epoch)
+                }
+                Action::Finished(outcome) => {
+                    return Ok(Moved {
+                        final_position: outcome.final_position,
+                        verified: outcome.verified,
+                        frozen_for: frozen_at.elapsed(),
+                        switch_epoch: outcome.switch_epoch,
+                    });
+                }
+            };
         }
-        let (final_position, sealed_copy) = subject.seal(epoch, copied).await?;
-        copied = copied.max(sealed_copy);
-        while copied < final_position {
-            let r = subject.copy(copied).await?;
-            if r.copied_through <= copied {
-                break;
-            }
-            copied = r.copied_through;
-        }
-        self.stop_at(StopPoint::Sealed)?;
-        progress(&Progress {
-            phase: "verify",
-            copied_through: copied,
-            source_latest: final_position,
-        });
-        let mut verified = None;
-        if let Some((through, before, true)) = pre {
-            let (a, b) = subject.digests(through, final_position).await?;
-            if a.rewrites == before.rewrites {
-                let sum = |x: &DigestResponse| DigestResponse {
-                    count: before.count + x.count,
-                    checksum: before.checksum.wrapping_add(x.checksum),
-                    ..*x
-                };
-                verified = Some((sum(&a), sum(&b)));
-            }
-        }
-        let (a, b) = match verified {
-            Some(v) => v,
-            None => subject.digests(0, final_position).await?,
-        };
-        if (a.count, a.checksum) != (b.count, b.checksum)
-            || (S::EXACT_LATEST && b.latest_seq != final_position)
-        {
-            self.transition(key, epoch, Transition::Cancel(true))
-                .await
-                .ok();
-            return Err(MigrationError::Mismatch {
-                source_count: a.count,
-                source_sum: a.checksum,
-                target_count: b.count,
-                target_sum: b.checksum,
-            });
-        }
-        let floor = Transition::SwitchFloor(subject.switch_floor(final_position));
-        let switch_epoch = self.commit(key, epoch, floor).await?;
-        let frozen_for = frozen_at.elapsed();
-        self.follow(switch_epoch).await;
-        progress(&Progress {
-            phase: "switched",
-            copied_through: copied,
-            source_latest: final_position,
-        });
-        Ok(Moved {
-            final_position,
-            verified: a.count,
-            frozen_for,
-            switch_epoch,
-        })
     }
 }
