@@ -20,7 +20,6 @@ fn copied(through: u64, source_latest: u64) -> Observation {
         copied_through: through,
         source_latest_seq: source_latest,
         messages: through,
-        ..Default::default()
     })
 }
 
@@ -251,7 +250,6 @@ fn catch_up_freezes_anyway_after_its_rounds_and_throttled_rounds_do_not_count() 
             copied_through: through,
             source_latest_seq: through + 1_000,
             messages: 100,
-            ..Default::default()
         }));
         assert_eq!(action, Action::Pause);
         expect(
@@ -275,7 +273,6 @@ fn catch_up_freezes_anyway_after_its_rounds_and_throttled_rounds_do_not_count() 
             copied_through: through,
             source_latest_seq: through + 1_000,
             messages: 10,
-            ..Default::default()
         }));
         if round < 3 {
             assert_eq!(action, Action::Pause);
