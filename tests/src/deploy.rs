@@ -189,6 +189,24 @@ impl Senders {
         self.epoch.elapsed().as_millis() as u64
     }
 
+    /// Sends acknowledged so far.
+    pub fn acked(&self) -> usize {
+        let ops = self.ops.lock().unwrap();
+        ops.iter()
+            .filter(|o| matches!(o.outcome, Outcome::Ok { .. }))
+            .count()
+    }
+
+    /// Waits until `n` sends are acknowledged (load is flowing).
+    pub async fn until_acked(&self, n: usize, within: Duration) {
+        let flowing = crate::eventually(within, || async { self.acked() >= n }).await;
+        assert!(
+            flowing,
+            "{} of {n} sends acknowledged in {within:?}",
+            self.acked()
+        );
+    }
+
     /// Lets them send for `more`, stops them, and returns every operation.
     pub async fn finish(self, more: Duration) -> Vec<SendOp> {
         tokio::time::sleep(more).await;

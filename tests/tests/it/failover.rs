@@ -425,7 +425,12 @@ async fn a_cell_whose_disk_fails_is_failed_over() {
     )
     .unwrap();
     // The cell reads its fail point file every 100 ms.
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    let store = d.cells[0].cell.service.store().clone();
+    let armed = eventually(Duration::from_secs(5), || async {
+        store.failpoints().hit("storage.fsync_error").is_some()
+    })
+    .await;
+    assert!(armed, "the cell took up its fail point");
     let failed = Instant::now();
     let mut storage_failed = 0;
     let after = loop {

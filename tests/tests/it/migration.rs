@@ -131,7 +131,7 @@ async fn move_under_load(history: u64, chunk: u32) {
     .unwrap();
 
     let senders = Senders::start(&d.edge, conv, &[10, 11]);
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    senders.until_acked(20, Duration::from_secs(10)).await;
 
     let migrator = Migrator::new(
         d.cluster.client().await,

@@ -101,7 +101,9 @@ async fn a_tenant_of_1000_conversations_moves_under_load_with_its_entry_last() {
             created
         }
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    for s in &senders {
+        s.until_acked(10, Duration::from_secs(10)).await;
+    }
 
     let migrator = Migrator::new(
         routes.clone(),
@@ -280,7 +282,7 @@ async fn a_failed_over_cell_takes_its_tenant_back_and_is_then_drained() {
     });
     let loaded = conversations[0];
     let senders = Senders::start(&d.edge, loaded, &[10, 11]);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    senders.until_acked(10, Duration::from_secs(10)).await;
 
     // The cell is back: its history goes to the new owner, then it is Up.
     let (backfilled, _) = backfill(&routes, &secret, SOURCE).await;

@@ -155,7 +155,7 @@ async fn a_user_home_moves_under_load_and_the_device_goes_on_from_its_cursor() {
     let seen = Arc::new(Mutex::new(Seen::default()));
     let phone = tokio::spawn(device(d.edge.endpoint(), stop.clone(), seen.clone()));
     let senders = Senders::start(&d.edge, conversation, &[10]);
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    senders.until_acked(20, Duration::from_secs(10)).await;
 
     let routes = d.cluster.client().await;
     let moved_at = move_home(&routes, TARGET).await;
