@@ -197,6 +197,18 @@ impl Senders {
             .count()
     }
 
+    /// The highest seq acknowledged so far.
+    pub fn latest_acked_seq(&self) -> u64 {
+        let ops = self.ops.lock().unwrap();
+        ops.iter()
+            .filter_map(|o| match o.outcome {
+                Outcome::Ok { seq, .. } => Some(seq),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Waits until `n` sends are acknowledged (load is flowing).
     pub async fn until_acked(&self, n: usize, within: Duration) {
         let flowing = crate::eventually(within, || async { self.acked() >= n }).await;

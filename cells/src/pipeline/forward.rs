@@ -94,10 +94,16 @@ impl Forwarder {
         loop {
             let mut m = Mutation::new();
             let mut pass = Pass::default();
-            // One pass over the queue, page by page.
+            // One pass over the queue as it is now, page by page. A pass
+            // decides each user's target once, so it must not chase records
+            // queued after it began: under steady load it would never end,
+            // and a user whose home switched meanwhile would wait behind
+            // the decision taken before the switch.
+            let end = self.store.forward_last_id()?;
             let (mut after, mut seen) = (0, 0);
             loop {
-                let pending = self.store.forwards(after, PAGE)?;
+                let mut pending = self.store.forwards(after, PAGE)?;
+                pending.retain(|(id, _)| *id <= end);
                 let Some(&(last, _)) = pending.last() else {
                     break;
                 };

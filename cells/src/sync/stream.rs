@@ -93,6 +93,10 @@ impl SyncService {
         let mut behind = true;
         loop {
             while behind {
+                // Only the user's home pushes: a cell the home moved away
+                // from (or is moving to, importing the queue) ends the
+                // stream instead of pushing what it holds.
+                self.check_home(&device.caller, false)?;
                 let page = self.store.sync_after(user, cursor, READ_PAGE)?;
                 behind = !page.is_empty();
                 let mut events = Vec::with_capacity(page.len());
@@ -115,6 +119,7 @@ impl SyncService {
                     Ok(HubEvent::Appended(events)) => match events.first() {
                         // Just what follows the cursor: no storage read.
                         Some(first) if first.pts == cursor + 1 => {
+                            self.check_home(&device.caller, false)?;
                             let events = events.iter().map(|e| {
                                 let message = e.message.as_deref().cloned();
                                 (e.pts, e.record.clone(), message)

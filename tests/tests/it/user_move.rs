@@ -17,6 +17,7 @@ use cellmesh_proto::v1::sync_client::SyncClient;
 use cellmesh_proto::v1::*;
 use cellmesh_route_client::table::{Key, RouteState};
 use cellmesh_tests::deploy::*;
+use cellmesh_tests::eventually;
 use cellmesh_tests::router::SECRET;
 
 const SOURCE: &str = "eu-west/c1";
@@ -166,11 +167,20 @@ async fn a_user_home_moves_under_load_and_the_device_goes_on_from_its_cursor() {
         (entry.cell.as_str(), &entry.state),
         (TARGET, &RouteState::Active)
     );
-    tokio::time::sleep(Duration::from_secs(1)).await;
     // On its new home, away from the conversation, Bob's list shows the
-    // conversation's last message as the events that reached him carry it.
-    let latest = last_message_seq(&d.edge.endpoint(), conversation).await;
-    assert!(latest > 50, "the list's last message is seq {latest}");
+    // conversation's last message as the events that reached him carry it:
+    // sends after the move reach it there.
+    let sent_by_then = senders.latest_acked_seq();
+    let edge = d.edge.endpoint();
+    let reached = eventually(Duration::from_secs(5), || {
+        let edge = edge.clone();
+        async move { last_message_seq(&edge, conversation).await > sent_by_then }
+    })
+    .await;
+    assert!(
+        reached,
+        "no send after seq {sent_by_then} reached Bob's new home"
+    );
     let back_at = move_home(&routes, SOURCE).await;
     let ops = senders.finish(Duration::from_millis(800)).await;
 
