@@ -15,6 +15,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 "proto/cellmesh/v1/sync.proto",
                 "proto/cellmesh/v1/peer.proto",
                 "proto/cellmesh/v1/routing.proto",
+                "proto/cellmesh/v1/operations.proto",
                 "proto/cellmesh/raft/v1/raft.proto",
                 "proto/cellmesh/storage/v1/storage.proto",
                 "proto/google/rpc/status.proto",

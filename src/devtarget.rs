@@ -29,6 +29,8 @@ pub struct DevTarget {
     pub routers: Vec<String>,
     pub cluster_secret: String,
     pub etcd: Vec<String>,
+    /// The control-plane replicas' admin API endpoints.
+    pub admin: Vec<String>,
     /// The demo conversations, in dev.json order.
     pub conversations: Vec<u64>,
     key: TokenKey,
@@ -84,6 +86,7 @@ impl DevTarget {
                 .unwrap_or_default()
                 .to_string(),
             etcd: strings(&info["etcd"]),
+            admin: strings(&info["control_plane"]["admin"]),
             conversations: info["demo"]["conversations"]
                 .as_array()
                 .into_iter()

@@ -11,5 +11,6 @@
 pub mod console;
 pub mod failover;
 pub mod migration;
+pub mod operations;
 pub mod server;
 pub mod status;

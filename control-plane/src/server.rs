@@ -26,6 +26,9 @@ use tonic_health::pb::health_client::HealthClient;
 use crate::failover::detector::{Detector, Verdict};
 use crate::failover::execute;
 use crate::failover::planner::{plan_failover, safety_margin};
+use crate::operations::OperationStore;
+use crate::operations::api::OperationsApi;
+use crate::operations::runner::run_operations;
 use crate::status::Sampler;
 use cellmesh_coord::embedded::EmbeddedCoordination;
 use cellmesh_coord::etcd::EtcdCoordination;
@@ -47,6 +50,9 @@ pub struct ControlPlaneConfig {
     pub coordination: CoordinationConfig,
     /// Where the web console listens (`host:port`); empty turns it off.
     pub console_listen: String,
+    /// Where the admin API (`cellmesh.v1.Operations` gRPC) listens
+    /// (`host:port`); empty turns it off.
+    pub admin_listen: String,
     /// Addresses reached through a proxy: target → the address to dial.
     pub links: std::collections::BTreeMap<String, String>,
     /// Resuming moves whose migrator went away.
@@ -131,6 +137,7 @@ impl Default for ControlPlaneConfig {
             failover: FailoverConfig::default(),
             coordination: CoordinationConfig::default(),
             console_listen: "127.0.0.1:7100".into(),
+            admin_listen: "127.0.0.1:7101".into(),
             links: Default::default(),
             migrations: Default::default(),
         }
@@ -195,6 +202,12 @@ impl ControlPlaneConfig {
             "must be host:port (or empty to turn the console off)",
         )?;
         check(
+            "admin_listen",
+            self.admin_listen.is_empty()
+                || self.admin_listen.parse::<std::net::SocketAddr>().is_ok(),
+            "must be host:port (or empty to turn the admin API off)",
+        )?;
+        check(
             "failover.checkpoint_interval_ms",
             self.failover.checkpoint_interval_ms >= 10,
             "must be at least 10",
@@ -235,6 +248,8 @@ pub struct RunningControlPlane {
     pub routes: RouteClient,
     /// Where the web console answers, when it is on.
     pub console: Option<SocketAddr>,
+    /// Where the admin API answers, when it is on.
+    pub admin: Option<SocketAddr>,
     events: Arc<Mutex<Vec<Event>>>,
     leading: watch::Receiver<bool>,
     tasks: Vec<JoinHandle<()>>,
@@ -280,6 +295,16 @@ pub async fn start(config: ControlPlaneConfig) -> Result<RunningControlPlane, St
         tasks.extend([sampler, server]);
         Some(addr)
     };
+    let admin = if config.admin_listen.is_empty() {
+        None
+    } else {
+        let listen: SocketAddr = config.admin_listen.parse().map_err(|e| format!("{e}"))?;
+        let (addr, server) = serve_admin(listen, &config, coordination.clone(), routes.clone())
+            .await
+            .map_err(|e| format!("admin_listen {listen}: {e}"))?;
+        tasks.push(server);
+        Some(addr)
+    };
     tasks.push(tokio::spawn(lead(
         config,
         coordination,
@@ -290,10 +315,39 @@ pub async fn start(config: ControlPlaneConfig) -> Result<RunningControlPlane, St
     Ok(RunningControlPlane {
         routes,
         console,
+        admin,
         events,
         leading,
         tasks,
     })
+}
+
+/// Serves the admin API on `listen`; the bound address and the server.
+async fn serve_admin(
+    listen: SocketAddr,
+    config: &ControlPlaneConfig,
+    coordination: Arc<dyn Coordination>,
+    routes: RouteClient,
+) -> std::io::Result<(SocketAddr, JoinHandle<()>)> {
+    use cellmesh_proto::v1::operations_server::OperationsServer;
+    let listener = tokio::net::TcpListener::bind(listen).await?;
+    let addr = listener.local_addr()?;
+    let secret = ClusterSecret::new(&config.cluster_secret);
+    let api = OperationsApi::new(OperationStore::new(coordination), routes);
+    let service = tonic::service::interceptor::InterceptedService::new(
+        OperationsServer::new(api),
+        move |r| secret.check(r),
+    );
+    let server = tokio::spawn(async move {
+        let served = tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming(cellmesh_proto::server::incoming(listener))
+            .await;
+        if let Err(e) = served {
+            tracing::error!(error = %e, "the admin API stopped");
+        }
+    });
+    Ok((addr, server))
 }
 
 /// Keeps the console's status object fresh (once a second).
@@ -359,9 +413,19 @@ async fn lead(
             ),
             config.migrations.clone(),
         );
+        let operations = run_operations(
+            OperationStore::new(coordination.clone()),
+            Arc::new(crate::migration::Migrator::new(
+                routes.clone(),
+                ClusterSecret::new(&config.cluster_secret),
+                Default::default(),
+            )),
+            config.coordination.name.clone(),
+        );
         tokio::select! {
             _ = run(config.clone(), coordination.clone(), routes.clone(), events.clone()) => {}
             _ = orphans => {}
+            _ = operations => {}
             _ = async {
                 // A closed channel means the lease cannot report loss.
                 if lost.wait_for(|l| *l).await.is_err() {

@@ -28,6 +28,8 @@ struct State {
     keys: BTreeMap<String, (u64, String)>,
     /// Election → (holder token, candidate).
     leaders: BTreeMap<String, (u64, String)>,
+    /// Durable records (kept for the life of the process).
+    records: BTreeMap<String, String>,
 }
 
 impl EmbeddedCoordination {
@@ -52,6 +54,21 @@ impl EmbeddedCoordination {
 
 #[tonic::async_trait]
 impl Coordination for EmbeddedCoordination {
+    async fn put(&self, key: &str, value: &str) -> Result<(), CoordError> {
+        let mut s = self.inner.state.lock().expect("coordination state");
+        s.records.insert(key.to_string(), value.to_string());
+        Ok(())
+    }
+
+    async fn records(&self, prefix: &str) -> Result<BTreeMap<String, String>, CoordError> {
+        let s = self.inner.state.lock().expect("coordination state");
+        Ok(s.records
+            .range(prefix.to_string()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect())
+    }
+
     async fn register(&self, key: &str, value: &str, _ttl: Duration) -> Result<Lease, CoordError> {
         let token = {
             let mut s = self.inner.state.lock().expect("coordination state");

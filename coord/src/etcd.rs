@@ -72,6 +72,28 @@ impl EtcdCoordination {
 
 #[tonic::async_trait]
 impl Coordination for EtcdCoordination {
+    async fn put(&self, key: &str, value: &str) -> Result<(), CoordError> {
+        let mut client = self.client.clone();
+        client.put(key, value, None).await.map_err(store)?;
+        Ok(())
+    }
+
+    async fn records(&self, prefix: &str) -> Result<BTreeMap<String, String>, CoordError> {
+        let mut client = self.client.clone();
+        let response = client
+            .get(prefix, Some(GetOptions::new().with_prefix()))
+            .await
+            .map_err(store)?;
+        let mut out = BTreeMap::new();
+        for kv in response.kvs() {
+            out.insert(
+                kv.key_str().map_err(store)?.to_string(),
+                kv.value_str().map_err(store)?.to_string(),
+            );
+        }
+        Ok(out)
+    }
+
     async fn register(&self, key: &str, value: &str, ttl: Duration) -> Result<Lease, CoordError> {
         let (id, lease) = self.lease(ttl).await?;
         self.client

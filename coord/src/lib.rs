@@ -52,7 +52,17 @@ pub trait Coordination: Send + Sync {
 
     /// The current leader of `election`, if any.
     async fn leader(&self, election: &str) -> Result<Option<String>, CoordError>;
+
+    /// Stores `key = value` durably (no lease): records such as the
+    /// control plane's operations, which outlive the replica that wrote them.
+    async fn put(&self, key: &str, value: &str) -> Result<(), CoordError>;
+
+    /// Durable records (see [`Coordination::put`]) under `prefix`.
+    async fn records(&self, prefix: &str) -> Result<BTreeMap<String, String>, CoordError>;
 }
+
+/// Where the control plane records operations: `cellmesh/operations/<id>`.
+pub const OPERATIONS_PREFIX: &str = "cellmesh/operations/";
 
 /// Where cells register: `cellmesh/cells/<cell id>` = address.
 pub const CELLS_PREFIX: &str = "cellmesh/cells/";

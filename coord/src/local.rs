@@ -19,6 +19,9 @@ pub struct LocalCoordination {
     dir: PathBuf,
 }
 
+/// The subdirectory of durable records (one file per key).
+const RECORDS: &str = "records";
+
 fn store(e: impl std::fmt::Display) -> CoordError {
     CoordError::Store(e.to_string())
 }
@@ -98,6 +101,40 @@ impl LocalCoordination {
 
 #[tonic::async_trait]
 impl Coordination for LocalCoordination {
+    async fn put(&self, key: &str, value: &str) -> Result<(), CoordError> {
+        let dir = self.dir.join(RECORDS);
+        std::fs::create_dir_all(&dir).map_err(store)?;
+        let path = dir.join(encode(key));
+        let tmp = dir.join(format!(".{}.tmp", encode(key)));
+        let mut file = File::create(&tmp).map_err(store)?;
+        file.write_all(value.as_bytes()).map_err(store)?;
+        file.sync_all().map_err(store)?;
+        std::fs::rename(&tmp, &path).map_err(store)?;
+        File::open(&dir).and_then(|d| d.sync_all()).map_err(store)?;
+        Ok(())
+    }
+
+    async fn records(&self, prefix: &str) -> Result<BTreeMap<String, String>, CoordError> {
+        let dir = self.dir.join(RECORDS);
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
+            Err(e) => return Err(store(e)),
+        };
+        let mut out = BTreeMap::new();
+        for entry in entries {
+            let entry = entry.map_err(store)?;
+            let name = entry.file_name().to_string_lossy().to_string();
+            let key = decode(&name);
+            if name.starts_with('.') || !key.starts_with(prefix) {
+                continue;
+            }
+            let value = std::fs::read_to_string(entry.path()).map_err(store)?;
+            out.insert(key, value);
+        }
+        Ok(out)
+    }
+
     async fn register(&self, key: &str, value: &str, _ttl: Duration) -> Result<Lease, CoordError> {
         self.try_hold(key, value)?
             .ok_or_else(|| CoordError::Store(format!("{key} is held by another live process")))

@@ -21,6 +21,7 @@ use serde_json::json;
 use crate::client::describe;
 
 mod moves;
+mod ops;
 
 #[derive(Args)]
 pub struct CtlArgs {
@@ -50,6 +51,15 @@ pub struct CtlArgs {
     /// (`coordination.backend = "local"`), for the leader in `status`.
     #[arg(long)]
     coordination_dir: Option<std::path::PathBuf>,
+    /// Admin API endpoints of the control-plane replicas, comma-separated
+    /// (for `ops`).
+    #[arg(
+        long,
+        env = "CELLMESH_CONTROL_PLANE",
+        value_delimiter = ',',
+        default_value = "http://127.0.0.1:7101"
+    )]
+    control_plane: Vec<String>,
     #[command(subcommand)]
     command: CtlCommand,
 }
@@ -76,6 +86,12 @@ enum CtlCommand {
     Status {
         #[arg(long)]
         json: bool,
+    },
+    /// Operations the control plane runs and records (moves, drains,
+    /// failbacks): they finish whoever started them.
+    Ops {
+        #[command(subcommand)]
+        command: ops::OpsCommand,
     },
     /// Registered cells with region, address and status.
     Cells {
@@ -258,6 +274,18 @@ pub async fn run(mut args: CtlArgs) -> anyhow::Result<()> {
         if args.etcd.is_empty() && args.coordination_dir.is_none() {
             args.coordination_dir = Some(dir.join("coordination"));
         }
+        let admin = crate::devtarget::DevTarget::load(dir)?.admin;
+        if !admin.is_empty() {
+            args.control_plane = admin;
+        }
+    }
+    if let CtlCommand::Ops { command } = args.command {
+        return ops::run(
+            &args.control_plane,
+            &ClusterSecret::new(&args.secret),
+            command,
+        )
+        .await;
     }
     if let CtlCommand::Token {
         tenant,
@@ -285,7 +313,7 @@ pub async fn run(mut args: CtlArgs) -> anyhow::Result<()> {
         .await
         .map_err(|e| anyhow::anyhow!("cannot read the route table: {}", describe(&e)))?;
     match args.command {
-        CtlCommand::Token { .. } => unreachable!("handled above"),
+        CtlCommand::Token { .. } | CtlCommand::Ops { .. } => unreachable!("handled above"),
         CtlCommand::Status { json } => {
             let status = crate::status::collect(
                 &routes,

@@ -233,6 +233,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     // `--etcd`, else through lock files in the data directory.
     let replicas = 2;
     let mut consoles = Vec::new();
+    let mut admins = Vec::new();
     for i in 0..replicas {
         let mut config = ControlPlaneConfig {
             routers: topo.routers_from(0),
@@ -245,6 +246,8 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         config.links = topo.links_from(0);
         config.console_listen = format!("127.0.0.1:{}", topo.console_port(i));
         consoles.push(format!("http://{}/", config.console_listen));
+        config.admin_listen = format!("127.0.0.1:{}", topo.admin_port(i));
+        admins.push(format!("http://{}", config.admin_listen));
         if args.etcd {
             config.coordination.backend = CoordinationBackend::Etcd;
             config.coordination.etcd_endpoints = etcd_endpoints.clone();
@@ -291,7 +294,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             .collect::<BTreeMap<_, _>>(),
         "routers": (0..REGIONS.len()).map(|r| topo.router_api(r)).collect::<Vec<_>>(),
         "control_plane": {"replicas": replicas, "coordination": if args.etcd { "etcd" } else { "local" },
-            "consoles": consoles},
+            "consoles": consoles, "admin": admins},
         "console_url": consoles[0],
         "cluster_secret": secrets.cluster,
         "etcd": etcd_endpoints,

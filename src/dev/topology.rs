@@ -63,6 +63,10 @@ impl Topology {
     pub fn console_port(&self, i: usize) -> u16 {
         self.base + 92 + i as u16
     }
+    /// Control-plane replica `i`'s admin API.
+    pub fn admin_port(&self, i: usize) -> u16 {
+        self.base + 94 + i as u16
+    }
 
     /// Every cross-region path with its proxy port.
     pub fn links(&self) -> Vec<Link> {

@@ -382,6 +382,7 @@ pub async fn control_plane_with(
         up_after: 3,
         failover,
         console_listen: String::new(),
+        admin_listen: "127.0.0.1:0".into(),
         ..ControlPlaneConfig::default()
     })
     .await

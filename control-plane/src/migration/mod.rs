@@ -154,6 +154,11 @@ fn call(what: &str) -> impl FnOnce(tonic::Status) -> MigrationError + '_ {
 }
 
 impl Migrator {
+    /// The route client moves read and write through.
+    pub fn routes(&self) -> &RouteClient {
+        &self.routes
+    }
+
     pub fn new(routes: RouteClient, secret: ClusterSecret, options: MigrationOptions) -> Self {
         Self {
             routes,

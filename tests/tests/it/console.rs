@@ -66,6 +66,7 @@ async fn the_console_shows_every_cell_and_a_migration_moving() {
         routers: d.cluster.endpoints(),
         cluster_secret: SECRET.into(),
         console_listen: "127.0.0.1:0".into(),
+        admin_listen: "127.0.0.1:0".into(),
         ..ControlPlaneConfig::default()
     })
     .await

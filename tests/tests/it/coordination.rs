@@ -72,6 +72,7 @@ async fn a_standby_control_plane_takes_over_and_cells_register_under_leases() {
             ..CoordinationConfig::default()
         },
         console_listen: "127.0.0.1:0".into(),
+        admin_listen: "127.0.0.1:0".into(),
         ..ControlPlaneConfig::default()
     };
     let active = cellmesh_control_plane::server::start(config("cp-1"))

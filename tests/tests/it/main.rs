@@ -16,6 +16,7 @@ mod history;
 mod homes;
 mod kafka_queue;
 mod migration;
+mod operations;
 mod presence;
 mod process_failover;
 mod processor_crash;

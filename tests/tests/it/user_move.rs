@@ -375,6 +375,7 @@ async fn the_control_plane_finishes_moves_nobody_drives() {
         routers: d.cluster.endpoints(),
         cluster_secret: SECRET.into(),
         console_listen: String::new(),
+        admin_listen: "127.0.0.1:0".into(),
         migrations: OrphanConfig {
             resume_after_ms: 1_000,
             resume_frozen_after_ms: 500,

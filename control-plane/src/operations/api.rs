@@ -1,0 +1,203 @@
+//! The `cellmesh.v1.Operations` gRPC service, on every control-plane
+//! replica: starting an operation records it (the active replica runs it),
+//! reads and watches come from the records, and a cancel is recorded for
+//! the runner to carry out.
+
+use std::pin::Pin;
+use std::time::Duration;
+
+use cellmesh_proto::status::to_status;
+use cellmesh_proto::v1::operations_server::Operations;
+use cellmesh_proto::v1::start_operation_request::Spec as PbSpec;
+use cellmesh_proto::v1::{self as pb, ErrorCode};
+use cellmesh_route_client::client::RouteClient;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+
+use super::{Operation, OperationStore, Spec, StoreError};
+
+/// How often a watch reads the record.
+const WATCH_POLL: Duration = Duration::from_millis(250);
+
+pub struct OperationsApi {
+    store: OperationStore,
+    routes: RouteClient,
+}
+
+impl OperationsApi {
+    pub fn new(store: OperationStore, routes: RouteClient) -> Self {
+        Self { store, routes }
+    }
+
+    async fn find(&self, id: &str) -> Result<Operation, Status> {
+        self.store
+            .get(id)
+            .await
+            .map_err(unavailable)?
+            .ok_or_else(|| {
+                to_status(
+                    ErrorCode::NotFound,
+                    "OPERATION_NOT_FOUND",
+                    format!("no operation {id:?}"),
+                    0,
+                    None,
+                )
+            })
+    }
+}
+
+fn unavailable(e: StoreError) -> Status {
+    to_status(
+        ErrorCode::RetryLater,
+        "COORDINATION_UNAVAILABLE",
+        e.to_string(),
+        500,
+        None,
+    )
+}
+
+fn invalid(reason: &str, message: String) -> Status {
+    to_status(ErrorCode::InvalidArgument, reason, message, 0, None)
+}
+
+/// The spec of a start request, checked field by field.
+fn spec_from_pb(spec: Option<PbSpec>) -> Result<Spec, Status> {
+    let parallel = |p: u32| if p == 0 { 8 } else { p as usize };
+    let spec = match spec {
+        None => return Err(invalid("MISSING_SPEC", "say what to do".into())),
+        Some(PbSpec::MoveConversation(m)) => Spec::MoveConversation {
+            tenant: m.tenant_id,
+            conversation: m.conversation_id,
+            to: m.to_cell,
+        },
+        Some(PbSpec::MoveUser(m)) => Spec::MoveUser {
+            tenant: m.tenant_id,
+            user: m.user_id,
+            to: m.to_cell,
+        },
+        Some(PbSpec::MoveTenant(m)) => Spec::MoveTenant {
+            tenant: m.tenant_id,
+            to: m.to_cell,
+            parallel: parallel(m.parallel),
+        },
+        Some(PbSpec::Drain(d)) => Spec::Drain {
+            cell: d.cell_id,
+            to: (!d.to_cell.is_empty()).then_some(d.to_cell),
+            parallel: parallel(d.parallel),
+        },
+        Some(PbSpec::Failback(f)) => Spec::Failback {
+            cell: f.cell_id,
+            parallel: parallel(f.parallel),
+        },
+    };
+    let ids_set = match &spec {
+        Spec::MoveConversation {
+            tenant,
+            conversation,
+            ..
+        } => *tenant > 0 && *conversation > 0,
+        Spec::MoveUser { tenant, user, .. } => *tenant > 0 && *user > 0,
+        Spec::MoveTenant { tenant, .. } => *tenant > 0,
+        Spec::Drain { .. } | Spec::Failback { .. } => true,
+    };
+    if !ids_set {
+        return Err(invalid(
+            "MISSING_ID",
+            "tenant and conversation or user ids are required".into(),
+        ));
+    }
+    Ok(spec)
+}
+
+type InfoStream = Pin<Box<dyn Stream<Item = Result<pb::OperationInfo, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Operations for OperationsApi {
+    async fn start(
+        &self,
+        request: Request<pb::StartOperationRequest>,
+    ) -> Result<Response<pb::OperationInfo>, Status> {
+        let spec = spec_from_pb(request.into_inner().spec)?;
+        for cell in spec.cells() {
+            if self.routes.read(|t| t.cell(cell).is_none()) {
+                return Err(invalid(
+                    "UNKNOWN_CELL",
+                    format!("no cell {cell:?} is registered"),
+                ));
+            }
+        }
+        let op = self.store.create(spec).await.map_err(unavailable)?;
+        tracing::info!(id = %op.id, what = %op.spec.describe(), "operation recorded");
+        Ok(Response::new(op.to_pb()))
+    }
+
+    async fn get(
+        &self,
+        request: Request<pb::OperationRequest>,
+    ) -> Result<Response<pb::OperationInfo>, Status> {
+        Ok(Response::new(
+            self.find(&request.into_inner().id).await?.to_pb(),
+        ))
+    }
+
+    async fn list(
+        &self,
+        _request: Request<pb::ListOperationsRequest>,
+    ) -> Result<Response<pb::ListOperationsResponse>, Status> {
+        let ops = self.store.list().await.map_err(unavailable)?;
+        Ok(Response::new(pb::ListOperationsResponse {
+            operations: ops.values().map(Operation::to_pb).collect(),
+        }))
+    }
+
+    async fn cancel(
+        &self,
+        request: Request<pb::OperationRequest>,
+    ) -> Result<Response<pb::OperationInfo>, Status> {
+        let mut op = self.find(&request.into_inner().id).await?;
+        if !op.state.is_final() && !op.cancel_requested {
+            op.cancel_requested = true;
+            op.updated_ms = super::now_ms();
+            self.store.save(&op).await.map_err(unavailable)?;
+        }
+        Ok(Response::new(op.to_pb()))
+    }
+
+    type WatchStream = InfoStream;
+
+    async fn watch(
+        &self,
+        request: Request<pb::OperationRequest>,
+    ) -> Result<Response<InfoStream>, Status> {
+        let id = request.into_inner().id;
+        let first = self.find(&id).await?;
+        let store = self.store.clone();
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        tokio::spawn(async move {
+            let mut last = first;
+            if tx.send(Ok(last.to_pb())).await.is_err() {
+                return;
+            }
+            while !last.state.is_final() {
+                tokio::time::sleep(WATCH_POLL).await;
+                let now = match store.get(&id).await {
+                    Ok(Some(op)) => op,
+                    Ok(None) => return,
+                    Err(e) => {
+                        let _ = tx.send(Err(unavailable(e))).await;
+                        return;
+                    }
+                };
+                if now != last {
+                    if tx.send(Ok(now.to_pb())).await.is_err() {
+                        return;
+                    }
+                    last = now;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+}

@@ -1,0 +1,249 @@
+//! Operations: moves, drains and failbacks that the control plane runs
+//! on an operator's behalf. Each one is a durable record in the
+//! coordination store (`cellmesh/operations/<id>`: what to do, its state,
+//! its progress); the active replica runs every unfinished one
+//! ([`runner`]), and when it dies the next active replica takes them up —
+//! every step of a move is in the route table, so running it again resumes
+//! it. [`api`] serves the records over gRPC on every replica.
+
+pub mod api;
+pub mod runner;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use cellmesh_coord::{CoordError, Coordination, OPERATIONS_PREFIX};
+use cellmesh_proto::v1 as pb;
+use cellmesh_route_client::table::Key;
+use serde::{Deserialize, Serialize};
+
+/// What an operation does.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Spec {
+    MoveConversation {
+        tenant: u64,
+        conversation: u64,
+        to: String,
+    },
+    MoveUser {
+        tenant: u64,
+        user: u64,
+        to: String,
+    },
+    MoveTenant {
+        tenant: u64,
+        to: String,
+        parallel: usize,
+    },
+    Drain {
+        cell: String,
+        to: Option<String>,
+        parallel: usize,
+    },
+    Failback {
+        cell: String,
+        parallel: usize,
+    },
+}
+
+impl Spec {
+    pub fn describe(&self) -> String {
+        match self {
+            Spec::MoveConversation {
+                tenant,
+                conversation,
+                to,
+            } => format!("move conversation {conversation} of tenant {tenant} to {to}"),
+            Spec::MoveUser { tenant, user, to } => {
+                format!("move the home of user {user} of tenant {tenant} to {to}")
+            }
+            Spec::MoveTenant { tenant, to, .. } => format!("move tenant {tenant} to {to}"),
+            Spec::Drain { cell, to, .. } => match to {
+                Some(to) => format!("drain {cell} into {to}"),
+                None => format!("drain {cell} into its fallback"),
+            },
+            Spec::Failback { cell, .. } => format!("fail back to {cell}"),
+        }
+    }
+
+    /// The route a cancel rolls back (a single move's key).
+    pub fn key(&self) -> Option<Key> {
+        match self {
+            Spec::MoveConversation {
+                tenant,
+                conversation,
+                ..
+            } => Some(Key::conversation(*tenant, *conversation)),
+            Spec::MoveUser { tenant, user, .. } => Some(Key::user(*tenant, *user)),
+            Spec::MoveTenant { tenant, .. } => Some(Key::tenant(*tenant)),
+            Spec::Drain { .. } | Spec::Failback { .. } => None,
+        }
+    }
+
+    /// The cells the operation names (checked to exist before it starts).
+    pub fn cells(&self) -> Vec<&str> {
+        match self {
+            Spec::MoveConversation { to, .. }
+            | Spec::MoveUser { to, .. }
+            | Spec::MoveTenant { to, .. } => vec![to],
+            Spec::Drain { cell, to, .. } => std::iter::once(cell.as_str())
+                .chain(to.as_deref())
+                .collect(),
+            Spec::Failback { cell, .. } => vec![cell],
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum State {
+    Pending,
+    Running,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+impl State {
+    pub fn is_final(self) -> bool {
+        matches!(self, State::Succeeded | State::Failed | State::Cancelled)
+    }
+}
+
+/// One operation as recorded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Operation {
+    pub id: String,
+    pub spec: Spec,
+    pub state: State,
+    pub phase: String,
+    pub done: u64,
+    pub total: u64,
+    pub message: String,
+    pub created_ms: u64,
+    pub updated_ms: u64,
+    /// The replica that runs (or ran) it.
+    pub runner: String,
+    pub cancel_requested: bool,
+}
+
+impl Operation {
+    pub fn to_pb(&self) -> pb::OperationInfo {
+        let state = match self.state {
+            State::Pending => pb::OperationState::Pending,
+            State::Running => pb::OperationState::Running,
+            State::Succeeded => pb::OperationState::Succeeded,
+            State::Failed => pb::OperationState::Failed,
+            State::Cancelled => pb::OperationState::Cancelled,
+        };
+        pb::OperationInfo {
+            id: self.id.clone(),
+            description: self.spec.describe(),
+            state: state as i32,
+            phase: self.phase.clone(),
+            done: self.done,
+            total: self.total,
+            message: self.message.clone(),
+            created_ms: self.created_ms,
+            updated_ms: self.updated_ms,
+            runner: self.runner.clone(),
+            cancel_requested: self.cancel_requested,
+        }
+    }
+}
+
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// The operations in the coordination store.
+#[derive(Clone)]
+pub struct OperationStore {
+    coordination: Arc<dyn Coordination>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error(transparent)]
+    Coordination(#[from] CoordError),
+    #[error("operation record {0} is unreadable: {1}")]
+    Corrupt(String, serde_json::Error),
+}
+
+impl OperationStore {
+    pub fn new(coordination: Arc<dyn Coordination>) -> Self {
+        Self { coordination }
+    }
+
+    /// Records a new, pending operation.
+    pub async fn create(&self, spec: Spec) -> Result<Operation, StoreError> {
+        let now = now_ms();
+        let op = Operation {
+            id: format!("op-{now}-{:04x}", rand::random::<u16>()),
+            spec,
+            state: State::Pending,
+            phase: String::new(),
+            done: 0,
+            total: 0,
+            message: String::new(),
+            created_ms: now,
+            updated_ms: now,
+            runner: String::new(),
+            cancel_requested: false,
+        };
+        self.save(&op).await?;
+        Ok(op)
+    }
+
+    pub async fn save(&self, op: &Operation) -> Result<(), StoreError> {
+        let value = serde_json::to_string(op).expect("operations serialize");
+        let key = format!("{OPERATIONS_PREFIX}{}", op.id);
+        self.coordination.put(&key, &value).await?;
+        Ok(())
+    }
+
+    pub async fn get(&self, id: &str) -> Result<Option<Operation>, StoreError> {
+        Ok(self.list().await?.remove(id))
+    }
+
+    /// Every operation by id (ids sort by creation time).
+    pub async fn list(&self) -> Result<BTreeMap<String, Operation>, StoreError> {
+        let mut out = BTreeMap::new();
+        for (key, value) in self.coordination.records(OPERATIONS_PREFIX).await? {
+            let op: Operation =
+                serde_json::from_str(&value).map_err(|e| StoreError::Corrupt(key.clone(), e))?;
+            out.insert(op.id.clone(), op);
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cellmesh_coord::embedded::EmbeddedCoordination;
+
+    #[tokio::test]
+    async fn operations_round_trip_through_the_store() {
+        let store = OperationStore::new(Arc::new(EmbeddedCoordination::default()));
+        let spec = Spec::MoveTenant {
+            tenant: 7,
+            to: "eu-west/c2".into(),
+            parallel: 4,
+        };
+        let mut op = store.create(spec.clone()).await.unwrap();
+        assert_eq!(op.state, State::Pending);
+        op.state = State::Running;
+        op.done = 3;
+        store.save(&op).await.unwrap();
+        let back = store.get(&op.id).await.unwrap().unwrap();
+        assert_eq!(back, op);
+        assert_eq!(back.spec.key(), Some(Key::tenant(7)));
+        assert_eq!(back.to_pb().description, "move tenant 7 to eu-west/c2");
+        assert!(store.get("op-none").await.unwrap().is_none());
+    }
+}

@@ -1,0 +1,240 @@
+//! Runs the recorded operations on the active replica: every operation not
+//! finished and not running here is started (a Running one was left by a
+//! replica that lost its leadership, and is resumed), its progress is
+//! written back twice a second, and a cancel asked for through the API
+//! stops it (a move's route is cancelled in the table). Dropping the
+//! runner's future — leadership lost — stops every operation it runs.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cellmesh_proto::v1::update_route::Transition;
+use cellmesh_route_client::commands::update_route;
+use cellmesh_route_client::table::RouteState;
+use tokio::task::JoinSet;
+
+use super::{Operation, OperationStore, Spec, State, now_ms};
+use crate::migration::Migrator;
+use crate::migration::bulk::BulkEvent;
+
+/// How often the runner looks for new operations and cancels.
+const SCAN: Duration = Duration::from_millis(250);
+/// How often a running operation's progress is recorded.
+const REPORT: Duration = Duration::from_millis(500);
+
+/// Progress as the running task sees it.
+#[derive(Default, Clone)]
+struct Live {
+    phase: String,
+    done: u64,
+    total: u64,
+}
+
+/// Runs operations until dropped.
+pub async fn run_operations(store: OperationStore, migrator: Arc<Migrator>, name: String) {
+    let mut tasks: JoinSet<()> = JoinSet::new();
+    let mut running: HashMap<String, tokio::task::AbortHandle> = HashMap::new();
+    loop {
+        while let Some(done) = tasks.try_join_next() {
+            if let Err(e) = done
+                && e.is_panic()
+            {
+                tracing::error!(error = %e, "an operation task panicked");
+            }
+        }
+        running.retain(|_, handle| !handle.is_finished());
+        match store.list().await {
+            Ok(ops) => {
+                for op in ops.into_values().filter(|op| !op.state.is_final()) {
+                    if op.cancel_requested {
+                        if let Some(handle) = running.remove(&op.id) {
+                            handle.abort();
+                        }
+                        cancel(&store, &migrator, op).await;
+                    } else if !running.contains_key(&op.id) {
+                        let id = op.id.clone();
+                        let handle =
+                            tasks.spawn(run_one(store.clone(), migrator.clone(), name.clone(), op));
+                        running.insert(id, handle);
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot read operations"),
+        }
+        tokio::time::sleep(SCAN).await;
+    }
+}
+
+/// Cancels a move's route (the key stays where it was) and records it.
+async fn cancel(store: &OperationStore, migrator: &Migrator, mut op: Operation) {
+    if let Some(key) = op.spec.key() {
+        let moving = migrator.routes().read(|t| {
+            t.entry(&key)
+                .filter(|e| e.state != RouteState::Active)
+                .map(|e| e.epoch)
+        });
+        if let Some(epoch) = moving
+            && let Err(e) = migrator
+                .routes()
+                .apply(update_route(&key, epoch, Transition::Cancel(true)))
+                .await
+        {
+            tracing::warn!(%key, error = %e.message(), "cancelling the move's route failed; retrying");
+            return;
+        }
+    }
+    op.state = State::Cancelled;
+    op.message = "cancelled".into();
+    op.updated_ms = now_ms();
+    if let Err(e) = store.save(&op).await {
+        tracing::warn!(id = %op.id, error = %e, "cannot record a cancel");
+    }
+}
+
+/// Runs one operation to its end, recording progress and the outcome.
+async fn run_one(store: OperationStore, migrator: Arc<Migrator>, name: String, mut op: Operation) {
+    op.state = State::Running;
+    op.runner = name;
+    op.updated_ms = now_ms();
+    if let Err(e) = store.save(&op).await {
+        tracing::warn!(id = %op.id, error = %e, "cannot record an operation start");
+        return;
+    }
+    let live = Arc::new(Mutex::new(Live::default()));
+    let reporter = {
+        let (store, live, mut op) = (store.clone(), live.clone(), op.clone());
+        async move {
+            loop {
+                tokio::time::sleep(REPORT).await;
+                let now = live.lock().expect("progress").clone();
+                // A cancel recorded meanwhile is kept.
+                if let Ok(Some(stored)) = store.get(&op.id).await {
+                    op.cancel_requested = stored.cancel_requested;
+                }
+                (op.phase, op.done, op.total) = (now.phase, now.done, now.total);
+                op.updated_ms = now_ms();
+                let _ = store.save(&op).await;
+            }
+        }
+    };
+    let outcome = tokio::select! {
+        outcome = execute(&migrator, &op.spec, live.clone()) => outcome,
+        _ = reporter => unreachable!("the reporter runs until dropped"),
+    };
+    let now = live.lock().expect("progress").clone();
+    if let Ok(Some(stored)) = store.get(&op.id).await {
+        op.cancel_requested = stored.cancel_requested;
+    }
+    (op.phase, op.done, op.total) = (now.phase, now.done, now.total);
+    (op.state, op.message) = match outcome {
+        Ok(message) => (State::Succeeded, message),
+        Err(message) => (State::Failed, message),
+    };
+    op.updated_ms = now_ms();
+    if let Err(e) = store.save(&op).await {
+        tracing::warn!(id = %op.id, error = %e, "cannot record an operation's outcome");
+    }
+}
+
+/// Does what `spec` says; a summary, or why it failed.
+async fn execute(
+    migrator: &Migrator,
+    spec: &Spec,
+    live: Arc<Mutex<Live>>,
+) -> Result<String, String> {
+    let set = |phase: &str, done: u64, total: u64| {
+        *live.lock().expect("progress") = Live {
+            phase: phase.to_string(),
+            done,
+            total,
+        };
+    };
+    match spec {
+        Spec::MoveConversation {
+            tenant,
+            conversation,
+            to,
+        } => migrator
+            .migrate_conversation(*tenant, *conversation, to, |p| {
+                set(p.phase, p.copied_through, p.source_latest)
+            })
+            .await
+            .map(|r| {
+                format!(
+                    "moved through seq {} ({} verified)",
+                    r.final_seq, r.messages_verified
+                )
+            })
+            .map_err(|e| e.to_string()),
+        Spec::MoveUser { tenant, user, to } => migrator
+            .migrate_user(*tenant, *user, to, |p| {
+                set(p.phase, p.copied_through, p.source_latest)
+            })
+            .await
+            .map(|r| format!("moved through pts {}", r.final_pts))
+            .map_err(|e| e.to_string()),
+        Spec::MoveTenant {
+            tenant,
+            to,
+            parallel,
+        } => migrator
+            .migrate_tenant(*tenant, to, (*parallel).max(1), |p| {
+                set(p.phase, p.moved, p.conversations)
+            })
+            .await
+            .map(|r| {
+                format!(
+                    "{} conversations and {} user homes moved to {}",
+                    r.conversations_moved, r.users_moved, r.to
+                )
+            })
+            .map_err(|e| e.to_string()),
+        Spec::Drain { cell, to, parallel } => {
+            let mut moved = 0;
+            let report = migrator
+                .drain(cell, to.as_deref(), (*parallel).max(1), |e| {
+                    if let BulkEvent::Moved(_) = e {
+                        moved += 1;
+                        set("moving", moved, 0);
+                    }
+                })
+                .await
+                .map_err(|e| e.to_string())?;
+            bulk_outcome(report)
+        }
+        Spec::Failback { cell, parallel } => {
+            let mut moved = 0;
+            let report = migrator
+                .failback(cell, (*parallel).max(1), |e| {
+                    if let BulkEvent::Moved(_) = e {
+                        moved += 1;
+                        set("moving", moved, 0);
+                    }
+                })
+                .await
+                .map_err(|e| e.to_string())?;
+            bulk_outcome(report)
+        }
+    }
+}
+
+fn bulk_outcome(report: crate::migration::bulk::BulkReport) -> Result<String, String> {
+    if report.failures.is_empty() {
+        Ok(format!(
+            "{} conversations moved to {}",
+            report.conversations_moved, report.to
+        ))
+    } else {
+        Err(format!(
+            "{} routes did not move (running again resumes them): {}",
+            report.failures.len(),
+            report
+                .failures
+                .iter()
+                .map(|(k, e)| format!("{k}: {e}"))
+                .collect::<Vec<_>>()
+                .join("; ")
+        ))
+    }
+}

@@ -1,0 +1,211 @@
+//! The control plane's operations: a tenant move started through the admin
+//! API of a standby replica is recorded, run by the active replica (the
+//! caller does not wait), and when that replica dies mid-move the other
+//! one takes the operation up from the record and finishes it. Bad
+//! requests get stable codes.
+
+use std::time::Duration;
+
+use cellmesh_control_plane::server::{
+    ControlPlaneConfig, CoordinationBackend, CoordinationConfig, RunningControlPlane,
+};
+use cellmesh_proto::secret::ClusterSecret;
+use cellmesh_proto::status::error_detail;
+use cellmesh_proto::v1::operations_client::OperationsClient;
+use cellmesh_proto::v1::start_operation_request::Spec;
+use cellmesh_proto::v1::*;
+use cellmesh_route_client::table::{Key, RouteState};
+use cellmesh_tests::deploy::*;
+use cellmesh_tests::eventually;
+use cellmesh_tests::router::SECRET;
+use tonic::transport::Channel;
+
+const TARGET: &str = "us-east/c1";
+
+async fn replica(routers: Vec<String>, dir: &std::path::Path, name: &str) -> RunningControlPlane {
+    cellmesh_control_plane::server::start(ControlPlaneConfig {
+        routers,
+        cluster_secret: SECRET.into(),
+        console_listen: String::new(),
+        admin_listen: "127.0.0.1:0".into(),
+        coordination: CoordinationConfig {
+            backend: CoordinationBackend::Local,
+            dir: dir.display().to_string(),
+            name: name.into(),
+            ..CoordinationConfig::default()
+        },
+        ..ControlPlaneConfig::default()
+    })
+    .await
+    .expect("control plane starts")
+}
+
+async fn admin(cp: &RunningControlPlane) -> OperationsClient<Channel> {
+    let addr = cp.admin.expect("the admin API is on");
+    OperationsClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap()
+}
+
+fn authed<T>(message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    ClusterSecret::new(SECRET).attach(&mut request);
+    request
+}
+
+async fn get(client: &mut OperationsClient<Channel>, id: &str) -> OperationInfo {
+    client
+        .get(authed(OperationRequest { id: id.into() }))
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operation_outlives_its_caller_and_the_replica_that_ran_it() {
+    let d = deploy(None).await;
+    let alice = token(1, 10);
+    let mut m = messaging(&d.edge).await;
+    let mut conversations = Vec::new();
+    for i in 0..30 {
+        let c = create_via_edge(&mut m, &alice, vec![11]).await;
+        for j in 0..5 {
+            m.send(cellmesh_tests::deploy::authed(
+                text(c, &format!("m-{i}-{j}")),
+                &alice,
+            ))
+            .await
+            .unwrap();
+        }
+        conversations.push(c);
+    }
+    let coordination = tempfile::tempdir().unwrap();
+    let first = replica(d.cluster.endpoints(), coordination.path(), "cp-1").await;
+    assert!(eventually(Duration::from_secs(10), || async { first.is_leader() }).await);
+    let second = replica(d.cluster.endpoints(), coordination.path(), "cp-2").await;
+
+    // Started through the standby; the caller goes away at once.
+    let started = admin(&second)
+        .await
+        .start(authed(StartOperationRequest {
+            spec: Some(Spec::MoveTenant(MoveTenantSpec {
+                tenant_id: 1,
+                to_cell: TARGET.into(),
+                parallel: 1,
+            })),
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(started.state, OperationState::Pending as i32);
+    let id = started.id.clone();
+
+    // The active replica runs it; it dies mid-move.
+    let mut client = admin(&second).await;
+    let mid_move = eventually(Duration::from_secs(20), || {
+        let (mut client, id) = (client.clone(), id.clone());
+        async move {
+            let op = get(&mut client, &id).await;
+            op.state == OperationState::Running as i32 && op.runner == "cp-1" && op.done >= 2
+        }
+    })
+    .await;
+    assert!(
+        mid_move,
+        "cp-1 ran the move: {:?}",
+        get(&mut client, &id).await
+    );
+    first.stop();
+
+    // The other replica leads and finishes it from the record.
+    let finished = eventually(Duration::from_secs(60), || {
+        let (mut client, id) = (client.clone(), id.clone());
+        async move { get(&mut client, &id).await.state == OperationState::Succeeded as i32 }
+    })
+    .await;
+    let op = get(&mut client, &id).await;
+    assert!(finished, "{op:?}");
+    assert!(second.is_leader());
+    assert_eq!(op.runner, "cp-2");
+    let routes = d.cluster.client().await;
+    for c in &conversations {
+        let route = routes.read(|t| t.resolve(&Key::conversation(1, *c)).unwrap());
+        assert_eq!(route.entry.cell, TARGET, "conversation {c}");
+    }
+    let tenant = routes.read(|t| t.entry(&Key::tenant(1)).cloned().unwrap());
+    assert_eq!(
+        (tenant.cell.as_str(), &tenant.state),
+        (TARGET, &RouteState::Active)
+    );
+    // History came along whole.
+    let history = history_via_edge(&mut m, &alice, conversations[17]).await;
+    let tags: Vec<&str> = history.iter().map(|s| s.tag.as_str()).collect();
+    assert_eq!(tags, ["m-17-0", "m-17-1", "m-17-2", "m-17-3", "m-17-4"]);
+    let listed = client
+        .list(authed(ListOperationsRequest {}))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(listed.operations.len(), 1);
+    second.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_operation_requests_get_stable_codes() {
+    let d = deploy(None).await;
+    let coordination = tempfile::tempdir().unwrap();
+    let cp = replica(d.cluster.endpoints(), coordination.path(), "cp-1").await;
+    let mut client = admin(&cp).await;
+    let reason = |e: tonic::Status| (e.code(), error_detail(&e).reason);
+
+    let e = client
+        .start(authed(StartOperationRequest {
+            spec: Some(Spec::MoveTenant(MoveTenantSpec {
+                tenant_id: 1,
+                to_cell: "mars/c9".into(),
+                parallel: 0,
+            })),
+        }))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        reason(e),
+        (tonic::Code::InvalidArgument, "UNKNOWN_CELL".into())
+    );
+    let e = client
+        .start(authed(StartOperationRequest { spec: None }))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        reason(e),
+        (tonic::Code::InvalidArgument, "MISSING_SPEC".into())
+    );
+    let e = client
+        .start(authed(StartOperationRequest {
+            spec: Some(Spec::MoveConversation(MoveConversationSpec {
+                tenant_id: 1,
+                conversation_id: 0,
+                to_cell: TARGET.into(),
+            })),
+        }))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        reason(e),
+        (tonic::Code::InvalidArgument, "MISSING_ID".into())
+    );
+    let e = client
+        .get(authed(OperationRequest {
+            id: "op-none".into(),
+        }))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        reason(e),
+        (tonic::Code::NotFound, "OPERATION_NOT_FOUND".into())
+    );
+    // Without the deployment secret: refused.
+    let e = client.list(ListOperationsRequest {}).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unauthenticated);
+    cp.stop();
+}
