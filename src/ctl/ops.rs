@@ -121,7 +121,7 @@ fn line(op: &pb::OperationInfo) -> String {
         format!(" on {}", op.runner)
     };
     format!(
-        "{} {} [{}{}{}] {}{}",
+        "{} {} [{}{}{}]{}{}",
         op.id,
         op.description,
         state(op),
