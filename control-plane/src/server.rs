@@ -322,6 +322,26 @@ pub async fn start(config: ControlPlaneConfig) -> Result<RunningControlPlane, St
     })
 }
 
+/// The latest operations (newest first) for the console.
+async fn recent_operations(store: &OperationStore) -> serde_json::Value {
+    const SHOWN: usize = 20;
+    match store.list().await {
+        Ok(ops) => ops
+            .values()
+            .rev()
+            .take(SHOWN)
+            .map(|op| {
+                serde_json::json!({
+                    "id": op.id, "description": op.spec.describe(), "state": op.state,
+                    "phase": op.phase, "done": op.done, "total": op.total,
+                    "runner": op.runner, "message": op.message,
+                })
+            })
+            .collect(),
+        Err(e) => serde_json::json!({"error": e.to_string()}),
+    }
+}
+
 /// Serves the admin API on `listen`; the bound address and the server.
 async fn serve_admin(
     listen: SocketAddr,
@@ -365,6 +385,7 @@ fn sample(
         config.coordination.name.clone(),
         format!("{:?}", config.coordination.backend).to_lowercase(),
     );
+    let operations = OperationStore::new(coordination.clone());
     let task = tokio::spawn(async move {
         loop {
             let leader = coordination
@@ -373,7 +394,9 @@ fn sample(
                 .ok()
                 .flatten();
             let control_plane = serde_json::json!({"leader": leader, "coordination": backend, "serving_console": name});
-            tx.send_replace(sampler.sample(&routes, control_plane).await);
+            let mut status = sampler.sample(&routes, control_plane).await;
+            status["operations"] = recent_operations(&operations).await;
+            tx.send_replace(status);
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
     });

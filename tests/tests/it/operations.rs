@@ -26,7 +26,7 @@ async fn replica(routers: Vec<String>, dir: &std::path::Path, name: &str) -> Run
     cellmesh_control_plane::server::start(ControlPlaneConfig {
         routers,
         cluster_secret: SECRET.into(),
-        console_listen: String::new(),
+        console_listen: "127.0.0.1:0".into(),
         admin_listen: "127.0.0.1:0".into(),
         coordination: CoordinationConfig {
             backend: CoordinationBackend::Local,
@@ -147,6 +147,17 @@ async fn an_operation_outlives_its_caller_and_the_replica_that_ran_it() {
         .unwrap()
         .into_inner();
     assert_eq!(listed.operations.len(), 1);
+    // The console lists it with its outcome.
+    let console = second.console.expect("the console is on");
+    let listed = eventually(Duration::from_secs(5), || async {
+        let status = cellmesh_tests::http::status(console).await;
+        status["operations"].as_array().is_some_and(|ops| {
+            ops.iter()
+                .any(|o| o["id"] == id && o["state"] == "succeeded")
+        })
+    })
+    .await;
+    assert!(listed, "the console shows the operation");
     second.stop();
 }
 
