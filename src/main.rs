@@ -6,9 +6,6 @@ mod bench;
 mod chat;
 mod client;
 mod ctl;
-mod dev;
-mod devtarget;
-mod drill;
 mod roles;
 mod status;
 mod telemetry;
@@ -38,7 +35,7 @@ struct Cli {
 enum Command {
     /// A whole multi-region deployment on this machine, one process per
     /// component, with a demo tenant.
-    Dev(dev::DevArgs),
+    Dev(cellmesh_deployment::dev::DevArgs),
     /// Run one cell: the message service over RocksDB.
     Cell(roles::CellArgs),
     /// Run one RoutingService replica (Raft over RocksDB).
@@ -52,7 +49,7 @@ enum Command {
     /// A small client: create conversations, send, read history.
     Chat(chat::ChatArgs),
     /// Chaos drills against a running `cellmesh dev`, with a verdict.
-    Chaos(drill::ChaosArgs),
+    Chaos(cellmesh_chaos::drill::ChaosArgs),
     /// Load generators that print throughput and latency percentiles.
     Bench(bench::BenchArgs),
 }
@@ -69,7 +66,7 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Dev(args) => dev::run(args).await,
+            Command::Dev(args) => cellmesh_deployment::dev::run(args).await,
             Command::Cell(args) => roles::run_cell(args).await,
             Command::Router(args) => roles::run_router(args).await,
             Command::Edge(args) => roles::run_edge(args).await,
@@ -77,7 +74,7 @@ fn main() -> ExitCode {
             Command::Ctl(args) => ctl::run(args).await,
             Command::Chat(args) => chat::run(args).await,
             Command::Bench(args) => bench::run(args).await,
-            Command::Chaos(args) => drill::run(args).await,
+            Command::Chaos(args) => cellmesh_chaos::drill::run(args).await,
         }
     });
     match result {

@@ -1,12 +1,15 @@
-//! Chaos tooling (DESIGN.md §7). What exists so far is the history
-//! checker: a drill records what every client saw ([`history`]), and each
-//! invariant of DESIGN.md §7 is a function over that record
-//! ([`invariants`]) returning counterexamples. The fault proxy, process and
-//! storage faults and the drills themselves are not implemented yet.
+//! Chaos tooling (DESIGN.md §7): the drills (`cellmesh chaos run`,
+//! [`drill`]) that load a running deployment ([`target`]), inject faults
+//! (processes, storage, queue, links through the TCP fault [`proxy`]) and
+//! record what every client saw ([`history`]); and the checker, one
+//! function per invariant of DESIGN.md §7 over that record
+//! ([`invariants`]), returning counterexamples.
 
+pub mod drill;
 pub mod history;
 pub mod invariants;
 pub mod proxy;
+pub mod target;
 
 pub use history::History;
 pub use invariants::{Verdict, Violation, check_all};

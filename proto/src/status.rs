@@ -166,6 +166,19 @@ pub fn error_detail(status: &tonic::Status) -> ErrorDetail {
     }
 }
 
+/// `CODE (REASON): message` for a failed call, for people.
+pub fn describe(status: &tonic::Status) -> String {
+    let detail = error_detail(status);
+    let code = ErrorCode::try_from(detail.code)
+        .map(|c| c.short_name().to_string())
+        .unwrap_or_else(|_| "UNKNOWN".into());
+    let mut text = format!("{code} ({}): {}", detail.reason, detail.message);
+    if detail.retry_after_ms > 0 {
+        text.push_str(&format!(" [retry after {} ms]", detail.retry_after_ms));
+    }
+    text
+}
+
 /// The stable code of a status (see [`error_detail`]).
 pub fn error_code(status: &tonic::Status) -> ErrorCode {
     ErrorCode::try_from(error_detail(status).code).unwrap_or(ErrorCode::Internal)

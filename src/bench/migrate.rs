@@ -20,7 +20,7 @@ use hdrhistogram::Histogram;
 use tonic::transport::Channel;
 
 use super::Report;
-use crate::devtarget::DevTarget;
+use cellmesh_chaos::target::DevTarget;
 
 #[derive(Args)]
 pub struct MigrateArgs {

@@ -42,7 +42,7 @@ pub fn send_request(
 /// Counts a failed call under its stable code.
 /// The request, with a token for `user` when sending through a dev edge.
 pub fn authed<T>(
-    dev: Option<&crate::devtarget::DevTarget>,
+    dev: Option<&cellmesh_chaos::target::DevTarget>,
     user: u64,
     message: T,
 ) -> tonic::Request<T> {
@@ -54,7 +54,7 @@ pub fn authed<T>(
 
 /// [`authed`] as a user of `tenant`.
 pub fn authed_in<T>(
-    dev: Option<&crate::devtarget::DevTarget>,
+    dev: Option<&cellmesh_chaos::target::DevTarget>,
     tenant: u64,
     user: u64,
     message: T,

@@ -22,7 +22,7 @@ use tonic::transport::Channel;
 
 use super::{Report, authed, count_error, send_request};
 use crate::client::{call_error, caller, connect};
-use crate::devtarget::DevTarget;
+use cellmesh_chaos::target::DevTarget;
 
 #[derive(Args)]
 pub struct PushArgs {

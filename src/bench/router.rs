@@ -133,7 +133,7 @@ fn op_name(op: Op) -> &'static str {
 
 pub async fn run(mut args: RouterArgs) -> anyhow::Result<()> {
     if let Some(dir) = &args.dev {
-        crate::devtarget::DevTarget::load(dir)?.fill_routing(
+        cellmesh_chaos::target::DevTarget::load(dir)?.fill_routing(
             &mut args.routers,
             &mut args.secret,
             &mut args.etcd,

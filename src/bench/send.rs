@@ -70,7 +70,7 @@ pub async fn run(args: SendArgs) -> anyhow::Result<()> {
     let dev = args
         .dev
         .as_deref()
-        .map(crate::devtarget::DevTarget::load)
+        .map(cellmesh_chaos::target::DevTarget::load)
         .transpose()?
         .map(std::sync::Arc::new);
     let (endpoint, tenant) = match &dev {
@@ -147,7 +147,7 @@ async fn create_conversations(
     client: &mut MessagingClient<Channel>,
     tenant: u64,
     args: &SendArgs,
-    dev: Option<&crate::devtarget::DevTarget>,
+    dev: Option<&cellmesh_chaos::target::DevTarget>,
 ) -> anyhow::Result<Vec<Conv>> {
     let base = if dev.is_some() { DEV_USER_BASE } else { 0 };
     let mut out = Vec::new();
@@ -201,7 +201,7 @@ struct Load {
     members: u64,
     body_bytes: usize,
     deadline: Instant,
-    dev: Option<std::sync::Arc<crate::devtarget::DevTarget>>,
+    dev: Option<std::sync::Arc<cellmesh_chaos::target::DevTarget>>,
 }
 
 async fn worker(

@@ -266,7 +266,7 @@ enum TenantCommand {
 
 pub async fn run(mut args: CtlArgs) -> anyhow::Result<()> {
     if let Some(dir) = &args.dev {
-        crate::devtarget::DevTarget::load(dir)?.fill_routing(
+        cellmesh_chaos::target::DevTarget::load(dir)?.fill_routing(
             &mut args.routers,
             &mut args.secret,
             &mut args.etcd,
@@ -274,7 +274,7 @@ pub async fn run(mut args: CtlArgs) -> anyhow::Result<()> {
         if args.etcd.is_empty() && args.coordination_dir.is_none() {
             args.coordination_dir = Some(dir.join("coordination"));
         }
-        let admin = crate::devtarget::DevTarget::load(dir)?.admin;
+        let admin = cellmesh_chaos::target::DevTarget::load(dir)?.admin;
         if !admin.is_empty() {
             args.control_plane = admin;
         }

@@ -83,7 +83,7 @@ async fn create(
             Err(e) => {
                 return Err(anyhow::anyhow!(
                     "creating the demo conversation: {}",
-                    crate::client::describe(&e)
+                    cellmesh_proto::status::describe(&e)
                 ));
             }
         }
@@ -119,7 +119,10 @@ pub async fn prepare(
                     .apply(assign_tenant(TENANT, &topo.cell_id(0, 0), 0))
                     .await
                     .map_err(|e| {
-                        anyhow::anyhow!("placing the demo tenant: {}", crate::client::describe(&e))
+                        anyhow::anyhow!(
+                            "placing the demo tenant: {}",
+                            cellmesh_proto::status::describe(&e)
+                        )
                     })?;
             }
             let edge = topo.edge(0);

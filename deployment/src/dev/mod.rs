@@ -309,7 +309,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     )?;
     print_summary(&info, data);
 
-    let shutdown = crate::telemetry::shutdown_signal();
+    let shutdown = cellmesh_proto::server::shutdown_signal();
     tokio::pin!(shutdown);
     let mut tick = tokio::time::interval(Duration::from_millis(200));
     let mut partitioned = Vec::new();
@@ -340,10 +340,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Written by `cellmesh chaos run region-partition`: `{"regions": [...]}`
-/// cuts every cross-region link to and from the listed regions (both
-/// directions stall, open connections are dropped); an empty list heals.
-pub const PARTITION_FILE: &str = "partition.json";
+pub use cellmesh_chaos::target::PARTITION_FILE;
 
 fn apply_partition(
     data: &Path,

@@ -19,14 +19,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cellmesh_chaos::check_all;
-use cellmesh_chaos::history::History;
+use crate::check_all;
+use crate::history::History;
 use clap::{Args, Subcommand, ValueEnum};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 
-use crate::devtarget::DevTarget;
+use crate::target::DevTarget;
 use faults::{FaultKind, Injector};
 use workload::Workload;
 
@@ -205,12 +205,12 @@ const RESEND_SEED: u64 = 0x5e5e_5e5e;
 /// Up to [`RESENDS_PER_FAULT`] sends into `conversations` acknowledged at least
 /// [`REPLICATION_WINDOW_MS`] before `fault_ms`, drawn at random.
 fn resend_sample(
-    ops: &[cellmesh_chaos::history::SendOp],
+    ops: &[crate::history::SendOp],
     conversations: &[u64],
     fault_ms: u64,
     rng: &mut StdRng,
-) -> Vec<cellmesh_chaos::history::SendOp> {
-    use cellmesh_chaos::history::Outcome;
+) -> Vec<crate::history::SendOp> {
+    use crate::history::Outcome;
     let acked: Vec<_> = ops
         .iter()
         .filter(|op| {
@@ -357,7 +357,7 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
     };
     for (at_ms, task) in resends {
         let (op, answer) = task.await?;
-        history.resends.push(cellmesh_chaos::history::Resend {
+        history.resends.push(crate::history::Resend {
             conversation: op.conversation,
             client_req_id: op.client_req_id,
             original: op.outcome,
@@ -395,7 +395,7 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
             .get(&conversation)
             .cloned()
             .unwrap_or_default();
-        history.migrations.push(cellmesh_chaos::history::Migration {
+        history.migrations.push(crate::history::Migration {
             conversation,
             source,
             target,
@@ -412,7 +412,7 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
     history.devices = log.devices;
     // Floors a later failover replaced still explain the gaps they made.
     for (conversation, floor) in floors.await? {
-        history.floors.push(cellmesh_chaos::history::Floor {
+        history.floors.push(crate::history::Floor {
             conversation,
             floor,
         });

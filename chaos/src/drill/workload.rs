@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cellmesh_chaos::history::{Floor, History, Outcome, SendOp, Stored};
+use crate::history::{Floor, History, Outcome, SendOp, Stored};
 use cellmesh_proto::status::error_code;
 use cellmesh_proto::v1::cell_peer_client::CellPeerClient;
 use cellmesh_proto::v1::messaging_client::MessagingClient;
@@ -15,7 +15,7 @@ use cellmesh_proto::v1::{
 };
 use tonic::transport::Channel;
 
-use crate::devtarget::DevTarget;
+use crate::target::DevTarget;
 
 /// Drill users start here (clear of the demo users and the benches').
 const USER_BASE: u64 = 300_000;
@@ -133,7 +133,7 @@ impl Workload {
                     "tool",
                 ))
                 .await
-                .map_err(|e| anyhow::anyhow!(crate::client::describe(&e)))?;
+                .map_err(|e| anyhow::anyhow!(cellmesh_proto::status::describe(&e)))?;
             ids.push(
                 created
                     .into_inner()
@@ -246,7 +246,7 @@ impl Workload {
                 .map_err(|e| {
                     anyhow::anyhow!(
                         "exporting {conversation} from {cell}: {}",
-                        crate::client::describe(&e)
+                        cellmesh_proto::status::describe(&e)
                     )
                 })?
                 .into_inner();
@@ -318,7 +318,7 @@ impl Workload {
                 .map_err(|e| {
                     anyhow::anyhow!(
                         "reading back {conversation}: {}",
-                        crate::client::describe(&e)
+                        cellmesh_proto::status::describe(&e)
                     )
                 })?
                 .into_inner();

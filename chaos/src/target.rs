@@ -14,6 +14,15 @@ use cellmesh_route_client::client::RouteClient;
 use serde_json::Value;
 use tonic::metadata::{Ascii, MetadataValue};
 
+/// Written by `cellmesh chaos run region-partition`: `{"regions": [...]}`
+/// cuts every cross-region link to and from the listed regions (both
+/// directions stall, open connections are dropped); an empty list heals.
+pub const PARTITION_FILE: &str = "partition.json";
+
+/// The file drills write to take the mock Kafka cluster's brokers down
+/// (`{"down": [broker ids]}`).
+pub const KAFKA_FILE: &str = "kafka.json";
+
 /// How long the tokens a tool mints stay valid.
 const TOKEN_TTL_SECS: u64 = 3600;
 
@@ -127,7 +136,10 @@ impl DevTarget {
         RouteClient::connect(self.routers.clone(), self.secret())
             .await
             .map_err(|e| {
-                anyhow::anyhow!("cannot reach the routers: {}", crate::client::describe(&e))
+                anyhow::anyhow!(
+                    "cannot reach the routers: {}",
+                    cellmesh_proto::status::describe(&e)
+                )
             })
     }
 
@@ -143,7 +155,10 @@ impl DevTarget {
                 .ok_or_else(|| anyhow::anyhow!("the demo tenant is not placed"))?;
             let command = cellmesh_route_client::commands::assign_tenant(tenant, &cell, 0);
             routes.apply(command).await.map_err(|e| {
-                anyhow::anyhow!("placing tenant {tenant}: {}", crate::client::describe(&e))
+                anyhow::anyhow!(
+                    "placing tenant {tenant}: {}",
+                    cellmesh_proto::status::describe(&e)
+                )
             })?;
         }
         Ok(())

@@ -11,14 +11,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cellmesh_chaos::history::{CursorAck, DeliveryRecord, Device as Followed, History};
-use cellmesh_chaos::invariants::undelivered;
+use crate::history::{CursorAck, DeliveryRecord, Device as Followed, History};
+use crate::invariants::undelivered;
 use cellmesh_proto::v1::sync_client::SyncClient;
 use cellmesh_proto::v1::{AckRequest, SubscribeRequest, sync_push};
 use tonic::transport::Channel;
 
 use super::workload::now_ms;
-use crate::devtarget::DevTarget;
+use crate::target::DevTarget;
 
 /// Events between two acks of a device.
 const ACK_EVERY: u64 = 10;

@@ -10,8 +10,7 @@ use anyhow::Context;
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::DefaultProducerContext;
 
-/// The file drills write to take brokers down (see the module docs).
-pub const KAFKA_FILE: &str = "kafka.json";
+pub use cellmesh_chaos::target::KAFKA_FILE;
 const BROKERS: i32 = 3;
 
 pub struct MockKafka {

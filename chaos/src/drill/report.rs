@@ -3,8 +3,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use cellmesh_chaos::history::{History, Outcome};
-use cellmesh_chaos::invariants::Verdict;
+use crate::history::{History, Outcome};
+use crate::invariants::Verdict;
 use serde_json::{Value, json};
 
 use super::faults::Fault;
@@ -165,7 +165,7 @@ pub fn print(summary: &Summary, verdicts: &[Verdict]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cellmesh_chaos::history::{DeliveryRecord, Device, SendOp};
+    use crate::history::{DeliveryRecord, Device, SendOp};
 
     fn op(conversation: u64, invoked_ms: u64, completed_ms: u64, ok: bool) -> SendOp {
         SendOp {

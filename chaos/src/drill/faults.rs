@@ -18,7 +18,7 @@ use rand::rngs::StdRng;
 use serde_json::{Value, json};
 
 use super::workload::now_ms;
-use crate::devtarget::DevTarget;
+use crate::target::DevTarget;
 
 #[derive(Clone, Copy, Debug)]
 pub enum FaultKind {
@@ -308,7 +308,7 @@ impl Injector {
                     self.dev.kafka_mock(),
                     "broker-outage needs a deployment started with `cellmesh dev --kafka mock`"
                 );
-                let file = self.dev.dir().join(crate::dev::kafka::KAFKA_FILE);
+                let file = self.dev.dir().join(crate::target::KAFKA_FILE);
                 fault.kind = format!("kafka broker down for {} ms", hold.as_millis());
                 fault.target = "broker 1".into();
                 fault.affected = self.conversations.clone();
@@ -391,7 +391,7 @@ impl Injector {
 
     /// Tells the dev deployment which regions to cut off (none: heal).
     pub async fn partition(&self, regions: &[&str]) -> anyhow::Result<()> {
-        let path = self.dev.dir().join(crate::dev::PARTITION_FILE);
+        let path = self.dev.dir().join(crate::target::PARTITION_FILE);
         let tmp = path.with_extension("tmp");
         std::fs::write(&tmp, json!({ "regions": regions }).to_string())?;
         std::fs::rename(tmp, path)?;
