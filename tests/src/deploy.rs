@@ -340,6 +340,26 @@ pub async fn history_via_edge(
     }
 }
 
+/// Asserts `e` carries the stable `code` and `reason` (and the gRPC code
+/// that code travels under); its detail.
+pub fn assert_reason(
+    e: &tonic::Status,
+    code: ErrorCode,
+    reason: &str,
+) -> cellmesh_proto::v1::ErrorDetail {
+    assert_eq!(e.code(), code.grpc_code(), "{e}");
+    let detail = error_detail(e);
+    assert_eq!(
+        (
+            ErrorCode::try_from(detail.code).ok(),
+            detail.reason.as_str()
+        ),
+        (Some(code), reason),
+        "{e}"
+    );
+    detail
+}
+
 /// Fails the test with the counterexamples of every invariant `history`
 /// breaks.
 pub fn assert_every_invariant(history: &History) {

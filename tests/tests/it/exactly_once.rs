@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use cellmesh_cell::failpoints;
 use cellmesh_cell::storage::{IdemKey, IdemKind};
-use cellmesh_proto::status::error_detail;
 use cellmesh_proto::v1::messaging_client::MessagingClient;
 use cellmesh_proto::v1::*;
 use cellmesh_route_client::table::Key;
@@ -230,16 +229,7 @@ async fn an_owner_the_edge_cannot_reach_is_answered_with_a_stable_code() {
         .send(authed(text(conv, "to-nobody"), &alice))
         .await
         .unwrap_err();
-    assert_eq!(e.code(), tonic::Code::Unavailable, "{e}");
-    let detail = error_detail(&e);
-    assert_eq!(
-        (
-            ErrorCode::try_from(detail.code).unwrap(),
-            detail.reason.as_str()
-        ),
-        (ErrorCode::RetryLater, "OWNER_UNREACHABLE"),
-        "{e}"
-    );
+    let detail = assert_reason(&e, ErrorCode::RetryLater, "OWNER_UNREACHABLE");
     let route = detail.route.expect("the route the edge tried");
     assert_eq!(route.cell_id, FAILED);
 }
