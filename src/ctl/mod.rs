@@ -60,6 +60,11 @@ pub struct CtlArgs {
         default_value = "http://127.0.0.1:7101"
     )]
     control_plane: Vec<String>,
+    /// Run `migrate`, `drain` and `failback` in this process instead of
+    /// handing them to the control plane as operations (a deployment
+    /// without a control plane; the move stops if this process does).
+    #[arg(long)]
+    here: bool,
     #[command(subcommand)]
     command: CtlCommand,
 }
@@ -264,6 +269,67 @@ enum TenantCommand {
     },
 }
 
+/// The operation a move, drain or failback command asks the control plane
+/// for; `None` for the other commands.
+fn as_operation(command: &CtlCommand) -> anyhow::Result<Option<ops::StartCommand>> {
+    use ops::StartCommand as Start;
+    Ok(Some(match command {
+        CtlCommand::Migrate {
+            command:
+                MigrateCommand::Tenant {
+                    tenant,
+                    to,
+                    parallel,
+                    ..
+                },
+        } => Start::Tenant {
+            tenant: *tenant,
+            to: to.clone(),
+            parallel: *parallel as u32,
+        },
+        CtlCommand::Migrate {
+            command: MigrateCommand::User {
+                tenant, user, to, ..
+            },
+        } => Start::User {
+            tenant: *tenant,
+            user: *user,
+            to: to.clone(),
+        },
+        CtlCommand::Migrate {
+            command:
+                MigrateCommand::Conversation {
+                    tenant,
+                    conversation,
+                    to,
+                    chunk,
+                    pause,
+                    round_messages,
+                },
+        } => {
+            anyhow::ensure!(
+                *chunk == 1000 && pause.is_zero() && *round_messages == 0,
+                "--chunk, --pause and --round-messages tune a move run here: add --here"
+            );
+            Start::Conversation {
+                tenant: *tenant,
+                conversation: *conversation,
+                to: to.clone(),
+            }
+        }
+        CtlCommand::Drain { cell, to, parallel } => Start::Drain {
+            cell: cell.clone(),
+            to: to.clone(),
+            parallel: *parallel as u32,
+        },
+        CtlCommand::Failback { cell, parallel } => Start::Failback {
+            cell: cell.clone(),
+            parallel: *parallel as u32,
+        },
+        _ => return Ok(None),
+    }))
+}
+
 pub async fn run(mut args: CtlArgs) -> anyhow::Result<()> {
     if let Some(dir) = &args.dev {
         cellmesh_chaos::target::DevTarget::load(dir)?.fill_routing(
@@ -284,6 +350,20 @@ pub async fn run(mut args: CtlArgs) -> anyhow::Result<()> {
             &args.control_plane,
             &ClusterSecret::new(&args.secret),
             command,
+        )
+        .await;
+    }
+    if !args.here
+        && let Some(what) = as_operation(&args.command)?
+    {
+        let start = ops::OpsCommand::Start {
+            what,
+            detach: false,
+        };
+        return ops::run(
+            &args.control_plane,
+            &ClusterSecret::new(&args.secret),
+            start,
         )
         .await;
     }
