@@ -6,6 +6,7 @@
 
 pub mod forward;
 pub mod notify;
+pub mod plan;
 pub mod processor;
 pub mod relay;
 

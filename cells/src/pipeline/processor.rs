@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use cellmesh_proto::storage::v1::{
     ConvListEntry, ForwardRecord, IdempotencyRecord, MemberRecord, NotificationBatch,
-    NotificationRecord, OutboxEvent, OutboxKind, SyncRecord,
+    NotificationRecord, OutboxEvent, SyncRecord,
 };
 use cellmesh_proto::v1::{
     ConversationHint, ConversationMeta, Message, PeerEvent, SyncEventKind, SyncPush, UserState,
@@ -26,6 +26,7 @@ use prost::Message as _;
 use tokio::sync::{Notify, mpsc, oneshot};
 
 use super::PipelineError;
+use super::plan::{self, Fanout};
 use crate::clock::Clock;
 use crate::convert::message_to_proto;
 use crate::failpoints::Action;
@@ -34,6 +35,24 @@ use crate::queue::{Delivery, EventConsumer};
 use crate::storage::{IdemKey, IdemKind, Mutation, Store};
 use crate::sync::{Hub, LiveEvent, event_message};
 use crate::user::UserKey;
+
+/// Membership as the fan-out plan reads it: this cell's store.
+struct StoredMembers<'a> {
+    store: &'a Store,
+    conversation: u64,
+}
+
+impl plan::Members for StoredMembers<'_> {
+    type Error = PipelineError;
+
+    fn all(&self) -> Result<Vec<u64>, PipelineError> {
+        Ok(self.store.members(self.conversation, 0, usize::MAX)?.0)
+    }
+
+    fn contains(&self, user: u64) -> Result<bool, PipelineError> {
+        Ok(self.store.is_member(self.conversation, user)?)
+    }
+}
 
 /// What other tasks hand the processor, the only writer of sync queues.
 pub enum Inbound {
@@ -470,95 +489,37 @@ impl Processor {
         id: u64,
         event: &OutboxEvent,
     ) -> Result<(), PipelineError> {
-        let kind = OutboxKind::try_from(event.kind).unwrap_or(OutboxKind::Unspecified);
-        if kind == OutboxKind::MetaSync {
-            return self.replicate_meta(batch, id, event);
+        let members = StoredMembers {
+            store: &self.store,
+            conversation: event.conversation_id,
+        };
+        let plan = plan::plan(event, &members, self.large_group_threshold)?;
+        if plan.replicate_meta {
+            self.replicate_meta(batch, id, event)?;
         }
-        if kind == OutboxKind::Message {
+        if plan.replicate_answer {
             self.replicate_answer(batch, id, event);
         }
-        let conversation = event.conversation_id;
-        let sync_kind = match kind {
-            OutboxKind::Message => SyncEventKind::Message,
-            OutboxKind::Recall => SyncEventKind::Recall,
-            OutboxKind::Edit => SyncEventKind::Edit,
-            OutboxKind::DeleteForMe => SyncEventKind::DeleteForMe,
-            OutboxKind::Read => SyncEventKind::Read,
-            OutboxKind::ConversationCreated | OutboxKind::MembersChanged => SyncEventKind::Joined,
-            OutboxKind::Unspecified | OutboxKind::MetaSync => return Ok(()),
-        };
-        let record = SyncRecord {
-            kind: sync_kind as i32,
-            conversation_id: conversation,
-            seq: event.seq,
-            msg_id: event.msg_id,
-            items: match kind {
-                OutboxKind::DeleteForMe => event.items.clone(),
-                _ => Vec::new(),
-            },
-            server_ts_ms: event.server_ts_ms,
-            remote_message: Vec::new(),
-        };
         let origin = Origin {
             tenant: event.tenant_id,
             sender: event.user_id,
         };
-        match kind {
-            OutboxKind::Message | OutboxKind::Recall | OutboxKind::Edit
-                if !event.items.is_empty() =>
-            {
-                // Directed: the recipients and the sender, if still members.
-                let mut targets = event.items.clone();
-                targets.push(event.user_id);
-                targets.sort_unstable();
-                targets.dedup();
-                for user in targets {
-                    if self.store.is_member(conversation, user)? {
-                        self.deliver(batch, origin.user(user), id, &record, origin)?;
-                    }
-                }
-            }
-            OutboxKind::Message | OutboxKind::Recall | OutboxKind::Edit => {
-                let (members, _) = self.store.members(conversation, 0, usize::MAX)?;
-                if members.len() > self.large_group_threshold {
-                    let hint = ConversationHint {
-                        conversation_id: conversation,
-                        latest_seq: event.seq,
-                        msg_id: event.msg_id,
-                    };
-                    let now = self.clock.now_ms();
-                    let online = members
-                        .into_iter()
-                        .map(|u| UserKey::new(event.tenant_id, u))
-                        .filter(|u| self.hub.is_online(*u, now))
-                        .collect();
-                    batch.hints.push((online, hint));
-                    return Ok(());
-                }
-                for user in members {
+        match plan.fanout {
+            Fanout::None => {}
+            Fanout::Records(records) => {
+                for (user, record) in records {
                     self.deliver(batch, origin.user(user), id, &record, origin)?;
                 }
             }
-            OutboxKind::DeleteForMe | OutboxKind::Read => {
-                self.deliver(batch, origin.user(event.user_id), id, &record, origin)?;
+            Fanout::Hint { members, hint } => {
+                let now = self.clock.now_ms();
+                let online = members
+                    .into_iter()
+                    .map(|u| origin.user(u))
+                    .filter(|u| self.hub.is_online(*u, now))
+                    .collect();
+                batch.hints.push((online, hint));
             }
-            OutboxKind::ConversationCreated => {
-                self.replicate_meta(batch, id, event)?;
-                for user in &event.items {
-                    self.deliver(batch, origin.user(*user), id, &record, origin)?;
-                }
-            }
-            OutboxKind::MembersChanged => {
-                self.replicate_meta(batch, id, event)?;
-                for user in &event.items {
-                    let mut record = record.clone();
-                    if !self.store.is_member(conversation, *user)? {
-                        record.kind = SyncEventKind::Left as i32;
-                    }
-                    self.deliver(batch, origin.user(*user), id, &record, origin)?;
-                }
-            }
-            OutboxKind::Unspecified | OutboxKind::MetaSync => {}
         }
         Ok(())
     }
