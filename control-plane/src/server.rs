@@ -435,6 +435,7 @@ async fn lead(
                 Default::default(),
             ),
             config.migrations.clone(),
+            Some(OperationStore::new(coordination.clone())),
         );
         let operations = run_operations(
             OperationStore::new(coordination.clone()),

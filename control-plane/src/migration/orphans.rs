@@ -36,8 +36,13 @@ impl Default for OrphanConfig {
     }
 }
 
-/// Watches the route table and resumes orphaned moves, until dropped.
-pub async fn resume_orphans(migrator: Migrator, config: OrphanConfig) {
+/// Watches the route table and resumes orphaned moves, until dropped;
+/// moves an unfinished operation in `operations` drives are left to it.
+pub async fn resume_orphans(
+    migrator: Migrator,
+    config: OrphanConfig,
+    operations: Option<crate::operations::OperationStore>,
+) {
     let migrator = Arc::new(migrator);
     // Key → (the progress mark last seen, since when).
     let mut seen: HashMap<Key, (u64, Instant)> = HashMap::new();
@@ -63,7 +68,19 @@ pub async fn resume_orphans(migrator: Migrator, config: OrphanConfig) {
                 .collect()
         });
         seen.retain(|k, _| moving.iter().any(|(e, _)| e.key == *k));
+        let driven: Vec<crate::operations::Operation> = match &operations {
+            Some(store) if !moving.is_empty() => match store.list().await {
+                Ok(ops) => ops.into_values().collect(),
+                // Unknown: leave every move alone this round.
+                Err(_) => continue,
+            },
+            _ => Vec::new(),
+        };
         for (entry, progress) in moving {
+            if crate::operations::drives(&driven, &entry.key) {
+                seen.remove(&entry.key);
+                continue;
+            }
             let now = Instant::now();
             let since = seen.entry(entry.key).or_insert((progress, now));
             if since.0 != progress {

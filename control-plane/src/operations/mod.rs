@@ -81,6 +81,10 @@ impl Spec {
         }
     }
 
+    fn is_tenant_move(&self) -> bool {
+        matches!(self, Spec::MoveTenant { .. })
+    }
+
     /// The cells the operation names (checked to exist before it starts).
     pub fn cells(&self) -> Vec<&str> {
         match self {
@@ -151,6 +155,19 @@ impl Operation {
             cancel_requested: self.cancel_requested,
         }
     }
+}
+
+/// Whether an unfinished operation among `ops` drives (or may drive) the
+/// move of `key`: a move of that key or of its tenant, or any drain or
+/// failback (they pick their keys as they go). The orphan resumer leaves
+/// such keys to the operations runner.
+pub fn drives<'a>(ops: impl IntoIterator<Item = &'a Operation>, key: &Key) -> bool {
+    ops.into_iter()
+        .filter(|op| !op.state.is_final())
+        .any(|op| match op.spec.key() {
+            Some(k) => k == *key || (k == Key::tenant(key.tenant) && op.spec.is_tenant_move()),
+            None => true,
+        })
 }
 
 pub fn now_ms() -> u64 {
@@ -245,5 +262,54 @@ mod tests {
         assert_eq!(back.spec.key(), Some(Key::tenant(7)));
         assert_eq!(back.to_pb().description, "move tenant 7 to eu-west/c2");
         assert!(store.get("op-none").await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn unfinished_operations_drive_their_keys_and_their_tenants_keys() {
+        let store = OperationStore::new(Arc::new(EmbeddedCoordination::default()));
+        let tenant = store
+            .create(Spec::MoveTenant {
+                tenant: 7,
+                to: "eu-west/c2".into(),
+                parallel: 4,
+            })
+            .await
+            .unwrap();
+        let mut conversation = store
+            .create(Spec::MoveConversation {
+                tenant: 8,
+                conversation: 3,
+                to: "eu-west/c2".into(),
+            })
+            .await
+            .unwrap();
+        let ops = [tenant, conversation.clone()];
+        assert!(drives(&ops, &Key::tenant(7)));
+        assert!(
+            drives(&ops, &Key::conversation(7, 99)),
+            "a tenant move's conversation"
+        );
+        assert!(drives(&ops, &Key::conversation(8, 3)));
+        assert!(
+            !drives(&ops, &Key::conversation(8, 4)),
+            "another conversation of tenant 8"
+        );
+        conversation.state = State::Failed;
+        assert!(
+            !drives([&conversation], &Key::conversation(8, 3)),
+            "finished"
+        );
+        let drain = store
+            .create(Spec::Drain {
+                cell: "eu-west/c1".into(),
+                to: None,
+                parallel: 1,
+            })
+            .await
+            .unwrap();
+        assert!(
+            drives([&drain], &Key::user(1, 2)),
+            "a drain may move anything"
+        );
     }
 }
