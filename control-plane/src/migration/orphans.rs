@@ -3,7 +3,8 @@
 //! away (an operator's `ctl` killed, a replica that died mid-move): a key
 //! that stays Migrating without a route change for `resume_after`, or
 //! Frozen — refusing writes — for `resume_frozen_after`, is resumed from
-//! where the table says it is. A paused move is left to its operator. For a
+//! where the table says it is, by the leading replica only (its resumes
+//! stop when it loses the lead). A paused move is left to its operator. For a
 //! tenant, any route change of the tenant's keys counts as progress.
 
 use std::collections::{HashMap, HashSet};
@@ -47,8 +48,12 @@ pub async fn resume_orphans(
     // Key → (the progress mark last seen, since when).
     let mut seen: HashMap<Key, (u64, Instant)> = HashMap::new();
     let running: Arc<Mutex<HashSet<Key>>> = Arc::default();
+    // Owned here: when leadership is lost and this future is dropped, the
+    // moves it resumed stop with it.
+    let mut resumed = tokio::task::JoinSet::new();
     loop {
         tokio::time::sleep(Duration::from_millis(500)).await;
+        while resumed.try_join_next().is_some() {}
         let moving: Vec<(Entry, u64)> = migrator.routes.read(|t| {
             t.routes
                 .values()
@@ -106,7 +111,7 @@ pub async fn resume_orphans(
             since.1 = now;
             let (migrator, running, parallel) =
                 (migrator.clone(), running.clone(), config.tenant_parallel);
-            tokio::spawn(async move {
+            resumed.spawn(async move {
                 let key = entry.key;
                 tracing::warn!(%key, %to, "resuming a move nobody drives");
                 match resume(&migrator, key, &to, parallel).await {
