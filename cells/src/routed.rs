@@ -66,9 +66,9 @@ impl Routed {
                 // Owning nothing, it writes nothing: nothing to confirm.
                 None => true,
                 Some(key) => {
-                    // The lookup passes over a hung replica (the route
-                    // client's attempt timeout) to whichever leads now.
-                    let lookup = this.client.resolve_linearizable(&key);
+                    // Asked of every replica at once: whichever leads now
+                    // answers, a hung one is not waited for.
+                    let lookup = this.client.resolve_linearizable_any(&key);
                     match tokio::time::timeout(lease * 3 / 4, lookup).await {
                         Ok(Ok(r)) => {
                             let index = r.applied_index;

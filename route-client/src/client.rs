@@ -152,6 +152,45 @@ impl RouteClient {
             .await
     }
 
+    /// A linearizable lookup asked of every replica at once; the first
+    /// answer wins (only the leader, with a quorum, gives one). While the
+    /// leader hangs and the others elect a new one, this answers as soon
+    /// as the new leader can, instead of waiting on the hung replica and
+    /// the stale leader hints that name it (owner-lease renewals).
+    pub async fn resolve_linearizable_any(&self, key: &Key) -> Result<pb::ResolveResponse, Status> {
+        let request = pb::ResolveRequest {
+            key: Some(key_to_pb(key)),
+            consistency: Consistency::Linearizable as i32,
+        };
+        let mut calls = tokio::task::JoinSet::new();
+        for (i, endpoint) in self.inner.endpoints.iter().enumerate() {
+            let mut client = self.inner.client(endpoint)?;
+            let call = self.inner.request(request.clone(), LOOKUP_ATTEMPT_TIMEOUT);
+            calls.spawn(async move {
+                let answer =
+                    tokio::time::timeout(LOOKUP_ATTEMPT_TIMEOUT, client.resolve(call)).await;
+                (i, answer)
+            });
+        }
+        let mut last = Status::unavailable("no router answered");
+        while let Some(done) = calls.join_next().await {
+            match done {
+                Ok((i, Ok(Ok(r)))) => {
+                    self.inner.preferred.store(i, Ordering::Relaxed);
+                    return Ok(r.into_inner());
+                }
+                Ok((_, Ok(Err(status)))) => last = status,
+                Ok((_, Err(_))) => {
+                    last = Status::deadline_exceeded(format!(
+                        "no router answered within {LOOKUP_ATTEMPT_TIMEOUT:?}"
+                    ))
+                }
+                Err(e) => last = Status::internal(e.to_string()),
+            }
+        }
+        Err(last)
+    }
+
     /// A route write, sent to the leader wherever it is.
     pub async fn apply(&self, command: pb::RouteCommand) -> Result<pb::ApplyResponse, Status> {
         self.inner

@@ -430,13 +430,23 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
         record["recovery"] = recovery;
         fault_records.push(record);
     }
+    let mut unknown_by_reason = std::collections::BTreeMap::<String, u64>::new();
+    for load in [&workload, &neighbour] {
+        for (reason, n) in load.unknown.lock().expect("reasons").iter() {
+            *unknown_by_reason.entry(reason.clone()).or_default() += n;
+        }
+    }
+    if !unknown_by_reason.is_empty() {
+        println!("unknown outcomes by reason: {unknown_by_reason:?}");
+    }
     let out = json!({
         "scenario": format!("{:?}", args.scenario),
         "seed": seed,
         "duration_ms": Duration::from(args.duration).as_millis() as u64,
         "faults": fault_records,
         "operations": {"acked": summary.acked, "rejected": summary.rejected,
-            "rejected_by_code": summary.rejected_by_code, "unknown": summary.unknown},
+            "rejected_by_code": summary.rejected_by_code, "unknown": summary.unknown,
+            "unknown_by_reason": unknown_by_reason},
         "devices": {"deliveries": summary.deliveries, "subscriptions": summary.sessions,
             "caught_up_at_ms": caught_up_ms, "ack_to_device_ms": summary.delivery_lag_ms,
             "idle_resubscribes": idle_resubscribes},

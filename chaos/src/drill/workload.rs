@@ -34,6 +34,7 @@ async fn send_tagged(
     client: &mut MessagingClient<Channel>,
     (tenant, user, conversation): (u64, u64, u64),
     tag: &str,
+    unknown: &UnknownReasons,
 ) -> Outcome {
     let message = SendRequest {
         conversation_id: conversation,
@@ -58,7 +59,14 @@ async fn send_tagged(
                 ErrorCode::RetryLater => tokio::time::sleep(Duration::from_millis(50)).await,
                 _ => {}
             }
-            outcome_of(&e)
+            let outcome = outcome_of(&e);
+            if outcome == Outcome::Unknown {
+                let d = cellmesh_proto::status::error_detail(&e);
+                let code = ErrorCode::try_from(d.code).unwrap_or(ErrorCode::Internal);
+                let reason = format!("{}/{}", code.short_name(), d.reason);
+                *unknown.lock().expect("reasons").entry(reason).or_default() += 1;
+            }
+            outcome
         }
     }
 }
@@ -91,6 +99,9 @@ fn stored_as_read(seq: u64, msg_id: u64, state: i32, body: &[u8]) -> Stored {
     }
 }
 
+/// How often each `CODE/REASON` left a send's outcome unknown.
+pub type UnknownReasons = Arc<Mutex<std::collections::BTreeMap<String, u64>>>;
+
 pub struct Workload {
     pub dev: Arc<DevTarget>,
     /// The tenant the workload's users and conversations belong to.
@@ -99,6 +110,8 @@ pub struct Workload {
     pub channels: Vec<Channel>,
     pub senders: Vec<u64>,
     pub conversations: Vec<u64>,
+    /// Why sends' outcomes were unknown (retry-later reasons, timeouts).
+    pub unknown: UnknownReasons,
     run_id: u128,
 }
 
@@ -142,6 +155,7 @@ impl Workload {
             );
         }
         Ok(Self {
+            unknown: UnknownReasons::default(),
             dev,
             tenant,
             channels: vec![channel],
@@ -175,6 +189,7 @@ impl Workload {
                 self.channels[w % self.channels.len()].clone(),
             );
             let (run_id, tenant) = (self.run_id, self.tenant);
+            let unknown = self.unknown.clone();
             workers.push(tokio::spawn(async move {
                 let mut client = MessagingClient::new(channel);
                 let mut n = 0u64;
@@ -184,7 +199,7 @@ impl Workload {
                     let tag = format!("d{run_id}-{tenant}-{user}-{n}");
                     let invoked_ms = now_ms(epoch);
                     let to = (tenant, user, conversation);
-                    let outcome = send_tagged(&dev, &mut client, to, &tag).await;
+                    let outcome = send_tagged(&dev, &mut client, to, &tag, &unknown).await;
                     ops.lock().expect("ops").push(SendOp {
                         conversation,
                         sender: user,
@@ -204,13 +219,13 @@ impl Workload {
     /// that leave the outcome unknown for up to [`RESEND_FOR`]; it yields
     /// what came back.
     pub fn resend(&self, op: SendOp) -> tokio::task::JoinHandle<(SendOp, Outcome)> {
-        let (dev, tenant) = (self.dev.clone(), self.tenant);
+        let (dev, tenant, unknown) = (self.dev.clone(), self.tenant, self.unknown.clone());
         let mut client = MessagingClient::new(self.channels[0].clone());
         tokio::spawn(async move {
             let deadline = Instant::now() + RESEND_FOR;
             loop {
                 let to = (tenant, op.sender, op.conversation);
-                let outcome = send_tagged(&dev, &mut client, to, &op.client_req_id).await;
+                let outcome = send_tagged(&dev, &mut client, to, &op.client_req_id, &unknown).await;
                 if outcome != Outcome::Unknown || Instant::now() >= deadline {
                     return (op, outcome);
                 }

@@ -383,6 +383,7 @@ async fn a_lookup_passes_over_a_replica_that_does_not_answer() {
         .unwrap();
     let mut endpoints = vec![format!("http://{}", link.addr())];
     endpoints.extend((0..3).filter(|&i| i != leader).map(|i| cluster.endpoint(i)));
+    let endpoints_again = endpoints.clone();
     let client = cellmesh_route_client::client::RouteClient::connect(
         endpoints,
         cellmesh_proto::secret::ClusterSecret::new(SECRET),
@@ -390,6 +391,13 @@ async fn a_lookup_passes_over_a_replica_that_does_not_answer() {
     .await
     .unwrap();
     client.resolve_linearizable(&Key::tenant(1)).await.unwrap();
+    // Connected while the link answers: it prefers the (linked) leader.
+    let fresh = cellmesh_route_client::client::RouteClient::connect(
+        endpoints_again,
+        cellmesh_proto::secret::ClusterSecret::new(SECRET),
+    )
+    .await
+    .unwrap();
     link.partition(true, true);
     let started = Instant::now();
     let answer = client.resolve_linearizable(&Key::tenant(1)).await;
@@ -398,5 +406,15 @@ async fn a_lookup_passes_over_a_replica_that_does_not_answer() {
     assert!(
         took < Duration::from_millis(1_500),
         "the lookup waited {took:?} on the silent replica"
+    );
+    // A lease renewal asks every replica at once: the silent one, which
+    // that client prefers, is not waited for at all.
+    let started = Instant::now();
+    let answer = fresh.resolve_linearizable_any(&Key::tenant(1)).await;
+    let took = started.elapsed();
+    assert!(answer.is_ok(), "{answer:?}");
+    assert!(
+        took < Duration::from_millis(300),
+        "the renewal lookup waited {took:?} on the silent replica"
     );
 }
