@@ -165,7 +165,7 @@ impl RouteClient {
         let mut calls = tokio::task::JoinSet::new();
         for (i, endpoint) in self.inner.endpoints.iter().enumerate() {
             let mut client = self.inner.client(endpoint)?;
-            let call = self.inner.request(request.clone(), LOOKUP_ATTEMPT_TIMEOUT);
+            let call = self.inner.request(request, LOOKUP_ATTEMPT_TIMEOUT);
             calls.spawn(async move {
                 let answer =
                     tokio::time::timeout(LOOKUP_ATTEMPT_TIMEOUT, client.resolve(call)).await;
