@@ -158,6 +158,13 @@ impl Batch {
             .get_or_insert_with(|| homes.standbys().into())
             .clone()
     }
+
+    /// Queues `event` for each of `standbys`.
+    fn queue_for_standbys(&mut self, standbys: &[String], event: PeerEvent) {
+        for endpoint in standbys {
+            (self.forward.entry(endpoint.clone()).or_default()).push(event.clone());
+        }
+    }
 }
 
 /// Who caused an event: for notifications and forwarded events. The
@@ -533,30 +540,26 @@ impl Processor {
         {
             return;
         }
-        for endpoint in batch.standbys(self.homes.as_ref()).iter() {
-            batch
-                .forward
-                .entry(endpoint.clone())
-                .or_default()
-                .push(PeerEvent {
-                    event_id: id,
-                    tenant_id: event.tenant_id,
-                    conversation_id: event.conversation_id,
-                    seq: event.seq,
-                    msg_id: event.msg_id,
-                    sender_id: event.user_id,
-                    server_ts_ms: event.server_ts_ms,
-                    idempotency: Some(IdempotencyRecord {
-                        conversation_id: event.conversation_id,
-                        msg_id: event.msg_id,
-                        seq: event.seq,
-                        server_ts_ms: event.server_ts_ms,
-                        expires_at_ms: event.idempotency_expires_at_ms,
-                    }),
-                    client_req_id: event.client_req_id.clone(),
-                    ..Default::default()
-                });
-        }
+        let standbys = batch.standbys(self.homes.as_ref());
+        let answer = PeerEvent {
+            event_id: id,
+            tenant_id: event.tenant_id,
+            conversation_id: event.conversation_id,
+            seq: event.seq,
+            msg_id: event.msg_id,
+            sender_id: event.user_id,
+            server_ts_ms: event.server_ts_ms,
+            idempotency: Some(IdempotencyRecord {
+                conversation_id: event.conversation_id,
+                msg_id: event.msg_id,
+                seq: event.seq,
+                server_ts_ms: event.server_ts_ms,
+                expires_at_ms: event.idempotency_expires_at_ms,
+            }),
+            client_req_id: event.client_req_id.clone(),
+            ..Default::default()
+        };
+        batch.queue_for_standbys(&standbys, answer);
     }
 
     /// Queues the conversation's meta and members for this cell's standby,
@@ -575,22 +578,17 @@ impl Processor {
             return Ok(());
         };
         let (members, _) = self.store.members(event.conversation_id, 0, usize::MAX)?;
-        for endpoint in standbys.iter() {
-            batch
-                .forward
-                .entry(endpoint.clone())
-                .or_default()
-                .push(PeerEvent {
-                    event_id: id,
-                    tenant_id: event.tenant_id,
-                    conversation_id: event.conversation_id,
-                    meta: Some(ConversationMeta {
-                        record: Some(record.clone()),
-                        members: members.clone(),
-                    }),
-                    ..Default::default()
-                });
-        }
+        let meta = PeerEvent {
+            event_id: id,
+            tenant_id: event.tenant_id,
+            conversation_id: event.conversation_id,
+            meta: Some(ConversationMeta {
+                record: Some(record),
+                members,
+            }),
+            ..Default::default()
+        };
+        batch.queue_for_standbys(&standbys, meta);
         Ok(())
     }
 
