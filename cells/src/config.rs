@@ -518,7 +518,7 @@ impl CellConfig {
         for (user, endpoint) in &self.homes.remote {
             check(
                 "homes.remote",
-                crate::homes::parse_user(user).is_some() && endpoint.starts_with("http://"),
+                crate::user::UserKey::parse(user).is_some() && endpoint.starts_with("http://"),
                 &format!(
                     "maps \"TENANT/USER\" to http:// endpoints; {user:?} = {endpoint:?} is not one"
                 ),

@@ -219,7 +219,7 @@ pub fn conversation_to_proto(
 }
 
 /// The calling device of a sync request: a caller with a device id.
-pub fn device(c: Option<pb::Caller>) -> Result<crate::sync::Device, CellError> {
+pub fn device(c: Option<pb::Caller>) -> Result<crate::user::Device, CellError> {
     let device = c.as_ref().map(|c| c.device_id.clone()).unwrap_or_default();
     let caller = caller(c)?;
     if device.is_empty() || device.len() > 128 {
@@ -228,5 +228,5 @@ pub fn device(c: Option<pb::Caller>) -> Result<crate::sync::Device, CellError> {
             "caller.device_id is required (1..=128 bytes)",
         ));
     }
-    Ok(crate::sync::Device { caller, device })
+    Ok(crate::user::Device { caller, device })
 }

@@ -47,17 +47,10 @@ impl StaticHomes {
             config
                 .remote
                 .iter()
-                .filter_map(|(user, endpoint)| Some((parse_user(user)?, endpoint.clone())))
+                .filter_map(|(user, endpoint)| Some((UserKey::parse(user)?, endpoint.clone())))
                 .collect(),
         )
     }
-}
-
-/// A `homes.remote` key: `"TENANT/USER"`, both ids non-zero.
-pub fn parse_user(key: &str) -> Option<UserKey> {
-    let (tenant, user) = key.split_once('/')?;
-    let (tenant, user) = (tenant.parse().ok()?, user.parse().ok()?);
-    (tenant > 0 && user > 0).then_some(UserKey::new(tenant, user))
 }
 
 impl Homes for StaticHomes {
@@ -83,8 +76,8 @@ mod tests {
             Home::Remote("http://a".into())
         );
         assert_eq!(homes.home(UserKey::new(2, 3)), Home::Here);
-        assert_eq!(parse_user("3"), None);
-        assert_eq!(parse_user("0/3"), None);
-        assert_eq!(parse_user("1/x"), None);
+        assert_eq!(UserKey::parse("3"), None);
+        assert_eq!(UserKey::parse("0/3"), None);
+        assert_eq!(UserKey::parse("1/x"), None);
     }
 }

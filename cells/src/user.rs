@@ -18,6 +18,13 @@ impl UserKey {
         Self { tenant, user }
     }
 
+    /// `"TENANT/USER"`, both ids non-zero (as `homes.remote` names users).
+    pub fn parse(key: &str) -> Option<Self> {
+        let (tenant, user) = key.split_once('/')?;
+        let (tenant, user) = (tenant.parse().ok()?, user.parse().ok()?);
+        (tenant > 0 && user > 0).then_some(Self::new(tenant, user))
+    }
+
     /// Another user of the same tenant.
     pub const fn peer(&self, user: u64) -> Self {
         Self {
@@ -25,6 +32,13 @@ impl UserKey {
             user,
         }
     }
+}
+
+/// A user acting from one of their devices.
+#[derive(Debug, Clone)]
+pub struct Device {
+    pub caller: UserKey,
+    pub device: String,
 }
 
 impl fmt::Display for UserKey {

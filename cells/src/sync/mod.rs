@@ -33,12 +33,7 @@ const DEFAULT_LIST: usize = 100;
 /// Most users one presence query may name.
 const MAX_PRESENCE_QUERY: usize = 1_000;
 
-/// A caller acting from one device.
-#[derive(Debug, Clone)]
-pub struct Device {
-    pub caller: Caller,
-    pub device: String,
-}
+pub use crate::user::Device;
 
 pub struct SyncService {
     store: Arc<Store>,
