@@ -67,7 +67,7 @@ impl MessageService {
 
         let slot = self.store.reserve().await?;
         let now = self.now_ms();
-        let (ticket, record) = {
+        let (ticket, record, shipped) = {
             let mut state = conv.seq.lock().expect("sequencer lock");
             // Checked again under the sequencer lock: once this cell sees a
             // route frozen or moved, no further seq is assigned here (a
@@ -96,23 +96,20 @@ impl MessageService {
                 server_ts_ms: now,
                 expires_at_ms: self.idempotency_expiry(now),
             };
+            let message = MessageRecord {
+                msg_id,
+                sender_id: cmd.caller.user,
+                r#type: cmd.kind as i32,
+                body: cmd.body,
+                server_ts_ms: now,
+                state: MessageState::Normal as i32,
+                edited_at_ms: 0,
+                edit_version: 0,
+                visible_to: visible_to.clone(),
+                client_req_id: cmd.client_req_id.clone(),
+            };
             let mut m = Mutation::new();
-            m.put_message(
-                cmd.conversation,
-                seq,
-                &MessageRecord {
-                    msg_id,
-                    sender_id: cmd.caller.user,
-                    r#type: cmd.kind as i32,
-                    body: cmd.body,
-                    server_ts_ms: now,
-                    state: MessageState::Normal as i32,
-                    edited_at_ms: 0,
-                    edit_version: 0,
-                    visible_to: visible_to.clone(),
-                    client_req_id: cmd.client_req_id.clone(),
-                },
-            );
+            m.put_message(cmd.conversation, seq, &message);
             m.put_conv_seq(
                 cmd.conversation,
                 &ConversationSeq {
@@ -137,7 +134,12 @@ impl MessageService {
             });
             state.latest = seq;
             state.floor = floor;
-            (slot.submit(m), record)
+            // Kept for the standbys only when they must have it first.
+            let shipped = self
+                .replicator
+                .is_sync(cmd.caller.tenant)
+                .then_some(message);
+            (slot.submit(m), record, shipped)
         };
         ticket.wait().await?;
         tracing::debug!(seq = record.seq, msg_id = record.msg_id, "message stored");
@@ -151,7 +153,16 @@ impl MessageService {
                 .or_insert((cmd.caller.tenant, 0));
             slot.1 = slot.1.max(record.seq);
         }
-        self.replicate_sent(cmd.caller.tenant, &record).await?;
+        if let Some(message) = shipped {
+            self.replicate_message(
+                cmd.caller.tenant,
+                record.conversation_id,
+                record.seq,
+                message,
+                Some(record),
+            )
+            .await?;
+        }
         let response = SendResponse {
             msg_id: record.msg_id,
             seq: record.seq,
@@ -163,21 +174,42 @@ impl MessageService {
     }
 
     /// For a `sync` tenant: returns once the standbys stored the message
-    /// `record` answers for, with the answer.
+    /// `record` answers for, with the answer (a replayed answer, whose
+    /// first attempt may have failed to reach them).
     async fn replicate_sent(&self, tenant: u64, record: &IdempotencyRecord) -> Result<()> {
         if !self.replicator.is_sync(tenant) {
             return Ok(());
         }
-        let message = self.store.message(record.conversation_id, record.seq)?;
+        let Some(message) = self.store.message(record.conversation_id, record.seq)? else {
+            return Err(CellError::NotFound {
+                what: "message",
+                id: record.seq,
+            });
+        };
+        let (conversation, seq) = (record.conversation_id, record.seq);
+        self.replicate_message(tenant, conversation, seq, message, Some(*record))
+            .await
+    }
+
+    /// Returns once the standbys stored `message` at `seq` (and, for a new
+    /// message, its answer).
+    pub(super) async fn replicate_message(
+        &self,
+        tenant: u64,
+        conversation: u64,
+        seq: u64,
+        message: MessageRecord,
+        answer: Option<IdempotencyRecord>,
+    ) -> Result<()> {
         self.replicator
             .replicate(ReplicatedWrite {
                 tenant_id: tenant,
-                conversation_id: record.conversation_id,
+                conversation_id: conversation,
                 message: Some(StoredMessage {
-                    seq: record.seq,
-                    record: message,
+                    seq,
+                    record: Some(message),
                 }),
-                idempotency: Some(*record),
+                idempotency: answer,
             })
             .await
     }

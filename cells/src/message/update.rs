@@ -3,9 +3,7 @@
 //! per-user read position (which never moves backwards).
 
 use cellmesh_proto::storage::v1::{MessageRecord, OutboxEvent, OutboxKind};
-use cellmesh_proto::v1::{
-    DeleteForMeResponse, MarkReadResponse, Message, MessageState, ReplicatedWrite, StoredMessage,
-};
+use cellmesh_proto::v1::{DeleteForMeResponse, MarkReadResponse, Message, MessageState};
 
 use super::send::validate_body;
 use super::{Caller, MessageService};
@@ -152,16 +150,7 @@ impl MessageService {
         }
         // Unchanged too: a retry of a rewrite whose replication failed.
         if self.replicator.is_sync(caller.tenant) {
-            self.replicator
-                .replicate(ReplicatedWrite {
-                    tenant_id: caller.tenant,
-                    conversation_id: conversation,
-                    message: Some(StoredMessage {
-                        seq,
-                        record: Some(record.clone()),
-                    }),
-                    idempotency: None,
-                })
+            self.replicate_message(caller.tenant, conversation, seq, record.clone(), None)
                 .await?;
         }
         Ok(message_to_proto(conversation, seq, record))

@@ -223,8 +223,15 @@ impl OperationStore {
         Ok(())
     }
 
+    /// One operation, read by its own key (not the whole list).
     pub async fn get(&self, id: &str) -> Result<Option<Operation>, StoreError> {
-        Ok(self.list().await?.remove(id))
+        let key = format!("{OPERATIONS_PREFIX}{id}");
+        match self.coordination.records(&key).await?.remove(&key) {
+            None => Ok(None),
+            Some(value) => serde_json::from_str(&value)
+                .map(Some)
+                .map_err(|e| StoreError::Corrupt(key, e)),
+        }
     }
 
     /// Every operation by id (ids sort by creation time).
