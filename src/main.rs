@@ -1,14 +1,13 @@
 //! `cellmesh`: the one operator binary. Each subcommand is a role (`cell`,
-//! `router`, `edge`) or a tool (`ctl`, `chat`, `bench`); this file only parses flags, sets up logging
-//! and hands over to library code.
+//! `router`, `edge`, `control-plane`) or a tool (`dev`, `ctl`, `chat`,
+//! `chaos`, `bench`, each in its own crate); this file only parses flags,
+//! sets up logging and hands over to library code.
 
-mod bench;
-mod chat;
-mod client;
-mod ctl;
 mod roles;
-mod status;
 mod telemetry;
+
+use cellmesh_bench as bench;
+use cellmesh_client::{chat, ctl};
 
 use std::process::ExitCode;
 

@@ -17,7 +17,7 @@ use etcd_client::GetOptions;
 use hdrhistogram::Histogram;
 use rand::Rng;
 
-use super::{Report, count_error};
+use crate::{Report, count_error};
 
 #[derive(Clone, Copy, ValueEnum)]
 pub enum Op {
@@ -86,7 +86,10 @@ async fn router_target(args: &RouterArgs, base: u64) -> anyhow::Result<Target> {
     let client = RouteClient::connect(args.routers.clone(), ClusterSecret::new(&args.secret))
         .await
         .map_err(|e| {
-            anyhow::anyhow!("cannot reach the routers: {}", crate::client::describe(&e))
+            anyhow::anyhow!(
+                "cannot reach the routers: {}",
+                cellmesh_client::connect::describe(&e)
+            )
         })?;
     // A deployment's tenants go on one of its cells; an empty route table
     // (a router cluster of its own) gets a placeholder cell, which a

@@ -19,7 +19,7 @@ use clap::Args;
 use hdrhistogram::Histogram;
 use tonic::transport::Channel;
 
-use super::Report;
+use crate::Report;
 use cellmesh_chaos::target::DevTarget;
 
 #[derive(Args)]
@@ -82,7 +82,7 @@ async fn fill(
     }
     for t in tasks {
         t.await?
-            .map_err(|e| anyhow::anyhow!(crate::client::describe(&e)))?;
+            .map_err(|e| anyhow::anyhow!(cellmesh_client::connect::describe(&e)))?;
     }
     Ok(())
 }
@@ -125,7 +125,7 @@ pub async fn run(args: MigrateArgs) -> anyhow::Result<()> {
                 1,
             ))
             .await
-            .map_err(|e| anyhow::anyhow!(crate::client::describe(&e)))?
+            .map_err(|e| anyhow::anyhow!(cellmesh_client::connect::describe(&e)))?
             .into_inner()
             .conversation
             .map_or(0, |c| c.conversation_id);

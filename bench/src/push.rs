@@ -20,9 +20,9 @@ use hdrhistogram::Histogram;
 use rand::Rng;
 use tonic::transport::Channel;
 
-use super::{Report, authed, count_error, send_request};
-use crate::client::{call_error, caller, connect};
+use crate::{Report, authed, count_error, send_request};
 use cellmesh_chaos::target::DevTarget;
+use cellmesh_client::connect::{call_error, caller, connect};
 
 #[derive(Args)]
 pub struct PushArgs {
@@ -210,7 +210,7 @@ impl Users {
 }
 
 async fn conversations(
-    client: &mut crate::bench::send::Client,
+    client: &mut crate::send::Client,
     users: &Users,
     args: &PushArgs,
 ) -> anyhow::Result<(Vec<Conv>, Vec<Conv>)> {
@@ -242,7 +242,7 @@ async fn conversations(
 }
 
 async fn create(
-    client: &mut crate::bench::send::Client,
+    client: &mut crate::send::Client,
     users: &Users,
     creator: u64,
     kind: ConversationKind,
@@ -267,7 +267,7 @@ async fn create(
 
 #[allow(clippy::too_many_arguments)]
 async fn send_loop(
-    mut client: crate::bench::send::Client,
+    mut client: crate::send::Client,
     users: Users,
     sender: usize,
     directs: Arc<Vec<Conv>>,

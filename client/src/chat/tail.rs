@@ -8,7 +8,7 @@ use cellmesh_proto::v1::{
 };
 
 use super::render;
-use crate::client::{Authed, call_error};
+use crate::connect::{Authed, call_error};
 
 fn device(tenant: u64, user: u64, device: &str) -> Option<Caller> {
     Some(Caller {

@@ -18,10 +18,11 @@ use cellmesh_route_client::table::{Key, RouteState};
 use clap::{Args, Subcommand};
 use serde_json::json;
 
-use crate::client::describe;
+use crate::connect::describe;
 
 mod moves;
 mod ops;
+mod status;
 
 #[derive(Args)]
 pub struct CtlArgs {
@@ -395,7 +396,7 @@ pub async fn run(mut args: CtlArgs) -> anyhow::Result<()> {
     match args.command {
         CtlCommand::Token { .. } | CtlCommand::Ops { .. } => unreachable!("handled above"),
         CtlCommand::Status { json } => {
-            let status = crate::status::collect(
+            let status = status::collect(
                 &routes,
                 &args.routers,
                 &secret,
@@ -406,7 +407,7 @@ pub async fn run(mut args: CtlArgs) -> anyhow::Result<()> {
             if json {
                 println!("{}", serde_json::to_string_pretty(&status)?);
             } else {
-                crate::status::print(&status);
+                status::print(&status);
             }
         }
         CtlCommand::Cells { json } => {

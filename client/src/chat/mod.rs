@@ -8,7 +8,7 @@ use cellmesh_proto::v1::{
 };
 use clap::{Args, Subcommand};
 
-use crate::client::{call_error, caller, connect_as};
+use crate::connect::{call_error, caller, connect_as};
 
 mod tail;
 

@@ -16,7 +16,7 @@ use clap::Args;
 use hdrhistogram::Histogram;
 use tonic::transport::Channel;
 
-use super::Report;
+use crate::Report;
 use cellmesh_chaos::target::DevTarget;
 
 #[derive(Args)]

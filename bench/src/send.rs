@@ -14,8 +14,8 @@ use hdrhistogram::Histogram;
 use rand::Rng;
 use tonic::transport::Channel;
 
-use super::{Report, authed_in, count_error, error_code, send_request};
-use crate::client::{call_error, caller, connect};
+use crate::{Report, authed_in, count_error, error_code, send_request};
+use cellmesh_client::connect::{call_error, caller, connect};
 
 #[derive(Args)]
 pub struct SendArgs {

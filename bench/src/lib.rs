@@ -17,7 +17,7 @@ use clap::{Args, Subcommand};
 
 pub use report::Report;
 
-use crate::client::caller;
+use cellmesh_client::connect::caller;
 
 /// A send as the benchmarks issue it: one unique request id each.
 pub fn send_request(

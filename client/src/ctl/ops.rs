@@ -11,7 +11,7 @@ use cellmesh_proto::v1::start_operation_request::Spec;
 use clap::Subcommand;
 use tonic::transport::Channel;
 
-use crate::client::describe;
+use crate::connect::describe;
 
 #[derive(Subcommand)]
 pub enum OpsCommand {
