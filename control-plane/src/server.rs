@@ -332,7 +332,7 @@ async fn recent_operations(store: &OperationStore) -> serde_json::Value {
             .take(SHOWN)
             .map(|op| {
                 serde_json::json!({
-                    "id": op.id, "description": op.spec.describe(), "state": op.state,
+                    "id": op.id, "description": op.spec.describe(), "state": op.shown_state(),
                     "phase": op.phase, "done": op.done, "total": op.total,
                     "runner": op.runner, "message": op.message,
                 })

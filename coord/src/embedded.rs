@@ -60,6 +60,20 @@ impl Coordination for EmbeddedCoordination {
         Ok(())
     }
 
+    async fn compare_and_put(
+        &self,
+        key: &str,
+        expected: Option<&str>,
+        value: &str,
+    ) -> Result<bool, CoordError> {
+        let mut s = self.inner.state.lock().expect("coordination state");
+        if s.records.get(key).map(String::as_str) != expected {
+            return Ok(false);
+        }
+        s.records.insert(key.to_string(), value.to_string());
+        Ok(true)
+    }
+
     async fn records(&self, prefix: &str) -> Result<BTreeMap<String, String>, CoordError> {
         let s = self.inner.state.lock().expect("coordination state");
         Ok(s.records

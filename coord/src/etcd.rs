@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use etcd_client::{Client, GetOptions, PutOptions};
+use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
 use tokio::sync::{oneshot, watch};
 
 use super::{CoordError, Coordination, Lease};
@@ -76,6 +76,24 @@ impl Coordination for EtcdCoordination {
         let mut client = self.client.clone();
         client.put(key, value, None).await.map_err(store)?;
         Ok(())
+    }
+
+    async fn compare_and_put(
+        &self,
+        key: &str,
+        expected: Option<&str>,
+        value: &str,
+    ) -> Result<bool, CoordError> {
+        let guard = match expected {
+            Some(v) => Compare::value(key, CompareOp::Equal, v),
+            // A key that was never written has version 0.
+            None => Compare::version(key, CompareOp::Equal, 0),
+        };
+        let txn = Txn::new()
+            .when([guard])
+            .and_then([TxnOp::put(key, value, None)]);
+        let response = self.client.clone().txn(txn).await.map_err(store)?;
+        Ok(response.succeeded())
     }
 
     async fn records(&self, prefix: &str) -> Result<BTreeMap<String, String>, CoordError> {

@@ -57,6 +57,17 @@ pub trait Coordination: Send + Sync {
     /// control plane's operations, which outlive the replica that wrote them.
     async fn put(&self, key: &str, value: &str) -> Result<(), CoordError>;
 
+    /// Stores `key = value` durably only if the key's value is still
+    /// `expected` (`None`: the key does not exist); whether it did. Two
+    /// writers of one record (an operator's request and the runner's
+    /// progress) never undo each other's change.
+    async fn compare_and_put(
+        &self,
+        key: &str,
+        expected: Option<&str>,
+        value: &str,
+    ) -> Result<bool, CoordError>;
+
     /// Durable records (see [`Coordination::put`]) under `prefix`.
     async fn records(&self, prefix: &str) -> Result<BTreeMap<String, String>, CoordError>;
 }

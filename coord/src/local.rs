@@ -80,6 +80,30 @@ impl LocalCoordination {
         }))
     }
 
+    /// Serializes writers of records across the host's processes (held
+    /// until dropped).
+    fn records_lock(&self) -> Result<File, CoordError> {
+        let dir = self.dir.join(RECORDS);
+        std::fs::create_dir_all(&dir).map_err(store)?;
+        let file = File::create(dir.join(".lock")).map_err(store)?;
+        file.lock().map_err(store)?;
+        Ok(file)
+    }
+
+    /// Replaces `key`'s record atomically and durably (write, fsync,
+    /// rename, fsync the directory).
+    fn write_record(&self, key: &str, value: &str) -> Result<(), CoordError> {
+        let dir = self.dir.join(RECORDS);
+        let path = dir.join(encode(key));
+        let tmp = dir.join(format!(".{}.tmp", encode(key)));
+        let mut file = File::create(&tmp).map_err(store)?;
+        file.write_all(value.as_bytes()).map_err(store)?;
+        file.sync_all().map_err(store)?;
+        std::fs::rename(&tmp, &path).map_err(store)?;
+        File::open(&dir).and_then(|d| d.sync_all()).map_err(store)?;
+        Ok(())
+    }
+
     /// `key`'s value if a live holder has it locked.
     fn held(&self, path: &Path) -> Result<Option<String>, CoordError> {
         let mut file = match File::open(path) {
@@ -102,16 +126,28 @@ impl LocalCoordination {
 #[tonic::async_trait]
 impl Coordination for LocalCoordination {
     async fn put(&self, key: &str, value: &str) -> Result<(), CoordError> {
-        let dir = self.dir.join(RECORDS);
-        std::fs::create_dir_all(&dir).map_err(store)?;
-        let path = dir.join(encode(key));
-        let tmp = dir.join(format!(".{}.tmp", encode(key)));
-        let mut file = File::create(&tmp).map_err(store)?;
-        file.write_all(value.as_bytes()).map_err(store)?;
-        file.sync_all().map_err(store)?;
-        std::fs::rename(&tmp, &path).map_err(store)?;
-        File::open(&dir).and_then(|d| d.sync_all()).map_err(store)?;
-        Ok(())
+        let _lock = self.records_lock()?;
+        self.write_record(key, value)
+    }
+
+    async fn compare_and_put(
+        &self,
+        key: &str,
+        expected: Option<&str>,
+        value: &str,
+    ) -> Result<bool, CoordError> {
+        let _lock = self.records_lock()?;
+        let path = self.dir.join(RECORDS).join(encode(key));
+        let current = match std::fs::read_to_string(&path) {
+            Ok(v) => Some(v),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(store(e)),
+        };
+        if current.as_deref() != expected {
+            return Ok(false);
+        }
+        self.write_record(key, value)?;
+        Ok(true)
     }
 
     async fn records(&self, prefix: &str) -> Result<BTreeMap<String, String>, CoordError> {

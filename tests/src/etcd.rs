@@ -6,17 +6,12 @@ use std::time::Duration;
 
 use tempfile::TempDir;
 
+use crate::free_port;
+
 pub struct Etcd {
     pub endpoint: String,
     child: Child,
     _dir: TempDir,
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
 }
 
 impl Etcd {

@@ -219,6 +219,15 @@ where
     false
 }
 
+/// A loopback port free right now (for a process that must be told its
+/// port up front).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
 /// The `cellmesh` binary: `$CELLMESH_BIN`, or the one built next to this
 /// test executable (`cargo build --bins` builds it).
 pub fn cellmesh_bin() -> PathBuf {
@@ -239,79 +248,8 @@ pub fn cellmesh_bin() -> PathBuf {
     bin
 }
 
-/// A cell running as its own OS process.
-pub struct CellProcess {
-    child: Child,
-    pub endpoint: String,
-}
-
-impl CellProcess {
-    /// Starts `cellmesh cell` on port 0 over `data_dir` and waits until it
-    /// serves.
-    pub async fn start(data_dir: &Path) -> Self {
-        Self::spawn(data_dir, None).await
-    }
-
-    /// Starts `cellmesh cell --config` with `config` (written next to the
-    /// data), on port 0 over `data_dir`.
-    pub async fn start_configured(data_dir: &Path, config: &cellmesh_cell::CellConfig) -> Self {
-        let path = data_dir.join("cell.toml");
-        std::fs::write(&path, toml::to_string(config).expect("config as TOML")).unwrap();
-        Self::spawn(data_dir, Some(&path)).await
-    }
-
-    async fn spawn(data_dir: &Path, config: Option<&Path>) -> Self {
-        let addr_file = data_dir.join(cellmesh_cell::server::ADDR_FILE);
-        let _ = std::fs::remove_file(&addr_file);
-        let mut command = Command::new(cellmesh_bin());
-        command.arg("cell");
-        if let Some(config) = config {
-            command.arg("--config").arg(config);
-        }
-        let child = command
-            .args(["--listen", "127.0.0.1:0", "--data-dir"])
-            .arg(data_dir)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn cellmesh cell");
-        let mut process = Self {
-            child,
-            endpoint: String::new(),
-        };
-        let started = eventually(Duration::from_secs(30), || {
-            let addr_file = addr_file.clone();
-            async move { addr_file.exists() }
-        })
-        .await;
-        assert!(started, "cell process did not start");
-        let addr = std::fs::read_to_string(&addr_file).expect("addr file");
-        process.endpoint = format!("http://{}", addr.trim());
-        process
-    }
-
-    /// Sends `signal` (e.g. `libc::SIGSTOP` to hang the process,
-    /// `libc::SIGCONT` to resume it).
-    pub fn signal(&self, signal: i32) {
-        // SAFETY: kill(2) on the pid of a child this handle still owns.
-        unsafe {
-            libc::kill(self.child.id() as i32, signal);
-        }
-    }
-
-    /// SIGKILL: no shutdown, no flush.
-    pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for CellProcess {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
+pub mod process;
+pub use process::{CellProcess, ControlPlaneProcess};
 
 pub mod deploy;
 pub mod etcd;

@@ -31,6 +31,10 @@ pub enum OpsCommand {
     Watch { id: String },
     /// Stop an operation (a move's route is cancelled: the key stays put).
     Cancel { id: String },
+    /// Hold a move before its next copy round or its freeze.
+    Pause { id: String },
+    /// Let a paused move go on.
+    Resume { id: String },
 }
 
 #[derive(Subcommand)]
@@ -105,6 +109,7 @@ fn state(op: &pb::OperationInfo) -> &'static str {
         pb::OperationState::Succeeded => "succeeded",
         pb::OperationState::Failed => "failed",
         pb::OperationState::Cancelled => "cancelled",
+        pb::OperationState::Paused => "paused",
         pb::OperationState::Unspecified => "?",
     }
 }
@@ -227,15 +232,30 @@ pub async fn run(
         }
         OpsCommand::Watch { id } => follow(&mut client, secret, id).await,
         OpsCommand::Cancel { id } => {
-            let op = client
-                .cancel(request(secret, pb::OperationRequest { id }))
-                .await
-                .map_err(|e| anyhow::anyhow!(describe(&e)))?
-                .into_inner();
-            println!("{} (cancel asked)", line(&op));
-            Ok(())
+            let op = client.cancel(request(secret, pb::OperationRequest { id }));
+            asked(op.await, "cancel")
+        }
+        OpsCommand::Pause { id } => {
+            let op = client.pause(request(secret, pb::OperationRequest { id }));
+            asked(op.await, "pause")
+        }
+        OpsCommand::Resume { id } => {
+            let op = client.resume(request(secret, pb::OperationRequest { id }));
+            asked(op.await, "resume")
         }
     }
+}
+
+/// Prints the operation an operator's request was recorded on.
+fn asked(
+    answer: Result<tonic::Response<pb::OperationInfo>, tonic::Status>,
+    what: &str,
+) -> anyhow::Result<()> {
+    let op = answer
+        .map_err(|e| anyhow::anyhow!(describe(&e)))?
+        .into_inner();
+    println!("{} ({what} asked)", line(&op));
+    Ok(())
 }
 
 /// Prints an operation's progress until it ends; an error unless it

@@ -169,9 +169,10 @@ impl Migrator {
         let ids = self.still_on(from, ids, |c| Key::conversation(tenant, c));
         state.conversations += ids.len() as u64;
         progress(state);
-        let moves = ids
-            .into_iter()
-            .map(|c| self.migrate_conversation(tenant, c, to, |_| {}));
+        let moves = ids.into_iter().map(|c| async move {
+            self.hold_tenant(tenant, to).await?;
+            self.migrate_conversation(tenant, c, to, |_| {}).await
+        });
         all_of(moves, parallel, "a conversation", |report| {
             state.moved += 1;
             state.messages += report.messages_verified;
@@ -222,15 +223,31 @@ impl Migrator {
             );
         }
         let users = self.still_on(from, users, |u| Key::user(tenant, u));
-        let moves = users
-            .into_iter()
-            .map(|u| self.migrate_user(tenant, u, to, |_| {}));
+        let moves = users.into_iter().map(|u| async move {
+            self.hold_tenant(tenant, to).await?;
+            self.migrate_user(tenant, u, to, |_| {}).await
+        });
         all_of(moves, parallel, "a user home", |report| {
             state.users_moved += 1;
             state.max_freeze = state.max_freeze.max(report.frozen_for);
             progress(state);
         })
         .await
+    }
+
+    /// Waits while an operator holds the tenant's move (its entry
+    /// `Migrating/Paused`) before the next conversation or home starts
+    /// moving; once the tenant is frozen nothing holds it.
+    async fn hold_tenant(&self, tenant: u64, to: &str) -> Result<(), MigrationError> {
+        let key = Key::tenant(tenant);
+        let migrating = self.routes.read(|t| {
+            t.entry(&key)
+                .is_some_and(|e| matches!(&e.state, RouteState::Migrating { to: t, .. } if t == to))
+        });
+        if migrating {
+            self.hold_while_paused(&key, to, 0, 0, &mut |_| {}).await?;
+        }
+        Ok(())
     }
 
     /// The `ids` whose key (by `key`) the route table still places on

@@ -1,7 +1,7 @@
 //! The `cellmesh.v1.Operations` gRPC service, on every control-plane
 //! replica: starting an operation records it (the active replica runs it),
-//! reads and watches come from the records, and a cancel is recorded for
-//! the runner to carry out.
+//! reads and watches come from the records, and a cancel, pause or resume
+//! is recorded for the runner to carry out.
 
 use std::pin::Pin;
 use std::time::Duration;
@@ -43,6 +43,27 @@ impl OperationsApi {
                     None,
                 )
             })
+    }
+}
+
+impl OperationsApi {
+    /// Records an operator's request (`ask`) on an unfinished operation; a
+    /// finished one is answered as it is.
+    async fn request(&self, id: &str, ask: impl Fn(&mut Operation)) -> Result<Operation, Status> {
+        let op = self
+            .store
+            .update(id, |op| {
+                if !op.state.is_final() {
+                    ask(op);
+                    op.updated_ms = super::now_ms();
+                }
+            })
+            .await
+            .map_err(unavailable)?;
+        match op {
+            Some(op) => Ok(op),
+            None => self.find(id).await,
+        }
     }
 }
 
@@ -154,12 +175,39 @@ impl Operations for OperationsApi {
         &self,
         request: Request<pb::OperationRequest>,
     ) -> Result<Response<pb::OperationInfo>, Status> {
-        let mut op = self.find(&request.into_inner().id).await?;
-        if !op.state.is_final() && !op.cancel_requested {
-            op.cancel_requested = true;
-            op.updated_ms = super::now_ms();
-            self.store.save(&op).await.map_err(unavailable)?;
+        let id = request.into_inner().id;
+        let op = self.request(&id, |op| op.cancel_requested = true).await?;
+        Ok(Response::new(op.to_pb()))
+    }
+
+    async fn pause(
+        &self,
+        request: Request<pb::OperationRequest>,
+    ) -> Result<Response<pb::OperationInfo>, Status> {
+        let id = request.into_inner().id;
+        let op = self.find(&id).await?;
+        if !op.pausable() {
+            return Err(to_status(
+                ErrorCode::InvalidArgument,
+                "NOT_PAUSABLE",
+                format!(
+                    "{} picks its moves as it goes and cannot be held; cancel it (what moved stays moved) and start it again",
+                    op.spec.describe()
+                ),
+                0,
+                None,
+            ));
         }
+        let op = self.request(&id, |op| op.pause_requested = true).await?;
+        Ok(Response::new(op.to_pb()))
+    }
+
+    async fn resume(
+        &self,
+        request: Request<pb::OperationRequest>,
+    ) -> Result<Response<pb::OperationInfo>, Status> {
+        let id = request.into_inner().id;
+        let op = self.request(&id, |op| op.pause_requested = false).await?;
         Ok(Response::new(op.to_pb()))
     }
 

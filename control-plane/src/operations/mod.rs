@@ -81,6 +81,16 @@ impl Spec {
         }
     }
 
+    /// The cell a move goes to.
+    pub fn target(&self) -> Option<&str> {
+        match self {
+            Spec::MoveConversation { to, .. }
+            | Spec::MoveUser { to, .. }
+            | Spec::MoveTenant { to, .. } => Some(to),
+            Spec::Drain { .. } | Spec::Failback { .. } => None,
+        }
+    }
+
     fn is_tenant_move(&self) -> bool {
         matches!(self, Spec::MoveTenant { .. })
     }
@@ -130,11 +140,20 @@ pub struct Operation {
     /// The replica that runs (or ran) it.
     pub runner: String,
     pub cancel_requested: bool,
+    /// An operator holds the operation (its move waits at the next point
+    /// where writes flow: before a copy round or before the freeze).
+    #[serde(default)]
+    pub pause_requested: bool,
+    /// The runner has set the move's route to `Paused` (and must set it
+    /// back when the pause is lifted).
+    #[serde(default)]
+    pub route_paused: bool,
 }
 
 impl Operation {
     pub fn to_pb(&self) -> pb::OperationInfo {
         let state = match self.state {
+            State::Pending | State::Running if self.pause_requested => pb::OperationState::Paused,
             State::Pending => pb::OperationState::Pending,
             State::Running => pb::OperationState::Running,
             State::Succeeded => pb::OperationState::Succeeded,
@@ -153,7 +172,27 @@ impl Operation {
             updated_ms: self.updated_ms,
             runner: self.runner.clone(),
             cancel_requested: self.cancel_requested,
+            pause_requested: self.pause_requested,
         }
+    }
+
+    /// The state as shown to an operator: `paused` while a pause holds an
+    /// unfinished operation.
+    pub fn shown_state(&self) -> &'static str {
+        match self.state {
+            _ if self.pause_requested && !self.state.is_final() => "paused",
+            State::Pending => "pending",
+            State::Running => "running",
+            State::Succeeded => "succeeded",
+            State::Failed => "failed",
+            State::Cancelled => "cancelled",
+        }
+    }
+
+    /// Whether it can be paused: a move of one key or of a tenant (a drain
+    /// or failback picks its keys as it goes; cancel it instead).
+    pub fn pausable(&self) -> bool {
+        self.spec.key().is_some()
     }
 }
 
@@ -211,16 +250,52 @@ impl OperationStore {
             updated_ms: now,
             runner: String::new(),
             cancel_requested: false,
+            pause_requested: false,
+            route_paused: false,
         };
-        self.save(&op).await?;
+        let value = serde_json::to_string(&op).expect("operations serialize");
+        let key = format!("{OPERATIONS_PREFIX}{}", op.id);
+        if !self
+            .coordination
+            .compare_and_put(&key, None, &value)
+            .await?
+        {
+            return Err(StoreError::Coordination(CoordError::Store(format!(
+                "operation id {} is taken",
+                op.id
+            ))));
+        }
         Ok(op)
     }
 
-    pub async fn save(&self, op: &Operation) -> Result<(), StoreError> {
-        let value = serde_json::to_string(op).expect("operations serialize");
-        let key = format!("{OPERATIONS_PREFIX}{}", op.id);
-        self.coordination.put(&key, &value).await?;
-        Ok(())
+    /// Applies `change` to the stored operation `id` and writes it back
+    /// only if no other writer changed the record meanwhile (otherwise it
+    /// reads it again and applies `change` again): an operator's cancel or
+    /// pause and the runner's progress never undo each other. The record as
+    /// written, or `None` without such an operation.
+    pub async fn update(
+        &self,
+        id: &str,
+        mut change: impl FnMut(&mut Operation),
+    ) -> Result<Option<Operation>, StoreError> {
+        let key = format!("{OPERATIONS_PREFIX}{id}");
+        loop {
+            let Some(read) = self.coordination.records(&key).await?.remove(&key) else {
+                return Ok(None);
+            };
+            let mut op: Operation =
+                serde_json::from_str(&read).map_err(|e| StoreError::Corrupt(key.clone(), e))?;
+            change(&mut op);
+            let value = serde_json::to_string(&op).expect("operations serialize");
+            if value == read
+                || self
+                    .coordination
+                    .compare_and_put(&key, Some(&read), &value)
+                    .await?
+            {
+                return Ok(Some(op));
+            }
+        }
     }
 
     /// One operation, read by its own key (not the whole list).
@@ -259,13 +334,20 @@ mod tests {
             to: "eu-west/c2".into(),
             parallel: 4,
         };
-        let mut op = store.create(spec.clone()).await.unwrap();
+        let op = store.create(spec.clone()).await.unwrap();
         assert_eq!(op.state, State::Pending);
-        op.state = State::Running;
-        op.done = 3;
-        store.save(&op).await.unwrap();
+        let op = store
+            .update(&op.id, |op| {
+                op.state = State::Running;
+                op.done = 3;
+            })
+            .await
+            .unwrap()
+            .unwrap();
         let back = store.get(&op.id).await.unwrap().unwrap();
         assert_eq!(back, op);
+        assert_eq!((back.state, back.done), (State::Running, 3));
+        assert!(store.update("op-none", |_| {}).await.unwrap().is_none());
         assert_eq!(back.spec.key(), Some(Key::tenant(7)));
         assert_eq!(back.to_pb().description, "move tenant 7 to eu-west/c2");
         assert!(store.get("op-none").await.unwrap().is_none());

@@ -1,17 +1,22 @@
 //! Runs the recorded operations on the active replica: every operation not
 //! finished and not running here is started (a Running one was left by a
 //! replica that lost its leadership, and is resumed), its progress is
-//! written back twice a second, and a cancel asked for through the API
-//! stops it (a move's route is cancelled in the table). Dropping the
-//! runner's future — leadership lost — stops every operation it runs.
+//! written back twice a second, a cancel asked for through the API stops it
+//! (a move's route is cancelled in the table), and a pause or resume is
+//! carried to the move's route (`Migrating/Paused`, where the move holds
+//! before its next copy round or its freeze). Every write to a record is a
+//! compare-and-put of the runner's own fields, so an operator's request is
+//! never overwritten. Dropping the runner's future — leadership lost — stops
+//! every operation it runs.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use cellmesh_proto::v1::MigrationPhase;
 use cellmesh_proto::v1::update_route::Transition;
 use cellmesh_route_client::commands::update_route;
-use cellmesh_route_client::table::RouteState;
+use cellmesh_route_client::table::{Phase, RouteState};
 use tokio::task::JoinSet;
 
 use super::{Operation, OperationStore, Spec, State, now_ms};
@@ -52,7 +57,12 @@ pub async fn run_operations(store: OperationStore, migrator: Arc<Migrator>, name
                             handle.abort();
                         }
                         cancel(&store, &migrator, op).await;
-                    } else if !running.contains_key(&op.id) {
+                        continue;
+                    }
+                    if op.pause_requested != op.route_paused {
+                        carry_pause(&store, &migrator, &op).await;
+                    }
+                    if !running.contains_key(&op.id) {
                         let id = op.id.clone();
                         let handle =
                             tasks.spawn(run_one(store.clone(), migrator.clone(), name.clone(), op));
@@ -67,7 +77,7 @@ pub async fn run_operations(store: OperationStore, migrator: Arc<Migrator>, name
 }
 
 /// Cancels a move's route (the key stays where it was) and records it.
-async fn cancel(store: &OperationStore, migrator: &Migrator, mut op: Operation) {
+async fn cancel(store: &OperationStore, migrator: &Migrator, op: Operation) {
     if let Some(key) = op.spec.key() {
         let moving = migrator.routes().read(|t| {
             t.entry(&key)
@@ -84,55 +94,101 @@ async fn cancel(store: &OperationStore, migrator: &Migrator, mut op: Operation) 
             return;
         }
     }
-    op.state = State::Cancelled;
-    op.message = "cancelled".into();
-    op.updated_ms = now_ms();
-    if let Err(e) = store.save(&op).await {
+    let recorded = store
+        .update(&op.id, |op| {
+            op.state = State::Cancelled;
+            op.message = "cancelled".into();
+            op.updated_ms = now_ms();
+        })
+        .await;
+    if let Err(e) = recorded {
         tracing::warn!(id = %op.id, error = %e, "cannot record a cancel");
     }
 }
 
+/// Carries an operation's pause or resume to its move's route: a move
+/// under way (not frozen) is set to `Paused`, or from `Paused` back to
+/// `CatchUp`; the record notes what the route holds. A move not begun yet
+/// is paused once it begins; a frozen one finishes first.
+async fn carry_pause(store: &OperationStore, migrator: &Migrator, op: &Operation) {
+    let (Some(key), Some(to)) = (op.spec.key(), op.spec.target()) else {
+        return;
+    };
+    let entry = migrator.routes().read(|t| t.entry(&key).cloned());
+    let phase = match &entry {
+        Some(e) => match &e.state {
+            RouteState::Migrating { to: t, phase } if t == to => Some(*phase),
+            _ => None,
+        },
+        None => None,
+    };
+    let want = if op.pause_requested {
+        MigrationPhase::Paused
+    } else {
+        MigrationPhase::CatchUp
+    };
+    match (phase, entry) {
+        (Some(phase), Some(entry)) if (phase == Phase::Paused) != op.pause_requested => {
+            let change = update_route(&key, entry.epoch, Transition::SetPhase(want as i32));
+            if let Err(e) = migrator.routes().apply(change).await {
+                tracing::warn!(%key, error = %e.message(), "carrying a pause to the route failed; retrying");
+                return;
+            }
+        }
+        (Some(_), _) => {}
+        // Not moving (yet, or any more): nothing holds the route.
+        (None, _) if op.pause_requested => return,
+        (None, _) => {}
+    }
+    let paused = op.pause_requested;
+    if let Err(e) = store.update(&op.id, |op| op.route_paused = paused).await {
+        tracing::warn!(id = %op.id, error = %e, "cannot record a pause");
+    }
+}
+
 /// Runs one operation to its end, recording progress and the outcome.
-async fn run_one(store: OperationStore, migrator: Arc<Migrator>, name: String, mut op: Operation) {
-    op.state = State::Running;
-    op.runner = name;
-    op.updated_ms = now_ms();
-    if let Err(e) = store.save(&op).await {
+async fn run_one(store: OperationStore, migrator: Arc<Migrator>, name: String, op: Operation) {
+    let started = store
+        .update(&op.id, |op| {
+            op.state = State::Running;
+            op.runner = name.clone();
+            op.updated_ms = now_ms();
+        })
+        .await;
+    if let Err(e) = started {
         tracing::warn!(id = %op.id, error = %e, "cannot record an operation start");
         return;
     }
     let live = Arc::new(Mutex::new(Live::default()));
-    let reporter = {
-        let (store, live, mut op) = (store.clone(), live.clone(), op.clone());
-        async move {
-            loop {
-                tokio::time::sleep(REPORT).await;
-                let now = live.lock().expect("progress").clone();
-                // A cancel recorded meanwhile is kept.
-                if let Ok(Some(stored)) = store.get(&op.id).await {
-                    op.cancel_requested = stored.cancel_requested;
-                }
-                (op.phase, op.done, op.total) = (now.phase, now.done, now.total);
-                op.updated_ms = now_ms();
-                let _ = store.save(&op).await;
-            }
+    let reporter = async {
+        loop {
+            tokio::time::sleep(REPORT).await;
+            let now = live.lock().expect("progress").clone();
+            let _ = store
+                .update(&op.id, |op| {
+                    (op.phase, op.done, op.total) = (now.phase.clone(), now.done, now.total);
+                    op.updated_ms = now_ms();
+                })
+                .await;
         }
     };
     let outcome = tokio::select! {
         outcome = execute(&migrator, &op.spec, live.clone()) => outcome,
         _ = reporter => unreachable!("the reporter runs until dropped"),
     };
-    let now = live.lock().expect("progress").clone();
-    if let Ok(Some(stored)) = store.get(&op.id).await {
-        op.cancel_requested = stored.cancel_requested;
-    }
-    (op.phase, op.done, op.total) = (now.phase, now.done, now.total);
-    (op.state, op.message) = match outcome {
+    let (state, message) = match outcome {
         Ok(message) => (State::Succeeded, message),
         Err(message) => (State::Failed, message),
     };
-    op.updated_ms = now_ms();
-    if let Err(e) = store.save(&op).await {
+    let now = live.lock().expect("progress").clone();
+    let finished = store
+        .update(&op.id, |op| {
+            (op.phase, op.done, op.total) = (now.phase.clone(), now.done, now.total);
+            (op.state, op.message) = (state, message.clone());
+            op.updated_ms = now_ms();
+        })
+        .await;
+    if let Err(e) = finished {
         tracing::warn!(id = %op.id, error = %e, "cannot record an operation's outcome");
     }
 }

@@ -143,3 +143,40 @@ async fn a_standby_control_plane_takes_over_and_cells_register_under_leases() {
     );
     standby.stop();
 }
+
+/// A record written by compare-and-put changes only from the value the
+/// writer read: the second of two writers that read the same value loses,
+/// on every backend.
+async fn compare_and_put_refuses_a_stale_writer(c: &dyn Coordination) {
+    let key = "cellmesh/operations/op-cas";
+    assert!(c.compare_and_put(key, None, "v1").await.unwrap());
+    assert!(
+        !c.compare_and_put(key, None, "other").await.unwrap(),
+        "the key exists now"
+    );
+    assert!(c.compare_and_put(key, Some("v1"), "v2").await.unwrap());
+    assert!(
+        !c.compare_and_put(key, Some("v1"), "stale").await.unwrap(),
+        "a writer that read v1 must not overwrite v2"
+    );
+    let records = c.records("cellmesh/operations/").await.unwrap();
+    assert_eq!(records.get(key).map(String::as_str), Some("v2"));
+    c.put(key, "v3").await.unwrap();
+    assert!(c.compare_and_put(key, Some("v3"), "v4").await.unwrap());
+}
+
+#[tokio::test]
+async fn compare_and_put_holds_on_etcd_lock_files_and_in_process() {
+    let etcd = Etcd::start().await;
+    let on_etcd = EtcdCoordination::connect(std::slice::from_ref(&etcd.endpoint))
+        .await
+        .unwrap();
+    compare_and_put_refuses_a_stale_writer(&on_etcd).await;
+    let dir = tempfile::tempdir().unwrap();
+    let local = cellmesh_coord::local::LocalCoordination::open(dir.path()).unwrap();
+    compare_and_put_refuses_a_stale_writer(&local).await;
+    compare_and_put_refuses_a_stale_writer(
+        &cellmesh_coord::embedded::EmbeddedCoordination::default(),
+    )
+    .await;
+}
