@@ -3,7 +3,6 @@
 //! crash tests), and small request helpers.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
