@@ -3,6 +3,7 @@
 //! enum values; records convert into the wire view of a message or
 //! conversation.
 
+use cellmesh_proto::reason::Reason;
 use cellmesh_proto::storage::v1::{ConversationRecord, ConversationSeq, MessageRecord};
 use cellmesh_proto::v1 as pb;
 
@@ -30,7 +31,7 @@ pub fn caller(caller: Option<pb::Caller>) -> Result<Caller, CellError> {
 pub fn conversation_id(id: u64) -> Result<u64, CellError> {
     if id == 0 {
         return Err(CellError::invalid(
-            "MISSING_CONVERSATION_ID",
+            Reason::MissingConversationId,
             "conversation_id is required",
         ));
     }
@@ -44,7 +45,7 @@ impl TryFrom<pb::SendRequest> for SendCommand {
         let kind = match pb::MessageType::try_from(r.r#type) {
             Ok(pb::MessageType::Unspecified) | Err(_) => {
                 return Err(CellError::invalid(
-                    "UNKNOWN_MESSAGE_TYPE",
+                    Reason::UnknownMessageType,
                     format!("message type {} is not known", r.r#type),
                 ));
             }
@@ -71,7 +72,7 @@ impl TryFrom<pb::PullRequest> for PullCommand {
             Ok(pb::Direction::Backward) => ScanDirection::Backward,
             Err(_) => {
                 return Err(CellError::invalid(
-                    "UNKNOWN_DIRECTION",
+                    Reason::UnknownDirection,
                     format!("direction {} is not known", r.direction),
                 ));
             }
@@ -140,7 +141,7 @@ impl TryFrom<pb::MarkReadRequest> for MarkReadCommand {
 
 fn message_seq(seq: u64) -> Result<u64, CellError> {
     if seq == 0 {
-        return Err(CellError::invalid("MISSING_SEQ", "seq is required"));
+        return Err(CellError::invalid(Reason::MissingSeq, "seq is required"));
     }
     Ok(seq)
 }
@@ -224,7 +225,7 @@ pub fn device(c: Option<pb::Caller>) -> Result<crate::user::Device, CellError> {
     let caller = caller(c)?;
     if device.is_empty() || device.len() > 128 {
         return Err(CellError::invalid(
-            "BAD_DEVICE_ID",
+            Reason::BadDeviceId,
             "caller.device_id is required (1..=128 bytes)",
         ));
     }

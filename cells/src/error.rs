@@ -1,6 +1,7 @@
 //! The cell's error type. Each variant is something a caller can act on, and
 //! maps to one of the stable codes of the API (`cellmesh.v1.ErrorCode`).
 
+use cellmesh_proto::reason::Reason;
 use std::time::Duration;
 
 use cellmesh_proto::status::to_status;
@@ -11,17 +12,11 @@ use crate::storage::StorageError;
 #[derive(Debug, thiserror::Error)]
 pub enum CellError {
     #[error("{message}")]
-    InvalidArgument {
-        reason: &'static str,
-        message: String,
-    },
+    InvalidArgument { reason: Reason, message: String },
     #[error("{message}")]
     Unauthenticated { message: String },
     #[error("{message}")]
-    PermissionDenied {
-        reason: &'static str,
-        message: String,
-    },
+    PermissionDenied { reason: Reason, message: String },
     #[error("{what} {id} not found")]
     NotFound { what: &'static str, id: u64 },
     #[error("rate limit of the {scope} exceeded")]
@@ -31,7 +26,7 @@ pub enum CellError {
     },
     #[error("{message}")]
     RetryLater {
-        reason: &'static str,
+        reason: Reason,
         message: String,
         retry_after: Duration,
     },
@@ -48,14 +43,14 @@ pub enum CellError {
 pub type Result<T, E = CellError> = std::result::Result<T, E>;
 
 impl CellError {
-    pub fn invalid(reason: &'static str, message: impl Into<String>) -> Self {
+    pub fn invalid(reason: Reason, message: impl Into<String>) -> Self {
         Self::InvalidArgument {
             reason,
             message: message.into(),
         }
     }
 
-    pub fn denied(reason: &'static str, message: impl Into<String>) -> Self {
+    pub fn denied(reason: Reason, message: impl Into<String>) -> Self {
         Self::PermissionDenied {
             reason,
             message: message.into(),
@@ -77,24 +72,24 @@ impl CellError {
     }
 
     /// Stable machine-readable reason within the code.
-    pub fn reason(&self) -> &'static str {
+    pub fn reason(&self) -> Reason {
         match self {
             Self::InvalidArgument { reason, .. }
             | Self::PermissionDenied { reason, .. }
-            | Self::RetryLater { reason, .. } => reason,
-            Self::Unauthenticated { .. } => "NO_CALLER",
-            Self::WrongCell { .. } => "NOT_OWNER",
+            | Self::RetryLater { reason, .. } => *reason,
+            Self::Unauthenticated { .. } => Reason::NoCaller,
+            Self::WrongCell { .. } => Reason::NotOwner,
             Self::NotFound { what, .. } => match *what {
-                "message" => "MESSAGE_NOT_FOUND",
-                _ => "CONVERSATION_NOT_FOUND",
+                "message" => Reason::MessageNotFound,
+                _ => Reason::ConversationNotFound,
             },
             Self::RateLimited { scope, .. } => match *scope {
-                "user" => "USER_RATE_LIMITED",
-                _ => "CONVERSATION_RATE_LIMITED",
+                "user" => Reason::UserRateLimited,
+                _ => Reason::ConversationRateLimited,
             },
-            Self::Storage(StorageError::Closed) => "SHUTTING_DOWN",
-            Self::Storage(StorageError::Failed(_)) => "STORAGE_FAILED",
-            Self::Storage(_) => "STORAGE_ERROR",
+            Self::Storage(StorageError::Closed) => Reason::ShuttingDown,
+            Self::Storage(StorageError::Failed(_)) => Reason::StorageFailed,
+            Self::Storage(_) => Reason::StorageError,
         }
     }
 

@@ -12,6 +12,7 @@
 //! acknowledged unreplicated and the cell logs that it is degraded, unless
 //! `replication.require_standby` asks to refuse them.
 
+use cellmesh_proto::reason::Reason;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -109,7 +110,7 @@ fn closed() -> CellError {
 
 fn unreachable(message: String) -> CellError {
     CellError::RetryLater {
-        reason: "STANDBY_UNREACHABLE",
+        reason: Reason::StandbyUnreachable,
         message,
         retry_after: Duration::from_millis(200),
     }

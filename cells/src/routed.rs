@@ -5,6 +5,7 @@
 //! is frozen for a migration or when the caller has seen a newer epoch than
 //! this cell. Users whose home is another cell get their events there.
 
+use cellmesh_proto::reason::Reason;
 use cellmesh_proto::v1::RouteState as PbRouteState;
 use cellmesh_route_client::client::RouteClient;
 use cellmesh_route_client::convert::route_to_pb;
@@ -99,7 +100,7 @@ impl Routed {
             return Ok(());
         }
         Err(CellError::RetryLater {
-            reason: "OWNER_LEASE_EXPIRED",
+            reason: Reason::OwnerLeaseExpired,
             message: "the route table has not confirmed this cell's view lately".into(),
             retry_after: Duration::from_millis(200),
         })
@@ -127,7 +128,8 @@ impl Ownership for Routed {
     fn check_read(&self, tenant: u64, conversation: u64) -> Result<u64, CellError> {
         match self.check(tenant, conversation, 0) {
             Err(CellError::RetryLater {
-                reason: "FROZEN", ..
+                reason: Reason::Frozen,
+                ..
             }) => Ok(0),
             other => other.map(|fence| fence.seq_floor),
         }
@@ -145,7 +147,7 @@ impl Ownership for Routed {
         });
         let Some(route) = route else {
             return Err(CellError::RetryLater {
-                reason: "NO_ROUTE",
+                reason: Reason::NoRoute,
                 message: format!("tenant {tenant} has no placement in the route table"),
                 retry_after: Duration::from_millis(500),
             });
@@ -155,7 +157,7 @@ impl Ownership for Routed {
         }
         if caller_epoch > route.entry.epoch && caller_epoch > self.client.applied() {
             return Err(CellError::RetryLater {
-                reason: "ROUTE_BEHIND",
+                reason: Reason::RouteBehind,
                 message: format!(
                     "the caller routed at epoch {caller_epoch}; this cell has seen {}",
                     self.client.applied()
@@ -166,7 +168,7 @@ impl Ownership for Routed {
         self.lease_check()?;
         if matches!(route.entry.state, RouteState::Frozen { .. }) {
             return Err(CellError::RetryLater {
-                reason: "FROZEN",
+                reason: Reason::Frozen,
                 message: format!("{key} is frozen for a migration"),
                 retry_after: Duration::from_millis(100),
             });
@@ -213,7 +215,7 @@ impl Ownership for Routed {
                         .map(|e| (e.epoch, e.state.clone(), e.cell.clone()))
                 }) else {
                     return Err(CellError::RetryLater {
-                        reason: "NO_ROUTE",
+                        reason: Reason::NoRoute,
                         message: format!("tenant {tenant} has no placement"),
                         retry_after: Duration::from_millis(500),
                     });
@@ -244,7 +246,7 @@ impl Ownership for Routed {
                     }
                     Err(status) => {
                         return Err(CellError::RetryLater {
-                            reason: "PLACEMENT_FAILED",
+                            reason: Reason::PlacementFailed,
                             message: format!(
                                 "could not route the new conversation here: {}",
                                 status.message()
@@ -283,7 +285,7 @@ impl Homes for Routed {
         }
         if write && home_frozen(&key, &route) {
             return Err(CellError::RetryLater {
-                reason: "FROZEN",
+                reason: Reason::Frozen,
                 message: format!("{key} is frozen for a move of the user's home"),
                 retry_after: Duration::from_millis(100),
             });

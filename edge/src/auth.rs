@@ -3,6 +3,7 @@
 //! deployment's token secret. `cellmesh ctl token` issues them; the edge
 //! verifies every request's token and takes the caller from it.
 
+use cellmesh_proto::reason::Reason;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use base64::Engine;
@@ -30,7 +31,7 @@ pub struct TokenKey {
     secret: Vec<u8>,
 }
 
-fn unauthenticated(reason: &str, message: &str) -> Status {
+fn unauthenticated(reason: Reason, message: &str) -> Status {
     to_status(ErrorCode::Unauthenticated, reason, message.into(), 0, None)
 }
 
@@ -66,18 +67,21 @@ impl TokenKey {
             (parts.next(), parts.next(), parts.next(), parts.next())
         else {
             return Err(unauthenticated(
-                "MALFORMED_TOKEN",
+                Reason::MalformedToken,
                 "the token is not a cellmesh token",
             ));
         };
         let signature = B64.decode(signature).map_err(|_| {
-            unauthenticated("MALFORMED_TOKEN", "the token signature is not base64url")
+            unauthenticated(
+                Reason::MalformedToken,
+                "the token signature is not base64url",
+            )
         })?;
         let mut mac = self.mac();
         mac.update(format!("{PREFIX}.{body}").as_bytes());
         mac.verify_slice(&signature).map_err(|_| {
             unauthenticated(
-                "BAD_SIGNATURE",
+                Reason::BadSignature,
                 "the token was not issued by this deployment",
             )
         })?;
@@ -85,13 +89,18 @@ impl TokenKey {
             .decode(body)
             .ok()
             .and_then(|b| serde_json::from_slice(&b).ok())
-            .ok_or_else(|| unauthenticated("MALFORMED_TOKEN", "the token claims do not decode"))?;
+            .ok_or_else(|| {
+                unauthenticated(Reason::MalformedToken, "the token claims do not decode")
+            })?;
         if claims.exp <= now_secs {
-            return Err(unauthenticated("TOKEN_EXPIRED", "the token has expired"));
+            return Err(unauthenticated(
+                Reason::TokenExpired,
+                "the token has expired",
+            ));
         }
         if claims.tenant == 0 || claims.user == 0 {
             return Err(unauthenticated(
-                "MALFORMED_TOKEN",
+                Reason::MalformedToken,
                 "the token names no tenant or user",
             ));
         }
@@ -112,14 +121,17 @@ impl TokenKey {
     ) -> Result<Claims, Status> {
         let header = metadata
             .get("authorization")
-            .ok_or_else(|| unauthenticated("MISSING_TOKEN", "no authorization token"))?
+            .ok_or_else(|| unauthenticated(Reason::MissingToken, "no authorization token"))?
             .to_str()
             .map_err(|_| {
-                unauthenticated("MALFORMED_TOKEN", "the authorization header is not text")
+                unauthenticated(
+                    Reason::MalformedToken,
+                    "the authorization header is not text",
+                )
             })?;
         let token = header
             .strip_prefix("Bearer ")
-            .ok_or_else(|| unauthenticated("MALFORMED_TOKEN", "expected `Bearer <token>`"))?;
+            .ok_or_else(|| unauthenticated(Reason::MalformedToken, "expected `Bearer <token>`"))?;
         self.verify(token.trim(), now_secs())
     }
 }

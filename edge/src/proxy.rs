@@ -10,6 +10,7 @@
 //! Conversations are created on their tenant's cell, or on the target of
 //! the tenant's migration while it moves.
 
+use cellmesh_proto::reason::Reason;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Mutex;
@@ -27,7 +28,7 @@ use cellmesh_route_client::convert::route_to_pb;
 use cellmesh_route_client::table::{Key, Resolved, Scope};
 
 /// Reasons of RETRY_LATER answers the edge retries itself.
-const RETRIED_REASONS: [&str; 3] = ["FROZEN", "ROUTE_BEHIND", "NO_ROUTE"];
+const RETRIED_REASONS: [Reason; 3] = [Reason::Frozen, Reason::RouteBehind, Reason::NoRoute];
 
 /// A request that names its caller.
 pub trait HasCaller {
@@ -113,7 +114,7 @@ impl Proxy {
             if c.tenant_id != 0 && c.tenant_id != claims.tenant {
                 return Err(to_status(
                     ErrorCode::PermissionDenied,
-                    "CROSS_TENANT",
+                    Reason::CrossTenant,
                     format!(
                         "the token is for tenant {}, the request names {}",
                         claims.tenant, c.tenant_id
@@ -125,7 +126,7 @@ impl Proxy {
             if c.user_id != 0 && c.user_id != claims.user {
                 return Err(to_status(
                     ErrorCode::PermissionDenied,
-                    "CALLER_MISMATCH",
+                    Reason::CallerMismatch,
                     "the request names another user than the token".into(),
                     0,
                     None,
@@ -177,7 +178,7 @@ impl Proxy {
             let Some(route) = self.routes.resolve(&key) else {
                 last = Some(to_status(
                     ErrorCode::RetryLater,
-                    "NO_ROUTE",
+                    Reason::NoRoute,
                     format!("{key} has no placement yet"),
                     500,
                     None,
@@ -216,7 +217,11 @@ impl Proxy {
                         .await
                         .ok();
                 }
-                Ok(ErrorCode::RetryLater) if RETRIED_REASONS.contains(&detail.reason.as_str()) => {
+                Ok(ErrorCode::RetryLater)
+                    if detail
+                        .known_reason()
+                        .is_some_and(|r| RETRIED_REASONS.contains(&r)) =>
+                {
                     let wait = Duration::from_millis(detail.retry_after_ms)
                         .clamp(Duration::from_millis(10), Duration::from_millis(500));
                     tokio::time::sleep(wait).await;
@@ -256,7 +261,7 @@ pub fn is_transport_failure(status: &Status) -> bool {
 pub fn owner_unreachable(key: &Key, route: &Resolved, cause: &Status) -> Status {
     to_status(
         ErrorCode::RetryLater,
-        OWNER_UNREACHABLE,
+        Reason::OwnerUnreachable,
         format!(
             "the owner of {key} ({}) could not be reached: {}",
             route.entry.cell,
@@ -266,6 +271,3 @@ pub fn owner_unreachable(key: &Key, route: &Resolved, cause: &Status) -> Status 
         Some(route_to_pb(route)),
     )
 }
-
-/// The reason of [`owner_unreachable`].
-pub const OWNER_UNREACHABLE: &str = "OWNER_UNREACHABLE";

@@ -3,6 +3,7 @@
 //! `MALFORMED_REQUEST` and the decoder's explanation — rather than the
 //! `INTERNAL` a plain prost codec reports.
 
+use crate::reason::Reason;
 use std::marker::PhantomData;
 
 use prost::Message;
@@ -51,7 +52,7 @@ impl<U: Message + Default> Decoder for StrictDecoder<U> {
         self.0.decode(buf).map_err(|status| {
             to_status(
                 ErrorCode::InvalidArgument,
-                "MALFORMED_REQUEST",
+                Reason::MalformedRequest,
                 status.message().to_string(),
                 0,
                 None,

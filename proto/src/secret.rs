@@ -3,6 +3,7 @@
 //! that are not client-facing refuse calls that lack it. An empty secret
 //! disables the check (a standalone dev cell).
 
+use crate::reason::Reason;
 use std::sync::Arc;
 
 use tonic::metadata::MetadataValue;
@@ -56,7 +57,7 @@ impl ClusterSecret {
         } else {
             Err(to_status(
                 ErrorCode::Unauthenticated,
-                "NOT_A_DEPLOYMENT_COMPONENT",
+                Reason::NotADeploymentComponent,
                 "this endpoint only serves the deployment's own components".into(),
                 0,
                 None,

@@ -12,6 +12,7 @@ use prost::Message;
 use prost_types::Any;
 
 use crate::google::rpc::{ErrorInfo, RetryInfo, Status as RpcStatus};
+use crate::reason::Reason;
 use crate::v1::{ErrorCode, ErrorDetail, Route};
 
 /// The `ErrorInfo.domain` of every cellmesh error.
@@ -51,10 +52,18 @@ impl ErrorCode {
     }
 }
 
+impl ErrorDetail {
+    /// The reason as one of ours (`None` for a status some other server or
+    /// the transport produced, e.g. `GRPC_UNAVAILABLE`).
+    pub fn known_reason(&self) -> Option<Reason> {
+        Reason::parse(&self.reason)
+    }
+}
+
 /// Builds the status for an error.
 pub fn to_status(
     code: ErrorCode,
-    reason: &str,
+    reason: Reason,
     message: String,
     retry_after_ms: u64,
     route: Option<Route>,
@@ -68,7 +77,7 @@ pub fn to_status(
     let mut details = vec![Any {
         type_url: TYPE_ERROR_INFO.into(),
         value: ErrorInfo {
-            reason: reason.to_string(),
+            reason: reason.as_str().to_string(),
             domain: DOMAIN.into(),
             metadata,
         }
@@ -197,7 +206,7 @@ mod tests {
         };
         let status = to_status(
             ErrorCode::WrongCell,
-            "NOT_OWNER",
+            Reason::NotOwner,
             "moved".into(),
             0,
             Some(route.clone()),
@@ -213,7 +222,7 @@ mod tests {
     fn details_are_a_standard_google_rpc_status() {
         let status = to_status(
             ErrorCode::RetryLater,
-            "OWNER_UNREACHABLE",
+            Reason::OwnerUnreachable,
             "owner down".into(),
             250,
             None,

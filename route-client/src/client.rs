@@ -3,6 +3,7 @@
 //! index after any disconnect, on any replica), plus writes that find the
 //! leader. Cells use it to check ownership, edges to find owners.
 
+use cellmesh_proto::reason::Reason;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
@@ -65,7 +66,7 @@ impl RouteClient {
         if endpoints.is_empty() {
             return Err(to_status(
                 ErrorCode::InvalidArgument,
-                "NO_ROUTERS",
+                Reason::NoRouters,
                 "no router endpoints configured".into(),
                 0,
                 None,

@@ -1,6 +1,7 @@
 //! gRPC handlers of the cell-to-cell API: fan-out deliveries and the
 //! migration calls (export, seal, digest on the source; copy on the target).
 
+use cellmesh_proto::reason::Reason;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -57,12 +58,12 @@ impl PeerApi {
             Some(channel) => channel,
             None => {
                 let channel = Channel::from_shared(address.to_string())
-                    .map_err(|e| CellError::invalid("BAD_SOURCE_ADDRESS", e.to_string()))?
+                    .map_err(|e| CellError::invalid(Reason::BadSourceAddress, e.to_string()))?
                     .connect_timeout(Duration::from_secs(2))
                     .connect()
                     .await
                     .map_err(|e| CellError::RetryLater {
-                        reason: "SOURCE_UNREACHABLE",
+                        reason: Reason::SourceUnreachable,
                         message: format!("cannot reach {address}: {e}"),
                         retry_after: Duration::from_millis(500),
                     })?;
@@ -77,7 +78,7 @@ impl PeerApi {
 
 fn pipeline_unavailable(e: crate::pipeline::PipelineError) -> CellError {
     CellError::RetryLater {
-        reason: "PIPELINE_UNAVAILABLE",
+        reason: Reason::PipelineUnavailable,
         message: e.to_string(),
         retry_after: Duration::from_millis(200),
     }
@@ -102,7 +103,7 @@ impl PeerApi {
     ) -> Result<(), CellError> {
         if r.source_cell.is_empty() {
             return Err(CellError::invalid(
-                "NO_SOURCE_CELL",
+                Reason::NoSourceCell,
                 "source_cell is required",
             ));
         }
@@ -292,7 +293,7 @@ impl CellPeer for PeerApi {
                 .fold(0u64, u64::wrapping_add);
             if sum != exported.checksum {
                 return Err(CellError::invalid(
-                    "CHECKSUM_MISMATCH",
+                    Reason::ChecksumMismatch,
                     "a user chunk arrived corrupted",
                 )
                 .into());
@@ -327,7 +328,7 @@ impl CellPeer for PeerApi {
         let r = request.into_inner();
         let chunk = r.chunk.ok_or_else(|| {
             Status::from(CellError::invalid(
-                "EMPTY_CHUNK",
+                Reason::EmptyChunk,
                 "the request has no chunk",
             ))
         })?;

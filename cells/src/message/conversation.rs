@@ -1,6 +1,7 @@
 //! Conversations: creation (idempotent when the client names a request id),
 //! membership changes and the conversation view with the caller's unread count.
 
+use cellmesh_proto::reason::Reason;
 use std::collections::BTreeSet;
 
 use cellmesh_proto::storage::v1::{
@@ -141,13 +142,13 @@ impl MessageService {
         let limits = &self.config.limits;
         if cmd.title.len() > limits.max_title_bytes {
             return Err(CellError::invalid(
-                "TITLE_TOO_LONG",
+                Reason::TitleTooLong,
                 format!("title is longer than {} bytes", limits.max_title_bytes),
             ));
         }
         if cmd.client_req_id.len() > limits.max_client_req_id_bytes {
             return Err(CellError::invalid(
-                "CLIENT_REQ_ID_TOO_LONG",
+                Reason::ClientReqIdTooLong,
                 "client_req_id is too long",
             ));
         }
@@ -156,18 +157,18 @@ impl MessageService {
         members.insert(cmd.caller.user);
         match cmd.kind {
             ConversationKind::Direct if members.len() != 2 => Err(CellError::invalid(
-                "DIRECT_NEEDS_TWO_MEMBERS",
+                Reason::DirectNeedsTwoMembers,
                 "a direct conversation has exactly two distinct members",
             )),
             ConversationKind::Group if members.len() > limits.max_group_members as usize => {
                 Err(CellError::invalid(
-                    "TOO_MANY_MEMBERS",
+                    Reason::TooManyMembers,
                     format!("a group has at most {} members", limits.max_group_members),
                 ))
             }
             ConversationKind::Direct | ConversationKind::Group => Ok(members),
             ConversationKind::Unspecified => Err(CellError::invalid(
-                "UNKNOWN_CONVERSATION_KIND",
+                Reason::UnknownConversationKind,
                 "conversation kind must be DIRECT or GROUP",
             )),
         }
@@ -177,13 +178,13 @@ impl MessageService {
         let max = self.config.limits.max_members_per_request;
         if users.len() > max {
             return Err(CellError::invalid(
-                "TOO_MANY_MEMBERS_IN_REQUEST",
+                Reason::TooManyMembersInRequest,
                 format!("at most {max} member ids per request"),
             ));
         }
         if users.contains(&0) {
             return Err(CellError::invalid(
-                "INVALID_USER_ID",
+                Reason::InvalidUserId,
                 "user id 0 is not valid",
             ));
         }
@@ -200,14 +201,14 @@ impl MessageService {
     ) -> Result<ChangeMembersResponse> {
         self.validate_member_list(&cmd.users)?;
         if cmd.users.is_empty() {
-            return Err(CellError::invalid("NO_USERS", "user_ids is empty"));
+            return Err(CellError::invalid(Reason::NoUsers, "user_ids is empty"));
         }
         let conv = self.conversation(&cmd.caller, cmd.conversation)?;
         self.ownership
             .check(cmd.caller.tenant, cmd.conversation, 0)?;
         if conv.kind != ConversationKind::Group {
             return Err(CellError::invalid(
-                "NOT_A_GROUP",
+                Reason::NotAGroup,
                 "members of a direct conversation cannot change",
             ));
         }
@@ -228,7 +229,7 @@ impl MessageService {
         };
         if count > self.config.limits.max_group_members as usize {
             return Err(CellError::invalid(
-                "TOO_MANY_MEMBERS",
+                Reason::TooManyMembers,
                 format!(
                     "a group has at most {} members",
                     self.config.limits.max_group_members

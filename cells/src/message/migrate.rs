@@ -5,6 +5,7 @@
 //! meta, members, read positions, and idempotency records rebuilt from the
 //! messages' request ids — without fanning them out again.
 
+use cellmesh_proto::reason::Reason;
 use std::time::{Duration, Instant};
 
 use cellmesh_proto::storage::v1::{
@@ -38,7 +39,7 @@ pub fn message_checksum(seq: u64, m: &MessageRecord) -> u64 {
     u64::from_be_bytes(h.finalize()[..8].try_into().expect("8 bytes"))
 }
 
-fn retry_later(reason: &'static str, message: String) -> CellError {
+fn retry_later(reason: Reason, message: String) -> CellError {
     CellError::RetryLater {
         reason,
         message,
@@ -63,7 +64,7 @@ impl MessageService {
             return Ok(());
         }
         Err(retry_later(
-            "ROUTE_BEHIND",
+            Reason::RouteBehind,
             format!("this cell has not seen route epoch {epoch} yet"),
         ))
     }
@@ -85,7 +86,7 @@ impl MessageService {
             })?;
         if record.tenant_id != tenant {
             return Err(CellError::denied(
-                "WRONG_TENANT",
+                Reason::WrongTenant,
                 "conversation belongs to another tenant",
             ));
         }
@@ -137,7 +138,7 @@ impl MessageService {
         self.await_route_epoch(epoch, deadline).await?;
         if self.ownership.check(tenant, conversation, 0).is_ok() {
             return Err(CellError::invalid(
-                "NOT_FROZEN",
+                Reason::NotFrozen,
                 format!("conversation {conversation} is not frozen here at epoch {epoch}"),
             ));
         }
@@ -156,7 +157,7 @@ impl MessageService {
             }
             if Instant::now() > deadline {
                 return Err(retry_later(
-                    "COMMIT_PENDING",
+                    Reason::CommitPending,
                     "the last sends are not durable yet".into(),
                 ));
             }
@@ -286,7 +287,7 @@ impl MessageService {
             .is_some_and(|c| c.tenant_id != tenant)
         {
             return Err(CellError::denied(
-                "WRONG_TENANT",
+                Reason::WrongTenant,
                 "the source answered for another tenant",
             ));
         }
@@ -414,12 +415,12 @@ impl MessageService {
         conversation: u64,
         chunk: ExportChunk,
     ) -> Result<u64> {
-        let record = chunk
-            .conversation
-            .ok_or_else(|| CellError::invalid("EMPTY_CHUNK", "the chunk has no conversation"))?;
+        let record = chunk.conversation.ok_or_else(|| {
+            CellError::invalid(Reason::EmptyChunk, "the chunk has no conversation")
+        })?;
         if record.tenant_id != tenant {
             return Err(CellError::denied(
-                "WRONG_TENANT",
+                Reason::WrongTenant,
                 "the source answered for another tenant",
             ));
         }
@@ -430,7 +431,7 @@ impl MessageService {
             .fold(0u64, u64::wrapping_add);
         if sum != chunk.checksum {
             return Err(retry_later(
-                "CHUNK_CHECKSUM",
+                Reason::ChunkChecksum,
                 "a migration chunk arrived corrupted".into(),
             ));
         }

@@ -15,6 +15,7 @@ mod replica;
 mod send;
 mod update;
 
+use cellmesh_proto::reason::Reason;
 use std::sync::Arc;
 
 use cellmesh_proto::v1::ConversationKind;
@@ -178,7 +179,7 @@ impl MessageService {
             Ok(())
         } else {
             Err(CellError::denied(
-                "NOT_A_MEMBER",
+                Reason::NotAMember,
                 format!(
                     "user {} is not a member of conversation {conversation}",
                     caller.user

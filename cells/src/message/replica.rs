@@ -5,6 +5,7 @@
 //! history is complete here, so that after a failover `Pull` serves it
 //! without waiting for the backfill.
 
+use cellmesh_proto::reason::Reason;
 use std::collections::HashMap;
 
 use cellmesh_proto::v1::ReplicatedWrite;
@@ -23,7 +24,7 @@ impl MessageService {
     ) -> Result<u32> {
         if source.is_empty() {
             return Err(CellError::invalid(
-                "NO_SOURCE_CELL",
+                Reason::NoSourceCell,
                 "source_cell is required",
             ));
         }
@@ -36,25 +37,25 @@ impl MessageService {
             let (tenant, conversation) = (write.tenant_id, write.conversation_id);
             let Some(message) = write.message else {
                 return Err(CellError::invalid(
-                    "NO_MESSAGE",
+                    Reason::NoMessage,
                     "a replicated write carries its message",
                 ));
             };
             let Some(record) = message.record else {
                 return Err(CellError::invalid(
-                    "NO_MESSAGE",
+                    Reason::NoMessage,
                     "a replicated message carries its record",
                 ));
             };
             if tenant == 0 || conversation == 0 || message.seq == 0 {
                 return Err(CellError::invalid(
-                    "BAD_REPLICATED_WRITE",
+                    Reason::BadReplicatedWrite,
                     "tenant, conversation and seq are required",
                 ));
             }
             if self.ownership.check_read(tenant, conversation).is_ok() {
                 return Err(CellError::denied(
-                    "NOT_A_STANDBY",
+                    Reason::NotAStandby,
                     format!("conversation {conversation} is owned here, not by {source}"),
                 ));
             }
@@ -62,7 +63,7 @@ impl MessageService {
                 && stored.tenant_id != tenant
             {
                 return Err(CellError::denied(
-                    "WRONG_TENANT",
+                    Reason::WrongTenant,
                     "conversation belongs to another tenant",
                 ));
             }

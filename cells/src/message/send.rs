@@ -3,6 +3,7 @@
 //! msg_id and queues one mutation (message, conversation seq, idempotency
 //! record, outbox event) for group commit; answers once it is durable.
 
+use cellmesh_proto::reason::Reason;
 use cellmesh_proto::storage::v1::{
     ConversationSeq, IdempotencyRecord, MessageRecord, OutboxEvent, OutboxKind,
 };
@@ -81,7 +82,7 @@ impl MessageService {
                 && seq > limit
             {
                 return Err(CellError::RetryLater {
-                    reason: "CHECKPOINT_BEHIND",
+                    reason: Reason::CheckpointBehind,
                     message: format!(
                         "seq {seq} would pass {limit}: the route table has not taken this cell's checkpoints"
                     ),
@@ -219,7 +220,7 @@ impl MessageService {
     fn recipients(&self, cmd: &SendCommand) -> Result<Vec<u64>> {
         if cmd.visible_to.len() > self.config.limits.max_members_per_request {
             return Err(CellError::invalid(
-                "TOO_MANY_RECIPIENTS",
+                Reason::TooManyRecipients,
                 "too many users in visible_to",
             ));
         }
@@ -229,7 +230,7 @@ impl MessageService {
         for user in &users {
             if !self.store.is_member(cmd.conversation, *user)? {
                 return Err(CellError::invalid(
-                    "RECIPIENT_NOT_A_MEMBER",
+                    Reason::RecipientNotAMember,
                     format!("user {user} in visible_to is not a member"),
                 ));
             }
@@ -241,13 +242,13 @@ impl MessageService {
         let limits = &self.config.limits;
         if cmd.client_req_id.is_empty() {
             return Err(CellError::invalid(
-                "MISSING_CLIENT_REQ_ID",
+                Reason::MissingClientReqId,
                 "client_req_id is required",
             ));
         }
         if cmd.client_req_id.len() > limits.max_client_req_id_bytes {
             return Err(CellError::invalid(
-                "CLIENT_REQ_ID_TOO_LONG",
+                Reason::ClientReqIdTooLong,
                 format!(
                     "client_req_id is {} bytes; the limit is {}",
                     cmd.client_req_id.len(),
@@ -261,11 +262,14 @@ impl MessageService {
 
 pub(super) fn validate_body(body: &[u8], max: usize) -> Result<()> {
     if body.is_empty() {
-        return Err(CellError::invalid("EMPTY_BODY", "message body is empty"));
+        return Err(CellError::invalid(
+            Reason::EmptyBody,
+            "message body is empty",
+        ));
     }
     if body.len() > max {
         return Err(CellError::invalid(
-            "BODY_TOO_LARGE",
+            Reason::BodyTooLarge,
             format!("message body is {} bytes; the limit is {max}", body.len()),
         ));
     }
@@ -275,7 +279,7 @@ pub(super) fn validate_body(body: &[u8], max: usize) -> Result<()> {
 fn replay(record: &IdempotencyRecord, conversation: u64) -> Result<SendResponse> {
     if record.conversation_id != conversation {
         return Err(CellError::invalid(
-            "CLIENT_REQ_ID_REUSED",
+            Reason::ClientReqIdReused,
             format!(
                 "client_req_id was already used for a send to conversation {}",
                 record.conversation_id
@@ -292,7 +296,7 @@ fn replay(record: &IdempotencyRecord, conversation: u64) -> Result<SendResponse>
 
 pub(super) fn concurrent_attempt_failed() -> CellError {
     CellError::RetryLater {
-        reason: "CONCURRENT_ATTEMPT_FAILED",
+        reason: Reason::ConcurrentAttemptFailed,
         message: "a concurrent request with the same client_req_id failed; retry".into(),
         retry_after: std::time::Duration::from_millis(50),
     }

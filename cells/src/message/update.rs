@@ -2,6 +2,7 @@
 //! window, shown to everyone), delete-for-me (an overlay for one user) and the
 //! per-user read position (which never moves backwards).
 
+use cellmesh_proto::reason::Reason;
 use cellmesh_proto::storage::v1::{MessageRecord, OutboxEvent, OutboxKind};
 use cellmesh_proto::v1::{DeleteForMeResponse, MarkReadResponse, Message, MessageState};
 
@@ -75,7 +76,7 @@ impl MessageService {
             |r, now| {
                 if r.state == MessageState::Recalled as i32 {
                     return Err(CellError::invalid(
-                        "MESSAGE_RECALLED",
+                        Reason::MessageRecalled,
                         "a recalled message cannot be edited",
                     ));
                 }
@@ -114,7 +115,7 @@ impl MessageService {
             })?;
         if record.sender_id != caller.user {
             return Err(CellError::denied(
-                "NOT_SENDER",
+                Reason::NotSender,
                 "only the sender may recall or edit a message",
             ));
         }
@@ -122,7 +123,7 @@ impl MessageService {
         let window_ms = self.config.limits.edit_window_secs * 1000;
         if now.saturating_sub(record.server_ts_ms) > window_ms {
             return Err(CellError::denied(
-                "EDIT_WINDOW_PASSED",
+                Reason::EditWindowPassed,
                 format!(
                     "messages can be recalled or edited for {} s after sending",
                     self.config.limits.edit_window_secs
@@ -159,7 +160,7 @@ impl MessageService {
     pub async fn delete_for_me(&self, cmd: DeleteForMeCommand) -> Result<DeleteForMeResponse> {
         if cmd.seqs.is_empty() || cmd.seqs.len() > MAX_DELETE_BATCH {
             return Err(CellError::invalid(
-                "BAD_SEQ_LIST",
+                Reason::BadSeqList,
                 format!("name between 1 and {MAX_DELETE_BATCH} seqs"),
             ));
         }
@@ -170,7 +171,7 @@ impl MessageService {
         let latest = self.store.conv_seq(cmd.conversation)?.latest_seq;
         if let Some(bad) = cmd.seqs.iter().find(|s| **s == 0 || **s > latest) {
             return Err(CellError::invalid(
-                "SEQ_OUT_OF_RANGE",
+                Reason::SeqOutOfRange,
                 format!("seq {bad} is outside 1..={latest}"),
             ));
         }

@@ -8,6 +8,7 @@ mod hub;
 pub mod moving;
 pub mod stream;
 
+use cellmesh_proto::reason::Reason;
 use std::sync::Arc;
 
 use cellmesh_proto::storage::v1::ConvListEntry;
@@ -93,7 +94,7 @@ impl SyncService {
         }
         if pts > latest {
             return Err(CellError::invalid(
-                "PTS_AHEAD",
+                Reason::PtsAhead,
                 format!("pts {pts} is beyond the latest {latest}"),
             ));
         }
@@ -211,7 +212,7 @@ impl SyncService {
     pub fn presence(&self, caller: Caller, users: &[u64]) -> Result<GetPresenceResponse> {
         if users.len() > MAX_PRESENCE_QUERY {
             return Err(CellError::invalid(
-                "TOO_MANY_USERS",
+                Reason::TooManyUsers,
                 format!("at most {MAX_PRESENCE_QUERY} users per query"),
             ));
         }

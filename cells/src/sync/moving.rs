@@ -8,6 +8,7 @@
 //! the source's pts, so devices go on from their cursors after the switch.
 //! The source drops its copy once the grace period after the move is over.
 
+use cellmesh_proto::reason::Reason;
 use std::time::{Duration, Instant};
 
 use cellmesh_proto::storage::v1::SyncRecord;
@@ -167,11 +168,12 @@ impl SyncService {
         self.messages.await_route_epoch(epoch, deadline).await?;
         match self.homes.check_home(user, true) {
             Err(CellError::RetryLater {
-                reason: "FROZEN", ..
+                reason: Reason::Frozen,
+                ..
             }) => {}
             _ => {
                 return Err(CellError::invalid(
-                    "NOT_FROZEN",
+                    Reason::NotFrozen,
                     format!("the home of {user} is not frozen here at epoch {epoch}"),
                 ));
             }
@@ -179,12 +181,12 @@ impl SyncService {
         tokio::time::timeout_at(deadline.into(), processor.barrier())
             .await
             .map_err(|_| CellError::RetryLater {
-                reason: "PIPELINE_BUSY",
+                reason: Reason::PipelineBusy,
                 message: "the processor did not reach the seal in time".into(),
                 retry_after: Duration::from_millis(200),
             })?
             .map_err(|e| CellError::RetryLater {
-                reason: "PIPELINE_UNAVAILABLE",
+                reason: Reason::PipelineUnavailable,
                 message: e.to_string(),
                 retry_after: Duration::from_millis(200),
             })?;

@@ -18,6 +18,7 @@
 //! have passed since the seal. Whole-tenant moves are in [`tenant`],
 //! draining and failing back a cell in [`bulk`].
 
+use cellmesh_proto::reason::Reason;
 use std::time::{Duration, Instant};
 
 use cellmesh_proto::secret::ClusterSecret;
@@ -350,7 +351,10 @@ impl Migrator {
             .await
             .map_err(|status| {
                 let d = cellmesh_proto::status::error_detail(&status);
-                if d.reason == "STALE_EPOCH" || d.reason == "ILLEGAL_TRANSITION" {
+                if matches!(
+                    d.known_reason(),
+                    Some(Reason::StaleEpoch | Reason::IllegalTransition)
+                ) {
                     MigrationError::Conflict(d.message)
                 } else {
                     MigrationError::Call {

@@ -3,6 +3,7 @@
 //! reads and watches come from the records, and a cancel, pause or resume
 //! is recorded for the runner to carry out.
 
+use cellmesh_proto::reason::Reason;
 use std::pin::Pin;
 use std::time::Duration;
 
@@ -37,7 +38,7 @@ impl OperationsApi {
             .ok_or_else(|| {
                 to_status(
                     ErrorCode::NotFound,
-                    "OPERATION_NOT_FOUND",
+                    Reason::OperationNotFound,
                     format!("no operation {id:?}"),
                     0,
                     None,
@@ -70,14 +71,14 @@ impl OperationsApi {
 fn unavailable(e: StoreError) -> Status {
     to_status(
         ErrorCode::RetryLater,
-        "COORDINATION_UNAVAILABLE",
+        Reason::CoordinationUnavailable,
         e.to_string(),
         500,
         None,
     )
 }
 
-fn invalid(reason: &str, message: String) -> Status {
+fn invalid(reason: Reason, message: String) -> Status {
     to_status(ErrorCode::InvalidArgument, reason, message, 0, None)
 }
 
@@ -85,7 +86,7 @@ fn invalid(reason: &str, message: String) -> Status {
 fn spec_from_pb(spec: Option<PbSpec>) -> Result<Spec, Status> {
     let parallel = |p: u32| if p == 0 { 8 } else { p as usize };
     let spec = match spec {
-        None => return Err(invalid("MISSING_SPEC", "say what to do".into())),
+        None => return Err(invalid(Reason::MissingSpec, "say what to do".into())),
         Some(PbSpec::MoveConversation(m)) => Spec::MoveConversation {
             tenant: m.tenant_id,
             conversation: m.conversation_id,
@@ -123,7 +124,7 @@ fn spec_from_pb(spec: Option<PbSpec>) -> Result<Spec, Status> {
     };
     if !ids_set {
         return Err(invalid(
-            "MISSING_ID",
+            Reason::MissingId,
             "tenant and conversation or user ids are required".into(),
         ));
     }
@@ -142,7 +143,7 @@ impl Operations for OperationsApi {
         for cell in spec.cells() {
             if self.routes.read(|t| t.cell(cell).is_none()) {
                 return Err(invalid(
-                    "UNKNOWN_CELL",
+                    Reason::UnknownCell,
                     format!("no cell {cell:?} is registered"),
                 ));
             }
@@ -189,7 +190,7 @@ impl Operations for OperationsApi {
         if !op.pausable() {
             return Err(to_status(
                 ErrorCode::InvalidArgument,
-                "NOT_PAUSABLE",
+                Reason::NotPausable,
                 format!(
                     "{} picks its moves as it goes and cannot be held; cancel it (what moved stays moved) and start it again",
                     op.spec.describe()

@@ -2,6 +2,7 @@
 //! same command reaches the same error, which is returned as the command's
 //! result rather than failing the Raft log.
 
+use cellmesh_proto::reason::Reason;
 use cellmesh_proto::v1::ErrorCode;
 use serde::{Deserialize, Serialize};
 
@@ -36,14 +37,14 @@ impl RouteError {
     }
 
     /// The stable code and reason on the wire.
-    pub fn code(&self) -> (ErrorCode, &'static str) {
+    pub fn code(&self) -> (ErrorCode, Reason) {
         match self {
-            RouteError::Invalid { .. } => (ErrorCode::InvalidArgument, "INVALID_ROUTE_COMMAND"),
-            RouteError::UnknownCell(_) => (ErrorCode::NotFound, "UNKNOWN_CELL"),
-            RouteError::NoRoute(_) => (ErrorCode::NotFound, "NO_ROUTE"),
-            RouteError::StaleEpoch { .. } => (ErrorCode::InvalidArgument, "STALE_EPOCH"),
+            RouteError::Invalid { .. } => (ErrorCode::InvalidArgument, Reason::InvalidRouteCommand),
+            RouteError::UnknownCell(_) => (ErrorCode::NotFound, Reason::UnknownCell),
+            RouteError::NoRoute(_) => (ErrorCode::NotFound, Reason::NoRoute),
+            RouteError::StaleEpoch { .. } => (ErrorCode::InvalidArgument, Reason::StaleEpoch),
             RouteError::IllegalTransition { .. } => {
-                (ErrorCode::InvalidArgument, "ILLEGAL_TRANSITION")
+                (ErrorCode::InvalidArgument, Reason::IllegalTransition)
             }
         }
     }

@@ -4,6 +4,7 @@
 //! once; a request that still does not reach a leader is answered
 //! RETRY_LATER/NOT_LEADER with the leader's API address in `x-cellmesh-leader`.
 
+use cellmesh_proto::reason::Reason;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
 use std::pin::Pin;
@@ -80,7 +81,7 @@ impl RoutingService {
     fn not_leader(leader: Option<&RouterNode>) -> Status {
         let mut status = to_status(
             ErrorCode::RetryLater,
-            "NOT_LEADER",
+            Reason::NotLeader,
             match leader {
                 Some(l) => format!("not the leader; the leader is at {}", l.api_addr),
                 None => "no leader is known yet".into(),
@@ -127,14 +128,18 @@ impl RoutingService {
             return Err(match error {
                 RaftError::APIError(e) => to_status(
                     ErrorCode::RetryLater,
-                    "RAFT_UNAVAILABLE",
+                    Reason::RaftUnavailable,
                     format!("{e:?}"),
                     100,
                     None,
                 ),
-                RaftError::Fatal(e) => {
-                    to_status(ErrorCode::Internal, "RAFT_FATAL", e.to_string(), 0, None)
-                }
+                RaftError::Fatal(e) => to_status(
+                    ErrorCode::Internal,
+                    Reason::RaftFatal,
+                    e.to_string(),
+                    0,
+                    None,
+                ),
             });
         };
         let leader = forward.leader_node.as_ref();
@@ -155,7 +160,7 @@ impl RoutingService {
 fn stopped() -> Status {
     to_status(
         ErrorCode::RetryLater,
-        "STOPPING",
+        Reason::Stopping,
         "this replica is shutting down".into(),
         100,
         None,

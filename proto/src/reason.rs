@@ -1,0 +1,153 @@
+//! Every reason the platform gives for an error: the `reason` of the
+//! standard `google.rpc.ErrorInfo` detail (domain `cellmesh`), stable on the
+//! wire. One enum, so a reason is named once and a client can match on it
+//! ([`Reason::parse`]); the `code` beside it says what a caller may do.
+
+macro_rules! reasons {
+    ($($variant:ident => $wire:literal,)*) => {
+        /// A stable, machine-readable error reason.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum Reason {
+            $($variant,)*
+        }
+
+        impl Reason {
+            /// Every reason, in wire-name order.
+            pub const ALL: &[Reason] = &[$(Reason::$variant,)*];
+
+            /// The reason as it travels, e.g. `NO_ROUTE`.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(Reason::$variant => $wire,)*
+                }
+            }
+
+            /// The reason a wire name stands for (`None`: not one of ours,
+            /// e.g. `GRPC_UNAVAILABLE` for a status without details).
+            pub fn parse(wire: &str) -> Option<Reason> {
+                match wire {
+                    $($wire => Some(Reason::$variant),)*
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+reasons! {
+    BadDeviceId => "BAD_DEVICE_ID",
+    BadReplicatedWrite => "BAD_REPLICATED_WRITE",
+    BadSeqList => "BAD_SEQ_LIST",
+    BadSignature => "BAD_SIGNATURE",
+    BadSourceAddress => "BAD_SOURCE_ADDRESS",
+    BodyTooLarge => "BODY_TOO_LARGE",
+    CallerMismatch => "CALLER_MISMATCH",
+    CheckpointBehind => "CHECKPOINT_BEHIND",
+    ChecksumMismatch => "CHECKSUM_MISMATCH",
+    ChunkChecksum => "CHUNK_CHECKSUM",
+    ClientReqIdReused => "CLIENT_REQ_ID_REUSED",
+    ClientReqIdTooLong => "CLIENT_REQ_ID_TOO_LONG",
+    CommitPending => "COMMIT_PENDING",
+    ConcurrentAttemptFailed => "CONCURRENT_ATTEMPT_FAILED",
+    ConversationNotFound => "CONVERSATION_NOT_FOUND",
+    ConversationRateLimited => "CONVERSATION_RATE_LIMITED",
+    CoordinationUnavailable => "COORDINATION_UNAVAILABLE",
+    CrossTenant => "CROSS_TENANT",
+    DirectNeedsTwoMembers => "DIRECT_NEEDS_TWO_MEMBERS",
+    EditWindowPassed => "EDIT_WINDOW_PASSED",
+    EmptyBody => "EMPTY_BODY",
+    EmptyChunk => "EMPTY_CHUNK",
+    Frozen => "FROZEN",
+    IllegalTransition => "ILLEGAL_TRANSITION",
+    InvalidRouteCommand => "INVALID_ROUTE_COMMAND",
+    InvalidUserId => "INVALID_USER_ID",
+    MalformedRequest => "MALFORMED_REQUEST",
+    MalformedToken => "MALFORMED_TOKEN",
+    MessageNotFound => "MESSAGE_NOT_FOUND",
+    MessageRecalled => "MESSAGE_RECALLED",
+    MissingClientReqId => "MISSING_CLIENT_REQ_ID",
+    MissingConversationId => "MISSING_CONVERSATION_ID",
+    MissingId => "MISSING_ID",
+    MissingSeq => "MISSING_SEQ",
+    MissingSpec => "MISSING_SPEC",
+    MissingToken => "MISSING_TOKEN",
+    NotADeploymentComponent => "NOT_A_DEPLOYMENT_COMPONENT",
+    NotAGroup => "NOT_A_GROUP",
+    NotAMember => "NOT_A_MEMBER",
+    NotAStandby => "NOT_A_STANDBY",
+    NotFrozen => "NOT_FROZEN",
+    NotLeader => "NOT_LEADER",
+    NotOwner => "NOT_OWNER",
+    NotPausable => "NOT_PAUSABLE",
+    NotSender => "NOT_SENDER",
+    NoCaller => "NO_CALLER",
+    NoMessage => "NO_MESSAGE",
+    NoRoute => "NO_ROUTE",
+    NoRouters => "NO_ROUTERS",
+    NoSourceCell => "NO_SOURCE_CELL",
+    NoUsers => "NO_USERS",
+    OperationNotFound => "OPERATION_NOT_FOUND",
+    OwnerLeaseExpired => "OWNER_LEASE_EXPIRED",
+    OwnerUnreachable => "OWNER_UNREACHABLE",
+    PipelineBusy => "PIPELINE_BUSY",
+    PipelineUnavailable => "PIPELINE_UNAVAILABLE",
+    PlacementFailed => "PLACEMENT_FAILED",
+    PtsAhead => "PTS_AHEAD",
+    RaftFatal => "RAFT_FATAL",
+    RaftUnavailable => "RAFT_UNAVAILABLE",
+    RecipientNotAMember => "RECIPIENT_NOT_A_MEMBER",
+    RetryLater => "RETRY_LATER",
+    RouteBehind => "ROUTE_BEHIND",
+    SeqOutOfRange => "SEQ_OUT_OF_RANGE",
+    ShuttingDown => "SHUTTING_DOWN",
+    SourceUnreachable => "SOURCE_UNREACHABLE",
+    StaleEpoch => "STALE_EPOCH",
+    StandbyUnreachable => "STANDBY_UNREACHABLE",
+    Stopping => "STOPPING",
+    StorageError => "STORAGE_ERROR",
+    StorageFailed => "STORAGE_FAILED",
+    TitleTooLong => "TITLE_TOO_LONG",
+    TokenExpired => "TOKEN_EXPIRED",
+    TooManyMembers => "TOO_MANY_MEMBERS",
+    TooManyMembersInRequest => "TOO_MANY_MEMBERS_IN_REQUEST",
+    TooManyRecipients => "TOO_MANY_RECIPIENTS",
+    TooManyUsers => "TOO_MANY_USERS",
+    UnknownCell => "UNKNOWN_CELL",
+    UnknownConversationKind => "UNKNOWN_CONVERSATION_KIND",
+    UnknownDirection => "UNKNOWN_DIRECTION",
+    UnknownMessageType => "UNKNOWN_MESSAGE_TYPE",
+    UserRateLimited => "USER_RATE_LIMITED",
+    WrongTenant => "WRONG_TENANT",
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl PartialEq<&str> for Reason {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Reason;
+
+    #[test]
+    fn every_reason_round_trips_and_is_screaming_snake_case() {
+        let mut seen = std::collections::HashSet::new();
+        for &reason in Reason::ALL {
+            let wire = reason.as_str();
+            assert!(seen.insert(wire), "{wire} twice");
+            assert!(
+                wire.chars().all(|c| c.is_ascii_uppercase() || c == '_'),
+                "{wire}"
+            );
+            assert_eq!(Reason::parse(wire), Some(reason));
+        }
+        assert_eq!(Reason::parse("GRPC_UNAVAILABLE"), None);
+    }
+}
