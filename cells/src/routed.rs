@@ -266,7 +266,7 @@ impl Homes for Routed {
         let Some(route) = self.client.resolve(&key) else {
             return Home::Here;
         };
-        if home_frozen(&key, &route) {
+        if home_frozen(&route) {
             Home::Moving
         } else if route.entry.cell == self.cell_id {
             Home::Here
@@ -283,7 +283,7 @@ impl Homes for Routed {
         if route.entry.cell != self.cell_id {
             return Err(wrong_cell(&key, &route));
         }
-        if write && home_frozen(&key, &route) {
+        if write && home_frozen(&route) {
             return Err(CellError::RetryLater {
                 reason: Reason::Frozen,
                 message: format!("{key} is frozen for a move of the user's home"),
@@ -303,10 +303,10 @@ impl Homes for Routed {
     }
 }
 
-/// Whether the home of user `key` is frozen for a move of its own. A moving
-/// tenant's users stay where the tenant entry says until it switches.
-fn home_frozen(key: &Key, route: &cellmesh_route_client::table::Resolved) -> bool {
-    route.entry.key == *key && matches!(route.entry.state, RouteState::Frozen { .. })
+/// Whether the home of user `key` is frozen for a move: of its own, or of
+/// its tenant (whose entry it follows) under the tenant's freeze.
+fn home_frozen(route: &cellmesh_route_client::table::Resolved) -> bool {
+    matches!(route.entry.state, RouteState::Frozen { .. })
 }
 
 /// `WRONG_CELL` for `key`, carrying the route that owns it.

@@ -356,6 +356,36 @@ impl CellPeer for PeerApi {
         Ok(Response::new(TenantUsersResponse { user_ids, has_more }))
     }
 
+    async fn tenant_marks(
+        &self,
+        request: Request<TenantMarksRequest>,
+    ) -> Result<Response<TenantMarksResponse>, Status> {
+        let r = request.into_inner();
+        let (tenant, messages) = (r.tenant_id, &self.service);
+        let conversations = messages
+            .tenant_conversation_ids(tenant, if r.seal { r.epoch } else { 0 })
+            .await?;
+        let users = self.sync.tenant_user_marks(tenant, &r.users, false)?;
+        if r.seal {
+            messages
+                .seal_tenant_conversations(tenant, &conversations, r.epoch)
+                .await?;
+            let ids: Vec<u64> = users.iter().map(|m| m.id).collect();
+            (self.sync)
+                .seal_tenant_users(tenant, &ids, r.epoch, &self.inbound)
+                .await?;
+        }
+        let conversations = messages.conversation_marks(&conversations, r.with_digest)?;
+        // Read after the seal: final then.
+        let users = self
+            .sync
+            .tenant_user_marks(tenant, &r.users, r.with_digest)?;
+        Ok(Response::new(TenantMarksResponse {
+            conversations,
+            users,
+        }))
+    }
+
     async fn replicate(
         &self,
         request: Request<ReplicateRequest>,

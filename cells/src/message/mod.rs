@@ -13,6 +13,7 @@ mod migrate;
 mod pull;
 mod replica;
 mod send;
+mod tenant;
 mod update;
 
 use cellmesh_proto::reason::Reason;

@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use cellmesh_proto::storage::v1::SyncRecord;
 use cellmesh_proto::v1::{
-    ConvListItem, ConversationMeta, DeviceCursor, PtsRecord, SyncEventKind, UserChunk, UserState,
+    ConvListItem, ConversationMeta, DeviceCursor, Mark, PtsRecord, SyncEventKind, UserChunk,
+    UserState,
 };
 use prost::Message as _;
 use sha2::{Digest, Sha256};
@@ -178,6 +179,88 @@ impl SyncService {
                 ));
             }
         }
+        self.barrier(processor, deadline).await?;
+        // Acks and settings check the home under the read side.
+        drop(self.user_writes.write().await);
+        let now = self.clock.now_ms();
+        cleanup::mark_sealed(&self.store, moved::USER, user.tenant, user.user, now).await?;
+        Ok(self.store.user_pts(user)?)
+    }
+
+    /// The members of `tenant`'s conversations stored here and the `extra`
+    /// users, whose homes move with the tenant, and where each one's queue
+    /// stands here; with `digest`, the count and checksum of all of it too.
+    pub fn tenant_user_marks(&self, tenant: u64, extra: &[u64], digest: bool) -> Result<Vec<Mark>> {
+        let (mut users, mut after) = (extra.to_vec(), 0);
+        loop {
+            let (page, more) = self.messages.tenant_users(tenant, after, 100_000)?;
+            after = page.last().copied().unwrap_or(after);
+            users.extend(page);
+            if !more {
+                break;
+            }
+        }
+        users.sort_unstable();
+        users.dedup();
+        users
+            .into_iter()
+            .map(|id| {
+                let user = UserKey::new(tenant, id);
+                let latest = self.store.user_pts(user)?;
+                let (count, checksum) = if digest {
+                    let d = self.digest_user(user, 0, latest)?;
+                    (d.count, d.checksum)
+                } else {
+                    (0, 0)
+                };
+                Ok(Mark {
+                    id,
+                    latest,
+                    rewrites: 0,
+                    count,
+                    checksum,
+                })
+            })
+            .collect()
+    }
+
+    /// Seals, as [`SyncService::seal_user`] does one, the homes among
+    /// `users` of `tenant` that this cell sees frozen at `epoch`: one
+    /// processor barrier and one wait for in-flight acks for all of them.
+    pub async fn seal_tenant_users(
+        &self,
+        tenant: u64,
+        users: &[u64],
+        epoch: u64,
+        processor: &PeerInbound,
+    ) -> Result<u64> {
+        let deadline = Instant::now() + SEAL_TIMEOUT;
+        self.messages.await_route_epoch(epoch, deadline).await?;
+        let frozen: Vec<UserKey> = users
+            .iter()
+            .map(|&u| UserKey::new(tenant, u))
+            .filter(|&user| {
+                matches!(
+                    self.homes.check_home(user, true),
+                    Err(CellError::RetryLater {
+                        reason: Reason::Frozen,
+                        ..
+                    })
+                )
+            })
+            .collect();
+        self.barrier(processor, deadline).await?;
+        drop(self.user_writes.write().await);
+        let now = self.clock.now_ms();
+        for user in &frozen {
+            cleanup::mark_sealed(&self.store, moved::USER, user.tenant, user.user, now).await?;
+        }
+        Ok(frozen.len() as u64)
+    }
+
+    /// Waits (until `deadline`) for the processor to have applied every
+    /// event it took so far.
+    async fn barrier(&self, processor: &PeerInbound, deadline: Instant) -> Result<()> {
         tokio::time::timeout_at(deadline.into(), processor.barrier())
             .await
             .map_err(|_| CellError::RetryLater {
@@ -189,12 +272,7 @@ impl SyncService {
                 reason: Reason::PipelineUnavailable,
                 message: e.to_string(),
                 retry_after: Duration::from_millis(200),
-            })?;
-        // Acks and settings check the home under the read side.
-        drop(self.user_writes.write().await);
-        let now = self.clock.now_ms();
-        cleanup::mark_sealed(&self.store, moved::USER, user.tenant, user.user, now).await?;
-        Ok(self.store.user_pts(user)?)
+            })
     }
 
     /// Drops the sync state of users whose home has been elsewhere for

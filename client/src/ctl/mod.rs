@@ -170,16 +170,19 @@ enum CtlCommand {
 
 #[derive(Subcommand)]
 enum MigrateCommand {
-    /// Move a whole tenant: new conversations go to the target at once,
-    /// existing ones move several at a time, the tenant entry switches last.
+    /// Move a whole tenant as one workflow: copy, catch up, verify, one
+    /// freeze, one switch of the tenant's entry.
     Tenant {
         #[arg(long)]
         tenant: u64,
         #[arg(long)]
         to: String,
-        /// Conversations moved at a time.
+        /// Copies (conversations, homes) in flight at a time.
         #[arg(long, default_value_t = 8)]
         parallel: usize,
+        /// Messages and sync events copied per second at most (0: no limit).
+        #[arg(long, default_value_t = 0)]
+        rate: u64,
         #[arg(long)]
         json: bool,
     },
@@ -281,12 +284,14 @@ fn as_operation(command: &CtlCommand) -> anyhow::Result<Option<ops::StartCommand
                     tenant,
                     to,
                     parallel,
+                    rate,
                     ..
                 },
         } => Start::Tenant {
             tenant: *tenant,
             to: to.clone(),
             parallel: *parallel as u32,
+            rate: *rate,
         },
         CtlCommand::Migrate {
             command: MigrateCommand::User {
@@ -539,9 +544,10 @@ pub async fn run(mut args: CtlArgs) -> anyhow::Result<()> {
                     tenant,
                     to,
                     parallel,
+                    rate,
                     json,
                 },
-        } => moves::migrate_tenant(routes, secret, tenant, &to, parallel, json).await?,
+        } => moves::migrate_tenant(routes, secret, tenant, &to, (parallel, rate), json).await?,
         CtlCommand::Migrate {
             command:
                 MigrateCommand::User {

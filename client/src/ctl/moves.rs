@@ -13,20 +13,32 @@ use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_route_client::client::RouteClient;
 use serde_json::json;
 
-/// Prints one line per conversation moved, at most every 10%.
+/// Prints the move's progress at most every 10% of a round, and at each
+/// phase: items in step, rows copied, lag, rate, ETA, freeze.
 fn tenant_progress(tenant: u64) -> impl FnMut(&TenantProgress) {
-    let mut shown = 0;
+    let (mut shown, mut phase, started) = (0, "", Instant::now());
     move |p| {
-        let pct = (p.moved * 100)
-            .checked_div(p.conversations)
-            .unwrap_or(100)
-            .min(100);
-        if p.moved == 0 || pct >= shown + 10 || p.phase == "switched" {
-            shown = pct;
+        let items = p.conversations + p.users_moved;
+        let pct = (p.moved * 100).checked_div(items).unwrap_or(100).min(100);
+        if p.moved == 0 || pct >= shown + 10 || p.phase != phase {
+            (shown, phase) = (pct, p.phase);
             let bar = "#".repeat(pct as usize / 5) + &".".repeat(20 - pct as usize / 5);
+            let per_s = p.messages as f64 / started.elapsed().as_secs_f64().max(0.001);
+            let eta = if per_s > 0.0 {
+                format!("{:.0} s", p.lag as f64 / per_s)
+            } else {
+                "-".into()
+            };
             println!(
-                "tenant {tenant} {:<13} [{bar}] {}/{} conversations, {} messages, {} user homes",
-                p.phase, p.moved, p.conversations, p.messages, p.users_moved
+                "tenant {tenant} {:<10} [{bar}] {}/{} items ({} conversations, {} homes), {} rows copied ({per_s:.0}/s), lag {}, ETA {eta}, frozen {} ms",
+                p.phase,
+                p.moved,
+                items,
+                p.conversations,
+                p.users_moved,
+                p.messages,
+                p.lag,
+                p.max_freeze.as_millis()
             );
         }
     }
@@ -37,10 +49,14 @@ pub async fn migrate_tenant(
     secret: ClusterSecret,
     tenant: u64,
     to: &str,
-    parallel: usize,
+    (parallel, rate): (usize, u64),
     json: bool,
 ) -> anyhow::Result<()> {
-    let migrator = Migrator::new(routes, secret, MigrationOptions::default());
+    let options = MigrationOptions {
+        rate,
+        ..MigrationOptions::default()
+    };
+    let migrator = Migrator::new(routes, secret, options);
     let report = migrator
         .migrate_tenant(tenant, to, parallel, tenant_progress(tenant))
         .await?;
@@ -53,18 +69,20 @@ pub async fn migrate_tenant(
                 "users_moved": report.users_moved,
                 "max_freeze_ms": report.max_freeze.as_millis() as u64,
                 "overrides_removed": report.overrides_removed,
+                "route_writes": report.route_writes,
                 "total_ms": report.total.as_millis() as u64,
                 "switch_epoch": report.switch_epoch})
         );
     } else {
         println!(
-            "tenant {tenant} moved {} -> {}: {} conversations, {} messages, {} user homes, longest freeze {} ms, total {} ms",
+            "tenant {tenant} moved {} -> {}: {} conversations, {} messages and events copied, {} user homes, frozen {} ms, {} route writes, total {} ms",
             report.from,
             report.to,
             report.conversations_moved,
             report.messages_moved,
             report.users_moved,
             report.max_freeze.as_millis(),
+            report.route_writes,
             report.total.as_millis()
         );
     }

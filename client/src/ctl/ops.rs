@@ -47,6 +47,9 @@ pub enum StartCommand {
         to: String,
         #[arg(long, default_value_t = 8)]
         parallel: u32,
+        /// Messages and sync events copied per second at most (0: no limit).
+        #[arg(long, default_value_t = 0)]
+        rate: u64,
     },
     /// One conversation.
     Conversation {
@@ -158,10 +161,12 @@ pub async fn run(
                     tenant,
                     to,
                     parallel,
+                    rate,
                 } => Spec::MoveTenant(pb::MoveTenantSpec {
                     tenant_id: tenant,
                     to_cell: to,
                     parallel,
+                    rate,
                 }),
                 StartCommand::Conversation {
                     tenant,

@@ -54,6 +54,12 @@ pub struct MigrationOptions {
     /// At most this many messages per copy round (throttling; 0 = all the
     /// source has). Throttled rounds do not count as catch-up rounds.
     pub round_messages: u32,
+    /// A tenant move copies at most this many messages and sync events
+    /// per second (0: no limit).
+    pub rate: u64,
+    /// A tenant move freezes once the target is at most this many messages
+    /// and sync events behind, over all its conversations and homes.
+    pub tenant_catch_up_lag: u64,
     /// Give up right after this point, as if the control plane died there
     /// (drills and tests); running the migration again resumes it.
     pub stop_after: Option<StopPoint>,
@@ -80,6 +86,8 @@ impl Default for MigrationOptions {
             max_catch_up_rounds: 20,
             pause: Duration::ZERO,
             round_messages: 0,
+            tenant_catch_up_lag: 500,
+            rate: 0,
             stop_after: None,
         }
     }
@@ -166,6 +174,11 @@ impl Migrator {
             secret,
             options,
         }
+    }
+
+    /// A migrator like this one with other `options`.
+    pub fn with_options(&self, options: MigrationOptions) -> Self {
+        Self::new(self.routes.clone(), self.secret.clone(), options)
     }
 
     fn stop_at(&self, point: StopPoint) -> Result<(), MigrationError> {

@@ -101,6 +101,7 @@ fn spec_from_pb(spec: Option<PbSpec>) -> Result<Spec, Status> {
             tenant: m.tenant_id,
             to: m.to_cell,
             parallel: parallel(m.parallel),
+            rate: m.rate,
         },
         Some(PbSpec::Drain(d)) => Spec::Drain {
             cell: d.cell_id,

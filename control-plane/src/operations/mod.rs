@@ -35,6 +35,9 @@ pub enum Spec {
         tenant: u64,
         to: String,
         parallel: usize,
+        /// Messages and sync events copied per second at most (0: any).
+        #[serde(default)]
+        rate: u64,
     },
     Drain {
         cell: String,
@@ -333,6 +336,7 @@ mod tests {
             tenant: 7,
             to: "eu-west/c2".into(),
             parallel: 4,
+            rate: 0,
         };
         let op = store.create(spec.clone()).await.unwrap();
         assert_eq!(op.state, State::Pending);
@@ -361,6 +365,7 @@ mod tests {
                 tenant: 7,
                 to: "eu-west/c2".into(),
                 parallel: 4,
+                rate: 0,
             })
             .await
             .unwrap();

@@ -20,8 +20,8 @@ use cellmesh_route_client::table::{Phase, RouteState};
 use tokio::task::JoinSet;
 
 use super::{Operation, OperationStore, Spec, State, now_ms};
-use crate::migration::Migrator;
 use crate::migration::bulk::BulkEvent;
+use crate::migration::{MigrationOptions, Migrator};
 
 /// How often the runner looks for new operations and cancels.
 const SCAN: Duration = Duration::from_millis(250);
@@ -234,18 +234,30 @@ async fn execute(
             tenant,
             to,
             parallel,
-        } => migrator
-            .migrate_tenant(*tenant, to, (*parallel).max(1), |p| {
-                set(p.phase, p.moved, p.conversations)
-            })
-            .await
-            .map(|r| {
-                format!(
-                    "{} conversations and {} user homes moved to {}",
-                    r.conversations_moved, r.users_moved, r.to
-                )
-            })
-            .map_err(|e| e.to_string()),
+            rate,
+        } => {
+            let migrator = migrator.with_options(MigrationOptions {
+                rate: *rate,
+                ..migrator.options.clone()
+            });
+            migrator
+                .migrate_tenant(*tenant, to, (*parallel).max(1), |p| {
+                    set(p.phase, p.moved, p.conversations + p.users_moved)
+                })
+                .await
+                .map(|r| {
+                    format!(
+                        "{} conversations and {} user homes moved to {} ({} messages and events copied, frozen {} ms, {} route writes)",
+                        r.conversations_moved,
+                        r.users_moved,
+                        r.to,
+                        r.messages_moved,
+                        r.max_freeze.as_millis(),
+                        r.route_writes
+                    )
+                })
+                .map_err(|e| e.to_string())
+        }
         Spec::Drain { cell, to, parallel } => {
             let mut moved = 0;
             let report = migrator

@@ -81,6 +81,8 @@ async fn an_operation_outlives_its_caller_and_the_replica_that_ran_it() {
                 tenant_id: 1,
                 to_cell: TARGET.into(),
                 parallel: 1,
+                // Slow enough to be caught mid-move.
+                rate: 60,
             })),
         }))
         .await
@@ -189,6 +191,8 @@ async fn a_sigkilled_control_plane_process_leaves_its_operation_to_the_other() {
                 tenant_id: 1,
                 to_cell: TARGET.into(),
                 parallel: 1,
+                // Slow enough to be caught mid-move.
+                rate: 60,
             })),
         }))
         .await
@@ -258,6 +262,8 @@ async fn a_paused_move_holds_until_it_is_resumed() {
                 tenant_id: 1,
                 to_cell: TARGET.into(),
                 parallel: 1,
+                // Slow enough to be caught mid-move.
+                rate: 60,
             })),
         }))
         .await
@@ -337,6 +343,7 @@ async fn bad_operation_requests_get_stable_codes() {
                 tenant_id: 1,
                 to_cell: "mars/c9".into(),
                 parallel: 0,
+                rate: 0,
             })),
         }))
         .await

@@ -1,0 +1,429 @@
+//! What a tenant move carries, item by item: each conversation's history
+//! and each member's home, with how far the target holds it, how far the
+//! source had it when last asked, and what was verified. Copy rounds,
+//! digests and their comparison are done here for all items at once,
+//! several calls in flight; the workflow in [`super`] decides when.
+
+use std::collections::BTreeMap;
+
+use cellmesh_proto::v1::{
+    CopyRequest, CopyUserRequest, DigestRequest, DigestResponse, Mark, TenantConversationsRequest,
+    TenantMarksRequest, TenantMarksResponse, UserDigestRequest,
+};
+use cellmesh_route_client::table::{Key, RouteState};
+use futures::StreamExt;
+
+use super::super::{MigrationError, Migrator, Peer, call};
+
+/// One thing that moves with the tenant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum Item {
+    Conversation(u64),
+    /// A user's home: sync queue, conversation list, mute flags, cursors.
+    User(u64),
+}
+
+/// What was compared and found equal on both cells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Verified {
+    pub through: u64,
+    pub count: u64,
+    pub checksum: u64,
+    pub rewrites: u64,
+}
+
+/// Where one item stands.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Position {
+    /// The target holds everything through this.
+    pub copied: u64,
+    /// The source's latest position when last asked.
+    pub source: u64,
+    /// The next copy replaces what the target holds (user homes: a target
+    /// may hold an older queue of the user).
+    pub reset: bool,
+    pub verified: Option<Verified>,
+}
+
+/// The two cells and every item between them.
+pub(super) struct Items<'a> {
+    pub migrator: &'a Migrator,
+    pub tenant: u64,
+    pub from: String,
+    pub to: String,
+    pub source: Peer,
+    pub source_address: String,
+    pub target: Peer,
+    pub parallel: usize,
+    pub items: BTreeMap<Item, Position>,
+    /// Messages and events copied in this run.
+    pub copied_rows: u64,
+    /// Members of the tenant's conversations on the target (created there
+    /// during the move): their homes are on the source until the switch.
+    pub target_users: Vec<u64>,
+}
+
+/// Both cells' answer for one item.
+type Pair = (DigestResponse, DigestResponse);
+
+impl Items<'_> {
+    /// Every user the items or the target's conversations name (asked
+    /// for on both cells).
+    fn users(&self) -> Vec<u64> {
+        let mut users: Vec<u64> = self
+            .items
+            .keys()
+            .filter_map(|i| match i {
+                Item::User(u) => Some(*u),
+                Item::Conversation(_) => None,
+            })
+            .chain(self.target_users.iter().copied())
+            .collect();
+        users.sort_unstable();
+        users.dedup();
+        users
+    }
+
+    /// Reads the members of the tenant's conversations on the target.
+    pub async fn refresh_target_users(&mut self) -> Result<(), MigrationError> {
+        let (mut users, mut after) = (Vec::new(), 0);
+        loop {
+            let request = self.migrator.request(TenantConversationsRequest {
+                tenant_id: self.tenant,
+                after_id: after,
+                limit: 100_000,
+                epoch: 0,
+            });
+            let page = self
+                .target
+                .clone()
+                .tenant_users(request)
+                .await
+                .map_err(call("the tenant's users on the target"))?
+                .into_inner();
+            after = page.user_ids.last().copied().unwrap_or(after);
+            users.extend(page.user_ids);
+            if !page.has_more {
+                break;
+            }
+        }
+        self.target_users = users;
+        Ok(())
+    }
+
+    /// The marks of the tenant on `peer` (see `CellPeer.TenantMarks`).
+    pub async fn marks(
+        &self,
+        on_source: bool,
+        seal_epoch: Option<u64>,
+        with_digest: bool,
+    ) -> Result<TenantMarksResponse, MigrationError> {
+        let request = self.migrator.request(TenantMarksRequest {
+            tenant_id: self.tenant,
+            seal: seal_epoch.is_some(),
+            epoch: seal_epoch.unwrap_or(0),
+            with_digest,
+            users: self.users(),
+        });
+        let mut peer = if on_source {
+            self.source.clone()
+        } else {
+            self.target.clone()
+        };
+        let what = if seal_epoch.is_some() {
+            "seal the tenant on the source"
+        } else if on_source {
+            "the tenant's marks on the source"
+        } else {
+            "the tenant's marks on the target"
+        };
+        Ok(peer
+            .tenant_marks(request)
+            .await
+            .map_err(call(what))?
+            .into_inner())
+    }
+
+    /// Adds the items `marks` name that move with the tenant (`keep` says
+    /// which: not those with a route of their own), and records the
+    /// source's positions. A user home new here is copied afresh.
+    pub fn note_source(&mut self, marks: &TenantMarksResponse, keep: impl Fn(Item) -> bool) {
+        let all = marks
+            .conversations
+            .iter()
+            .map(|m| (Item::Conversation(m.id), m))
+            .chain(marks.users.iter().map(|m| (Item::User(m.id), m)));
+        for (item, mark) in all {
+            if !keep(item) {
+                continue;
+            }
+            let position = self.items.entry(item).or_insert_with(|| Position {
+                reset: matches!(item, Item::User(_)),
+                ..Position::default()
+            });
+            position.source = mark.latest;
+        }
+    }
+
+    /// Takes what the target holds already as copied (conversations:
+    /// copying is idempotent, and verification catches a stale copy).
+    pub fn note_target(&mut self, marks: &TenantMarksResponse) {
+        for m in &marks.conversations {
+            if let Some(p) = self.items.get_mut(&Item::Conversation(m.id)) {
+                p.copied = m.latest;
+            }
+        }
+    }
+
+    /// How far the target is behind the source, in messages and events.
+    pub fn lag(&self) -> u64 {
+        self.items
+            .values()
+            .map(|p| p.source.saturating_sub(p.copied))
+            .sum()
+    }
+
+    /// How many items the target holds up to the source's last answer.
+    pub fn in_step(&self) -> u64 {
+        self.items
+            .values()
+            .filter(|p| !p.reset && p.copied >= p.source)
+            .count() as u64
+    }
+
+    /// Copies every item the target is behind on, `parallel` at a time,
+    /// at most `options.rate` rows a second; `tick` sees how many items of
+    /// the round are done and the rows copied so far.
+    pub async fn copy_round(
+        &mut self,
+        mut tick: impl FnMut(u64, u64),
+    ) -> Result<(), MigrationError> {
+        let (started, rate) = (std::time::Instant::now(), self.migrator.options.rate);
+        let rows_before = self.copied_rows;
+        let behind: Vec<(Item, Position)> = self
+            .items
+            .iter()
+            .filter(|(_, p)| p.reset || p.copied < p.source)
+            .map(|(i, p)| (*i, *p))
+            .collect();
+        let this = &*self;
+        let copies = behind.into_iter().map(|(item, p)| async move {
+            if let Err(e) = this.hold().await {
+                return (item, Err(e));
+            }
+            let answer = match item {
+                Item::Conversation(c) => this.copy_conversation(c, p.copied).await,
+                Item::User(u) => this.copy_user(u, p.copied, p.reset).await,
+            };
+            (item, answer)
+        });
+        let mut copies = futures::stream::iter(copies).buffer_unordered(this.parallel.max(1));
+        let mut done = Vec::new();
+        let mut rows = rows_before;
+        while let Some((item, answer)) = copies.next().await {
+            let answer = answer?;
+            rows += answer.messages;
+            done.push((item, answer));
+            tick(done.len() as u64, rows);
+            if rate > 0 {
+                let due =
+                    std::time::Duration::from_secs_f64((rows - rows_before) as f64 / rate as f64);
+                tokio::time::sleep_until((started + due).into()).await;
+            }
+        }
+        drop(copies);
+        for (item, answer) in done {
+            let p = self.items.get_mut(&item).expect("an item copied is known");
+            self.copied_rows += answer.messages;
+            if p.reset {
+                p.copied = 0;
+                p.reset = false;
+            }
+            p.copied = p.copied.max(answer.copied_through);
+        }
+        Ok(())
+    }
+
+    /// Waits while an operator holds the move (the tenant's entry
+    /// `Migrating/Paused`) before the next copy starts; nothing holds a
+    /// frozen tenant.
+    async fn hold(&self) -> Result<(), MigrationError> {
+        let key = Key::tenant(self.tenant);
+        let migrating = self.migrator.routes.read(|t| {
+            t.entry(&key).is_some_and(
+                |e| matches!(&e.state, RouteState::Migrating { to, .. } if *to == self.to),
+            )
+        });
+        if migrating {
+            (self.migrator)
+                .hold_while_paused(&key, &self.to, 0, 0, &mut |_| {})
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn copy_conversation(
+        &self,
+        conversation: u64,
+        after: u64,
+    ) -> Result<cellmesh_proto::v1::CopyResponse, MigrationError> {
+        let options = &self.migrator.options;
+        let copy = CopyRequest {
+            source_address: self.source_address.clone(),
+            tenant_id: self.tenant,
+            conversation_id: conversation,
+            after_seq: after,
+            max_messages: options.round_messages,
+            chunk: options.chunk,
+            backfill: false,
+        };
+        let mut target = self.target.clone();
+        Ok(target
+            .copy_conversation(self.migrator.request(copy))
+            .await
+            .map_err(call("copy a conversation"))?
+            .into_inner())
+    }
+
+    async fn copy_user(
+        &self,
+        user: u64,
+        after: u64,
+        reset: bool,
+    ) -> Result<cellmesh_proto::v1::CopyResponse, MigrationError> {
+        let copy = CopyUserRequest {
+            source_address: self.source_address.clone(),
+            tenant_id: self.tenant,
+            user_id: user,
+            after_pts: if reset { 0 } else { after },
+            chunk: self.migrator.options.chunk,
+            reset,
+            source_cell: self.from.clone(),
+        };
+        let mut target = self.target.clone();
+        Ok(target
+            .copy_user(self.migrator.request(copy))
+            .await
+            .map_err(call("copy a user home"))?
+            .into_inner())
+    }
+
+    /// Compares whole digests while writes still flow: an item the target
+    /// holds up to the source's mark and that agrees is verified through
+    /// there; one that disagrees is copied again from the start. How many
+    /// disagreed.
+    pub async fn verify_copied(&mut self) -> Result<u64, MigrationError> {
+        let (source, target) =
+            tokio::join!(self.marks(true, None, true), self.marks(false, None, true));
+        let (source, target) = (source?, target?);
+        let index = |r: &TenantMarksResponse| -> BTreeMap<Item, Mark> {
+            r.conversations
+                .iter()
+                .map(|m| (Item::Conversation(m.id), *m))
+                .chain(r.users.iter().map(|m| (Item::User(m.id), *m)))
+                .collect()
+        };
+        let (source, target) = (index(&source), index(&target));
+        let mut disagree = 0;
+        for (item, p) in self.items.iter_mut() {
+            let (Some(a), Some(b)) = (source.get(item), target.get(item)) else {
+                continue;
+            };
+            if p.copied != a.latest || b.latest != a.latest {
+                // Not caught up with this mark: verified at the end.
+                continue;
+            }
+            if (a.count, a.checksum) == (b.count, b.checksum) {
+                p.verified = Some(Verified {
+                    through: a.latest,
+                    count: a.count,
+                    checksum: a.checksum,
+                    rewrites: a.rewrites,
+                });
+            } else {
+                disagree += 1;
+                p.verified = None;
+                (p.copied, p.reset) = (0, true);
+            }
+        }
+        Ok(disagree)
+    }
+
+    /// Under the freeze, with the source's final `sealed` marks and every
+    /// item copied through them: compares what changed since it was
+    /// verified (everything, for an item never verified or whose older
+    /// messages were rewritten). The first item that disagrees.
+    pub async fn verify_final(
+        &self,
+        sealed: &TenantMarksResponse,
+    ) -> Result<Option<(Item, Pair)>, MigrationError> {
+        let rewrites: BTreeMap<u64, u64> = sealed
+            .conversations
+            .iter()
+            .map(|m| (m.id, m.rewrites))
+            .collect();
+        let mut checks = Vec::new();
+        for (&item, p) in &self.items {
+            let base = p.verified.filter(|v| match item {
+                Item::Conversation(c) => rewrites.get(&c) == Some(&v.rewrites),
+                Item::User(_) => true,
+            });
+            if base.is_none_or(|v| v.through < p.source) {
+                checks.push((item, base, p.source));
+            }
+        }
+        let compared = checks.into_iter().map(|(item, base, through)| async move {
+            let after = base.map_or(0, |v| v.through);
+            let (mut a, mut b) = self.digests(item, after, through).await?;
+            if let Some(v) = base {
+                for d in [&mut a, &mut b] {
+                    d.count += v.count;
+                    d.checksum = d.checksum.wrapping_add(v.checksum);
+                }
+            }
+            let exact = matches!(item, Item::User(_));
+            let agree = (a.count, a.checksum) == (b.count, b.checksum)
+                && (!exact || b.latest_seq == through);
+            Ok::<_, MigrationError>((!agree).then_some((item, (a, b))))
+        });
+        let mut compared = futures::stream::iter(compared).buffer_unordered(self.parallel.max(1));
+        while let Some(result) = compared.next().await {
+            if let Some(mismatch) = result? {
+                return Ok(Some(mismatch));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Source and target digests of `item` in `(after, through]`.
+    async fn digests(&self, item: Item, after: u64, through: u64) -> Result<Pair, MigrationError> {
+        let (mut source, mut target) = (self.source.clone(), self.target.clone());
+        let m = self.migrator;
+        let (a, b) = match item {
+            Item::Conversation(c) => {
+                let d = DigestRequest {
+                    conversation_id: c,
+                    after_seq: after,
+                    through_seq: through,
+                };
+                tokio::join!(
+                    source.conversation_digest(m.request(d)),
+                    target.conversation_digest(m.request(d))
+                )
+            }
+            Item::User(u) => {
+                let d = UserDigestRequest {
+                    tenant_id: self.tenant,
+                    user_id: u,
+                    after_seq: after,
+                    through_seq: through,
+                };
+                tokio::join!(
+                    source.user_digest(m.request(d)),
+                    target.user_digest(m.request(d))
+                )
+            }
+        };
+        super::super::both(a, b)
+    }
+}

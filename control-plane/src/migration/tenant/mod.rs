@@ -1,0 +1,389 @@
+//! Moving a whole tenant from cell A to cell B as one workflow (DESIGN.md
+//! §5), its phases recorded on the tenant's entry only:
+//!
+//! 1. **copy** — the entry goes `Migrating{B, Copy}`; B pulls every
+//!    conversation's history and every member's home (sync queue,
+//!    conversation list, mute flags, cursors) from A, many at a time, in
+//!    checksummed chunks; new conversations are created on B meanwhile;
+//! 2. **catch-up** — the entry goes `CatchUp`; rounds copy only what A's
+//!    marks (`CellPeer.TenantMarks`: each item's latest position) show
+//!    ahead, until the whole tenant is at most `tenant_catch_up_lag` behind;
+//! 3. **verify** — whole digests of both cells are compared while writes
+//!    still flow; an item that differs is copied again;
+//! 4. **freeze** — one write: the entry goes `Frozen{B}` and A refuses the
+//!    tenant's writes (the edge retries them); A seals the whole tenant at
+//!    once and answers its final marks; B copies what changed since the
+//!    last round, and only that is verified;
+//! 5. **switch** — one write: the entry points at B. Conversations carry
+//!    their seq with them, so no per-conversation floor or route is
+//!    written. A drops its copy after the grace period.
+//!
+//! Keys of the tenant with a route of their own on A (what a failover or an
+//! earlier move left) move first, one by one, through the single-key
+//! protocol; overrides that agree with the tenant afterwards are dropped.
+//! Every phase is in the route table and copying is idempotent: running
+//! the move again resumes it.
+
+mod items;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use cellmesh_proto::v1::MigrationPhase;
+use cellmesh_proto::v1::update_route::Transition;
+use cellmesh_route_client::table::{Key, Phase, RouteState, Scope};
+use futures::StreamExt;
+
+use super::{MigrationError, Migrator, StopPoint};
+use items::{Item, Items};
+
+/// Where a tenant move stands (for progress bars).
+#[derive(Debug, Clone, Default)]
+pub struct TenantProgress {
+    pub phase: &'static str,
+    /// Conversations that move with the tenant, found so far.
+    pub conversations: u64,
+    /// Conversations and homes the target holds up to the source's last
+    /// answer.
+    pub moved: u64,
+    /// Messages and sync events copied so far.
+    pub messages: u64,
+    /// User homes that move with the tenant.
+    pub users_moved: u64,
+    /// How far the target is behind (messages and events).
+    pub lag: u64,
+    /// Copy and catch-up rounds so far.
+    pub rounds: u32,
+    /// How long the tenant has been frozen (zero before the freeze).
+    pub max_freeze: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct TenantMoveReport {
+    pub tenant: u64,
+    pub from: String,
+    pub to: String,
+    pub conversations_moved: u64,
+    pub messages_moved: u64,
+    pub users_moved: u64,
+    /// How long the tenant's writes were refused: from the freeze's commit
+    /// to the switch's.
+    pub max_freeze: Duration,
+    /// Overrides dropped once the tenant pointed at the target.
+    pub overrides_removed: u64,
+    /// Route-table writes the move made (the overrides moved one by one
+    /// and dropped included).
+    pub route_writes: u64,
+    pub total: Duration,
+    /// The route epoch of the tenant entry's switch.
+    pub switch_epoch: u64,
+}
+
+impl Migrator {
+    /// Moves every conversation and user home of `tenant` to cell `to`,
+    /// `parallel` copies at a time; resumes an interrupted move.
+    pub async fn migrate_tenant(
+        &self,
+        tenant: u64,
+        to: &str,
+        parallel: usize,
+        mut progress: impl FnMut(&TenantProgress),
+    ) -> Result<TenantMoveReport, MigrationError> {
+        let started = Instant::now();
+        let key = Key::tenant(tenant);
+        let entry = self.current_entry(&key).await?;
+        let from = entry.cell.clone();
+        let start = self.begin_or_resume(&key, &entry, to).await?;
+        let mut writes = u64::from(start.began);
+        if start.began {
+            self.stop_at(StopPoint::Planned)?;
+        }
+        let mut state = TenantProgress {
+            phase: "overrides",
+            ..TenantProgress::default()
+        };
+        progress(&state);
+        writes += self
+            .move_overrides(tenant, &from, to, parallel, &mut state)
+            .await?;
+        let (source, source_address) = self.peer(&from).await?;
+        let (target, _) = self.peer(to).await?;
+        let mut items = Items {
+            migrator: self,
+            tenant,
+            from: from.clone(),
+            to: to.to_string(),
+            source,
+            source_address,
+            target,
+            parallel: parallel.max(1),
+            items: BTreeMap::new(),
+            copied_rows: 0,
+            target_users: Vec::new(),
+        };
+        let mut epoch = start.epoch;
+        let mut frozen_at = Instant::now();
+        if !start.frozen {
+            self.hold_while_paused(&key, to, epoch, 0, &mut |_| {})
+                .await?;
+            let announce = matches!(
+                entry.state,
+                RouteState::Active
+                    | RouteState::Migrating {
+                        phase: Phase::Copy,
+                        ..
+                    }
+            );
+            state.phase = "copy";
+            self.catch_up(&mut items, &mut state, &mut progress, |round| round == 1)
+                .await?;
+            // A pause and resume meanwhile moved the entry on.
+            epoch = self.hold_while_paused(&key, to, 0, 0, &mut |_| {}).await?;
+            let copying = self.routes.read(|t| {
+                t.entry(&key).is_some_and(|e| {
+                    matches!(
+                        e.state,
+                        RouteState::Migrating {
+                            phase: Phase::Copy,
+                            ..
+                        }
+                    )
+                })
+            });
+            if announce && copying {
+                epoch = self
+                    .transition(
+                        &key,
+                        epoch,
+                        Transition::SetPhase(MigrationPhase::CatchUp as i32),
+                    )
+                    .await?;
+                writes += 1;
+            }
+            self.stop_at(StopPoint::Copied)?;
+            state.phase = "catch-up";
+            self.catch_up(&mut items, &mut state, &mut progress, |_| false)
+                .await?;
+            state.phase = "verify";
+            progress(&state);
+            for attempt in 0.. {
+                let disagree = items.verify_copied().await?;
+                if disagree == 0 {
+                    break;
+                }
+                tracing::warn!(
+                    tenant,
+                    disagree,
+                    attempt,
+                    "copied items differ; copying them again"
+                );
+                if attempt == 2 {
+                    // Verified again under the freeze, item by item.
+                    break;
+                }
+                items.copy_round(|_, _| {}).await?;
+            }
+            epoch = self
+                .hold_while_paused(&key, to, epoch, 0, &mut |_| {})
+                .await?;
+            epoch = self.commit(&key, epoch, Transition::Freeze(true)).await?;
+            frozen_at = Instant::now();
+            writes += 1;
+            self.stop_at(StopPoint::Frozen)?;
+        } else {
+            // Resumed under the freeze: start from what the target holds.
+            items.refresh_target_users().await?;
+            let source = items.marks(true, None, false).await?;
+            self.note_marks(&mut items, &source);
+            let target = items.marks(false, None, false).await?;
+            items.note_target(&target);
+        }
+        state.phase = "freeze";
+        progress(&state);
+        // The seal waits until A has seen the freeze.
+        self.follow(epoch).await;
+        items.refresh_target_users().await?;
+        let sealed = items.marks(true, Some(epoch), false).await?;
+        self.note_marks(&mut items, &sealed);
+        items.copy_round(|_, _| {}).await?;
+        self.stop_at(StopPoint::Sealed)?;
+        if let Some((item, (a, b))) = items.verify_final(&sealed).await? {
+            self.transition(&key, epoch, Transition::Cancel(true))
+                .await
+                .ok();
+            tracing::error!(
+                tenant,
+                ?item,
+                "the tenant's copy differs under the freeze; move cancelled"
+            );
+            return Err(MigrationError::Mismatch {
+                source_count: a.count,
+                source_sum: a.checksum,
+                target_count: b.count,
+                target_sum: b.checksum,
+            });
+        }
+        let switch_epoch = self.commit(&key, epoch, Transition::SwitchFloor(0)).await?;
+        writes += 1;
+        state.max_freeze = frozen_at.elapsed();
+        self.follow(switch_epoch).await;
+        state.phase = "switched";
+        self.count(&items, &mut state);
+        progress(&state);
+        let overrides_removed = self.drop_agreeing_overrides(tenant, to).await;
+        Ok(TenantMoveReport {
+            tenant,
+            from,
+            to: to.to_string(),
+            conversations_moved: state.conversations,
+            messages_moved: state.messages,
+            users_moved: state.users_moved,
+            max_freeze: state.max_freeze,
+            overrides_removed,
+            route_writes: writes + overrides_removed,
+            total: started.elapsed(),
+            switch_epoch,
+        })
+    }
+
+    /// Copy rounds until the tenant is close enough (or `first_only` says
+    /// to stop after this round), at most `max_catch_up_rounds`, holding
+    /// while an operator pauses the move.
+    async fn catch_up(
+        &self,
+        items: &mut Items<'_>,
+        state: &mut TenantProgress,
+        progress: &mut impl FnMut(&TenantProgress),
+        first_only: impl Fn(u32) -> bool,
+    ) -> Result<(), MigrationError> {
+        let key = Key::tenant(items.tenant);
+        for _ in 0..self.options.max_catch_up_rounds.max(1) {
+            let fresh = state.rounds == 0;
+            items.refresh_target_users().await?;
+            let source = items.marks(true, None, false).await?;
+            self.note_marks(items, &source);
+            if fresh {
+                let target = items.marks(false, None, false).await?;
+                items.note_target(&target);
+            }
+            self.count(items, state);
+            progress(state);
+            let in_step = state.moved;
+            items
+                .copy_round(|done, rows| {
+                    (state.moved, state.messages) = (in_step + done, rows);
+                    progress(state);
+                })
+                .await?;
+            state.rounds += 1;
+            self.count(items, state);
+            progress(state);
+            if first_only(state.rounds) || state.lag <= self.options.tenant_catch_up_lag {
+                return Ok(());
+            }
+            let to = self.routes.read(|t| match t.entry(&key).map(|e| &e.state) {
+                Some(RouteState::Migrating { to, .. }) => Some(to.clone()),
+                _ => None,
+            });
+            if let Some(to) = to {
+                self.hold_while_paused(&key, &to, 0, 0, &mut |_| {}).await?;
+            }
+            tokio::time::sleep(self.options.pause).await;
+        }
+        Ok(())
+    }
+
+    /// Takes in the source's marks: the items that move with the tenant
+    /// are those without a route of their own (a user home new to this run
+    /// is copied afresh: the target may hold an older queue of the user).
+    fn note_marks(&self, items: &mut Items<'_>, marks: &cellmesh_proto::v1::TenantMarksResponse) {
+        let tenant = items.tenant;
+        self.routes.read(|t| {
+            items.note_source(marks, |item| {
+                let key = match item {
+                    Item::Conversation(c) => Key::conversation(tenant, c),
+                    Item::User(u) => Key::user(tenant, u),
+                };
+                t.entry(&key).is_none()
+            })
+        });
+    }
+
+    fn count(&self, items: &Items<'_>, state: &mut TenantProgress) {
+        state.conversations = items
+            .items
+            .keys()
+            .filter(|i| matches!(i, Item::Conversation(_)))
+            .count() as u64;
+        state.users_moved = items.items.len() as u64 - state.conversations;
+        state.moved = items.in_step();
+        state.lag = items.lag();
+        state.messages = items.copied_rows;
+    }
+
+    /// Moves, one by one, the tenant's keys whose own route places them on
+    /// `from` (what a failover or an earlier move left); how many route
+    /// writes that took.
+    async fn move_overrides(
+        &self,
+        tenant: u64,
+        from: &str,
+        to: &str,
+        parallel: usize,
+        state: &mut TenantProgress,
+    ) -> Result<u64, MigrationError> {
+        let keys: Vec<Key> = self.routes.read(|t| {
+            t.routes
+                .range(Key::conversation(tenant, 0)..=Key::user(tenant, u64::MAX))
+                .filter(|(k, e)| k.scope != Scope::Tenant && e.cell == from)
+                .map(|(k, _)| *k)
+                .collect()
+        });
+        let moves = keys.clone().into_iter().map(|key| async move {
+            match key.scope {
+                Scope::Conversation(c) => self
+                    .migrate_conversation(tenant, c, to, |_| {})
+                    .await
+                    .map(|_| ()),
+                Scope::User(u) => self.migrate_user(tenant, u, to, |_| {}).await.map(|_| ()),
+                Scope::Tenant => Ok(()),
+            }
+        });
+        let mut moves = futures::stream::iter(moves).buffer_unordered(parallel.max(1));
+        let mut first_error = None;
+        while let Some(result) = moves.next().await {
+            if let Err(e) = result {
+                tracing::warn!(error = %e, "a key of the tenant with its own route did not move");
+                first_error.get_or_insert(e);
+            }
+        }
+        state.moved += keys.len() as u64;
+        // Begin, catch-up, freeze and switch each.
+        first_error.map_or(Ok(4 * keys.len() as u64), Err)
+    }
+
+    /// Removes the conversation and user-home overrides of `tenant` that
+    /// agree with its route on `to` and carry no failover floor; how many.
+    async fn drop_agreeing_overrides(&self, tenant: u64, to: &str) -> u64 {
+        let agreeing: Vec<(Key, u64)> = self.routes.read(|t| {
+            t.routes
+                .range(Key::conversation(tenant, 0)..=Key::user(tenant, u64::MAX))
+                .filter(|(k, e)| {
+                    k.scope != Scope::Tenant
+                        && e.cell == to
+                        && e.state == RouteState::Active
+                        && e.floor_margin == 0
+                })
+                .map(|(k, e)| (*k, e.epoch))
+                .collect()
+        });
+        futures::stream::iter(agreeing)
+            .map(|(key, epoch)| async move {
+                self.transition(&key, epoch, Transition::Remove(true)).await
+            })
+            .buffer_unordered(16)
+            .filter(|r| std::future::ready(r.is_ok()))
+            .count()
+            .await as u64
+    }
+}
