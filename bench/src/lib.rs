@@ -8,6 +8,7 @@ mod push;
 mod report;
 mod router;
 mod send;
+mod tenant_move;
 
 use std::collections::BTreeMap;
 
@@ -90,6 +91,10 @@ enum Scenario {
     /// Live conversation moves on a running `cellmesh dev`: messages copied
     /// per second and the freeze window.
     Migrate(migrate::MigrateArgs),
+    /// Fills a fresh tenant and moves it whole while senders write to it:
+    /// conversations and messages per second, freeze window, route writes,
+    /// router memory.
+    TenantMove(tenant_move::TenantMoveArgs),
     /// Hangs the cell owning the demo conversation of a running `cellmesh
     /// dev` and measures the time to the first accepted send.
     Failover(failover::FailoverArgs),
@@ -102,5 +107,6 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         Scenario::Router(args) => router::run(args).await,
         Scenario::Migrate(args) => migrate::run(args).await,
         Scenario::Failover(args) => failover::run(args).await,
+        Scenario::TenantMove(args) => tenant_move::run(args).await,
     }
 }

@@ -46,16 +46,28 @@ pub(crate) async fn mark_sealed(
     id: u64,
     now_ms: u64,
 ) -> Result<()> {
+    mark_all_sealed(store, kind, tenant, &[id], now_ms).await
+}
+
+/// [`mark_sealed`] for many keys of one tenant, in one commit.
+pub(crate) async fn mark_all_sealed(
+    store: &Store,
+    kind: u8,
+    tenant: u64,
+    ids: &[u64],
+    sealed_at_ms: u64,
+) -> Result<()> {
     let mut m = Mutation::new();
-    let sealed_at_ms = now_ms;
-    m.mark_moved(
-        kind,
-        Moved {
-            id,
-            tenant,
-            sealed_at_ms,
-        },
-    );
+    for &id in ids {
+        m.mark_moved(
+            kind,
+            Moved {
+                id,
+                tenant,
+                sealed_at_ms,
+            },
+        );
+    }
     Ok(store.commit(m).await?)
 }
 

@@ -134,6 +134,14 @@ impl MessageService {
         conversation: u64,
         epoch: u64,
     ) -> Result<u64> {
+        let latest = self.quiesce(tenant, conversation, epoch).await?;
+        self.mark_sealed(tenant, conversation).await?;
+        Ok(latest)
+    }
+
+    /// [`MessageService::seal_conversation`] without recording the seal:
+    /// the final latest seq once nothing more is assigned or in flight.
+    pub(crate) async fn quiesce(&self, tenant: u64, conversation: u64, epoch: u64) -> Result<u64> {
         let deadline = Instant::now() + SEAL_TIMEOUT;
         self.await_route_epoch(epoch, deadline).await?;
         if self.ownership.check(tenant, conversation, 0).is_ok() {
@@ -163,7 +171,6 @@ impl MessageService {
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        self.mark_sealed(tenant, conversation).await?;
         Ok(latest)
     }
 

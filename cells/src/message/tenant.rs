@@ -10,6 +10,7 @@ use futures::StreamExt;
 
 use super::MessageService;
 use crate::error::{CellError, Result};
+use crate::storage::moved;
 
 /// Conversations sealed at once.
 const SEAL_PARALLEL: usize = 64;
@@ -83,12 +84,16 @@ impl MessageService {
             })
             .collect();
         let sealed = frozen.len() as u64;
-        let mut seals = futures::stream::iter(frozen)
-            .map(|c| self.seal_conversation(tenant, c, epoch))
+        let mut seals = futures::stream::iter(frozen.iter().copied())
+            .map(|c| self.quiesce(tenant, c, epoch))
             .buffer_unordered(SEAL_PARALLEL);
         while let Some(result) = seals.next().await {
             result?;
         }
+        drop(seals);
+        let now = self.clock.now_ms();
+        super::cleanup::mark_all_sealed(&self.store, moved::CONVERSATION, tenant, &frozen, now)
+            .await?;
         Ok(sealed)
     }
 }

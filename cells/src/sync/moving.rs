@@ -188,8 +188,7 @@ impl SyncService {
     }
 
     /// The members of `tenant`'s conversations stored here and the `extra`
-    /// users, whose homes move with the tenant, and where each one's queue
-    /// stands here; with `digest`, the count and checksum of all of it too.
+    /// users: the homes that move with the tenant.
     pub fn tenant_user_marks(&self, tenant: u64, extra: &[u64], digest: bool) -> Result<Vec<Mark>> {
         let (mut users, mut after) = (extra.to_vec(), 0);
         loop {
@@ -252,9 +251,8 @@ impl SyncService {
         self.barrier(processor, deadline).await?;
         drop(self.user_writes.write().await);
         let now = self.clock.now_ms();
-        for user in &frozen {
-            cleanup::mark_sealed(&self.store, moved::USER, user.tenant, user.user, now).await?;
-        }
+        let ids: Vec<u64> = frozen.iter().map(|u| u.user).collect();
+        cleanup::mark_all_sealed(&self.store, moved::USER, tenant, &ids, now).await?;
         Ok(frozen.len() as u64)
     }
 

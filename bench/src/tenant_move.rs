@@ -1,0 +1,299 @@
+//! `cellmesh bench tenant-move --dev DATA_DIR`: fills a fresh tenant
+//! through the edge of a running `cellmesh dev` (conversations, messages,
+//! members), then moves the whole tenant to another cell of its region
+//! while senders keep writing to it. Reports conversations and messages
+//! moved per second, the total time, the freeze window, the route-table
+//! writes the move made (and the Raft log's growth meanwhile), each router
+//! replica's resident memory before and after, and what the senders saw.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use cellmesh_control_plane::migration::{MigrationOptions, Migrator};
+use cellmesh_proto::status::{error_code, error_detail};
+use cellmesh_proto::v1::messaging_client::MessagingClient;
+use cellmesh_proto::v1::{ConversationKind, CreateConversationRequest, ErrorCode, MessageType};
+use cellmesh_route_client::table::Key;
+use clap::Args;
+use futures::StreamExt;
+use hdrhistogram::Histogram;
+use tonic::transport::Channel;
+
+use crate::{Report, count_error, send_request};
+use cellmesh_chaos::target::DevTarget;
+
+#[derive(Args)]
+pub struct TenantMoveArgs {
+    /// The data dir of a running `cellmesh dev`.
+    #[arg(long)]
+    dev: PathBuf,
+    /// The tenant to fill and move (default: a fresh id).
+    #[arg(long)]
+    tenant: Option<u64>,
+    #[arg(long, default_value_t = 1_000)]
+    conversations: u64,
+    /// Messages in each conversation before the move.
+    #[arg(long, default_value_t = 10)]
+    messages: u64,
+    /// Members of each conversation (drawn from conversations/2 users).
+    #[arg(long, default_value_t = 2)]
+    members: u64,
+    /// Requests in flight while filling.
+    #[arg(long, default_value_t = 64)]
+    concurrency: usize,
+    /// Copies in flight during the move.
+    #[arg(long, default_value_t = 16)]
+    parallel: usize,
+    /// Copy rate limit, messages and events per second (0: none).
+    #[arg(long, default_value_t = 0)]
+    rate: u64,
+    /// Conversations that senders keep writing to during the move.
+    #[arg(long, default_value_t = 4)]
+    writers: u64,
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+/// Resident memory of each router replica of the deployment, in KiB.
+fn router_rss(dev: &DevTarget) -> BTreeMap<String, u64> {
+    let info: serde_json::Value = std::fs::read_to_string(dev.dir().join("dev.json"))
+        .ok()
+        .and_then(|s| serde_json::from_str(&s).ok())
+        .unwrap_or_default();
+    let mut out = BTreeMap::new();
+    for (name, pid) in info["processes"].as_object().into_iter().flatten() {
+        let Some(pid) = pid.as_i64().filter(|_| name.starts_with("router-")) else {
+            continue;
+        };
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let kib = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0);
+        out.insert(name.clone(), kib);
+    }
+    out
+}
+
+/// Retries `call` while it is rate limited, after the wait it asks for.
+async fn patiently<T, F, Fut>(mut call: F) -> Result<T, tonic::Status>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, tonic::Status>>,
+{
+    loop {
+        match call().await {
+            Err(e) if error_code(&e) == ErrorCode::RateLimited => {
+                let wait = error_detail(&e).retry_after_ms.max(1);
+                tokio::time::sleep(Duration::from_millis(wait)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Creates the tenant's conversations and fills them; their ids.
+async fn fill(
+    args: &TenantMoveArgs,
+    dev: &Arc<DevTarget>,
+    channel: &Channel,
+    tenant: u64,
+    run: u64,
+) -> anyhow::Result<Vec<u64>> {
+    let pool = (args.conversations / 2).max(args.members).max(1);
+    let members = |i: u64| -> Vec<u64> {
+        (0..args.members)
+            .map(|j| (i * args.members + j) % pool + 1)
+            .collect()
+    };
+    let created = futures::stream::iter(0..args.conversations)
+        .map(|i| {
+            let (dev, client) = (dev.clone(), MessagingClient::new(channel.clone()));
+            let members = members(i);
+            async move {
+                let create = CreateConversationRequest {
+                    kind: ConversationKind::Group as i32,
+                    title: format!("bench-tenant-{i}"),
+                    member_ids: members.clone(),
+                    client_req_id: format!("bt-{run}-{i}"),
+                    ..Default::default()
+                };
+                let conversation = patiently(|| {
+                    let mut client = client.clone();
+                    let request = dev.request_in(tenant, create.clone(), members[0], "bench");
+                    async move { client.create_conversation(request).await }
+                })
+                .await?
+                .into_inner()
+                .conversation
+                .map_or(0, |c| c.conversation_id);
+                for n in 0..args.messages {
+                    let user = members[(n % members.len() as u64) as usize];
+                    let send = send_request(
+                        tenant,
+                        user,
+                        conversation,
+                        format!("bt-{run}-{i}-{n}"),
+                        MessageType::Text,
+                        vec![b'x'; 100],
+                    );
+                    patiently(|| {
+                        let mut client = client.clone();
+                        let request = dev.request_in(tenant, send.clone(), user, "bench");
+                        async move { client.send(request).await }
+                    })
+                    .await?;
+                }
+                Ok::<_, tonic::Status>((i, conversation))
+            }
+        })
+        .buffer_unordered(args.concurrency.max(1));
+    let ids: Vec<Result<(u64, u64), tonic::Status>> = created.collect().await;
+    let mut ids = ids
+        .into_iter()
+        .map(|r| r.map_err(|e| anyhow::anyhow!(cellmesh_client::connect::describe(&e))))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    // In creation order: conversation i has the members `members(i)`.
+    ids.sort_unstable();
+    Ok(ids.into_iter().map(|(_, c)| c).collect())
+}
+
+pub async fn run(args: TenantMoveArgs) -> anyhow::Result<()> {
+    let dev = Arc::new(DevTarget::load(&args.dev)?);
+    let run = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let tenant = args.tenant.unwrap_or(1_000 + run % 100_000);
+    dev.place_beside_demo(tenant).await?;
+    let routes = dev.routes().await?;
+    let channel = Channel::from_shared(dev.edge.clone())?.connect().await?;
+    let filled_at = Instant::now();
+    let conversations = fill(&args, &dev, &channel, tenant, run).await?;
+    println!(
+        "tenant {tenant}: {} conversations of {} messages filled in {:.1} s",
+        conversations.len(),
+        args.messages,
+        filled_at.elapsed().as_secs_f64()
+    );
+    let from = routes
+        .resolve(&Key::tenant(tenant))
+        .map(|r| r.entry.cell)
+        .unwrap_or_default();
+    let to = routes
+        .read(|t| {
+            let region = t.cell(&from).map(|c| c.region.clone())?;
+            t.cells
+                .values()
+                .find(|c| c.id != from && c.region == region)
+                .map(|c| c.id.clone())
+        })
+        .ok_or_else(|| anyhow::anyhow!("no other cell in the region of {from}"))?;
+
+    // Senders keep writing to the tenant while it moves.
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut writers = Vec::new();
+    for (w, &conversation) in conversations.iter().take(args.writers as usize).enumerate() {
+        let (dev, stop) = (dev.clone(), stop.clone());
+        let mut client = MessagingClient::new(channel.clone());
+        let user =
+            (w as u64 * args.members) % (args.conversations / 2).max(args.members).max(1) + 1;
+        writers.push(tokio::spawn(async move {
+            let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("bounds");
+            let (mut acked, mut errors) = (0u64, BTreeMap::new());
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                n += 1;
+                let send = send_request(
+                    tenant,
+                    user,
+                    conversation,
+                    format!("btw-{run}-{w}-{n}"),
+                    MessageType::Text,
+                    vec![b'x'; 100],
+                );
+                let t = Instant::now();
+                match client
+                    .send(dev.request_in(tenant, send, user, "bench"))
+                    .await
+                {
+                    Ok(_) => {
+                        acked += 1;
+                        let _ = latency.record(t.elapsed().as_micros() as u64);
+                    }
+                    Err(e) => count_error(&mut errors, &e),
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            (acked, errors, latency)
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let rss_before = router_rss(&dev);
+    let index_before = routes.applied();
+    let migrator = Migrator::new(
+        routes.clone(),
+        dev.secret(),
+        MigrationOptions {
+            rate: args.rate,
+            ..MigrationOptions::default()
+        },
+    );
+    let mut last_phase = "";
+    let report = migrator
+        .migrate_tenant(tenant, &to, args.parallel, |p| {
+            if p.phase != last_phase {
+                last_phase = p.phase;
+                println!(
+                    "  {:<9} {} conversations, {} homes, {} rows copied, lag {}",
+                    p.phase, p.conversations, p.users_moved, p.messages, p.lag
+                );
+            }
+        })
+        .await?;
+    let index_after = routes.applied();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::Relaxed);
+    let rss_after = router_rss(&dev);
+
+    let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    let (mut acked, mut errors) = (0u64, BTreeMap::new());
+    for w in writers {
+        let (a, e, l) = w.await?;
+        acked += a;
+        latency.add(&l)?;
+        for (code, n) in e {
+            *errors.entry(code).or_insert(0) += n;
+        }
+    }
+    let total = report.total.as_secs_f64().max(1e-9);
+    let rss = |m: &BTreeMap<String, u64>| serde_json::json!(m);
+    let out = Report::new("tenant-move", acked, errors, report.total, &latency)
+        .param("tenant", tenant)
+        .param("from", report.from.clone())
+        .param("to", report.to.clone())
+        .param("conversations", report.conversations_moved)
+        .param("user_homes", report.users_moved)
+        .param("rows_copied", report.messages_moved)
+        .param(
+            "conversations_per_s",
+            (report.conversations_moved as f64 / total).round(),
+        )
+        .param("rows_per_s", (report.messages_moved as f64 / total).round())
+        .param("total_s", (total * 1000.0).round() / 1000.0)
+        .param("freeze_ms", report.max_freeze.as_millis() as u64)
+        .param("route_writes", report.route_writes)
+        .param("raft_log_growth", index_after.saturating_sub(index_before))
+        .param("router_rss_kib_before", rss(&rss_before))
+        .param("router_rss_kib_after", rss(&rss_after))
+        .param("latency_is", "acks of the senders writing during the move");
+    out.print();
+    if let Some(path) = &args.json {
+        out.write_json(path)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# A tenant move's speed: one `cellmesh dev` deployment (LATENCY between
+# regions), a fresh tenant filled through the edge with CONVERSATIONS
+# conversations of MESSAGES messages (two members each), then moved whole
+# to the other cell of its region while senders keep writing to it.
+# Figures go to stdout and to OUT/tenant-move.json.
+#
+#   scripts/bench-tenant-move.sh [CONVERSATIONS=10000] [MESSAGES=10] [LATENCY=20ms] [OUT=data/bench-tenant-move]
+#   PROFILE=release scripts/bench-tenant-move.sh 100000   # optimised build
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/common.sh
+setup
+
+conversations="${1:-10000}"
+messages="${2:-10}"
+latency="${3:-20ms}"
+out="${4:-data/bench-tenant-move}"
+profile="${PROFILE:-debug}"
+flag=()
+[ "$profile" = debug ] || flag=(--profile "$profile")
+cargo build --workspace --bins --locked "${flag[@]}"
+bin="$CARGO_TARGET_DIR/$profile/cellmesh"
+
+rm -rf "$out" && mkdir -p "$out"
+"$bin" dev --data-dir "$out/dev" --base-port 23000 --latency "$latency" >"$out/dev.out" 2>&1 &
+dev_pid=$!
+trap 'kill -INT "$dev_pid" 2>/dev/null || true; wait "$dev_pid" 2>/dev/null || true' EXIT
+for _ in $(seq 1 240); do [ -f "$out/dev/dev.json" ] && break; sleep 0.5; done
+[ -f "$out/dev/dev.json" ] || { echo "cellmesh dev did not come up:"; tail -20 "$out/dev.out"; exit 1; }
+
+"$bin" bench tenant-move --dev "$out/dev" --conversations "$conversations" \
+  --messages "$messages" --members 2 --json "$out/tenant-move.json"
