@@ -1,8 +1,10 @@
-//! A whole tenant moving between cells under load: its 1,000 conversations
-//! move several at a time while clients keep sending and creating new
-//! conversations; every conversation switches before the tenant entry does,
-//! new conversations land on the target, nothing acknowledged is lost,
-//! duplicated or reordered, and the source refuses writes afterwards.
+//! A whole tenant moving between cells under load as one workflow: copy
+//! and catch-up rounds while clients keep sending and creating new
+//! conversations, one freeze and one switch of the tenant entry (no
+//! conversation or home gets a route of its own), new conversations land on
+//! the target, nothing acknowledged is lost, duplicated or reordered, and
+//! the source refuses writes afterwards. Stopped at any point, the move
+//! resumes or cancels cleanly.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -351,4 +353,138 @@ async fn a_failed_over_cell_takes_its_tenant_back_and_is_then_drained() {
         history.conversations.insert(c, h);
     }
     assert_every_invariant(&history);
+}
+
+/// The workflow interrupted at each of its points (as when the control
+/// plane dies there): run again, it finishes from what the target holds;
+/// cancelled there instead, the tenant stays on the source and takes
+/// writes, and a later move finishes. A sender writes throughout, and its
+/// history is checked at the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_move_stopped_at_any_point_cancels_or_resumes() {
+    use cellmesh_control_plane::migration::StopPoint;
+    for point in [
+        StopPoint::Planned,
+        StopPoint::Copied,
+        StopPoint::Frozen,
+        StopPoint::Sealed,
+    ] {
+        for cancel in [false, true] {
+            stop_then_finish(point, cancel).await;
+        }
+    }
+}
+
+async fn stop_then_finish(point: cellmesh_control_plane::migration::StopPoint, cancel: bool) {
+    use cellmesh_control_plane::migration::{MigrationError, StopPoint};
+    use cellmesh_proto::v1::update_route::Transition;
+    use cellmesh_route_client::commands::update_route;
+    {
+        let d = deploy(None).await;
+        let routes = d.cluster.client().await;
+        let alice = token(1, 10);
+        let mut m = messaging(&d.edge).await;
+        let mut conversations = Vec::new();
+        for i in 0..20 {
+            let c = create_via_edge(&mut m, &alice, vec![11]).await;
+            m.send(authed(text(c, &format!("seed-{i}")), &alice))
+                .await
+                .unwrap();
+            conversations.push(c);
+        }
+        let loaded = conversations[0];
+        let senders = Senders::start(&d.edge, loaded, &[10, 11]);
+        senders.until_acked(5, Duration::from_secs(10)).await;
+        let stopping = Migrator::new(
+            routes.clone(),
+            ClusterSecret::new(SECRET),
+            MigrationOptions {
+                stop_after: Some(point),
+                ..MigrationOptions::default()
+            },
+        );
+        let stopped = stopping.migrate_tenant(1, TARGET, 4, |_| {}).await;
+        assert!(
+            matches!(stopped, Err(MigrationError::Stopped(p)) if p == point),
+            "{point:?}: {stopped:?}"
+        );
+
+        let mut writes = 4;
+        if !cancel {
+            // Resumed: the phases already recorded are not written again.
+            writes = match point {
+                StopPoint::Planned => 3,
+                StopPoint::Copied => 2,
+                _ => 1,
+            };
+        }
+        // Cancelled there: back on the source, which takes writes again.
+        let entry = routes.read(|t| t.entry(&Key::tenant(1)).cloned().unwrap());
+        let seq_after_cancel = if cancel { 2 } else { 1 };
+        if cancel {
+            let cancelled = routes
+                .apply(update_route(
+                    &Key::tenant(1),
+                    entry.epoch,
+                    Transition::Cancel(true),
+                ))
+                .await
+                .unwrap();
+            routes
+                .wait_applied(cancelled.index, Duration::from_secs(5))
+                .await;
+            let back = routes.read(|t| t.entry(&Key::tenant(1)).cloned().unwrap());
+            assert_eq!(
+                (back.cell.as_str(), &back.state),
+                (SOURCE, &RouteState::Active),
+                "{point:?}"
+            );
+            let ack = m
+                .send(authed(text(conversations[5], "after-cancel"), &alice))
+                .await
+                .unwrap()
+                .into_inner();
+            assert_eq!(ack.seq, 2, "{point:?}: the source goes on after its seq");
+        }
+        senders.until_acked(20, Duration::from_secs(10)).await;
+
+        // Moved again: it finishes, and everything is on the target.
+        let report = Migrator::new(
+            routes.clone(),
+            ClusterSecret::new(SECRET),
+            MigrationOptions::default(),
+        )
+        .migrate_tenant(1, TARGET, 4, |_| {})
+        .await
+        .unwrap_or_else(|e| panic!("{point:?}: {e}"));
+        assert_eq!(report.route_writes, writes, "{point:?} cancel {cancel}");
+        let ops = senders.finish(Duration::from_millis(300)).await;
+        let mut history = History {
+            sends: ops,
+            ..History::default()
+        };
+        history
+            .conversations
+            .insert(loaded, history_via_edge(&mut m, &alice, loaded).await);
+        assert_every_invariant(&history);
+        let h = history_via_edge(&mut m, &alice, conversations[5]).await;
+        let tags: Vec<&str> = h.iter().map(|s| s.tag.as_str()).collect();
+        let expected: &[&str] = if cancel {
+            &["seed-5", "after-cancel"]
+        } else {
+            &["seed-5"]
+        };
+        assert_eq!(tags, expected, "{point:?}");
+        for &c in &conversations {
+            let owner = routes.read(|t| t.resolve(&Key::conversation(1, c)).unwrap().entry.cell);
+            assert_eq!(owner, TARGET, "{point:?}: conversation {c}");
+        }
+        // The target goes on after the source's last seq.
+        let ack = m
+            .send(authed(text(conversations[5], "on-target"), &alice))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(ack.seq, seq_after_cancel + 1, "{point:?}");
+    }
 }
