@@ -32,6 +32,9 @@ pub enum FaultKind {
         hold: Duration,
     },
     MigrationSourceKill,
+    /// Move the whole drill tenant to another cell (and, next time, on or
+    /// back): one workflow, one freeze, one switch.
+    TenantMove,
     ControlPlaneKillMidMigration,
     /// The target of a move crashes between storing a copied chunk and
     /// answering (fail point `migration.copy_stored`).
@@ -142,6 +145,49 @@ impl Injector {
                 fault.target = self
                     .migrate(conversation, MigrationOptions::default())
                     .await;
+            }
+            FaultKind::TenantMove => {
+                let tenant = self.dev.tenant;
+                let routes = self.dev.routes().await?;
+                let from = routes
+                    .resolve(&Key::tenant(tenant))
+                    .map(|r| r.entry.cell)
+                    .unwrap_or_default();
+                let to = self.other_cell(&from).await?;
+                // The drill's conversations that follow the tenant's entry.
+                let moving: Vec<u64> = routes.read(|t| {
+                    self.conversations
+                        .iter()
+                        .copied()
+                        .filter(|&c| {
+                            t.resolve(&Key::conversation(tenant, c))
+                                .is_some_and(|r| r.entry.key == Key::tenant(tenant))
+                        })
+                        .collect()
+                });
+                fault.kind = "move the whole tenant".into();
+                fault.target = format!("{from} -> {to}");
+                fault.affected = moving.clone();
+                let migrator =
+                    Migrator::new(routes, self.dev.secret(), MigrationOptions::default());
+                fault.detail = match migrator.migrate_tenant(tenant, &to, 8, |_| {}).await {
+                    Ok(report) => {
+                        let at = now_ms(self.epoch);
+                        for c in moving {
+                            self.moves.push((c, from.clone(), to.clone(), at));
+                        }
+                        fault.recovered_ms = Some(at);
+                        format!(
+                            "{} conversations and {} homes, {} rows copied, frozen {} ms, {} route writes",
+                            report.conversations_moved,
+                            report.users_moved,
+                            report.messages_moved,
+                            report.max_freeze.as_millis(),
+                            report.route_writes
+                        )
+                    }
+                    Err(e) => format!("the tenant move failed: {e}"),
+                };
             }
             FaultKind::RouterLeaderKill => {
                 let region = self.router_leader().await?;

@@ -59,6 +59,9 @@ enum Scenario {
     /// Move a conversation and SIGKILL its source cell mid-copy, then
     /// resume the move.
     MigrationSourceKill,
+    /// Move the whole drill tenant to another cell, and on or back at each
+    /// next fault: one workflow, one freeze, one switch each time.
+    TenantMove,
     /// Stop a migration after a random phase, SIGKILL the active
     /// control-plane replica, then resume the move.
     ControlPlaneKillMidMigration,
@@ -137,6 +140,7 @@ fn next_fault(
         },
         Scenario::MigrationUnderLoad => FaultKind::Migrate,
         Scenario::MigrationSourceKill => FaultKind::MigrationSourceKill,
+        Scenario::TenantMove => FaultKind::TenantMove,
         Scenario::ControlPlaneKillMidMigration => FaultKind::ControlPlaneKillMidMigration,
         Scenario::MigrationTargetCrash => FaultKind::MigrationTargetCrash,
         Scenario::BrokerOutage => FaultKind::BrokerOutage { hold: period / 2 },
