@@ -244,13 +244,19 @@ pub async fn run(args: TenantMoveArgs) -> anyhow::Result<()> {
         },
     );
     let mut last_phase = "";
+    let move_started = Instant::now();
     let report = migrator
         .migrate_tenant(tenant, &to, args.parallel, |p| {
             if p.phase != last_phase {
                 last_phase = p.phase;
                 println!(
-                    "  {:<9} {} conversations, {} homes, {} rows copied, lag {}",
-                    p.phase, p.conversations, p.users_moved, p.messages, p.lag
+                    "  {:>6} ms {:<9} {} conversations, {} homes, {} rows copied, lag {}",
+                    move_started.elapsed().as_millis(),
+                    p.phase,
+                    p.conversations,
+                    p.users_moved,
+                    p.messages,
+                    p.lag
                 );
             }
         })

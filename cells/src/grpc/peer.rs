@@ -386,6 +386,147 @@ impl CellPeer for PeerApi {
         }))
     }
 
+    async fn export_conversations(
+        &self,
+        request: Request<ExportManyRequest>,
+    ) -> Result<Response<ExportManyResponse>, Status> {
+        const MAX_BYTES: usize = 16 << 20;
+        let r = request.into_inner();
+        let limit = if r.limit == 0 { DEFAULT_CHUNK } else { r.limit } as usize;
+        let (mut chunks, mut bytes) = (Vec::new(), 0usize);
+        for item in &r.items {
+            if bytes >= MAX_BYTES {
+                break;
+            }
+            let chunk = self.service.export_conversation(
+                r.tenant_id,
+                item.conversation_id,
+                item.after_seq,
+                limit,
+            )?;
+            bytes += prost::Message::encoded_len(&chunk);
+            chunks.push(chunk);
+        }
+        Ok(Response::new(ExportManyResponse { chunks }))
+    }
+
+    async fn copy_conversations(
+        &self,
+        request: Request<CopyManyRequest>,
+    ) -> Result<Response<CopyManyResponse>, Status> {
+        let r = request.into_inner();
+        let mut source = self.source(&r.source_address).await?;
+        let mut export = Request::new(ExportManyRequest {
+            tenant_id: r.tenant_id,
+            items: r.items.clone(),
+            limit: r.limit,
+        });
+        self.secret.attach(&mut export);
+        let chunks = source
+            .export_conversations(export)
+            .await?
+            .into_inner()
+            .chunks;
+        // Stored concurrently: their commits share fsyncs.
+        let stores = r.items.iter().zip(chunks).map(|(item, chunk)| {
+            let (n, latest) = (chunk.messages.len() as u64, chunk.latest_seq);
+            let last = chunk.messages.last().map_or(item.after_seq, |m| m.seq);
+            let id = item.conversation_id;
+            async move {
+                self.service.import_chunk(r.tenant_id, id, chunk).await?;
+                Ok::<_, CellError>(Copied {
+                    id,
+                    copied_through: last,
+                    messages: n,
+                    source_latest_seq: latest,
+                })
+            }
+        });
+        let results = futures::future::try_join_all(stores).await?;
+        self.stored_chunk();
+        Ok(Response::new(CopyManyResponse { results }))
+    }
+
+    async fn export_users(
+        &self,
+        request: Request<ExportUsersRequest>,
+    ) -> Result<Response<ExportUsersResponse>, Status> {
+        const MAX_BYTES: usize = 16 << 20;
+        let r = request.into_inner();
+        let limit = if r.limit == 0 { DEFAULT_CHUNK } else { r.limit } as usize;
+        let (mut chunks, mut bytes) = (Vec::new(), 0usize);
+        for item in &r.items {
+            if bytes >= MAX_BYTES {
+                break;
+            }
+            let user = UserKey::new(r.tenant_id, item.user_id);
+            let mut chunk = self.sync.export_user(user, item.after_pts, limit, false)?;
+            chunk.state = self.sync.export_user(user, 0, 0, true)?.state;
+            bytes += prost::Message::encoded_len(&chunk);
+            chunks.push(chunk);
+        }
+        Ok(Response::new(ExportUsersResponse { chunks }))
+    }
+
+    async fn copy_users(
+        &self,
+        request: Request<CopyUsersRequest>,
+    ) -> Result<Response<CopyManyResponse>, Status> {
+        let r = request.into_inner();
+        let mut source = self.source(&r.source_address).await?;
+        let mut export = Request::new(ExportUsersRequest {
+            tenant_id: r.tenant_id,
+            items: r.items.clone(),
+            limit: r.limit,
+        });
+        self.secret.attach(&mut export);
+        let chunks = source.export_users(export).await?.into_inner().chunks;
+        let stores = r.items.iter().zip(chunks).map(|(item, chunk)| {
+            let one = CopyUserRequest {
+                source_address: r.source_address.clone(),
+                tenant_id: r.tenant_id,
+                user_id: item.user_id,
+                after_pts: item.after_pts,
+                chunk: r.limit,
+                reset: item.reset,
+                source_cell: r.source_cell.clone(),
+            };
+            async move {
+                let sum = chunk
+                    .events
+                    .iter()
+                    .filter_map(|e| e.record.as_ref().map(|x| sync_checksum(e.pts, x)))
+                    .fold(0u64, u64::wrapping_add);
+                if sum != chunk.checksum {
+                    return Err(CellError::invalid(
+                        Reason::ChecksumMismatch,
+                        "a user chunk arrived corrupted",
+                    ));
+                }
+                let latest = chunk.latest_pts;
+                let events: Vec<_> = chunk
+                    .events
+                    .into_iter()
+                    .filter_map(|e| Some((e.pts, e.record?)))
+                    .collect();
+                let (n, last) = (events.len() as u64, events.last().map(|e| e.0));
+                // The state last, so its dedupe positions cover the events.
+                self.import_user(&one, one.reset, events, None).await?;
+                self.import_user(&one, false, Vec::new(), chunk.state)
+                    .await?;
+                Ok(Copied {
+                    id: one.user_id,
+                    copied_through: last.unwrap_or(if one.reset { 0 } else { one.after_pts }),
+                    messages: n,
+                    source_latest_seq: latest,
+                })
+            }
+        });
+        let results = futures::future::try_join_all(stores).await?;
+        self.stored_chunk();
+        Ok(Response::new(CopyManyResponse { results }))
+    }
+
     async fn replicate(
         &self,
         request: Request<ReplicateRequest>,

@@ -296,8 +296,8 @@ async fn a_paused_move_holds_until_it_is_resumed() {
     })
     .await;
     assert!(held, "the tenant's route is paused: {:?}", tenant_state());
-    // Nothing more moves while it holds (the conversation in flight when
-    // the pause came may still finish).
+    // Nothing more moves while it holds (the copy in flight when the pause
+    // came may still finish), and it does not freeze.
     let done = |client: &mut OperationsClient<Channel>| {
         let (mut client, id) = (client.clone(), id.clone());
         async move { get(&mut client, &id).await.done }
@@ -307,7 +307,13 @@ async fn a_paused_move_holds_until_it_is_resumed() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let after = done(&mut client).await;
     assert_eq!(before, after, "a paused move makes no progress");
-    assert!(after < conversations.len() as u64);
+    let op = get(&mut client, &id).await;
+    assert_eq!(op.state, OperationState::Paused as i32, "{op:?}");
+    assert!(
+        matches!(tenant_state(), Some(RouteState::Migrating { .. })),
+        "held before its freeze: {:?}",
+        tenant_state()
+    );
 
     let resumed = client
         .resume(authed(OperationRequest { id: id.clone() }))

@@ -7,13 +7,28 @@
 use std::collections::BTreeMap;
 
 use cellmesh_proto::v1::{
-    CopyRequest, CopyUserRequest, DigestRequest, DigestResponse, Mark, TenantConversationsRequest,
-    TenantMarksRequest, TenantMarksResponse, UserDigestRequest,
+    Copied, CopyManyRequest, CopyRequest, CopyResponse, CopyUserRequest, CopyUsersRequest,
+    DigestRequest, DigestResponse, ExportPosition, Mark, TenantConversationsRequest,
+    TenantMarksRequest, TenantMarksResponse, UserDigestRequest, UserPosition,
 };
 use cellmesh_route_client::table::{Key, RouteState};
 use futures::StreamExt;
 
 use super::super::{MigrationError, Migrator, Peer, call};
+
+/// Conversations copied in one call.
+const BATCH_CONVERSATIONS: usize = 64;
+/// A conversation at most this far behind is copied in a batch.
+const BATCH_MESSAGES: u64 = 1_000;
+
+/// A batch copy's answer for one item, as a single copy's.
+fn answer(r: &Copied) -> CopyResponse {
+    CopyResponse {
+        copied_through: r.copied_through,
+        messages: r.messages,
+        source_latest_seq: r.source_latest_seq,
+    }
+}
 
 /// One thing that moves with the tenant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -206,24 +221,47 @@ impl Items<'_> {
             .filter(|(_, p)| p.reset || p.copied < p.source)
             .map(|(i, p)| (*i, *p))
             .collect();
+        // Conversations a little behind go many to a call; the others (and
+        // homes) one by one, each call copying all the source holds.
+        let small = |p: &Position| {
+            p.source.saturating_sub(if p.reset { 0 } else { p.copied }) <= BATCH_MESSAGES
+        };
+        let (conversations, rest): (Vec<_>, Vec<_>) = behind
+            .into_iter()
+            .partition(|(item, p)| matches!(item, Item::Conversation(_)) && small(p));
+        let (users, single): (Vec<_>, Vec<_>) = rest
+            .into_iter()
+            .partition(|(item, p)| matches!(item, Item::User(_)) && small(p));
+        let mut jobs: Vec<Vec<(Item, Position)>> = conversations
+            .chunks(BATCH_CONVERSATIONS)
+            .chain(users.chunks(BATCH_CONVERSATIONS))
+            .map(<[_]>::to_vec)
+            .collect();
+        jobs.extend(single.into_iter().map(|one| vec![one]));
         let this = &*self;
-        let copies = behind.into_iter().map(|(item, p)| async move {
-            if let Err(e) = this.hold().await {
-                return (item, Err(e));
+        let copies = jobs.into_iter().map(|job| async move {
+            this.hold().await?;
+            match job.as_slice() {
+                [(Item::User(u), p)] if !small(p) => Ok(vec![(
+                    Item::User(*u),
+                    this.copy_user(*u, p.copied, p.reset).await?,
+                )]),
+                [(Item::Conversation(c), p)] if !small(p) => Ok(vec![(
+                    Item::Conversation(*c),
+                    this.copy_conversation(*c, p.copied).await?,
+                )]),
+                [(Item::User(_), _), ..] => this.copy_users(job.as_slice()).await,
+                many => this.copy_conversations(many).await,
             }
-            let answer = match item {
-                Item::Conversation(c) => this.copy_conversation(c, p.copied).await,
-                Item::User(u) => this.copy_user(u, p.copied, p.reset).await,
-            };
-            (item, answer)
         });
         let mut copies = futures::stream::iter(copies).buffer_unordered(this.parallel.max(1));
         let mut done = Vec::new();
         let mut rows = rows_before;
-        while let Some((item, answer)) = copies.next().await {
-            let answer = answer?;
-            rows += answer.messages;
-            done.push((item, answer));
+        while let Some(answers) = copies.next().await {
+            for (item, answer) in answers? {
+                rows += answer.messages;
+                done.push((item, answer));
+            }
             tick(done.len() as u64, rows);
             if rate > 0 {
                 let due =
@@ -262,11 +300,82 @@ impl Items<'_> {
         Ok(())
     }
 
+    /// Copies many conversations a little behind in one call (the target
+    /// pulls all their chunks at once); what each got.
+    async fn copy_conversations(
+        &self,
+        many: &[(Item, Position)],
+    ) -> Result<Vec<(Item, CopyResponse)>, MigrationError> {
+        let items = many
+            .iter()
+            .filter_map(|(item, p)| match item {
+                Item::Conversation(c) => Some(ExportPosition {
+                    conversation_id: *c,
+                    after_seq: p.copied,
+                }),
+                Item::User(_) => None,
+            })
+            .collect();
+        let copy = CopyManyRequest {
+            source_address: self.source_address.clone(),
+            tenant_id: self.tenant,
+            items,
+            limit: BATCH_MESSAGES as u32,
+        };
+        let mut target = self.target.clone();
+        let copied = target
+            .copy_conversations(self.migrator.request(copy))
+            .await
+            .map_err(call("copy conversations"))?
+            .into_inner();
+        Ok(copied
+            .results
+            .into_iter()
+            .map(|r| (Item::Conversation(r.id), answer(&r)))
+            .collect())
+    }
+
+    /// Copies many users' homes a little behind in one call; what each got.
+    async fn copy_users(
+        &self,
+        many: &[(Item, Position)],
+    ) -> Result<Vec<(Item, CopyResponse)>, MigrationError> {
+        let items = many
+            .iter()
+            .filter_map(|(item, p)| match item {
+                Item::User(u) => Some(UserPosition {
+                    user_id: *u,
+                    after_pts: if p.reset { 0 } else { p.copied },
+                    reset: p.reset,
+                }),
+                Item::Conversation(_) => None,
+            })
+            .collect();
+        let copy = CopyUsersRequest {
+            source_address: self.source_address.clone(),
+            tenant_id: self.tenant,
+            items,
+            limit: BATCH_MESSAGES as u32,
+            source_cell: self.from.clone(),
+        };
+        let mut target = self.target.clone();
+        let copied = target
+            .copy_users(self.migrator.request(copy))
+            .await
+            .map_err(call("copy user homes"))?
+            .into_inner();
+        Ok(copied
+            .results
+            .into_iter()
+            .map(|r| (Item::User(r.id), answer(&r)))
+            .collect())
+    }
+
     async fn copy_conversation(
         &self,
         conversation: u64,
         after: u64,
-    ) -> Result<cellmesh_proto::v1::CopyResponse, MigrationError> {
+    ) -> Result<CopyResponse, MigrationError> {
         let options = &self.migrator.options;
         let copy = CopyRequest {
             source_address: self.source_address.clone(),
@@ -290,7 +399,7 @@ impl Items<'_> {
         user: u64,
         after: u64,
         reset: bool,
-    ) -> Result<cellmesh_proto::v1::CopyResponse, MigrationError> {
+    ) -> Result<CopyResponse, MigrationError> {
         let copy = CopyUserRequest {
             source_address: self.source_address.clone(),
             tenant_id: self.tenant,

@@ -205,7 +205,13 @@ impl Migrator {
         items.refresh_target_users().await?;
         let sealed = items.marks(true, Some(epoch), false).await?;
         self.note_marks(&mut items, &sealed);
-        items.copy_round(|_, _| {}).await?;
+        // A round may leave some behind (a batch answered only in part).
+        for _ in 0..10 {
+            items.copy_round(|_, _| {}).await?;
+            if items.lag() == 0 {
+                break;
+            }
+        }
         self.stop_at(StopPoint::Sealed)?;
         if let Some((item, (a, b))) = items.verify_final(&sealed).await? {
             self.transition(&key, epoch, Transition::Cancel(true))
