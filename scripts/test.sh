@@ -61,7 +61,7 @@ run_drills() {
 if [ -z "${CELLMESH_SKIP_DRILL:-}" ]; then
   echo "== chaos drills against cellmesh dev: mixed faults, slow disk, queue outage"
   # The workspace build has fail points (the tests crate turns them on).
-  run_drills -- "mixed 15s" "slow-disk 8s" "queue-outage 8s" "tenant-move 12s"
+  run_drills -- "mixed 15s" "slow-disk 8s" "queue-outage 8s" "tenant-move 12s" "tenant-move-kill 15s"
   echo "== chaos drill on the Kafka queue (librdkafka's mock cluster): a broker down and up"
   run_drills --kafka mock -- "broker-outage 8s"
 fi

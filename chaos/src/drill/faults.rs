@@ -17,6 +17,7 @@ use rand::Rng;
 use rand::rngs::StdRng;
 use serde_json::{Value, json};
 
+use super::tenant_moves::MoveEnd;
 use super::workload::now_ms;
 use crate::target::DevTarget;
 
@@ -35,6 +36,9 @@ pub enum FaultKind {
     /// Move the whole drill tenant to another cell (and, next time, on or
     /// back): one workflow, one freeze, one switch.
     TenantMove,
+    /// The same, with the source or the target SIGKILLed mid-copy; then
+    /// the move is resumed.
+    TenantMoveKill,
     ControlPlaneKillMidMigration,
     /// The target of a move crashes between storing a copied chunk and
     /// answering (fail point `migration.copy_stored`).
@@ -90,7 +94,7 @@ fn needs_failpoints() -> anyhow::Result<()> {
     Ok(())
 }
 
-fn signal(pid: i32, sig: libc::c_int) {
+pub(super) fn signal(pid: i32, sig: libc::c_int) {
     // SAFETY: kill(2) on a process of the dev deployment under drill.
     unsafe { libc::kill(pid, sig) };
 }
@@ -146,48 +150,14 @@ impl Injector {
                     .migrate(conversation, MigrationOptions::default())
                     .await;
             }
-            FaultKind::TenantMove => {
-                let tenant = self.dev.tenant;
-                let routes = self.dev.routes().await?;
-                let from = routes
-                    .resolve(&Key::tenant(tenant))
-                    .map(|r| r.entry.cell)
-                    .unwrap_or_default();
-                let to = self.other_cell(&from).await?;
-                // The drill's conversations that follow the tenant's entry.
-                let moving: Vec<u64> = routes.read(|t| {
-                    self.conversations
-                        .iter()
-                        .copied()
-                        .filter(|&c| {
-                            t.resolve(&Key::conversation(tenant, c))
-                                .is_some_and(|r| r.entry.key == Key::tenant(tenant))
-                        })
-                        .collect()
-                });
-                fault.kind = "move the whole tenant".into();
-                fault.target = format!("{from} -> {to}");
-                fault.affected = moving.clone();
-                let migrator =
-                    Migrator::new(routes, self.dev.secret(), MigrationOptions::default());
-                fault.detail = match migrator.migrate_tenant(tenant, &to, 8, |_| {}).await {
-                    Ok(report) => {
-                        let at = now_ms(self.epoch);
-                        for c in moving {
-                            self.moves.push((c, from.clone(), to.clone(), at));
-                        }
-                        fault.recovered_ms = Some(at);
-                        format!(
-                            "{} conversations and {} homes, {} rows copied, frozen {} ms, {} route writes",
-                            report.conversations_moved,
-                            report.users_moved,
-                            report.messages_moved,
-                            report.max_freeze.as_millis(),
-                            report.route_writes
-                        )
-                    }
-                    Err(e) => format!("the tenant move failed: {e}"),
+            FaultKind::TenantMove => self.tenant_move(&mut fault, None).await?,
+            FaultKind::TenantMoveKill => {
+                let end = if self.rng.random_range(0..2) == 0 {
+                    MoveEnd::Source
+                } else {
+                    MoveEnd::Target
                 };
+                self.tenant_move(&mut fault, Some(end)).await?
             }
             FaultKind::RouterLeaderKill => {
                 let region = self.router_leader().await?;
@@ -518,7 +488,7 @@ impl Injector {
     }
 
     /// A random Up cell other than `cell`.
-    async fn other_cell(&mut self, cell: &str) -> anyhow::Result<String> {
+    pub(super) async fn other_cell(&mut self, cell: &str) -> anyhow::Result<String> {
         let routes = self.dev.routes().await?;
         let targets: Vec<String> = routes.read(|t| {
             t.cells

@@ -12,6 +12,7 @@
 mod devices;
 mod faults;
 mod report;
+mod tenant_moves;
 mod workload;
 
 use std::path::PathBuf;
@@ -62,6 +63,9 @@ enum Scenario {
     /// Move the whole drill tenant to another cell, and on or back at each
     /// next fault: one workflow, one freeze, one switch each time.
     TenantMove,
+    /// The same, with the source or the target SIGKILLed mid-copy (the
+    /// supervisor restarts it), then the move resumed.
+    TenantMoveKill,
     /// Stop a migration after a random phase, SIGKILL the active
     /// control-plane replica, then resume the move.
     ControlPlaneKillMidMigration,
@@ -141,6 +145,7 @@ fn next_fault(
         Scenario::MigrationUnderLoad => FaultKind::Migrate,
         Scenario::MigrationSourceKill => FaultKind::MigrationSourceKill,
         Scenario::TenantMove => FaultKind::TenantMove,
+        Scenario::TenantMoveKill => FaultKind::TenantMoveKill,
         Scenario::ControlPlaneKillMidMigration => FaultKind::ControlPlaneKillMidMigration,
         Scenario::MigrationTargetCrash => FaultKind::MigrationTargetCrash,
         Scenario::BrokerOutage => FaultKind::BrokerOutage { hold: period / 2 },
