@@ -7,6 +7,7 @@
 #
 #   scripts/bench-tenant-move.sh [CONVERSATIONS=10000] [MESSAGES=10] [LATENCY=20ms] [OUT=data/bench-tenant-move]
 #   PROFILE=release scripts/bench-tenant-move.sh 100000   # optimised build
+#   PARALLEL=16 scripts/bench-tenant-move.sh            # copies in flight (default 8)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/common.sh
@@ -30,4 +31,4 @@ for _ in $(seq 1 240); do [ -f "$out/dev/dev.json" ] && break; sleep 0.5; done
 [ -f "$out/dev/dev.json" ] || { echo "cellmesh dev did not come up:"; tail -20 "$out/dev.out"; exit 1; }
 
 "$bin" bench tenant-move --dev "$out/dev" --conversations "$conversations" \
-  --messages "$messages" --members 2 --json "$out/tenant-move.json"
+  --messages "$messages" --members 2 --parallel "${PARALLEL:-8}" --json "$out/tenant-move.json"

@@ -21,6 +21,19 @@ use crate::sync::SyncService;
 use crate::sync::moving::sync_checksum;
 use crate::user::UserKey;
 
+/// Runs storage scans on the blocking pool.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, CellError> + Send + 'static,
+) -> Result<T, CellError> {
+    tokio::task::spawn_blocking(work).await.unwrap_or_else(|e| {
+        Err(CellError::RetryLater {
+            reason: Reason::StorageError,
+            message: format!("a storage scan did not finish: {e}"),
+            retry_after: Duration::from_millis(200),
+        })
+    })
+}
+
 /// Messages per export chunk unless the caller asks otherwise.
 const DEFAULT_CHUNK: u32 = 10_000;
 
@@ -365,21 +378,28 @@ impl CellPeer for PeerApi {
         let conversations = messages
             .tenant_conversation_ids(tenant, if r.seal { r.epoch } else { 0 })
             .await?;
-        let users = self.sync.tenant_user_marks(tenant, &r.users, false)?;
+        let users = {
+            let (sync, extra) = (self.sync.clone(), r.users.clone());
+            blocking(move || sync.tenant_user_ids(tenant, &extra)).await?
+        };
         if r.seal {
             messages
                 .seal_tenant_conversations(tenant, &conversations, r.epoch)
                 .await?;
-            let ids: Vec<u64> = users.iter().map(|m| m.id).collect();
             (self.sync)
-                .seal_tenant_users(tenant, &ids, r.epoch, &self.inbound)
+                .seal_tenant_users(tenant, &users, r.epoch, &self.inbound)
                 .await?;
         }
-        let conversations = messages.conversation_marks(&conversations, r.with_digest)?;
-        // Read after the seal: final then.
-        let users = self
-            .sync
-            .tenant_user_marks(tenant, &r.users, r.with_digest)?;
+        // Read after the seal: final then. Scans (and digests) run off the
+        // request threads, which keep answering probes and sends.
+        let (service, sync, digest) = (self.service.clone(), self.sync.clone(), r.with_digest);
+        let (conversations, users) = blocking(move || {
+            Ok((
+                service.conversation_marks(&conversations, digest)?,
+                sync.user_marks(tenant, &users, digest)?,
+            ))
+        })
+        .await?;
         Ok(Response::new(TenantMarksResponse {
             conversations,
             users,
@@ -393,20 +413,25 @@ impl CellPeer for PeerApi {
         const MAX_BYTES: usize = 16 << 20;
         let r = request.into_inner();
         let limit = if r.limit == 0 { DEFAULT_CHUNK } else { r.limit } as usize;
-        let (mut chunks, mut bytes) = (Vec::new(), 0usize);
-        for item in &r.items {
-            if bytes >= MAX_BYTES {
-                break;
+        let service = self.service.clone();
+        let chunks = blocking(move || {
+            let (mut chunks, mut bytes) = (Vec::new(), 0usize);
+            for item in &r.items {
+                if bytes >= MAX_BYTES {
+                    break;
+                }
+                let chunk = service.export_conversation(
+                    r.tenant_id,
+                    item.conversation_id,
+                    item.after_seq,
+                    limit,
+                )?;
+                bytes += prost::Message::encoded_len(&chunk);
+                chunks.push(chunk);
             }
-            let chunk = self.service.export_conversation(
-                r.tenant_id,
-                item.conversation_id,
-                item.after_seq,
-                limit,
-            )?;
-            bytes += prost::Message::encoded_len(&chunk);
-            chunks.push(chunk);
-        }
+            Ok(chunks)
+        })
+        .await?;
         Ok(Response::new(ExportManyResponse { chunks }))
     }
 
@@ -454,17 +479,22 @@ impl CellPeer for PeerApi {
         const MAX_BYTES: usize = 16 << 20;
         let r = request.into_inner();
         let limit = if r.limit == 0 { DEFAULT_CHUNK } else { r.limit } as usize;
-        let (mut chunks, mut bytes) = (Vec::new(), 0usize);
-        for item in &r.items {
-            if bytes >= MAX_BYTES {
-                break;
+        let sync = self.sync.clone();
+        let chunks = blocking(move || {
+            let (mut chunks, mut bytes) = (Vec::new(), 0usize);
+            for item in &r.items {
+                if bytes >= MAX_BYTES {
+                    break;
+                }
+                let user = UserKey::new(r.tenant_id, item.user_id);
+                let mut chunk = sync.export_user(user, item.after_pts, limit, false)?;
+                chunk.state = sync.export_user(user, 0, 0, true)?.state;
+                bytes += prost::Message::encoded_len(&chunk);
+                chunks.push(chunk);
             }
-            let user = UserKey::new(r.tenant_id, item.user_id);
-            let mut chunk = self.sync.export_user(user, item.after_pts, limit, false)?;
-            chunk.state = self.sync.export_user(user, 0, 0, true)?.state;
-            bytes += prost::Message::encoded_len(&chunk);
-            chunks.push(chunk);
-        }
+            Ok(chunks)
+        })
+        .await?;
         Ok(Response::new(ExportUsersResponse { chunks }))
     }
 

@@ -189,7 +189,7 @@ impl SyncService {
 
     /// The members of `tenant`'s conversations stored here and the `extra`
     /// users: the homes that move with the tenant.
-    pub fn tenant_user_marks(&self, tenant: u64, extra: &[u64], digest: bool) -> Result<Vec<Mark>> {
+    pub fn tenant_user_ids(&self, tenant: u64, extra: &[u64]) -> Result<Vec<u64>> {
         let (mut users, mut after) = (extra.to_vec(), 0);
         loop {
             let (page, more) = self.messages.tenant_users(tenant, after, 100_000)?;
@@ -201,9 +201,15 @@ impl SyncService {
         }
         users.sort_unstable();
         users.dedup();
+        Ok(users)
+    }
+
+    /// Where the queue of each of `users` of `tenant` stands here; with
+    /// `digest`, the count and checksum of all of it too.
+    pub fn user_marks(&self, tenant: u64, users: &[u64], digest: bool) -> Result<Vec<Mark>> {
         users
-            .into_iter()
-            .map(|id| {
+            .iter()
+            .map(|&id| {
                 let user = UserKey::new(tenant, id);
                 let latest = self.store.user_pts(user)?;
                 let (count, checksum) = if digest {
