@@ -74,20 +74,7 @@ async fn an_operation_outlives_its_caller_and_the_replica_that_ran_it() {
     let second = replica(d.cluster.endpoints(), coordination.path(), "cp-2").await;
 
     // Started through the standby; the caller goes away at once.
-    let started = admin(&second)
-        .await
-        .start(authed(StartOperationRequest {
-            spec: Some(Spec::MoveTenant(MoveTenantSpec {
-                tenant_id: 1,
-                to_cell: TARGET.into(),
-                parallel: 1,
-                // Slow enough to be caught mid-move.
-                rate: 60,
-            })),
-        }))
-        .await
-        .unwrap()
-        .into_inner();
+    let started = start_tenant_move(&mut admin(&second).await).await;
     assert_eq!(started.state, OperationState::Pending as i32);
     let id = started.id.clone();
 
@@ -185,20 +172,7 @@ async fn a_sigkilled_control_plane_process_leaves_its_operation_to_the_other() {
     let mut client = OperationsClient::connect(second.admin.clone())
         .await
         .unwrap();
-    let id = client
-        .start(authed(StartOperationRequest {
-            spec: Some(Spec::MoveTenant(MoveTenantSpec {
-                tenant_id: 1,
-                to_cell: TARGET.into(),
-                parallel: 1,
-                // Slow enough to be caught mid-move.
-                rate: 60,
-            })),
-        }))
-        .await
-        .unwrap()
-        .into_inner()
-        .id;
+    let id = start_tenant_move(&mut client).await.id;
     let mid_move = eventually(Duration::from_secs(20), || {
         let (mut client, id) = (client.clone(), id.clone());
         async move {
@@ -230,6 +204,23 @@ async fn a_sigkilled_control_plane_process_leaves_its_operation_to_the_other() {
     assert_eq!(tags, ["m-29-0", "m-29-1", "m-29-2"]);
 }
 
+/// Starts moving tenant 1 to the target, one copy at a time and slowly
+/// enough to be caught mid-move.
+async fn start_tenant_move(client: &mut OperationsClient<Channel>) -> OperationInfo {
+    client
+        .start(authed(StartOperationRequest {
+            spec: Some(Spec::MoveTenant(MoveTenantSpec {
+                tenant_id: 1,
+                to_cell: TARGET.into(),
+                parallel: 1,
+                rate: 60,
+            })),
+        }))
+        .await
+        .unwrap()
+        .into_inner()
+}
+
 /// Fills tenant 1 with `n` conversations of three messages each.
 async fn fill_tenant(d: &Deployment, n: usize) -> Vec<u64> {
     let alice = token(1, 10);
@@ -256,20 +247,7 @@ async fn a_paused_move_holds_until_it_is_resumed() {
     let cp = replica(d.cluster.endpoints(), coordination.path(), "cp-1").await;
     assert!(eventually(Duration::from_secs(10), || async { cp.is_leader() }).await);
     let mut client = admin(&cp).await;
-    let id = client
-        .start(authed(StartOperationRequest {
-            spec: Some(Spec::MoveTenant(MoveTenantSpec {
-                tenant_id: 1,
-                to_cell: TARGET.into(),
-                parallel: 1,
-                // Slow enough to be caught mid-move.
-                rate: 60,
-            })),
-        }))
-        .await
-        .unwrap()
-        .into_inner()
-        .id;
+    let id = start_tenant_move(&mut client).await.id;
     let started = eventually(Duration::from_secs(20), || {
         let (mut client, id) = (client.clone(), id.clone());
         async move { get(&mut client, &id).await.done >= 2 }

@@ -419,13 +419,20 @@ async fn stop_then_finish(point: cellmesh_control_plane::migration::StopPoint, c
             };
         }
         // Cancelled there: back on the source, which takes writes again.
-        let entry = routes.read(|t| t.entry(&Key::tenant(1)).cloned().unwrap());
+        // (The stopped move's last write may not be in this cache yet.)
+        let epoch = routes
+            .resolve_linearizable(&Key::tenant(1))
+            .await
+            .unwrap()
+            .entry
+            .unwrap()
+            .epoch;
         let seq_after_cancel = if cancel { 2 } else { 1 };
         if cancel {
             let cancelled = routes
                 .apply(update_route(
                     &Key::tenant(1),
-                    entry.epoch,
+                    epoch,
                     Transition::Cancel(true),
                 ))
                 .await

@@ -250,8 +250,7 @@ impl Items<'_> {
                     Item::Conversation(*c),
                     this.copy_conversation(*c, p.copied).await?,
                 )]),
-                [(Item::User(_), _), ..] => this.copy_users(job.as_slice()).await,
-                many => this.copy_conversations(many).await,
+                many => this.copy_batch(many).await,
             }
         });
         let mut copies = futures::stream::iter(copies).buffer_unordered(this.parallel.max(1));
@@ -300,74 +299,65 @@ impl Items<'_> {
         Ok(())
     }
 
-    /// Copies many conversations a little behind in one call (the target
-    /// pulls all their chunks at once); what each got.
-    async fn copy_conversations(
+    /// Copies a batch of conversations, or of homes (a batch holds one
+    /// kind), each a little behind, in one call; what each got.
+    async fn copy_batch(
         &self,
         many: &[(Item, Position)],
     ) -> Result<Vec<(Item, CopyResponse)>, MigrationError> {
-        let items = many
-            .iter()
-            .filter_map(|(item, p)| match item {
-                Item::Conversation(c) => Some(ExportPosition {
-                    conversation_id: *c,
-                    after_seq: p.copied,
-                }),
-                Item::User(_) => None,
-            })
-            .collect();
-        let copy = CopyManyRequest {
-            source_address: self.source_address.clone(),
-            tenant_id: self.tenant,
-            items,
-            limit: BATCH_MESSAGES as u32,
-        };
         let mut target = self.target.clone();
-        let copied = target
-            .copy_conversations(self.migrator.request(copy))
-            .await
-            .map_err(call("copy conversations"))?
-            .into_inner();
+        let (kind, copied): (fn(u64) -> Item, _) = match many.first() {
+            Some((Item::User(_), _)) => {
+                let items = many
+                    .iter()
+                    .filter_map(|(item, p)| match item {
+                        Item::User(u) => Some(UserPosition {
+                            user_id: *u,
+                            after_pts: if p.reset { 0 } else { p.copied },
+                            reset: p.reset,
+                        }),
+                        Item::Conversation(_) => None,
+                    })
+                    .collect();
+                let copy = CopyUsersRequest {
+                    source_address: self.source_address.clone(),
+                    tenant_id: self.tenant,
+                    items,
+                    limit: BATCH_MESSAGES as u32,
+                    source_cell: self.from.clone(),
+                };
+                let copied = target.copy_users(self.migrator.request(copy)).await;
+                (Item::User, copied.map_err(call("copy user homes"))?)
+            }
+            _ => {
+                let items = many
+                    .iter()
+                    .filter_map(|(item, p)| match item {
+                        Item::Conversation(c) => Some(ExportPosition {
+                            conversation_id: *c,
+                            after_seq: p.copied,
+                        }),
+                        Item::User(_) => None,
+                    })
+                    .collect();
+                let copy = CopyManyRequest {
+                    source_address: self.source_address.clone(),
+                    tenant_id: self.tenant,
+                    items,
+                    limit: BATCH_MESSAGES as u32,
+                };
+                let copied = target.copy_conversations(self.migrator.request(copy)).await;
+                (
+                    Item::Conversation,
+                    copied.map_err(call("copy conversations"))?,
+                )
+            }
+        };
         Ok(copied
+            .into_inner()
             .results
             .into_iter()
-            .map(|r| (Item::Conversation(r.id), answer(&r)))
-            .collect())
-    }
-
-    /// Copies many users' homes a little behind in one call; what each got.
-    async fn copy_users(
-        &self,
-        many: &[(Item, Position)],
-    ) -> Result<Vec<(Item, CopyResponse)>, MigrationError> {
-        let items = many
-            .iter()
-            .filter_map(|(item, p)| match item {
-                Item::User(u) => Some(UserPosition {
-                    user_id: *u,
-                    after_pts: if p.reset { 0 } else { p.copied },
-                    reset: p.reset,
-                }),
-                Item::Conversation(_) => None,
-            })
-            .collect();
-        let copy = CopyUsersRequest {
-            source_address: self.source_address.clone(),
-            tenant_id: self.tenant,
-            items,
-            limit: BATCH_MESSAGES as u32,
-            source_cell: self.from.clone(),
-        };
-        let mut target = self.target.clone();
-        let copied = target
-            .copy_users(self.migrator.request(copy))
-            .await
-            .map_err(call("copy user homes"))?
-            .into_inner();
-        Ok(copied
-            .results
-            .into_iter()
-            .map(|r| (Item::User(r.id), answer(&r)))
+            .map(|r| (kind(r.id), answer(&r)))
             .collect())
     }
 
