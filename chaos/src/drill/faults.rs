@@ -17,7 +17,6 @@ use rand::Rng;
 use rand::rngs::StdRng;
 use serde_json::{Value, json};
 
-use super::tenant_moves::MoveEnd;
 use super::workload::now_ms;
 use crate::target::DevTarget;
 
@@ -60,6 +59,13 @@ pub enum FaultKind {
         region: &'static str,
         hold: Duration,
     },
+}
+
+/// The end of a move a drill kills.
+#[derive(Debug, Clone, Copy)]
+pub enum MoveEnd {
+    Source,
+    Target,
 }
 
 /// One injected fault, for the report.

@@ -11,15 +11,8 @@ use cellmesh_control_plane::migration::{MigrationError, MigrationOptions, Migrat
 use cellmesh_route_client::table::Key;
 use rand::Rng;
 
-use super::faults::{Fault, Injector, signal};
+use super::faults::{Fault, Injector, MoveEnd, signal};
 use super::workload::now_ms;
-
-/// The end of a move a drill kills.
-#[derive(Debug, Clone, Copy)]
-pub enum MoveEnd {
-    Source,
-    Target,
-}
 
 impl Injector {
     /// Moves the drill tenant to another cell, killing `kill` mid-copy
