@@ -335,6 +335,7 @@ async fn recent_operations(store: &OperationStore) -> serde_json::Value {
                     "id": op.id, "description": op.spec.describe(), "state": op.shown_state(),
                     "phase": op.phase, "done": op.done, "total": op.total,
                     "runner": op.runner, "message": op.message,
+                    "rows": op.rows, "lag": op.lag, "frozen_ms": op.frozen_ms,
                 })
             })
             .collect(),

@@ -118,11 +118,17 @@ fn state(op: &pb::OperationInfo) -> &'static str {
 }
 
 fn line(op: &pb::OperationInfo) -> String {
-    let progress = match (op.total, op.done) {
+    let mut progress = match (op.total, op.done) {
         (0, 0) => String::new(),
         (0, done) => format!(" {done}"),
         (total, done) => format!(" {done}/{total}"),
     };
+    if op.rows_copied > 0 {
+        progress += &format!(", {} rows copied, {} behind", op.rows_copied, op.lag);
+    }
+    if op.frozen_ms > 0 {
+        progress += &format!(", frozen {} ms", op.frozen_ms);
+    }
     let runner = if op.runner.is_empty() {
         String::new()
     } else {
@@ -220,6 +226,7 @@ pub async fn run(
                         serde_json::json!({
                             "id": op.id, "description": op.description, "state": state(op),
                             "phase": op.phase, "done": op.done, "total": op.total,
+                            "rows_copied": op.rows_copied, "lag": op.lag, "frozen_ms": op.frozen_ms,
                             "message": op.message, "runner": op.runner,
                             "created_ms": op.created_ms, "updated_ms": op.updated_ms,
                         })

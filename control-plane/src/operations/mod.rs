@@ -147,6 +147,14 @@ pub struct Operation {
     /// where writes flow: before a copy round or before the freeze).
     #[serde(default)]
     pub pause_requested: bool,
+    /// Rows (messages and sync events) copied so far, rows behind, and how
+    /// long writes were refused (tenant moves).
+    #[serde(default)]
+    pub rows: u64,
+    #[serde(default)]
+    pub lag: u64,
+    #[serde(default)]
+    pub frozen_ms: u64,
     /// The runner has set the move's route to `Paused` (and must set it
     /// back when the pause is lifted).
     #[serde(default)]
@@ -176,6 +184,9 @@ impl Operation {
             runner: self.runner.clone(),
             cancel_requested: self.cancel_requested,
             pause_requested: self.pause_requested,
+            rows_copied: self.rows,
+            lag: self.lag,
+            frozen_ms: self.frozen_ms,
         }
     }
 
@@ -255,6 +266,9 @@ impl OperationStore {
             cancel_requested: false,
             pause_requested: false,
             route_paused: false,
+            rows: 0,
+            lag: 0,
+            frozen_ms: 0,
         };
         let value = serde_json::to_string(&op).expect("operations serialize");
         let key = format!("{OPERATIONS_PREFIX}{}", op.id);

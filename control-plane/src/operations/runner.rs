@@ -34,6 +34,18 @@ struct Live {
     phase: String,
     done: u64,
     total: u64,
+    /// Rows (messages and events) copied, rows behind, and the freeze so
+    /// far, where the operation knows them (tenant moves).
+    rows: u64,
+    lag: u64,
+    frozen_ms: u64,
+}
+
+impl Live {
+    fn record(&self, op: &mut Operation) {
+        (op.phase, op.done, op.total) = (self.phase.clone(), self.done, self.total);
+        (op.rows, op.lag, op.frozen_ms) = (self.rows, self.lag, self.frozen_ms);
+    }
 }
 
 /// Runs operations until dropped.
@@ -166,7 +178,7 @@ async fn run_one(store: OperationStore, migrator: Arc<Migrator>, name: String, o
             let now = live.lock().expect("progress").clone();
             let _ = store
                 .update(&op.id, |op| {
-                    (op.phase, op.done, op.total) = (now.phase.clone(), now.done, now.total);
+                    now.record(op);
                     op.updated_ms = now_ms();
                 })
                 .await;
@@ -183,7 +195,7 @@ async fn run_one(store: OperationStore, migrator: Arc<Migrator>, name: String, o
     let now = live.lock().expect("progress").clone();
     let finished = store
         .update(&op.id, |op| {
-            (op.phase, op.done, op.total) = (now.phase.clone(), now.done, now.total);
+            now.record(op);
             (op.state, op.message) = (state, message.clone());
             op.updated_ms = now_ms();
         })
@@ -204,6 +216,7 @@ async fn execute(
             phase: phase.to_string(),
             done,
             total,
+            ..Live::default()
         };
     };
     match spec {
@@ -242,7 +255,14 @@ async fn execute(
             });
             migrator
                 .migrate_tenant(*tenant, to, (*parallel).max(1), |p| {
-                    set(p.phase, p.moved, p.conversations + p.users_moved)
+                    *live.lock().expect("progress") = Live {
+                        phase: p.phase.to_string(),
+                        done: p.moved,
+                        total: p.conversations + p.users_moved,
+                        rows: p.messages,
+                        lag: p.lag,
+                        frozen_ms: p.max_freeze.as_millis() as u64,
+                    };
                 })
                 .await
                 .map(|r| {

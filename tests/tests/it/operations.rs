@@ -105,6 +105,12 @@ async fn an_operation_outlives_its_caller_and_the_replica_that_ran_it() {
     assert!(finished, "{op:?}");
     assert!(second.is_leader());
     assert_eq!(op.runner, "cp-2");
+    // What this replica's run copied (the homes at least: they are copied
+    // afresh by each run), none left behind, and the freeze.
+    assert!(
+        op.rows_copied > 0 && op.lag == 0 && op.frozen_ms > 0,
+        "{op:?}"
+    );
     let routes = d.cluster.client().await;
     for c in &conversations {
         let route = routes.read(|t| t.resolve(&Key::conversation(1, *c)).unwrap());
