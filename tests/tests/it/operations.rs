@@ -64,6 +64,27 @@ async fn get(client: &mut OperationsClient<Channel>, id: &str) -> OperationInfo 
         .into_inner()
 }
 
+/// Waits (up to `secs`) until operation `id` satisfies `done`; the
+/// operation as it is then, and whether it did.
+async fn wait_for(
+    client: &OperationsClient<Channel>,
+    id: &str,
+    secs: u64,
+    done: impl Fn(&OperationInfo) -> bool,
+) -> (OperationInfo, bool) {
+    let done = &done;
+    let reached = eventually(Duration::from_secs(secs), || {
+        let (mut client, id) = (client.clone(), id.to_string());
+        async move { done(&get(&mut client, &id).await) }
+    })
+    .await;
+    (get(&mut client.clone(), id).await, reached)
+}
+
+fn succeeded(op: &OperationInfo) -> bool {
+    op.state == OperationState::Succeeded as i32
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operation_outlives_its_caller_and_the_replica_that_ran_it() {
     let d = deploy(None).await;
@@ -80,28 +101,15 @@ async fn an_operation_outlives_its_caller_and_the_replica_that_ran_it() {
 
     // The active replica runs it; it dies mid-move.
     let mut client = admin(&second).await;
-    let mid_move = eventually(Duration::from_secs(20), || {
-        let (mut client, id) = (client.clone(), id.clone());
-        async move {
-            let op = get(&mut client, &id).await;
-            op.state == OperationState::Running as i32 && op.runner == "cp-1" && op.done >= 2
-        }
+    let (op, mid_move) = wait_for(&client, &id, 20, |op| {
+        op.state == OperationState::Running as i32 && op.runner == "cp-1" && op.done >= 2
     })
     .await;
-    assert!(
-        mid_move,
-        "cp-1 ran the move: {:?}",
-        get(&mut client, &id).await
-    );
+    assert!(mid_move, "cp-1 ran the move: {op:?}");
     first.stop();
 
     // The other replica leads and finishes it from the record.
-    let finished = eventually(Duration::from_secs(60), || {
-        let (mut client, id) = (client.clone(), id.clone());
-        async move { get(&mut client, &id).await.state == OperationState::Succeeded as i32 }
-    })
-    .await;
-    let op = get(&mut client, &id).await;
+    let (op, finished) = wait_for(&client, &id, 60, succeeded).await;
     assert!(finished, "{op:?}");
     assert!(second.is_leader());
     assert_eq!(op.runner, "cp-2");
@@ -179,23 +187,11 @@ async fn a_sigkilled_control_plane_process_leaves_its_operation_to_the_other() {
         .await
         .unwrap();
     let id = start_tenant_move(&mut client).await.id;
-    let mid_move = eventually(Duration::from_secs(20), || {
-        let (mut client, id) = (client.clone(), id.clone());
-        async move {
-            let op = get(&mut client, &id).await;
-            op.runner == "cp-1" && op.done >= 2
-        }
-    })
-    .await;
-    assert!(mid_move, "{:?}", get(&mut client, &id).await);
+    let (op, mid_move) = wait_for(&client, &id, 20, |op| op.runner == "cp-1" && op.done >= 2).await;
+    assert!(mid_move, "{op:?}");
     first.kill();
 
-    let finished = eventually(Duration::from_secs(60), || {
-        let (mut client, id) = (client.clone(), id.clone());
-        async move { get(&mut client, &id).await.state == OperationState::Succeeded as i32 }
-    })
-    .await;
-    let op = get(&mut client, &id).await;
+    let (op, finished) = wait_for(&client, &id, 60, succeeded).await;
     assert!(finished, "{op:?}");
     assert_eq!(op.runner, "cp-2");
     assert_eq!(leader().await.as_deref(), Some("cp-2"));
@@ -254,12 +250,8 @@ async fn a_paused_move_holds_until_it_is_resumed() {
     assert!(eventually(Duration::from_secs(10), || async { cp.is_leader() }).await);
     let mut client = admin(&cp).await;
     let id = start_tenant_move(&mut client).await.id;
-    let started = eventually(Duration::from_secs(20), || {
-        let (mut client, id) = (client.clone(), id.clone());
-        async move { get(&mut client, &id).await.done >= 2 }
-    })
-    .await;
-    assert!(started, "{:?}", get(&mut client, &id).await);
+    let (op, started) = wait_for(&client, &id, 20, |op| op.done >= 2).await;
+    assert!(started, "{op:?}");
 
     let paused = client
         .pause(authed(OperationRequest { id: id.clone() }))
@@ -305,12 +297,8 @@ async fn a_paused_move_holds_until_it_is_resumed() {
         .unwrap()
         .into_inner();
     assert_eq!(resumed.state, OperationState::Running as i32);
-    let finished = eventually(Duration::from_secs(60), || {
-        let (mut client, id) = (client.clone(), id.clone());
-        async move { get(&mut client, &id).await.state == OperationState::Succeeded as i32 }
-    })
-    .await;
-    assert!(finished, "{:?}", get(&mut client, &id).await);
+    let (op, finished) = wait_for(&client, &id, 60, succeeded).await;
+    assert!(finished, "{op:?}");
     for c in &conversations {
         let route = routes.read(|t| t.resolve(&Key::conversation(1, *c)).unwrap());
         assert_eq!(route.entry.cell, TARGET, "conversation {c}");
