@@ -15,19 +15,13 @@ setup
 duration="${1:-20s}"
 latency="${2:-20ms}"
 out="${3:-data/bench-replication}"
-profile="${PROFILE:-debug}"
-flag=()
-[ "$profile" = debug ] || flag=(--profile "$profile")
-cargo build --workspace --bins --locked "${flag[@]}"
-bin="$CARGO_TARGET_DIR/$profile/cellmesh"
+build_bin
+bin="$BIN"
 
 rm -rf "$out" && mkdir -p "$out"
-"$bin" dev --data-dir "$out/dev" --base-port 22000 --latency "$latency" \
-  --replication async --other-mode-tenants 2 >"$out/dev.out" 2>&1 &
-dev_pid=$!
-trap 'kill -INT "$dev_pid" 2>/dev/null || true; wait "$dev_pid" 2>/dev/null || true' EXIT
-for _ in $(seq 1 240); do [ -f "$out/dev/dev.json" ] && break; sleep 0.5; done
-[ -f "$out/dev/dev.json" ] || { echo "cellmesh dev did not come up:"; tail -20 "$out/dev.out"; exit 1; }
+trap stop_dev EXIT
+start_dev "$bin" "$out/dev" --base-port 22000 --latency "$latency" \
+  --replication async --other-mode-tenants 2
 
 demo=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["demo"]["tenant"])' "$out/dev/dev.json")
 for run in "async:$demo" "sync:2"; do

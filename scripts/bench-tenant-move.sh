@@ -17,18 +17,12 @@ conversations="${1:-10000}"
 messages="${2:-10}"
 latency="${3:-20ms}"
 out="${4:-data/bench-tenant-move}"
-profile="${PROFILE:-debug}"
-flag=()
-[ "$profile" = debug ] || flag=(--profile "$profile")
-cargo build --workspace --bins --locked "${flag[@]}"
-bin="$CARGO_TARGET_DIR/$profile/cellmesh"
+build_bin
+bin="$BIN"
 
 rm -rf "$out" && mkdir -p "$out"
-"$bin" dev --data-dir "$out/dev" --base-port 23000 --latency "$latency" >"$out/dev.out" 2>&1 &
-dev_pid=$!
-trap 'kill -INT "$dev_pid" 2>/dev/null || true; wait "$dev_pid" 2>/dev/null || true' EXIT
-for _ in $(seq 1 240); do [ -f "$out/dev/dev.json" ] && break; sleep 0.5; done
-[ -f "$out/dev/dev.json" ] || { echo "cellmesh dev did not come up:"; tail -20 "$out/dev.out"; exit 1; }
+trap stop_dev EXIT
+start_dev "$bin" "$out/dev" --base-port 23000 --latency "$latency"
 
 "$bin" bench tenant-move --dev "$out/dev" --conversations "$conversations" \
   --messages "$messages" --members 2 --parallel "${PARALLEL:-8}" --json "$out/tenant-move.json"

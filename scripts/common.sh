@@ -76,3 +76,34 @@ start_test_broker() {
   export CELLMESH_TEST_KAFKA_BROKERS="127.0.0.1:$port"
   echo "setup: tansu broker on $CELLMESH_TEST_KAFKA_BROKERS"
 }
+
+# Builds the binaries with profile $PROFILE (default debug) and sets BIN to
+# the `cellmesh` binary.
+build_bin() {
+  local profile="${PROFILE:-debug}" flag=()
+  [ "$profile" = debug ] || flag=(--profile "$profile")
+  cargo build --workspace --bins --locked "${flag[@]}"
+  BIN="$CARGO_TARGET_DIR/$profile/cellmesh"
+}
+
+# Starts `cellmesh dev` (binary $1) over data dir $2 with the remaining
+# arguments, its output in $2/dev.out, and waits until it has written
+# dev.json; sets DEV_PID. Stops it and fails if it is not up in 120 s.
+start_dev() {
+  local bin="$1" dir="$2"; shift 2
+  mkdir -p "$dir"
+  "$bin" dev --data-dir "$dir" "$@" >"$dir/dev.out" 2>&1 &
+  DEV_PID=$!
+  for _ in $(seq 1 240); do [ -f "$dir/dev.json" ] && break; sleep 0.5; done
+  if [ ! -f "$dir/dev.json" ]; then
+    echo "cellmesh dev did not come up:"; tail -20 "$dir/dev.out"
+    stop_dev; return 1
+  fi
+}
+
+# Stops the `cellmesh dev` of `start_dev`.
+stop_dev() {
+  [ -n "${DEV_PID:-}" ] || return 0
+  kill -INT "$DEV_PID" 2>/dev/null || true
+  wait "$DEV_PID" 2>/dev/null || true
+}

@@ -35,15 +35,9 @@ run_drills() {
   local extra=()
   while [ "$1" != "--" ]; do extra+=("$1"); shift; done
   shift
-  local bin="$CARGO_TARGET_DIR/debug/cellmesh" drill_dir dev_pid
+  local bin="$CARGO_TARGET_DIR/debug/cellmesh" drill_dir
   drill_dir=$(mktemp -d)
-  "$bin" dev --data-dir "$drill_dir" --base-port 21000 --latency 20ms "${extra[@]}" >"$drill_dir/dev.out" 2>&1 &
-  dev_pid=$!
-  for _ in $(seq 1 240); do [ -f "$drill_dir/dev.json" ] && break; sleep 0.5; done
-  if [ ! -f "$drill_dir/dev.json" ]; then
-    echo "cellmesh dev did not come up:"; tail -20 "$drill_dir/dev.out"
-    kill -INT "$dev_pid" 2>/dev/null || true; wait "$dev_pid" 2>/dev/null || true; exit 1
-  fi
+  start_dev "$bin" "$drill_dir" --base-port 21000 --latency 20ms "${extra[@]}" || exit 1
   local drill failed=""
   for drill in "$@"; do
     set -- $drill
@@ -52,8 +46,7 @@ run_drills() {
       echo "report: $drill_dir/$1.json"; failed=1; break
     fi
   done
-  kill -INT "$dev_pid" 2>/dev/null || true
-  wait "$dev_pid" 2>/dev/null || true
+  stop_dev
   [ -z "$failed" ] || exit 1
   rm -rf "$drill_dir"
 }

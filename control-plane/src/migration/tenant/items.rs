@@ -284,7 +284,7 @@ impl Items<'_> {
     /// Waits while an operator holds the move (the tenant's entry
     /// `Migrating/Paused`) before the next copy starts; nothing holds a
     /// frozen tenant.
-    async fn hold(&self) -> Result<(), MigrationError> {
+    pub async fn hold(&self) -> Result<(), MigrationError> {
         let key = Key::tenant(self.tenant);
         let migrating = self.migrator.routes.read(|t| {
             t.entry(&key).is_some_and(

@@ -262,7 +262,6 @@ impl Migrator {
         progress: &mut impl FnMut(&TenantProgress),
         first_only: impl Fn(u32) -> bool,
     ) -> Result<(), MigrationError> {
-        let key = Key::tenant(items.tenant);
         for _ in 0..self.options.max_catch_up_rounds.max(1) {
             let fresh = state.rounds == 0;
             items.refresh_target_users().await?;
@@ -287,13 +286,7 @@ impl Migrator {
             if first_only(state.rounds) || state.lag <= self.options.tenant_catch_up_lag {
                 return Ok(());
             }
-            let to = self.routes.read(|t| match t.entry(&key).map(|e| &e.state) {
-                Some(RouteState::Migrating { to, .. }) => Some(to.clone()),
-                _ => None,
-            });
-            if let Some(to) = to {
-                self.hold_while_paused(&key, &to, 0, 0, &mut |_| {}).await?;
-            }
+            items.hold().await?;
             tokio::time::sleep(self.options.pause).await;
         }
         Ok(())
