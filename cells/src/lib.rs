@@ -12,6 +12,8 @@
 //! - [`grpc`] and [`convert`]: the wire surface, thin over the domain.
 //! - [`replication`]: replication mode `sync`, writes stored on the
 //!   standbys before the ack.
+//! - [`hwm`]: failover high-water marks, pushed to the standbys in rounds
+//!   and fenced on.
 //! - [`user`]: [`UserKey`], the tenant-scoped user every per-user record
 //!   and map is keyed by.
 //! - [`server`]: starting and stopping a cell; [`config`]: its TOML config.
@@ -23,6 +25,7 @@ pub mod error;
 pub mod failpoints;
 pub mod grpc;
 pub mod homes;
+pub mod hwm;
 pub mod ids;
 pub mod message;
 pub mod ownership;

@@ -25,9 +25,9 @@ pub struct Fence {
     pub epoch: u64,
     /// Seq must be assigned strictly above this.
     pub seq_floor: u64,
-    /// And at most this: the conversation's failover base as last seen in
-    /// the route table plus the failover margin. A cell cut off from the
-    /// table (its checkpoints no longer land) stops here, below the floor a
+    /// And at most this: the high-water mark this cell's standbys
+    /// acknowledged plus the failover margin. A cell cut off from its
+    /// standbys (its marks no longer land) stops here, below the floor a
     /// failover would give its successor.
     pub seq_limit: Option<u64>,
 }

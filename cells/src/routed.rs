@@ -10,10 +10,12 @@ use cellmesh_proto::v1::RouteState as PbRouteState;
 use cellmesh_route_client::client::RouteClient;
 use cellmesh_route_client::convert::route_to_pb;
 use cellmesh_route_client::table::{Key, RouteState};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::error::CellError;
 use crate::homes::{Home, Homes};
+use crate::hwm::HighWaterMarks;
 use crate::ownership::{Creation, Fence, Ownership};
 use crate::user::UserKey;
 use futures::future::BoxFuture;
@@ -25,8 +27,12 @@ pub struct Routed {
     client: RouteClient,
     cell_id: String,
     /// The failover safety margin (from this cell's rate limits and
-    /// checkpoint interval): how far past its failover base it may write.
+    /// checkpoint interval): how far past the high-water mark its standbys
+    /// acknowledged it may write.
     margin: u64,
+    /// The marks fenced on, and the marks held for other cells (the floors
+    /// of conversations failed over here).
+    marks: Arc<HighWaterMarks>,
     /// Writes need a confirmation from the route table's leader younger
     /// than this (`None`: no lease).
     lease: Option<Duration>,
@@ -35,11 +41,18 @@ pub struct Routed {
 }
 
 impl Routed {
-    pub fn new(client: RouteClient, cell_id: String, margin: u64, lease: Option<Duration>) -> Self {
+    pub fn new(
+        client: RouteClient,
+        cell_id: String,
+        margin: u64,
+        lease: Option<Duration>,
+        marks: Arc<HighWaterMarks>,
+    ) -> Self {
         Self {
             client,
             cell_id,
             margin,
+            marks,
             lease,
             confirmed: std::sync::Mutex::new(None),
         }
@@ -141,10 +154,7 @@ impl Ownership for Routed {
         } else {
             Key::conversation(tenant, conversation)
         };
-        let (route, base) = self.client.read(|t| {
-            let base = (conversation != 0).then(|| t.failover_base(tenant, conversation));
-            (t.resolve(&key), base)
-        });
+        let route = self.client.read(|t| t.resolve(&key));
         let Some(route) = route else {
             return Err(CellError::RetryLater {
                 reason: Reason::NoRoute,
@@ -173,10 +183,18 @@ impl Ownership for Routed {
                 retry_after: Duration::from_millis(100),
             });
         }
+        let mut seq_floor = route.seq_floor;
+        if conversation != 0 && route.entry.floor_margin > 0 {
+            // Failed over here: above what the failed owner may have built
+            // on, as this cell holds its mark.
+            let held = self.marks.held(tenant, conversation)?;
+            seq_floor = seq_floor.max(held.saturating_add(route.entry.floor_margin));
+        }
         Ok(Fence {
             epoch: route.entry.epoch,
-            seq_floor: route.seq_floor,
-            seq_limit: base.map(|b| b.saturating_add(self.margin)),
+            seq_floor,
+            seq_limit: (conversation != 0)
+                .then(|| self.marks.acked(conversation).saturating_add(self.margin)),
         })
     }
 

@@ -20,6 +20,7 @@ use crate::config::{CellConfig, ConfigError, REQUEST_OVERHEAD_BYTES};
 use crate::error::CellError;
 use crate::grpc::{MessagingApi, PeerApi, SyncApi};
 use crate::homes::Homes;
+use crate::hwm::HighWaterMarks;
 use crate::homes::StaticHomes;
 use crate::message::MessageService;
 use crate::ownership::{OwnAll, Ownership};
@@ -65,6 +66,8 @@ pub struct Placement {
     pub homes: Arc<dyn Homes>,
     /// Set when the cell follows a route table: it registers there at start.
     pub routes: Option<RouteClient>,
+    /// Failover high-water marks (the routed ownership fences on them).
+    pub marks: Arc<HighWaterMarks>,
 }
 
 impl Placement {
@@ -74,6 +77,7 @@ impl Placement {
             ownership: Arc::new(OwnAll),
             homes: Arc::new(StaticHomes::from_config(&config.homes)),
             routes: None,
+            marks: Default::default(),
         }
     }
 
@@ -92,17 +96,20 @@ impl Placement {
         );
         let lease = (config.routing.owner_lease_ms > 0)
             .then(|| Duration::from_millis(config.routing.owner_lease_ms));
+        let marks = Arc::new(HighWaterMarks::default());
         let routed = Arc::new(Routed::new(
             client.clone(),
             config.cell_id.clone(),
             margin,
             lease,
+            marks.clone(),
         ));
         tokio::spawn(Routed::keep_lease(Arc::downgrade(&routed)));
         Ok(Self {
             ownership: routed.clone(),
             homes: routed,
             routes: Some(client),
+            marks,
         })
     }
 
@@ -194,10 +201,13 @@ pub async fn start_placed(
         ownership,
         homes,
         routes,
+        marks,
     } = placement;
     config.validate()?;
     std::fs::create_dir_all(&config.data_dir)?;
     let store = Store::open(&config.data_dir.join("db"), &config.storage)?;
+    marks.attach(store.clone());
+    let marks_store = store.clone();
     store
         .failpoints()
         .clone()
@@ -213,6 +223,7 @@ pub async fn start_placed(
         ownership,
         clock.clone(),
         replicator,
+        marks.clone(),
     )?);
     let hub = Arc::new(Hub::new(config.sync.presence_window_secs * 1000));
     let sync = Arc::new(SyncService::new(
@@ -342,11 +353,10 @@ pub async fn start_placed(
                 .map_err(|e| StartError::Routing(e.to_string()))?;
             registration = Some(lease);
         }
-        tokio::spawn(checkpoint(
-            routes,
-            Arc::downgrade(&service),
-            config.cell_id.clone(),
+        let rounds = crate::hwm::round::Rounds::new(marks, routes, marks_store, &config);
+        tokio::spawn(rounds.run(
             Duration::from_millis(config.routing.checkpoint_interval_ms),
+            Arc::downgrade(&service),
         ));
     }
     tracing::info!(cell = %config.cell_id, %addr, data_dir = %config.data_dir.display(), "cell serving");
@@ -358,47 +368,6 @@ pub async fn start_placed(
         task,
         _registration: registration,
     })
-}
-
-/// Reports the conversations' high-water marks to the route table in
-/// batches, for failover floors. Ends with the message service.
-async fn checkpoint(
-    routes: RouteClient,
-    service: std::sync::Weak<MessageService>,
-    cell_id: String,
-    every: Duration,
-) {
-    let mut tick = tokio::time::interval(every);
-    loop {
-        tick.tick().await;
-        let Some(service) = service.upgrade() else {
-            return;
-        };
-        let marks = service.take_checkpoints();
-        for batch in marks.chunks(1000) {
-            let entries = batch
-                .iter()
-                .map(
-                    |&(tenant_id, conversation_id, hwm)| cellmesh_proto::v1::Checkpoint {
-                        tenant_id,
-                        conversation_id,
-                        hwm,
-                        owner: false,
-                        seq_floor: 0,
-                    },
-                )
-                .collect();
-            if let Err(e) = routes
-                .apply(cellmesh_route_client::commands::checkpoint(
-                    &cell_id, entries,
-                ))
-                .await
-            {
-                tracing::warn!(error = %e.message(), "checkpoint failed; retrying next round");
-                service.restore_checkpoints(batch.to_vec());
-            }
-        }
-    }
 }
 
 fn write_addr_file(config: &CellConfig, addr: SocketAddr) -> std::io::Result<()> {

@@ -3,9 +3,11 @@
 //! (processes, storage, queue, links through the TCP fault [`proxy`]) and
 //! record what every client saw ([`history`]); and the checker, one
 //! function per invariant of DESIGN.md §7 over that record
-//! ([`invariants`]), returning counterexamples.
+//! ([`invariants`]), returning counterexamples; and the failover floors
+//! that explain gaps, as the owners see them ([`floors`]).
 
 pub mod drill;
+pub mod floors;
 pub mod history;
 pub mod invariants;
 pub mod proxy;

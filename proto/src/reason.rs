@@ -36,6 +36,7 @@ macro_rules! reasons {
 
 reasons! {
     BadDeviceId => "BAD_DEVICE_ID",
+    BadHighWaterMark => "BAD_HIGH_WATER_MARK",
     BadReplicatedWrite => "BAD_REPLICATED_WRITE",
     BadSeqList => "BAD_SEQ_LIST",
     BadSignature => "BAD_SIGNATURE",

@@ -63,11 +63,14 @@ pub fn failover(
     )
 }
 
-pub fn checkpoint(cell_id: &str, checkpoints: Vec<pb::Checkpoint>) -> pb::RouteCommand {
+/// Records the cells holding a complete copy of `cell_id`'s high-water
+/// marks (written by the cell itself).
+pub fn set_mark_holders(cell_id: &str, holders: Vec<String>, expect_epoch: u64) -> pb::RouteCommand {
     pb::RouteCommand {
-        command: Some(Command::Checkpoint(pb::CheckpointBatch {
+        command: Some(Command::SetMarkHolders(pb::SetMarkHolders {
             cell_id: cell_id.into(),
-            checkpoints,
+            holders,
+            expect_epoch,
         })),
     }
 }

@@ -68,6 +68,7 @@ pub fn cell_to_pb(c: &CellInfo) -> pb::CellInfo {
         address: c.address.clone(),
         status: cell_status_to_pb(c.status) as i32,
         epoch: c.epoch,
+        mark_holders: c.mark_holders.clone(),
     }
 }
 
@@ -78,6 +79,7 @@ pub fn cell_from_pb(c: pb::CellInfo) -> Result<CellInfo, Status> {
         region: c.region,
         address: c.address,
         epoch: c.epoch,
+        mark_holders: c.mark_holders,
     })
 }
 
@@ -172,28 +174,6 @@ pub fn change_to_pb(c: &Change) -> pb::RouteChange {
             Change::Cell(cell) => route_change::Change::Cell(cell_to_pb(cell)),
             Change::Route(e) => route_change::Change::Route(entry_to_pb(e)),
             Change::Removed(k) => route_change::Change::Removed(key_to_pb(k)),
-            Change::Checkpoint {
-                tenant,
-                conversation,
-                hwm,
-            } => route_change::Change::Checkpoint(pb::Checkpoint {
-                tenant_id: *tenant,
-                conversation_id: *conversation,
-                hwm: *hwm,
-                owner: false,
-                seq_floor: 0,
-            }),
-            Change::OwnerCheckpoint {
-                tenant,
-                conversation,
-                hwm,
-            } => route_change::Change::Checkpoint(pb::Checkpoint {
-                tenant_id: *tenant,
-                conversation_id: *conversation,
-                hwm: *hwm,
-                owner: true,
-                seq_floor: 0,
-            }),
         }),
     }
 }
@@ -203,25 +183,7 @@ pub fn change_from_pb(c: pb::RouteChange) -> Result<Change, Status> {
         route_change::Change::Cell(cell) => Change::Cell(cell_from_pb(cell)?),
         route_change::Change::Route(e) => Change::Route(entry_from_pb(e)?),
         route_change::Change::Removed(k) => Change::Removed(key_from_pb(Some(k))?),
-        route_change::Change::Checkpoint(k) => checkpoint_from_pb(&k),
     })
-}
-
-fn checkpoint_from_pb(k: &pb::Checkpoint) -> Change {
-    let (tenant, conversation, hwm) = (k.tenant_id, k.conversation_id, k.hwm);
-    if k.owner {
-        Change::OwnerCheckpoint {
-            tenant,
-            conversation,
-            hwm,
-        }
-    } else {
-        Change::Checkpoint {
-            tenant,
-            conversation,
-            hwm,
-        }
-    }
 }
 
 pub fn table_to_pb(t: &RouteTable) -> pb::RouteTable {
@@ -229,23 +191,6 @@ pub fn table_to_pb(t: &RouteTable) -> pb::RouteTable {
         applied_index: t.applied,
         cells: t.cells.values().map(cell_to_pb).collect(),
         entries: t.routes.values().map(entry_to_pb).collect(),
-        checkpoints: t
-            .checkpoints
-            .iter()
-            .map(|(k, v)| (k, v, false))
-            .chain(t.owner_checkpoints.iter().map(|(k, v)| (k, v, true)))
-            .map(
-                |(&(tenant_id, conversation_id), &hwm, owner)| pb::Checkpoint {
-                    tenant_id,
-                    conversation_id,
-                    hwm,
-                    owner,
-                    seq_floor: t
-                        .resolve(&Key::conversation(tenant_id, conversation_id))
-                        .map_or(0, |r| r.seq_floor),
-                },
-            )
-            .collect(),
     }
 }
 
@@ -256,9 +201,6 @@ pub fn table_from_pb(t: pb::RouteTable) -> Result<RouteTable, Status> {
     }
     for e in t.entries {
         table.apply_change(&Change::Route(entry_from_pb(e)?));
-    }
-    for k in t.checkpoints {
-        table.apply_change(&checkpoint_from_pb(&k));
     }
     table.applied = t.applied_index;
     Ok(table)
@@ -300,13 +242,10 @@ pub fn command_from_pb(c: pb::RouteCommand) -> Result<Command, Status> {
                 update_route::Transition::Place(cell) => Transition::Place { cell },
             },
         },
-        route_command::Command::Checkpoint(b) => Command::Checkpoint {
-            cell: b.cell_id,
-            entries: b
-                .checkpoints
-                .into_iter()
-                .map(|k| (k.tenant_id, k.conversation_id, k.hwm))
-                .collect(),
+        route_command::Command::SetMarkHolders(h) => Command::SetMarkHolders {
+            cell: h.cell_id,
+            holders: h.holders,
+            expect_epoch: h.expect_epoch,
         },
     })
 }

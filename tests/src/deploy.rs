@@ -15,6 +15,7 @@ use cellmesh_control_plane::server::{
 };
 use cellmesh_edge::auth::{Claims, TokenKey, now_secs};
 use cellmesh_edge::{EdgeConfig, RunningEdge};
+use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::status::error_detail;
 use cellmesh_proto::v1::messaging_client::MessagingClient;
 use cellmesh_proto::v1::{
@@ -409,8 +410,9 @@ pub async fn control_plane_with(
     .expect("control plane starts")
 }
 
-/// Waits until the route table holds a checkpoint of `conversation` of
-/// tenant 1 at `hwm` or above.
+/// Waits until every cell the route table lists as holding the owner's
+/// high-water marks (at least one) holds a mark of `conversation` of tenant
+/// 1 at `hwm` or above: a failover now puts its floor above that.
 pub async fn wait_for_checkpoint(
     routes: &RouteClient,
     conversation: u64,
@@ -418,11 +420,73 @@ pub async fn wait_for_checkpoint(
     within: Duration,
 ) {
     let reached = crate::eventually(within, || {
-        let at = routes.read(|t| t.checkpoints.get(&(1, conversation)).copied().unwrap_or(0));
-        async move { at >= hwm }
+        let routes = routes.clone();
+        async move {
+            let holders = holder_addresses(&routes, conversation);
+            if holders.is_empty() {
+                return false;
+            }
+            for address in holders {
+                if held_mark(&address, 1, conversation).await < hwm {
+                    return false;
+                }
+            }
+            true
+        }
     })
     .await;
     assert!(reached, "conversation {conversation} checkpointed at {hwm}");
+}
+
+/// The seq floor of `conversation` of tenant 1 as its owner sees it (a
+/// failover's: the mark the owner holds plus the route's margin).
+pub async fn floor_of(routes: &RouteClient, conversation: u64) -> u64 {
+    cellmesh_chaos::floors::failover_floors(routes, &ClusterSecret::new(SECRET), 1, &[conversation])
+        .await
+        .get(&conversation)
+        .copied()
+        .unwrap_or(0)
+}
+
+/// The addresses of the cells holding the marks of `conversation`'s owner.
+pub fn holder_addresses(routes: &RouteClient, conversation: u64) -> Vec<String> {
+    routes.read(|t| {
+        let Some(owner) = t.resolve(&cellmesh_route_client::table::Key::conversation(
+            1,
+            conversation,
+        )) else {
+            return Vec::new();
+        };
+        t.cell(&owner.entry.cell)
+            .map(|c| {
+                c.mark_holders
+                    .iter()
+                    .filter_map(|h| t.cell(h).map(|h| h.address.clone()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    })
+}
+
+/// The high-water mark the cell at `address` holds for a conversation (0
+/// when it holds none or does not answer).
+pub async fn held_mark(address: &str, tenant: u64, conversation: u64) -> u64 {
+    let Ok(mut peer) = cellmesh_proto::v1::cell_peer_client::CellPeerClient::connect(
+        address.to_string(),
+    )
+    .await
+    else {
+        return 0;
+    };
+    let mut request = tonic::Request::new(cellmesh_proto::v1::GetHighWaterMarksRequest {
+        tenant_id: tenant,
+        conversation_ids: vec![conversation],
+    });
+    ClusterSecret::new(SECRET).attach(&mut request);
+    match peer.get_high_water_marks(request).await {
+        Ok(r) => r.into_inner().marks.first().map_or(0, |m| m.hwm),
+        Err(_) => 0,
+    }
 }
 
 /// Waits until the control plane reports `cell`'s history backfilled into

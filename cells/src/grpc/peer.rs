@@ -557,6 +557,67 @@ impl CellPeer for PeerApi {
         Ok(Response::new(CopyManyResponse { results }))
     }
 
+    async fn store_high_water_marks(
+        &self,
+        request: Request<HighWaterMarks>,
+    ) -> Result<Response<HighWaterMarksAck>, Status> {
+        let r = request.into_inner();
+        let marks: Vec<_> = r
+            .marks
+            .iter()
+            .map(|m| (m.tenant_id, m.conversation_id, m.hwm))
+            .collect();
+        let held = self.service.marks().clone();
+        let stored = marks.len() as u32;
+        blocking(move || held.store_pushed(&r.source_cell, &marks)).await?;
+        Ok(Response::new(HighWaterMarksAck { stored }))
+    }
+
+    async fn get_high_water_marks(
+        &self,
+        request: Request<GetHighWaterMarksRequest>,
+    ) -> Result<Response<HighWaterMarks>, Status> {
+        let r = request.into_inner();
+        if r.conversation_ids.len() > crate::hwm::MAX_PUSH {
+            return Err(CellError::invalid(Reason::BadHighWaterMark, "too many conversations").into());
+        }
+        let held = self.service.marks().clone();
+        let marks = blocking(move || {
+            r.conversation_ids
+                .iter()
+                .map(|&c| {
+                    Ok(HighWaterMark {
+                        tenant_id: r.tenant_id,
+                        conversation_id: c,
+                        hwm: held.held(r.tenant_id, c)?,
+                    })
+                })
+                .collect::<Result<Vec<_>, CellError>>()
+        })
+        .await?;
+        Ok(Response::new(HighWaterMarks {
+            source_cell: self.service.cell_id().to_string(),
+            marks,
+        }))
+    }
+
+    async fn flush_high_water_marks(
+        &self,
+        request: Request<FlushHighWaterMarksRequest>,
+    ) -> Result<Response<HighWaterMarksAck>, Status> {
+        let _ = request;
+        if self.service.marks().flush(Duration::from_secs(10)).await {
+            Ok(Response::new(HighWaterMarksAck { stored: 0 }))
+        } else {
+            Err(CellError::RetryLater {
+                reason: Reason::StandbyUnreachable,
+                message: "this cell's standbys did not acknowledge its high-water marks".into(),
+                retry_after: Duration::from_millis(500),
+            }
+            .into())
+        }
+    }
+
     async fn replicate(
         &self,
         request: Request<ReplicateRequest>,

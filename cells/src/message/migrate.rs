@@ -501,6 +501,8 @@ impl MessageService {
         );
         self.store.commit(m).await?;
         self.conversations.invalidate(conversation);
+        // History stored here is built on: its mark goes to the standbys.
+        self.marks.note(tenant, conversation, latest);
         Ok(latest)
     }
 }

@@ -30,6 +30,7 @@ use crate::clock::Clock;
 use crate::config::CellConfig;
 use crate::error::{CellError, Result};
 use crate::ids::{IdGenerator, Next};
+use crate::hwm::HighWaterMarks;
 use crate::ownership::Ownership;
 use crate::ratelimit::SendLimits;
 use crate::replication::Replicator;
@@ -53,11 +54,8 @@ pub struct MessageService {
     ids: IdGenerator,
     limits: SendLimits,
     conversations: ConvCache,
-    /// Latest acknowledged seq of conversations written since the last
-    /// checkpoint: (tenant, seq) by conversation.
-    written: std::sync::Mutex<std::collections::HashMap<u64, (u64, u64)>>,
-    /// Set once something takes checkpoints (a routed cell).
-    checkpointing: std::sync::atomic::AtomicBool,
+    /// Where the seq of written conversations is noted for the standbys.
+    marks: Arc<HighWaterMarks>,
     /// Sends acknowledged since start.
     pub(crate) sends: std::sync::atomic::AtomicU64,
     started: std::time::Instant,
@@ -84,6 +82,7 @@ impl MessageService {
         ownership: Arc<dyn Ownership>,
         clock: Arc<dyn Clock>,
         replicator: Arc<Replicator>,
+        marks: Arc<HighWaterMarks>,
     ) -> Result<Self> {
         let reserved = store
             .meta_u64(keys::meta::MSG_ID_RESERVED_UNTIL)?
@@ -92,8 +91,7 @@ impl MessageService {
             ids: IdGenerator::new(config.instance_id, reserved),
             limits: SendLimits::new(&config.rate_limit),
             conversations: ConvCache::new(CONVERSATION_CACHE),
-            written: Default::default(),
-            checkpointing: Default::default(),
+            marks,
             sends: Default::default(),
             started: std::time::Instant::now(),
             inflight: Inflight::new(),
@@ -189,16 +187,9 @@ impl MessageService {
         }
     }
 
-    /// Takes the high-water marks written since the last call, as
-    /// (tenant, conversation, latest seq), for a checkpoint to the route table.
-    pub fn take_checkpoints(&self) -> Vec<(u64, u64, u64)> {
-        self.checkpointing
-            .store(true, std::sync::atomic::Ordering::Relaxed);
-        let written = std::mem::take(&mut *self.written.lock().expect("checkpoint lock"));
-        written
-            .into_iter()
-            .map(|(conversation, (tenant, seq))| (tenant, conversation, seq))
-            .collect()
+    /// This cell's failover high-water marks.
+    pub fn marks(&self) -> &Arc<HighWaterMarks> {
+        &self.marks
     }
 
     pub fn cell_id(&self) -> &str {
@@ -214,15 +205,6 @@ impl MessageService {
             lag,
             self.ownership.route_index().min(i64::MAX as u64),
         ))
-    }
-
-    /// Puts back marks a checkpoint could not deliver.
-    pub fn restore_checkpoints(&self, marks: Vec<(u64, u64, u64)>) {
-        let mut written = self.written.lock().expect("checkpoint lock");
-        for (tenant, conversation, seq) in marks {
-            let slot = written.entry(conversation).or_insert((tenant, 0));
-            slot.1 = slot.1.max(seq);
-        }
     }
 
     fn idempotency_expiry(&self, now_ms: u64) -> u64 {

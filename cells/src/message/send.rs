@@ -81,10 +81,14 @@ impl MessageService {
             if let Some(limit) = fence.seq_limit
                 && seq > limit
             {
+                // The standbys get this conversation's mark in a round now.
+                self.marks
+                    .note(cmd.caller.tenant, cmd.conversation, seq - 1);
+                self.marks.wake();
                 return Err(CellError::RetryLater {
                     reason: Reason::CheckpointBehind,
                     message: format!(
-                        "seq {seq} would pass {limit}: the route table has not taken this cell's checkpoints"
+                        "seq {seq} would pass {limit}: this cell's standbys have not acknowledged its high-water mark"
                     ),
                     retry_after: std::time::Duration::from_millis(200),
                 });
@@ -144,16 +148,8 @@ impl MessageService {
         };
         ticket.wait().await?;
         tracing::debug!(seq = record.seq, msg_id = record.msg_id, "message stored");
-        if self
-            .checkpointing
-            .load(std::sync::atomic::Ordering::Relaxed)
-        {
-            let mut written = self.written.lock().expect("checkpoint lock");
-            let slot = written
-                .entry(cmd.conversation)
-                .or_insert((cmd.caller.tenant, 0));
-            slot.1 = slot.1.max(record.seq);
-        }
+        self.marks
+            .note(cmd.caller.tenant, cmd.conversation, record.seq);
         if let Some(message) = shipped {
             self.replicate_message(
                 cmd.caller.tenant,

@@ -44,8 +44,11 @@ pub mod cf {
     /// tenant | user → the identity (u64) of their sync queue here: pts
     /// count in it
     pub const QUEUE_ID: &str = "queue_id";
+    /// tenant | conversation → the high-water mark other cells pushed here
+    /// (u64, merged with max): the floor of a failover to this cell
+    pub const HIGH_WATER_MARKS: &str = "high_water_marks";
 
-    pub const ALL: [&str; 18] = [
+    pub const ALL: [&str; 19] = [
         CONVERSATIONS,
         CONV_SEQ,
         MEMBERS,
@@ -64,6 +67,7 @@ pub mod cf {
         NOTIFY,
         FORWARD,
         QUEUE_ID,
+        HIGH_WATER_MARKS,
     ];
 }
 

@@ -5,6 +5,7 @@
 
 mod commit;
 mod format;
+mod marks;
 pub mod keys;
 pub mod moved;
 mod options;
@@ -26,6 +27,7 @@ use rocksdb::{ColumnFamily, DB, Direction, IteratorMode, ReadOptions};
 use commit::Lane;
 pub use commit::{CommitSlot, CommitStats, CommitTicket};
 pub use keys::IdemKind;
+pub use marks::Mark;
 pub use scan::{ScanDirection, ScanPage, visible};
 
 use crate::config::StorageConfig;

@@ -54,7 +54,7 @@ pub(super) fn open(dir: &Path, config: &StorageConfig) -> Result<DB> {
             opts.set_memtable_whole_key_filtering(true);
         }
         match *name {
-            cf::READ_STATE | cf::DEVICE_CURSOR => {
+            cf::READ_STATE | cf::DEVICE_CURSOR | cf::HIGH_WATER_MARKS => {
                 opts.set_merge_operator_associative("max_u64", merge_max_u64)
             }
             cf::IDEMPOTENCY => {
@@ -82,8 +82,9 @@ pub(super) fn open(dir: &Path, config: &StorageConfig) -> Result<DB> {
     )?)
 }
 
-/// Merge operator of `read_state` and `device_cursor`: the value is the largest u64 ever written,
-/// so a read position cannot move backwards whatever the order of writes.
+/// Merge operator of `read_state`, `device_cursor` and `high_water_marks`:
+/// the value is the largest u64 ever written, so a read position or a mark
+/// cannot move backwards whatever the order of writes.
 fn merge_max_u64(
     _key: &[u8],
     existing: Option<&[u8]>,

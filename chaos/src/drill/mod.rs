@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use crate::check_all;
 use crate::history::History;
+use cellmesh_proto::secret::ClusterSecret;
 use clap::{Args, Subcommand, ValueEnum};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -167,8 +168,8 @@ fn next_fault(
     }
 }
 
-/// Every seq floor the route table gives the drill's conversations while
-/// it runs (sampled from a route client's cache every 100 ms).
+/// Every seq floor the drill's conversations get while it runs (sampled
+/// every 100 ms: the route table's, and a failover's from the new owner).
 fn watch_floors(
     dev: Arc<DevTarget>,
     conversations: Vec<u64>,
@@ -180,17 +181,15 @@ fn watch_floors(
             return seen;
         };
         // A few seconds past the senders, for failovers still in flight.
+        let secret = ClusterSecret::new(&dev.cluster_secret);
         while Instant::now() < stop + Duration::from_secs(5) {
-            routes.read(|t| {
-                for &c in &conversations {
-                    if let Some(r) = t.resolve(&cellmesh_route_client::table::Key::conversation(
-                        dev.tenant, c,
-                    )) && r.seq_floor > 0
-                    {
-                        seen.insert((c, r.seq_floor));
-                    }
+            let floors =
+                crate::floors::failover_floors(&routes, &secret, dev.tenant, &conversations).await;
+            for (c, floor) in floors {
+                if floor > 0 {
+                    seen.insert((c, floor));
                 }
-            });
+            }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         seen

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use cellmesh_proto::secret::ClusterSecret;
-use cellmesh_proto::v1::CopyRequest;
+use cellmesh_proto::v1::{CopyRequest, TenantConversationsRequest};
 use cellmesh_proto::v1::cell_peer_client::CellPeerClient;
 use cellmesh_route_client::client::RouteClient;
 use cellmesh_route_client::table::Key;
@@ -19,25 +19,41 @@ pub async fn backfill(
     secret: &ClusterSecret,
     returned: &str,
 ) -> (usize, u64) {
-    let (source, work) = routes.read(|t| {
+    let (source, tenants) = routes.read(|t| {
         let source = t
             .cell(returned)
             .map(|c| c.address.clone())
             .unwrap_or_default();
-        let work: Vec<(u64, u64, String)> = t
-            .checkpoints
-            .keys()
-            .filter_map(|&(tenant, conversation)| {
-                let r = t.resolve(&Key::conversation(tenant, conversation))?;
-                (r.entry.cell != returned && r.entry.floor_margin > 0).then_some((
-                    tenant,
-                    conversation,
-                    r.cell_address,
-                ))
-            })
+        let tenants: std::collections::BTreeSet<u64> = t
+            .routes
+            .values()
+            .filter(|e| e.failed_from.as_deref() == Some(returned))
+            .map(|e| e.key.tenant)
             .collect();
-        (source, work)
+        (source, tenants)
     });
+    // What the returned cell holds of those tenants, and where each of
+    // those conversations lives now.
+    let mut work: Vec<(u64, u64, String)> = Vec::new();
+    for tenant in tenants {
+        let conversations = match stored_conversations(&source, secret, tenant).await {
+            Ok(ids) => ids,
+            Err(e) => {
+                tracing::warn!(tenant, error = %e.message(), "backfill cannot list the returned cell");
+                continue;
+            }
+        };
+        routes.read(|t| {
+            for conversation in conversations {
+                let Some(r) = t.resolve(&Key::conversation(tenant, conversation)) else {
+                    continue;
+                };
+                if r.entry.cell != returned && r.entry.floor_margin > 0 {
+                    work.push((tenant, conversation, r.cell_address));
+                }
+            }
+        });
+    }
     let (mut done, mut messages) = (0, 0);
     for (tenant, conversation, owner) in work {
         let Ok(endpoint) = Channel::from_shared(owner.clone()) else {
@@ -70,4 +86,36 @@ pub async fn backfill(
         }
     }
     (done, messages)
+}
+
+/// The ids of `tenant`'s conversations stored on the cell at `address`.
+async fn stored_conversations(
+    address: &str,
+    secret: &ClusterSecret,
+    tenant: u64,
+) -> Result<Vec<u64>, tonic::Status> {
+    let endpoint = Channel::from_shared(address.to_string())
+        .map_err(|e| tonic::Status::invalid_argument(e.to_string()))?;
+    let mut client = CellPeerClient::new(
+        endpoint
+            .connect_timeout(Duration::from_secs(2))
+            .connect_lazy(),
+    );
+    let (mut out, mut after) = (Vec::new(), 0);
+    loop {
+        let mut request = tonic::Request::new(TenantConversationsRequest {
+            tenant_id: tenant,
+            after_id: after,
+            limit: 10_000,
+            epoch: 0,
+        });
+        secret.attach(&mut request);
+        request.set_timeout(Duration::from_secs(30));
+        let page = client.tenant_conversations(request).await?.into_inner();
+        out.extend(&page.conversation_ids);
+        match page.conversation_ids.last() {
+            Some(&last) if page.has_more => after = last,
+            _ => return Ok(out),
+        }
+    }
 }

@@ -1,10 +1,12 @@
 //! The failover planner: a pure function from the route table and a failed
-//! cell to the route writes that move everything it owned to its fallback
-//! (same region first), each with a new epoch and a seq floor of the
-//! conversation's checkpoint plus a safety margin.
+//! cell to the route writes that move everything it owned to a cell that
+//! holds its high-water marks (same region first), each with a new epoch
+//! and a floor margin: the new owner puts each conversation's floor at the
+//! mark it holds plus that margin. One write per route entry the cell
+//! owned (tenants and overrides), none per conversation.
 
 use cellmesh_proto::v1::{self as pb, update_route::Transition};
-use cellmesh_route_client::commands::{failover, set_cell_status, update_route};
+use cellmesh_route_client::commands::{failover, set_cell_status, set_mark_holders, update_route};
 use cellmesh_route_client::table::{RouteState, RouteTable};
 
 #[derive(Debug, Clone, PartialEq)]
@@ -20,7 +22,7 @@ pub struct FailoverPlan {
 pub enum PlanError {
     #[error("unknown cell {0}")]
     UnknownCell(String),
-    #[error("no healthy cell can take over from {0}")]
+    #[error("no healthy cell holding its high-water marks can take over from {0}")]
     NoFallback(String),
 }
 
@@ -34,12 +36,23 @@ pub fn plan_failover(
     if table.cell(failed).is_none() {
         return Err(PlanError::UnknownCell(failed.to_string()));
     }
-    let fallback = table
-        .fallback_for(failed)
-        .ok_or_else(|| PlanError::NoFallback(failed.to_string()))?
-        .id
-        .clone();
+    let target = table
+        .failover_target(failed)
+        .ok_or_else(|| PlanError::NoFallback(failed.to_string()))?;
+    let fallback = target.id.clone();
     let mut commands = vec![set_cell_status(failed, pb::CellStatus::Down)];
+    // The new owner's own holders lack the floors it takes over until it
+    // pushes them: only those that also hold the failed cell's marks stay.
+    let holders_of_failed = &table.cell(failed).expect("checked").mark_holders;
+    let kept: Vec<String> = target
+        .mark_holders
+        .iter()
+        .filter(|h| holders_of_failed.contains(h))
+        .cloned()
+        .collect();
+    if kept != target.mark_holders {
+        commands.push(set_mark_holders(&fallback, kept, target.epoch));
+    }
     let mut moved = 0;
     for entry in table.routes.values() {
         if entry.cell == failed {
@@ -91,6 +104,16 @@ mod tests {
                 },
             );
         }
+        // eu/c1's standbys hold its high-water marks.
+        let epoch = t.cell("eu/c1").unwrap().epoch;
+        apply(
+            &mut t,
+            Command::SetMarkHolders {
+                cell: "eu/c1".into(),
+                holders: vec!["eu/c2".into(), "us/c1".into()],
+                expect_epoch: epoch,
+            },
+        );
         apply(
             &mut t,
             Command::AssignTenant {
@@ -150,7 +173,11 @@ mod tests {
         assert_eq!(after.cell("eu/c1").unwrap().status, CellStatus::Down);
         assert!(after.routes.values().all(|e| e.cell != "eu/c1"));
         let r = after.resolve(&Key::conversation(2, 9)).unwrap();
-        assert_eq!((r.entry.cell.as_str(), r.seq_floor), ("eu/c2", 100));
+        // The new owner adds the margin to the mark it holds.
+        assert_eq!(
+            (r.entry.cell.as_str(), r.seq_floor, r.entry.floor_margin),
+            ("eu/c2", 5, 100)
+        );
         assert_eq!(
             after
                 .resolve(&Key::conversation(2, 10))

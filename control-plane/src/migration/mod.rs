@@ -209,6 +209,28 @@ impl Migrator {
         ))
     }
 
+    /// Waits until `cell`'s standbys hold the high-water marks of all it
+    /// stored: a move switches to it only then, so that a failover of the
+    /// new owner right after the switch still puts every floor above the
+    /// history it received.
+    async fn flush_marks(&self, cell: &str) -> Result<(), MigrationError> {
+        let (mut peer, _) = self.peer(cell).await?;
+        let mut attempts = 0;
+        loop {
+            let mut request = self.request(cellmesh_proto::v1::FlushHighWaterMarksRequest {});
+            request.set_timeout(Duration::from_secs(15));
+            match peer.flush_high_water_marks(request).await {
+                Ok(_) => return Ok(()),
+                Err(status) if attempts < 3 => {
+                    attempts += 1;
+                    tracing::warn!(cell, error = %status.message(), "the target's high-water marks are not flushed yet");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(status) => return Err(call("flush the target's high-water marks")(status)),
+            }
+        }
+    }
+
     /// Waits while an operator holds the migration of `key` (phase
     /// `Paused`); the entry's current epoch once it may go on.
     async fn hold_while_paused(

@@ -138,6 +138,7 @@ impl Migrator {
                     final_position,
                 } => {
                     let floor = Transition::SwitchFloor(subject.switch_floor(final_position));
+                    self.flush_marks(to).await?;
                     let switch_epoch = self.commit(key, epoch, floor).await?;
                     self.follow(switch_epoch).await;
                     Observation::Epoch(switch_epoch)

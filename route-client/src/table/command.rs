@@ -72,11 +72,11 @@ pub enum Command {
         expect_epoch: u64,
         transition: Transition,
     },
-    /// High-water marks reported by `cell`; entries for conversations it does
-    /// not own are ignored.
-    Checkpoint {
+    /// The cells that hold a complete copy of `cell`'s high-water marks.
+    SetMarkHolders {
         cell: String,
-        entries: Vec<(u64, u64, u64)>,
+        holders: Vec<String>,
+        expect_epoch: u64,
     },
 }
 
@@ -92,13 +92,14 @@ impl Command {
                 if address.is_empty() {
                     return Err(RouteError::invalid("address", "empty"));
                 }
-                let status = table.cell(id).map_or(CellStatus::Up, |c| c.status);
+                let known = table.cell(id);
                 Ok(vec![Change::Cell(CellInfo {
                     id: id.clone(),
                     region: region.clone(),
                     address: address.clone(),
-                    status,
+                    status: known.map_or(CellStatus::Up, |c| c.status),
                     epoch: index,
+                    mark_holders: known.map(|c| c.mark_holders.clone()).unwrap_or_default(),
                 })])
             }
             Command::SetCellStatus { id, status } => {
@@ -145,35 +146,31 @@ impl Command {
                 expect_epoch,
                 transition,
             } => update_route(table, *key, *expect_epoch, transition, index),
-            Command::Checkpoint { cell, entries } => {
-                known_cell(table, cell)?;
-                Ok(entries
-                    .iter()
-                    .filter_map(|&(tenant, conversation, hwm)| {
-                        let entry = table.effective(&Key::conversation(tenant, conversation))?;
-                        if hwm == 0 || &entry.cell != cell {
-                            return None;
-                        }
-                        // After a failover the floor must not follow the new
-                        // owner's progress: that goes to its own map.
-                        if entry.floor_margin > 0 {
-                            (table.owner_checkpoints.get(&(tenant, conversation)) < Some(&hwm))
-                                .then_some(Change::OwnerCheckpoint {
-                                    tenant,
-                                    conversation,
-                                    hwm,
-                                })
-                        } else {
-                            (table.checkpoints.get(&(tenant, conversation)) < Some(&hwm)).then_some(
-                                Change::Checkpoint {
-                                    tenant,
-                                    conversation,
-                                    hwm,
-                                },
-                            )
-                        }
-                    })
-                    .collect())
+            Command::SetMarkHolders {
+                cell,
+                holders,
+                expect_epoch,
+            } => {
+                let mut info = known_cell(table, cell)?.clone();
+                if info.epoch != *expect_epoch {
+                    return Err(RouteError::StaleEpoch {
+                        key: format!("cell {cell}"),
+                        expected: *expect_epoch,
+                        current: info.epoch,
+                    });
+                }
+                let mut holders = holders.clone();
+                holders.sort();
+                holders.dedup();
+                for holder in &holders {
+                    known_cell(table, holder)?;
+                    if holder == cell {
+                        return Err(RouteError::invalid("holders", "a cell cannot hold its own marks"));
+                    }
+                }
+                info.mark_holders = holders;
+                info.epoch = index;
+                Ok(vec![Change::Cell(info)])
             }
         }
     }
@@ -270,32 +267,6 @@ fn update_route(
                 .failed_from
                 .clone()
                 .or_else(|| Some(current.cell.clone()));
-            // The owner failing now may have advanced past the last floor:
-            // each conversation it decided for gets its failover base (its
-            // floor and its reports) as the checkpoint the new floor uses.
-            let decided_here = |&(t, c): &(u64, u64)| {
-                t == key.tenant
-                    && table
-                        .effective(&Key::conversation(t, c))
-                        .is_some_and(|e| e.key == key)
-            };
-            let conversations: std::collections::BTreeSet<(u64, u64)> = table
-                .checkpoints
-                .keys()
-                .chain(table.owner_checkpoints.keys())
-                .copied()
-                .filter(decided_here)
-                .collect();
-            let mut changes: Vec<Change> = conversations
-                .into_iter()
-                .map(|(tenant, conversation)| Change::Checkpoint {
-                    tenant,
-                    conversation,
-                    hwm: table.failover_base(tenant, conversation),
-                })
-                .collect();
-            changes.push(Change::Route(next));
-            return Ok(changes);
         }
         (Transition::Remove, RouteState::Active) => {
             if !key.is_override() || table.entry(&key).is_none() {

@@ -1,8 +1,10 @@
 //! The route table (DESIGN.md §3): which cell owns each tenant, each
 //! conversation override and each user-home override, with epochs, migration
-//! states and seq floors; the cell registry; conversation high-water-mark
-//! checkpoints. Pure data and logic: the Raft state machine and every route
-//! client hold one of these and feed it the same [`Change`]s.
+//! states and seq floors; the cell registry with the cells that hold each
+//! cell's high-water marks. Nothing per written conversation: the marks a
+//! failover floor comes from live on the cells (see `cellmesh-cell`'s
+//! `hwm` module). Pure data and logic: the Raft state machine and every
+//! route client hold one of these and feed it the same [`Change`]s.
 
 mod command;
 mod error;
@@ -82,6 +84,10 @@ pub struct CellInfo {
     pub address: String,
     pub status: CellStatus,
     pub epoch: u64,
+    /// The cells holding a complete copy of this cell's high-water marks;
+    /// a failover of this cell goes to one of them.
+    #[serde(default)]
+    pub mark_holders: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -124,7 +130,8 @@ pub struct Entry {
     pub epoch: u64,
     pub state: RouteState,
     pub seq_floor: u64,
-    /// After a failover: a conversation's floor is its checkpoint plus this.
+    /// After a failover: a conversation's floor is the high-water mark the
+    /// new owner holds from the failed cell, plus this.
     pub floor_margin: u64,
     /// The cell a failover took this route from (the first, across chained
     /// failovers); a failback moves it there again. A migration clears it.
@@ -138,17 +145,6 @@ pub enum Change {
     Cell(CellInfo),
     Route(Entry),
     Removed(Key),
-    Checkpoint {
-        tenant: u64,
-        conversation: u64,
-        hwm: u64,
-    },
-    /// Progress of the owner a failover moved the conversation to.
-    OwnerCheckpoint {
-        tenant: u64,
-        conversation: u64,
-        hwm: u64,
-    },
 }
 
 /// The effective route of a key.
@@ -157,7 +153,8 @@ pub struct Resolved {
     /// The entry the route comes from (the override, else the tenant's).
     pub entry: Entry,
     pub cell_address: String,
-    /// Seq must be assigned strictly above this.
+    /// Seq must be assigned strictly above this (and, after a failover,
+    /// above the owner's high-water mark plus `entry.floor_margin`).
     pub seq_floor: u64,
 }
 
@@ -165,10 +162,6 @@ pub struct Resolved {
 pub struct RouteTable {
     pub cells: BTreeMap<String, CellInfo>,
     pub routes: BTreeMap<Key, Entry>,
-    pub checkpoints: BTreeMap<(u64, u64), u64>,
-    /// High-water marks reported after a failover by the new owner; a
-    /// failover floor is computed from `checkpoints` only, so it stays put.
-    pub owner_checkpoints: BTreeMap<(u64, u64), u64>,
     /// Log index of the last applied command.
     pub applied: u64,
 }
@@ -199,28 +192,6 @@ impl RouteTable {
             Change::Removed(key) => {
                 self.routes.remove(key);
             }
-            Change::Checkpoint {
-                tenant,
-                conversation,
-                hwm,
-            } => {
-                let slot = self
-                    .checkpoints
-                    .entry((*tenant, *conversation))
-                    .or_default();
-                *slot = (*slot).max(*hwm);
-            }
-            Change::OwnerCheckpoint {
-                tenant,
-                conversation,
-                hwm,
-            } => {
-                let slot = self
-                    .owner_checkpoints
-                    .entry((*tenant, *conversation))
-                    .or_default();
-                *slot = (*slot).max(*hwm);
-            }
         }
     }
 
@@ -236,31 +207,6 @@ impl RouteTable {
             .or_else(|| self.routes.get(&key.tenant_key()))
     }
 
-    /// What a failover of `conversation`'s current owner would put its new
-    /// floor above (plus the margin): the floor the owner started from and
-    /// every high-water mark it reported. The owner itself never assigns a
-    /// seq past this plus the margin, so the new floor is above all of them.
-    pub fn failover_base(&self, tenant: u64, conversation: u64) -> u64 {
-        let key = Key::conversation(tenant, conversation);
-        let floor = self.effective(&key).map_or(0, |e| self.floor_of(e, &key));
-        let reported =
-            |m: &BTreeMap<(u64, u64), u64>| m.get(&(tenant, conversation)).copied().unwrap_or(0);
-        floor
-            .max(reported(&self.checkpoints))
-            .max(reported(&self.owner_checkpoints))
-    }
-
-    /// The floor `entry`'s owner must assign `key`'s seq above.
-    fn floor_of(&self, entry: &Entry, key: &Key) -> u64 {
-        match key.scope {
-            Scope::Conversation(c) if entry.floor_margin > 0 => {
-                let hwm = self.checkpoints.get(&(key.tenant, c)).copied().unwrap_or(0);
-                entry.seq_floor.max(hwm + entry.floor_margin)
-            }
-            _ => entry.seq_floor,
-        }
-    }
-
     /// Where `key` lives now, with the floor its owner must respect.
     pub fn resolve(&self, key: &Key) -> Option<Resolved> {
         let entry = self.effective(key)?;
@@ -271,7 +217,7 @@ impl RouteTable {
                 .get(&entry.cell)
                 .map(|c| c.address.clone())
                 .unwrap_or_default(),
-            seq_floor: self.floor_of(entry, key),
+            seq_floor: entry.seq_floor,
         })
     }
 
@@ -290,9 +236,10 @@ impl RouteTable {
         self.cells.get(id)
     }
 
-    /// Where `cell`'s routes go when it fails: the first other cell that is
-    /// Up in its region, else the first Up cell anywhere (by id). Cells
-    /// replicate conversation meta to the same choice ahead of time.
+    /// Where `cell`'s data goes ahead of a failover: the first other cell
+    /// that is Up in its region, else the first Up cell anywhere (by id).
+    /// Cells replicate conversation meta and push their high-water marks to
+    /// it (see [`Self::standbys_for`]).
     pub fn fallback_for(&self, cell: &str) -> Option<&CellInfo> {
         let region = self.cells.get(cell).map(|c| c.region.as_str());
         let up = || {
@@ -320,42 +267,43 @@ impl RouteTable {
         out
     }
 
+    /// Where `cell`'s routes go when it fails: an Up cell that holds its
+    /// high-water marks (same region first), so every floor can be put
+    /// above what the failed cell acknowledged. A cell that owns no route
+    /// needs no marks: its [fallback](Self::fallback_for).
+    pub fn failover_target(&self, cell: &str) -> Option<&CellInfo> {
+        if !self.routes.values().any(|e| e.cell == cell) {
+            return self.fallback_for(cell);
+        }
+        let failed = self.cells.get(cell)?;
+        let holders = || {
+            failed
+                .mark_holders
+                .iter()
+                .filter_map(|id| self.cells.get(id))
+                .filter(|c| c.status == CellStatus::Up)
+        };
+        holders()
+            .find(|c| c.region == failed.region)
+            .or_else(|| holders().next())
+    }
+
     /// Every change that rebuilds this table from empty (snapshots, resets).
     pub fn as_changes(&self) -> Vec<Change> {
         let cells = self.cells.values().cloned().map(Change::Cell);
         let routes = self.routes.values().cloned().map(Change::Route);
-        let checkpoints = self
-            .checkpoints
-            .iter()
-            .map(|(&(tenant, conversation), &hwm)| Change::Checkpoint {
-                tenant,
-                conversation,
-                hwm,
-            });
-        let owners = self
-            .owner_checkpoints
-            .iter()
-            .map(|(&(tenant, conversation), &hwm)| Change::OwnerCheckpoint {
-                tenant,
-                conversation,
-                hwm,
-            });
-        cells
-            .chain(routes)
-            .chain(checkpoints)
-            .chain(owners)
-            .collect()
+        cells.chain(routes).collect()
     }
 }
 
 #[cfg(test)]
 mod tests;
 
-/// How far past its last checkpoint a conversation's seq can move: the
-/// burst plus the sustained rate over two checkpoint intervals (one may have
-/// been in flight when the owner died). Cells stop assigning seq beyond
-/// their failover base plus this; the control plane puts failover floors
-/// this far above it.
+/// How far past its last acknowledged high-water mark a conversation's seq
+/// can move: the burst plus the sustained rate over two checkpoint
+/// intervals (one may have been in flight when the owner died). Cells stop
+/// assigning seq beyond the mark their standbys acknowledged plus this; a
+/// failover puts floors this far above the mark the new owner holds.
 pub fn safety_margin(
     conversation_per_sec: u64,
     conversation_burst: u64,

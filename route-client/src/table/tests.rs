@@ -198,53 +198,6 @@ fn unknown_and_unusable_cells_are_refused() {
 }
 
 #[test]
-fn failover_floors_come_from_checkpoints_plus_the_margin() {
-    let (mut t, i) = table_with_cells();
-    place(&mut t, 1, "eu/c1", i);
-    let changes = t
-        .apply(
-            &Command::Checkpoint {
-                cell: "eu/c1".into(),
-                entries: vec![(1, 10, 500), (1, 11, 20), (2, 10, 7)],
-            },
-            i + 1,
-        )
-        .unwrap();
-    // Tenant 2 is not owned by eu/c1: ignored.
-    assert_eq!(changes.len(), 2);
-    // A checkpoint never moves a high-water mark back.
-    let changes = t
-        .apply(
-            &Command::Checkpoint {
-                cell: "eu/c1".into(),
-                entries: vec![(1, 10, 400)],
-            },
-            i + 2,
-        )
-        .unwrap();
-    assert!(changes.is_empty());
-    update(
-        &mut t,
-        i + 3,
-        Key::tenant(1),
-        i,
-        Transition::Failover {
-            to: "eu/c2".into(),
-            seq_floor: 0,
-            floor_margin: 100,
-        },
-    )
-    .unwrap();
-    assert_eq!(t.resolve(&Key::conversation(1, 10)).unwrap().seq_floor, 600);
-    assert_eq!(t.resolve(&Key::conversation(1, 11)).unwrap().seq_floor, 120);
-    assert_eq!(t.resolve(&Key::conversation(1, 12)).unwrap().seq_floor, 100);
-    assert_eq!(
-        t.resolve(&Key::conversation(1, 12)).unwrap().entry.cell,
-        "eu/c2"
-    );
-}
-
-#[test]
 fn overrides_are_removed_only_when_they_agree_with_the_tenant() {
     let (mut t, i) = table_with_cells();
     place(&mut t, 1, "eu/c1", i);
@@ -327,75 +280,14 @@ fn a_moving_tenant_creates_on_its_target_and_its_conversations_move_alone() {
 fn a_table_rebuilds_from_its_changes() {
     let (mut t, i) = table_with_cells();
     place(&mut t, 1, "eu/c1", i);
-    t.apply(
-        &Command::Checkpoint {
-            cell: "eu/c1".into(),
-            entries: vec![(1, 10, 5)],
-        },
-        i + 1,
-    )
-    .unwrap();
+    let epoch = t.cell("eu/c1").unwrap().epoch;
+    t.apply(&holders("eu/c1", &["eu/c2"], epoch), i + 1).unwrap();
     let mut copy = RouteTable::default();
     for c in t.as_changes() {
         copy.apply_change(&c);
     }
     copy.applied = t.applied;
     assert_eq!(copy, t);
-}
-
-#[test]
-fn a_failover_floor_stays_put_while_the_new_owner_writes_and_moves_with_a_second_failover() {
-    let (mut t, i) = table_with_cells();
-    place(&mut t, 1, "eu/c1", i);
-    let cp = |cell: &str, hwm: u64| Command::Checkpoint {
-        cell: cell.into(),
-        entries: vec![(1, 10, hwm)],
-    };
-    t.apply(&cp("eu/c1", 50), i + 1).unwrap();
-    let failover = |to: &str| Transition::Failover {
-        to: to.into(),
-        seq_floor: 0,
-        floor_margin: 100,
-    };
-    update(&mut t, i + 2, Key::tenant(1), i, failover("eu/c2")).unwrap();
-    let key = Key::conversation(1, 10);
-    assert_eq!(t.resolve(&key).unwrap().seq_floor, 150);
-    // The new owner's progress does not drag its own floor along.
-    t.apply(&cp("eu/c2", 400), i + 3).unwrap();
-    assert_eq!(t.resolve(&key).unwrap().seq_floor, 150);
-    // When it fails too, its progress is what the next floor starts from.
-    update(&mut t, i + 4, Key::tenant(1), i + 2, failover("us/c1")).unwrap();
-    let r = t.resolve(&key).unwrap();
-    assert_eq!((r.entry.cell.as_str(), r.seq_floor), ("us/c1", 500));
-}
-
-#[test]
-fn a_second_failover_before_the_new_owner_checkpoints_still_lands_above_it() {
-    let (mut t, i) = table_with_cells();
-    place(&mut t, 1, "eu/c1", i);
-    t.apply(
-        &Command::Checkpoint {
-            cell: "eu/c1".into(),
-            entries: vec![(1, 10, 50)],
-        },
-        i + 1,
-    )
-    .unwrap();
-    let failover = |to: &str| Transition::Failover {
-        to: to.into(),
-        seq_floor: 0,
-        floor_margin: 100,
-    };
-    update(&mut t, i + 2, Key::tenant(1), i, failover("eu/c2")).unwrap();
-    // The new owner starts above 150 and may write up to base + margin
-    // before any report of its own lands.
-    assert_eq!(t.failover_base(1, 10), 150);
-    update(&mut t, i + 3, Key::tenant(1), i + 2, failover("us/c1")).unwrap();
-    let r = t.resolve(&Key::conversation(1, 10)).unwrap();
-    assert_eq!((r.entry.cell.as_str(), r.seq_floor), ("us/c1", 250));
-    // A conversation of the tenant that never checkpointed starts at the
-    // margin; an override owned elsewhere keeps its own floor.
-    assert_eq!(t.failover_base(1, 99), 100);
 }
 
 #[test]
@@ -426,4 +318,85 @@ fn standbys_are_the_fallback_and_the_first_cell_of_another_region() {
     assert!(standbys.contains(&chained), "{chained}");
     // With its region's other cell down, the fallback is already abroad.
     assert_eq!(ids(&t, "eu/c2"), vec!["us/c1"]);
+}
+
+fn holders(cell: &str, holders: &[&str], expect_epoch: u64) -> Command {
+    Command::SetMarkHolders {
+        cell: cell.into(),
+        holders: holders.iter().map(|h| h.to_string()).collect(),
+        expect_epoch,
+    }
+}
+
+#[test]
+fn mark_holders_are_compare_and_set_on_the_cell_and_survive_re_registration() {
+    let (mut t, i) = table_with_cells();
+    let epoch = t.cell("eu/c1").unwrap().epoch;
+    t.apply(&holders("eu/c1", &["us/c1", "eu/c2", "eu/c2"], epoch), i)
+        .unwrap();
+    let cell = t.cell("eu/c1").unwrap().clone();
+    assert_eq!(cell.mark_holders, vec!["eu/c2", "us/c1"], "sorted, once each");
+    assert_eq!(cell.epoch, i);
+    // A writer that read the cell before that write conflicts.
+    assert!(matches!(
+        t.apply(&holders("eu/c1", &[], epoch), i + 1),
+        Err(RouteError::StaleEpoch { .. })
+    ));
+    assert!(t.apply(&holders("eu/c1", &["eu/c1"], i), i + 2).is_err());
+    assert!(t.apply(&holders("eu/c1", &["xx/c9"], i), i + 3).is_err());
+    assert!(t.apply(&holders("xx/c9", &[], 0), i + 4).is_err());
+    assert_eq!(t.cell("eu/c1").unwrap().mark_holders, cell.mark_holders);
+    // A restarted cell registers again: its holders stay.
+    t.apply(
+        &Command::RegisterCell {
+            id: "eu/c1".into(),
+            region: "eu".into(),
+            address: "http://127.0.0.1:9999".into(),
+        },
+        i + 5,
+    )
+    .unwrap();
+    assert_eq!(t.cell("eu/c1").unwrap().mark_holders, cell.mark_holders);
+}
+
+#[test]
+fn a_failover_goes_to_a_holder_of_the_marks_same_region_first() {
+    let (mut t, i) = table_with_cells();
+    // Owning nothing, a cell needs no marks: its fallback.
+    assert_eq!(t.failover_target("eu/c1").unwrap().id, "eu/c2");
+    place(&mut t, 1, "eu/c1", i);
+    assert!(t.failover_target("eu/c1").is_none(), "no holder yet");
+    let epoch = t.cell("eu/c1").unwrap().epoch;
+    t.apply(&holders("eu/c1", &["us/c1"], epoch), i + 1).unwrap();
+    assert_eq!(t.failover_target("eu/c1").unwrap().id, "us/c1");
+    t.apply(&holders("eu/c1", &["eu/c2", "us/c1"], i + 1), i + 2)
+        .unwrap();
+    assert_eq!(t.failover_target("eu/c1").unwrap().id, "eu/c2");
+    t.apply(
+        &Command::SetCellStatus {
+            id: "eu/c2".into(),
+            status: CellStatus::Down,
+        },
+        i + 3,
+    )
+    .unwrap();
+    assert_eq!(t.failover_target("eu/c1").unwrap().id, "us/c1");
+    // The failover writes the margin on the entry, nothing per
+    // conversation: the new owner adds it to the mark it holds.
+    let changes = update(
+        &mut t,
+        i + 4,
+        Key::tenant(1),
+        i,
+        Transition::Failover {
+            to: "us/c1".into(),
+            seq_floor: 0,
+            floor_margin: 100,
+        },
+    )
+    .unwrap();
+    assert_eq!(changes.len(), 1);
+    let r = t.resolve(&Key::conversation(1, 10)).unwrap();
+    assert_eq!((r.entry.cell.as_str(), r.entry.floor_margin), ("us/c1", 100));
+    assert_eq!(r.entry.failed_from.as_deref(), Some("eu/c1"));
 }

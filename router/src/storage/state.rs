@@ -184,26 +184,6 @@ fn record_key(change: &Change) -> Vec<u8> {
         Change::Cell(cell) => [b"c/".as_slice(), cell.id.as_bytes()].concat(),
         Change::Route(entry) => route_key(&entry.key),
         Change::Removed(key) => route_key(key),
-        Change::OwnerCheckpoint {
-            tenant,
-            conversation,
-            ..
-        } => [
-            b"o/".as_slice(),
-            &tenant.to_be_bytes(),
-            &conversation.to_be_bytes(),
-        ]
-        .concat(),
-        Change::Checkpoint {
-            tenant,
-            conversation,
-            ..
-        } => [
-            b"k/".as_slice(),
-            &tenant.to_be_bytes(),
-            &conversation.to_be_bytes(),
-        ]
-        .concat(),
     }
 }
 

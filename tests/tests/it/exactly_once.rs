@@ -139,21 +139,12 @@ async fn a_resend_after_a_failover_is_answered_as_the_failed_cell_answered_it() 
             "re-send of before-{i} while the failed cell is down"
         );
     }
-    // The table shows the floor the failover set for the conversation.
-    let mut api = d.cluster.api(0).await;
-    let table = api
-        .get_table(GetTableRequest::default())
-        .await
-        .unwrap()
-        .into_inner();
-    let floor = routes.read(|t| t.resolve(&Key::conversation(1, conv)).unwrap().seq_floor);
+    // The new owner puts the floor above the mark it held, and a pull
+    // shows that floor.
+    let floor = cellmesh_tests::deploy::floor_of(&routes, conv).await;
     assert!(floor >= 20);
-    let checkpoint = table
-        .checkpoints
-        .iter()
-        .find(|c| c.conversation_id == conv)
-        .expect("a checkpoint of the conversation");
-    assert_eq!(checkpoint.seq_floor, floor, "GetTable shows the real floor");
+    let page = pull_via_edge(&mut m, &alice, conv).await;
+    assert_eq!(page.seq_floor, floor, "the owner serves the floor it assigns above");
 
     // The failed cell returns and is backfilled: still one copy each, and
     // re-sends keep their first answer.
@@ -182,7 +173,7 @@ async fn a_backfill_keeps_the_answer_last_given_in_either_order() {
     // Re-send first: the new owner knows nothing of before-3 and accepts
     // it again, above the floor.
     let copy = resend(&mut m, &alice, conv, 3).await;
-    let floor = routes.read(|t| t.resolve(&Key::conversation(1, conv)).unwrap().seq_floor);
+    let floor = cellmesh_tests::deploy::floor_of(&routes, conv).await;
     assert!(
         !copy.duplicate && copy.seq > floor,
         "{copy:?} above {floor}"

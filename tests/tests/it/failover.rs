@@ -96,7 +96,6 @@ async fn fail_over_and_back(send_after: bool) {
             "no failover"
         );
     }
-    let floor = || routes.read(|t| t.resolve(&Key::conversation(1, conv)).unwrap().seq_floor);
     if send_after {
         let (after, first_ok) = loop {
             match m.send(authed(text(conv, "after"), &alice)).await {
@@ -111,7 +110,7 @@ async fn fail_over_and_back(send_after: bool) {
             "first send accepted {} ms after the cell died",
             first_ok.as_millis()
         );
-        assert_eq!(after.seq, floor() + 1);
+        assert_eq!(after.seq, floor_of(&routes, conv).await + 1);
         ops.push(SendOp {
             conversation: conv,
             sender: 10,
@@ -124,7 +123,7 @@ async fn fail_over_and_back(send_after: bool) {
             },
         });
     }
-    let floor = floor();
+    let floor = floor_of(&routes, conv).await;
     assert!(floor >= 20 + 300, "floor {floor}: checkpoint plus margin");
     let events = cp.events();
     assert!(
@@ -269,37 +268,60 @@ async fn behind_a_link(tweak: impl FnOnce(&mut cellmesh_cell::CellConfig)) -> Be
     }
 }
 
-/// A cell cut off from the route table keeps serving what it owns, but
-/// stops assigning seq at its failover base plus the margin: the floor a
-/// failover gives its successor meanwhile is above every seq it acked.
+/// A cell cut off from its standby keeps serving what it owns, but stops
+/// assigning seq at the mark the standby acknowledged plus the margin: the
+/// floor a failover gives the standby meanwhile is above every seq it acked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cell_cut_off_from_the_route_table_stops_below_the_failover_floor() {
+async fn a_cell_cut_off_from_its_standby_stops_below_the_failover_floor() {
     // Margin: burst 100 + 100/s over two 100 ms intervals = 120.
     let margin = 120;
-    let mut b = behind_a_link(|c| {
-        c.routing.checkpoint_interval_ms = 100;
-        // The checkpoint fence alone (the owner lease has its own test).
-        c.routing.owner_lease_ms = 0;
-        c.rate_limit.conversation_per_sec = 100;
-        c.rate_limit.conversation_burst = 100;
-    })
+    let cluster = cellmesh_tests::router::RouterCluster::start(1, |_| {}).await;
+    let standby = cellmesh_tests::TestCell::start_routed("eu-west/c2", cluster.endpoints()).await;
+    let link = cellmesh_chaos::proxy::FaultProxy::start(
+        "127.0.0.1:0".parse().unwrap(),
+        standby
+            .endpoint
+            .trim_start_matches("http://")
+            .parse()
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    let via = format!("http://{}", link.addr());
+    let standby_address = standby.endpoint.clone();
+    let _cell = cellmesh_tests::TestCell::start_routed_with(
+        "eu-west/c1",
+        cluster.endpoints(),
+        tempfile::tempdir().unwrap(),
+        |c| {
+            c.routing.checkpoint_interval_ms = 100;
+            // The mark fence alone (the owner lease has its own test).
+            c.routing.owner_lease_ms = 0;
+            c.rate_limit.conversation_per_sec = 100;
+            c.rate_limit.conversation_burst = 100;
+            c.routing.links.insert(standby_address.clone(), via);
+        },
+    )
     .await;
-    let _fallback =
-        cellmesh_tests::TestCell::start_routed("eu-west/c2", b.cluster.endpoints()).await;
-    let (conv, alice, routes, link, m) = (b.conv, b.alice.clone(), &b.routes, &b.link, &mut b.m);
+    let routes = cluster.client().await;
+    routes
+        .apply(cellmesh_route_client::commands::assign_tenant(
+            1,
+            "eu-west/c1",
+            0,
+        ))
+        .await
+        .unwrap();
+    let edge = start_edge(cluster.endpoints()).await;
+    let alice = token(1, 10);
+    let mut m = messaging(&edge).await;
+    let conv = create_via_edge(&mut m, &alice, vec![11]).await;
     for i in 0..30 {
         m.send(authed(text(conv, &format!("in-{i}")), &alice))
             .await
             .unwrap();
     }
-    assert!(
-        eventually(Duration::from_secs(10), || {
-            let hwm = routes.read(|t| t.checkpoints.get(&(1, conv)).copied().unwrap_or(0));
-            async move { hwm >= 30 }
-        })
-        .await,
-        "checkpointed"
-    );
+    wait_for_checkpoint(&routes, conv, 30, Duration::from_secs(10)).await;
 
     link.partition(true, true);
     let mut acked = 0;
@@ -328,26 +350,29 @@ async fn a_cell_cut_off_from_the_route_table_stops_below_the_failover_floor() {
         }
     }
     assert!(fenced, "the cut-off cell kept writing up to seq {acked}");
-    let base = routes.read(|t| t.failover_base(1, conv));
-    assert!(acked <= base + margin, "acked {acked}, base {base}");
+    let held = held_mark(&standby.endpoint, 1, conv).await;
+    assert!(acked <= held + margin, "acked {acked}, held {held}");
     assert!(acked > 30, "it kept serving while it could");
 
-    // A failover now (the control plane in the majority) puts the
-    // successor's floor above everything the cut-off cell acknowledged.
+    // A failover now puts the standby's floor above everything the
+    // cut-off cell acknowledged.
     let plan = routes
         .read(|t| cellmesh_control_plane::failover::planner::plan_failover(t, "eu-west/c1", margin))
         .unwrap();
-    cellmesh_control_plane::failover::execute(routes, &plan.commands)
+    assert_eq!(plan.fallback, "eu-west/c2");
+    cellmesh_control_plane::failover::execute(&routes, &plan.commands)
         .await
         .unwrap();
     assert!(
         eventually(Duration::from_secs(5), || {
-            let floor = routes.read(|t| {
-                t.resolve(&Key::conversation(1, conv))
-                    .filter(|r| r.entry.cell == "eu-west/c2")
-                    .map_or(0, |r| r.seq_floor)
-            });
-            async move { floor >= acked }
+            let routes = routes.clone();
+            async move {
+                let moved = routes.read(|t| {
+                    t.resolve(&Key::conversation(1, conv))
+                        .is_some_and(|r| r.entry.cell == "eu-west/c2")
+                });
+                moved && floor_of(&routes, conv).await >= acked
+            }
         })
         .await,
         "the floor is above seq {acked}"

@@ -14,7 +14,6 @@ use cellmesh_cell::config::ReplicationMode;
 use cellmesh_chaos::history::{Floor, History, Outcome};
 use cellmesh_control_plane::server::{Event, FailoverConfig};
 use cellmesh_route_client::commands::assign_tenant;
-use cellmesh_route_client::table::Key;
 use cellmesh_tests::deploy::*;
 use cellmesh_tests::router::{RouterCluster, SECRET};
 use cellmesh_tests::{CellProcess, TestCell, eventually, test_config};
@@ -180,7 +179,7 @@ async fn fail_over_under_sends(fault: Fault, mode: ReplicationMode) {
         .unwrap();
     let after_min = acked(first_after).map(|(_, seq)| seq).min().unwrap();
     assert!(after_min > before_max, "{after_min} <= {before_max}");
-    let floor = routes.read(|t| t.resolve(&Key::conversation(1, conv)).unwrap().seq_floor);
+    let floor = cellmesh_tests::deploy::floor_of(&routes, conv).await;
     if mode == ReplicationMode::Sync {
         // The promoted standby serves every acknowledged message already.
         let page = pull_via_edge(&mut m, &alice, conv).await;

@@ -35,6 +35,7 @@ async fn crash_between_apply_and_commit(kafka: Option<&Kafka>) {
         Arc::new(OwnAll),
         clock.clone(),
         Arc::new(cellmesh_cell::replication::Replicator::disabled()),
+        Default::default(),
     )
     .unwrap();
     let queue: Arc<dyn EventQueue> = match kafka {

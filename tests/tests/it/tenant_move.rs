@@ -258,13 +258,11 @@ async fn a_failed_over_cell_takes_its_tenant_back_and_is_then_drained() {
         }
         conversations.push(c);
     }
-    // The failover floors come from checkpoints: let them land.
-    let checkpointed = cellmesh_tests::eventually(Duration::from_secs(10), || {
-        let n = routes.read(|t| t.checkpoints.len());
-        async move { n >= 12 }
-    })
-    .await;
-    assert!(checkpointed);
+    // The failover floors come from the marks the target holds: let them
+    // land.
+    for &c in &conversations {
+        cellmesh_tests::deploy::wait_for_checkpoint(&routes, c, 3, Duration::from_secs(10)).await;
+    }
 
     let plan = routes
         .read(|t| plan_failover(t, SOURCE, 1000))
@@ -280,15 +278,15 @@ async fn a_failed_over_cell_takes_its_tenant_back_and_is_then_drained() {
     let failed_over = routes.read(|t| t.entry(&Key::tenant(1)).cloned().unwrap());
     assert_eq!(failed_over.cell, TARGET);
     assert_eq!(failed_over.failed_from.as_deref(), Some(SOURCE));
-    let floors: Vec<Floor> = routes.read(|t| {
-        conversations
-            .iter()
-            .map(|&c| Floor {
-                conversation: c,
-                floor: t.resolve(&Key::conversation(1, c)).unwrap().seq_floor,
+    let floors: Vec<Floor> =
+        cellmesh_chaos::floors::failover_floors(&routes, &secret, 1, &conversations)
+            .await
+            .into_iter()
+            .map(|(conversation, floor)| Floor {
+                conversation,
+                floor,
             })
-            .collect()
-    });
+            .collect();
     let loaded = conversations[0];
     let senders = Senders::start(&d.edge, loaded, &[10, 11]);
     senders.until_acked(10, Duration::from_secs(10)).await;

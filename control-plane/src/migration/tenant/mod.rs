@@ -229,6 +229,7 @@ impl Migrator {
                 target_sum: b.checksum,
             });
         }
+        self.flush_marks(to).await?;
         let switch_epoch = self.commit(&key, epoch, Transition::SwitchFloor(0)).await?;
         writes += 1;
         state.max_freeze = frozen_at.elapsed();
