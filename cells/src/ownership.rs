@@ -68,6 +68,12 @@ pub trait Ownership: Send + Sync + 'static {
         Box::pin(async { Ok(()) })
     }
 
+    /// Whether the route table gives this cell `conversation` now (a
+    /// standalone cell follows no table and holds no marks: false).
+    fn owns(&self, _tenant: u64, _conversation: u64) -> bool {
+        false
+    }
+
     /// The route-table index this cell's view has reached (a standalone
     /// cell has seen everything).
     fn route_index(&self) -> u64 {

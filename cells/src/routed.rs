@@ -130,6 +130,13 @@ impl Routed {
 }
 
 impl Ownership for Routed {
+    fn owns(&self, tenant: u64, conversation: u64) -> bool {
+        self.client.read(|t| {
+            t.resolve(&Key::conversation(tenant, conversation))
+                .is_some_and(|r| r.entry.cell == self.cell_id)
+        })
+    }
+
     fn route_index(&self) -> u64 {
         self.client.applied()
     }

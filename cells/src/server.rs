@@ -206,8 +206,7 @@ pub async fn start_placed(
     config.validate()?;
     std::fs::create_dir_all(&config.data_dir)?;
     let store = Store::open(&config.data_dir.join("db"), &config.storage)?;
-    marks.attach(store.clone());
-    let marks_store = store.clone();
+    marks.attach(&store);
     store
         .failpoints()
         .clone()
@@ -353,7 +352,7 @@ pub async fn start_placed(
                 .map_err(|e| StartError::Routing(e.to_string()))?;
             registration = Some(lease);
         }
-        let rounds = crate::hwm::round::Rounds::new(marks, routes, marks_store, &config);
+        let rounds = crate::hwm::round::Rounds::new(marks, routes, &config);
         tokio::spawn(rounds.run(
             Duration::from_millis(config.routing.checkpoint_interval_ms),
             Arc::downgrade(&service),

@@ -567,9 +567,9 @@ impl CellPeer for PeerApi {
             .iter()
             .map(|m| (m.tenant_id, m.conversation_id, m.hwm))
             .collect();
-        let held = self.service.marks().clone();
+        let service = self.service.clone();
         let stored = marks.len() as u32;
-        blocking(move || held.store_pushed(&r.source_cell, &marks)).await?;
+        blocking(move || service.store_pushed_marks(&r.source_cell, marks)).await?;
         Ok(Response::new(HighWaterMarksAck { stored }))
     }
 

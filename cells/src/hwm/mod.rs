@@ -15,7 +15,7 @@ pub mod round;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use tokio::sync::{Notify, watch};
@@ -41,7 +41,8 @@ pub struct HighWaterMarks {
     /// Rounds that ended with every standby holding every mark taken.
     rounds: watch::Sender<u64>,
     wake: Notify,
-    store: OnceLock<Arc<Store>>,
+    /// Weak: the cell's database closes when the cell stops.
+    store: OnceLock<Weak<Store>>,
 }
 
 impl Default for HighWaterMarks {
@@ -59,8 +60,15 @@ impl Default for HighWaterMarks {
 
 impl HighWaterMarks {
     /// Gives the marks the cell's store (the held marks live there).
-    pub fn attach(&self, store: Arc<Store>) {
-        let _ = self.store.set(store);
+    pub fn attach(&self, store: &Arc<Store>) {
+        let _ = self.store.set(Arc::downgrade(store));
+    }
+
+    fn store(&self) -> std::result::Result<Arc<Store>, StorageError> {
+        self.store
+            .get()
+            .and_then(Weak::upgrade)
+            .ok_or(StorageError::Closed)
     }
 
     /// Records that `conversation`'s seq reached `seq` here: a send, or
@@ -92,7 +100,7 @@ impl HighWaterMarks {
     /// The mark this cell holds for another cell's `conversation` (0: none).
     pub fn held(&self, tenant: u64, conversation: u64) -> Result<u64> {
         match self.store.get() {
-            Some(store) => store.high_water_mark(tenant, conversation),
+            Some(_) => self.store()?.high_water_mark(tenant, conversation),
             None => Ok(0),
         }
     }
@@ -117,8 +125,8 @@ impl HighWaterMarks {
         tokio::time::timeout(within, wait).await.unwrap_or(false)
     }
 
-    /// Stores the marks `source` pushed (holder side), fsynced.
-    pub fn store_pushed(&self, source: &str, marks: &[Mark]) -> std::result::Result<(), CellError> {
+    /// Refuses a push that is too large or names tenant or conversation 0.
+    pub fn validate_push(&self, source: &str, marks: &[Mark]) -> std::result::Result<(), CellError> {
         if marks.len() > MAX_PUSH {
             return Err(CellError::invalid(
                 Reason::BadHighWaterMark,
@@ -131,8 +139,12 @@ impl HighWaterMarks {
                 format!("mark {bad:?} from {source} names tenant or conversation 0"),
             ));
         }
-        let store = self.store.get().ok_or(StorageError::Closed)?;
-        store.raise_high_water_marks(marks)?;
+        Ok(())
+    }
+
+    /// Stores pushed marks (holder side), fsynced.
+    pub fn store_pushed(&self, marks: &[Mark]) -> std::result::Result<(), CellError> {
+        self.store()?.raise_high_water_marks(marks)?;
         Ok(())
     }
 

@@ -22,7 +22,7 @@ use cellmesh_route_client::table::{Key, RouteState};
 use tonic::transport::{Channel, Endpoint};
 
 use super::HighWaterMarks;
-use crate::storage::{Mark, Store};
+use crate::storage::Mark;
 
 /// Marks per call to a standby (about 30 bytes each).
 const PUSH_BATCH: usize = 10_000;
@@ -32,7 +32,6 @@ const SCAN_PAGE: usize = 10_000;
 pub struct Rounds {
     pub marks: Arc<HighWaterMarks>,
     pub routes: RouteClient,
-    pub store: Arc<Store>,
     pub cell_id: String,
     pub secret: ClusterSecret,
     pub links: std::collections::BTreeMap<String, String>,
@@ -58,13 +57,11 @@ impl Rounds {
     pub fn new(
         marks: Arc<HighWaterMarks>,
         routes: RouteClient,
-        store: Arc<Store>,
         config: &crate::config::CellConfig,
     ) -> Self {
         Self {
             marks,
             routes,
-            store,
             cell_id: config.cell_id.clone(),
             secret: ClusterSecret::new(&config.routing.cluster_secret),
             links: config.routing.links.clone(),
@@ -197,7 +194,7 @@ impl Rounds {
     /// Every conversation stored here at its latest seq, and the floor of
     /// every conversation this cell took over in a failover.
     async fn full_marks(&self, view: &View) -> Result<Vec<Mark>, String> {
-        let store = self.store.clone();
+        let store = self.marks.store().map_err(|e| e.to_string())?;
         let (mut out, held) = tokio::task::spawn_blocking(move || {
             let mut out = Vec::new();
             let mut after = 0;

@@ -187,6 +187,20 @@ impl MessageService {
         }
     }
 
+    /// Stores the high-water marks `source` pushed here. A conversation
+    /// this cell owns now keeps the mark it held when it took it over: a
+    /// late push from the cell it took it from must not move the floor it
+    /// has built on.
+    pub fn store_pushed_marks(
+        &self,
+        source: &str,
+        mut marks: Vec<crate::storage::Mark>,
+    ) -> Result<()> {
+        self.marks.validate_push(source, &marks)?;
+        marks.retain(|&(tenant, conversation, _)| !self.ownership.owns(tenant, conversation));
+        self.marks.store_pushed(&marks)
+    }
+
     /// This cell's failover high-water marks.
     pub fn marks(&self) -> &Arc<HighWaterMarks> {
         &self.marks

@@ -43,7 +43,8 @@ pub async fn execute(
 /// Fails `cell` over now (`ctl fail`): marks it Down, waits `fence` — the
 /// cells' owner lease, after which a cell cut off from the route table has
 /// stopped writing, so it and its successor never write at once — then
-/// moves everything it owns (floors: checkpoint + `margin`). `fenced` is
+/// moves everything it owns (floors: the high-water mark its successor
+/// holds + `margin`). `fenced` is
 /// told when the wait begins. The plan as applied.
 pub async fn fail_fenced(
     routes: &RouteClient,
@@ -52,16 +53,34 @@ pub async fn fail_fenced(
     fence: Duration,
     fenced: impl FnOnce(&FailoverPlan),
 ) -> Result<FailoverPlan, tonic::Status> {
-    let plan = routes
-        .read(|t| plan_failover(t, cell, margin))
-        .map_err(|e| tonic::Status::failed_precondition(e.to_string()))?;
+    let plan_now = || {
+        routes
+            .read(|t| plan_failover(t, cell, margin))
+            .map_err(|e| tonic::Status::failed_precondition(e.to_string()))
+    };
+    let plan = plan_now()?;
     // The planner's first command marks the cell Down.
-    let (down, moves) = plan.commands.split_at(1.min(plan.commands.len()));
-    execute(routes, down).await?;
+    execute(routes, &plan.commands[..1]).await?;
     if !fence.is_zero() {
         fenced(&plan);
         tokio::time::sleep(fence).await;
     }
-    execute(routes, moves).await?;
-    Ok(plan)
+    // Planned again: the successor may have changed its own holder list
+    // during the fence (a conflict on its epoch is planned once more).
+    let mut attempts = 0;
+    loop {
+        let plan = plan_now()?;
+        match execute(routes, &plan.commands[1..]).await {
+            Ok(_) => return Ok(plan),
+            Err(status)
+                if attempts < 5
+                    && cellmesh_proto::status::error_detail(&status).known_reason()
+                        == Some(cellmesh_proto::reason::Reason::StaleEpoch) =>
+            {
+                attempts += 1;
+                let _ = routes.catch_up().await;
+            }
+            Err(status) => return Err(status),
+        }
+    }
 }

@@ -505,6 +505,8 @@ async fn a_manual_failover_moves_routes_only_once_the_cut_off_cell_stopped_writi
         r
     };
     direct.send(send("before")).await.unwrap();
+    // The fallback holds the cell's marks (a failover goes only there).
+    wait_for_checkpoint(&b.routes, b.conv, 1, Duration::from_secs(10)).await;
 
     b.link.partition(true, true);
     b.link.cut();
