@@ -65,7 +65,11 @@ pub fn failover(
 
 /// Records the cells holding a complete copy of `cell_id`'s high-water
 /// marks (written by the cell itself).
-pub fn set_mark_holders(cell_id: &str, holders: Vec<String>, expect_epoch: u64) -> pb::RouteCommand {
+pub fn set_mark_holders(
+    cell_id: &str,
+    holders: Vec<String>,
+    expect_epoch: u64,
+) -> pb::RouteCommand {
     pb::RouteCommand {
         command: Some(Command::SetMarkHolders(pb::SetMarkHolders {
             cell_id: cell_id.into(),

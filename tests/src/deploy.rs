@@ -471,10 +471,8 @@ pub fn holder_addresses(routes: &RouteClient, conversation: u64) -> Vec<String> 
 /// The high-water mark the cell at `address` holds for a conversation (0
 /// when it holds none or does not answer).
 pub async fn held_mark(address: &str, tenant: u64, conversation: u64) -> u64 {
-    let Ok(mut peer) = cellmesh_proto::v1::cell_peer_client::CellPeerClient::connect(
-        address.to_string(),
-    )
-    .await
+    let Ok(mut peer) =
+        cellmesh_proto::v1::cell_peer_client::CellPeerClient::connect(address.to_string()).await
     else {
         return 0;
     };

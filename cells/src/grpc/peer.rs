@@ -579,7 +579,9 @@ impl CellPeer for PeerApi {
     ) -> Result<Response<HighWaterMarks>, Status> {
         let r = request.into_inner();
         if r.conversation_ids.len() > crate::hwm::MAX_PUSH {
-            return Err(CellError::invalid(Reason::BadHighWaterMark, "too many conversations").into());
+            return Err(
+                CellError::invalid(Reason::BadHighWaterMark, "too many conversations").into(),
+            );
         }
         let held = self.service.marks().clone();
         let marks = blocking(move || {

@@ -126,7 +126,11 @@ impl HighWaterMarks {
     }
 
     /// Refuses a push that is too large or names tenant or conversation 0.
-    pub fn validate_push(&self, source: &str, marks: &[Mark]) -> std::result::Result<(), CellError> {
+    pub fn validate_push(
+        &self,
+        source: &str,
+        marks: &[Mark],
+    ) -> std::result::Result<(), CellError> {
         if marks.len() > MAX_PUSH {
             return Err(CellError::invalid(
                 Reason::BadHighWaterMark,

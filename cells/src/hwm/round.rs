@@ -125,7 +125,12 @@ impl Rounds {
         self.taken_over = view.taken_over.clone();
         let is_standby = |id: &String| view.standbys.iter().any(|(s, _)| s == id);
         self.confirmed.retain(is_standby);
-        let kept: Vec<String> = view.holders.iter().filter(|h| is_standby(h)).cloned().collect();
+        let kept: Vec<String> = view
+            .holders
+            .iter()
+            .filter(|h| is_standby(h))
+            .cloned()
+            .collect();
         let mut epoch = view.epoch;
         if kept.len() != view.holders.len() {
             match self.set_holders(kept.clone(), epoch).await {
@@ -263,8 +268,11 @@ impl Rounds {
     /// Writes this cell's holder list; the cell's new epoch, or `None` when
     /// the write failed (tried again next round).
     async fn set_holders(&self, holders: Vec<String>, epoch: u64) -> Option<u64> {
-        let command =
-            cellmesh_route_client::commands::set_mark_holders(&self.cell_id, holders.clone(), epoch);
+        let command = cellmesh_route_client::commands::set_mark_holders(
+            &self.cell_id,
+            holders.clone(),
+            epoch,
+        );
         match self.routes.apply(command).await {
             Ok(answer) => {
                 tracing::info!(?holders, "high-water mark holders recorded");

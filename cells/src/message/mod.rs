@@ -29,8 +29,8 @@ pub use update::{DeleteForMeCommand, EditCommand, MarkReadCommand, RecallCommand
 use crate::clock::Clock;
 use crate::config::CellConfig;
 use crate::error::{CellError, Result};
-use crate::ids::{IdGenerator, Next};
 use crate::hwm::HighWaterMarks;
+use crate::ids::{IdGenerator, Next};
 use crate::ownership::Ownership;
 use crate::ratelimit::SendLimits;
 use crate::replication::Replicator;

@@ -51,10 +51,9 @@ impl Store {
             .iterator_cf(self.cf(cf::HIGH_WATER_MARKS), IteratorMode::Start)
         {
             let (k, v) = item?;
-            let (Some(tenant), Some(mark)) = (
-                k.get(..8).and_then(keys::decode_u64),
-                keys::decode_u64(&v),
-            ) else {
+            let (Some(tenant), Some(mark)) =
+                (k.get(..8).and_then(keys::decode_u64), keys::decode_u64(&v))
+            else {
                 return Err(corrupt(cf::HIGH_WATER_MARKS, "bad record"));
             };
             out.push((tenant, keys::last_u64(&k).unwrap_or(0), mark));

@@ -5,8 +5,8 @@
 
 mod commit;
 mod format;
-mod marks;
 pub mod keys;
+mod marks;
 pub mod moved;
 mod options;
 mod queue;

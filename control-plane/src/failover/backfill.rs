@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use cellmesh_proto::secret::ClusterSecret;
-use cellmesh_proto::v1::{CopyRequest, TenantConversationsRequest};
 use cellmesh_proto::v1::cell_peer_client::CellPeerClient;
+use cellmesh_proto::v1::{CopyRequest, TenantConversationsRequest};
 use cellmesh_route_client::client::RouteClient;
 use cellmesh_route_client::table::Key;
 use tonic::transport::Channel;

@@ -165,7 +165,10 @@ impl Command {
                 for holder in &holders {
                     known_cell(table, holder)?;
                     if holder == cell {
-                        return Err(RouteError::invalid("holders", "a cell cannot hold its own marks"));
+                        return Err(RouteError::invalid(
+                            "holders",
+                            "a cell cannot hold its own marks",
+                        ));
                     }
                 }
                 info.mark_holders = holders;

@@ -281,7 +281,8 @@ fn a_table_rebuilds_from_its_changes() {
     let (mut t, i) = table_with_cells();
     place(&mut t, 1, "eu/c1", i);
     let epoch = t.cell("eu/c1").unwrap().epoch;
-    t.apply(&holders("eu/c1", &["eu/c2"], epoch), i + 1).unwrap();
+    t.apply(&holders("eu/c1", &["eu/c2"], epoch), i + 1)
+        .unwrap();
     let mut copy = RouteTable::default();
     for c in t.as_changes() {
         copy.apply_change(&c);
@@ -335,7 +336,11 @@ fn mark_holders_are_compare_and_set_on_the_cell_and_survive_re_registration() {
     t.apply(&holders("eu/c1", &["us/c1", "eu/c2", "eu/c2"], epoch), i)
         .unwrap();
     let cell = t.cell("eu/c1").unwrap().clone();
-    assert_eq!(cell.mark_holders, vec!["eu/c2", "us/c1"], "sorted, once each");
+    assert_eq!(
+        cell.mark_holders,
+        vec!["eu/c2", "us/c1"],
+        "sorted, once each"
+    );
     assert_eq!(cell.epoch, i);
     // A writer that read the cell before that write conflicts.
     assert!(matches!(
@@ -367,7 +372,8 @@ fn a_failover_goes_to_a_holder_of_the_marks_same_region_first() {
     place(&mut t, 1, "eu/c1", i);
     assert!(t.failover_target("eu/c1").is_none(), "no holder yet");
     let epoch = t.cell("eu/c1").unwrap().epoch;
-    t.apply(&holders("eu/c1", &["us/c1"], epoch), i + 1).unwrap();
+    t.apply(&holders("eu/c1", &["us/c1"], epoch), i + 1)
+        .unwrap();
     assert_eq!(t.failover_target("eu/c1").unwrap().id, "us/c1");
     t.apply(&holders("eu/c1", &["eu/c2", "us/c1"], i + 1), i + 2)
         .unwrap();
@@ -397,6 +403,9 @@ fn a_failover_goes_to_a_holder_of_the_marks_same_region_first() {
     .unwrap();
     assert_eq!(changes.len(), 1);
     let r = t.resolve(&Key::conversation(1, 10)).unwrap();
-    assert_eq!((r.entry.cell.as_str(), r.entry.floor_margin), ("us/c1", 100));
+    assert_eq!(
+        (r.entry.cell.as_str(), r.entry.floor_margin),
+        ("us/c1", 100)
+    );
     assert_eq!(r.entry.failed_from.as_deref(), Some("eu/c1"));
 }

@@ -144,7 +144,10 @@ async fn a_resend_after_a_failover_is_answered_as_the_failed_cell_answered_it() 
     let floor = cellmesh_tests::deploy::floor_of(&routes, conv).await;
     assert!(floor >= 20);
     let page = pull_via_edge(&mut m, &alice, conv).await;
-    assert_eq!(page.seq_floor, floor, "the owner serves the floor it assigns above");
+    assert_eq!(
+        page.seq_floor, floor,
+        "the owner serves the floor it assigns above"
+    );
 
     // The failed cell returns and is backfilled: still one copy each, and
     // re-sends keep their first answer.

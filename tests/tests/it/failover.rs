@@ -536,3 +536,82 @@ async fn a_manual_failover_moves_routes_only_once_the_cut_off_cell_stopped_writi
         "{refused:?}"
     );
 }
+
+/// Two failovers in a row: the second goes to a cell that holds the first
+/// successor's marks, including the floors it took over and never wrote
+/// above, so every floor lands above everything either owner could have
+/// assigned — with nothing per conversation in the route table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_failover_lands_above_the_floors_the_first_successor_took_over() {
+    let margin = 100;
+    let mut d = deploy(None).await;
+    let routes = d.cluster.client().await;
+    let second = cellmesh_tests::TestCell::start_routed("eu-west/c2", d.cluster.endpoints()).await;
+    let alice = token(1, 10);
+    let mut m = messaging(&d.edge).await;
+    let (a, b) = (
+        create_via_edge(&mut m, &alice, vec![11]).await,
+        create_via_edge(&mut m, &alice, vec![11]).await,
+    );
+    for i in 0..20 {
+        m.send(authed(text(a, &format!("a-{i}")), &alice))
+            .await
+            .unwrap();
+    }
+    for i in 0..5 {
+        m.send(authed(text(b, &format!("b-{i}")), &alice))
+            .await
+            .unwrap();
+    }
+    wait_for_checkpoint(&routes, a, 20, Duration::from_secs(10)).await;
+    wait_for_checkpoint(&routes, b, 5, Duration::from_secs(10)).await;
+    assert_eq!(
+        routes.read(|t| t.cell("eu-west/c1").unwrap().mark_holders.clone()),
+        vec!["eu-west/c2".to_string(), "us-east/c1".to_string()]
+    );
+
+    let fail = |cell: &'static str| {
+        let routes = routes.clone();
+        async move {
+            let plan = routes
+                .read(|t| cellmesh_control_plane::failover::planner::plan_failover(t, cell, margin))
+                .unwrap();
+            cellmesh_control_plane::failover::execute(&routes, &plan.commands)
+                .await
+                .unwrap();
+            plan.fallback
+        }
+    };
+    let first = d.cells.remove(0);
+    let _first_dir = first.stop().await;
+    assert_eq!(fail("eu-west/c1").await, "eu-west/c2");
+    let sent = loop {
+        match m.send(authed(text(a, "after-first"), &alice)).await {
+            Ok(r) => break r.into_inner().seq,
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    };
+    assert_eq!(sent, floor_of(&routes, a).await + 1);
+    assert!(sent > 20 + margin, "seq {sent}");
+    // The successor pushes what it wrote and the floor of what it only
+    // took over (b) to its own standbys, then lists them as holders.
+    wait_for_checkpoint(&routes, a, sent, Duration::from_secs(10)).await;
+    wait_for_checkpoint(&routes, b, 5 + margin, Duration::from_secs(10)).await;
+
+    let _second_dir = second.stop().await;
+    assert_eq!(fail("eu-west/c2").await, "us-east/c1");
+    let floor_a = floor_of(&routes, a).await;
+    let floor_b = floor_of(&routes, b).await;
+    assert!(floor_a >= sent + margin, "a: floor {floor_a}, sent {sent}");
+    // eu-west/c2 could have written b up to its floor plus the margin.
+    assert!(floor_b >= 5 + 2 * margin, "b: floor {floor_b}");
+    let again = loop {
+        match m.send(authed(text(b, "after-second"), &alice)).await {
+            Ok(r) => break r.into_inner().seq,
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    };
+    assert_eq!(again, floor_b + 1);
+    // Nothing per conversation in the table: cells and the tenant only.
+    assert_eq!(routes.read(|t| t.routes.len()), 1);
+}
