@@ -218,7 +218,16 @@ async fn an_owner_the_edge_cannot_reach_is_answered_with_a_stable_code() {
     let conv = create_via_edge(&mut m, &alice, vec![11]).await;
     // No control plane: the route keeps naming the stopped cell.
     let dead = d.cells.remove(0);
+    let address = dead.endpoint.trim_start_matches("http://").to_string();
     let _dir = dead.stop().await;
+    // Its port stays taken (no other test's server may take it over) and
+    // every connection to it is dropped at once, as a dead host's would be.
+    let closed = tokio::net::TcpListener::bind(&address).await.unwrap();
+    let _refuser = tokio::spawn(async move {
+        while let Ok((socket, _)) = closed.accept().await {
+            drop(socket);
+        }
+    });
     let e = m
         .send(authed(text(conv, "to-nobody"), &alice))
         .await

@@ -215,6 +215,33 @@ async fn a_routed_cell_restarts_on_its_own_data() {
     );
 }
 
+/// Tenant 1 placed on eu-west/c1, an edge in front, and a conversation of
+/// users 10 and 11 created through it by user 10 (whose token is given).
+async fn tenant_on_c1(
+    cluster: &cellmesh_tests::router::RouterCluster,
+) -> (
+    cellmesh_route_client::client::RouteClient,
+    cellmesh_edge::RunningEdge,
+    cellmesh_proto::v1::messaging_client::MessagingClient<tonic::transport::Channel>,
+    String,
+    u64,
+) {
+    let routes = cluster.client().await;
+    routes
+        .apply(cellmesh_route_client::commands::assign_tenant(
+            1,
+            "eu-west/c1",
+            0,
+        ))
+        .await
+        .unwrap();
+    let edge = start_edge(cluster.endpoints()).await;
+    let alice = token(1, 10);
+    let mut m = messaging(&edge).await;
+    let conv = create_via_edge(&mut m, &alice, vec![11]).await;
+    (routes, edge, m, alice, conv)
+}
+
 /// eu-west/c1 owning tenant 1 and reaching the route table only through
 /// `link`, an edge in front, and a conversation of users 10 and 11.
 struct BehindALink {
@@ -243,19 +270,7 @@ async fn behind_a_link(tweak: impl FnOnce(&mut cellmesh_cell::CellConfig)) -> Be
         tweak,
     )
     .await;
-    let routes = cluster.client().await;
-    routes
-        .apply(cellmesh_route_client::commands::assign_tenant(
-            1,
-            "eu-west/c1",
-            0,
-        ))
-        .await
-        .unwrap();
-    let edge = start_edge(cluster.endpoints()).await;
-    let alice = token(1, 10);
-    let mut m = messaging(&edge).await;
-    let conv = create_via_edge(&mut m, &alice, vec![11]).await;
+    let (routes, edge, mut m, alice, conv) = tenant_on_c1(&cluster).await;
     BehindALink {
         cluster,
         link,
@@ -303,19 +318,7 @@ async fn a_cell_cut_off_from_its_standby_stops_below_the_failover_floor() {
         },
     )
     .await;
-    let routes = cluster.client().await;
-    routes
-        .apply(cellmesh_route_client::commands::assign_tenant(
-            1,
-            "eu-west/c1",
-            0,
-        ))
-        .await
-        .unwrap();
-    let edge = start_edge(cluster.endpoints()).await;
-    let alice = token(1, 10);
-    let mut m = messaging(&edge).await;
-    let conv = create_via_edge(&mut m, &alice, vec![11]).await;
+    let (routes, edge, mut m, alice, conv) = tenant_on_c1(&cluster).await;
     for i in 0..30 {
         m.send(authed(text(conv, &format!("in-{i}")), &alice))
             .await
