@@ -270,7 +270,7 @@ async fn behind_a_link(tweak: impl FnOnce(&mut cellmesh_cell::CellConfig)) -> Be
         tweak,
     )
     .await;
-    let (routes, edge, mut m, alice, conv) = tenant_on_c1(&cluster).await;
+    let (routes, edge, m, alice, conv) = tenant_on_c1(&cluster).await;
     BehindALink {
         cluster,
         link,
@@ -318,7 +318,7 @@ async fn a_cell_cut_off_from_its_standby_stops_below_the_failover_floor() {
         },
     )
     .await;
-    let (routes, edge, mut m, alice, conv) = tenant_on_c1(&cluster).await;
+    let (routes, _edge, mut m, alice, conv) = tenant_on_c1(&cluster).await;
     for i in 0..30 {
         m.send(authed(text(conv, &format!("in-{i}")), &alice))
             .await
