@@ -605,9 +605,8 @@ impl CellPeer for PeerApi {
 
     async fn flush_high_water_marks(
         &self,
-        request: Request<FlushHighWaterMarksRequest>,
+        _request: Request<FlushHighWaterMarksRequest>,
     ) -> Result<Response<HighWaterMarksAck>, Status> {
-        let _ = request;
         if self.service.marks().flush(Duration::from_secs(10)).await {
             Ok(Response::new(HighWaterMarksAck { stored: 0 }))
         } else {

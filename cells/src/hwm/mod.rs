@@ -99,10 +99,7 @@ impl HighWaterMarks {
 
     /// The mark this cell holds for another cell's `conversation` (0: none).
     pub fn held(&self, tenant: u64, conversation: u64) -> Result<u64> {
-        match self.store.get() {
-            Some(_) => self.store()?.high_water_mark(tenant, conversation),
-            None => Ok(0),
-        }
+        self.store()?.high_water_mark(tenant, conversation)
     }
 
     /// Returns once a round that started after this call has ended with
