@@ -249,3 +249,58 @@ pub fn command_from_pb(c: pb::RouteCommand) -> Result<Command, Status> {
         },
     })
 }
+
+pub fn command_to_pb(c: &Command) -> pb::RouteCommand {
+    match c {
+        Command::RegisterCell {
+            id,
+            region,
+            address,
+        } => crate::commands::register_cell(id, region, address),
+        Command::SetCellStatus { id, status } => {
+            crate::commands::set_cell_status(id, cell_status_to_pb(*status))
+        }
+        Command::AssignTenant {
+            tenant,
+            cell,
+            expect_epoch,
+        } => crate::commands::assign_tenant(*tenant, cell, *expect_epoch),
+        Command::UpdateRoute {
+            key,
+            expect_epoch,
+            transition,
+        } => crate::commands::update_route(
+            key,
+            *expect_epoch,
+            match transition {
+                Transition::BeginMigration { to } => {
+                    update_route::Transition::BeginMigration(to.clone())
+                }
+                Transition::SetPhase(p) => {
+                    update_route::Transition::SetPhase(phase_to_pb(*p) as i32)
+                }
+                Transition::Freeze => update_route::Transition::Freeze(true),
+                Transition::Switch { seq_floor } => {
+                    update_route::Transition::SwitchFloor(*seq_floor)
+                }
+                Transition::Cancel => update_route::Transition::Cancel(true),
+                Transition::Failover {
+                    to,
+                    seq_floor,
+                    floor_margin,
+                } => update_route::Transition::Failover(pb::Failover {
+                    to: to.clone(),
+                    seq_floor: *seq_floor,
+                    floor_margin: *floor_margin,
+                }),
+                Transition::Remove => update_route::Transition::Remove(true),
+                Transition::Place { cell } => update_route::Transition::Place(cell.clone()),
+            },
+        ),
+        Command::SetMarkHolders {
+            cell,
+            holders,
+            expect_epoch,
+        } => crate::commands::set_mark_holders(cell, holders.clone(), *expect_epoch),
+    }
+}

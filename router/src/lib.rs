@@ -10,5 +10,6 @@ pub mod network;
 pub mod node;
 pub mod storage;
 pub mod types;
+pub mod wire;
 
 pub(crate) use cellmesh_route_client::table;

@@ -1,11 +1,10 @@
 //! Raft replication to peers: one lazily connected tonic client of the
-//! RaftPeer service per target, openraft's messages JSON-encoded. Transport
+//! RaftPeer service per target, openraft's messages in their protobuf form (`wire`). Transport
 //! failures are `Unreachable` (openraft backs off), answers the peer refused
 //! are `RemoteError`s.
 
 use std::time::Duration;
 
-use cellmesh_proto::raft::v1::RaftPayload;
 use cellmesh_proto::raft::v1::raft_peer_client::RaftPeerClient;
 use openraft::error::{
     InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
@@ -15,11 +14,10 @@ use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::types::{NodeId, RouterNode, TypeConfig};
+use crate::wire;
 use cellmesh_proto::secret::ClusterSecret;
 
 /// Largest Raft message a replica sends or accepts (snapshots included).
@@ -61,48 +59,34 @@ pub struct PeerClient {
     secret: ClusterSecret,
 }
 
-#[derive(Clone, Copy)]
-enum Method {
-    Append,
-    Vote,
-    Snapshot,
-}
-
 impl PeerClient {
-    async fn call<Req, Resp, E>(
-        &mut self,
-        method: Method,
-        rpc: &Req,
-        option: &RPCOption,
-    ) -> Result<Resp, RPCError<NodeId, RouterNode, RaftError<NodeId, E>>>
-    where
-        Req: Serialize,
-        Resp: DeserializeOwned,
-        E: std::error::Error + DeserializeOwned,
-    {
-        let client = match &mut self.client {
-            Ok(c) => c,
-            Err(e) => {
-                return Err(RPCError::Unreachable(Unreachable::new(
-                    &std::io::Error::other(e.clone()),
-                )));
-            }
-        };
-        let json = serde_json::to_vec(rpc).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        let mut request = tonic::Request::new(RaftPayload { json });
+    /// The client, or why its address never parsed.
+    fn client(&mut self) -> Result<&mut RaftPeerClient<Channel>, std::io::Error> {
+        self.client
+            .as_mut()
+            .map_err(|e| std::io::Error::other(e.clone()))
+    }
+
+    fn request<T>(&self, message: T, option: &RPCOption) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
         request.set_timeout(option.hard_ttl());
         self.secret.attach(&mut request);
-        let reply = match method {
-            Method::Append => client.append_entries(request).await,
-            Method::Vote => client.vote(request).await,
-            Method::Snapshot => client.install_snapshot(request).await,
-        }
-        .map_err(|status| RPCError::Unreachable(Unreachable::new(&status)))?;
-        let result: Result<Resp, RaftError<NodeId, E>> =
-            serde_json::from_slice(&reply.into_inner().json)
-                .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        result.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+        request
     }
+}
+
+/// A transport failure or a peer that refused (stopped, shutting down):
+/// openraft backs off and retries.
+fn unreachable<E: std::error::Error>(
+    cause: impl std::error::Error + 'static,
+) -> RPCError<NodeId, RouterNode, RaftError<NodeId, E>> {
+    RPCError::Unreachable(Unreachable::new(&cause))
+}
+
+fn garbled<E: std::error::Error>(
+    e: wire::Malformed,
+) -> RPCError<NodeId, RouterNode, RaftError<NodeId, E>> {
+    RPCError::Network(NetworkError::new(&e))
 }
 
 impl RaftNetwork<TypeConfig> for PeerClient {
@@ -112,7 +96,13 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, RouterNode, RaftError<NodeId>>>
     {
-        self.call(Method::Append, &rpc, &option).await
+        let request = self.request(wire::append_request_to_pb(&rpc), &option);
+        let reply = self
+            .client()
+            .map_err(unreachable)?
+            .append_entries(request)
+            .await;
+        wire::append_response_from_pb(reply.map_err(unreachable)?.into_inner()).map_err(garbled)
     }
 
     async fn install_snapshot(
@@ -123,7 +113,17 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         InstallSnapshotResponse<NodeId>,
         RPCError<NodeId, RouterNode, RaftError<NodeId, InstallSnapshotError>>,
     > {
-        self.call(Method::Snapshot, &rpc, &option).await
+        let request = self.request(wire::snapshot_request_to_pb(&rpc), &option);
+        let reply = self
+            .client()
+            .map_err(unreachable)?
+            .install_snapshot(request)
+            .await;
+        let answer = wire::snapshot_response_from_pb(reply.map_err(unreachable)?.into_inner())
+            .map_err(garbled)?;
+        answer.map_err(|e| {
+            RPCError::RemoteError(RemoteError::new(self.target, RaftError::APIError(e)))
+        })
     }
 
     async fn vote(
@@ -131,6 +131,8 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, RouterNode, RaftError<NodeId>>> {
-        self.call(Method::Vote, &rpc, &option).await
+        let request = self.request(wire::vote_request_to_pb(&rpc), &option);
+        let reply = self.client().map_err(unreachable)?.vote(request).await;
+        wire::vote_response_from_pb(reply.map_err(unreachable)?.into_inner()).map_err(garbled)
     }
 }

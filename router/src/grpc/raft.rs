@@ -1,46 +1,58 @@
-//! The RaftPeer service: replication RPCs from other replicas, decoded and
-//! handed to the local Raft; openraft's answer travels back JSON-encoded.
+//! The RaftPeer service: replication RPCs from other replicas, decoded from
+//! protobuf and handed to the local Raft. A replica that stopped answers
+//! UNAVAILABLE (the sender backs off); a snapshot segment that does not
+//! continue the one being received answers the mismatch.
 
-use cellmesh_proto::raft::v1::RaftPayload;
+use cellmesh_proto::raft::v1 as pb;
 use cellmesh_proto::raft::v1::raft_peer_server::RaftPeer;
-use serde::Serialize;
-use serde::de::DeserializeOwned;
+use openraft::error::{InstallSnapshotError, RaftError};
 use tonic::{Request, Response, Status};
 
-use crate::types::Raft;
+use crate::types::{NodeId, Raft};
+use crate::wire;
 
 pub struct RaftPeerService {
     pub raft: Raft,
 }
 
-fn decode<T: DeserializeOwned>(request: Request<RaftPayload>) -> Result<T, Status> {
-    serde_json::from_slice(&request.into_inner().json)
-        .map_err(|e| Status::invalid_argument(format!("malformed raft message: {e}")))
+fn malformed(e: wire::Malformed) -> Status {
+    Status::invalid_argument(e.to_string())
 }
 
-fn encode<T: Serialize>(value: &T) -> Result<Response<RaftPayload>, Status> {
-    serde_json::to_vec(value)
-        .map(|json| Response::new(RaftPayload { json }))
-        .map_err(|e| Status::internal(e.to_string()))
+fn refused<E: std::error::Error>(e: RaftError<NodeId, E>) -> Status {
+    Status::unavailable(format!("raft: {e}"))
 }
 
 #[tonic::async_trait]
 impl RaftPeer for RaftPeerService {
     async fn append_entries(
         &self,
-        request: Request<RaftPayload>,
-    ) -> Result<Response<RaftPayload>, Status> {
-        encode(&self.raft.append_entries(decode(request)?).await)
+        request: Request<pb::AppendEntriesRequest>,
+    ) -> Result<Response<pb::AppendEntriesResponse>, Status> {
+        let rpc = wire::append_request_from_pb(request.into_inner()).map_err(malformed)?;
+        let resp = self.raft.append_entries(rpc).await.map_err(refused)?;
+        Ok(Response::new(wire::append_response_to_pb(&resp)))
     }
 
-    async fn vote(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
-        encode(&self.raft.vote(decode(request)?).await)
+    async fn vote(
+        &self,
+        request: Request<pb::VoteRequest>,
+    ) -> Result<Response<pb::VoteResponse>, Status> {
+        let rpc = wire::vote_request_from_pb(request.into_inner()).map_err(malformed)?;
+        let resp = self.raft.vote(rpc).await.map_err(refused)?;
+        Ok(Response::new(wire::vote_response_to_pb(&resp)))
     }
 
     async fn install_snapshot(
         &self,
-        request: Request<RaftPayload>,
-    ) -> Result<Response<RaftPayload>, Status> {
-        encode(&self.raft.install_snapshot(decode(request)?).await)
+        request: Request<pb::InstallSnapshotRequest>,
+    ) -> Result<Response<pb::InstallSnapshotResponse>, Status> {
+        let rpc = wire::snapshot_request_from_pb(request.into_inner()).map_err(malformed)?;
+        let answer = match self.raft.install_snapshot(rpc).await {
+            Ok(resp) => Ok(resp),
+            Err(RaftError::APIError(InstallSnapshotError::SnapshotMismatch(m))) => Err(m),
+            Err(e) => return Err(refused(e)),
+        };
+        Ok(Response::new(wire::snapshot_response_to_pb(&answer)))
     }
 }

@@ -352,16 +352,10 @@ impl Routing for RoutingService {
     ) -> Result<Response<pb::RouterStatus>, Status> {
         let m = self.raft.metrics().borrow().clone();
         let membership = m.membership_config.membership();
-        let node_pb = |id: &NodeId, n: &RouterNode| pb::RouterNode {
-            node_id: *id,
-            region: n.region.clone(),
-            raft_address: n.raft_addr.clone(),
-            api_address: n.api_addr.clone(),
-        };
         let voter_ids: BTreeSet<NodeId> = membership.voter_ids().collect();
         let (voters, learners): (Vec<_>, Vec<_>) = membership
             .nodes()
-            .map(|(id, n)| (voter_ids.contains(id), node_pb(id, n)))
+            .map(|(id, n)| (voter_ids.contains(id), crate::wire::node_to_pb(*id, n)))
             .partition(|(is_voter, _)| *is_voter);
         let leader_api = m
             .current_leader

@@ -174,7 +174,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             batch.put_cf(
                 cf(&self.db, CF_LOG),
                 index_key(entry.log_id.index),
-                encode(&entry)?,
+                encode(&entry),
             );
         }
         // Written now (readable when this returns), durable when the

@@ -7,15 +7,15 @@
 #![allow(clippy::result_large_err)]
 
 mod log;
+mod record;
 mod state;
 
 use std::path::Path;
 use std::sync::Arc;
 
 use openraft::{AnyError, StorageIOError};
-use rocksdb::{ColumnFamilyDescriptor, DB, DBCompressionType, Options, WriteOptions};
-use serde::Serialize;
-use serde::de::DeserializeOwned;
+use record::Record;
+use rocksdb::{ColumnFamilyDescriptor, DB, DBCompressionType, IteratorMode, Options, WriteOptions};
 
 pub use log::LogStore;
 pub use state::{RouteStore, StateMachine, WatchBatch};
@@ -26,7 +26,7 @@ use crate::types::StorageError;
 const CF_LOG: &str = "raft_log";
 /// Vote, committed and purged log ids.
 const CF_RAFT_META: &str = "raft_meta";
-/// The route table: cells, route entries, checkpoints.
+/// The route table: cells and route entries.
 const CF_ROUTES: &str = "routes";
 /// Changes by big-endian log index, for the watch stream.
 const CF_CHANGES: &str = "changes";
@@ -34,6 +34,12 @@ const CF_CHANGES: &str = "changes";
 const CF_SM_META: &str = "sm_meta";
 
 const ALL_CFS: [&str; 5] = [CF_LOG, CF_RAFT_META, CF_ROUTES, CF_CHANGES, CF_SM_META];
+
+/// The record format this build writes (see [`record`]), kept beside the
+/// vote so a database written in another format is refused at open, not
+/// misread.
+const FORMAT_KEY: &[u8] = b"format";
+const FORMAT: &[u8] = b"cellmesh.raft.v1/protobuf";
 
 /// Opens (creating if needed) a replica's database and returns its two halves.
 pub fn open(dir: &Path, watch_history: u64) -> Result<(LogStore, StateMachine), StorageError> {
@@ -47,11 +53,41 @@ pub fn open(dir: &Path, watch_history: u64) -> Result<(LogStore, StateMachine), 
         ColumnFamilyDescriptor::new(*name, cf)
     });
     let db = DB::open_cf_descriptors(&options, dir, cfs).map_err(read_err)?;
+    check_format(&db, dir)?;
     let db = Arc::new(db);
     Ok((
         LogStore::new(db.clone()),
         StateMachine::open(db, watch_history)?,
     ))
+}
+
+/// Stamps a new database with [`FORMAT`]; refuses one holding data in
+/// another format.
+fn check_format(db: &DB, dir: &Path) -> Result<(), StorageError> {
+    let meta = cf(db, CF_RAFT_META);
+    match db.get_cf(meta, FORMAT_KEY).map_err(read_err)? {
+        Some(f) if f == FORMAT => Ok(()),
+        found => {
+            let empty = ALL_CFS.iter().all(|name| {
+                db.iterator_cf(cf(db, name), IteratorMode::Start)
+                    .next()
+                    .is_none()
+            });
+            if !empty {
+                let found = found.map_or("an unversioned (JSON) format".to_string(), |f| {
+                    String::from_utf8_lossy(&f).into_owned()
+                });
+                return Err(read_err(std::io::Error::other(format!(
+                    "router data dir {} holds records in {found}, this build reads {}: \
+                     move it aside and add the replica again (it catches up from a snapshot)",
+                    dir.display(),
+                    String::from_utf8_lossy(FORMAT)
+                ))));
+            }
+            db.put_cf_opt(meta, FORMAT_KEY, FORMAT, &synced())
+                .map_err(write_err)
+        }
+    }
 }
 
 fn cf<'a>(db: &'a DB, name: &str) -> &'a rocksdb::ColumnFamily {
@@ -72,23 +108,23 @@ fn index_of(key: &[u8]) -> u64 {
     u64::from_be_bytes(key[..8].try_into().expect("8-byte index key"))
 }
 
-fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, StorageError> {
-    serde_json::to_vec(value).map_err(write_err)
+fn encode<T: Record>(value: &T) -> Vec<u8> {
+    value.to_bytes()
 }
 
-fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, StorageError> {
-    serde_json::from_slice(bytes).map_err(read_err)
+fn decode<T: Record>(bytes: &[u8]) -> Result<T, StorageError> {
+    T::from_bytes(bytes).map_err(read_err)
 }
 
-fn get<T: DeserializeOwned>(db: &DB, cf_name: &str, key: &[u8]) -> Result<Option<T>, StorageError> {
+fn get<T: Record>(db: &DB, cf_name: &str, key: &[u8]) -> Result<Option<T>, StorageError> {
     match db.get_cf(cf(db, cf_name), key).map_err(read_err)? {
         Some(bytes) => Ok(Some(decode(&bytes)?)),
         None => Ok(None),
     }
 }
 
-fn put<T: Serialize>(db: &DB, cf_name: &str, key: &[u8], value: &T) -> Result<(), StorageError> {
-    db.put_cf_opt(cf(db, cf_name), key, encode(value)?, &synced())
+fn put<T: Record>(db: &DB, cf_name: &str, key: &[u8], value: &T) -> Result<(), StorageError> {
+    db.put_cf_opt(cf(db, cf_name), key, encode(value), &synced())
         .map_err(write_err)
 }
 

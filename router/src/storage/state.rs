@@ -11,9 +11,9 @@ use std::sync::{Arc, RwLock};
 use openraft::storage::RaftStateMachine;
 use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder};
 use rocksdb::{DB, Direction, IteratorMode, WriteBatch};
-use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
+use super::record::{SnapshotData, StoredSnapshot};
 use super::{
     CF_CHANGES, CF_ROUTES, CF_SM_META, cf, decode, encode, get, index_key, index_of, read_err,
     synced, write_err,
@@ -43,20 +43,6 @@ struct Meta {
     last_applied: Option<LogId>,
     membership: StoredMembership,
     compacted_through: u64,
-}
-
-#[derive(Serialize, Deserialize)]
-struct SnapshotData {
-    applied: u64,
-    table: Vec<Change>,
-    history: Vec<WatchBatch>,
-    compacted_through: u64,
-}
-
-#[derive(Serialize, Deserialize)]
-struct StoredSnapshot {
-    meta: SnapshotMeta,
-    data: Vec<u8>,
 }
 
 impl RouteStore {
@@ -120,7 +106,7 @@ impl RouteStore {
                 index_key(0),
                 index_key(keep_from + 1),
             );
-            batch.put_cf(cf(&self.db, CF_SM_META), COMPACTED, encode(&keep_from)?);
+            batch.put_cf(cf(&self.db, CF_SM_META), COMPACTED, encode(&keep_from));
             self.db.write_opt(batch, &synced()).map_err(write_err)?;
             meta.compacted_through = keep_from;
         }
@@ -208,7 +194,7 @@ fn put_change(db: &DB, batch: &mut WriteBatch, change: &Change) -> Result<(), St
     let key = record_key(change);
     match change {
         Change::Removed(_) => batch.delete_cf(cf(db, CF_ROUTES), key),
-        _ => batch.put_cf(cf(db, CF_ROUTES), key, encode(change)?),
+        _ => batch.put_cf(cf(db, CF_ROUTES), key, encode(change)),
     }
     Ok(())
 }
@@ -216,7 +202,7 @@ fn put_change(db: &DB, batch: &mut WriteBatch, change: &Change) -> Result<(), St
 impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
     async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
         let (data, last_applied, membership) = self.store.snapshot_data()?;
-        let bytes = encode(&data)?;
+        let bytes = encode(&data);
         let meta = SnapshotMeta {
             last_log_id: last_applied,
             last_membership: membership,
@@ -275,17 +261,13 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 for change in changes {
                     put_change(db, &mut batch, change)?;
                 }
-                batch.put_cf(cf(db, CF_CHANGES), index_key(index), encode(changes)?);
+                batch.put_cf(cf(db, CF_CHANGES), index_key(index), encode(changes));
             }
             meta.last_applied = Some(entry.log_id);
             responses.push(Applied { index, result });
         }
-        batch.put_cf(
-            cf(db, CF_SM_META),
-            LAST_APPLIED,
-            encode(&meta.last_applied)?,
-        );
-        batch.put_cf(cf(db, CF_SM_META), MEMBERSHIP, encode(&meta.membership)?);
+        batch.put_cf(cf(db, CF_SM_META), LAST_APPLIED, encode(&meta.last_applied));
+        batch.put_cf(cf(db, CF_SM_META), MEMBERSHIP, encode(&meta.membership));
         // Not synced: the applied id travels in the same batch, so a power
         // loss only rewinds the state machine to a point the (synced) log
         // replays from. Snapshots sync the WAL before the log is purged.
@@ -323,19 +305,19 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             put_change(db, &mut batch, change)?;
         }
         for (index, changes) in &data.history {
-            batch.put_cf(cf(db, CF_CHANGES), index_key(*index), encode(changes)?);
+            batch.put_cf(cf(db, CF_CHANGES), index_key(*index), encode(changes));
         }
         table.applied = meta.last_log_id.map_or(0, |l| l.index);
-        batch.put_cf(cf(db, CF_SM_META), LAST_APPLIED, encode(&meta.last_log_id)?);
+        batch.put_cf(cf(db, CF_SM_META), LAST_APPLIED, encode(&meta.last_log_id));
         batch.put_cf(
             cf(db, CF_SM_META),
             MEMBERSHIP,
-            encode(&meta.last_membership)?,
+            encode(&meta.last_membership),
         );
         batch.put_cf(
             cf(db, CF_SM_META),
             COMPACTED,
-            encode(&data.compacted_through)?,
+            encode(&data.compacted_through),
         );
         batch.put_cf(
             cf(db, CF_SM_META),
@@ -343,7 +325,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             encode(&StoredSnapshot {
                 meta: meta.clone(),
                 data: bytes.clone(),
-            })?,
+            }),
         );
         let mut current = self.store.table.write().expect("route table lock");
         let mut m = self.store.inner.write().expect("meta lock");

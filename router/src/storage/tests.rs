@@ -102,3 +102,27 @@ async fn the_table_and_its_history_survive_a_reopen_and_move_through_snapshots()
     assert!(other_store.changes_from(0, 10).unwrap().is_empty());
     assert!(other.get_current_snapshot().await.unwrap().is_some());
 }
+
+#[tokio::test]
+async fn a_database_in_another_record_format_is_refused_at_open_not_misread() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (mut log, _) = open(dir.path(), 10).unwrap();
+        openraft::storage::RaftLogStorage::save_vote(&mut log, &openraft::Vote::new(3, 1))
+            .await
+            .unwrap();
+    }
+    // Reopened as is: the stamp matches.
+    drop(open(dir.path(), 10).unwrap());
+    {
+        // A database from before the stamp: same data, no format record.
+        let db = rocksdb::DB::open_cf(&rocksdb::Options::default(), dir.path(), ALL_CFS).unwrap();
+        db.delete_cf(cf(&db, CF_RAFT_META), FORMAT_KEY).unwrap();
+    }
+    let err = open(dir.path(), 10).err().expect("refused").to_string();
+    assert!(err.contains("unversioned"), "{err}");
+    // An empty directory is stamped and opens.
+    let fresh = tempfile::tempdir().unwrap();
+    drop(open(fresh.path(), 10).unwrap());
+    drop(open(fresh.path(), 10).unwrap());
+}
