@@ -285,6 +285,11 @@ pub async fn run(args: TenantMoveArgs) -> anyhow::Result<()> {
         .param("conversations", report.conversations_moved)
         .param("user_homes", report.users_moved)
         .param("rows_copied", report.messages_moved)
+        .param("bytes_copied", report.bytes_moved)
+        .param(
+            "megabytes_per_s",
+            (report.bytes_moved as f64 / 1e6 / total * 10.0).round() / 10.0,
+        )
         .param(
             "conversations_per_s",
             (report.conversations_moved as f64 / total).round(),

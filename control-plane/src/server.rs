@@ -336,6 +336,7 @@ async fn recent_operations(store: &OperationStore) -> serde_json::Value {
                     "phase": op.phase, "done": op.done, "total": op.total,
                     "runner": op.runner, "message": op.message,
                     "rows": op.rows, "lag": op.lag, "frozen_ms": op.frozen_ms,
+                    "bytes": op.bytes, "eta_ms": op.eta_ms,
                 })
             })
             .collect(),

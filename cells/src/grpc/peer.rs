@@ -293,11 +293,13 @@ impl CellPeer for PeerApi {
             export
         };
         let (mut after, mut copied, mut reset) = (r.after_pts, 0u64, r.reset);
+        let mut bytes = 0u64;
         // One round copies what the source held when it began; events
         // arriving meanwhile are the next round's.
         let mut until = u64::MAX;
         while after < until {
             let exported = source.export_user(export(after, false)).await?.into_inner();
+            bytes += prost::Message::encoded_len(&exported) as u64;
             until = until.min(exported.latest_pts);
             let sum = exported
                 .events
@@ -326,11 +328,13 @@ impl CellPeer for PeerApi {
         }
         // The state last, so its dedupe positions cover the copied events.
         let state = source.export_user(export(after, true)).await?.into_inner();
+        bytes += prost::Message::encoded_len(&state) as u64;
         self.import_user(&r, reset, Vec::new(), state.state).await?;
         Ok(Response::new(CopyResponse {
             copied_through: after,
             messages: copied,
             source_latest_seq: state.latest_pts,
+            bytes,
         }))
     }
 
@@ -346,6 +350,7 @@ impl CellPeer for PeerApi {
             ))
         })?;
         let (n, latest) = (chunk.messages.len() as u64, chunk.latest_seq);
+        let bytes = prost::Message::encoded_len(&chunk) as u64;
         let last = chunk.messages.last().map(|m| m.seq);
         self.service
             .import_chunk(r.tenant_id, r.conversation_id, chunk)
@@ -355,6 +360,7 @@ impl CellPeer for PeerApi {
             copied_through: last.unwrap_or(0),
             messages: n,
             source_latest_seq: latest,
+            bytes,
         }))
     }
 
@@ -455,6 +461,7 @@ impl CellPeer for PeerApi {
         // Stored concurrently: their commits share fsyncs.
         let stores = r.items.iter().zip(chunks).map(|(item, chunk)| {
             let (n, latest) = (chunk.messages.len() as u64, chunk.latest_seq);
+            let bytes = prost::Message::encoded_len(&chunk) as u64;
             let last = chunk.messages.last().map_or(item.after_seq, |m| m.seq);
             let id = item.conversation_id;
             async move {
@@ -464,6 +471,7 @@ impl CellPeer for PeerApi {
                     copied_through: last,
                     messages: n,
                     source_latest_seq: latest,
+                    bytes,
                 })
             }
         });
@@ -521,6 +529,7 @@ impl CellPeer for PeerApi {
                 reset: item.reset,
                 source_cell: r.source_cell.clone(),
             };
+            let bytes = prost::Message::encoded_len(&chunk) as u64;
             async move {
                 let sum = chunk
                     .events
@@ -549,6 +558,7 @@ impl CellPeer for PeerApi {
                     copied_through: last.unwrap_or(if one.reset { 0 } else { one.after_pts }),
                     messages: n,
                     source_latest_seq: latest,
+                    bytes,
                 })
             }
         });
@@ -695,11 +705,12 @@ impl CellPeer for PeerApi {
             })
         };
         let mut after = r.after_seq;
-        let mut copied = 0u64;
+        let (mut copied, mut bytes) = (0u64, 0u64);
         let mut source_latest = 0;
         while let Some(exported) = chunks.recv().await {
             let exported = exported?;
             source_latest = exported.latest_seq;
+            bytes += prost::Message::encoded_len(&exported) as u64;
             let n = exported.messages.len() as u64;
             let last = exported.messages.last().map(|m| m.seq);
             if r.backfill {
@@ -725,6 +736,7 @@ impl CellPeer for PeerApi {
             copied_through: after,
             messages: copied,
             source_latest_seq: source_latest,
+            bytes,
         }))
     }
 }

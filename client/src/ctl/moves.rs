@@ -13,30 +13,33 @@ use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_route_client::client::RouteClient;
 use serde_json::json;
 
+fn megabytes(bytes: u64) -> String {
+    format!("{:.1} MB", bytes as f64 / 1e6)
+}
+
 /// Prints the move's progress at most every 10% of a round, and at each
 /// phase: items in step, rows copied, lag, rate, ETA, freeze.
 fn tenant_progress(tenant: u64) -> impl FnMut(&TenantProgress) {
-    let (mut shown, mut phase, started) = (0, "", Instant::now());
+    let (mut shown, mut phase) = (0, "");
     move |p| {
         let items = p.conversations + p.users_moved;
         let pct = (p.moved * 100).checked_div(items).unwrap_or(100).min(100);
         if p.moved == 0 || pct >= shown + 10 || p.phase != phase {
             (shown, phase) = (pct, p.phase);
             let bar = "#".repeat(pct as usize / 5) + &".".repeat(20 - pct as usize / 5);
-            let per_s = p.messages as f64 / started.elapsed().as_secs_f64().max(0.001);
-            let eta = if per_s > 0.0 {
-                format!("{:.0} s", p.lag as f64 / per_s)
-            } else {
-                "-".into()
-            };
+            let per_s = p.rate();
+            let eta = p
+                .eta()
+                .map_or_else(|| "-".into(), |d| format!("{:.0} s", d.as_secs_f64()));
             println!(
-                "tenant {tenant} {:<10} [{bar}] {}/{} items ({} conversations, {} homes), {} rows copied ({per_s:.0}/s), lag {}, ETA {eta}, frozen {} ms",
+                "tenant {tenant} {:<10} [{bar}] {}/{} items ({} conversations, {} homes), {} rows / {} copied ({per_s:.0} rows/s), lag {}, ETA {eta}, frozen {} ms",
                 p.phase,
                 p.moved,
                 items,
                 p.conversations,
                 p.users_moved,
                 p.messages,
+                megabytes(p.bytes),
                 p.lag,
                 p.max_freeze.as_millis()
             );
@@ -66,6 +69,7 @@ pub async fn migrate_tenant(
             json!({"tenant": tenant, "from": report.from, "to": report.to,
                 "conversations_moved": report.conversations_moved,
                 "messages_moved": report.messages_moved,
+                "bytes_moved": report.bytes_moved,
                 "users_moved": report.users_moved,
                 "max_freeze_ms": report.max_freeze.as_millis() as u64,
                 "overrides_removed": report.overrides_removed,
@@ -75,11 +79,12 @@ pub async fn migrate_tenant(
         );
     } else {
         println!(
-            "tenant {tenant} moved {} -> {}: {} conversations, {} messages and events copied, {} user homes, frozen {} ms, {} route writes, total {} ms",
+            "tenant {tenant} moved {} -> {}: {} conversations, {} messages and events copied ({}), {} user homes, frozen {} ms, {} route writes, total {} ms",
             report.from,
             report.to,
             report.conversations_moved,
             report.messages_moved,
+            megabytes(report.bytes_moved),
             report.users_moved,
             report.max_freeze.as_millis(),
             report.route_writes,

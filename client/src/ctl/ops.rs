@@ -124,7 +124,15 @@ fn line(op: &pb::OperationInfo) -> String {
         (total, done) => format!(" {done}/{total}"),
     };
     if op.rows_copied > 0 {
-        progress += &format!(", {} rows copied, {} behind", op.rows_copied, op.lag);
+        progress += &format!(
+            ", {} rows ({:.1} MB) copied, {} behind",
+            op.rows_copied,
+            op.bytes_copied as f64 / 1e6,
+            op.lag
+        );
+        if op.eta_ms > 0 && op.state == pb::OperationState::Running as i32 {
+            progress += &format!(", ETA {} s", op.eta_ms.div_ceil(1000));
+        }
     }
     if op.frozen_ms > 0 {
         progress += &format!(", frozen {} ms", op.frozen_ms);
@@ -227,6 +235,7 @@ pub async fn run(
                             "id": op.id, "description": op.description, "state": state(op),
                             "phase": op.phase, "done": op.done, "total": op.total,
                             "rows_copied": op.rows_copied, "lag": op.lag, "frozen_ms": op.frozen_ms,
+                            "bytes_copied": op.bytes_copied, "eta_ms": op.eta_ms,
                             "message": op.message, "runner": op.runner,
                             "created_ms": op.created_ms, "updated_ms": op.updated_ms,
                         })

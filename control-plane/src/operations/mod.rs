@@ -155,6 +155,11 @@ pub struct Operation {
     pub lag: u64,
     #[serde(default)]
     pub frozen_ms: u64,
+    /// Bytes the target stored, and the time left at the copy's rate.
+    #[serde(default)]
+    pub bytes: u64,
+    #[serde(default)]
+    pub eta_ms: u64,
     /// The runner has set the move's route to `Paused` (and must set it
     /// back when the pause is lifted).
     #[serde(default)]
@@ -187,6 +192,8 @@ impl Operation {
             rows_copied: self.rows,
             lag: self.lag,
             frozen_ms: self.frozen_ms,
+            bytes_copied: self.bytes,
+            eta_ms: self.eta_ms,
         }
     }
 
@@ -269,6 +276,8 @@ impl OperationStore {
             rows: 0,
             lag: 0,
             frozen_ms: 0,
+            bytes: 0,
+            eta_ms: 0,
         };
         let value = serde_json::to_string(&op).expect("operations serialize");
         let key = format!("{OPERATIONS_PREFIX}{}", op.id);

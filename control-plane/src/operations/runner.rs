@@ -39,12 +39,15 @@ struct Live {
     rows: u64,
     lag: u64,
     frozen_ms: u64,
+    bytes: u64,
+    eta_ms: u64,
 }
 
 impl Live {
     fn record(&self, op: &mut Operation) {
         (op.phase, op.done, op.total) = (self.phase.clone(), self.done, self.total);
         (op.rows, op.lag, op.frozen_ms) = (self.rows, self.lag, self.frozen_ms);
+        (op.bytes, op.eta_ms) = (self.bytes, self.eta_ms);
     }
 }
 
@@ -262,16 +265,19 @@ async fn execute(
                         rows: p.messages,
                         lag: p.lag,
                         frozen_ms: p.max_freeze.as_millis() as u64,
+                        bytes: p.bytes,
+                        eta_ms: p.eta().map_or(0, |d| d.as_millis() as u64),
                     };
                 })
                 .await
                 .map(|r| {
                     format!(
-                        "{} conversations and {} user homes moved to {} ({} messages and events copied, frozen {} ms, {} route writes)",
+                        "{} conversations and {} user homes moved to {} ({} messages and events, {} bytes copied, frozen {} ms, {} route writes)",
                         r.conversations_moved,
                         r.users_moved,
                         r.to,
                         r.messages_moved,
+                        r.bytes_moved,
                         r.max_freeze.as_millis(),
                         r.route_writes
                     )

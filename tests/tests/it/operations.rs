@@ -116,7 +116,7 @@ async fn an_operation_outlives_its_caller_and_the_replica_that_ran_it() {
     // What this replica's run copied (the homes at least: they are copied
     // afresh by each run), none left behind, and the freeze.
     assert!(
-        op.rows_copied > 0 && op.lag == 0 && op.frozen_ms > 0,
+        op.rows_copied > 0 && op.bytes_copied > op.rows_copied && op.lag == 0 && op.frozen_ms > 0,
         "{op:?}"
     );
     let routes = d.cluster.client().await;

@@ -133,6 +133,14 @@ async fn a_tenant_of_1000_conversations_moves_under_load_with_one_freeze_and_one
     }
     recorder.abort();
     assert_eq!((report.from.as_str(), report.to.as_str()), (SOURCE, TARGET));
+    // Bytes are what the target stored: every message or event carries ids,
+    // positions and a body, so more than a few bytes each.
+    assert!(
+        report.bytes_moved >= report.messages_moved * 16,
+        "{} bytes for {} rows",
+        report.bytes_moved,
+        report.messages_moved
+    );
     assert!(report.conversations_moved >= CONVERSATIONS as u64);
     // The members' homes came along, sync queues included (12 joined
     // conversations created on the target during the move): the target

@@ -20,6 +20,7 @@ fn copied(through: u64, source_latest: u64) -> Observation {
         copied_through: through,
         source_latest_seq: source_latest,
         messages: through,
+        ..CopyResponse::default()
     })
 }
 
@@ -250,6 +251,7 @@ fn catch_up_freezes_anyway_after_its_rounds_and_throttled_rounds_do_not_count() 
             copied_through: through,
             source_latest_seq: through + 1_000,
             messages: 100,
+            ..CopyResponse::default()
         }));
         assert_eq!(action, Action::Pause);
         expect(
@@ -273,6 +275,7 @@ fn catch_up_freezes_anyway_after_its_rounds_and_throttled_rounds_do_not_count() 
             copied_through: through,
             source_latest_seq: through + 1_000,
             messages: 10,
+            ..CopyResponse::default()
         }));
         if round < 3 {
             assert_eq!(action, Action::Pause);

@@ -27,6 +27,7 @@ fn answer(r: &Copied) -> CopyResponse {
         copied_through: r.copied_through,
         messages: r.messages,
         source_latest_seq: r.source_latest_seq,
+        bytes: r.bytes,
     }
 }
 
@@ -73,6 +74,8 @@ pub(super) struct Items<'a> {
     pub items: BTreeMap<Item, Position>,
     /// Messages and events copied in this run.
     pub copied_rows: u64,
+    /// Encoded bytes the target stored so far.
+    pub copied_bytes: u64,
     /// Members of the tenant's conversations on the target (created there
     /// during the move): their homes are on the source until the switch.
     pub target_users: Vec<u64>,
@@ -208,10 +211,10 @@ impl Items<'_> {
 
     /// Copies every item the target is behind on, `parallel` at a time,
     /// at most `options.rate` rows a second; `tick` sees how many items of
-    /// the round are done and the rows copied so far.
+    /// the round are done and the rows and bytes copied so far.
     pub async fn copy_round(
         &mut self,
-        mut tick: impl FnMut(u64, u64),
+        mut tick: impl FnMut(u64, u64, u64),
     ) -> Result<(), MigrationError> {
         let (started, rate) = (std::time::Instant::now(), self.migrator.options.rate);
         let rows_before = self.copied_rows;
@@ -255,13 +258,14 @@ impl Items<'_> {
         });
         let mut copies = futures::stream::iter(copies).buffer_unordered(this.parallel.max(1));
         let mut done = Vec::new();
-        let mut rows = rows_before;
+        let (mut rows, mut bytes) = (rows_before, self.copied_bytes);
         while let Some(answers) = copies.next().await {
             for (item, answer) in answers? {
                 rows += answer.messages;
+                bytes += answer.bytes;
                 done.push((item, answer));
             }
-            tick(done.len() as u64, rows);
+            tick(done.len() as u64, rows, bytes);
             if rate > 0 {
                 let due =
                     std::time::Duration::from_secs_f64((rows - rows_before) as f64 / rate as f64);
@@ -272,6 +276,7 @@ impl Items<'_> {
         for (item, answer) in done {
             let p = self.items.get_mut(&item).expect("an item copied is known");
             self.copied_rows += answer.messages;
+            self.copied_bytes += answer.bytes;
             if p.reset {
                 p.copied = 0;
                 p.reset = false;

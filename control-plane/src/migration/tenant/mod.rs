@@ -48,6 +48,8 @@ pub struct TenantProgress {
     pub moved: u64,
     /// Messages and sync events copied so far.
     pub messages: u64,
+    /// Their encoded size, as the target stored it.
+    pub bytes: u64,
     /// User homes that move with the tenant.
     pub users_moved: u64,
     /// How far the target is behind (messages and events).
@@ -56,6 +58,27 @@ pub struct TenantProgress {
     pub rounds: u32,
     /// How long the tenant has been frozen (zero before the freeze).
     pub max_freeze: Duration,
+    /// When this run of the move began copying.
+    pub copy_started: Option<Instant>,
+}
+
+impl TenantProgress {
+    /// Rows a second copied since this run began copying.
+    pub fn rate(&self) -> f64 {
+        let secs = self.copy_started.map_or(0.0, |t| t.elapsed().as_secs_f64());
+        if secs > 0.0 {
+            self.messages as f64 / secs
+        } else {
+            0.0
+        }
+    }
+
+    /// The time the target needs to catch up at that rate (`None` while
+    /// nothing has been copied yet).
+    pub fn eta(&self) -> Option<Duration> {
+        let rate = self.rate();
+        (rate > 0.0).then(|| Duration::from_secs_f64(self.lag as f64 / rate))
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -65,6 +88,7 @@ pub struct TenantMoveReport {
     pub to: String,
     pub conversations_moved: u64,
     pub messages_moved: u64,
+    pub bytes_moved: u64,
     pub users_moved: u64,
     /// How long the tenant's writes were refused: from the freeze's commit
     /// to the switch's.
@@ -119,6 +143,7 @@ impl Migrator {
             parallel: parallel.max(1),
             items: BTreeMap::new(),
             copied_rows: 0,
+            copied_bytes: 0,
             target_users: Vec::new(),
         };
         let mut epoch = start.epoch;
@@ -181,7 +206,7 @@ impl Migrator {
                     // Verified again under the freeze, item by item.
                     break;
                 }
-                items.copy_round(|_, _| {}).await?;
+                items.copy_round(|_, _, _| {}).await?;
             }
             epoch = self
                 .hold_while_paused(&key, to, epoch, 0, &mut |_| {})
@@ -207,7 +232,7 @@ impl Migrator {
         self.note_marks(&mut items, &sealed);
         // A round may leave some behind (a batch answered only in part).
         for _ in 0..10 {
-            items.copy_round(|_, _| {}).await?;
+            items.copy_round(|_, _, _| {}).await?;
             if items.lag() == 0 {
                 break;
             }
@@ -244,6 +269,7 @@ impl Migrator {
             to: to.to_string(),
             conversations_moved: state.conversations,
             messages_moved: state.messages,
+            bytes_moved: state.bytes,
             users_moved: state.users_moved,
             max_freeze: state.max_freeze,
             overrides_removed,
@@ -263,6 +289,7 @@ impl Migrator {
         progress: &mut impl FnMut(&TenantProgress),
         first_only: impl Fn(u32) -> bool,
     ) -> Result<(), MigrationError> {
+        state.copy_started.get_or_insert_with(Instant::now);
         for _ in 0..self.options.max_catch_up_rounds.max(1) {
             let fresh = state.rounds == 0;
             items.refresh_target_users().await?;
@@ -276,8 +303,8 @@ impl Migrator {
             progress(state);
             let in_step = state.moved;
             items
-                .copy_round(|done, rows| {
-                    (state.moved, state.messages) = (in_step + done, rows);
+                .copy_round(|done, rows, bytes| {
+                    (state.moved, state.messages, state.bytes) = (in_step + done, rows, bytes);
                     progress(state);
                 })
                 .await?;
@@ -319,6 +346,7 @@ impl Migrator {
         state.moved = items.in_step();
         state.lag = items.lag();
         state.messages = items.copied_rows;
+        state.bytes = items.copied_bytes;
     }
 
     /// Moves, one by one, the tenant's keys whose own route places them on
