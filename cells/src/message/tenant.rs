@@ -54,6 +54,7 @@ impl MessageService {
                     rewrites,
                     count,
                     checksum,
+                    handed_over: false,
                 })
             })
             .collect()

@@ -44,6 +44,14 @@ impl Mutation {
 }
 
 impl Store {
+    /// Whether this cell handed `id` of `kind` over and still holds its
+    /// copy.
+    pub fn handed_over(&self, kind: u8, tenant: u64, id: u64) -> Result<bool> {
+        Ok(self
+            .meta_u64(&keys::meta::moved(kind, tenant, id))?
+            .is_some())
+    }
+
     /// The keys of `kind` this cell handed over and still holds a copy of.
     pub fn moved(&self, kind: u8) -> Result<Vec<Moved>> {
         let lower = [keys::meta::MOVED, &[kind]].concat();

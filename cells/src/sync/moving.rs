@@ -224,6 +224,7 @@ impl SyncService {
                     rewrites: 0,
                     count,
                     checksum,
+                    handed_over: self.store.handed_over(moved::USER, tenant, id)?,
                 })
             })
             .collect()

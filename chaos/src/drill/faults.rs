@@ -89,6 +89,9 @@ pub struct Injector {
     pub rng: StdRng,
     /// Moves that finished: (conversation, source, target, switch ms).
     pub moves: Vec<(u64, String, String, u64)>,
+    /// Tenant moves with a kill so far: they kill the source and the
+    /// target in turn.
+    pub move_kills: u32,
 }
 
 /// Refuses a fault this build cannot inject.
@@ -158,11 +161,12 @@ impl Injector {
             }
             FaultKind::TenantMove => self.tenant_move(&mut fault, None).await?,
             FaultKind::TenantMoveKill => {
-                let end = if self.rng.random_range(0..2) == 0 {
+                let end = if self.move_kills.is_multiple_of(2) {
                     MoveEnd::Source
                 } else {
                     MoveEnd::Target
                 };
+                self.move_kills += 1;
                 self.tenant_move(&mut fault, Some(end)).await?
             }
             FaultKind::RouterLeaderKill => {

@@ -276,6 +276,7 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
         epoch: Instant::now(),
         rng: StdRng::seed_from_u64(seed),
         moves: Vec::new(),
+        move_kills: 0,
     };
     let region = partitioned_region(&mut StdRng::seed_from_u64(seed));
     if let Scenario::RegionPartition = args.scenario {

@@ -26,5 +26,6 @@ mod standard_errors;
 mod sync;
 mod sync_replication;
 mod tenant_move;
+mod tenant_reverse;
 mod tenants;
 mod user_move;

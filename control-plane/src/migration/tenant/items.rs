@@ -183,12 +183,22 @@ impl Items<'_> {
         }
     }
 
-    /// Takes what the target holds already as copied (conversations:
-    /// copying is idempotent, and verification catches a stale copy).
+    /// Takes what the target holds already as copied: conversations
+    /// (copying is idempotent, and verification catches a stale copy), and
+    /// the user homes it handed over itself in an earlier move (a move
+    /// back: its sealed copy is a prefix of the source's), which then copy
+    /// only what came after instead of afresh.
     pub fn note_target(&mut self, marks: &TenantMarksResponse) {
         for m in &marks.conversations {
             if let Some(p) = self.items.get_mut(&Item::Conversation(m.id)) {
                 p.copied = m.latest;
+            }
+        }
+        for m in marks.users.iter().filter(|m| m.handed_over) {
+            if let Some(p) = self.items.get_mut(&Item::User(m.id))
+                && m.latest <= p.source
+            {
+                (p.copied, p.reset) = (m.latest, false);
             }
         }
     }
