@@ -270,6 +270,31 @@ pub async fn messaging(edge: &RunningEdge) -> MessagingClient<Channel> {
 }
 
 /// A group of the token's user and `members`, created through the edge.
+/// `count` group conversations of `token`'s user with user 11, each with
+/// `messages` texts tagged `seed-{i}` (the first) and `seed-{i}-{n}`.
+pub async fn create_seeded(
+    m: &mut MessagingClient<Channel>,
+    token: &str,
+    count: usize,
+    messages: usize,
+) -> Vec<u64> {
+    let mut conversations = Vec::new();
+    for i in 0..count {
+        let c = create_via_edge(m, token, vec![11]).await;
+        for n in 0..messages {
+            let tag = match n {
+                0 => format!("seed-{i}"),
+                n => format!("seed-{i}-{n}"),
+            };
+            m.send(authed(text(c, &tag), token))
+                .await
+                .expect("a seed message is acknowledged");
+        }
+        conversations.push(c);
+    }
+    conversations
+}
+
 pub async fn create_via_edge(
     m: &mut MessagingClient<Channel>,
     token: &str,

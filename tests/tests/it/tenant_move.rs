@@ -256,16 +256,7 @@ async fn a_failed_over_cell_takes_its_tenant_back_and_is_then_drained() {
     let secret = ClusterSecret::new(SECRET);
     let alice = token(1, 10);
     let mut m = messaging(&d.edge).await;
-    let mut conversations = Vec::new();
-    for i in 0..12 {
-        let c = create_via_edge(&mut m, &alice, vec![11]).await;
-        for n in 0..3 {
-            m.send(authed(text(c, &format!("seed-{i}-{n}")), &alice))
-                .await
-                .unwrap();
-        }
-        conversations.push(c);
-    }
+    let conversations = create_seeded(&mut m, &alice, 12, 3).await;
     // The failover floors come from the marks the target holds: let them
     // land.
     for &c in &conversations {
@@ -390,14 +381,7 @@ async fn stop_then_finish(point: cellmesh_control_plane::migration::StopPoint, c
         let routes = d.cluster.client().await;
         let alice = token(1, 10);
         let mut m = messaging(&d.edge).await;
-        let mut conversations = Vec::new();
-        for i in 0..20 {
-            let c = create_via_edge(&mut m, &alice, vec![11]).await;
-            m.send(authed(text(c, &format!("seed-{i}")), &alice))
-                .await
-                .unwrap();
-            conversations.push(c);
-        }
+        let conversations = create_seeded(&mut m, &alice, 20, 1).await;
         let loaded = conversations[0];
         let senders = Senders::start(&d.edge, loaded, &[10, 11]);
         senders.until_acked(5, Duration::from_secs(10)).await;

@@ -23,16 +23,7 @@ async fn a_tenant_moved_back_within_the_grace_period_copies_only_what_changed() 
     let routes = d.cluster.client().await;
     let alice = token(1, 10);
     let mut m = messaging(&d.edge).await;
-    let mut conversations = Vec::new();
-    for i in 0..30 {
-        let c = create_via_edge(&mut m, &alice, vec![11]).await;
-        for n in 0..20 {
-            m.send(authed(text(c, &format!("seed-{i}-{n}")), &alice))
-                .await
-                .unwrap();
-        }
-        conversations.push(c);
-    }
+    let conversations = create_seeded(&mut m, &alice, 30, 20).await;
     let loaded = conversations[0];
     let senders = Senders::start(&d.edge, loaded, &[10, 11]);
     senders.until_acked(5, Duration::from_secs(10)).await;
