@@ -238,7 +238,10 @@ impl Migrator {
             }
         }
         self.stop_at(StopPoint::Sealed)?;
-        if let Some((item, (a, b))) = items.verify_final(&sealed).await? {
+        // The target's marks reach its standbys while the copy is verified:
+        // both are needed before the switch, neither needs the other.
+        let (verified, flushed) = tokio::join!(items.verify_final(&sealed), self.flush_marks(to));
+        if let Some((item, (a, b))) = verified? {
             self.transition(&key, epoch, Transition::Cancel(true))
                 .await
                 .ok();
@@ -254,7 +257,7 @@ impl Migrator {
                 target_sum: b.checksum,
             });
         }
-        self.flush_marks(to).await?;
+        flushed?;
         let switch_epoch = self.commit(&key, epoch, Transition::SwitchFloor(0)).await?;
         writes += 1;
         state.max_freeze = frozen_at.elapsed();
