@@ -297,6 +297,16 @@ pub async fn run(args: TenantMoveArgs) -> anyhow::Result<()> {
         .param("rows_per_s", (report.messages_moved as f64 / total).round())
         .param("total_s", (total * 1000.0).round() / 1000.0)
         .param("freeze_ms", report.max_freeze.as_millis() as u64)
+        .param(
+            "freeze_steps_ms",
+            serde_json::json!(
+                report
+                    .freeze_steps
+                    .iter()
+                    .map(|(step, d)| (step.to_string(), d.as_millis() as u64))
+                    .collect::<Vec<_>>()
+            ),
+        )
         .param("route_writes", report.route_writes)
         .param("raft_log_growth", index_after.saturating_sub(index_before))
         .param("router_rss_kib_before", rss(&rss_before))

@@ -93,6 +93,8 @@ pub struct TenantMoveReport {
     /// How long the tenant's writes were refused: from the freeze's commit
     /// to the switch's.
     pub max_freeze: Duration,
+    /// Where the freeze went, step by step (seal, final copy, verify, ...).
+    pub freeze_steps: Vec<(&'static str, Duration)>,
     /// Overrides dropped once the tenant pointed at the target.
     pub overrides_removed: u64,
     /// Route-table writes the move made (the overrides moved one by one
@@ -101,6 +103,27 @@ pub struct TenantMoveReport {
     pub total: Duration,
     /// The route epoch of the tenant entry's switch.
     pub switch_epoch: u64,
+}
+
+/// Durations of consecutive steps from a start.
+struct Steps {
+    last: Instant,
+    steps: Vec<(&'static str, Duration)>,
+}
+
+impl Steps {
+    fn new(from: Instant) -> Self {
+        Self {
+            last: from,
+            steps: Vec::new(),
+        }
+    }
+
+    fn done(&mut self, step: &'static str) {
+        let now = Instant::now();
+        self.steps.push((step, now - self.last));
+        self.last = now;
+    }
 }
 
 impl Migrator {
@@ -225,11 +248,15 @@ impl Migrator {
         }
         state.phase = "freeze";
         progress(&state);
+        let mut steps = Steps::new(frozen_at);
         // The seal waits until A has seen the freeze.
         self.follow(epoch).await;
+        steps.done("follow the freeze");
         items.refresh_target_users().await?;
+        steps.done("list the target's users");
         let sealed = items.marks(true, Some(epoch), false).await?;
         self.note_marks(&mut items, &sealed);
+        steps.done("seal the source");
         // A round may leave some behind (a batch answered only in part).
         for _ in 0..10 {
             items.copy_round(|_, _, _| {}).await?;
@@ -237,6 +264,7 @@ impl Migrator {
                 break;
             }
         }
+        steps.done("copy the final delta");
         self.stop_at(StopPoint::Sealed)?;
         // The target's marks reach its standbys while the copy is verified:
         // both are needed before the switch, neither needs the other.
@@ -258,7 +286,9 @@ impl Migrator {
             });
         }
         flushed?;
+        steps.done("verify and flush marks");
         let switch_epoch = self.commit(&key, epoch, Transition::SwitchFloor(0)).await?;
+        steps.done("switch");
         writes += 1;
         state.max_freeze = frozen_at.elapsed();
         self.follow(switch_epoch).await;
@@ -275,6 +305,7 @@ impl Migrator {
             bytes_moved: state.bytes,
             users_moved: state.users_moved,
             max_freeze: state.max_freeze,
+            freeze_steps: steps.steps,
             overrides_removed,
             route_writes: writes + overrides_removed,
             total: started.elapsed(),
