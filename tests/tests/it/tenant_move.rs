@@ -443,7 +443,12 @@ async fn stop_then_finish(point: cellmesh_control_plane::migration::StopPoint, c
                 .into_inner();
             assert_eq!(ack.seq, 2, "{point:?}: the source goes on after its seq");
         }
-        senders.until_acked(20, Duration::from_secs(10)).await;
+        // Writes flow again unless the move stopped with the tenant frozen
+        // (then only the resumed move lets them through).
+        let frozen = !cancel && matches!(point, StopPoint::Frozen | StopPoint::Sealed);
+        if !frozen {
+            senders.until_acked(20, Duration::from_secs(10)).await;
+        }
 
         // Moved again: it finishes, and everything is on the target.
         let report = Migrator::new(
@@ -455,6 +460,10 @@ async fn stop_then_finish(point: cellmesh_control_plane::migration::StopPoint, c
         .await
         .unwrap_or_else(|e| panic!("{point:?}: {e}"));
         assert_eq!(report.route_writes, writes, "{point:?} cancel {cancel}");
+        // Writes flow on the target.
+        senders
+            .until_acked(senders.acked() + 5, Duration::from_secs(10))
+            .await;
         let ops = senders.finish(Duration::from_millis(300)).await;
         let mut history = History {
             sends: ops,
