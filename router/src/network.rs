@@ -1,7 +1,8 @@
 //! Raft replication to peers: one lazily connected tonic client of the
-//! RaftPeer service per target, openraft's messages in their protobuf form (`wire`). Transport
-//! failures are `Unreachable` (openraft backs off), answers the peer refused
-//! are `RemoteError`s.
+//! RaftPeer service per target, openraft's messages in their protobuf form
+//! ([`crate::wire`]). Transport failures and stopped peers are
+//! `Unreachable` (openraft backs off); a snapshot mismatch the peer answered
+//! is a `RemoteError`.
 
 use std::time::Duration;
 

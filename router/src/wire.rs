@@ -8,9 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use cellmesh_proto::raft::v1 as pb;
 use cellmesh_proto::raft::v1::{append_entries_response, entry, install_snapshot_response};
 use cellmesh_proto::v1 as routing_pb;
-use cellmesh_route_client::convert::{
-    change_from_pb, change_to_pb, command_from_pb, command_to_pb,
-};
+use cellmesh_route_client::convert::{change_to_pb, command_from_pb, command_to_pb};
 use openraft::error::{InstallSnapshotError, SnapshotMismatch};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
@@ -186,11 +184,12 @@ pub fn changes_to_pb(changes: &[Change]) -> Vec<routing_pb::RouteChange> {
     changes.iter().map(change_to_pb).collect()
 }
 
+pub fn change_from_pb(c: routing_pb::RouteChange) -> Result<Change, Malformed> {
+    cellmesh_route_client::convert::change_from_pb(c).map_err(|s| Malformed(s.message().into()))
+}
+
 pub fn changes_from_pb(changes: Vec<routing_pb::RouteChange>) -> Result<Vec<Change>, Malformed> {
-    changes
-        .into_iter()
-        .map(|c| change_from_pb(c).map_err(|s| Malformed(s.message().to_string())))
-        .collect()
+    changes.into_iter().map(change_from_pb).collect()
 }
 
 pub fn append_request_to_pb(r: &AppendEntriesRequest<TypeConfig>) -> pb::AppendEntriesRequest {

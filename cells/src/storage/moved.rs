@@ -44,18 +44,29 @@ impl Mutation {
 }
 
 impl Store {
-    /// Whether this cell handed `id` of `kind` over and still holds its
-    /// copy.
-    pub fn handed_over(&self, kind: u8, tenant: u64, id: u64) -> Result<bool> {
-        Ok(self
-            .meta_u64(&keys::meta::moved(kind, tenant, id))?
-            .is_some())
-    }
-
     /// The keys of `kind` this cell handed over and still holds a copy of.
     pub fn moved(&self, kind: u8) -> Result<Vec<Moved>> {
         let lower = [keys::meta::MOVED, &[kind]].concat();
         let upper = [keys::meta::MOVED, &[kind + 1]].concat();
+        self.moved_in(lower, upper)
+    }
+
+    /// The ids of `tenant`'s keys of `kind` this cell handed over and still
+    /// holds a copy of (one range read).
+    pub fn moved_of_tenant(&self, kind: u8, tenant: u64) -> Result<Vec<u64>> {
+        let lower = keys::meta::moved(kind, tenant, 0);
+        let upper = match tenant.checked_add(1) {
+            Some(next) => keys::meta::moved(kind, next, 0),
+            None => [keys::meta::MOVED, &[kind + 1]].concat(),
+        };
+        Ok(self
+            .moved_in(lower, upper)?
+            .into_iter()
+            .map(|m| m.id)
+            .collect())
+    }
+
+    fn moved_in(&self, lower: Vec<u8>, upper: Vec<u8>) -> Result<Vec<Moved>> {
         let bad = || corrupt(cf::META, "bad moved mark");
         self.range(cf::META, lower, upper, usize::MAX)?
             .into_iter()

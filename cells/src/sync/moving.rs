@@ -207,6 +207,11 @@ impl SyncService {
     /// Where the queue of each of `users` of `tenant` stands here; with
     /// `digest`, the count and checksum of all of it too.
     pub fn user_marks(&self, tenant: u64, users: &[u64], digest: bool) -> Result<Vec<Mark>> {
+        let handed: std::collections::HashSet<u64> = self
+            .store
+            .moved_of_tenant(moved::USER, tenant)?
+            .into_iter()
+            .collect();
         users
             .iter()
             .map(|&id| {
@@ -224,7 +229,7 @@ impl SyncService {
                     rewrites: 0,
                     count,
                     checksum,
-                    handed_over: self.store.handed_over(moved::USER, tenant, id)?,
+                    handed_over: handed.contains(&id),
                 })
             })
             .collect()

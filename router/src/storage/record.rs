@@ -82,8 +82,7 @@ impl Record for Change {
         cellmesh_route_client::convert::change_to_pb(self).encode_to_vec()
     }
     fn from_bytes(bytes: &[u8]) -> Result<Self, Malformed> {
-        let mut v = wire::changes_from_pb(vec![wire::decode(bytes)?])?;
-        Ok(v.remove(0))
+        wire::change_from_pb(wire::decode(bytes)?)
     }
 }
 
@@ -129,7 +128,7 @@ impl Record for StoredSnapshot {
 pub(super) struct SnapshotData {
     pub applied: u64,
     pub table: Vec<Change>,
-    pub history: Vec<(u64, Vec<Change>)>,
+    pub history: Vec<super::WatchBatch>,
     pub compacted_through: u64,
 }
 
