@@ -380,32 +380,54 @@ impl CellPeer for PeerApi {
         request: Request<TenantMarksRequest>,
     ) -> Result<Response<TenantMarksResponse>, Status> {
         let r = request.into_inner();
+        let started = std::time::Instant::now();
         let (tenant, messages) = (r.tenant_id, &self.service);
-        let conversations = messages
-            .tenant_conversation_ids(tenant, if r.seal { r.epoch } else { 0 })
-            .await?;
-        let users = {
-            let (sync, extra) = (self.sync.clone(), r.users.clone());
-            blocking(move || sync.tenant_user_ids(tenant, &extra)).await?
-        };
-        if r.seal {
+        let conversations = if r.only_users {
+            Vec::new()
+        } else {
             messages
-                .seal_tenant_conversations(tenant, &conversations, r.epoch)
-                .await?;
-            (self.sync)
-                .seal_tenant_users(tenant, &users, r.epoch, &self.inbound)
-                .await?;
+                .tenant_conversation_ids(tenant, if r.seal { r.epoch } else { 0 })
+                .await?
+        };
+        let users = {
+            let (sync, listed, extra) = (self.sync.clone(), conversations.clone(), r.users.clone());
+            blocking(move || sync.tenant_user_ids(&listed, &extra)).await?
+        };
+        let listed = started.elapsed();
+        if r.seal {
+            // Conversations and homes have gates of their own.
+            let conversations = async {
+                if r.only_users {
+                    return Ok(0);
+                }
+                messages
+                    .seal_tenant_conversations(tenant, &conversations, r.epoch)
+                    .await
+            };
+            let users = (self.sync).seal_tenant_users(tenant, &users, r.epoch, &self.inbound);
+            let (conversations, users) = tokio::join!(conversations, users);
+            conversations?;
+            users?;
         }
+        let sealed = started.elapsed();
         // Read after the seal: final then. Scans (and digests) run off the
         // request threads, which keep answering probes and sends.
         let (service, sync, digest) = (self.service.clone(), self.sync.clone(), r.with_digest);
-        let (conversations, users) = blocking(move || {
-            Ok((
-                service.conversation_marks(&conversations, digest)?,
-                sync.user_marks(tenant, &users, digest)?,
-            ))
-        })
-        .await?;
+        let (conversations, users) = tokio::try_join!(
+            blocking(move || service.conversation_marks(&conversations, digest)),
+            blocking(move || sync.user_marks(tenant, &users, digest)),
+        )?;
+        if r.seal {
+            tracing::info!(
+                tenant,
+                conversations = conversations.len(),
+                users = users.len(),
+                list_ms = listed.as_millis() as u64,
+                seal_ms = (sealed - listed).as_millis() as u64,
+                marks_ms = (started.elapsed() - sealed).as_millis() as u64,
+                "tenant sealed"
+            );
+        }
         Ok(Response::new(TenantMarksResponse {
             conversations,
             users,

@@ -213,6 +213,10 @@ impl MessageService {
             ));
         }
         let _admin = conv.admin.lock().await;
+        // Checked again where a tenant seal waits for it.
+        let _writing = self.writing.read().await;
+        self.ownership
+            .check(cmd.caller.tenant, cmd.conversation, 0)?;
         self.require_member(&cmd.caller, cmd.conversation)?;
         let mut record = self.stored_conversation(cmd.conversation)?;
         let unique: BTreeSet<u64> = cmd.users.iter().copied().collect();

@@ -19,7 +19,7 @@ use crate::error::{CellError, Result};
 use crate::storage::{IdemKey, IdemKind, Mutation};
 
 /// How long a seal waits for the frozen route and the last commits.
-const SEAL_TIMEOUT: Duration = Duration::from_secs(10);
+pub(super) const SEAL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most messages in one exported chunk (or one digest page).
 const MAX_EXPORT_CHUNK: usize = 10_000;
 /// Most stored bytes in one exported chunk: a chunk of large messages stays
@@ -217,20 +217,32 @@ impl MessageService {
     /// Ids above `after` of the members of `tenant`'s conversations stored
     /// here, at most `limit`, and whether more follow.
     pub fn tenant_users(&self, tenant: u64, after: u64, limit: usize) -> Result<(Vec<u64>, bool)> {
-        let mut users = std::collections::BTreeSet::new();
+        let mut conversations = Vec::new();
         let mut cursor = 0;
         loop {
             let page = self.store.conversations_after(cursor, 1_000)?;
             let Some(&(last, _)) = page.last() else { break };
-            for (id, _) in page.iter().filter(|(_, r)| r.tenant_id == tenant) {
-                let (members, _) = self.store.members(*id, after, usize::MAX)?;
-                users.extend(members);
-            }
+            conversations.extend(
+                page.iter()
+                    .filter(|(_, r)| r.tenant_id == tenant)
+                    .map(|(id, _)| *id),
+            );
             cursor = last;
         }
+        let users = self.members_of(&conversations, after)?;
         let limit = limit.clamp(1, 100_000);
         let has_more = users.len() > limit;
         Ok((users.into_iter().take(limit).collect(), has_more))
+    }
+
+    /// The members above `after` of any of `conversations`, in order.
+    pub fn members_of(&self, conversations: &[u64], after: u64) -> Result<Vec<u64>> {
+        let mut users = std::collections::BTreeSet::new();
+        for &id in conversations {
+            let (members, _) = self.store.members(id, after, usize::MAX)?;
+            users.extend(members);
+        }
+        Ok(users.into_iter().collect())
     }
 
     /// Count and checksum of the messages in `(after_seq, through_seq]`

@@ -64,6 +64,11 @@ pub struct MessageService {
     /// check to its commit; a tenant listing for a migration takes it
     /// exclusively, so no creation it cannot see is still in flight.
     creating: tokio::sync::RwLock<()>,
+    /// Held (shared) by every send, rewrite and membership change from its
+    /// decisive ownership check until its write is durable; a tenant seal
+    /// takes it exclusively once, so no write checked before the freeze is
+    /// still in flight (or not yet durable) after it.
+    writing: tokio::sync::RwLock<()>,
     ownership: Arc<dyn Ownership>,
     clock: Arc<dyn Clock>,
     /// Ships the writes of `sync` tenants to the standbys before the ack.
@@ -96,6 +101,7 @@ impl MessageService {
             started: std::time::Instant::now(),
             inflight: Inflight::new(),
             creating: Default::default(),
+            writing: Default::default(),
             store,
             config,
             ownership,

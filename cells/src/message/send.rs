@@ -66,6 +66,8 @@ impl MessageService {
             return Ok(response);
         }
 
+        // From the decisive ownership check until the write is durable.
+        let writing = self.writing.read().await;
         let slot = self.store.reserve().await?;
         let now = self.now_ms();
         let (ticket, record, shipped) = {
@@ -147,6 +149,7 @@ impl MessageService {
             (slot.submit(m), record, shipped)
         };
         ticket.wait().await?;
+        drop(writing);
         tracing::debug!(seq = record.seq, msg_id = record.msg_id, "message stored");
         self.marks
             .note(cmd.caller.tenant, cmd.conversation, record.seq);

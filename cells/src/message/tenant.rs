@@ -6,14 +6,12 @@
 
 use cellmesh_proto::reason::Reason;
 use cellmesh_proto::v1::Mark;
-use futures::StreamExt;
+use std::time::Instant;
 
 use super::MessageService;
+use super::migrate::SEAL_TIMEOUT;
 use crate::error::{CellError, Result};
 use crate::storage::moved;
-
-/// Conversations sealed at once.
-const SEAL_PARALLEL: usize = 64;
 
 impl MessageService {
     /// Every conversation of `tenant` stored here.
@@ -63,14 +61,17 @@ impl MessageService {
     /// Seals every conversation of `tenant` stored here that this cell
     /// sees frozen at `epoch` (through the tenant's entry; one with an
     /// override of its own that keeps it here is left alone): no seq is
-    /// assigned after, every assigned one is durable, no rewrite is in
-    /// flight. How many were sealed.
+    /// assigned after, every assigned one is durable, no rewrite or
+    /// membership change is in flight. One wait for the whole tenant, not
+    /// one per conversation. How many were sealed.
     pub async fn seal_tenant_conversations(
         &self,
         tenant: u64,
         conversations: &[u64],
         epoch: u64,
     ) -> Result<u64> {
+        self.await_route_epoch(epoch, Instant::now() + SEAL_TIMEOUT)
+            .await?;
         let frozen: Vec<u64> = conversations
             .iter()
             .copied()
@@ -84,17 +85,12 @@ impl MessageService {
                 )
             })
             .collect();
-        let sealed = frozen.len() as u64;
-        let mut seals = futures::stream::iter(frozen.iter().copied())
-            .map(|c| self.quiesce(tenant, c, epoch))
-            .buffer_unordered(SEAL_PARALLEL);
-        while let Some(result) = seals.next().await {
-            result?;
-        }
-        drop(seals);
+        // Every write that checked ownership before this cell saw the
+        // freeze holds the gate until it is durable.
+        drop(self.writing.write().await);
         let now = self.clock.now_ms();
         super::cleanup::mark_all_sealed(&self.store, moved::CONVERSATION, tenant, &frozen, now)
             .await?;
-        Ok(sealed)
+        Ok(frozen.len() as u64)
     }
 }

@@ -105,6 +105,7 @@ impl MessageService {
         // Ownership is checked under the lock a seal takes too, so no
         // rewrite lands after a migration sealed the conversation.
         let _admin = conv.admin.lock().await;
+        let _writing = self.writing.read().await;
         self.ownership.check(caller.tenant, conversation, 0)?;
         let mut record = self
             .store

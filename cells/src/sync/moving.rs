@@ -187,18 +187,12 @@ impl SyncService {
         Ok(self.store.user_pts(user)?)
     }
 
-    /// The members of `tenant`'s conversations stored here and the `extra`
-    /// users: the homes that move with the tenant.
-    pub fn tenant_user_ids(&self, tenant: u64, extra: &[u64]) -> Result<Vec<u64>> {
-        let (mut users, mut after) = (extra.to_vec(), 0);
-        loop {
-            let (page, more) = self.messages.tenant_users(tenant, after, 100_000)?;
-            after = page.last().copied().unwrap_or(after);
-            users.extend(page);
-            if !more {
-                break;
-            }
-        }
+    /// The users of `tenant` whose homes a move takes along: the members of
+    /// its `conversations` here and `extra` (members of its conversations
+    /// elsewhere), in order.
+    pub fn tenant_user_ids(&self, conversations: &[u64], extra: &[u64]) -> Result<Vec<u64>> {
+        let mut users = self.messages.members_of(conversations, 0)?;
+        users.extend_from_slice(extra);
         users.sort_unstable();
         users.dedup();
         Ok(users)

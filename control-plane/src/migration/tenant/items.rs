@@ -104,6 +104,12 @@ impl Items<'_> {
 
     /// Reads the members of the tenant's conversations on the target.
     pub async fn refresh_target_users(&mut self) -> Result<(), MigrationError> {
+        self.target_users = self.target_members().await?;
+        Ok(())
+    }
+
+    /// The members of the tenant's conversations on the target.
+    pub async fn target_members(&self) -> Result<Vec<u64>, MigrationError> {
         let (mut users, mut after) = (Vec::new(), 0);
         loop {
             let request = self.migrator.request(TenantConversationsRequest {
@@ -122,11 +128,50 @@ impl Items<'_> {
             after = page.user_ids.last().copied().unwrap_or(after);
             users.extend(page.user_ids);
             if !page.has_more {
-                break;
+                return Ok(users);
             }
         }
-        self.target_users = users;
-        Ok(())
+    }
+
+    /// Seals the tenant on the source at `epoch` and answers its final
+    /// marks. The target's members are listed meanwhile: those the seal
+    /// did not name (members of a conversation created on the target since
+    /// the last listing) are sealed and reported by a second, users-only
+    /// call.
+    pub async fn seal(&mut self, epoch: u64) -> Result<TenantMarksResponse, MigrationError> {
+        let (members, sealed) =
+            tokio::join!(self.target_members(), self.marks(true, Some(epoch), false));
+        let (members, mut sealed) = (members?, sealed?);
+        let named: std::collections::HashSet<u64> = self
+            .users()
+            .into_iter()
+            .chain(sealed.users.iter().map(|m| m.id))
+            .collect();
+        let unnamed: Vec<u64> = members
+            .iter()
+            .copied()
+            .filter(|u| !named.contains(u))
+            .collect();
+        self.target_users = members;
+        if !unnamed.is_empty() {
+            let request = self.migrator.request(TenantMarksRequest {
+                tenant_id: self.tenant,
+                seal: true,
+                epoch,
+                with_digest: false,
+                users: unnamed,
+                only_users: true,
+            });
+            let more = self
+                .source
+                .clone()
+                .tenant_marks(request)
+                .await
+                .map_err(call("seal the tenant's users on the source"))?
+                .into_inner();
+            sealed.users.extend(more.users);
+        }
+        Ok(sealed)
     }
 
     /// The marks of the tenant on `peer` (see `CellPeer.TenantMarks`).
@@ -142,6 +187,7 @@ impl Items<'_> {
             epoch: seal_epoch.unwrap_or(0),
             with_digest,
             users: self.users(),
+            only_users: false,
         });
         let mut peer = if on_source {
             self.source.clone()

@@ -252,9 +252,7 @@ impl Migrator {
         // The seal waits until A has seen the freeze.
         self.follow(epoch).await;
         steps.done("follow the freeze");
-        items.refresh_target_users().await?;
-        steps.done("list the target's users");
-        let sealed = items.marks(true, Some(epoch), false).await?;
+        let sealed = items.seal(epoch).await?;
         self.note_marks(&mut items, &sealed);
         steps.done("seal the source");
         // A round may leave some behind (a batch answered only in part).
