@@ -1,13 +1,13 @@
 //! `cellmesh`: the one operator binary. Each subcommand is a role (`cell`,
 //! `router`, `edge`, `control-plane`) or a tool (`dev`, `ctl`, `chat`,
-//! `chaos`, `bench`, each in its own crate); this file only parses flags,
+//! `chaos`, `bench`, `plan`, each in its own crate); this file only parses flags,
 //! sets up logging and hands over to library code.
 
 mod roles;
 mod telemetry;
 
 use cellmesh_bench as bench;
-use cellmesh_client::{chat, ctl};
+use cellmesh_client::{chat, ctl, plan};
 
 use std::process::ExitCode;
 
@@ -51,6 +51,9 @@ enum Command {
     Chaos(cellmesh_chaos::drill::ChaosArgs),
     /// Load generators that print throughput and latency percentiles.
     Bench(bench::BenchArgs),
+    /// Size a deployment from its expected load: cells, routers, disks,
+    /// Kafka partitions, and tfvars for `terraform/envs/example`.
+    Plan(plan::PlanArgs),
 }
 
 fn main() -> ExitCode {
@@ -74,6 +77,7 @@ fn main() -> ExitCode {
             Command::Chat(args) => chat::run(args).await,
             Command::Bench(args) => bench::run(args).await,
             Command::Chaos(args) => cellmesh_chaos::drill::run(args).await,
+            Command::Plan(args) => plan::run(args),
         }
     });
     match result {

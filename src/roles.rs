@@ -1,6 +1,8 @@
-//! The long-running roles of the binary: `cell`, `router` and `edge`. Each
-//! loads its TOML config (every field has a default), applies flag/env
-//! overrides, validates, and serves until Ctrl-C / SIGTERM.
+//! The long-running roles of the binary: `cell`, `router`, `edge` and
+//! `control-plane`. Each loads its TOML config (every field has a default),
+//! applies flag/env overrides, validates, and serves until Ctrl-C /
+//! SIGTERM — or, with `--check-config FILE`, validates that file (with the
+//! same overrides) and exits, naming the first bad field.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -14,6 +16,11 @@ use crate::telemetry;
 
 #[derive(clap::Args)]
 pub struct CellArgs {
+    /// Validate this TOML file (with the overrides below) and exit
+    /// without serving: 0 if a process could run with it, 2 naming the
+    /// first bad field otherwise.
+    #[arg(long, value_name = "FILE", conflicts_with = "config")]
+    check_config: Option<PathBuf>,
     /// TOML config file; every field has a default.
     #[arg(long, env = "CELLMESH_CONFIG")]
     config: Option<PathBuf>,
@@ -30,6 +37,11 @@ pub struct CellArgs {
 
 #[derive(clap::Args)]
 pub struct RouterArgs {
+    /// Validate this TOML file (with the overrides below) and exit
+    /// without serving: 0 if a process could run with it, 2 naming the
+    /// first bad field otherwise.
+    #[arg(long, value_name = "FILE", conflicts_with = "config")]
+    check_config: Option<PathBuf>,
     /// TOML config file (see config/router.toml).
     #[arg(long, env = "CELLMESH_CONFIG")]
     config: Option<PathBuf>,
@@ -40,6 +52,11 @@ pub struct RouterArgs {
 
 #[derive(clap::Args)]
 pub struct EdgeArgs {
+    /// Validate this TOML file (with the overrides below) and exit
+    /// without serving: 0 if a process could run with it, 2 naming the
+    /// first bad field otherwise.
+    #[arg(long, value_name = "FILE", conflicts_with = "config")]
+    check_config: Option<PathBuf>,
     /// TOML config file (see config/edge.toml).
     #[arg(long, env = "CELLMESH_CONFIG")]
     config: Option<PathBuf>,
@@ -50,16 +67,28 @@ pub struct EdgeArgs {
 
 #[derive(clap::Args)]
 pub struct ControlPlaneArgs {
+    /// Validate this TOML file (with the overrides below) and exit
+    /// without serving: 0 if a process could run with it, 2 naming the
+    /// first bad field otherwise.
+    #[arg(long, value_name = "FILE", conflicts_with = "config")]
+    check_config: Option<PathBuf>,
     /// TOML config file (see config/control-plane.toml).
     #[arg(long, env = "CELLMESH_CONFIG")]
     config: Option<PathBuf>,
 }
 
 pub async fn run_control_plane(args: ControlPlaneArgs) -> anyhow::Result<()> {
-    let config = match &args.config {
+    let config = match args.check_config.as_ref().or(args.config.as_ref()) {
         Some(path) => ControlPlaneConfig::load(path)?,
         None => ControlPlaneConfig::default(),
     };
+    if let Some(path) = &args.check_config {
+        return valid(
+            path,
+            "control-plane",
+            &format!("{} routers", config.routers.len()),
+        );
+    }
     let cp = cellmesh_control_plane::server::start(config)
         .await
         .map_err(anyhow::Error::msg)?;
@@ -73,7 +102,7 @@ pub async fn run_control_plane(args: ControlPlaneArgs) -> anyhow::Result<()> {
 }
 
 pub async fn run_cell(args: CellArgs) -> anyhow::Result<()> {
-    let mut config = match &args.config {
+    let mut config = match args.check_config.as_ref().or(args.config.as_ref()) {
         Some(path) => CellConfig::load(path)?,
         None => CellConfig::default(),
     };
@@ -87,17 +116,26 @@ pub async fn run_cell(args: CellArgs) -> anyhow::Result<()> {
         config.cell_id = id;
     }
     config.validate()?;
+    if let Some(path) = &args.check_config {
+        let what = format!("cell {}, listen {}", config.cell_id, config.listen);
+        return valid(path, "cell", &what);
+    }
     cellmesh_cell::run(config, telemetry::shutdown_signal()).await?;
     Ok(())
 }
 
 pub async fn run_router(args: RouterArgs) -> anyhow::Result<()> {
-    let mut config = match &args.config {
+    let mut config = match args.check_config.as_ref().or(args.config.as_ref()) {
         Some(path) => RouterConfig::load(path)?,
         None => RouterConfig::default(),
     };
     if let Some(dir) = args.data_dir {
         config.data_dir = dir;
+    }
+    config.validate()?;
+    if let Some(path) = &args.check_config {
+        let what = format!("node {}, region {}", config.node_id, config.region);
+        return valid(path, "router", &what);
     }
     let router = cellmesh_router::node::start(config).await?;
     println!(
@@ -110,16 +148,26 @@ pub async fn run_router(args: RouterArgs) -> anyhow::Result<()> {
 }
 
 pub async fn run_edge(args: EdgeArgs) -> anyhow::Result<()> {
-    let mut config = match &args.config {
+    let mut config = match args.check_config.as_ref().or(args.config.as_ref()) {
         Some(path) => EdgeConfig::load(path)?,
         None => EdgeConfig::default(),
     };
     if let Some(listen) = args.listen {
         config.listen = listen;
     }
+    config.validate()?;
+    if let Some(path) = &args.check_config {
+        return valid(path, "edge", &format!("listen {}", config.listen));
+    }
     let edge = cellmesh_edge::start(config).await?;
     println!("edge serving on {}", edge.endpoint());
     telemetry::shutdown_signal().await;
     edge.stop().await;
+    Ok(())
+}
+
+/// What `--check-config` prints for a usable file.
+fn valid(path: &std::path::Path, role: &str, what: &str) -> anyhow::Result<()> {
+    println!("{}: a valid {role} config ({what})", path.display());
     Ok(())
 }

@@ -7,3 +7,4 @@
 pub mod chat;
 pub mod connect;
 pub mod ctl;
+pub mod plan;
