@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Offline checks of terraform/: formatting, `terraform validate` of every
+# module and of the example env, `terraform test` of the example env with
+# a mocked AWS provider (a three-region plan, the variables it refuses),
+# a plan of what `cellmesh plan` sizes for 100M DAU over five regions, and
+# every role's rendered config through `cellmesh <role> --check-config`.
+# The AWS provider comes from a local filesystem mirror (TF_PROVIDER_MIRROR,
+# default /opt/tf-plugins); a project-local CLI config points at it.
+#
+#   scripts/test-terraform.sh [CELLMESH_BINARY]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/common.sh
+
+bin="${1:-$CARGO_TARGET_DIR/debug/cellmesh}"
+mirror="${TF_PROVIDER_MIRROR:-/opt/tf-plugins}"
+command -v terraform >/dev/null || { echo "terraform not found: install Terraform >= 1.6"; exit 1; }
+[ -d "$mirror/registry.terraform.io/hashicorp/aws" ] || {
+  echo "no AWS provider under $mirror (set TF_PROVIDER_MIRROR to a filesystem mirror)"; exit 1; }
+[ -x "$bin" ] || { echo "no cellmesh binary at $bin (cargo build first)"; exit 1; }
+
+tf_cache="$HOME/.cache/cellmesh/terraform"
+mkdir -p "$tf_cache"
+export TF_CLI_CONFIG_FILE="$tf_cache/terraform.rc"
+cat > "$TF_CLI_CONFIG_FILE" <<RC
+provider_installation {
+  filesystem_mirror {
+    path    = "$mirror"
+    include = ["registry.terraform.io/hashicorp/aws"]
+  }
+}
+RC
+export TF_IN_AUTOMATION=1 TF_INPUT=0
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+# terraform in DIR with its working data kept outside the clone.
+tf() {
+  local dir="$1"; shift
+  TF_DATA_DIR="$tf_cache/data/${dir//\//_}" terraform -chdir="$dir" "$@"
+}
+
+echo "== terraform fmt -check"
+terraform fmt -check -recursive terraform
+
+for dir in terraform/modules/*/ terraform/envs/example terraform/tests/render; do
+  dir="${dir%/}"
+  echo "== terraform validate $dir"
+  tf "$dir" init -backend=false -no-color >"$work/init.log" || { cat "$work/init.log"; exit 1; }
+  tf "$dir" validate -no-color
+done
+
+echo "== terraform test: three regions, and the variables refused"
+tf terraform/envs/example test -no-color -filter=tests/example.tftest.hcl
+
+echo "== cellmesh plan: 100M DAU over five regions, planned by the example env"
+"$bin" plan --dau 100000000 --regions eu-west-1,eu-central-1,us-east-1,us-west-2,ap-southeast-1 \
+  --kafka --tfvars "$work/plan.tfvars.json"
+tf terraform/envs/example test -no-color -filter=tests/sized.tftest.hcl -var-file="$work/plan.tfvars.json"
+
+echo "== rendered configs pass cellmesh <role> --check-config"
+tf terraform/tests/render apply -auto-approve -no-color -state="$work/render.tfstate" >/dev/null
+tf terraform/tests/render output -state="$work/render.tfstate" -json configs >"$work/configs.json"
+python3 - "$work" <<'PY'
+import json, sys
+work = sys.argv[1]
+for role, texts in json.load(open(f"{work}/configs.json")).items():
+    for i, text in enumerate(texts):
+        open(f"{work}/{role}.{i}.toml", "w").write(text)
+PY
+for file in "$work"/*.toml; do
+  name=$(basename "$file")
+  "$bin" "${name%%.*}" --check-config "$file"
+done

@@ -1,0 +1,168 @@
+# A three-region plan and the variables it refuses (mocked AWS provider).
+
+mock_provider "aws" {
+  mock_data "aws_availability_zones" {
+    defaults = { names = ["zone-a", "zone-b", "zone-c"] }
+  }
+  mock_data "aws_ami" {
+    defaults = { id = "ami-0123456789abcdef0" }
+  }
+  mock_resource "aws_route53_zone" {
+    defaults = { zone_id = "Z0123456789", name = "zone.cellmesh.internal" }
+  }
+}
+
+mock_provider "aws" {
+  alias = "eu_west_1"
+  mock_data "aws_availability_zones" {
+    defaults = { names = ["zone-a", "zone-b", "zone-c"] }
+  }
+  mock_data "aws_ami" {
+    defaults = { id = "ami-0123456789abcdef0" }
+  }
+  mock_resource "aws_route53_zone" {
+    defaults = { zone_id = "Z0123456789", name = "zone.cellmesh.internal" }
+  }
+}
+
+mock_provider "aws" {
+  alias = "eu_central_1"
+  mock_data "aws_availability_zones" {
+    defaults = { names = ["zone-a", "zone-b", "zone-c"] }
+  }
+  mock_data "aws_ami" {
+    defaults = { id = "ami-0123456789abcdef0" }
+  }
+  mock_resource "aws_route53_zone" {
+    defaults = { zone_id = "Z0123456789", name = "zone.cellmesh.internal" }
+  }
+}
+
+mock_provider "aws" {
+  alias = "us_east_1"
+  mock_data "aws_availability_zones" {
+    defaults = { names = ["zone-a", "zone-b", "zone-c"] }
+  }
+  mock_data "aws_ami" {
+    defaults = { id = "ami-0123456789abcdef0" }
+  }
+  mock_resource "aws_route53_zone" {
+    defaults = { zone_id = "Z0123456789", name = "zone.cellmesh.internal" }
+  }
+}
+
+mock_provider "aws" {
+  alias = "us_west_2"
+  mock_data "aws_availability_zones" {
+    defaults = { names = ["zone-a", "zone-b", "zone-c"] }
+  }
+  mock_data "aws_ami" {
+    defaults = { id = "ami-0123456789abcdef0" }
+  }
+  mock_resource "aws_route53_zone" {
+    defaults = { zone_id = "Z0123456789", name = "zone.cellmesh.internal" }
+  }
+}
+
+mock_provider "aws" {
+  alias = "ap_southeast_1"
+  mock_data "aws_availability_zones" {
+    defaults = { names = ["zone-a", "zone-b", "zone-c"] }
+  }
+  mock_data "aws_ami" {
+    defaults = { id = "ami-0123456789abcdef0" }
+  }
+  mock_resource "aws_route53_zone" {
+    defaults = { zone_id = "Z0123456789", name = "zone.cellmesh.internal" }
+  }
+}
+
+mock_provider "aws" {
+  alias = "ap_northeast_1"
+  mock_data "aws_availability_zones" {
+    defaults = { names = ["zone-a", "zone-b", "zone-c"] }
+  }
+  mock_data "aws_ami" {
+    defaults = { id = "ami-0123456789abcdef0" }
+  }
+  mock_resource "aws_route53_zone" {
+    defaults = { zone_id = "Z0123456789", name = "zone.cellmesh.internal" }
+  }
+}
+
+variables {
+  regions = {
+    "eu-west-1"      = { cells = 2, router_replicas = 1 }
+    "us-east-1"      = { cells = 3, router_replicas = 1 }
+    "ap-southeast-1" = { cells = 2, router_replicas = 1 }
+  }
+}
+
+run "three_regions_plan_cells_routers_and_dns" {
+  command = plan
+
+  assert {
+    condition     = length(output.cells) == 7
+    error_message = "expected 7 cells over three regions"
+  }
+  assert {
+    condition     = contains(output.cells, "us-east-1/c3") && contains(output.cells, "ap-southeast-1/c2")
+    error_message = "cells are named <region>/c<n>"
+  }
+  assert {
+    condition     = length(output.router_members) == 3 && length(distinct([for m in output.router_members : m.region])) == 3
+    error_message = "one router replica per region"
+  }
+  assert {
+    condition     = output.dns_records == 3
+    error_message = "one latency record per region"
+  }
+  assert {
+    condition     = length(module.etcd.endpoints) == 3
+    error_message = "three etcd members"
+  }
+  assert {
+    condition     = length(module.eu_central_1) == 0 && length(module.us_east_1) == 1
+    error_message = "only the regions named are deployed"
+  }
+}
+
+run "no_cells_is_refused" {
+  command = plan
+  variables {
+    regions = {
+      "eu-west-1" = { cells = 0, router_replicas = 3 }
+    }
+  }
+  expect_failures = [var.regions]
+}
+
+run "an_unknown_region_is_refused" {
+  command = plan
+  variables {
+    regions = {
+      "eu-west-1" = { cells = 2, router_replicas = 1 }
+      "mars-1"    = { cells = 2, router_replicas = 2 }
+    }
+  }
+  expect_failures = [var.regions]
+}
+
+run "an_even_router_count_is_refused" {
+  command = plan
+  variables {
+    regions = {
+      "eu-west-1" = { cells = 2, router_replicas = 2 }
+      "us-east-1" = { cells = 2, router_replicas = 2 }
+    }
+  }
+  expect_failures = [var.regions]
+}
+
+run "the_primary_region_must_be_deployed" {
+  command = plan
+  variables {
+    primary_region = "us-west-2"
+  }
+  expect_failures = [var.primary_region]
+}

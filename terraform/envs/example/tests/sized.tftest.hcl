@@ -1,0 +1,105 @@
+# The plan `cellmesh plan` sizes (see scripts/test-terraform.sh, which
+# passes its tfvars with -var-file); it must plan cleanly.
+
+mock_provider "aws" {
+  mock_data "aws_availability_zones" {
+    defaults = { names = ["zone-a", "zone-b", "zone-c"] }
+  }
+  mock_data "aws_ami" {
+    defaults = { id = "ami-0123456789abcdef0" }
+  }
+  mock_resource "aws_route53_zone" {
+    defaults = { zone_id = "Z0123456789", name = "zone.cellmesh.internal" }
+  }
+}
+
+mock_provider "aws" {
+  alias = "eu_west_1"
+  mock_data "aws_availability_zones" {
+    defaults = { names = ["zone-a", "zone-b", "zone-c"] }
+  }
+  mock_data "aws_ami" {
+    defaults = { id = "ami-0123456789abcdef0" }
+  }
+  mock_resource "aws_route53_zone" {
+    defaults = { zone_id = "Z0123456789", name = "zone.cellmesh.internal" }
+  }
+}
+
+mock_provider "aws" {
+  alias = "eu_central_1"
+  mock_data "aws_availability_zones" {
+    defaults = { names = ["zone-a", "zone-b", "zone-c"] }
+  }
+  mock_data "aws_ami" {
+    defaults = { id = "ami-0123456789abcdef0" }
+  }
+  mock_resource "aws_route53_zone" {
+    defaults = { zone_id = "Z0123456789", name = "zone.cellmesh.internal" }
+  }
+}
+
+mock_provider "aws" {
+  alias = "us_east_1"
+  mock_data "aws_availability_zones" {
+    defaults = { names = ["zone-a", "zone-b", "zone-c"] }
+  }
+  mock_data "aws_ami" {
+    defaults = { id = "ami-0123456789abcdef0" }
+  }
+  mock_resource "aws_route53_zone" {
+    defaults = { zone_id = "Z0123456789", name = "zone.cellmesh.internal" }
+  }
+}
+
+mock_provider "aws" {
+  alias = "us_west_2"
+  mock_data "aws_availability_zones" {
+    defaults = { names = ["zone-a", "zone-b", "zone-c"] }
+  }
+  mock_data "aws_ami" {
+    defaults = { id = "ami-0123456789abcdef0" }
+  }
+  mock_resource "aws_route53_zone" {
+    defaults = { zone_id = "Z0123456789", name = "zone.cellmesh.internal" }
+  }
+}
+
+mock_provider "aws" {
+  alias = "ap_southeast_1"
+  mock_data "aws_availability_zones" {
+    defaults = { names = ["zone-a", "zone-b", "zone-c"] }
+  }
+  mock_data "aws_ami" {
+    defaults = { id = "ami-0123456789abcdef0" }
+  }
+  mock_resource "aws_route53_zone" {
+    defaults = { zone_id = "Z0123456789", name = "zone.cellmesh.internal" }
+  }
+}
+
+mock_provider "aws" {
+  alias = "ap_northeast_1"
+  mock_data "aws_availability_zones" {
+    defaults = { names = ["zone-a", "zone-b", "zone-c"] }
+  }
+  mock_data "aws_ami" {
+    defaults = { id = "ami-0123456789abcdef0" }
+  }
+  mock_resource "aws_route53_zone" {
+    defaults = { zone_id = "Z0123456789", name = "zone.cellmesh.internal" }
+  }
+}
+
+run "plan_sized_by_cellmesh_plan" {
+  command = plan
+
+  assert {
+    condition     = length(output.cells) == sum([for r in values(var.regions) : r.cells])
+    error_message = "every planned cell is deployed"
+  }
+  assert {
+    condition     = output.dns_records == length(var.regions)
+    error_message = "one latency record per region"
+  }
+}

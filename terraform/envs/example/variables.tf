@@ -1,0 +1,89 @@
+variable "deployment" {
+  description = "Name prefixed to every resource."
+  type        = string
+  default     = "cellmesh"
+}
+
+variable "regions" {
+  description = "Per AWS region: cells, router replicas, cell data volume (GiB), Kafka partitions (`cellmesh plan --tfvars` writes this)."
+  type = map(object({
+    cells              = number
+    router_replicas    = number
+    data_volume_gib    = optional(number, 100)
+    kafka_partitions   = optional(number, 0)
+    cell_instance_type = optional(string, "m6i.large")
+  }))
+  validation {
+    condition     = length(var.regions) > 0
+    error_message = "regions: name at least one region."
+  }
+  validation {
+    condition     = alltrue([for r in keys(var.regions) : contains(["eu-west-1", "eu-central-1", "us-east-1", "us-west-2", "ap-southeast-1", "ap-northeast-1"], r)])
+    error_message = "regions: an unknown region; supported are eu-west-1, eu-central-1, us-east-1, us-west-2, ap-southeast-1, ap-northeast-1."
+  }
+  validation {
+    condition     = alltrue([for r in values(var.regions) : r.cells >= 1 && r.cells <= 100])
+    error_message = "regions: every region needs between 1 and 100 cells."
+  }
+  validation {
+    condition     = sum([for r in values(var.regions) : r.router_replicas]) >= 3 && sum([for r in values(var.regions) : r.router_replicas]) % 2 == 1
+    error_message = "regions: the router replicas of all regions must add up to an odd number, at least 3."
+  }
+}
+
+variable "primary_region" {
+  description = "Where etcd and the control plane run (one of regions)."
+  type        = string
+  default     = "eu-west-1"
+  validation {
+    condition     = contains(keys(var.regions), var.primary_region)
+    error_message = "primary_region must be one of the regions deployed."
+  }
+}
+
+variable "kafka" {
+  description = "MSK per region instead of the cells' embedded queue."
+  type        = bool
+  default     = false
+}
+
+variable "domain" {
+  description = "The public domain clients resolve (im.<domain>)."
+  type        = string
+  default     = "example.com"
+}
+
+variable "public_zone_id" {
+  description = "An existing Route53 zone for domain; empty creates one."
+  type        = string
+  default     = ""
+}
+
+variable "internal_domain" {
+  type    = string
+  default = "cellmesh.internal"
+}
+
+variable "cluster_secret" {
+  type      = string
+  sensitive = true
+  default   = "change-me-cluster-secret"
+}
+
+variable "token_secret" {
+  type      = string
+  sensitive = true
+  default   = "change-me-token-secret"
+}
+
+variable "ami_id" {
+  description = "Empty: the latest Debian 12 in each region."
+  type        = string
+  default     = ""
+}
+
+variable "cellmesh_url" {
+  description = "Where instances download the cellmesh binary."
+  type        = string
+  default     = "https://downloads.example.com/cellmesh/latest/cellmesh-linux-amd64"
+}

@@ -1,0 +1,4 @@
+output "configs" {
+  value     = module.config[*].toml
+  sensitive = true
+}

@@ -1,0 +1,74 @@
+# A region's edge: stateless instances behind a network load balancer on
+# the client port. Config is the TOML `cellmesh edge` validates (see
+# ../config/edge.toml.tftpl).
+
+terraform {
+  required_providers {
+    aws = { source = "hashicorp/aws", version = ">= 5.0" }
+  }
+}
+
+locals {
+  config = module.config.toml
+}
+
+module "config" {
+  source = "../config"
+  role   = "edge"
+  vars = {
+    port           = var.port
+    region         = var.region
+    routers        = var.routers
+    cluster_secret = var.cluster_secret
+    token_secret   = var.token_secret
+  }
+}
+
+module "node" {
+  count              = var.instances
+  source             = "../node"
+  name               = "${var.deployment}-${var.region}-edge-${count.index + 1}"
+  role               = "edge"
+  config             = local.config
+  host               = "edge-${count.index + 1}.${var.zone_name}"
+  zone_id            = var.zone_id
+  instance_type      = var.instance_type
+  ami_id             = var.ami_id
+  subnet_id          = var.public_subnet_ids[count.index % length(var.public_subnet_ids)]
+  security_group_ids = var.security_group_ids
+  cellmesh_url       = var.cellmesh_url
+}
+
+resource "aws_lb" "this" {
+  name               = substr("${var.deployment}-${var.region}-edge", 0, 32)
+  load_balancer_type = "network"
+  subnets            = var.public_subnet_ids
+}
+
+resource "aws_lb_target_group" "this" {
+  name        = substr("${var.deployment}-${var.region}-edge", 0, 32)
+  port        = var.port
+  protocol    = "TCP"
+  vpc_id      = var.vpc_id
+  target_type = "instance"
+  health_check {
+    protocol = "TCP"
+  }
+}
+
+resource "aws_lb_target_group_attachment" "this" {
+  count            = var.instances
+  target_group_arn = aws_lb_target_group.this.arn
+  target_id        = module.node[count.index].instance_id
+  port             = var.port
+}
+
+resource "aws_lb_listener" "this" {
+  load_balancer_arn = aws_lb.this.arn
+  port              = var.port
+  protocol          = "TCP"
+  default_action {
+    type             = "forward"
+    target_group_arn = aws_lb_target_group.this.arn
+  }
+}

@@ -1,0 +1,74 @@
+variable "deployment" {
+  type = string
+}
+
+variable "region" {
+  type = string
+}
+
+variable "instances" {
+  type    = number
+  default = 2
+  validation {
+    condition     = var.instances >= 1
+    error_message = "an edge needs at least one instance."
+  }
+}
+
+variable "port" {
+  type    = number
+  default = 7200
+}
+
+variable "routers" {
+  type = list(string)
+}
+
+variable "cluster_secret" {
+  type      = string
+  sensitive = true
+}
+
+variable "token_secret" {
+  description = "Signs and checks client tokens (the edge requires 16 bytes or more)."
+  type        = string
+  sensitive   = true
+  validation {
+    condition     = length(var.token_secret) >= 16
+    error_message = "token_secret must be at least 16 bytes."
+  }
+}
+
+variable "zone_id" {
+  type = string
+}
+
+variable "zone_name" {
+  type = string
+}
+
+variable "vpc_id" {
+  type = string
+}
+
+variable "public_subnet_ids" {
+  type = list(string)
+}
+
+variable "security_group_ids" {
+  type = list(string)
+}
+
+variable "instance_type" {
+  type    = string
+  default = "c6i.large"
+}
+
+variable "ami_id" {
+  type    = string
+  default = ""
+}
+
+variable "cellmesh_url" {
+  type = string
+}

@@ -1,0 +1,3 @@
+output "endpoints" {
+  value = [for h in local.hosts : "http://${h}:${var.client_port}"]
+}

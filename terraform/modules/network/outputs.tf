@@ -1,0 +1,27 @@
+output "vpc_id" {
+  value = aws_vpc.this.id
+}
+
+output "public_subnet_ids" {
+  value = aws_subnet.public[*].id
+}
+
+output "private_subnet_ids" {
+  value = aws_subnet.private[*].id
+}
+
+output "internal_security_group_id" {
+  value = aws_security_group.internal.id
+}
+
+output "edge_security_group_id" {
+  value = aws_security_group.edge.id
+}
+
+output "zone_id" {
+  value = aws_route53_zone.private.zone_id
+}
+
+output "zone_name" {
+  value = aws_route53_zone.private.name
+}

@@ -1,0 +1,77 @@
+# Everything cellmesh runs in one region: its network, its cells, the
+# router replicas placed here, its edge, and optionally its Kafka cluster.
+
+terraform {
+  required_providers {
+    aws = { source = "hashicorp/aws", version = ">= 5.0" }
+  }
+}
+
+module "network" {
+  source          = "../network"
+  name            = var.deployment
+  region          = var.region
+  cidr            = var.cidr
+  internal_cidrs  = var.internal_cidrs
+  internal_domain = var.internal_domain
+}
+
+module "kafka" {
+  source             = "../kafka"
+  enabled            = var.spec.kafka_partitions > 0
+  deployment         = var.deployment
+  region             = var.region
+  subnet_ids         = module.network.private_subnet_ids
+  security_group_ids = [module.network.internal_security_group_id]
+}
+
+module "cell" {
+  count              = var.spec.cells
+  source             = "../cell"
+  deployment         = var.deployment
+  region             = var.region
+  name               = "c${count.index + 1}"
+  instance_id        = var.instance_id_base + count.index
+  routers            = var.routers
+  etcd_endpoints     = var.etcd_endpoints
+  cluster_secret     = var.cluster_secret
+  kafka_brokers      = module.kafka.bootstrap_brokers
+  kafka_partitions   = max(var.spec.kafka_partitions, 1)
+  zone_id            = module.network.zone_id
+  zone_name          = module.network.zone_name
+  instance_type      = var.spec.cell_instance_type
+  ami_id             = var.ami_id
+  subnet_id          = module.network.private_subnet_ids[count.index % 2]
+  security_group_ids = [module.network.internal_security_group_id]
+  data_volume_gib    = var.spec.data_volume_gib
+  cellmesh_url       = var.cellmesh_url
+}
+
+module "routers" {
+  source             = "../router-group"
+  deployment         = var.deployment
+  region             = var.region
+  members            = var.router_members
+  cluster_secret     = var.cluster_secret
+  zone_id            = module.network.zone_id
+  ami_id             = var.ami_id
+  subnet_ids         = module.network.private_subnet_ids
+  security_group_ids = [module.network.internal_security_group_id]
+  cellmesh_url       = var.cellmesh_url
+}
+
+module "edge" {
+  source             = "../edge"
+  deployment         = var.deployment
+  region             = var.region
+  routers            = var.routers
+  cluster_secret     = var.cluster_secret
+  token_secret       = var.token_secret
+  zone_id            = module.network.zone_id
+  zone_name          = module.network.zone_name
+  vpc_id             = module.network.vpc_id
+  public_subnet_ids  = module.network.public_subnet_ids
+  security_group_ids = [module.network.edge_security_group_id, module.network.internal_security_group_id]
+  ami_id             = var.ami_id
+  cellmesh_url       = var.cellmesh_url
+}

@@ -1,0 +1,27 @@
+output "cell_ids" {
+  value = module.cell[*].cell_id
+}
+
+output "router_node_ids" {
+  value = module.routers.node_ids
+}
+
+output "edge" {
+  value = { dns_name = module.edge.lb_dns_name, port = module.edge.port }
+}
+
+output "zone_id" {
+  value = module.network.zone_id
+}
+
+output "zone_name" {
+  value = module.network.zone_name
+}
+
+output "private_subnet_ids" {
+  value = module.network.private_subnet_ids
+}
+
+output "internal_security_group_id" {
+  value = module.network.internal_security_group_id
+}

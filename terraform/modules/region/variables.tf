@@ -1,0 +1,67 @@
+variable "deployment" {
+  type = string
+}
+
+variable "region" {
+  type = string
+}
+
+variable "spec" {
+  description = "This region's size (see envs/example variable regions)."
+  type = object({
+    cells              = number
+    router_replicas    = number
+    data_volume_gib    = number
+    kafka_partitions   = number
+    cell_instance_type = string
+  })
+}
+
+variable "cidr" {
+  type = string
+}
+
+variable "internal_cidrs" {
+  type = list(string)
+}
+
+variable "internal_domain" {
+  type    = string
+  default = "cellmesh.internal"
+}
+
+variable "instance_id_base" {
+  description = "The first cell's instance id; cells count up from it."
+  type        = number
+}
+
+variable "routers" {
+  type = list(string)
+}
+
+variable "router_members" {
+  type = list(object({ node_id = number, region = string, host = string }))
+}
+
+variable "etcd_endpoints" {
+  type = list(string)
+}
+
+variable "cluster_secret" {
+  type      = string
+  sensitive = true
+}
+
+variable "token_secret" {
+  type      = string
+  sensitive = true
+}
+
+variable "ami_id" {
+  type    = string
+  default = ""
+}
+
+variable "cellmesh_url" {
+  type = string
+}

@@ -1,0 +1,66 @@
+variable "deployment" {
+  type = string
+}
+
+variable "region" {
+  type = string
+}
+
+variable "members" {
+  description = "Every replica of the group: node id, region, private DNS name."
+  type        = list(object({ node_id = number, region = string, host = string }))
+  validation {
+    condition     = length(var.members) >= 3 && length(var.members) % 2 == 1
+    error_message = "the router group needs an odd number of replicas, at least 3 (a majority must survive a region)."
+  }
+  validation {
+    condition     = length(distinct([for m in var.members : m.node_id])) == length(var.members) && alltrue([for m in var.members : m.node_id > 0])
+    error_message = "router node ids must be unique and non-zero."
+  }
+}
+
+variable "api_port" {
+  type    = number
+  default = 7300
+}
+
+variable "raft_port" {
+  type    = number
+  default = 7301
+}
+
+variable "cluster_secret" {
+  type      = string
+  sensitive = true
+}
+
+variable "zone_id" {
+  type = string
+}
+
+variable "instance_type" {
+  type    = string
+  default = "m6i.large"
+}
+
+variable "ami_id" {
+  type    = string
+  default = ""
+}
+
+variable "subnet_ids" {
+  type = list(string)
+}
+
+variable "security_group_ids" {
+  type = list(string)
+}
+
+variable "data_volume_gib" {
+  type    = number
+  default = 20
+}
+
+variable "cellmesh_url" {
+  type = string
+}

@@ -1,0 +1,91 @@
+# Renders every role's config through modules/config with the values a
+# three-region deployment gives it, for scripts/test-terraform.sh to check
+# with `cellmesh <role> --check-config`. No provider, no resources.
+
+locals {
+  routers = ["http://router-1.eu-west-1.cellmesh.internal:7300", "http://router-2.us-east-1.cellmesh.internal:7300", "http://router-3.ap-southeast-1.cellmesh.internal:7300"]
+  etcd    = ["http://etcd-1.eu-west-1.cellmesh.internal:2379", "http://etcd-2.eu-west-1.cellmesh.internal:2379", "http://etcd-3.eu-west-1.cellmesh.internal:2379"]
+  members = [for i, r in ["eu-west-1", "us-east-1", "ap-southeast-1"] : { node_id = i + 1, region = r, host = "router-${i + 1}.${r}.cellmesh.internal" }]
+}
+
+module "cell_embedded" {
+  source = "../../modules/config"
+  role   = "cell"
+  vars = {
+    cell_id          = "eu-west-1/c1"
+    instance_id      = 0
+    port             = 7400
+    advertise_host   = "cell-c1.eu-west-1.cellmesh.internal"
+    routers          = local.routers
+    etcd_endpoints   = local.etcd
+    cluster_secret   = "secret"
+    kafka_brokers    = ""
+    kafka_partitions = 1
+  }
+}
+
+module "cell_kafka" {
+  source = "../../modules/config"
+  role   = "cell"
+  vars = {
+    cell_id          = "us-east-1/c2"
+    instance_id      = 101
+    port             = 7400
+    advertise_host   = "cell-c2.us-east-1.cellmesh.internal"
+    routers          = local.routers
+    etcd_endpoints   = local.etcd
+    cluster_secret   = "secret"
+    kafka_brokers    = "b-1.msk.example:9092,b-2.msk.example:9092"
+    kafka_partitions = 84
+  }
+}
+
+module "router" {
+  source = "../../modules/config"
+  role   = "router"
+  vars = {
+    node_id        = 1
+    region         = "eu-west-1"
+    host           = "router-1.eu-west-1.cellmesh.internal"
+    api_port       = 7300
+    raft_port      = 7301
+    cluster_secret = "secret"
+    bootstrap      = true
+    members        = local.members
+  }
+}
+
+module "edge" {
+  source = "../../modules/config"
+  role   = "edge"
+  vars = {
+    port           = 7200
+    region         = "us-east-1"
+    routers        = local.routers
+    cluster_secret = "secret"
+    token_secret   = "token-secret-of-the-test"
+  }
+}
+
+module "control_plane" {
+  source = "../../modules/config"
+  role   = "control-plane"
+  vars = {
+    routers        = local.routers
+    cluster_secret = "secret"
+    etcd_endpoints = local.etcd
+    console_port   = 7100
+    admin_port     = 7101
+    name           = "control-plane-1"
+  }
+}
+
+output "configs" {
+  value = {
+    cell          = [module.cell_embedded.toml, module.cell_kafka.toml]
+    router        = [module.router.toml]
+    edge          = [module.edge.toml]
+    control-plane = [module.control_plane.toml]
+  }
+  sensitive = true
+}
