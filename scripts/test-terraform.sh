@@ -3,7 +3,10 @@
 # module and of the example env, `terraform test` of the example env with
 # a mocked AWS provider (a three-region plan, the variables it refuses),
 # a plan of what `cellmesh plan` sizes for 100M DAU over five regions, and
-# every role's rendered config through `cellmesh <role> --check-config`.
+# every role's rendered config through `cellmesh <role> --check-config`,
+# and `terraform apply`/`destroy` of the network and global DNS modules
+# against moto_server (a local AWS API) on a loopback port, checked with
+# boto3.
 # The AWS provider comes from a local filesystem mirror (TF_PROVIDER_MIRROR,
 # default /opt/tf-plugins); a project-local CLI config points at it.
 #
@@ -32,7 +35,8 @@ provider_installation {
 RC
 export TF_IN_AUTOMATION=1 TF_INPUT=0
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+moto_pid=""
+trap '[ -z "$moto_pid" ] || kill "$moto_pid" 2>/dev/null; rm -rf "$work"' EXIT
 
 # terraform in DIR with its working data kept outside the clone.
 tf() {
@@ -43,7 +47,7 @@ tf() {
 echo "== terraform fmt -check"
 terraform fmt -check -recursive terraform
 
-for dir in terraform/modules/*/ terraform/envs/example terraform/tests/render; do
+for dir in terraform/modules/*/ terraform/envs/example terraform/tests/render terraform/tests/moto; do
   dir="${dir%/}"
   echo "== terraform validate $dir"
   tf "$dir" init -backend=false -no-color >"$work/init.log" || { cat "$work/init.log"; exit 1; }
@@ -72,3 +76,18 @@ for file in "$work"/*.toml; do
   name=$(basename "$file")
   "$bin" "${name%%.*}" --check-config "$file"
 done
+
+echo "== terraform apply and destroy of network and global-dns against moto"
+command -v moto_server >/dev/null || { echo "moto_server not found: pip install 'moto[server]'"; exit 1; }
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+moto_server -H 127.0.0.1 -p "$port" >"$work/moto.log" 2>&1 &
+moto_pid=$!
+endpoint="http://127.0.0.1:$port"
+for _ in $(seq 50); do curl -sf "$endpoint/moto-api/" >/dev/null && break; sleep 0.2; done
+vars=(-var "endpoint=$endpoint" -state="$work/moto.tfstate" -no-color)
+tf terraform/tests/moto apply -auto-approve "${vars[@]}" >"$work/apply.log" || { cat "$work/apply.log"; exit 1; }
+vpc=$(tf terraform/tests/moto output -state="$work/moto.tfstate" -raw vpc_id)
+zone=$(tf terraform/tests/moto output -state="$work/moto.tfstate" -raw zone_id)
+python3 terraform/tests/moto/check.py "$endpoint" present "$vpc" "$zone"
+tf terraform/tests/moto destroy -auto-approve "${vars[@]}" >"$work/destroy.log" || { cat "$work/destroy.log"; exit 1; }
+python3 terraform/tests/moto/check.py "$endpoint" absent "$vpc" "$zone"

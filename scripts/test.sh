@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: set-up, formatting, lints, every test of the
-# workspace (unit and integration) with cargo-nextest, then a short mixed
-# chaos drill against a `cellmesh dev` deployment (skip it with
-# CELLMESH_SKIP_DRILL=1).
+# workspace (unit and integration) with cargo-nextest, the Terraform
+# checks (scripts/test-terraform.sh), then short chaos drills against a
+# `cellmesh dev` deployment (skip them with CELLMESH_SKIP_DRILL=1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/common.sh
@@ -28,6 +28,8 @@ ignored=()
 # Tests marked ignored need a real broker; run them when one is up.
 [ -n "${CELLMESH_TEST_KAFKA_BROKERS:-}" ] && ignored=(--run-ignored all)
 cargo nextest run --workspace --locked --no-fail-fast "${ignored[@]}" "$@"
+echo "== terraform: validate, mocked plans, rendered configs, apply against moto"
+scripts/test-terraform.sh "$CARGO_TARGET_DIR/debug/cellmesh"
 
 # Starts `cellmesh dev` with the arguments before `--`, runs the drills
 # after it ("scenario duration", seed 7) against it, and stops it.
