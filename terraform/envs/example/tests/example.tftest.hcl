@@ -1,93 +1,37 @@
 # A three-region plan and the variables it refuses (mocked AWS provider).
 
 mock_provider "aws" {
-  mock_data "aws_availability_zones" {
-    defaults = { names = ["zone-a", "zone-b", "zone-c"] }
-  }
-  mock_data "aws_ami" {
-    defaults = { id = "ami-0123456789abcdef0" }
-  }
-  mock_resource "aws_route53_zone" {
-    defaults = { zone_id = "Z0123456789", name = "zone.cellmesh.internal" }
-  }
+  source = "./tests/aws"
 }
 
 mock_provider "aws" {
-  alias = "eu_west_1"
-  mock_data "aws_availability_zones" {
-    defaults = { names = ["zone-a", "zone-b", "zone-c"] }
-  }
-  mock_data "aws_ami" {
-    defaults = { id = "ami-0123456789abcdef0" }
-  }
-  mock_resource "aws_route53_zone" {
-    defaults = { zone_id = "Z0123456789", name = "zone.cellmesh.internal" }
-  }
+  alias  = "eu_west_1"
+  source = "./tests/aws"
 }
 
 mock_provider "aws" {
-  alias = "eu_central_1"
-  mock_data "aws_availability_zones" {
-    defaults = { names = ["zone-a", "zone-b", "zone-c"] }
-  }
-  mock_data "aws_ami" {
-    defaults = { id = "ami-0123456789abcdef0" }
-  }
-  mock_resource "aws_route53_zone" {
-    defaults = { zone_id = "Z0123456789", name = "zone.cellmesh.internal" }
-  }
+  alias  = "eu_central_1"
+  source = "./tests/aws"
 }
 
 mock_provider "aws" {
-  alias = "us_east_1"
-  mock_data "aws_availability_zones" {
-    defaults = { names = ["zone-a", "zone-b", "zone-c"] }
-  }
-  mock_data "aws_ami" {
-    defaults = { id = "ami-0123456789abcdef0" }
-  }
-  mock_resource "aws_route53_zone" {
-    defaults = { zone_id = "Z0123456789", name = "zone.cellmesh.internal" }
-  }
+  alias  = "us_east_1"
+  source = "./tests/aws"
 }
 
 mock_provider "aws" {
-  alias = "us_west_2"
-  mock_data "aws_availability_zones" {
-    defaults = { names = ["zone-a", "zone-b", "zone-c"] }
-  }
-  mock_data "aws_ami" {
-    defaults = { id = "ami-0123456789abcdef0" }
-  }
-  mock_resource "aws_route53_zone" {
-    defaults = { zone_id = "Z0123456789", name = "zone.cellmesh.internal" }
-  }
+  alias  = "us_west_2"
+  source = "./tests/aws"
 }
 
 mock_provider "aws" {
-  alias = "ap_southeast_1"
-  mock_data "aws_availability_zones" {
-    defaults = { names = ["zone-a", "zone-b", "zone-c"] }
-  }
-  mock_data "aws_ami" {
-    defaults = { id = "ami-0123456789abcdef0" }
-  }
-  mock_resource "aws_route53_zone" {
-    defaults = { zone_id = "Z0123456789", name = "zone.cellmesh.internal" }
-  }
+  alias  = "ap_southeast_1"
+  source = "./tests/aws"
 }
 
 mock_provider "aws" {
-  alias = "ap_northeast_1"
-  mock_data "aws_availability_zones" {
-    defaults = { names = ["zone-a", "zone-b", "zone-c"] }
-  }
-  mock_data "aws_ami" {
-    defaults = { id = "ami-0123456789abcdef0" }
-  }
-  mock_resource "aws_route53_zone" {
-    defaults = { zone_id = "Z0123456789", name = "zone.cellmesh.internal" }
-  }
+  alias  = "ap_northeast_1"
+  source = "./tests/aws"
 }
 
 variables {
