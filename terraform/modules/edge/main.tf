@@ -1,5 +1,5 @@
-# A region's edge: stateless instances behind a network load balancer on
-# the client port. Config is the TOML `cellmesh edge` validates (see
+# A region's edge: stateless instances (private subnets) behind a network
+# load balancer (public subnets) on the client port. Config is the TOML `cellmesh edge` validates (see
 # ../config/edge.toml.tftpl).
 
 terraform {
@@ -34,15 +34,17 @@ module "node" {
   zone_id            = var.zone_id
   instance_type      = var.instance_type
   ami_id             = var.ami_id
-  subnet_id          = var.public_subnet_ids[count.index % length(var.public_subnet_ids)]
+  subnet_id          = var.private_subnet_ids[count.index % length(var.private_subnet_ids)]
   security_group_ids = var.security_group_ids
   cellmesh_url       = var.cellmesh_url
 }
 
 resource "aws_lb" "this" {
-  name               = substr("${var.deployment}-${var.region}-edge", 0, 32)
-  load_balancer_type = "network"
-  subnets            = var.public_subnet_ids
+  name                             = substr("${var.deployment}-${var.region}-edge", 0, 32)
+  load_balancer_type               = "network"
+  subnets                          = var.public_subnet_ids
+  enable_cross_zone_load_balancing = true
+  enable_deletion_protection       = var.deletion_protection
 }
 
 resource "aws_lb_target_group" "this" {

@@ -52,7 +52,19 @@ variable "vpc_id" {
 }
 
 variable "public_subnet_ids" {
-  type = list(string)
+  description = "Where the load balancer listens."
+  type        = list(string)
+}
+
+variable "private_subnet_ids" {
+  description = "Where the edge instances run."
+  type        = list(string)
+}
+
+variable "deletion_protection" {
+  description = "The load balancer cannot be deleted until this is turned off."
+  type        = bool
+  default     = true
 }
 
 variable "security_group_ids" {

@@ -28,8 +28,30 @@ variable "internal_domain" {
   default     = "cellmesh.internal"
 }
 
-variable "ports" {
-  description = "The edge's client port and the range of internal ports."
-  type        = object({ edge = number, first = number, last = number })
-  default     = { edge = 7200, first = 2379, last = 7499 }
+variable "edge_port" {
+  description = "The edge's client port, open to everyone."
+  type        = number
+  default     = 7200
+}
+
+variable "internal_ports" {
+  description = "Port ranges open between components, by what they serve."
+  type        = map(tuple([number, number]))
+  default = {
+    "etcd clients and peers"       = [2379, 2380]
+    "control plane console, admin" = [7100, 7101]
+    "edge"                         = [7200, 7200]
+    "router api and raft"          = [7300, 7301]
+    "cell"                         = [7400, 7400]
+  }
+}
+
+variable "zones" {
+  description = "Availability zones of the subnets (two); empty takes the region's first two. Pin them in production: a new zone must not move subnets."
+  type        = list(string)
+  default     = []
+  validation {
+    condition     = length(var.zones) == 0 || length(var.zones) == 2
+    error_message = "zones: name exactly two availability zones, or none."
+  }
 }

@@ -41,6 +41,8 @@ resource "aws_instance" "this" {
   subnet_id              = var.subnet_id
   vpc_security_group_ids = var.security_group_ids
   iam_instance_profile   = aws_iam_instance_profile.this.name
+  ebs_optimized          = true
+  monitoring             = true
   user_data = templatefile("${path.module}/../cloud-init.sh.tftpl", {
     role         = var.role
     config       = var.config
@@ -51,6 +53,7 @@ resource "aws_instance" "this" {
   root_block_device {
     volume_type = "gp3"
     volume_size = 20
+    encrypted   = true
   }
   metadata_options {
     http_tokens = "required"

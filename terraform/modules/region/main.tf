@@ -71,6 +71,7 @@ module "edge" {
   zone_name          = module.network.zone_name
   vpc_id             = module.network.vpc_id
   public_subnet_ids  = module.network.public_subnet_ids
+  private_subnet_ids = module.network.private_subnet_ids
   security_group_ids = [module.network.edge_security_group_id, module.network.internal_security_group_id]
   ami_id             = var.ami_id
   cellmesh_url       = var.cellmesh_url

@@ -22,8 +22,15 @@ groups = {g["GroupName"]: g for g in ec2.describe_security_groups(
     Filters=[{"Name": "vpc-id", "Values": [vpc]}])["SecurityGroups"]}
 edge = groups["moto-edge"]["IpPermissions"]
 assert [(p["FromPort"], p["ToPort"]) for p in edge] == [(7200, 7200)], edge
-internal = groups["moto-internal"]["IpPermissions"][0]
-assert {r["CidrIp"] for r in internal["IpRanges"]} == {"10.10.0.0/16", "10.11.0.0/16"}, internal
+internal = groups["moto-internal"]["IpPermissions"]
+ranges = sorted((p["FromPort"], p["ToPort"]) for p in internal)
+assert ranges == [(2379, 2380), (7100, 7101), (7200, 7200), (7300, 7301), (7400, 7400)], ranges
+for p in internal:
+    assert {r["CidrIp"] for r in p["IpRanges"]} == {"10.10.0.0/16", "10.11.0.0/16"}, p
+nats = ec2.describe_nat_gateways(Filters=[{"Name": "vpc-id", "Values": [vpc]}])["NatGateways"]
+assert len(nats) == 1, nats
+public = [s for s in subnets if s["MapPublicIpOnLaunch"]]
+assert not public, public
 records = r53.list_resource_record_sets(HostedZoneId=zone)["ResourceRecordSets"]
 latency = [r for r in records if r["Name"].startswith("im.example.test") and r["Type"] == "CNAME"]
 assert sorted(r["Region"] for r in latency) == ["eu-west-1", "us-east-1"], latency
@@ -32,5 +39,6 @@ checks = r53.list_health_checks()["HealthChecks"]
 assert len(checks) >= 2, checks
 names = [z["Name"] for z in r53.list_hosted_zones()["HostedZones"]]
 assert any(n.startswith("eu-west-1.cellmesh.internal") for n in names), names
-print(f"applied: VPC {vpc} with 4 subnets and 2 security groups; "
+print(f"applied: VPC {vpc} with 4 subnets (no public addresses), a NAT gateway, "
+      f"2 security groups (internal: 5 port ranges); "
       f"{len(latency)} latency records with health checks; the private zone")

@@ -3,6 +3,7 @@
 
 mod bad_input;
 mod chat_cli;
+mod check_config;
 mod commit_lanes;
 mod console;
 mod coordination;

@@ -1,0 +1,93 @@
+//! `cellmesh <role> --check-config FILE` and `cellmesh plan` as an
+//! operator (or Terraform's cloud-init) runs them: the real binary, exit
+//! codes and what it prints.
+
+use std::process::Output;
+
+use cellmesh_tests::*;
+
+fn run(args: &[&str]) -> Output {
+    std::process::Command::new(cellmesh_bin())
+        .args(args)
+        .output()
+        .expect("run cellmesh")
+}
+
+fn config(name: &str) -> String {
+    format!("{}/../config/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+#[test]
+fn every_role_accepts_its_shipped_config_and_starts_nothing() {
+    for role in ["cell", "router", "edge", "control-plane"] {
+        let file = config(&format!("{role}.toml"));
+        let out = run(&[role, "--check-config", &file]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{role}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            stdout.contains(&format!("a valid {role} config")),
+            "{role}: {stdout}"
+        );
+    }
+}
+
+#[test]
+fn a_bad_config_exits_2_naming_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        ("cell", "instance_id = 5000\n", "instance_id"),
+        ("cell", "[storage]\nbogus = 1\n", "bogus"),
+        ("edge", "token_secret = \"short\"\n", "token_secret"),
+        ("router", "node_id = 0\n", "node_id"),
+        ("control-plane", "routers = []\n", "routers"),
+    ];
+    for (i, (role, text, field)) in cases.iter().enumerate() {
+        let file = dir.path().join(format!("{i}.toml"));
+        std::fs::write(&file, text).unwrap();
+        let out = run(&[role, "--check-config", file.to_str().unwrap()]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{role} {text:?}: {stderr}");
+        assert!(stderr.contains(field), "{role} {text:?}: {stderr}");
+    }
+    // A file that is not there is named.
+    let out = run(&["cell", "--check-config", "/nonexistent/cell.toml"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/cell.toml"));
+}
+
+#[test]
+fn plan_writes_tfvars_for_every_region() {
+    let dir = tempfile::tempdir().unwrap();
+    let tfvars = dir.path().join("plan.tfvars.json");
+    let out = run(&[
+        "plan",
+        "--dau",
+        "1000000",
+        "--regions",
+        "eu-west-1,us-east-1,ap-southeast-1",
+        "--json",
+        "--tfvars",
+        tfvars.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(plan["messages_per_day"], 60e6);
+    assert_eq!(plan["router_replicas"], 3);
+    let vars: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&tfvars).unwrap()).unwrap();
+    let regions = vars["regions"].as_object().unwrap();
+    assert_eq!(regions.len(), 3);
+    assert!(regions.values().all(|r| r["cells"].as_u64().unwrap() >= 2));
+    // A load no plan answers: exit 2, the flag named.
+    let out = run(&["plan", "--dau", "0"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--dau"));
+}
