@@ -508,11 +508,11 @@ impl CellConfig {
             self.routing.checkpoint_interval_ms >= 10,
             "must be at least 10",
         )?;
-        for router in &self.routing.routers {
-            check(
-                "routing.routers",
-                router.starts_with("http://") || router.starts_with("https://"),
-                "must be http:// or https:// URLs",
+        cellmesh_proto::config::check_grpc_urls("routing.routers", &self.routing.routers)?;
+        if !self.routing.advertise.is_empty() {
+            cellmesh_proto::config::check_grpc_urls(
+                "routing.advertise",
+                [&self.routing.advertise],
             )?;
         }
         for (user, endpoint) in &self.homes.remote {

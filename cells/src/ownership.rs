@@ -74,6 +74,13 @@ pub trait Ownership: Send + Sync + 'static {
         false
     }
 
+    /// Whether a cell registered in the route table is reached at
+    /// `address`: the only places this cell pulls copies from (a
+    /// standalone cell knows no other cell).
+    fn is_cell_address(&self, _address: &str) -> bool {
+        false
+    }
+
     /// The route-table index this cell's view has reached (a standalone
     /// cell has seen everything).
     fn route_index(&self) -> u64 {

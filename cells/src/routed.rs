@@ -141,6 +141,11 @@ impl Ownership for Routed {
         self.client.applied()
     }
 
+    fn is_cell_address(&self, address: &str) -> bool {
+        self.client
+            .read(|t| t.cells.values().any(|c| c.address == address))
+    }
+
     fn await_route_index(&self, index: u64, timeout: Duration) -> BoxFuture<'_, bool> {
         Box::pin(self.client.wait_applied(index, timeout))
     }

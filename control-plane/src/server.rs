@@ -166,6 +166,7 @@ impl ControlPlaneConfig {
             !self.routers.is_empty(),
             "must name at least one router",
         )?;
+        cellmesh_proto::config::check_grpc_urls("routers", &self.routers)?;
         check(
             "probe_interval_ms",
             self.probe_interval_ms >= 10,

@@ -74,13 +74,7 @@ impl EdgeConfig {
             !self.routers.is_empty(),
             "must name at least one router",
         )?;
-        for r in &self.routers {
-            check(
-                "routers",
-                r.starts_with("http://") || r.starts_with("https://"),
-                "must be http:// or https:// URLs",
-            )?;
-        }
+        cellmesh_proto::config::check_grpc_urls("routers", &self.routers)?;
         check(
             "token_secret",
             self.token_secret.len() >= 16,

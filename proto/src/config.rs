@@ -62,6 +62,25 @@ pub fn check(field: &'static str, ok: bool, message: &str) -> Result<(), ConfigE
     }
 }
 
+/// Checks that every one of `urls` is a gRPC endpoint these components
+/// can dial: `http://host:port`. They are built without TLS, so an
+/// `https://` URL is refused here rather than failing at the first call.
+pub fn check_grpc_urls<'a>(
+    field: &'static str,
+    urls: impl IntoIterator<Item = &'a String>,
+) -> Result<(), ConfigError> {
+    for url in urls {
+        let message = if url.starts_with("https://") {
+            format!("{url:?}: TLS is not built in; use http:// (inside a private network)")
+        } else {
+            format!("{url:?} is not an http://host:port URL")
+        };
+        let host = url.strip_prefix("http://").unwrap_or("");
+        check(field, !host.is_empty() && !host.contains('/'), &message)?;
+    }
+    Ok(())
+}
+
 /// The address to dial for `address`: its entry in `links` (a proxy that
 /// sits on that network path, e.g. a cross-region link), else itself.
 pub fn via<'a>(links: &'a std::collections::BTreeMap<String, String>, address: &'a str) -> &'a str {

@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use cellmesh_proto::config::{ConfigError, check};
+use cellmesh_proto::config::{ConfigError, check, check_grpc_urls};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -103,6 +103,14 @@ impl RouterConfig {
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
+        for (field, url) in [
+            ("advertise_api", &self.advertise_api),
+            ("advertise_raft", &self.advertise_raft),
+        ] {
+            if !url.is_empty() {
+                check_grpc_urls(field, [url])?;
+            }
+        }
         check("node_id", self.node_id > 0, "must be greater than 0")?;
         check("region", !self.region.is_empty(), "must not be empty")?;
         check(
@@ -152,16 +160,8 @@ impl RouterConfig {
                 m.node_id > 0,
                 "must be greater than 0",
             )?;
-            for (field, addr) in [
-                ("cluster.members.raft_addr", &m.raft_addr),
-                ("cluster.members.api_addr", &m.api_addr),
-            ] {
-                check(
-                    field,
-                    addr.starts_with("http://") || addr.starts_with("https://"),
-                    "must be an http:// or https:// URL",
-                )?;
-            }
+            check_grpc_urls("cluster.members.raft_addr", [&m.raft_addr])?;
+            check_grpc_urls("cluster.members.api_addr", [&m.api_addr])?;
         }
         Ok(())
     }

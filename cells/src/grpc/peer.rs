@@ -64,8 +64,16 @@ impl PeerApi {
         }
     }
 
-    /// The source cell of a copy, at `address`.
+    /// The source cell of a copy, at `address` (a registered cell's).
     async fn source(&self, address: &str) -> Result<CellPeerClient<Channel>, CellError> {
+        // Never an address the caller makes up: it would have this cell
+        // dial anywhere with the deployment's credentials.
+        if !self.service.is_cell_address(address) {
+            return Err(CellError::invalid(
+                Reason::BadSourceAddress,
+                format!("{address:?} is not the address of a cell in the route table"),
+            ));
+        }
         let cached = self.sources.lock().expect("sources").get(address).cloned();
         let channel = match cached {
             Some(channel) => channel,

@@ -110,6 +110,11 @@ impl MessageService {
         })
     }
 
+    /// Whether a cell registered in the route table is reached at `address`.
+    pub fn is_cell_address(&self, address: &str) -> bool {
+        self.ownership.is_cell_address(address)
+    }
+
     pub fn store(&self) -> &Arc<Store> {
         &self.store
     }

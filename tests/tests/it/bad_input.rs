@@ -413,3 +413,82 @@ async fn bad_migration_chunks_are_refused_and_store_nothing() {
         .into_inner();
     assert_eq!((stored.copied_through, stored.messages), (3, 3));
 }
+
+/// A copy pulls only from a cell the route table names: a caller-supplied
+/// address (anywhere it likes, with the deployment's credentials) is
+/// refused with a stable code, and nothing dials it.
+#[tokio::test]
+async fn copies_pull_only_from_registered_cells_never_from_a_made_up_address() {
+    use cellmesh_proto::v1::cell_peer_client::CellPeerClient;
+    let d = cellmesh_tests::deploy::deploy(None).await;
+    let trap = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let made_up = format!("http://{}", trap.local_addr().unwrap());
+    let dialled = tokio::spawn(async move { trap.accept().await.is_ok() });
+    let mut target = CellPeerClient::connect(d.cells[1].endpoint.clone())
+        .await
+        .unwrap();
+    fn authed<T>(r: T) -> tonic::Request<T> {
+        let mut r = tonic::Request::new(r);
+        cellmesh_proto::secret::ClusterSecret::new(cellmesh_tests::router::SECRET).attach(&mut r);
+        r
+    }
+    let refused = [
+        target
+            .copy_conversation(authed(CopyRequest {
+                source_address: made_up.clone(),
+                tenant_id: 1,
+                conversation_id: 5,
+                ..Default::default()
+            }))
+            .await
+            .unwrap_err(),
+        target
+            .copy_conversations(authed(CopyManyRequest {
+                source_address: made_up.clone(),
+                tenant_id: 1,
+                items: vec![ExportPosition {
+                    conversation_id: 5,
+                    after_seq: 0,
+                }],
+                limit: 10,
+            }))
+            .await
+            .unwrap_err(),
+        target
+            .copy_user(authed(CopyUserRequest {
+                source_address: made_up.clone(),
+                tenant_id: 1,
+                user_id: 7,
+                ..Default::default()
+            }))
+            .await
+            .unwrap_err(),
+        target
+            .copy_users(authed(CopyUsersRequest {
+                source_address: made_up.clone(),
+                tenant_id: 1,
+                ..Default::default()
+            }))
+            .await
+            .unwrap_err(),
+    ];
+    for e in refused {
+        assert_eq!(
+            (error_code(&e), error_detail(&e).reason.as_str()),
+            (ErrorCode::InvalidArgument, "BAD_SOURCE_ADDRESS"),
+            "{e:?}"
+        );
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert!(!dialled.is_finished(), "the made-up address was dialled");
+    // The registered source is still reachable for a copy.
+    let source = d.cells[0].endpoint.clone();
+    let ok = target
+        .copy_users(authed(CopyUsersRequest {
+            source_address: source,
+            tenant_id: 1,
+            ..Default::default()
+        }))
+        .await;
+    assert!(ok.is_ok(), "{ok:?}");
+}

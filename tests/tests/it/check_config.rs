@@ -44,6 +44,22 @@ fn a_bad_config_exits_2_naming_the_field() {
         ("edge", "token_secret = \"short\"\n", "token_secret"),
         ("router", "node_id = 0\n", "node_id"),
         ("control-plane", "routers = []\n", "routers"),
+        // Built without TLS: an https:// endpoint is refused up front.
+        (
+            "edge",
+            "routers = [\"https://router-1.internal:7300\"]\n",
+            "TLS is not built in",
+        ),
+        (
+            "cell",
+            "[routing]\nrouters = [\"router-1:7300\"]\n",
+            "routing.routers",
+        ),
+        (
+            "router",
+            "advertise_api = \"https://r:7300\"\n",
+            "advertise_api",
+        ),
     ];
     for (i, (role, text, field)) in cases.iter().enumerate() {
         let file = dir.path().join(format!("{i}.toml"));
