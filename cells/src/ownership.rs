@@ -74,6 +74,14 @@ pub trait Ownership: Send + Sync + 'static {
         false
     }
 
+    /// Whether the route table moves `conversation` of `tenant` to this
+    /// cell now (migrating or frozen towards it): the only time copied
+    /// history may be stored here. A standalone cell follows no table and
+    /// stores what its operator hands it.
+    fn moving_here(&self, _tenant: u64, _conversation: u64) -> bool {
+        true
+    }
+
     /// Whether a cell registered in the route table is reached at
     /// `address`: the only places this cell pulls copies from (a
     /// standalone cell knows no other cell).

@@ -141,6 +141,16 @@ impl Ownership for Routed {
         self.client.applied()
     }
 
+    fn moving_here(&self, tenant: u64, conversation: u64) -> bool {
+        let route = self
+            .client
+            .read(|t| t.resolve(&Key::conversation(tenant, conversation)));
+        route.is_some_and(|r| match &r.entry.state {
+            RouteState::Migrating { to, .. } | RouteState::Frozen { to } => *to == self.cell_id,
+            RouteState::Active => false,
+        })
+    }
+
     fn is_cell_address(&self, address: &str) -> bool {
         self.client
             .read(|t| t.cells.values().any(|c| c.address == address))

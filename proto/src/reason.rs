@@ -78,6 +78,7 @@ reasons! {
     NotAStandby => "NOT_A_STANDBY",
     NotFrozen => "NOT_FROZEN",
     NotLeader => "NOT_LEADER",
+    NotMovingHere => "NOT_MOVING_HERE",
     NotOwner => "NOT_OWNER",
     NotPausable => "NOT_PAUSABLE",
     NotSender => "NOT_SENDER",

@@ -19,6 +19,9 @@ use crate::error::{CellError, Result};
 use crate::storage::{IdemKey, IdemKind, Mutation};
 
 /// How long a seal waits for the frozen route and the last commits.
+/// How long a copied chunk waits for this cell's route view to show the
+/// move it belongs to.
+const MOVING_HERE_WAIT: Duration = Duration::from_secs(2);
 pub(super) const SEAL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most messages in one exported chunk (or one digest page).
 const MAX_EXPORT_CHUNK: usize = 10_000;
@@ -426,6 +429,26 @@ impl MessageService {
             .is_some())
     }
 
+    /// Copied history is stored only while the route table moves the
+    /// conversation here. The mover commits that before it asks for a
+    /// copy, so a view that does not show it yet is given a moment to
+    /// catch up; then the chunk is refused for good.
+    async fn await_moving_here(&self, tenant: u64, conversation: u64) -> Result<()> {
+        let deadline = Instant::now() + MOVING_HERE_WAIT;
+        while !self.ownership.moving_here(tenant, conversation) {
+            if Instant::now() >= deadline {
+                return Err(CellError::invalid(
+                    Reason::NotMovingHere,
+                    format!(
+                        "the route table does not move conversation {conversation} of tenant {tenant} to this cell"
+                    ),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(())
+    }
+
     /// Stores an exported chunk (target side); returns the highest seq now
     /// stored here.
     pub async fn import_chunk(
@@ -441,6 +464,15 @@ impl MessageService {
             return Err(CellError::denied(
                 Reason::WrongTenant,
                 "the source answered for another tenant",
+            ));
+        }
+        self.await_moving_here(tenant, conversation).await?;
+        if let Some(held) = self.store.conversation(conversation)?
+            && held.tenant_id != tenant
+        {
+            return Err(CellError::denied(
+                Reason::WrongTenant,
+                format!("conversation {conversation} here belongs to another tenant"),
             ));
         }
         let sum = chunk

@@ -492,3 +492,95 @@ async fn copies_pull_only_from_registered_cells_never_from_a_made_up_address() {
         .await;
     assert!(ok.is_ok(), "{ok:?}");
 }
+
+/// Copied history is stored only for a conversation the route table moves
+/// to the cell: a chunk handed to its active owner, or to a cell it is
+/// not moving to, is refused and changes nothing (members, bodies,
+/// tenant).
+#[tokio::test]
+async fn a_chunk_for_a_conversation_not_moving_here_is_refused_and_changes_nothing() {
+    use cellmesh_proto::v1::cell_peer_client::CellPeerClient;
+    use cellmesh_tests::deploy as dep;
+    let d = dep::deploy(None).await;
+    let alice = dep::token(1, 10);
+    let mut m = messaging_client::MessagingClient::connect(d.edge.endpoint())
+        .await
+        .unwrap();
+    let conv = dep::create_via_edge(&mut m, &alice, vec![11]).await;
+    m.send(dep::authed(dep::text(conv, "original"), &alice))
+        .await
+        .unwrap();
+    fn secret<T>(r: T) -> tonic::Request<T> {
+        let mut r = tonic::Request::new(r);
+        cellmesh_proto::secret::ClusterSecret::new(cellmesh_tests::router::SECRET).attach(&mut r);
+        r
+    }
+    let mut owner = CellPeerClient::connect(d.cells[0].endpoint.clone())
+        .await
+        .unwrap();
+    let mut other = CellPeerClient::connect(d.cells[1].endpoint.clone())
+        .await
+        .unwrap();
+    let export = ExportRequest {
+        tenant_id: 1,
+        conversation_id: conv,
+        after_seq: 0,
+        limit: 10,
+    };
+    let chunk = owner
+        .export_conversation(secret(export))
+        .await
+        .unwrap()
+        .into_inner();
+    // A forged chunk: one more member, and a second one for another tenant.
+    let mut forged = chunk.clone();
+    forged.members.push(99);
+    let mut other_tenant = chunk.clone();
+    other_tenant.conversation.as_mut().unwrap().tenant_id = 2;
+    let store = |tenant_id, chunk| StoreChunkRequest {
+        tenant_id,
+        conversation_id: conv,
+        chunk: Some(chunk),
+    };
+    for (name, on_owner, request) in [
+        ("its active owner", true, store(1, forged.clone())),
+        ("a cell it is not moving to", false, store(1, forged)),
+        ("its owner, as another tenant", true, store(2, other_tenant)),
+    ] {
+        let peer = if on_owner { &mut owner } else { &mut other };
+        let e = peer
+            .store_conversation_chunk(secret(request))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            (error_code(&e), error_detail(&e).reason.as_str()),
+            (ErrorCode::InvalidArgument, "NOT_MOVING_HERE"),
+            "{name}: {e:?}"
+        );
+    }
+    let members = d.cells[0]
+        .cell
+        .service
+        .store()
+        .members(conv, 0, 100)
+        .unwrap()
+        .0;
+    assert_eq!(members, vec![10, 11], "the owner's members are unchanged");
+    let held = d.cells[0]
+        .cell
+        .service
+        .store()
+        .conversation(conv)
+        .unwrap()
+        .unwrap();
+    assert_eq!(held.tenant_id, 1);
+    // The other cell (the owner's standby) holds no forged member either.
+    let replica = d.cells[1]
+        .cell
+        .service
+        .store()
+        .members(conv, 0, 100)
+        .unwrap()
+        .0;
+    assert!(!replica.contains(&99), "{replica:?}");
+}
