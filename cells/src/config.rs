@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 pub use cellmesh_proto::config::ConfigError;
-use cellmesh_proto::config::check;
+use cellmesh_proto::config::{check, check_range};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -416,31 +416,34 @@ impl CellConfig {
             self.instance_id <= 1023,
             "must be at most 1023",
         )?;
+        const DAY_S: u64 = 86_400;
         let l = &self.limits;
-        check(
-            "limits.max_body_bytes",
-            (1..=4 * 1024 * 1024).contains(&l.max_body_bytes),
-            "must be between 1 and 4194304",
-        )?;
-        check(
+        check_range("limits.max_body_bytes", l.max_body_bytes, 1, 4 << 20)?;
+        check_range(
             "limits.max_group_members",
-            l.max_group_members >= 2,
-            "must be at least 2",
+            l.max_group_members,
+            2,
+            1_000_000,
         )?;
-        check(
+        check_range(
             "limits.max_members_per_request",
-            l.max_members_per_request >= 1,
-            "must be at least 1",
+            l.max_members_per_request,
+            1,
+            100_000,
         )?;
-        check(
-            "limits.max_pull_limit",
-            l.max_pull_limit >= 1,
-            "must be at least 1",
-        )?;
-        check(
+        check_range("limits.max_pull_limit", l.max_pull_limit, 1, 100_000)?;
+        check_range(
             "limits.max_client_req_id_bytes",
-            (1..=1024).contains(&l.max_client_req_id_bytes),
-            "must be between 1 and 1024",
+            l.max_client_req_id_bytes,
+            1,
+            1024,
+        )?;
+        check_range("limits.max_title_bytes", l.max_title_bytes, 1, 65_536)?;
+        check_range(
+            "limits.edit_window_secs",
+            l.edit_window_secs,
+            0,
+            365 * DAY_S,
         )?;
         let r = &self.rate_limit;
         for (field, value) in [
@@ -449,34 +452,29 @@ impl CellConfig {
             ("rate_limit.conversation_per_sec", r.conversation_per_sec),
             ("rate_limit.conversation_burst", r.conversation_burst),
         ] {
-            check(field, value >= 1, "must be at least 1")?;
+            check_range(field, value, 1, 1_000_000)?;
         }
-        check(
+        check_range(
             "idempotency.ttl_secs",
-            self.idempotency.ttl_secs >= 1,
-            "must be at least 1",
+            self.idempotency.ttl_secs,
+            1,
+            30 * DAY_S,
         )?;
         let s = &self.storage;
-        check(
+        check_range(
             "storage.group_commit_max_batch",
-            s.group_commit_max_batch >= 1,
-            "must be at least 1",
+            s.group_commit_max_batch,
+            1,
+            65_536,
         )?;
-        check(
+        check_range(
             "storage.commit_queue_depth",
-            s.commit_queue_depth >= 1,
-            "must be at least 1",
+            s.commit_queue_depth,
+            1,
+            1 << 20,
         )?;
-        check(
-            "storage.block_cache_mb",
-            s.block_cache_mb >= 1,
-            "must be at least 1",
-        )?;
-        check(
-            "storage.write_buffer_mb",
-            s.write_buffer_mb >= 1,
-            "must be at least 1",
-        )?;
+        check_range("storage.block_cache_mb", s.block_cache_mb, 1, 1 << 20)?;
+        check_range("storage.write_buffer_mb", s.write_buffer_mb, 1, 65_536)?;
         check(
             "queue.partitions",
             (1..=1024).contains(&self.queue.partitions),
@@ -492,21 +490,45 @@ impl CellConfig {
             (1_000..=30_000).contains(&self.queue.kafka.request_timeout_ms),
             "must be between 1000 (above the consumer's fetch wait) and 30000 (the publish timeout)",
         )?;
-        check("fanout.batch", self.fanout.batch >= 1, "must be at least 1")?;
-        check(
+        check_range(
+            "queue.kafka.session_timeout_ms",
+            self.queue.kafka.session_timeout_ms,
+            1_000,
+            300_000,
+        )?;
+        check_range("fanout.batch", self.fanout.batch, 1, 65_536)?;
+        check_range(
+            "fanout.large_group_threshold",
+            self.fanout.large_group_threshold,
+            1,
+            10_000_000,
+        )?;
+        check_range(
             "sync.rebase_threshold",
-            self.sync.rebase_threshold >= 1,
-            "must be at least 1",
+            self.sync.rebase_threshold,
+            1,
+            10_000_000,
         )?;
-        check(
-            "routing.lease_ttl_ms",
-            self.routing.lease_ttl_ms >= 1000,
-            "must be at least 1000",
+        check_range(
+            "sync.presence_window_secs",
+            self.sync.presence_window_secs,
+            1,
+            DAY_S,
         )?;
-        check(
+        let routing = &self.routing;
+        check_range("routing.lease_ttl_ms", routing.lease_ttl_ms, 1_000, 600_000)?;
+        check_range(
             "routing.checkpoint_interval_ms",
-            self.routing.checkpoint_interval_ms >= 10,
-            "must be at least 10",
+            routing.checkpoint_interval_ms,
+            10,
+            600_000,
+        )?;
+        check_range("routing.owner_lease_ms", routing.owner_lease_ms, 0, 600_000)?;
+        check_range(
+            "routing.cleanup_grace_secs",
+            routing.cleanup_grace_secs,
+            0,
+            365 * DAY_S,
         )?;
         cellmesh_proto::config::check_grpc_urls("routing.routers", &self.routing.routers)?;
         if !self.routing.advertise.is_empty() {
@@ -602,6 +624,37 @@ mod tests {
                 "replication.tenants",
             ),
             ("[replication]\ntimeout_ms = 0", "replication.timeout_ms"),
+            // Sizes that would overflow once scaled, or size a channel or a
+            // buffer beyond reason, are refused, not a panic later.
+            (
+                "[idempotency]\nttl_secs = 18446744073709551615",
+                "idempotency.ttl_secs",
+            ),
+            (
+                "[limits]\nedit_window_secs = 18446744073709551615",
+                "limits.edit_window_secs",
+            ),
+            (
+                "[storage]\ncommit_queue_depth = 18446744073709551615",
+                "storage.commit_queue_depth",
+            ),
+            (
+                "[storage]\nblock_cache_mb = 18446744073709551615",
+                "storage.block_cache_mb",
+            ),
+            ("[fanout]\nbatch = 100000000", "fanout.batch"),
+            (
+                "[routing]\ncleanup_grace_secs = 18446744073709551615",
+                "routing.cleanup_grace_secs",
+            ),
+            (
+                "[routing]\nowner_lease_ms = 18446744073709551615",
+                "routing.owner_lease_ms",
+            ),
+            (
+                "[sync]\npresence_window_secs = 0",
+                "sync.presence_window_secs",
+            ),
             (
                 "[notifications]\nwebhook_url = \"ftp://x\"",
                 "notifications.webhook_url",

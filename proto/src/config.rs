@@ -62,6 +62,23 @@ pub fn check(field: &'static str, ok: bool, message: &str) -> Result<(), ConfigE
     }
 }
 
+/// `Ok` when `value` lies in `lo..=hi`, else an error naming `field` and
+/// the range. Every numeric setting has one: no value overflows when it is
+/// scaled to milliseconds or bytes, or sizes an allocation or a channel
+/// beyond reason.
+pub fn check_range<T: PartialOrd + std::fmt::Display>(
+    field: &'static str,
+    value: T,
+    lo: T,
+    hi: T,
+) -> Result<(), ConfigError> {
+    check(
+        field,
+        value >= lo && value <= hi,
+        &format!("must be between {lo} and {hi}, got {value}"),
+    )
+}
+
 /// Checks that every one of `urls` is a gRPC endpoint these components
 /// can dial: `http://host:port`. They are built without TLS, so an
 /// `https://` URL is refused here rather than failing at the first call.
