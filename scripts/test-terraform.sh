@@ -49,6 +49,11 @@ terraform fmt -check -recursive terraform
 
 for dir in terraform/modules/*/ terraform/envs/example terraform/tests/render terraform/tests/moto; do
   dir="${dir%/}"
+  if grep -q configuration_aliases "$dir"/*.tf; then
+    # Takes providers from its caller: validated through envs/example.
+    echo "== $dir: validated as part of terraform/envs/example"
+    continue
+  fi
   echo "== terraform validate $dir"
   tf "$dir" init -backend=false -no-color >"$work/init.log" || { cat "$work/init.log"; exit 1; }
   tf "$dir" validate -no-color

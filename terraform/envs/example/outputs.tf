@@ -13,3 +13,24 @@ output "router_members" {
 output "dns_records" {
   value = module.global_dns.record_count
 }
+
+output "peerings" {
+  description = "Region pairs peered (every pair of deployed regions)."
+  value = length(flatten([
+    module.peering_eu_west_1_eu_central_1,
+    module.peering_eu_west_1_us_east_1,
+    module.peering_eu_west_1_us_west_2,
+    module.peering_eu_west_1_ap_southeast_1,
+    module.peering_eu_west_1_ap_northeast_1,
+    module.peering_eu_central_1_us_east_1,
+    module.peering_eu_central_1_us_west_2,
+    module.peering_eu_central_1_ap_southeast_1,
+    module.peering_eu_central_1_ap_northeast_1,
+    module.peering_us_east_1_us_west_2,
+    module.peering_us_east_1_ap_southeast_1,
+    module.peering_us_east_1_ap_northeast_1,
+    module.peering_us_west_2_ap_southeast_1,
+    module.peering_us_west_2_ap_northeast_1,
+    module.peering_ap_southeast_1_ap_northeast_1
+  ]))
+}

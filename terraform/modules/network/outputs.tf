@@ -25,3 +25,11 @@ output "zone_id" {
 output "zone_name" {
   value = aws_route53_zone.private.name
 }
+
+output "cidr" {
+  value = aws_vpc.this.cidr_block
+}
+
+output "private_route_table_id" {
+  value = aws_route_table.private.id
+}

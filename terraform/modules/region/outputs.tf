@@ -25,3 +25,14 @@ output "private_subnet_ids" {
 output "internal_security_group_id" {
   value = module.network.internal_security_group_id
 }
+
+output "peer" {
+  description = "What a peering with another region needs."
+  value = {
+    region         = var.region
+    vpc_id         = module.network.vpc_id
+    cidr           = module.network.cidr
+    route_table_id = module.network.private_route_table_id
+    zone_id        = module.network.zone_id
+  }
+}

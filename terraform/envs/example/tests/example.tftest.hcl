@@ -62,6 +62,10 @@ run "three_regions_plan_cells_routers_and_dns" {
     error_message = "one latency record per region"
   }
   assert {
+    condition     = output.peerings == 3
+    error_message = "every pair of the three regions is peered"
+  }
+  assert {
     condition     = length(module.etcd.endpoints) == 3
     error_message = "three etcd members"
   }

@@ -43,6 +43,10 @@ run "plan_sized_by_cellmesh_plan" {
     error_message = "every planned cell is deployed"
   }
   assert {
+    condition     = output.peerings == length(var.regions) * (length(var.regions) - 1) / 2
+    error_message = "every pair of regions is peered"
+  }
+  assert {
     condition     = output.dns_records == length(var.regions)
     error_message = "one latency record per region"
   }
