@@ -414,6 +414,13 @@ async fn bad_migration_chunks_are_refused_and_store_nothing() {
     assert_eq!((stored.copied_through, stored.messages), (3, 3));
 }
 
+/// `message` with the deployment secret, as one cell calls another.
+fn with_secret<T>(message: T) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(message);
+    cellmesh_proto::secret::ClusterSecret::new(cellmesh_tests::router::SECRET).attach(&mut r);
+    r
+}
+
 /// A copy pulls only from a cell the route table names: a caller-supplied
 /// address (anywhere it likes, with the deployment's credentials) is
 /// refused with a stable code, and nothing dials it.
@@ -427,14 +434,9 @@ async fn copies_pull_only_from_registered_cells_never_from_a_made_up_address() {
     let mut target = CellPeerClient::connect(d.cells[1].endpoint.clone())
         .await
         .unwrap();
-    fn authed<T>(r: T) -> tonic::Request<T> {
-        let mut r = tonic::Request::new(r);
-        cellmesh_proto::secret::ClusterSecret::new(cellmesh_tests::router::SECRET).attach(&mut r);
-        r
-    }
     let refused = [
         target
-            .copy_conversation(authed(CopyRequest {
+            .copy_conversation(with_secret(CopyRequest {
                 source_address: made_up.clone(),
                 tenant_id: 1,
                 conversation_id: 5,
@@ -443,7 +445,7 @@ async fn copies_pull_only_from_registered_cells_never_from_a_made_up_address() {
             .await
             .unwrap_err(),
         target
-            .copy_conversations(authed(CopyManyRequest {
+            .copy_conversations(with_secret(CopyManyRequest {
                 source_address: made_up.clone(),
                 tenant_id: 1,
                 items: vec![ExportPosition {
@@ -455,7 +457,7 @@ async fn copies_pull_only_from_registered_cells_never_from_a_made_up_address() {
             .await
             .unwrap_err(),
         target
-            .copy_user(authed(CopyUserRequest {
+            .copy_user(with_secret(CopyUserRequest {
                 source_address: made_up.clone(),
                 tenant_id: 1,
                 user_id: 7,
@@ -464,7 +466,7 @@ async fn copies_pull_only_from_registered_cells_never_from_a_made_up_address() {
             .await
             .unwrap_err(),
         target
-            .copy_users(authed(CopyUsersRequest {
+            .copy_users(with_secret(CopyUsersRequest {
                 source_address: made_up.clone(),
                 tenant_id: 1,
                 ..Default::default()
@@ -484,7 +486,7 @@ async fn copies_pull_only_from_registered_cells_never_from_a_made_up_address() {
     // The registered source is still reachable for a copy.
     let source = d.cells[0].endpoint.clone();
     let ok = target
-        .copy_users(authed(CopyUsersRequest {
+        .copy_users(with_secret(CopyUsersRequest {
             source_address: source,
             tenant_id: 1,
             ..Default::default()
@@ -510,11 +512,6 @@ async fn a_chunk_for_a_conversation_not_moving_here_is_refused_and_changes_nothi
     m.send(dep::authed(dep::text(conv, "original"), &alice))
         .await
         .unwrap();
-    fn secret<T>(r: T) -> tonic::Request<T> {
-        let mut r = tonic::Request::new(r);
-        cellmesh_proto::secret::ClusterSecret::new(cellmesh_tests::router::SECRET).attach(&mut r);
-        r
-    }
     let mut owner = CellPeerClient::connect(d.cells[0].endpoint.clone())
         .await
         .unwrap();
@@ -528,7 +525,7 @@ async fn a_chunk_for_a_conversation_not_moving_here_is_refused_and_changes_nothi
         limit: 10,
     };
     let chunk = owner
-        .export_conversation(secret(export))
+        .export_conversation(with_secret(export))
         .await
         .unwrap()
         .into_inner();
@@ -549,7 +546,7 @@ async fn a_chunk_for_a_conversation_not_moving_here_is_refused_and_changes_nothi
     ] {
         let peer = if on_owner { &mut owner } else { &mut other };
         let e = peer
-            .store_conversation_chunk(secret(request))
+            .store_conversation_chunk(with_secret(request))
             .await
             .unwrap_err();
         assert_eq!(
