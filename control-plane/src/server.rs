@@ -167,18 +167,40 @@ impl ControlPlaneConfig {
             "must name at least one router",
         )?;
         cellmesh_proto::config::check_grpc_urls("routers", &self.routers)?;
-        check(
-            "probe_interval_ms",
-            self.probe_interval_ms >= 10,
-            "must be at least 10",
+        use cellmesh_proto::config::check_range;
+        const MINUTES_10: u64 = 600_000;
+        check_range("probe_interval_ms", self.probe_interval_ms, 10, MINUTES_10)?;
+        check_range("probe_timeout_ms", self.probe_timeout_ms, 1, MINUTES_10)?;
+        check_range("down_after", self.down_after, 1, 1_000)?;
+        check_range("up_after", self.up_after, 1, 1_000)?;
+        let f = &self.failover;
+        check_range(
+            "failover.conversation_per_sec",
+            f.conversation_per_sec,
+            1,
+            1_000_000,
         )?;
-        check(
-            "probe_timeout_ms",
-            self.probe_timeout_ms >= 1,
-            "must be at least 1",
+        check_range(
+            "failover.conversation_burst",
+            f.conversation_burst,
+            1,
+            1_000_000,
         )?;
-        check("down_after", self.down_after >= 1, "must be at least 1")?;
-        check("up_after", self.up_after >= 1, "must be at least 1")?;
+        check_range("failover.owner_lease_ms", f.owner_lease_ms, 0, MINUTES_10)?;
+        let m = &self.migrations;
+        check_range(
+            "migrations.resume_after_ms",
+            m.resume_after_ms,
+            0,
+            86_400_000,
+        )?;
+        check_range(
+            "migrations.resume_frozen_after_ms",
+            m.resume_frozen_after_ms,
+            0,
+            86_400_000,
+        )?;
+        check_range("migrations.tenant_parallel", m.tenant_parallel, 1, 1_024)?;
         check(
             "coordination.etcd_endpoints",
             self.coordination.backend != CoordinationBackend::Etcd
@@ -191,10 +213,11 @@ impl ControlPlaneConfig {
                 || !self.coordination.dir.is_empty(),
             "must name a directory for the local backend",
         )?;
-        check(
+        check_range(
             "coordination.lease_ttl_ms",
-            self.coordination.lease_ttl_ms >= 1000,
-            "must be at least 1000",
+            self.coordination.lease_ttl_ms,
+            1_000,
+            MINUTES_10,
         )?;
         check(
             "console_listen",
@@ -208,10 +231,11 @@ impl ControlPlaneConfig {
                 || self.admin_listen.parse::<std::net::SocketAddr>().is_ok(),
             "must be host:port (or empty to turn the admin API off)",
         )?;
-        check(
+        check_range(
             "failover.checkpoint_interval_ms",
-            self.failover.checkpoint_interval_ms >= 10,
-            "must be at least 10",
+            self.failover.checkpoint_interval_ms,
+            10,
+            MINUTES_10,
         )?;
         Ok(())
     }

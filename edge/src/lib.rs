@@ -80,16 +80,10 @@ impl EdgeConfig {
             self.token_secret.len() >= 16,
             "must be at least 16 bytes",
         )?;
-        check(
-            "retry_attempts",
-            self.retry_attempts > 0,
-            "must be greater than 0",
-        )?;
-        check(
-            "max_request_bytes",
-            self.max_request_bytes >= 1024,
-            "must be at least 1024",
-        )?;
+        use cellmesh_proto::config::check_range;
+        check_range("retry_deadline_ms", self.retry_deadline_ms, 1, 600_000)?;
+        check_range("retry_attempts", self.retry_attempts, 1, 1_000)?;
+        check_range("max_request_bytes", self.max_request_bytes, 1024, 64 << 20)?;
         Ok(())
     }
 }

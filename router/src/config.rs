@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use cellmesh_proto::config::{ConfigError, check, check_grpc_urls};
+use cellmesh_proto::config::{ConfigError, check, check_grpc_urls, check_range};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -119,11 +119,21 @@ impl RouterConfig {
             "must differ from raft_listen",
         )?;
         let r = &self.raft;
-        check(
-            "raft.heartbeat_ms",
-            r.heartbeat_ms > 0,
-            "must be greater than 0",
+        check_range("raft.heartbeat_ms", r.heartbeat_ms, 1, 60_000)?;
+        check_range(
+            "raft.election_timeout_max_ms",
+            r.election_timeout_max_ms,
+            2,
+            600_000,
         )?;
+        check_range("raft.snapshot_every", r.snapshot_every, 1, 10_000_000)?;
+        check_range(
+            "raft.keep_logs_after_snapshot",
+            r.keep_logs_after_snapshot,
+            0,
+            10_000_000,
+        )?;
+        check_range("raft.watch_history", r.watch_history, 1, 10_000_000)?;
         check(
             "raft.election_timeout_min_ms",
             r.election_timeout_min_ms > r.heartbeat_ms,

@@ -60,6 +60,27 @@ fn a_bad_config_exits_2_naming_the_field() {
             "advertise_api = \"https://r:7300\"\n",
             "advertise_api",
         ),
+        // Every numeric setting has a range, in every role.
+        (
+            "router",
+            "[raft]\nheartbeat_ms = 18446744073709551615\n",
+            "raft.heartbeat_ms",
+        ),
+        (
+            "edge",
+            "token_secret = \"a-long-enough-secret\"\nretry_deadline_ms = 18446744073709551615\n",
+            "retry_deadline_ms",
+        ),
+        (
+            "control-plane",
+            "[migrations]\ntenant_parallel = 0\n",
+            "migrations.tenant_parallel",
+        ),
+        (
+            "control-plane",
+            "probe_interval_ms = 18446744073709551615\n",
+            "probe_interval_ms",
+        ),
     ];
     for (i, (role, text, field)) in cases.iter().enumerate() {
         let file = dir.path().join(format!("{i}.toml"));
