@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 pub use cellmesh_proto::config::ConfigError;
-use cellmesh_proto::config::{check, check_range};
+use cellmesh_proto::config::{check, check_grpc_urls, check_range};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -530,12 +530,9 @@ impl CellConfig {
             0,
             365 * DAY_S,
         )?;
-        cellmesh_proto::config::check_grpc_urls("routing.routers", &self.routing.routers)?;
+        check_grpc_urls("routing.routers", &self.routing.routers)?;
         if !self.routing.advertise.is_empty() {
-            cellmesh_proto::config::check_grpc_urls(
-                "routing.advertise",
-                [&self.routing.advertise],
-            )?;
+            check_grpc_urls("routing.advertise", [&self.routing.advertise])?;
         }
         for (user, endpoint) in &self.homes.remote {
             check(

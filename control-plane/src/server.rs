@@ -10,7 +10,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cellmesh_proto::config::{ConfigError, check};
+use cellmesh_proto::config::{ConfigError, check, check_grpc_urls, check_range};
 use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::v1::CellStatus as PbCellStatus;
 use cellmesh_route_client::client::RouteClient;
@@ -166,8 +166,7 @@ impl ControlPlaneConfig {
             !self.routers.is_empty(),
             "must name at least one router",
         )?;
-        cellmesh_proto::config::check_grpc_urls("routers", &self.routers)?;
-        use cellmesh_proto::config::check_range;
+        check_grpc_urls("routers", &self.routers)?;
         const MINUTES_10: u64 = 600_000;
         check_range("probe_interval_ms", self.probe_interval_ms, 10, MINUTES_10)?;
         check_range("probe_timeout_ms", self.probe_timeout_ms, 1, MINUTES_10)?;

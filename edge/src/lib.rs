@@ -12,7 +12,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cellmesh_proto::config::{ConfigError, check};
+use cellmesh_proto::config::{ConfigError, check, check_grpc_urls, check_range};
 use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::v1::messaging_server::MessagingServer;
 use cellmesh_proto::v1::sync_server::SyncServer;
@@ -74,13 +74,12 @@ impl EdgeConfig {
             !self.routers.is_empty(),
             "must name at least one router",
         )?;
-        cellmesh_proto::config::check_grpc_urls("routers", &self.routers)?;
+        check_grpc_urls("routers", &self.routers)?;
         check(
             "token_secret",
             self.token_secret.len() >= 16,
             "must be at least 16 bytes",
         )?;
-        use cellmesh_proto::config::check_range;
         check_range("retry_deadline_ms", self.retry_deadline_ms, 1, 600_000)?;
         check_range("retry_attempts", self.retry_attempts, 1, 1_000)?;
         check_range("max_request_bytes", self.max_request_bytes, 1024, 64 << 20)?;
