@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 pub use cellmesh_proto::config::ConfigError;
-use cellmesh_proto::config::{check, check_grpc_urls, check_range};
+use cellmesh_proto::config::{check, check_grpc_urls, check_listen, check_range};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -22,6 +22,9 @@ pub struct CellConfig {
     /// Distinguishes this cell instance inside message ids (0..=1023); must be
     /// unique among the cell instances of a deployment.
     pub instance_id: u16,
+    /// Where Prometheus scrapes `/metrics` (`host:port`, HTTP); empty (the
+    /// default) turns it off.
+    pub metrics_listen: String,
     pub limits: LimitsConfig,
     pub rate_limit: RateLimitConfig,
     pub idempotency: IdempotencyConfig,
@@ -271,6 +274,7 @@ impl Default for CellConfig {
             listen: "127.0.0.1:7400".parse().expect("static address"),
             data_dir: PathBuf::from("data/cell"),
             instance_id: 1,
+            metrics_listen: String::new(),
             limits: LimitsConfig::default(),
             rate_limit: RateLimitConfig::default(),
             idempotency: IdempotencyConfig::default(),
@@ -416,6 +420,7 @@ impl CellConfig {
             self.instance_id <= 1023,
             "must be at most 1023",
         )?;
+        check_listen("metrics_listen", &self.metrics_listen)?;
         const DAY_S: u64 = 86_400;
         let l = &self.limits;
         check_range("limits.max_body_bytes", l.max_body_bytes, 1, 4 << 20)?;

@@ -28,6 +28,7 @@ pub mod homes;
 pub mod hwm;
 pub mod ids;
 pub mod message;
+pub mod metrics;
 pub mod ownership;
 pub mod pipeline;
 pub mod queue;

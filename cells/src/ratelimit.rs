@@ -46,6 +46,10 @@ impl SendLimits {
     }
 
     fn limited(&self, scope: &'static str, retry_after: Duration) -> CellError {
+        crate::metrics::metrics()
+            .rate_limited
+            .get_or_create(&crate::metrics::ScopeLabel { scope })
+            .inc();
         CellError::RateLimited {
             scope,
             retry_after: retry_after.max(Duration::from_millis(1)),

@@ -58,6 +58,8 @@ pub enum StartError {
     Grpc(String),
     #[error("route table: {0}")]
     Routing(String),
+    #[error("cannot serve metrics: {0}")]
+    Metrics(String),
 }
 
 /// How a cell learns what it owns and where its users live.
@@ -301,8 +303,13 @@ pub async fn start_placed(
         sync.clone(),
         Duration::from_secs(config.routing.cleanup_grace_secs),
     ));
+    let metrics = cellmesh_telemetry::admin::serve_configured(&config.metrics_listen)
+        .await
+        .map_err(StartError::Metrics)?;
+    crate::metrics::register();
     let task = tokio::spawn(async move {
         let served = tonic::transport::Server::builder()
+            .layer(cellmesh_telemetry::rpc::RpcMetricsLayer)
             .add_service(standard.health)
             .add_service(standard.reflection)
             .add_service(messaging)
@@ -316,6 +323,9 @@ pub async fn start_placed(
             .await;
         maintenance.abort();
         cleanup.abort();
+        if let Some((_, server)) = metrics {
+            server.abort();
+        }
         for worker in workers {
             worker.abort();
             let _ = worker.await;

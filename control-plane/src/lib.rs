@@ -10,6 +10,7 @@
 
 pub mod console;
 pub mod failover;
+pub mod metrics;
 pub mod migration;
 pub mod operations;
 pub mod server;

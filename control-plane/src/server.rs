@@ -10,7 +10,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cellmesh_proto::config::{ConfigError, check, check_grpc_urls, check_range};
+use cellmesh_proto::config::{ConfigError, check, check_grpc_urls, check_listen, check_range};
 use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::v1::CellStatus as PbCellStatus;
 use cellmesh_route_client::client::RouteClient;
@@ -53,6 +53,9 @@ pub struct ControlPlaneConfig {
     /// Where the admin API (`cellmesh.v1.Operations` gRPC) listens
     /// (`host:port`); empty turns it off.
     pub admin_listen: String,
+    /// Where Prometheus scrapes `/metrics` (`host:port`, HTTP); empty (the
+    /// default) turns it off.
+    pub metrics_listen: String,
     /// Addresses reached through a proxy: target → the address to dial.
     pub links: std::collections::BTreeMap<String, String>,
     /// Resuming moves whose migrator went away.
@@ -138,6 +141,7 @@ impl Default for ControlPlaneConfig {
             coordination: CoordinationConfig::default(),
             console_listen: "127.0.0.1:7100".into(),
             admin_listen: "127.0.0.1:7101".into(),
+            metrics_listen: String::new(),
             links: Default::default(),
             migrations: Default::default(),
         }
@@ -218,18 +222,9 @@ impl ControlPlaneConfig {
             1_000,
             MINUTES_10,
         )?;
-        check(
-            "console_listen",
-            self.console_listen.is_empty()
-                || self.console_listen.parse::<std::net::SocketAddr>().is_ok(),
-            "must be host:port (or empty to turn the console off)",
-        )?;
-        check(
-            "admin_listen",
-            self.admin_listen.is_empty()
-                || self.admin_listen.parse::<std::net::SocketAddr>().is_ok(),
-            "must be host:port (or empty to turn the admin API off)",
-        )?;
+        check_listen("console_listen", &self.console_listen)?;
+        check_listen("admin_listen", &self.admin_listen)?;
+        check_listen("metrics_listen", &self.metrics_listen)?;
         check_range(
             "failover.checkpoint_interval_ms",
             self.failover.checkpoint_interval_ms,
@@ -274,6 +269,8 @@ pub struct RunningControlPlane {
     pub console: Option<SocketAddr>,
     /// Where the admin API answers, when it is on.
     pub admin: Option<SocketAddr>,
+    /// Where `/metrics` answers, when it is on.
+    pub metrics: Option<SocketAddr>,
     events: Arc<Mutex<Vec<Event>>>,
     leading: watch::Receiver<bool>,
     tasks: Vec<JoinHandle<()>>,
@@ -329,6 +326,13 @@ pub async fn start(config: ControlPlaneConfig) -> Result<RunningControlPlane, St
         tasks.push(server);
         Some(addr)
     };
+    crate::metrics::register();
+    let metrics = cellmesh_telemetry::admin::serve_configured(&config.metrics_listen)
+        .await?
+        .map(|(addr, server)| {
+            tasks.push(server);
+            addr
+        });
     tasks.push(tokio::spawn(lead(
         config,
         coordination,
@@ -340,6 +344,7 @@ pub async fn start(config: ControlPlaneConfig) -> Result<RunningControlPlane, St
         routes,
         console,
         admin,
+        metrics,
         events,
         leading,
         tasks,
@@ -386,6 +391,7 @@ async fn serve_admin(
     );
     let server = tokio::spawn(async move {
         let served = tonic::transport::Server::builder()
+            .layer(cellmesh_telemetry::rpc::RpcMetricsLayer)
             .add_service(service)
             .serve_with_incoming(cellmesh_proto::server::incoming(listener))
             .await;
@@ -616,6 +622,7 @@ async fn run(
                     .get(&cell.id)
                     .map(|t| t.elapsed())
                     .unwrap_or_default();
+                crate::metrics::failed_over(took);
                 events.lock().expect("events").push(Event::FailedOver {
                     cell: cell.id.clone(),
                     fallback: plan.fallback.clone(),

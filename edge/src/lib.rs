@@ -12,7 +12,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cellmesh_proto::config::{ConfigError, check, check_grpc_urls, check_range};
+use cellmesh_proto::config::{ConfigError, check, check_grpc_urls, check_listen, check_range};
 use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::v1::messaging_server::MessagingServer;
 use cellmesh_proto::v1::sync_server::SyncServer;
@@ -45,6 +45,9 @@ pub struct EdgeConfig {
     /// Cell address → the address this edge dials instead (a proxy on the
     /// path to another region).
     pub links: std::collections::BTreeMap<String, String>,
+    /// Where Prometheus scrapes `/metrics` (`host:port`, HTTP); empty (the
+    /// default) turns it off.
+    pub metrics_listen: String,
 }
 
 impl Default for EdgeConfig {
@@ -59,6 +62,7 @@ impl Default for EdgeConfig {
             retry_attempts: 20,
             max_request_bytes: 256 * 1024,
             links: Default::default(),
+            metrics_listen: String::new(),
         }
     }
 }
@@ -83,6 +87,7 @@ impl EdgeConfig {
         check_range("retry_deadline_ms", self.retry_deadline_ms, 1, 600_000)?;
         check_range("retry_attempts", self.retry_attempts, 1, 1_000)?;
         check_range("max_request_bytes", self.max_request_bytes, 1024, 64 << 20)?;
+        check_listen("metrics_listen", &self.metrics_listen)?;
         Ok(())
     }
 }
@@ -123,6 +128,8 @@ pub enum EdgeError {
     },
     #[error("grpc: {0}")]
     Grpc(String),
+    #[error("cannot serve metrics: {0}")]
+    Metrics(String),
 }
 
 pub struct RunningEdge {
@@ -177,9 +184,13 @@ pub async fn start(config: EdgeConfig) -> Result<RunningEdge, EdgeError> {
     let messaging =
         MessagingServer::new(api.clone()).max_decoding_message_size(config.max_request_bytes);
     let sync = SyncServer::new(api).max_decoding_message_size(config.max_request_bytes);
+    let metrics = cellmesh_telemetry::admin::serve_configured(&config.metrics_listen)
+        .await
+        .map_err(EdgeError::Metrics)?;
     let (tx, rx) = oneshot::channel();
     let task = tokio::spawn(async move {
         let result = tonic::transport::Server::builder()
+            .layer(cellmesh_telemetry::rpc::RpcMetricsLayer)
             .add_service(standard.health)
             .add_service(standard.reflection)
             .add_service(messaging)
@@ -188,6 +199,9 @@ pub async fn start(config: EdgeConfig) -> Result<RunningEdge, EdgeError> {
                 let _ = rx.await;
             })
             .await;
+        if let Some((_, server)) = metrics {
+            server.abort();
+        }
         if let Err(e) = result {
             tracing::error!(error = %e, "edge server stopped");
         }

@@ -62,6 +62,16 @@ pub fn check(field: &'static str, ok: bool, message: &str) -> Result<(), ConfigE
     }
 }
 
+/// `Ok` when an optional listen address is empty (that server off) or
+/// `host:port`, else an error naming `field`.
+pub fn check_listen(field: &'static str, value: &str) -> Result<(), ConfigError> {
+    check(
+        field,
+        value.is_empty() || value.parse::<std::net::SocketAddr>().is_ok(),
+        &format!("must be host:port (or empty to turn it off), got {value:?}"),
+    )
+}
+
 /// `Ok` when `value` lies in `lo..=hi`, else an error naming `field` and
 /// the range. Every numeric setting has one: no value overflows when it is
 /// scaled to milliseconds or bytes, or sizes an allocation or a channel

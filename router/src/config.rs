@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use cellmesh_proto::config::{ConfigError, check, check_grpc_urls, check_range};
+use cellmesh_proto::config::{ConfigError, check, check_grpc_urls, check_listen, check_range};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -25,6 +25,9 @@ pub struct RouterConfig {
     pub advertise_raft: String,
     /// Shared secret every call must carry (empty: no check).
     pub cluster_secret: String,
+    /// Where Prometheus scrapes `/metrics` (`host:port`, HTTP); empty (the
+    /// default) turns it off.
+    pub metrics_listen: String,
     pub raft: RaftConfig,
     pub cluster: ClusterConfig,
     /// Peer Raft address → the address this replica dials instead (a proxy
@@ -77,6 +80,7 @@ impl Default for RouterConfig {
             advertise_api: String::new(),
             advertise_raft: String::new(),
             cluster_secret: String::new(),
+            metrics_listen: String::new(),
             raft: RaftConfig::default(),
             cluster: ClusterConfig::default(),
             links: Default::default(),
@@ -103,6 +107,7 @@ impl RouterConfig {
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
+        check_listen("metrics_listen", &self.metrics_listen)?;
         for (field, url) in [
             ("advertise_api", &self.advertise_api),
             ("advertise_raft", &self.advertise_raft),

@@ -6,6 +6,7 @@
 
 pub mod config;
 pub mod grpc;
+pub mod metrics;
 pub mod network;
 pub mod node;
 pub mod storage;

@@ -38,6 +38,8 @@ pub enum StartError {
     Storage(#[from] crate::types::StorageError),
     #[error("raft: {0}")]
     Raft(String),
+    #[error("cannot serve metrics: {0}")]
+    Metrics(String),
 }
 
 /// A running replica.
@@ -51,6 +53,8 @@ pub struct RunningRouter {
     shutdown: Vec<oneshot::Sender<()>>,
     stopping: watch::Sender<bool>,
     servers: Vec<JoinHandle<()>>,
+    /// The `/metrics` server, when `metrics_listen` is set.
+    metrics: Option<JoinHandle<()>>,
 }
 
 pub async fn start(config: RouterConfig) -> Result<RunningRouter, StartError> {
@@ -133,6 +137,7 @@ pub async fn start(config: RouterConfig) -> Result<RunningRouter, StartError> {
         shutdown.push(tx);
         servers.push(tokio::spawn(async move {
             let result = tonic::transport::Server::builder()
+                .layer(cellmesh_telemetry::rpc::RpcMetricsLayer)
                 .add_service(peer)
                 .serve_with_incoming_shutdown(
                     cellmesh_proto::server::incoming(raft_listener),
@@ -164,6 +169,7 @@ pub async fn start(config: RouterConfig) -> Result<RunningRouter, StartError> {
         shutdown.push(tx);
         servers.push(tokio::spawn(async move {
             let result = tonic::transport::Server::builder()
+                .layer(cellmesh_telemetry::rpc::RpcMetricsLayer)
                 .add_service(std.health)
                 .add_service(std.reflection)
                 .add_service(routing)
@@ -180,6 +186,11 @@ pub async fn start(config: RouterConfig) -> Result<RunningRouter, StartError> {
         }));
     }
 
+    let metrics = cellmesh_telemetry::admin::serve_configured(&config.metrics_listen)
+        .await
+        .map_err(StartError::Metrics)?
+        .map(|(_, task)| task);
+    tokio::spawn(crate::metrics::follow(raft.clone()));
     let running = RunningRouter {
         node_id: config.node_id,
         node,
@@ -190,6 +201,7 @@ pub async fn start(config: RouterConfig) -> Result<RunningRouter, StartError> {
         shutdown,
         stopping,
         servers,
+        metrics,
     };
     if config.cluster.bootstrap {
         let members = config
@@ -247,6 +259,9 @@ impl RunningRouter {
             let _ = tx.send(());
         }
         let _ = self.raft.shutdown().await;
+        if let Some(metrics) = self.metrics.take() {
+            metrics.abort();
+        }
         for s in self.servers.drain(..) {
             let _ = tokio::time::timeout(Duration::from_secs(5), s).await;
         }

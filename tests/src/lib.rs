@@ -251,6 +251,7 @@ pub mod process;
 pub use process::{CellProcess, ControlPlaneProcess};
 
 pub mod deploy;
+pub mod dev;
 pub mod etcd;
 pub mod http;
 pub mod router;

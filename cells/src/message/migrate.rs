@@ -111,6 +111,7 @@ impl MessageService {
         let checksum = messages.iter().fold(0u64, |acc, (s, m)| {
             acc.wrapping_add(message_checksum(*s, m))
         });
+        count_rows("out", messages.len());
         Ok(ExportChunk {
             conversation: Some(record),
             members,
@@ -510,6 +511,7 @@ impl MessageService {
         for p in &chunk.read_positions {
             m.raise_read_seq(conversation, p.user_id, p.read_seq);
         }
+        count_rows("in", chunk.messages.len());
         for message in chunk.messages {
             let Some(r) = message.record else {
                 continue;
@@ -592,6 +594,14 @@ fn answer(conversation: u64, seq: u64, r: &MessageRecord, expires_at_ms: u64) ->
         server_ts_ms: r.server_ts_ms,
         expires_at_ms,
     }
+}
+
+/// Counts rows a move copied through this cell.
+fn count_rows(direction: &'static str, rows: usize) {
+    crate::metrics::metrics()
+        .migration_rows
+        .get_or_create(&crate::metrics::DirectionLabel { direction })
+        .inc_by(rows as u64);
 }
 
 #[cfg(test)]

@@ -70,6 +70,9 @@ impl MessageService {
         } else {
             0
         };
+        if unavailable_through > 0 {
+            crate::metrics::metrics().pulls_unavailable.inc();
+        }
         Ok(PullResponse {
             unavailable_through,
             messages: page

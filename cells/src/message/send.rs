@@ -150,6 +150,7 @@ impl MessageService {
         };
         ticket.wait().await?;
         drop(writing);
+        crate::metrics::metrics().messages_committed.inc();
         tracing::debug!(seq = record.seq, msg_id = record.msg_id, "message stored");
         self.marks
             .note(cmd.caller.tenant, cmd.conversation, record.seq);
@@ -285,6 +286,7 @@ fn replay(record: &IdempotencyRecord, conversation: u64) -> Result<SendResponse>
             ),
         ));
     }
+    crate::metrics::metrics().idempotent_replays.inc();
     Ok(SendResponse {
         msg_id: record.msg_id,
         seq: record.seq,

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use cellmesh_proto::storage::v1::{
     ConvListEntry, ForwardRecord, IdempotencyRecord, MemberRecord, NotificationBatch,
-    NotificationRecord, OutboxEvent, SyncRecord,
+    NotificationRecord, OutboxEvent, OutboxKind, SyncRecord,
 };
 use cellmesh_proto::v1::{
     ConversationHint, ConversationMeta, Message, PeerEvent, SyncEventKind, SyncPush, UserState,
@@ -407,6 +407,12 @@ impl Processor {
     /// Makes the effects of `deliveries` durable and announces them to
     /// online devices. Does not commit queue positions.
     pub async fn apply(&mut self, deliveries: &[Delivery]) -> Result<(), PipelineError> {
+        let metrics = crate::metrics::metrics();
+        let now_ms = self.clock.now_ms();
+        let age = |event: &OutboxEvent| now_ms.saturating_sub(event.server_ts_ms) as f64 / 1000.0;
+        if let Some(newest) = deliveries.iter().rev().find_map(|d| d.event.event.as_ref()) {
+            metrics.queue_lag_seconds.set(age(newest));
+        }
         let mut batch = Batch::default();
         for delivery in deliveries {
             let Some(event) = &delivery.event.event else {
@@ -414,7 +420,18 @@ impl Processor {
             };
             self.apply_event(&mut batch, delivery.event.id, event)?;
         }
-        self.finish(batch).await
+        metrics
+            .fanout_batch_entries
+            .observe(batch.entries.len() as f64);
+        self.finish(batch).await?;
+        let now_ms = self.clock.now_ms();
+        for event in deliveries.iter().filter_map(|d| d.event.event.as_ref()) {
+            if event.kind == OutboxKind::Message as i32 && event.server_ts_ms > 0 {
+                let lag = now_ms.saturating_sub(event.server_ts_ms);
+                metrics.fanout_lag_seconds.observe(lag as f64 / 1000.0);
+            }
+        }
+        Ok(())
     }
 
     /// Commits a batch's effects, then announces them.

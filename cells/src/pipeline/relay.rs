@@ -4,6 +4,7 @@
 //! applied.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use cellmesh_proto::storage::v1::QueuedEvent;
@@ -22,6 +23,8 @@ pub async fn run(store: Arc<Store>, queue: Arc<dyn EventQueue>) -> Result<(), Pi
     loop {
         let pending = store.outbox_pending(RELAY_BATCH)?;
         if pending.is_empty() {
+            let written = store.stats().outbox_written.load(Ordering::Relaxed);
+            store.stats().relayed_through(written);
             // Woken by the committer; the timeout is only a safety net.
             let _ = tokio::time::timeout(Duration::from_secs(1), signal.notified()).await;
             continue;
@@ -43,5 +46,8 @@ pub async fn run(store: Arc<Store>, queue: Arc<dyn EventQueue>) -> Result<(), Pi
         let mut m = Mutation::new();
         m.relayed(&ids);
         store.commit(m).await?;
+        if let Some(last) = ids.last() {
+            store.stats().relayed_through(*last);
+        }
     }
 }

@@ -38,6 +38,27 @@ pub struct CommitStats {
     pub batches: AtomicU64,
     /// Keys written (puts, deletes, merges, outbox events).
     pub keys: AtomicU64,
+    /// The last outbox event id written, and the last one the relay moved
+    /// to the queue: their difference is the outbox lag.
+    pub outbox_written: AtomicU64,
+    pub outbox_relayed: AtomicU64,
+}
+
+impl CommitStats {
+    /// Records that the relay moved the outbox up to `id`, and publishes
+    /// the lag.
+    pub fn relayed_through(&self, id: u64) {
+        self.outbox_relayed.fetch_max(id, Ordering::Relaxed);
+        self.publish_outbox_lag();
+    }
+
+    fn publish_outbox_lag(&self) {
+        let written = self.outbox_written.load(Ordering::Relaxed);
+        let relayed = self.outbox_relayed.load(Ordering::Relaxed);
+        crate::metrics::metrics()
+            .outbox_lag_events
+            .set(written.saturating_sub(relayed) as i64);
+    }
 }
 
 struct Job {
@@ -96,8 +117,15 @@ impl Committer {
         let stats = Arc::new(CommitStats::default());
         let failed = Arc::new(Mutex::new(None));
         let next_outbox_id = last_outbox_id(&db)? + 1;
+        // Until the relay's first round says otherwise.
+        stats
+            .outbox_written
+            .store(next_outbox_id - 1, Ordering::Relaxed);
+        stats
+            .outbox_relayed
+            .store(next_outbox_id - 1, Ordering::Relaxed);
         let outbox_signal = Arc::new(Notify::new());
-        let lane = |name: &str| -> Result<LaneQueue> {
+        let lane = |name: &str, label: &'static str| -> Result<LaneQueue> {
             let (tx, rx) = mpsc::channel(config.commit_queue_depth);
             let mut writer = Writer {
                 outbox_signal: outbox_signal.clone(),
@@ -108,6 +136,7 @@ impl Committer {
                 stats: stats.clone(),
                 failed: failed.clone(),
                 failpoints: failpoints.clone(),
+                lane: crate::metrics::LaneLabel { lane: label },
             };
             let thread = std::thread::Builder::new()
                 .name(name.into())
@@ -119,8 +148,8 @@ impl Committer {
             })
         };
         Ok(Self {
-            message: lane("cellmesh-commit")?,
-            fan_out: lane("cellmesh-fanout")?,
+            message: lane("cellmesh-commit", "message")?,
+            fan_out: lane("cellmesh-fanout", "fanout")?,
             stats,
             failed,
             outbox_signal,
@@ -205,6 +234,7 @@ struct Writer {
     failed: Arc<Mutex<Option<String>>>,
     outbox_signal: Arc<Notify>,
     failpoints: Arc<FailPoints>,
+    lane: crate::metrics::LaneLabel,
 }
 
 impl Writer {
@@ -254,6 +284,7 @@ impl Writer {
         if let Some(Action::Delay(d)) = self.failpoints.hit("storage.slow_write") {
             std::thread::sleep(d);
         }
+        let started = std::time::Instant::now();
         let written_batch = match self.failpoints.hit("storage.fsync_error") {
             Some(Action::Error) => {
                 Err("IO error: fsync failed (fail point storage.fsync_error)".to_string())
@@ -262,7 +293,20 @@ impl Writer {
         };
         match written_batch {
             Ok(()) => {
+                let metrics = crate::metrics::metrics();
+                metrics
+                    .commit_write_seconds
+                    .get_or_create(&self.lane)
+                    .observe(started.elapsed().as_secs_f64());
+                metrics
+                    .commit_batch_mutations
+                    .get_or_create(&self.lane)
+                    .observe(jobs.len() as f64);
                 if outbox_id != self.next_outbox_id {
+                    self.stats
+                        .outbox_written
+                        .store(outbox_id - 1, Ordering::Relaxed);
+                    self.stats.publish_outbox_lag();
                     self.outbox_signal.notify_one();
                 }
                 self.next_outbox_id = outbox_id;
@@ -274,6 +318,7 @@ impl Writer {
                 Ok(())
             }
             Err(e) => {
+                crate::metrics::metrics().commit_failed.inc();
                 tracing::error!(error = %e, "write batch failed; storage now refuses writes");
                 *self.failed.lock().expect("failed lock") = Some(e.clone());
                 Err(StorageError::Failed(e))

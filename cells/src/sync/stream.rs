@@ -66,6 +66,7 @@ impl SyncService {
         }
         let service = self.clone();
         tokio::spawn(async move {
+            let _online = OnlineDevice::count();
             if let Some(push) = first
                 && tx.send(Ok(push)).await.is_err()
             {
@@ -105,7 +106,7 @@ impl SyncService {
                     events.push((pts, record, message));
                 }
                 if !self
-                    .send_all(user, events.into_iter(), &mut cursor, tx)
+                    .send_all(user, events.into_iter(), &mut cursor, tx, false)
                     .await?
                 {
                     return Ok(());
@@ -124,7 +125,7 @@ impl SyncService {
                                 let message = e.message.as_deref().cloned();
                                 (e.pts, e.record.clone(), message)
                             });
-                            if !self.send_all(user, events, &mut cursor, tx).await? {
+                            if !self.send_all(user, events, &mut cursor, tx, true).await? {
                                 return Ok(());
                             }
                         }
@@ -144,26 +145,52 @@ impl SyncService {
     }
 
     /// Pushes sync events in pts order, moving `cursor` along; false once
-    /// the device has gone away.
+    /// the device has gone away. `live`: events just appended (their push
+    /// latency is measured; a catch-up from storage is not).
     async fn send_all(
         &self,
         user: UserKey,
         events: impl ExactSizeIterator<Item = (u64, SyncRecord, Option<Message>)>,
         cursor: &mut u64,
         tx: &mpsc::Sender<PushResult>,
+        live: bool,
     ) -> Result<bool> {
         if events.len() == 0 {
             return Ok(true);
         }
         let queue_id = self.store.queue_id(user)?;
         for (pts, record, message) in events {
+            let sent_ms = record.server_ts_ms;
             let push = hydrate(queue_id, pts, record, message);
             if tx.send(Ok(push)).await.is_err() {
                 return Ok(false);
             }
+            if live && sent_ms > 0 {
+                let latency = self.clock.now_ms().saturating_sub(sent_ms);
+                crate::metrics::metrics()
+                    .push_latency_seconds
+                    .observe(latency as f64 / 1000.0);
+            }
             *cursor = pts;
         }
         Ok(true)
+    }
+}
+
+/// One device streaming, counted in `cellmesh_online_devices` while it
+/// lives.
+struct OnlineDevice;
+
+impl OnlineDevice {
+    fn count() -> Self {
+        crate::metrics::metrics().online_devices.inc();
+        Self
+    }
+}
+
+impl Drop for OnlineDevice {
+    fn drop(&mut self) {
+        crate::metrics::metrics().online_devices.dec();
     }
 }
 

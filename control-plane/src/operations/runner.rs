@@ -179,6 +179,7 @@ async fn run_one(store: OperationStore, migrator: Arc<Migrator>, name: String, o
         loop {
             tokio::time::sleep(REPORT).await;
             let now = live.lock().expect("progress").clone();
+            crate::metrics::progress(&op.id, &op.spec, &now.phase, now.done, now.total, now.rows);
             let _ = store
                 .update(&op.id, |op| {
                     now.record(op);
@@ -196,6 +197,7 @@ async fn run_one(store: OperationStore, migrator: Arc<Migrator>, name: String, o
         Err(message) => (State::Failed, message),
     };
     let now = live.lock().expect("progress").clone();
+    crate::metrics::finished(&op.id, &op.spec, state == State::Succeeded, now.frozen_ms);
     let finished = store
         .update(&op.id, |op| {
             now.record(op);

@@ -8,6 +8,7 @@
 
 mod demo;
 pub mod kafka;
+mod prometheus;
 mod supervisor;
 mod topology;
 
@@ -60,6 +61,10 @@ pub struct DevArgs {
     /// (comma-separated ids), e.g. to bench both modes in one deployment.
     #[arg(long, value_delimiter = ',')]
     other_mode_tenants: Vec<u64>,
+    /// Also start a real Prometheus (the `prometheus` binary) scraping
+    /// every process's `/metrics`; its URL is printed and in dev.json.
+    #[arg(long)]
+    prometheus: bool,
 }
 
 fn parse_mode(text: &str) -> Result<ReplicationMode, String> {
@@ -171,6 +176,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             raft_listen: format!("127.0.0.1:{}", topo.router_raft_port(r)).parse()?,
             cluster_secret: secrets.cluster.clone(),
             links: topo.links_from(r),
+            metrics_listen: format!("127.0.0.1:{}", topo.router_metrics_port(r)),
             ..RouterConfig::default()
         };
         config.cluster.bootstrap = r == 0;
@@ -192,6 +198,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
                 listen: format!("127.0.0.1:{}", topo.cell_port(r, c)).parse()?,
                 data_dir: data.join(id.replace('/', "-")),
                 instance_id: (r * CELLS_PER_REGION + c) as u16 + 1,
+                metrics_listen: format!("127.0.0.1:{}", topo.cell_metrics_port(r, c)),
                 ..CellConfig::default()
             };
             config.routing.routers = topo.routers_from(r);
@@ -248,6 +255,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         consoles.push(format!("http://{}/", config.console_listen));
         config.admin_listen = format!("127.0.0.1:{}", topo.admin_port(i));
         admins.push(format!("http://{}", config.admin_listen));
+        config.metrics_listen = format!("127.0.0.1:{}", topo.control_plane_metrics_port(i));
         if args.etcd {
             config.coordination.backend = CoordinationBackend::Etcd;
             config.coordination.etcd_endpoints = etcd_endpoints.clone();
@@ -271,6 +279,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             cluster_secret: secrets.cluster.clone(),
             token_secret: secrets.token.clone(),
             links: topo.links_from(r),
+            metrics_listen: format!("127.0.0.1:{}", topo.edge_metrics_port(r)),
             ..EdgeConfig::default()
         };
         let path = write_config(&configs, &format!("edge-{region}"), &config)?;
@@ -285,6 +294,14 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     for (r, region) in REGIONS.iter().enumerate() {
         wait_listening(topo.edge_port(r), &format!("the {region} edge")).await?;
     }
+    let targets = topo.metrics_targets(replicas);
+    let prometheus_url = if args.prometheus {
+        let url = prometheus::start(&mut sup, data, topo.prometheus_port(), &targets)?;
+        wait_listening(topo.prometheus_port(), "Prometheus").await?;
+        Some(url)
+    } else {
+        None
+    };
     let demo = demo::prepare(data, &routes, &topo, &secrets.cluster, &secrets.token).await?;
     let mut info = serde_json::json!({
         "edges": edges,
@@ -296,6 +313,11 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         "control_plane": {"replicas": replicas, "coordination": if args.etcd { "etcd" } else { "local" },
             "consoles": consoles, "admin": admins},
         "console_url": consoles[0],
+        "metrics": targets
+            .iter()
+            .map(|t| (t.name.clone(), format!("http://{}/metrics", t.address)))
+            .collect::<BTreeMap<_, _>>(),
+        "prometheus_url": prometheus_url,
         "cluster_secret": secrets.cluster,
         "etcd": etcd_endpoints,
         "kafka": if mock_kafka.is_some() { Some("mock".to_string()) } else { brokers.clone() },
@@ -463,6 +485,9 @@ fn print_summary(info: &serde_json::Value, data: &Path) {
         "  console        {}",
         info["console_url"].as_str().unwrap_or_default()
     );
+    if let Some(url) = info["prometheus_url"].as_str() {
+        println!("  prometheus     {url}");
+    }
     let demo = &info["demo"];
     println!("  demo tenant    {}", demo["tenant"]);
     println!(

@@ -6,6 +6,18 @@
 pub const REGIONS: [&str; 3] = ["eu-west", "us-east", "ap-south"];
 pub const CELLS_PER_REGION: usize = 2;
 
+/// One process Prometheus scrapes, and the labels its series get.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct MetricsTarget {
+    pub name: String,
+    pub role: &'static str,
+    pub region: String,
+    /// The cell id, for cells ("" otherwise).
+    pub cell: String,
+    /// `host:port` of its `/metrics`.
+    pub address: String,
+}
+
 #[derive(Debug, Clone)]
 pub struct Topology {
     pub base: u16,
@@ -66,6 +78,60 @@ impl Topology {
     /// Control-plane replica `i`'s admin API.
     pub fn admin_port(&self, i: usize) -> u16 {
         self.base + 94 + i as u16
+    }
+
+    /// Control-plane replica `i`'s `/metrics`.
+    pub fn control_plane_metrics_port(&self, i: usize) -> u16 {
+        self.base + 96 + i as u16
+    }
+    /// The Prometheus of `cellmesh dev --prometheus`.
+    pub fn prometheus_port(&self) -> u16 {
+        self.base + 98
+    }
+    pub fn router_metrics_port(&self, r: usize) -> u16 {
+        self.port(r, 10)
+    }
+    pub fn cell_metrics_port(&self, r: usize, c: usize) -> u16 {
+        self.port(r, 11 + c as u16)
+    }
+    pub fn edge_metrics_port(&self, r: usize) -> u16 {
+        self.port(r, 15)
+    }
+
+    /// Every process's `/metrics` address with its target labels, the
+    /// control-plane replicas (`control_planes` of them) included.
+    pub fn metrics_targets(&self, control_planes: usize) -> Vec<MetricsTarget> {
+        let target = |name: String, role, region: &str, port, cell: &str| MetricsTarget {
+            name,
+            role,
+            region: region.to_string(),
+            cell: cell.to_string(),
+            address: format!("127.0.0.1:{port}"),
+        };
+        let mut targets = Vec::new();
+        for (r, region) in REGIONS.iter().enumerate() {
+            let router = self.router_metrics_port(r);
+            targets.push(target(
+                format!("router-{region}"),
+                "router",
+                region,
+                router,
+                "",
+            ));
+            for c in 0..CELLS_PER_REGION {
+                let id = self.cell_id(r, c);
+                let port = self.cell_metrics_port(r, c);
+                targets.push(target(id.replace('/', "-"), "cell", region, port, &id));
+            }
+            let edge = self.edge_metrics_port(r);
+            targets.push(target(format!("edge-{region}"), "edge", region, edge, ""));
+        }
+        for i in 0..control_planes {
+            let port = self.control_plane_metrics_port(i);
+            let name = format!("control-plane-{}", i + 1);
+            targets.push(target(name, "control-plane", REGIONS[0], port, ""));
+        }
+        targets
     }
 
     /// Every cross-region path with its proxy port.

@@ -4,7 +4,7 @@
 //! every component and a restart on the same data keeps every message.
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use cellmesh_proto::v1::messaging_client::MessagingClient;
@@ -12,53 +12,10 @@ use cellmesh_proto::v1::sync_client::SyncClient;
 use cellmesh_proto::v1::*;
 use cellmesh_tests::cellmesh_bin;
 use cellmesh_tests::deploy::authed;
+use cellmesh_tests::dev::{port_base, start_dev, wait_info};
 use cellmesh_tests::sync::next_push;
 use serde_json::Value;
 use tonic::transport::Channel;
-
-/// A `cellmesh dev` child that is interrupted (and its components with it)
-/// even when the test fails midway.
-struct Dev(Option<Child>);
-
-impl Dev {
-    fn child(&mut self) -> &mut Child {
-        self.0.as_mut().expect("running")
-    }
-    fn take(mut self) -> Child {
-        self.0.take().expect("running")
-    }
-}
-
-impl Drop for Dev {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.0.take() {
-            // SAFETY: kill(2) on the child we spawned.
-            unsafe {
-                libc::kill(child.id() as i32, libc::SIGINT);
-            }
-            let deadline = Instant::now() + Duration::from_secs(30);
-            while child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-fn start_dev(dir: &Path, base: u16) -> Dev {
-    let _ = std::fs::remove_file(dir.join("dev.json"));
-    Dev(Some(
-        Command::new(cellmesh_bin())
-            .args(["dev", "--data-dir"])
-            .arg(dir)
-            .args(["--base-port", &base.to_string(), "--latency", "20ms"])
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("dev.stderr")).expect("log file"))
-            .spawn()
-            .expect("cellmesh dev starts"),
-    ))
-}
 
 /// A child's pid as dev.json says now (the supervisor rewrites it when it
 /// restarts a child).
@@ -68,29 +25,6 @@ fn current_pid(dir: &Path, name: &str) -> i64 {
     info["processes"][name]
         .as_i64()
         .unwrap_or_else(|| panic!("no process {name} in dev.json"))
-}
-
-async fn wait_info(dir: &Path, dev: &mut Child) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(180);
-    loop {
-        if let Some(status) = dev.try_wait().unwrap() {
-            panic!(
-                "cellmesh dev exited early ({status}); see {}/logs",
-                dir.display()
-            );
-        }
-        if let Ok(text) = std::fs::read_to_string(dir.join("dev.json"))
-            && let Ok(v) = serde_json::from_str::<Value>(&text)
-        {
-            return v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "dev.json never appeared; see {}/logs",
-            dir.display()
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
 }
 
 fn interrupt_and_wait(mut dev: Child, info: &Value) {
@@ -140,10 +74,8 @@ async fn channel(url: &Value) -> Channel {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_crosses_three_regions_and_survives_a_restart() {
     let dir = tempfile::tempdir().unwrap();
-    // Fixed ports below the kernel's ephemeral range (32768+), where the
-    // port-0 servers and client sockets of concurrent tests cannot take them.
-    let base = 20_000 + (std::process::id() % 90) as u16 * 130;
-    let mut dev = start_dev(dir.path(), base);
+    let base = port_base();
+    let mut dev = start_dev(dir.path(), base, &[]);
     let info = wait_info(dir.path(), dev.child()).await;
     let demo = &info["demo"];
     let general = &demo["conversations"][0];
@@ -280,7 +212,7 @@ async fn a_message_crosses_three_regions_and_survives_a_restart() {
     }
 
     interrupt_and_wait(dev.take(), &info);
-    let mut dev = start_dev(dir.path(), base);
+    let mut dev = start_dev(dir.path(), base, &[]);
     let info = wait_info(dir.path(), dev.child()).await;
     let mut pull = MessagingClient::new(channel(&info["edges"]["us-east"]).await);
     let page = pull

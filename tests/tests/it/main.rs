@@ -16,6 +16,7 @@ mod failover;
 mod history;
 mod homes;
 mod kafka_queue;
+mod metrics;
 mod migration;
 mod operations;
 mod presence;

@@ -1,0 +1,133 @@
+//! The cell's Prometheus metrics, defined once here and updated where the
+//! work happens: the commit path (batch sizes, fsync time, failed writes),
+//! the pipeline (outbox and queue lag, fan-out lag), sync (online devices,
+//! push latency, pulls that reported unavailable history), the send path
+//! (idempotent replays, rate-limited requests) and migrations (rows copied
+//! in and out). RPC counts and latencies come from the server's layer.
+
+use std::sync::LazyLock;
+
+use cellmesh_telemetry::{
+    Counter, Family, Gauge, Histogram, Unit, counter, counter_family, float_gauge, gauge,
+    histogram, histogram_family, latency_buckets, size_buckets,
+};
+use prometheus_client::encoding::EncodeLabelSet;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LaneLabel {
+    pub lane: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ScopeLabel {
+    pub scope: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DirectionLabel {
+    pub direction: &'static str,
+}
+
+pub struct CellMetrics {
+    pub commit_batch_mutations: Family<LaneLabel, Histogram, fn() -> Histogram>,
+    pub commit_write_seconds: Family<LaneLabel, Histogram, fn() -> Histogram>,
+    pub commit_failed: Counter,
+    pub outbox_lag_events: Gauge,
+    pub queue_lag_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
+    pub fanout_lag_seconds: Histogram,
+    pub fanout_batch_entries: Histogram,
+    pub push_latency_seconds: Histogram,
+    pub online_devices: Gauge,
+    pub pulls_unavailable: Counter,
+    pub idempotent_replays: Counter,
+    pub rate_limited: Family<ScopeLabel, Counter>,
+    pub messages_committed: Counter,
+    pub migration_rows: Family<DirectionLabel, Counter>,
+}
+
+fn size_histogram() -> Histogram {
+    Histogram::new(size_buckets())
+}
+
+fn latency_histogram() -> Histogram {
+    Histogram::new(latency_buckets())
+}
+
+static METRICS: LazyLock<CellMetrics> = LazyLock::new(|| CellMetrics {
+    commit_batch_mutations: histogram_family(
+        "cellmesh_commit_batch_mutations",
+        "Mutations written together in one WriteBatch (one WAL fsync), by commit lane.",
+        None,
+        size_histogram,
+    ),
+    commit_write_seconds: histogram_family(
+        "cellmesh_commit_write",
+        "Time to write one WriteBatch with its WAL fsync, by commit lane.",
+        Some(Unit::Seconds),
+        latency_histogram,
+    ),
+    commit_failed: counter(
+        "cellmesh_commit_failed_writes",
+        "WriteBatches that failed (after one, the store refuses writes until restarted).",
+    ),
+    outbox_lag_events: gauge(
+        "cellmesh_outbox_lag_events",
+        "Outbox events written but not yet relayed to the event queue.",
+    ),
+    queue_lag_seconds: float_gauge(
+        "cellmesh_queue_lag_seconds",
+        "Age of the newest event the fan-out took from the event queue, when it took it.",
+    ),
+    fanout_lag_seconds: histogram(
+        "cellmesh_fanout_lag",
+        "Time from a message's acknowledgement to its members' sync-queue entries being durable.",
+        Some(Unit::Seconds),
+        latency_buckets(),
+    ),
+    fanout_batch_entries: histogram(
+        "cellmesh_fanout_batch_entries",
+        "Conversation-list entries (member × conversation) updated per fan-out batch.",
+        None,
+        size_buckets(),
+    ),
+    push_latency_seconds: histogram(
+        "cellmesh_push_latency",
+        "Time from a message's acknowledgement to its push to an online device.",
+        Some(Unit::Seconds),
+        latency_buckets(),
+    ),
+    online_devices: gauge(
+        "cellmesh_online_devices",
+        "Devices with a live sync stream on this cell.",
+    ),
+    pulls_unavailable: counter(
+        "cellmesh_pulls_unavailable_history",
+        "History pulls whose answer reported unavailable history (the gap rate's numerator).",
+    ),
+    idempotent_replays: counter(
+        "cellmesh_idempotent_replays",
+        "Sends answered from the idempotency record (a retry of an acknowledged send).",
+    ),
+    rate_limited: counter_family(
+        "cellmesh_rate_limited_requests",
+        "Requests refused by a rate limit, by scope (user, conversation).",
+    ),
+    messages_committed: counter(
+        "cellmesh_messages_committed",
+        "Messages made durable and acknowledged by this cell as owner.",
+    ),
+    migration_rows: counter_family(
+        "cellmesh_migration_rows",
+        "Rows copied by conversation and tenant moves, by direction (out: served as source, in: stored as target).",
+    ),
+});
+
+/// The cell's metrics (registered on first use).
+pub fn metrics() -> &'static CellMetrics {
+    &METRICS
+}
+
+/// Registers every cell metric, so a scrape lists them before first use.
+pub fn register() {
+    LazyLock::force(&METRICS);
+}

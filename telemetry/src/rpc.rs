@@ -1,0 +1,191 @@
+//! One tower layer on every gRPC server: counts each call by method and
+//! outcome (gRPC code and the stable cellmesh reason of a failure) and
+//! times it, so no handler carries metrics code. A call is timed until its
+//! response headers: a unary call's whole life, a stream's set-up. A
+//! failure reported in a stream's trailers counts as `OK` here.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::LazyLock;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use tower::{Layer, Service};
+
+use crate::registry::{Unit, counter_family, histogram_family, latency_buckets};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CallLabels {
+    method: String,
+    code: String,
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MethodLabels {
+    method: String,
+}
+
+struct RpcMetrics {
+    calls: Family<CallLabels, Counter>,
+    seconds: Family<MethodLabels, Histogram, fn() -> Histogram>,
+}
+
+static METRICS: LazyLock<RpcMetrics> = LazyLock::new(|| RpcMetrics {
+    calls: counter_family(
+        "cellmesh_rpc_server_requests",
+        "gRPC calls served, by method, gRPC code and stable reason (empty when OK).",
+    ),
+    seconds: histogram_family(
+        "cellmesh_rpc_server_duration",
+        "Time from a gRPC call's arrival to its response headers.",
+        Some(Unit::Seconds),
+        || Histogram::new(latency_buckets()),
+    ),
+});
+
+/// Adds call counts and latencies to a server (`Server::builder().layer(..)`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RpcMetricsLayer;
+
+impl<S> Layer<S> for RpcMetricsLayer {
+    type Service = Metered<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        LazyLock::force(&METRICS);
+        Metered { inner }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Metered<S> {
+    inner: S,
+}
+
+impl<S, B, R> Service<http::Request<B>> for Metered<S>
+where
+    S: Service<http::Request<B>, Response = http::Response<R>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let method = method_name(request.uri().path());
+        let started = Instant::now();
+        let call = self.inner.call(request);
+        Box::pin(async move {
+            let response = call.await;
+            let (code, reason) = match &response {
+                Ok(response) => outcome(response.headers()),
+                Err(_) => ("UNKNOWN".to_string(), String::new()),
+            };
+            METRICS
+                .seconds
+                .get_or_create(&MethodLabels {
+                    method: method.clone(),
+                })
+                .observe(started.elapsed().as_secs_f64());
+            METRICS
+                .calls
+                .get_or_create(&CallLabels {
+                    method,
+                    code,
+                    reason,
+                })
+                .inc();
+            response
+        })
+    }
+}
+
+/// `cellmesh.v1.Messaging/Send` from `/cellmesh.v1.Messaging/Send`; paths
+/// that are not a gRPC method collapse into one label value.
+fn method_name(path: &str) -> String {
+    let name = path.trim_start_matches('/');
+    match name.split_once('/') {
+        Some((service, method))
+            if !service.is_empty() && !method.is_empty() && !method.contains('/') =>
+        {
+            name.to_string()
+        }
+        _ => "other".to_string(),
+    }
+}
+
+/// The gRPC code (by name) and stable reason of a response whose status is
+/// in its headers (a failure); `OK` otherwise.
+fn outcome(headers: &http::HeaderMap) -> (String, String) {
+    match tonic::Status::from_header_map(headers) {
+        Some(status) if status.code() != tonic::Code::Ok => {
+            let detail = cellmesh_proto::status::error_detail(&status);
+            (code_name(status.code()), detail.reason)
+        }
+        _ => ("OK".to_string(), String::new()),
+    }
+}
+
+/// `UNAVAILABLE`, `RESOURCE_EXHAUSTED`, … as gRPC spells them.
+fn code_name(code: tonic::Code) -> String {
+    let mut name = String::new();
+    for (i, c) in format!("{code:?}").chars().enumerate() {
+        if c.is_uppercase() && i > 0 {
+            name.push('_');
+        }
+        name.push(c.to_ascii_uppercase());
+    }
+    name
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        assert_eq!(
+            method_name("/cellmesh.v1.Messaging/Send"),
+            "cellmesh.v1.Messaging/Send"
+        );
+        assert_eq!(method_name("/"), "other");
+        assert_eq!(method_name("/a/b/c"), "other");
+        assert_eq!(
+            code_name(tonic::Code::ResourceExhausted),
+            "RESOURCE_EXHAUSTED"
+        );
+        assert_eq!(code_name(tonic::Code::Ok), "OK");
+        assert_eq!(code_name(tonic::Code::Unavailable), "UNAVAILABLE");
+    }
+
+    #[test]
+    fn a_failure_is_named_by_code_and_reason() {
+        let status = cellmesh_proto::status::to_status(
+            cellmesh_proto::v1::ErrorCode::RateLimited,
+            cellmesh_proto::reason::Reason::parse("USER_RATE_LIMITED").unwrap(),
+            "slow down".into(),
+            10,
+            None,
+        );
+        let response = status.into_http::<()>();
+        assert_eq!(
+            outcome(response.headers()),
+            (
+                "RESOURCE_EXHAUSTED".to_string(),
+                "USER_RATE_LIMITED".to_string()
+            )
+        );
+        assert_eq!(
+            outcome(&http::HeaderMap::new()),
+            ("OK".to_string(), String::new())
+        );
+    }
+}
