@@ -18,6 +18,9 @@ setup() {
   command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
   # The web console's test loads the page in headless Chromium.
   command -v chromium >/dev/null 2>&1 || need+=(chromium)
+  # promtool checks every role's /metrics; `cellmesh dev --prometheus`
+  # runs the server.
+  command -v promtool >/dev/null 2>&1 || need+=(prometheus)
   if ((${#need[@]})); then
     local sudo=""
     [ "$(id -u)" = 0 ] || sudo="sudo"

@@ -286,13 +286,24 @@ pub async fn start_placed(
         SyncServer::new(SyncApi::new(sync.clone())),
         guard(secret.clone()),
     );
+    crate::metrics::register();
+    let metrics = cellmesh_telemetry::admin::serve_configured(&config.metrics_listen)
+        .await
+        .map_err(StartError::Metrics)?;
+    let metrics_address = metrics
+        .as_ref()
+        .map(|(bound, _)| reachable(*bound, &config.routing.advertise))
+        .unwrap_or_default();
     let peer_api = InterceptedService::new(
-        CellPeerServer::new(PeerApi::new(
-            pipeline.inbound,
-            service.clone(),
-            sync.clone(),
-            secret.clone(),
-        ))
+        CellPeerServer::new(
+            PeerApi::new(
+                pipeline.inbound,
+                service.clone(),
+                sync.clone(),
+                secret.clone(),
+            )
+            .with_metrics_address(metrics_address),
+        )
         .max_decoding_message_size(64 * 1024 * 1024),
         guard(secret.clone()),
     );
@@ -303,10 +314,6 @@ pub async fn start_placed(
         sync.clone(),
         Duration::from_secs(config.routing.cleanup_grace_secs),
     ));
-    let metrics = cellmesh_telemetry::admin::serve_configured(&config.metrics_listen)
-        .await
-        .map_err(StartError::Metrics)?;
-    crate::metrics::register();
     let task = tokio::spawn(async move {
         let served = tonic::transport::Server::builder()
             .layer(cellmesh_telemetry::rpc::RpcMetricsLayer)
@@ -377,6 +384,22 @@ pub async fn start_placed(
         task,
         _registration: registration,
     })
+}
+
+/// `bound` as others reach it: a wildcard address takes the host the cell
+/// advertises (its gRPC URL), else loopback.
+fn reachable(bound: SocketAddr, advertise: &str) -> String {
+    if !bound.ip().is_unspecified() {
+        return bound.to_string();
+    }
+    let host = advertise
+        .split_once("://")
+        .map(|(_, rest)| rest)
+        .and_then(|rest| rest.rsplit_once(':'))
+        .map(|(host, _)| host)
+        .filter(|h| !h.is_empty())
+        .unwrap_or("127.0.0.1");
+    format!("{host}:{}", bound.port())
 }
 
 fn write_addr_file(config: &CellConfig, addr: SocketAddr) -> std::io::Result<()> {

@@ -13,5 +13,6 @@ pub mod failover;
 pub mod metrics;
 pub mod migration;
 pub mod operations;
+pub mod panels;
 pub mod server;
 pub mod status;

@@ -428,6 +428,7 @@ fn sample(
             let control_plane = serde_json::json!({"leader": leader, "coordination": backend, "serving_console": name});
             let mut status = sampler.sample(&routes, control_plane).await;
             status["operations"] = recent_operations(&operations).await;
+            sampler.panels.track_operations(&mut status["operations"]);
             tx.send_replace(status);
             tokio::time::sleep(Duration::from_secs(1)).await;
         }

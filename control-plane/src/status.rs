@@ -73,6 +73,8 @@ pub struct Sampler {
     routers: Vec<String>,
     secret: ClusterSecret,
     previous: HashMap<String, (Instant, CellStats)>,
+    /// The charts of each cell's metrics and each operation's progress.
+    pub panels: crate::panels::Panels,
 }
 
 impl Sampler {
@@ -81,6 +83,7 @@ impl Sampler {
             routers,
             secret,
             previous: HashMap::new(),
+            panels: Default::default(),
         }
     }
 
@@ -94,8 +97,19 @@ impl Sampler {
             calls.push((cell.clone(), call));
         }
         let mut regions: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+        let mut answers = Vec::new();
         for (cell, call) in calls {
-            let now = call.await.ok().flatten();
+            answers.push((cell, call.await.ok().flatten()));
+        }
+        let scraped = answers
+            .iter()
+            .filter_map(|(cell, stats)| {
+                let address = &stats.as_ref()?.metrics_address;
+                (!address.is_empty()).then(|| (cell.id.clone(), address.clone()))
+            })
+            .collect();
+        let mut charts = self.panels.sample_cells(scraped).await;
+        for (cell, now) in answers {
             let rate = match (self.previous.get(&cell.id), &now) {
                 (Some((at, a)), Some(b)) if b.sends >= a.sends && b.uptime_ms >= a.uptime_ms => {
                     let secs = at.elapsed().as_secs_f64();
@@ -134,6 +148,7 @@ impl Sampler {
                 "sends_per_s": (rate * 10.0).round() / 10.0,
                 "queue_lag": now.as_ref().map(|s| s.queue_lag),
                 "uptime_ms": now.as_ref().map(|s| s.uptime_ms),
+                "metrics": charts.remove(&cell.id).unwrap_or(Value::Null),
             }));
         }
         let mut replicas = Vec::new();

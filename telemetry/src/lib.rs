@@ -3,6 +3,7 @@
 //! them as Prometheus text at `/metrics` on its admin HTTP port
 //! ([`admin::serve`]), and wraps its gRPC server in one layer that counts
 //! and times every call by method and stable error code ([`rpc::RpcMetricsLayer`]).
+//! [`scrape`] reads such an exposition back (the console's panels).
 //! Which process, cell and region a series belongs to is the scraper's
 //! target labels, not part of the series.
 
@@ -10,6 +11,7 @@ pub mod admin;
 pub mod process;
 pub mod registry;
 pub mod rpc;
+pub mod scrape;
 
 pub use prometheus_client::metrics::{
     counter::Counter, family::Family, gauge::Gauge, histogram::Histogram,

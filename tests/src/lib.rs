@@ -250,6 +250,7 @@ pub fn cellmesh_bin() -> PathBuf {
 pub mod process;
 pub use process::{CellProcess, ControlPlaneProcess};
 
+pub mod browser;
 pub mod deploy;
 pub mod dev;
 pub mod etcd;

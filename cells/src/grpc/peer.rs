@@ -46,6 +46,8 @@ pub struct PeerApi {
     /// a move (and the moves of a tenant) do not each pay a new handshake
     /// across regions.
     sources: Mutex<HashMap<String, Channel>>,
+    /// Where this cell's `/metrics` answers ("" when off), for the console.
+    metrics_address: String,
 }
 
 impl PeerApi {
@@ -61,7 +63,14 @@ impl PeerApi {
             sync,
             secret,
             sources: Mutex::new(HashMap::new()),
+            metrics_address: String::new(),
         }
+    }
+
+    /// Reports `address` as where this cell's metrics are scraped.
+    pub fn with_metrics_address(mut self, address: String) -> Self {
+        self.metrics_address = address;
+        self
     }
 
     /// The source cell of a copy, at `address` (a registered cell's).
@@ -679,6 +688,7 @@ impl CellPeer for PeerApi {
             sends,
             queue_lag,
             route_index,
+            metrics_address: self.metrics_address.clone(),
         }))
     }
 

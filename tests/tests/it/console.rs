@@ -8,39 +8,10 @@ use std::time::Duration;
 use cellmesh_control_plane::migration::{MigrationOptions, Migrator};
 use cellmesh_control_plane::server::ControlPlaneConfig;
 use cellmesh_proto::secret::ClusterSecret;
+use cellmesh_tests::browser::rendered;
 use cellmesh_tests::deploy::*;
 use cellmesh_tests::eventually;
 use cellmesh_tests::router::SECRET;
-
-/// The DOM after the page's scripts ran for a few seconds.
-async fn rendered(console: SocketAddr) -> String {
-    let profile = tempfile::tempdir().unwrap();
-    let chromium = std::env::var("CELLMESH_CHROMIUM").unwrap_or_else(|_| "chromium".into());
-    let run = tokio::process::Command::new(&chromium)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-dev-shm-usage",
-            "--no-first-run",
-            "--virtual-time-budget=3000",
-        ])
-        .arg(format!("--user-data-dir={}", profile.path().display()))
-        .arg("--dump-dom")
-        .arg(format!("http://{console}/"))
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(Duration::from_secs(90), run)
-        .await
-        .expect("chromium finishes")
-        .unwrap_or_else(|e| panic!("cannot run {chromium} (scripts/common.sh installs it): {e}"));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
 
 /// `data-progress` of the migration row for `key`.
 fn progress(dom: &str, key: &str) -> Option<u64> {

@@ -1,13 +1,15 @@
 //! Metrics end to end: `cellmesh dev --prometheus` runs a real Prometheus
 //! over every process; each process's `/metrics` passes `promtool check
-//! metrics`, and the send rate Prometheus computes from the edges' RPC
-//! counters matches the rate a steady sender saw acknowledged.
+//! metrics`, the send rate Prometheus computes from the edges' RPC
+//! counters matches the rate a steady sender saw acknowledged, and the
+//! console's per-cell charts show the load.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use cellmesh_proto::v1::messaging_client::MessagingClient;
 use cellmesh_proto::v1::*;
+use cellmesh_tests::browser::rendered;
 use cellmesh_tests::deploy::authed;
 use cellmesh_tests::dev::{port_base, start_dev, wait_info};
 use cellmesh_tests::http;
@@ -85,6 +87,15 @@ fn sample_sum(text: &str, metric: &str, filter: &str) -> f64 {
         .sum()
 }
 
+/// The latest value the console's `chart` of `cell` shows.
+fn chart_latest(dom: &str, cell: &str, chart: &str) -> Option<f64> {
+    let boxed = &dom[dom.find(&format!("data-cell=\"{cell}\""))?..];
+    let boxed = &boxed[..boxed[1..].find("data-cell=").map_or(boxed.len(), |i| i + 1)];
+    let chart = &boxed[boxed.find(&format!("data-chart=\"{chart}\""))?..];
+    let at = chart.find("data-latest=\"")? + "data-latest=\"".len();
+    chart[at..].split('"').next()?.parse().ok()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn processes_expose_valid_metrics_and_prometheus_sees_the_send_rate() {
     let dir = tempfile::tempdir().unwrap();
@@ -95,28 +106,49 @@ async fn processes_expose_valid_metrics_and_prometheus_sees_the_send_rate() {
     let conv = demo["conversations"][0]["id"].as_u64().unwrap();
     let alice = demo["tokens"]["1"].as_str().unwrap().to_string();
     let edge = info["edges"]["eu-west"].as_str().unwrap().to_string();
+    let owner = demo["conversations"][0]["owner"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let mut send = MessagingClient::connect(edge).await.unwrap();
 
     // A steady sender, 25 sends a second for 30 s; when each was acked.
-    let mut acked = Vec::new();
     let started = unix_ms();
-    let mut tick = tokio::time::interval(Duration::from_millis(40));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut i = 0;
-    while unix_ms() < started + 30_000 {
-        tick.tick().await;
-        i += 1;
-        let request = SendRequest {
-            conversation_id: conv,
-            client_req_id: format!("metrics-{i}"),
-            r#type: MessageType::Text as i32,
-            body: format!("metric {i}").into_bytes(),
-            ..Default::default()
-        };
-        if send.send(authed(request, &alice)).await.is_ok() {
-            acked.push(unix_ms());
+    let sender = tokio::spawn(async move {
+        let mut acked = Vec::new();
+        let mut tick = tokio::time::interval(Duration::from_millis(40));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut i = 0;
+        while unix_ms() < started + 30_000 {
+            tick.tick().await;
+            i += 1;
+            let request = SendRequest {
+                conversation_id: conv,
+                client_req_id: format!("metrics-{i}"),
+                r#type: MessageType::Text as i32,
+                body: format!("metric {i}").into_bytes(),
+                ..Default::default()
+            };
+            if send.send(authed(request, &alice)).await.is_ok() {
+                acked.push(unix_ms());
+            }
         }
+        acked
+    });
+
+    // Under load, the console charts the owner cell's sends and acks.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let console = addr_of(info["console_url"].as_str().unwrap());
+    let dom = rendered(console).await;
+    for chart in ["sends_per_s", "ack_p99_ms", "fanout_lag_p99_ms"] {
+        let latest = chart_latest(&dom, &owner, chart);
+        assert!(
+            latest.is_some_and(|v| v > 0.0),
+            "{owner}'s {chart} chart shows {latest:?}"
+        );
     }
+
+    let acked = sender.await.unwrap();
     assert!(acked.len() > 300, "only {} sends acked", acked.len());
 
     // Every process's exposition is valid, and the counters saw the sends.
