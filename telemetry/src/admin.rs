@@ -39,6 +39,7 @@ async fn metrics(headers: axum::http::HeaderMap) -> impl IntoResponse {
 /// server task (abort it to stop).
 pub async fn serve(listen: SocketAddr) -> std::io::Result<(SocketAddr, JoinHandle<()>)> {
     let listener = tokio::net::TcpListener::bind(listen).await?;
+    crate::registry::enable();
     let addr = listener.local_addr()?;
     let app = Router::new()
         .route("/metrics", get(metrics))

@@ -3,7 +3,7 @@
 //! defined. Names follow Prometheus conventions: `cellmesh_` prefix, base
 //! units, counters exposed with `_total`, durations in `_seconds`.
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{LazyLock, Mutex};
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -13,6 +13,20 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 pub use prometheus_client::registry::Unit;
+
+/// Whether this process records per-call metrics (it serves `/metrics`).
+static ENABLED: AtomicBool = AtomicBool::new(false);
+
+/// Turns per-call recording (the RPC layer) on; [`crate::admin::serve`]
+/// does when the process serves its metrics.
+pub fn enable() {
+    ENABLED.store(true, Ordering::Relaxed);
+}
+
+/// Whether per-call recording is on.
+pub fn enabled() -> bool {
+    ENABLED.load(Ordering::Relaxed)
+}
 
 static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(|| {
     let mut registry = Registry::default();

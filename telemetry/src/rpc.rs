@@ -2,7 +2,8 @@
 //! outcome (gRPC code and the stable cellmesh reason of a failure) and
 //! times it, so no handler carries metrics code. A call is timed until its
 //! response headers: a unary call's whole life, a stream's set-up. A
-//! failure reported in a stream's trailers counts as `OK` here.
+//! failure reported in a stream's trailers counts as `OK` here. A process
+//! that serves no metrics records nothing here.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -80,6 +81,9 @@ where
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        if !crate::registry::enabled() {
+            return Box::pin(self.inner.call(request));
+        }
         let method = method_name(request.uri().path());
         let started = Instant::now();
         let call = self.inner.call(request);
