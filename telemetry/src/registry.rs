@@ -11,8 +11,8 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::Registry;
 pub use prometheus_client::registry::Unit;
+use prometheus_client::registry::{Metric, Registry};
 
 /// Whether this process records per-call metrics (it serves `/metrics`).
 static ENABLED: AtomicBool = AtomicBool::new(false);
@@ -48,55 +48,53 @@ pub fn size_buckets() -> impl Iterator<Item = f64> {
     exponential_buckets(1.0, 2.0, 13)
 }
 
+/// The bounds of a label set.
+pub trait Labels:
+    EncodeLabelSet + Clone + std::hash::Hash + Eq + std::fmt::Debug + Send + Sync + 'static
+{
+}
+
+impl<T> Labels for T where
+    T: EncodeLabelSet + Clone + std::hash::Hash + Eq + std::fmt::Debug + Send + Sync + 'static
+{
+}
+
+/// A metric of type `M` registered as `name` (the library ends `help` with
+/// a period; one given here is dropped).
+pub fn registered<M: Metric + Clone + Default>(name: &str, help: &str) -> M {
+    let metric = M::default();
+    with_registry(|r| r.register(name, help.trim_end_matches('.'), metric.clone()));
+    metric
+}
+
 /// A counter named `name` (exposed as `name_total`).
 pub fn counter(name: &str, help: &str) -> Counter {
-    let counter = Counter::default();
-    with_registry(|r| r.register(name, help.trim_end_matches('.'), counter.clone()));
-    counter
+    registered(name, help)
 }
 
 /// Counters by label set `L` (exposed as `name_total`).
-pub fn counter_family<L>(name: &str, help: &str) -> Family<L, Counter>
-where
-    L: EncodeLabelSet + Clone + std::hash::Hash + Eq + std::fmt::Debug + Send + Sync + 'static,
-{
-    let family = Family::<L, Counter>::default();
-    with_registry(|r| r.register(name, help.trim_end_matches('.'), family.clone()));
-    family
+pub fn counter_family<L: Labels>(name: &str, help: &str) -> Family<L, Counter> {
+    registered(name, help)
 }
 
 /// A gauge named `name`.
 pub fn gauge(name: &str, help: &str) -> Gauge {
-    let gauge = Gauge::default();
-    with_registry(|r| r.register(name, help.trim_end_matches('.'), gauge.clone()));
-    gauge
+    registered(name, help)
 }
 
 /// A gauge named `name` holding a fractional value (seconds, ratios).
 pub fn float_gauge(name: &str, help: &str) -> Gauge<f64, AtomicU64> {
-    let gauge = Gauge::<f64, AtomicU64>::default();
-    with_registry(|r| r.register(name, help.trim_end_matches('.'), gauge.clone()));
-    gauge
+    registered(name, help)
 }
 
 /// Gauges by label set `L`.
-pub fn gauge_family<L>(name: &str, help: &str) -> Family<L, Gauge>
-where
-    L: EncodeLabelSet + Clone + std::hash::Hash + Eq + std::fmt::Debug + Send + Sync + 'static,
-{
-    let family = Family::<L, Gauge>::default();
-    with_registry(|r| r.register(name, help.trim_end_matches('.'), family.clone()));
-    family
+pub fn gauge_family<L: Labels>(name: &str, help: &str) -> Family<L, Gauge> {
+    registered(name, help)
 }
 
 /// Fractional gauges by label set `L`.
-pub fn float_gauge_family<L>(name: &str, help: &str) -> Family<L, Gauge<f64, AtomicU64>>
-where
-    L: EncodeLabelSet + Clone + std::hash::Hash + Eq + std::fmt::Debug + Send + Sync + 'static,
-{
-    let family = Family::<L, Gauge<f64, AtomicU64>>::default();
-    with_registry(|r| r.register(name, help.trim_end_matches('.'), family.clone()));
-    family
+pub fn float_gauge_family<L: Labels>(name: &str, help: &str) -> Family<L, Gauge<f64, AtomicU64>> {
+    registered(name, help)
 }
 
 /// A histogram over `buckets`; `unit` seconds appends `_seconds`.
@@ -117,15 +115,12 @@ pub fn histogram(
 }
 
 /// Histograms by label set `L`, each over the buckets `make` gives.
-pub fn histogram_family<L>(
+pub fn histogram_family<L: Labels>(
     name: &str,
     help: &str,
     unit: Option<Unit>,
     make: fn() -> Histogram,
-) -> Family<L, Histogram, fn() -> Histogram>
-where
-    L: EncodeLabelSet + Clone + std::hash::Hash + Eq + std::fmt::Debug + Send + Sync + 'static,
-{
+) -> Family<L, Histogram, fn() -> Histogram> {
     let family = Family::<L, Histogram, fn() -> Histogram>::new_with_constructor(make);
     with_registry(|r| match unit {
         Some(unit) => r.register_with_unit(name, help.trim_end_matches('.'), unit, family.clone()),
