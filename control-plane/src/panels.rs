@@ -77,9 +77,7 @@ impl Panels {
                 )
             })
             .collect();
-        let now_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
+        let now_ms = crate::operations::now_ms();
         let mut charts = HashMap::new();
         let mut seen = Vec::new();
         for (id, scrape) in scrapes {
@@ -107,9 +105,7 @@ impl Panels {
         let Some(list) = operations.as_array_mut() else {
             return;
         };
-        let now_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
+        let now_ms = crate::operations::now_ms();
         let mut listed = Vec::new();
         for op in list.iter_mut() {
             let Some(id) = op["id"].as_str().map(str::to_string) else {
