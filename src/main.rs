@@ -56,9 +56,21 @@ enum Command {
     Plan(plan::PlanArgs),
 }
 
+impl Command {
+    fn is_role(&self) -> bool {
+        matches!(
+            self,
+            Command::Cell(_) | Command::Router(_) | Command::Edge(_) | Command::ControlPlane(_)
+        )
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    telemetry::init();
+    // A role sets up logging once its config says where traces go.
+    if !cli.command.is_role() {
+        telemetry::init();
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {

@@ -12,6 +12,8 @@ use cellmesh_control_plane::server::ControlPlaneConfig;
 use cellmesh_edge::EdgeConfig;
 use cellmesh_router::config::RouterConfig;
 
+use cellmesh_telemetry::trace::{Identity, TraceConfig, TraceGuard};
+
 use crate::telemetry;
 
 #[derive(clap::Args)]
@@ -82,6 +84,15 @@ pub async fn run_control_plane(args: ControlPlaneArgs) -> anyhow::Result<()> {
         Some(path) => ControlPlaneConfig::load(path)?,
         None => ControlPlaneConfig::default(),
     };
+    let _traces = traced(
+        args.check_config.is_some(),
+        &config.telemetry,
+        Identity {
+            role: "control-plane",
+            instance: config.admin_listen.clone(),
+            ..Identity::default()
+        },
+    )?;
     if let Some(path) = &args.check_config {
         return valid(
             path,
@@ -116,6 +127,21 @@ pub async fn run_cell(args: CellArgs) -> anyhow::Result<()> {
         config.cell_id = id;
     }
     config.validate()?;
+    let _traces = traced(
+        args.check_config.is_some(),
+        &config.telemetry,
+        Identity {
+            role: "cell",
+            region: config
+                .cell_id
+                .split('/')
+                .next()
+                .unwrap_or_default()
+                .to_string(),
+            cell: config.cell_id.clone(),
+            instance: config.listen.to_string(),
+        },
+    )?;
     if let Some(path) = &args.check_config {
         let what = format!("cell {}, listen {}", config.cell_id, config.listen);
         return valid(path, "cell", &what);
@@ -133,6 +159,16 @@ pub async fn run_router(args: RouterArgs) -> anyhow::Result<()> {
         config.data_dir = dir;
     }
     config.validate()?;
+    let _traces = traced(
+        args.check_config.is_some(),
+        &config.telemetry,
+        Identity {
+            role: "router",
+            region: config.region.clone(),
+            instance: format!("node-{}", config.node_id),
+            ..Identity::default()
+        },
+    )?;
     if let Some(path) = &args.check_config {
         let what = format!("node {}, region {}", config.node_id, config.region);
         return valid(path, "router", &what);
@@ -156,6 +192,16 @@ pub async fn run_edge(args: EdgeArgs) -> anyhow::Result<()> {
         config.listen = listen;
     }
     config.validate()?;
+    let _traces = traced(
+        args.check_config.is_some(),
+        &config.telemetry,
+        Identity {
+            role: "edge",
+            region: config.region.clone(),
+            instance: config.listen.to_string(),
+            ..Identity::default()
+        },
+    )?;
     if let Some(path) = &args.check_config {
         return valid(path, "edge", &format!("listen {}", config.listen));
     }
@@ -164,6 +210,19 @@ pub async fn run_edge(args: EdgeArgs) -> anyhow::Result<()> {
     telemetry::shutdown_signal().await;
     edge.stop().await;
     Ok(())
+}
+
+/// Sets up logging, with traces unless only a config file is checked.
+fn traced(
+    check_only: bool,
+    config: &TraceConfig,
+    identity: Identity,
+) -> anyhow::Result<Option<TraceGuard>> {
+    if check_only {
+        telemetry::init();
+        return Ok(None);
+    }
+    telemetry::init_traced(config, identity)
 }
 
 /// What `--check-config` prints for a usable file.

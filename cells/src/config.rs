@@ -25,6 +25,8 @@ pub struct CellConfig {
     /// Where Prometheus scrapes `/metrics` (`host:port`, HTTP); empty (the
     /// default) turns it off.
     pub metrics_listen: String,
+    /// OpenTelemetry trace export (`[telemetry]`); off without an endpoint.
+    pub telemetry: cellmesh_telemetry::trace::TraceConfig,
     pub limits: LimitsConfig,
     pub rate_limit: RateLimitConfig,
     pub idempotency: IdempotencyConfig,
@@ -275,6 +277,7 @@ impl Default for CellConfig {
             data_dir: PathBuf::from("data/cell"),
             instance_id: 1,
             metrics_listen: String::new(),
+            telemetry: Default::default(),
             limits: LimitsConfig::default(),
             rate_limit: RateLimitConfig::default(),
             idempotency: IdempotencyConfig::default(),
@@ -421,6 +424,7 @@ impl CellConfig {
             "must be at most 1023",
         )?;
         check_listen("metrics_listen", &self.metrics_listen)?;
+        self.telemetry.validate()?;
         const DAY_S: u64 = 86_400;
         let l = &self.limits;
         check_range("limits.max_body_bytes", l.max_body_bytes, 1, 4 << 20)?;

@@ -20,9 +20,10 @@ use std::time::Duration;
 use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::v1::cell_peer_client::CellPeerClient;
 use cellmesh_proto::v1::{ReplicateRequest, ReplicatedWrite};
+use cellmesh_telemetry::trace::grpc::{Channel, Traceable};
 use prost::Message as _;
 use tokio::sync::{mpsc, oneshot};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Endpoint;
 
 use crate::config::{CellConfig, ReplicationConfig, ReplicationMode};
 use crate::error::{CellError, Result};
@@ -208,7 +209,8 @@ impl Shipper {
         let channel = Endpoint::from_shared(dial.to_string())
             .ok()?
             .connect_timeout(Duration::from_secs(2))
-            .connect_lazy();
+            .connect_lazy()
+            .traced();
         let client = CellPeerClient::new(channel).max_encoding_message_size(64 << 20);
         self.clients.insert(endpoint.to_string(), client.clone());
         Some(client)

@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tracing::Instrument;
 
 use cellmesh_proto::config::{ConfigError, check, check_grpc_urls, check_listen, check_range};
 use cellmesh_proto::secret::ClusterSecret;
@@ -56,6 +57,11 @@ pub struct ControlPlaneConfig {
     /// Where Prometheus scrapes `/metrics` (`host:port`, HTTP); empty (the
     /// default) turns it off.
     pub metrics_listen: String,
+    /// A trace store the console reads recent traces from (`GET /traces`,
+    /// `GET /traces/{id}`: what `cellmesh dev` runs); empty: none.
+    pub traces_url: String,
+    /// OpenTelemetry trace export (`[telemetry]`); off without an endpoint.
+    pub telemetry: cellmesh_telemetry::trace::TraceConfig,
     /// Addresses reached through a proxy: target → the address to dial.
     pub links: std::collections::BTreeMap<String, String>,
     /// Resuming moves whose migrator went away.
@@ -142,6 +148,8 @@ impl Default for ControlPlaneConfig {
             console_listen: "127.0.0.1:7100".into(),
             admin_listen: "127.0.0.1:7101".into(),
             metrics_listen: String::new(),
+            traces_url: String::new(),
+            telemetry: Default::default(),
             links: Default::default(),
             migrations: Default::default(),
         }
@@ -225,6 +233,12 @@ impl ControlPlaneConfig {
         check_listen("console_listen", &self.console_listen)?;
         check_listen("admin_listen", &self.admin_listen)?;
         check_listen("metrics_listen", &self.metrics_listen)?;
+        check(
+            "traces_url",
+            self.traces_url.is_empty() || self.traces_url.starts_with("http://"),
+            "must be an http:// URL",
+        )?;
+        self.telemetry.validate()?;
         check_range(
             "failover.checkpoint_interval_ms",
             self.failover.checkpoint_interval_ms,
@@ -310,7 +324,7 @@ pub async fn start(config: ControlPlaneConfig) -> Result<RunningControlPlane, St
     } else {
         let listen = config.console_listen.parse().map_err(|e| format!("{e}"))?;
         let (latest, sampler) = sample(&config, coordination.clone(), routes.clone());
-        let (addr, server) = crate::console::serve(listen, latest)
+        let (addr, server) = crate::console::serve(listen, latest, config.traces_url.clone())
             .await
             .map_err(|e| format!("console_listen {listen}: {e}"))?;
         tasks.extend([sampler, server]);
@@ -392,6 +406,7 @@ async fn serve_admin(
     let server = tokio::spawn(async move {
         let served = tonic::transport::Server::builder()
             .layer(cellmesh_telemetry::rpc::RpcMetricsLayer)
+            .layer(cellmesh_telemetry::trace::grpc::TraceLayer)
             .add_service(service)
             .serve_with_incoming(cellmesh_proto::server::incoming(listener))
             .await;
@@ -618,7 +633,18 @@ async fn run(
                 }
             };
             tracing::warn!(cell = %cell.id, fallback = %plan.fallback, entries = plan.moved_entries, "failing over");
-            if execute(&routes, &plan.commands).await.is_ok() {
+            let span = tracing::info_span!(
+                "failover",
+                cell = %cell.id,
+                fallback = %plan.fallback,
+                entries = plan.moved_entries,
+                cellmesh.always_sample = true,
+            );
+            if execute(&routes, &plan.commands)
+                .instrument(span)
+                .await
+                .is_ok()
+            {
                 let took = first_failure
                     .get(&cell.id)
                     .map(|t| t.elapsed())

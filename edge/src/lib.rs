@@ -48,6 +48,8 @@ pub struct EdgeConfig {
     /// Where Prometheus scrapes `/metrics` (`host:port`, HTTP); empty (the
     /// default) turns it off.
     pub metrics_listen: String,
+    /// OpenTelemetry trace export (`[telemetry]`); off without an endpoint.
+    pub telemetry: cellmesh_telemetry::trace::TraceConfig,
 }
 
 impl Default for EdgeConfig {
@@ -63,6 +65,7 @@ impl Default for EdgeConfig {
             max_request_bytes: 256 * 1024,
             links: Default::default(),
             metrics_listen: String::new(),
+            telemetry: Default::default(),
         }
     }
 }
@@ -88,6 +91,7 @@ impl EdgeConfig {
         check_range("retry_attempts", self.retry_attempts, 1, 1_000)?;
         check_range("max_request_bytes", self.max_request_bytes, 1024, 64 << 20)?;
         check_listen("metrics_listen", &self.metrics_listen)?;
+        self.telemetry.validate()?;
         Ok(())
     }
 }
@@ -191,6 +195,7 @@ pub async fn start(config: EdgeConfig) -> Result<RunningEdge, EdgeError> {
     let task = tokio::spawn(async move {
         let result = tonic::transport::Server::builder()
             .layer(cellmesh_telemetry::rpc::RpcMetricsLayer)
+            .layer(cellmesh_telemetry::trace::grpc::TraceLayer)
             .add_service(standard.health)
             .add_service(standard.reflection)
             .add_service(messaging)

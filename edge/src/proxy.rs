@@ -19,7 +19,8 @@ use std::time::{Duration, Instant};
 use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::status::{error_detail, to_status};
 use cellmesh_proto::v1::{self as pb, ErrorCode};
-use tonic::transport::{Channel, Endpoint};
+use cellmesh_telemetry::trace::grpc::{Channel, Traceable};
+use tonic::transport::Endpoint;
 use tonic::{Request, Response, Status};
 
 use super::auth::{Claims, TokenKey};
@@ -151,7 +152,8 @@ impl Proxy {
             .map_err(|e| Status::internal(format!("cell address {address:?}: {e}")))?
             .connect_timeout(Duration::from_secs(2))
             .tcp_nodelay(true)
-            .connect_lazy();
+            .connect_lazy()
+            .traced();
         channels.insert(address.to_string(), channel.clone());
         Ok(channel)
     }

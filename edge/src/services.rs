@@ -15,6 +15,8 @@ use cellmesh_proto::v1::*;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 
+use cellmesh_telemetry::trace::grpc::record_call;
+
 use super::proxy::{Proxy, is_transport_failure, owner_unreachable};
 use cellmesh_route_client::table::Key;
 
@@ -91,6 +93,7 @@ impl Messaging for EdgeApi {
     }
     async fn send(&self, request: Request<SendRequest>) -> Result<Response<SendResponse>, Status> {
         proxied!(self, request, MessagingClient, send, |c, m| {
+            record_call(c.tenant, m.conversation_id, c.user, &m.client_req_id);
             Key::conversation(c.tenant, m.conversation_id)
         })
     }

@@ -13,8 +13,9 @@ use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::status::{error_code, to_status};
 use cellmesh_proto::v1::routing_client::RoutingClient;
 use cellmesh_proto::v1::{self as pb, Consistency, ErrorCode};
+use cellmesh_telemetry::trace::grpc::{Channel, Traceable};
 use tokio::sync::{broadcast, watch};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Endpoint;
 use tonic::{Request, Status};
 
 use crate::convert::{change_from_pb, key_to_pb, table_from_pb};
@@ -226,7 +227,8 @@ impl Inner {
                     })?
                     .connect_timeout(Duration::from_secs(1))
                     .tcp_nodelay(true)
-                    .connect_lazy();
+                    .connect_lazy()
+                    .traced();
                 channels.insert(endpoint.to_string(), c.clone());
                 c
             }

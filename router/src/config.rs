@@ -28,6 +28,8 @@ pub struct RouterConfig {
     /// Where Prometheus scrapes `/metrics` (`host:port`, HTTP); empty (the
     /// default) turns it off.
     pub metrics_listen: String,
+    /// OpenTelemetry trace export (`[telemetry]`); off without an endpoint.
+    pub telemetry: cellmesh_telemetry::trace::TraceConfig,
     pub raft: RaftConfig,
     pub cluster: ClusterConfig,
     /// Peer Raft address → the address this replica dials instead (a proxy
@@ -81,6 +83,7 @@ impl Default for RouterConfig {
             advertise_raft: String::new(),
             cluster_secret: String::new(),
             metrics_listen: String::new(),
+            telemetry: Default::default(),
             raft: RaftConfig::default(),
             cluster: ClusterConfig::default(),
             links: Default::default(),
@@ -108,6 +111,7 @@ impl RouterConfig {
 
     pub fn validate(&self) -> Result<(), ConfigError> {
         check_listen("metrics_listen", &self.metrics_listen)?;
+        self.telemetry.validate()?;
         for (field, url) in [
             ("advertise_api", &self.advertise_api),
             ("advertise_raft", &self.advertise_raft),

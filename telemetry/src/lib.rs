@@ -4,6 +4,8 @@
 //! ([`admin::serve`]), and wraps its gRPC server in one layer that counts
 //! and times every call by method and stable error code ([`rpc::RpcMetricsLayer`]).
 //! [`scrape`] reads such an exposition back (the console's panels).
+//! [`trace`] exports OpenTelemetry spans and carries the trace context
+//! across processes.
 //! Which process, cell and region a series belongs to is the scraper's
 //! target labels, not part of the series.
 
@@ -12,6 +14,7 @@ pub mod process;
 pub mod registry;
 pub mod rpc;
 pub mod scrape;
+pub mod trace;
 
 pub use prometheus_client::metrics::{
     counter::Counter, family::Family, gauge::Gauge, histogram::Histogram,

@@ -7,8 +7,11 @@ use cellmesh_proto::v1::messaging_server::Messaging;
 use cellmesh_proto::v1::*;
 use tonic::{Request, Response, Status};
 
+use cellmesh_telemetry::trace::grpc::record_call;
+use tracing::Instrument;
+
 use crate::error::CellError;
-use crate::message::MessageService;
+use crate::message::{MessageService, SendCommand};
 
 pub struct MessagingApi {
     service: Arc<MessageService>,
@@ -28,7 +31,9 @@ impl MessagingApi {
         F: Future<Output = Result<T, CellError>> + Send + 'static,
         T: Send + 'static,
     {
-        tokio::spawn(write(self.service.clone()))
+        // The write runs to its end even if the caller goes away; its spans
+        // stay in the call's trace.
+        tokio::spawn(write(self.service.clone()).instrument(tracing::Span::current()))
             .await
             .map_err(|e| Status::internal(format!("write task: {e}")))?
             .map_err(Status::from)
@@ -83,7 +88,13 @@ impl Messaging for MessagingApi {
     }
 
     async fn send(&self, request: Request<SendRequest>) -> Reply<SendResponse> {
-        let cmd = request.into_inner().try_into()?;
+        let cmd: SendCommand = request.into_inner().try_into()?;
+        record_call(
+            cmd.caller.tenant,
+            cmd.conversation,
+            cmd.caller.user,
+            &cmd.client_req_id,
+        );
         Ok(Response::new(
             self.to_end(|s| async move { s.send(cmd).await }).await?,
         ))

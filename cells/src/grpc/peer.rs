@@ -10,7 +10,8 @@ use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::v1::cell_peer_client::CellPeerClient;
 use cellmesh_proto::v1::cell_peer_server::CellPeer;
 use cellmesh_proto::v1::*;
-use tonic::transport::Channel;
+use cellmesh_telemetry::trace::grpc::{Channel, Traceable};
+use tonic::transport::Endpoint;
 use tonic::{Request, Response, Status};
 
 use crate::error::CellError;
@@ -87,7 +88,7 @@ impl PeerApi {
         let channel = match cached {
             Some(channel) => channel,
             None => {
-                let channel = Channel::from_shared(address.to_string())
+                let channel = Endpoint::from_shared(address.to_string())
                     .map_err(|e| CellError::invalid(Reason::BadSourceAddress, e.to_string()))?
                     .connect_timeout(Duration::from_secs(2))
                     .connect()
@@ -96,7 +97,8 @@ impl PeerApi {
                         reason: Reason::SourceUnreachable,
                         message: format!("cannot reach {address}: {e}"),
                         retry_after: Duration::from_millis(500),
-                    })?;
+                    })?
+                    .traced();
                 let mut sources = self.sources.lock().expect("sources");
                 sources.insert(address.to_string(), channel.clone());
                 channel

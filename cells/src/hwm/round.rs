@@ -19,7 +19,8 @@ use cellmesh_proto::v1::cell_peer_client::CellPeerClient;
 use cellmesh_proto::v1::{HighWaterMark, HighWaterMarks as PbMarks};
 use cellmesh_route_client::client::RouteClient;
 use cellmesh_route_client::table::{Key, RouteState};
-use tonic::transport::{Channel, Endpoint};
+use cellmesh_telemetry::trace::grpc::{Channel, Traceable};
+use tonic::transport::Endpoint;
 
 use super::HighWaterMarks;
 use crate::storage::Mark;
@@ -293,7 +294,8 @@ impl Rounds {
         let channel = Endpoint::from_shared(dial.to_string())
             .map_err(|e| format!("{address}: {e}"))?
             .connect_timeout(Duration::from_secs(2))
-            .connect_lazy();
+            .connect_lazy()
+            .traced();
         let client = CellPeerClient::new(channel).max_decoding_message_size(64 << 20);
         self.clients.insert(address.to_string(), client.clone());
         Ok(client)

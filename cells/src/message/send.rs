@@ -27,7 +27,7 @@ pub struct SendCommand {
 }
 
 impl MessageService {
-    #[tracing::instrument(skip_all, fields(tenant = cmd.caller.tenant, conversation = cmd.conversation, user = cmd.caller.user, req_id = %cmd.client_req_id))]
+    #[tracing::instrument(skip_all, fields(tenant = cmd.caller.tenant, conv_id = cmd.conversation, user_id = cmd.caller.user, req_id = %cmd.client_req_id, seq))]
     pub async fn send(&self, cmd: SendCommand) -> Result<SendResponse> {
         self.validate_send(&cmd)?;
         // Early refusal (and the caller's epoch); repeated under the lock.
@@ -138,6 +138,7 @@ impl MessageService {
                 items: visible_to,
                 client_req_id: cmd.client_req_id.clone(),
                 idempotency_expires_at_ms: record.expires_at_ms,
+                traceparent: cellmesh_telemetry::trace::traceparent(&tracing::Span::current()),
             });
             state.latest = seq;
             state.floor = floor;
@@ -148,8 +149,9 @@ impl MessageService {
                 .then_some(message);
             (slot.submit(m), record, shipped)
         };
-        ticket.wait().await?;
+        commit_wait(ticket).await?;
         drop(writing);
+        tracing::Span::current().record("seq", record.seq);
         crate::metrics::metrics().messages_committed.inc();
         tracing::debug!(seq = record.seq, msg_id = record.msg_id, "message stored");
         self.marks
@@ -258,6 +260,21 @@ impl MessageService {
         }
         validate_body(&cmd.body, limits.max_body_bytes)
     }
+}
+
+/// Waits for the group commit that makes a write durable, in a span that
+/// says how many writes shared it and how long its write and fsync took.
+pub(super) async fn commit_wait(ticket: crate::storage::CommitTicket) -> Result<()> {
+    use tracing::Instrument;
+    let span = tracing::info_span!(
+        "commit",
+        batch = tracing::field::Empty,
+        fsync_ms = tracing::field::Empty
+    );
+    let written = ticket.written().instrument(span.clone()).await?;
+    span.record("batch", written.batch);
+    span.record("fsync_ms", written.seconds * 1e3);
+    Ok(())
 }
 
 pub(super) fn validate_body(body: &[u8], max: usize) -> Result<()> {

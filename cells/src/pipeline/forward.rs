@@ -17,9 +17,12 @@ use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::storage::v1::ForwardRecord;
 use cellmesh_proto::v1::cell_peer_client::CellPeerClient;
 use cellmesh_proto::v1::{DeliverBatchRequest, PeerEvent};
+use cellmesh_telemetry::trace::grpc::{Channel, Traceable};
+use cellmesh_telemetry::trace::{follow, traceparent};
 use prost::Message as _;
 use tokio::sync::Notify;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Endpoint;
+use tracing::Instrument;
 
 use super::for_standby;
 use super::{PeerInbound, PipelineError};
@@ -200,11 +203,25 @@ impl Forwarder {
         out: Outgoing,
     ) {
         for (target, batch) in out {
-            let events: Vec<PeerEvent> = batch.iter().map(|(_, _, e)| e.clone()).collect();
+            let mut events: Vec<PeerEvent> = batch.iter().map(|(_, _, e)| e.clone()).collect();
+            // The call joins the trace of the first traced event; the
+            // receiving cell's spans of every traced event follow the call.
+            let span = events
+                .iter()
+                .find(|e| !e.traceparent.is_empty())
+                .and_then(|e| forward_span(&e.traceparent, &target, events.len()))
+                .unwrap_or_else(tracing::Span::none);
+            if !span.is_disabled() {
+                let parent = traceparent(&span);
+                for e in events.iter_mut().filter(|e| !e.traceparent.is_empty()) {
+                    e.traceparent = parent.clone();
+                }
+            }
             let refused: Option<Vec<UserKey>> = match &target {
                 Target::Local => self
                     .local
                     .deliver(String::new(), events)
+                    .instrument(span)
                     .await
                     .ok()
                     .map(|d| d.refused_users),
@@ -212,7 +229,9 @@ impl Forwarder {
                     let dest = destinations
                         .get_mut(endpoint)
                         .expect("reachable destination");
-                    let sent = deliver(dest, &self.cell_id, &self.secret, endpoint, events).await;
+                    let sent = deliver(dest, &self.cell_id, &self.secret, endpoint, events)
+                        .instrument(span)
+                        .await;
                     if sent.is_none() {
                         pass.waiting.insert(endpoint.clone());
                     }
@@ -296,6 +315,16 @@ async fn store_outcome(store: &Store, m: Mutation) -> Result<(), PipelineError> 
     Ok(())
 }
 
+/// The span of a call that carries a traced event.
+fn forward_span(parent: &str, target: &Target, events: usize) -> Option<tracing::Span> {
+    let to = match target {
+        Target::Remote(endpoint) => endpoint.as_str(),
+        _ => "local",
+    };
+    let span = tracing::info_span!("forward", to, events);
+    follow(&span, parent).then_some(span)
+}
+
 /// Sends one batch; the users the destination refused, or None (and the
 /// destination backed off) when the call failed.
 async fn deliver(
@@ -347,7 +376,8 @@ fn destination<'a>(
         let channel = Endpoint::from_shared(dial.to_string())
             .ok()?
             .connect_timeout(Duration::from_secs(2))
-            .connect_lazy();
+            .connect_lazy()
+            .traced();
         destinations.insert(
             endpoint.to_string(),
             Destination {

@@ -27,6 +27,7 @@ use tokio::sync::{Notify, mpsc, oneshot};
 
 use super::PipelineError;
 use super::plan::{self, Fanout};
+use super::traced::{self, BatchTrace};
 use crate::clock::Clock;
 use crate::convert::message_to_proto;
 use crate::failpoints::Action;
@@ -149,6 +150,8 @@ struct Batch {
     applied: u32,
     /// This cell's standbys, looked up once per batch.
     standbys: Option<Arc<[String]>>,
+    /// The spans of the batch's traced events.
+    trace: BatchTrace,
 }
 
 impl Batch {
@@ -273,6 +276,12 @@ impl Processor {
             if refused.contains(&user) {
                 continue;
             }
+            batch.trace.event(traced::deliver(
+                &e.traceparent,
+                e.conversation_id,
+                e.seq,
+                e.user_id,
+            ));
             if self.homes.home(user) != Home::Here {
                 refused.push(user);
                 continue;
@@ -481,6 +490,7 @@ impl Processor {
         }
         let mut messages = HashMap::new();
         for (user, pts) in batch.pts {
+            let _push = batch.trace.push(user);
             self.pts.insert(user, pts);
             match batch.appended.remove(&user).flatten() {
                 Some(events) => match self.live(events, &mut messages) {
@@ -518,6 +528,18 @@ impl Processor {
             conversation: event.conversation_id,
         };
         let plan = plan::plan(event, &members, self.large_group_threshold)?;
+        let (count, large) = match &plan.fanout {
+            Fanout::None => (0, false),
+            Fanout::Records(records) => (records.len(), false),
+            Fanout::Hint { members, .. } => (members.len(), true),
+        };
+        batch.trace.event(traced::fanout(
+            &event.traceparent,
+            event.conversation_id,
+            event.seq,
+            count,
+            large,
+        ));
         if plan.replicate_meta {
             self.replicate_meta(batch, id, event)?;
         }
@@ -650,6 +672,7 @@ impl Processor {
                 items: record.items.clone(),
                 server_ts_ms: record.server_ts_ms,
                 message,
+                traceparent: batch.trace.current_parent.clone(),
                 ..Default::default()
             });
             return Ok(());
@@ -706,6 +729,7 @@ impl Processor {
         }
         let pts = self.latest_pts(batch, user)? + 1;
         batch.pts.insert(user, pts);
+        batch.trace.appended(user);
         batch.mutation.put_sync(user, pts, record);
         let live = (batch.appended.entry(user))
             .or_insert_with(|| self.hub.is_subscribed(user).then(Vec::new));

@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use cellmesh_proto::storage::v1::QueuedEvent;
 
+use cellmesh_telemetry::trace::{follow, traceparent};
+
 use super::PipelineError;
 use crate::failpoints::Action;
 use crate::queue::{EventQueue, QueueError};
@@ -30,11 +32,26 @@ pub async fn run(store: Arc<Store>, queue: Arc<dyn EventQueue>) -> Result<(), Pi
             continue;
         }
         let ids: Vec<u64> = pending.iter().map(|(id, _)| *id).collect();
+        // A sampled write's trace gains a span for its move onto the queue.
+        let mut spans = Vec::new();
         let events = pending
             .into_iter()
-            .map(|(id, event)| QueuedEvent {
-                id,
-                event: Some(event),
+            .map(|(id, mut event)| {
+                if !event.traceparent.is_empty() {
+                    let span = tracing::info_span!(
+                        "relay",
+                        conv_id = event.conversation_id,
+                        seq = event.seq
+                    );
+                    if follow(&span, &event.traceparent) {
+                        event.traceparent = traceparent(&span);
+                        spans.push(span);
+                    }
+                }
+                QueuedEvent {
+                    id,
+                    event: Some(event),
+                }
             })
             .collect();
         if store.failpoints().hit("queue.publish") == Some(Action::Error) {
@@ -43,6 +60,7 @@ pub async fn run(store: Arc<Store>, queue: Arc<dyn EventQueue>) -> Result<(), Pi
             )));
         }
         queue.publish(events).await?;
+        drop(spans);
         let mut m = Mutation::new();
         m.relayed(&ids);
         store.commit(m).await?;

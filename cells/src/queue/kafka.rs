@@ -17,6 +17,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::Message as _;
+use rdkafka::message::{Header, Headers, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
 
@@ -162,15 +163,27 @@ impl EventQueue for KafkaQueue {
                 .as_ref()
                 .map_or(0, |e| e.conversation_id)
                 .to_be_bytes();
+            // The trace context travels as a record header, as Kafka tools
+            // expect it, not in the payload.
+            let mut event = event.clone();
+            let traceparent = event
+                .event
+                .as_mut()
+                .map(|e| std::mem::take(&mut e.traceparent))
+                .unwrap_or_default();
             let payload = event.encode_to_vec();
             let producer = self.producer.clone();
             let topic = self.topic.clone();
             async move {
+                let mut record = FutureRecord::to(&topic).key(&key[..]).payload(&payload);
+                if !traceparent.is_empty() {
+                    record = record.headers(OwnedHeaders::new().insert(Header {
+                        key: TRACEPARENT,
+                        value: Some(traceparent.as_bytes()),
+                    }));
+                }
                 producer
-                    .send(
-                        FutureRecord::to(&topic).key(&key[..]).payload(&payload),
-                        PUBLISH_TIMEOUT,
-                    )
+                    .send(record, PUBLISH_TIMEOUT)
                     .await
                     .map(|_| ())
                     .map_err(|(e, _)| kafka(e))
@@ -199,7 +212,12 @@ pub struct KafkaConsumer {
 impl KafkaConsumer {
     fn delivery(&self, m: &rdkafka::message::BorrowedMessage<'_>) -> Option<Delivery> {
         let event = match QueuedEvent::decode(m.payload().unwrap_or_default()) {
-            Ok(event) => event,
+            Ok(mut event) => {
+                if let Some(e) = event.event.as_mut() {
+                    e.traceparent = traceparent_header(m);
+                }
+                event
+            }
             Err(e) => {
                 tracing::error!(partition = m.partition(), offset = m.offset(), error = %e, "skipping malformed queue record");
                 QueuedEvent::default()
@@ -225,6 +243,22 @@ impl KafkaConsumer {
         }
         tokio::time::sleep(ERROR_PAUSE).await;
     }
+}
+
+/// The record header that carries the W3C trace context.
+const TRACEPARENT: &str = "traceparent";
+
+fn traceparent_header(m: &rdkafka::message::BorrowedMessage<'_>) -> String {
+    m.headers()
+        .and_then(|headers| {
+            headers
+                .iter()
+                .find(|h| h.key == TRACEPARENT)
+                .and_then(|h| h.value)
+                .and_then(|v| std::str::from_utf8(v).ok())
+                .map(str::to_string)
+        })
+        .unwrap_or_default()
 }
 
 /// Least time between two warnings of a consumer's errors.

@@ -63,7 +63,16 @@ impl CommitStats {
 
 struct Job {
     mutation: Mutation,
-    reply: oneshot::Sender<Result<()>>,
+    reply: oneshot::Sender<Result<Written>>,
+}
+
+/// The group commit a mutation was durable in.
+#[derive(Debug, Clone, Copy)]
+pub struct Written {
+    /// Mutations in the batch.
+    pub batch: usize,
+    /// Seconds the batch's write and fsync took.
+    pub seconds: f64,
 }
 
 /// Which thread applies a mutation.
@@ -90,7 +99,7 @@ pub(super) struct Committer {
 pub struct CommitSlot(mpsc::OwnedPermit<Job>);
 
 /// The pending outcome of a submitted mutation.
-pub struct CommitTicket(oneshot::Receiver<Result<()>>);
+pub struct CommitTicket(oneshot::Receiver<Result<Written>>);
 
 impl CommitSlot {
     /// Queues `mutation` without waiting; its place in the durable order is
@@ -104,6 +113,11 @@ impl CommitSlot {
 
 impl CommitTicket {
     pub async fn wait(self) -> Result<()> {
+        self.written().await.map(|_| ())
+    }
+
+    /// Waits, and says which group commit made the mutation durable.
+    pub async fn written(self) -> Result<Written> {
         self.0.await.unwrap_or(Err(StorageError::Closed))
     }
 }
@@ -255,7 +269,7 @@ impl Writer {
         }
     }
 
-    fn write(&mut self, jobs: &[Job]) -> Result<(), StorageError> {
+    fn write(&mut self, jobs: &[Job]) -> Result<Written, StorageError> {
         if let Some(reason) = self.failed.lock().expect("failed lock").clone() {
             return Err(StorageError::Failed(reason));
         }
@@ -315,7 +329,10 @@ impl Writer {
                 self.stats
                     .mutations
                     .fetch_add(jobs.len() as u64, Ordering::Relaxed);
-                Ok(())
+                Ok(Written {
+                    batch: jobs.len(),
+                    seconds: started.elapsed().as_secs_f64(),
+                })
             }
             Err(e) => {
                 crate::metrics::metrics().commit_failed.inc();

@@ -25,7 +25,7 @@ use prost::Message as _;
 use rocksdb::{ColumnFamily, DB, Direction, IteratorMode, ReadOptions};
 
 use commit::Lane;
-pub use commit::{CommitSlot, CommitStats, CommitTicket};
+pub use commit::{CommitSlot, CommitStats, CommitTicket, Written};
 pub use keys::IdemKind;
 pub use marks::Mark;
 pub use scan::{ScanDirection, ScanPage, visible};

@@ -10,7 +10,8 @@ use cellmesh_proto::v1::cell_peer_client::CellPeerClient;
 use cellmesh_proto::v1::{CopyRequest, TenantConversationsRequest};
 use cellmesh_route_client::client::RouteClient;
 use cellmesh_route_client::table::Key;
-use tonic::transport::Channel;
+use cellmesh_telemetry::trace::grpc::Traceable;
+use tonic::transport::Endpoint;
 
 /// Copies back what `returned` holds; returns (conversations backfilled,
 /// messages copied).
@@ -56,13 +57,14 @@ pub async fn backfill(
     }
     let (mut done, mut messages) = (0, 0);
     for (tenant, conversation, owner) in work {
-        let Ok(endpoint) = Channel::from_shared(owner.clone()) else {
+        let Ok(endpoint) = Endpoint::from_shared(owner.clone()) else {
             continue;
         };
         let mut client = CellPeerClient::new(
             endpoint
                 .connect_timeout(Duration::from_secs(2))
-                .connect_lazy(),
+                .connect_lazy()
+                .traced(),
         );
         let mut request = tonic::Request::new(CopyRequest {
             source_address: source.clone(),
@@ -94,12 +96,13 @@ async fn stored_conversations(
     secret: &ClusterSecret,
     tenant: u64,
 ) -> Result<Vec<u64>, tonic::Status> {
-    let endpoint = Channel::from_shared(address.to_string())
+    let endpoint = Endpoint::from_shared(address.to_string())
         .map_err(|e| tonic::Status::invalid_argument(e.to_string()))?;
     let mut client = CellPeerClient::new(
         endpoint
             .connect_timeout(Duration::from_secs(2))
-            .connect_lazy(),
+            .connect_lazy()
+            .traced(),
     );
     let (mut out, mut after) = (Vec::new(), 0);
     loop {

@@ -30,7 +30,8 @@ use cellmesh_proto::v1::{
 use cellmesh_route_client::client::RouteClient;
 use cellmesh_route_client::commands::update_route;
 use cellmesh_route_client::table::{Key, Phase, RouteState};
-use tonic::transport::Channel;
+use cellmesh_telemetry::trace::grpc::{Channel, Traceable};
+use tonic::transport::Endpoint;
 
 pub mod bulk;
 mod engine;
@@ -199,10 +200,11 @@ impl Migrator {
             .routes
             .read(|t| t.cell(cell).map(|c| c.address.clone()))
             .ok_or_else(|| MigrationError::Refused(format!("unknown cell {cell}")))?;
-        let channel = Channel::from_shared(address.clone())
+        let channel = Endpoint::from_shared(address.clone())
             .map_err(|e| MigrationError::Refused(format!("cell {cell} address {address:?}: {e}")))?
             .connect_timeout(Duration::from_secs(2))
-            .connect_lazy();
+            .connect_lazy()
+            .traced();
         Ok((
             CellPeerClient::new(channel).max_decoding_message_size(64 << 20),
             address,

@@ -12,6 +12,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tracing::Instrument;
 
 use cellmesh_proto::v1::MigrationPhase;
 use cellmesh_proto::v1::update_route::Transition;
@@ -189,7 +190,12 @@ async fn run_one(store: OperationStore, migrator: Arc<Migrator>, name: String, o
         }
     };
     let outcome = tokio::select! {
-        outcome = execute(&migrator, &op.spec, live.clone()) => outcome,
+        outcome = execute(&migrator, &op.spec, live.clone()).instrument(tracing::info_span!(
+            "operation",
+            op_id = %op.id,
+            what = %op.spec.describe(),
+            cellmesh.always_sample = true,
+        )) => outcome,
         _ = reporter => unreachable!("the reporter runs until dropped"),
     };
     let (state, message) = match outcome {
@@ -217,7 +223,12 @@ async fn execute(
     live: Arc<Mutex<Live>>,
 ) -> Result<String, String> {
     let set = |phase: &str, done: u64, total: u64| {
-        *live.lock().expect("progress") = Live {
+        let mut live = live.lock().expect("progress");
+        if live.phase != phase {
+            // A span event on the operation's trace per phase.
+            tracing::info!(phase, done, total, "phase");
+        }
+        *live = Live {
             phase: phase.to_string(),
             done,
             total,

@@ -11,6 +11,7 @@ pub mod kafka;
 mod prometheus;
 mod supervisor;
 mod topology;
+mod traces;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -26,6 +27,7 @@ use cellmesh_edge::EdgeConfig;
 use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_route_client::client::RouteClient;
 use cellmesh_router::config::{MemberConfig, RouterConfig};
+use cellmesh_telemetry::trace::TraceConfig;
 use clap::Args;
 use rand::Rng;
 use serde::{Deserialize, Serialize};
@@ -65,6 +67,15 @@ pub struct DevArgs {
     /// every process's `/metrics`; its URL is printed and in dev.json.
     #[arg(long)]
     prometheus: bool,
+    /// Send every process's spans to this OTLP/gRPC collector
+    /// (`http://host:4317`) instead of the receiver in this process that
+    /// the console's waterfall reads.
+    #[arg(long, value_name = "ENDPOINT")]
+    otlp: Option<String>,
+    /// Share of new traces sampled (sends into large groups: at least
+    /// 20%).
+    #[arg(long, default_value_t = 0.05)]
+    trace_ratio: f64,
 }
 
 fn parse_mode(text: &str) -> Result<ReplicationMode, String> {
@@ -117,6 +128,13 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         base: args.base_port,
     };
     let one_way = Duration::from(args.latency) / 2;
+    let traces = traces::Traces::start(&topo, args.otlp.clone()).await?;
+    let telemetry = TraceConfig {
+        endpoint: traces.endpoint.clone(),
+        sample_ratio: args.trace_ratio,
+        ..TraceConfig::default()
+    };
+    telemetry.validate()?;
 
     // Cross-region paths: one proxy per (region, remote component).
     let mut proxies = Vec::new();
@@ -177,6 +195,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             cluster_secret: secrets.cluster.clone(),
             links: topo.links_from(r),
             metrics_listen: format!("127.0.0.1:{}", topo.router_metrics_port(r)),
+            telemetry: telemetry.clone(),
             ..RouterConfig::default()
         };
         config.cluster.bootstrap = r == 0;
@@ -199,6 +218,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
                 data_dir: data.join(id.replace('/', "-")),
                 instance_id: (r * CELLS_PER_REGION + c) as u16 + 1,
                 metrics_listen: format!("127.0.0.1:{}", topo.cell_metrics_port(r, c)),
+                telemetry: telemetry.clone(),
                 ..CellConfig::default()
             };
             config.routing.routers = topo.routers_from(r);
@@ -256,6 +276,8 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         config.admin_listen = format!("127.0.0.1:{}", topo.admin_port(i));
         admins.push(format!("http://{}", config.admin_listen));
         config.metrics_listen = format!("127.0.0.1:{}", topo.control_plane_metrics_port(i));
+        config.telemetry = telemetry.clone();
+        config.traces_url = traces.query_url.clone().unwrap_or_default();
         if args.etcd {
             config.coordination.backend = CoordinationBackend::Etcd;
             config.coordination.etcd_endpoints = etcd_endpoints.clone();
@@ -280,6 +302,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             token_secret: secrets.token.clone(),
             links: topo.links_from(r),
             metrics_listen: format!("127.0.0.1:{}", topo.edge_metrics_port(r)),
+            telemetry: telemetry.clone(),
             ..EdgeConfig::default()
         };
         let path = write_config(&configs, &format!("edge-{region}"), &config)?;
@@ -318,6 +341,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             .map(|t| (t.name.clone(), format!("http://{}/metrics", t.address)))
             .collect::<BTreeMap<_, _>>(),
         "prometheus_url": prometheus_url,
+        "traces": {"otlp": traces.endpoint, "query_url": traces.query_url, "sample_ratio": args.trace_ratio},
         "cluster_secret": secrets.cluster,
         "etcd": etcd_endpoints,
         "kafka": if mock_kafka.is_some() { Some("mock".to_string()) } else { brokers.clone() },
@@ -488,6 +512,11 @@ fn print_summary(info: &serde_json::Value, data: &Path) {
     if let Some(url) = info["prometheus_url"].as_str() {
         println!("  prometheus     {url}");
     }
+    println!(
+        "  traces         {} (sampled {})",
+        info["traces"]["otlp"].as_str().unwrap_or_default(),
+        info["traces"]["sample_ratio"]
+    );
     let demo = &info["demo"];
     println!("  demo tenant    {}", demo["tenant"]);
     println!(

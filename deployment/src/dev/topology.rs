@@ -88,6 +88,10 @@ impl Topology {
     pub fn prometheus_port(&self) -> u16 {
         self.base + 98
     }
+    /// The embedded trace receiver: OTLP/gRPC, and its query API.
+    pub fn trace_ports(&self) -> (u16, u16) {
+        (self.port(0, 16), self.port(0, 17))
+    }
     pub fn router_metrics_port(&self, r: usize) -> u16 {
         self.port(r, 10)
     }
