@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The cost of metrics: `bench send` against one standalone cell with its
-# metrics on (`metrics_listen` set, every gRPC call counted and timed, and
-# /metrics scraped every 2 s as Prometheus would) and off, alternating
-# off/on ROUNDS times on the same binary and data. Prints each run's figures
+# The cost of telemetry: `bench send` against one standalone cell with its
+# metrics and traces on (`metrics_listen` set, every gRPC call counted and
+# timed, /metrics scraped every 2 s as Prometheus would; `[telemetry]`
+# exporting spans at the default 5% ratio to an OTLP receiver) and both
+# off, alternating off/on ROUNDS times on the same binary and data. Prints each run's figures
 # and the throughput loss of the mean; JSON files go under OUT.
 #
 #   scripts/bench-telemetry.sh [DURATION=20s] [ROUNDS=2] [OUT=data/bench-telemetry]
@@ -17,25 +18,29 @@ rounds="${2:-2}"
 out="${3:-data/bench-telemetry}"
 build_bin
 bin="$BIN"
-port=23400 metrics_port=23401
+port=23400 metrics_port=23401 otlp_port=23402
 
 rm -rf "$out" && mkdir -p "$out"
-cell_pid="" scraper_pid=""
+cell_pid="" scraper_pid="" sink_pid=""
+"$bin" bench otlp-sink --listen "127.0.0.1:$otlp_port" > "$out/otlp-sink.log" 2>&1 &
+sink_pid=$!
 stop_cell() {
   [ -z "$scraper_pid" ] || kill "$scraper_pid" 2>/dev/null || true
   [ -z "$cell_pid" ] || { kill "$cell_pid" 2>/dev/null || true; wait "$cell_pid" 2>/dev/null || true; }
   cell_pid="" scraper_pid=""
 }
-trap stop_cell EXIT
+trap 'stop_cell; kill $sink_pid 2>/dev/null || true' EXIT
 
 run() {
-  local mode="$1" i="$2" listen=""
-  [ "$mode" = on ] && listen="127.0.0.1:$metrics_port"
+  local mode="$1" i="$2" listen="" endpoint=""
+  [ "$mode" = on ] && listen="127.0.0.1:$metrics_port" endpoint="http://127.0.0.1:$otlp_port"
   cat > "$out/cell-$mode.toml" <<TOML
 cell_id = "bench/c1"
 listen = "127.0.0.1:$port"
 data_dir = "$out/cell"
 metrics_listen = "$listen"
+[telemetry]
+endpoint = "$endpoint"
 [rate_limit]
 user_per_sec = 1000000
 user_burst = 1000000
@@ -50,7 +55,7 @@ TOML
         "http://127.0.0.1:$metrics_port/metrics" >/dev/null || true; done ) &
     scraper_pid=$!
   fi
-  echo "== metrics $mode (round $i), $duration"
+  echo "== metrics and traces $mode (round $i), $duration"
   "$bin" bench send --endpoint "http://127.0.0.1:$port" --duration "$duration" \
     --concurrency 64 --conversations 256 --members 8 --json "$out/send-$mode-$i.json"
   stop_cell
@@ -70,7 +75,7 @@ def mean(mode, key):
     return sum(r[key] for r in runs) / len(runs)
 key = "throughput_per_s"
 off, on = mean("off", key), mean("on", key)
-print(f"metrics off: {off:,.0f} acked sends/s; on: {on:,.0f}/s; loss {100 * (off - on) / off:.1f}%")
+print(f"telemetry off: {off:,.0f} acked sends/s; on: {on:,.0f}/s; loss {100 * (off - on) / off:.1f}%")
 json.dump({"off_per_sec": off, "on_per_sec": on, "loss_pct": 100 * (off - on) / off},
           open(f"{out}/summary.json", "w"), indent=2)
 PY

@@ -98,11 +98,42 @@ enum Scenario {
     /// Hangs the cell owning the demo conversation of a running `cellmesh
     /// dev` and measures the time to the first accepted send.
     Failover(failover::FailoverArgs),
+    /// An OTLP/gRPC trace receiver that keeps the last traces in memory
+    /// and reports how many spans it took: the collector of the trace-cost
+    /// bench (`scripts/bench-telemetry.sh`).
+    OtlpSink(OtlpSinkArgs),
+}
+
+#[derive(Args)]
+pub struct OtlpSinkArgs {
+    /// Where to take OTLP exports.
+    #[arg(long, default_value = "127.0.0.1:4317")]
+    listen: std::net::SocketAddr,
+}
+
+/// Receives spans until Ctrl-C, printing the count every 10 s.
+async fn otlp_sink(args: OtlpSinkArgs) -> anyhow::Result<()> {
+    let receiver = cellmesh_telemetry::trace::receiver::Receiver::new(1_000);
+    let listener = tokio::net::TcpListener::bind(args.listen).await?;
+    let server = receiver.serve(listener);
+    println!("OTLP receiver on {}", args.listen);
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(10));
+    let shutdown = cellmesh_proto::server::shutdown_signal();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            _ = tick.tick() => println!("{} traces held", receiver.summaries().len()),
+        }
+    }
+    server.abort();
+    Ok(())
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.scenario {
         Scenario::Send(args) => send::run(args).await,
+        Scenario::OtlpSink(args) => otlp_sink(args).await,
         Scenario::Push(args) => push::run(args).await,
         Scenario::Router(args) => router::run(args).await,
         Scenario::Migrate(args) => migrate::run(args).await,

@@ -246,6 +246,7 @@ mod tests {
             value: Some(AnyValue {
                 value: Some(any_value::Value::StringValue(v.into())),
             }),
+            ..Default::default()
         };
         ExportTraceServiceRequest {
             resource_spans: vec![ResourceSpans {

@@ -30,4 +30,5 @@ mod sync_replication;
 mod tenant_move;
 mod tenant_reverse;
 mod tenants;
+mod traces;
 mod user_move;
