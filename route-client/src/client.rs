@@ -336,6 +336,7 @@ impl Inner {
         // The event goes out first: whoever sees `applied` move can read it.
         let _ = self.events.send((applied, changes));
         self.applied.send_replace(applied);
+        crate::metrics::metrics().applied_index.set(applied as i64);
     }
 
     fn apply(&self, index: u64, changes: Vec<crate::table::Change>) {
@@ -351,6 +352,7 @@ impl Inner {
         }
         let _ = self.events.send((index, changes));
         self.applied.send_replace(index);
+        crate::metrics::metrics().applied_index.set(index as i64);
     }
 }
 
@@ -368,6 +370,9 @@ async fn follow(inner: Weak<Inner>) {
         let n = strong.endpoints.len();
         let endpoint = strong.endpoints[strong.preferred.load(Ordering::Relaxed) % n].clone();
         let from = *strong.applied.borrow() + 1;
+        if from > 1 {
+            crate::metrics::metrics().rewatches.inc();
+        }
         let stream = match strong.client(&endpoint) {
             Ok(mut c) => {
                 let mut request = Request::new(pb::WatchRequest { from_index: from });

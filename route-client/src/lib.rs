@@ -9,4 +9,5 @@
 pub mod client;
 pub mod commands;
 pub mod convert;
+mod metrics;
 pub mod table;

@@ -39,7 +39,12 @@ where
 
     fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
         if super::enabled() {
-            inject(&tracing::Span::current(), request.headers_mut());
+            let span = tracing::Span::current();
+            if !span.is_disabled() {
+                inject(&span, request.headers_mut());
+            } else if let Ok(value) = UNSAMPLED.try_with(|v| v.clone()) {
+                request.headers_mut().insert("traceparent", value);
+            }
         }
         self.0.call(request)
     }
@@ -79,27 +84,21 @@ where
         if !super::enabled() {
             return Box::pin(self.inner.call(request));
         }
-        let method = request.uri().path().trim_start_matches('/').to_string();
-        // Background calls (probes, stats, Raft, replication) start no
-        // trace of their own: only client requests and operator calls do,
-        // and any call made on behalf of a traced one.
-        let carried = request.headers().contains_key("traceparent");
-        if !carried && !starts_traces(&method) {
-            return Box::pin(self.inner.call(request));
-        }
-        let span = tracing::info_span!(
-            "rpc",
-            otel.name = %method,
-            otel.kind = "server",
-            rpc.system = "grpc",
-            rpc.grpc.status_code = Empty,
-            tenant = Empty,
-            conv_id = Empty,
-            user_id = Empty,
-            req_id = Empty,
-            cellmesh.large_group = Empty,
-        );
-        extract(&span, request.headers());
+        let path = request.uri().path();
+        let span = match head(request.headers(), path) {
+            Head::Skip => return Box::pin(self.inner.call(request)),
+            // Nothing of an unsampled call is recorded, but its calls
+            // onwards carry the decision, so no process decides again.
+            Head::Unsampled(traceparent) => {
+                return Box::pin(UNSAMPLED.scope(traceparent, self.inner.call(request)));
+            }
+            Head::Sampled => {
+                let span = call_span(path, false);
+                extract(&span, request.headers());
+                span
+            }
+            Head::Root => call_span(path, true),
+        };
         let call = {
             let _entered = span.enter();
             self.inner.call(request)
@@ -121,6 +120,68 @@ where
             .instrument(span),
         )
     }
+}
+
+tokio::task_local! {
+    /// The context of the unsampled call being served (its flags say "not
+    /// sampled"), passed on to the calls it makes.
+    static UNSAMPLED: http::HeaderValue;
+}
+
+/// The context of a call that starts an unsampled trace.
+const NOT_SAMPLED: &str = "00-00000000000000000000000000000001-0000000000000001-00";
+
+/// What the server does with a call's trace.
+enum Head {
+    /// Nothing: a background call with no trace context.
+    Skip,
+    /// Records nothing, passes the decision on.
+    Unsampled(http::HeaderValue),
+    /// A span whose parent is the caller's.
+    Sampled,
+    /// A span that starts a trace kept by the head decision.
+    Root,
+}
+
+/// The head-based decision for a call to `path`: the caller's if it sent
+/// one, else (a client or operator call) a draw at the sample ratio;
+/// background calls (probes, stats, Raft, replication) start no trace.
+fn head(headers: &http::HeaderMap, path: &str) -> Head {
+    match headers.get("traceparent") {
+        Some(value) if sampled(value) => Head::Sampled,
+        Some(value) => Head::Unsampled(value.clone()),
+        None if !starts_traces(path.trim_start_matches('/')) => Head::Skip,
+        None if rand::random::<f64>() < super::sample_ratio() => Head::Root,
+        None => Head::Unsampled(http::HeaderValue::from_static(NOT_SAMPLED)),
+    }
+}
+
+/// Whether a `traceparent` value has the sampled flag.
+fn sampled(value: &http::HeaderValue) -> bool {
+    let bytes = value.as_bytes();
+    // version-traceid-parentid-flags: the flags are the last two hex digits.
+    bytes.len() >= 55
+        && bytes
+            .last()
+            .and_then(|b| (*b as char).to_digit(16))
+            .is_some_and(|flags| flags & 1 == 1)
+}
+
+/// The span of one served call.
+fn call_span(path: &str, root: bool) -> tracing::Span {
+    let method = path.trim_start_matches('/');
+    tracing::info_span!(
+        "rpc",
+        otel.name = %method,
+        otel.kind = "server",
+        rpc.system = "grpc",
+        rpc.grpc.status_code = Empty,
+        tenant = Empty,
+        conv_id = Empty,
+        user_id = Empty,
+        req_id = Empty,
+        { super::sampler::ALWAYS } = root,
+    )
 }
 
 /// Services whose calls may start a trace: the client-facing API and the
@@ -157,14 +218,6 @@ pub fn record_call(tenant: u64, conversation: u64, user: u64, req_id: &str) {
     }
 }
 
-/// Marks the current call as a send to a large group, before anything
-/// starts its span: the sampler keeps such traces more often.
-pub fn record_large_group() {
-    if super::enabled() {
-        tracing::Span::current().record(super::sampler::LARGE_GROUP, true);
-    }
-}
-
 /// `channel.traced()`: [`channel`] as a method, at the end of a builder chain.
 pub trait Traceable {
     fn traced(self) -> Channel;
@@ -185,5 +238,18 @@ mod tests {
         assert!(!super::starts_traces("grpc.health.v1.Health/Check"));
         assert!(!super::starts_traces("cellmesh.v1.CellPeer/Stats"));
         assert!(!super::starts_traces("cellmesh.raft.v1.RaftPeer/Append"));
+    }
+
+    #[test]
+    fn the_sampled_flag_is_read_from_traceparent() {
+        let value = |s: &'static str| http::HeaderValue::from_static(s);
+        assert!(super::sampled(&value(
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+        )));
+        assert!(!super::sampled(&value(
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"
+        )));
+        assert!(!super::sampled(&value(super::NOT_SAMPLED)));
+        assert!(!super::sampled(&value("garbage-01")));
     }
 }

@@ -14,7 +14,7 @@ pub mod receiver;
 pub mod sampler;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use cellmesh_proto::config::{ConfigError, check};
@@ -30,6 +30,12 @@ use tracing_subscriber::registry::LookupSpan;
 pub use propagate::{follow, traceparent};
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
+/// `sample_ratio`, as f64 bits.
+static RATIO: AtomicU64 = AtomicU64::new(0);
+
+fn sample_ratio() -> f64 {
+    f64::from_bits(RATIO.load(Ordering::Relaxed))
+}
 
 /// Whether this process exports traces.
 pub fn enabled() -> bool {
@@ -210,6 +216,7 @@ where
         .with_threads(false)
         .with_location(false)
         .with_target(false);
+    RATIO.store(config.sample_ratio.to_bits(), Ordering::Relaxed);
     ENABLED.store(true, Ordering::Relaxed);
     Ok(Some((layer, TraceGuard(provider))))
 }

@@ -1,10 +1,12 @@
 //! Which traces are kept. Parent-based: a span whose caller's context came
 //! along follows the caller's decision, so a trace is kept whole or not at
-//! all. A new trace is kept with the configured ratio (5% by default); a
-//! root span that says it is a send to a large group
-//! ([`LARGE_GROUP`]` = true`) with the large-group ratio (20%); one that
-//! asks to be kept ([`ALWAYS`]` = true`: migrations, failovers, drills)
-//! always.
+//! all. Client and operator calls are decided at the head, by the server
+//! layer ([`super::grpc`]) at the configured ratio (5% by default), before
+//! any span exists: a kept one is a root span that asks to be kept
+//! ([`ALWAYS`]` = true`, as migrations and failovers do). Another new
+//! trace is kept at the configured ratio, and one that says it is a large
+//! group's fan-out ([`LARGE_GROUP`]` = true`) at the large-group ratio
+//! (20%).
 
 use opentelemetry::trace::{Link, SpanKind, TraceId};
 use opentelemetry::{Context, KeyValue, Value};

@@ -81,6 +81,18 @@ fn a_bad_config_exits_2_naming_the_field() {
             "probe_interval_ms = 18446744073709551615\n",
             "probe_interval_ms",
         ),
+        // Traces: a ratio is a share, an endpoint a URL.
+        (
+            "cell",
+            "[telemetry]\nsample_ratio = 1.5\n",
+            "telemetry.sample_ratio",
+        ),
+        (
+            "router",
+            "[telemetry]\nendpoint = \"collector:4317\"\n",
+            "telemetry.endpoint",
+        ),
+        ("control-plane", "traces_url = \"ftp://x\"\n", "traces_url"),
     ];
     for (i, (role, text, field)) in cases.iter().enumerate() {
         let file = dir.path().join(format!("{i}.toml"));

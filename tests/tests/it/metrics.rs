@@ -174,6 +174,12 @@ async fn processes_expose_valid_metrics_and_prometheus_sees_the_send_rate() {
                 sample_sum(&text, "cellmesh_raft_applied_index", "") > 0.0,
                 "{name}"
             );
+        } else {
+            // Everything else keeps a copy of the route table.
+            assert!(
+                sample_sum(&text, "cellmesh_route_client_applied_index", "") > 0.0,
+                "{name}"
+            );
         }
     }
     // Each send is one edge call and one owner-cell call (plus the demo's).
