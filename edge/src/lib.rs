@@ -4,6 +4,7 @@
 //! secret; cells are never exposed to clients.
 
 pub mod auth;
+mod metrics;
 pub mod proxy;
 mod services;
 

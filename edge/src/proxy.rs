@@ -185,6 +185,7 @@ impl Proxy {
                     500,
                     None,
                 ));
+                crate::metrics::retried("no_route");
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             };
@@ -213,6 +214,7 @@ impl Proxy {
             let detail = error_detail(&status);
             match ErrorCode::try_from(detail.code) {
                 Ok(ErrorCode::WrongCell) => {
+                    crate::metrics::retried("wrong_cell");
                     let epoch = detail.route.as_ref().map_or(0, |r| r.epoch);
                     self.routes
                         .refresh(epoch.max(route.entry.epoch + 1))
@@ -224,6 +226,11 @@ impl Proxy {
                         .known_reason()
                         .is_some_and(|r| RETRIED_REASONS.contains(&r)) =>
                 {
+                    crate::metrics::retried(match detail.known_reason() {
+                        Some(Reason::Frozen) => "frozen",
+                        Some(Reason::RouteBehind) => "route_behind",
+                        _ => "no_route",
+                    });
                     let wait = Duration::from_millis(detail.retry_after_ms)
                         .clamp(Duration::from_millis(10), Duration::from_millis(500));
                     tokio::time::sleep(wait).await;
@@ -231,6 +238,7 @@ impl Proxy {
                 _ if is_transport_failure(&status) => {
                     // The owner is unreachable; the route may be moving.
                     let status = owner_unreachable(&key, &route, &status);
+                    crate::metrics::retried("owner_unreachable");
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     self.routes.refresh(route.entry.epoch + 1).await.ok();
                     last = Some(status);

@@ -5,9 +5,10 @@
 //! failure reported in a stream's trailers counts as `OK` here. A process
 //! that serves no metrics records nothing here.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock, RwLock};
 use std::task::{Context, Poll};
 use std::time::Instant;
 
@@ -84,32 +85,93 @@ where
         if !crate::registry::enabled() {
             return Box::pin(self.inner.call(request));
         }
-        let method = method_name(request.uri().path());
+        let method = handles(request.uri().path());
+        // Named now only when no handles are cached for it.
+        let name = match &method {
+            Some(_) => None,
+            None => Some(method_name(request.uri().path())),
+        };
         let started = Instant::now();
         let call = self.inner.call(request);
         Box::pin(async move {
             let response = call.await;
+            let seconds = started.elapsed().as_secs_f64();
             let (code, reason) = match &response {
                 Ok(response) => outcome(response.headers()),
                 Err(_) => ("UNKNOWN".to_string(), String::new()),
             };
-            METRICS
-                .seconds
-                .get_or_create(&MethodLabels {
-                    method: method.clone(),
-                })
-                .observe(started.elapsed().as_secs_f64());
-            METRICS
-                .calls
-                .get_or_create(&CallLabels {
-                    method,
-                    code,
-                    reason,
-                })
-                .inc();
+            match &method {
+                Some(m) => m.seconds.observe(seconds),
+                None => METRICS
+                    .seconds
+                    .get_or_create(&MethodLabels {
+                        method: name.clone().unwrap_or_default(),
+                    })
+                    .observe(seconds),
+            }
+            match &method {
+                Some(m) if code == "OK" => m.ok.inc(),
+                _ => METRICS
+                    .calls
+                    .get_or_create(&CallLabels {
+                        method: method
+                            .as_ref()
+                            .map(|m| m.method.clone())
+                            .or(name)
+                            .unwrap_or_default(),
+                        code,
+                        reason,
+                    })
+                    .inc(),
+            };
             response
         })
     }
+}
+
+/// One method's latency histogram and OK counter, looked up once: most
+/// calls then cost no label allocation.
+struct MethodHandles {
+    method: String,
+    seconds: Histogram,
+    ok: Counter,
+}
+
+/// Distinct paths whose handles are kept (client-chosen paths beyond this
+/// take the slow path instead of growing the cache).
+const CACHED_METHODS: usize = 256;
+
+static HANDLES: LazyLock<RwLock<HashMap<String, Arc<MethodHandles>>>> =
+    LazyLock::new(Default::default);
+
+fn handles(path: &str) -> Option<Arc<MethodHandles>> {
+    if let Some(h) = HANDLES.read().expect("rpc handles").get(path) {
+        return Some(h.clone());
+    }
+    let mut cache = HANDLES.write().expect("rpc handles");
+    if cache.len() >= CACHED_METHODS {
+        return None;
+    }
+    let method = method_name(path);
+    let h = Arc::new(MethodHandles {
+        method: method.clone(),
+        seconds: METRICS
+            .seconds
+            .get_or_create(&MethodLabels {
+                method: method.clone(),
+            })
+            .clone(),
+        ok: METRICS
+            .calls
+            .get_or_create(&CallLabels {
+                method,
+                code: "OK".into(),
+                reason: String::new(),
+            })
+            .clone(),
+    });
+    cache.insert(path.to_string(), h.clone());
+    Some(h)
 }
 
 /// `cellmesh.v1.Messaging/Send` from `/cellmesh.v1.Messaging/Send`; paths
