@@ -316,8 +316,7 @@ pub async fn start_placed(
     ));
     let task = tokio::spawn(async move {
         let served = tonic::transport::Server::builder()
-            .layer(cellmesh_telemetry::rpc::RpcMetricsLayer)
-            .layer(cellmesh_telemetry::trace::grpc::TraceLayer)
+            .layer(cellmesh_telemetry::server::ServerLayer)
             .add_service(standard.health)
             .add_service(standard.reflection)
             .add_service(messaging)

@@ -405,8 +405,7 @@ async fn serve_admin(
     );
     let server = tokio::spawn(async move {
         let served = tonic::transport::Server::builder()
-            .layer(cellmesh_telemetry::rpc::RpcMetricsLayer)
-            .layer(cellmesh_telemetry::trace::grpc::TraceLayer)
+            .layer(cellmesh_telemetry::server::ServerLayer)
             .add_service(service)
             .serve_with_incoming(cellmesh_proto::server::incoming(listener))
             .await;

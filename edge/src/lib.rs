@@ -195,8 +195,7 @@ pub async fn start(config: EdgeConfig) -> Result<RunningEdge, EdgeError> {
     let (tx, rx) = oneshot::channel();
     let task = tokio::spawn(async move {
         let result = tonic::transport::Server::builder()
-            .layer(cellmesh_telemetry::rpc::RpcMetricsLayer)
-            .layer(cellmesh_telemetry::trace::grpc::TraceLayer)
+            .layer(cellmesh_telemetry::server::ServerLayer)
             .add_service(standard.health)
             .add_service(standard.reflection)
             .add_service(messaging)

@@ -137,8 +137,7 @@ pub async fn start(config: RouterConfig) -> Result<RunningRouter, StartError> {
         shutdown.push(tx);
         servers.push(tokio::spawn(async move {
             let result = tonic::transport::Server::builder()
-                .layer(cellmesh_telemetry::rpc::RpcMetricsLayer)
-                .layer(cellmesh_telemetry::trace::grpc::TraceLayer)
+                .layer(cellmesh_telemetry::server::ServerLayer)
                 .add_service(peer)
                 .serve_with_incoming_shutdown(
                     cellmesh_proto::server::incoming(raft_listener),
@@ -170,8 +169,7 @@ pub async fn start(config: RouterConfig) -> Result<RunningRouter, StartError> {
         shutdown.push(tx);
         servers.push(tokio::spawn(async move {
             let result = tonic::transport::Server::builder()
-                .layer(cellmesh_telemetry::rpc::RpcMetricsLayer)
-                .layer(cellmesh_telemetry::trace::grpc::TraceLayer)
+                .layer(cellmesh_telemetry::server::ServerLayer)
                 .add_service(std.health)
                 .add_service(std.reflection)
                 .add_service(routing)

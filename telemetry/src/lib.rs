@@ -2,7 +2,8 @@
 //! metrics in one process-wide Prometheus registry ([`registry`]), serves
 //! them as Prometheus text at `/metrics` on its admin HTTP port
 //! ([`admin::serve`]), and wraps its gRPC server in one layer that counts
-//! and times every call by method and stable error code ([`rpc::RpcMetricsLayer`]).
+//! and times every call by method and stable error code and places it in
+//! its trace ([`server::ServerLayer`]).
 //! [`scrape`] reads such an exposition back (the console's panels).
 //! [`trace`] exports OpenTelemetry spans and carries the trace context
 //! across processes.
@@ -14,6 +15,7 @@ pub mod process;
 pub mod registry;
 pub mod rpc;
 pub mod scrape;
+pub mod server;
 pub mod trace;
 
 pub use prometheus_client::metrics::{

@@ -1,22 +1,18 @@
-//! One tower layer on every gRPC server: counts each call by method and
-//! outcome (gRPC code and the stable cellmesh reason of a failure) and
-//! times it, so no handler carries metrics code. A call is timed until its
+//! The metrics half of the server layer ([`crate::server::ServerLayer`]):
+//! counts each call by method and outcome (gRPC code and the stable
+//! cellmesh reason of a failure) and times it. A call is timed until its
 //! response headers: a unary call's whole life, a stream's set-up. A
 //! failure reported in a stream's trailers counts as `OK` here. A process
 //! that serves no metrics records nothing here.
 
 use std::collections::HashMap;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, LazyLock, RwLock};
-use std::task::{Context, Poll};
 use std::time::Instant;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
-use tower::{Layer, Service};
 
 use crate::registry::{Unit, counter_family, histogram_family, latency_buckets};
 
@@ -50,82 +46,70 @@ static METRICS: LazyLock<RpcMetrics> = LazyLock::new(|| RpcMetrics {
     ),
 });
 
-/// Adds call counts and latencies to a server (`Server::builder().layer(..)`).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct RpcMetricsLayer;
-
-impl<S> Layer<S> for RpcMetricsLayer {
-    type Service = Metered<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        LazyLock::force(&METRICS);
-        Metered { inner }
-    }
+/// Registers the RPC series (at start-up, so they are listed before the
+/// first call).
+pub(crate) fn register() {
+    LazyLock::force(&METRICS);
 }
 
-#[derive(Clone, Debug)]
-pub struct Metered<S> {
-    inner: S,
+/// One call being timed: its method's handles (or its name when none are
+/// cached) and when it arrived.
+pub(crate) struct Timing {
+    method: Option<Arc<MethodHandles>>,
+    name: Option<String>,
+    started: Instant,
 }
 
-impl<S, B, R> Service<http::Request<B>> for Metered<S>
-where
-    S: Service<http::Request<B>, Response = http::Response<R>>,
-    S::Future: Send + 'static,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+impl Timing {
+    /// Starts timing a call to `path`; `None` in a process that serves no
+    /// metrics.
+    pub(crate) fn start(path: &str) -> Option<Self> {
         if !crate::registry::enabled() {
-            return Box::pin(self.inner.call(request));
+            return None;
         }
-        let method = handles(request.uri().path());
+        let method = handles(path);
         // Named now only when no handles are cached for it.
-        let name = match &method {
-            Some(_) => None,
-            None => Some(method_name(request.uri().path())),
-        };
-        let started = Instant::now();
-        let call = self.inner.call(request);
-        Box::pin(async move {
-            let response = call.await;
-            let seconds = started.elapsed().as_secs_f64();
-            let (code, reason) = match &response {
-                Ok(response) => outcome(response.headers()),
-                Err(_) => ("UNKNOWN".to_string(), String::new()),
-            };
-            match &method {
-                Some(m) => m.seconds.observe(seconds),
-                None => METRICS
-                    .seconds
-                    .get_or_create(&MethodLabels {
-                        method: name.clone().unwrap_or_default(),
-                    })
-                    .observe(seconds),
-            }
-            match &method {
-                Some(m) if code == "OK" => m.ok.inc(),
-                _ => METRICS
-                    .calls
-                    .get_or_create(&CallLabels {
-                        method: method
-                            .as_ref()
-                            .map(|m| m.method.clone())
-                            .or(name)
-                            .unwrap_or_default(),
-                        code,
-                        reason,
-                    })
-                    .inc(),
-            };
-            response
+        let name = method.is_none().then(|| method_name(path));
+        Some(Self {
+            method,
+            name,
+            started: Instant::now(),
         })
+    }
+
+    /// Counts the call by the outcome in its response headers (`None`: the
+    /// service failed).
+    pub(crate) fn finish(self, headers: Option<&http::HeaderMap>) {
+        let seconds = self.started.elapsed().as_secs_f64();
+        let (code, reason) = match headers {
+            Some(headers) => outcome(headers),
+            None => ("UNKNOWN".to_string(), String::new()),
+        };
+        match &self.method {
+            Some(m) => m.seconds.observe(seconds),
+            None => METRICS
+                .seconds
+                .get_or_create(&MethodLabels {
+                    method: self.name.clone().unwrap_or_default(),
+                })
+                .observe(seconds),
+        }
+        match &self.method {
+            Some(m) if code == "OK" => m.ok.inc(),
+            _ => METRICS
+                .calls
+                .get_or_create(&CallLabels {
+                    method: self
+                        .method
+                        .as_ref()
+                        .map(|m| m.method.clone())
+                        .or(self.name)
+                        .unwrap_or_default(),
+                    code,
+                    reason,
+                })
+                .inc(),
+        };
     }
 }
 

@@ -1,5 +1,6 @@
-//! The trace context over gRPC: [`TraceLayer`] on every server opens a
-//! span per call whose parent is the caller's `traceparent` header, and
+//! The trace context over gRPC: the server layer
+//! ([`crate::server::ServerLayer`]) opens a span per traced call whose
+//! parent is the caller's `traceparent` header ([`CallTrace`]), and
 //! [`Traced`] on every client channel writes the current span's context
 //! into each call's headers. Handlers name what the call is about on the
 //! server span ([`record_call`]). Both do nothing while traces are off.
@@ -8,7 +9,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use tower::{Layer, Service};
+use tower::Service;
 use tracing::Instrument;
 use tracing::field::Empty;
 
@@ -50,75 +51,77 @@ where
     }
 }
 
-/// Opens a span per served call (`Server::builder().layer(..)`).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct TraceLayer;
-
-impl<S> Layer<S> for TraceLayer {
-    type Service = TracedServer<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        TracedServer { inner }
-    }
+/// What the server layer does for one call's trace.
+pub(crate) enum CallTrace {
+    /// Nothing (traces off, or a background call with no context).
+    None,
+    /// Records nothing; the calls it makes carry the "not sampled" context.
+    Unsampled(http::HeaderValue),
+    /// The call's span.
+    Span(tracing::Span),
 }
 
-#[derive(Clone, Debug)]
-pub struct TracedServer<S> {
-    inner: S,
-}
-
-impl<S, B, R> Service<http::Request<B>> for TracedServer<S>
-where
-    S: Service<http::Request<B>, Response = http::Response<R>>,
-    S::Future: Send + 'static,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+impl CallTrace {
+    /// The trace of a call to `path` with `headers`.
+    pub(crate) fn of(headers: &http::HeaderMap, path: &str) -> Self {
         if !super::enabled() {
-            return Box::pin(self.inner.call(request));
+            return CallTrace::None;
         }
-        let path = request.uri().path();
-        let span = match head(request.headers(), path) {
-            Head::Skip => return Box::pin(self.inner.call(request)),
-            // Nothing of an unsampled call is recorded, but its calls
-            // onwards carry the decision, so no process decides again.
-            Head::Unsampled(traceparent) => {
-                return Box::pin(UNSAMPLED.scope(traceparent, self.inner.call(request)));
-            }
+        match head(headers, path) {
+            Head::Skip => CallTrace::None,
+            Head::Unsampled(traceparent) => CallTrace::Unsampled(traceparent),
             Head::Sampled => {
                 let span = call_span(path, false);
-                extract(&span, request.headers());
-                span
+                extract(&span, headers);
+                CallTrace::Span(span)
             }
-            Head::Root => call_span(path, true),
-        };
-        let call = {
-            let _entered = span.enter();
-            self.inner.call(request)
-        };
-        Box::pin(
-            async move {
-                let response = call.await;
-                if let Ok(response) = &response {
-                    let code = response
-                        .headers()
-                        .get("grpc-status")
-                        .and_then(|v| v.to_str().ok())
-                        .and_then(|v| v.parse::<i64>().ok())
-                        .unwrap_or(0);
-                    tracing::Span::current().record("rpc.grpc.status_code", code);
+            Head::Root => CallTrace::Span(call_span(path, true)),
+        }
+    }
+
+    pub(crate) fn is_none(&self) -> bool {
+        matches!(self, CallTrace::None)
+    }
+
+    /// Runs `f` (the inner service's `call`) inside the call's span.
+    pub(crate) fn enter<T>(&self, f: impl FnOnce() -> T) -> T {
+        match self {
+            CallTrace::Span(span) => span.in_scope(f),
+            _ => f(),
+        }
+    }
+
+    /// The call's future, in its span or with the unsampled context.
+    pub(crate) fn run<E, R>(
+        self,
+        call: impl Future<Output = Result<http::Response<R>, E>> + Send + 'static,
+    ) -> Pin<Box<dyn Future<Output = Result<http::Response<R>, E>> + Send>>
+    where
+        E: Send + 'static,
+        R: Send + 'static,
+    {
+        match self {
+            CallTrace::None => Box::pin(call),
+            // Nothing of an unsampled call is recorded, but its calls
+            // onwards carry the decision, so no process decides again.
+            CallTrace::Unsampled(traceparent) => Box::pin(UNSAMPLED.scope(traceparent, call)),
+            CallTrace::Span(span) => Box::pin(
+                async move {
+                    let response = call.await;
+                    if let Ok(response) = &response {
+                        let code = response
+                            .headers()
+                            .get("grpc-status")
+                            .and_then(|v| v.to_str().ok())
+                            .and_then(|v| v.parse::<i64>().ok())
+                            .unwrap_or(0);
+                        tracing::Span::current().record("rpc.grpc.status_code", code);
+                    }
+                    response
                 }
-                response
-            }
-            .instrument(span),
-        )
+                .instrument(span),
+            ),
+        }
     }
 }
 
