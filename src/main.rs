@@ -57,18 +57,22 @@ enum Command {
 }
 
 impl Command {
-    fn is_role(&self) -> bool {
+    fn sets_up_logging(&self) -> bool {
         matches!(
             self,
-            Command::Cell(_) | Command::Router(_) | Command::Edge(_) | Command::ControlPlane(_)
+            Command::Cell(_)
+                | Command::Router(_)
+                | Command::Edge(_)
+                | Command::ControlPlane(_)
+                | Command::Chaos(_)
         )
     }
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // A role sets up logging once its config says where traces go.
-    if !cli.command.is_role() {
+    // A role (or a drill) sets up logging once it knows where traces go.
+    if !cli.command.sets_up_logging() {
         telemetry::init();
     }
     let runtime = match tokio::runtime::Runtime::new() {
@@ -88,7 +92,15 @@ fn main() -> ExitCode {
             Command::Ctl(args) => ctl::run(args).await,
             Command::Chat(args) => chat::run(args).await,
             Command::Bench(args) => bench::run(args).await,
-            Command::Chaos(args) => cellmesh_chaos::drill::run(args).await,
+            Command::Chaos(args) => {
+                // A drill is a trace in the deployment it runs against.
+                let identity = cellmesh_telemetry::trace::Identity {
+                    role: "chaos",
+                    ..Default::default()
+                };
+                let _traces = telemetry::init_traced(&args.traces(), identity)?;
+                cellmesh_chaos::drill::run(args).await
+            }
             Command::Plan(args) => plan::run(args),
         }
     });

@@ -19,6 +19,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tracing::Instrument;
 
 use crate::check_all;
 use crate::history::History;
@@ -116,7 +117,31 @@ struct RunArgs {
 
 pub async fn run(args: ChaosArgs) -> anyhow::Result<()> {
     match args.command {
-        ChaosCommand::Run(args) => drill(args).await,
+        ChaosCommand::Run(args) => {
+            let span = tracing::info_span!(
+                "drill",
+                scenario = ?args.scenario,
+                cellmesh.always_sample = true,
+            );
+            drill(args).instrument(span).await
+        }
+    }
+}
+
+impl ChaosArgs {
+    /// Where the drill's trace goes: the deployment's OTLP endpoint from
+    /// its dev.json (none when it names none).
+    pub fn traces(&self) -> cellmesh_telemetry::trace::TraceConfig {
+        let ChaosCommand::Run(run) = &self.command;
+        let endpoint = std::fs::read_to_string(run.dev.join("dev.json"))
+            .ok()
+            .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
+            .and_then(|info| info["traces"]["otlp"].as_str().map(str::to_string))
+            .unwrap_or_default();
+        cellmesh_telemetry::trace::TraceConfig {
+            endpoint,
+            ..Default::default()
+        }
     }
 }
 
@@ -338,7 +363,10 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
     while Instant::now() + period < stop {
         tokio::time::sleep(period).await;
         let kind = next_fault(args.scenario, &mut injector.rng, period, region);
-        let fault = injector.inject(kind).await?;
+        let fault = injector
+            .inject(kind)
+            .instrument(tracing::info_span!("fault"))
+            .await?;
         println!(
             "  {:>6} ms  {} {} {}",
             fault.at_ms, fault.kind, fault.target, fault.detail

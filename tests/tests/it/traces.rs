@@ -283,7 +283,37 @@ async fn one_send_is_one_trace_across_four_processes_and_three_regions() {
     );
     let info = wait_info(dir.path(), dev.child()).await;
     assert_eq!(info["traces"]["otlp"], endpoint.as_str());
-    traced_send(dir.path(), &info, &Spans::InTest(receiver)).await;
+    let spans = Spans::InTest(receiver.clone());
+    traced_send(dir.path(), &info, &spans).await;
+
+    // A drill against the deployment is a trace too: its faults are spans.
+    let drill = tokio::process::Command::new(cellmesh_tests::cellmesh_bin())
+        .args([
+            "chaos",
+            "run",
+            "cell-kill",
+            "--duration",
+            "8s",
+            "--seed",
+            "1",
+            "--dev",
+        ])
+        .arg(dir.path())
+        .output()
+        .await
+        .unwrap();
+    let all = receiver.all_spans();
+    let root = all
+        .iter()
+        .find(|s| s.name == "drill" && s.parent_span_id.is_empty())
+        .unwrap_or_else(|| panic!("no drill trace; the drill said {drill:?}"));
+    assert_eq!(root.service, "chaos");
+    let faults = receiver
+        .trace(&root.trace_id)
+        .into_iter()
+        .filter(|s| s.name == "fault" && s.parent_span_id == root.span_id)
+        .count();
+    assert!(faults >= 1, "the drill's faults are its spans: {drill:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
