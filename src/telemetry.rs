@@ -3,8 +3,9 @@
 //! names a `[telemetry] endpoint` also exports the cellmesh crates' spans
 //! over OTLP.
 
+use cellmesh_telemetry::trace::filter::CellmeshSpans;
 use cellmesh_telemetry::trace::{Identity, TraceConfig, TraceGuard};
-use tracing_subscriber::filter::{EnvFilter, Targets};
+use tracing_subscriber::filter::EnvFilter;
 use tracing_subscriber::prelude::*;
 
 fn log_layer<S>() -> impl tracing_subscriber::Layer<S>
@@ -28,8 +29,9 @@ pub fn init_traced(config: &TraceConfig, identity: Identity) -> anyhow::Result<O
     let registry = tracing_subscriber::registry().with(log_layer());
     match cellmesh_telemetry::trace::layer(config, &identity).map_err(anyhow::Error::msg)? {
         Some((spans, guard)) => {
-            let cellmesh = Targets::new().with_target("cellmesh", tracing::Level::INFO);
-            let _ = registry.with(spans.with_filter(cellmesh)).try_init();
+            let _ = registry
+                .with(spans.with_filter(CellmeshSpans::default()))
+                .try_init();
             tracing::info!(endpoint = %config.endpoint, ratio = config.sample_ratio, "exporting traces");
             Ok(Some(guard))
         }

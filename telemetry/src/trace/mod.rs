@@ -8,6 +8,7 @@
 //! [`receiver`] is an in-memory OTLP receiver (what `cellmesh dev` runs and
 //! tests assert on).
 
+pub mod filter;
 pub mod grpc;
 pub mod propagate;
 pub mod receiver;

@@ -3,8 +3,11 @@
 //! waterfall reads it) and what tests assert on. [`Receiver::serve`] takes
 //! OTLP exports; [`Receiver::http`] answers `GET /traces` (the newest
 //! traces, summarised) and `GET /traces/{id}` (one trace's spans) as JSON.
+//! When full it drops the trace that received nothing for longest, so a
+//! long trace whose root ends last (a drill, a tenant move) outlives the
+//! short ones started meanwhile.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
@@ -48,8 +51,37 @@ pub struct TraceSummary {
 
 #[derive(Default)]
 struct Traces {
-    order: VecDeque<String>,
-    spans: HashMap<String, Vec<SpanRecord>>,
+    /// Trace ids by when they last received a span (a counter).
+    touched: BTreeMap<u64, String>,
+    /// Per trace: its key in `touched`, and its spans.
+    spans: HashMap<String, (u64, Vec<SpanRecord>)>,
+    clock: u64,
+}
+
+impl Traces {
+    /// The spans of trace `id`, now its most recently updated; the least
+    /// recently updated traces are dropped beyond `capacity`.
+    fn touch(&mut self, id: String, capacity: usize) -> &mut Vec<SpanRecord> {
+        self.clock += 1;
+        let now = self.clock;
+        match self.spans.get_mut(&id) {
+            Some((at, _)) => {
+                self.touched.remove(at);
+                *at = now;
+            }
+            None => {
+                while self.spans.len() >= capacity {
+                    let Some((_, old)) = self.touched.pop_first() else {
+                        break;
+                    };
+                    self.spans.remove(&old);
+                }
+                self.spans.insert(id.clone(), (now, Vec::new()));
+            }
+        }
+        self.touched.insert(now, id.clone());
+        &mut self.spans.get_mut(&id).expect("just inserted").1
+    }
 }
 
 /// The last `capacity` traces received.
@@ -95,16 +127,7 @@ impl Receiver {
                     attributes: attributes(&span.attributes),
                     resource: resource.clone(),
                 };
-                let id = record.trace_id.clone();
-                if !traces.spans.contains_key(&id) {
-                    traces.order.push_back(id.clone());
-                    while traces.order.len() > self.capacity {
-                        if let Some(old) = traces.order.pop_front() {
-                            traces.spans.remove(&old);
-                        }
-                    }
-                }
-                let spans = traces.spans.entry(id).or_default();
+                let spans = traces.touch(record.trace_id.clone(), self.capacity);
                 if spans.len() < MAX_SPANS_PER_TRACE {
                     spans.push(record);
                 }
@@ -115,26 +138,35 @@ impl Receiver {
     /// One trace's spans, earliest first.
     pub fn trace(&self, trace_id: &str) -> Vec<SpanRecord> {
         let traces = self.traces.lock().expect("trace store");
-        let mut spans = traces.spans.get(trace_id).cloned().unwrap_or_default();
+        let mut spans = traces
+            .spans
+            .get(trace_id)
+            .map(|(_, spans)| spans.clone())
+            .unwrap_or_default();
         spans.sort_by_key(|s| (s.start_unix_nano, s.end_unix_nano));
         spans
     }
 
-    /// Every trace held, newest first.
+    /// Every trace held, the latest started first.
     pub fn summaries(&self) -> Vec<TraceSummary> {
         let traces = self.traces.lock().expect("trace store");
-        traces
-            .order
+        let mut all: Vec<TraceSummary> = traces
+            .spans
             .iter()
-            .rev()
-            .filter_map(|id| traces.spans.get(id).map(|spans| summary(id, spans)))
-            .collect()
+            .map(|(id, (_, spans))| summary(id, spans))
+            .collect();
+        all.sort_by_key(|t| std::cmp::Reverse(t.start_unix_nano));
+        all
     }
 
     /// All spans held (tests look for the trace of one request).
     pub fn all_spans(&self) -> Vec<SpanRecord> {
         let traces = self.traces.lock().expect("trace store");
-        traces.spans.values().flatten().cloned().collect()
+        traces
+            .spans
+            .values()
+            .flat_map(|(_, spans)| spans.iter().cloned())
+            .collect()
     }
 
     /// Serves OTLP/gRPC exports on `listener` until the task is aborted.
@@ -297,5 +329,31 @@ mod tests {
             "oldest dropped"
         );
         assert_eq!(receiver.summaries().len(), 2);
+    }
+
+    #[test]
+    fn a_trace_still_receiving_spans_outlives_newer_finished_ones() {
+        let receiver = Receiver::new(3);
+        // A drill: its fault spans arrive first, its root at the very end.
+        receiver.accept(export("chaos", 1, &[(2, 1)]));
+        for trace in 2..=3 {
+            receiver.accept(export("edge", trace, &[(10 + trace, 0)]));
+        }
+        receiver.accept(export("chaos", 1, &[(3, 1)]));
+        for trace in 4..=5 {
+            receiver.accept(export("edge", trace, &[(10 + trace, 0)]));
+        }
+        receiver.accept(export("chaos", 1, &[(1, 0)]));
+        assert_eq!(receiver.trace(&"01".repeat(16)).len(), 3, "the drill whole");
+        let held: Vec<String> = receiver
+            .summaries()
+            .into_iter()
+            .map(|t| t.trace_id)
+            .collect();
+        assert_eq!(
+            held,
+            ["05", "04", "01"].map(|t| t.repeat(16)),
+            "the latest started first"
+        );
     }
 }

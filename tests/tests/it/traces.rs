@@ -47,7 +47,51 @@ impl Spans {
             }
             tokio::time::sleep(Duration::from_millis(300)).await;
         }
-        panic!("no trace of {req_id} across {services:?}; last seen: {last:#?}");
+        panic!(
+            "no trace of {req_id} across {services:?}; last seen: {last:#?}; the store holds {:#?}",
+            self.held().await
+        );
+    }
+
+    /// What the store holds, one line per span, the latest started trace
+    /// first (at most 300 lines: for a failure's message).
+    async fn held(&self) -> Vec<String> {
+        let traces: Vec<Vec<SpanRecord>> = match self {
+            Spans::InTest(receiver) => receiver
+                .summaries()
+                .iter()
+                .map(|t| receiver.trace(&t.trace_id))
+                .collect(),
+            Spans::Dev(url) => {
+                let mut traces = Vec::new();
+                let list = fetch(&format!("{url}/traces"), Duration::from_secs(5)).await;
+                let list: Vec<TraceSummary> =
+                    serde_json::from_str(&list.unwrap_or_default()).unwrap_or_default();
+                for t in list {
+                    let url = format!("{url}/traces/{}", t.trace_id);
+                    if let Ok(spans) = fetch(&url, Duration::from_secs(5)).await {
+                        traces.push(serde_json::from_str(&spans).unwrap_or_default());
+                    }
+                }
+                traces
+            }
+        };
+        traces
+            .iter()
+            .flatten()
+            .map(|s| {
+                format!(
+                    "{} {} <- {} {}:{} {:?}",
+                    &s.trace_id[..8],
+                    s.span_id,
+                    s.parent_span_id,
+                    s.service,
+                    s.name,
+                    s.attributes
+                )
+            })
+            .take(300)
+            .collect()
     }
 
     async fn find(&self, req_id: &str) -> Option<Vec<SpanRecord>> {
@@ -272,7 +316,7 @@ fn check(trace: &[SpanRecord], req_id: &str, conversation: u64, seq: u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_send_is_one_trace_across_four_processes_and_three_regions() {
     let dir = tempfile::tempdir().unwrap();
-    let receiver = Receiver::new(1_000);
+    let receiver = Receiver::new(20_000);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let endpoint = format!("http://{}", listener.local_addr().unwrap());
     let _server = receiver.serve(listener);
@@ -313,7 +357,11 @@ async fn one_send_is_one_trace_across_four_processes_and_three_regions() {
         .into_iter()
         .filter(|s| s.name == "fault" && s.parent_span_id == root.span_id)
         .count();
-    assert!(faults >= 1, "the drill's faults are its spans: {drill:?}");
+    assert!(
+        faults >= 1,
+        "the drill's faults are its spans: {drill:?}; the receiver holds {:#?}",
+        Spans::InTest(receiver.clone()).held().await
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
