@@ -1,10 +1,14 @@
 //! The RaftPeer service: replication RPCs from other replicas, decoded from
 //! protobuf and handed to the local Raft. A replica that stopped answers
 //! UNAVAILABLE (the sender backs off); a snapshot segment that does not
-//! continue the one being received answers the mismatch.
+//! continue the one being received answers the mismatch. Votes, entries
+//! and snapshots are taken only from the group's members (voters and
+//! learners of the membership this replica knows); a replica that knows no
+//! membership yet (one being added) takes them from whoever sends first.
 
 use cellmesh_proto::raft::v1 as pb;
 use cellmesh_proto::raft::v1::raft_peer_server::RaftPeer;
+use openraft::Vote;
 use openraft::error::{InstallSnapshotError, RaftError};
 use tonic::{Request, Response, Status};
 
@@ -19,6 +23,22 @@ fn malformed(e: wire::Malformed) -> Status {
     Status::invalid_argument(e.to_string())
 }
 
+/// Refuses an RPC whose sender (the candidate or leader named in `vote`)
+/// is not a member of the group as this replica knows it.
+fn admit(raft: &Raft, vote: &Vote<NodeId>) -> Result<(), Status> {
+    let from = vote.leader_id.node_id;
+    let metrics = raft.metrics();
+    let metrics = metrics.borrow();
+    let membership = metrics.membership_config.membership();
+    let mut members = membership.nodes().map(|(id, _)| *id).peekable();
+    if members.peek().is_none() || members.any(|id| id == from) {
+        return Ok(());
+    }
+    Err(Status::permission_denied(format!(
+        "raft: node {from} is not a member of this group"
+    )))
+}
+
 fn refused<E: std::error::Error>(e: RaftError<NodeId, E>) -> Status {
     Status::unavailable(format!("raft: {e}"))
 }
@@ -30,6 +50,7 @@ impl RaftPeer for RaftPeerService {
         request: Request<pb::AppendEntriesRequest>,
     ) -> Result<Response<pb::AppendEntriesResponse>, Status> {
         let rpc = wire::append_request_from_pb(request.into_inner()).map_err(malformed)?;
+        admit(&self.raft, &rpc.vote)?;
         let resp = self.raft.append_entries(rpc).await.map_err(refused)?;
         Ok(Response::new(wire::append_response_to_pb(&resp)))
     }
@@ -39,6 +60,7 @@ impl RaftPeer for RaftPeerService {
         request: Request<pb::VoteRequest>,
     ) -> Result<Response<pb::VoteResponse>, Status> {
         let rpc = wire::vote_request_from_pb(request.into_inner()).map_err(malformed)?;
+        admit(&self.raft, &rpc.vote)?;
         let resp = self.raft.vote(rpc).await.map_err(refused)?;
         Ok(Response::new(wire::vote_response_to_pb(&resp)))
     }
@@ -48,6 +70,7 @@ impl RaftPeer for RaftPeerService {
         request: Request<pb::InstallSnapshotRequest>,
     ) -> Result<Response<pb::InstallSnapshotResponse>, Status> {
         let rpc = wire::snapshot_request_from_pb(request.into_inner()).map_err(malformed)?;
+        admit(&self.raft, &rpc.vote)?;
         let answer = match self.raft.install_snapshot(rpc).await {
             Ok(resp) => Ok(resp),
             Err(RaftError::APIError(InstallSnapshotError::SnapshotMismatch(m))) => Err(m),

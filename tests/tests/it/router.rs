@@ -418,3 +418,81 @@ async fn a_lookup_passes_over_a_replica_that_does_not_answer() {
         "the renewal lookup waited {took:?} on the silent replica"
     );
 }
+
+/// Raft messages are taken only from the group's members: a vote or
+/// entries from an invented node are refused, and the group keeps its
+/// leader and term; a member's stale vote is still answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raft_messages_from_a_node_outside_the_group_are_refused() {
+    use cellmesh_proto::raft::v1 as raft;
+    let cluster = RouterCluster::start(3, |_| {}).await;
+    let leader = cluster.leader().await;
+    let follower = (leader + 1) % 3;
+    let before = cluster.running(follower).raft.metrics().borrow().clone();
+    let channel = tonic::transport::Channel::from_shared(format!(
+        "http://{}",
+        cluster.running(follower).raft_addr
+    ))
+    .unwrap()
+    .connect()
+    .await
+    .unwrap();
+    let mut peer = raft::raft_peer_client::RaftPeerClient::with_interceptor(
+        channel,
+        SecretInterceptor(cellmesh_proto::secret::ClusterSecret::new(SECRET)),
+    );
+    let intruder = raft::Vote {
+        term: before.current_term + 5,
+        node_id: 99,
+        committed: false,
+    };
+    let far = raft::LogId {
+        term: before.current_term + 5,
+        node_id: 99,
+        index: 1_000_000,
+    };
+    let e = peer
+        .vote(raft::VoteRequest {
+            vote: Some(intruder),
+            last_log_id: Some(far),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+    let e = peer
+        .append_entries(raft::AppendEntriesRequest {
+            vote: Some(raft::Vote {
+                committed: true,
+                ..intruder
+            }),
+            prev_log_id: None,
+            entries: vec![],
+            leader_commit: Some(far),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+    // A member's vote for a past term is answered (not granted).
+    let member = cluster.running(leader).node_id;
+    let answer = peer
+        .vote(raft::VoteRequest {
+            vote: Some(raft::Vote {
+                term: 0,
+                node_id: member,
+                committed: false,
+            }),
+            last_log_id: None,
+        })
+        .await
+        .expect("a member is answered")
+        .into_inner();
+    assert!(!answer.vote_granted);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let after = cluster.running(follower).raft.metrics().borrow().clone();
+    assert_eq!(
+        after.current_term, before.current_term,
+        "the term is unchanged"
+    );
+    assert_eq!(after.current_leader, before.current_leader);
+    assert_eq!(cluster.leader().await, leader, "the leader stays");
+}
