@@ -315,7 +315,7 @@ pub async fn start_placed(
         Duration::from_secs(config.routing.cleanup_grace_secs),
     ));
     let task = tokio::spawn(async move {
-        let served = tonic::transport::Server::builder()
+        let served = cellmesh_proto::server::builder()
             .layer(cellmesh_telemetry::server::ServerLayer)
             .add_service(standard.health)
             .add_service(standard.reflection)

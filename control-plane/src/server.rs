@@ -404,7 +404,7 @@ async fn serve_admin(
         move |r| secret.check(r),
     );
     let server = tokio::spawn(async move {
-        let served = tonic::transport::Server::builder()
+        let served = cellmesh_proto::server::builder()
             .layer(cellmesh_telemetry::server::ServerLayer)
             .add_service(service)
             .serve_with_incoming(cellmesh_proto::server::incoming(listener))

@@ -194,7 +194,7 @@ pub async fn start(config: EdgeConfig) -> Result<RunningEdge, EdgeError> {
         .map_err(EdgeError::Metrics)?;
     let (tx, rx) = oneshot::channel();
     let task = tokio::spawn(async move {
-        let result = tonic::transport::Server::builder()
+        let result = cellmesh_proto::server::builder()
             .layer(cellmesh_telemetry::server::ServerLayer)
             .add_service(standard.health)
             .add_service(standard.reflection)

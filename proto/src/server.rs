@@ -1,8 +1,20 @@
-//! The standard services every cellmesh gRPC server carries next to its own:
-//! `grpc.health.v1.Health` (for load balancers and probes) and server
-//! reflection (for generic tools such as grpcurl).
+//! What every cellmesh gRPC server shares: the standard services it
+//! carries next to its own (`grpc.health.v1.Health` for load balancers and
+//! probes, server reflection for generic tools such as grpcurl), and how it
+//! holds connections ([`builder`], [`incoming`]): HTTP/2 keepalive pings,
+//! and a connection that sends nothing for [`IDLE`] (one that never
+//! completes its handshake, or a peer gone silent) is closed.
 
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::time::Sleep;
 use tonic::server::NamedService;
+use tonic::transport::server::{Connected, TcpConnectInfo};
 use tonic_health::server::{HealthReporter, health_reporter};
 
 /// Health and reflection services, with `S` reported as serving.
@@ -43,17 +55,125 @@ pub async fn report_not_serving(reporter: &HealthReporter) {
         .await;
 }
 
-/// Connections accepted from `listener` with Nagle's algorithm off: small
-/// gRPC frames (acks, Raft appends) must not wait for delayed ACKs.
+/// How often a server pings each connection, and how long it waits for
+/// the answer before it drops the connection.
+pub const KEEPALIVE: Duration = Duration::from_secs(20);
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+/// A connection from which nothing arrives this long is closed. A live
+/// client answers the pings every [`KEEPALIVE`], so only a peer that never
+/// completed its handshake, or stopped answering, stays this quiet.
+pub const IDLE: Duration = Duration::from_secs(60);
+
+/// The server builder every cellmesh server starts from.
+pub fn builder() -> tonic::transport::Server {
+    tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(KEEPALIVE))
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+}
+
+/// Connections accepted from `listener` with Nagle's algorithm off (small
+/// gRPC frames, acks and Raft appends, must not wait for delayed ACKs),
+/// each closed once idle for [`IDLE`].
 pub fn incoming(
     listener: tokio::net::TcpListener,
-) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+) -> impl tokio_stream::Stream<Item = std::io::Result<Guarded>> {
+    incoming_with(listener, IDLE)
+}
+
+/// [`incoming`] with another idle limit.
+pub fn incoming_with(
+    listener: tokio::net::TcpListener,
+    idle: Duration,
+) -> impl tokio_stream::Stream<Item = std::io::Result<Guarded>> {
     use tokio_stream::StreamExt;
-    tokio_stream::wrappers::TcpListenerStream::new(listener).map(|stream| {
+    tokio_stream::wrappers::TcpListenerStream::new(listener).map(move |stream| {
         let stream = stream?;
         stream.set_nodelay(true)?;
-        Ok(stream)
+        Ok(Guarded::new(stream, idle))
     })
+}
+
+/// An accepted connection that fails its reads (and so is closed) once
+/// nothing has arrived for its idle limit.
+pub struct Guarded {
+    io: TcpStream,
+    idle: Duration,
+    deadline: Pin<Box<Sleep>>,
+}
+
+impl Guarded {
+    fn new(io: TcpStream, idle: Duration) -> Self {
+        Self {
+            io,
+            idle,
+            deadline: Box::pin(tokio::time::sleep(idle)),
+        }
+    }
+}
+
+impl AsyncRead for Guarded {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        match Pin::new(&mut self.io).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                if buf.filled().len() > before {
+                    let next = tokio::time::Instant::now() + self.idle;
+                    self.deadline.as_mut().reset(next);
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Pending => match self.deadline.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "connection idle: closed",
+                ))),
+                Poll::Pending => Poll::Pending,
+            },
+            ready => ready,
+        }
+    }
+}
+
+impl AsyncWrite for Guarded {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+impl Connected for Guarded {
+    type ConnectInfo = TcpConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.io.connect_info()
+    }
 }
 
 /// Resolves on Ctrl-C or SIGTERM.
@@ -71,4 +191,53 @@ pub async fn shutdown_signal() {
     #[cfg(not(unix))]
     let _ = ctrl_c.await;
     tracing::info!("shutdown requested");
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::io::AsyncReadExt;
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_client::HealthClient;
+
+    #[tokio::test]
+    async fn a_silent_connection_is_closed_and_a_talking_one_is_not() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let (_reporter, health) = tonic_health::server::health_reporter();
+        let idle = Duration::from_millis(300);
+        tokio::spawn(
+            super::builder()
+                .add_service(health)
+                .serve_with_incoming(super::incoming_with(listener, idle)),
+        );
+        // Connects and never sends the HTTP/2 preface.
+        let mut silent = tokio::net::TcpStream::connect(address).await.unwrap();
+        let mut buf = [0u8; 64];
+        let closed = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                match silent.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => continue,
+                }
+            }
+        })
+        .await;
+        assert!(closed.is_ok(), "the silent connection is still open");
+        // Calls spaced below the limit keep their connection.
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut client = HealthClient::new(channel);
+        for _ in 0..8 {
+            client
+                .check(HealthCheckRequest::default())
+                .await
+                .expect("served");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
 }

@@ -136,7 +136,7 @@ pub async fn start(config: RouterConfig) -> Result<RunningRouter, StartError> {
         let (tx, rx) = oneshot::channel();
         shutdown.push(tx);
         servers.push(tokio::spawn(async move {
-            let result = tonic::transport::Server::builder()
+            let result = cellmesh_proto::server::builder()
                 .layer(cellmesh_telemetry::server::ServerLayer)
                 .add_service(peer)
                 .serve_with_incoming_shutdown(
@@ -168,7 +168,7 @@ pub async fn start(config: RouterConfig) -> Result<RunningRouter, StartError> {
         let (tx, rx) = oneshot::channel();
         shutdown.push(tx);
         servers.push(tokio::spawn(async move {
-            let result = tonic::transport::Server::builder()
+            let result = cellmesh_proto::server::builder()
                 .layer(cellmesh_telemetry::server::ServerLayer)
                 .add_service(std.health)
                 .add_service(std.reflection)
