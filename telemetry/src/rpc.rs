@@ -52,11 +52,9 @@ pub(crate) fn register() {
     LazyLock::force(&METRICS);
 }
 
-/// One call being timed: its method's handles (or its name when none are
-/// cached) and when it arrived.
+/// One call being timed: its method's series and when it arrived.
 pub(crate) struct Timing {
-    method: Option<Arc<MethodHandles>>,
-    name: Option<String>,
+    method: Arc<MethodHandles>,
     started: Instant,
 }
 
@@ -67,12 +65,8 @@ impl Timing {
         if !crate::registry::enabled() {
             return None;
         }
-        let method = handles(path);
-        // Named now only when no handles are cached for it.
-        let name = method.is_none().then(|| method_name(path));
         Some(Self {
-            method,
-            name,
+            method: handles(path),
             started: Instant::now(),
         })
     }
@@ -80,36 +74,24 @@ impl Timing {
     /// Counts the call by the outcome in its response headers (`None`: the
     /// service failed).
     pub(crate) fn finish(self, headers: Option<&http::HeaderMap>) {
-        let seconds = self.started.elapsed().as_secs_f64();
+        let m = &self.method;
+        m.seconds.observe(self.started.elapsed().as_secs_f64());
         let (code, reason) = match headers {
             Some(headers) => outcome(headers),
             None => ("UNKNOWN".to_string(), String::new()),
         };
-        match &self.method {
-            Some(m) => m.seconds.observe(seconds),
-            None => METRICS
-                .seconds
-                .get_or_create(&MethodLabels {
-                    method: self.name.clone().unwrap_or_default(),
-                })
-                .observe(seconds),
-        }
-        match &self.method {
-            Some(m) if code == "OK" => m.ok.inc(),
-            _ => METRICS
+        if code == "OK" {
+            m.ok.inc();
+        } else {
+            METRICS
                 .calls
                 .get_or_create(&CallLabels {
-                    method: self
-                        .method
-                        .as_ref()
-                        .map(|m| m.method.clone())
-                        .or(self.name)
-                        .unwrap_or_default(),
+                    method: m.method.clone(),
                     code,
                     reason,
                 })
-                .inc(),
-        };
+                .inc();
+        }
     }
 }
 
@@ -121,41 +103,45 @@ struct MethodHandles {
     ok: Counter,
 }
 
+impl MethodHandles {
+    fn of(method: String) -> Self {
+        Self {
+            seconds: METRICS
+                .seconds
+                .get_or_create(&MethodLabels {
+                    method: method.clone(),
+                })
+                .clone(),
+            ok: METRICS
+                .calls
+                .get_or_create(&CallLabels {
+                    method: method.clone(),
+                    code: "OK".into(),
+                    reason: String::new(),
+                })
+                .clone(),
+            method,
+        }
+    }
+}
+
 /// Distinct paths whose handles are kept (client-chosen paths beyond this
-/// take the slow path instead of growing the cache).
+/// are looked up on every call instead of growing the cache).
 const CACHED_METHODS: usize = 256;
 
 static HANDLES: LazyLock<RwLock<HashMap<String, Arc<MethodHandles>>>> =
     LazyLock::new(Default::default);
 
-fn handles(path: &str) -> Option<Arc<MethodHandles>> {
+fn handles(path: &str) -> Arc<MethodHandles> {
     if let Some(h) = HANDLES.read().expect("rpc handles").get(path) {
-        return Some(h.clone());
+        return h.clone();
     }
+    let h = Arc::new(MethodHandles::of(method_name(path)));
     let mut cache = HANDLES.write().expect("rpc handles");
-    if cache.len() >= CACHED_METHODS {
-        return None;
+    if cache.len() < CACHED_METHODS {
+        cache.insert(path.to_string(), h.clone());
     }
-    let method = method_name(path);
-    let h = Arc::new(MethodHandles {
-        method: method.clone(),
-        seconds: METRICS
-            .seconds
-            .get_or_create(&MethodLabels {
-                method: method.clone(),
-            })
-            .clone(),
-        ok: METRICS
-            .calls
-            .get_or_create(&CallLabels {
-                method,
-                code: "OK".into(),
-                reason: String::new(),
-            })
-            .clone(),
-    });
-    cache.insert(path.to_string(), h.clone());
-    Some(h)
+    h
 }
 
 /// `cellmesh.v1.Messaging/Send` from `/cellmesh.v1.Messaging/Send`; paths

@@ -276,16 +276,16 @@ impl Processor {
             if refused.contains(&user) {
                 continue;
             }
+            if self.homes.home(user) != Home::Here {
+                refused.push(user);
+                continue;
+            }
             batch.trace.event(traced::deliver(
                 &e.traceparent,
                 e.conversation_id,
                 e.seq,
                 e.user_id,
             ));
-            if self.homes.home(user) != Home::Here {
-                refused.push(user);
-                continue;
-            }
             let record = SyncRecord {
                 kind: e.kind,
                 conversation_id: e.conversation_id,

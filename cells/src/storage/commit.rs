@@ -307,11 +307,12 @@ impl Writer {
         };
         match written_batch {
             Ok(()) => {
+                let seconds = started.elapsed().as_secs_f64();
                 let metrics = crate::metrics::metrics();
                 metrics
                     .commit_write_seconds
                     .get_or_create(&self.lane)
-                    .observe(started.elapsed().as_secs_f64());
+                    .observe(seconds);
                 metrics
                     .commit_batch_mutations
                     .get_or_create(&self.lane)
@@ -331,7 +332,7 @@ impl Writer {
                     .fetch_add(jobs.len() as u64, Ordering::Relaxed);
                 Ok(Written {
                     batch: jobs.len(),
-                    seconds: started.elapsed().as_secs_f64(),
+                    seconds,
                 })
             }
             Err(e) => {
