@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
-use tokio::time::Sleep;
+use tokio::time::{Instant, Sleep};
 use tonic::server::NamedService;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 use tonic_health::server::{HealthReporter, health_reporter};
@@ -94,10 +94,12 @@ pub fn incoming_with(
 }
 
 /// An accepted connection that fails its reads (and so is closed) once
-/// nothing has arrived for its idle limit.
+/// nothing has arrived for its idle limit. A read only notes its time; the
+/// timer is moved on when it fires early, not at every read.
 pub struct Guarded {
     io: TcpStream,
     idle: Duration,
+    last_read: Instant,
     deadline: Pin<Box<Sleep>>,
 }
 
@@ -106,8 +108,21 @@ impl Guarded {
         Self {
             io,
             idle,
+            last_read: Instant::now(),
             deadline: Box::pin(tokio::time::sleep(idle)),
         }
+    }
+
+    /// Ready when the connection has been idle for its limit.
+    fn poll_idle(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        while self.deadline.as_mut().poll(cx).is_ready() {
+            let due = self.last_read + self.idle;
+            if due <= Instant::now() {
+                return Poll::Ready(());
+            }
+            self.deadline.as_mut().reset(due);
+        }
+        Poll::Pending
     }
 }
 
@@ -121,12 +136,11 @@ impl AsyncRead for Guarded {
         match Pin::new(&mut self.io).poll_read(cx, buf) {
             Poll::Ready(Ok(())) => {
                 if buf.filled().len() > before {
-                    let next = tokio::time::Instant::now() + self.idle;
-                    self.deadline.as_mut().reset(next);
+                    self.last_read = Instant::now();
                 }
                 Poll::Ready(Ok(()))
             }
-            Poll::Pending => match self.deadline.as_mut().poll(cx) {
+            Poll::Pending => match self.poll_idle(cx) {
                 Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
                     std::io::ErrorKind::TimedOut,
                     "connection idle: closed",
@@ -195,9 +209,12 @@ pub async fn shutdown_signal() {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::Duration;
 
     use tokio::io::AsyncReadExt;
+    use tokio_stream::StreamExt;
     use tonic_health::pb::HealthCheckRequest;
     use tonic_health::pb::health_client::HealthClient;
 
@@ -207,10 +224,16 @@ mod tests {
         let address = listener.local_addr().unwrap();
         let (_reporter, health) = tonic_health::server::health_reporter();
         let idle = Duration::from_millis(300);
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let counted = accepted.clone();
+        let incoming = super::incoming_with(listener, idle).map(move |connection| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            connection
+        });
         tokio::spawn(
             super::builder()
                 .add_service(health)
-                .serve_with_incoming(super::incoming_with(listener, idle)),
+                .serve_with_incoming(incoming),
         );
         // Connects and never sends the HTTP/2 preface.
         let mut silent = tokio::net::TcpStream::connect(address).await.unwrap();
@@ -239,5 +262,7 @@ mod tests {
                 .expect("served");
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+        // The silent connection and the client's one: never cut and redialled.
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
     }
 }

@@ -229,26 +229,21 @@ mod tests {
     #[test]
     fn config_is_checked() {
         assert!(TraceConfig::default().validate().is_ok());
-        let bad = TraceConfig {
+        let ratio = TraceConfig {
             sample_ratio: 1.5,
             ..TraceConfig::default()
         };
-        assert!(
-            bad.validate()
-                .unwrap_err()
-                .to_string()
-                .contains("telemetry.sample_ratio")
-        );
-        let bad = TraceConfig {
+        let endpoint = TraceConfig {
             endpoint: "127.0.0.1:4317".into(),
             ..TraceConfig::default()
         };
-        assert!(
-            bad.validate()
-                .unwrap_err()
-                .to_string()
-                .contains("telemetry.endpoint")
-        );
+        for (bad, field) in [
+            (ratio, "telemetry.sample_ratio"),
+            (endpoint, "telemetry.endpoint"),
+        ] {
+            let error = bad.validate().unwrap_err().to_string();
+            assert!(error.contains(field), "{error}");
+        }
         let good = TraceConfig {
             endpoint: "http://127.0.0.1:4317".into(),
             ..TraceConfig::default()
