@@ -30,6 +30,12 @@ setup() {
   else
     echo "setup: system packages present"
   fi
+  # The cold tier's tests and the Terraform checks run moto_server, a
+  # local S3 (and AWS) API.
+  if ! command -v moto_server >/dev/null 2>&1; then
+    echo "setup: installing moto_server (PyPI moto[server])"
+    python3 -m pip install -q 'moto[server]' || python3 -m pip install -q --break-system-packages 'moto[server]'
+  fi
   for component in rustfmt clippy; do
     if ! cargo "${component/rustfmt/fmt}" --version >/dev/null 2>&1; then
       echo "setup: adding rust component $component"

@@ -4,6 +4,7 @@
 
 mod failover;
 mod migrate;
+mod pull;
 mod push;
 mod report;
 mod router;
@@ -85,6 +86,9 @@ enum Scenario {
     /// Online devices receive pushes while senders send into 1:1 and group
     /// conversations; measures send→push latency and deliveries per second.
     Push(push::PushArgs),
+    /// History pages from the hot or the cold tier of a cell it starts:
+    /// page latency and the cell's disk before and after tiering.
+    Pull(pull::PullArgs),
     /// Route writes and lookups against the RoutingService, or the same
     /// workload against etcd for comparison.
     Router(router::RouterArgs),
@@ -135,6 +139,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         Scenario::Send(args) => send::run(args).await,
         Scenario::OtlpSink(args) => otlp_sink(args).await,
         Scenario::Push(args) => push::run(args).await,
+        Scenario::Pull(args) => pull::run(args).await,
         Scenario::Router(args) => router::run(args).await,
         Scenario::Migrate(args) => migrate::run(args).await,
         Scenario::Failover(args) => failover::run(args).await,

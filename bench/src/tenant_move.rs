@@ -53,6 +53,10 @@ pub struct TenantMoveArgs {
     /// Conversations that senders keep writing to during the move.
     #[arg(long, default_value_t = 4)]
     writers: u64,
+    /// Wait this long between filling and moving (e.g. for the cells'
+    /// tierers to move history cold: `cellmesh dev --hot-messages N`).
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    settle: Duration,
     #[arg(long)]
     json: Option<PathBuf>,
 }
@@ -179,6 +183,10 @@ pub async fn run(args: TenantMoveArgs) -> anyhow::Result<()> {
         args.messages,
         filled_at.elapsed().as_secs_f64()
     );
+    if !args.settle.is_zero() {
+        println!("waiting {:?} before the move", args.settle);
+        tokio::time::sleep(args.settle).await;
+    }
     let from = routes
         .resolve(&Key::tenant(tenant))
         .map(|r| r.entry.cell)
@@ -280,6 +288,7 @@ pub async fn run(args: TenantMoveArgs) -> anyhow::Result<()> {
     let rss = |m: &BTreeMap<String, u64>| serde_json::json!(m);
     let out = Report::new("tenant-move", acked, errors, report.total, &latency)
         .param("tenant", tenant)
+        .param("settle_s", args.settle.as_secs())
         .param("from", report.from.clone())
         .param("to", report.to.clone())
         .param("conversations", report.conversations_moved)

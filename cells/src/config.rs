@@ -38,6 +38,8 @@ pub struct CellConfig {
     pub homes: HomesConfig,
     pub routing: RoutingConfig,
     pub replication: ReplicationConfig,
+    /// When history leaves RocksDB for the cold tier, and where that is.
+    pub tiering: crate::cold::TieringConfig,
 }
 
 /// When a write is acknowledged relative to this cell's standbys (the cells
@@ -289,6 +291,7 @@ impl Default for CellConfig {
             homes: HomesConfig::default(),
             routing: RoutingConfig::default(),
             replication: ReplicationConfig::default(),
+            tiering: Default::default(),
         }
     }
 }
@@ -425,6 +428,7 @@ impl CellConfig {
         )?;
         check_listen("metrics_listen", &self.metrics_listen)?;
         self.telemetry.validate()?;
+        self.tiering.validate()?;
         const DAY_S: u64 = 86_400;
         let l = &self.limits;
         check_range("limits.max_body_bytes", l.max_body_bytes, 1, 4 << 20)?;

@@ -7,6 +7,7 @@ use std::time::Duration;
 use cellmesh_proto::status::to_status;
 use cellmesh_proto::v1::ErrorCode;
 
+use crate::cold::ColdError;
 use crate::storage::StorageError;
 
 #[derive(Debug, thiserror::Error)]
@@ -38,6 +39,8 @@ pub enum CellError {
     },
     #[error("storage: {0}")]
     Storage(#[from] StorageError),
+    #[error("cold tier: {0}")]
+    Cold(#[from] ColdError),
 }
 
 pub type Result<T, E = CellError> = std::result::Result<T, E>;
@@ -68,6 +71,8 @@ impl CellError {
             Self::WrongCell { .. } => ErrorCode::WrongCell,
             Self::Storage(StorageError::Closed) => ErrorCode::RetryLater,
             Self::Storage(_) => ErrorCode::Internal,
+            Self::Cold(ColdError::Store(_)) => ErrorCode::RetryLater,
+            Self::Cold(_) => ErrorCode::Internal,
         }
     }
 
@@ -90,6 +95,9 @@ impl CellError {
             Self::Storage(StorageError::Closed) => Reason::ShuttingDown,
             Self::Storage(StorageError::Failed(_)) => Reason::StorageFailed,
             Self::Storage(_) => Reason::StorageError,
+            Self::Cold(ColdError::Corrupt { .. }) => Reason::SegmentCorrupt,
+            Self::Cold(ColdError::Missing { .. }) => Reason::SegmentMissing,
+            Self::Cold(ColdError::Store(_)) => Reason::ColdTierUnavailable,
         }
     }
 
@@ -98,6 +106,7 @@ impl CellError {
             Self::RateLimited { retry_after, .. } | Self::RetryLater { retry_after, .. } => {
                 *retry_after
             }
+            Self::Cold(ColdError::Store(_)) => Duration::from_millis(500),
             _ => Duration::ZERO,
         }
     }

@@ -15,6 +15,10 @@
 //! - `migration.copy_stored=abort` — the process dies right after a copied
 //!   chunk is stored, before answering (a crash between two steps of a
 //!   migration's copy phase).
+//! - `tiering.uploaded=abort` — the process dies after a cold segment is
+//!   uploaded and read back, before its manifest entry commits;
+//! - `tiering.committed=abort` — it dies right after the manifest entry
+//!   (and the hot rows' deletion) committed.
 //!
 //! Removing a line (or the file) clears the point.
 

@@ -12,6 +12,8 @@
 //! - [`grpc`] and [`convert`]: the wire surface, thin over the domain.
 //! - [`replication`]: replication mode `sync`, writes stored on the
 //!   standbys before the ack.
+//! - [`cold`]: the cold tier, older history as segments in object
+//!   storage; the tierer that moves it there is `message::tier`.
 //! - [`hwm`]: failover high-water marks, pushed to the standbys in rounds
 //!   and fenced on.
 //! - [`user`]: [`UserKey`], the tenant-scoped user every per-user record
@@ -19,6 +21,7 @@
 //! - [`server`]: starting and stopping a cell; [`config`]: its TOML config.
 
 pub mod clock;
+pub mod cold;
 pub mod config;
 pub mod convert;
 pub mod error;

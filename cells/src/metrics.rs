@@ -3,7 +3,7 @@
 //! the pipeline (outbox and queue lag, fan-out lag), sync (online devices,
 //! push latency, pulls that reported unavailable history), the send path
 //! (idempotent replays, rate-limited requests) and migrations (rows copied
-//! in and out). RPC counts and latencies come from the server's layer.
+//! in and out) and the cold tier (segments written, deleted, corrupt). RPC counts and latencies come from the server's layer.
 
 use std::sync::LazyLock;
 
@@ -43,6 +43,11 @@ pub struct CellMetrics {
     pub rate_limited: Family<ScopeLabel, Counter>,
     pub messages_committed: Counter,
     pub migration_rows: Family<DirectionLabel, Counter>,
+    pub segments_written: Counter,
+    pub messages_tiered: Counter,
+    pub segments_deleted: Counter,
+    pub segments_corrupt: Counter,
+    pub cold_pulls: Counter,
 }
 
 fn size_histogram() -> Histogram {
@@ -103,6 +108,26 @@ static METRICS: LazyLock<CellMetrics> = LazyLock::new(|| CellMetrics {
     pulls_unavailable: counter(
         "cellmesh_pulls_unavailable_history",
         "History pulls whose answer reported unavailable history (the gap rate's numerator).",
+    ),
+    segments_written: counter(
+        "cellmesh_cold_segments_written",
+        "Segments of history moved to the cold tier (manifest committed, hot rows deleted).",
+    ),
+    messages_tiered: counter(
+        "cellmesh_cold_messages_tiered",
+        "Messages moved from the hot tier to cold segments.",
+    ),
+    segments_deleted: counter(
+        "cellmesh_cold_segments_deleted",
+        "Cold segments deleted by retention or swept as orphans.",
+    ),
+    segments_corrupt: counter(
+        "cellmesh_cold_segments_corrupt",
+        "Cold segments whose bytes did not match their manifest checksum (never served).",
+    ),
+    cold_pulls: counter(
+        "cellmesh_cold_pulls",
+        "History pages that read cold segments.",
     ),
     idempotent_replays: counter(
         "cellmesh_idempotent_replays",

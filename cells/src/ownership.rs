@@ -82,6 +82,13 @@ pub trait Ownership: Send + Sync + 'static {
         true
     }
 
+    /// Whether `conversation` of `tenant` is settled here: owned, active,
+    /// no move under way (a standalone cell owns everything for good). Only
+    /// settled history is moved to the cold tier or expired.
+    fn settled(&self, _tenant: u64, _conversation: u64) -> bool {
+        true
+    }
+
     /// Whether a cell registered in the route table is reached at
     /// `address`: the only places this cell pulls copies from (a
     /// standalone cell knows no other cell).

@@ -151,6 +151,15 @@ impl Ownership for Routed {
         })
     }
 
+    fn settled(&self, tenant: u64, conversation: u64) -> bool {
+        let route = self
+            .client
+            .read(|t| t.resolve(&Key::conversation(tenant, conversation)));
+        route.is_some_and(|r| {
+            matches!(r.entry.state, RouteState::Active) && r.entry.cell == self.cell_id
+        })
+    }
+
     fn is_cell_address(&self, address: &str) -> bool {
         self.client
             .read(|t| t.cells.values().any(|c| c.address == address))

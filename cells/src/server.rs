@@ -60,6 +60,8 @@ pub enum StartError {
     Routing(String),
     #[error("cannot serve metrics: {0}")]
     Metrics(String),
+    #[error("cannot open the cold tier: {0}")]
+    ColdTier(String),
 }
 
 /// How a cell learns what it owns and where its users live.
@@ -218,14 +220,24 @@ pub async fn start_placed(
         &config,
         homes.clone(),
     ));
-    let service = Arc::new(MessageService::new(
-        store.clone(),
-        config.clone(),
-        ownership,
-        clock.clone(),
-        replicator,
-        marks.clone(),
-    )?);
+    let cold = match config.tiering.enabled {
+        true => Some(Arc::new(
+            crate::cold::ColdTier::open(&config.tiering, &config.data_dir)
+                .map_err(StartError::ColdTier)?,
+        )),
+        false => None,
+    };
+    let service = Arc::new(
+        MessageService::new(
+            store.clone(),
+            config.clone(),
+            ownership,
+            clock.clone(),
+            replicator,
+            marks.clone(),
+        )?
+        .with_cold(cold),
+    );
     let hub = Arc::new(Hub::new(config.sync.presence_window_secs * 1000));
     let sync = Arc::new(SyncService::new(
         store.clone(),
@@ -309,6 +321,7 @@ pub async fn start_placed(
     );
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let maintenance = tokio::spawn(maintain(service.clone(), hub.clone(), clock));
+    let tierer = tokio::spawn(crate::message::run_tierer(Arc::downgrade(&service)));
     let cleanup = tokio::spawn(clean_moved(
         service.clone(),
         sync.clone(),
@@ -329,6 +342,7 @@ pub async fn start_placed(
             })
             .await;
         maintenance.abort();
+        tierer.abort();
         cleanup.abort();
         if let Some((_, server)) = metrics {
             server.abort();

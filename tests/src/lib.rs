@@ -255,6 +255,7 @@ pub mod deploy;
 pub mod dev;
 pub mod etcd;
 pub mod http;
+pub mod moto;
 pub mod router;
 
 pub mod sync {

@@ -101,6 +101,12 @@ impl CellProcess {
     pub fn kill(&mut self) {
         self.process.kill();
     }
+
+    /// Whether the process has ended on its own (e.g. a fail point's
+    /// abort).
+    pub fn exited(&mut self) -> bool {
+        matches!(self.process.child.try_wait(), Ok(Some(_)))
+    }
 }
 
 /// A control-plane replica running as its own OS process, its admin API on

@@ -102,7 +102,7 @@ impl Messaging for MessagingApi {
 
     async fn pull(&self, request: Request<PullRequest>) -> Reply<PullResponse> {
         let cmd = request.into_inner().try_into()?;
-        Ok(Response::new(self.service.pull(cmd)?))
+        Ok(Response::new(self.service.pull(cmd).await?))
     }
 
     async fn mark_read(&self, request: Request<MarkReadRequest>) -> Reply<MarkReadResponse> {

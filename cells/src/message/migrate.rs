@@ -126,6 +126,14 @@ impl MessageService {
             latest_seq: seq.latest_seq,
             seq_floor: seq.seq_floor,
             checksum,
+            // Cold history goes as its manifest (the objects are shared):
+            // the segments that reach beyond what earlier chunks copied.
+            segments: self
+                .store
+                .segments(conversation)?
+                .into_iter()
+                .filter(|s| s.seq_end > after_seq)
+                .collect(),
         })
     }
 
@@ -250,8 +258,9 @@ impl MessageService {
     }
 
     /// Count and checksum of the messages in `(after_seq, through_seq]`
-    /// (checksums add up, so ranges compose), the latest seq and how many
-    /// rewrites the conversation has seen.
+    /// (checksums add up, so ranges compose; a cold segment wholly inside
+    /// counts by its manifest entry), the latest seq and how many rewrites
+    /// the conversation has seen.
     pub fn digest_conversation(
         &self,
         conversation: u64,
@@ -280,6 +289,15 @@ impl MessageService {
                 break;
             }
             after = last;
+        }
+        // Cold segments count by their manifest entries (the objects are
+        // shared and immutable; both sides hold the same entries).
+        for segment in self.store.segments(conversation)? {
+            if segment.seq_start > after_seq && segment.seq_end <= through_seq {
+                count += u64::from(segment.count);
+                let head = segment.checksum.get(..8).and_then(|b| b.try_into().ok());
+                checksum = checksum.wrapping_add(head.map_or(0, u64::from_be_bytes));
+            }
         }
         Ok(ConversationDigest {
             count,
@@ -316,6 +334,16 @@ impl MessageService {
         }
         let now = self.now_ms();
         let mut m = Mutation::new();
+        // The failed cell's cold history below the floor: its manifest.
+        let below: Vec<_> = chunk
+            .segments
+            .into_iter()
+            .filter(|s| s.seq_end <= floor)
+            .collect();
+        self.adopt_segments(conversation, &below, floor).await?;
+        for segment in &below {
+            m.put_segment(conversation, segment);
+        }
         for message in chunk.messages {
             let Some(mut r) = message.record else {
                 continue;
@@ -512,6 +540,12 @@ impl MessageService {
             m.raise_read_seq(conversation, p.user_id, p.read_seq);
         }
         count_rows("in", chunk.messages.len());
+        self.adopt_segments(conversation, &chunk.segments, u64::MAX)
+            .await?;
+        for segment in &chunk.segments {
+            latest = latest.max(segment.seq_end);
+            m.put_segment(conversation, segment);
+        }
         for message in chunk.messages {
             let Some(r) = message.record else {
                 continue;

@@ -7,6 +7,7 @@
 
 mod cache;
 pub(crate) mod cleanup;
+mod cold_read;
 mod conversation;
 mod inflight;
 mod migrate;
@@ -14,6 +15,7 @@ mod pull;
 mod replica;
 mod send;
 mod tenant;
+mod tier;
 mod update;
 
 use cellmesh_proto::reason::Reason;
@@ -24,6 +26,7 @@ use cellmesh_proto::v1::ConversationKind;
 pub use conversation::{ChangeMembersCommand, CreateCommand, GetConversationCommand};
 pub use pull::PullCommand;
 pub use send::SendCommand;
+pub use tier::{TierReport, run as run_tierer};
 pub use update::{DeleteForMeCommand, EditCommand, MarkReadCommand, RecallCommand};
 
 use crate::clock::Clock;
@@ -73,6 +76,8 @@ pub struct MessageService {
     clock: Arc<dyn Clock>,
     /// Ships the writes of `sync` tenants to the standbys before the ack.
     replicator: Arc<Replicator>,
+    /// Where history older than the hot tier lives (`[tiering]` off: none).
+    cold: Option<Arc<crate::cold::ColdTier>>,
 }
 
 impl MessageService {
@@ -107,7 +112,14 @@ impl MessageService {
             ownership,
             clock,
             replicator,
+            cold: None,
         })
+    }
+
+    /// Reads and writes cold history through `cold`.
+    pub fn with_cold(mut self, cold: Option<Arc<crate::cold::ColdTier>>) -> Self {
+        self.cold = cold;
+        self
     }
 
     /// Whether a cell registered in the route table is reached at `address`.

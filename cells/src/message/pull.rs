@@ -1,6 +1,7 @@
 //! `Pull`: a page of a conversation's history in either direction, as the
 //! caller sees it (recalled and edited messages in their current state,
-//! delete-for-me hidden), with `latest_seq` so the client can detect gaps.
+//! delete-for-me hidden), hot and cold tiers alike, with `latest_seq` so the
+//! client can detect gaps.
 
 use cellmesh_proto::v1::PullResponse;
 
@@ -27,7 +28,7 @@ pub struct PullCommand {
 
 impl MessageService {
     #[tracing::instrument(skip_all, fields(tenant = cmd.caller.tenant, conversation = cmd.conversation, user = cmd.caller.user))]
-    pub fn pull(&self, cmd: PullCommand) -> Result<PullResponse> {
+    pub async fn pull(&self, cmd: PullCommand) -> Result<PullResponse> {
         let route_floor = self
             .ownership
             .check_read(cmd.caller.tenant, cmd.conversation)?;
@@ -45,17 +46,22 @@ impl MessageService {
             (ScanDirection::Backward, 0) => seq.latest_seq.max(floor).saturating_add(1),
             (_, since) => since,
         };
-        let page = self.store.scan_messages(
-            cmd.conversation,
-            cmd.caller.user,
-            from,
-            cmd.direction,
-            limit,
-            PAGE_BYTE_BUDGET,
-        )?;
+        let page = self
+            .page(
+                cmd.conversation,
+                cmd.caller.user,
+                from,
+                cmd.direction,
+                limit,
+                PAGE_BYTE_BUDGET,
+            )
+            .await?;
         // After a failover the history below the floor stays in the failed
         // cell until it is backfilled: say so instead of looking empty.
-        let unavailable_through = if floor == 0 || self.backfilled(cmd.conversation)? {
+        let unavailable_through = if floor == 0
+            || self.backfilled(cmd.conversation)?
+            || self.is_cold(cmd.conversation, floor)?
+        {
             0
         } else if let Some(from) = self.replicated_from(cmd.conversation)? {
             // A `sync` standby holds every acknowledged message from here.

@@ -107,13 +107,14 @@ impl MessageService {
         let _admin = conv.admin.lock().await;
         let _writing = self.writing.read().await;
         self.ownership.check(caller.tenant, conversation, 0)?;
-        let mut record = self
-            .store
-            .message(conversation, seq)?
-            .ok_or(CellError::NotFound {
-                what: "message",
-                id: seq,
-            })?;
+        // A cold message's new state is stored as a hot overlay row.
+        let mut record =
+            self.any_tier_message(conversation, seq)
+                .await?
+                .ok_or(CellError::NotFound {
+                    what: "message",
+                    id: seq,
+                })?;
         if record.sender_id != caller.user {
             return Err(CellError::denied(
                 Reason::NotSender,

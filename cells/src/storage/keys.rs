@@ -47,8 +47,11 @@ pub mod cf {
     /// tenant | conversation → the high-water mark other cells pushed here
     /// (u64, merged with max): the floor of a failover to this cell
     pub const HIGH_WATER_MARKS: &str = "high_water_marks";
+    /// conversation id | seq_start → `SegmentEntry`: the cold tier's
+    /// manifest
+    pub const MANIFEST: &str = "manifest";
 
-    pub const ALL: [&str; 19] = [
+    pub const ALL: [&str; 20] = [
         CONVERSATIONS,
         CONV_SEQ,
         MEMBERS,
@@ -68,6 +71,7 @@ pub mod cf {
         FORWARD,
         QUEUE_ID,
         HIGH_WATER_MARKS,
+        MANIFEST,
     ];
 }
 
@@ -103,6 +107,22 @@ pub mod meta {
     pub fn moved(kind: u8, tenant: u64, id: u64) -> Vec<u8> {
         [MOVED, &[kind], &tenant.to_be_bytes(), &id.to_be_bytes()].concat()
     }
+
+    /// A segment object uploaded for `conversation` at `seq_start` whose
+    /// manifest entry may not have committed (value: when, ms); the entry's
+    /// commit removes it, the sweep deletes the object of one left behind.
+    pub fn tier_pending(conversation: u64, seq_start: u64, object: &str) -> Vec<u8> {
+        [
+            TIER_PENDING,
+            &conversation.to_be_bytes(),
+            &seq_start.to_be_bytes(),
+            object.as_bytes(),
+        ]
+        .concat()
+    }
+
+    /// Prefix of [`tier_pending`] keys.
+    pub const TIER_PENDING: &[u8] = b"tier_pending/";
 
     /// Prefix of [`moved`] keys.
     pub const MOVED: &[u8] = b"moved/";
@@ -233,6 +253,11 @@ pub fn prefixed_by(id: u64) -> (Vec<u8>, Vec<u8>) {
         None => vec![0xff; 9],
     };
     (id.to_be_bytes().to_vec(), to)
+}
+
+/// The u64 a key starts with.
+pub fn first_u64(key: &[u8]) -> Option<u64> {
+    decode_u64(key.get(..8)?)
 }
 
 /// The trailing u64 of a key (seq in `messages`/`hidden`, user in `members`).

@@ -6,6 +6,7 @@
 mod commit;
 mod format;
 pub mod keys;
+mod manifest;
 mod marks;
 pub mod moved;
 mod options;
@@ -27,6 +28,7 @@ use rocksdb::{ColumnFamily, DB, Direction, IteratorMode, ReadOptions};
 use commit::Lane;
 pub use commit::{CommitSlot, CommitStats, CommitTicket, Written};
 pub use keys::IdemKind;
+pub use manifest::PendingUpload;
 pub use marks::Mark;
 pub use scan::{ScanDirection, ScanPage, visible};
 
@@ -182,6 +184,14 @@ impl Store {
     /// feature).
     pub fn failpoints(&self) -> &Arc<FailPoints> {
         &self.failpoints
+    }
+
+    /// Flushes and compacts the message column family (benchmarks measure
+    /// the disk a tiering pass gives back).
+    pub fn compact(&self) {
+        let _ = self.db.flush();
+        self.db
+            .compact_range_cf(self.cf(cf::MESSAGES), None::<&[u8]>, None::<&[u8]>);
     }
 
     /// Stops accepting writes, waits for queued ones and flushes memtables.

@@ -28,11 +28,12 @@ impl Mutation {
         self.ops.push(Op::Delete(cf::META, key));
     }
 
-    /// Drops a conversation's history, read positions and hidden marks;
+    /// Drops a conversation's history (hot rows and cold manifest; the
+    /// objects are the new owner's), read positions and hidden marks;
     /// its record and members stay (a standby's copy, tenant listings).
     pub fn drop_history(&mut self, conversation: u64) {
         let (from, to) = keys::prefixed_by(conversation);
-        for name in [cf::MESSAGES, cf::READ_STATE, cf::HIDDEN] {
+        for name in [cf::MESSAGES, cf::READ_STATE, cf::HIDDEN, cf::MANIFEST] {
             self.ops
                 .push(Op::DeleteRange(name, from.clone(), to.clone()));
         }

@@ -28,19 +28,23 @@ pub struct ScanPage {
 
 impl Store {
     /// Up to `limit` messages of `conversation` strictly beyond `from` in
-    /// `direction`, skipping those `viewer` deleted for themselves or may not
-    /// see (directed to others); the page
-    /// ends early once its bodies reach `byte_budget` bytes.
+    /// `direction` and above seq `above` (below it the hot rows are overlays
+    /// of cold history), skipping those `viewer` deleted for themselves or
+    /// may not see (directed to others); the page ends early once its
+    /// bodies reach `byte_budget` bytes.
+    #[allow(clippy::too_many_arguments)]
     pub fn scan_messages(
         &self,
         conversation: u64,
         viewer: u64,
         from: u64,
+        above: u64,
         direction: ScanDirection,
         limit: usize,
         byte_budget: usize,
     ) -> Result<ScanPage> {
-        let mut messages = self.bounded_iter(cf::MESSAGES, conversation_bounds(conversation));
+        let mut messages =
+            self.bounded_iter(cf::MESSAGES, conversation_bounds(conversation, above));
         let mut hidden = self.bounded_iter(cf::HIDDEN, hidden_bounds(conversation, viewer));
         match direction {
             ScanDirection::Forward => {
@@ -112,7 +116,7 @@ impl Store {
         Ok(out)
     }
 
-    fn bounded_iter(
+    pub(super) fn bounded_iter(
         &self,
         name: &'static str,
         (lower, upper): (Vec<u8>, Vec<u8>),
@@ -146,9 +150,9 @@ fn is_hidden(hidden: &mut DBRawIterator<'_>, seq: u64, direction: ScanDirection)
     false
 }
 
-fn conversation_bounds(conversation: u64) -> (Vec<u8>, Vec<u8>) {
+fn conversation_bounds(conversation: u64, above: u64) -> (Vec<u8>, Vec<u8>) {
     (
-        keys::conv_item(conversation, 0).to_vec(),
+        keys::conv_item(conversation, above.saturating_add(1)).to_vec(),
         keys::conv_item(conversation, u64::MAX).to_vec(),
     )
 }

@@ -141,6 +141,7 @@ impl SyncService {
                     id,
                     caller.user,
                     seq.latest_seq.saturating_add(1),
+                    0,
                     ScanDirection::Backward,
                     1,
                     usize::MAX,

@@ -76,6 +76,11 @@ pub struct DevArgs {
     /// 20%).
     #[arg(long, default_value_t = 0.05)]
     trace_ratio: f64,
+    /// Keep only each conversation's newest N messages hot and run the
+    /// tierer every second (default: the cell defaults, 10,000 messages or
+    /// 30 days, every minute).
+    #[arg(long, value_name = "N")]
+    hot_messages: Option<u64>,
 }
 
 fn parse_mode(text: &str) -> Result<ReplicationMode, String> {
@@ -225,6 +230,13 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             config.routing.cluster_secret = secrets.cluster.clone();
             config.routing.links = topo.links_from(r);
             config.routing.etcd_endpoints = etcd_endpoints.clone();
+            // One directory stands for the object store all cells share, so
+            // moves hand cold history over by its manifest.
+            config.tiering.local_dir = data.join("cold");
+            if let Some(n) = args.hot_messages {
+                config.tiering.hot_messages_per_conversation = n;
+                config.tiering.interval_ms = 1_000;
+            }
             config.replication.mode = args.replication;
             let other = match args.replication {
                 ReplicationMode::Async => ReplicationMode::Sync,

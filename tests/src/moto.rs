@@ -1,0 +1,73 @@
+//! A real S3 API for the cold tier's tests: `moto_server` (PyPI moto) on a
+//! free loopback port with one bucket; killed on drop.
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::free_port;
+
+pub struct Moto {
+    /// `http://127.0.0.1:PORT`
+    pub endpoint: String,
+    pub bucket: String,
+    child: Child,
+}
+
+impl Moto {
+    /// Starts the server and creates `bucket`.
+    pub async fn start(bucket: &str) -> Self {
+        let port = free_port();
+        let child = Command::new("moto_server")
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("moto_server (scripts/test.sh installs PyPI moto[server])");
+        let moto = Self {
+            endpoint: format!("http://127.0.0.1:{port}"),
+            bucket: bucket.to_string(),
+            child,
+        };
+        // moto accepts unsigned requests: a plain PUT creates the bucket.
+        let created = crate::eventually(Duration::from_secs(30), || async move {
+            request(port, &format!("PUT /{bucket} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"))
+                .await
+                .is_some_and(|code| code == 200)
+        })
+        .await;
+        assert!(created, "moto_server did not come up");
+        moto
+    }
+
+    /// Configures `config`'s cold tier to use this bucket.
+    pub fn configure(&self, config: &mut cellmesh_cell::CellConfig) {
+        let t = &mut config.tiering;
+        t.store = cellmesh_cell::cold::TierStore::S3;
+        t.s3.bucket = self.bucket.clone();
+        t.s3.endpoint = self.endpoint.clone();
+        t.s3.region = "us-east-1".into();
+        t.s3.access_key_id = "testing".into();
+        t.s3.secret_access_key = "testing".into();
+        t.s3.allow_http = true;
+        t.s3.prefix = "cells".into();
+    }
+}
+
+async fn request(port: u16, text: &str) -> Option<u16> {
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    stream.write_all(text.as_bytes()).await.ok()?;
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).await.ok()?;
+    reply.split_whitespace().nth(1)?.parse().ok()
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
