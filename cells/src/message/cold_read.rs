@@ -237,10 +237,6 @@ fn remaining(page: &ScanPage, limit: usize, byte_budget: usize) -> Budget {
     let bytes: usize = page.messages.iter().map(|(_, m)| m.body.len()).sum();
     Budget {
         limit: limit.saturating_sub(page.messages.len()),
-        bytes: if bytes >= byte_budget {
-            0
-        } else {
-            byte_budget - bytes
-        },
+        bytes: byte_budget.saturating_sub(bytes),
     }
 }

@@ -1,0 +1,119 @@
+//! Cold history between cells: a tenant move and a failover backfill hand
+//! a conversation's segments over by its manifest (the cells share the
+//! bucket), copying only its hot tail, and the new owner serves the cold
+//! pages afterwards.
+
+use std::path::Path;
+use std::time::Duration;
+
+use cellmesh_cell::CellConfig;
+use cellmesh_control_plane::migration::{MigrationOptions, Migrator};
+use cellmesh_proto::secret::ClusterSecret;
+use cellmesh_route_client::table::Key;
+use cellmesh_tests::deploy::*;
+use cellmesh_tests::eventually;
+use cellmesh_tests::router::SECRET;
+
+const SOURCE: &str = "eu-west/c1";
+const TARGET: &str = "us-east/c1";
+
+/// Both cells tier into one directory (the region's bucket): all but each
+/// conversation's newest 10 messages, in segments of 25, when asked.
+fn sharing(dir: &Path) -> impl Fn(&mut CellConfig) + Clone {
+    let dir = dir.to_path_buf();
+    move |c: &mut CellConfig| {
+        let t = &mut c.tiering;
+        t.enabled = true;
+        t.hot_messages_per_conversation = 10;
+        t.segment_max_messages = 25;
+        t.interval_ms = 3_600_000;
+        t.local_dir = dir.clone();
+    }
+}
+
+/// A conversation of tenant 1 with 60 messages, 50 of them tiered on the
+/// source; its history as read through the edge.
+async fn tiered_conversation(d: &Deployment) -> (u64, Vec<cellmesh_chaos::history::Stored>) {
+    let alice = token(1, 10);
+    let mut m = messaging(&d.edge).await;
+    let conv = create_via_edge(&mut m, &alice, vec![11]).await;
+    for i in 0..60 {
+        m.send(authed(text(conv, &format!("m-{i}")), &alice))
+            .await
+            .unwrap();
+    }
+    let report = d.cells[0].cell.service.tier_once().await.unwrap();
+    assert_eq!((report.segments_written, report.messages_tiered), (2, 50));
+    let history = history_via_edge(&mut m, &alice, conv).await;
+    assert_eq!(history.len(), 60);
+    (conv, history)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_move_hands_cold_history_over_by_its_manifest() {
+    let cold = tempfile::tempdir().unwrap();
+    let d = deploy_with(None, sharing(cold.path())).await;
+    let (conv, before) = tiered_conversation(&d).await;
+    let routes = d.cluster.client().await;
+    let migrator = Migrator::new(
+        routes.clone(),
+        ClusterSecret::new(SECRET),
+        MigrationOptions::default(),
+    );
+    migrator
+        .migrate_tenant(1, TARGET, 4, |_| {})
+        .await
+        .expect("tenant move succeeds");
+    let target = d.cells[1].cell.service.store();
+    assert_eq!(
+        target.segments(conv).unwrap().len(),
+        2,
+        "the manifest moved"
+    );
+    assert!(
+        target.message(conv, 1).unwrap().is_none(),
+        "cold messages are not copied into the target's hot tier"
+    );
+    assert!(target.message(conv, 60).unwrap().is_some());
+    let mut m = messaging(&d.edge).await;
+    assert_eq!(history_via_edge(&mut m, &token(1, 10), conv).await, before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_backfill_adopts_the_failed_cells_cold_history() {
+    let cold = tempfile::tempdir().unwrap();
+    let tune = sharing(cold.path());
+    let mut d = deploy_with(None, tune.clone()).await;
+    let routes = d.cluster.client().await;
+    let cp = fast_control_plane(d.cluster.endpoints()).await;
+    let (conv, before) = tiered_conversation(&d).await;
+    wait_for_checkpoint(&routes, conv, 60, Duration::from_secs(10)).await;
+
+    let dead_dir = d.cells.remove(0).stop().await;
+    let failed_over = eventually(Duration::from_secs(30), || {
+        let moved = routes.read(|t| {
+            t.resolve(&Key::conversation(1, conv))
+                .is_some_and(|r| r.entry.cell == TARGET)
+        });
+        async move { moved }
+    })
+    .await;
+    assert!(failed_over, "no failover");
+    let returned =
+        cellmesh_tests::TestCell::start_routed_with(SOURCE, d.cluster.endpoints(), dead_dir, tune)
+            .await;
+    wait_for_backfill(&cp, SOURCE, Duration::from_secs(30)).await;
+    let owner = d.cells[0].cell.service.store();
+    assert_eq!(
+        owner.segments(conv).unwrap().len(),
+        2,
+        "the manifest came over"
+    );
+    assert!(owner.message(conv, 1).unwrap().is_none());
+    let mut m = messaging(&d.edge).await;
+    let page = pull_via_edge(&mut m, &token(1, 10), conv).await;
+    assert_eq!(page.unavailable_through, 0, "history is complete again");
+    assert_eq!(history_via_edge(&mut m, &token(1, 10), conv).await, before);
+    drop(returned);
+    cp.stop();
+}
