@@ -104,6 +104,7 @@ pub async fn run(args: PullArgs) -> anyhow::Result<()> {
     let db = dir.path().join("db");
     cell.service.store().compact();
     let disk_before = du(&db);
+    let hot_before = cell.service.store().message_bytes();
     let mut tier_secs = 0.0;
     if args.tier == Tier::Cold {
         let started = Instant::now();
@@ -116,6 +117,7 @@ pub async fn run(args: PullArgs) -> anyhow::Result<()> {
         cell.service.store().compact();
     }
     let disk_after = du(&db);
+    let hot_after = cell.service.store().message_bytes();
     let cold_bytes = du(&dir.path().join("cold"));
 
     let below = match args.tier {
@@ -141,6 +143,8 @@ pub async fn run(args: PullArgs) -> anyhow::Result<()> {
         .param("cache_segments", args.cache_segments as u64)
         .param("rocksdb_bytes_before_tiering", disk_before)
         .param("rocksdb_bytes_after_tiering", disk_after)
+        .param("message_sst_bytes_before_tiering", hot_before)
+        .param("message_sst_bytes_after_tiering", hot_after)
         .param("cold_dir_bytes", cold_bytes)
         .param("tiering_s", tier_secs);
     report.print();
@@ -179,7 +183,13 @@ async fn fill(endpoint: &str, args: &PullArgs) -> anyhow::Result<Vec<u64>> {
         tasks.push(tokio::spawn(async move {
             for conv in chunk {
                 for n in 0..messages {
-                    let body = format!("message {n} of conversation {conv}: {}", "x".repeat(120));
+                    let noise: String = {
+                        let mut rng = rand::rng();
+                        (0..120)
+                            .map(|_| rng.random_range(b'a'..=b'z') as char)
+                            .collect()
+                    };
+                    let body = format!("message {n} of conversation {conv}: {noise}");
                     let req = send_request(
                         TENANT,
                         1,
@@ -268,7 +278,7 @@ async fn read(
     Ok((histogram, pages, errors, started.elapsed()))
 }
 
-/// Bytes of the files under `dir`.
+/// Bytes of the files under `dir` (the data dir: WAL included).
 fn du(dir: &Path) -> u64 {
     std::fs::read_dir(dir)
         .into_iter()

@@ -194,6 +194,16 @@ impl Store {
             .compact_range_cf(self.cf(cf::MESSAGES), None::<&[u8]>, None::<&[u8]>);
     }
 
+    /// Bytes of the message column family's SST files (the hot tier on
+    /// disk, after a flush).
+    pub fn message_bytes(&self) -> u64 {
+        self.db
+            .property_int_value_cf(self.cf(cf::MESSAGES), "rocksdb.total-sst-files-size")
+            .ok()
+            .flatten()
+            .unwrap_or(0)
+    }
+
     /// Stops accepting writes, waits for queued ones and flushes memtables.
     pub fn close(&self) {
         self.committer.stop();
