@@ -8,6 +8,7 @@
 #   scripts/bench-tenant-move.sh [CONVERSATIONS=10000] [MESSAGES=10] [LATENCY=20ms] [OUT=data/bench-tenant-move]
 #   PROFILE=release scripts/bench-tenant-move.sh 100000   # optimised build
 #   PARALLEL=16 scripts/bench-tenant-move.sh            # copies in flight (default 8)
+#   HOT_MESSAGES=2 SETTLE=15s scripts/bench-tenant-move.sh 1000 20   # most history cold before the move
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/common.sh
@@ -22,7 +23,9 @@ bin="$BIN"
 
 rm -rf "$out" && mkdir -p "$out"
 trap stop_dev EXIT
-start_dev "$bin" "$out/dev" --base-port 23000 --latency "$latency"
+tiering=()
+[ -z "${HOT_MESSAGES:-}" ] || tiering=(--hot-messages "$HOT_MESSAGES")
+start_dev "$bin" "$out/dev" --base-port 23000 --latency "$latency" "${tiering[@]}"
 
 "$bin" bench tenant-move --dev "$out/dev" --conversations "$conversations" \
-  --messages "$messages" --members 2 --parallel "${PARALLEL:-8}" --json "$out/tenant-move.json"
+  --messages "$messages" --members 2 --parallel "${PARALLEL:-8}" --settle "${SETTLE:-0s}" --json "$out/tenant-move.json"

@@ -227,6 +227,19 @@ impl MessageService {
         Ok(())
     }
 
+    /// The messages of one of `conversation`'s segments (none without a
+    /// cold tier: [`adopt_segments`](Self::adopt_segments) refused those).
+    pub(crate) async fn segment_messages(
+        &self,
+        conversation: u64,
+        entry: &SegmentEntry,
+    ) -> Result<crate::cold::Messages> {
+        match &self.cold {
+            Some(cold) => Ok(cold.read(conversation, entry).await?),
+            None => Ok(Default::default()),
+        }
+    }
+
     /// Whether `seq` of `conversation` is held in the cold tier.
     pub(crate) fn is_cold(&self, conversation: u64, seq: u64) -> Result<bool, CellError> {
         Ok(self.cold.is_some() && seq > 0 && seq <= self.store.cold_through(conversation)?)

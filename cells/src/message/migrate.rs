@@ -542,16 +542,9 @@ impl MessageService {
         count_rows("in", chunk.messages.len());
         self.adopt_segments(conversation, &chunk.segments, u64::MAX)
             .await?;
-        for segment in &chunk.segments {
-            latest = latest.max(segment.seq_end);
-            m.put_segment(conversation, segment);
-        }
-        for message in chunk.messages {
-            let Some(r) = message.record else {
-                continue;
-            };
-            latest = latest.max(message.seq);
-            let expires = r.server_ts_ms + self.config.idempotency.ttl_secs * 1000;
+        let ttl_ms = self.config.idempotency.ttl_secs * 1000;
+        let answer_for = |m: &mut Mutation, seq: u64, r: &MessageRecord| {
+            let expires = r.server_ts_ms + ttl_ms;
             if !r.client_req_id.is_empty() && expires > now {
                 let key = IdemKey {
                     kind: IdemKind::Send,
@@ -559,17 +552,26 @@ impl MessageService {
                     user: r.sender_id,
                     client_req_id: r.client_req_id.clone(),
                 };
-                m.put_idempotency(
-                    &key,
-                    &IdempotencyRecord {
-                        conversation_id: conversation,
-                        msg_id: r.msg_id,
-                        seq: message.seq,
-                        server_ts_ms: r.server_ts_ms,
-                        expires_at_ms: expires,
-                    },
-                );
+                m.put_idempotency(&key, &answer(conversation, seq, r, expires));
             }
+        };
+        for segment in &chunk.segments {
+            latest = latest.max(segment.seq_end);
+            m.put_segment(conversation, segment);
+            // Requests answered recently enough to be re-sent keep their
+            // answer here even when their message is already cold.
+            if segment.last_ts_ms + ttl_ms > now {
+                for (seq, r) in self.segment_messages(conversation, segment).await?.iter() {
+                    answer_for(&mut m, *seq, r);
+                }
+            }
+        }
+        for message in chunk.messages {
+            let Some(r) = message.record else {
+                continue;
+            };
+            latest = latest.max(message.seq);
+            answer_for(&mut m, message.seq, &r);
             m.put_message(conversation, message.seq, &r);
         }
         m.put_conv_seq(

@@ -77,6 +77,57 @@ async fn a_tenant_move_hands_cold_history_over_by_its_manifest() {
     assert!(target.message(conv, 60).unwrap().is_some());
     let mut m = messaging(&d.edge).await;
     assert_eq!(history_via_edge(&mut m, &token(1, 10), conv).await, before);
+    // A re-send of a request whose message is cold gets its first answer.
+    let again = m
+        .send(authed(text(conv, "m-3"), &token(1, 10)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(again.seq, before[3].seq);
+    assert_eq!(history_via_edge(&mut m, &token(1, 10), conv).await, before);
+}
+
+/// A conversation moved alone hands its manifest over too, and requests
+/// answered within the idempotency TTL keep their answers on the target
+/// though their messages are cold (here the target is the source's standby
+/// and holds the replicated answers; another target rebuilds them from the
+/// recent segments it adopts).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conversation_move_keeps_the_answers_of_requests_whose_messages_are_cold() {
+    let cold = tempfile::tempdir().unwrap();
+    let d = deploy_with(None, sharing(cold.path())).await;
+    let (conv, before) = tiered_conversation(&d).await;
+    let routes = d.cluster.client().await;
+    let migrator = Migrator::new(
+        routes.clone(),
+        ClusterSecret::new(SECRET),
+        MigrationOptions::default(),
+    );
+    migrator
+        .migrate_conversation(1, conv, TARGET, |_| {})
+        .await
+        .expect("conversation move succeeds");
+    assert_eq!(
+        d.cells[1]
+            .cell
+            .service
+            .store()
+            .segments(conv)
+            .unwrap()
+            .len(),
+        2
+    );
+    let mut m = messaging(&d.edge).await;
+    let again = m
+        .send(authed(text(conv, "m-3"), &token(1, 10)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        again.seq, before[3].seq,
+        "the first answer, not a new message"
+    );
+    assert_eq!(history_via_edge(&mut m, &token(1, 10), conv).await, before);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
