@@ -125,6 +125,40 @@ impl ColdTier {
             .map_err(|e| ColdError::Store(e.to_string()))
     }
 
+    /// The bytes of the segment `entry` names, checked against its
+    /// checksum (to hand to a cell with another bucket).
+    pub async fn segment_bytes(
+        &self,
+        conversation: u64,
+        entry: &SegmentEntry,
+    ) -> Result<bytes::Bytes, ColdError> {
+        let bytes = self.fetch(&entry.key).await?;
+        segment::decode(&bytes, &entry.checksum, conversation).map_err(|fault| {
+            ColdError::Corrupt {
+                key: entry.key.clone(),
+                fault,
+            }
+        })?;
+        Ok(bytes)
+    }
+
+    /// Stores a segment another cell handed over, after checking it is the
+    /// one `entry` names.
+    pub async fn store_copy(
+        &self,
+        conversation: u64,
+        entry: &SegmentEntry,
+        bytes: Vec<u8>,
+    ) -> Result<(), ColdError> {
+        segment::decode(&bytes, &entry.checksum, conversation).map_err(|fault| {
+            ColdError::Corrupt {
+                key: entry.key.clone(),
+                fault,
+            }
+        })?;
+        self.put(&entry.key, bytes).await
+    }
+
     /// The messages of the segment `entry` names in `conversation`,
     /// checked against its checksum (a decoded segment is cached).
     pub async fn read(

@@ -2,6 +2,7 @@
 
 mod messaging;
 mod peer;
+mod segments;
 mod sync;
 
 pub use messaging::MessagingApi;

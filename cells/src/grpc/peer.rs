@@ -193,6 +193,17 @@ impl CellPeer for PeerApi {
         )?))
     }
 
+    async fn fetch_segment(
+        &self,
+        request: Request<FetchSegmentRequest>,
+    ) -> Result<Response<FetchSegmentResponse>, Status> {
+        let r = request.into_inner();
+        let data = (self.service)
+            .export_segment(r.tenant_id, r.conversation_id, &r.key)
+            .await?;
+        Ok(Response::new(FetchSegmentResponse { data }))
+    }
+
     async fn seal_conversation(
         &self,
         request: Request<SealRequest>,
@@ -505,7 +516,18 @@ impl CellPeer for PeerApi {
             let bytes = prost::Message::encoded_len(&chunk) as u64;
             let last = chunk.messages.last().map_or(item.after_seq, |m| m.seq);
             let id = item.conversation_id;
+            let mut source = source.clone();
             async move {
+                let (service, secret) = (&self.service, &self.secret);
+                super::segments::fetch_missing(
+                    service,
+                    secret,
+                    &mut source,
+                    r.tenant_id,
+                    id,
+                    &chunk.segments,
+                )
+                .await?;
                 self.service.import_chunk(r.tenant_id, id, chunk).await?;
                 Ok::<_, CellError>(Copied {
                     id,
@@ -700,6 +722,7 @@ impl CellPeer for PeerApi {
     ) -> Result<Response<CopyResponse>, Status> {
         let r = request.into_inner();
         let mut source = self.source(&r.source_address).await?;
+        let mut segment_source = source.clone();
         let chunk = if r.chunk == 0 { DEFAULT_CHUNK } else { r.chunk };
         // The next chunk is fetched while this one is stored.
         let (tx, mut chunks) = tokio::sync::mpsc::channel(2);
@@ -755,6 +778,15 @@ impl CellPeer for PeerApi {
             bytes += prost::Message::encoded_len(&exported) as u64;
             let n = exported.messages.len() as u64;
             let last = exported.messages.last().map(|m| m.seq);
+            super::segments::fetch_missing(
+                &self.service,
+                &self.secret,
+                &mut segment_source,
+                r.tenant_id,
+                r.conversation_id,
+                &exported.segments,
+            )
+            .await?;
             if r.backfill {
                 self.service
                     .backfill_chunk(r.tenant_id, r.conversation_id, exported)

@@ -187,6 +187,66 @@ impl MessageService {
             .map(|at| messages[at].1.clone()))
     }
 
+    /// The bytes of `key`, a segment of `conversation` of `tenant` named by
+    /// its manifest here (source side of a copy to another bucket).
+    pub async fn export_segment(
+        &self,
+        tenant: u64,
+        conversation: u64,
+        key: &str,
+    ) -> Result<Vec<u8>> {
+        let owned = self
+            .store
+            .conversation(conversation)?
+            .is_some_and(|c| c.tenant_id == tenant);
+        let entry = match owned {
+            true => self
+                .store
+                .segments(conversation)?
+                .into_iter()
+                .find(|e| e.key == key),
+            false => None,
+        };
+        let (Some(cold), Some(entry)) = (&self.cold, entry) else {
+            return Err(CellError::invalid(
+                cellmesh_proto::reason::Reason::SegmentMissing,
+                format!("conversation {conversation} of tenant {tenant} has no segment {key} here"),
+            ));
+        };
+        Ok(cold.segment_bytes(conversation, &entry).await?.to_vec())
+    }
+
+    /// The segments of `chunk` this cell's cold tier does not hold (a
+    /// target whose bucket is not the source's copies them first).
+    pub async fn segments_to_fetch(
+        &self,
+        chunk_segments: &[SegmentEntry],
+    ) -> Result<Vec<SegmentEntry>> {
+        let Some(cold) = &self.cold else {
+            return Ok(Vec::new());
+        };
+        let mut missing = Vec::new();
+        for entry in chunk_segments {
+            if cold.size_of(&entry.key).await? != Some(entry.size) {
+                missing.push(entry.clone());
+            }
+        }
+        Ok(missing)
+    }
+
+    /// Stores a segment copied from another cell.
+    pub async fn store_segment_copy(
+        &self,
+        conversation: u64,
+        entry: &SegmentEntry,
+        bytes: Vec<u8>,
+    ) -> Result<()> {
+        match &self.cold {
+            Some(cold) => Ok(cold.store_copy(conversation, entry, bytes).await?),
+            None => Ok(()),
+        }
+    }
+
     /// Checks that this cell's cold tier holds the objects of `segments`
     /// (handed over by a move or backfill), each at most `through`: cells
     /// that exchange history share the region's bucket.

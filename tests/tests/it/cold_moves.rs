@@ -1,7 +1,8 @@
 //! Cold history between cells: a tenant move and a failover backfill hand
-//! a conversation's segments over by its manifest (the cells share the
-//! bucket), copying only its hot tail, and the new owner serves the cold
-//! pages afterwards.
+//! a conversation's segments over by its manifest (cells that share the
+//! bucket copy only the hot tail; a target with a bucket of its own copies
+//! the segment objects first), and the new owner serves the cold pages
+//! afterwards.
 
 use std::path::Path;
 use std::time::Duration;
@@ -17,17 +18,22 @@ use cellmesh_tests::router::SECRET;
 const SOURCE: &str = "eu-west/c1";
 const TARGET: &str = "us-east/c1";
 
-/// Both cells tier into one directory (the region's bucket): all but each
-/// conversation's newest 10 messages, in segments of 25, when asked.
+/// Each cell tiers into a directory of its own (a bucket each): all but
+/// each conversation's newest 10 messages, in segments of 25, when asked.
+fn tiered(c: &mut CellConfig) {
+    let t = &mut c.tiering;
+    t.enabled = true;
+    t.hot_messages_per_conversation = 10;
+    t.segment_max_messages = 25;
+    t.interval_ms = 3_600_000;
+}
+
+/// [`tiered`], both cells into one directory (the region's bucket).
 fn sharing(dir: &Path) -> impl Fn(&mut CellConfig) + Clone {
     let dir = dir.to_path_buf();
     move |c: &mut CellConfig| {
-        let t = &mut c.tiering;
-        t.enabled = true;
-        t.hot_messages_per_conversation = 10;
-        t.segment_max_messages = 25;
-        t.interval_ms = 3_600_000;
-        t.local_dir = dir.clone();
+        tiered(c);
+        c.tiering.local_dir = dir.clone();
     }
 }
 
@@ -84,6 +90,35 @@ async fn a_tenant_move_hands_cold_history_over_by_its_manifest() {
         .unwrap()
         .into_inner();
     assert_eq!(again.seq, before[3].seq);
+    assert_eq!(history_via_edge(&mut m, &token(1, 10), conv).await, before);
+}
+
+/// Cells with buckets of their own: the target copies the segments the
+/// handed-over manifest names from the source, checked, before it stores
+/// the manifest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_between_buckets_copies_the_segments() {
+    let d = deploy_with(None, tiered).await;
+    let (conv, before) = tiered_conversation(&d).await;
+    let routes = d.cluster.client().await;
+    let migrator = Migrator::new(
+        routes.clone(),
+        ClusterSecret::new(SECRET),
+        MigrationOptions::default(),
+    );
+    migrator
+        .migrate_tenant(1, TARGET, 4, |_| {})
+        .await
+        .expect("tenant move succeeds");
+    let target_dir = d.cells[1].dir.path().join("cold");
+    let copied = std::fs::read_dir(target_dir.join("segments/t1"))
+        .map(|conversations| conversations.flatten().count())
+        .unwrap_or(0);
+    assert_eq!(
+        copied, 1,
+        "the conversation's segments are in the target's bucket"
+    );
+    let mut m = messaging(&d.edge).await;
     assert_eq!(history_via_edge(&mut m, &token(1, 10), conv).await, before);
 }
 
