@@ -26,9 +26,10 @@ pub struct TestCell {
     pub dir: TempDir,
 }
 
-/// A config for tests: port 0 under `dir`, generous rate limits, and an
-/// instance id of its own (message ids are unique across cells only when
-/// their instance ids differ, as in a deployment).
+/// A config for tests: port 0 under `dir`, generous rate limits, no
+/// background tiering pass, and an instance id of its own (message ids are
+/// unique across cells only when their instance ids differ, as in a
+/// deployment).
 pub fn test_config(dir: &Path) -> CellConfig {
     static NEXT_INSTANCE: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
     let n = NEXT_INSTANCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -44,6 +45,10 @@ pub fn test_config(dir: &Path) -> CellConfig {
     config.rate_limit.user_burst = 100_000;
     config.rate_limit.conversation_per_sec = 100_000;
     config.rate_limit.conversation_burst = 100_000;
+    // History moves to the cold tier only when a test asks (`tier_once`),
+    // not at whatever moment a background pass comes round: a test that
+    // reads a copy through the export sees all of it hot.
+    config.tiering.interval_ms = 3_600_000;
     config
 }
 

@@ -364,18 +364,24 @@ async fn a_cell_killed_between_upload_commit_and_delete_loses_and_duplicates_not
         1,
         "one segment uploaded, then the crash"
     );
-    let mut cell = CellProcess::start_configured(dir.path(), &config).await;
+    let mut watched = config.clone();
+    let metrics: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    watched.metrics_listen = metrics.to_string();
+    let mut cell = CellProcess::start_configured(dir.path(), &watched).await;
     let mut c = connect(&cell.endpoint).await;
     let mut expected: Vec<String> = (1..=60).map(|i| format!("k message {i}")).collect();
     let all = pull_pages(&mut c, T, 1, conv, Direction::Forward, 13).await;
     assert_eq!(bodies(&all), expected);
-    // The restarted tierer does the job (no fail point now): two segments.
-    let tiered_all = eventually(Duration::from_secs(30), || {
-        let files = segment_files(&cold).len();
-        async move { files == 2 }
+    // The restarted tierer does the job (no fail point now): two segments
+    // committed.
+    let tiered_all = eventually(Duration::from_secs(30), || async move {
+        cellmesh_tests::http::get(metrics, "/metrics")
+            .await
+            .is_ok_and(|(_, text)| text.contains("cellmesh_cold_segments_written_total 2"))
     })
     .await;
     assert!(tiered_all, "segments: {:?}", segment_files(&cold));
+    assert_eq!(segment_files(&cold).len(), 2);
     cell.kill();
 
     // Killed right after a commit: the segment is whole and its hot rows
