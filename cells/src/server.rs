@@ -332,6 +332,7 @@ pub async fn start_placed(
             .layer(cellmesh_telemetry::server::ServerLayer)
             .add_service(standard.health)
             .add_service(standard.reflection)
+            .add_service(standard.reflection_v1alpha)
             .add_service(messaging)
             .add_service(sync_api)
             .add_service(peer_api)

@@ -198,6 +198,7 @@ pub async fn start(config: EdgeConfig) -> Result<RunningEdge, EdgeError> {
             .layer(cellmesh_telemetry::server::ServerLayer)
             .add_service(standard.health)
             .add_service(standard.reflection)
+            .add_service(standard.reflection_v1alpha)
             .add_service(messaging)
             .add_service(sync)
             .serve_with_incoming_shutdown(cellmesh_proto::server::incoming(listener), async {

@@ -18,9 +18,12 @@ use tonic::transport::server::{Connected, TcpConnectInfo};
 use tonic_health::server::{HealthReporter, health_reporter};
 
 /// Health and reflection services, with `S` reported as serving.
-pub struct StandardServices<H, R> {
+/// Reflection is served as `v1` and as `v1alpha` (what standard clients
+/// such as Python's grpcio-reflection speak).
+pub struct StandardServices<H, R, A> {
     pub health: H,
     pub reflection: R,
+    pub reflection_v1alpha: A,
     pub reporter: HealthReporter,
 }
 
@@ -31,18 +34,23 @@ pub async fn standard_services<S: NamedService>() -> Result<
         tonic_reflection::server::v1::ServerReflectionServer<
             impl tonic_reflection::server::v1::ServerReflection,
         >,
+        tonic_reflection::server::v1alpha::ServerReflectionServer<
+            impl tonic_reflection::server::v1alpha::ServerReflection,
+        >,
     >,
     tonic_reflection::server::Error,
 > {
     let (reporter, health) = health_reporter();
     reporter.set_serving::<S>().await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(crate::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()?;
+    let builder = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(crate::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
     Ok(StandardServices {
         health,
-        reflection,
+        reflection: builder().build_v1()?,
+        reflection_v1alpha: builder().build_v1alpha()?,
         reporter,
     })
 }

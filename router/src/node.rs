@@ -172,6 +172,7 @@ pub async fn start(config: RouterConfig) -> Result<RunningRouter, StartError> {
                 .layer(cellmesh_telemetry::server::ServerLayer)
                 .add_service(std.health)
                 .add_service(std.reflection)
+                .add_service(std.reflection_v1alpha)
                 .add_service(routing)
                 .serve_with_incoming_shutdown(
                     cellmesh_proto::server::incoming(api_listener),

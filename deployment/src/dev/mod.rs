@@ -107,20 +107,40 @@ fn random_secret() -> String {
 fn secrets(data_dir: &Path) -> anyhow::Result<Secrets> {
     let path = data_dir.join("secrets.json");
     if let Ok(text) = std::fs::read_to_string(&path) {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
         return Ok(serde_json::from_str(&text)?);
     }
     let s = Secrets {
         cluster: random_secret(),
         token: random_secret(),
     };
-    std::fs::write(&path, serde_json::to_string_pretty(&s)?)?;
+    write_private(&path, serde_json::to_string_pretty(&s)?.as_bytes())?;
     Ok(s)
 }
 
 fn write_config<T: Serialize>(dir: &Path, name: &str, config: &T) -> anyhow::Result<String> {
     let path = dir.join(format!("{name}.toml"));
-    std::fs::write(&path, toml::to_string(config)?)?;
+    write_private(&path, toml::to_string(config)?.as_bytes())?;
     Ok(path.to_string_lossy().into_owned())
+}
+
+/// Writes a file only its owner may read (mode 0600): configs hold the
+/// deployment's secrets.
+fn write_private(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    // An existing file keeps its mode through open(): set it.
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    file.write_all(bytes)?;
+    Ok(())
 }
 
 pub async fn run(args: DevArgs) -> anyhow::Result<()> {

@@ -77,6 +77,20 @@ async fn a_message_crosses_three_regions_and_survives_a_restart() {
     let base = port_base();
     let mut dev = start_dev(dir.path(), base, &[]);
     let info = wait_info(dir.path(), dev.child()).await;
+    // The secrets and the configs holding them are readable by their
+    // owner only.
+    for file in [
+        "secrets.json",
+        "config/eu-west-c1.toml",
+        "config/router-eu-west.toml",
+    ] {
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(dir.path().join(file))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "{file}");
+    }
     let demo = &info["demo"];
     let general = &demo["conversations"][0];
     assert_eq!(general["title"], "general");
