@@ -266,9 +266,12 @@ pub async fn start_placed(
     let addr = listener.local_addr()?;
     write_addr_file(&config, addr)?;
 
-    let standard = standard_services::<MessagingServer<MessagingApi>>()
-        .await
-        .map_err(|e| StartError::Grpc(e.to_string()))?;
+    let standard = standard_services::<MessagingServer<MessagingApi>>(&[
+        <SyncServer<SyncApi> as tonic::server::NamedService>::NAME,
+        <CellPeerServer<PeerApi> as tonic::server::NamedService>::NAME,
+    ])
+    .await
+    .map_err(|e| StartError::Grpc(e.to_string()))?;
     // A store that failed a write refuses every later one: say so to
     // probes, so that the control plane fails this cell over.
     tokio::spawn({

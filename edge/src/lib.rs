@@ -182,7 +182,10 @@ pub async fn start(config: EdgeConfig) -> Result<RunningEdge, EdgeError> {
         addr: config.listen,
         source,
     })?;
-    let standard = cellmesh_proto::server::standard_services::<MessagingServer<EdgeApi>>()
+    let standard =
+        cellmesh_proto::server::standard_services::<MessagingServer<EdgeApi>>(&[<SyncServer<
+            EdgeApi,
+        > as tonic::server::NamedService>::NAME])
         .await
         .map_err(|e| EdgeError::Grpc(e.to_string()))?;
     standard.reporter.set_serving::<SyncServer<EdgeApi>>().await;

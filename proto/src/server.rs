@@ -27,8 +27,12 @@ pub struct StandardServices<H, R, A> {
     pub reporter: HealthReporter,
 }
 
-/// Builds the standard services for a server whose main service is `S`.
-pub async fn standard_services<S: NamedService>() -> Result<
+/// Builds the standard services for a server whose main service is `S`
+/// and that serves the services named in `also` beside it: reflection
+/// lists those, health and reflection, nothing else of the descriptor set.
+pub async fn standard_services<S: NamedService>(
+    also: &[&str],
+) -> Result<
     StandardServices<
         tonic_health::pb::health_server::HealthServer<impl tonic_health::pb::health_server::Health>,
         tonic_reflection::server::v1::ServerReflectionServer<
@@ -42,10 +46,22 @@ pub async fn standard_services<S: NamedService>() -> Result<
 > {
     let (reporter, health) = health_reporter();
     reporter.set_serving::<S>().await;
+    let served: Vec<&str> = [S::NAME]
+        .into_iter()
+        .chain(also.iter().copied())
+        .chain([
+            "grpc.health.v1.Health",
+            "grpc.reflection.v1.ServerReflection",
+            "grpc.reflection.v1alpha.ServerReflection",
+        ])
+        .collect();
     let builder = || {
-        tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(crate::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        served.iter().fold(
+            tonic_reflection::server::Builder::configure()
+                .register_encoded_file_descriptor_set(crate::FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET),
+            |builder, name| builder.with_service_name(*name),
+        )
     };
     Ok(StandardServices {
         health,

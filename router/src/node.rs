@@ -162,7 +162,7 @@ pub async fn start(config: RouterConfig) -> Result<RunningRouter, StartError> {
         );
         let check = secret.clone();
         let routing = tonic_interceptor(RoutingServer::new(routing), check);
-        let std = cellmesh_proto::server::standard_services::<RoutingServer<RoutingService>>()
+        let std = cellmesh_proto::server::standard_services::<RoutingServer<RoutingService>>(&[])
             .await
             .map_err(|e| StartError::Raft(e.to_string()))?;
         let (tx, rx) = oneshot::channel();

@@ -1,6 +1,6 @@
 //! Server reflection for generic tools: every server answers both `v1` and
 //! `v1alpha` (the only version some standard clients, such as Python's
-//! grpcio-reflection, speak), listing the services it serves.
+//! grpcio-reflection, speak), listing the services it serves and no other.
 
 use cellmesh_tests::TestCell;
 use tonic_reflection::pb::{v1, v1alpha};
@@ -35,10 +35,19 @@ async fn a_cell_lists_its_services_over_both_reflection_versions() {
     for wanted in [
         "cellmesh.v1.Messaging",
         "cellmesh.v1.Sync",
+        "cellmesh.v1.CellPeer",
         "grpc.health.v1.Health",
+        "grpc.reflection.v1alpha.ServerReflection",
     ] {
         assert!(names.iter().any(|n| n == wanted), "{wanted} in {names:?}");
     }
+    // Only what this server serves: not the route table's services.
+    assert!(
+        !names
+            .iter()
+            .any(|n| n.starts_with("cellmesh.v1.Routing") || n.contains("Raft")),
+        "{names:?}"
+    );
 
     let mut current = v1::server_reflection_client::ServerReflectionClient::new(channel);
     let request = v1::ServerReflectionRequest {
