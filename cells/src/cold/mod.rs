@@ -133,12 +133,7 @@ impl ColdTier {
         entry: &SegmentEntry,
     ) -> Result<bytes::Bytes, ColdError> {
         let bytes = self.fetch(&entry.key).await?;
-        segment::decode(&bytes, &entry.checksum, conversation).map_err(|fault| {
-            ColdError::Corrupt {
-                key: entry.key.clone(),
-                fault,
-            }
-        })?;
+        checked(&entry.key, &bytes, &entry.checksum, conversation)?;
         Ok(bytes)
     }
 
@@ -150,12 +145,7 @@ impl ColdTier {
         entry: &SegmentEntry,
         bytes: Vec<u8>,
     ) -> Result<(), ColdError> {
-        segment::decode(&bytes, &entry.checksum, conversation).map_err(|fault| {
-            ColdError::Corrupt {
-                key: entry.key.clone(),
-                fault,
-            }
-        })?;
+        checked(&entry.key, &bytes, &entry.checksum, conversation)?;
         self.put(&entry.key, bytes).await
     }
 
@@ -170,14 +160,7 @@ impl ColdTier {
             return Ok(hit);
         }
         let bytes = self.fetch(&entry.key).await?;
-        let messages = segment::decode(&bytes, &entry.checksum, conversation).map_err(|fault| {
-            crate::metrics::metrics().segments_corrupt.inc();
-            ColdError::Corrupt {
-                key: entry.key.clone(),
-                fault,
-            }
-        })?;
-        let messages = Arc::new(messages);
+        let messages = Arc::new(checked(&entry.key, &bytes, &entry.checksum, conversation)?);
         self.remember(&entry.key, messages.clone());
         Ok(messages)
     }
@@ -191,12 +174,7 @@ impl ColdTier {
         conversation: u64,
     ) -> Result<(), ColdError> {
         let bytes = self.fetch(key).await?;
-        segment::decode(&bytes, checksum, conversation)
-            .map(|_| ())
-            .map_err(|fault| ColdError::Corrupt {
-                key: key.into(),
-                fault,
-            })
+        checked(key, &bytes, checksum, conversation).map(|_| ())
     }
 
     /// The size of the object at `key` (`None`: there is none).
@@ -277,4 +255,22 @@ impl ColdTier {
             .expect("segment cache")
             .retain(|(k, _)| k != key);
     }
+}
+
+/// The messages in `bytes` if they are the segment `key` of
+/// `conversation` with `checksum`; a mismatch is counted and reported as
+/// corrupt, never served.
+fn checked(
+    key: &str,
+    bytes: &[u8],
+    checksum: &[u8],
+    conversation: u64,
+) -> Result<Vec<(u64, MessageRecord)>, ColdError> {
+    segment::decode(bytes, checksum, conversation).map_err(|fault| {
+        crate::metrics::metrics().segments_corrupt.inc();
+        ColdError::Corrupt {
+            key: key.into(),
+            fault,
+        }
+    })
 }
