@@ -121,6 +121,11 @@ pub struct RoutingConfig {
     /// lease it keeps alive; the control plane fails it over when it expires.
     pub etcd_endpoints: Vec<String>,
     pub lease_ttl_ms: u64,
+    /// Without etcd: the host-local coordination directory the control
+    /// plane uses (`cellmesh dev`), where the cell records what it does on
+    /// its own that an operator audits (retention's deletions). Empty and
+    /// no etcd: such deletions are only logged.
+    pub coordination_dir: String,
     /// Another cell's address → the address this cell dials instead (a
     /// proxy on the path to another region).
     pub links: std::collections::BTreeMap<String, String>,
@@ -141,6 +146,7 @@ impl Default for RoutingConfig {
             owner_lease_ms: 2000,
             etcd_endpoints: Vec::new(),
             lease_ttl_ms: 3000,
+            coordination_dir: String::new(),
             links: Default::default(),
             cleanup_grace_secs: 86_400,
         }

@@ -220,10 +220,15 @@ pub async fn start_placed(
         &config,
         homes.clone(),
     ));
+    let coordination = connect_coordination(&config.routing).await?;
     let cold = match config.tiering.enabled {
         true => Some(Arc::new(
-            crate::cold::ColdTier::open(&config.tiering, &config.data_dir)
-                .map_err(StartError::ColdTier)?,
+            crate::cold::ColdTier::open(
+                &config.tiering,
+                &config.data_dir,
+                crate::cold::journal::Journal::new(coordination.clone(), &config.cell_id),
+            )
+            .map_err(StartError::ColdTier)?,
         )),
         false => None,
     };
@@ -371,12 +376,8 @@ pub async fn start_placed(
             .apply(register_cell(&config.cell_id, region, &advertise))
             .await
             .map_err(|e| StartError::Routing(format!("cannot register: {}", e.message())))?;
-        if !config.routing.etcd_endpoints.is_empty() {
-            use cellmesh_coord::{CELLS_PREFIX, Coordination};
-            let etcd =
-                cellmesh_coord::etcd::EtcdCoordination::connect(&config.routing.etcd_endpoints)
-                    .await
-                    .map_err(|e| StartError::Routing(e.to_string()))?;
+        if let Some(etcd) = coordination.filter(|_| !config.routing.etcd_endpoints.is_empty()) {
+            use cellmesh_coord::CELLS_PREFIX;
             let lease = etcd
                 .register(
                     &format!("{CELLS_PREFIX}{}", config.cell_id),
@@ -402,6 +403,29 @@ pub async fn start_placed(
         task,
         _registration: registration,
     })
+}
+
+/// The deployment's coordination store: etcd when `routing.etcd_endpoints`
+/// is set (the cell's lease and its records), else the host-local
+/// directory `routing.coordination_dir` (records only), else none.
+async fn connect_coordination(
+    routing: &crate::config::RoutingConfig,
+) -> Result<Option<Arc<dyn cellmesh_coord::Coordination>>, StartError> {
+    let failed = |e: cellmesh_coord::CoordError| StartError::Routing(e.to_string());
+    if !routing.etcd_endpoints.is_empty() {
+        let etcd = cellmesh_coord::etcd::EtcdCoordination::connect(&routing.etcd_endpoints)
+            .await
+            .map_err(failed)?;
+        return Ok(Some(Arc::new(etcd)));
+    }
+    if !routing.coordination_dir.is_empty() {
+        let local = cellmesh_coord::local::LocalCoordination::open(std::path::Path::new(
+            &routing.coordination_dir,
+        ))
+        .map_err(failed)?;
+        return Ok(Some(Arc::new(local)));
+    }
+    Ok(None)
 }
 
 /// `bound` as others reach it: a wildcard address takes the host the cell

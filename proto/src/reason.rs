@@ -97,6 +97,7 @@ reasons! {
     PlacementFailed => "PLACEMENT_FAILED",
     PtsAhead => "PTS_AHEAD",
     RaftFatal => "RAFT_FATAL",
+    RunsInCell => "RUNS_IN_CELL",
     RaftUnavailable => "RAFT_UNAVAILABLE",
     RecipientNotAMember => "RECIPIENT_NOT_A_MEMBER",
     RetryLater => "RETRY_LATER",

@@ -6,6 +6,7 @@
 //! history here is the tierer's (`message::tier`).
 
 pub mod config;
+pub mod journal;
 pub mod segment;
 
 use std::collections::VecDeque;
@@ -50,11 +51,18 @@ pub struct ColdTier {
     prefix: String,
     cache: Mutex<VecDeque<(String, Messages)>>,
     pub config: TieringConfig,
+    /// Where retention's deletions are recorded as operations.
+    pub journal: journal::Journal,
 }
 
 impl ColdTier {
-    /// Opens the store `config` names (creating the local directory).
-    pub fn open(config: &TieringConfig, data_dir: &Path) -> Result<Self, String> {
+    /// Opens the store `config` names (creating the local directory);
+    /// deletions are recorded in `journal`.
+    pub fn open(
+        config: &TieringConfig,
+        data_dir: &Path,
+        journal: journal::Journal,
+    ) -> Result<Self, String> {
         let (store, prefix): (Arc<dyn ObjectStore>, String) = match config.store {
             TierStore::Local => {
                 let dir = config.local_dir_under(data_dir);
@@ -91,6 +99,7 @@ impl ColdTier {
             prefix,
             cache: Mutex::new(VecDeque::new()),
             config: config.clone(),
+            journal,
         })
     }
 

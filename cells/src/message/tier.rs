@@ -11,12 +11,14 @@
 //! pending note. A crash anywhere leaves the hot rows or a verified,
 //! committed segment.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use cellmesh_proto::storage::v1::{MessageRecord, SegmentEntry};
 
 use super::{Caller, MessageService};
+use crate::cold::journal::Plan;
 use crate::cold::{ColdTier, segment};
 use crate::error::Result;
 use crate::failpoints::Action;
@@ -33,6 +35,8 @@ pub struct TierReport {
 
 /// Conversations read per batch while scanning for history to tier.
 const SCAN_BATCH: usize = 256;
+/// Segments past retention deleted per pass at most.
+const EXPIRE_BATCH: usize = 10_000;
 
 impl MessageService {
     /// The cold tier, when `[tiering]` is on.
@@ -191,9 +195,62 @@ impl MessageService {
         {
             return Ok(0);
         }
+        let due = self.segments_past_retention(cold)?;
+        let mut expired = 0;
+        for (tenant, segments) in due {
+            let retention_days = cold.config.retention_of(tenant).retention_days;
+            let mut plan = Plan {
+                segments: segments.len() as u64,
+                ..Plan::default()
+            };
+            let mut previous = None;
+            for (conversation, entry) in &segments {
+                plan.messages += u64::from(entry.count);
+                plan.newest_ms = plan.newest_ms.max(entry.last_ts_ms);
+                if previous.replace(*conversation) != Some(*conversation) {
+                    plan.conversations += 1;
+                }
+            }
+            let record = match cold.journal.open(tenant, retention_days, plan).await {
+                Ok(record) => record,
+                Err(e) => {
+                    tracing::warn!(tenant, error = %e, "retention: cannot record the deletion; deleting nothing this pass");
+                    continue;
+                }
+            };
+            let (mut deleted, mut messages) = (0, 0);
+            let mut outcome = Ok(());
+            for (conversation, entry) in segments {
+                if let Err(e) = self
+                    .expire_segment(cold, conversation, &entry, retention_days)
+                    .await
+                {
+                    outcome = Err(e);
+                    break;
+                }
+                deleted += 1;
+                messages += u64::from(entry.count);
+            }
+            let failed = outcome.as_ref().err().map(|e| e.to_string());
+            cold.journal
+                .close(record, deleted, messages, failed.map_or(Ok(()), Err))
+                .await;
+            expired += deleted;
+            outcome?;
+        }
+        Ok(expired)
+    }
+
+    /// The segments past their tenant's retention (none under legal hold,
+    /// only of conversations settled here), by tenant, at most
+    /// `EXPIRE_BATCH` a pass.
+    fn segments_past_retention(
+        &self,
+        cold: &ColdTier,
+    ) -> Result<BTreeMap<u64, Vec<(u64, SegmentEntry)>>> {
         let now = self.now_ms();
-        let (mut after, mut expired) = ((0, 0), 0);
-        loop {
+        let (mut after, mut due, mut count) = ((0, 0), BTreeMap::<_, Vec<_>>::new(), 0);
+        while count < EXPIRE_BATCH {
             let batch = self.store.all_segments(after, SCAN_BATCH)?;
             let Some((conversation, entry)) = batch.last() else {
                 break;
@@ -209,24 +266,39 @@ impl MessageService {
                 {
                     continue;
                 }
-                let mut mutation = Mutation::new();
-                mutation.drop_segment(conversation, &entry);
-                self.store.commit(mutation).await?;
-                cold.delete(&entry.key).await?;
-                crate::metrics::metrics().segments_deleted.inc();
-                tracing::warn!(
-                    tenant = entry.tenant_id,
-                    conversation,
-                    seq_start = entry.seq_start,
-                    seq_end = entry.seq_end,
-                    object = %entry.key,
-                    retention_days = retention.retention_days,
-                    "retention: deleted a cold segment"
-                );
-                expired += 1;
+                due.entry(entry.tenant_id)
+                    .or_default()
+                    .push((conversation, entry));
+                count += 1;
             }
         }
-        Ok(expired)
+        Ok(due)
+    }
+
+    /// Deletes one segment: its manifest entry first (no read finds it
+    /// after), then the object.
+    async fn expire_segment(
+        &self,
+        cold: &ColdTier,
+        conversation: u64,
+        entry: &SegmentEntry,
+        retention_days: u32,
+    ) -> Result<()> {
+        let mut mutation = Mutation::new();
+        mutation.drop_segment(conversation, entry);
+        self.store.commit(mutation).await?;
+        cold.delete(&entry.key).await?;
+        crate::metrics::metrics().segments_deleted.inc();
+        tracing::warn!(
+            tenant = entry.tenant_id,
+            conversation,
+            seq_start = entry.seq_start,
+            seq_end = entry.seq_end,
+            object = %entry.key,
+            retention_days,
+            "retention: deleted a cold segment"
+        );
+        Ok(())
     }
 
     /// Deletes the objects of uploads whose manifest entry never committed
@@ -277,9 +349,11 @@ pub async fn run(service: Weak<MessageService>) {
     };
     if let Some(s) = service.upgrade()
         && let Some(cold) = s.cold().cloned()
-        && let Err(e) = s.sweep_orphans(&cold, true).await
     {
-        tracing::warn!(error = %e, "cold tier: start-up sweep failed");
+        cold.journal.close_interrupted().await;
+        if let Err(e) = s.sweep_orphans(&cold, true).await {
+            tracing::warn!(error = %e, "cold tier: start-up sweep failed");
+        }
     }
     loop {
         tokio::time::sleep(Duration::from_millis(interval)).await;

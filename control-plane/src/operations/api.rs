@@ -49,8 +49,21 @@ impl OperationsApi {
 
 impl OperationsApi {
     /// Records an operator's request (`ask`) on an unfinished operation; a
-    /// finished one is answered as it is.
+    /// finished one is answered as it is. What a cell runs takes no requests.
     async fn request(&self, id: &str, ask: impl Fn(&mut Operation)) -> Result<Operation, Status> {
+        let found = self.find(id).await?;
+        if found.spec.runs_in_cell() {
+            return Err(to_status(
+                ErrorCode::InvalidArgument,
+                Reason::RunsInCell,
+                format!(
+                    "{} is the cell's own record; it cannot be cancelled, paused or resumed",
+                    found.spec.describe()
+                ),
+                0,
+                None,
+            ));
+        }
         let op = self
             .store
             .update(id, |op| {
@@ -122,6 +135,7 @@ fn spec_from_pb(spec: Option<PbSpec>) -> Result<Spec, Status> {
         Spec::MoveUser { tenant, user, .. } => *tenant > 0 && *user > 0,
         Spec::MoveTenant { tenant, .. } => *tenant > 0,
         Spec::Drain { .. } | Spec::Failback { .. } => true,
+        Spec::ExpireHistory { .. } => false,
     };
     if !ids_set {
         return Err(invalid(
@@ -188,7 +202,7 @@ impl Operations for OperationsApi {
     ) -> Result<Response<pb::OperationInfo>, Status> {
         let id = request.into_inner().id;
         let op = self.find(&id).await?;
-        if !op.pausable() {
+        if !op.pausable() && !op.spec.runs_in_cell() {
             return Err(to_status(
                 ErrorCode::InvalidArgument,
                 Reason::NotPausable,

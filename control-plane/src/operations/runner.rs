@@ -67,7 +67,10 @@ pub async fn run_operations(store: OperationStore, migrator: Arc<Migrator>, name
         running.retain(|_, handle| !handle.is_finished());
         match store.list().await {
             Ok(ops) => {
-                for op in ops.into_values().filter(|op| !op.state.is_final()) {
+                for op in ops
+                    .into_values()
+                    .filter(|op| !op.state.is_final() && !op.spec.runs_in_cell())
+                {
                     if op.cancel_requested {
                         if let Some(handle) = running.remove(&op.id) {
                             handle.abort();
@@ -323,6 +326,7 @@ async fn execute(
                 .map_err(|e| e.to_string())?;
             bulk_outcome(report)
         }
+        Spec::ExpireHistory { .. } => Err("a cell runs its deletions itself".into()),
     }
 }
 

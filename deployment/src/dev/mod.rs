@@ -250,6 +250,8 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             config.routing.cluster_secret = secrets.cluster.clone();
             config.routing.links = topo.links_from(r);
             config.routing.etcd_endpoints = etcd_endpoints.clone();
+            // The control plane's records (without etcd): retention's deletions.
+            config.routing.coordination_dir = data.join("coordination").display().to_string();
             // One directory stands for the object store all cells share, so
             // moves hand cold history over by its manifest.
             config.tiering.local_dir = data.join("cold");

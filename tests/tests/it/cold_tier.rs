@@ -2,7 +2,8 @@
 //! across page boundaries and in both directions; recalls and edits of
 //! cold messages show; a damaged segment is reported (`SEGMENT_CORRUPT`),
 //! never served; retention deletes only past its horizon and legal hold
-//! keeps everything; an S3 endpoint (moto) works as the local directory
+//! keeps everything, each deletion recorded as an operation (none without
+//! its record); an S3 endpoint (moto) works as the local directory
 //! does; a cell killed between upload, manifest commit and hot delete
 //! loses and duplicates nothing.
 
@@ -217,13 +218,38 @@ async fn a_damaged_segment_is_reported_and_never_served() {
     assert_eq!(tail.messages[0].seq, 26);
 }
 
+/// The operation records in the coordination directory `dir`.
+async fn operations(dir: &Path) -> Vec<ops::Operation> {
+    let local = cellmesh_coord::local::LocalCoordination::open(dir).unwrap();
+    let store = ops::OperationStore::new(Arc::new(local));
+    store.list().await.unwrap().into_values().collect()
+}
+
+use cellmesh_control_plane::operations as ops;
+
 #[tokio::test]
 async fn retention_deletes_only_past_its_horizon_and_legal_hold_keeps_all() {
     const HELD: u64 = 22;
     let day = 86_400_000;
     let clock = Arc::new(ManualClock::new(100 * day + 1_000));
+    // A record a crash left open, closed when the cell starts.
+    let coordination = tempfile::tempdir().unwrap();
+    let journal = ops::OperationStore::new(Arc::new(
+        cellmesh_coord::local::LocalCoordination::open(coordination.path()).unwrap(),
+    ));
+    let expire = ops::Spec::ExpireHistory {
+        tenant: T,
+        cell: "local/c1".into(),
+        retention_days: 3,
+    };
+    let stale = journal.create(expire.clone()).await.unwrap();
+    journal
+        .update(&stale.id, |op| op.state = ops::State::Running)
+        .await
+        .unwrap();
     let policy = |c: &mut CellConfig| {
         tiered(c);
+        c.routing.coordination_dir = coordination.path().display().to_string();
         c.tiering.hot_age_secs = 86_400;
         c.tiering.hot_messages_per_conversation = 0;
         for (tenant, legal_hold) in [(T, false), (HELD, true)] {
@@ -250,10 +276,51 @@ async fn retention_deletes_only_past_its_horizon_and_legal_hold_keeps_all() {
     let report = cell.cell.service.tier_once().await.unwrap();
     assert_eq!(report.messages_tiered, 60);
     assert_eq!(report.segments_expired, 0);
-    // Day 104: the first day's segment is past 3 days; the newer not.
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            let op = journal.get(&stale.id).await.unwrap().unwrap();
+            op.state == ops::State::Failed && op.message.contains("interrupted")
+        })
+        .await,
+        "the record a crash left open is closed at start"
+    );
+    // Day 104: the first day's segment is past 3 days; the newer not. While
+    // the deletion cannot be recorded, nothing is deleted.
     clock.advance_ms(2 * day);
+    let records = coordination.path().join("records");
+    let away = coordination.path().join("records.away");
+    std::fs::rename(&records, &away).unwrap();
+    std::fs::write(&records, b"not a directory").unwrap();
+    let report = cell.cell.service.tier_once().await.unwrap();
+    assert_eq!(report.segments_expired, 0, "unrecorded: {report:?}");
+    assert_eq!(
+        pull_pages(&mut c, T, 1, kept, Direction::Forward, 100)
+            .await
+            .len(),
+        35
+    );
+    std::fs::remove_file(&records).unwrap();
+    std::fs::rename(&away, &records).unwrap();
     let report = cell.cell.service.tier_once().await.unwrap();
     assert_eq!(report.segments_expired, 2, "{report:?}");
+    let recorded: Vec<_> = operations(coordination.path())
+        .await
+        .into_iter()
+        .filter(|op| op.id != stale.id)
+        .collect();
+    assert_eq!(
+        recorded.len(),
+        1,
+        "one record per tenant and pass: {recorded:?}"
+    );
+    let op = &recorded[0];
+    assert_eq!(op.spec, expire);
+    assert_eq!(op.state, ops::State::Succeeded, "{op:?}");
+    assert_eq!((op.done, op.total, op.rows), (2, 2, 30), "{op:?}");
+    assert_eq!(
+        op.to_pb().description,
+        "delete history of tenant 21 older than 3 days on local/c1"
+    );
     let left = pull_pages(&mut c, T, 1, kept, Direction::Forward, 100).await;
     let seqs: Vec<u64> = left.iter().map(|m| m.seq).collect();
     assert_eq!(

@@ -384,6 +384,47 @@ async fn bad_operation_requests_get_stable_codes() {
         (e.code(), error_detail(&e).reason),
         (tonic::Code::InvalidArgument, "NOT_PAUSABLE".into())
     );
+    // A cell's record of its retention deletions is listed, never run,
+    // cancelled or paused by the control plane.
+    let store = cellmesh_control_plane::operations::OperationStore::new(std::sync::Arc::new(
+        LocalCoordination::open(coordination.path()).unwrap(),
+    ));
+    let expiring = store
+        .create(cellmesh_control_plane::operations::Spec::ExpireHistory {
+            tenant: 1,
+            cell: TARGET.into(),
+            retention_days: 30,
+        })
+        .await
+        .unwrap();
+    for call in ["cancel", "pause"] {
+        let request = authed(OperationRequest {
+            id: expiring.id.clone(),
+        });
+        let e = match call {
+            "cancel" => client.cancel(request).await,
+            _ => client.pause(request).await,
+        }
+        .unwrap_err();
+        assert_eq!(
+            (e.code(), error_detail(&e).reason),
+            (tonic::Code::InvalidArgument, "RUNS_IN_CELL".into()),
+            "{call}"
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let listed = client
+        .get(authed(OperationRequest {
+            id: expiring.id.clone(),
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (listed.state(), listed.runner.as_str()),
+        (OperationState::Pending, ""),
+        "no replica runs it"
+    );
 
     // Without the deployment secret: refused.
     let e = client.list(ListOperationsRequest {}).await.unwrap_err();

@@ -1,0 +1,463 @@
+//! Operation records (DESIGN.md §5): what the control plane runs on an
+//! operator's behalf — moves, drains, failbacks — and what cells do on
+//! their own that an operator must be able to audit (deletions of history
+//! past a tenant's retention). Each one is a durable record in the
+//! coordination store (`cellmesh/operations/<id>`: what, its state, its
+//! progress), read and written through [`OperationStore`]; the control
+//! plane lists them, runs the unfinished ones it owns, and serves them.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use cellmesh_coord::{CoordError, Coordination, OPERATIONS_PREFIX};
+use cellmesh_proto::v1 as pb;
+use cellmesh_route_client::table::Key;
+use serde::{Deserialize, Serialize};
+
+/// What an operation does.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Spec {
+    MoveConversation {
+        tenant: u64,
+        conversation: u64,
+        to: String,
+    },
+    MoveUser {
+        tenant: u64,
+        user: u64,
+        to: String,
+    },
+    MoveTenant {
+        tenant: u64,
+        to: String,
+        parallel: usize,
+        /// Messages and sync events copied per second at most (0: any).
+        #[serde(default)]
+        rate: u64,
+    },
+    Drain {
+        cell: String,
+        to: Option<String>,
+        parallel: usize,
+    },
+    Failback {
+        cell: String,
+        parallel: usize,
+    },
+    /// A cell deleted (or is deleting) a tenant's cold history past its
+    /// `retention_days`. Recorded by the cell itself, never run by the
+    /// control plane: `done`/`total` count segments, `rows` messages.
+    ExpireHistory {
+        tenant: u64,
+        cell: String,
+        retention_days: u32,
+    },
+}
+
+impl Spec {
+    pub fn describe(&self) -> String {
+        match self {
+            Spec::MoveConversation {
+                tenant,
+                conversation,
+                to,
+            } => format!("move conversation {conversation} of tenant {tenant} to {to}"),
+            Spec::MoveUser { tenant, user, to } => {
+                format!("move the home of user {user} of tenant {tenant} to {to}")
+            }
+            Spec::MoveTenant { tenant, to, .. } => format!("move tenant {tenant} to {to}"),
+            Spec::Drain { cell, to, .. } => match to {
+                Some(to) => format!("drain {cell} into {to}"),
+                None => format!("drain {cell} into its fallback"),
+            },
+            Spec::Failback { cell, .. } => format!("fail back to {cell}"),
+            Spec::ExpireHistory {
+                tenant,
+                cell,
+                retention_days,
+            } => format!(
+                "delete history of tenant {tenant} older than {retention_days} days on {cell}"
+            ),
+        }
+    }
+
+    /// The route a cancel rolls back (a single move's key).
+    pub fn key(&self) -> Option<Key> {
+        match self {
+            Spec::MoveConversation {
+                tenant,
+                conversation,
+                ..
+            } => Some(Key::conversation(*tenant, *conversation)),
+            Spec::MoveUser { tenant, user, .. } => Some(Key::user(*tenant, *user)),
+            Spec::MoveTenant { tenant, .. } => Some(Key::tenant(*tenant)),
+            Spec::Drain { .. } | Spec::Failback { .. } | Spec::ExpireHistory { .. } => None,
+        }
+    }
+
+    /// Whether a cell, not the control plane, runs it (the control plane
+    /// only lists it: no runner takes it up, no cancel or pause).
+    pub fn runs_in_cell(&self) -> bool {
+        matches!(self, Spec::ExpireHistory { .. })
+    }
+
+    /// The cell a move goes to.
+    pub fn target(&self) -> Option<&str> {
+        match self {
+            Spec::MoveConversation { to, .. }
+            | Spec::MoveUser { to, .. }
+            | Spec::MoveTenant { to, .. } => Some(to),
+            Spec::Drain { .. } | Spec::Failback { .. } | Spec::ExpireHistory { .. } => None,
+        }
+    }
+
+    fn is_tenant_move(&self) -> bool {
+        matches!(self, Spec::MoveTenant { .. })
+    }
+
+    /// The cells the operation names (checked to exist before it starts).
+    pub fn cells(&self) -> Vec<&str> {
+        match self {
+            Spec::MoveConversation { to, .. }
+            | Spec::MoveUser { to, .. }
+            | Spec::MoveTenant { to, .. } => vec![to],
+            Spec::Drain { cell, to, .. } => std::iter::once(cell.as_str())
+                .chain(to.as_deref())
+                .collect(),
+            Spec::Failback { cell, .. } | Spec::ExpireHistory { cell, .. } => vec![cell],
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum State {
+    Pending,
+    Running,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+impl State {
+    pub fn is_final(self) -> bool {
+        matches!(self, State::Succeeded | State::Failed | State::Cancelled)
+    }
+}
+
+/// One operation as recorded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Operation {
+    pub id: String,
+    pub spec: Spec,
+    pub state: State,
+    pub phase: String,
+    pub done: u64,
+    pub total: u64,
+    pub message: String,
+    pub created_ms: u64,
+    pub updated_ms: u64,
+    /// The replica that runs (or ran) it.
+    pub runner: String,
+    pub cancel_requested: bool,
+    /// An operator holds the operation (its move waits at the next point
+    /// where writes flow: before a copy round or before the freeze).
+    #[serde(default)]
+    pub pause_requested: bool,
+    /// Rows (messages and sync events) copied so far, rows behind, and how
+    /// long writes were refused (tenant moves).
+    #[serde(default)]
+    pub rows: u64,
+    #[serde(default)]
+    pub lag: u64,
+    #[serde(default)]
+    pub frozen_ms: u64,
+    /// Bytes the target stored, and the time left at the copy's rate.
+    #[serde(default)]
+    pub bytes: u64,
+    #[serde(default)]
+    pub eta_ms: u64,
+    /// The runner has set the move's route to `Paused` (and must set it
+    /// back when the pause is lifted).
+    #[serde(default)]
+    pub route_paused: bool,
+}
+
+impl Operation {
+    pub fn to_pb(&self) -> pb::OperationInfo {
+        let state = match self.state {
+            State::Pending | State::Running if self.pause_requested => pb::OperationState::Paused,
+            State::Pending => pb::OperationState::Pending,
+            State::Running => pb::OperationState::Running,
+            State::Succeeded => pb::OperationState::Succeeded,
+            State::Failed => pb::OperationState::Failed,
+            State::Cancelled => pb::OperationState::Cancelled,
+        };
+        pb::OperationInfo {
+            id: self.id.clone(),
+            description: self.spec.describe(),
+            state: state as i32,
+            phase: self.phase.clone(),
+            done: self.done,
+            total: self.total,
+            message: self.message.clone(),
+            created_ms: self.created_ms,
+            updated_ms: self.updated_ms,
+            runner: self.runner.clone(),
+            cancel_requested: self.cancel_requested,
+            pause_requested: self.pause_requested,
+            rows_copied: self.rows,
+            lag: self.lag,
+            frozen_ms: self.frozen_ms,
+            bytes_copied: self.bytes,
+            eta_ms: self.eta_ms,
+        }
+    }
+
+    /// The state as shown to an operator: `paused` while a pause holds an
+    /// unfinished operation.
+    pub fn shown_state(&self) -> &'static str {
+        match self.state {
+            _ if self.pause_requested && !self.state.is_final() => "paused",
+            State::Pending => "pending",
+            State::Running => "running",
+            State::Succeeded => "succeeded",
+            State::Failed => "failed",
+            State::Cancelled => "cancelled",
+        }
+    }
+
+    /// Whether it can be paused: a move of one key or of a tenant (a drain
+    /// or failback picks its keys as it goes; cancel it instead).
+    pub fn pausable(&self) -> bool {
+        self.spec.key().is_some() && !self.spec.runs_in_cell()
+    }
+}
+
+/// Whether an unfinished operation among `ops` drives (or may drive) the
+/// move of `key`: a move of that key or of its tenant, or any drain or
+/// failback (they pick their keys as they go). The orphan resumer leaves
+/// such keys to the operations runner. A cell's deletion moves nothing.
+pub fn drives<'a>(ops: impl IntoIterator<Item = &'a Operation>, key: &Key) -> bool {
+    ops.into_iter()
+        .filter(|op| !op.state.is_final() && !op.spec.runs_in_cell())
+        .any(|op| match op.spec.key() {
+            Some(k) => k == *key || (k == Key::tenant(key.tenant) && op.spec.is_tenant_move()),
+            None => true,
+        })
+}
+
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// The operations in the coordination store.
+#[derive(Clone)]
+pub struct OperationStore {
+    coordination: Arc<dyn Coordination>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error(transparent)]
+    Coordination(#[from] CoordError),
+    #[error("operation record {0} is unreadable: {1}")]
+    Corrupt(String, serde_json::Error),
+}
+
+impl OperationStore {
+    pub fn new(coordination: Arc<dyn Coordination>) -> Self {
+        Self { coordination }
+    }
+
+    /// Records a new, pending operation.
+    pub async fn create(&self, spec: Spec) -> Result<Operation, StoreError> {
+        let now = now_ms();
+        let op = Operation {
+            id: format!("op-{now}-{:04x}", rand::random::<u16>()),
+            spec,
+            state: State::Pending,
+            phase: String::new(),
+            done: 0,
+            total: 0,
+            message: String::new(),
+            created_ms: now,
+            updated_ms: now,
+            runner: String::new(),
+            cancel_requested: false,
+            pause_requested: false,
+            route_paused: false,
+            rows: 0,
+            lag: 0,
+            frozen_ms: 0,
+            bytes: 0,
+            eta_ms: 0,
+        };
+        let value = serde_json::to_string(&op).expect("operations serialize");
+        let key = format!("{OPERATIONS_PREFIX}{}", op.id);
+        if !self
+            .coordination
+            .compare_and_put(&key, None, &value)
+            .await?
+        {
+            return Err(StoreError::Coordination(CoordError::Store(format!(
+                "operation id {} is taken",
+                op.id
+            ))));
+        }
+        Ok(op)
+    }
+
+    /// Applies `change` to the stored operation `id` and writes it back
+    /// only if no other writer changed the record meanwhile (otherwise it
+    /// reads it again and applies `change` again): an operator's cancel or
+    /// pause and the runner's progress never undo each other. The record as
+    /// written, or `None` without such an operation.
+    pub async fn update(
+        &self,
+        id: &str,
+        mut change: impl FnMut(&mut Operation),
+    ) -> Result<Option<Operation>, StoreError> {
+        let key = format!("{OPERATIONS_PREFIX}{id}");
+        loop {
+            let Some(read) = self.coordination.records(&key).await?.remove(&key) else {
+                return Ok(None);
+            };
+            let mut op: Operation =
+                serde_json::from_str(&read).map_err(|e| StoreError::Corrupt(key.clone(), e))?;
+            change(&mut op);
+            let value = serde_json::to_string(&op).expect("operations serialize");
+            if value == read
+                || self
+                    .coordination
+                    .compare_and_put(&key, Some(&read), &value)
+                    .await?
+            {
+                return Ok(Some(op));
+            }
+        }
+    }
+
+    /// One operation, read by its own key (not the whole list).
+    pub async fn get(&self, id: &str) -> Result<Option<Operation>, StoreError> {
+        let key = format!("{OPERATIONS_PREFIX}{id}");
+        match self.coordination.records(&key).await?.remove(&key) {
+            None => Ok(None),
+            Some(value) => serde_json::from_str(&value)
+                .map(Some)
+                .map_err(|e| StoreError::Corrupt(key, e)),
+        }
+    }
+
+    /// Every operation by id (ids sort by creation time).
+    pub async fn list(&self) -> Result<BTreeMap<String, Operation>, StoreError> {
+        let mut out = BTreeMap::new();
+        for (key, value) in self.coordination.records(OPERATIONS_PREFIX).await? {
+            let op: Operation =
+                serde_json::from_str(&value).map_err(|e| StoreError::Corrupt(key.clone(), e))?;
+            out.insert(op.id.clone(), op);
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cellmesh_coord::embedded::EmbeddedCoordination;
+
+    #[tokio::test]
+    async fn operations_round_trip_through_the_store() {
+        let store = OperationStore::new(Arc::new(EmbeddedCoordination::default()));
+        let spec = Spec::MoveTenant {
+            tenant: 7,
+            to: "eu-west/c2".into(),
+            parallel: 4,
+            rate: 0,
+        };
+        let op = store.create(spec.clone()).await.unwrap();
+        assert_eq!(op.state, State::Pending);
+        let op = store
+            .update(&op.id, |op| {
+                op.state = State::Running;
+                op.done = 3;
+            })
+            .await
+            .unwrap()
+            .unwrap();
+        let back = store.get(&op.id).await.unwrap().unwrap();
+        assert_eq!(back, op);
+        assert_eq!((back.state, back.done), (State::Running, 3));
+        assert!(store.update("op-none", |_| {}).await.unwrap().is_none());
+        assert_eq!(back.spec.key(), Some(Key::tenant(7)));
+        assert_eq!(back.to_pb().description, "move tenant 7 to eu-west/c2");
+        assert!(store.get("op-none").await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn unfinished_operations_drive_their_keys_and_their_tenants_keys() {
+        let store = OperationStore::new(Arc::new(EmbeddedCoordination::default()));
+        let tenant = store
+            .create(Spec::MoveTenant {
+                tenant: 7,
+                to: "eu-west/c2".into(),
+                parallel: 4,
+                rate: 0,
+            })
+            .await
+            .unwrap();
+        let mut conversation = store
+            .create(Spec::MoveConversation {
+                tenant: 8,
+                conversation: 3,
+                to: "eu-west/c2".into(),
+            })
+            .await
+            .unwrap();
+        let ops = [tenant, conversation.clone()];
+        assert!(drives(&ops, &Key::tenant(7)));
+        assert!(
+            drives(&ops, &Key::conversation(7, 99)),
+            "a tenant move's conversation"
+        );
+        assert!(drives(&ops, &Key::conversation(8, 3)));
+        assert!(
+            !drives(&ops, &Key::conversation(8, 4)),
+            "another conversation of tenant 8"
+        );
+        conversation.state = State::Failed;
+        assert!(
+            !drives([&conversation], &Key::conversation(8, 3)),
+            "finished"
+        );
+        let drain = store
+            .create(Spec::Drain {
+                cell: "eu-west/c1".into(),
+                to: None,
+                parallel: 1,
+            })
+            .await
+            .unwrap();
+        assert!(
+            drives([&drain], &Key::user(1, 2)),
+            "a drain may move anything"
+        );
+        let expiring = store
+            .create(Spec::ExpireHistory {
+                tenant: 1,
+                cell: "eu-west/c1".into(),
+                retention_days: 30,
+            })
+            .await
+            .unwrap();
+        assert!(
+            !drives([&expiring], &Key::user(1, 2)),
+            "a cell's deletion moves nothing"
+        );
+        assert!(!expiring.pausable());
+    }
+}
