@@ -11,9 +11,9 @@ setup
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== crate graph: only the router replicas build Raft"
-for crate in cellmesh-cell cellmesh-control-plane cellmesh-edge cellmesh-route-client cellmesh-coord; do
+for crate in cellmesh-cell cellmesh-control-plane cellmesh-edge cellmesh-route-client cellmesh-coord cellmesh-operations; do
   if cargo tree -p "$crate" -e normal --locked | grep -q openraft; then
-    echo "$crate depends on openraft; the route client and coordination crates are what it may use"
+    echo "$crate depends on openraft; the route client, coordination and operations crates are what it may use"
     exit 1
   fi
 done
