@@ -216,6 +216,9 @@ pub struct SyncConfig {
     pub rebase_threshold: u64,
     /// A device is online for this long after a heartbeat.
     pub presence_window_secs: u64,
+    /// Devices of one user streaming at a time (a device streams once: its
+    /// new stream supersedes the older).
+    pub max_streams_per_user: u64,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -254,6 +257,11 @@ pub struct RateLimitConfig {
     /// far a conversation's seq can move between two checkpoints.
     pub conversation_per_sec: u32,
     pub conversation_burst: u32,
+    /// Other calls that change something (create, members, edit, recall,
+    /// delete, read marks, mute, typing, heartbeat) per second one user may
+    /// make, and the burst above it.
+    pub user_calls_per_sec: u32,
+    pub user_calls_burst: u32,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -338,6 +346,7 @@ impl Default for SyncConfig {
         Self {
             rebase_threshold: 1_000,
             presence_window_secs: 60,
+            max_streams_per_user: 16,
         }
     }
 }
@@ -363,6 +372,8 @@ impl Default for RateLimitConfig {
             user_burst: 200,
             conversation_per_sec: 2_000,
             conversation_burst: 4_000,
+            user_calls_per_sec: 100,
+            user_calls_burst: 500,
         }
     }
 }
@@ -470,6 +481,8 @@ impl CellConfig {
             ("rate_limit.user_burst", r.user_burst),
             ("rate_limit.conversation_per_sec", r.conversation_per_sec),
             ("rate_limit.conversation_burst", r.conversation_burst),
+            ("rate_limit.user_calls_per_sec", r.user_calls_per_sec),
+            ("rate_limit.user_calls_burst", r.user_calls_burst),
         ] {
             check_range(field, value, 1, 1_000_000)?;
         }
@@ -533,6 +546,12 @@ impl CellConfig {
             self.sync.presence_window_secs,
             1,
             DAY_S,
+        )?;
+        check_range(
+            "sync.max_streams_per_user",
+            self.sync.max_streams_per_user,
+            1,
+            1_024,
         )?;
         let routing = &self.routing;
         check_range("routing.lease_ttl_ms", routing.lease_ttl_ms, 1_000, 600_000)?;

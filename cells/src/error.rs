@@ -89,7 +89,8 @@ impl CellError {
                 _ => Reason::ConversationNotFound,
             },
             Self::RateLimited { scope, .. } => match *scope {
-                "user" => Reason::UserRateLimited,
+                "user" | "user_calls" => Reason::UserRateLimited,
+                "streams" => Reason::TooManyStreams,
                 _ => Reason::ConversationRateLimited,
             },
             Self::Storage(StorageError::Closed) => Reason::ShuttingDown,

@@ -36,6 +36,17 @@ pub trait Homes: Send + Sync + 'static {
     fn standbys(&self) -> Vec<String> {
         Vec::new()
     }
+
+    /// The cell that owns `conversation` in the route table (`None`: no
+    /// table, or no route yet).
+    fn conversation_owner(&self, _tenant: u64, _conversation: u64) -> Option<String> {
+        None
+    }
+
+    /// The route table index this cell has applied (0: no table).
+    fn route_index(&self) -> u64 {
+        0
+    }
 }
 
 pub struct StaticHomes(HashMap<UserKey, String>);

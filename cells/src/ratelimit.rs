@@ -1,5 +1,7 @@
-//! Per-user and per-conversation send rate limits (GCRA token buckets from
-//! `governor`, one per key). Idle keys are forgotten by [`SendLimits::prune`],
+//! Rate limits (GCRA token buckets from `governor`, one per key): sends per
+//! user and per conversation, and every other call that changes something
+//! (create, members, edit, recall, delete, read marks, mute, typing,
+//! heartbeat) per user. Idle keys are forgotten by [`SendLimits::prune`],
 //! which the service calls periodically.
 
 use std::num::NonZeroU32;
@@ -14,6 +16,7 @@ use crate::error::CellError;
 pub struct SendLimits {
     users: DefaultKeyedRateLimiter<(u64, u64)>,
     conversations: DefaultKeyedRateLimiter<u64>,
+    calls: DefaultKeyedRateLimiter<(u64, u64)>,
     clock: DefaultClock,
 }
 
@@ -30,6 +33,10 @@ impl SendLimits {
                 config.conversation_per_sec,
                 config.conversation_burst,
             )),
+            calls: DefaultKeyedRateLimiter::keyed(quota(
+                config.user_calls_per_sec,
+                config.user_calls_burst,
+            )),
             clock: DefaultClock::default(),
         }
     }
@@ -43,6 +50,14 @@ impl SendLimits {
             return Err(self.limited("conversation", not_until.wait_time_from(self.clock.now())));
         }
         Ok(())
+    }
+
+    /// Takes one call that changes something other than a send from the
+    /// user's budget (`USER_RATE_LIMITED`, scope `user_calls`).
+    pub fn check_call(&self, tenant: u64, user: u64) -> Result<(), CellError> {
+        self.calls.check_key(&(tenant, user)).map_err(|not_until| {
+            self.limited("user_calls", not_until.wait_time_from(self.clock.now()))
+        })
     }
 
     fn limited(&self, scope: &'static str, retry_after: Duration) -> CellError {
@@ -62,6 +77,8 @@ impl SendLimits {
         self.users.shrink_to_fit();
         self.conversations.retain_recent();
         self.conversations.shrink_to_fit();
+        self.calls.retain_recent();
+        self.calls.shrink_to_fit();
     }
 }
 
@@ -76,6 +93,8 @@ mod tests {
             user_burst: user,
             conversation_per_sec: conv,
             conversation_burst: conv,
+            user_calls_per_sec: 2,
+            user_calls_burst: 2,
         })
     }
 
@@ -107,5 +126,18 @@ mod tests {
         let err = l.check(1, 99, 77).unwrap_err();
         assert_eq!(err.reason(), "CONVERSATION_RATE_LIMITED");
         l.check(1, 99, 78).unwrap();
+    }
+
+    #[test]
+    fn other_calls_have_their_own_budget_per_user() {
+        let l = limits(1000, 1000);
+        l.check_call(1, 1).unwrap();
+        l.check_call(1, 1).unwrap();
+        let err = l.check_call(1, 1).unwrap_err();
+        assert_eq!(err.reason(), "USER_RATE_LIMITED");
+        assert!(err.to_string().contains("user_calls"), "{err}");
+        l.check_call(1, 2).unwrap();
+        l.check_call(2, 1).unwrap();
+        l.check(1, 1, 10).unwrap();
     }
 }

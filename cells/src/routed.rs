@@ -342,6 +342,16 @@ impl Homes for Routed {
         Ok(())
     }
 
+    fn conversation_owner(&self, tenant: u64, conversation: u64) -> Option<String> {
+        self.client
+            .resolve(&Key::conversation(tenant, conversation))
+            .map(|route| route.entry.cell)
+    }
+
+    fn route_index(&self) -> u64 {
+        self.client.applied()
+    }
+
     fn standbys(&self) -> Vec<String> {
         self.client.read(|t| {
             t.standbys_for(&self.cell_id)

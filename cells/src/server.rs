@@ -243,7 +243,10 @@ pub async fn start_placed(
         )?
         .with_cold(cold),
     );
-    let hub = Arc::new(Hub::new(config.sync.presence_window_secs * 1000));
+    let hub = Arc::new(Hub::new(
+        config.sync.presence_window_secs * 1000,
+        config.sync.max_streams_per_user as usize,
+    ));
     let sync = Arc::new(SyncService::new(
         store.clone(),
         hub.clone(),

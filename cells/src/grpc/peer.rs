@@ -37,6 +37,9 @@ async fn blocking<T: Send + 'static>(
 
 /// Messages per export chunk unless the caller asks otherwise.
 const DEFAULT_CHUNK: u32 = 10_000;
+/// How long a delivery of replicated meta waits for this cell's route
+/// table to reach the sender's index.
+const STANDBY_ROUTE_WAIT: Duration = Duration::from_secs(2);
 
 pub struct PeerApi {
     inbound: PeerInbound,
@@ -161,6 +164,14 @@ impl CellPeer for PeerApi {
     ) -> Result<Response<DeliverBatchResponse>, Status> {
         let r = request.into_inner();
         tracing::debug!(source = %r.source_cell, events = r.events.len(), "deliver batch");
+        // Who owns a replicated conversation is judged on a table at least
+        // as new as the sender's.
+        if r.route_index > 0 && r.events.iter().any(crate::pipeline::for_standby) {
+            self.service
+                .ownership()
+                .await_route_index(r.route_index, STANDBY_ROUTE_WAIT)
+                .await;
+        }
         let delivered = self
             .inbound
             .deliver(r.source_cell, r.events)
@@ -176,6 +187,7 @@ impl CellPeer for PeerApi {
                     user_id: u.user,
                 })
                 .collect(),
+            refused_standby_events: delivered.refused_standby,
         }))
     }
 

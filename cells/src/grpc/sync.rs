@@ -66,7 +66,7 @@ impl Sync for SyncApi {
 
     async fn heartbeat(&self, request: Request<HeartbeatRequest>) -> Reply<HeartbeatResponse> {
         let device = device(request.into_inner().caller)?;
-        let interval_ms = self.service.heartbeat(&device);
+        let interval_ms = self.service.heartbeat(&device)?;
         Ok(Response::new(HeartbeatResponse { interval_ms }))
     }
 

@@ -78,6 +78,8 @@ impl MessageService {
             }
             return view;
         }
+        // A new conversation (a retry of a created one is answered above).
+        self.check_call(&cmd.caller)?;
 
         let now = self.now_ms();
         let id = self.next_id(now)?;
@@ -203,6 +205,7 @@ impl MessageService {
         if cmd.users.is_empty() {
             return Err(CellError::invalid(Reason::NoUsers, "user_ids is empty"));
         }
+        self.check_call(&cmd.caller)?;
         let conv = self.conversation(&cmd.caller, cmd.conversation)?;
         self.ownership
             .check(cmd.caller.tenant, cmd.conversation, 0)?;

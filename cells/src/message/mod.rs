@@ -131,6 +131,17 @@ impl MessageService {
         &self.store
     }
 
+    /// Takes one call that changes something (other than a send) from the
+    /// caller's budget: `RATE_LIMITED` / `USER_RATE_LIMITED` over it.
+    pub fn check_call(&self, caller: &Caller) -> Result<()> {
+        self.limits.check_call(caller.tenant, caller.user)
+    }
+
+    /// Where this cell learns what it owns (the route table, or all).
+    pub fn ownership(&self) -> &Arc<dyn Ownership> {
+        &self.ownership
+    }
+
     /// Periodic upkeep: forgets idle rate-limit state.
     pub fn maintain(&self) {
         self.limits.prune();

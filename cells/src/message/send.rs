@@ -52,8 +52,6 @@ impl MessageService {
         let conv = self.conversation(&cmd.caller, cmd.conversation)?;
         self.require_member(&cmd.caller, cmd.conversation)?;
         let visible_to = self.recipients(&cmd)?;
-        self.limits
-            .check(cmd.caller.tenant, cmd.caller.user, cmd.conversation)?;
 
         let key = IdemKey {
             kind: IdemKind::Send,
@@ -81,6 +79,10 @@ impl MessageService {
             leader.complete(record);
             return Ok(response);
         }
+        // Only a new message takes from the budgets: a re-send of an
+        // acknowledged one gets its answer above, limited or not.
+        self.limits
+            .check(cmd.caller.tenant, cmd.caller.user, cmd.conversation)?;
 
         // From the decisive ownership check until the write is durable.
         let writing = self.writing.read().await;

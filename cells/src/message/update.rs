@@ -100,6 +100,7 @@ impl MessageService {
         kind: OutboxKind,
         change: impl FnOnce(&mut MessageRecord, u64) -> Result<bool>,
     ) -> Result<Message> {
+        self.check_call(&caller)?;
         let conv = self.conversation(&caller, conversation)?;
         self.require_member(&caller, conversation)?;
         // Ownership is checked under the lock a seal takes too, so no
@@ -166,6 +167,7 @@ impl MessageService {
                 format!("name between 1 and {MAX_DELETE_BATCH} seqs"),
             ));
         }
+        self.check_call(&cmd.caller)?;
         self.conversation(&cmd.caller, cmd.conversation)?;
         self.ownership
             .check(cmd.caller.tenant, cmd.conversation, 0)?;
@@ -200,6 +202,7 @@ impl MessageService {
     }
 
     pub async fn mark_read(&self, cmd: MarkReadCommand) -> Result<MarkReadResponse> {
+        self.check_call(&cmd.caller)?;
         self.conversation(&cmd.caller, cmd.conversation)?;
         self.ownership
             .check(cmd.caller.tenant, cmd.conversation, 0)?;

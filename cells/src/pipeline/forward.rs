@@ -229,7 +229,8 @@ impl Forwarder {
                     let dest = destinations
                         .get_mut(endpoint)
                         .expect("reachable destination");
-                    let sent = deliver(dest, &self.cell_id, &self.secret, endpoint, events)
+                    let from = (self.cell_id.as_str(), self.homes.route_index());
+                    let sent = deliver(dest, from, &self.secret, endpoint, events)
                         .instrument(span)
                         .await;
                     if sent.is_none() {
@@ -329,7 +330,7 @@ fn forward_span(parent: &str, target: &Target, events: usize) -> Option<tracing:
 /// destination backed off) when the call failed.
 async fn deliver(
     dest: &mut Destination,
-    cell_id: &str,
+    (cell_id, route_index): (&str, u64),
     secret: &ClusterSecret,
     endpoint: &str,
     events: Vec<PeerEvent>,
@@ -337,6 +338,7 @@ async fn deliver(
     let mut request = tonic::Request::new(DeliverBatchRequest {
         source_cell: cell_id.to_string(),
         events,
+        route_index,
     });
     secret.attach(&mut request);
     match tokio::time::timeout(DELIVER_TIMEOUT, dest.client.deliver_batch(request)).await {

@@ -31,7 +31,7 @@ use processor::{Inbound, Processor, Signals};
 
 /// Whether a forwarded event is for the standby it was addressed to
 /// (conversation meta, the answer to a send) rather than for a user's home.
-pub(crate) fn for_standby(e: &PeerEvent) -> bool {
+pub fn for_standby(e: &PeerEvent) -> bool {
     e.meta.is_some() || e.idempotency.is_some()
 }
 

@@ -79,6 +79,8 @@ pub struct Delivered {
     pub applied: u32,
     /// Users not homed here, whose events were left out.
     pub refused_users: Vec<UserKey>,
+    /// Events for a standby left out (see [`Processor::replicated_by_owner`]).
+    pub refused_standby: u32,
 }
 
 /// A copied part of a user's home (see [`Inbound::ImportUser`]).
@@ -263,7 +265,21 @@ impl Processor {
     ) -> Result<Delivered, PipelineError> {
         let mut batch = Batch::default();
         let mut refused = Vec::new();
+        let mut refused_standby = 0;
         for e in events {
+            if super::for_standby(e)
+                && let Err(why) = self.replicated_by_owner(source, e)
+            {
+                tracing::warn!(
+                    source,
+                    tenant = e.tenant_id,
+                    conversation = e.conversation_id,
+                    "refused a replicated {}: {why}",
+                    if e.meta.is_some() { "meta" } else { "answer" }
+                );
+                refused_standby += 1;
+                continue;
+            }
             if let Some(meta) = &e.meta {
                 self.apply_meta(&mut batch, e.conversation_id, meta)?;
                 continue;
@@ -315,7 +331,41 @@ impl Processor {
         Ok(Delivered {
             applied,
             refused_users: refused,
+            refused_standby,
         })
+    }
+
+    /// Whether `source` may replicate `e` (a conversation's meta or a
+    /// send's answer) to this cell: only the conversation's owner, as the
+    /// route table says, of a conversation this cell does not own, for the
+    /// tenant the conversation belongs to. Without a route (no table, or
+    /// none yet) the event is taken.
+    fn replicated_by_owner(&self, source: &str, e: &PeerEvent) -> Result<(), String> {
+        if source.is_empty() {
+            return Ok(());
+        }
+        let claimed = e.meta.as_ref().and_then(|m| m.record.as_ref());
+        if let Some(record) = claimed.filter(|r| r.tenant_id != e.tenant_id) {
+            return Err(format!(
+                "its record names tenant {}, the event tenant {}",
+                record.tenant_id, e.tenant_id
+            ));
+        }
+        let held = self.store.conversation(e.conversation_id).ok().flatten();
+        if let Some(held) = held.filter(|h| h.tenant_id != e.tenant_id) {
+            return Err(format!(
+                "the conversation here belongs to tenant {}",
+                held.tenant_id
+            ));
+        }
+        match self
+            .homes
+            .conversation_owner(e.tenant_id, e.conversation_id)
+        {
+            Some(owner) if owner == self.cell_id => Err("this cell owns the conversation".into()),
+            Some(owner) if owner != source => Err(format!("the conversation is owned by {owner}")),
+            _ => Ok(()),
+        }
     }
 
     /// Stores a copied part of a moving user's home. Dedupe positions that

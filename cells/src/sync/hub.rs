@@ -1,13 +1,15 @@
 //! Who is online, in memory, per [`UserKey`]: the live subscriptions of each user's devices
 //! (woken when the user's sync queue grows, or handed transient pushes such
-//! as typing notices and large-group hints) and device heartbeats.
+//! as typing notices and large-group hints) and device heartbeats. A device
+//! streams once (a new stream of it supersedes the older, which ends), and
+//! a user streams from at most `max_streams_per_user` devices at a time.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use cellmesh_proto::storage::v1::SyncRecord;
 use cellmesh_proto::v1::{Message, SyncPush};
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, oneshot};
 
 use crate::user::UserKey;
 
@@ -42,24 +44,62 @@ struct UserState {
     tx: Option<broadcast::Sender<HubEvent>>,
     /// device → last heartbeat (Unix ms).
     heartbeats: HashMap<String, u64>,
+    /// device → its stream (id, and the signal that supersedes it).
+    streams: HashMap<String, (u64, oneshot::Sender<()>)>,
 }
 
 pub struct Hub {
     users: Mutex<HashMap<UserKey, UserState>>,
     presence_window_ms: u64,
+    max_streams_per_user: usize,
+    next_stream: std::sync::atomic::AtomicU64,
     closed: std::sync::atomic::AtomicBool,
 }
 
-/// Keeps a user's subscription alive; dropping it unsubscribes.
+/// Keeps a device's subscription alive; dropping it unsubscribes.
 pub struct Subscription {
     pub rx: broadcast::Receiver<HubEvent>,
+    /// Fires when a newer stream of the same device supersedes this one.
+    pub superseded: oneshot::Receiver<()>,
+    _slot: Slot,
 }
 
+/// A device's place among its user's streams, given up on drop.
+struct Slot {
+    hub: Weak<Hub>,
+    user: UserKey,
+    device: String,
+    id: u64,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let Some(hub) = self.hub.upgrade() else {
+            return;
+        };
+        let mut users = hub.users.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(state) = users.get_mut(&self.user)
+            && state
+                .streams
+                .get(&self.device)
+                .is_some_and(|(id, _)| *id == self.id)
+        {
+            state.streams.remove(&self.device);
+        }
+    }
+}
+
+/// The user already streams from `max_streams_per_user` other devices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TooManyStreams(pub usize);
+
 impl Hub {
-    pub fn new(presence_window_ms: u64) -> Self {
+    pub fn new(presence_window_ms: u64, max_streams_per_user: usize) -> Self {
         Self {
             users: Mutex::new(HashMap::new()),
             presence_window_ms,
+            max_streams_per_user: max_streams_per_user.max(1),
+            next_stream: std::sync::atomic::AtomicU64::new(1),
             closed: std::sync::atomic::AtomicBool::new(false),
         }
     }
@@ -74,18 +114,48 @@ impl Hub {
         }
     }
 
-    pub fn subscribe(&self, user: UserKey) -> Subscription {
+    /// Subscribes `device` of `user`: supersedes the device's older
+    /// stream; refused when the user streams from as many other devices as
+    /// allowed.
+    pub fn subscribe(
+        self: &Arc<Self>,
+        user: UserKey,
+        device: &str,
+    ) -> Result<Subscription, TooManyStreams> {
+        let id = self
+            .next_stream
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (signal, superseded) = oneshot::channel();
+        let slot = Slot {
+            hub: Arc::downgrade(self),
+            user,
+            device: device.to_string(),
+            id,
+        };
         let mut users = self.users.lock().expect("hub lock");
         if self.closed.load(std::sync::atomic::Ordering::SeqCst) {
-            return Subscription {
+            return Ok(Subscription {
                 rx: broadcast::channel(1).1,
-            };
+                superseded,
+                _slot: slot,
+            });
         }
         let state = users.entry(user).or_default();
+        let others = state.streams.keys().filter(|d| *d != device).count();
+        if others >= self.max_streams_per_user {
+            return Err(TooManyStreams(self.max_streams_per_user));
+        }
+        if let Some((_, older)) = state.streams.insert(device.to_string(), (id, signal)) {
+            let _ = older.send(());
+        }
         let tx = state
             .tx
             .get_or_insert_with(|| broadcast::channel(CHANNEL_DEPTH).0);
-        Subscription { rx: tx.subscribe() }
+        Ok(Subscription {
+            rx: tx.subscribe(),
+            superseded,
+            _slot: slot,
+        })
     }
 
     fn send(&self, user: UserKey, event: HubEvent) {
@@ -152,7 +222,7 @@ impl Hub {
             if s.tx.as_ref().is_some_and(|tx| tx.receiver_count() == 0) {
                 s.tx = None;
             }
-            s.tx.is_some() || !s.heartbeats.is_empty()
+            s.tx.is_some() || !s.heartbeats.is_empty() || !s.streams.is_empty()
         });
     }
 }
@@ -166,9 +236,9 @@ mod tests {
 
     #[test]
     fn presence_follows_subscriptions_and_heartbeats() {
-        let hub = Hub::new(1_000);
+        let hub = Arc::new(Hub::new(1_000, 4));
         assert!(!hub.is_online(U1, 10_000));
-        let sub = hub.subscribe(U1);
+        let sub = hub.subscribe(U1, "phone").unwrap();
         assert!(hub.is_online(U1, 10_000));
         drop(sub);
         assert!(!hub.is_online(U1, 10_000));
@@ -181,14 +251,14 @@ mod tests {
 
     #[tokio::test]
     async fn closing_ends_every_subscription() {
-        let hub = Hub::new(1_000);
-        let mut a = hub.subscribe(U1);
+        let hub = Arc::new(Hub::new(1_000, 4));
+        let mut a = hub.subscribe(U1, "phone").unwrap();
         hub.close();
         assert!(matches!(
             a.rx.recv().await,
             Err(broadcast::error::RecvError::Closed)
         ));
-        let mut late = hub.subscribe(U2);
+        let mut late = hub.subscribe(U2, "phone").unwrap();
         assert!(matches!(
             late.rx.recv().await,
             Err(broadcast::error::RecvError::Closed)
@@ -197,20 +267,38 @@ mod tests {
 
     #[tokio::test]
     async fn only_subscribers_of_a_user_are_woken() {
-        let hub = Hub::new(1_000);
-        let mut a = hub.subscribe(U1);
-        let mut b = hub.subscribe(U2);
+        let hub = Arc::new(Hub::new(1_000, 4));
+        let mut a = hub.subscribe(U1, "phone").unwrap();
+        let mut b = hub.subscribe(U2, "phone").unwrap();
         hub.notify_pts(U1, 5);
         assert!(matches!(a.rx.recv().await.unwrap(), HubEvent::Pts(5)));
         assert!(b.rx.try_recv().is_err());
     }
 
     #[tokio::test]
+    async fn a_device_streams_once_and_a_user_from_so_many_devices() {
+        let hub = Arc::new(Hub::new(1_000, 2));
+        let mut first = hub.subscribe(U1, "phone").unwrap();
+        let laptop = hub.subscribe(U1, "laptop").unwrap();
+        assert_eq!(hub.subscribe(U1, "tablet").err(), Some(TooManyStreams(2)));
+        assert!(hub.subscribe(U2, "tablet").is_ok(), "another user");
+        // The same device again supersedes its older stream.
+        let second = hub.subscribe(U1, "phone").unwrap();
+        first.superseded.try_recv().expect("superseded");
+        drop(first);
+        assert_eq!(hub.subscribe(U1, "tablet").err(), Some(TooManyStreams(2)));
+        drop(laptop);
+        let _tablet = hub.subscribe(U1, "tablet").unwrap();
+        drop(second);
+        assert!(hub.is_online(U1, 0), "the tablet streams");
+    }
+
+    #[tokio::test]
     async fn the_same_user_id_in_two_tenants_is_two_users() {
-        let hub = Hub::new(1_000);
+        let hub = Arc::new(Hub::new(1_000, 4));
         let (a, b) = (UserKey::new(1, 2), UserKey::new(2, 2));
-        let mut sub_a = hub.subscribe(a);
-        let mut sub_b = hub.subscribe(b);
+        let mut sub_a = hub.subscribe(a, "phone").unwrap();
+        let mut sub_b = hub.subscribe(b, "phone").unwrap();
         hub.notify_pts(a, 3);
         assert!(matches!(sub_a.rx.recv().await.unwrap(), HubEvent::Pts(3)));
         assert!(sub_b.rx.try_recv().is_err());

@@ -193,6 +193,7 @@ impl SyncService {
     }
 
     pub async fn set_muted(&self, caller: Caller, conversation: u64, muted: bool) -> Result<()> {
+        self.messages.check_call(&caller)?;
         let _writing = self.user_writes.read().await;
         self.check_home(&caller, true)?;
         self.messages.check_member(&caller, conversation)?;
@@ -203,10 +204,11 @@ impl SyncService {
     }
 
     /// Records a heartbeat; returns the interval to keep to stay online.
-    pub fn heartbeat(&self, device: &Device) -> u64 {
+    pub fn heartbeat(&self, device: &Device) -> Result<u64> {
+        self.messages.check_call(&device.caller)?;
         self.hub
             .heartbeat(device.caller, &device.device, self.clock.now_ms());
-        self.config.sync.presence_window_secs * 1000 / 2
+        Ok(self.config.sync.presence_window_secs * 1000 / 2)
     }
 
     /// Presence of `users` of the caller's tenant (never another tenant's).
@@ -236,6 +238,7 @@ impl SyncService {
     /// Pushes a typing notice to the other members who are online; stores
     /// nothing.
     pub fn typing(&self, caller: Caller, conversation: u64) -> Result<()> {
+        self.messages.check_call(&caller)?;
         self.messages.check_member(&caller, conversation)?;
         let push = SyncPush {
             push: Some(sync_push::Push::Typing(TypingNotice {

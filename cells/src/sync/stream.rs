@@ -13,11 +13,12 @@ use cellmesh_proto::v1::{Message, Rebase, SyncEvent, SyncEventKind, SyncPush, sy
 use prost::Message as _;
 use tokio::sync::{broadcast, mpsc};
 
-use super::{Device, HubEvent, SyncService};
+use super::{Device, HubEvent, Subscription, SyncService};
 use crate::convert::message_to_proto;
-use crate::error::Result;
+use crate::error::{CellError, Result};
 use crate::storage::Store;
 use crate::user::UserKey;
+use cellmesh_proto::reason::Reason;
 
 /// Pushes buffered per subscription before the stream applies backpressure.
 const PUSH_BUFFER: usize = 256;
@@ -39,7 +40,13 @@ impl SyncService {
     ) -> Result<mpsc::Receiver<PushResult>> {
         self.check_home(&device.caller, false)?;
         let user = device.caller;
-        let subscription = self.hub.subscribe(user);
+        let subscription =
+            self.hub
+                .subscribe(user, &device.device)
+                .map_err(|_| CellError::RateLimited {
+                    scope: "streams",
+                    retry_after: std::time::Duration::from_secs(1),
+                })?;
         let latest = self.store.user_pts(user)?;
         let asked = match from_pts {
             0 => self.store.device_cursor(user, &device.device)?,
@@ -72,7 +79,7 @@ impl SyncService {
             {
                 return;
             }
-            if let Err(e) = service.stream(&device, cursor, subscription.rx, &tx).await {
+            if let Err(e) = service.stream(&device, cursor, subscription, &tx).await {
                 let _ = tx.send(Err(e.into())).await;
             }
         });
@@ -81,14 +88,20 @@ impl SyncService {
 
     /// Streams until the device goes away; ends with `WRONG_CELL` once the
     /// user's home has moved to another cell (the device reconnects there
-    /// and goes on from its cursor).
+    /// and goes on from its cursor), and with `STREAM_SUPERSEDED` once the
+    /// same device opened a newer stream.
     async fn stream(
         &self,
         device: &Device,
         mut cursor: u64,
-        mut wake: broadcast::Receiver<HubEvent>,
+        subscription: Subscription,
         tx: &mpsc::Sender<PushResult>,
     ) -> Result<()> {
+        let Subscription {
+            rx: mut wake,
+            mut superseded,
+            ..
+        } = subscription;
         let user = device.caller;
         let mut home_check = tokio::time::interval(HOME_CHECK);
         let mut behind = true;
@@ -114,6 +127,12 @@ impl SyncService {
             }
             tokio::select! {
                 _ = tx.closed() => return Ok(()),
+                Ok(()) = &mut superseded => {
+                    return Err(CellError::invalid(
+                        Reason::StreamSuperseded,
+                        format!("device {:?} opened a newer stream", device.device),
+                    ));
+                }
                 _ = home_check.tick() => self.check_home(&device.caller, false)?,
                 event = wake.recv() => match event {
                     Ok(HubEvent::Pts(pts)) => behind = pts > cursor,

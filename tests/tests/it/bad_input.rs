@@ -581,3 +581,136 @@ async fn a_chunk_for_a_conversation_not_moving_here_is_refused_and_changes_nothi
         .0;
     assert!(!replica.contains(&99), "{replica:?}");
 }
+
+/// A conversation's meta and a send's answer are replicated only by the
+/// conversation's owner to a cell that does not own it: a forged meta
+/// (one more member) or answer delivered to the owner, or to its standby
+/// from a cell that does not own the conversation or under another tenant,
+/// changes nothing; the owner's own replication still reaches the standby.
+#[tokio::test]
+async fn replicated_meta_from_a_cell_that_does_not_own_the_conversation_is_refused() {
+    use cellmesh_proto::storage::v1::IdempotencyRecord;
+    use cellmesh_proto::v1::cell_peer_client::CellPeerClient;
+    use cellmesh_tests::deploy as dep;
+    let d = dep::deploy(None).await;
+    let alice = dep::token(1, 10);
+    let mut m = messaging_client::MessagingClient::connect(d.edge.endpoint())
+        .await
+        .unwrap();
+    let conv = dep::create_via_edge(&mut m, &alice, vec![11]).await;
+    m.send(dep::authed(dep::text(conv, "original"), &alice))
+        .await
+        .unwrap();
+    let members = |cell: usize| {
+        d.cells[cell]
+            .cell
+            .service
+            .store()
+            .members(conv, 0, 100)
+            .unwrap()
+            .0
+    };
+    assert!(
+        eventually(std::time::Duration::from_secs(10), || async {
+            members(1) == vec![10, 11]
+        })
+        .await,
+        "the standby holds the replicated members: {:?}",
+        members(1)
+    );
+    let record = d.cells[0]
+        .cell
+        .service
+        .store()
+        .conversation(conv)
+        .unwrap()
+        .unwrap();
+    let forged_meta = |tenant_id| PeerEvent {
+        tenant_id,
+        conversation_id: conv,
+        meta: Some(ConversationMeta {
+            record: Some(record.clone()),
+            members: vec![10, 11, 99],
+        }),
+        ..Default::default()
+    };
+    let forged_answer = PeerEvent {
+        tenant_id: 1,
+        conversation_id: conv,
+        sender_id: 10,
+        client_req_id: "forged".into(),
+        idempotency: Some(IdempotencyRecord::default()),
+        ..Default::default()
+    };
+    let (owner, standby) = (d.cells[0].endpoint.clone(), d.cells[1].endpoint.clone());
+    for (name, to, source, event) in [
+        ("meta to the owner", &owner, "us-east/c1", forged_meta(1)),
+        ("answer to the owner", &owner, "us-east/c1", forged_answer),
+        (
+            "meta from a non-owner",
+            &standby,
+            "us-east/c9",
+            forged_meta(1),
+        ),
+        (
+            "meta as another tenant",
+            &standby,
+            "eu-west/c1",
+            forged_meta(2),
+        ),
+    ] {
+        let mut peer = CellPeerClient::connect(to.clone()).await.unwrap();
+        let answer = peer
+            .deliver_batch(with_secret(DeliverBatchRequest {
+                source_cell: source.into(),
+                events: vec![event],
+                route_index: 0,
+            }))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            (answer.applied, answer.refused_standby_events),
+            (0, 1),
+            "{name}"
+        );
+    }
+    assert_eq!(members(0), vec![10, 11], "the owner's members");
+    assert_eq!(members(1), vec![10, 11], "the standby's members");
+    let key = cellmesh_cell::storage::IdemKey {
+        kind: cellmesh_cell::storage::IdemKind::Send,
+        tenant: 1,
+        user: 10,
+        client_req_id: "forged".into(),
+    };
+    assert!(
+        d.cells[0]
+            .cell
+            .service
+            .store()
+            .idempotency(&key)
+            .unwrap()
+            .is_none(),
+        "no forged answer"
+    );
+    // The owner's own replication still lands: a member added through the
+    // edge reaches the standby.
+    m.add_members(dep::authed(
+        ChangeMembersRequest {
+            conversation_id: conv,
+            user_ids: vec![12],
+            ..Default::default()
+        },
+        &alice,
+    ))
+    .await
+    .unwrap();
+    assert!(
+        eventually(std::time::Duration::from_secs(10), || async {
+            members(1) == vec![10, 11, 12]
+        })
+        .await,
+        "{:?}",
+        members(1)
+    );
+}

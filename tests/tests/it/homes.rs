@@ -78,6 +78,7 @@ async fn remote_members_get_their_events_through_their_home_cell() {
             seq: 1,
             ..Default::default()
         }],
+        route_index: 0,
     };
     assert_eq!(
         peer.deliver_batch(replay)

@@ -141,3 +141,59 @@ async fn offline_members_are_notified_through_the_webhook_with_retries() {
     );
     cell.stop().await;
 }
+
+/// A device streams once: a new stream of it ends the older with
+/// `STREAM_SUPERSEDED` (the device does not reconnect from a dead
+/// connection's place). A user streams from at most
+/// `sync.max_streams_per_user` devices: another is `RATE_LIMITED` /
+/// `TOO_MANY_STREAMS` until one of them goes.
+#[tokio::test]
+async fn a_device_streams_once_and_a_user_from_so_many_devices() {
+    use cellmesh_proto::status::{error_code, error_detail};
+    let cell =
+        TestCell::start_with(|c| c.sync.max_streams_per_user = 2, Arc::new(SystemClock)).await;
+    let mut s = connect_sync(&cell.endpoint).await;
+    let mut phone = subscribe(&mut s, T, 1, "phone", 0).await;
+    let laptop = subscribe(&mut s, T, 1, "laptop", 0).await;
+    let tablet = || SubscribeRequest {
+        caller: device(T, 1, "tablet"),
+        from_pts: 0,
+        queue_id: 0,
+    };
+    let e = s.subscribe(tablet()).await.unwrap_err();
+    assert_eq!(
+        (error_code(&e), error_detail(&e).reason.as_str()),
+        (ErrorCode::RateLimited, "TOO_MANY_STREAMS")
+    );
+    // Another user has their own streams.
+    let _other = subscribe(&mut s, T, 2, "tablet", 0).await;
+    // The phone again: its older stream ends.
+    let _phone = subscribe(&mut s, T, 1, "phone", 0).await;
+    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match phone.message().await {
+                Ok(Some(_)) => continue,
+                Ok(None) => return None,
+                Err(status) => return Some(status),
+            }
+        }
+    })
+    .await
+    .expect("the older stream ends")
+    .expect("with a status");
+    assert_eq!(
+        error_detail(&ended).reason,
+        "STREAM_SUPERSEDED",
+        "{ended:?}"
+    );
+    // A device that goes frees its place.
+    drop(laptop);
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let mut s = s.clone();
+            async move { s.subscribe(tablet()).await.is_ok() }
+        })
+        .await,
+        "the tablet streams once the laptop went"
+    );
+}

@@ -79,7 +79,7 @@ async fn crash_between_apply_and_commit(kafka: Option<&Kafka>) {
     relay_task.abort();
 
     let group = config.processor_group();
-    let hub = Arc::new(Hub::new(60_000));
+    let hub = Arc::new(Hub::new(60_000, 16));
     let homes = Arc::new(StaticHomes::from_config(&config.homes));
     let new_processor = || {
         let signals = Signals::default();

@@ -172,7 +172,96 @@ async fn rate_limits_answer_rate_limited_with_retry_after() {
     let detail = error_detail(&status);
     assert_eq!(detail.reason, "USER_RATE_LIMITED");
     assert!(detail.retry_after_ms > 0 && detail.retry_after_ms <= 1000);
+    // A re-send of an acknowledged message gets its answer, limited or not.
+    let again = client
+        .send(text(TENANT, 1, conv, "r0", "x"))
+        .await
+        .expect("the stored answer, not RATE_LIMITED")
+        .into_inner();
+    assert_eq!(again.seq, 1);
     // Another user is not limited.
     client.send(text(TENANT, 2, conv, "r0", "x")).await.unwrap();
+    cell.stop().await;
+}
+
+/// Every call that changes something has a per-user budget, not only
+/// sends: creating, members, read marks, typing and heartbeats of one user
+/// share it; another user keeps theirs.
+#[tokio::test]
+async fn other_mutating_calls_are_rate_limited_per_user() {
+    use cellmesh_proto::v1::{
+        ChangeMembersRequest, HeartbeatRequest, MarkReadRequest, TypingRequest,
+    };
+    use cellmesh_tests::sync::{connect_sync, device};
+    let cell = TestCell::start_with(
+        |c| {
+            c.rate_limit.user_calls_per_sec = 1;
+            c.rate_limit.user_calls_burst = 3;
+        },
+        Arc::new(SystemClock),
+    )
+    .await;
+    let mut client = cell.client().await;
+    let mut sync = connect_sync(&cell.endpoint).await;
+    // Three calls of user 1: a creation, a read mark, a typing notice.
+    let conv = create_group(&mut client, TENANT, 1, &[2]).await;
+    client
+        .mark_read(MarkReadRequest {
+            caller: caller(TENANT, 1),
+            conversation_id: conv,
+            read_seq: 0,
+        })
+        .await
+        .unwrap();
+    sync.typing(TypingRequest {
+        caller: caller(TENANT, 1),
+        conversation_id: conv,
+    })
+    .await
+    .unwrap();
+    let limited = |status: tonic::Status| {
+        (
+            error_code(&status),
+            error_detail(&status).reason,
+            error_detail(&status).retry_after_ms > 0,
+        )
+    };
+    let expected = (
+        ErrorCode::RateLimited,
+        "USER_RATE_LIMITED".to_string(),
+        true,
+    );
+    let heartbeat = sync
+        .heartbeat(HeartbeatRequest {
+            caller: device(TENANT, 1, "phone"),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(limited(heartbeat), expected, "heartbeat");
+    let members = client
+        .add_members(ChangeMembersRequest {
+            caller: caller(TENANT, 1),
+            conversation_id: conv,
+            user_ids: vec![3],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(limited(members), expected, "add members");
+    let typing = sync
+        .typing(TypingRequest {
+            caller: caller(TENANT, 1),
+            conversation_id: conv,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(limited(typing), expected, "typing");
+    // Sends have their own budget; another user has theirs.
+    client.send(text(TENANT, 1, conv, "s1", "x")).await.unwrap();
+    sync.typing(TypingRequest {
+        caller: caller(TENANT, 2),
+        conversation_id: conv,
+    })
+    .await
+    .unwrap();
     cell.stop().await;
 }
