@@ -27,6 +27,9 @@ pub struct CellConfig {
     pub metrics_listen: String,
     /// OpenTelemetry trace export (`[telemetry]`); off without an endpoint.
     pub telemetry: cellmesh_telemetry::trace::TraceConfig,
+    /// Mutual TLS on the deployment's internal links (`[tls]`: the CA, this
+    /// process's certificate and key); none set: plaintext.
+    pub tls: cellmesh_proto::tls::TlsConfig,
     pub limits: LimitsConfig,
     pub rate_limit: RateLimitConfig,
     pub idempotency: IdempotencyConfig,
@@ -294,6 +297,7 @@ impl Default for CellConfig {
             instance_id: 1,
             metrics_listen: String::new(),
             telemetry: Default::default(),
+            tls: Default::default(),
             limits: LimitsConfig::default(),
             rate_limit: RateLimitConfig::default(),
             idempotency: IdempotencyConfig::default(),
@@ -437,6 +441,7 @@ impl CellConfig {
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
+        cellmesh_proto::config::check_tls(&self.tls)?;
         validate_cell_id(&self.cell_id)?;
         check(
             "instance_id",

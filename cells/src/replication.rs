@@ -23,7 +23,6 @@ use cellmesh_proto::v1::{ReplicateRequest, ReplicatedWrite};
 use cellmesh_telemetry::trace::grpc::{Channel, Traceable};
 use prost::Message as _;
 use tokio::sync::{mpsc, oneshot};
-use tonic::transport::Endpoint;
 
 use crate::config::{CellConfig, ReplicationConfig, ReplicationMode};
 use crate::error::{CellError, Result};
@@ -206,7 +205,7 @@ impl Shipper {
             return Some(client.clone());
         }
         let dial = cellmesh_proto::config::via(&self.links, endpoint);
-        let channel = Endpoint::from_shared(dial.to_string())
+        let channel = cellmesh_proto::tls::endpoint(dial.to_string())
             .ok()?
             .connect_timeout(Duration::from_secs(2))
             .connect_lazy()

@@ -62,6 +62,8 @@ pub enum StartError {
     Metrics(String),
     #[error("cannot open the cold tier: {0}")]
     ColdTier(String),
+    #[error("tls: {0}")]
+    Tls(String),
 }
 
 /// How a cell learns what it owns and where its users live.
@@ -87,6 +89,8 @@ impl Placement {
 
     /// Follows the route table of `routing.routers`.
     pub async fn routed(config: &CellConfig) -> Result<Self, StartError> {
+        // The route table is dialled with this cell's certificate.
+        cellmesh_proto::tls::install(&config.tls).map_err(StartError::Tls)?;
         let client = RouteClient::connect(
             config.routing.routers.clone(),
             ClusterSecret::new(&config.routing.cluster_secret),
@@ -208,6 +212,7 @@ pub async fn start_placed(
         marks,
     } = placement;
     config.validate()?;
+    cellmesh_proto::tls::install(&config.tls).map_err(StartError::Tls)?;
     std::fs::create_dir_all(&config.data_dir)?;
     let store = Store::open(&config.data_dir.join("db"), &config.storage)?;
     marks.attach(&store);

@@ -40,6 +40,8 @@ pub struct DevTarget {
     pub etcd: Vec<String>,
     /// The control-plane replicas' admin API endpoints.
     pub admin: Vec<String>,
+    /// The operator's certificate when the deployment runs mutual TLS.
+    pub tls: cellmesh_proto::tls::TlsConfig,
     /// The demo conversations, in dev.json order.
     pub conversations: Vec<u64>,
     key: TokenKey,
@@ -96,6 +98,7 @@ impl DevTarget {
                 .to_string(),
             etcd: strings(&info["etcd"]),
             admin: strings(&info["control_plane"]["admin"]),
+            tls: serde_json::from_value(info["tls"].clone()).unwrap_or_default(),
             conversations: info["demo"]["conversations"]
                 .as_array()
                 .into_iter()

@@ -62,6 +62,9 @@ pub struct ControlPlaneConfig {
     pub traces_url: String,
     /// OpenTelemetry trace export (`[telemetry]`); off without an endpoint.
     pub telemetry: cellmesh_telemetry::trace::TraceConfig,
+    /// Mutual TLS on the deployment's internal links (`[tls]`: the CA, this
+    /// process's certificate and key); none set: plaintext.
+    pub tls: cellmesh_proto::tls::TlsConfig,
     /// Addresses reached through a proxy: target → the address to dial.
     pub links: std::collections::BTreeMap<String, String>,
     /// Resuming moves whose migrator went away.
@@ -150,6 +153,7 @@ impl Default for ControlPlaneConfig {
             metrics_listen: String::new(),
             traces_url: String::new(),
             telemetry: Default::default(),
+            tls: Default::default(),
             links: Default::default(),
             migrations: Default::default(),
         }
@@ -173,6 +177,7 @@ impl ControlPlaneConfig {
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
+        cellmesh_proto::config::check_tls(&self.tls)?;
         check(
             "routers",
             !self.routers.is_empty(),
@@ -309,6 +314,7 @@ impl RunningControlPlane {
 
 pub async fn start(config: ControlPlaneConfig) -> Result<RunningControlPlane, String> {
     config.validate().map_err(|e| e.to_string())?;
+    cellmesh_proto::tls::install(&config.tls).map_err(|e| format!("tls: {e}"))?;
     let routes = RouteClient::connect(
         config.routers.clone(),
         ClusterSecret::new(&config.cluster_secret),
@@ -511,7 +517,7 @@ async fn lead(
 
 async fn probe(address: String, timeout: Duration) -> bool {
     let attempt = async {
-        let channel = tonic::transport::Endpoint::from_shared(address)
+        let channel = cellmesh_proto::tls::endpoint(address)
             .ok()?
             .connect_timeout(timeout)
             .connect()

@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use tonic::transport::Channel;
 
 async fn peer(address: &str) -> Option<CellPeerClient<Channel>> {
-    let channel = Channel::from_shared(address.to_string())
+    let channel = cellmesh_proto::tls::endpoint(address.to_string())
         .ok()?
         .connect_timeout(Duration::from_millis(500))
         .timeout(Duration::from_secs(2))
@@ -56,7 +56,7 @@ pub async fn router_status(
     endpoint: &str,
     secret: &ClusterSecret,
 ) -> Result<pb::RouterStatus, tonic::Status> {
-    let channel = Channel::from_shared(endpoint.to_string())
+    let channel = cellmesh_proto::tls::endpoint(endpoint.to_string())
         .map_err(|e| tonic::Status::invalid_argument(e.to_string()))?
         .connect_timeout(Duration::from_secs(2))
         .timeout(Duration::from_secs(2))

@@ -51,6 +51,9 @@ pub struct EdgeConfig {
     pub metrics_listen: String,
     /// OpenTelemetry trace export (`[telemetry]`); off without an endpoint.
     pub telemetry: cellmesh_telemetry::trace::TraceConfig,
+    /// Mutual TLS on the deployment's internal links (`[tls]`: the CA, this
+    /// process's certificate and key); none set: plaintext.
+    pub tls: cellmesh_proto::tls::TlsConfig,
 }
 
 impl Default for EdgeConfig {
@@ -67,6 +70,7 @@ impl Default for EdgeConfig {
             links: Default::default(),
             metrics_listen: String::new(),
             telemetry: Default::default(),
+            tls: Default::default(),
         }
     }
 }
@@ -77,6 +81,7 @@ impl EdgeConfig {
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
+        cellmesh_proto::config::check_tls(&self.tls)?;
         check(
             "routers",
             !self.routers.is_empty(),
@@ -133,6 +138,8 @@ pub enum EdgeError {
     },
     #[error("grpc: {0}")]
     Grpc(String),
+    #[error("tls: {0}")]
+    Tls(String),
     #[error("cannot serve metrics: {0}")]
     Metrics(String),
 }
@@ -159,6 +166,7 @@ impl RunningEdge {
 
 pub async fn start(config: EdgeConfig) -> Result<RunningEdge, EdgeError> {
     config.validate()?;
+    cellmesh_proto::tls::install(&config.tls).map_err(EdgeError::Tls)?;
     let secret = ClusterSecret::new(&config.cluster_secret);
     let routes = RouteClient::connect(config.routers.clone(), secret.clone())
         .await
@@ -197,7 +205,9 @@ pub async fn start(config: EdgeConfig) -> Result<RunningEdge, EdgeError> {
         .map_err(EdgeError::Metrics)?;
     let (tx, rx) = oneshot::channel();
     let task = tokio::spawn(async move {
-        let result = cellmesh_proto::server::builder()
+        // Clients reach the edge without certificates; its calls to cells
+        // and routers carry the edge's.
+        let result = cellmesh_proto::server::public_builder()
             .layer(cellmesh_telemetry::server::ServerLayer)
             .add_service(standard.health)
             .add_service(standard.reflection)

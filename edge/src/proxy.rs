@@ -20,7 +20,6 @@ use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::status::{error_detail, to_status};
 use cellmesh_proto::v1::{self as pb, ErrorCode};
 use cellmesh_telemetry::trace::grpc::{Channel, Traceable};
-use tonic::transport::Endpoint;
 use tonic::{Request, Response, Status};
 
 use super::auth::{Claims, TokenKey};
@@ -148,7 +147,7 @@ impl Proxy {
         if let Some(c) = channels.get(address) {
             return Ok(c.clone());
         }
-        let channel = Endpoint::from_shared(address.to_string())
+        let channel = cellmesh_proto::tls::endpoint(address.to_string())
             .map_err(|e| Status::internal(format!("cell address {address:?}: {e}")))?
             .connect_timeout(Duration::from_secs(2))
             .tcp_nodelay(true)

@@ -62,6 +62,17 @@ pub fn check(field: &'static str, ok: bool, message: &str) -> Result<(), ConfigE
     }
 }
 
+/// `[tls]`: none, or all three files readable with an identity in the
+/// certificate.
+pub fn check_tls(tls: &crate::tls::TlsConfig) -> Result<(), ConfigError> {
+    if !tls.enabled() {
+        return Ok(());
+    }
+    tls.load()
+        .map(|_| ())
+        .map_err(|(field, message)| ConfigError::Invalid { field, message })
+}
+
 /// `Ok` when an optional listen address is empty (that server off) or
 /// `host:port`, else an error naming `field`.
 pub fn check_listen(field: &'static str, value: &str) -> Result<(), ConfigError> {

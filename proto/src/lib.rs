@@ -9,6 +9,7 @@ pub mod reason;
 pub mod secret;
 pub mod server;
 pub mod status;
+pub mod tls;
 
 /// The public API: messaging service, shared types, error details.
 pub mod v1 {

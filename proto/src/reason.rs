@@ -100,6 +100,7 @@ reasons! {
     RaftUnavailable => "RAFT_UNAVAILABLE",
     RecipientNotAMember => "RECIPIENT_NOT_A_MEMBER",
     RetryLater => "RETRY_LATER",
+    RoleNotAllowed => "ROLE_NOT_ALLOWED",
     RouteBehind => "ROUTE_BEHIND",
     RunsInCell => "RUNS_IN_CELL",
     SegmentCorrupt => "SEGMENT_CORRUPT",

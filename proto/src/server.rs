@@ -88,8 +88,26 @@ pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 /// completed its handshake, or stopped answering, stays this quiet.
 pub const IDLE: Duration = Duration::from_secs(60);
 
-/// The server builder every cellmesh server starts from.
-pub fn builder() -> tonic::transport::Server {
+/// The server builder every internal cellmesh server starts from: with
+/// this process's TLS installed ([`crate::tls`]) it takes only clients
+/// with a certificate the CA signed, and only for the services their role
+/// may call.
+pub fn builder() -> tonic::transport::Server<
+    tower::layer::util::Stack<crate::tls::Authorize, tower::layer::util::Identity>,
+> {
+    let server = public_builder();
+    let server = match crate::tls::installed() {
+        Some(tls) => server
+            .tls_config(crate::tls::server_config(tls))
+            .expect("checked when installed"),
+        None => server,
+    };
+    server.layer(crate::tls::Authorize)
+}
+
+/// A client-facing server (the edge's): keepalive and idle limits, no
+/// client certificates.
+pub fn public_builder() -> tonic::transport::Server {
     tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(KEEPALIVE))
         .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))

@@ -15,7 +15,6 @@ use cellmesh_proto::v1::routing_client::RoutingClient;
 use cellmesh_proto::v1::{self as pb, Consistency, ErrorCode};
 use cellmesh_telemetry::trace::grpc::{Channel, Traceable};
 use tokio::sync::{broadcast, watch};
-use tonic::transport::Endpoint;
 use tonic::{Request, Status};
 
 use crate::convert::{change_from_pb, key_to_pb, table_from_pb};
@@ -221,7 +220,7 @@ impl Inner {
         let channel = match channels.get(endpoint) {
             Some(c) => c.clone(),
             None => {
-                let c = Endpoint::from_shared(endpoint.to_string())
+                let c = cellmesh_proto::tls::endpoint(endpoint.to_string())
                     .map_err(|e| {
                         Status::invalid_argument(format!("router endpoint {endpoint:?}: {e}"))
                     })?

@@ -30,6 +30,9 @@ pub struct RouterConfig {
     pub metrics_listen: String,
     /// OpenTelemetry trace export (`[telemetry]`); off without an endpoint.
     pub telemetry: cellmesh_telemetry::trace::TraceConfig,
+    /// Mutual TLS on the deployment's internal links (`[tls]`: the CA, this
+    /// process's certificate and key); none set: plaintext.
+    pub tls: cellmesh_proto::tls::TlsConfig,
     pub raft: RaftConfig,
     pub cluster: ClusterConfig,
     /// Peer Raft address → the address this replica dials instead (a proxy
@@ -84,6 +87,7 @@ impl Default for RouterConfig {
             cluster_secret: String::new(),
             metrics_listen: String::new(),
             telemetry: Default::default(),
+            tls: Default::default(),
             raft: RaftConfig::default(),
             cluster: ClusterConfig::default(),
             links: Default::default(),
@@ -110,6 +114,7 @@ impl RouterConfig {
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
+        cellmesh_proto::config::check_tls(&self.tls)?;
         check_listen("metrics_listen", &self.metrics_listen)?;
         self.telemetry.validate()?;
         for (field, url) in [

@@ -15,7 +15,7 @@ use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use crate::types::{NodeId, RouterNode, TypeConfig};
 use crate::wire;
@@ -35,7 +35,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 
     async fn new_client(&mut self, target: NodeId, node: &RouterNode) -> PeerClient {
         let address = cellmesh_proto::config::via(&self.links, &node.raft_addr).to_string();
-        let client = Endpoint::from_shared(address)
+        let client = cellmesh_proto::tls::endpoint(address)
             .map(|e| {
                 e.connect_timeout(Duration::from_secs(1))
                     .tcp_nodelay(true)

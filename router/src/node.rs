@@ -36,6 +36,8 @@ pub enum StartError {
     DataDir(std::path::PathBuf, std::io::Error),
     #[error("storage: {0}")]
     Storage(#[from] crate::types::StorageError),
+    #[error("tls: {0}")]
+    Tls(String),
     #[error("raft: {0}")]
     Raft(String),
     #[error("cannot serve metrics: {0}")]
@@ -59,6 +61,7 @@ pub struct RunningRouter {
 
 pub async fn start(config: RouterConfig) -> Result<RunningRouter, StartError> {
     config.validate()?;
+    cellmesh_proto::tls::install(&config.tls).map_err(StartError::Tls)?;
     std::fs::create_dir_all(&config.data_dir)
         .map_err(|e| StartError::DataDir(config.data_dir.clone(), e))?;
     let bind = |what, addr| async move {

@@ -11,7 +11,6 @@ use cellmesh_proto::v1::cell_peer_client::CellPeerClient;
 use cellmesh_proto::v1::cell_peer_server::CellPeer;
 use cellmesh_proto::v1::*;
 use cellmesh_telemetry::trace::grpc::{Channel, Traceable};
-use tonic::transport::Endpoint;
 use tonic::{Request, Response, Status};
 
 use crate::error::CellError;
@@ -91,7 +90,7 @@ impl PeerApi {
         let channel = match cached {
             Some(channel) => channel,
             None => {
-                let channel = Endpoint::from_shared(address.to_string())
+                let channel = cellmesh_proto::tls::endpoint(address.to_string())
                     .map_err(|e| CellError::invalid(Reason::BadSourceAddress, e.to_string()))?
                     .connect_timeout(Duration::from_secs(2))
                     .connect()
@@ -162,6 +161,16 @@ impl CellPeer for PeerApi {
         &self,
         request: Request<DeliverBatchRequest>,
     ) -> Result<Response<DeliverBatchResponse>, Status> {
+        // With mutual TLS, a cell delivers only as itself.
+        if let Some(peer) = cellmesh_proto::tls::caller(&request)
+            && (peer.role != cellmesh_proto::tls::Role::Cell
+                || peer.id != request.get_ref().source_cell)
+        {
+            return Err(cellmesh_proto::tls::denied(format!(
+                "{peer} may not deliver as cell {:?}",
+                request.get_ref().source_cell
+            )));
+        }
         let r = request.into_inner();
         tracing::debug!(source = %r.source_cell, events = r.events.len(), "deliver batch");
         // Who owns a replicated conversation is judged on a table at least

@@ -20,7 +20,6 @@ use cellmesh_proto::v1::{HighWaterMark, HighWaterMarks as PbMarks};
 use cellmesh_route_client::client::RouteClient;
 use cellmesh_route_client::table::{Key, RouteState};
 use cellmesh_telemetry::trace::grpc::{Channel, Traceable};
-use tonic::transport::Endpoint;
 
 use super::HighWaterMarks;
 use crate::storage::Mark;
@@ -291,7 +290,7 @@ impl Rounds {
             return Ok(client.clone());
         }
         let dial = cellmesh_proto::config::via(&self.links, address);
-        let channel = Endpoint::from_shared(dial.to_string())
+        let channel = cellmesh_proto::tls::endpoint(dial.to_string())
             .map_err(|e| format!("{address}: {e}"))?
             .connect_timeout(Duration::from_secs(2))
             .connect_lazy()

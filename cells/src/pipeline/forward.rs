@@ -21,7 +21,6 @@ use cellmesh_telemetry::trace::grpc::{Channel, Traceable};
 use cellmesh_telemetry::trace::{follow, traceparent};
 use prost::Message as _;
 use tokio::sync::Notify;
-use tonic::transport::Endpoint;
 use tracing::Instrument;
 
 use super::for_standby;
@@ -375,7 +374,7 @@ fn destination<'a>(
     }
     if !destinations.contains_key(endpoint) {
         let dial = cellmesh_proto::config::via(links, endpoint);
-        let channel = Endpoint::from_shared(dial.to_string())
+        let channel = cellmesh_proto::tls::endpoint(dial.to_string())
             .ok()?
             .connect_timeout(Duration::from_secs(2))
             .connect_lazy()

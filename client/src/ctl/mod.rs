@@ -42,9 +42,18 @@ pub struct CtlArgs {
         hide_env_values = true
     )]
     secret: String,
-    /// Take routers and secret from a running `cellmesh dev` (its data dir).
+    /// Take routers, secret and the operator's certificate from a running
+    /// `cellmesh dev` (its data dir).
     #[arg(long, env = "CELLMESH_DEV")]
     dev: Option<std::path::PathBuf>,
+    /// Mutual TLS: the deployment's CA and the operator's certificate and
+    /// key (PEM), for a deployment whose processes run with `[tls]`.
+    #[arg(long, env = "CELLMESH_TLS_CA", default_value = "")]
+    tls_ca: String,
+    #[arg(long, env = "CELLMESH_TLS_CERT", default_value = "")]
+    tls_cert: String,
+    #[arg(long, env = "CELLMESH_TLS_KEY", default_value = "")]
+    tls_key: String,
     /// etcd endpoints (for the control-plane leader in `status`).
     #[arg(long, env = "CELLMESH_ETCD", value_delimiter = ',')]
     etcd: Vec<String>,
@@ -346,11 +355,21 @@ pub async fn run(mut args: CtlArgs) -> anyhow::Result<()> {
         if args.etcd.is_empty() && args.coordination_dir.is_none() {
             args.coordination_dir = Some(dir.join("coordination"));
         }
-        let admin = cellmesh_chaos::target::DevTarget::load(dir)?.admin;
-        if !admin.is_empty() {
-            args.control_plane = admin;
+        let dev = cellmesh_chaos::target::DevTarget::load(dir)?;
+        if !dev.admin.is_empty() {
+            args.control_plane = dev.admin;
+        }
+        if args.tls_ca.is_empty() {
+            (args.tls_ca, args.tls_cert, args.tls_key) =
+                (dev.tls.ca_file, dev.tls.cert_file, dev.tls.key_file);
         }
     }
+    cellmesh_proto::tls::install(&cellmesh_proto::tls::TlsConfig {
+        ca_file: args.tls_ca.clone(),
+        cert_file: args.tls_cert.clone(),
+        key_file: args.tls_key.clone(),
+    })
+    .map_err(anyhow::Error::msg)?;
     if let CtlCommand::Ops { command } = args.command {
         return ops::run(
             &args.control_plane,

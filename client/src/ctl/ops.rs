@@ -89,7 +89,10 @@ pub enum StartCommand {
 async fn connect(endpoints: &[String]) -> anyhow::Result<OperationsClient<Channel>> {
     let mut last = None;
     for endpoint in endpoints {
-        match Channel::from_shared(endpoint.clone())?.connect().await {
+        match cellmesh_proto::tls::endpoint(endpoint.clone())?
+            .connect()
+            .await
+        {
             Ok(channel) => return Ok(OperationsClient::new(channel)),
             Err(e) => last = Some(e),
         }

@@ -11,7 +11,6 @@ use cellmesh_proto::v1::{CopyRequest, TenantConversationsRequest};
 use cellmesh_route_client::client::RouteClient;
 use cellmesh_route_client::table::Key;
 use cellmesh_telemetry::trace::grpc::Traceable;
-use tonic::transport::Endpoint;
 
 /// Copies back what `returned` holds; returns (conversations backfilled,
 /// messages copied).
@@ -57,7 +56,7 @@ pub async fn backfill(
     }
     let (mut done, mut messages) = (0, 0);
     for (tenant, conversation, owner) in work {
-        let Ok(endpoint) = Endpoint::from_shared(owner.clone()) else {
+        let Ok(endpoint) = cellmesh_proto::tls::endpoint(owner.clone()) else {
             continue;
         };
         let mut client = CellPeerClient::new(
@@ -96,7 +95,7 @@ async fn stored_conversations(
     secret: &ClusterSecret,
     tenant: u64,
 ) -> Result<Vec<u64>, tonic::Status> {
-    let endpoint = Endpoint::from_shared(address.to_string())
+    let endpoint = cellmesh_proto::tls::endpoint(address.to_string())
         .map_err(|e| tonic::Status::invalid_argument(e.to_string()))?;
     let mut client = CellPeerClient::new(
         endpoint

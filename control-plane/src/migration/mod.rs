@@ -31,7 +31,6 @@ use cellmesh_route_client::client::RouteClient;
 use cellmesh_route_client::commands::update_route;
 use cellmesh_route_client::table::{Key, Phase, RouteState};
 use cellmesh_telemetry::trace::grpc::{Channel, Traceable};
-use tonic::transport::Endpoint;
 
 pub mod bulk;
 mod engine;
@@ -200,7 +199,7 @@ impl Migrator {
             .routes
             .read(|t| t.cell(cell).map(|c| c.address.clone()))
             .ok_or_else(|| MigrationError::Refused(format!("unknown cell {cell}")))?;
-        let channel = Endpoint::from_shared(address.clone())
+        let channel = cellmesh_proto::tls::endpoint(address.clone())
             .map_err(|e| MigrationError::Refused(format!("cell {cell} address {address:?}: {e}")))?
             .connect_timeout(Duration::from_secs(2))
             .connect_lazy()

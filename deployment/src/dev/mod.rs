@@ -8,11 +8,13 @@
 
 mod demo;
 pub mod kafka;
+pub mod pki;
 mod prometheus;
 mod supervisor;
 mod topology;
 mod traces;
 
+use cellmesh_proto::tls::{Peer, Role, TlsConfig};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -81,6 +83,12 @@ pub struct DevArgs {
     /// 30 days, every minute).
     #[arg(long, value_name = "N")]
     hot_messages: Option<u64>,
+    /// Mutual TLS on every internal link: a CA made for this run and one
+    /// certificate per process in `<data dir>/tls` (the operator's is
+    /// `tls/operator-admin.pem`). Clients still reach the edges in
+    /// plaintext.
+    #[arg(long)]
+    tls: bool,
 }
 
 fn parse_mode(text: &str) -> Result<ReplicationMode, String> {
@@ -149,6 +157,18 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&configs)
         .with_context(|| format!("cannot create {}", configs.display()))?;
     let secrets = secrets(data)?;
+    let pki = match args.tls {
+        true => Some(pki::Pki::create(&data.join("tls"))?),
+        false => None,
+    };
+    let tls = |role: Role, id: &str| -> anyhow::Result<TlsConfig> {
+        match &pki {
+            Some(pki) => pki.issue(&Peer::new(role, id)),
+            None => Ok(TlsConfig::default()),
+        }
+    };
+    let operator = tls(Role::Operator, "admin")?;
+    cellmesh_proto::tls::install(&operator).map_err(anyhow::Error::msg)?;
     let topo = Topology {
         base: args.base_port,
     };
@@ -225,6 +245,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         };
         config.cluster.bootstrap = r == 0;
         config.cluster.members = members.clone();
+        config.tls = tls(Role::Router, &(r + 1).to_string())?;
         let path = write_config(&configs, &format!("router-{region}"), &config)?;
         sup.start(Spec {
             name: format!("router-{region}"),
@@ -260,6 +281,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
                 config.tiering.interval_ms = 1_000;
             }
             config.replication.mode = args.replication;
+            config.tls = tls(Role::Cell, &id)?;
             let other = match args.replication {
                 ReplicationMode::Async => ReplicationMode::Sync,
                 ReplicationMode::Sync => ReplicationMode::Async,
@@ -312,6 +334,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         config.metrics_listen = format!("127.0.0.1:{}", topo.control_plane_metrics_port(i));
         config.telemetry = telemetry.clone();
         config.traces_url = traces.query_url.clone().unwrap_or_default();
+        config.tls = tls(Role::ControlPlane, &(i + 1).to_string())?;
         if args.etcd {
             config.coordination.backend = CoordinationBackend::Etcd;
             config.coordination.etcd_endpoints = etcd_endpoints.clone();
@@ -337,6 +360,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             links: topo.links_from(r),
             metrics_listen: format!("127.0.0.1:{}", topo.edge_metrics_port(r)),
             telemetry: telemetry.clone(),
+            tls: tls(Role::Edge, region)?,
             ..EdgeConfig::default()
         };
         let path = write_config(&configs, &format!("edge-{region}"), &config)?;
@@ -377,6 +401,9 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         "prometheus_url": prometheus_url,
         "traces": {"otlp": traces.endpoint, "query_url": traces.query_url, "sample_ratio": args.trace_ratio},
         "cluster_secret": secrets.cluster,
+        "tls": operator.enabled().then(|| serde_json::json!({
+            "ca_file": operator.ca_file, "cert_file": operator.cert_file, "key_file": operator.key_file,
+        })),
         "etcd": etcd_endpoints,
         "kafka": if mock_kafka.is_some() { Some("mock".to_string()) } else { brokers.clone() },
         "latency_ms": Duration::from(args.latency).as_millis() as u64,

@@ -3,6 +3,7 @@
 //! route client's (`cellmesh_route_client::convert`).
 
 pub(crate) use cellmesh_route_client::convert;
+pub mod authorize;
 pub mod raft;
 pub mod read_index;
 pub mod routing;

@@ -49,7 +49,9 @@ impl RaftPeer for RaftPeerService {
         &self,
         request: Request<pb::AppendEntriesRequest>,
     ) -> Result<Response<pb::AppendEntriesResponse>, Status> {
+        let peer = cellmesh_proto::tls::caller(&request).cloned();
         let rpc = wire::append_request_from_pb(request.into_inner()).map_err(malformed)?;
+        super::authorize::is_router(peer.as_ref(), rpc.vote.leader_id.node_id)?;
         admit(&self.raft, &rpc.vote)?;
         let resp = self.raft.append_entries(rpc).await.map_err(refused)?;
         Ok(Response::new(wire::append_response_to_pb(&resp)))
@@ -59,7 +61,9 @@ impl RaftPeer for RaftPeerService {
         &self,
         request: Request<pb::VoteRequest>,
     ) -> Result<Response<pb::VoteResponse>, Status> {
+        let peer = cellmesh_proto::tls::caller(&request).cloned();
         let rpc = wire::vote_request_from_pb(request.into_inner()).map_err(malformed)?;
+        super::authorize::is_router(peer.as_ref(), rpc.vote.leader_id.node_id)?;
         admit(&self.raft, &rpc.vote)?;
         let resp = self.raft.vote(rpc).await.map_err(refused)?;
         Ok(Response::new(wire::vote_response_to_pb(&resp)))
@@ -69,7 +73,9 @@ impl RaftPeer for RaftPeerService {
         &self,
         request: Request<pb::InstallSnapshotRequest>,
     ) -> Result<Response<pb::InstallSnapshotResponse>, Status> {
+        let peer = cellmesh_proto::tls::caller(&request).cloned();
         let rpc = wire::snapshot_request_from_pb(request.into_inner()).map_err(malformed)?;
+        super::authorize::is_router(peer.as_ref(), rpc.vote.leader_id.node_id)?;
         admit(&self.raft, &rpc.vote)?;
         let answer = match self.raft.install_snapshot(rpc).await {
             Ok(resp) => Ok(resp),

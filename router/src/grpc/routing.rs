@@ -21,7 +21,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataValue;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
 use super::convert::*;
@@ -106,7 +106,7 @@ impl RoutingService {
         if let Some(c) = leaders.get(addr) {
             return Ok(c.clone());
         }
-        let channel = Endpoint::from_shared(addr.to_string())
+        let channel = cellmesh_proto::tls::endpoint(addr.to_string())
             .map_err(|e| Status::internal(format!("leader address {addr:?}: {e}")))?
             .connect_lazy();
         leaders.insert(addr.to_string(), channel.clone());
@@ -257,6 +257,9 @@ impl Routing for RoutingService {
         &self,
         request: Request<pb::RouteCommand>,
     ) -> Result<Response<pb::ApplyResponse>, Status> {
+        if let Some(peer) = cellmesh_proto::tls::caller(&request) {
+            super::authorize::may_apply(peer, request.get_ref())?;
+        }
         let fwd = forwarded(&request);
         let req = request.into_inner();
         let command = command_from_pb(req.clone())?;
@@ -278,6 +281,9 @@ impl Routing for RoutingService {
         &self,
         request: Request<pb::AddLearnerRequest>,
     ) -> Result<Response<pb::MembershipResponse>, Status> {
+        if let Some(peer) = cellmesh_proto::tls::caller(&request) {
+            super::authorize::may_change_membership(peer)?;
+        }
         let fwd = forwarded(&request);
         let req = request.into_inner();
         let node = req
@@ -316,6 +322,9 @@ impl Routing for RoutingService {
         &self,
         request: Request<pb::ChangeMembershipRequest>,
     ) -> Result<Response<pb::MembershipResponse>, Status> {
+        if let Some(peer) = cellmesh_proto::tls::caller(&request) {
+            super::authorize::may_change_membership(peer)?;
+        }
         let fwd = forwarded(&request);
         let req = request.into_inner();
         let voters: BTreeSet<NodeId> = req.voters.iter().copied().collect();

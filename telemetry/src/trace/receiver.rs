@@ -174,7 +174,7 @@ impl Receiver {
         let service = TraceServiceServer::new(self.clone()).max_decoding_message_size(32 << 20);
         tokio::spawn(async move {
             let incoming = cellmesh_proto::server::incoming(listener);
-            if let Err(e) = cellmesh_proto::server::builder()
+            if let Err(e) = cellmesh_proto::server::public_builder()
                 .add_service(service)
                 .serve_with_incoming(incoming)
                 .await

@@ -33,5 +33,6 @@ mod sync_replication;
 mod tenant_move;
 mod tenant_reverse;
 mod tenants;
+mod tls;
 mod traces;
 mod user_move;

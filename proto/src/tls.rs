@@ -1,0 +1,393 @@
+//! Mutual TLS between the deployment's processes, and what each role may
+//! call. A process configured with `[tls]` (the deployment's CA, its own
+//! certificate and key) installs it once at start ([`install`]): every
+//! internal server it runs then takes only connections that present a
+//! certificate the CA signed ([`crate::server::builder`]), and every
+//! channel it dials ([`endpoint`]) speaks TLS with its own certificate.
+//!
+//! A certificate names its holder in a URI subject alternative name,
+//! `cellmesh:<role>/<id>` (`cellmesh:router/1`, `cellmesh:cell/eu-west/c1`,
+//! `cellmesh:edge/eu-west`, `cellmesh:control-plane/1`,
+//! `cellmesh:operator/admin`), and the DNS name [`SERVER_NAME`], which
+//! clients verify whatever address they dial. [`Authorize`], the layer on
+//! every internal server, refuses a service the caller's role may not call
+//! (`PERMISSION_DENIED` / `ROLE_NOT_ALLOWED`) and hands the caller's
+//! [`Peer`] to the handlers, which check what depends on the request (a
+//! cell registers only itself; Raft messages come only from the router the
+//! message names). Without `[tls]`, nothing here applies: the shared
+//! secret (opt-in) is the only check.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::OnceLock;
+use std::task::{Context, Poll};
+
+use serde::{Deserialize, Serialize};
+use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity, ServerTlsConfig};
+
+use crate::reason::Reason;
+use crate::status::to_status;
+use crate::v1::ErrorCode;
+
+/// The DNS name every certificate carries and every client verifies.
+pub const SERVER_NAME: &str = "cellmesh.internal";
+/// The scheme of the identity URI.
+const SCHEME: &str = "cellmesh:";
+
+/// `[tls]` of a role's config: all three files, or none (no TLS).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TlsConfig {
+    /// PEM of the deployment's CA: peers must present a certificate it
+    /// signed.
+    pub ca_file: String,
+    /// PEM certificate naming this process (`cellmesh:<role>/<id>`).
+    pub cert_file: String,
+    /// PEM private key of `cert_file`.
+    pub key_file: String,
+}
+
+/// A role a certificate names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Role {
+    Router,
+    Cell,
+    Edge,
+    ControlPlane,
+    /// An operator's tools: `cellmesh ctl`, drills, benchmarks.
+    Operator,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Router => "router",
+            Role::Cell => "cell",
+            Role::Edge => "edge",
+            Role::ControlPlane => "control-plane",
+            Role::Operator => "operator",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        [
+            Role::Router,
+            Role::Cell,
+            Role::Edge,
+            Role::ControlPlane,
+            Role::Operator,
+        ]
+        .into_iter()
+        .find(|r| r.as_str() == s)
+    }
+}
+
+/// Who is calling, as its certificate says.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Peer {
+    pub role: Role,
+    pub id: String,
+}
+
+impl Peer {
+    pub fn new(role: Role, id: &str) -> Self {
+        Self {
+            role,
+            id: id.to_string(),
+        }
+    }
+
+    /// The identity URI a certificate carries.
+    pub fn uri(&self) -> String {
+        format!("{SCHEME}{}/{}", self.role.as_str(), self.id)
+    }
+
+    /// `cellmesh:<role>/<id>`.
+    pub fn parse(uri: &str) -> Option<Self> {
+        let (role, id) = uri.strip_prefix(SCHEME)?.split_once('/')?;
+        let role = Role::parse(role)?;
+        (!id.is_empty()).then(|| Self::new(role, id))
+    }
+
+    /// The identity in a DER certificate (its first `cellmesh:` URI).
+    pub fn of_certificate(der: &[u8]) -> Option<Self> {
+        let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+        let san = cert.subject_alternative_name().ok()??;
+        san.value.general_names.iter().find_map(|name| match name {
+            x509_parser::extensions::GeneralName::URI(uri) => Self::parse(uri),
+            _ => None,
+        })
+    }
+
+    /// The caller of a request on a TLS connection (`None` on plaintext).
+    pub fn of_request(extensions: &http::Extensions) -> Option<Self> {
+        let certs = extensions
+            .get::<TlsConnectInfo<TcpConnectInfo>>()?
+            .peer_certs()?;
+        certs.first().and_then(|c| Self::of_certificate(c.as_ref()))
+    }
+}
+
+impl std::fmt::Display for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.role.as_str(), self.id)
+    }
+}
+
+/// This process's TLS material once installed.
+pub struct Installed {
+    ca: Certificate,
+    identity: Identity,
+    /// Who this process is.
+    pub me: Peer,
+}
+
+static INSTALLED: OnceLock<Installed> = OnceLock::new();
+
+impl TlsConfig {
+    pub fn enabled(&self) -> bool {
+        !(self.ca_file.is_empty() && self.cert_file.is_empty() && self.key_file.is_empty())
+    }
+
+    /// Reads and checks the files: the field at fault and why.
+    pub fn load(&self) -> Result<Installed, (&'static str, String)> {
+        let read = |field: &'static str, path: &str| {
+            if path.is_empty() {
+                return Err((field, "is required when [tls] is set".to_string()));
+            }
+            std::fs::read(path).map_err(|e| (field, format!("cannot read {path}: {e}")))
+        };
+        let ca = read("tls.ca_file", &self.ca_file)?;
+        let cert = read("tls.cert_file", &self.cert_file)?;
+        let key = read("tls.key_file", &self.key_file)?;
+        let me = first_der(&cert)
+            .and_then(|der| Peer::of_certificate(&der))
+            .ok_or((
+                "tls.cert_file",
+                format!("{} names no cellmesh:<role>/<id> identity", self.cert_file),
+            ))?;
+        if first_der(&ca).is_none() {
+            return Err((
+                "tls.ca_file",
+                format!("{} holds no certificate", self.ca_file),
+            ));
+        }
+        if !String::from_utf8_lossy(&key).contains("PRIVATE KEY") {
+            return Err((
+                "tls.key_file",
+                format!("{} holds no private key", self.key_file),
+            ));
+        }
+        Ok(Installed {
+            ca: Certificate::from_pem(ca),
+            identity: Identity::from_pem(cert, key),
+            me,
+        })
+    }
+}
+
+/// The first certificate of a PEM file, as DER.
+fn first_der(pem: &[u8]) -> Option<Vec<u8>> {
+    let (_, pem) = x509_parser::pem::parse_x509_pem(pem).ok()?;
+    (pem.label == "CERTIFICATE").then_some(pem.contents)
+}
+
+/// Installs `config` for this process (its servers and channels); `Ok(None)`
+/// when `[tls]` is not set. A second install must name the same identity.
+pub fn install(config: &TlsConfig) -> Result<Option<&'static Peer>, String> {
+    if !config.enabled() {
+        return Ok(None);
+    }
+    let loaded = config
+        .load()
+        .map_err(|(field, e)| format!("{field}: {e}"))?;
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    tonic::transport::Server::builder()
+        .tls_config(server_config(&loaded))
+        .map_err(|e| format!("tls.cert_file / tls.key_file: {e}"))?;
+    let me = loaded.me.clone();
+    let installed = INSTALLED.get_or_init(|| loaded);
+    if installed.me != me {
+        return Err(format!(
+            "this process already runs as {}, not {me}",
+            installed.me
+        ));
+    }
+    Ok(Some(&installed.me))
+}
+
+/// This process's TLS, if installed.
+pub fn installed() -> Option<&'static Installed> {
+    INSTALLED.get()
+}
+
+/// A channel endpoint for `url`: TLS with this process's certificate when
+/// installed (an `http://` address is dialled as `https://`).
+pub fn endpoint(url: impl Into<String>) -> Result<Endpoint, tonic::transport::Error> {
+    let url = url.into();
+    let Some(tls) = installed() else {
+        return Endpoint::from_shared(url);
+    };
+    let url = match url.strip_prefix("http://") {
+        Some(rest) => format!("https://{rest}"),
+        None => url,
+    };
+    Endpoint::from_shared(url)?.tls_config(client_config(tls))
+}
+
+fn client_config(tls: &Installed) -> ClientTlsConfig {
+    ClientTlsConfig::new()
+        .ca_certificate(tls.ca.clone())
+        .identity(tls.identity.clone())
+        .domain_name(SERVER_NAME)
+}
+
+/// The server side: this process's certificate, and client certificates
+/// the CA signed required.
+pub(crate) fn server_config(tls: &Installed) -> ServerTlsConfig {
+    ServerTlsConfig::new()
+        .identity(tls.identity.clone())
+        .client_ca_root(tls.ca.clone())
+}
+
+/// Whether `role` may call `service` at all (what it may do there is the
+/// handler's to check).
+pub fn may_call(role: Role, service: &str) -> bool {
+    use Role::*;
+    match service {
+        // Client-facing services on cells: through an edge, or an operator's tools.
+        "cellmesh.v1.Messaging" | "cellmesh.v1.Sync" => matches!(role, Edge | Operator),
+        "cellmesh.v1.CellPeer" => matches!(role, Cell | ControlPlane | Operator),
+        "cellmesh.raft.v1.RaftPeer" => role == Router,
+        "cellmesh.v1.Operations" => matches!(role, ControlPlane | Operator),
+        // Reads for every role; writes checked by the router per command.
+        "cellmesh.v1.Routing" => true,
+        // Health and reflection.
+        _ => true,
+    }
+}
+
+/// Refuses a caller whose role may not call the service; otherwise puts
+/// its [`Peer`] in the request's extensions. A no-op without TLS.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Authorize;
+
+impl<S> tower::Layer<S> for Authorize {
+    type Service = Authorized<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Authorized { inner }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Authorized<S> {
+    inner: S,
+}
+
+impl<S, B, R> tower::Service<http::Request<B>> for Authorized<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<R>>,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    R: Default + Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
+        if installed().is_none() {
+            return Box::pin(self.inner.call(request));
+        }
+        let service = request
+            .uri()
+            .path()
+            .trim_start_matches('/')
+            .split('/')
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        match Peer::of_request(request.extensions()) {
+            Some(peer) if may_call(peer.role, &service) => {
+                request.extensions_mut().insert(peer);
+                Box::pin(self.inner.call(request))
+            }
+            peer => {
+                let who = peer.map_or("a certificate without a cellmesh identity".into(), |p| {
+                    p.to_string()
+                });
+                let status = denied(format!("{who} may not call {service}"));
+                Box::pin(async move { Ok(status.into_http()) })
+            }
+        }
+    }
+}
+
+/// `PERMISSION_DENIED` / `ROLE_NOT_ALLOWED`.
+pub fn denied(message: String) -> tonic::Status {
+    to_status(
+        ErrorCode::PermissionDenied,
+        Reason::RoleNotAllowed,
+        message,
+        0,
+        None,
+    )
+}
+
+/// The caller of a request as [`Authorize`] recorded it (`None` without
+/// TLS).
+pub fn caller<T>(request: &tonic::Request<T>) -> Option<&Peer> {
+    request.extensions().get::<Peer>()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identities_parse_and_print() {
+        let cell = Peer::parse("cellmesh:cell/eu-west/c1").unwrap();
+        assert_eq!(cell, Peer::new(Role::Cell, "eu-west/c1"));
+        assert_eq!(cell.uri(), "cellmesh:cell/eu-west/c1");
+        assert_eq!(
+            Peer::parse("cellmesh:control-plane/1").unwrap().role,
+            Role::ControlPlane
+        );
+        for bad in [
+            "cell/eu-west/c1",
+            "cellmesh:king/1",
+            "cellmesh:cell/",
+            "cellmesh:edge",
+        ] {
+            assert_eq!(Peer::parse(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn roles_call_only_their_services() {
+        assert!(may_call(Role::Edge, "cellmesh.v1.Messaging"));
+        assert!(!may_call(Role::Edge, "cellmesh.v1.CellPeer"));
+        assert!(!may_call(Role::Cell, "cellmesh.raft.v1.RaftPeer"));
+        assert!(may_call(Role::Router, "cellmesh.raft.v1.RaftPeer"));
+        assert!(!may_call(Role::Edge, "cellmesh.v1.Operations"));
+        assert!(may_call(Role::Cell, "cellmesh.v1.CellPeer"));
+        assert!(may_call(Role::Edge, "grpc.health.v1.Health"));
+    }
+
+    #[test]
+    fn a_config_names_the_field_at_fault() {
+        let config = TlsConfig {
+            ca_file: "/nonexistent/ca.pem".into(),
+            ..TlsConfig::default()
+        };
+        assert!(config.enabled());
+        assert_eq!(config.load().err().unwrap().0, "tls.ca_file");
+        assert!(!TlsConfig::default().enabled());
+    }
+}

@@ -1,0 +1,241 @@
+//! Mutual TLS between components, end to end on `cellmesh dev --tls`: a
+//! message goes through an edge to a cell of another region; a plaintext
+//! caller and a certificate from another CA are refused; with the
+//! deployment's own certificates, each role calls only what it may (an
+//! edge neither writes routes nor calls the cells' peer API, a cell
+//! registers and delivers only as itself, Raft messages come only from
+//! the router they name).
+
+use std::path::Path;
+
+use cellmesh_proto::raft::v1 as raft;
+use cellmesh_proto::secret::ClusterSecret;
+use cellmesh_proto::status::error_detail;
+use cellmesh_proto::tls::{Peer, Role, SERVER_NAME};
+use cellmesh_proto::v1::cell_peer_client::CellPeerClient;
+use cellmesh_proto::v1::messaging_client::MessagingClient;
+use cellmesh_proto::v1::routing_client::RoutingClient;
+use cellmesh_proto::v1::*;
+use cellmesh_tests::deploy::authed;
+use cellmesh_tests::dev::{port_base, start_dev, wait_info};
+use cellmesh_tests::router::SecretInterceptor;
+use serde_json::Value;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
+
+type Secured<C> = fn(InterceptedService<Channel, SecretInterceptor>) -> C;
+
+/// A channel to `url` presenting `name`'s certificate from `tls` (the
+/// deployment's CA, or `ca` instead).
+async fn dial(url: &str, tls: &Path, name: &str, ca: &Path) -> Result<Channel, String> {
+    let read = |p: std::path::PathBuf| std::fs::read(&p).unwrap();
+    let config = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(read(ca.join("ca.pem"))))
+        .identity(Identity::from_pem(
+            read(tls.join(format!("{name}.pem"))),
+            read(tls.join(format!("{name}.key"))),
+        ))
+        .domain_name(SERVER_NAME);
+    let url = url.replace("http://", "https://");
+    Channel::from_shared(url)
+        .unwrap()
+        .tls_config(config)
+        .unwrap()
+        .connect()
+        .await
+        .map_err(|e| format!("{e:?}"))
+}
+
+async fn client<C>(url: &Value, tls: &Path, name: &str, secret: &str, make: Secured<C>) -> C {
+    let channel = dial(url.as_str().unwrap(), tls, name, tls).await.unwrap();
+    make(InterceptedService::new(
+        channel,
+        SecretInterceptor(ClusterSecret::new(secret)),
+    ))
+}
+
+fn refused(e: &tonic::Status) -> (tonic::Code, String) {
+    (e.code(), error_detail(e).reason)
+}
+
+fn denied() -> (tonic::Code, String) {
+    (tonic::Code::PermissionDenied, "ROLE_NOT_ALLOWED".into())
+}
+
+fn register(cell: &str, address: &str) -> RouteCommand {
+    RouteCommand {
+        command: Some(route_command::Command::RegisterCell(RegisterCell {
+            cell_id: cell.into(),
+            region: "eu-west".into(),
+            address: address.into(),
+        })),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_mutual_tls_each_role_calls_only_what_it_may() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut dev = start_dev(dir.path(), port_base(), &["--tls"]);
+    let info = wait_info(dir.path(), dev.child()).await;
+    let tls = dir.path().join("tls");
+    let secret = info["cluster_secret"].as_str().unwrap().to_string();
+    assert_eq!(
+        info["tls"]["cert_file"].as_str(),
+        Some(tls.join("operator-admin.pem").to_str().unwrap())
+    );
+
+    // Clients reach the edge in plaintext; the edge reaches the owner (in
+    // another region) over TLS.
+    let demo = &info["demo"];
+    let conv = demo["conversations"][0]["id"].as_u64().unwrap();
+    let alice = demo["tokens"]["1"].as_str().unwrap().to_string();
+    let edge = Channel::from_shared(info["edges"]["eu-west"].as_str().unwrap().to_string())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let sent = MessagingClient::new(edge)
+        .send(authed(
+            SendRequest {
+                conversation_id: conv,
+                client_req_id: "tls-1".into(),
+                r#type: MessageType::Text as i32,
+                body: b"over mutual TLS".to_vec(),
+                ..Default::default()
+            },
+            &alice,
+        ))
+        .await
+        .expect("a send through the edge")
+        .into_inner();
+    assert_eq!(sent.seq, 1);
+
+    let cell = &info["cells"]["eu-west/c1"];
+    let router = &info["routers"][0];
+    // Plaintext, even with the deployment secret: no answer.
+    let plain = Channel::from_shared(cell.as_str().unwrap().to_string())
+        .unwrap()
+        .connect()
+        .await;
+    if let Ok(channel) = plain {
+        let mut peer = CellPeerClient::with_interceptor(
+            channel,
+            SecretInterceptor(ClusterSecret::new(&secret)),
+        );
+        assert!(
+            peer.stats(StatsRequest {}).await.is_err(),
+            "plaintext answered"
+        );
+    }
+    // A certificate another CA signed: the handshake fails.
+    let other = dir.path().join("other-ca");
+    let rogue = cellmesh_deployment::dev::pki::Pki::create(&other).unwrap();
+    rogue.issue(&Peer::new(Role::Operator, "admin")).unwrap();
+    let e = dial(cell.as_str().unwrap(), &other, "operator-admin", &tls)
+        .await
+        .map(|_| ());
+    if e.is_ok() {
+        let channel = dial(cell.as_str().unwrap(), &other, "operator-admin", &tls)
+            .await
+            .unwrap();
+        assert!(
+            CellPeerClient::new(channel)
+                .stats(StatsRequest {})
+                .await
+                .is_err(),
+            "a foreign certificate answered"
+        );
+    }
+
+    // An edge: no route writes, no peer API, no Raft.
+    let mut routes = client(router, &tls, "edge-eu-west", &secret, RoutingClient::new).await;
+    let e = routes
+        .apply(register("eu-west/c1", "http://127.0.0.1:1"))
+        .await
+        .unwrap_err();
+    assert_eq!(refused(&e), denied(), "edge writes a route: {e:?}");
+    assert!(
+        routes.get_table(GetTableRequest::default()).await.is_ok(),
+        "edge reads"
+    );
+    let mut peer = client(cell, &tls, "edge-eu-west", &secret, CellPeerClient::new).await;
+    let e = peer.stats(StatsRequest {}).await.unwrap_err();
+    assert_eq!(refused(&e), denied(), "edge calls CellPeer: {e:?}");
+
+    // A cell: registers only itself, delivers only as itself, no Raft.
+    let mut routes = client(router, &tls, "cell-eu-west-c1", &secret, RoutingClient::new).await;
+    let e = routes
+        .apply(register("eu-west/c2", "http://127.0.0.1:1"))
+        .await
+        .unwrap_err();
+    assert_eq!(refused(&e), denied(), "a cell registers another: {e:?}");
+    let mut peer = client(
+        &info["cells"]["eu-west/c2"],
+        &tls,
+        "cell-eu-west-c1",
+        &secret,
+        CellPeerClient::new,
+    )
+    .await;
+    assert!(
+        peer.stats(StatsRequest {}).await.is_ok(),
+        "cells call peers"
+    );
+    let e = peer
+        .deliver_batch(DeliverBatchRequest {
+            source_cell: "us-east/c1".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused(&e), denied(), "a cell delivers as another: {e:?}");
+    let raft_addr = raft_address(router.as_str().unwrap());
+    let vote = |node_id| raft::VoteRequest {
+        vote: Some(raft::Vote {
+            term: 1,
+            node_id,
+            committed: false,
+        }),
+        last_log_id: None,
+    };
+    let mut as_cell = client(
+        &Value::String(raft_addr.clone()),
+        &tls,
+        "cell-eu-west-c1",
+        &secret,
+        raft::raft_peer_client::RaftPeerClient::new,
+    )
+    .await;
+    let e = as_cell.vote(vote(2)).await.unwrap_err();
+    assert_eq!(refused(&e), denied(), "a cell votes: {e:?}");
+    // A router speaks only for itself.
+    let mut as_router = client(
+        &Value::String(raft_addr),
+        &tls,
+        "router-2",
+        &secret,
+        raft::raft_peer_client::RaftPeerClient::new,
+    )
+    .await;
+    let e = as_router.vote(vote(3)).await.unwrap_err();
+    assert_eq!(refused(&e), denied(), "router 2 votes as 3: {e:?}");
+    assert!(
+        as_router.vote(vote(2)).await.is_ok(),
+        "router 2's own (stale) vote is answered"
+    );
+    // The operator reads and writes.
+    let mut routes = client(router, &tls, "operator-admin", &secret, RoutingClient::new).await;
+    let table = routes
+        .get_table(GetTableRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(table.cells.len(), 6);
+}
+
+/// The Raft address of the router whose API is `api`.
+fn raft_address(api: &str) -> String {
+    let port: u16 = api.rsplit(':').next().unwrap().parse().unwrap();
+    // dev puts each router's Raft port right after its API port.
+    format!("http://127.0.0.1:{}", port + 1)
+}
