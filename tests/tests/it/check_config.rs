@@ -93,6 +93,17 @@ fn a_bad_config_exits_2_naming_the_field() {
             "telemetry.endpoint",
         ),
         ("control-plane", "traces_url = \"ftp://x\"\n", "traces_url"),
+        // TLS: all three files or none; each readable.
+        (
+            "cell",
+            "[tls]\nca_file = \"/nonexistent/ca.pem\"\n",
+            "tls.ca_file",
+        ),
+        (
+            "router",
+            "[tls]\ncert_file = \"/nonexistent/r.pem\"\n",
+            "tls.ca_file",
+        ),
     ];
     for (i, (role, text, field)) in cases.iter().enumerate() {
         let file = dir.path().join(format!("{i}.toml"));
