@@ -51,6 +51,10 @@ pub struct ControlPlaneConfig {
     pub coordination: CoordinationConfig,
     /// Where the web console listens (`host:port`); empty turns it off.
     pub console_listen: String,
+    /// The console's read-only credential: HTTP basic (any user, this as
+    /// the password) or `Authorization: Bearer`. Required (16+ bytes) when
+    /// the console listens beyond loopback; empty on loopback: open.
+    pub console_token: String,
     /// Where the admin API (`cellmesh.v1.Operations` gRPC) listens
     /// (`host:port`); empty turns it off.
     pub admin_listen: String,
@@ -149,6 +153,7 @@ impl Default for ControlPlaneConfig {
             failover: FailoverConfig::default(),
             coordination: CoordinationConfig::default(),
             console_listen: "127.0.0.1:7100".into(),
+            console_token: String::new(),
             admin_listen: "127.0.0.1:7101".into(),
             metrics_listen: String::new(),
             traces_url: String::new(),
@@ -236,6 +241,16 @@ impl ControlPlaneConfig {
             MINUTES_10,
         )?;
         check_listen("console_listen", &self.console_listen)?;
+        let loopback = self
+            .console_listen
+            .parse::<SocketAddr>()
+            .is_ok_and(|a| a.ip().is_loopback());
+        check(
+            "console_token",
+            self.console_token.is_empty() && (loopback || self.console_listen.is_empty())
+                || self.console_token.len() >= 16,
+            "must be at least 16 bytes, and is required when console_listen is beyond loopback",
+        )?;
         check_listen("admin_listen", &self.admin_listen)?;
         check_listen("metrics_listen", &self.metrics_listen)?;
         check(
@@ -330,9 +345,14 @@ pub async fn start(config: ControlPlaneConfig) -> Result<RunningControlPlane, St
     } else {
         let listen = config.console_listen.parse().map_err(|e| format!("{e}"))?;
         let (latest, sampler) = sample(&config, coordination.clone(), routes.clone());
-        let (addr, server) = crate::console::serve(listen, latest, config.traces_url.clone())
-            .await
-            .map_err(|e| format!("console_listen {listen}: {e}"))?;
+        let (addr, server) = crate::console::serve(
+            listen,
+            latest,
+            config.traces_url.clone(),
+            config.console_token.clone(),
+        )
+        .await
+        .map_err(|e| format!("console_listen {listen}: {e}"))?;
         tasks.extend([sampler, server]);
         Some(addr)
     };

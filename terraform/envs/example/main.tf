@@ -218,6 +218,7 @@ module "control_plane" {
   routers            = local.router_endpoints
   etcd_endpoints     = local.etcd_endpoints
   cluster_secret     = var.cluster_secret
+  console_token      = var.console_token
   zone_id            = local.primary.zone_id
   zone_name          = local.primary.zone_name
   subnet_ids         = local.primary.private_subnet_ids

@@ -70,6 +70,13 @@ variable "cluster_secret" {
   default   = "change-me-cluster-secret"
 }
 
+variable "console_token" {
+  description = "The web console's read-only credential."
+  type        = string
+  sensitive   = true
+  default     = "change-me-console-token"
+}
+
 variable "token_secret" {
   type      = string
   sensitive = true

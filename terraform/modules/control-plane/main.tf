@@ -15,6 +15,7 @@ module "config" {
   vars = {
     routers        = var.routers
     cluster_secret = var.cluster_secret
+    console_token  = var.console_token
     etcd_endpoints = var.etcd_endpoints
     console_port   = var.console_port
     admin_port     = var.admin_port

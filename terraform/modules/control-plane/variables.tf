@@ -33,6 +33,16 @@ variable "cluster_secret" {
   sensitive = true
 }
 
+variable "console_token" {
+  description = "The console's read-only credential (HTTP basic password or bearer token): the console listens beyond loopback."
+  type        = string
+  sensitive   = true
+  validation {
+    condition     = length(var.console_token) >= 16
+    error_message = "the console token must be at least 16 characters."
+  }
+}
+
 variable "console_port" {
   type    = number
   default = 7100

@@ -73,6 +73,7 @@ module "control_plane" {
   vars = {
     routers        = local.routers
     cluster_secret = "secret"
+    console_token  = "console-token-of-the-test"
     etcd_endpoints = local.etcd
     console_port   = 7100
     admin_port     = 7101

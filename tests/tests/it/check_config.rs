@@ -93,6 +93,12 @@ fn a_bad_config_exits_2_naming_the_field() {
             "telemetry.endpoint",
         ),
         ("control-plane", "traces_url = \"ftp://x\"\n", "traces_url"),
+        // A console beyond loopback asks for a credential.
+        (
+            "control-plane",
+            "console_listen = \"0.0.0.0:7100\"\n",
+            "console_token",
+        ),
         // TLS: all three files or none; each readable.
         (
             "cell",
