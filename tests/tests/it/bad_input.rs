@@ -495,13 +495,15 @@ async fn copies_pull_only_from_registered_cells_never_from_a_made_up_address() {
     assert!(ok.is_ok(), "{ok:?}");
 }
 
-/// Copied history is stored only for a conversation the route table moves
-/// to the cell: a chunk handed to its active owner, or to a cell it is
-/// not moving to, is refused and changes nothing (members, bodies,
-/// tenant).
-#[tokio::test]
-async fn a_chunk_for_a_conversation_not_moving_here_is_refused_and_changes_nothing() {
-    use cellmesh_proto::v1::cell_peer_client::CellPeerClient;
+/// A two-cell deployment with a conversation of users 10 and 11, created
+/// and written to through the edge (owned by the first cell), a client of
+/// the edge and user 10's token.
+async fn deployed_conversation() -> (
+    cellmesh_tests::deploy::Deployment,
+    messaging_client::MessagingClient<tonic::transport::Channel>,
+    String,
+    u64,
+) {
     use cellmesh_tests::deploy as dep;
     let d = dep::deploy(None).await;
     let alice = dep::token(1, 10);
@@ -512,6 +514,17 @@ async fn a_chunk_for_a_conversation_not_moving_here_is_refused_and_changes_nothi
     m.send(dep::authed(dep::text(conv, "original"), &alice))
         .await
         .unwrap();
+    (d, m, alice, conv)
+}
+
+/// Copied history is stored only for a conversation the route table moves
+/// to the cell: a chunk handed to its active owner, or to a cell it is
+/// not moving to, is refused and changes nothing (members, bodies,
+/// tenant).
+#[tokio::test]
+async fn a_chunk_for_a_conversation_not_moving_here_is_refused_and_changes_nothing() {
+    use cellmesh_proto::v1::cell_peer_client::CellPeerClient;
+    let (d, _edge, _alice, conv) = deployed_conversation().await;
     let mut owner = CellPeerClient::connect(d.cells[0].endpoint.clone())
         .await
         .unwrap();
@@ -592,15 +605,7 @@ async fn replicated_meta_from_a_cell_that_does_not_own_the_conversation_is_refus
     use cellmesh_proto::storage::v1::IdempotencyRecord;
     use cellmesh_proto::v1::cell_peer_client::CellPeerClient;
     use cellmesh_tests::deploy as dep;
-    let d = dep::deploy(None).await;
-    let alice = dep::token(1, 10);
-    let mut m = messaging_client::MessagingClient::connect(d.edge.endpoint())
-        .await
-        .unwrap();
-    let conv = dep::create_via_edge(&mut m, &alice, vec![11]).await;
-    m.send(dep::authed(dep::text(conv, "original"), &alice))
-        .await
-        .unwrap();
+    let (d, mut m, alice, conv) = deployed_conversation().await;
     let members = |cell: usize| {
         d.cells[cell]
             .cell
