@@ -77,6 +77,7 @@ reasons! {
     NotAGroup => "NOT_A_GROUP",
     NotAMember => "NOT_A_MEMBER",
     NotAStandby => "NOT_A_STANDBY",
+    NotConversationAdmin => "NOT_CONVERSATION_ADMIN",
     NotFrozen => "NOT_FROZEN",
     NotLeader => "NOT_LEADER",
     NotMovingHere => "NOT_MOVING_HERE",

@@ -223,6 +223,20 @@ impl MessageService {
         self.require_member(&cmd.caller, cmd.conversation)?;
         let mut record = self.stored_conversation(cmd.conversation)?;
         let unique: BTreeSet<u64> = cmd.users.iter().copied().collect();
+        // Any member adds and leaves; only the group's creator removes
+        // others.
+        if !add
+            && record.created_by != cmd.caller.user
+            && let Some(other) = unique.iter().find(|u| **u != cmd.caller.user)
+        {
+            return Err(CellError::PermissionDenied {
+                reason: Reason::NotConversationAdmin,
+                message: format!(
+                    "only the group's creator (user {}) removes others, not user {other}",
+                    record.created_by
+                ),
+            });
+        }
         let mut changed = Vec::new();
         for user in unique {
             if self.store.is_member(cmd.conversation, user)? != add {

@@ -230,3 +230,42 @@ async fn members_change_and_state_survives_restart() {
     assert_eq!(next.seq, 2);
     cell.shutdown().await.unwrap();
 }
+
+/// Any member adds members and leaves; only the group's creator removes
+/// others (`PERMISSION_DENIED` / `NOT_CONVERSATION_ADMIN`, nothing
+/// removed).
+#[tokio::test]
+async fn only_the_creator_removes_others_and_anyone_leaves() {
+    let cell = TestCell::start().await;
+    let mut c = cell.client().await;
+    let conv = create_group(&mut c, T, 1, &[2, 3]).await;
+    let remove = |by: u64, users: Vec<u64>| ChangeMembersRequest {
+        caller: caller(T, by),
+        conversation_id: conv,
+        user_ids: users,
+    };
+    for (by, users) in [(2, vec![3]), (2, vec![2, 1])] {
+        let e = c
+            .remove_members(remove(by, users.clone()))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            (e.code(), error_detail(&e).reason.as_str()),
+            (tonic::Code::PermissionDenied, "NOT_CONVERSATION_ADMIN"),
+            "user {by} removes {users:?}"
+        );
+    }
+    let left = c
+        .remove_members(remove(2, vec![2]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(left.changed, vec![2], "a member leaves");
+    let removed = c
+        .remove_members(remove(1, vec![3]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(removed.changed, vec![3], "the creator removes");
+    assert_eq!(removed.conversation.unwrap().member_count, 1);
+}
