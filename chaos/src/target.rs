@@ -198,6 +198,7 @@ impl DevTarget {
                     user,
                     device: device.into(),
                     exp: now_secs() + TOKEN_TTL_SECS,
+                    ..Default::default()
                 });
                 format!("Bearer {token}")
                     .parse()

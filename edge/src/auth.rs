@@ -1,7 +1,14 @@
 //! Client tokens: `cm1.<claims>.<signature>`, the claims (tenant, user,
-//! device, expiry) as base64url JSON, signed with HMAC-SHA256 under the
-//! deployment's token secret. `cellmesh ctl token` issues them; the edge
-//! verifies every request's token and takes the caller from it.
+//! device, expiry, issue time, token id, key id) as base64url JSON, signed
+//! with HMAC-SHA256 under one of the deployment's token keys: the key id
+//! picks it (`""` is `token_secret`; `token_keys` holds the others, so a
+//! key is rotated by adding the new one, issuing with it, and dropping the
+//! old once its tokens expired). `cellmesh ctl token` issues them; the
+//! edge verifies every request's token — its key, signature, expiry, a
+//! lifetime no longer than `max_token_lifetime_secs`, and that its id is
+//! not revoked — and takes the caller from it.
+
+use std::collections::{BTreeMap, HashSet};
 
 use cellmesh_proto::reason::Reason;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -17,18 +24,34 @@ use tonic::Status;
 
 const PREFIX: &str = "cm1";
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Claims {
     pub tenant: u64,
     pub user: u64,
     pub device: String,
     /// Expiry, seconds since the Unix epoch.
     pub exp: u64,
+    /// Issued at (seconds since the epoch; 0 in older tokens). Set by
+    /// [`TokenKey::issue`].
+    #[serde(default)]
+    pub iat: u64,
+    /// The token's id, what a revocation names. Set by [`TokenKey::issue`].
+    #[serde(default)]
+    pub jti: String,
+    /// The id of the key that signed it (`""`: `token_secret`).
+    #[serde(default)]
+    pub kid: String,
 }
 
 #[derive(Clone)]
 pub struct TokenKey {
-    secret: Vec<u8>,
+    /// Key id → secret.
+    keys: BTreeMap<String, Vec<u8>>,
+    /// The key new tokens are signed with.
+    issuing: String,
+    /// Longest lifetime a token may state (0: any).
+    max_lifetime_secs: u64,
+    revoked: HashSet<String>,
 }
 
 fn unauthenticated(reason: Reason, message: &str) -> Status {
@@ -42,19 +65,58 @@ pub fn now_secs() -> u64 {
 }
 
 impl TokenKey {
+    /// One key (id `""`), any lifetime, nothing revoked.
     pub fn new(secret: &str) -> Self {
         Self {
-            secret: secret.as_bytes().to_vec(),
+            keys: BTreeMap::from([(String::new(), secret.as_bytes().to_vec())]),
+            issuing: String::new(),
+            max_lifetime_secs: 0,
+            revoked: HashSet::new(),
         }
     }
 
-    fn mac(&self) -> Hmac<Sha256> {
-        Hmac::<Sha256>::new_from_slice(&self.secret).expect("HMAC takes keys of any length")
+    /// Also takes tokens signed with `keys` (id → secret).
+    pub fn with_keys(mut self, keys: &BTreeMap<String, String>) -> Self {
+        for (id, secret) in keys {
+            self.keys.insert(id.clone(), secret.as_bytes().to_vec());
+        }
+        self
     }
 
+    /// Signs new tokens with the key `id` (one of [`Self::with_keys`]).
+    pub fn issuing_with(mut self, id: &str) -> Self {
+        self.issuing = id.to_string();
+        self
+    }
+
+    /// Refuses tokens that state a longer life than `secs` (0: any), and
+    /// the tokens whose ids are in `revoked`.
+    pub fn limited(mut self, secs: u64, revoked: &[String]) -> Self {
+        self.max_lifetime_secs = secs;
+        self.revoked = revoked.iter().cloned().collect();
+        self
+    }
+
+    fn mac(&self, id: &str) -> Option<Hmac<Sha256>> {
+        let secret = self.keys.get(id)?;
+        Some(Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes keys of any length"))
+    }
+
+    /// A token for `claims`, stamped with its issue time, a fresh id and
+    /// the issuing key's id.
     pub fn issue(&self, claims: &Claims) -> String {
-        let body = B64.encode(serde_json::to_vec(claims).expect("claims serialize"));
-        let mut mac = self.mac();
+        let mut claims = claims.clone();
+        claims.kid = self.issuing.clone();
+        if claims.iat == 0 {
+            claims.iat = now_secs();
+        }
+        if claims.jti.is_empty() {
+            claims.jti = format!("{:016x}", rand::random::<u64>());
+        }
+        let body = B64.encode(serde_json::to_vec(&claims).expect("claims serialize"));
+        let mut mac = self
+            .mac(&self.issuing)
+            .expect("the issuing key is one of the keys");
         mac.update(format!("{PREFIX}.{body}").as_bytes());
         let signature = B64.encode(mac.finalize().into_bytes());
         format!("{PREFIX}.{body}.{signature}")
@@ -77,14 +139,6 @@ impl TokenKey {
                 "the token signature is not base64url",
             )
         })?;
-        let mut mac = self.mac();
-        mac.update(format!("{PREFIX}.{body}").as_bytes());
-        mac.verify_slice(&signature).map_err(|_| {
-            unauthenticated(
-                Reason::BadSignature,
-                "the token was not issued by this deployment",
-            )
-        })?;
         let claims: Claims = B64
             .decode(body)
             .ok()
@@ -92,10 +146,35 @@ impl TokenKey {
             .ok_or_else(|| {
                 unauthenticated(Reason::MalformedToken, "the token claims do not decode")
             })?;
+        let not_ours = || {
+            unauthenticated(
+                Reason::BadSignature,
+                "the token was not issued by this deployment",
+            )
+        };
+        let mut mac = self.mac(&claims.kid).ok_or_else(not_ours)?;
+        mac.update(format!("{PREFIX}.{body}").as_bytes());
+        mac.verify_slice(&signature).map_err(|_| not_ours())?;
         if claims.exp <= now_secs {
             return Err(unauthenticated(
                 Reason::TokenExpired,
                 "the token has expired",
+            ));
+        }
+        let max = self.max_lifetime_secs;
+        if max > 0
+            && (claims.exp > now_secs.saturating_add(max)
+                || claims.exp.saturating_sub(claims.iat) > max)
+        {
+            return Err(unauthenticated(
+                Reason::TokenLifetimeTooLong,
+                "the token lives longer than this edge allows",
+            ));
+        }
+        if !claims.jti.is_empty() && self.revoked.contains(&claims.jti) {
+            return Err(unauthenticated(
+                Reason::TokenRevoked,
+                "the token was revoked",
             ));
         }
         if claims.tenant == 0 || claims.user == 0 {
@@ -147,6 +226,7 @@ mod tests {
             user: 42,
             device: "phone".into(),
             exp,
+            ..Claims::default()
         }
     }
 
@@ -154,7 +234,10 @@ mod tests {
     fn tokens_verify_only_with_their_key_and_before_expiry() {
         let key = TokenKey::new("k1");
         let token = key.issue(&claims(1_000));
-        assert_eq!(key.verify(&token, 999).unwrap(), claims(1_000));
+        let issued = TokenKey::peek(&token).unwrap();
+        assert_eq!((issued.tenant, issued.user, issued.exp), (7, 42, 1_000));
+        assert_eq!(issued.jti.len(), 16);
+        assert_eq!(key.verify(&token, 999).unwrap(), issued);
         let reason = |r: Result<Claims, Status>| error_detail(&r.unwrap_err()).reason;
         assert_eq!(reason(key.verify(&token, 1_000)), "TOKEN_EXPIRED");
         assert_eq!(
@@ -175,5 +258,31 @@ mod tests {
         for bad in ["", "cm1", "cm1.a.b.c", "xx.a.b", "cm1.a.!!"] {
             assert_eq!(reason(key.verify(bad, 1)), "MALFORMED_TOKEN", "{bad}");
         }
+    }
+
+    #[test]
+    fn keys_rotate_by_id_and_lifetimes_and_revocations_are_enforced() {
+        let reason = |r: Result<Claims, Status>| error_detail(&r.unwrap_err()).reason;
+        let keys = BTreeMap::from([("k2".to_string(), "second-secret-of-16b".to_string())]);
+        let old = TokenKey::new("first-secret-of-16b");
+        let rotated = TokenKey::new("first-secret-of-16b")
+            .with_keys(&keys)
+            .issuing_with("k2");
+        let now = now_secs();
+        let by_old = old.issue(&claims(now + 60));
+        let by_new = rotated.issue(&claims(now + 60));
+        assert_eq!(TokenKey::peek(&by_new).unwrap().kid, "k2");
+        // The edge with both keys takes both; the old edge not the new key's.
+        assert!(rotated.verify(&by_old, now).is_ok());
+        assert!(rotated.verify(&by_new, now).is_ok());
+        assert_eq!(reason(old.verify(&by_new, now)), "BAD_SIGNATURE");
+        // A lifetime over the limit, and a revoked id.
+        let strict = rotated
+            .clone()
+            .limited(3600, &[TokenKey::peek(&by_new).unwrap().jti]);
+        let long = rotated.issue(&claims(now + 7200));
+        assert_eq!(reason(strict.verify(&long, now)), "TOKEN_LIFETIME_TOO_LONG");
+        assert_eq!(reason(strict.verify(&by_new, now)), "TOKEN_REVOKED");
+        assert!(strict.verify(&by_old, now).is_ok());
     }
 }

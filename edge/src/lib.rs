@@ -38,6 +38,15 @@ pub struct EdgeConfig {
     pub cluster_secret: String,
     /// Verifies client tokens (`cellmesh ctl token` signs with the same).
     pub token_secret: String,
+    /// More token keys by id (16+ bytes each): tokens name the key that
+    /// signed them, so a new key is added here, issued with, and the old
+    /// one dropped once its tokens expired.
+    pub token_keys: std::collections::BTreeMap<String, String>,
+    /// Tokens stating a longer life than this are refused
+    /// (`TOKEN_LIFETIME_TOO_LONG`).
+    pub max_token_lifetime_secs: u64,
+    /// Token ids (`jti`) refused (`TOKEN_REVOKED`).
+    pub revoked_tokens: Vec<String>,
     /// How long one client request may spend retrying WRONG_CELL / FROZEN.
     pub retry_deadline_ms: u64,
     pub retry_attempts: usize,
@@ -64,6 +73,9 @@ impl Default for EdgeConfig {
             routers: vec!["http://127.0.0.1:7300".into()],
             cluster_secret: String::new(),
             token_secret: String::new(),
+            token_keys: Default::default(),
+            max_token_lifetime_secs: 90 * 24 * 3600,
+            revoked_tokens: Vec::new(),
             retry_deadline_ms: 5_000,
             retry_attempts: 20,
             max_request_bytes: 256 * 1024,
@@ -92,6 +104,19 @@ impl EdgeConfig {
             "token_secret",
             self.token_secret.len() >= 16,
             "must be at least 16 bytes",
+        )?;
+        check(
+            "token_keys",
+            self.token_keys
+                .iter()
+                .all(|(id, secret)| !id.is_empty() && secret.len() >= 16),
+            "each key needs an id and at least 16 bytes",
+        )?;
+        check_range(
+            "max_token_lifetime_secs",
+            self.max_token_lifetime_secs,
+            60,
+            365 * 24 * 3600,
         )?;
         check_range("retry_deadline_ms", self.retry_deadline_ms, 1, 600_000)?;
         check_range("retry_attempts", self.retry_attempts, 1, 1_000)?;
@@ -174,7 +199,9 @@ pub async fn start(config: EdgeConfig) -> Result<RunningEdge, EdgeError> {
     let proxy = Arc::new(Proxy::new(
         routes.clone(),
         secret,
-        TokenKey::new(&config.token_secret),
+        TokenKey::new(&config.token_secret)
+            .with_keys(&config.token_keys)
+            .limited(config.max_token_lifetime_secs, &config.revoked_tokens),
         Duration::from_millis(config.retry_deadline_ms),
         config.retry_attempts,
         config.links.clone(),

@@ -117,6 +117,8 @@ reasons! {
     StreamSuperseded => "STREAM_SUPERSEDED",
     TitleTooLong => "TITLE_TOO_LONG",
     TokenExpired => "TOKEN_EXPIRED",
+    TokenLifetimeTooLong => "TOKEN_LIFETIME_TOO_LONG",
+    TokenRevoked => "TOKEN_REVOKED",
     TooManyMembers => "TOO_MANY_MEMBERS",
     TooManyMembersInRequest => "TOO_MANY_MEMBERS_IN_REQUEST",
     TooManyRecipients => "TOO_MANY_RECIPIENTS",

@@ -237,6 +237,7 @@ pub fn token(tenant: u64, user: u64) -> String {
         user,
         device: "phone".into(),
         exp: now_secs() + 3600,
+        ..Default::default()
     })
 }
 

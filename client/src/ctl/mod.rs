@@ -92,9 +92,13 @@ enum CtlCommand {
         /// How long the token is valid, e.g. `24h`.
         #[arg(long, default_value = "24h")]
         ttl: humantime::Duration,
-        /// The edge's token secret.
+        /// The edge's token secret (or, with `--key-id`, the secret of that
+        /// key in the edge's `token_keys`).
         #[arg(long, env = "CELLMESH_TOKEN_SECRET", hide_env_values = true)]
         token_secret: String,
+        /// Sign with the edge's `token_keys` entry of this id.
+        #[arg(long, default_value = "")]
+        key_id: String,
     },
     /// The deployment at a glance: cells by region, routers, control-plane
     /// leader, migrations with progress.
@@ -398,6 +402,7 @@ pub async fn run(mut args: CtlArgs) -> anyhow::Result<()> {
         device,
         ttl,
         token_secret,
+        key_id,
     } = &args.command
     {
         anyhow::ensure!(
@@ -409,8 +414,15 @@ pub async fn run(mut args: CtlArgs) -> anyhow::Result<()> {
             user: *user,
             device: device.clone(),
             exp: now_secs() + Duration::from(*ttl).as_secs(),
+            ..Default::default()
         };
-        println!("{}", TokenKey::new(token_secret).issue(&claims));
+        let key = match key_id.as_str() {
+            "" => TokenKey::new(token_secret),
+            id => TokenKey::new(token_secret)
+                .with_keys(&[(id.to_string(), token_secret.clone())].into())
+                .issuing_with(id),
+        };
+        println!("{}", key.issue(&claims));
         return Ok(());
     }
     let secret = ClusterSecret::new(&args.secret);

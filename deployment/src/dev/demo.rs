@@ -106,6 +106,7 @@ pub async fn prepare(
                 user,
                 device: "dev".into(),
                 exp: now_secs() + TOKEN_TTL_SECS,
+                ..Default::default()
             };
             (user, key.issue(&claims))
         })

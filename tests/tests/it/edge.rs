@@ -127,6 +127,7 @@ async fn the_edge_rejects_missing_expired_forged_and_cross_tenant_requests() {
         user: 10,
         device: "d".into(),
         exp: now_secs() - 1,
+        ..Default::default()
     });
     let r = m.send(authed(send(conv, "b", "x"), &expired)).await;
     assert_eq!(
@@ -138,6 +139,7 @@ async fn the_edge_rejects_missing_expired_forged_and_cross_tenant_requests() {
         user: 10,
         device: "d".into(),
         exp: now_secs() + 60,
+        ..Default::default()
     });
     let r = m.send(authed(send(conv, "c", "x"), &forged)).await;
     assert_eq!(
@@ -267,4 +269,57 @@ async fn a_request_routed_by_a_stale_edge_reaches_the_new_owner() {
         "us-east/c1"
     );
     let _ = &mut old_owner;
+}
+
+/// An edge with a second token key, a lifetime limit and a revoked token
+/// id: tokens of either key pass, a revoked one and one that lives too
+/// long are refused with their reasons.
+#[tokio::test]
+async fn the_edge_takes_rotated_keys_and_refuses_revoked_and_overlong_tokens() {
+    let d = deploy(None).await;
+    let keys =
+        std::collections::BTreeMap::from([("k2".to_string(), "a-newer-token-key-16".to_string())]);
+    let newer = TokenKey::new(TOKEN_SECRET)
+        .with_keys(&keys)
+        .issuing_with("k2");
+    let claims = |exp| Claims {
+        tenant: 1,
+        user: 10,
+        device: "d".into(),
+        exp,
+        ..Default::default()
+    };
+    let revoked = newer.issue(&claims(now_secs() + 600));
+    let jti = TokenKey::peek(&revoked).unwrap().jti;
+    let edge = cellmesh_edge::start(cellmesh_edge::EdgeConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        routers: d.cluster.endpoints(),
+        cluster_secret: cellmesh_tests::router::SECRET.into(),
+        token_secret: TOKEN_SECRET.into(),
+        token_keys: keys.clone(),
+        max_token_lifetime_secs: 3600,
+        revoked_tokens: vec![jti],
+        ..cellmesh_edge::EdgeConfig::default()
+    })
+    .await
+    .unwrap();
+    let (mut m, _) = edge_clients(&edge).await;
+    let conv = create_via_edge(&mut m, &newer.issue(&claims(now_secs() + 600)), vec![11]).await;
+    let old = TokenKey::new(TOKEN_SECRET).issue(&claims(now_secs() + 600));
+    m.send(authed(send(conv, "old-key", "x"), &old))
+        .await
+        .expect("the first key's token");
+    for (token, expected) in [
+        (revoked, "TOKEN_REVOKED"),
+        (
+            newer.issue(&claims(now_secs() + 7200)),
+            "TOKEN_LIFETIME_TOO_LONG",
+        ),
+    ] {
+        let e = m
+            .send(authed(send(conv, "refused", "x"), &token))
+            .await
+            .unwrap_err();
+        assert_eq!(error_detail(&e).reason, expected);
+    }
 }
