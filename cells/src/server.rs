@@ -34,7 +34,8 @@ use cellmesh_route_client::commands::register_cell;
 use tonic::service::interceptor::InterceptedService;
 
 /// File in the data directory holding the address the cell listens on, for
-/// supervisors and scripts that started it on port 0.
+/// supervisors and scripts that started it on port 0; written once the cell
+/// serves (and, when routed, is registered in the route table).
 pub const ADDR_FILE: &str = "cell.addr";
 
 #[derive(Debug, thiserror::Error)]
@@ -277,7 +278,6 @@ pub async fn start_placed(
             source,
         })?;
     let addr = listener.local_addr()?;
-    write_addr_file(&config, addr)?;
 
     let standard = standard_services::<MessagingServer<MessagingApi>>(&[
         <SyncServer<SyncApi> as tonic::server::NamedService>::NAME,
@@ -402,6 +402,9 @@ pub async fn start_placed(
             Arc::downgrade(&service),
         ));
     }
+    // Written once the cell serves and is registered: whoever waits for
+    // the file finds the cell in the route table.
+    write_addr_file(&config, addr)?;
     tracing::info!(cell = %config.cell_id, %addr, data_dir = %config.data_dir.display(), "cell serving");
     Ok(RunningCell {
         addr,
