@@ -121,11 +121,29 @@ impl Peer {
     }
 
     /// The caller of a request on a TLS connection (`None` on plaintext).
+    /// A connection's certificates are shared by its calls: each distinct
+    /// certificate list is parsed once.
     pub fn of_request(extensions: &http::Extensions) -> Option<Self> {
+        use std::sync::{Arc, Mutex};
+        type Seen = Vec<(
+            Arc<Vec<tonic::transport::CertificateDer<'static>>>,
+            Option<Peer>,
+        )>;
+        static SEEN: Mutex<Seen> = Mutex::new(Vec::new());
+        const REMEMBERED: usize = 64;
         let certs = extensions
             .get::<TlsConnectInfo<TcpConnectInfo>>()?
             .peer_certs()?;
-        certs.first().and_then(|c| Self::of_certificate(c.as_ref()))
+        let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, peer)) = seen.iter().find(|(c, _)| Arc::ptr_eq(c, &certs)) {
+            return peer.clone();
+        }
+        let peer = certs.first().and_then(|c| Self::of_certificate(c.as_ref()));
+        if seen.len() >= REMEMBERED {
+            seen.remove(0);
+        }
+        seen.push((certs, peer.clone()));
+        peer
     }
 }
 

@@ -131,13 +131,8 @@ async fn with_mutual_tls_each_role_calls_only_what_it_may() {
     let other = dir.path().join("other-ca");
     let rogue = cellmesh_deployment::dev::pki::Pki::create(&other).unwrap();
     rogue.issue(&Peer::new(Role::Operator, "admin")).unwrap();
-    let e = dial(cell.as_str().unwrap(), &other, "operator-admin", &tls)
-        .await
-        .map(|_| ());
-    if e.is_ok() {
-        let channel = dial(cell.as_str().unwrap(), &other, "operator-admin", &tls)
-            .await
-            .unwrap();
+    // (TLS 1.3: the client may finish its side before the server refuses.)
+    if let Ok(channel) = dial(cell.as_str().unwrap(), &other, "operator-admin", &tls).await {
         assert!(
             CellPeerClient::new(channel)
                 .stats(StatsRequest {})
