@@ -59,4 +59,6 @@ if [ -z "${CELLMESH_SKIP_DRILL:-}" ]; then
   run_drills -- "mixed 15s" "slow-disk 8s" "queue-outage 8s" "tenant-move 12s" "tenant-move-kill 15s"
   echo "== chaos drill on the Kafka queue (librdkafka's mock cluster): a broker down and up"
   run_drills --kafka mock -- "broker-outage 8s"
+  echo "== chaos drill with mutual TLS on every internal link (cellmesh dev --tls)"
+  run_drills --tls -- "mixed 10s"
 fi

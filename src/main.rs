@@ -51,6 +51,9 @@ enum Command {
     Chaos(cellmesh_chaos::drill::ChaosArgs),
     /// Load generators that print throughput and latency percentiles.
     Bench(bench::BenchArgs),
+    /// Certificates of a deployment's own CA (`cellmesh dev --tls` makes
+    /// one): issue or renew in place, revoke; running processes reload.
+    Pki(cellmesh_deployment::dev::pki::PkiArgs),
     /// Size a deployment from its expected load: cells, routers, disks,
     /// Kafka partitions, and tfvars for `terraform/envs/example`.
     Plan(plan::PlanArgs),
@@ -90,6 +93,7 @@ fn main() -> ExitCode {
             Command::Edge(args) => roles::run_edge(args).await,
             Command::ControlPlane(args) => roles::run_control_plane(args).await,
             Command::Ctl(args) => ctl::run(args).await,
+            Command::Pki(args) => cellmesh_deployment::dev::pki::run(args),
             Command::Chat(args) => chat::run(args).await,
             Command::Bench(args) => bench::run(args).await,
             Command::Chaos(args) => {

@@ -12,7 +12,6 @@ use cellmesh_proto::v1::GetHighWaterMarksRequest;
 use cellmesh_proto::v1::cell_peer_client::CellPeerClient;
 use cellmesh_route_client::client::RouteClient;
 use cellmesh_route_client::table::Key;
-use tonic::transport::Endpoint;
 
 /// The floor of each of `conversations` of `tenant` now (conversations
 /// without a route are left out; an owner that does not answer gives the
@@ -40,7 +39,7 @@ pub async fn failover_floors(
         }
     });
     for (address, wanted) in ask {
-        let Ok(endpoint) = Endpoint::from_shared(address) else {
+        let Ok(endpoint) = cellmesh_proto::tls::endpoint(address) else {
             continue;
         };
         let mut peer = CellPeerClient::new(

@@ -69,9 +69,15 @@ fn strings(v: &Value) -> Vec<String> {
 }
 
 impl DevTarget {
+    /// The deployment `cellmesh dev` runs in `dir`. When it runs with
+    /// `--tls`, this process takes the operator's certificate for its calls
+    /// to routers and cells (the edges take plaintext clients).
     pub fn load(dir: &Path) -> anyhow::Result<Self> {
         let info = read(dir, "dev.json")?;
         let secrets = read(dir, "secrets.json")?;
+        let tls: cellmesh_proto::tls::TlsConfig =
+            serde_json::from_value(info["tls"].clone()).unwrap_or_default();
+        cellmesh_proto::tls::install(&tls).map_err(anyhow::Error::msg)?;
         Ok(Self {
             dir: dir.to_path_buf(),
             edge: info["edges"]["eu-west"]
@@ -98,7 +104,7 @@ impl DevTarget {
                 .to_string(),
             etcd: strings(&info["etcd"]),
             admin: strings(&info["control_plane"]["admin"]),
-            tls: serde_json::from_value(info["tls"].clone()).unwrap_or_default(),
+            tls,
             conversations: info["demo"]["conversations"]
                 .as_array()
                 .into_iter()

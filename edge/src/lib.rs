@@ -63,6 +63,9 @@ pub struct EdgeConfig {
     /// Mutual TLS on the deployment's internal links (`[tls]`: the CA, this
     /// process's certificate and key); none set: plaintext.
     pub tls: cellmesh_proto::tls::TlsConfig,
+    /// TLS for clients (`[client_tls]`: the certificate and key clients
+    /// see, reloaded when renewed); none set: clients speak plaintext.
+    pub client_tls: cellmesh_proto::tls::PublicTlsConfig,
 }
 
 impl Default for EdgeConfig {
@@ -83,6 +86,7 @@ impl Default for EdgeConfig {
             metrics_listen: String::new(),
             telemetry: Default::default(),
             tls: Default::default(),
+            client_tls: Default::default(),
         }
     }
 }
@@ -94,6 +98,12 @@ impl EdgeConfig {
 
     pub fn validate(&self) -> Result<(), ConfigError> {
         cellmesh_proto::config::check_tls(&self.tls)?;
+        self.client_tls
+            .validate()
+            .map_err(|message| ConfigError::Invalid {
+                field: "client_tls",
+                message,
+            })?;
         check(
             "routers",
             !self.routers.is_empty(),
@@ -192,6 +202,7 @@ impl RunningEdge {
 pub async fn start(config: EdgeConfig) -> Result<RunningEdge, EdgeError> {
     config.validate()?;
     cellmesh_proto::tls::install(&config.tls).map_err(EdgeError::Tls)?;
+    let client_tls = config.client_tls.watch().map_err(EdgeError::Tls)?;
     let secret = ClusterSecret::new(&config.cluster_secret);
     let routes = RouteClient::connect(config.routers.clone(), secret.clone())
         .await
@@ -232,8 +243,9 @@ pub async fn start(config: EdgeConfig) -> Result<RunningEdge, EdgeError> {
         .map_err(EdgeError::Metrics)?;
     let (tx, rx) = oneshot::channel();
     let task = tokio::spawn(async move {
-        // Clients reach the edge without certificates; its calls to cells
-        // and routers carry the edge's.
+        // Clients reach the edge without certificates (over TLS when
+        // `[client_tls]` is set); its calls to cells and routers carry the
+        // edge's.
         let result = cellmesh_proto::server::public_builder()
             .layer(cellmesh_telemetry::server::ServerLayer)
             .add_service(standard.health)
@@ -241,9 +253,16 @@ pub async fn start(config: EdgeConfig) -> Result<RunningEdge, EdgeError> {
             .add_service(standard.reflection_v1alpha)
             .add_service(messaging)
             .add_service(sync)
-            .serve_with_incoming_shutdown(cellmesh_proto::server::incoming(listener), async {
-                let _ = rx.await;
-            })
+            .serve_with_incoming_shutdown(
+                cellmesh_proto::server::incoming_with(
+                    listener,
+                    cellmesh_proto::server::IDLE,
+                    client_tls,
+                ),
+                async {
+                    let _ = rx.await;
+                },
+            )
             .await;
         if let Some((_, server)) = metrics {
             server.abort();

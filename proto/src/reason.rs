@@ -43,6 +43,7 @@ reasons! {
     BadSourceAddress => "BAD_SOURCE_ADDRESS",
     BodyTooLarge => "BODY_TOO_LARGE",
     CallerMismatch => "CALLER_MISMATCH",
+    CertificateRevoked => "CERTIFICATE_REVOKED",
     CheckpointBehind => "CHECKPOINT_BEHIND",
     ColdTierUnavailable => "COLD_TIER_UNAVAILABLE",
     ChecksumMismatch => "CHECKSUM_MISMATCH",

@@ -241,9 +241,8 @@ impl Workload {
         let address = routes
             .read(|t| t.cell(cell).map(|c| c.address.clone()))
             .ok_or_else(|| anyhow::anyhow!("unknown cell {cell}"))?;
-        let mut peer = CellPeerClient::connect(address)
-            .await?
-            .max_decoding_message_size(64 << 20);
+        let channel = cellmesh_proto::tls::endpoint(address)?.connect().await?;
+        let mut peer = CellPeerClient::new(channel).max_decoding_message_size(64 << 20);
         let secret = self.dev.secret();
         let mut stored = Vec::new();
         let mut after = 0;

@@ -372,6 +372,7 @@ pub async fn run(mut args: CtlArgs) -> anyhow::Result<()> {
         ca_file: args.tls_ca.clone(),
         cert_file: args.tls_cert.clone(),
         key_file: args.tls_key.clone(),
+        ..Default::default()
     })
     .map_err(anyhow::Error::msg)?;
     if let CtlCommand::Ops { command } = args.command {

@@ -173,7 +173,10 @@ impl Receiver {
     pub fn serve(&self, listener: tokio::net::TcpListener) -> tokio::task::JoinHandle<()> {
         let service = TraceServiceServer::new(self.clone()).max_decoding_message_size(32 << 20);
         tokio::spawn(async move {
-            let incoming = cellmesh_proto::server::incoming(listener);
+            // Exporters speak plaintext OTLP, whatever the deployment's
+            // internal TLS.
+            let incoming =
+                cellmesh_proto::server::incoming_with(listener, cellmesh_proto::server::IDLE, None);
             if let Err(e) = cellmesh_proto::server::public_builder()
                 .add_service(service)
                 .serve_with_incoming(incoming)

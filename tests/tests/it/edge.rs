@@ -323,3 +323,82 @@ async fn the_edge_takes_rotated_keys_and_refuses_revoked_and_overlong_tokens() {
         assert_eq!(error_detail(&e).reason, expected);
     }
 }
+
+/// An edge with `[client_tls]`: clients send over TLS, verifying the
+/// edge's certificate against the CA that issued it; a plaintext client
+/// gets no answer.
+#[tokio::test]
+async fn clients_reach_an_edge_over_tls() {
+    use cellmesh_proto::tls::{Peer, PublicTlsConfig, Role, SERVER_NAME};
+    use tonic::transport::{Certificate, ClientTlsConfig};
+    let d = deploy(None).await;
+    let dir = tempfile::tempdir().unwrap();
+    let pki = cellmesh_deployment::dev::pki::Pki::create(dir.path()).unwrap();
+    let issued = pki.issue(&Peer::new(Role::Edge, "clients")).unwrap();
+    let edge = cellmesh_edge::start(cellmesh_edge::EdgeConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        routers: d.cluster.endpoints(),
+        cluster_secret: cellmesh_tests::router::SECRET.into(),
+        token_secret: TOKEN_SECRET.into(),
+        client_tls: PublicTlsConfig {
+            cert_file: issued.cert_file.clone(),
+            key_file: issued.key_file.clone(),
+        },
+        ..cellmesh_edge::EdgeConfig::default()
+    })
+    .await
+    .unwrap();
+    let ca = Certificate::from_pem(std::fs::read(&issued.ca_file).unwrap());
+    let channel = Channel::from_shared(edge.endpoint().replace("http://", "https://"))
+        .unwrap()
+        .tls_config(
+            ClientTlsConfig::new()
+                .ca_certificate(ca)
+                .domain_name(SERVER_NAME),
+        )
+        .unwrap()
+        .connect()
+        .await
+        .expect("a TLS connection to the edge");
+    let mut m = MessagingClient::new(channel);
+    let token = TokenKey::new(TOKEN_SECRET).issue(&Claims {
+        tenant: 1,
+        user: 10,
+        device: "d".into(),
+        exp: now_secs() + 600,
+        ..Default::default()
+    });
+    let conv = create_via_edge(&mut m, &token, vec![11]).await;
+    let sent = m
+        .send(authed(send(conv, "over-tls", "hello"), &token))
+        .await
+        .expect("a send over TLS")
+        .into_inner();
+    assert_eq!(sent.seq, 1);
+    let plain = Channel::from_shared(edge.endpoint())
+        .unwrap()
+        .connect()
+        .await;
+    if let Ok(channel) = plain {
+        assert!(
+            MessagingClient::new(channel)
+                .send(authed(send(conv, "plain", "x"), &token))
+                .await
+                .is_err(),
+            "a plaintext client was answered"
+        );
+    }
+    // A config naming a missing file is refused, naming the field.
+    let e = cellmesh_edge::EdgeConfig {
+        token_secret: TOKEN_SECRET.into(),
+        client_tls: PublicTlsConfig {
+            cert_file: "/nonexistent/edge.pem".into(),
+            key_file: issued.key_file,
+        },
+        ..cellmesh_edge::EdgeConfig::default()
+    }
+    .validate()
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("client_tls"), "{e}");
+}

@@ -4,7 +4,8 @@
 //! deployment's own certificates, each role calls only what it may (an
 //! edge neither writes routes nor calls the cells' peer API, a cell
 //! registers and delivers only as itself, Raft messages come only from
-//! the router they name).
+//! the router they name); a certificate renewed on disk is served without a
+//! restart, and one revoked is refused on new and open connections.
 
 use std::path::Path;
 
@@ -226,6 +227,127 @@ async fn with_mutual_tls_each_role_calls_only_what_it_may() {
         .unwrap()
         .into_inner();
     assert_eq!(table.cells.len(), 6);
+
+    // Renewed in place: the cell presents its new certificate from the
+    // next handshake on, without a restart, and keeps serving.
+    let cell_url = cell.as_str().unwrap();
+    let before = served_serial(cell_url, &tls).await;
+    pki(&tls, &["issue", "--role", "cell", "--id", "eu-west/c1"]);
+    let renewed = cellmesh_proto::tls::serial_of(&first_der(&tls.join("cell-eu-west-c1.pem")))
+        .unwrap()
+        .to_vec();
+    assert_ne!(before, renewed);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while served_serial(cell_url, &tls).await != renewed {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the cell still presents its old certificate"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let mut peer = client(cell, &tls, "operator-admin", &secret, CellPeerClient::new).await;
+    assert!(
+        peer.stats(StatsRequest {}).await.is_ok(),
+        "renewed cell serves"
+    );
+
+    // Revoked: the edge's certificate is refused by every server, on new
+    // connections (the handshake) and on open ones (each call); the
+    // operator's still works.
+    let mut edge_open = client(router, &tls, "edge-eu-west", &secret, RoutingClient::new).await;
+    assert!(
+        edge_open
+            .get_table(GetTableRequest::default())
+            .await
+            .is_ok()
+    );
+    pki(
+        &tls,
+        &[
+            "revoke",
+            "--cert",
+            tls.join("edge-eu-west.pem").to_str().unwrap(),
+        ],
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let e = loop {
+        match edge_open.get_table(GetTableRequest::default()).await {
+            Err(e) => break e,
+            Ok(_) => assert!(
+                std::time::Instant::now() < deadline,
+                "a revoked certificate still answered"
+            ),
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    assert_eq!(
+        refused(&e),
+        (tonic::Code::PermissionDenied, "CERTIFICATE_REVOKED".into()),
+        "{e:?}"
+    );
+    if let Ok(channel) = dial(cell_url, &tls, "edge-eu-west", &tls).await {
+        let mut messaging = MessagingClient::new(channel);
+        assert!(
+            messaging
+                .send(SendRequest::default())
+                .await
+                .is_err_and(|e| e.code() != tonic::Code::InvalidArgument),
+            "a revoked certificate completed a handshake and a call"
+        );
+    }
+    assert!(routes.get_table(GetTableRequest::default()).await.is_ok());
+}
+
+/// Runs `cellmesh pki --dir <tls> <args>`.
+fn pki(tls: &Path, args: &[&str]) {
+    let out = std::process::Command::new(cellmesh_tests::cellmesh_bin())
+        .args(["pki", "--dir"])
+        .arg(tls)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "cellmesh pki {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn first_der(pem_file: &Path) -> Vec<u8> {
+    let pem = std::fs::read(pem_file).unwrap();
+    x509_parser::pem::parse_x509_pem(&pem).unwrap().1.contents
+}
+
+/// The serial number of the certificate the server at `url` presents (a
+/// handshake as the operator).
+async fn served_serial(url: &str, tls: &Path) -> Vec<u8> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_file(tls.join("ca.pem")).unwrap())
+        .unwrap();
+    let chain = vec![CertificateDer::from_pem_file(tls.join("operator-admin.pem")).unwrap()];
+    let key = PrivateKeyDer::from_pem_file(tls.join("operator-admin.key")).unwrap();
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_client_auth_cert(chain, key)
+    .unwrap();
+    let tcp = tokio::net::TcpStream::connect(url.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    let stream = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(ServerName::try_from(SERVER_NAME).unwrap(), tcp)
+        .await
+        .unwrap();
+    let served = stream.get_ref().1.peer_certificates().unwrap()[0].clone();
+    cellmesh_proto::tls::serial_of(served.as_ref())
+        .unwrap()
+        .to_vec()
 }
 
 /// The Raft address of the router whose API is `api`.

@@ -19,12 +19,13 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
 use serde::{Deserialize, Serialize};
-use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
-use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity, ServerTlsConfig};
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+
+pub mod files;
 
 use crate::reason::Reason;
 use crate::status::to_status;
@@ -35,7 +36,8 @@ pub const SERVER_NAME: &str = "cellmesh.internal";
 /// The scheme of the identity URI.
 const SCHEME: &str = "cellmesh:";
 
-/// `[tls]` of a role's config: all three files, or none (no TLS).
+/// `[tls]` of a role's config: the CA, certificate and key files, or none
+/// (no TLS); a revocation list optionally.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TlsConfig {
@@ -46,6 +48,10 @@ pub struct TlsConfig {
     pub cert_file: String,
     /// PEM private key of `cert_file`.
     pub key_file: String,
+    /// Optional PEM certificate revocation lists the CA issued: a client
+    /// certificate they name is refused. Read again when it changes, like
+    /// the other three.
+    pub crl_file: String,
 }
 
 /// A role a certificate names.
@@ -120,30 +126,10 @@ impl Peer {
         })
     }
 
-    /// The caller of a request on a TLS connection (`None` on plaintext).
-    /// A connection's certificates are shared by its calls: each distinct
-    /// certificate list is parsed once.
+    /// The caller of a request on a TLS connection (`None` on plaintext):
+    /// what its certificate named at the handshake.
     pub fn of_request(extensions: &http::Extensions) -> Option<Self> {
-        use std::sync::{Arc, Mutex};
-        type Seen = Vec<(
-            Arc<Vec<tonic::transport::CertificateDer<'static>>>,
-            Option<Peer>,
-        )>;
-        static SEEN: Mutex<Seen> = Mutex::new(Vec::new());
-        const REMEMBERED: usize = 64;
-        let certs = extensions
-            .get::<TlsConnectInfo<TcpConnectInfo>>()?
-            .peer_certs()?;
-        let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((_, peer)) = seen.iter().find(|(c, _)| Arc::ptr_eq(c, &certs)) {
-            return peer.clone();
-        }
-        let peer = certs.first().and_then(|c| Self::of_certificate(c.as_ref()));
-        if seen.len() >= REMEMBERED {
-            seen.remove(0);
-        }
-        seen.push((certs, peer.clone()));
-        peer
+        extensions.get::<crate::server::ConnInfo>()?.peer.clone()
     }
 }
 
@@ -153,12 +139,24 @@ impl std::fmt::Display for Peer {
     }
 }
 
-/// This process's TLS material once installed.
-pub struct Installed {
+/// What `[tls]` names, as last read: the client side for tonic's
+/// channels, the server side for rustls.
+pub struct Material {
     ca: Certificate,
     identity: Identity,
-    /// Who this process is.
+    server: Arc<rustls::ServerConfig>,
+    /// Serial numbers the revocation lists name.
+    revoked: std::collections::HashSet<Vec<u8>>,
+    /// Whom the certificate names.
     pub me: Peer,
+}
+
+/// This process's TLS once installed: the files, watched for changes
+/// ([`files::Watched`]).
+pub struct Installed {
+    /// Who this process is (a renewed certificate must name the same).
+    pub me: Peer,
+    material: files::Watched<Material>,
 }
 
 static INSTALLED: OnceLock<Installed> = OnceLock::new();
@@ -169,7 +167,7 @@ impl TlsConfig {
     }
 
     /// Reads and checks the files: the field at fault and why.
-    pub fn load(&self) -> Result<Installed, (&'static str, String)> {
+    pub fn load(&self) -> Result<Material, (&'static str, String)> {
         let read = |field: &'static str, path: &str| {
             if path.is_empty() {
                 return Err((field, "is required when [tls] is set".to_string()));
@@ -179,27 +177,32 @@ impl TlsConfig {
         let ca = read("tls.ca_file", &self.ca_file)?;
         let cert = read("tls.cert_file", &self.cert_file)?;
         let key = read("tls.key_file", &self.key_file)?;
+        let crls = match self.crl_file.is_empty() {
+            true => Vec::new(),
+            false => read("tls.crl_file", &self.crl_file)?,
+        };
         let me = first_der(&cert)
             .and_then(|der| Peer::of_certificate(&der))
             .ok_or((
                 "tls.cert_file",
                 format!("{} names no cellmesh:<role>/<id> identity", self.cert_file),
             ))?;
-        if first_der(&ca).is_none() {
-            return Err((
-                "tls.ca_file",
-                format!("{} holds no certificate", self.ca_file),
-            ));
-        }
-        if !String::from_utf8_lossy(&key).contains("PRIVATE KEY") {
-            return Err((
-                "tls.key_file",
-                format!("{} holds no private key", self.key_file),
-            ));
-        }
-        Ok(Installed {
+        let ca_certs = files::certificates(&ca).map_err(|e| ("tls.ca_file", e))?;
+        let crls = files::revocation_lists(&crls).map_err(|e| ("tls.crl_file", e))?;
+        let revoked = files::revoked_serials(&crls).map_err(|e| ("tls.crl_file", e))?;
+        let server = files::server_config(
+            "tls.cert_file",
+            &cert,
+            "tls.key_file",
+            &key,
+            files::Clients::SignedBy { ca: ca_certs, crls },
+        )
+        .map_err(|e| ("tls", e))?;
+        Ok(Material {
             ca: Certificate::from_pem(ca),
             identity: Identity::from_pem(cert, key),
+            server,
+            revoked,
             me,
         })
     }
@@ -211,8 +214,16 @@ fn first_der(pem: &[u8]) -> Option<Vec<u8>> {
     (pem.label == "CERTIFICATE").then_some(pem.contents)
 }
 
+/// The serial number of a DER certificate.
+pub fn serial_of(der: &[u8]) -> Option<Arc<[u8]>> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+    Some(cert.tbs_certificate.raw_serial().into())
+}
+
 /// Installs `config` for this process (its servers and channels); `Ok(None)`
 /// when `[tls]` is not set. A second install must name the same identity.
+/// The files are watched from then on: a renewed certificate or an updated
+/// revocation list is used by the next connection.
 pub fn install(config: &TlsConfig) -> Result<Option<&'static Peer>, String> {
     if !config.enabled() {
         return Ok(None);
@@ -221,17 +232,45 @@ pub fn install(config: &TlsConfig) -> Result<Option<&'static Peer>, String> {
         .load()
         .map_err(|(field, e)| format!("{field}: {e}"))?;
     let _ = rustls::crypto::ring::default_provider().install_default();
-    tonic::transport::Server::builder()
-        .tls_config(server_config(&loaded))
-        .map_err(|e| format!("tls.cert_file / tls.key_file: {e}"))?;
     let me = loaded.me.clone();
-    let installed = INSTALLED.get_or_init(|| loaded);
-    if installed.me != me {
-        return Err(format!(
-            "this process already runs as {}, not {me}",
-            installed.me
-        ));
+    if let Some(installed) = INSTALLED.get() {
+        return match installed.me == me {
+            true => Ok(Some(&installed.me)),
+            false => Err(format!(
+                "this process already runs as {}, not {me}",
+                installed.me
+            )),
+        };
     }
+    let watched_config = config.clone();
+    let first = std::sync::Mutex::new(Some(loaded));
+    let material = files::Watched::new(
+        &[
+            config.ca_file.as_str(),
+            &config.cert_file,
+            &config.key_file,
+            &config.crl_file,
+        ],
+        move || {
+            if let Some(first) = first.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                return Ok(first);
+            }
+            let material = watched_config
+                .load()
+                .map_err(|(field, e)| format!("{field}: {e}"))?;
+            match material.me == me {
+                true => Ok(material),
+                false => Err(format!(
+                    "{} now names {}, not this process",
+                    watched_config.cert_file, material.me
+                )),
+            }
+        },
+    )?;
+    let installed = INSTALLED.get_or_init(|| Installed {
+        me: material.get().me.clone(),
+        material,
+    });
     Ok(Some(&installed.me))
 }
 
@@ -240,8 +279,27 @@ pub fn installed() -> Option<&'static Installed> {
     INSTALLED.get()
 }
 
+impl Installed {
+    /// The server side as the files say now: this process's certificate,
+    /// client certificates the CA signed and no revocation list names.
+    pub fn server_config(&self) -> Arc<rustls::ServerConfig> {
+        self.material.get().server.clone()
+    }
+
+    /// Whether the revocation list names the certificate `serial`.
+    pub fn is_revoked(&self, serial: &[u8]) -> bool {
+        self.material.get().revoked.contains(serial)
+    }
+
+    /// Looks at the files now rather than within [`files::CHECK_EVERY`].
+    pub fn reload(&self) -> bool {
+        self.material.check(true)
+    }
+}
+
 /// A channel endpoint for `url`: TLS with this process's certificate when
-/// installed (an `http://` address is dialled as `https://`).
+/// installed (an `http://` address is dialled as `https://`). A channel
+/// made after a certificate was renewed presents the new one.
 pub fn endpoint(url: impl Into<String>) -> Result<Endpoint, tonic::transport::Error> {
     let url = url.into();
     let Some(tls) = installed() else {
@@ -251,22 +309,65 @@ pub fn endpoint(url: impl Into<String>) -> Result<Endpoint, tonic::transport::Er
         Some(rest) => format!("https://{rest}"),
         None => url,
     };
-    Endpoint::from_shared(url)?.tls_config(client_config(tls))
+    let material = tls.material.get();
+    Endpoint::from_shared(url)?.tls_config(
+        ClientTlsConfig::new()
+            .ca_certificate(material.ca.clone())
+            .identity(material.identity.clone())
+            .domain_name(SERVER_NAME),
+    )
 }
 
-fn client_config(tls: &Installed) -> ClientTlsConfig {
-    ClientTlsConfig::new()
-        .ca_certificate(tls.ca.clone())
-        .identity(tls.identity.clone())
-        .domain_name(SERVER_NAME)
+/// TLS for clients of a client-facing server (`[client_tls]` of the
+/// edge): the certificate it presents; clients present none. Both files or
+/// neither (plaintext); watched like `[tls]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PublicTlsConfig {
+    /// PEM certificate chain clients verify.
+    pub cert_file: String,
+    /// PEM private key of `cert_file`.
+    pub key_file: String,
 }
 
-/// The server side: this process's certificate, and client certificates
-/// the CA signed required.
-pub(crate) fn server_config(tls: &Installed) -> ServerTlsConfig {
-    ServerTlsConfig::new()
-        .identity(tls.identity.clone())
-        .client_ca_root(tls.ca.clone())
+impl PublicTlsConfig {
+    pub fn enabled(&self) -> bool {
+        !(self.cert_file.is_empty() && self.key_file.is_empty())
+    }
+
+    fn build(&self) -> Result<Arc<rustls::ServerConfig>, String> {
+        let cert = files::read("client_tls.cert_file", &self.cert_file)?;
+        let key = files::read("client_tls.key_file", &self.key_file)?;
+        files::server_config(
+            "client_tls.cert_file",
+            &cert,
+            "client_tls.key_file",
+            &key,
+            files::Clients::Anyone,
+        )
+    }
+
+    /// Checks the files (the field at fault in the error).
+    pub fn validate(&self) -> Result<(), String> {
+        match self.enabled() {
+            true => self.build().map(|_| ()),
+            false => Ok(()),
+        }
+    }
+
+    /// The server side for [`crate::server::incoming_with`], `None` when
+    /// not enabled.
+    pub fn watch(&self) -> Result<Option<crate::server::TlsSource>, String> {
+        if !self.enabled() {
+            return Ok(None);
+        }
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let config = self.clone();
+        let watched = files::Watched::new(&[self.cert_file.as_str(), &self.key_file], move || {
+            config.build()
+        })?;
+        Ok(Some(Arc::new(move || (*watched.get()).clone())))
+    }
 }
 
 /// Whether `role` may call `service` at all (what it may do there is the
@@ -331,6 +432,22 @@ where
             .next()
             .unwrap_or_default()
             .to_string();
+        let info = request.extensions().get::<crate::server::ConnInfo>();
+        if let Some(serial) = info.and_then(|i| i.serial.as_deref())
+            && installed().is_some_and(|tls| tls.is_revoked(serial))
+        {
+            let who = info
+                .and_then(|i| i.peer.as_ref())
+                .map_or("a client".into(), |p| p.to_string());
+            let status = to_status(
+                ErrorCode::PermissionDenied,
+                Reason::CertificateRevoked,
+                format!("the certificate of {who} is revoked"),
+                0,
+                None,
+            );
+            return Box::pin(async move { Ok(status.into_http()) });
+        }
         match Peer::of_request(request.extensions()) {
             Some(peer) if may_call(peer.role, &service) => {
                 request.extensions_mut().insert(peer);

@@ -5,17 +5,15 @@
 //! and a connection that sends nothing for [`IDLE`] (one that never
 //! completes its handshake, or a peer gone silent) is closed.
 
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
-use tokio::time::{Instant, Sleep};
+use tokio_stream::Stream;
 use tonic::server::NamedService;
-use tonic::transport::server::{Connected, TcpConnectInfo};
 use tonic_health::server::{HealthReporter, health_reporter};
+
+mod conn;
+pub use conn::{Conn, ConnInfo, HANDSHAKE, TlsSource, incoming_with};
 
 /// Health and reflection services, with `S` reported as serving.
 /// Reflection is served as `v1` and as `v1alpha` (what standard clients
@@ -88,21 +86,14 @@ pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 /// completed its handshake, or stopped answering, stays this quiet.
 pub const IDLE: Duration = Duration::from_secs(60);
 
-/// The server builder every internal cellmesh server starts from: with
-/// this process's TLS installed ([`crate::tls`]) it takes only clients
-/// with a certificate the CA signed, and only for the services their role
-/// may call.
+/// The server builder every internal cellmesh server starts from, served
+/// with [`incoming`]: with this process's TLS installed ([`crate::tls`])
+/// it takes only clients with a certificate the CA signed, and only for
+/// the services their role may call.
 pub fn builder() -> tonic::transport::Server<
     tower::layer::util::Stack<crate::tls::Authorize, tower::layer::util::Identity>,
 > {
-    let server = public_builder();
-    let server = match crate::tls::installed() {
-        Some(tls) => server
-            .tls_config(crate::tls::server_config(tls))
-            .expect("checked when installed"),
-        None => server,
-    };
-    server.layer(crate::tls::Authorize)
+    public_builder().layer(crate::tls::Authorize)
 }
 
 /// A client-facing server (the edge's): keepalive and idle limits, no
@@ -113,123 +104,12 @@ pub fn public_builder() -> tonic::transport::Server {
         .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
 }
 
-/// Connections accepted from `listener` with Nagle's algorithm off (small
-/// gRPC frames, acks and Raft appends, must not wait for delayed ACKs),
-/// each closed once idle for [`IDLE`].
-pub fn incoming(
-    listener: tokio::net::TcpListener,
-) -> impl tokio_stream::Stream<Item = std::io::Result<Guarded>> {
-    incoming_with(listener, IDLE)
-}
-
-/// [`incoming`] with another idle limit.
-pub fn incoming_with(
-    listener: tokio::net::TcpListener,
-    idle: Duration,
-) -> impl tokio_stream::Stream<Item = std::io::Result<Guarded>> {
-    use tokio_stream::StreamExt;
-    tokio_stream::wrappers::TcpListenerStream::new(listener).map(move |stream| {
-        let stream = stream?;
-        stream.set_nodelay(true)?;
-        Ok(Guarded::new(stream, idle))
-    })
-}
-
-/// An accepted connection that fails its reads (and so is closed) once
-/// nothing has arrived for its idle limit. A read only notes its time; the
-/// timer is moved on when it fires early, not at every read.
-pub struct Guarded {
-    io: TcpStream,
-    idle: Duration,
-    last_read: Instant,
-    deadline: Pin<Box<Sleep>>,
-}
-
-impl Guarded {
-    fn new(io: TcpStream, idle: Duration) -> Self {
-        Self {
-            io,
-            idle,
-            last_read: Instant::now(),
-            deadline: Box::pin(tokio::time::sleep(idle)),
-        }
-    }
-
-    /// Ready when the connection has been idle for its limit.
-    fn poll_idle(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        while self.deadline.as_mut().poll(cx).is_ready() {
-            let due = self.last_read + self.idle;
-            if due <= Instant::now() {
-                return Poll::Ready(());
-            }
-            self.deadline.as_mut().reset(due);
-        }
-        Poll::Pending
-    }
-}
-
-impl AsyncRead for Guarded {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let before = buf.filled().len();
-        match Pin::new(&mut self.io).poll_read(cx, buf) {
-            Poll::Ready(Ok(())) => {
-                if buf.filled().len() > before {
-                    self.last_read = Instant::now();
-                }
-                Poll::Ready(Ok(()))
-            }
-            Poll::Pending => match self.poll_idle(cx) {
-                Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "connection idle: closed",
-                ))),
-                Poll::Pending => Poll::Pending,
-            },
-            ready => ready,
-        }
-    }
-}
-
-impl AsyncWrite for Guarded {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
-    }
-}
-
-impl Connected for Guarded {
-    type ConnectInfo = TcpConnectInfo;
-
-    fn connect_info(&self) -> Self::ConnectInfo {
-        self.io.connect_info()
-    }
+/// Connections accepted from `listener` for an internal server: mutual
+/// TLS when this process's TLS is installed, each closed once idle for
+/// [`IDLE`].
+pub fn incoming(listener: tokio::net::TcpListener) -> impl Stream<Item = std::io::Result<Conn>> {
+    let tls = crate::tls::installed().map(|tls| -> TlsSource { Arc::new(|| tls.server_config()) });
+    incoming_with(listener, IDLE, tls)
 }
 
 /// Resolves on Ctrl-C or SIGTERM.
@@ -268,7 +148,7 @@ mod tests {
         let idle = Duration::from_millis(300);
         let accepted = Arc::new(AtomicUsize::new(0));
         let counted = accepted.clone();
-        let incoming = super::incoming_with(listener, idle).map(move |connection| {
+        let incoming = super::incoming_with(listener, idle, None).map(move |connection| {
             counted.fetch_add(1, Ordering::SeqCst);
             connection
         });
