@@ -11,6 +11,7 @@ use crate::error::CellError;
 use crate::message::{
     Caller, ChangeMembersCommand, CreateCommand, DeleteForMeCommand, EditCommand,
     GetConversationCommand, MarkReadCommand, PullCommand, RecallCommand, SendCommand,
+    SetMemberRoleCommand,
 };
 use crate::storage::ScanDirection;
 
@@ -110,6 +111,25 @@ impl TryFrom<pb::ChangeMembersRequest> for ChangeMembersCommand {
             caller: caller(r.caller)?,
             conversation: conversation_id(r.conversation_id)?,
             users: r.user_ids,
+        })
+    }
+}
+
+impl TryFrom<pb::SetMemberRoleRequest> for SetMemberRoleCommand {
+    type Error = CellError;
+
+    fn try_from(r: pb::SetMemberRoleRequest) -> Result<Self, CellError> {
+        if r.user_id == 0 {
+            return Err(CellError::invalid(
+                Reason::InvalidUserId,
+                "user id 0 is not valid",
+            ));
+        }
+        Ok(Self {
+            caller: caller(r.caller)?,
+            conversation: conversation_id(r.conversation_id)?,
+            user: r.user_id,
+            admin: r.admin,
         })
     }
 }
@@ -216,6 +236,7 @@ pub fn conversation_to_proto(
         member_count: r.member_count,
         latest_seq: seq.latest_seq,
         seq_floor: seq.seq_floor,
+        admin_ids: r.admins.clone(),
     }
 }
 

@@ -50,6 +50,7 @@ macro_rules! has_caller {
 has_caller!(
     pb::CreateConversationRequest,
     pb::ChangeMembersRequest,
+    pb::SetMemberRoleRequest,
     pb::GetConversationRequest,
     pb::PullRequest,
     pb::MarkReadRequest,

@@ -83,6 +83,14 @@ impl Messaging for EdgeApi {
             Key::conversation(c.tenant, m.conversation_id)
         })
     }
+    async fn set_member_role(
+        &self,
+        request: Request<SetMemberRoleRequest>,
+    ) -> Result<Response<ChangeMembersResponse>, Status> {
+        proxied!(self, request, MessagingClient, set_member_role, |c, m| {
+            Key::conversation(c.tenant, m.conversation_id)
+        })
+    }
     async fn get_conversation(
         &self,
         request: Request<GetConversationRequest>,

@@ -79,6 +79,17 @@ impl Messaging for MessagingApi {
         ))
     }
 
+    async fn set_member_role(
+        &self,
+        request: Request<SetMemberRoleRequest>,
+    ) -> Reply<ChangeMembersResponse> {
+        let cmd = request.into_inner().try_into()?;
+        Ok(Response::new(
+            self.to_end(|s| async move { s.set_member_role(cmd).await })
+                .await?,
+        ))
+    }
+
     async fn get_conversation(
         &self,
         request: Request<GetConversationRequest>,

@@ -39,6 +39,17 @@ pub struct ChangeMembersCommand {
 }
 
 #[derive(Debug, Clone)]
+pub struct SetMemberRoleCommand {
+    pub caller: Caller,
+    pub conversation: u64,
+    pub user: u64,
+    pub admin: bool,
+}
+
+/// Admins of a group besides its creator, at most.
+pub const MAX_ADMINS: usize = 32;
+
+#[derive(Debug, Clone)]
 pub struct GetConversationCommand {
     pub caller: Caller,
     pub conversation: u64,
@@ -93,6 +104,7 @@ impl MessageService {
             created_by: cmd.caller.user,
             created_at_ms: now,
             member_count: members.len() as u32,
+            admins: Vec::new(),
         };
         let mut m = Mutation::new();
         m.put_conversation(id, &record);
@@ -193,8 +205,9 @@ impl MessageService {
         Ok(())
     }
 
-    /// Adds (`add = true`) or removes members of a group. Any member may add;
-    /// members may remove others or leave.
+    /// Adds (`add = true`) or removes members of a group. Any member adds
+    /// and leaves; the creator and admins remove others (the creator
+    /// only leaves).
     #[tracing::instrument(skip_all, fields(tenant = cmd.caller.tenant, conversation = cmd.conversation, user = cmd.caller.user, add))]
     pub async fn change_members(
         &self,
@@ -205,10 +218,132 @@ impl MessageService {
         if cmd.users.is_empty() {
             return Err(CellError::invalid(Reason::NoUsers, "user_ids is empty"));
         }
-        self.check_call(&cmd.caller)?;
-        let conv = self.conversation(&cmd.caller, cmd.conversation)?;
-        self.ownership
-            .check(cmd.caller.tenant, cmd.conversation, 0)?;
+        let caller = cmd.caller;
+        self.change_group(&cmd.caller, cmd.conversation, |record, now| {
+            let unique: BTreeSet<u64> = cmd.users.iter().copied().collect();
+            if !add && let Some(other) = unique.iter().find(|u| **u != caller.user) {
+                if !is_admin(record, caller.user) {
+                    return Err(not_admin(record, caller.user, "removes others"));
+                }
+                if unique.contains(&record.created_by) {
+                    return Err(CellError::PermissionDenied {
+                        reason: Reason::NotConversationAdmin,
+                        message: format!(
+                            "the group's creator (user {}) leaves but is not removed (by user {}, removing {other})",
+                            record.created_by, caller.user
+                        ),
+                    });
+                }
+            }
+            let mut changed = Vec::new();
+            for user in unique {
+                if self.store.is_member(cmd.conversation, user)? != add {
+                    changed.push(user);
+                }
+            }
+            let count = if add {
+                record.member_count as usize + changed.len()
+            } else {
+                (record.member_count as usize).saturating_sub(changed.len())
+            };
+            if count > self.config.limits.max_group_members as usize {
+                return Err(CellError::invalid(
+                    Reason::TooManyMembers,
+                    format!(
+                        "a group has at most {} members",
+                        self.config.limits.max_group_members
+                    ),
+                ));
+            }
+            if changed.is_empty() {
+                return Ok((changed, None));
+            }
+            record.member_count = count as u32;
+            // A member who leaves is no longer an admin.
+            record.admins.retain(|a| add || !changed.contains(a));
+            let mut m = Mutation::new();
+            for user in &changed {
+                if add {
+                    m.put_member(cmd.conversation, *user, &MemberRecord { joined_at_ms: now });
+                } else {
+                    m.delete_member(cmd.conversation, *user);
+                }
+            }
+            let event = OutboxEvent {
+                kind: OutboxKind::MembersChanged as i32,
+                items: changed.clone(),
+                ..Default::default()
+            };
+            Ok((changed, Some((m, event))))
+        })
+        .await
+    }
+
+    /// Makes a member of a group an admin, or no longer one: the creator
+    /// and admins may. The creator stays an admin.
+    #[tracing::instrument(skip_all, fields(tenant = cmd.caller.tenant, conversation = cmd.conversation, user = cmd.caller.user, admin = cmd.admin))]
+    pub async fn set_member_role(
+        &self,
+        cmd: SetMemberRoleCommand,
+    ) -> Result<ChangeMembersResponse> {
+        let caller = cmd.caller;
+        self.change_group(&cmd.caller, cmd.conversation, |record, _| {
+            if !is_admin(record, caller.user) {
+                return Err(not_admin(record, caller.user, "changes roles"));
+            }
+            if cmd.user == record.created_by {
+                return Err(CellError::invalid(
+                    Reason::IllegalTransition,
+                    "the group's creator is always an admin",
+                ));
+            }
+            if !self.store.is_member(cmd.conversation, cmd.user)? {
+                return Err(CellError::invalid(
+                    Reason::RecipientNotAMember,
+                    format!("user {} is not a member", cmd.user),
+                ));
+            }
+            if record.admins.contains(&cmd.user) == cmd.admin {
+                return Ok((Vec::new(), None));
+            }
+            if cmd.admin {
+                if record.admins.len() >= MAX_ADMINS {
+                    return Err(CellError::invalid(
+                        Reason::TooManyMembers,
+                        format!("a group has at most {MAX_ADMINS} admins besides its creator"),
+                    ));
+                }
+                record.admins.push(cmd.user);
+                record.admins.sort_unstable();
+            } else {
+                record.admins.retain(|a| *a != cmd.user);
+            }
+            // Standbys receive the record with the role.
+            let event = OutboxEvent {
+                kind: OutboxKind::MetaSync as i32,
+                ..Default::default()
+            };
+            Ok((vec![cmd.user], Some((Mutation::new(), event))))
+        })
+        .await
+    }
+
+    /// The common path of a group's membership and roles: owned here, a
+    /// group, the caller a member, one change at a time; `change` edits the
+    /// record and says who changed and what to write (with the record and
+    /// an event filled in here).
+    async fn change_group(
+        &self,
+        caller: &Caller,
+        conversation: u64,
+        change: impl FnOnce(
+            &mut ConversationRecord,
+            u64,
+        ) -> Result<(Vec<u64>, Option<(Mutation, OutboxEvent)>)>,
+    ) -> Result<ChangeMembersResponse> {
+        self.check_call(caller)?;
+        let conv = self.conversation(caller, conversation)?;
+        self.ownership.check(caller.tenant, conversation, 0)?;
         if conv.kind != ConversationKind::Group {
             return Err(CellError::invalid(
                 Reason::NotAGroup,
@@ -218,71 +353,23 @@ impl MessageService {
         let _admin = conv.admin.lock().await;
         // Checked again where a tenant seal waits for it.
         let _writing = self.writing.read().await;
-        self.ownership
-            .check(cmd.caller.tenant, cmd.conversation, 0)?;
-        self.require_member(&cmd.caller, cmd.conversation)?;
-        let mut record = self.stored_conversation(cmd.conversation)?;
-        let unique: BTreeSet<u64> = cmd.users.iter().copied().collect();
-        // Any member adds and leaves; only the group's creator removes
-        // others.
-        if !add
-            && record.created_by != cmd.caller.user
-            && let Some(other) = unique.iter().find(|u| **u != cmd.caller.user)
-        {
-            return Err(CellError::PermissionDenied {
-                reason: Reason::NotConversationAdmin,
-                message: format!(
-                    "only the group's creator (user {}) removes others, not user {other}",
-                    record.created_by
-                ),
-            });
-        }
-        let mut changed = Vec::new();
-        for user in unique {
-            if self.store.is_member(cmd.conversation, user)? != add {
-                changed.push(user);
-            }
-        }
-        let count = if add {
-            record.member_count as usize + changed.len()
-        } else {
-            (record.member_count as usize).saturating_sub(changed.len())
-        };
-        if count > self.config.limits.max_group_members as usize {
-            return Err(CellError::invalid(
-                Reason::TooManyMembers,
-                format!(
-                    "a group has at most {} members",
-                    self.config.limits.max_group_members
-                ),
-            ));
-        }
-        if !changed.is_empty() {
-            let now = self.now_ms();
-            record.member_count = count as u32;
-            let mut m = Mutation::new();
-            for user in &changed {
-                if add {
-                    m.put_member(cmd.conversation, *user, &MemberRecord { joined_at_ms: now });
-                } else {
-                    m.delete_member(cmd.conversation, *user);
-                }
-            }
-            m.put_conversation(cmd.conversation, &record);
-            m.emit(&OutboxEvent {
-                kind: OutboxKind::MembersChanged as i32,
-                tenant_id: cmd.caller.tenant,
-                conversation_id: cmd.conversation,
-                user_id: cmd.caller.user,
-                server_ts_ms: now,
-                items: changed.clone(),
-                ..Default::default()
-            });
+        self.ownership.check(caller.tenant, conversation, 0)?;
+        self.require_member(caller, conversation)?;
+        let mut record = self.stored_conversation(conversation)?;
+        let now = self.now_ms();
+        let (changed, write) = change(&mut record, now)?;
+        if let Some((mut m, mut event)) = write {
+            m.put_conversation(conversation, &record);
+            event.tenant_id = caller.tenant;
+            event.conversation_id = conversation;
+            event.user_id = caller.user;
+            event.server_ts_ms = now;
+            m.emit(&event);
             self.store.commit(m).await?;
         }
-        let seq = self.store.conv_seq(cmd.conversation)?;
+        let seq = self.store.conv_seq(conversation)?;
         Ok(ChangeMembersResponse {
-            conversation: Some(conversation_to_proto(cmd.conversation, &record, &seq)),
+            conversation: Some(conversation_to_proto(conversation, &record, &seq)),
             changed,
         })
     }
@@ -326,5 +413,20 @@ impl MessageService {
             what: "conversation",
             id,
         })
+    }
+}
+
+/// Whether `user` is the group's creator or one of its admins.
+fn is_admin(record: &ConversationRecord, user: u64) -> bool {
+    record.created_by == user || record.admins.contains(&user)
+}
+
+fn not_admin(record: &ConversationRecord, user: u64, what: &str) -> CellError {
+    CellError::PermissionDenied {
+        reason: Reason::NotConversationAdmin,
+        message: format!(
+            "only the group's creator (user {}) and its admins {what}, not user {user}",
+            record.created_by
+        ),
     }
 }

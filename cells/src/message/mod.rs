@@ -23,7 +23,9 @@ use std::sync::Arc;
 
 use cellmesh_proto::v1::ConversationKind;
 
-pub use conversation::{ChangeMembersCommand, CreateCommand, GetConversationCommand};
+pub use conversation::{
+    ChangeMembersCommand, CreateCommand, GetConversationCommand, SetMemberRoleCommand,
+};
 pub use pull::PullCommand;
 pub use send::SendCommand;
 pub use tier::{TierReport, run as run_tierer};

@@ -231,41 +231,102 @@ async fn members_change_and_state_survives_restart() {
     cell.shutdown().await.unwrap();
 }
 
-/// Any member adds members and leaves; only the group's creator removes
-/// others (`PERMISSION_DENIED` / `NOT_CONVERSATION_ADMIN`, nothing
-/// removed).
+/// Any member adds members and leaves; the creator and the admins it (or
+/// another admin) made remove others (`PERMISSION_DENIED` /
+/// `NOT_CONVERSATION_ADMIN`, nothing removed); the creator is not removed
+/// and stays an admin; a member who leaves is no longer an admin.
 #[tokio::test]
-async fn only_the_creator_removes_others_and_anyone_leaves() {
+async fn admins_remove_others_and_anyone_leaves() {
     let cell = TestCell::start().await;
     let mut c = cell.client().await;
-    let conv = create_group(&mut c, T, 1, &[2, 3]).await;
+    let conv = create_group(&mut c, T, 1, &[2, 3, 4, 5]).await;
     let remove = |by: u64, users: Vec<u64>| ChangeMembersRequest {
         caller: caller(T, by),
         conversation_id: conv,
         user_ids: users,
     };
+    let role = |by: u64, user: u64, admin: bool| SetMemberRoleRequest {
+        caller: caller(T, by),
+        conversation_id: conv,
+        user_id: user,
+        admin,
+    };
+    let reason = |e: tonic::Status| (e.code(), error_detail(&e).reason);
+    let not_admin = (
+        tonic::Code::PermissionDenied,
+        "NOT_CONVERSATION_ADMIN".to_string(),
+    );
     for (by, users) in [(2, vec![3]), (2, vec![2, 1])] {
         let e = c
             .remove_members(remove(by, users.clone()))
             .await
             .unwrap_err();
+        assert_eq!(reason(e), not_admin, "user {by} removes {users:?}");
+    }
+    let e = c.set_member_role(role(2, 3, true)).await.unwrap_err();
+    assert_eq!(reason(e), not_admin, "a member makes admins");
+
+    // The creator makes 2 an admin; 2 removes 3 and makes 4 an admin.
+    let made = c
+        .set_member_role(role(1, 2, true))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(made.conversation.unwrap().admin_ids, vec![2]);
+    let removed = c
+        .remove_members(remove(2, vec![3]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(removed.changed, vec![3], "an admin removes");
+    let e = c.remove_members(remove(2, vec![1])).await.unwrap_err();
+    assert_eq!(reason(e), not_admin, "an admin removes the creator");
+    c.set_member_role(role(2, 4, true)).await.unwrap();
+    // The creator takes 2's role back: 2 removes no one any more.
+    let taken = c
+        .set_member_role(role(1, 2, false))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(taken.conversation.unwrap().admin_ids, vec![4]);
+    let e = c.remove_members(remove(2, vec![5])).await.unwrap_err();
+    assert_eq!(reason(e), not_admin, "a former admin removes");
+    for (request, expected) in [
+        (role(4, 1, false), "ILLEGAL_TRANSITION"),
+        (role(4, 3, true), "RECIPIENT_NOT_A_MEMBER"),
+        (role(4, 0, true), "INVALID_USER_ID"),
+    ] {
+        let e = c.set_member_role(request).await.unwrap_err();
         assert_eq!(
-            (e.code(), error_detail(&e).reason.as_str()),
-            (tonic::Code::PermissionDenied, "NOT_CONVERSATION_ADMIN"),
-            "user {by} removes {users:?}"
+            reason(e),
+            (tonic::Code::InvalidArgument, expected.to_string())
         );
     }
+    // An admin who leaves is no longer one; the role survives in the
+    // stored record (read back through GetConversation).
     let left = c
-        .remove_members(remove(2, vec![2]))
+        .remove_members(remove(4, vec![4]))
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(left.changed, vec![2], "a member leaves");
+    assert_eq!(left.changed, vec![4], "a member leaves");
+    assert!(left.conversation.unwrap().admin_ids.is_empty());
+    c.set_member_role(role(1, 5, true)).await.unwrap();
+    let viewed = c
+        .get_conversation(GetConversationRequest {
+            caller: caller(T, 2),
+            conversation_id: conv,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(viewed.conversation.unwrap().admin_ids, vec![5]);
     let removed = c
-        .remove_members(remove(1, vec![3]))
+        .remove_members(remove(1, vec![2]))
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(removed.changed, vec![3], "the creator removes");
-    assert_eq!(removed.conversation.unwrap().member_count, 1);
+    assert_eq!(removed.changed, vec![2], "the creator removes");
+    assert_eq!(removed.conversation.unwrap().member_count, 2);
 }
