@@ -428,6 +428,26 @@ async fn raft_messages_from_a_node_outside_the_group_are_refused() {
     let cluster = RouterCluster::start(3, |_| {}).await;
     let leader = cluster.leader().await;
     let follower = (leader + 1) % 3;
+    // A replica that knows no membership yet takes the first sender (one
+    // being added does): probe once the follower knows the group.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while cluster
+        .running(follower)
+        .raft
+        .metrics()
+        .borrow()
+        .membership_config
+        .membership()
+        .nodes()
+        .count()
+        < 3
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the follower never learnt the group"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let before = cluster.running(follower).raft.metrics().borrow().clone();
     let channel = tonic::transport::Channel::from_shared(format!(
         "http://{}",
