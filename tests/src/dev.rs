@@ -69,8 +69,11 @@ pub async fn wait_info(dir: &Path, dev: &mut Child) -> Value {
     let deadline = Instant::now() + Duration::from_secs(180);
     loop {
         if let Some(status) = dev.try_wait().unwrap() {
+            let stderr = std::fs::read_to_string(dir.join("dev.stderr")).unwrap_or_default();
+            let tail: Vec<&str> = stderr.lines().rev().take(5).collect();
             panic!(
-                "cellmesh dev exited early ({status}); see {}/logs",
+                "cellmesh dev exited early ({status}): {}; see {}/logs",
+                tail.into_iter().rev().collect::<Vec<_>>().join(" | "),
                 dir.display()
             );
         }
