@@ -7,6 +7,7 @@
 //! service and says why once.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -30,6 +31,10 @@ pub struct Watched<T> {
     build: Build<T>,
     current: RwLock<(Stamp, Arc<T>)>,
     state: Mutex<CheckState>,
+    /// When the files are next looked at (ms since `born`): calls before
+    /// then read the current build without taking a lock.
+    born: Instant,
+    next_check_ms: AtomicU64,
 }
 
 struct CheckState {
@@ -55,6 +60,8 @@ impl<T> Watched<T> {
             paths,
             build: Box::new(build),
             current: RwLock::new((stamp, Arc::new(value))),
+            born: Instant::now(),
+            next_check_ms: AtomicU64::new(CHECK_EVERY.as_millis() as u64),
             state: Mutex::new(CheckState {
                 checked: Instant::now(),
                 last_error: None,
@@ -75,11 +82,17 @@ impl<T> Watched<T> {
     /// Looks at the files now (`force`) or if [`CHECK_EVERY`] has passed;
     /// rebuilds if they changed. Whether the value was replaced.
     pub fn check(&self, force: bool) -> bool {
+        let now_ms = self.born.elapsed().as_millis() as u64;
+        if !force && now_ms < self.next_check_ms.load(Ordering::Relaxed) {
+            return false;
+        }
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if !force && state.checked.elapsed() < CHECK_EVERY {
             return false;
         }
         state.checked = Instant::now();
+        self.next_check_ms
+            .store(now_ms + CHECK_EVERY.as_millis() as u64, Ordering::Relaxed);
         let now = stamp(&self.paths);
         if self.current.read().unwrap_or_else(|e| e.into_inner()).0 == now {
             return false;
@@ -206,7 +219,7 @@ pub fn server_config(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::atomic::AtomicUsize;
 
     #[test]
     fn a_changed_file_is_rebuilt_and_a_broken_one_keeps_the_last_good_build() {
