@@ -474,6 +474,10 @@ async fn maintain(service: Arc<MessageService>, hub: Arc<Hub>, clock: Arc<dyn Cl
 /// Drops this cell's copies of what moved away, once `grace` has passed
 /// (0: keep them).
 async fn clean_moved(service: Arc<MessageService>, sync: Arc<SyncService>, grace: Duration) {
+    // Tenants sealed whole before a restart, their keys not yet marked.
+    if let Err(e) = sync.expand_sealed_tenants().await {
+        tracing::warn!(error = %e, "marking sealed tenants' keys failed");
+    }
     if grace.is_zero() {
         return;
     }

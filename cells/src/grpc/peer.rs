@@ -36,6 +36,9 @@ async fn blocking<T: Send + 'static>(
 
 /// Messages per export chunk unless the caller asks otherwise.
 const DEFAULT_CHUNK: u32 = 10_000;
+/// How long after a tenant's seal its keys are marked for cleanup one by
+/// one (the move's switch comes first).
+const EXPAND_SEALED_AFTER: Duration = Duration::from_secs(5);
 /// How long a delivery of replicated meta waits for this cell's route
 /// table to reach the sender's index.
 const STANDBY_ROUTE_WAIT: Duration = Duration::from_secs(2);
@@ -433,36 +436,67 @@ impl CellPeer for PeerApi {
         let r = request.into_inner();
         let started = std::time::Instant::now();
         let (tenant, messages) = (r.tenant_id, &self.service);
-        let conversations = if r.only_users {
-            Vec::new()
-        } else {
-            messages
-                .tenant_conversation_ids(tenant, if r.seal { r.epoch } else { 0 })
-                .await?
-        };
-        let users = {
-            let (sync, listed, extra) = (self.sync.clone(), conversations.clone(), r.users.clone());
-            blocking(move || sync.tenant_user_ids(&listed, &extra)).await?
-        };
-        let listed = started.elapsed();
         if r.seal {
-            // Conversations and homes have gates of their own.
+            // After these waits every write of the frozen tenant is durable
+            // and in the change log. Conversations and homes have gates of
+            // their own.
             let conversations = async {
                 if r.only_users {
-                    return Ok(0);
+                    return Ok(());
                 }
-                messages
-                    .seal_tenant_conversations(tenant, &conversations, r.epoch)
-                    .await
+                messages.seal_tenant_conversations(r.epoch).await
             };
-            let users = (self.sync).seal_tenant_users(tenant, &users, r.epoch, &self.inbound);
+            let users = (self.sync).seal_tenant_homes(r.epoch, &self.inbound);
             let (conversations, users) = tokio::join!(conversations, users);
             conversations?;
             users?;
         }
         let sealed = started.elapsed();
-        // Read after the seal: final then. Scans (and digests) run off the
-        // request threads, which keep answering probes and sends.
+        // The cut comes before the reads: what is written after it is in
+        // the next answer.
+        let cut = (!r.only_users).then(|| messages.store().changes().cut(tenant, r.since));
+        let changed = cut.as_ref().and_then(|c| c.changed.clone());
+        let (service, sync, since_users, users) = (
+            self.service.clone(),
+            self.sync.clone(),
+            changed.is_some(),
+            r.users,
+        );
+        let (conversations, users) = blocking(move || {
+            let (conversations, extra) = match changed {
+                _ if r.only_users => (Vec::new(), users),
+                Some(changed) => {
+                    let mut extra = users;
+                    extra.extend(changed.users);
+                    (service.of_tenant(tenant, &changed.conversations)?, extra)
+                }
+                None => (service.tenant_conversation_ids(tenant)?, users),
+            };
+            let users = sync.tenant_user_ids(&conversations, &extra)?;
+            Ok((conversations, users))
+        })
+        .await?;
+        let listed = started.elapsed();
+        if r.seal {
+            if r.only_users {
+                (self.sync)
+                    .seal_tenant_users(tenant, &users, r.epoch, &self.inbound)
+                    .await?;
+            } else {
+                messages.mark_tenant_sealed(tenant).await?;
+                let sync = self.sync.clone();
+                tokio::spawn(async move {
+                    // Off the freeze: the switch comes first.
+                    tokio::time::sleep(EXPAND_SEALED_AFTER).await;
+                    if let Err(e) = sync.expand_sealed_tenants().await {
+                        tracing::warn!(error = %e, "marking a sealed tenant's keys failed");
+                    }
+                });
+            }
+        }
+        let marked = started.elapsed();
+        // Scans (and digests) run off the request threads, which keep
+        // answering probes and sends.
         let (service, sync, digest) = (self.service.clone(), self.sync.clone(), r.with_digest);
         let (conversations, users) = tokio::try_join!(
             blocking(move || service.conversation_marks(&conversations, digest)),
@@ -473,15 +507,19 @@ impl CellPeer for PeerApi {
                 tenant,
                 conversations = conversations.len(),
                 users = users.len(),
-                list_ms = listed.as_millis() as u64,
-                seal_ms = (sealed - listed).as_millis() as u64,
-                marks_ms = (started.elapsed() - sealed).as_millis() as u64,
+                since_last = since_users,
+                seal_ms = sealed.as_millis() as u64,
+                list_ms = (listed - sealed).as_millis() as u64,
+                mark_ms = (marked - listed).as_millis() as u64,
+                marks_ms = (started.elapsed() - marked).as_millis() as u64,
                 "tenant sealed"
             );
         }
         Ok(Response::new(TenantMarksResponse {
             conversations,
             users,
+            token: cut.as_ref().map_or(0, |c| c.token),
+            complete: cut.is_some_and(|c| c.changed.is_none()),
         }))
     }
 

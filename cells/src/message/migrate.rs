@@ -202,25 +202,50 @@ impl MessageService {
                 .await?;
             drop(self.creating.write().await);
         }
-        const PAGE: usize = 1_000;
         let limit = limit.clamp(1, 10_000);
         let mut out = Vec::new();
+        let more = self.scan_tenant(tenant, after, |id| {
+            if out.len() == limit {
+                return false;
+            }
+            out.push(id);
+            true
+        })?;
+        Ok((out, more))
+    }
+
+    /// Every conversation of `tenant` stored here, in id order.
+    pub fn tenant_conversation_ids(&self, tenant: u64) -> Result<Vec<u64>> {
+        let mut ids = Vec::new();
+        self.scan_tenant(tenant, 0, |id| {
+            ids.push(id);
+            true
+        })?;
+        Ok(ids)
+    }
+
+    /// Hands the ids above `after` of `tenant`'s conversations to `take`
+    /// in order until it says stop; whether it did.
+    fn scan_tenant(
+        &self,
+        tenant: u64,
+        after: u64,
+        mut take: impl FnMut(u64) -> bool,
+    ) -> Result<bool> {
+        const PAGE: usize = 1_000;
         let mut cursor = after;
         loop {
             let page = self.store.conversations_after(cursor, PAGE)?;
             let Some(&(last, _)) = page.last() else {
-                return Ok((out, false));
+                return Ok(false);
             };
             for (id, record) in page.iter() {
-                if record.tenant_id == tenant {
-                    if out.len() == limit {
-                        return Ok((out, true));
-                    }
-                    out.push(*id);
+                if record.tenant_id == tenant && !take(*id) {
+                    return Ok(true);
                 }
             }
             if page.len() < PAGE {
-                return Ok((out, false));
+                return Ok(false);
             }
             cursor = last;
         }
@@ -229,18 +254,7 @@ impl MessageService {
     /// Ids above `after` of the members of `tenant`'s conversations stored
     /// here, at most `limit`, and whether more follow.
     pub fn tenant_users(&self, tenant: u64, after: u64, limit: usize) -> Result<(Vec<u64>, bool)> {
-        let mut conversations = Vec::new();
-        let mut cursor = 0;
-        loop {
-            let page = self.store.conversations_after(cursor, 1_000)?;
-            let Some(&(last, _)) = page.last() else { break };
-            conversations.extend(
-                page.iter()
-                    .filter(|(_, r)| r.tenant_id == tenant)
-                    .map(|(id, _)| *id),
-            );
-            cursor = last;
-        }
+        let conversations = self.tenant_conversation_ids(tenant)?;
         let users = self.members_of(&conversations, after)?;
         let limit = limit.clamp(1, 100_000);
         let has_more = users.len() > limit;

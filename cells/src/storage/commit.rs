@@ -25,6 +25,7 @@ use std::thread::JoinHandle;
 use rocksdb::{DB, IteratorMode, WriteBatch, WriteOptions};
 use tokio::sync::{Notify, mpsc, oneshot};
 
+use super::changes::Changes;
 use super::keys::{self, cf};
 use super::{Mutation, Op, Result, StorageError};
 use crate::config::StorageConfig;
@@ -127,6 +128,7 @@ impl Committer {
         db: Arc<DB>,
         config: &StorageConfig,
         failpoints: Arc<FailPoints>,
+        changes: Arc<Changes>,
     ) -> Result<Self> {
         let stats = Arc::new(CommitStats::default());
         let failed = Arc::new(Mutex::new(None));
@@ -150,6 +152,7 @@ impl Committer {
                 stats: stats.clone(),
                 failed: failed.clone(),
                 failpoints: failpoints.clone(),
+                changes: changes.clone(),
                 lane: crate::metrics::LaneLabel { lane: label },
             };
             let thread = std::thread::Builder::new()
@@ -248,6 +251,7 @@ struct Writer {
     failed: Arc<Mutex<Option<String>>>,
     outbox_signal: Arc<Notify>,
     failpoints: Arc<FailPoints>,
+    changes: Arc<Changes>,
     lane: crate::metrics::LaneLabel,
 }
 
@@ -325,6 +329,9 @@ impl Writer {
                     self.outbox_signal.notify_one();
                 }
                 self.next_outbox_id = outbox_id;
+                // Before the writers hear it is durable: a seal that waits
+                // for them finds their keys noted.
+                (self.changes).note(jobs.iter().flat_map(|j| &j.mutation.ops));
                 self.stats.keys.fetch_add(written, Ordering::Relaxed);
                 self.stats.batches.fetch_add(1, Ordering::Relaxed);
                 self.stats

@@ -130,8 +130,11 @@ pub mod meta {
     /// How many times existing messages of a conversation were rewritten
     /// (recall, edit): a migration re-verifies old history only if it moved.
     pub fn rewrites(conversation: u64) -> Vec<u8> {
-        [b"rewrites/".as_slice(), &conversation.to_be_bytes()].concat()
+        [REWRITES, &conversation.to_be_bytes()].concat()
     }
+
+    /// Prefix of [`rewrites`] keys.
+    pub const REWRITES: &[u8] = b"rewrites/";
 }
 
 /// The key layout this code reads and writes. 1: per-user keys started

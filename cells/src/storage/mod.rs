@@ -3,6 +3,7 @@
 //! domain methods of [`Store`] and writes by building a [`Mutation`] that the
 //! group committer ([`commit`]) applies atomically with the WAL synced.
 
+pub mod changes;
 mod commit;
 mod format;
 pub mod keys;
@@ -162,6 +163,7 @@ pub struct Store {
     db: Arc<DB>,
     committer: commit::Committer,
     failpoints: Arc<FailPoints>,
+    changes: Arc<changes::Changes>,
 }
 
 impl Store {
@@ -172,12 +174,20 @@ impl Store {
         format::ensure(&db)?;
         let db = Arc::new(db);
         let failpoints = Arc::new(FailPoints::default());
-        let committer = commit::Committer::start(db.clone(), config, failpoints.clone())?;
+        let changes = Arc::new(changes::Changes::new());
+        let committer =
+            commit::Committer::start(db.clone(), config, failpoints.clone(), changes.clone())?;
         Ok(Arc::new(Self {
             db,
             committer,
             failpoints,
+            changes,
         }))
+    }
+
+    /// What changed, for the rounds of a tenant move.
+    pub fn changes(&self) -> &changes::Changes {
+        &self.changes
     }
 
     /// This cell's fault-injection points (inert without the `failpoints`

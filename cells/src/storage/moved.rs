@@ -8,6 +8,9 @@ use super::{Mutation, Op, Result, Store, corrupt};
 pub const CONVERSATION: u8 = b'c';
 /// Marks of moved user homes.
 pub const USER: u8 = b'u';
+/// A tenant sealed whole (id 0): expanded into the marks of its
+/// conversations and homes after the seal.
+pub const TENANT: u8 = b't';
 
 /// A key this cell handed over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -150,6 +150,19 @@ impl Store {
         self.get_u64(cf::QUEUE_ID, &keys::user(user))
     }
 
+    /// The users of `tenant` with a sync queue here.
+    pub fn homes_of_tenant(&self, tenant: u64) -> Result<Vec<u64>> {
+        let lower = keys::pair_key(tenant, 0).to_vec();
+        let upper = match tenant.checked_add(1) {
+            Some(next) => keys::pair_key(next, 0).to_vec(),
+            None => vec![0xff; 17],
+        };
+        self.range(cf::QUEUE_ID, lower, upper, usize::MAX)?
+            .into_iter()
+            .map(|(k, _)| keys::last_u64(&k).ok_or_else(|| corrupt(cf::QUEUE_ID, "short key")))
+            .collect()
+    }
+
     /// Every device cursor of `user`.
     pub fn device_cursors(&self, user: UserKey) -> Result<Vec<(String, u64)>> {
         let (lower, upper) = keys::devices_of(user);

@@ -206,6 +206,11 @@ impl SyncService {
             .moved_of_tenant(moved::USER, tenant)?
             .into_iter()
             .collect();
+        // Sealed whole here, its homes not marked one by one yet.
+        let tenant_sealed = !self
+            .store
+            .moved_of_tenant(moved::TENANT, tenant)?
+            .is_empty();
         users
             .iter()
             .map(|&id| {
@@ -223,15 +228,15 @@ impl SyncService {
                     rewrites: 0,
                     count,
                     checksum,
-                    handed_over: handed.contains(&id),
+                    handed_over: tenant_sealed || handed.contains(&id),
                 })
             })
             .collect()
     }
 
     /// Seals, as [`SyncService::seal_user`] does one, the homes among
-    /// `users` of `tenant` that this cell sees frozen at `epoch`: one
-    /// processor barrier and one wait for in-flight acks for all of them.
+    /// `users` of `tenant` that this cell sees frozen at `epoch`, each
+    /// marked for cleanup.
     pub async fn seal_tenant_users(
         &self,
         tenant: u64,
@@ -239,14 +244,13 @@ impl SyncService {
         epoch: u64,
         processor: &PeerInbound,
     ) -> Result<u64> {
-        let deadline = Instant::now() + SEAL_TIMEOUT;
-        self.messages.await_route_epoch(epoch, deadline).await?;
-        let frozen: Vec<UserKey> = users
+        self.seal_tenant_homes(epoch, processor).await?;
+        let frozen: Vec<u64> = users
             .iter()
-            .map(|&u| UserKey::new(tenant, u))
-            .filter(|&user| {
+            .copied()
+            .filter(|&u| {
                 matches!(
-                    self.homes.check_home(user, true),
+                    self.homes.check_home(UserKey::new(tenant, u), true),
                     Err(CellError::RetryLater {
                         reason: Reason::Frozen,
                         ..
@@ -254,12 +258,51 @@ impl SyncService {
                 )
             })
             .collect();
+        let now = self.clock.now_ms();
+        cleanup::mark_all_sealed(&self.store, moved::USER, tenant, &frozen, now).await?;
+        Ok(frozen.len() as u64)
+    }
+
+    /// Once this cell has seen route epoch `epoch` (a tenant's freeze):
+    /// one processor barrier and one wait for in-flight acks and settings
+    /// for every home here.
+    pub async fn seal_tenant_homes(&self, epoch: u64, processor: &PeerInbound) -> Result<()> {
+        let deadline = Instant::now() + SEAL_TIMEOUT;
+        self.messages.await_route_epoch(epoch, deadline).await?;
         self.barrier(processor, deadline).await?;
         drop(self.user_writes.write().await);
-        let now = self.clock.now_ms();
-        let ids: Vec<u64> = frozen.iter().map(|u| u.user).collect();
-        cleanup::mark_all_sealed(&self.store, moved::USER, tenant, &ids, now).await?;
-        Ok(frozen.len() as u64)
+        Ok(())
+    }
+
+    /// Marks, for cleanup after the grace period, each conversation and
+    /// home of the tenants sealed whole here (one mark each at the seal)
+    /// that this cell no longer owns or sees frozen; how many tenants.
+    /// Runs after a tenant's seal, off its freeze, and at start for marks
+    /// a restart left.
+    pub async fn expand_sealed_tenants(&self) -> Result<u64> {
+        let sealed = self.store.moved(moved::TENANT)?;
+        for t in &sealed {
+            let tenant = t.tenant;
+            let conversations = self.messages.tenant_conversation_ids(tenant)?;
+            let homes = self.store.homes_of_tenant(tenant)?;
+            let users = self.tenant_user_ids(&conversations, &homes)?;
+            let ownership = self.messages.ownership();
+            let mut m = crate::storage::Mutation::new();
+            for id in conversations {
+                if !matches!(Handed::of(ownership.check(tenant, id, 0)), Handed::Back) {
+                    m.mark_moved(moved::CONVERSATION, Moved { id, ..*t });
+                }
+            }
+            for id in users {
+                let home = self.homes.check_home(UserKey::new(tenant, id), true);
+                if !matches!(Handed::of(home), Handed::Back) {
+                    m.mark_moved(moved::USER, Moved { id, ..*t });
+                }
+            }
+            m.unmark_moved(moved::TENANT, tenant, 0);
+            self.store.commit(m).await?;
+        }
+        Ok(sealed.len() as u64)
     }
 
     /// Waits (until `deadline`) for the processor to have applied every

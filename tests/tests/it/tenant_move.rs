@@ -494,3 +494,125 @@ async fn stop_then_finish(point: cellmesh_control_plane::migration::StopPoint, c
         assert_eq!(ack.seq, seq_after_cancel + 1, "{point:?}");
     }
 }
+
+/// A round of a tenant move asks the source what changed since its last
+/// answer: only the conversations written since and the homes they
+/// touched, never another tenant's; a token the cell does not know (of
+/// another life) gets everything again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_marks_round_answers_only_what_changed_since_its_token() {
+    let d = deploy(None).await;
+    let routes = d.cluster.client().await;
+    routes
+        .apply(cellmesh_route_client::commands::assign_tenant(2, SOURCE, 0))
+        .await
+        .unwrap();
+    let (alice, bob) = (token(1, 10), token(2, 10));
+    let mut m = messaging(&d.edge).await;
+    let conversations = create_seeded(&mut m, &alice, 5, 1).await;
+    let other = create_seeded(&mut m, &bob, 1, 1).await[0];
+    let mut peer =
+        cellmesh_proto::v1::cell_peer_client::CellPeerClient::connect(d.cells[0].endpoint.clone())
+            .await
+            .unwrap();
+    let mut marks = async |since: u64| {
+        let mut r = tonic::Request::new(TenantMarksRequest {
+            tenant_id: 1,
+            since,
+            ..Default::default()
+        });
+        ClusterSecret::new(SECRET).attach(&mut r);
+        peer.tenant_marks(r).await.unwrap().into_inner()
+    };
+    let ids = |r: &TenantMarksResponse| {
+        let c: Vec<u64> = r.conversations.iter().map(|m| m.id).collect();
+        let u: Vec<u64> = r.users.iter().map(|m| m.id).collect();
+        (c, u)
+    };
+
+    let all = marks(0).await;
+    assert!(all.complete && all.token != 0);
+    assert_eq!(ids(&all), (conversations.clone(), vec![10, 11]));
+    let quiet = marks(all.token).await;
+    assert!(!quiet.complete);
+    assert_eq!(ids(&quiet), (vec![], vec![]), "nothing was written");
+
+    m.send(authed(text(conversations[2], "changed"), &alice))
+        .await
+        .unwrap();
+    m.send(authed(text(other, "another tenant"), &bob))
+        .await
+        .unwrap();
+    // The members' sync events are written by the fan-out after the ack.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let changed = loop {
+        let changed = marks(quiet.token).await;
+        let users = changed.users.iter().filter(|u| u.latest >= 2).count();
+        if users == 2 || Instant::now() > deadline {
+            break changed;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(!changed.complete);
+    assert_eq!(ids(&changed), (vec![conversations[2]], vec![10, 11]));
+    assert_eq!(changed.conversations[0].latest, 2);
+    assert!(changed.users.iter().all(|u| u.latest >= 2), "{changed:?}");
+
+    // A token of another life of the cell: everything again.
+    let stranger = marks(all.token ^ (1 << 40)).await;
+    assert!(stranger.complete);
+    assert_eq!(ids(&stranger).0, conversations);
+}
+
+/// The source of a tenant move marks the tenant sealed with one key under
+/// the freeze, then its conversations and homes one by one off it; after
+/// the grace period it drops their copies (history and sync queues), and
+/// the marks are gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_source_of_a_tenant_move_drops_its_copy_after_the_grace_period() {
+    use cellmesh_cell::storage::moved;
+    let d = deploy_with(None, |c| c.routing.cleanup_grace_secs = 1).await;
+    let routes = d.cluster.client().await;
+    let alice = token(1, 10);
+    let mut m = messaging(&d.edge).await;
+    let conversations = create_seeded(&mut m, &alice, 3, 2).await;
+    let source = d.cells[0].cell.service.store().clone();
+    let user = |u| cellmesh_cell::UserKey::new(1, u);
+    assert!(!source.sync_after(user(11), 0, 10).unwrap().is_empty());
+    let migrator = Migrator::new(
+        routes.clone(),
+        ClusterSecret::new(SECRET),
+        MigrationOptions::default(),
+    );
+    migrator
+        .migrate_tenant(1, TARGET, 4, |_| {})
+        .await
+        .expect("the move succeeds");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let held = conversations
+            .iter()
+            .filter(|&&c| source.message(c, 1).unwrap().is_some())
+            .count();
+        let homes = [10, 11]
+            .iter()
+            .filter(|&&u| !source.sync_after(user(u), 0, 10).unwrap().is_empty())
+            .count();
+        let marks: usize = [moved::TENANT, moved::CONVERSATION, moved::USER]
+            .iter()
+            .map(|&k| source.moved(k).unwrap().len())
+            .sum();
+        if (held, homes, marks) == (0, 0, 0) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{held} conversations and {homes} homes still held, {marks} marks"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The target holds everything.
+    for &c in &conversations {
+        assert_eq!(history_via_edge(&mut m, &alice, c).await.len(), 2);
+    }
+}

@@ -58,6 +58,8 @@ pub(super) struct Position {
     /// The next copy replaces what the target holds (user homes: a target
     /// may hold an older queue of the user).
     pub reset: bool,
+    /// The source's rewrite count when last asked (conversations).
+    pub rewrites: u64,
     pub verified: Option<Verified>,
 }
 
@@ -79,6 +81,9 @@ pub(super) struct Items<'a> {
     /// Members of the tenant's conversations on the target (created there
     /// during the move): their homes are on the source until the switch.
     pub target_users: Vec<u64>,
+    /// The source's token of its last answer taken in: the next asks only
+    /// what changed since (0: everything).
+    pub token: u64,
 }
 
 /// Both cells' answer for one item.
@@ -161,6 +166,7 @@ impl Items<'_> {
                 with_digest: false,
                 users: unnamed,
                 only_users: true,
+                since: 0,
             });
             let more = self
                 .source
@@ -174,20 +180,37 @@ impl Items<'_> {
         Ok(sealed)
     }
 
-    /// The marks of the tenant on `peer` (see `CellPeer.TenantMarks`).
+    /// The marks of the tenant on `peer` (see `CellPeer.TenantMarks`):
+    /// everything, or on the source without a digest only what changed
+    /// since the last answer taken in (with [`Items::note_source`]).
     pub async fn marks(
         &self,
         on_source: bool,
         seal_epoch: Option<u64>,
         with_digest: bool,
     ) -> Result<TenantMarksResponse, MigrationError> {
+        let since = if on_source && !with_digest {
+            self.token
+        } else {
+            0
+        };
+        let users = if since == 0 {
+            self.users()
+        } else {
+            // Homes the source does not know about: named on the target
+            // since the last answer.
+            (self.target_users.iter().copied())
+                .filter(|u| !self.items.contains_key(&Item::User(*u)))
+                .collect()
+        };
         let request = self.migrator.request(TenantMarksRequest {
             tenant_id: self.tenant,
             seal: seal_epoch.is_some(),
             epoch: seal_epoch.unwrap_or(0),
             with_digest,
-            users: self.users(),
+            users,
             only_users: false,
+            since,
         });
         let mut peer = if on_source {
             self.source.clone()
@@ -225,8 +248,9 @@ impl Items<'_> {
                 reset: matches!(item, Item::User(_)),
                 ..Position::default()
             });
-            position.source = mark.latest;
+            (position.source, position.rewrites) = (mark.latest, mark.rewrites);
         }
+        self.token = marks.token;
     }
 
     /// Takes what the target holds already as copied: conversations
@@ -513,19 +537,11 @@ impl Items<'_> {
     /// item copied through them: compares what changed since it was
     /// verified (everything, for an item never verified or whose older
     /// messages were rewritten). The first item that disagrees.
-    pub async fn verify_final(
-        &self,
-        sealed: &TenantMarksResponse,
-    ) -> Result<Option<(Item, Pair)>, MigrationError> {
-        let rewrites: BTreeMap<u64, u64> = sealed
-            .conversations
-            .iter()
-            .map(|m| (m.id, m.rewrites))
-            .collect();
+    pub async fn verify_final(&self) -> Result<Option<(Item, Pair)>, MigrationError> {
         let mut checks = Vec::new();
         for (&item, p) in &self.items {
             let base = p.verified.filter(|v| match item {
-                Item::Conversation(c) => rewrites.get(&c) == Some(&v.rewrites),
+                Item::Conversation(_) => p.rewrites == v.rewrites,
                 Item::User(_) => true,
             });
             if base.is_none_or(|v| v.through < p.source) {

@@ -168,6 +168,7 @@ impl Migrator {
             copied_rows: 0,
             copied_bytes: 0,
             target_users: Vec::new(),
+            token: 0,
         };
         let mut epoch = start.epoch;
         let mut frozen_at = Instant::now();
@@ -266,7 +267,7 @@ impl Migrator {
         self.stop_at(StopPoint::Sealed)?;
         // The target's marks reach its standbys while the copy is verified:
         // both are needed before the switch, neither needs the other.
-        let (verified, flushed) = tokio::join!(items.verify_final(&sealed), self.flush_marks(to));
+        let (verified, flushed) = tokio::join!(items.verify_final(), self.flush_marks(to));
         if let Some((item, (a, b))) = verified? {
             self.transition(&key, epoch, Transition::Cancel(true))
                 .await
