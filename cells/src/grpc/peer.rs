@@ -418,17 +418,6 @@ impl CellPeer for PeerApi {
         }))
     }
 
-    async fn tenant_users(
-        &self,
-        request: Request<TenantConversationsRequest>,
-    ) -> Result<Response<TenantUsersResponse>, Status> {
-        let r = request.into_inner();
-        let (user_ids, has_more) =
-            self.service
-                .tenant_users(r.tenant_id, r.after_id, r.limit as usize)?;
-        Ok(Response::new(TenantUsersResponse { user_ids, has_more }))
-    }
-
     async fn tenant_marks(
         &self,
         request: Request<TenantMarksRequest>,

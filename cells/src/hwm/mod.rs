@@ -14,7 +14,7 @@
 pub mod round;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
@@ -38,7 +38,10 @@ pub struct HighWaterMarks {
     acked: Mutex<HashMap<u64, u64>>,
     /// Set once rounds run (a routed cell): a standalone cell keeps nothing.
     tracking: AtomicBool,
-    /// Rounds that ended with every standby holding every mark taken.
+    /// Rounds that took their marks so far (each round's number).
+    taken: AtomicU64,
+    /// The number of the last round that ended with every standby holding
+    /// every mark it took.
     rounds: watch::Sender<u64>,
     wake: Notify,
     /// Weak: the cell's database closes when the cell stops.
@@ -51,6 +54,7 @@ impl Default for HighWaterMarks {
             written: Default::default(),
             acked: Default::default(),
             tracking: AtomicBool::new(false),
+            taken: AtomicU64::new(0),
             rounds: watch::channel(0).0,
             wake: Notify::new(),
             store: OnceLock::new(),
@@ -106,8 +110,9 @@ impl HighWaterMarks {
     /// every standby acknowledging, or after `within` (whether it did).
     pub async fn flush(&self, within: Duration) -> bool {
         let mut rounds = self.rounds.subscribe();
-        // A round under way may have taken its marks before this call.
-        let wanted = *rounds.borrow_and_update() + 2;
+        // A round under way may have taken its marks before this call: the
+        // next one takes them after it.
+        let wanted = self.taken.load(Ordering::Acquire) + 1;
         let wait = async {
             loop {
                 self.wake.notify_one();
@@ -154,6 +159,7 @@ impl HighWaterMarks {
     }
 
     fn take(&self) -> Vec<Mark> {
+        self.taken.fetch_add(1, Ordering::AcqRel);
         std::mem::take(&mut *self.written.lock().expect("marks lock"))
             .into_iter()
             .map(|(conversation, (tenant, seq))| (tenant, conversation, seq))
@@ -175,7 +181,48 @@ impl HighWaterMarks {
         }
     }
 
+    /// The round that took marks last (rounds run one at a time) ended
+    /// with every standby holding them.
     fn round_done(&self) {
-        self.rounds.send_modify(|n| *n += 1);
+        let taken = self.taken.load(Ordering::Acquire);
+        self.rounds.send_modify(|n| *n = taken);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A flush returns once a round that took its marks after the call
+    /// ended acknowledged: not the round under way at the call, and with
+    /// no round under way, the very next one.
+    #[tokio::test]
+    async fn a_flush_waits_for_a_round_that_took_its_marks_after_it() {
+        let marks = Arc::new(HighWaterMarks::default());
+        let under_way = marks.take();
+        assert!(under_way.is_empty());
+        let flush = tokio::spawn({
+            let marks = marks.clone();
+            async move { marks.flush(Duration::from_secs(5)).await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        marks.round_done();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            !flush.is_finished(),
+            "the round under way took its marks before the flush"
+        );
+        marks.take();
+        marks.round_done();
+        assert!(flush.await.unwrap());
+        // Nothing under way: the next round is enough.
+        let flush = tokio::spawn({
+            let marks = marks.clone();
+            async move { marks.flush(Duration::from_secs(5)).await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        marks.take();
+        marks.round_done();
+        assert!(flush.await.unwrap());
     }
 }

@@ -174,8 +174,27 @@ impl Rounds {
             .iter()
             .all(|(id, _)| self.confirmed.contains(id));
         if ok && !marks.is_empty() {
+            // Every standby at once: a round (and a move's flush waiting
+            // for one) takes the slowest link, not their sum.
+            let mut pushes = Vec::new();
             for (id, address) in &view.standbys {
-                if let Err(e) = self.push(address, &marks).await {
+                match self.client(address) {
+                    Ok(client) => pushes.push((id, address, client)),
+                    Err(e) => {
+                        tracing::warn!(standby = %id, error = %e, "high-water marks not stored; retrying next round");
+                        ok = false;
+                    }
+                }
+            }
+            let (this, marks) = (&*self, &marks);
+            let pushed = futures::future::join_all((pushes.into_iter()).map(
+                |(id, address, client)| async move {
+                    (id, this.push_with(client, address, marks).await)
+                },
+            ))
+            .await;
+            for (id, result) in pushed {
+                if let Err(e) = result {
                     tracing::warn!(standby = %id, error = %e, "high-water marks not stored; retrying next round");
                     ok = false;
                 }
@@ -242,7 +261,16 @@ impl Rounds {
     }
 
     async fn push(&mut self, address: &str, marks: &[Mark]) -> Result<(), String> {
-        let mut client = self.client(address)?;
+        let client = self.client(address)?;
+        self.push_with(client, address, marks).await
+    }
+
+    async fn push_with(
+        &self,
+        mut client: CellPeerClient<Channel>,
+        address: &str,
+        marks: &[Mark],
+    ) -> Result<(), String> {
         for batch in marks.chunks(PUSH_BATCH) {
             let mut call = tonic::Request::new(PbMarks {
                 source_cell: self.cell_id.clone(),

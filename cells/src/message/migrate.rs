@@ -251,16 +251,6 @@ impl MessageService {
         }
     }
 
-    /// Ids above `after` of the members of `tenant`'s conversations stored
-    /// here, at most `limit`, and whether more follow.
-    pub fn tenant_users(&self, tenant: u64, after: u64, limit: usize) -> Result<(Vec<u64>, bool)> {
-        let conversations = self.tenant_conversation_ids(tenant)?;
-        let users = self.members_of(&conversations, after)?;
-        let limit = limit.clamp(1, 100_000);
-        let has_more = users.len() > limit;
-        Ok((users.into_iter().take(limit).collect(), has_more))
-    }
-
     /// The members above `after` of any of `conversations`, in order.
     pub fn members_of(&self, conversations: &[u64], after: u64) -> Result<Vec<u64>> {
         let mut users = std::collections::BTreeSet::new();

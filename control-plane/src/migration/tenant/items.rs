@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 
 use cellmesh_proto::v1::{
     Copied, CopyManyRequest, CopyRequest, CopyResponse, CopyUserRequest, CopyUsersRequest,
-    DigestRequest, DigestResponse, ExportPosition, Mark, TenantConversationsRequest,
-    TenantMarksRequest, TenantMarksResponse, UserDigestRequest, UserPosition,
+    DigestRequest, DigestResponse, ExportPosition, Mark, TenantMarksRequest, TenantMarksResponse,
+    UserDigestRequest, UserPosition,
 };
 use cellmesh_route_client::table::{Key, RouteState};
 use futures::StreamExt;
@@ -84,6 +84,8 @@ pub(super) struct Items<'a> {
     /// The source's token of its last answer taken in: the next asks only
     /// what changed since (0: everything).
     pub token: u64,
+    /// The same of the target, for its members.
+    pub target_token: u64,
 }
 
 /// Both cells' answer for one item.
@@ -107,35 +109,49 @@ impl Items<'_> {
         users
     }
 
-    /// Reads the members of the tenant's conversations on the target.
+    /// Takes in the members of the tenant's conversations on the target
+    /// (all of them at first, then those of conversations written there
+    /// since the last call).
     pub async fn refresh_target_users(&mut self) -> Result<(), MigrationError> {
-        self.target_users = self.target_members().await?;
+        let changes = self.target_changes().await?;
+        self.note_target_users(changes);
         Ok(())
     }
 
-    /// The members of the tenant's conversations on the target.
-    pub async fn target_members(&self) -> Result<Vec<u64>, MigrationError> {
-        let (mut users, mut after) = (Vec::new(), 0);
-        loop {
-            let request = self.migrator.request(TenantConversationsRequest {
-                tenant_id: self.tenant,
-                after_id: after,
-                limit: 100_000,
-                epoch: 0,
-            });
-            let page = self
-                .target
-                .clone()
-                .tenant_users(request)
-                .await
-                .map_err(call("the tenant's users on the target"))?
-                .into_inner();
-            after = page.user_ids.last().copied().unwrap_or(after);
-            users.extend(page.user_ids);
-            if !page.has_more {
-                return Ok(users);
-            }
+    /// The target's answer of who is a member there now (see
+    /// [`Items::refresh_target_users`]).
+    async fn target_changes(&self) -> Result<TenantMarksResponse, MigrationError> {
+        let request = self.migrator.request(TenantMarksRequest {
+            tenant_id: self.tenant,
+            since: self.target_token,
+            ..TenantMarksRequest::default()
+        });
+        Ok(self
+            .target
+            .clone()
+            .tenant_marks(request)
+            .await
+            .map_err(call("the tenant's members on the target"))?
+            .into_inner())
+    }
+
+    /// Takes in a [`Items::target_changes`] answer; the users new to it.
+    fn note_target_users(&mut self, changes: TenantMarksResponse) -> Vec<u64> {
+        let known: std::collections::HashSet<u64> = if changes.complete {
+            Default::default()
+        } else {
+            self.target_users.iter().copied().collect()
+        };
+        let new: Vec<u64> = (changes.users.iter().map(|m| m.id))
+            .filter(|u| !known.contains(u))
+            .collect();
+        if changes.complete {
+            self.target_users.clear();
         }
+        self.target_users.extend(&new);
+        self.target_users.sort_unstable();
+        self.target_token = changes.token;
+        new
     }
 
     /// Seals the tenant on the source at `epoch` and answers its final
@@ -144,20 +160,17 @@ impl Items<'_> {
     /// the last listing) are sealed and reported by a second, users-only
     /// call.
     pub async fn seal(&mut self, epoch: u64) -> Result<TenantMarksResponse, MigrationError> {
-        let (members, sealed) =
-            tokio::join!(self.target_members(), self.marks(true, Some(epoch), false));
-        let (members, mut sealed) = (members?, sealed?);
+        let (changes, sealed) =
+            tokio::join!(self.target_changes(), self.marks(true, Some(epoch), false));
+        let (changes, mut sealed) = (changes?, sealed?);
         let named: std::collections::HashSet<u64> = self
             .users()
             .into_iter()
             .chain(sealed.users.iter().map(|m| m.id))
             .collect();
-        let unnamed: Vec<u64> = members
-            .iter()
-            .copied()
+        let unnamed: Vec<u64> = (self.note_target_users(changes).into_iter())
             .filter(|u| !named.contains(u))
             .collect();
-        self.target_users = members;
         if !unnamed.is_empty() {
             let request = self.migrator.request(TenantMarksRequest {
                 tenant_id: self.tenant,

@@ -169,6 +169,7 @@ impl Migrator {
             copied_bytes: 0,
             target_users: Vec::new(),
             token: 0,
+            target_token: 0,
         };
         let mut epoch = start.epoch;
         let mut frozen_at = Instant::now();
