@@ -4,6 +4,8 @@
 //! `Unreachable` (openraft backs off); a snapshot mismatch the peer answered
 //! is a `RemoteError`.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cellmesh_proto::raft::v1::raft_peer_client::RaftPeerClient;
@@ -28,6 +30,43 @@ pub const MAX_RAFT_MESSAGE: usize = 256 * 1024 * 1024;
 pub struct Network {
     pub secret: ClusterSecret,
     pub links: std::collections::BTreeMap<String, String>,
+    /// One channel per peer address, shared by every client made for it.
+    /// openraft makes a new client for each leadership check of a
+    /// linearizable read: a fresh channel would be a fresh connection (and
+    /// TLS handshake) inside a check that has one heartbeat interval.
+    pub channels: Arc<Mutex<HashMap<String, Channel>>>,
+}
+
+impl Network {
+    pub fn new(secret: ClusterSecret, links: std::collections::BTreeMap<String, String>) -> Self {
+        Self {
+            secret,
+            links,
+            channels: Default::default(),
+        }
+    }
+
+    /// The channel to `address` (dialled lazily the first time).
+    fn channel(&self, address: String) -> Result<Channel, String> {
+        let mut channels = self.channels.lock().expect("channels lock");
+        if let Some(channel) = channels.get(&address) {
+            return Ok(channel.clone());
+        }
+        let channel = cellmesh_proto::tls::endpoint(address.clone())
+            .map(|e| {
+                // A connection that went silent (a partition) is dropped
+                // and dialled again within seconds.
+                e.connect_timeout(Duration::from_secs(1))
+                    .tcp_nodelay(true)
+                    .http2_keep_alive_interval(Duration::from_secs(1))
+                    .keep_alive_timeout(Duration::from_secs(2))
+                    .keep_alive_while_idle(true)
+                    .connect_lazy()
+            })
+            .map_err(|e| e.to_string())?;
+        channels.insert(address, channel.clone());
+        Ok(channel)
+    }
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
@@ -35,16 +74,9 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 
     async fn new_client(&mut self, target: NodeId, node: &RouterNode) -> PeerClient {
         let address = cellmesh_proto::config::via(&self.links, &node.raft_addr).to_string();
-        let client = cellmesh_proto::tls::endpoint(address)
-            .map(|e| {
-                e.connect_timeout(Duration::from_secs(1))
-                    .tcp_nodelay(true)
-                    .connect_lazy()
-            })
-            .map_err(|e| e.to_string());
         PeerClient {
             target,
-            client: client.map(|channel| {
+            client: self.channel(address).map(|channel| {
                 RaftPeerClient::new(channel)
                     .max_decoding_message_size(MAX_RAFT_MESSAGE)
                     .max_encoding_message_size(MAX_RAFT_MESSAGE)
@@ -135,5 +167,29 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         let request = self.request(wire::vote_request_to_pb(&rpc), &option);
         let reply = self.client().map_err(unreachable)?.vote(request).await;
         wire::vote_response_from_pb(reply.map_err(unreachable)?.into_inner()).map_err(garbled)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every client openraft makes for a peer (one per leadership check of
+    /// a linearizable read) shares that peer's one channel.
+    #[tokio::test]
+    async fn clients_for_one_peer_share_its_channel() {
+        let mut network = Network::new(ClusterSecret::new("s"), Default::default());
+        let node = |port: u16| RouterNode {
+            region: "r".into(),
+            raft_addr: format!("http://127.0.0.1:{port}"),
+            api_addr: String::new(),
+        };
+        for _ in 0..3 {
+            let client = network.new_client(2, &node(1)).await;
+            assert!(client.client.is_ok());
+        }
+        assert_eq!(network.channels.lock().unwrap().len(), 1);
+        let _ = network.new_client(3, &node(2)).await;
+        assert_eq!(network.channels.lock().unwrap().len(), 2);
     }
 }

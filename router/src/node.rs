@@ -113,10 +113,7 @@ pub async fn start(config: RouterConfig) -> Result<RunningRouter, StartError> {
     .validate()
     .map_err(|e| StartError::Raft(e.to_string()))?;
     let secret = ClusterSecret::new(&config.cluster_secret);
-    let network = Network {
-        secret: secret.clone(),
-        links: config.links.clone(),
-    };
+    let network = Network::new(secret.clone(), config.links.clone());
     let raft = Raft::new(
         config.node_id,
         Arc::new(raft_config),
