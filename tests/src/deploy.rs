@@ -494,6 +494,15 @@ pub fn holder_addresses(routes: &RouteClient, conversation: u64) -> Vec<String> 
     })
 }
 
+/// A migrator over `routes` with the default options.
+pub fn migrator(routes: &RouteClient) -> cellmesh_control_plane::migration::Migrator {
+    cellmesh_control_plane::migration::Migrator::new(
+        routes.clone(),
+        ClusterSecret::new(SECRET),
+        cellmesh_control_plane::migration::MigrationOptions::default(),
+    )
+}
+
 /// The high-water mark the cell at `address` holds for a conversation (0
 /// when it holds none or does not answer).
 pub async fn held_mark(address: &str, tenant: u64, conversation: u64) -> u64 {

@@ -8,12 +8,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use cellmesh_cell::CellConfig;
-use cellmesh_control_plane::migration::{MigrationOptions, Migrator};
-use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_route_client::table::Key;
 use cellmesh_tests::deploy::*;
 use cellmesh_tests::eventually;
-use cellmesh_tests::router::SECRET;
 
 const SOURCE: &str = "eu-west/c1";
 const TARGET: &str = "us-east/c1";
@@ -61,11 +58,7 @@ async fn a_tenant_move_hands_cold_history_over_by_its_manifest() {
     let d = deploy_with(None, sharing(cold.path())).await;
     let (conv, before) = tiered_conversation(&d).await;
     let routes = d.cluster.client().await;
-    let migrator = Migrator::new(
-        routes.clone(),
-        ClusterSecret::new(SECRET),
-        MigrationOptions::default(),
-    );
+    let migrator = migrator(&routes);
     migrator
         .migrate_tenant(1, TARGET, 4, |_| {})
         .await
@@ -101,11 +94,7 @@ async fn a_move_between_buckets_copies_the_segments() {
     let d = deploy_with(None, tiered).await;
     let (conv, before) = tiered_conversation(&d).await;
     let routes = d.cluster.client().await;
-    let migrator = Migrator::new(
-        routes.clone(),
-        ClusterSecret::new(SECRET),
-        MigrationOptions::default(),
-    );
+    let migrator = migrator(&routes);
     migrator
         .migrate_tenant(1, TARGET, 4, |_| {})
         .await
@@ -133,11 +122,7 @@ async fn a_conversation_move_keeps_the_answers_of_requests_whose_messages_are_co
     let d = deploy_with(None, sharing(cold.path())).await;
     let (conv, before) = tiered_conversation(&d).await;
     let routes = d.cluster.client().await;
-    let migrator = Migrator::new(
-        routes.clone(),
-        ClusterSecret::new(SECRET),
-        MigrationOptions::default(),
-    );
+    let migrator = migrator(&routes);
     migrator
         .migrate_conversation(1, conv, TARGET, |_| {})
         .await

@@ -107,11 +107,7 @@ async fn a_tenant_of_1000_conversations_moves_under_load_with_one_freeze_and_one
         s.until_acked(10, Duration::from_secs(10)).await;
     }
 
-    let migrator = Migrator::new(
-        routes.clone(),
-        ClusterSecret::new(SECRET),
-        MigrationOptions::default(),
-    );
+    let migrator = migrator(&routes);
     let report = migrator
         .migrate_tenant(1, TARGET, 8, |_| {})
         .await
@@ -451,14 +447,10 @@ async fn stop_then_finish(point: cellmesh_control_plane::migration::StopPoint, c
         }
 
         // Moved again: it finishes, and everything is on the target.
-        let report = Migrator::new(
-            routes.clone(),
-            ClusterSecret::new(SECRET),
-            MigrationOptions::default(),
-        )
-        .migrate_tenant(1, TARGET, 4, |_| {})
-        .await
-        .unwrap_or_else(|e| panic!("{point:?}: {e}"));
+        let report = migrator(&routes)
+            .migrate_tenant(1, TARGET, 4, |_| {})
+            .await
+            .unwrap_or_else(|e| panic!("{point:?}: {e}"));
         assert_eq!(report.route_writes, writes, "{point:?} cancel {cancel}");
         // Writes flow on the target.
         senders
@@ -586,11 +578,7 @@ async fn the_source_of_a_tenant_move_drops_its_copy_after_the_grace_period() {
     let source = d.cells[0].cell.service.store().clone();
     let user = |u| cellmesh_cell::UserKey::new(1, u);
     assert!(!source.sync_after(user(11), 0, 10).unwrap().is_empty());
-    let migrator = Migrator::new(
-        routes.clone(),
-        ClusterSecret::new(SECRET),
-        MigrationOptions::default(),
-    );
+    let migrator = migrator(&routes);
     migrator
         .migrate_tenant(1, TARGET, 4, |_| {})
         .await

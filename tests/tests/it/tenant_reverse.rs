@@ -8,11 +8,8 @@
 use std::time::Duration;
 
 use cellmesh_chaos::history::History;
-use cellmesh_control_plane::migration::{MigrationOptions, Migrator};
-use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_route_client::table::Key;
 use cellmesh_tests::deploy::*;
-use cellmesh_tests::router::SECRET;
 
 const SOURCE: &str = "eu-west/c1";
 const TARGET: &str = "us-east/c1";
@@ -27,11 +24,7 @@ async fn a_tenant_moved_back_within_the_grace_period_copies_only_what_changed() 
     let loaded = conversations[0];
     let senders = Senders::start(&d.edge, loaded, &[10, 11]);
     senders.until_acked(5, Duration::from_secs(10)).await;
-    let migrator = Migrator::new(
-        routes.clone(),
-        ClusterSecret::new(SECRET),
-        MigrationOptions::default(),
-    );
+    let migrator = migrator(&routes);
 
     let there = migrator
         .migrate_tenant(1, TARGET, 4, |_| {})

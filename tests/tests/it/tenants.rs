@@ -10,15 +10,12 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use cellmesh_cell::UserKey;
-use cellmesh_control_plane::migration::{MigrationOptions, Migrator};
-use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::status::error_detail;
 use cellmesh_proto::v1::messaging_client::MessagingClient;
 use cellmesh_proto::v1::sync_client::SyncClient;
 use cellmesh_proto::v1::*;
 use cellmesh_route_client::commands::assign_tenant;
 use cellmesh_tests::deploy::*;
-use cellmesh_tests::router::SECRET;
 use cellmesh_tests::sync::next_push;
 use tonic::Streaming;
 use tonic::transport::Channel;
@@ -293,11 +290,7 @@ async fn moving_and_cleaning_up_a_user_home_leaves_the_other_tenants_user_alone(
 
     // Tenant 1's user 2 moves to the other cell; the grace period passes.
     let routes = d.cluster.client().await;
-    let migrator = Migrator::new(
-        routes.clone(),
-        ClusterSecret::new(SECRET),
-        MigrationOptions::default(),
-    );
+    let migrator = migrator(&routes);
     let report = migrator
         .migrate_user(1, 2, OTHER_CELL, |_| {})
         .await

@@ -116,11 +116,7 @@ async fn last_message_seq(edge: &str, conversation: u64) -> u64 {
 }
 
 async fn move_home(routes: &cellmesh_route_client::client::RouteClient, to: &str) -> u64 {
-    let migrator = Migrator::new(
-        routes.clone(),
-        ClusterSecret::new(SECRET),
-        MigrationOptions::default(),
-    );
+    let migrator = migrator(routes);
     let report = migrator
         .migrate_user(1, BOB, to, |p| {
             println!(
@@ -298,11 +294,7 @@ async fn moved_copies_are_dropped_after_the_grace_period() {
         .unwrap();
 
     let routes = d.cluster.client().await;
-    let migrator = Migrator::new(
-        routes.clone(),
-        ClusterSecret::new(SECRET),
-        MigrationOptions::default(),
-    );
+    let migrator = migrator(&routes);
     migrator
         .migrate_conversation(1, conversation, TARGET, |_| {})
         .await
