@@ -127,3 +127,17 @@ impl From<CellError> for tonic::Status {
         to_status(err.code(), err.reason(), err.to_string(), retry_ms, route)
     }
 }
+
+/// Runs a storage scan on the blocking pool, off the request threads; one
+/// that does not finish is retryable.
+pub(crate) async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, CellError> + Send + 'static,
+) -> Result<T, CellError> {
+    tokio::task::spawn_blocking(work).await.unwrap_or_else(|e| {
+        Err(CellError::RetryLater {
+            reason: Reason::StorageError,
+            message: format!("a storage scan did not finish: {e}"),
+            retry_after: std::time::Duration::from_millis(200),
+        })
+    })
+}

@@ -34,7 +34,7 @@ pub struct Network {
     /// openraft makes a new client for each leadership check of a
     /// linearizable read: a fresh channel would be a fresh connection (and
     /// TLS handshake) inside a check that has one heartbeat interval.
-    pub channels: Arc<Mutex<HashMap<String, Channel>>>,
+    channels: Arc<Mutex<HashMap<String, Channel>>>,
 }
 
 impl Network {

@@ -13,26 +13,13 @@ use cellmesh_proto::v1::*;
 use cellmesh_telemetry::trace::grpc::{Channel, Traceable};
 use tonic::{Request, Response, Status};
 
-use crate::error::CellError;
+use crate::error::{CellError, blocking};
 use crate::failpoints::Action;
 use crate::message::MessageService;
 use crate::pipeline::{PeerInbound, UserImport};
 use crate::sync::SyncService;
 use crate::sync::moving::sync_checksum;
 use crate::user::UserKey;
-
-/// Runs storage scans on the blocking pool.
-async fn blocking<T: Send + 'static>(
-    work: impl FnOnce() -> Result<T, CellError> + Send + 'static,
-) -> Result<T, CellError> {
-    tokio::task::spawn_blocking(work).await.unwrap_or_else(|e| {
-        Err(CellError::RetryLater {
-            reason: Reason::StorageError,
-            message: format!("a storage scan did not finish: {e}"),
-            retry_after: Duration::from_millis(200),
-        })
-    })
-}
 
 /// Messages per export chunk unless the caller asks otherwise.
 const DEFAULT_CHUNK: u32 = 10_000;
@@ -445,7 +432,7 @@ impl CellPeer for PeerApi {
         // the next answer.
         let cut = (!r.only_users).then(|| messages.store().changes().cut(tenant, r.since));
         let changed = cut.as_ref().and_then(|c| c.changed.clone());
-        let (service, sync, since_users, users) = (
+        let (service, sync, incremental, users) = (
             self.service.clone(),
             self.sync.clone(),
             changed.is_some(),
@@ -496,7 +483,7 @@ impl CellPeer for PeerApi {
                 tenant,
                 conversations = conversations.len(),
                 users = users.len(),
-                since_last = since_users,
+                incremental,
                 seal_ms = sealed.as_millis() as u64,
                 list_ms = (listed - sealed).as_millis() as u64,
                 mark_ms = (marked - listed).as_millis() as u64,

@@ -176,12 +176,6 @@ impl Changes {
             changed,
         }
     }
-
-    /// How many changes are held (for tests and metrics).
-    pub fn held(&self) -> usize {
-        let inner = self.inner.lock().expect("changes lock");
-        inner.conversations.len() + inner.users.len()
-    }
 }
 
 enum Touched {

@@ -279,30 +279,45 @@ impl SyncService {
     /// that this cell no longer owns or sees frozen; how many tenants.
     /// Runs after a tenant's seal, off its freeze, and at start for marks
     /// a restart left.
-    pub async fn expand_sealed_tenants(&self) -> Result<u64> {
-        let sealed = self.store.moved(moved::TENANT)?;
-        for t in &sealed {
+    pub async fn expand_sealed_tenants(self: &std::sync::Arc<Self>) -> Result<u64> {
+        let this = self.clone();
+        // Whole-tenant scans: off the request threads.
+        let marks = crate::error::blocking(move || this.sealed_tenant_marks()).await?;
+        let tenants = marks.len() as u64;
+        for m in marks {
+            self.store.commit(m).await?;
+        }
+        Ok(tenants)
+    }
+
+    /// For each tenant sealed whole here, the marks of its keys this cell
+    /// no longer owns or sees frozen, and the removal of the tenant's mark.
+    fn sealed_tenant_marks(&self) -> Result<Vec<crate::storage::Mutation>> {
+        let ownership = self.messages.ownership();
+        let handed = |check: Handed| !matches!(check, Handed::Back);
+        let mut all = Vec::new();
+        for t in self.store.moved(moved::TENANT)? {
             let tenant = t.tenant;
             let conversations = self.messages.tenant_conversation_ids(tenant)?;
             let homes = self.store.homes_of_tenant(tenant)?;
             let users = self.tenant_user_ids(&conversations, &homes)?;
-            let ownership = self.messages.ownership();
             let mut m = crate::storage::Mutation::new();
             for id in conversations {
-                if !matches!(Handed::of(ownership.check(tenant, id, 0)), Handed::Back) {
-                    m.mark_moved(moved::CONVERSATION, Moved { id, ..*t });
+                if handed(Handed::of(ownership.check(tenant, id, 0))) {
+                    m.mark_moved(moved::CONVERSATION, Moved { id, ..t });
                 }
             }
             for id in users {
-                let home = self.homes.check_home(UserKey::new(tenant, id), true);
-                if !matches!(Handed::of(home), Handed::Back) {
-                    m.mark_moved(moved::USER, Moved { id, ..*t });
+                if handed(Handed::of(
+                    self.homes.check_home(UserKey::new(tenant, id), true),
+                )) {
+                    m.mark_moved(moved::USER, Moved { id, ..t });
                 }
             }
             m.unmark_moved(moved::TENANT, tenant, 0);
-            self.store.commit(m).await?;
+            all.push(m);
         }
-        Ok(sealed.len() as u64)
+        Ok(all)
     }
 
     /// Waits (until `deadline`) for the processor to have applied every

@@ -38,7 +38,6 @@ pub struct Watched<T> {
 }
 
 struct CheckState {
-    checked: Instant,
     last_error: Option<String>,
 }
 
@@ -62,10 +61,7 @@ impl<T> Watched<T> {
             current: RwLock::new((stamp, Arc::new(value))),
             born: Instant::now(),
             next_check_ms: AtomicU64::new(CHECK_EVERY.as_millis() as u64),
-            state: Mutex::new(CheckState {
-                checked: Instant::now(),
-                last_error: None,
-            }),
+            state: Mutex::new(CheckState { last_error: None }),
         })
     }
 
@@ -87,10 +83,10 @@ impl<T> Watched<T> {
             return false;
         }
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if !force && state.checked.elapsed() < CHECK_EVERY {
+        // Another call may have checked while this one waited.
+        if !force && now_ms < self.next_check_ms.load(Ordering::Relaxed) {
             return false;
         }
-        state.checked = Instant::now();
         self.next_check_ms
             .store(now_ms + CHECK_EVERY.as_millis() as u64, Ordering::Relaxed);
         let now = stamp(&self.paths);

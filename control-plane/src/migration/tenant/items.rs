@@ -137,17 +137,13 @@ impl Items<'_> {
 
     /// Takes in a [`Items::target_changes`] answer; the users new to it.
     fn note_target_users(&mut self, changes: TenantMarksResponse) -> Vec<u64> {
-        let known: std::collections::HashSet<u64> = if changes.complete {
-            Default::default()
-        } else {
-            self.target_users.iter().copied().collect()
-        };
-        let new: Vec<u64> = (changes.users.iter().map(|m| m.id))
-            .filter(|u| !known.contains(u))
-            .collect();
         if changes.complete {
             self.target_users.clear();
         }
+        let known: std::collections::HashSet<u64> = self.target_users.iter().copied().collect();
+        let new: Vec<u64> = (changes.users.iter().map(|m| m.id))
+            .filter(|u| !known.contains(u))
+            .collect();
         self.target_users.extend(&new);
         self.target_users.sort_unstable();
         self.target_token = changes.token;
