@@ -80,7 +80,7 @@ pub(crate) async fn clean(
     now_ms: u64,
     grace: Duration,
     handed: impl Fn(&Moved) -> Handed,
-    drop: impl Fn(&mut Mutation, &Moved),
+    drop: impl Fn(&mut Mutation, &Moved) -> Result<()>,
 ) -> Result<Vec<Moved>> {
     let mut dropped = Vec::new();
     for moved in store.moved(kind)? {
@@ -89,7 +89,7 @@ pub(crate) async fn clean(
         match handed(&moved) {
             Handed::Back => {}
             Handed::Away if expired => {
-                drop(&mut m, &moved);
+                drop(&mut m, &moved)?;
                 dropped.push(moved);
             }
             Handed::Away | Handed::Unsettled => continue,
@@ -118,7 +118,7 @@ impl MessageService {
             now,
             grace,
             handed,
-            |m, moved| m.drop_history(moved.id),
+            |m, moved| Ok(self.store.drop_history(m, moved.id)?),
         )
         .await?;
         for moved in &dropped {

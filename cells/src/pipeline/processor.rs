@@ -375,7 +375,7 @@ impl Processor {
         let user = import.user;
         let mut batch = Batch::default();
         if import.reset {
-            batch.mutation.clear_user(user);
+            self.store.clear_user(&mut batch.mutation, user)?;
         }
         for (pts, record) in &import.events {
             batch.mutation.put_sync(user, *pts, record);

@@ -4,6 +4,7 @@
 //! group committer ([`commit`]) applies atomically with the WAL synced.
 
 pub mod changes;
+mod clear;
 mod commit;
 mod format;
 pub mod keys;

@@ -30,21 +30,6 @@ impl Mutation {
         let key = keys::meta::moved(kind, tenant, id);
         self.ops.push(Op::Delete(cf::META, key));
     }
-
-    /// Drops a conversation's history (hot rows and cold manifest; the
-    /// objects are the new owner's), read positions and hidden marks;
-    /// its record and members stay (a standby's copy, tenant listings).
-    pub fn drop_history(&mut self, conversation: u64) {
-        let (from, to) = keys::prefixed_by(conversation);
-        for name in [cf::MESSAGES, cf::READ_STATE, cf::HIDDEN, cf::MANIFEST] {
-            self.ops
-                .push(Op::DeleteRange(name, from.clone(), to.clone()));
-        }
-        self.ops.push(Op::Delete(
-            cf::CONV_SEQ,
-            keys::u64_key(conversation).to_vec(),
-        ));
-    }
 }
 
 impl Store {

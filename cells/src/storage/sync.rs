@@ -67,22 +67,6 @@ impl Mutation {
             .push(Op::Delete(cf::FORWARD, keys::u64_key(id).to_vec()));
     }
 
-    /// Drops everything stored for `user`'s home here: sync queue,
-    /// conversation list, mute flags and device cursors (before a fresh
-    /// copy of a moving home).
-    pub fn clear_user(&mut self, user: UserKey) {
-        for name in [cf::SYNC, cf::CONV_LIST, cf::MUTED] {
-            let (from, to) = keys::user_items(user);
-            self.ops
-                .push(Op::DeleteRange(name, from.to_vec(), to.to_vec()));
-            self.ops.push(Op::Delete(name, to.to_vec()));
-        }
-        let (from, to) = keys::devices_of(user);
-        self.ops.push(Op::DeleteRange(cf::DEVICE_CURSOR, from, to));
-        self.ops
-            .push(Op::Delete(cf::QUEUE_ID, keys::user(user).to_vec()));
-    }
-
     /// Names `user`'s sync queue here (see [`Store::queue_id`]).
     pub fn set_queue_id(&mut self, user: UserKey, id: u64) {
         self.put(cf::QUEUE_ID, keys::user(user), id.to_be_bytes().to_vec());
