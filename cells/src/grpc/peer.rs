@@ -20,6 +20,7 @@ use crate::pipeline::{PeerInbound, UserImport};
 use crate::sync::SyncService;
 use crate::sync::moving::sync_checksum;
 use crate::user::UserKey;
+use cellmesh_proto::storage::v1::SyncRecord;
 
 /// Messages per export chunk unless the caller asks otherwise.
 const DEFAULT_CHUNK: u32 = 10_000;
@@ -118,31 +119,54 @@ impl PeerApi {
         }
     }
 
-    async fn import_user(
-        &self,
-        r: &CopyUserRequest,
-        reset: bool,
-        events: Vec<(u64, cellmesh_proto::storage::v1::SyncRecord)>,
-        state: Option<UserState>,
-    ) -> Result<(), CellError> {
-        if r.source_cell.is_empty() {
+    /// Stores copied parts of moving homes (distinct users) from cell
+    /// `source`, in one commit.
+    async fn import_users(&self, source: &str, imports: Vec<UserImport>) -> Result<(), CellError> {
+        if source.is_empty() {
             return Err(CellError::invalid(
                 Reason::NoSourceCell,
                 "source_cell is required",
             ));
         }
-        let source = r.source_cell.clone();
         self.inbound
-            .import_user(UserImport {
-                user: UserKey::new(r.tenant_id, r.user_id),
-                source,
-                reset,
-                events,
-                state,
-            })
+            .import_users(imports)
             .await
             .map_err(pipeline_unavailable)
     }
+}
+
+/// One copied part of a home, as [`CellPeer::copy_user`] asked for it.
+fn user_import(
+    r: &CopyUserRequest,
+    reset: bool,
+    events: Vec<(u64, SyncRecord)>,
+    state: Option<UserState>,
+) -> UserImport {
+    UserImport {
+        user: UserKey::new(r.tenant_id, r.user_id),
+        source: r.source_cell.clone(),
+        reset,
+        events,
+        state,
+    }
+}
+
+/// The events of an exported chunk of a home, once its checksum agrees.
+fn checked_events(chunk: UserChunk) -> Result<Vec<(u64, SyncRecord)>, CellError> {
+    let sum = (chunk.events.iter())
+        .filter_map(|e| e.record.as_ref().map(|x| sync_checksum(e.pts, x)))
+        .fold(0u64, u64::wrapping_add);
+    if sum != chunk.checksum {
+        return Err(CellError::invalid(
+            Reason::ChecksumMismatch,
+            "a user chunk arrived corrupted",
+        ));
+    }
+    Ok(chunk
+        .events
+        .into_iter()
+        .filter_map(|e| Some((e.pts, e.record?)))
+        .collect())
 }
 
 #[tonic::async_trait]
@@ -342,35 +366,20 @@ impl CellPeer for PeerApi {
             let exported = source.export_user(export(after, false)).await?.into_inner();
             bytes += prost::Message::encoded_len(&exported) as u64;
             until = until.min(exported.latest_pts);
-            let sum = exported
-                .events
-                .iter()
-                .filter_map(|e| e.record.as_ref().map(|r| sync_checksum(e.pts, r)))
-                .fold(0u64, u64::wrapping_add);
-            if sum != exported.checksum {
-                return Err(CellError::invalid(
-                    Reason::ChecksumMismatch,
-                    "a user chunk arrived corrupted",
-                )
-                .into());
-            }
-            let events: Vec<_> = exported
-                .events
-                .into_iter()
-                .filter_map(|e| Some((e.pts, e.record?)))
-                .collect();
+            let events = checked_events(exported)?;
             let Some(&(last, _)) = events.last() else {
                 break;
             };
             copied += events.len() as u64;
             after = last;
-            self.import_user(&r, std::mem::take(&mut reset), events, None)
-                .await?;
+            let import = user_import(&r, std::mem::take(&mut reset), events, None);
+            self.import_users(&r.source_cell, vec![import]).await?;
         }
         // The state last, so its dedupe positions cover the copied events.
         let state = source.export_user(export(after, true)).await?.into_inner();
         bytes += prost::Message::encoded_len(&state) as u64;
-        self.import_user(&r, reset, Vec::new(), state.state).await?;
+        let import = user_import(&r, reset, Vec::new(), state.state);
+        self.import_users(&r.source_cell, vec![import]).await?;
         Ok(Response::new(CopyResponse {
             copied_through: after,
             messages: copied,
@@ -617,50 +626,36 @@ impl CellPeer for PeerApi {
         });
         self.secret.attach(&mut export);
         let chunks = source.export_users(export).await?.into_inner().chunks;
-        let stores = r.items.iter().zip(chunks).map(|(item, chunk)| {
-            let one = CopyUserRequest {
-                source_address: r.source_address.clone(),
-                tenant_id: r.tenant_id,
-                user_id: item.user_id,
-                after_pts: item.after_pts,
-                chunk: r.limit,
+        let mut users = std::collections::HashSet::new();
+        if !r.items.iter().all(|i| users.insert(i.user_id)) {
+            return Err(
+                CellError::invalid(Reason::MalformedRequest, "a user is named twice").into(),
+            );
+        }
+        let (mut imports, mut results) = (Vec::new(), Vec::new());
+        for (item, chunk) in r.items.iter().zip(chunks) {
+            let (bytes, latest) = (prost::Message::encoded_len(&chunk) as u64, chunk.latest_pts);
+            let state = chunk.state.clone();
+            let events = checked_events(chunk)?;
+            let (n, last) = (events.len() as u64, events.last().map(|e| e.0));
+            results.push(Copied {
+                id: item.user_id,
+                copied_through: last.unwrap_or(if item.reset { 0 } else { item.after_pts }),
+                messages: n,
+                source_latest_seq: latest,
+                bytes,
+            });
+            // Events and state in one commit: the state's dedupe positions
+            // cover the events.
+            imports.push(UserImport {
+                user: UserKey::new(r.tenant_id, item.user_id),
+                source: r.source_cell.clone(),
                 reset: item.reset,
-                source_cell: r.source_cell.clone(),
-            };
-            let bytes = prost::Message::encoded_len(&chunk) as u64;
-            async move {
-                let sum = chunk
-                    .events
-                    .iter()
-                    .filter_map(|e| e.record.as_ref().map(|x| sync_checksum(e.pts, x)))
-                    .fold(0u64, u64::wrapping_add);
-                if sum != chunk.checksum {
-                    return Err(CellError::invalid(
-                        Reason::ChecksumMismatch,
-                        "a user chunk arrived corrupted",
-                    ));
-                }
-                let latest = chunk.latest_pts;
-                let events: Vec<_> = chunk
-                    .events
-                    .into_iter()
-                    .filter_map(|e| Some((e.pts, e.record?)))
-                    .collect();
-                let (n, last) = (events.len() as u64, events.last().map(|e| e.0));
-                // The state last, so its dedupe positions cover the events.
-                self.import_user(&one, one.reset, events, None).await?;
-                self.import_user(&one, false, Vec::new(), chunk.state)
-                    .await?;
-                Ok(Copied {
-                    id: one.user_id,
-                    copied_through: last.unwrap_or(if one.reset { 0 } else { one.after_pts }),
-                    messages: n,
-                    source_latest_seq: latest,
-                    bytes,
-                })
-            }
-        });
-        let results = futures::future::try_join_all(stores).await?;
+                events,
+                state,
+            });
+        }
+        self.import_users(&r.source_cell, imports).await?;
         self.stored_chunk();
         Ok(Response::new(CopyManyResponse { results }))
     }

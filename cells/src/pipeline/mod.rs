@@ -67,10 +67,11 @@ impl PeerInbound {
         rx.await.map_err(|_| PipelineError::Stopped)?
     }
 
-    /// Stores a copied part of a moving user's home.
-    pub async fn import_user(&self, import: UserImport) -> Result<(), PipelineError> {
+    /// Stores copied parts of moving users' homes (distinct users), in
+    /// one commit.
+    pub async fn import_users(&self, imports: Vec<UserImport>) -> Result<(), PipelineError> {
         let (reply, rx) = oneshot::channel();
-        self.send(Inbound::ImportUser { import, reply }).await?;
+        self.send(Inbound::ImportUsers { imports, reply }).await?;
         rx.await.map_err(|_| PipelineError::Stopped)?
     }
 

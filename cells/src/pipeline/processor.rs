@@ -64,9 +64,10 @@ pub enum Inbound {
         events: Vec<PeerEvent>,
         reply: oneshot::Sender<Result<Delivered, PipelineError>>,
     },
-    /// A chunk of a moving user home copied from `source`.
-    ImportUser {
-        import: UserImport,
+    /// Copied chunks of moving user homes (distinct users), stored in one
+    /// commit.
+    ImportUsers {
+        imports: Vec<UserImport>,
         reply: oneshot::Sender<Result<(), PipelineError>>,
     },
     /// Answered once every batch taken before it is durable.
@@ -83,7 +84,7 @@ pub struct Delivered {
     pub refused_standby: u32,
 }
 
-/// A copied part of a user's home (see [`Inbound::ImportUser`]).
+/// A copied part of a user's home (see [`Inbound::ImportUsers`]).
 pub struct UserImport {
     pub user: UserKey,
     /// The cell the home is copied from.
@@ -239,8 +240,8 @@ impl Processor {
                     } => {
                         let _ = reply.send(self.apply_remote(&source, &events).await);
                     }
-                    Inbound::ImportUser { import, reply } => {
-                        let _ = reply.send(self.import_user(import).await);
+                    Inbound::ImportUsers { imports, reply } => {
+                        let _ = reply.send(self.import_users(imports).await);
                     }
                     Inbound::Barrier { reply } => {
                         let _ = reply.send(());
@@ -368,12 +369,34 @@ impl Processor {
         }
     }
 
-    /// Stores a copied part of a moving user's home. Dedupe positions that
-    /// counted the source's own events now count them as the source's, and
-    /// this cell's events forwarded there count as local again.
-    async fn import_user(&mut self, import: UserImport) -> Result<(), PipelineError> {
-        let user = import.user;
+    /// Stores copied parts of moving users' homes (distinct users), all in
+    /// one commit. Dedupe positions that counted the source's own events
+    /// now count them as the source's, and this cell's events forwarded
+    /// there count as local again.
+    async fn import_users(&mut self, imports: Vec<UserImport>) -> Result<(), PipelineError> {
         let mut batch = Batch::default();
+        for import in &imports {
+            self.stage_import(&mut batch, import)?;
+        }
+        let result = self.store.commit_fan_out(batch.mutation).await;
+        for import in &imports {
+            self.pts.remove(&import.user);
+        }
+        result?;
+        for import in &imports {
+            let pts = self.store.user_pts(import.user)?;
+            self.hub.notify_pts(import.user, pts);
+        }
+        Ok(())
+    }
+
+    /// Adds one copied part of a home to `batch`.
+    fn stage_import(
+        &mut self,
+        batch: &mut Batch,
+        import: &UserImport,
+    ) -> Result<(), PipelineError> {
+        let user = import.user;
         if import.reset {
             self.store.clear_user(&mut batch.mutation, user)?;
         }
@@ -394,7 +417,7 @@ impl Processor {
             if let Some(meta) = &item.meta
                 && self.store.conversation(conversation)?.is_none()
             {
-                self.apply_meta(&mut batch, conversation, meta)?;
+                self.apply_meta(batch, conversation, meta)?;
             }
         }
         for cursor in import.state.iter().flat_map(|s| &s.cursors) {
@@ -405,11 +428,6 @@ impl Processor {
         if let Some(state) = import.state.as_ref().filter(|s| s.queue_id != 0) {
             batch.mutation.set_queue_id(user, state.queue_id);
         }
-        let result = self.store.commit_fan_out(batch.mutation).await;
-        self.pts.remove(&user);
-        result?;
-        let pts = self.store.user_pts(user)?;
-        self.hub.notify_pts(user, pts);
         Ok(())
     }
 

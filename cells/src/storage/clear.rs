@@ -117,11 +117,7 @@ mod tests {
     #[tokio::test]
     async fn a_small_home_is_cleared_key_by_key_and_a_large_one_by_range() {
         let (_dir, store) = store();
-        let (small, large, other) = (
-            UserKey::new(1, 7),
-            UserKey::new(1, 8),
-            UserKey::new(2, 7),
-        );
+        let (small, large, other) = (UserKey::new(1, 7), UserKey::new(1, 8), UserKey::new(2, 7));
         fill_home(&store, small, 10).await;
         fill_home(&store, large, POINT_DELETES as u64 + 1).await;
         fill_home(&store, other, 3).await;
@@ -139,7 +135,11 @@ mod tests {
             assert!(!store.muted(user, 9).unwrap());
             assert_eq!(store.queue_id(user).unwrap(), 0);
         }
-        assert_eq!(store.user_pts(other).unwrap(), 3, "another tenant's user stays");
+        assert_eq!(
+            store.user_pts(other).unwrap(),
+            3,
+            "another tenant's user stays"
+        );
         assert!(store.muted(other, 9).unwrap());
     }
 

@@ -344,7 +344,9 @@ impl SyncService {
         let handed =
             |m: &Moved| Handed::of(self.homes.check_home(UserKey::new(m.tenant, m.id), true));
         let dropped = cleanup::clean(&self.store, moved::USER, now, grace, handed, |m, moved| {
-            Ok(self.store.clear_user(m, UserKey::new(moved.tenant, moved.id))?)
+            Ok(self
+                .store
+                .clear_user(m, UserKey::new(moved.tenant, moved.id))?)
         })
         .await?
         .len();
