@@ -16,6 +16,7 @@ use sha2::{Digest, Sha256};
 
 use super::MessageService;
 use crate::error::{CellError, Result};
+use crate::storage::walk::Walk;
 use crate::storage::{IdemKey, IdemKind, Mutation};
 
 /// How long a seal waits for the frozen route and the last commits.
@@ -40,6 +41,37 @@ pub fn message_checksum(seq: u64, m: &MessageRecord) -> u64 {
     h.update(m.edit_version.to_be_bytes());
     h.update(&m.body);
     u64::from_be_bytes(h.finalize()[..8].try_into().expect("8 bytes"))
+}
+
+/// [`MessageService::digest_conversation`] in a [`Walk`] (many
+/// conversations read in a row).
+pub(crate) fn digest_conversation(
+    walk: &mut Walk<'_>,
+    conversation: u64,
+    after_seq: u64,
+    through_seq: u64,
+) -> Result<ConversationDigest> {
+    let (mut count, mut checksum) = (0u64, 0u64);
+    walk.messages(conversation, after_seq, through_seq, |seq, m| {
+        count += 1;
+        checksum = checksum.wrapping_add(message_checksum(seq, m));
+    })?;
+    // Cold segments count by their manifest entries (the objects are
+    // shared and immutable; both sides hold the same entries).
+    for segment in walk.segments(conversation)? {
+        if segment.seq_start > after_seq && segment.seq_end <= through_seq {
+            count += u64::from(segment.count);
+            let head = segment.checksum.get(..8).and_then(|b| b.try_into().ok());
+            checksum = checksum.wrapping_add(head.map_or(0, u64::from_be_bytes));
+        }
+    }
+    Ok(ConversationDigest {
+        count,
+        checksum,
+        latest_seq: walk.conv_seq(conversation)?.latest_seq,
+        rewrites: (walk.meta_u64(&crate::storage::keys::meta::rewrites(conversation))?)
+            .unwrap_or(0),
+    })
 }
 
 fn retry_later(reason: Reason, message: String) -> CellError {
@@ -271,44 +303,7 @@ impl MessageService {
         after_seq: u64,
         through_seq: u64,
     ) -> Result<ConversationDigest> {
-        // Read before the scan: a rewrite during it shows as a newer count.
-        let rewrites = self
-            .store
-            .meta_u64(&crate::storage::keys::meta::rewrites(conversation))?
-            .unwrap_or(0);
-        let (mut count, mut checksum, mut after) = (0u64, 0u64, after_seq);
-        loop {
-            let page = self.store.messages_after(
-                conversation,
-                after,
-                MAX_EXPORT_CHUNK,
-                MAX_EXPORT_BYTES,
-            )?;
-            let Some(&(last, _)) = page.last() else { break };
-            for (seq, m) in page.iter().filter(|(s, _)| *s <= through_seq) {
-                count += 1;
-                checksum = checksum.wrapping_add(message_checksum(*seq, m));
-            }
-            if last >= through_seq {
-                break;
-            }
-            after = last;
-        }
-        // Cold segments count by their manifest entries (the objects are
-        // shared and immutable; both sides hold the same entries).
-        for segment in self.store.segments(conversation)? {
-            if segment.seq_start > after_seq && segment.seq_end <= through_seq {
-                count += u64::from(segment.count);
-                let head = segment.checksum.get(..8).and_then(|b| b.try_into().ok());
-                checksum = checksum.wrapping_add(head.map_or(0, u64::from_be_bytes));
-            }
-        }
-        Ok(ConversationDigest {
-            count,
-            checksum,
-            latest_seq: self.store.conv_seq(conversation)?.latest_seq,
-            rewrites,
-        })
+        digest_conversation(&mut self.store.walk(), conversation, after_seq, through_seq)
     }
 
     /// Stores the messages of a chunk from a returned failed cell: history

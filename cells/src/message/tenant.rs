@@ -17,19 +17,19 @@ impl MessageService {
     /// Where each of `conversations` stands here; with `digest`, the count
     /// and checksum of all its history too.
     pub fn conversation_marks(&self, conversations: &[u64], digest: bool) -> Result<Vec<Mark>> {
-        conversations
+        let mut walk = self.store.walk();
+        let mut sorted = conversations.to_vec();
+        sorted.sort_unstable();
+        sorted
             .iter()
             .map(|&id| {
-                let rewrites = self
-                    .store
-                    .meta_u64(&crate::storage::keys::meta::rewrites(id))?
-                    .unwrap_or(0);
-                let latest = self.store.conv_seq(id)?.latest_seq;
-                let (count, checksum) = if digest {
-                    let d = self.digest_conversation(id, 0, latest)?;
-                    (d.count, d.checksum)
+                let latest = walk.conv_seq(id)?.latest_seq;
+                let (rewrites, count, checksum) = if digest {
+                    let d = super::migrate::digest_conversation(&mut walk, id, 0, latest)?;
+                    (d.rewrites, d.count, d.checksum)
                 } else {
-                    (0, 0)
+                    let rewrites = crate::storage::keys::meta::rewrites(id);
+                    (walk.meta_u64(&rewrites)?.unwrap_or(0), 0, 0)
                 };
                 Ok(Mark {
                     id,

@@ -15,6 +15,7 @@ mod options;
 mod queue;
 mod scan;
 mod sync;
+pub mod walk;
 
 use crate::failpoints::FailPoints;
 use std::path::Path;

@@ -25,6 +25,7 @@ use crate::error::{CellError, Result};
 use crate::message::cleanup::{self, Handed};
 use crate::pipeline::PeerInbound;
 use crate::storage::moved::{self, Moved};
+use crate::storage::walk::Walk;
 use crate::user::UserKey;
 
 /// How long a seal waits for the frozen route and the processor.
@@ -53,6 +54,20 @@ pub struct UserDigest {
     pub count: u64,
     pub checksum: u64,
     pub latest_pts: u64,
+}
+
+/// [`SyncService::digest_user`] in a [`Walk`] (many homes read in a row).
+fn digest_user(walk: &mut Walk<'_>, user: UserKey, after: u64, through: u64) -> Result<UserDigest> {
+    let (mut count, mut checksum) = (0u64, 0u64);
+    walk.sync_events(user, after, through, |pts, r| {
+        count += 1;
+        checksum = checksum.wrapping_add(sync_checksum(pts, r));
+    })?;
+    Ok(UserDigest {
+        count,
+        checksum,
+        latest_pts: walk.user_pts(user)?,
+    })
 }
 
 impl SyncService {
@@ -138,21 +153,7 @@ impl SyncService {
     /// Count and checksum of `user`'s sync events in `(after, through]`, and
     /// the latest pts.
     pub fn digest_user(&self, user: UserKey, after: u64, through: u64) -> Result<UserDigest> {
-        let (mut count, mut checksum, mut from) = (0u64, 0u64, after);
-        while from < through {
-            let page = self.store.sync_after(user, from, MAX_EXPORT_CHUNK)?;
-            let Some(&(last, _)) = page.last() else { break };
-            for (pts, r) in page.iter().filter(|(p, _)| *p <= through) {
-                count += 1;
-                checksum = checksum.wrapping_add(sync_checksum(*pts, r));
-            }
-            from = last;
-        }
-        Ok(UserDigest {
-            count,
-            checksum,
-            latest_pts: self.store.user_pts(user)?,
-        })
+        digest_user(&mut self.store.walk(), user, after, through)
     }
 
     /// Once this cell has seen `user`'s home frozen at `epoch`, waits until
@@ -211,13 +212,16 @@ impl SyncService {
             .store
             .moved_of_tenant(moved::TENANT, tenant)?
             .is_empty();
-        users
+        let mut walk = self.store.walk();
+        let mut sorted = users.to_vec();
+        sorted.sort_unstable();
+        sorted
             .iter()
             .map(|&id| {
                 let user = UserKey::new(tenant, id);
-                let latest = self.store.user_pts(user)?;
+                let latest = walk.user_pts(user)?;
                 let (count, checksum) = if digest {
-                    let d = self.digest_user(user, 0, latest)?;
+                    let d = digest_user(&mut walk, user, 0, latest)?;
                     (d.count, d.checksum)
                 } else {
                     (0, 0)
