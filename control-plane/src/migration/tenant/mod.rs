@@ -233,6 +233,10 @@ impl Migrator {
                 }
                 items.copy_round(|_, _, _| {}).await?;
             }
+            // What was written while the digests were compared is copied
+            // now, not under the freeze.
+            self.catch_up(&mut items, &mut state, &mut progress, |_| true)
+                .await?;
             epoch = self
                 .hold_while_paused(&key, to, epoch, 0, &mut |_| {})
                 .await?;
