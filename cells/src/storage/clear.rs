@@ -80,18 +80,8 @@ impl Store {
 mod tests {
     use cellmesh_proto::storage::v1::{ConvListEntry, MessageRecord, SyncRecord};
 
+    use super::super::testing::store;
     use super::*;
-
-    fn store() -> (tempfile::TempDir, std::sync::Arc<Store>) {
-        let dir = tempfile::tempdir().unwrap();
-        let config = crate::config::StorageConfig {
-            block_cache_mb: 8,
-            write_buffer_mb: 4,
-            ..Default::default()
-        };
-        let store = Store::open(dir.path(), &config).unwrap();
-        (dir, store)
-    }
 
     fn ranges(m: &Mutation) -> usize {
         m.ops

@@ -247,17 +247,9 @@ fn split_pair(key: &[u8]) -> Option<(u64, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::StorageConfig;
     use crate::storage::Store;
+    use crate::storage::testing::config;
     use cellmesh_proto::storage::v1::ConvListEntry;
-
-    fn config() -> StorageConfig {
-        StorageConfig {
-            block_cache_mb: 8,
-            write_buffer_mb: 4,
-            ..StorageConfig::default()
-        }
-    }
 
     /// Writes a format-1 database: conversation 100 of tenant 1 and 200 of
     /// tenant 2, both with a member whose id is 2, whose one queue holds an

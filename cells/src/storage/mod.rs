@@ -420,3 +420,27 @@ fn corrupt(cf: &'static str, detail: impl ToString) -> StorageError {
         detail: detail.to_string(),
     }
 }
+
+/// Small stores on temp dirs, for the storage tests.
+#[cfg(test)]
+pub(crate) mod testing {
+    use std::sync::Arc;
+
+    use super::Store;
+    use crate::config::StorageConfig;
+
+    pub fn config() -> StorageConfig {
+        StorageConfig {
+            block_cache_mb: 8,
+            write_buffer_mb: 4,
+            ..StorageConfig::default()
+        }
+    }
+
+    /// A fresh store, and the directory that holds it.
+    pub fn store() -> (tempfile::TempDir, Arc<Store>) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), &config()).unwrap();
+        (dir, store)
+    }
+}

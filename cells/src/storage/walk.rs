@@ -105,6 +105,21 @@ impl<'a> Walk<'a> {
         }
     }
 
+    /// Hands the records of `name` from key `from` on, while their key
+    /// starts with `prefix` and ends with a u64 at most `through`, to `f`.
+    fn records<T: prost::Message + Default>(
+        &mut self,
+        name: &'static str,
+        (prefix, from): (&[u8], &[u8]),
+        through: u64,
+        mut f: impl FnMut(u64, T),
+    ) -> Result<()> {
+        rows(self.iter(name), name, prefix, from, through, |item, v| {
+            f(item, T::decode(v).map_err(|e| corrupt(name, e))?);
+            Ok(())
+        })
+    }
+
     /// Hands `conversation`'s hot messages with seq in `(after, through]`
     /// to `f`, in order.
     pub fn messages(
@@ -116,18 +131,7 @@ impl<'a> Walk<'a> {
     ) -> Result<()> {
         let from = keys::conv_item(conversation, after.saturating_add(1));
         let prefix = keys::u64_key(conversation);
-        rows(
-            self.iter(cf::MESSAGES),
-            cf::MESSAGES,
-            &prefix,
-            &from,
-            through,
-            |seq, v| {
-                let record = MessageRecord::decode(v).map_err(|e| corrupt(cf::MESSAGES, e))?;
-                f(seq, &record);
-                Ok(())
-            },
-        )
+        self.records(cf::MESSAGES, (&prefix, &from), through, |seq, m| f(seq, &m))
     }
 
     /// `conversation`'s cold-tier manifest.
@@ -137,17 +141,7 @@ impl<'a> Walk<'a> {
             keys::u64_key(conversation),
         );
         let mut out = Vec::new();
-        rows(
-            self.iter(cf::MANIFEST),
-            cf::MANIFEST,
-            &prefix,
-            &from,
-            u64::MAX,
-            |_, v| {
-                out.push(SegmentEntry::decode(v).map_err(|e| corrupt(cf::MANIFEST, e))?);
-                Ok(())
-            },
-        )?;
+        self.records(cf::MANIFEST, (&prefix, &from), u64::MAX, |_, s| out.push(s))?;
         Ok(out)
     }
 
@@ -175,18 +169,7 @@ impl<'a> Walk<'a> {
     ) -> Result<()> {
         let from = keys::user_item(user, after.saturating_add(1));
         let prefix = keys::user(user);
-        rows(
-            self.iter(cf::SYNC),
-            cf::SYNC,
-            &prefix,
-            &from,
-            through,
-            |pts, v| {
-                let record = SyncRecord::decode(v).map_err(|e| corrupt(cf::SYNC, e))?;
-                f(pts, &record);
-                Ok(())
-            },
-        )
+        self.records(cf::SYNC, (&prefix, &from), through, |pts, r| f(pts, &r))
     }
 }
 
@@ -197,13 +180,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_walk_reads_each_item_alone_and_at_one_moment() {
-        let dir = tempfile::tempdir().unwrap();
-        let config = crate::config::StorageConfig {
-            block_cache_mb: 8,
-            write_buffer_mb: 4,
-            ..Default::default()
-        };
-        let store = Store::open(dir.path(), &config).unwrap();
+        let (_dir, store) = super::super::testing::store();
         let (a, b, c) = (UserKey::new(1, 1), UserKey::new(1, 2), UserKey::new(1, 3));
         let mut m = Mutation::new();
         for seq in 1..=3 {
