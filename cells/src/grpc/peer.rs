@@ -655,7 +655,9 @@ impl CellPeer for PeerApi {
                 state,
             });
         }
-        self.import_users(&r.source_cell, imports).await?;
+        if !imports.is_empty() {
+            self.import_users(&r.source_cell, imports).await?;
+        }
         self.stored_chunk();
         Ok(Response::new(CopyManyResponse { results }))
     }
