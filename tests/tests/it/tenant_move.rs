@@ -259,10 +259,21 @@ async fn a_failed_over_cell_takes_its_tenant_back_and_is_then_drained() {
         cellmesh_tests::deploy::wait_for_checkpoint(&routes, c, 3, Duration::from_secs(10)).await;
     }
 
-    let plan = routes
-        .read(|t| plan_failover(t, SOURCE, 1000))
-        .expect("failover plan");
-    execute(&routes, &plan.commands).await.unwrap();
+    // A cell's own write (its mark holders) may land between the plan and
+    // its execution: plan again, as the control plane does.
+    for attempt in 0.. {
+        let plan = routes
+            .read(|t| plan_failover(t, SOURCE, 1000))
+            .expect("failover plan");
+        match execute(&routes, &plan.commands).await {
+            Ok(_) => break,
+            Err(e) if attempt < 5 => {
+                eprintln!("the failover plan was stale ({e}); planning again");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("failover: {e}"),
+        }
+    }
     // The failover's route changes reach this client's cache.
     let moved = cellmesh_tests::eventually(Duration::from_secs(5), || {
         let cell = routes.read(|t| t.entry(&Key::tenant(1)).map(|e| e.cell.clone()));
