@@ -135,16 +135,16 @@ impl PeerApi {
     }
 }
 
-/// One copied part of a home, as [`CellPeer::copy_user`] asked for it.
+/// One copied part of `user`'s home (of `tenant`) from cell `source`.
 fn user_import(
-    r: &CopyUserRequest,
+    (tenant, user, source): (u64, u64, &str),
     reset: bool,
     events: Vec<(u64, SyncRecord)>,
     state: Option<UserState>,
 ) -> UserImport {
     UserImport {
-        user: UserKey::new(r.tenant_id, r.user_id),
-        source: r.source_cell.clone(),
+        user: UserKey::new(tenant, user),
+        source: source.to_string(),
         reset,
         events,
         state,
@@ -358,6 +358,7 @@ impl CellPeer for PeerApi {
             export
         };
         let (mut after, mut copied, mut reset) = (r.after_pts, 0u64, r.reset);
+        let home = (r.tenant_id, r.user_id, r.source_cell.as_str());
         let mut bytes = 0u64;
         // One round copies what the source held when it began; events
         // arriving meanwhile are the next round's.
@@ -372,13 +373,13 @@ impl CellPeer for PeerApi {
             };
             copied += events.len() as u64;
             after = last;
-            let import = user_import(&r, std::mem::take(&mut reset), events, None);
+            let import = user_import(home, std::mem::take(&mut reset), events, None);
             self.import_users(&r.source_cell, vec![import]).await?;
         }
         // The state last, so its dedupe positions cover the copied events.
         let state = source.export_user(export(after, true)).await?.into_inner();
         bytes += prost::Message::encoded_len(&state) as u64;
-        let import = user_import(&r, reset, Vec::new(), state.state);
+        let import = user_import(home, reset, Vec::new(), state.state);
         self.import_users(&r.source_cell, vec![import]).await?;
         Ok(Response::new(CopyResponse {
             copied_through: after,
@@ -633,9 +634,9 @@ impl CellPeer for PeerApi {
             );
         }
         let (mut imports, mut results) = (Vec::new(), Vec::new());
-        for (item, chunk) in r.items.iter().zip(chunks) {
+        for (item, mut chunk) in r.items.iter().zip(chunks) {
             let (bytes, latest) = (prost::Message::encoded_len(&chunk) as u64, chunk.latest_pts);
-            let state = chunk.state.clone();
+            let state = chunk.state.take();
             let events = checked_events(chunk)?;
             let (n, last) = (events.len() as u64, events.last().map(|e| e.0));
             results.push(Copied {
@@ -647,13 +648,8 @@ impl CellPeer for PeerApi {
             });
             // Events and state in one commit: the state's dedupe positions
             // cover the events.
-            imports.push(UserImport {
-                user: UserKey::new(r.tenant_id, item.user_id),
-                source: r.source_cell.clone(),
-                reset: item.reset,
-                events,
-                state,
-            });
+            let home = (r.tenant_id, item.user_id, r.source_cell.as_str());
+            imports.push(user_import(home, item.reset, events, state));
         }
         if !imports.is_empty() {
             self.import_users(&r.source_cell, imports).await?;
