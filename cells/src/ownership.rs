@@ -91,9 +91,14 @@ pub trait Ownership: Send + Sync + 'static {
 
     /// Whether a cell registered in the route table is reached at
     /// `address`: the only places this cell pulls copies from (a
-    /// standalone cell knows no other cell).
-    fn is_cell_address(&self, _address: &str) -> bool {
-        false
+    /// standalone cell knows no other cell). An address this cell's view
+    /// does not know is asked of the routers' leader before it is refused:
+    /// the view may lag a registration the caller has already seen.
+    fn confirm_cell_address<'a>(
+        &'a self,
+        _address: &'a str,
+    ) -> BoxFuture<'a, Result<bool, CellError>> {
+        Box::pin(async { Ok(false) })
     }
 
     /// The route-table index this cell's view has reached (a standalone

@@ -160,9 +160,30 @@ impl Ownership for Routed {
         })
     }
 
-    fn is_cell_address(&self, address: &str) -> bool {
-        self.client
-            .read(|t| t.cells.values().any(|c| c.address == address))
+    fn confirm_cell_address<'a>(
+        &'a self,
+        address: &'a str,
+    ) -> BoxFuture<'a, Result<bool, CellError>> {
+        let known = move || {
+            self.client
+                .read(|t| t.cells.values().any(|c| c.address == address))
+        };
+        Box::pin(async move {
+            if known() {
+                return Ok(true);
+            }
+            // A linearizable copy of the table holds every registration
+            // that completed before this call.
+            self.client
+                .catch_up()
+                .await
+                .map_err(|e| CellError::RetryLater {
+                    reason: Reason::RouteBehind,
+                    message: format!("cannot confirm that {address} is a cell: {}", e.message()),
+                    retry_after: Duration::from_millis(500),
+                })?;
+            Ok(known())
+        })
     }
 
     fn await_route_index(&self, index: u64, timeout: Duration) -> BoxFuture<'_, bool> {

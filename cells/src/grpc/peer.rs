@@ -71,7 +71,7 @@ impl PeerApi {
     async fn source(&self, address: &str) -> Result<CellPeerClient<Channel>, CellError> {
         // Never an address the caller makes up: it would have this cell
         // dial anywhere with the deployment's credentials.
-        if !self.service.is_cell_address(address) {
+        if !self.service.confirm_cell_address(address).await? {
             return Err(CellError::invalid(
                 Reason::BadSourceAddress,
                 format!("{address:?} is not the address of a cell in the route table"),

@@ -124,9 +124,10 @@ impl MessageService {
         self
     }
 
-    /// Whether a cell registered in the route table is reached at `address`.
-    pub fn is_cell_address(&self, address: &str) -> bool {
-        self.ownership.is_cell_address(address)
+    /// Whether a cell registered in the route table is reached at
+    /// `address` (see [`Ownership::confirm_cell_address`]).
+    pub async fn confirm_cell_address(&self, address: &str) -> Result<bool> {
+        self.ownership.confirm_cell_address(address).await
     }
 
     pub fn store(&self) -> &Arc<Store> {

@@ -495,6 +495,42 @@ async fn copies_pull_only_from_registered_cells_never_from_a_made_up_address() {
     assert!(ok.is_ok(), "{ok:?}");
 }
 
+/// A copy from a cell registered after the target's view of the route
+/// table last moved (its watch stalled) is not refused as a made-up
+/// address: the target asks the routers' leader before refusing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_from_a_cell_the_targets_view_has_not_seen_yet_asks_the_leader() {
+    use cellmesh_proto::v1::cell_peer_client::CellPeerClient;
+    let cluster = cellmesh_tests::router::RouterCluster::start(1, |_| {}).await;
+    let direct = cluster.endpoints();
+    let link = cellmesh_chaos::proxy::FaultProxy::start(
+        "127.0.0.1:0".parse().unwrap(),
+        cluster.replicas[0].config.api_listen,
+    )
+    .await
+    .unwrap();
+    // The target follows the table through the link first.
+    let mut routers = vec![format!("http://{}", link.addr())];
+    routers.extend(direct.clone());
+    let target = TestCell::start_routed("eu-west/c1", routers).await;
+    link.partition(true, true);
+    let source = TestCell::start_routed("eu-west/c2", direct).await;
+    let mut peer = CellPeerClient::connect(target.endpoint.clone())
+        .await
+        .unwrap();
+    let copied = peer
+        .copy_user(with_secret(CopyUserRequest {
+            source_address: source.endpoint.clone(),
+            source_cell: "eu-west/c2".into(),
+            tenant_id: 1,
+            user_id: 7,
+            ..Default::default()
+        }))
+        .await;
+    let copied = copied.map(|r| r.into_inner().copied_through);
+    assert!(copied.is_ok(), "{copied:?}");
+}
+
 /// A two-cell deployment with a conversation of users 10 and 11, created
 /// and written to through the edge (owned by the first cell), a client of
 /// the edge and user 10's token.
