@@ -619,6 +619,15 @@ impl CellPeer for PeerApi {
         request: Request<CopyUsersRequest>,
     ) -> Result<Response<CopyManyResponse>, Status> {
         let r = request.into_inner();
+        // Checked before anything is asked of the source.
+        let mut users = std::collections::HashSet::new();
+        if let Some(twice) = r.items.iter().find(|i| !users.insert(i.user_id)) {
+            return Err(CellError::invalid(
+                Reason::MalformedRequest,
+                format!("user {} is named twice in one batch", twice.user_id),
+            )
+            .into());
+        }
         let mut source = self.source(&r.source_address).await?;
         let mut export = Request::new(ExportUsersRequest {
             tenant_id: r.tenant_id,
@@ -627,12 +636,6 @@ impl CellPeer for PeerApi {
         });
         self.secret.attach(&mut export);
         let chunks = source.export_users(export).await?.into_inner().chunks;
-        let mut users = std::collections::HashSet::new();
-        if !r.items.iter().all(|i| users.insert(i.user_id)) {
-            return Err(
-                CellError::invalid(Reason::MalformedRequest, "a user is named twice").into(),
-            );
-        }
         let (mut imports, mut results) = (Vec::new(), Vec::new());
         for (item, mut chunk) in r.items.iter().zip(chunks) {
             let (bytes, latest) = (prost::Message::encoded_len(&chunk) as u64, chunk.latest_pts);

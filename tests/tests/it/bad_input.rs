@@ -495,6 +495,38 @@ async fn copies_pull_only_from_registered_cells_never_from_a_made_up_address() {
     assert!(ok.is_ok(), "{ok:?}");
 }
 
+/// A batch of homes that names a user twice is refused before the source
+/// is asked for anything: two imports of one home in one commit would
+/// store the later over the earlier.
+#[tokio::test]
+async fn a_copy_batch_naming_a_user_twice_is_malformed() {
+    use cellmesh_proto::v1::cell_peer_client::CellPeerClient;
+    let d = cellmesh_tests::deploy::deploy(None).await;
+    let mut target = CellPeerClient::connect(d.cells[1].endpoint.clone())
+        .await
+        .unwrap();
+    let home = |user_id| UserPosition {
+        user_id,
+        ..Default::default()
+    };
+    let e = target
+        .copy_users(with_secret(CopyUsersRequest {
+            source_address: d.cells[0].endpoint.clone(),
+            source_cell: "eu-west/c1".into(),
+            tenant_id: 1,
+            items: vec![home(7), home(8), home(7)],
+            ..Default::default()
+        }))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (error_code(&e), error_detail(&e).reason.as_str()),
+        (ErrorCode::InvalidArgument, "MALFORMED_REQUEST"),
+        "{e:?}"
+    );
+    assert!(e.message().contains("user 7"), "{}", e.message());
+}
+
 /// A copy from a cell registered after the target's view of the route
 /// table last moved (its watch stalled) is not refused as a made-up
 /// address: the target asks the routers' leader before refusing.
