@@ -224,10 +224,25 @@ async fn a_request_routed_by_a_stale_edge_reaches_the_new_owner() {
     let first = create_via_edge(&mut m, &carol, vec![31]).await;
     // Tenant 3 moves to us-east/c1 (it has no conversations left to copy in
     // this test: only new conversations are created after the move).
-    let moved = routes
-        .apply(assign_tenant(3, "us-east/c1", placed.index))
-        .await
-        .unwrap();
+    // A cell's own write to the tenant's entry may land after the
+    // placement: move from the epoch the table holds then.
+    let mut moved = None;
+    for attempt in 0..5 {
+        let epoch = routes
+            .read(|t| t.entry(&Key::tenant(3)).map(|e| e.epoch))
+            .unwrap_or(placed.index);
+        match routes.apply(assign_tenant(3, "us-east/c1", epoch)).await {
+            Ok(applied) => {
+                moved = Some(applied);
+                break;
+            }
+            Err(e) if error_detail(&e).reason == "STALE_EPOCH" && attempt < 4 => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("moving tenant 3: {e:?}"),
+        }
+    }
+    let moved = moved.expect("tenant 3 moved");
     let mut old_owner = d.cells[0].client().await;
     assert!(
         eventually(Duration::from_secs(5), || {
