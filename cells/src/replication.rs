@@ -13,6 +13,7 @@
 //! `replication.require_standby` asks to refuse them.
 
 use cellmesh_proto::reason::Reason;
+use cellmesh_proto::tls::Dial;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -208,7 +209,7 @@ impl Shipper {
         let channel = cellmesh_proto::tls::endpoint(dial.to_string())
             .ok()?
             .connect_timeout(Duration::from_secs(2))
-            .connect_lazy()
+            .dial_lazy()
             .traced();
         let client = CellPeerClient::new(channel).max_encoding_message_size(64 << 20);
         self.clients.insert(endpoint.to_string(), client.clone());

@@ -4,6 +4,7 @@
 //! to the high-water mark it holds from the failed cell. Drills and tests
 //! ask the owner for that mark to learn which gaps a failover explains.
 
+use cellmesh_proto::tls::Dial;
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
@@ -42,11 +43,8 @@ pub async fn failover_floors(
         let Ok(endpoint) = cellmesh_proto::tls::endpoint(address) else {
             continue;
         };
-        let mut peer = CellPeerClient::new(
-            endpoint
-                .connect_timeout(Duration::from_secs(2))
-                .connect_lazy(),
-        );
+        let mut peer =
+            CellPeerClient::new(endpoint.connect_timeout(Duration::from_secs(2)).dial_lazy());
         let mut request = tonic::Request::new(GetHighWaterMarksRequest {
             tenant_id: tenant,
             conversation_ids: wanted.iter().map(|&(c, _)| c).collect(),

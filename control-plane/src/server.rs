@@ -5,6 +5,7 @@
 //! again but gets nothing back on its own: failing back is an operator's
 //! migration.
 
+use cellmesh_proto::tls::Dial;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -540,7 +541,7 @@ async fn probe(address: String, timeout: Duration) -> bool {
         let channel = cellmesh_proto::tls::endpoint(address)
             .ok()?
             .connect_timeout(timeout)
-            .connect()
+            .dial()
             .await
             .ok()?;
         let reply = HealthClient::new(channel)

@@ -6,6 +6,7 @@
 //! A [`Sampler`] remembers each cell's previous counters, so sends/s is the
 //! rate between two samples.
 
+use cellmesh_proto::tls::Dial;
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
@@ -23,7 +24,7 @@ async fn peer(address: &str) -> Option<CellPeerClient<Channel>> {
         .ok()?
         .connect_timeout(Duration::from_millis(500))
         .timeout(Duration::from_secs(2))
-        .connect()
+        .dial()
         .await
         .ok()?;
     Some(CellPeerClient::new(channel))
@@ -60,7 +61,7 @@ pub async fn router_status(
         .map_err(|e| tonic::Status::invalid_argument(e.to_string()))?
         .connect_timeout(Duration::from_secs(2))
         .timeout(Duration::from_secs(2))
-        .connect()
+        .dial()
         .await
         .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
     let mut client = pb::routing_client::RoutingClient::new(channel);

@@ -11,6 +11,7 @@
 //! the tenant's migration while it moves.
 
 use cellmesh_proto::reason::Reason;
+use cellmesh_proto::tls::Dial;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Mutex;
@@ -152,7 +153,7 @@ impl Proxy {
             .map_err(|e| Status::internal(format!("cell address {address:?}: {e}")))?
             .connect_timeout(Duration::from_secs(2))
             .tcp_nodelay(true)
-            .connect_lazy()
+            .dial_lazy()
             .traced();
         channels.insert(address.to_string(), channel.clone());
         Ok(channel)

@@ -4,6 +4,7 @@
 //! leader. Cells use it to check ownership, edges to find owners.
 
 use cellmesh_proto::reason::Reason;
+use cellmesh_proto::tls::Dial;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
@@ -226,7 +227,7 @@ impl Inner {
                     })?
                     .connect_timeout(Duration::from_secs(1))
                     .tcp_nodelay(true)
-                    .connect_lazy()
+                    .dial_lazy()
                     .traced();
                 channels.insert(endpoint.to_string(), c.clone());
                 c

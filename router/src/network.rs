@@ -4,6 +4,7 @@
 //! `Unreachable` (openraft backs off); a snapshot mismatch the peer answered
 //! is a `RemoteError`.
 
+use cellmesh_proto::tls::Dial;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -61,7 +62,7 @@ impl Network {
                     .http2_keep_alive_interval(Duration::from_secs(1))
                     .keep_alive_timeout(Duration::from_secs(2))
                     .keep_alive_while_idle(true)
-                    .connect_lazy()
+                    .dial_lazy()
             })
             .map_err(|e| e.to_string())?;
         channels.insert(address, channel.clone());

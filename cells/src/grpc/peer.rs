@@ -2,6 +2,7 @@
 //! migration calls (export, seal, digest on the source; copy on the target).
 
 use cellmesh_proto::reason::Reason;
+use cellmesh_proto::tls::Dial;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -84,7 +85,7 @@ impl PeerApi {
                 let channel = cellmesh_proto::tls::endpoint(address.to_string())
                     .map_err(|e| CellError::invalid(Reason::BadSourceAddress, e.to_string()))?
                     .connect_timeout(Duration::from_secs(2))
-                    .connect()
+                    .dial()
                     .await
                     .map_err(|e| CellError::RetryLater {
                         reason: Reason::SourceUnreachable,

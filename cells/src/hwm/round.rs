@@ -10,6 +10,7 @@
 //! Only when all of them stored all of it are the marks acknowledged (the
 //! fence moves) and the standbys listed as holders.
 
+use cellmesh_proto::tls::Dial;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
@@ -321,7 +322,7 @@ impl Rounds {
         let channel = cellmesh_proto::tls::endpoint(dial.to_string())
             .map_err(|e| format!("{address}: {e}"))?
             .connect_timeout(Duration::from_secs(2))
-            .connect_lazy()
+            .dial_lazy()
             .traced();
         let client = CellPeerClient::new(channel).max_decoding_message_size(64 << 20);
         self.clients.insert(address.to_string(), client.clone());

@@ -9,6 +9,7 @@
 //! one unreachable cell never stalls another's deliveries or the local
 //! fan-out.
 
+use cellmesh_proto::tls::Dial;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -377,7 +378,7 @@ fn destination<'a>(
         let channel = cellmesh_proto::tls::endpoint(dial.to_string())
             .ok()?
             .connect_timeout(Duration::from_secs(2))
-            .connect_lazy()
+            .dial_lazy()
             .traced();
         destinations.insert(
             endpoint.to_string(),

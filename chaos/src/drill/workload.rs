@@ -2,6 +2,7 @@
 //! request ids, recording each operation's invocation and outcome, and the
 //! read-back of every conversation once the deployment has settled.
 
+use cellmesh_proto::tls::Dial;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -241,7 +242,7 @@ impl Workload {
         let address = routes
             .read(|t| t.cell(cell).map(|c| c.address.clone()))
             .ok_or_else(|| anyhow::anyhow!("unknown cell {cell}"))?;
-        let channel = cellmesh_proto::tls::endpoint(address)?.connect().await?;
+        let channel = cellmesh_proto::tls::endpoint(address)?.dial().await?;
         let mut peer = CellPeerClient::new(channel).max_decoding_message_size(64 << 20);
         let secret = self.dev.secret();
         let mut stored = Vec::new();

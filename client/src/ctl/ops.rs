@@ -5,6 +5,7 @@
 
 use anyhow::Context;
 use cellmesh_proto::secret::ClusterSecret;
+use cellmesh_proto::tls::Dial;
 use cellmesh_proto::v1 as pb;
 use cellmesh_proto::v1::operations_client::OperationsClient;
 use cellmesh_proto::v1::start_operation_request::Spec;
@@ -90,7 +91,7 @@ async fn connect(endpoints: &[String]) -> anyhow::Result<OperationsClient<Channe
     let mut last = None;
     for endpoint in endpoints {
         match cellmesh_proto::tls::endpoint(endpoint.clone())?
-            .connect()
+            .dial()
             .await
         {
             Ok(channel) => return Ok(OperationsClient::new(channel)),

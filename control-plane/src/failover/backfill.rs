@@ -3,6 +3,7 @@
 //! seqs below the failover floor) copied into its current owner, which then
 //! stops reporting that history as unavailable.
 
+use cellmesh_proto::tls::Dial;
 use std::time::Duration;
 
 use cellmesh_proto::secret::ClusterSecret;
@@ -62,7 +63,7 @@ pub async fn backfill(
         let mut client = CellPeerClient::new(
             endpoint
                 .connect_timeout(Duration::from_secs(2))
-                .connect_lazy()
+                .dial_lazy()
                 .traced(),
         );
         let mut request = tonic::Request::new(CopyRequest {
@@ -100,7 +101,7 @@ async fn stored_conversations(
     let mut client = CellPeerClient::new(
         endpoint
             .connect_timeout(Duration::from_secs(2))
-            .connect_lazy()
+            .dial_lazy()
             .traced(),
     );
     let (mut out, mut after) = (Vec::new(), 0);

@@ -19,6 +19,7 @@
 //! draining and failing back a cell in [`bulk`].
 
 use cellmesh_proto::reason::Reason;
+use cellmesh_proto::tls::Dial;
 use std::time::{Duration, Instant};
 
 use cellmesh_proto::secret::ClusterSecret;
@@ -202,7 +203,7 @@ impl Migrator {
         let channel = cellmesh_proto::tls::endpoint(address.clone())
             .map_err(|e| MigrationError::Refused(format!("cell {cell} address {address:?}: {e}")))?
             .connect_timeout(Duration::from_secs(2))
-            .connect_lazy()
+            .dial_lazy()
             .traced();
         Ok((
             CellPeerClient::new(channel).max_decoding_message_size(64 << 20),

@@ -255,6 +255,47 @@ mod tests {
         assert!(config.key_file.ends_with("cell-eu-west-c1.key"));
     }
 
+    /// A channel's dialler checks the server's certificate against the
+    /// revocation list too: a revoked certificate no longer serves
+    /// (tonic's own TLS client takes no lists).
+    #[tokio::test]
+    async fn a_dialler_refuses_a_server_presenting_a_revoked_certificate() {
+        use cellmesh_proto::tls::dial::Dialer;
+        use tower::Service;
+        let dir = tempfile::tempdir().unwrap();
+        let pki = Pki::create(dir.path()).unwrap();
+        let cell = pki.issue(&Peer::new(Role::Cell, "eu-west/c1")).unwrap();
+        let operator = pki.issue(&Peer::new(Role::Operator, "admin")).unwrap();
+        // The server presents the cell's certificate throughout.
+        let acceptor = tokio_rustls::TlsAcceptor::from(cell.load().unwrap().server_config());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let uri: tonic::transport::Uri = format!("http://{}", listener.local_addr().unwrap())
+            .parse()
+            .unwrap();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    if let Ok(stream) = acceptor.accept(tcp).await {
+                        tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+                        drop(stream);
+                    }
+                });
+            }
+        });
+        let dialler = || Dialer::with(operator.load().unwrap().client_config());
+        let served = dialler().call(uri.clone()).await;
+        assert!(served.is_ok(), "{:?}", served.err());
+        pki.revoke(Path::new(&cell.cert_file)).unwrap();
+        let Err(refused) = dialler().call(uri).await else {
+            panic!("a revoked server certificate was accepted");
+        };
+        assert!(
+            refused.to_string().to_lowercase().contains("revoked"),
+            "{refused}"
+        );
+    }
+
     #[test]
     fn a_reopened_ca_revokes_and_the_list_keeps_earlier_serials() {
         let dir = tempfile::tempdir().unwrap();

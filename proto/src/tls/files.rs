@@ -11,10 +11,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
+use rustls::client::WebPkiServerVerifier;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
-use rustls::{RootCertStore, ServerConfig};
+use rustls::{ClientConfig, RootCertStore, ServerConfig};
 
 /// How often the files are looked at, at most.
 pub const CHECK_EVERY: Duration = Duration::from_secs(1);
@@ -192,13 +193,7 @@ pub fn server_config(
     let builder = match clients {
         Clients::Anyone => builder.with_no_client_auth(),
         Clients::SignedBy { ca, crls } => {
-            let mut roots = RootCertStore::empty();
-            for cert in ca {
-                roots
-                    .add(cert)
-                    .map_err(|e| format!("tls.ca_file: unusable CA certificate: {e}"))?;
-            }
-            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+            let verifier = WebPkiClientVerifier::builder_with_provider(roots(ca)?, provider)
                 .with_crls(crls)
                 .build()
                 .map_err(|e| format!("tls.ca_file / tls.crl_file: {e}"))?;
@@ -208,6 +203,44 @@ pub fn server_config(
     let mut config = builder
         .with_single_cert(chain, key)
         .map_err(|e| format!("{cert_field} / {key_field}: {e}"))?;
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// The trust anchors of `tls.ca_file`.
+fn roots(ca: Vec<CertificateDer<'static>>) -> Result<Arc<RootCertStore>, String> {
+    let mut roots = RootCertStore::empty();
+    for cert in ca {
+        roots
+            .add(cert)
+            .map_err(|e| format!("tls.ca_file: unusable CA certificate: {e}"))?;
+    }
+    Ok(Arc::new(roots))
+}
+
+/// A rustls client configuration presenting `cert` (PEM chain) with `key`,
+/// speaking HTTP/2 to servers whose certificate `ca` signed and no list in
+/// `crls` revoked.
+pub fn client_config(
+    cert: &[u8],
+    key: &[u8],
+    ca: Vec<CertificateDer<'static>>,
+    crls: Vec<CertificateRevocationListDer<'static>>,
+) -> Result<Arc<ClientConfig>, String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let chain = certificates(cert).map_err(|e| format!("tls.cert_file: {e}"))?;
+    let key = PrivateKeyDer::from_pem_slice(key)
+        .map_err(|e| format!("tls.key_file: holds no usable private key: {e}"))?;
+    let verifier = WebPkiServerVerifier::builder_with_provider(roots(ca)?, provider.clone())
+        .with_crls(crls)
+        .build()
+        .map_err(|e| format!("tls.ca_file / tls.crl_file: {e}"))?;
+    let mut config = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_webpki_verifier(verifier)
+        .with_client_auth_cert(chain, key)
+        .map_err(|e| format!("tls.cert_file / tls.key_file: {e}"))?;
     config.alpn_protocols = vec![b"h2".to_vec()];
     Ok(Arc::new(config))
 }

@@ -23,9 +23,12 @@ use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
 use serde::{Deserialize, Serialize};
-use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+use tonic::transport::Endpoint;
 
+pub mod dial;
 pub mod files;
+
+pub use dial::Dial;
 
 use crate::reason::Reason;
 use crate::status::to_status;
@@ -139,16 +142,29 @@ impl std::fmt::Display for Peer {
     }
 }
 
-/// What `[tls]` names, as last read: the client side for tonic's
-/// channels, the server side for rustls.
+/// What `[tls]` names, as last read: the client side for the channels this
+/// process dials ([`dial`]), the server side for its servers.
 pub struct Material {
-    ca: Certificate,
-    identity: Identity,
+    client: Arc<rustls::ClientConfig>,
     server: Arc<rustls::ServerConfig>,
     /// Serial numbers the revocation lists name.
     revoked: std::collections::HashSet<Vec<u8>>,
     /// Whom the certificate names.
     pub me: Peer,
+}
+
+impl Material {
+    /// The client side: this process's certificate, servers the CA signed
+    /// and no revocation list names.
+    pub fn client_config(&self) -> Arc<rustls::ClientConfig> {
+        self.client.clone()
+    }
+
+    /// The server side: this process's certificate, clients the CA signed
+    /// and no revocation list names.
+    pub fn server_config(&self) -> Arc<rustls::ServerConfig> {
+        self.server.clone()
+    }
 }
 
 /// This process's TLS once installed: the files, watched for changes
@@ -190,6 +206,8 @@ impl TlsConfig {
         let ca_certs = files::certificates(&ca).map_err(|e| ("tls.ca_file", e))?;
         let crls = files::revocation_lists(&crls).map_err(|e| ("tls.crl_file", e))?;
         let revoked = files::revoked_serials(&crls).map_err(|e| ("tls.crl_file", e))?;
+        let client = files::client_config(&cert, &key, ca_certs.clone(), crls.clone())
+            .map_err(|e| ("tls", e))?;
         let server = files::server_config(
             "tls.cert_file",
             &cert,
@@ -199,8 +217,7 @@ impl TlsConfig {
         )
         .map_err(|e| ("tls", e))?;
         Ok(Material {
-            ca: Certificate::from_pem(ca),
-            identity: Identity::from_pem(cert, key),
+            client,
             server,
             revoked,
             me,
@@ -297,25 +314,21 @@ impl Installed {
     }
 }
 
-/// A channel endpoint for `url`: TLS with this process's certificate when
-/// installed (an `http://` address is dialled as `https://`). A channel
-/// made after a certificate was renewed presents the new one.
+/// A channel endpoint for `url`, to be connected with [`dial::Dial`]:
+/// that speaks TLS with this process's
+/// certificate when installed (whether the address says `http://` or
+/// `https://`).
 pub fn endpoint(url: impl Into<String>) -> Result<Endpoint, tonic::transport::Error> {
     let url = url.into();
-    let Some(tls) = installed() else {
+    if installed().is_none() {
         return Endpoint::from_shared(url);
-    };
-    let url = match url.strip_prefix("http://") {
-        Some(rest) => format!("https://{rest}"),
+    }
+    // The dialer does the TLS: tonic must not try its own.
+    let url = match url.strip_prefix("https://") {
+        Some(rest) => format!("http://{rest}"),
         None => url,
     };
-    let material = tls.material.get();
-    Endpoint::from_shared(url)?.tls_config(
-        ClientTlsConfig::new()
-            .ca_certificate(material.ca.clone())
-            .identity(material.identity.clone())
-            .domain_name(SERVER_NAME),
-    )
+    Endpoint::from_shared(url)
 }
 
 /// TLS for clients of a client-facing server (`[client_tls]` of the

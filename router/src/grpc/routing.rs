@@ -5,6 +5,7 @@
 //! RETRY_LATER/NOT_LEADER with the leader's API address in `x-cellmesh-leader`.
 
 use cellmesh_proto::reason::Reason;
+use cellmesh_proto::tls::Dial;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
 use std::pin::Pin;
@@ -108,7 +109,7 @@ impl RoutingService {
         }
         let channel = cellmesh_proto::tls::endpoint(addr.to_string())
             .map_err(|e| Status::internal(format!("leader address {addr:?}: {e}")))?
-            .connect_lazy();
+            .dial_lazy();
         leaders.insert(addr.to_string(), channel.clone());
         Ok(channel)
     }
