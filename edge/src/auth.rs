@@ -5,10 +5,14 @@
 //! key is rotated by adding the new one, issuing with it, and dropping the
 //! old once its tokens expired). `cellmesh ctl token` issues them; the
 //! edge verifies every request's token — its key, signature, expiry, a
-//! lifetime no longer than `max_token_lifetime_secs`, and that its id is
-//! not revoked — and takes the caller from it.
+//! lifetime no longer than `max_token_lifetime_secs`, that its id is not
+//! revoked, and (with a directory) that the tenant has the user — and takes
+//! the caller from it.
 
 use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+
+use crate::directory::Users;
 
 use cellmesh_proto::reason::Reason;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -52,6 +56,8 @@ pub struct TokenKey {
     /// Longest lifetime a token may state (0: any).
     max_lifetime_secs: u64,
     revoked: HashSet<String>,
+    /// The users each tenant has, when the edge follows a directory.
+    directory: Option<Arc<Users>>,
 }
 
 fn unauthenticated(reason: Reason, message: &str) -> Status {
@@ -72,6 +78,7 @@ impl TokenKey {
             issuing: String::new(),
             max_lifetime_secs: 0,
             revoked: HashSet::new(),
+            directory: None,
         }
     }
 
@@ -94,6 +101,12 @@ impl TokenKey {
     pub fn limited(mut self, secs: u64, revoked: &[String]) -> Self {
         self.max_lifetime_secs = secs;
         self.revoked = revoked.iter().cloned().collect();
+        self
+    }
+
+    /// Refuses tokens for users `users` does not list (`UNKNOWN_USER`).
+    pub fn with_directory(mut self, users: Arc<Users>) -> Self {
+        self.directory = Some(users);
         self
     }
 
@@ -181,6 +194,14 @@ impl TokenKey {
             return Err(unauthenticated(
                 Reason::MalformedToken,
                 "the token names no tenant or user",
+            ));
+        }
+        if let Some(users) = &self.directory
+            && !users.admits(claims.tenant, claims.user)
+        {
+            return Err(unauthenticated(
+                Reason::UnknownUser,
+                &format!("tenant {} has no user {}", claims.tenant, claims.user),
             ));
         }
         Ok(claims)

@@ -4,6 +4,7 @@
 //! secret; cells are never exposed to clients.
 
 pub mod auth;
+pub mod directory;
 mod metrics;
 pub mod proxy;
 mod services;
@@ -47,6 +48,11 @@ pub struct EdgeConfig {
     pub max_token_lifetime_secs: u64,
     /// Token ids (`jti`) refused (`TOKEN_REVOKED`).
     pub revoked_tokens: Vec<String>,
+    /// The users each tenant has (see [`directory`]): `<tenant> <user>`
+    /// lines, `<tenant> *` for a tenant open to any user. Set, a token for
+    /// a user it does not list is refused (`UNKNOWN_USER`); read again when
+    /// it changes. Empty (the default): any user a valid token names.
+    pub directory_file: String,
     /// How long one client request may spend retrying WRONG_CELL / FROZEN.
     pub retry_deadline_ms: u64,
     pub retry_attempts: usize,
@@ -79,6 +85,7 @@ impl Default for EdgeConfig {
             token_keys: Default::default(),
             max_token_lifetime_secs: 90 * 24 * 3600,
             revoked_tokens: Vec::new(),
+            directory_file: String::new(),
             retry_deadline_ms: 5_000,
             retry_attempts: 20,
             max_request_bytes: 256 * 1024,
@@ -128,6 +135,14 @@ impl EdgeConfig {
             60,
             365 * 24 * 3600,
         )?;
+        if !self.directory_file.is_empty() {
+            directory::Users::load(&self.directory_file).map_err(|message| {
+                ConfigError::Invalid {
+                    field: "directory_file",
+                    message,
+                }
+            })?;
+        }
         check_range("retry_deadline_ms", self.retry_deadline_ms, 1, 600_000)?;
         check_range("retry_attempts", self.retry_attempts, 1, 1_000)?;
         check_range("max_request_bytes", self.max_request_bytes, 1024, 64 << 20)?;
@@ -204,15 +219,25 @@ pub async fn start(config: EdgeConfig) -> Result<RunningEdge, EdgeError> {
     cellmesh_proto::tls::install(&config.tls).map_err(EdgeError::Tls)?;
     let client_tls = config.client_tls.watch().map_err(EdgeError::Tls)?;
     let secret = ClusterSecret::new(&config.cluster_secret);
+    let mut tokens = TokenKey::new(&config.token_secret)
+        .with_keys(&config.token_keys)
+        .limited(config.max_token_lifetime_secs, &config.revoked_tokens);
+    if !config.directory_file.is_empty() {
+        let users = directory::Users::load(&config.directory_file).map_err(|message| {
+            ConfigError::Invalid {
+                field: "directory_file",
+                message,
+            }
+        })?;
+        tokens = tokens.with_directory(users);
+    }
     let routes = RouteClient::connect(config.routers.clone(), secret.clone())
         .await
         .map_err(|e| EdgeError::Routing(e.message().to_string()))?;
     let proxy = Arc::new(Proxy::new(
         routes.clone(),
         secret,
-        TokenKey::new(&config.token_secret)
-            .with_keys(&config.token_keys)
-            .limited(config.max_token_lifetime_secs, &config.revoked_tokens),
+        tokens,
         Duration::from_millis(config.retry_deadline_ms),
         config.retry_attempts,
         config.links.clone(),

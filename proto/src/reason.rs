@@ -129,6 +129,7 @@ reasons! {
     UnknownConversationKind => "UNKNOWN_CONVERSATION_KIND",
     UnknownDirection => "UNKNOWN_DIRECTION",
     UnknownMessageType => "UNKNOWN_MESSAGE_TYPE",
+    UnknownUser => "UNKNOWN_USER",
     UserRateLimited => "USER_RATE_LIMITED",
     WrongTenant => "WRONG_TENANT",
 }

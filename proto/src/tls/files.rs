@@ -98,12 +98,12 @@ impl<T> Watched<T> {
             Ok(value) => {
                 *self.current.write().unwrap_or_else(|e| e.into_inner()) = (now, Arc::new(value));
                 state.last_error = None;
-                tracing::info!(files = ?self.paths, "TLS files changed: reloaded");
+                tracing::info!(files = ?self.paths, "watched files changed: reloaded");
                 true
             }
             Err(e) => {
                 if state.last_error.as_ref() != Some(&e) {
-                    tracing::warn!(error = %e, "TLS files changed but do not load; the previous ones stay in use");
+                    tracing::warn!(error = %e, "watched files changed but do not load; the previous ones stay in use");
                     state.last_error = Some(e);
                 }
                 false

@@ -339,6 +339,78 @@ async fn the_edge_takes_rotated_keys_and_refuses_revoked_and_overlong_tokens() {
     }
 }
 
+/// An edge following a directory file admits only the users it lists for
+/// a tenant (`UNKNOWN_USER` for a validly signed token of anyone else, on
+/// unary calls and sync streams alike), follows the file as the operator
+/// adds a user, and will not start on a file that does not parse.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edge_with_a_directory_refuses_users_the_tenant_does_not_have() {
+    let d = deploy(None).await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("users");
+    std::fs::write(&file, "# tenant user\n1 10\n1 11\n").unwrap();
+    let config = cellmesh_edge::EdgeConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        routers: d.cluster.endpoints(),
+        cluster_secret: cellmesh_tests::router::SECRET.into(),
+        token_secret: TOKEN_SECRET.into(),
+        directory_file: file.display().to_string(),
+        ..cellmesh_edge::EdgeConfig::default()
+    };
+    let edge = cellmesh_edge::start(config.clone()).await.unwrap();
+    let (mut m, mut sync) = edge_clients(&edge).await;
+    let conv = create_via_edge(&mut m, &token(1, 10), vec![11, 12]).await;
+    let stranger = token(1, 12);
+    let unknown = |e: tonic::Status| {
+        assert_eq!(
+            (e.code(), error_detail(&e).reason),
+            (tonic::Code::Unauthenticated, "UNKNOWN_USER".to_string()),
+            "{e:?}"
+        );
+    };
+    unknown(
+        m.send(authed(send(conv, "s-1", "hi"), &stranger))
+            .await
+            .unwrap_err(),
+    );
+    unknown(
+        sync.subscribe(authed(SubscribeRequest::default(), &stranger))
+            .await
+            .unwrap_err(),
+    );
+    // Another tenant's user 10 is not tenant 1's.
+    unknown(
+        m.send(authed(send(conv, "s-2", "hi"), &token(2, 10)))
+            .await
+            .unwrap_err(),
+    );
+    m.send(authed(send(conv, "s-3", "hi"), &token(1, 11)))
+        .await
+        .expect("a listed user sends");
+
+    // The operator adds user 12: admitted within seconds, no restart.
+    std::fs::write(&file, "1 10\n1 11\n1 12\n").unwrap();
+    let admitted = cellmesh_tests::eventually(Duration::from_secs(5), || {
+        let mut m = m.clone();
+        let stranger = stranger.clone();
+        async move {
+            m.send(authed(send(conv, "s-4", "hi"), &stranger))
+                .await
+                .is_ok()
+        }
+    })
+    .await;
+    assert!(
+        admitted,
+        "user 12 was not admitted after the file listed them"
+    );
+
+    std::fs::write(&file, "1 twelve\n").unwrap();
+    let e = cellmesh_edge::start(config).await.err().expect("refused");
+    assert!(e.to_string().contains("directory_file"), "{e}");
+    assert!(e.to_string().contains("line 1"), "{e}");
+}
+
 /// An edge with `[client_tls]`: clients send over TLS, verifying the
 /// edge's certificate against the CA that issued it; a plaintext client
 /// gets no answer.
