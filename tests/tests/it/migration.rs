@@ -47,16 +47,20 @@ async fn export_all(address: &str, tenant: u64, conversation: u64) -> Vec<Stored
     }
 }
 
-/// `count` messages straight into the owning cell, 16 at a time.
+const PREFILL_WRITERS: u64 = 64;
+
+/// `count` messages straight into the owning cell, [`PREFILL_WRITERS`] at
+/// a time (the cell commits concurrent sends together: more writers, fewer
+/// fsyncs per message).
 async fn prefill(cell: &str, conversation: u64, count: u64) -> Vec<SendOp> {
     let mut tasks = Vec::new();
-    for w in 0..16u64 {
+    for w in 0..PREFILL_WRITERS {
         let cell = cell.to_string();
         tasks.push(tokio::spawn(async move {
             let channel = Channel::from_shared(cell).unwrap().connect().await.unwrap();
             let mut client = MessagingClient::new(channel);
             let mut ops = Vec::new();
-            for n in (w..count).step_by(16) {
+            for n in (w..count).step_by(PREFILL_WRITERS as usize) {
                 let tag = format!("p{n}");
                 let mut r = tonic::Request::new(SendRequest {
                     caller: cellmesh_tests::caller(1, 10),
