@@ -103,6 +103,19 @@ impl EdgeConfig {
         cellmesh_proto::config::load_toml(path, Self::validate)
     }
 
+    /// The directory `directory_file` names, read now (`None` when unset).
+    pub fn directory(&self) -> Result<Option<Arc<directory::Users>>, ConfigError> {
+        if self.directory_file.is_empty() {
+            return Ok(None);
+        }
+        directory::Users::load(&self.directory_file)
+            .map(Some)
+            .map_err(|message| ConfigError::Invalid {
+                field: "directory_file",
+                message,
+            })
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
         cellmesh_proto::config::check_tls(&self.tls)?;
         self.client_tls
@@ -135,14 +148,7 @@ impl EdgeConfig {
             60,
             365 * 24 * 3600,
         )?;
-        if !self.directory_file.is_empty() {
-            directory::Users::load(&self.directory_file).map_err(|message| {
-                ConfigError::Invalid {
-                    field: "directory_file",
-                    message,
-                }
-            })?;
-        }
+        self.directory()?;
         check_range("retry_deadline_ms", self.retry_deadline_ms, 1, 600_000)?;
         check_range("retry_attempts", self.retry_attempts, 1, 1_000)?;
         check_range("max_request_bytes", self.max_request_bytes, 1024, 64 << 20)?;
@@ -222,13 +228,7 @@ pub async fn start(config: EdgeConfig) -> Result<RunningEdge, EdgeError> {
     let mut tokens = TokenKey::new(&config.token_secret)
         .with_keys(&config.token_keys)
         .limited(config.max_token_lifetime_secs, &config.revoked_tokens);
-    if !config.directory_file.is_empty() {
-        let users = directory::Users::load(&config.directory_file).map_err(|message| {
-            ConfigError::Invalid {
-                field: "directory_file",
-                message,
-            }
-        })?;
+    if let Some(users) = config.directory()? {
         tokens = tokens.with_directory(users);
     }
     let routes = RouteClient::connect(config.routers.clone(), secret.clone())
