@@ -29,17 +29,29 @@ impl fmt::Display for RouterNode {
     }
 }
 
-/// The state machine's answer to one command: its changes, or why it was
-/// refused. A refusal is a result, not a failure of the log.
+/// One log entry's commands: concurrent writes proposed together (see
+/// `grpc::propose`), applied in order at the entry's index.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Commands(pub Vec<Command>);
+
+impl fmt::Display for Commands {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} route command(s)", self.0.len())
+    }
+}
+
+/// The state machine's answer to an entry: for each of its commands, the
+/// changes, or why it was refused. A refusal is a result, not a failure
+/// of the log.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Applied {
     pub index: u64,
-    pub result: Result<Vec<Change>, RouteError>,
+    pub results: Vec<Result<Vec<Change>, RouteError>>,
 }
 
 openraft::declare_raft_types!(
     pub TypeConfig:
-        D = Command,
+        D = Commands,
         R = Applied,
         NodeId = u64,
         Node = RouterNode,

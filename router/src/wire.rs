@@ -16,8 +16,10 @@ use openraft::raft::{
 };
 use openraft::{CommittedLeaderId, EntryPayload, Membership, SnapshotSegmentId, Vote};
 
-use crate::table::Change;
-use crate::types::{Entry, LogId, NodeId, RouterNode, SnapshotMeta, StoredMembership, TypeConfig};
+use crate::table::{Change, Command};
+use crate::types::{
+    Commands, Entry, LogId, NodeId, RouterNode, SnapshotMeta, StoredMembership, TypeConfig,
+};
 
 /// A record or message that does not decode: which field, and why.
 #[derive(Debug, thiserror::Error)]
@@ -136,7 +138,12 @@ pub fn entry_to_pb(e: &Entry) -> pb::Entry {
         log_id: Some(log_id_to_pb(&e.log_id)),
         payload: Some(match &e.payload {
             EntryPayload::Blank => entry::Payload::Blank(pb::Blank {}),
-            EntryPayload::Normal(c) => entry::Payload::Command(command_to_pb(c)),
+            EntryPayload::Normal(Commands(c)) if c.len() == 1 => {
+                entry::Payload::Command(command_to_pb(&c[0]))
+            }
+            EntryPayload::Normal(Commands(c)) => entry::Payload::Batch(pb::CommandBatch {
+                commands: c.iter().map(command_to_pb).collect(),
+            }),
             EntryPayload::Membership(m) => entry::Payload::Membership(membership_to_pb(m)),
         }),
     }
@@ -146,10 +153,17 @@ pub fn entry_from_pb(e: pb::Entry) -> Result<Entry, Malformed> {
     let log_id = log_id_from_pb(e.log_id.ok_or_else(|| missing("entry.log_id"))?);
     let payload = match e.payload.ok_or_else(|| missing("entry.payload"))? {
         entry::Payload::Blank(_) => EntryPayload::Blank,
-        entry::Payload::Command(c) => EntryPayload::Normal(
-            command_from_pb(c)
-                .map_err(|s| Malformed(format!("entry {log_id}: {}", s.message())))?,
-        ),
+        entry::Payload::Command(c) => {
+            EntryPayload::Normal(Commands(vec![entry_command(&log_id, c)?]))
+        }
+        entry::Payload::Batch(b) if b.commands.is_empty() => {
+            return Err(missing("entry.batch.commands"));
+        }
+        entry::Payload::Batch(b) => EntryPayload::Normal(Commands(
+            (b.commands.into_iter())
+                .map(|c| entry_command(&log_id, c))
+                .collect::<Result<_, _>>()?,
+        )),
         // A membership entry names at least one config (only a replica's
         // initial, stored membership is empty).
         entry::Payload::Membership(m) if m.configs.is_empty() => {
@@ -158,6 +172,10 @@ pub fn entry_from_pb(e: pb::Entry) -> Result<Entry, Malformed> {
         entry::Payload::Membership(m) => EntryPayload::Membership(membership_from_pb(Some(m))?),
     };
     Ok(Entry { log_id, payload })
+}
+
+fn entry_command(log_id: &LogId, c: routing_pb::RouteCommand) -> Result<Command, Malformed> {
+    command_from_pb(c).map_err(|s| Malformed(format!("entry {log_id}: {}", s.message())))
 }
 
 pub fn snapshot_meta_to_pb(m: &SnapshotMeta) -> pb::SnapshotMeta {
@@ -385,7 +403,7 @@ mod tests {
             },
             Entry {
                 log_id: log_id(2, 3, 10),
-                payload: EntryPayload::Normal(Command::UpdateRoute {
+                payload: EntryPayload::Normal(Commands(vec![Command::UpdateRoute {
                     key: Key::conversation(7, 42),
                     expect_epoch: 9,
                     transition: Transition::Failover {
@@ -393,7 +411,22 @@ mod tests {
                         seq_floor: 100,
                         floor_margin: 1_000,
                     },
-                }),
+                }])),
+            },
+            Entry {
+                log_id: log_id(2, 3, 11),
+                payload: EntryPayload::Normal(Commands(vec![
+                    Command::AssignTenant {
+                        tenant: 5,
+                        cell: "eu/c1".into(),
+                        expect_epoch: 0,
+                    },
+                    Command::AssignTenant {
+                        tenant: 6,
+                        cell: "eu/c2".into(),
+                        expect_epoch: 0,
+                    },
+                ])),
             },
         ];
         for e in entries {

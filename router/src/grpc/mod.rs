@@ -4,6 +4,7 @@
 
 pub(crate) use cellmesh_route_client::convert;
 pub mod authorize;
+pub mod propose;
 pub mod raft;
 pub mod read_index;
 pub mod routing;

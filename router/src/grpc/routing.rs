@@ -47,6 +47,7 @@ pub struct RoutingService {
     pub secret: ClusterSecret,
     leaders: Mutex<BTreeMap<String, Channel>>,
     read_index: super::read_index::ReadIndex,
+    proposer: super::propose::Proposer,
 }
 
 type ForwardFn<'a, Req, Resp> = Box<
@@ -69,6 +70,7 @@ impl RoutingService {
     ) -> Self {
         Self {
             read_index: super::read_index::ReadIndex::new(raft.clone()),
+            proposer: super::propose::Proposer::new(raft.clone()),
             raft,
             store: Arc::downgrade(store),
             stopping,
@@ -172,10 +174,12 @@ fn forwarded<T>(request: &Request<T>) -> bool {
     request.metadata().contains_key(FORWARDED_HEADER)
 }
 
-fn write_response(resp: crate::types::Applied) -> Result<Response<pb::ApplyResponse>, Status> {
-    match resp.result {
+fn write_response(
+    (index, result): super::propose::Written,
+) -> Result<Response<pb::ApplyResponse>, Status> {
+    match result {
         Ok(changes) => Ok(Response::new(pb::ApplyResponse {
-            index: resp.index,
+            index,
             changes: changes.iter().map(change_to_pb).collect(),
         })),
         Err(e) => Err(e.to_status()),
@@ -264,8 +268,8 @@ impl Routing for RoutingService {
         let fwd = forwarded(&request);
         let req = request.into_inner();
         let command = command_from_pb(req.clone())?;
-        match self.raft.client_write(command).await {
-            Ok(resp) => write_response(resp.data),
+        match self.proposer.propose(command).await {
+            Ok(written) => write_response(written),
             Err(e) => {
                 self.forward(
                     &e,

@@ -11,7 +11,8 @@ use openraft::{OptionalSend, RaftLogReader, Vote};
 use rocksdb::{DB, Direction, IteratorMode, WriteBatch};
 
 use super::{
-    CF_LOG, CF_RAFT_META, cf, decode, encode, get, index_key, put, read_err, synced, write_err,
+    CF_LOG, CF_RAFT_META, cf, decode, encode, get, index_key, put, put_unsynced, read_err, synced,
+    write_err,
 };
 use crate::types::{Entry, LogId, NodeId, StorageError, TypeConfig};
 
@@ -152,8 +153,15 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         get(&self.db, CF_RAFT_META, VOTE)
     }
 
+    /// Not synced: openraft awaits this on every commit advance, in its core
+    /// loop, so an fsync here would stall replication and leadership checks
+    /// behind one disk flush per commit. The committed id only tells a
+    /// restarted replica how far it may re-apply; the next WAL sync (of an
+    /// append or a vote) makes it durable, and one lost to a power cut is an
+    /// older committed id — the replica learns the current one from the
+    /// leader.
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
-        put(&self.db, CF_RAFT_META, COMMITTED, &committed)
+        put_unsynced(&self.db, CF_RAFT_META, COMMITTED, &committed)
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {

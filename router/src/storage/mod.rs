@@ -128,6 +128,17 @@ fn put<T: Record>(db: &DB, cf_name: &str, key: &[u8], value: &T) -> Result<(), S
         .map_err(write_err)
 }
 
+/// A write made durable by the next WAL sync, not by this one.
+fn put_unsynced<T: Record>(
+    db: &DB,
+    cf_name: &str,
+    key: &[u8],
+    value: &T,
+) -> Result<(), StorageError> {
+    db.put_cf(cf(db, cf_name), key, encode(value))
+        .map_err(write_err)
+}
+
 fn read_err(e: impl std::error::Error + 'static) -> StorageError {
     StorageIOError::read(AnyError::new(&e)).into()
 }

@@ -246,25 +246,32 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let mut responses = Vec::new();
         for entry in entries {
             let index = entry.log_id.index;
-            let result = match &entry.payload {
-                EntryPayload::Blank => Ok(Vec::new()),
-                EntryPayload::Normal(command) => table.apply(command, index),
+            let results: Vec<_> = match &entry.payload {
+                EntryPayload::Blank => Vec::new(),
+                EntryPayload::Normal(commands) => {
+                    commands.0.iter().map(|c| table.apply(c, index)).collect()
+                }
                 EntryPayload::Membership(m) => {
                     meta.membership = StoredMembership::new(Some(entry.log_id), m.clone());
-                    Ok(Vec::new())
+                    Vec::new()
                 }
             };
             table.applied = index;
-            if let Ok(changes) = &result
-                && !changes.is_empty()
-            {
-                for change in changes {
+            // The entry's changes, in command order, are one watch batch.
+            let changes: Vec<Change> = results
+                .iter()
+                .filter_map(|r| r.as_ref().ok())
+                .flatten()
+                .cloned()
+                .collect();
+            if !changes.is_empty() {
+                for change in &changes {
                     put_change(db, &mut batch, change)?;
                 }
-                batch.put_cf(cf(db, CF_CHANGES), index_key(index), encode(changes));
+                batch.put_cf(cf(db, CF_CHANGES), index_key(index), encode(&changes));
             }
             meta.last_applied = Some(entry.log_id);
-            responses.push(Applied { index, result });
+            responses.push(Applied { index, results });
         }
         batch.put_cf(cf(db, CF_SM_META), LAST_APPLIED, encode(&meta.last_applied));
         batch.put_cf(cf(db, CF_SM_META), MEMBERSHIP, encode(&meta.membership));

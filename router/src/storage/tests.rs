@@ -26,7 +26,7 @@ fn log_store_and_state_machine_pass_the_openraft_suite() {
 fn entry(index: u64, command: Command) -> Entry {
     Entry {
         log_id: LogId::new(CommittedLeaderId::new(1, 0), index),
-        payload: EntryPayload::Normal(command),
+        payload: EntryPayload::Normal(crate::types::Commands(vec![command])),
     }
 }
 
@@ -61,7 +61,7 @@ async fn the_table_and_its_history_survive_a_reopen_and_move_through_snapshots()
         )
         .await
         .unwrap();
-    assert!(applied[2].result.is_err());
+    assert!(applied[2].results[0].is_err());
     let store = sm.store();
     assert_eq!(store.changes_from(0, 10).unwrap().len(), 2);
     let before = store.table();

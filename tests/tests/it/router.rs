@@ -307,6 +307,71 @@ async fn membership_grows_and_shrinks_and_a_restart_keeps_state() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_writes_share_log_entries_and_each_gets_its_own_answer() {
+    let cluster = RouterCluster::start(3, |_| {}).await;
+    let client = cluster.client().await;
+    seed(&client).await;
+    // 64 writes at once: every eighth names an unknown cell, and tenant
+    // 500 is placed twice at epoch 0 (only one may win).
+    let writes = (0..64u64).map(|i| {
+        let client = client.clone();
+        async move {
+            let (tenant, cell) = match i {
+                62 | 63 => (500, "eu-west/c2"),
+                i if i % 8 == 0 => (100 + i, "eu-west/c9"),
+                i => (100 + i, "eu-west/c1"),
+            };
+            (
+                i,
+                tenant,
+                client.apply(assign_tenant(tenant, cell, 0)).await,
+            )
+        }
+    });
+    let answers = futures::future::join_all(writes).await;
+    let mut indexes = BTreeSet::new();
+    let mut placed = Vec::new();
+    let mut twice = Vec::new();
+    for (i, tenant, answer) in answers {
+        match (i, answer) {
+            (62 | 63, answer) => twice.push(answer),
+            (i, Err(e)) if i % 8 == 0 => assert_eq!(error_detail(&e).reason, "UNKNOWN_CELL"),
+            (i, Ok(r)) if i % 8 != 0 => {
+                indexes.insert(r.index);
+                placed.push((tenant, r.index));
+            }
+            (i, answer) => panic!("write {i}: {answer:?}"),
+        }
+    }
+    let won: Vec<_> = twice.iter().filter_map(|a| a.as_ref().ok()).collect();
+    assert_eq!(won.len(), 1, "tenant 500 placed once: {twice:?}");
+    assert!(
+        twice
+            .iter()
+            .filter_map(|a| a.as_ref().err())
+            .all(|e| error_detail(e).reason == "STALE_EPOCH"),
+        "{twice:?}"
+    );
+    assert_eq!(placed.len(), 54);
+    assert!(
+        indexes.len() < placed.len(),
+        "writes proposed together share an entry: {} entries for {} writes",
+        indexes.len(),
+        placed.len()
+    );
+    // Each placement holds the index it was answered with, on every
+    // follower of the table.
+    let last = indexes.iter().max().copied().unwrap().max(won[0].index);
+    assert!(client.wait_applied(last, Duration::from_secs(10)).await);
+    for (tenant, index) in placed {
+        let epoch = client.read(|t| t.entry(&Key::tenant(tenant)).map(|e| e.epoch));
+        assert_eq!(epoch, Some(index), "tenant {tenant}");
+    }
+    let cell = client.read(|t| t.entry(&Key::tenant(500)).map(|e| e.cell.clone()));
+    assert_eq!(cell.as_deref(), Some("eu-west/c2"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_writes_get_stable_codes_and_calls_need_the_secret() {
     let cluster = RouterCluster::start(3, |_| {}).await;
     let client = cluster.client().await;

@@ -1,0 +1,88 @@
+//! Batched proposals. Route writes that arrive while earlier ones are being
+//! committed are proposed together, as one log entry (applied in order, one
+//! result each), so a burst of writes costs one append, one replication
+//! round and one fsync per replica instead of one each. At most
+//! [`IN_FLIGHT`] entries are being committed at a time; what arrives
+//! meanwhile waits for the next one.
+
+// openraft's RaftError is large; the answers carry it as openraft made it.
+#![allow(clippy::result_large_err)]
+
+use std::sync::Arc;
+
+use openraft::error::{ClientWriteError, Fatal, RaftError};
+use tokio::sync::{Semaphore, mpsc, oneshot};
+
+use crate::table::{Change, Command, RouteError};
+use crate::types::{Commands, NodeId, Raft, RouterNode};
+
+pub type WriteError = RaftError<NodeId, ClientWriteError<NodeId, RouterNode>>;
+/// A committed command: the entry's index (the new epoch of what it
+/// changed) and the command's own result.
+pub type Written = (u64, Result<Vec<Change>, RouteError>);
+type Reply = oneshot::Sender<Result<Written, WriteError>>;
+
+/// Entries being committed at once.
+const IN_FLIGHT: usize = 4;
+/// Commands in one entry.
+const MAX_BATCH: usize = 256;
+
+#[derive(Clone)]
+pub struct Proposer {
+    requests: mpsc::UnboundedSender<(Command, Reply)>,
+}
+
+impl Proposer {
+    pub fn new(raft: Raft) -> Self {
+        let (requests, rx) = mpsc::unbounded_channel();
+        tokio::spawn(run(raft, rx));
+        Self { requests }
+    }
+
+    /// Proposes `command` (with whatever else is waiting) and answers once
+    /// its entry is applied here. An error is the whole entry's: not the
+    /// leader (forward it), or the replica stopping.
+    pub async fn propose(&self, command: Command) -> Result<Written, WriteError> {
+        let (tx, rx) = oneshot::channel();
+        let stopped = || RaftError::Fatal(Fatal::Stopped);
+        self.requests.send((command, tx)).map_err(|_| stopped())?;
+        // A dropped answer: the replica is stopping (the command may or may
+        // not be committed; the writer's epoch check makes a retry safe).
+        rx.await.unwrap_or_else(|_| Err(stopped()))
+    }
+}
+
+async fn run(raft: Raft, mut requests: mpsc::UnboundedReceiver<(Command, Reply)>) {
+    let slots = Arc::new(Semaphore::new(IN_FLIGHT));
+    while let Some(first) = requests.recv().await {
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        // Everything that arrived while the slot was awaited goes along.
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match requests.try_recv() {
+                Ok(next) => batch.push(next),
+                Err(_) => break,
+            }
+        }
+        let raft = raft.clone();
+        tokio::spawn(async move {
+            let (commands, replies): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
+            match raft.client_write(Commands(commands)).await {
+                Ok(resp) => {
+                    let index = resp.data.index;
+                    for (reply, result) in replies.into_iter().zip(resp.data.results) {
+                        let _ = reply.send(Ok((index, result)));
+                    }
+                }
+                Err(e) => {
+                    for reply in replies {
+                        let _ = reply.send(Err(e.clone()));
+                    }
+                }
+            }
+            drop(slot);
+        });
+    }
+}
