@@ -34,12 +34,6 @@ impl fmt::Display for RouterNode {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Commands(pub Vec<Command>);
 
-impl fmt::Display for Commands {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} route command(s)", self.0.len())
-    }
-}
-
 /// The state machine's answer to an entry: for each of its commands, the
 /// changes, or why it was refused. A refusal is a result, not a failure
 /// of the log.

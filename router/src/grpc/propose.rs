@@ -8,10 +8,8 @@
 // openraft's RaftError is large; the answers carry it as openraft made it.
 #![allow(clippy::result_large_err)]
 
-use std::sync::Arc;
-
 use openraft::error::{ClientWriteError, Fatal, RaftError};
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 
 use crate::table::{Change, Command, RouteError};
 use crate::types::{Commands, NodeId, Raft, RouterNode};
@@ -34,8 +32,9 @@ pub struct Proposer {
 
 impl Proposer {
     pub fn new(raft: Raft) -> Self {
-        let (requests, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(raft, rx));
+        let requests = super::coalesce::start(IN_FLIGHT, MAX_BATCH, move |batch| {
+            commit(raft.clone(), batch)
+        });
         Self { requests }
     }
 
@@ -52,37 +51,20 @@ impl Proposer {
     }
 }
 
-async fn run(raft: Raft, mut requests: mpsc::UnboundedReceiver<(Command, Reply)>) {
-    let slots = Arc::new(Semaphore::new(IN_FLIGHT));
-    while let Some(first) = requests.recv().await {
-        let Ok(slot) = slots.clone().acquire_owned().await else {
-            return;
-        };
-        // Everything that arrived while the slot was awaited goes along.
-        let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
-            match requests.try_recv() {
-                Ok(next) => batch.push(next),
-                Err(_) => break,
+/// Proposes `batch` as one entry and answers each command.
+async fn commit(raft: Raft, batch: Vec<(Command, Reply)>) {
+    let (commands, replies): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
+    match raft.client_write(Commands(commands)).await {
+        Ok(resp) => {
+            let index = resp.data.index;
+            for (reply, result) in replies.into_iter().zip(resp.data.results) {
+                let _ = reply.send(Ok((index, result)));
             }
         }
-        let raft = raft.clone();
-        tokio::spawn(async move {
-            let (commands, replies): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
-            match raft.client_write(Commands(commands)).await {
-                Ok(resp) => {
-                    let index = resp.data.index;
-                    for (reply, result) in replies.into_iter().zip(resp.data.results) {
-                        let _ = reply.send(Ok((index, result)));
-                    }
-                }
-                Err(e) => {
-                    for reply in replies {
-                        let _ = reply.send(Err(e.clone()));
-                    }
-                }
+        Err(e) => {
+            for reply in replies {
+                let _ = reply.send(Err(e.clone()));
             }
-            drop(slot);
-        });
+        }
     }
 }

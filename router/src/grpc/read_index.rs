@@ -6,9 +6,7 @@
 //! starts the next one instead of waiting for the current one to end.
 
 use openraft::error::{CheckIsLeaderError, RaftError};
-use std::sync::Arc;
-
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 
 use crate::types::{NodeId, Raft, RouterNode};
 
@@ -25,8 +23,9 @@ pub struct ReadIndex {
 
 impl ReadIndex {
     pub fn new(raft: Raft) -> Self {
-        let (requests, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(raft, rx));
+        let requests = super::coalesce::start(ROUNDS_IN_FLIGHT, usize::MAX, move |waiters| {
+            check(raft.clone(), waiters)
+        });
         Self { requests }
     }
 
@@ -44,24 +43,10 @@ impl ReadIndex {
     }
 }
 
-async fn run(raft: Raft, mut requests: mpsc::UnboundedReceiver<Waiter>) {
-    let slots = Arc::new(Semaphore::new(ROUNDS_IN_FLIGHT));
-    while let Some(first) = requests.recv().await {
-        let Ok(slot) = slots.clone().acquire_owned().await else {
-            return;
-        };
-        // Everyone who asked before this round starts shares it.
-        let mut waiters = vec![first];
-        while let Ok(w) = requests.try_recv() {
-            waiters.push(w);
-        }
-        let raft = raft.clone();
-        tokio::spawn(async move {
-            let result = raft.ensure_linearizable().await.map(|_| ());
-            for w in waiters {
-                let _ = w.send(result.clone());
-            }
-            drop(slot);
-        });
+/// One leadership check for everyone who asked before it started.
+async fn check(raft: Raft, waiters: Vec<Waiter>) {
+    let result = raft.ensure_linearizable().await.map(|_| ());
+    for w in waiters {
+        let _ = w.send(result.clone());
     }
 }
