@@ -1,7 +1,7 @@
 //! The edge's own series next to its RPC layer's: how often a client
 //! request had to be tried again at a cell, and why (`wrong_cell` after a
-//! route moved, `no_route`, a cell's `frozen`/`route_behind` answer, or
-//! `owner_unreachable`).
+//! route moved, `no_route`, a cell's `frozen`, `route_behind` or
+//! `owner_lease_expired` answer, or `owner_unreachable`).
 
 use std::sync::LazyLock;
 

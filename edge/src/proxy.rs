@@ -1,8 +1,9 @@
 //! Sends one client request to the cell that owns it: authenticates the
 //! token and stamps the caller, resolves the owner from the route cache,
 //! and retries with bounded backoff on `WRONG_CELL` (after refreshing the
-//! route) and on the transient answers of a migration (`FROZEN`) or a cell
-//! whose route view is behind. An owner that cannot be reached (a killed or
+//! route) and on the transient answers of a migration (`FROZEN`), of a cell
+//! whose route view is behind, or of one whose owner lease lapsed (a
+//! renewal late under load; a cut-off owner's route moves meanwhile). An owner that cannot be reached (a killed or
 //! hung cell, a cut link) is retried within the deadline with the route
 //! refreshed, then answered `RETRY_LATER` (gRPC `UNAVAILABLE`) with reason
 //! `OWNER_UNREACHABLE` and the route: a transport failure never reaches a
@@ -29,7 +30,12 @@ use cellmesh_route_client::convert::route_to_pb;
 use cellmesh_route_client::table::{Key, Resolved, Scope};
 
 /// Reasons of RETRY_LATER answers the edge retries itself.
-const RETRIED_REASONS: [Reason; 3] = [Reason::Frozen, Reason::RouteBehind, Reason::NoRoute];
+const RETRIED_REASONS: [Reason; 4] = [
+    Reason::Frozen,
+    Reason::RouteBehind,
+    Reason::NoRoute,
+    Reason::OwnerLeaseExpired,
+];
 
 /// A request that names its caller.
 pub trait HasCaller {
@@ -230,6 +236,7 @@ impl Proxy {
                     crate::metrics::retried(match detail.known_reason() {
                         Some(Reason::Frozen) => "frozen",
                         Some(Reason::RouteBehind) => "route_behind",
+                        Some(Reason::OwnerLeaseExpired) => "owner_lease_expired",
                         _ => "no_route",
                     });
                     let wait = Duration::from_millis(detail.retry_after_ms)

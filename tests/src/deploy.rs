@@ -128,14 +128,21 @@ pub async fn sender(
             }
             Ok(Err(e)) => match e.code() {
                 tonic::Code::Unavailable | tonic::Code::Internal | tonic::Code::Unknown => {
+                    eprintln!("{tag} at {invoked_ms} ms: outcome unknown: {e:?}");
                     Outcome::Unknown
                 }
-                _ if error_detail(&e).code == ErrorCode::RetryLater as i32 => Outcome::Unknown,
+                _ if error_detail(&e).code == ErrorCode::RetryLater as i32 => {
+                    eprintln!("{tag} at {invoked_ms} ms: outcome unknown: {e:?}");
+                    Outcome::Unknown
+                }
                 _ => Outcome::Rejected {
                     code: format!("{}/{}", error_detail(&e).code, error_detail(&e).reason),
                 },
             },
-            Err(_) => Outcome::Unknown,
+            Err(_) => {
+                eprintln!("{tag} at {invoked_ms} ms: no answer in 10 s");
+                Outcome::Unknown
+            }
         };
         ops.lock().unwrap().push(SendOp {
             conversation,

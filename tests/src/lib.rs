@@ -11,8 +11,8 @@ use cellmesh_cell::ownership::OwnAll;
 use cellmesh_cell::{CellConfig, RunningCell};
 use cellmesh_proto::v1::messaging_client::MessagingClient;
 use cellmesh_proto::v1::{
-    Caller, ConversationKind, CreateConversationRequest, Direction, Message, MessageType,
-    PullRequest, SendRequest,
+    Caller, ConversationKind, CreateConversationRequest, Direction, ErrorCode, Message,
+    MessageType, PullRequest, SendRequest, SendResponse,
 };
 use tempfile::TempDir;
 use tonic::transport::Channel;
@@ -165,6 +165,30 @@ pub fn text(tenant: u64, user: u64, conversation: u64, req_id: &str, body: &str)
         body: body.as_bytes().to_vec(),
         route_epoch: 0,
         visible_to: Vec::new(),
+    }
+}
+
+/// Sends `request` straight to a cell with the cluster secret, as a
+/// component of the deployment would: a `RETRY_LATER` answer (a lease
+/// renewal late under load, a frozen route) is retried with the same
+/// request id after its `retry_after`, for up to 30 s.
+pub async fn send_direct(client: &mut Client, request: SendRequest) -> SendResponse {
+    use cellmesh_proto::status::error_detail;
+    let started = Instant::now();
+    loop {
+        let mut r = tonic::Request::new(request.clone());
+        cellmesh_proto::secret::ClusterSecret::new(router::SECRET).attach(&mut r);
+        match client.send(r).await {
+            Ok(reply) => return reply.into_inner(),
+            Err(e)
+                if error_detail(&e).code == ErrorCode::RetryLater as i32
+                    && started.elapsed() < Duration::from_secs(30) =>
+            {
+                let wait = error_detail(&e).retry_after_ms.clamp(10, 500);
+                tokio::time::sleep(Duration::from_millis(wait)).await;
+            }
+            Err(e) => panic!("send {:?}: {e:?}", request.client_req_id),
+        }
     }
 }
 

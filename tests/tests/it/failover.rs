@@ -384,23 +384,28 @@ async fn a_cell_cut_off_from_its_standby_stops_below_the_failover_floor() {
 
 /// A cell cut off from the route table stops writing once its owner lease
 /// runs out, long before its checkpoint margin would stop it, and writes
-/// again once the table confirms it.
+/// again once the table confirms it. The edge holds a client's send over
+/// the lapse (within its retry deadline) instead of passing it on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_off_cell_stops_writing_when_its_owner_lease_runs_out() {
-    let mut b = behind_a_link(|c| c.routing.owner_lease_ms = 500).await;
-    let (conv, alice, link, m) = (b.conv, b.alice.clone(), &b.link, &mut b.m);
+    let b = behind_a_link(|c| c.routing.owner_lease_ms = 500).await;
+    let (conv, alice) = (b.conv, b.alice.clone());
+    let mut m = b.m.clone();
     m.send(authed(text(conv, "before"), &alice)).await.unwrap();
+    let mut direct = b._cell.client().await;
+    let send = |tag: &str| {
+        let mut r = tonic::Request::new(cellmesh_tests::text(1, 10, conv, tag, "x"));
+        ClusterSecret::new(SECRET).attach(&mut r);
+        r
+    };
 
-    link.partition(true, true);
-    link.cut();
+    b.link.partition(true, true);
+    b.link.cut();
     let cut = Instant::now();
     let mut i = 0;
     let refused = loop {
         i += 1;
-        match m
-            .send(authed(text(conv, &format!("cut-{i}")), &alice))
-            .await
-        {
+        match direct.send(send(&format!("cut-{i}"))).await {
             Ok(_) => assert!(cut.elapsed() < Duration::from_secs(2), "still writing"),
             Err(e) => break e,
         }
@@ -414,12 +419,23 @@ async fn a_cut_off_cell_stops_writing_when_its_owner_lease_runs_out() {
         cut.elapsed().as_millis()
     );
 
-    link.heal();
+    // A client's send made now waits at the edge; the link heals within
+    // the edge's retry deadline and the send is written.
+    let held = tokio::spawn({
+        let mut m = m.clone();
+        let alice = alice.clone();
+        async move { m.send(authed(text(conv, "held"), &alice)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!held.is_finished(), "the lapse reached the client");
+    b.link.heal();
+    let written = held.await.unwrap().expect("the held send is written");
+    assert!(written.into_inner().seq > 1);
     assert!(
         eventually(Duration::from_secs(10), || {
-            let mut m = m.clone();
-            let alice = alice.clone();
-            async move { m.send(authed(text(conv, "after"), &alice)).await.is_ok() }
+            let mut direct = direct.clone();
+            let r = send("after");
+            async move { direct.send(r).await.is_ok() }
         })
         .await,
         "writes resume once the table confirms the cell again"

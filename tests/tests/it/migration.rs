@@ -62,12 +62,11 @@ async fn prefill(cell: &str, conversation: u64, count: u64) -> Vec<SendOp> {
             let mut ops = Vec::new();
             for n in (w..count).step_by(PREFILL_WRITERS as usize) {
                 let tag = format!("p{n}");
-                let mut r = tonic::Request::new(SendRequest {
+                let request = SendRequest {
                     caller: cellmesh_tests::caller(1, 10),
                     ..text(conversation, &tag)
-                });
-                ClusterSecret::new(SECRET).attach(&mut r);
-                let reply = client.send(r).await.unwrap().into_inner();
+                };
+                let reply = cellmesh_tests::send_direct(&mut client, request).await;
                 ops.push(SendOp {
                     conversation,
                     sender: 10,
