@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cellmesh_proto::v1::PeerEvent;
-use tokio::sync::{Mutex, mpsc, oneshot};
+use tokio::sync::{Mutex, Notify, mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::clock::Clock;
@@ -46,9 +46,13 @@ pub enum PipelineError {
 }
 
 /// Hands work to the processor (the only writer of sync queues) and waits
-/// until it is durable.
+/// until it is durable. Each job wakes a processor waiting on an empty
+/// queue, so it is taken at once, not when that wait runs out.
 #[derive(Clone)]
-pub struct PeerInbound(mpsc::Sender<Inbound>);
+pub struct PeerInbound {
+    jobs: mpsc::Sender<Inbound>,
+    wake: Arc<Notify>,
+}
 
 impl PeerInbound {
     /// Applies events delivered by `source` ("" = this cell).
@@ -83,7 +87,12 @@ impl PeerInbound {
     }
 
     async fn send(&self, job: Inbound) -> Result<(), PipelineError> {
-        self.0.send(job).await.map_err(|_| PipelineError::Stopped)
+        self.jobs
+            .send(job)
+            .await
+            .map_err(|_| PipelineError::Stopped)?;
+        self.wake.notify_one();
+        Ok(())
     }
 }
 
@@ -104,6 +113,7 @@ pub fn spawn(
 ) -> Pipeline {
     let signals = Signals::default();
     let (inbound_tx, inbound_rx) = mpsc::channel::<Inbound>(64);
+    let wake = Arc::new(Notify::new());
     // Survives processor restarts.
     let inbound_rx = Arc::new(Mutex::new(inbound_rx));
     let relay = {
@@ -122,7 +132,7 @@ pub fn spawn(
             homes.clone(),
             signals.clone(),
         );
-        let cell_id = config.cell_id.clone();
+        let (cell_id, wake) = (config.cell_id.clone(), wake.clone());
         supervise("processor", move || {
             let (store, queue, hub, clock, homes, signals, group, inbound, cell_id) = (
                 store.clone(),
@@ -135,11 +145,12 @@ pub fn spawn(
                 inbound_rx.clone(),
                 cell_id.clone(),
             );
+            let wake = wake.clone();
             async move {
                 let consumer = queue.consumer(&group).await?;
                 let mut inbound = inbound.lock().await;
                 Processor::new(store, hub, clock, threshold, homes, signals, cell_id)?
-                    .run(consumer, batch, &mut inbound)
+                    .run(consumer, batch, &mut inbound, &wake)
                     .await
             }
         })
@@ -151,7 +162,10 @@ pub fn spawn(
             notify::run(store.clone(), sink.clone(), signal.clone())
         })
     };
-    let inbound = PeerInbound(inbound_tx);
+    let inbound = PeerInbound {
+        jobs: inbound_tx,
+        wake,
+    };
     let forwarder = {
         let forwarder = Arc::new(forward::Forwarder {
             store,

@@ -228,6 +228,7 @@ impl Processor {
         mut consumer: Box<dyn EventConsumer>,
         batch: usize,
         inbound: &mut mpsc::Receiver<Inbound>,
+        wake: &Notify,
     ) -> Result<(), PipelineError> {
         loop {
             // Between polls (a poll is not safe to cancel midway).
@@ -248,7 +249,8 @@ impl Processor {
                     }
                 }
             }
-            let deliveries = consumer.poll(batch, POLL_WAIT).await?;
+            // A job handed in meanwhile ends the wait (see `PeerInbound`).
+            let deliveries = consumer.poll_or_woken(batch, POLL_WAIT, wake).await?;
             if deliveries.is_empty() {
                 continue;
             }

@@ -114,7 +114,12 @@ impl EmbeddedConsumer {
 
 #[tonic::async_trait]
 impl EventConsumer for EmbeddedConsumer {
-    async fn poll(&mut self, max: usize, wait: Duration) -> Result<Vec<Delivery>, QueueError> {
+    async fn poll_or_woken(
+        &mut self,
+        max: usize,
+        wait: Duration,
+        wake: &Notify,
+    ) -> Result<Vec<Delivery>, QueueError> {
         let published = self.published.clone();
         let notified = published.notified();
         tokio::pin!(notified);
@@ -123,7 +128,10 @@ impl EventConsumer for EmbeddedConsumer {
         if !out.is_empty() {
             return Ok(out);
         }
-        let _ = tokio::time::timeout(wait, notified).await;
+        tokio::select! {
+            _ = tokio::time::timeout(wait, notified) => {}
+            _ = wake.notified() => {}
+        }
         self.read(max)
     }
 

@@ -20,6 +20,7 @@ use rdkafka::message::Message as _;
 use rdkafka::message::{Header, Headers, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
+use tokio::sync::Notify;
 
 use super::{Delivery, EventConsumer, EventQueue, QueueError, last_offsets};
 use crate::config::{CellConfig, KafkaConfig};
@@ -268,9 +269,20 @@ const ERROR_PAUSE: Duration = Duration::from_millis(50);
 
 #[tonic::async_trait]
 impl EventConsumer for KafkaConsumer {
-    async fn poll(&mut self, max: usize, wait: Duration) -> Result<Vec<Delivery>, QueueError> {
+    async fn poll_or_woken(
+        &mut self,
+        max: usize,
+        wait: Duration,
+        wake: &Notify,
+    ) -> Result<Vec<Delivery>, QueueError> {
         let mut out = Vec::new();
-        let first = match tokio::time::timeout(wait, self.consumer.recv()).await {
+        // Giving up on the first message takes nothing from the consumer
+        // (as a timeout does); after it, the batch is finished.
+        let first = tokio::select! {
+            first = tokio::time::timeout(wait, self.consumer.recv()) => first,
+            _ = wake.notified() => return Ok(out),
+        };
+        let first = match first {
             Err(_) => return Ok(out),
             Ok(Err(e)) => {
                 self.ride_out(e).await;

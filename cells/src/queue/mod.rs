@@ -11,6 +11,7 @@ pub mod kafka;
 use std::time::Duration;
 
 use cellmesh_proto::storage::v1::QueuedEvent;
+use tokio::sync::Notify;
 
 use crate::storage::StorageError;
 
@@ -44,8 +45,20 @@ pub trait EventQueue: Send + Sync + 'static {
 #[tonic::async_trait]
 pub trait EventConsumer: Send {
     /// Up to `max` events after this consumer's position, waiting at most
-    /// `wait` for the first one.
-    async fn poll(&mut self, max: usize, wait: Duration) -> Result<Vec<Delivery>, QueueError>;
+    /// `wait` for the first one, and no longer once `wake` is notified
+    /// (the processor has other work waiting). Nothing is taken from the
+    /// queue by a wait that ends empty.
+    async fn poll_or_woken(
+        &mut self,
+        max: usize,
+        wait: Duration,
+        wake: &Notify,
+    ) -> Result<Vec<Delivery>, QueueError>;
+
+    /// [`Self::poll_or_woken`] with nothing to wake it.
+    async fn poll(&mut self, max: usize, wait: Duration) -> Result<Vec<Delivery>, QueueError> {
+        self.poll_or_woken(max, wait, &Notify::new()).await
+    }
 
     /// Records `deliveries` as processed. Call only once their effects are
     /// durable.

@@ -24,6 +24,7 @@ mod operations;
 mod presence;
 mod process_failover;
 mod processor_crash;
+mod queue_wake;
 mod reflection;
 mod router;
 mod send;
