@@ -83,7 +83,7 @@ pub fn cell_from_pb(c: pb::CellInfo) -> Result<CellInfo, Status> {
     })
 }
 
-fn phase_to_pb(p: Phase) -> pb::MigrationPhase {
+pub fn phase_to_pb(p: Phase) -> pb::MigrationPhase {
     match p {
         Phase::Copy => pb::MigrationPhase::Copy,
         Phase::CatchUp => pb::MigrationPhase::CatchUp,

@@ -382,25 +382,34 @@ impl Migrator {
         expect_epoch: u64,
         t: Transition,
     ) -> Result<u64, MigrationError> {
-        let applied = self
+        let answer = self
             .routes
-            .apply(update_route(key, expect_epoch, t))
-            .await
-            .map_err(|status| {
-                let d = cellmesh_proto::status::error_detail(&status);
-                if matches!(
-                    d.known_reason(),
-                    Some(Reason::StaleEpoch | Reason::IllegalTransition)
-                ) {
-                    MigrationError::Conflict(d.message)
-                } else {
-                    MigrationError::Call {
-                        what: "route write".into(),
-                        status,
-                    }
-                }
-            })?;
-        Ok(applied.index)
+            .apply(update_route(key, expect_epoch, t.clone()))
+            .await;
+        let status = match answer {
+            Ok(applied) => return Ok(applied.index),
+            Err(status) => status,
+        };
+        let d = cellmesh_proto::status::error_detail(&status);
+        if !matches!(
+            d.known_reason(),
+            Some(Reason::StaleEpoch | Reason::IllegalTransition)
+        ) {
+            return Err(MigrationError::Call {
+                what: "route write".into(),
+                status,
+            });
+        }
+        // The route client tries a write again when an attempt is not
+        // answered in time; if that attempt committed, the retry finds the
+        // epoch moved on by this very write.
+        if let Ok(entry) = self.current_entry(key).await
+            && entry.epoch > expect_epoch
+            && reached(key, &entry, &t)
+        {
+            return Ok(entry.epoch);
+        }
+        Err(MigrationError::Conflict(d.message))
     }
 
     /// Moves `conversation` of `tenant` to cell `to`, or resumes a move that
@@ -563,5 +572,109 @@ impl Subject for ConversationMove<'_> {
 
     fn switch_floor(&self, final_position: u64) -> u64 {
         final_position
+    }
+}
+
+/// Whether `entry` is the state transition `t` of `key` leads to, for the
+/// transitions whose result names itself (a switch and a cancel both end
+/// Active, and are not told apart here).
+fn reached(key: &Key, entry: &cellmesh_route_client::table::Entry, t: &Transition) -> bool {
+    if entry.key != *key {
+        return false;
+    }
+    match (t, &entry.state) {
+        (Transition::BeginMigration(to), RouteState::Migrating { to: t, phase }) => {
+            t == to && *phase == Phase::Copy
+        }
+        (Transition::SetPhase(p), RouteState::Migrating { phase, .. }) => {
+            cellmesh_route_client::convert::phase_to_pb(*phase) as i32 == *p
+        }
+        (Transition::Freeze(true), RouteState::Frozen { .. }) => true,
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cellmesh_proto::v1::MigrationPhase;
+    use cellmesh_route_client::table::Entry;
+
+    fn entry(key: Key, state: RouteState) -> Entry {
+        Entry {
+            key,
+            cell: "eu-west/c1".into(),
+            epoch: 16,
+            state,
+            seq_floor: 0,
+            floor_margin: 0,
+            failed_from: None,
+        }
+    }
+
+    #[test]
+    fn a_write_whose_answer_was_lost_is_recognised_by_the_state_it_left() {
+        let conv = Key::conversation(1, 7);
+        let migrating = |phase| RouteState::Migrating {
+            to: "us-east/c1".into(),
+            phase,
+        };
+        let begin = Transition::BeginMigration("us-east/c1".into());
+        assert!(reached(&conv, &entry(conv, migrating(Phase::Copy)), &begin));
+        // Another target, a later phase, the tenant's entry, or still Active:
+        // someone else's write.
+        let elsewhere = RouteState::Migrating {
+            to: "ap-south/c1".into(),
+            phase: Phase::Copy,
+        };
+        assert!(!reached(&conv, &entry(conv, elsewhere), &begin));
+        assert!(!reached(
+            &conv,
+            &entry(conv, migrating(Phase::CatchUp)),
+            &begin
+        ));
+        assert!(!reached(
+            &conv,
+            &entry(Key::tenant(1), migrating(Phase::Copy)),
+            &begin
+        ));
+        assert!(!reached(&conv, &entry(conv, RouteState::Active), &begin));
+
+        let catch_up = Transition::SetPhase(MigrationPhase::CatchUp as i32);
+        assert!(reached(
+            &conv,
+            &entry(conv, migrating(Phase::CatchUp)),
+            &catch_up
+        ));
+        assert!(!reached(
+            &conv,
+            &entry(conv, migrating(Phase::Copy)),
+            &catch_up
+        ));
+
+        let frozen = RouteState::Frozen {
+            to: "us-east/c1".into(),
+        };
+        assert!(reached(
+            &conv,
+            &entry(conv, frozen),
+            &Transition::Freeze(true)
+        ));
+        assert!(!reached(
+            &conv,
+            &entry(conv, RouteState::Active),
+            &Transition::Freeze(true)
+        ));
+        // A switch and a cancel both end Active: never taken as ours.
+        assert!(!reached(
+            &conv,
+            &entry(conv, RouteState::Active),
+            &Transition::SwitchFloor(0)
+        ));
+        assert!(!reached(
+            &conv,
+            &entry(conv, RouteState::Active),
+            &Transition::Cancel(true)
+        ));
     }
 }
