@@ -3,8 +3,8 @@
 //! and retries with bounded backoff on `WRONG_CELL` (after refreshing the
 //! route) and on the transient answers of a migration (`FROZEN`), of a cell
 //! whose route view is behind, or of one whose owner lease lapsed (a
-//! renewal late under load; a cut-off owner's route moves meanwhile). An owner that cannot be reached (a killed or
-//! hung cell, a cut link) is retried within the deadline with the route
+//! renewal late under load; a cut-off owner's route moves meanwhile). An
+//! owner that cannot be reached (a killed or hung cell, a cut link) is retried within the deadline with the route
 //! refreshed, then answered `RETRY_LATER` (gRPC `UNAVAILABLE`) with reason
 //! `OWNER_UNREACHABLE` and the route: a transport failure never reaches a
 //! client without a stable code. Other answers go back to the client as-is.

@@ -126,18 +126,17 @@ pub async fn sender(
                     seq: r.seq,
                 }
             }
-            Ok(Err(e)) => match e.code() {
-                tonic::Code::Unavailable | tonic::Code::Internal | tonic::Code::Unknown => {
-                    eprintln!("{tag} at {invoked_ms} ms: outcome unknown: {e:?}");
-                    Outcome::Unknown
-                }
-                _ if error_detail(&e).code == ErrorCode::RetryLater as i32 => {
-                    eprintln!("{tag} at {invoked_ms} ms: outcome unknown: {e:?}");
-                    Outcome::Unknown
-                }
-                _ => Outcome::Rejected {
-                    code: format!("{}/{}", error_detail(&e).code, error_detail(&e).reason),
-                },
+            Ok(Err(e))
+                if matches!(
+                    e.code(),
+                    tonic::Code::Unavailable | tonic::Code::Internal | tonic::Code::Unknown
+                ) || error_detail(&e).code == ErrorCode::RetryLater as i32 =>
+            {
+                eprintln!("{tag} at {invoked_ms} ms: outcome unknown: {e:?}");
+                Outcome::Unknown
+            }
+            Ok(Err(e)) => Outcome::Rejected {
+                code: format!("{}/{}", error_detail(&e).code, error_detail(&e).reason),
             },
             Err(_) => {
                 eprintln!("{tag} at {invoked_ms} ms: no answer in 10 s");
