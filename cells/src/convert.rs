@@ -4,7 +4,7 @@
 //! conversation.
 
 use cellmesh_proto::reason::Reason;
-use cellmesh_proto::storage::v1::{ConversationRecord, ConversationSeq, MessageRecord};
+use cellmesh_proto::storage::v1::{ConversationRecord, ConversationSeq, MessageRecord, SeqJump};
 use cellmesh_proto::v1 as pb;
 
 use crate::error::CellError;
@@ -237,7 +237,31 @@ pub fn conversation_to_proto(
         latest_seq: seq.latest_seq,
         seq_floor: seq.seq_floor,
         admin_ids: r.admins.clone(),
+        skipped: seq.jumps.iter().map(skipped_to_proto).collect(),
     }
+}
+
+/// A floor jump as clients see it.
+pub fn skipped_to_proto(j: &SeqJump) -> pb::SkippedSeqs {
+    pb::SkippedSeqs {
+        first: j.first,
+        last: j.last,
+        epoch: j.epoch,
+        reason: j.reason,
+    }
+}
+
+/// `into` and the jumps of `from` it lacks, oldest first.
+pub fn merge_jumps(into: &mut Vec<SeqJump>, from: &[SeqJump]) -> bool {
+    let mut changed = false;
+    for j in from {
+        if !into.iter().any(|k| (k.first, k.last) == (j.first, j.last)) {
+            into.push(j.clone());
+            changed = true;
+        }
+    }
+    into.sort_by_key(|j| (j.last, j.first));
+    changed
 }
 
 /// The calling device of a sync request: a caller with a device id.

@@ -20,6 +20,23 @@ pub enum Home {
     Moving,
 }
 
+/// The cells the route table gives a conversation: its owner, and the
+/// target of a move under way (which holds a copy and replicates its meta
+/// to its own standbys ahead of the switch).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Owner {
+    pub cell: String,
+    pub incoming: Option<String>,
+}
+
+impl Owner {
+    /// Whether `cell` holds the conversation now: its owner, or the target
+    /// copying it.
+    pub fn holds(&self, cell: &str) -> bool {
+        self.cell == cell || self.incoming.as_deref() == Some(cell)
+    }
+}
+
 pub trait Homes: Send + Sync + 'static {
     /// The home of `user`.
     fn home(&self, user: UserKey) -> Home;
@@ -37,9 +54,9 @@ pub trait Homes: Send + Sync + 'static {
         Vec::new()
     }
 
-    /// The cell that owns `conversation` in the route table (`None`: no
-    /// table, or no route yet).
-    fn conversation_owner(&self, _tenant: u64, _conversation: u64) -> Option<String> {
+    /// Who holds `conversation` in the route table (`None`: no table, or no
+    /// route yet).
+    fn conversation_owner(&self, _tenant: u64, _conversation: u64) -> Option<Owner> {
         None
     }
 

@@ -30,6 +30,10 @@ pub struct Fence {
     /// standbys (its marks no longer land) stops here, below the floor a
     /// failover would give its successor.
     pub seq_limit: Option<u64>,
+    /// After a failover: the failed owner's high-water mark this cell
+    /// holds. Seqs above it up to the floor are skipped on purpose (a
+    /// floor jump, recorded with the first send above the floor).
+    pub taken_over_mark: Option<u64>,
 }
 
 pub trait Ownership: Send + Sync + 'static {
@@ -99,6 +103,13 @@ pub trait Ownership: Send + Sync + 'static {
         _address: &'a str,
     ) -> BoxFuture<'a, Result<bool, CellError>> {
         Box::pin(async { Ok(false) })
+    }
+
+    /// The address of the cell a failover took `conversation` of `tenant`
+    /// from, when the route table gives it to this cell through one (a
+    /// standalone cell follows no table: `None`).
+    fn taken_over_from(&self, _tenant: u64, _conversation: u64) -> Option<String> {
+        None
     }
 
     /// The route-table index this cell's view has reached (a standalone

@@ -4,8 +4,11 @@
 //! standby of this cell (the cells the route table fails its conversations
 //! over to). Concurrent writes share one call per standby, as concurrent
 //! commits share one fsync: while a call is in flight the next group
-//! gathers. `async` tenants pass straight through; their answers reach the
-//! standbys through the forward queue (see `pipeline::processor`).
+//! gathers. The first write of a conversation a standby is not known to
+//! hold carries the conversation's meta, so a standby never holds messages
+//! of a conversation it cannot serve. `async` tenants pass straight
+//! through; their answers reach the standbys through the forward queue
+//! (see `pipeline::processor`).
 //!
 //! The standbys are the ones the route table lists as up. With none (the
 //! cell has taken over its failed standby's conversations), writes are
@@ -14,13 +17,14 @@
 
 use cellmesh_proto::reason::Reason;
 use cellmesh_proto::tls::Dial;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use cellmesh_proto::secret::ClusterSecret;
+use cellmesh_proto::status::error_detail;
 use cellmesh_proto::v1::cell_peer_client::CellPeerClient;
-use cellmesh_proto::v1::{ReplicateRequest, ReplicatedWrite};
+use cellmesh_proto::v1::{ConversationMeta, ReplicateRequest, ReplicatedWrite};
 use cellmesh_telemetry::trace::grpc::{Channel, Traceable};
 use prost::Message as _;
 use tokio::sync::{mpsc, oneshot};
@@ -28,6 +32,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::config::{CellConfig, ReplicationConfig, ReplicationMode};
 use crate::error::{CellError, Result};
 use crate::homes::Homes;
+use crate::storage::Store;
 
 /// Most writes in one call to a standby.
 const MAX_GROUP: usize = 1024;
@@ -50,7 +55,7 @@ pub struct Replicator {
 
 impl Replicator {
     /// Starts the shipping task when the config names any `sync` tenant.
-    pub fn start(config: &CellConfig, homes: Arc<dyn Homes>) -> Self {
+    pub fn start(config: &CellConfig, homes: Arc<dyn Homes>, store: Arc<Store>) -> Self {
         let replication = config.replication.clone();
         let any_sync = replication.mode == ReplicationMode::Sync
             || replication
@@ -61,6 +66,7 @@ impl Replicator {
             let (tx, rx) = mpsc::channel(QUEUE_DEPTH);
             let shipper = Shipper {
                 homes,
+                store,
                 cell_id: config.cell_id.clone(),
                 secret: ClusterSecret::new(&config.routing.cluster_secret),
                 links: config.routing.links.clone(),
@@ -68,6 +74,7 @@ impl Replicator {
                 require_standby: replication.require_standby,
                 degraded: false,
                 clients: HashMap::new(),
+                described: HashMap::new(),
             };
             tokio::spawn(run(rx, shipper));
             tx
@@ -145,6 +152,8 @@ async fn run(mut rx: mpsc::Receiver<Pending>, mut shipper: Shipper) {
 
 struct Shipper {
     homes: Arc<dyn Homes>,
+    /// Where the meta sent with a conversation's first write is read.
+    store: Arc<Store>,
     cell_id: String,
     secret: ClusterSecret,
     links: std::collections::BTreeMap<String, String>,
@@ -153,7 +162,20 @@ struct Shipper {
     /// Writes are acknowledged with no standby up (logged once per spell).
     degraded: bool,
     clients: HashMap<String, CellPeerClient<Channel>>,
+    /// Per standby, the conversations whose meta it has stored.
+    described: HashMap<String, HashSet<u64>>,
 }
+
+/// Why a call to a standby did not store its writes.
+enum Shipped {
+    /// It holds no record of a conversation the call did not describe.
+    LacksMeta(String),
+    Failed(String),
+}
+
+/// Conversations remembered as described per standby before the set
+/// starts again (their next writes carry the meta once more).
+const MAX_DESCRIBED: usize = 1 << 20;
 
 impl Shipper {
     /// Stores `writes` on every standby; the first failure otherwise.
@@ -173,32 +195,105 @@ impl Shipper {
             tracing::info!(?standbys, "a standby is up again: sync writes replicate");
             self.degraded = false;
         }
-        let request = ReplicateRequest {
-            source_cell: self.cell_id.clone(),
-            writes,
-        };
-        let calls = standbys.iter().map(|endpoint| {
-            let client = self.client(endpoint);
-            let mut call = tonic::Request::new(request.clone());
-            self.secret.attach(&mut call);
-            let timeout = self.timeout;
-            async move {
-                let Some(mut client) = client else {
-                    return Err(format!("standby {endpoint}: bad address"));
-                };
-                match tokio::time::timeout(timeout, client.replicate(call)).await {
-                    Ok(Ok(_)) => Ok(()),
-                    Ok(Err(status)) => Err(format!("standby {endpoint}: {}", status.message())),
-                    Err(_) => Err(format!(
-                        "standby {endpoint} did not answer within {timeout:?}"
-                    )),
+        let calls: Vec<_> = standbys
+            .iter()
+            .map(|endpoint| {
+                let request = self.request(endpoint, &writes, false);
+                self.call(endpoint, request)
+            })
+            .collect();
+        let mut outcomes = futures::future::join_all(calls).await;
+        // A standby that lost (or never had) a conversation's meta gets the
+        // writes once more, each conversation's with it.
+        for (endpoint, outcome) in &mut outcomes {
+            if matches!(outcome, Err(Shipped::LacksMeta(_))) {
+                let request = self.request(endpoint, &writes, true);
+                *outcome = self.call(endpoint, request).await.1;
+            }
+        }
+        let mut first_error = None;
+        for (endpoint, outcome) in outcomes {
+            match outcome {
+                Ok(()) => {
+                    let described = self.described.entry(endpoint).or_default();
+                    if described.len() > MAX_DESCRIBED {
+                        described.clear();
+                    }
+                    described.extend(writes.iter().map(|w| w.conversation_id));
+                }
+                Err(Shipped::Failed(e) | Shipped::LacksMeta(e)) => {
+                    first_error.get_or_insert(e);
                 }
             }
-        });
-        for outcome in futures::future::join_all(calls).await {
-            outcome?;
         }
-        Ok(())
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// One call to the standby at `endpoint`.
+    fn call(
+        &mut self,
+        endpoint: &str,
+        request: ReplicateRequest,
+    ) -> impl std::future::Future<Output = (String, Result<(), Shipped>)> + use<> {
+        let client = self.client(endpoint);
+        let mut call = tonic::Request::new(request);
+        self.secret.attach(&mut call);
+        let (timeout, endpoint) = (self.timeout, endpoint.to_string());
+        async move {
+            let Some(mut client) = client else {
+                let failed = Shipped::Failed(format!("standby {endpoint}: bad address"));
+                return (endpoint, Err(failed));
+            };
+            let outcome = match tokio::time::timeout(timeout, client.replicate(call)).await {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(status)) => {
+                    let message = format!("standby {endpoint}: {}", status.message());
+                    let reason = Reason::parse(&error_detail(&status).reason);
+                    Err(match reason == Some(Reason::StandbyLacksMeta) {
+                        true => Shipped::LacksMeta(message),
+                        false => Shipped::Failed(message),
+                    })
+                }
+                Err(_) => Err(Shipped::Failed(format!(
+                    "standby {endpoint} did not answer within {timeout:?}"
+                ))),
+            };
+            (endpoint, outcome)
+        }
+    }
+
+    /// The call for `endpoint`: each conversation's first write carries its
+    /// meta unless the standby is known to hold it.
+    fn request(&self, endpoint: &str, writes: &[ReplicatedWrite], all: bool) -> ReplicateRequest {
+        let known = self.described.get(endpoint);
+        let mut described = HashSet::new();
+        let writes = writes
+            .iter()
+            .map(|w| {
+                let conversation = w.conversation_id;
+                let mut w = w.clone();
+                if (all || !known.is_some_and(|k| k.contains(&conversation)))
+                    && described.insert(conversation)
+                {
+                    w.meta = self.meta(conversation);
+                }
+                w
+            })
+            .collect();
+        ReplicateRequest {
+            source_cell: self.cell_id.clone(),
+            writes,
+        }
+    }
+
+    /// The conversation's record and members as stored here.
+    fn meta(&self, conversation: u64) -> Option<ConversationMeta> {
+        let record = self.store.conversation(conversation).ok().flatten()?;
+        let (members, _) = self.store.members(conversation, 0, usize::MAX).ok()?;
+        Some(ConversationMeta {
+            record: Some(record),
+            members,
+        })
     }
 
     fn client(&mut self, endpoint: &str) -> Option<CellPeerClient<Channel>> {

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::error::CellError;
-use crate::homes::{Home, Homes};
+use crate::homes::{Home, Homes, Owner};
 use crate::hwm::HighWaterMarks;
 use crate::ownership::{Creation, Fence, Ownership};
 use crate::user::UserKey;
@@ -141,6 +141,16 @@ impl Ownership for Routed {
         self.client.applied()
     }
 
+    fn taken_over_from(&self, tenant: u64, conversation: u64) -> Option<String> {
+        self.client.read(|t| {
+            let entry = t.effective(&Key::conversation(tenant, conversation))?;
+            // A chain of failovers back here names this cell itself.
+            let failed = (entry.failed_from.as_ref())
+                .filter(|f| entry.cell == self.cell_id && **f != self.cell_id)?;
+            Some(t.cell(failed)?.address.clone())
+        })
+    }
+
     fn moving_here(&self, tenant: u64, conversation: u64) -> bool {
         let route = self
             .client
@@ -236,17 +246,20 @@ impl Ownership for Routed {
             });
         }
         let mut seq_floor = route.seq_floor;
+        let mut taken_over_mark = None;
         if conversation != 0 && route.entry.floor_margin > 0 {
             // Failed over here: above what the failed owner may have built
             // on, as this cell holds its mark.
             let held = self.marks.held(tenant, conversation)?;
             seq_floor = seq_floor.max(held.saturating_add(route.entry.floor_margin));
+            taken_over_mark = Some(held);
         }
         Ok(Fence {
             epoch: route.entry.epoch,
             seq_floor,
             seq_limit: (conversation != 0)
                 .then(|| self.marks.acked(conversation).saturating_add(self.margin)),
+            taken_over_mark,
         })
     }
 
@@ -363,10 +376,16 @@ impl Homes for Routed {
         Ok(())
     }
 
-    fn conversation_owner(&self, tenant: u64, conversation: u64) -> Option<String> {
+    fn conversation_owner(&self, tenant: u64, conversation: u64) -> Option<Owner> {
         self.client
             .resolve(&Key::conversation(tenant, conversation))
-            .map(|route| route.entry.cell)
+            .map(|route| Owner {
+                incoming: match route.entry.state {
+                    RouteState::Migrating { to, .. } | RouteState::Frozen { to } => Some(to),
+                    RouteState::Active => None,
+                },
+                cell: route.entry.cell,
+            })
     }
 
     fn route_index(&self) -> u64 {

@@ -225,6 +225,7 @@ pub async fn start_placed(
     let replicator = Arc::new(crate::replication::Replicator::start(
         &config,
         homes.clone(),
+        store.clone(),
     ));
     let coordination = connect_coordination(&config.routing).await?;
     let cold = match config.tiering.enabled {

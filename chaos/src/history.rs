@@ -15,8 +15,13 @@ pub struct History {
     pub conversations: BTreeMap<u64, Vec<Stored>>,
     pub deliveries: Vec<DeliveryRecord>,
     pub cursor_acks: Vec<CursorAck>,
-    /// Seq floors set by failovers: the only places seq may jump.
+    /// Seq floors set by failovers: places seq may jump.
     pub floors: Vec<Floor>,
+    /// Seq ranges owners skipped on purpose, as `Pull` reports them (floor
+    /// jumps, recorded by the owner that first assigned above each floor):
+    /// the other places seq may jump.
+    #[serde(default)]
+    pub skipped: Vec<Skipped>,
     /// Writes cells report accepting.
     pub accepted: Vec<AcceptedWrite>,
     pub migrations: Vec<Migration>,
@@ -131,6 +136,13 @@ pub struct CursorAck {
     /// The queue the cursor counts in.
     #[serde(default)]
     pub queue: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Skipped {
+    pub conversation: u64,
+    pub first: u64,
+    pub last: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cellmesh_chaos::check_all;
-use cellmesh_chaos::history::{History, Outcome, SendOp, Stored};
+use cellmesh_chaos::history::{History, Outcome, SendOp, Skipped, Stored};
 use cellmesh_chaos::proxy::FaultProxy;
 use cellmesh_control_plane::server::{
     ControlPlaneConfig, Event, FailoverConfig, RunningControlPlane,
@@ -373,6 +373,38 @@ pub async fn history_via_edge(
     }
 }
 
+/// Reads a conversation back through the edge into `history`: its
+/// messages, and the seq ranges its owners reported skipped (floor jumps),
+/// which explain its gaps.
+pub async fn read_back_via_edge(
+    m: &mut MessagingClient<Channel>,
+    token: &str,
+    conversation: u64,
+    history: &mut History,
+) {
+    let mut out = Vec::new();
+    let mut since = 0;
+    loop {
+        let page = page_via_edge(m, token, conversation, since).await;
+        out.extend(stored(&page.messages));
+        for s in &page.skipped {
+            let skipped = Skipped {
+                conversation,
+                first: s.first,
+                last: s.last,
+            };
+            if !history.skipped.contains(&skipped) {
+                history.skipped.push(skipped);
+            }
+        }
+        if !page.has_more {
+            break;
+        }
+        since = page.next_seq;
+    }
+    history.conversations.insert(conversation, out);
+}
+
 /// Asserts `e` carries the stable `code` and `reason` (and the gRPC code
 /// that code travels under); its detail.
 pub fn assert_reason(
@@ -440,6 +472,52 @@ pub async fn control_plane_with(
     })
     .await
     .expect("control plane starts")
+}
+
+/// The config of a routed cell process in `dir` whose failover the
+/// [`busy_control_plane`] tracks: 200 ms checkpoints, 1,000 sends/s per
+/// conversation, replication `mode`.
+pub fn busy_cell_config(
+    dir: &std::path::Path,
+    cell_id: &str,
+    routers: &[String],
+    mode: cellmesh_cell::config::ReplicationMode,
+) -> cellmesh_cell::CellConfig {
+    let mut config = crate::test_config(dir);
+    config.cell_id = cell_id.into();
+    config.routing.routers = routers.to_vec();
+    config.routing.cluster_secret = SECRET.into();
+    config.routing.checkpoint_interval_ms = 200;
+    config.rate_limit.conversation_per_sec = 1_000;
+    config.rate_limit.conversation_burst = 1_000;
+    config.replication.mode = mode;
+    config
+}
+
+/// A control plane whose failover floors fit [`busy_cell_config`] cells.
+pub async fn busy_control_plane(routers: Vec<String>) -> RunningControlPlane {
+    control_plane_with(
+        routers,
+        FailoverConfig {
+            conversation_per_sec: 1_000,
+            conversation_burst: 1_000,
+            checkpoint_interval_ms: 200,
+            owner_lease_ms: 2_000,
+        },
+    )
+    .await
+}
+
+/// Fails `cell` over as the control plane would, with floor `margin`, and
+/// returns the cell its routes went to.
+pub async fn fail_over(routes: &RouteClient, cell: &str, margin: u64) -> String {
+    let plan = routes
+        .read(|t| cellmesh_control_plane::failover::planner::plan_failover(t, cell, margin))
+        .unwrap();
+    cellmesh_control_plane::failover::execute(routes, &plan.commands)
+        .await
+        .unwrap();
+    plan.fallback
 }
 
 /// Waits until every cell the route table lists as holding the owner's

@@ -189,12 +189,23 @@ impl CellPeer for PeerApi {
         let r = request.into_inner();
         tracing::debug!(source = %r.source_cell, events = r.events.len(), "deliver batch");
         // Who owns a replicated conversation is judged on a table at least
-        // as new as the sender's.
-        if r.route_index > 0 && r.events.iter().any(crate::pipeline::for_standby) {
-            self.service
-                .ownership()
+        // as new as the sender's; until this cell's view gets there the
+        // sender keeps the batch and tries again (a refusal would be final).
+        if r.route_index > 0
+            && r.events.iter().any(crate::pipeline::for_standby)
+            && !(self.service.ownership())
                 .await_route_index(r.route_index, STANDBY_ROUTE_WAIT)
-                .await;
+                .await
+        {
+            return Err(CellError::RetryLater {
+                reason: Reason::RouteBehind,
+                message: format!(
+                    "this cell's route view has not reached index {} of {}",
+                    r.route_index, r.source_cell
+                ),
+                retry_after: Duration::from_millis(200),
+            }
+            .into());
         }
         let delivered = self
             .inbound
@@ -405,7 +416,7 @@ impl CellPeer for PeerApi {
         let bytes = prost::Message::encoded_len(&chunk) as u64;
         let last = chunk.messages.last().map(|m| m.seq);
         self.service
-            .import_chunk(r.tenant_id, r.conversation_id, chunk)
+            .import_chunk(r.tenant_id, r.conversation_id, chunk, true)
             .await?;
         self.stored_chunk();
         Ok(Response::new(CopyResponse {
@@ -574,7 +585,9 @@ impl CellPeer for PeerApi {
                     &chunk.segments,
                 )
                 .await?;
-                self.service.import_chunk(r.tenant_id, id, chunk).await?;
+                self.service
+                    .import_chunk(r.tenant_id, id, chunk, true)
+                    .await?;
                 Ok::<_, CellError>(Copied {
                     id,
                     copied_through: last,
@@ -804,6 +817,9 @@ impl CellPeer for PeerApi {
         let mut after = r.after_seq;
         let (mut copied, mut bytes) = (0u64, 0u64);
         let mut source_latest = 0;
+        // The round's first chunk describes the conversation to this
+        // cell's standbys (see `import_chunk`).
+        let mut first = true;
         while let Some(exported) = chunks.recv().await {
             let exported = exported?;
             source_latest = exported.latest_seq;
@@ -825,10 +841,11 @@ impl CellPeer for PeerApi {
                     .await?;
             } else {
                 self.service
-                    .import_chunk(r.tenant_id, r.conversation_id, exported)
+                    .import_chunk(r.tenant_id, r.conversation_id, exported, first)
                     .await?;
             }
             copied += n;
+            first = false;
             if let Some(last) = last {
                 after = last;
             }

@@ -10,6 +10,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use cellmesh_proto::storage::v1::SeqJump;
 use cellmesh_proto::v1::ConversationKind;
 
 pub(crate) struct ConvEntry {
@@ -19,12 +20,14 @@ pub(crate) struct ConvEntry {
     pub admin: tokio::sync::Mutex<()>,
 }
 
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub(crate) struct SeqState {
     /// Highest seq assigned (possibly not yet durable).
     pub latest: u64,
     /// Seq must be assigned strictly above this.
     pub floor: u64,
+    /// The conversation's floor jumps, stored with every seq write.
+    pub jumps: Vec<SeqJump>,
 }
 
 impl ConvEntry {

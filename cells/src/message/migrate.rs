@@ -157,6 +157,7 @@ impl MessageService {
                 .collect(),
             latest_seq: seq.latest_seq,
             seq_floor: seq.seq_floor,
+            seq_jumps: seq.jumps,
             checksum,
             // Cold history goes as its manifest (the objects are shared):
             // the segments that reach beyond what earlier chunks copied.
@@ -308,14 +309,16 @@ impl MessageService {
 
     /// Stores the messages of a chunk from a returned failed cell: history
     /// below this (owning) cell's floor, the route's when no send here has
-    /// stored it yet. Nothing else of the conversation changes here, so it
-    /// is safe while this cell serves sends above it.
+    /// stored it yet, and the conversation's meta when none reached this
+    /// cell before the failover. Nothing else of the conversation changes
+    /// here, so it is safe while this cell serves sends above it.
     pub async fn backfill_chunk(
         &self,
         tenant: u64,
         conversation: u64,
-        chunk: ExportChunk,
+        mut chunk: ExportChunk,
     ) -> Result<()> {
+        let jumps = std::mem::take(&mut chunk.seq_jumps);
         let floor = self
             .store
             .conv_seq(conversation)?
@@ -333,6 +336,21 @@ impl MessageService {
         }
         let now = self.now_ms();
         let mut m = Mutation::new();
+        // A conversation failed over here before its meta arrived gets its
+        // record, members and read positions from the returned cell; one
+        // this cell holds keeps its own (changed here since, perhaps).
+        if let Some(record) = &chunk.conversation
+            && self.store.conversation(conversation)?.is_none()
+        {
+            (self.store).stage_meta(&mut m, conversation, record, &chunk.members)?;
+            for p in &chunk.read_positions {
+                m.raise_read_seq(conversation, p.user_id, p.read_seq);
+            }
+            // No send here has loaded it: its seq record takes the jumps.
+            let mut seq = self.store.conv_seq(conversation)?;
+            crate::convert::merge_jumps(&mut seq.jumps, &jumps);
+            m.put_conv_seq(conversation, &seq);
+        }
         // The failed cell's cold history below the floor: its manifest.
         let below: Vec<_> = chunk
             .segments
@@ -392,6 +410,31 @@ impl MessageService {
                 continue;
             }
             m.put_message(conversation, message.seq, &r);
+        }
+        // The failed cell's floor jumps (an earlier failover's) join this
+        // cell's, written in seq order with its sends.
+        if !jumps.is_empty()
+            && let Some(conv) = self.entry(conversation)?
+        {
+            let slot = self.store.reserve().await?;
+            let ticket = {
+                let mut state = conv.seq.lock().expect("sequencer lock");
+                let mut merged = state.jumps.clone();
+                if crate::convert::merge_jumps(&mut merged, &jumps) {
+                    m.put_conv_seq(
+                        conversation,
+                        &ConversationSeq {
+                            latest_seq: state.latest,
+                            seq_floor: state.floor,
+                            jumps: merged.clone(),
+                        },
+                    );
+                    state.jumps = merged;
+                }
+                slot.submit(m)
+            };
+            ticket.wait().await?;
+            return Ok(());
         }
         if !m.is_empty() {
             self.store.commit(m).await?;
@@ -478,12 +521,16 @@ impl MessageService {
     }
 
     /// Stores an exported chunk (target side); returns the highest seq now
-    /// stored here.
+    /// stored here. With `describe` (the first chunk of a copy round) the
+    /// conversation's meta goes on to this cell's standbys even when it is
+    /// unchanged here: this cell may hold it as a standby of the source,
+    /// and its own standbys must hold it before the route switches here.
     pub async fn import_chunk(
         &self,
         tenant: u64,
         conversation: u64,
         chunk: ExportChunk,
+        describe: bool,
     ) -> Result<u64> {
         let record = chunk.conversation.ok_or_else(|| {
             CellError::invalid(Reason::EmptyChunk, "the chunk has no conversation")
@@ -523,7 +570,7 @@ impl MessageService {
         let changed = self.store.conversation(conversation)?.as_ref() != Some(&record)
             || known.len() != chunk.members.len()
             || chunk.members.iter().any(|u| !known.contains(u));
-        if changed {
+        if changed || describe {
             m.emit(&OutboxEvent {
                 kind: OutboxKind::MetaSync as i32,
                 tenant_id: tenant,
@@ -573,11 +620,14 @@ impl MessageService {
             answer_for(&mut m, message.seq, &r);
             m.put_message(conversation, message.seq, &r);
         }
+        let mut jumps = stored.jumps;
+        crate::convert::merge_jumps(&mut jumps, &chunk.seq_jumps);
         m.put_conv_seq(
             conversation,
             &ConversationSeq {
                 latest_seq: latest,
                 seq_floor: stored.seq_floor.max(chunk.seq_floor),
+                jumps,
             },
         );
         self.store.commit(m).await?;

@@ -9,6 +9,7 @@ mod cache;
 pub(crate) mod cleanup;
 mod cold_read;
 mod conversation;
+mod incomplete;
 mod inflight;
 mod migrate;
 mod pull;
@@ -80,6 +81,8 @@ pub struct MessageService {
     replicator: Arc<Replicator>,
     /// Where history older than the hot tier lives (`[tiering]` off: none).
     cold: Option<Arc<crate::cold::ColdTier>>,
+    /// Conversations taken over without their record (see `incomplete`).
+    repairs: Arc<incomplete::Repairs>,
 }
 
 impl MessageService {
@@ -115,6 +118,7 @@ impl MessageService {
             clock,
             replicator,
             cold: None,
+            repairs: incomplete::Repairs::new(),
         })
     }
 
@@ -176,31 +180,37 @@ impl MessageService {
             what: "conversation",
             id,
         };
-        let entry = self
-            .conversations
-            .get_or_load(id, || -> Result<_> {
-                let Some(record) = self.store.conversation(id)? else {
-                    return Ok(None);
-                };
-                let seq = self.store.conv_seq(id)?;
-                let kind = ConversationKind::try_from(record.kind)
-                    .unwrap_or(ConversationKind::Unspecified);
-                Ok(Some(ConvEntry::new(
-                    record.tenant_id,
-                    kind,
-                    SeqState {
-                        latest: seq.latest_seq,
-                        floor: seq.seq_floor,
-                    },
-                )))
-            })?
-            .ok_or_else(not_found)?;
+        let Some(entry) = self.entry(id)? else {
+            return Err(self.incomplete(caller.tenant, id).unwrap_or_else(not_found));
+        };
         // Another tenant's conversation is answered as one that does not
         // exist: the answer must not reveal that the id is taken.
         if entry.tenant != caller.tenant {
             return Err(not_found());
         }
         Ok(entry)
+    }
+
+    /// The conversation's in-memory state, loaded from storage on first
+    /// use (`None`: not stored here).
+    fn entry(&self, id: u64) -> Result<Option<Arc<ConvEntry>>> {
+        self.conversations.get_or_load(id, || -> Result<_> {
+            let Some(record) = self.store.conversation(id)? else {
+                return Ok(None);
+            };
+            let seq = self.store.conv_seq(id)?;
+            let kind =
+                ConversationKind::try_from(record.kind).unwrap_or(ConversationKind::Unspecified);
+            Ok(Some(ConvEntry::new(
+                record.tenant_id,
+                kind,
+                SeqState {
+                    latest: seq.latest_seq,
+                    floor: seq.seq_floor,
+                    jumps: seq.jumps,
+                },
+            )))
+        })
     }
 
     /// Checks that `conversation` exists in the caller's tenant and that the

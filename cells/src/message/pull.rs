@@ -79,7 +79,23 @@ impl MessageService {
         if unavailable_through > 0 {
             crate::metrics::metrics().pulls_unavailable.inc();
         }
+        // The floor jumps the page spans, so a client closes those gaps.
+        let (lo, hi) = match cmd.direction {
+            ScanDirection::Forward => (
+                cmd.since_seq.saturating_add(1),
+                page.last_seq.filter(|_| page.more).unwrap_or(u64::MAX),
+            ),
+            ScanDirection::Backward => (
+                page.last_seq.filter(|_| page.more).unwrap_or(1),
+                from.saturating_sub(1),
+            ),
+        };
+        let skipped = (seq.jumps.iter())
+            .filter(|j| j.first <= hi && j.last >= lo)
+            .map(crate::convert::skipped_to_proto)
+            .collect();
         Ok(PullResponse {
+            skipped,
             unavailable_through,
             messages: page
                 .messages

@@ -3,10 +3,13 @@
 //! their seqs, the answers of new ones, the conversation's latest seq — in
 //! one synced commit, and remembers from which seq on the conversation's
 //! history is complete here, so that after a failover `Pull` serves it
-//! without waiting for the backfill.
+//! without waiting for the backfill. A write of a conversation this cell
+//! holds no record of must carry its meta (record and members), so a
+//! promoted standby never holds history it cannot serve.
 
 use cellmesh_proto::reason::Reason;
 use std::collections::HashMap;
+use std::time::Duration;
 
 use cellmesh_proto::v1::ReplicatedWrite;
 
@@ -33,6 +36,8 @@ impl MessageService {
         let mut seqs = HashMap::new();
         let mut from: HashMap<u64, Option<u64>> = HashMap::new();
         let mut stored = 0;
+        // Conversations whose meta this batch stores.
+        let mut described = std::collections::HashSet::new();
         for write in writes {
             let (tenant, conversation) = (write.tenant_id, write.conversation_id);
             let Some(message) = write.message else {
@@ -59,13 +64,40 @@ impl MessageService {
                     format!("conversation {conversation} is owned here, not by {source}"),
                 ));
             }
-            if let Some(stored) = self.store.conversation(conversation)?
-                && stored.tenant_id != tenant
-            {
-                return Err(CellError::denied(
-                    Reason::WrongTenant,
-                    "conversation belongs to another tenant",
-                ));
+            match self.store.conversation(conversation)? {
+                Some(stored) if stored.tenant_id != tenant => {
+                    return Err(CellError::denied(
+                        Reason::WrongTenant,
+                        "conversation belongs to another tenant",
+                    ));
+                }
+                Some(_) => {}
+                // A message is stored here only with its conversation: a
+                // failover must find the conversation, not just its history.
+                None if !described.contains(&conversation) => {
+                    let meta = write.meta.as_ref();
+                    let Some(record) = meta.and_then(|m| m.record.as_ref()) else {
+                        return Err(CellError::RetryLater {
+                            reason: Reason::StandbyLacksMeta,
+                            message: format!(
+                                "this standby holds no record of conversation {conversation}: \
+                                 send its meta with the write"
+                            ),
+                            retry_after: Duration::ZERO,
+                        });
+                    };
+                    if record.tenant_id != tenant {
+                        return Err(CellError::denied(
+                            Reason::WrongTenant,
+                            "the replicated record names another tenant",
+                        ));
+                    }
+                    let members = meta.map(|x| x.members.as_slice()).unwrap_or_default();
+                    self.store
+                        .stage_meta(&mut m, conversation, record, members)?;
+                    described.insert(conversation);
+                }
+                None => {}
             }
             // A rewrite never goes back to an older version of the message.
             let newer = match self.store.message(conversation, message.seq)? {
@@ -92,13 +124,13 @@ impl MessageService {
                     from.insert(conversation, Some(message.seq));
                 }
             }
-            let seq = match seqs.get(&conversation) {
-                Some(seq) => *seq,
-                None => self.store.conv_seq(conversation)?,
+            let seq = match seqs.entry(conversation) {
+                std::collections::hash_map::Entry::Occupied(seq) => seq.into_mut(),
+                std::collections::hash_map::Entry::Vacant(slot) => {
+                    slot.insert(self.store.conv_seq(conversation)?)
+                }
             };
-            let mut seq = seq;
             seq.latest_seq = seq.latest_seq.max(message.seq);
-            seqs.insert(conversation, seq);
             if newer {
                 m.put_message(conversation, message.seq, &record);
                 stored += 1;
@@ -114,6 +146,9 @@ impl MessageService {
         }
         if !m.is_empty() {
             self.store.commit(m).await?;
+        }
+        for conversation in described {
+            self.conversations.invalidate(conversation);
         }
         Ok(stored)
     }

@@ -5,13 +5,17 @@
 
 use cellmesh_proto::reason::Reason;
 use cellmesh_proto::storage::v1::{
-    ConversationSeq, IdempotencyRecord, MessageRecord, OutboxEvent, OutboxKind,
+    ConversationSeq, IdempotencyRecord, MessageRecord, OutboxEvent, OutboxKind, SeqJump,
 };
-use cellmesh_proto::v1::{MessageState, MessageType, ReplicatedWrite, SendResponse, StoredMessage};
+use cellmesh_proto::v1::{
+    MessageState, MessageType, ReplicatedWrite, SendResponse, SkipReason, StoredMessage,
+};
 
+use super::cache::SeqState;
 use super::inflight::Begin;
 use super::{Caller, MessageService};
 use crate::error::{CellError, Result};
+use crate::ownership::Fence;
 use crate::storage::{IdemKey, IdemKind, Mutation};
 
 #[derive(Debug, Clone)]
@@ -98,6 +102,7 @@ impl MessageService {
                 .check(cmd.caller.tenant, cmd.conversation, 0)?;
             let floor = state.floor.max(fence.seq_floor);
             let seq = state.latest.max(floor) + 1;
+            let jump = floor_jump(&state, floor, &fence);
             if let Some(limit) = fence.seq_limit
                 && seq > limit
             {
@@ -135,11 +140,23 @@ impl MessageService {
             };
             let mut m = Mutation::new();
             m.put_message(cmd.conversation, seq, &message);
+            let mut jumps = state.jumps.clone();
+            if let Some(jump) = &jump {
+                tracing::info!(
+                    conversation = cmd.conversation,
+                    first = jump.first,
+                    last = jump.last,
+                    epoch = jump.epoch,
+                    "seqs skipped above a failover floor"
+                );
+                jumps.push(jump.clone());
+            }
             m.put_conv_seq(
                 cmd.conversation,
                 &ConversationSeq {
                     latest_seq: seq,
                     seq_floor: floor,
+                    jumps: jumps.clone(),
                 },
             );
             m.put_idempotency(&key, &record);
@@ -160,6 +177,7 @@ impl MessageService {
             });
             state.latest = seq;
             state.floor = floor;
+            state.jumps = jumps;
             // Kept for the standbys only when they must have it first.
             let shipped = self
                 .replicator
@@ -231,6 +249,7 @@ impl MessageService {
                     record: Some(message),
                 }),
                 idempotency: answer,
+                meta: None,
             })
             .await
     }
@@ -338,5 +357,74 @@ pub(super) fn concurrent_attempt_failed() -> CellError {
         reason: Reason::ConcurrentAttemptFailed,
         message: "a concurrent request with the same client_req_id failed; retry".into(),
         retry_after: std::time::Duration::from_millis(50),
+    }
+}
+
+/// The seqs a send at `floor + 1` skips on purpose, if it is the first
+/// above a floor the conversation's history does not reach: above what
+/// this cell holds (its latest seq, and after a failover the failed
+/// owner's checkpointed mark), up to the floor.
+fn floor_jump(state: &SeqState, floor: u64, fence: &Fence) -> Option<SeqJump> {
+    let below = state.latest.max(fence.taken_over_mark.unwrap_or(0));
+    (floor > below && !state.jumps.iter().any(|j| j.last == floor)).then(|| SeqJump {
+        first: below + 1,
+        last: floor,
+        epoch: fence.epoch,
+        reason: match fence.taken_over_mark {
+            Some(_) => SkipReason::Failover,
+            None => SkipReason::Unspecified,
+        } as i32,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fence(floor: u64, mark: Option<u64>) -> Fence {
+        Fence {
+            epoch: 9,
+            seq_floor: floor,
+            seq_limit: None,
+            taken_over_mark: mark,
+        }
+    }
+
+    #[test]
+    fn the_first_send_above_a_failover_floor_records_the_skipped_range() {
+        // The failed owner's mark is 2380, the margin took the floor to 9905;
+        // this cell holds nothing of the conversation yet.
+        let state = SeqState::default();
+        let jump = floor_jump(&state, 9905, &fence(9905, Some(2380))).unwrap();
+        assert_eq!((jump.first, jump.last, jump.epoch), (2381, 9905, 9));
+        assert_eq!(jump.reason, SkipReason::Failover as i32);
+        // Once recorded, later sends above the same floor record nothing.
+        let state = SeqState {
+            latest: 9906,
+            floor: 9905,
+            jumps: vec![jump],
+        };
+        assert!(floor_jump(&state, 9905, &fence(9905, Some(2380))).is_none());
+    }
+
+    #[test]
+    fn a_floor_the_history_already_reaches_skips_nothing() {
+        // A move's switch puts the floor at the source's latest seq, which
+        // the target holds: no jump.
+        let state = SeqState {
+            latest: 500,
+            floor: 0,
+            jumps: Vec::new(),
+        };
+        assert!(floor_jump(&state, 500, &fence(500, None)).is_none());
+        // A sync standby holds the history up to the failed owner's latest.
+        let synced = SeqState {
+            latest: 2400,
+            ..SeqState::default()
+        };
+        assert!(floor_jump(&synced, 2400, &fence(2400, Some(2380))).is_none());
+        // It holds more than the mark: the jump starts above what it holds.
+        let jump = floor_jump(&synced, 2500, &fence(2500, Some(2380))).unwrap();
+        assert_eq!((jump.first, jump.last), (2401, 2500));
     }
 }

@@ -9,6 +9,7 @@ pub mod notify;
 pub mod plan;
 pub mod processor;
 pub mod relay;
+mod standby;
 mod traced;
 
 use std::future::Future;

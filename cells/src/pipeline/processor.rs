@@ -15,8 +15,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cellmesh_proto::storage::v1::{
-    ConvListEntry, ForwardRecord, IdempotencyRecord, MemberRecord, NotificationBatch,
-    NotificationRecord, OutboxEvent, OutboxKind, SyncRecord,
+    ConvListEntry, ForwardRecord, IdempotencyRecord, NotificationBatch, NotificationRecord,
+    OutboxEvent, OutboxKind, SyncRecord,
 };
 use cellmesh_proto::v1::{
     ConversationHint, ConversationMeta, Message, PeerEvent, SyncEventKind, SyncPush, UserState,
@@ -339,36 +339,22 @@ impl Processor {
     }
 
     /// Whether `source` may replicate `e` (a conversation's meta or a
-    /// send's answer) to this cell: only the conversation's owner, as the
-    /// route table says, of a conversation this cell does not own, for the
-    /// tenant the conversation belongs to. Without a route (no table, or
-    /// none yet) the event is taken.
+    /// send's answer) to this cell (see [`super::standby`]).
     fn replicated_by_owner(&self, source: &str, e: &PeerEvent) -> Result<(), String> {
         if source.is_empty() {
             return Ok(());
         }
-        let claimed = e.meta.as_ref().and_then(|m| m.record.as_ref());
-        if let Some(record) = claimed.filter(|r| r.tenant_id != e.tenant_id) {
-            return Err(format!(
-                "its record names tenant {}, the event tenant {}",
-                record.tenant_id, e.tenant_id
-            ));
-        }
         let held = self.store.conversation(e.conversation_id).ok().flatten();
-        if let Some(held) = held.filter(|h| h.tenant_id != e.tenant_id) {
-            return Err(format!(
-                "the conversation here belongs to tenant {}",
-                held.tenant_id
-            ));
-        }
-        match self
-            .homes
-            .conversation_owner(e.tenant_id, e.conversation_id)
-        {
-            Some(owner) if owner == self.cell_id => Err("this cell owns the conversation".into()),
-            Some(owner) if owner != source => Err(format!("the conversation is owned by {owner}")),
-            _ => Ok(()),
-        }
+        let replicated = super::standby::Replicated {
+            source,
+            tenant: e.tenant_id,
+            claimed_tenant: (e.meta.as_ref())
+                .and_then(|m| m.record.as_ref())
+                .map(|r| r.tenant_id),
+            held_tenant: held.map(|h| h.tenant_id),
+        };
+        let owner = (self.homes).conversation_owner(e.tenant_id, e.conversation_id);
+        super::standby::verdict(&self.cell_id, &replicated, owner.as_ref())
     }
 
     /// Stores copied parts of moving users' homes (distinct users), all in
@@ -465,20 +451,7 @@ impl Processor {
         let Some(record) = &meta.record else {
             return Ok(());
         };
-        batch.mutation.put_conversation(conversation, record);
-        let (current, _) = self.store.members(conversation, 0, usize::MAX)?;
-        for user in current.iter().filter(|u| !meta.members.contains(u)) {
-            batch.mutation.delete_member(conversation, *user);
-        }
-        for user in meta.members.iter().filter(|u| !current.contains(u)) {
-            batch.mutation.put_member(
-                conversation,
-                *user,
-                &MemberRecord {
-                    joined_at_ms: record.created_at_ms,
-                },
-            );
-        }
+        (self.store).stage_meta(&mut batch.mutation, conversation, record, &meta.members)?;
         batch.applied += 1;
         Ok(())
     }

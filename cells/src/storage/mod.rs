@@ -327,6 +327,33 @@ impl Store {
         Ok((out, false))
     }
 
+    /// Stages a replicated copy of a conversation's meta: its record and
+    /// exactly the members listed (a member added here joins when the
+    /// conversation was created).
+    pub fn stage_meta(
+        &self,
+        m: &mut Mutation,
+        conversation: u64,
+        record: &ConversationRecord,
+        members: &[u64],
+    ) -> Result<()> {
+        m.put_conversation(conversation, record);
+        let (current, _) = self.members(conversation, 0, usize::MAX)?;
+        for user in current.iter().filter(|u| !members.contains(u)) {
+            m.delete_member(conversation, *user);
+        }
+        for user in members.iter().filter(|u| !current.contains(u)) {
+            m.put_member(
+                conversation,
+                *user,
+                &MemberRecord {
+                    joined_at_ms: record.created_at_ms,
+                },
+            );
+        }
+        Ok(())
+    }
+
     pub fn message(&self, conversation: u64, seq: u64) -> Result<Option<MessageRecord>> {
         self.get_record(cf::MESSAGES, &keys::conv_item(conversation, seq))
     }

@@ -39,6 +39,9 @@ pub enum FaultKind {
     /// the move is resumed.
     TenantMoveKill,
     ControlPlaneKillMidMigration,
+    /// Move drill conversations to another cell, then hang that cell until
+    /// it is failed over (see `move_failover`).
+    MoveThenFailOver,
     /// The target of a move crashes between storing a copied chunk and
     /// answering (fail point `migration.copy_stored`).
     MigrationTargetCrash,
@@ -160,6 +163,7 @@ impl Injector {
                     .await;
             }
             FaultKind::TenantMove => self.tenant_move(&mut fault, None).await?,
+            FaultKind::MoveThenFailOver => self.move_then_fail_over(&mut fault).await?,
             FaultKind::TenantMoveKill => {
                 let end = if self.move_kills.is_multiple_of(2) {
                     MoveEnd::Source
@@ -442,7 +446,7 @@ impl Injector {
         Ok(())
     }
 
-    fn pick(&mut self) -> u64 {
+    pub(super) fn pick(&mut self) -> u64 {
         self.conversations[self.rng.random_range(0..self.conversations.len())]
     }
 
@@ -479,7 +483,7 @@ impl Injector {
         }
     }
 
-    async fn owner(&self, conversation: u64) -> anyhow::Result<String> {
+    pub(super) async fn owner(&self, conversation: u64) -> anyhow::Result<String> {
         let routes = self.dev.routes().await?;
         Ok(routes
             .resolve(&Key::conversation(self.dev.tenant, conversation))
@@ -487,7 +491,7 @@ impl Injector {
             .unwrap_or_default())
     }
 
-    async fn owned_by(&self, cell: &str) -> anyhow::Result<Vec<u64>> {
+    pub(super) async fn owned_by(&self, cell: &str) -> anyhow::Result<Vec<u64>> {
         let mut out = Vec::new();
         for &c in &self.conversations {
             if self.owner(c).await? == cell {
@@ -537,7 +541,7 @@ impl Injector {
     }
 
     /// Notes a finished move, for the migration invariant.
-    fn moved(&mut self, report: &MigrationReport) {
+    pub(super) fn moved(&mut self, report: &MigrationReport) {
         self.moves.push((
             report.conversation,
             report.from.clone(),

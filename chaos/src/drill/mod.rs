@@ -11,6 +11,7 @@
 
 mod devices;
 mod faults;
+mod move_failover;
 mod report;
 mod tenant_moves;
 mod workload;
@@ -23,7 +24,6 @@ use tracing::Instrument;
 
 use crate::check_all;
 use crate::history::History;
-use cellmesh_proto::secret::ClusterSecret;
 use clap::{Args, Subcommand, ValueEnum};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -68,6 +68,9 @@ enum Scenario {
     /// The same, with the source or the target SIGKILLed mid-copy (the
     /// supervisor restarts it), then the move resumed.
     TenantMoveKill,
+    /// Move drill conversations live to another cell, then hang that new
+    /// owner (SIGSTOP) until the control plane fails it over, then SIGCONT.
+    MoveThenFailOver,
     /// Stop a migration after a random phase, SIGKILL the active
     /// control-plane replica, then resume the move.
     ControlPlaneKillMidMigration,
@@ -171,6 +174,7 @@ fn next_fault(
         Scenario::MigrationUnderLoad => FaultKind::Migrate,
         Scenario::MigrationSourceKill => FaultKind::MigrationSourceKill,
         Scenario::TenantMove => FaultKind::TenantMove,
+        Scenario::MoveThenFailOver => FaultKind::MoveThenFailOver,
         Scenario::TenantMoveKill => FaultKind::TenantMoveKill,
         Scenario::ControlPlaneKillMidMigration => FaultKind::ControlPlaneKillMidMigration,
         Scenario::MigrationTargetCrash => FaultKind::MigrationTargetCrash,
@@ -191,34 +195,6 @@ fn next_fault(
             _ => FaultKind::RouterLeaderKill,
         },
     }
-}
-
-/// Every seq floor the drill's conversations get while it runs (sampled
-/// every 100 ms: the route table's, and a failover's from the new owner).
-fn watch_floors(
-    dev: Arc<DevTarget>,
-    conversations: Vec<u64>,
-    stop: Instant,
-) -> tokio::task::JoinHandle<std::collections::BTreeSet<(u64, u64)>> {
-    tokio::spawn(async move {
-        let mut seen = std::collections::BTreeSet::new();
-        let Ok(routes) = dev.routes().await else {
-            return seen;
-        };
-        // A few seconds past the senders, for failovers still in flight.
-        let secret = ClusterSecret::new(&dev.cluster_secret);
-        while Instant::now() < stop + Duration::from_secs(5) {
-            let floors =
-                crate::floors::failover_floors(&routes, &secret, dev.tenant, &conversations).await;
-            for (c, floor) in floors {
-                if floor > 0 {
-                    seen.insert((c, floor));
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        seen
-    })
 }
 
 /// How long the deployment settles after the senders stop.
@@ -352,7 +328,6 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
             device_log.clone(),
         ));
     }
-    let floors = watch_floors(dev.clone(), workload.conversations.clone(), stop);
 
     // Faults on a schedule drawn from the seed; after each, a few requests
     // acknowledged before it are sent again.
@@ -447,13 +422,6 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
     history.deliveries = log.deliveries;
     history.cursor_acks = log.cursor_acks;
     history.devices = log.devices;
-    // Floors a later failover replaced still explain the gaps they made.
-    for (conversation, floor) in floors.await? {
-        history.floors.push(crate::history::Floor {
-            conversation,
-            floor,
-        });
-    }
 
     let verdicts = check_all(&history);
     let ok = verdicts.iter().all(|v| v.holds);

@@ -6,7 +6,7 @@ use cellmesh_proto::tls::Dial;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::history::{Floor, History, Outcome, SendOp, Stored};
+use crate::history::{History, Outcome, SendOp, Skipped, Stored};
 use cellmesh_proto::status::error_code;
 use cellmesh_proto::v1::cell_peer_client::CellPeerClient;
 use cellmesh_proto::v1::messaging_client::MessagingClient;
@@ -284,37 +284,41 @@ impl Workload {
         let deadline = tokio::time::Instant::now() + BACKFILL_WAIT;
         for &conversation in &self.conversations {
             history.tenants.insert(conversation, self.tenant);
-            let (stored, floor) = loop {
-                let (stored, floor, unavailable) = self.read_conversation(conversation).await?;
-                if unavailable == 0 || tokio::time::Instant::now() >= deadline {
-                    if unavailable > 0 {
+            let read = loop {
+                let read = self.read_conversation(conversation).await?;
+                if read.unavailable == 0 || tokio::time::Instant::now() >= deadline {
+                    if read.unavailable > 0 {
                         println!(
-                            "  conversation {conversation}: history through seq {unavailable} still unavailable"
+                            "  conversation {conversation}: history through seq {} still unavailable",
+                            read.unavailable
                         );
                     }
-                    break (stored, floor);
+                    break read;
                 }
                 tokio::time::sleep(Duration::from_millis(500)).await;
             };
-            history.conversations.insert(conversation, stored);
-            if floor > 0 {
-                history.floors.push(Floor {
+            history.conversations.insert(conversation, read.stored);
+            // The owners' own account of every floor jump.
+            for (first, last) in read.skipped {
+                let skipped = Skipped {
                     conversation,
-                    floor,
-                });
+                    first,
+                    last,
+                };
+                if !history.skipped.contains(&skipped) {
+                    history.skipped.push(skipped);
+                }
             }
         }
         Ok(())
     }
 
-    /// One conversation's history through the edge: messages, its highest
-    /// failover floor, and how far history is still unavailable.
-    async fn read_conversation(
-        &self,
-        conversation: u64,
-    ) -> anyhow::Result<(Vec<Stored>, u64, u64)> {
+    /// One conversation's history through the edge: messages, the ranges
+    /// its owners skipped, and how far history is still unavailable.
+    async fn read_conversation(&self, conversation: u64) -> anyhow::Result<ReadBack> {
         let mut client = MessagingClient::new(self.channels[0].clone());
-        let (mut stored, mut since, mut floor, mut unavailable) = (Vec::new(), 0, 0, 0);
+        let mut read = ReadBack::default();
+        let mut since = 0;
         loop {
             let page = client
                 .pull(self.dev.request_in(
@@ -337,17 +341,28 @@ impl Workload {
                     )
                 })?
                 .into_inner();
-            floor = floor.max(page.seq_floor);
-            unavailable = unavailable.max(page.unavailable_through);
-            stored.extend(
+            read.unavailable = read.unavailable.max(page.unavailable_through);
+            read.skipped
+                .extend(page.skipped.iter().map(|s| (s.first, s.last)));
+            read.stored.extend(
                 page.messages
                     .iter()
                     .map(|m| stored_as_read(m.seq, m.msg_id, m.state, &m.body)),
             );
             if !page.has_more || page.next_seq <= since {
-                return Ok((stored, floor, unavailable));
+                return Ok(read);
             }
             since = page.next_seq;
         }
     }
+}
+
+/// A conversation as read back through `Pull`.
+#[derive(Default)]
+struct ReadBack {
+    stored: Vec<Stored>,
+    /// Skipped ranges (first, last) the pages reported.
+    skipped: Vec<(u64, u64)>,
+    /// History at or below this seq is still unavailable (0: none).
+    unavailable: u64,
 }

@@ -9,6 +9,7 @@ mod device_order;
 mod duplicates;
 mod lost_acked;
 mod migration;
+mod not_found;
 mod resends;
 mod seq_order;
 mod split_brain;
@@ -49,8 +50,9 @@ const KEEP: usize = 20;
 type Check = fn(&History) -> Vec<Violation>;
 
 /// Every invariant, in DESIGN.md order.
-pub const ALL: [(&str, Check); 10] = [
+pub const ALL: [(&str, Check); 11] = [
     (lost_acked::NAME, lost_acked::check),
+    (not_found::NAME, not_found::check),
     (duplicates::NAME, duplicates::check),
     (resends::NAME, resends::check),
     (seq_order::NAME, seq_order::check),

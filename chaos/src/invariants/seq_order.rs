@@ -1,7 +1,8 @@
 //! Invariant 2: per conversation, seq strictly increases in history order
 //! and never goes backwards in real time (a send acknowledged after another
 //! completed has a higher seq, across restarts, migrations and failovers);
-//! every gap is explained by a recorded failover floor.
+//! every gap is explained by a recorded failover floor or lies inside a
+//! range an owner reported skipped.
 
 use std::collections::HashMap;
 
@@ -18,6 +19,13 @@ pub fn check(h: &History) -> Vec<Violation> {
     }
     for (conv, msgs) in &h.conversations {
         let floors = floors.get(conv).map(Vec::as_slice).unwrap_or(&[]);
+        let skipped: Vec<_> = (h.skipped.iter())
+            .filter(|s| s.conversation == *conv)
+            .collect();
+        // Every seq between the two messages was skipped on purpose.
+        let jumped = |previous: u64, next: u64| {
+            (skipped.iter()).any(|s| s.first <= previous + 1 && next - 1 <= s.last)
+        };
         let mut previous = 0;
         for m in msgs {
             if m.seq <= previous {
@@ -25,7 +33,10 @@ pub fn check(h: &History) -> Vec<Violation> {
                     NAME,
                     format!("conversation {conv}: seq {} follows {previous}", m.seq),
                 ));
-            } else if m.seq > previous + 1 && !floors.iter().any(|f| previous <= *f && *f < m.seq) {
+            } else if m.seq > previous + 1
+                && !floors.iter().any(|f| previous <= *f && *f < m.seq)
+                && !jumped(previous, m.seq)
+            {
                 out.push(Violation::new(
                     NAME,
                     format!(
@@ -113,6 +124,34 @@ mod tests {
             conversation: 7,
             floor: 9,
         });
+        assert!(check(&h).is_empty());
+    }
+
+    #[test]
+    fn a_gap_inside_a_reported_skipped_range_is_explained() {
+        // An earlier failover's jump (3..=9), long replaced as the floor:
+        // "c" at 10 follows "b" at 2.
+        let mut h = good();
+        h.conversations.get_mut(&7).unwrap()[2].seq = 10;
+        h.sends[2].outcome = Outcome::Ok {
+            msg_id: 1003,
+            seq: 10,
+        };
+        let skipped = |first, last| crate::history::Skipped {
+            conversation: 7,
+            first,
+            last,
+        };
+        // A range that covers only part of the gap explains nothing.
+        h.skipped.push(skipped(4, 9));
+        assert_eq!(check(&h).len(), 1);
+        // Another conversation's range neither.
+        h.skipped.push(crate::history::Skipped {
+            conversation: 8,
+            ..skipped(3, 9)
+        });
+        assert_eq!(check(&h).len(), 1);
+        h.skipped.push(skipped(3, 9));
         assert!(check(&h).is_empty());
     }
 

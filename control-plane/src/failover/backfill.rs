@@ -1,7 +1,9 @@
 //! Backfill after a failed cell returns: every conversation that was failed
 //! over away from it gets the history the returned cell still holds (the
 //! seqs below the failover floor) copied into its current owner, which then
-//! stops reporting that history as unavailable.
+//! stops reporting that history as unavailable. The copy carries the
+//! conversation's meta (for an owner that never received it) and its floor
+//! jumps.
 
 use cellmesh_proto::tls::Dial;
 use std::time::Duration;
@@ -25,10 +27,13 @@ pub async fn backfill(
             .cell(returned)
             .map(|c| c.address.clone())
             .unwrap_or_default();
+        // Every failed-over tenant: a route remembers only the first cell a
+        // chain of failovers took it from (A → B → A still names A), and the
+        // returned cell may be a later link of the chain.
         let tenants: std::collections::BTreeSet<u64> = t
             .routes
             .values()
-            .filter(|e| e.failed_from.as_deref() == Some(returned))
+            .filter(|e| e.failed_from.is_some())
             .map(|e| e.key.tenant)
             .collect();
         (source, tenants)

@@ -12,11 +12,11 @@ use std::time::Duration;
 
 use cellmesh_cell::config::ReplicationMode;
 use cellmesh_chaos::history::{Floor, History, Outcome};
-use cellmesh_control_plane::server::{Event, FailoverConfig};
+use cellmesh_control_plane::server::Event;
 use cellmesh_route_client::commands::assign_tenant;
 use cellmesh_tests::deploy::*;
-use cellmesh_tests::router::{RouterCluster, SECRET};
-use cellmesh_tests::{CellProcess, TestCell, eventually, test_config};
+use cellmesh_tests::router::RouterCluster;
+use cellmesh_tests::{CellProcess, TestCell, eventually};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sigkilled_cell_process_fails_over_under_continuous_sends() {
@@ -47,14 +47,7 @@ async fn fail_over_under_sends(fault: Fault, mode: ReplicationMode) {
     let cluster = RouterCluster::start(1, |_| {}).await;
     let routers = cluster.endpoints();
     let dir = tempfile::tempdir().unwrap();
-    let mut config = test_config(dir.path());
-    config.cell_id = "eu-west/c1".into();
-    config.routing.routers = routers.clone();
-    config.routing.cluster_secret = SECRET.into();
-    config.routing.checkpoint_interval_ms = 200;
-    config.rate_limit.conversation_per_sec = 1_000;
-    config.rate_limit.conversation_burst = 1_000;
-    config.replication.mode = mode;
+    let config = busy_cell_config(dir.path(), "eu-west/c1", &routers, mode);
     if mode == ReplicationMode::Sync {
         // Only the synchronous copy reaches the standby.
         std::fs::write(config.data_dir.join("failpoints"), "standby.answers=error").unwrap();
@@ -73,16 +66,7 @@ async fn fail_over_under_sends(fault: Fault, mode: ReplicationMode) {
         .await
         .unwrap();
     let edge = start_edge(routers.clone()).await;
-    let cp = control_plane_with(
-        routers.clone(),
-        FailoverConfig {
-            conversation_per_sec: 1_000,
-            conversation_burst: 1_000,
-            checkpoint_interval_ms: 200,
-            owner_lease_ms: 2_000,
-        },
-    )
-    .await;
+    let cp = busy_control_plane(routers.clone()).await;
 
     let alice = token(1, 10);
     let mut m = messaging(&edge).await;

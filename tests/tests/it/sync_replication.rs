@@ -169,11 +169,83 @@ async fn a_cell_refuses_to_store_a_replica_of_what_it_owns() {
                 seq: 1,
                 record: Some(Default::default()),
             }),
-            idempotency: None,
+            ..Default::default()
         }],
     });
     cellmesh_proto::secret::ClusterSecret::new(cellmesh_tests::router::SECRET).attach(&mut request);
     let e = peer.replicate(request).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e}");
     assert_eq!(error_detail(&e).reason, "NOT_A_STANDBY");
+}
+
+/// A standby stores messages only of a conversation it holds the record
+/// of: a write of an unknown conversation without its meta is refused
+/// (retryably), with it the conversation and message are stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_refuses_messages_of_a_conversation_it_has_no_record_of() {
+    let d = deploy(None).await;
+    let alice = token(1, 10);
+    let mut m = messaging(&d.edge).await;
+    let conv = create_via_edge(&mut m, &alice, vec![11]).await;
+    let record = m
+        .get_conversation(authed(
+            GetConversationRequest {
+                conversation_id: conv,
+                ..Default::default()
+            },
+            &alice,
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .conversation
+        .unwrap();
+    // us-east/c1 owns nothing of tenant 1: it is a standby here.
+    let mut peer =
+        cellmesh_proto::v1::cell_peer_client::CellPeerClient::connect(d.cells[1].endpoint.clone())
+            .await
+            .unwrap();
+    let write = |seq: u64, meta: Option<ConversationMeta>| {
+        let mut request = tonic::Request::new(ReplicateRequest {
+            source_cell: "eu-west/c1".into(),
+            writes: vec![ReplicatedWrite {
+                tenant_id: 1,
+                conversation_id: conv,
+                message: Some(StoredMessage {
+                    seq,
+                    record: Some(Default::default()),
+                }),
+                meta,
+                ..Default::default()
+            }],
+        });
+        cellmesh_proto::secret::ClusterSecret::new(cellmesh_tests::router::SECRET)
+            .attach(&mut request);
+        request
+    };
+    let e = peer.replicate(write(1, None)).await.unwrap_err();
+    assert_eq!(error_detail(&e).reason, "STANDBY_LACKS_META", "{e}");
+    assert_eq!(error_detail(&e).code, ErrorCode::RetryLater as i32);
+    let meta = ConversationMeta {
+        record: Some(cellmesh_proto::storage::v1::ConversationRecord {
+            tenant_id: 1,
+            kind: record.kind,
+            title: record.title.clone(),
+            created_by: record.created_by,
+            created_at_ms: record.created_at_ms,
+            member_count: 2,
+            admins: Vec::new(),
+        }),
+        members: vec![10, 11],
+    };
+    // Another tenant's record is refused.
+    let mut foreign = meta.clone();
+    foreign.record.as_mut().unwrap().tenant_id = 2;
+    let e = peer.replicate(write(1, Some(foreign))).await.unwrap_err();
+    assert_eq!(error_detail(&e).reason, "WRONG_TENANT", "{e}");
+    let stored = peer.replicate(write(1, Some(meta))).await.unwrap();
+    assert_eq!(stored.into_inner().stored, 1);
+    // Now the standby holds the record: later writes need no meta.
+    let stored = peer.replicate(write(2, None)).await.unwrap();
+    assert_eq!(stored.into_inner().stored, 1);
 }

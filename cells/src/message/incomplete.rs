@@ -1,0 +1,166 @@
+//! Conversations this cell owns through a failover but holds no record of.
+//! A standby promoted before a conversation's meta reached it (its history
+//! may be here, its record is not) must never answer "not found" for a
+//! conversation the route table gives it: it answers `RETRY_LATER` /
+//! `CONVERSATION_INCOMPLETE` and fetches the record, members and read
+//! positions from the cell it took the conversation over from, once that
+//! cell answers. Only when the failed cell says it never had the
+//! conversation is the id answered as unknown.
+
+use cellmesh_proto::reason::Reason;
+use cellmesh_proto::secret::ClusterSecret;
+use cellmesh_proto::tls::Dial;
+use cellmesh_proto::v1::ExportRequest;
+use cellmesh_proto::v1::cell_peer_client::CellPeerClient;
+use cellmesh_telemetry::trace::grpc::Traceable;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::MessageService;
+use crate::config::CellConfig;
+use crate::error::CellError;
+use crate::storage::{Mutation, Store};
+
+/// How long the failed cell's "never had it" is believed.
+const ABSENT_FOR: Duration = Duration::from_secs(10);
+/// Conversations remembered as absent before the list starts again.
+const MAX_ABSENT: usize = 100_000;
+/// How long a client waits before asking again.
+const RETRY_AFTER: Duration = Duration::from_millis(500);
+const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Fetches in flight, and ids the failed cells said they never had.
+#[derive(Default)]
+pub(super) struct Repairs {
+    inner: Mutex<RepairState>,
+}
+
+#[derive(Default)]
+struct RepairState {
+    fetching: HashSet<u64>,
+    absent: HashMap<u64, Instant>,
+}
+
+/// What the failed cell answered.
+enum Fetched {
+    Stored,
+    Absent,
+}
+
+impl MessageService {
+    /// For a conversation of `tenant` not stored here: the error to answer
+    /// instead of "not found" while the route table gives it to this cell
+    /// through a failover whose source may still hold it (a fetch of its
+    /// meta starts in the background); `None` when "not found" is right.
+    pub(super) fn incomplete(&self, tenant: u64, conversation: u64) -> Option<CellError> {
+        let from = self.ownership.taken_over_from(tenant, conversation)?;
+        {
+            let mut state = self.repairs.inner.lock().expect("repairs");
+            if let Some(at) = state.absent.get(&conversation) {
+                if at.elapsed() < ABSENT_FOR {
+                    return None;
+                }
+                state.absent.remove(&conversation);
+            }
+            if state.fetching.insert(conversation) {
+                let (store, config) = (self.store.clone(), self.config.clone());
+                let repairs = self.repairs.clone();
+                tokio::spawn(async move {
+                    let fetched = fetch(&store, &config, &from, tenant, conversation).await;
+                    let mut state = repairs.inner.lock().expect("repairs");
+                    state.fetching.remove(&conversation);
+                    match fetched {
+                        Ok(Fetched::Stored) => {
+                            tracing::info!(conversation, %from, "fetched the meta of a conversation taken over without it");
+                        }
+                        Ok(Fetched::Absent) => {
+                            if state.absent.len() > MAX_ABSENT {
+                                state.absent.clear();
+                            }
+                            state.absent.insert(conversation, Instant::now());
+                        }
+                        Err(e) => {
+                            tracing::warn!(conversation, %from, error = %e, "cannot fetch the meta of a conversation taken over without it");
+                        }
+                    }
+                });
+            }
+        }
+        Some(CellError::RetryLater {
+            reason: Reason::ConversationIncomplete,
+            message: format!(
+                "conversation {conversation} was failed over here before its record arrived; \
+                 it is being fetched from the cell it came from"
+            ),
+            retry_after: RETRY_AFTER,
+        })
+    }
+}
+
+/// Asks the cell at `from` for the conversation's record, members and read
+/// positions, and stores them if the record is still missing here.
+async fn fetch(
+    store: &Store,
+    config: &CellConfig,
+    from: &str,
+    tenant: u64,
+    conversation: u64,
+) -> Result<Fetched, String> {
+    let dial = cellmesh_proto::config::via(&config.routing.links, from);
+    let channel = cellmesh_proto::tls::endpoint(dial.to_string())
+        .map_err(|e| e.to_string())?
+        .connect_timeout(Duration::from_secs(2))
+        .dial_lazy()
+        .traced();
+    let mut client = CellPeerClient::new(channel).max_decoding_message_size(64 << 20);
+    // No messages: the record, members and read positions only.
+    let mut request = tonic::Request::new(ExportRequest {
+        tenant_id: tenant,
+        conversation_id: conversation,
+        after_seq: u64::MAX - 1,
+        limit: 1,
+    });
+    ClusterSecret::new(&config.routing.cluster_secret).attach(&mut request);
+    request.set_timeout(FETCH_TIMEOUT);
+    let chunk = match client.export_conversation(request).await {
+        Ok(chunk) => chunk.into_inner(),
+        Err(s)
+            if matches!(
+                s.code(),
+                tonic::Code::NotFound | tonic::Code::PermissionDenied
+            ) =>
+        {
+            return Ok(Fetched::Absent);
+        }
+        Err(s) => return Err(s.message().to_string()),
+    };
+    let Some(record) = chunk.conversation.filter(|r| r.tenant_id == tenant) else {
+        return Ok(Fetched::Absent);
+    };
+    if store
+        .conversation(conversation)
+        .map_err(|e| e.to_string())?
+        .is_some()
+    {
+        return Ok(Fetched::Stored);
+    }
+    let mut m = Mutation::new();
+    (store)
+        .stage_meta(&mut m, conversation, &record, &chunk.members)
+        .map_err(|e| e.to_string())?;
+    for p in &chunk.read_positions {
+        m.raise_read_seq(conversation, p.user_id, p.read_seq);
+    }
+    let mut seq = store.conv_seq(conversation).map_err(|e| e.to_string())?;
+    crate::convert::merge_jumps(&mut seq.jumps, &chunk.seq_jumps);
+    m.put_conv_seq(conversation, &seq);
+    store.commit(m).await.map_err(|e| e.to_string())?;
+    Ok(Fetched::Stored)
+}
+
+impl Repairs {
+    pub(super) fn new() -> Arc<Self> {
+        Arc::default()
+    }
+}
