@@ -10,9 +10,9 @@ use cellmesh_chaos::history::History;
 use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::v1::{CellStatus, SkipReason};
 use cellmesh_route_client::commands::set_cell_status;
-use cellmesh_tests::TestCell;
 use cellmesh_tests::deploy::*;
 use cellmesh_tests::router::SECRET;
+use cellmesh_tests::{TestCell, eventually};
 
 const MARGIN: u64 = 100;
 
@@ -59,6 +59,15 @@ async fn chained_failovers_report_every_floor_jump_through_pull() {
         .await;
     // A returns; its history is backfilled into B.
     let a = returns("eu-west/c1", a_dir).await;
+    // A holds B's marks (B lists it once it pushed them all there).
+    let holds = eventually(Duration::from_secs(15), || {
+        let listed = routes.read(|t| {
+            (t.cell("eu-west/c2")).is_some_and(|c| c.mark_holders.iter().any(|h| h == "eu-west/c1"))
+        });
+        async move { listed }
+    })
+    .await;
+    assert!(holds, "eu-west/c1 holds eu-west/c2's marks");
     let on_b = senders.latest_acked_seq();
     wait_for_checkpoint(&routes, conv, on_b, Duration::from_secs(10)).await;
     // B → A.
