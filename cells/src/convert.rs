@@ -256,7 +256,7 @@ pub fn merge_jumps(into: &mut Vec<SeqJump>, from: &[SeqJump]) -> bool {
     let mut changed = false;
     for j in from {
         if !into.iter().any(|k| (k.first, k.last) == (j.first, j.last)) {
-            into.push(j.clone());
+            into.push(*j);
             changed = true;
         }
     }

@@ -599,8 +599,14 @@ impl MessageService {
                     client_req_id: r.client_req_id.clone(),
                 };
                 m.put_idempotency(&key, &answer(conversation, seq, r, expires));
+                true
+            } else {
+                false
             }
         };
+        // The seqs whose answers were stored: this cell's standbys get them
+        // too (one event for the chunk), to answer a re-send as it would.
+        let mut answered = Vec::new();
         for segment in &chunk.segments {
             latest = latest.max(segment.seq_end);
             m.put_segment(conversation, segment);
@@ -617,8 +623,19 @@ impl MessageService {
                 continue;
             };
             latest = latest.max(message.seq);
-            answer_for(&mut m, message.seq, &r);
+            if answer_for(&mut m, message.seq, &r) {
+                answered.push(message.seq);
+            }
             m.put_message(conversation, message.seq, &r);
+        }
+        if !answered.is_empty() {
+            m.emit(&OutboxEvent {
+                kind: OutboxKind::AnswerSync as i32,
+                tenant_id: tenant,
+                conversation_id: conversation,
+                items: answered,
+                ..Default::default()
+            });
         }
         let mut jumps = stored.jumps;
         crate::convert::merge_jumps(&mut jumps, &chunk.seq_jumps);

@@ -149,7 +149,7 @@ impl MessageService {
                     epoch = jump.epoch,
                     "seqs skipped above a failover floor"
                 );
-                jumps.push(jump.clone());
+                jumps.push(*jump);
             }
             m.put_conv_seq(
                 cmd.conversation,

@@ -38,6 +38,9 @@ pub struct Plan {
     pub replicate_answer: bool,
     /// The conversation's meta and members go to the standbys.
     pub replicate_meta: bool,
+    /// The answers a move copied here with the messages at the event's
+    /// `items` go to the standbys.
+    pub replicate_copied_answers: bool,
 }
 
 /// The plan for `event`, with conversations above `large_group_threshold`
@@ -51,6 +54,7 @@ pub fn plan<M: Members>(
     let mut plan = Plan {
         fanout: Fanout::None,
         replicate_answer: kind == OutboxKind::Message,
+        replicate_copied_answers: kind == OutboxKind::AnswerSync,
         replicate_meta: matches!(
             kind,
             OutboxKind::MetaSync | OutboxKind::ConversationCreated | OutboxKind::MembersChanged
@@ -63,7 +67,9 @@ pub fn plan<M: Members>(
         OutboxKind::DeleteForMe => SyncEventKind::DeleteForMe,
         OutboxKind::Read => SyncEventKind::Read,
         OutboxKind::ConversationCreated | OutboxKind::MembersChanged => SyncEventKind::Joined,
-        OutboxKind::Unspecified | OutboxKind::MetaSync => return Ok(plan),
+        OutboxKind::Unspecified | OutboxKind::MetaSync | OutboxKind::AnswerSync => {
+            return Ok(plan);
+        }
     };
     let record = SyncRecord {
         kind: sync_kind as i32,
@@ -121,7 +127,7 @@ pub fn plan<M: Members>(
             }
             Fanout::Records(records)
         }
-        OutboxKind::Unspecified | OutboxKind::MetaSync => Fanout::None,
+        OutboxKind::Unspecified | OutboxKind::MetaSync | OutboxKind::AnswerSync => Fanout::None,
     };
     Ok(plan)
 }
@@ -175,6 +181,18 @@ mod tests {
         .unwrap();
         assert_eq!(users(&p), [(1, MESSAGE), (2, MESSAGE), (3, MESSAGE)]);
         assert!(p.replicate_answer && !p.replicate_meta);
+    }
+
+    #[test]
+    fn an_answer_a_move_copied_goes_to_the_standbys_and_to_nobody_else() {
+        let p = plan(
+            &event(OutboxKind::AnswerSync, 1, vec![]),
+            &Set(vec![1, 2, 3]),
+            10,
+        )
+        .unwrap();
+        assert_eq!(p.fanout, Fanout::None);
+        assert!(p.replicate_copied_answers && !p.replicate_answer && !p.replicate_meta);
     }
 
     #[test]

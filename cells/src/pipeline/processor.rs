@@ -33,7 +33,7 @@ use crate::convert::message_to_proto;
 use crate::failpoints::Action;
 use crate::homes::{Home, Homes};
 use crate::queue::{Delivery, EventConsumer};
-use crate::storage::{IdemKey, IdemKind, Mutation, Store};
+use crate::storage::{ForwardQueue, IdemKey, IdemKind, Mutation, Store};
 use crate::sync::{Hub, LiveEvent, event_message};
 use crate::user::UserKey;
 
@@ -111,8 +111,9 @@ pub struct Processor {
     next_notification: u64,
     notifications: Arc<Notify>,
     homes: Arc<dyn Homes>,
-    next_forward: u64,
-    forwards: Arc<Notify>,
+    /// Events for users' home cells, and copies for this cell's standbys.
+    homes_queue: ForwardLane,
+    standbys_queue: ForwardLane,
     cell_id: String,
     /// Users this processor queued events for (a superset of those whose
     /// events still wait in the forward queue).
@@ -124,8 +125,50 @@ pub struct Processor {
 pub struct Signals {
     /// New notifications are queued.
     pub notifications: Arc<Notify>,
-    /// New forwards to other cells are queued.
+    /// New forwards to users' home cells are queued.
     pub forwards: Arc<Notify>,
+    /// New copies for the standbys are queued.
+    pub standby_forwards: Arc<Notify>,
+}
+
+/// One forward queue as the processor fills it: ids are issued from
+/// memory, storage learns the high mark once per batch.
+struct ForwardLane {
+    queue: ForwardQueue,
+    next: u64,
+    signal: Arc<Notify>,
+}
+
+impl ForwardLane {
+    fn open(
+        store: &Store,
+        queue: ForwardQueue,
+        signal: Arc<Notify>,
+    ) -> Result<Self, PipelineError> {
+        Ok(Self {
+            queue,
+            next: store.forward_last_id(queue)? + 1,
+            signal,
+        })
+    }
+
+    /// Queues one record per endpoint; whether any was queued.
+    fn stage(&mut self, m: &mut Mutation, records: HashMap<String, Vec<PeerEvent>>) -> bool {
+        if records.is_empty() {
+            return false;
+        }
+        for (endpoint, events) in records {
+            let record = ForwardRecord {
+                endpoint,
+                events: events.iter().map(|e| e.encode_to_vec()).collect(),
+                attempts: 0,
+            };
+            m.put_forward(self.next, &record);
+            self.next += 1;
+        }
+        m.forwards_issued_through(self.queue, self.next - 1);
+        true
+    }
 }
 
 /// Effects of one batch, built before the commit and announced after it.
@@ -142,14 +185,14 @@ struct Batch {
     /// Notifications for members with no online device: one record.
     notifications: Vec<NotificationRecord>,
     /// Events for users homed elsewhere (by home endpoint; "" while the
-    /// home is frozen for a move, or behind queued events), and
-    /// conversation meta for standbys (by standby endpoint).
+    /// home is frozen for a move, or behind queued events).
     forward: HashMap<String, Vec<PeerEvent>>,
+    /// Conversation meta and answers for standbys (by standby endpoint).
+    standby_forward: HashMap<String, Vec<PeerEvent>>,
     /// The users with events in `forward`.
     forwarded_users: HashSet<UserKey>,
     /// Users with events in the forward queue, once looked up.
     queued: Option<HashSet<UserKey>>,
-    forwarded: bool,
     applied: u32,
     /// This cell's standbys, looked up once per batch.
     standbys: Option<Arc<[String]>>,
@@ -168,7 +211,8 @@ impl Batch {
     /// Queues `event` for each of `standbys`.
     fn queue_for_standbys(&mut self, standbys: &[String], event: PeerEvent) {
         for endpoint in standbys {
-            (self.forward.entry(endpoint.clone()).or_default()).push(event.clone());
+            let queued = self.standby_forward.entry(endpoint.clone()).or_default();
+            queued.push(event.clone());
         }
     }
 }
@@ -203,7 +247,9 @@ impl Processor {
         cell_id: String,
     ) -> Result<Self, PipelineError> {
         let next_notification = store.notify_last_id()? + 1;
-        let next_forward = store.forward_last_id()? + 1;
+        let homes_queue = ForwardLane::open(&store, ForwardQueue::Homes, signals.forwards)?;
+        let standbys_queue =
+            ForwardLane::open(&store, ForwardQueue::Standbys, signals.standby_forwards)?;
         let queued_for = queued_users(&store)?;
         Ok(Self {
             store,
@@ -215,8 +261,8 @@ impl Processor {
             next_notification,
             notifications: signals.notifications,
             homes,
-            next_forward,
-            forwards: signals.forwards,
+            homes_queue,
+            standbys_queue,
             cell_id,
         })
     }
@@ -488,19 +534,12 @@ impl Processor {
 
     /// Commits a batch's effects, then announces them.
     async fn finish(&mut self, mut batch: Batch) -> Result<(), PipelineError> {
-        for (endpoint, events) in std::mem::take(&mut batch.forward) {
-            let id = self.next_forward;
-            self.next_forward += 1;
-            batch.mutation.put_forward(
-                id,
-                &ForwardRecord {
-                    endpoint,
-                    events: events.iter().map(|e| e.encode_to_vec()).collect(),
-                    attempts: 0,
-                },
-            );
-            batch.forwarded = true;
-        }
+        let to_homes =
+            (self.homes_queue).stage(&mut batch.mutation, std::mem::take(&mut batch.forward));
+        let to_standbys = (self.standbys_queue).stage(
+            &mut batch.mutation,
+            std::mem::take(&mut batch.standby_forward),
+        );
         for ((user, conversation), entry) in &batch.entries {
             batch.mutation.put_conv_list(*user, *conversation, entry);
         }
@@ -514,11 +553,6 @@ impl Processor {
             };
             batch.mutation.put_notifications(id, &notifications);
             batch.mutation.notifications_issued_through(id);
-        }
-        if batch.forwarded {
-            batch
-                .mutation
-                .forwards_issued_through(self.next_forward - 1);
         }
         if !batch.mutation.is_empty() {
             let mutation = std::mem::take(&mut batch.mutation);
@@ -554,8 +588,11 @@ impl Processor {
         if notified {
             self.notifications.notify_one();
         }
-        if batch.forwarded {
-            self.forwards.notify_one();
+        if to_homes {
+            self.homes_queue.signal.notify_one();
+        }
+        if to_standbys {
+            self.standbys_queue.signal.notify_one();
         }
         Ok(())
     }
@@ -588,6 +625,9 @@ impl Processor {
         }
         if plan.replicate_answer {
             self.replicate_answer(batch, id, event);
+        }
+        if plan.replicate_copied_answers {
+            self.replicate_copied_answers(batch, id, event)?;
         }
         let origin = Origin {
             tenant: event.tenant_id,
@@ -642,6 +682,56 @@ impl Processor {
             ..Default::default()
         };
         batch.queue_for_standbys(&standbys, answer);
+    }
+
+    /// Queues for this cell's standbys the answers a move copied here with
+    /// the messages at `event.items` (hot ones: older messages' requests
+    /// are past their idempotency window), so that a failover target
+    /// answers a re-send of them as this cell would.
+    fn replicate_copied_answers(
+        &mut self,
+        batch: &mut Batch,
+        id: u64,
+        event: &OutboxEvent,
+    ) -> Result<(), PipelineError> {
+        let standbys = batch.standbys(self.homes.as_ref());
+        if standbys.is_empty()
+            || self.store.failpoints().hit("standby.answers") == Some(Action::Error)
+        {
+            return Ok(());
+        }
+        let conversation = event.conversation_id;
+        for &seq in &event.items {
+            let Some(r) = self.store.message(conversation, seq)? else {
+                continue;
+            };
+            let key = IdemKey {
+                kind: IdemKind::Send,
+                tenant: event.tenant_id,
+                user: r.sender_id,
+                client_req_id: r.client_req_id,
+            };
+            let Some(answer) = self.store.idempotency(&key)? else {
+                continue;
+            };
+            if (answer.conversation_id, answer.seq) != (conversation, seq) {
+                continue;
+            }
+            let copy = PeerEvent {
+                event_id: id,
+                tenant_id: event.tenant_id,
+                conversation_id: conversation,
+                seq,
+                msg_id: r.msg_id,
+                sender_id: r.sender_id,
+                server_ts_ms: r.server_ts_ms,
+                idempotency: Some(answer),
+                client_req_id: key.client_req_id,
+                ..Default::default()
+            };
+            batch.queue_for_standbys(&standbys, copy);
+        }
+        Ok(())
     }
 
     /// Queues the conversation's meta and members for this cell's standby,
@@ -888,7 +978,7 @@ fn queued_users(store: &Store) -> Result<HashSet<UserKey>, PipelineError> {
     let mut users = HashSet::new();
     let mut after = 0;
     loop {
-        let page = store.forwards(after, 1_024)?;
+        let page = store.forwards(ForwardQueue::Homes, after, 1_024)?;
         let Some(&(last, _)) = page.last() else {
             return Ok(users);
         };

@@ -479,7 +479,13 @@ struct ConversationMove<'a> {
 impl Subject for ConversationMove<'_> {
     const EXACT_LATEST: bool = false;
 
-    async fn resume_point(&mut self, _start: &Start) -> Result<u64, MigrationError> {
+    async fn resume_point(&mut self, start: &Start) -> Result<u64, MigrationError> {
+        // A move that begins now copies everything: a target that owned the
+        // conversation once (a failed owner that returned) holds a copy
+        // that may differ from the source's.
+        if start.began {
+            return Ok(0);
+        }
         // Copying is idempotent; resume after what the target already has.
         let digest = DigestRequest {
             conversation_id: self.conversation,

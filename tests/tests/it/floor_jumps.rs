@@ -95,7 +95,7 @@ async fn chained_failovers_report_every_floor_jump_through_pull() {
     );
     let stored = &history.conversations[&conv];
     for s in &history.skipped {
-        assert_eq!(s.last - s.first + 1 >= MARGIN, true, "{s:?}");
+        assert!(s.last - s.first + 1 >= MARGIN, "{s:?}");
         // Nothing this owner assigned lies in its range; the message after
         // it is the first above the floor.
         assert!(stored.iter().any(|m| m.seq == s.last + 1), "{s:?}");
