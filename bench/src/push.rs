@@ -1,9 +1,11 @@
 //! `cellmesh bench push`: D online devices (one per user) subscribe to
 //! their sync queues while senders, paced at a target rate, send into 1:1
 //! and group conversations among those users. Each body carries its send
-//! time, so every push received measures send→push latency. With `--dev`
-//! the devices follow through every region's edge and the senders send
-//! through eu-west's, all with tokens.
+//! time and the region it was sent from, so every push received measures
+//! send→push latency. With `--dev` the devices follow through every
+//! region's edge and the senders send through every region's edge in turn,
+//! all with tokens; latency is also reported per (sender region, device
+//! region) pair — the cross-region push path.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -23,6 +25,7 @@ use tonic::transport::Channel;
 use crate::{Report, authed, count_error, send_request};
 use cellmesh_chaos::target::DevTarget;
 use cellmesh_client::connect::{call_error, caller, connect};
+use cellmesh_control_plane::migration::{MigrationOptions, Migrator};
 
 #[derive(Args)]
 pub struct PushArgs {
@@ -57,6 +60,11 @@ pub struct PushArgs {
     /// Tenant to run in (default: a fresh one).
     #[arg(long)]
     tenant: Option<u64>,
+    /// With `--dev`: move the bench's conversations to this cell (e.g.
+    /// `us-east/c1`) while their members' homes stay on the tenant's cell,
+    /// so every push crosses regions from the owner to the home cell.
+    #[arg(long, requires = "dev")]
+    conversations_on: Option<String>,
 }
 
 struct Conv {
@@ -79,44 +87,75 @@ pub async fn run(args: PushArgs) -> anyhow::Result<()> {
         .map(DevTarget::load)
         .transpose()?
         .map(Arc::new);
-    let (tenant, endpoint, device_endpoints, base) = match &dev {
-        Some(d) => (d.tenant, d.edge.clone(), d.edges.clone(), DEV_USER_BASE),
+    // (region, edge) pairs: the dev deployment's regions, or the one cell.
+    let (tenant, edges, base) = match &dev {
+        Some(d) => (
+            d.tenant,
+            d.edge_by_region
+                .iter()
+                .map(|(r, e)| (r.clone(), e.clone()))
+                .collect::<Vec<_>>(),
+            DEV_USER_BASE,
+        ),
         None => {
             let endpoint = args.endpoint.clone().unwrap_or_default();
             let tenant = args
                 .tenant
                 .unwrap_or_else(|| rand::rng().random_range(1_000_000..u32::MAX as u64));
-            (tenant, endpoint.clone(), vec![endpoint], 0)
+            (tenant, vec![("cell".to_string(), endpoint)], 0)
         }
     };
-    let mut client = connect(&endpoint).await?;
+    anyhow::ensure!(!edges.is_empty(), "no edge to send through");
+    let mut client = connect(&edges[0].1).await?;
     let users = Users {
         tenant,
         base,
         dev: dev.clone(),
     };
     let (directs, groups) = conversations(&mut client, &users, &args).await?;
+    if let (Some(cell), Some(d)) = (&args.conversations_on, &dev) {
+        let migrator = Migrator::new(d.routes().await?, d.secret(), MigrationOptions::default());
+        for c in directs.iter().chain(groups.iter()) {
+            migrator
+                .migrate_conversation(tenant, c.id, cell, |_| {})
+                .await?;
+        }
+        println!(
+            "moved {} conversations to {cell}",
+            directs.len() + groups.len()
+        );
+    }
     println!(
-        "{} devices, {} 1:1 and {} groups of {}; sending {}/s for {:?}",
+        "{} devices, {} 1:1 and {} groups of {}; sending {}/s for {:?} through {}",
         args.devices,
         directs.len(),
         groups.len(),
         args.group_size,
         args.rate,
-        args.duration
+        args.duration,
+        edges
+            .iter()
+            .map(|(r, _)| r.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
     );
 
     let epoch = Instant::now();
     let (stop, stopped) = tokio::sync::watch::channel(false);
+    // Each device streams through one edge: (channel, its region's index).
     let mut channels = Vec::new();
-    for endpoint in &device_endpoints {
+    for (region, (_, endpoint)) in edges.iter().enumerate() {
         for _ in 0..args.connections.max(1) {
-            channels.push(Channel::from_shared(endpoint.clone())?.connect().await?);
+            channels.push((
+                Channel::from_shared(endpoint.clone())?.connect().await?,
+                region,
+            ));
         }
     }
     let mut receivers = Vec::new();
     for user in base + 1..=base + args.devices {
-        let mut sync = SyncClient::new(channels[user as usize % channels.len()].clone());
+        let (channel, region) = channels[user as usize % channels.len()].clone();
+        let mut sync = SyncClient::new(channel);
         let request = SubscribeRequest {
             caller: Some(Caller {
                 tenant_id: tenant,
@@ -131,11 +170,21 @@ pub async fn run(args: PushArgs) -> anyhow::Result<()> {
             .await
             .map_err(call_error)?
             .into_inner();
-        receivers.push(tokio::spawn(receive(stream, epoch, stopped.clone())));
+        receivers.push(tokio::spawn(receive(
+            stream,
+            region,
+            edges.len(),
+            epoch,
+            stopped.clone(),
+        )));
     }
     // Let the backlog of joins drain before measuring.
     tokio::time::sleep(Duration::from_secs(1)).await;
 
+    let mut clients = vec![client];
+    for (_, endpoint) in &edges[1..] {
+        clients.push(connect(endpoint).await?);
+    }
     let directs = Arc::new(directs);
     let groups = Arc::new(groups);
     let per_sender = (args.rate as f64 / args.senders.max(1) as f64).max(0.001);
@@ -143,14 +192,22 @@ pub async fn run(args: PushArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     let mut senders = Vec::new();
     for s in 0..args.senders.max(1) {
-        let (client, directs, groups) = (client.clone(), directs.clone(), groups.clone());
+        let region = s % clients.len();
+        let (directs, groups) = (directs.clone(), groups.clone());
+        let pace = Pace {
+            per_second: per_sender,
+            deadline,
+            epoch,
+        };
+        let from = Sender {
+            client: clients[region].clone(),
+            users: users.clone(),
+            index: s,
+            region: region as u8,
+        };
         let share = args.direct_share;
-        let users = users.clone();
         senders.push(tokio::spawn(async move {
-            send_loop(
-                client, users, s, directs, groups, share, per_sender, deadline, epoch,
-            )
-            .await
+            send_loop(from, directs, groups, share, pace).await
         }));
     }
     let mut acked = 0;
@@ -166,12 +223,21 @@ pub async fn run(args: PushArgs) -> anyhow::Result<()> {
     // Give in-flight pushes a moment, then stop the devices.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let _ = stop.send(true);
-    let mut latency = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3)?;
+    let mut latency = histogram();
+    let mut pairs: BTreeMap<(usize, usize), Histogram<u64>> = BTreeMap::new();
     let mut delivered = 0;
     for r in receivers {
-        if let Ok((n, h)) = r.await {
-            delivered += n;
-            latency.add(&h)?;
+        if let Ok(received) = r.await {
+            delivered += received.count;
+            for (from, h) in received.by_sender.iter().enumerate() {
+                latency.add(h)?;
+                if !h.is_empty() {
+                    pairs
+                        .entry((from, received.region))
+                        .or_insert_with(histogram)
+                        .add(h)?;
+                }
+            }
         }
     }
     let mut report = Report::new("push", delivered, errors, send_elapsed, &latency)
@@ -180,7 +246,34 @@ pub async fn run(args: PushArgs) -> anyhow::Result<()> {
         .param("sends_acked", acked)
         .param("sends_per_s", acked as f64 / send_elapsed.as_secs_f64())
         .param("group_size", args.group_size)
-        .param("direct_share", args.direct_share);
+        .param("direct_share", args.direct_share)
+        .param(
+            "conversations_on",
+            args.conversations_on.clone().unwrap_or_default(),
+        );
+    if dev.is_some() {
+        println!("send -> push latency by sender region -> device region (ms):");
+        let mut by_pair = serde_json::Map::new();
+        for ((from, to), h) in &pairs {
+            let l = crate::report::Latency::from_micros(h);
+            let name = format!("{} -> {}", edges[*from].0, edges[*to].0);
+            println!(
+                "  {name:<24} p50 {:>7.2}  p95 {:>7.2}  p99 {:>7.2}  max {:>7.2}  ({} pushes)",
+                l.p50,
+                l.p95,
+                l.p99,
+                l.max,
+                h.len()
+            );
+            let mut entry = serde_json::to_value(&l)?;
+            entry["pushes"] = h.len().into();
+            by_pair.insert(name, entry);
+        }
+        report = report.param(
+            "latency_ms_by_region_pair",
+            serde_json::Value::Object(by_pair),
+        );
+    }
     report.scenario = "push".into();
     println!("(acked = pushes delivered to devices; throughput = deliveries/s)");
     report.print();
@@ -188,6 +281,10 @@ pub async fn run(args: PushArgs) -> anyhow::Result<()> {
         report.write_json(path)?;
     }
     Ok(())
+}
+
+fn histogram() -> Histogram<u64> {
+    Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).expect("histogram bounds")
 }
 
 /// Bench devices' users in a dev deployment start above this (clear of the
@@ -265,27 +362,38 @@ async fn create(
     Ok(r.conversation.map(|c| c.conversation_id).unwrap_or(0))
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn send_loop(
-    mut client: crate::send::Client,
+/// One sending task: its client (an edge of one region), who it acts as.
+struct Sender {
+    client: crate::send::Client,
     users: Users,
-    sender: usize,
-    directs: Arc<Vec<Conv>>,
-    groups: Arc<Vec<Conv>>,
-    direct_share: f64,
+    index: usize,
+    /// The index of the region whose edge it sends through.
+    region: u8,
+}
+
+/// A sending task's pace: sends per second until the deadline.
+struct Pace {
     per_second: f64,
     deadline: Instant,
     epoch: Instant,
+}
+
+async fn send_loop(
+    mut from: Sender,
+    directs: Arc<Vec<Conv>>,
+    groups: Arc<Vec<Conv>>,
+    direct_share: f64,
+    pace: Pace,
 ) -> (u64, BTreeMap<String, u64>) {
     // Request ids unique across runs (a dev tenant outlives a run).
     let run = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis());
-    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / per_second));
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / pace.per_second));
     let (mut ok, mut errors, mut n) = (0, BTreeMap::new(), 0u64);
-    while Instant::now() < deadline {
+    while Instant::now() < pace.deadline {
         tick.tick().await;
-        let (conv, from) = {
+        let (conv, user) = {
             let mut rng = rand::rng();
             let pool =
                 if groups.is_empty() || (!directs.is_empty() && rng.random_bool(direct_share)) {
@@ -297,10 +405,13 @@ async fn send_loop(
             (c.id, c.members[rng.random_range(0..c.members.len())])
         };
         n += 1;
-        let body = now_us(epoch).to_be_bytes().to_vec();
-        let id = format!("p{run}-{sender}-{n}");
-        let request = send_request(users.tenant, from, conv, id, MessageType::Custom, body);
-        match client.send(users.request(from, request)).await {
+        // The send time, then the sender's region.
+        let mut body = now_us(pace.epoch).to_be_bytes().to_vec();
+        body.push(from.region);
+        let id = format!("p{run}-{}-{n}", from.index);
+        let tenant = from.users.tenant;
+        let request = send_request(tenant, user, conv, id, MessageType::Custom, body);
+        match from.client.send(from.users.request(user, request)).await {
             Ok(_) => ok += 1,
             Err(status) => count_error(&mut errors, &status),
         }
@@ -308,14 +419,25 @@ async fn send_loop(
     (ok, errors)
 }
 
+/// What one device received: its region and latency per sender region.
+struct Received {
+    region: usize,
+    count: u64,
+    by_sender: Vec<Histogram<u64>>,
+}
+
 async fn receive(
     mut stream: tonic::Streaming<cellmesh_proto::v1::SyncPush>,
+    region: usize,
+    regions: usize,
     epoch: Instant,
     mut stop: tokio::sync::watch::Receiver<bool>,
-) -> (u64, Histogram<u64>) {
-    let mut latency =
-        Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).expect("histogram bounds");
-    let mut n = 0;
+) -> Received {
+    let mut received = Received {
+        region,
+        count: 0,
+        by_sender: (0..regions).map(|_| histogram()).collect(),
+    };
     loop {
         let push = tokio::select! {
             _ = stop.changed() => break,
@@ -327,15 +449,17 @@ async fn receive(
         if let Some(sync_push::Push::Event(e)) = push.push
             && e.kind == SyncEventKind::Message as i32
             && let Some(m) = e.message
-            && let Ok(sent) = <[u8; 8]>::try_from(m.body.as_slice())
+            && m.body.len() == 9
+            && let Ok(sent) = <[u8; 8]>::try_from(&m.body[..8])
         {
-            n += 1;
-            let _ = latency.record(
+            received.count += 1;
+            let from = usize::from(m.body[8]).min(regions - 1);
+            let _ = received.by_sender[from].record(
                 now_us(epoch)
                     .saturating_sub(u64::from_be_bytes(sent))
                     .max(1),
             );
         }
     }
-    (n, latency)
+    received
 }

@@ -25,6 +25,7 @@ pub struct Report {
 pub struct Latency {
     pub p50: f64,
     pub p90: f64,
+    pub p95: f64,
     pub p99: f64,
     pub p999: f64,
     pub max: f64,
@@ -38,6 +39,7 @@ impl Latency {
         Self {
             p50: ms(h.value_at_quantile(0.50)),
             p90: ms(h.value_at_quantile(0.90)),
+            p95: ms(h.value_at_quantile(0.95)),
             p99: ms(h.value_at_quantile(0.99)),
             p999: ms(h.value_at_quantile(0.999)),
             max: ms(h.max()),

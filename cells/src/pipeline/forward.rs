@@ -7,7 +7,8 @@
 //! off or refusing) has all their later events wait behind it, so each
 //! user's events arrive in order; other users and destinations carry on:
 //! one unreachable cell never stalls another's deliveries or the local
-//! fan-out.
+//! fan-out. A page goes to all its destinations at once, so a far cell
+//! (a standby in another region) adds its round trip to no other's.
 
 use cellmesh_proto::tls::Dial;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -27,7 +28,7 @@ use tracing::Instrument;
 use super::for_standby;
 use super::{PeerInbound, PipelineError};
 use crate::homes::{Home, Homes};
-use crate::storage::{Mutation, Store};
+use crate::storage::{ForwardQueue, Mutation, Store};
 use crate::user::UserKey;
 
 const DELIVER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -81,6 +82,8 @@ struct Open {
 
 pub struct Forwarder {
     pub store: Arc<Store>,
+    /// The queue this forwarder delivers (each queue has its own).
+    pub queue: ForwardQueue,
     pub signal: Arc<Notify>,
     pub cell_id: String,
     pub secret: ClusterSecret,
@@ -102,10 +105,10 @@ impl Forwarder {
             // queued after it began: under steady load it would never end,
             // and a user whose home switched meanwhile would wait behind
             // the decision taken before the switch.
-            let end = self.store.forward_last_id()?;
+            let end = self.store.forward_last_id(self.queue)?;
             let (mut after, mut seen) = (0, 0);
             loop {
-                let mut pending = self.store.forwards(after, PAGE)?;
+                let mut pending = self.store.forwards(self.queue, after, PAGE)?;
                 pending.retain(|(id, _)| *id <= end);
                 let Some(&(last, _)) = pending.last() else {
                     break;
@@ -193,7 +196,8 @@ impl Forwarder {
         open
     }
 
-    /// Sends a page's events, one call per target; what a target refuses
+    /// Sends a page's events, one call per target, to every target at once
+    /// (a far destination never delays a near one); what a target refuses
     /// or fails to take stays queued in its record.
     async fn send_page(
         &self,
@@ -202,7 +206,8 @@ impl Forwarder {
         open: &mut [Open],
         out: Outgoing,
     ) {
-        for (target, batch) in out {
+        let from = (self.cell_id.as_str(), self.homes.route_index());
+        let calls = out.into_iter().map(|(target, batch)| {
             let mut events: Vec<PeerEvent> = batch.iter().map(|(_, _, e)| e.clone()).collect();
             // The call joins the trace of the first traced event; the
             // receiving cell's spans of every traced event follow the call.
@@ -217,33 +222,51 @@ impl Forwarder {
                     e.traceparent = parent.clone();
                 }
             }
-            let refused: Option<Vec<UserKey>> = match &target {
-                Target::Local => self
-                    .local
-                    .deliver(String::new(), events)
-                    .instrument(span)
-                    .await
-                    .ok()
-                    .map(|d| d.refused_users),
+            let remote = match &target {
                 Target::Remote(endpoint) => {
-                    let dest = destinations
-                        .get_mut(endpoint)
-                        .expect("reachable destination");
-                    let from = (self.cell_id.as_str(), self.homes.route_index());
-                    let sent = deliver(dest, from, &self.secret, endpoint, events)
+                    let dest = destinations.get(endpoint).expect("reachable destination");
+                    Some(dest.client.clone())
+                }
+                _ => None,
+            };
+            async move {
+                let refused: Result<Vec<UserKey>, String> = match (&target, remote) {
+                    (Target::Local, _) => self
+                        .local
+                        .deliver(String::new(), events)
                         .instrument(span)
-                        .await;
-                    if sent.is_none() {
+                        .await
+                        .map(|d| d.refused_users)
+                        .map_err(|e| e.to_string()),
+                    (Target::Remote(_), Some(client)) => {
+                        deliver(client, from, &self.secret, events)
+                            .instrument(span)
+                            .await
+                    }
+                    _ => unreachable!("held events are not sent"),
+                };
+                (target, batch, refused)
+            }
+        });
+        for (target, batch, refused) in futures::future::join_all(calls).await {
+            if let Target::Remote(endpoint) = &target {
+                let dest = destinations
+                    .get_mut(endpoint)
+                    .expect("reachable destination");
+                match &refused {
+                    Ok(_) => dest.backoff = Duration::from_millis(100),
+                    Err(error) => {
+                        tracing::warn!(%endpoint, %error, "forward failed; backing off");
+                        dest.retry_at = Instant::now() + dest.backoff;
+                        dest.backoff = (dest.backoff * 2).min(MAX_BACKOFF);
                         pass.waiting.insert(endpoint.clone());
                     }
-                    sent
                 }
-                Target::Hold => unreachable!("held events are not sent"),
-            };
+            }
             for (slot, at, e) in batch {
                 let kept = match &refused {
-                    None => true,
-                    Some(users) => !for_standby(&e) && users.contains(&user_of(&e)),
+                    Err(_) => true,
+                    Ok(users) => !for_standby(&e) && users.contains(&user_of(&e)),
                 };
                 if kept {
                     if !for_standby(&e) {
@@ -326,42 +349,29 @@ fn forward_span(parent: &str, target: &Target, events: usize) -> Option<tracing:
     follow(&span, parent).then_some(span)
 }
 
-/// Sends one batch; the users the destination refused, or None (and the
-/// destination backed off) when the call failed.
+/// Sends one batch; the users the destination refused, or why the call
+/// failed (the caller backs the destination off).
 async fn deliver(
-    dest: &mut Destination,
+    mut client: CellPeerClient<Channel>,
     (cell_id, route_index): (&str, u64),
     secret: &ClusterSecret,
-    endpoint: &str,
     events: Vec<PeerEvent>,
-) -> Option<Vec<UserKey>> {
+) -> Result<Vec<UserKey>, String> {
     let mut request = tonic::Request::new(DeliverBatchRequest {
         source_cell: cell_id.to_string(),
         events,
         route_index,
     });
     secret.attach(&mut request);
-    match tokio::time::timeout(DELIVER_TIMEOUT, dest.client.deliver_batch(request)).await {
-        Ok(Ok(response)) => {
-            dest.backoff = Duration::from_millis(100);
-            let refused = response.into_inner().refused;
-            Some(
-                refused
-                    .iter()
-                    .map(|u| UserKey::new(u.tenant_id, u.user_id))
-                    .collect(),
-            )
-        }
-        outcome => {
-            let error = match outcome {
-                Ok(Err(status)) => status.to_string(),
-                _ => "timed out".to_string(),
-            };
-            tracing::warn!(%endpoint, %error, "forward failed; backing off");
-            dest.retry_at = Instant::now() + dest.backoff;
-            dest.backoff = (dest.backoff * 2).min(MAX_BACKOFF);
-            None
-        }
+    match tokio::time::timeout(DELIVER_TIMEOUT, client.deliver_batch(request)).await {
+        Ok(Ok(response)) => Ok(response
+            .into_inner()
+            .refused
+            .iter()
+            .map(|u| UserKey::new(u.tenant_id, u.user_id))
+            .collect()),
+        Ok(Err(status)) => Err(status.to_string()),
+        Err(_) => Err("timed out".to_string()),
     }
 }
 

@@ -1,7 +1,8 @@
 //! The asynchronous half of the cell: after a write is acknowledged, the
 //! outbox [`relay`] moves its event onto the queue and the [`processor`]
 //! fans it out to users' sync queues; [`notify`] delivers notifications for
-//! users with no online device. Each loop runs under a supervisor that
+//! users with no online device; two [`forward`]ers deliver events to users'
+//! home cells and copies to this cell's standbys, each from its own queue. Each loop runs under a supervisor that
 //! restarts it after an error.
 
 pub mod forward;
@@ -24,7 +25,7 @@ use crate::clock::Clock;
 use crate::config::CellConfig;
 use crate::homes::Homes;
 use crate::queue::{EventQueue, QueueError};
-use crate::storage::{StorageError, Store};
+use crate::storage::{ForwardQueue, StorageError, Store};
 use crate::sync::Hub;
 use cellmesh_proto::secret::ClusterSecret;
 pub use processor::{Delivered, UserImport};
@@ -167,20 +168,28 @@ pub fn spawn(
         jobs: inbound_tx,
         wake,
     };
-    let forwarder = {
+    // One forwarder per queue: standbys never hold up users' events.
+    let forwarder = |queue, signal: &Arc<Notify>, name| {
         let forwarder = Arc::new(forward::Forwarder {
-            store,
-            signal: signals.forwards.clone(),
+            store: store.clone(),
+            queue,
+            signal: signal.clone(),
             cell_id: config.cell_id.clone(),
             secret: ClusterSecret::new(&config.routing.cluster_secret),
             links: config.routing.links.clone(),
-            homes,
+            homes: homes.clone(),
             local: inbound.clone(),
         });
-        supervise("forwarder", move || forwarder.clone().run())
+        supervise(name, move || forwarder.clone().run())
     };
+    let to_homes = forwarder(ForwardQueue::Homes, &signals.forwards, "forwarder");
+    let to_standbys = forwarder(
+        ForwardQueue::Standbys,
+        &signals.standby_forwards,
+        "standby forwarder",
+    );
     Pipeline {
-        workers: vec![relay, processor, notifier, forwarder],
+        workers: vec![relay, processor, notifier, to_homes, to_standbys],
         inbound,
     }
 }

@@ -83,8 +83,10 @@ pub mod meta {
     pub const RELAY_CURSOR: &[u8] = b"relay_cursor";
     /// Highest notification id issued.
     pub const NOTIFY_LAST_ID: &[u8] = b"notify_last_id";
-    /// Highest forward id issued.
+    /// Highest forward id issued (the homes' queue).
     pub const FORWARD_LAST_ID: &[u8] = b"forward_last_id";
+    /// Highest forward id issued in the standbys' queue.
+    pub const STANDBY_FORWARD_LAST_ID: &[u8] = b"standby_forward_last_id";
     /// The layout of the keys in this database (see [`super::FORMAT`]).
     pub const STORAGE_FORMAT: &[u8] = b"storage_format";
 

@@ -34,6 +34,7 @@ pub use keys::IdemKind;
 pub use manifest::PendingUpload;
 pub use marks::Mark;
 pub use scan::{ScanDirection, ScanPage, visible};
+pub use sync::ForwardQueue;
 
 use crate::config::StorageConfig;
 use keys::cf;

@@ -51,10 +51,11 @@ impl Mutation {
         self.put(cf::NOTIFY, keys::u64_key(id), batch.encode_to_vec());
     }
 
-    /// Records that forward ids up to `id` are issued (once per batch).
-    pub fn forwards_issued_through(&mut self, id: u64) {
+    /// Records that forward ids of `queue` up to `id` are issued (once per
+    /// batch).
+    pub fn forwards_issued_through(&mut self, queue: ForwardQueue, id: u64) {
         let value = id.to_be_bytes().to_vec();
-        self.put(cf::META, keys::meta::FORWARD_LAST_ID.to_vec(), value);
+        self.put(cf::META, queue.last_id_key().to_vec(), value);
     }
 
     /// Queues events for another cell, or rewrites a queued record.
@@ -174,20 +175,58 @@ impl Store {
         self.records(cf::NOTIFY, lower.to_vec(), upper.to_vec(), limit)
     }
 
-    /// Queued forwards after id `after`, oldest first.
-    pub fn forwards(&self, after: u64, limit: usize) -> Result<Vec<(u64, ForwardRecord)>> {
+    /// Queued forwards of `queue` after id `after`, oldest first.
+    pub fn forwards(
+        &self,
+        queue: ForwardQueue,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, ForwardRecord)>> {
+        let (base, end) = queue.ids();
         let (lower, upper) = (
-            keys::u64_key(after.saturating_add(1)),
-            keys::u64_key(u64::MAX),
+            keys::u64_key(after.max(base).saturating_add(1)),
+            keys::u64_key(end),
         );
         self.records(cf::FORWARD, lower.to_vec(), upper.to_vec(), limit)
     }
 
-    pub fn forward_last_id(&self) -> Result<u64> {
-        Ok(self.meta_u64(keys::meta::FORWARD_LAST_ID)?.unwrap_or(0))
+    /// The highest id `queue` has issued (its base when none).
+    pub fn forward_last_id(&self, queue: ForwardQueue) -> Result<u64> {
+        Ok((self.meta_u64(queue.last_id_key())?).unwrap_or(queue.ids().0))
     }
 
     pub fn notify_last_id(&self) -> Result<u64> {
         Ok(self.meta_u64(keys::meta::NOTIFY_LAST_ID)?.unwrap_or(0))
+    }
+}
+
+/// The two queues of events for other cells. They share a column family
+/// but not ids (the standbys' ids have the top bit set), and each has its
+/// own forwarder: the copies a cell ships to its standbys (meta, answers)
+/// never hold up its users' events on their way to their home cells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ForwardQueue {
+    /// Events for users whose home is another cell.
+    Homes,
+    /// Conversation meta and answers for this cell's standbys.
+    Standbys,
+}
+
+impl ForwardQueue {
+    const STANDBY_BASE: u64 = 1 << 63;
+
+    /// Ids above the first, up to (not including) the second.
+    fn ids(self) -> (u64, u64) {
+        match self {
+            Self::Homes => (0, Self::STANDBY_BASE),
+            Self::Standbys => (Self::STANDBY_BASE, u64::MAX),
+        }
+    }
+
+    fn last_id_key(self) -> &'static [u8] {
+        match self {
+            Self::Homes => keys::meta::FORWARD_LAST_ID,
+            Self::Standbys => keys::meta::STANDBY_FORWARD_LAST_ID,
+        }
     }
 }

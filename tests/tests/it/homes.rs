@@ -150,7 +150,13 @@ async fn a_dead_home_with_a_long_backlog_does_not_hold_back_other_homes() {
             .await
             .unwrap();
     }
-    let backlog = origin.cell.service.store().forwards(0, 1000).unwrap().len();
+    let backlog = origin
+        .cell
+        .service
+        .store()
+        .forwards(cellmesh_cell::storage::ForwardQueue::Homes, 0, 1000)
+        .unwrap()
+        .len();
     assert!(backlog > 256, "only {backlog} records queued");
 
     let to_live = create_group(&mut c, T, 1, &[4]).await;

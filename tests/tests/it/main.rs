@@ -16,6 +16,7 @@ mod edge;
 mod exactly_once;
 mod failover;
 mod floor_jumps;
+mod forward_lanes;
 mod history;
 mod homes;
 mod kafka_queue;
