@@ -35,6 +35,7 @@ macro_rules! reasons {
 }
 
 reasons! {
+    AwaitingBackfill => "AWAITING_BACKFILL",
     BadDeviceId => "BAD_DEVICE_ID",
     BadHighWaterMark => "BAD_HIGH_WATER_MARK",
     BadReplicatedWrite => "BAD_REPLICATED_WRITE",

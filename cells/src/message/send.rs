@@ -219,10 +219,18 @@ impl MessageService {
         if !self.replicator.is_sync(tenant) {
             return Ok(());
         }
+        // The failed owner answered (its answer reached this cell ahead of
+        // the message, which never did): the message is backfilled when
+        // that cell returns; until then the outcome stays open.
         let Some(message) = self.store.message(record.conversation_id, record.seq)? else {
-            return Err(CellError::NotFound {
-                what: "message",
-                id: record.seq,
+            return Err(CellError::RetryLater {
+                reason: Reason::AwaitingBackfill,
+                message: format!(
+                    "this request was answered with seq {} by the cell this conversation failed \
+                     over from; that message is not here until the cell returns",
+                    record.seq
+                ),
+                retry_after: std::time::Duration::from_secs(1),
             });
         };
         let (conversation, seq) = (record.conversation_id, record.seq);

@@ -243,3 +243,44 @@ async fn a_standby_refuses_messages_of_a_conversation_it_has_no_record_of() {
     let stored = peer.replicate(write(2, None)).await.unwrap();
     assert_eq!(stored.into_inner().stored, 1);
 }
+
+/// In sync mode an answer can reach a standby (through the forward queue)
+/// ahead of its message, when the owner hangs between the two: after the
+/// failover a re-send of that request is neither acknowledged (the message
+/// is not on the new owner) nor refused as unknown — it stays open until
+/// the failed cell returns and is backfilled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_sync_mode_an_answer_whose_message_never_arrived_waits_for_the_backfill() {
+    let (mut d, routes, cp, alice, mut m, conv) = failover_deployment_with(sync_mode).await;
+    let answers = send_before(&mut m, &alice, conv, 5).await;
+    wait_for_checkpoint(&routes, conv, 5, Duration::from_secs(10)).await;
+    // The answer to "ghost" reached the standby; its message did not.
+    let standby = d.cells[1].cell.service.store().clone();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let mut planted = cellmesh_cell::storage::Mutation::new();
+    planted.put_idempotency(
+        &answer_key("ghost"),
+        &cellmesh_proto::storage::v1::IdempotencyRecord {
+            conversation_id: conv,
+            msg_id: answers[4].msg_id + 1,
+            seq: answers[4].seq + 1,
+            server_ts_ms: now,
+            expires_at_ms: now + 3_600_000,
+        },
+    );
+    standby.commit(planted).await.unwrap();
+
+    let _dir = fail_first_cell(&mut d, conv).await;
+    let e = m
+        .send(authed(text(conv, "ghost"), &alice))
+        .await
+        .unwrap_err();
+    assert_reason(&e, ErrorCode::RetryLater, "AWAITING_BACKFILL");
+    // Requests whose messages it holds are answered as before.
+    let again = resend(&mut m, &alice, conv, 3).await;
+    assert_eq!((again.seq, again.duplicate), (answers[3].seq, true));
+    cp.stop();
+}
