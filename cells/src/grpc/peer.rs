@@ -189,27 +189,16 @@ impl CellPeer for PeerApi {
         let r = request.into_inner();
         tracing::debug!(source = %r.source_cell, events = r.events.len(), "deliver batch");
         // Who owns a replicated conversation is judged on a table at least
-        // as new as the sender's; until this cell's view gets there the
-        // sender keeps the batch and tries again (a refusal would be final).
-        if r.route_index > 0
+        // as new as the sender's; what a view that does not get there in
+        // time would refuse, the sender keeps and delivers again.
+        let view_behind = r.route_index > 0
             && r.events.iter().any(crate::pipeline::for_standby)
             && !(self.service.ownership())
                 .await_route_index(r.route_index, STANDBY_ROUTE_WAIT)
-                .await
-        {
-            return Err(CellError::RetryLater {
-                reason: Reason::RouteBehind,
-                message: format!(
-                    "this cell's route view has not reached index {} of {}",
-                    r.route_index, r.source_cell
-                ),
-                retry_after: Duration::from_millis(200),
-            }
-            .into());
-        }
+                .await;
         let delivered = self
             .inbound
-            .deliver(r.source_cell, r.events)
+            .deliver(r.source_cell, r.events, view_behind)
             .await
             .map_err(pipeline_unavailable)?;
         Ok(Response::new(DeliverBatchResponse {
@@ -223,6 +212,7 @@ impl CellPeer for PeerApi {
                 })
                 .collect(),
             refused_standby_events: delivered.refused_standby,
+            deferred_standby_events: delivered.deferred_standby,
         }))
     }
 

@@ -230,13 +230,16 @@ impl Forwarder {
                 _ => None,
             };
             async move {
-                let refused: Result<Vec<UserKey>, String> = match (&target, remote) {
+                let refused: Result<Answer, String> = match (&target, remote) {
                     (Target::Local, _) => self
                         .local
-                        .deliver(String::new(), events)
+                        .deliver(String::new(), events, false)
                         .instrument(span)
                         .await
-                        .map(|d| d.refused_users)
+                        .map(|d| Answer {
+                            refused_users: d.refused_users,
+                            deferred: Vec::new(),
+                        })
                         .map_err(|e| e.to_string()),
                     (Target::Remote(_), Some(client)) => {
                         deliver(client, from, &self.secret, events)
@@ -263,10 +266,11 @@ impl Forwarder {
                     }
                 }
             }
-            for (slot, at, e) in batch {
+            for (sent, (slot, at, e)) in batch.into_iter().enumerate() {
                 let kept = match &refused {
                     Err(_) => true,
-                    Ok(users) => !for_standby(&e) && users.contains(&user_of(&e)),
+                    Ok(answer) if for_standby(&e) => answer.deferred.contains(&(sent as u32)),
+                    Ok(answer) => answer.refused_users.contains(&user_of(&e)),
                 };
                 if kept {
                     if !for_standby(&e) {
@@ -349,14 +353,22 @@ fn forward_span(parent: &str, target: &Target, events: usize) -> Option<tracing:
     follow(&span, parent).then_some(span)
 }
 
-/// Sends one batch; the users the destination refused, or why the call
+/// What a destination left for later of a batch.
+struct Answer {
+    /// Users not homed there.
+    refused_users: Vec<UserKey>,
+    /// Standby events (their places in the batch) it could not judge yet.
+    deferred: Vec<u32>,
+}
+
+/// Sends one batch; what the destination left for later, or why the call
 /// failed (the caller backs the destination off).
 async fn deliver(
     mut client: CellPeerClient<Channel>,
     (cell_id, route_index): (&str, u64),
     secret: &ClusterSecret,
     events: Vec<PeerEvent>,
-) -> Result<Vec<UserKey>, String> {
+) -> Result<Answer, String> {
     let mut request = tonic::Request::new(DeliverBatchRequest {
         source_cell: cell_id.to_string(),
         events,
@@ -364,12 +376,15 @@ async fn deliver(
     });
     secret.attach(&mut request);
     match tokio::time::timeout(DELIVER_TIMEOUT, client.deliver_batch(request)).await {
-        Ok(Ok(response)) => Ok(response
-            .into_inner()
-            .refused
-            .iter()
-            .map(|u| UserKey::new(u.tenant_id, u.user_id))
-            .collect()),
+        Ok(Ok(response)) => {
+            let response = response.into_inner();
+            Ok(Answer {
+                refused_users: (response.refused.iter())
+                    .map(|u| UserKey::new(u.tenant_id, u.user_id))
+                    .collect(),
+                deferred: response.deferred_standby_events,
+            })
+        }
         Ok(Err(status)) => Err(status.to_string()),
         Err(_) => Err("timed out".to_string()),
     }

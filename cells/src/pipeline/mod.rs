@@ -57,16 +57,20 @@ pub struct PeerInbound {
 }
 
 impl PeerInbound {
-    /// Applies events delivered by `source` ("" = this cell).
+    /// Applies events delivered by `source` ("" = this cell); `view_behind`:
+    /// this cell's route view has not reached the sender's (replicated
+    /// events it would refuse are deferred, not refused).
     pub async fn deliver(
         &self,
         source: String,
         events: Vec<PeerEvent>,
+        view_behind: bool,
     ) -> Result<Delivered, PipelineError> {
         let (reply, rx) = oneshot::channel();
         self.send(Inbound::Deliver {
             source,
             events,
+            view_behind,
             reply,
         })
         .await?;

@@ -27,6 +27,7 @@ use tokio::sync::{Notify, mpsc, oneshot};
 
 use super::PipelineError;
 use super::plan::{self, Fanout};
+use super::standby::RecentAnswers;
 use super::traced::{self, BatchTrace};
 use crate::clock::Clock;
 use crate::convert::message_to_proto;
@@ -62,6 +63,7 @@ pub enum Inbound {
     Deliver {
         source: String,
         events: Vec<PeerEvent>,
+        view_behind: bool,
         reply: oneshot::Sender<Result<Delivered, PipelineError>>,
     },
     /// Copied chunks of moving user homes (distinct users), stored in one
@@ -82,6 +84,9 @@ pub struct Delivered {
     pub refused_users: Vec<UserKey>,
     /// Events for a standby left out (see [`Processor::replicated_by_owner`]).
     pub refused_standby: u32,
+    /// Events for a standby left for later (their places in the delivery):
+    /// refused by a route view older than the sender's.
+    pub deferred_standby: Vec<u32>,
 }
 
 /// A copied part of a user's home (see [`Inbound::ImportUsers`]).
@@ -97,6 +102,10 @@ pub struct UserImport {
 
 /// How long a poll waits before the processor checks for inbound events.
 const POLL_WAIT: Duration = Duration::from_millis(50);
+
+/// Answers kept for standbys that join (seconds of sends at full load,
+/// minutes at a moderate one).
+const RECENT_ANSWERS: usize = 100_000;
 
 /// Users whose pts stay cached.
 const PTS_CACHE: usize = 1 << 20;
@@ -114,6 +123,8 @@ pub struct Processor {
     /// Events for users' home cells, and copies for this cell's standbys.
     homes_queue: ForwardLane,
     standbys_queue: ForwardLane,
+    /// Answers shipped lately, for standbys that join.
+    recent: RecentAnswers,
     cell_id: String,
     /// Users this processor queued events for (a superset of those whose
     /// events still wait in the forward queue).
@@ -263,6 +274,7 @@ impl Processor {
             homes,
             homes_queue,
             standbys_queue,
+            recent: RecentAnswers::new(RECENT_ANSWERS),
             cell_id,
         })
     }
@@ -283,9 +295,11 @@ impl Processor {
                     Inbound::Deliver {
                         source,
                         events,
+                        view_behind,
                         reply,
                     } => {
-                        let _ = reply.send(self.apply_remote(&source, &events).await);
+                        let applied = self.apply_remote(&source, &events, view_behind).await;
+                        let _ = reply.send(applied);
                     }
                     Inbound::ImportUsers { imports, reply } => {
                         let _ = reply.send(self.import_users(imports).await);
@@ -311,20 +325,32 @@ impl Processor {
         &mut self,
         source: &str,
         events: &[PeerEvent],
+        view_behind: bool,
     ) -> Result<Delivered, PipelineError> {
         let mut batch = Batch::default();
         let mut refused = Vec::new();
-        let mut refused_standby = 0;
-        for e in events {
+        let (mut refused_standby, mut deferred_standby) = (0, Vec::new());
+        for (at, e) in events.iter().enumerate() {
             if super::for_standby(e)
                 && let Err(why) = self.replicated_by_owner(source, e)
             {
+                let what = if e.meta.is_some() { "meta" } else { "answer" };
+                // A view older than the sender's may not know the move or
+                // failover that makes the sender a holder: judge it later.
+                if view_behind {
+                    tracing::debug!(
+                        source,
+                        conversation = e.conversation_id,
+                        "deferred a replicated {what}: {why}"
+                    );
+                    deferred_standby.push(at as u32);
+                    continue;
+                }
                 tracing::warn!(
                     source,
                     tenant = e.tenant_id,
                     conversation = e.conversation_id,
-                    "refused a replicated {}: {why}",
-                    if e.meta.is_some() { "meta" } else { "answer" }
+                    "refused a replicated {what}: {why}"
                 );
                 refused_standby += 1;
                 continue;
@@ -381,6 +407,7 @@ impl Processor {
             applied,
             refused_users: refused,
             refused_standby,
+            deferred_standby,
         })
     }
 
@@ -653,6 +680,25 @@ impl Processor {
         Ok(())
     }
 
+    /// This cell's standbys for `batch` (looked up once per batch); a
+    /// standby that was none at the last lookup gets the answers shipped
+    /// lately first (see [`RecentAnswers`]).
+    fn standbys(&mut self, batch: &mut Batch) -> Arc<[String]> {
+        if let Some(standbys) = &batch.standbys {
+            return standbys.clone();
+        }
+        let standbys = batch.standbys(self.homes.as_ref());
+        let (joined, replay) = self.recent.joined(&standbys);
+        if !replay.is_empty() {
+            tracing::info!(standbys = ?joined, answers = replay.len(), "new standbys get the answers shipped lately");
+            for endpoint in &joined {
+                let queued = batch.standby_forward.entry(endpoint.clone()).or_default();
+                queued.extend(replay.iter().cloned());
+            }
+        }
+        standbys
+    }
+
     /// Queues the answer to an acknowledged send for this cell's standbys,
     /// so that a failover target answers a re-send of it as this cell did
     /// (within the replication lag: what the forward queue still holds).
@@ -662,7 +708,7 @@ impl Processor {
         {
             return;
         }
-        let standbys = batch.standbys(self.homes.as_ref());
+        let standbys = self.standbys(batch);
         let answer = PeerEvent {
             event_id: id,
             tenant_id: event.tenant_id,
@@ -681,6 +727,7 @@ impl Processor {
             client_req_id: event.client_req_id.clone(),
             ..Default::default()
         };
+        self.recent.shipped(&answer);
         batch.queue_for_standbys(&standbys, answer);
     }
 
@@ -694,7 +741,7 @@ impl Processor {
         id: u64,
         event: &OutboxEvent,
     ) -> Result<(), PipelineError> {
-        let standbys = batch.standbys(self.homes.as_ref());
+        let standbys = self.standbys(batch);
         if standbys.is_empty()
             || self.store.failpoints().hit("standby.answers") == Some(Action::Error)
         {
@@ -729,6 +776,7 @@ impl Processor {
                 client_req_id: key.client_req_id,
                 ..Default::default()
             };
+            self.recent.shipped(&copy);
             batch.queue_for_standbys(&standbys, copy);
         }
         Ok(())
@@ -742,7 +790,7 @@ impl Processor {
         id: u64,
         event: &OutboxEvent,
     ) -> Result<(), PipelineError> {
-        let standbys = batch.standbys(self.homes.as_ref());
+        let standbys = self.standbys(batch);
         if standbys.is_empty() {
             return Ok(());
         }

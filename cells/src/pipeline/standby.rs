@@ -8,8 +8,17 @@
 //!
 //! The caller (`DeliverBatch`) first waits until this cell's route view is
 //! at least as new as the sender's, and answers `ROUTE_BEHIND` (the sender
-//! keeps the events and retries) when it is not, so a refusal here is never
-//! the result of a view that merely lags.
+//! defers the events (the sender keeps them and retries) when it is not, so
+//! a refusal here is never the result of a view that merely lags.
+//!
+//! [`RecentAnswers`] keeps the answers a cell shipped lately, for a standby
+//! that joins (a cell back Up, a new cell of the region): a failover may
+//! pick it at once, and it must answer re-sends of what was acknowledged
+//! while it was no standby.
+
+use std::collections::VecDeque;
+
+use cellmesh_proto::v1::PeerEvent;
 
 use crate::homes::Owner;
 
@@ -46,9 +55,79 @@ pub fn verdict(this_cell: &str, e: &Replicated, owner: Option<&Owner>) -> Result
     }
 }
 
+/// The answers a cell shipped to its standbys lately (at most `cap`), and
+/// the standbys it shipped them to.
+pub struct RecentAnswers {
+    answers: VecDeque<PeerEvent>,
+    cap: usize,
+    standbys: Vec<String>,
+}
+
+impl RecentAnswers {
+    pub fn new(cap: usize) -> Self {
+        Self {
+            answers: VecDeque::new(),
+            cap,
+            standbys: Vec::new(),
+        }
+    }
+
+    /// Notes an answer shipped to the standbys.
+    pub fn shipped(&mut self, answer: &PeerEvent) {
+        if self.answers.len() == self.cap {
+            self.answers.pop_front();
+        }
+        self.answers.push_back(answer.clone());
+    }
+
+    /// The standbys in `now` that were not standbys at the last call, with
+    /// the answers to ship them first (oldest first).
+    pub fn joined(&mut self, now: &[String]) -> (Vec<String>, Vec<PeerEvent>) {
+        let new: Vec<String> = (now.iter())
+            .filter(|s| !self.standbys.contains(s))
+            .cloned()
+            .collect();
+        if now != self.standbys.as_slice() {
+            self.standbys = now.to_vec();
+        }
+        let replay = match new.is_empty() {
+            true => Vec::new(),
+            false => self.answers.iter().cloned().collect(),
+        };
+        (new, replay)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn answer(seq: u64) -> PeerEvent {
+        PeerEvent {
+            seq,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_standby_that_joins_gets_the_recent_answers_and_no_one_else_does() {
+        let mut recent = RecentAnswers::new(2);
+        let both = ["eu/c2".to_string(), "us/c1".to_string()];
+        // The first standbys seen join with nothing shipped yet.
+        assert_eq!(recent.joined(&both[1..]), (vec!["us/c1".into()], vec![]));
+        for seq in 1..=3 {
+            recent.shipped(&answer(seq));
+        }
+        // Unchanged: nothing to replay.
+        assert_eq!(recent.joined(&both[1..]).0, Vec::<String>::new());
+        // eu/c2 is back: the last two answers (the cap) go to it alone.
+        let (new, replay) = recent.joined(&both);
+        assert_eq!(new, vec!["eu/c2".to_string()]);
+        assert_eq!(replay.iter().map(|a| a.seq).collect::<Vec<_>>(), [2, 3]);
+        // It leaves and returns: replayed again.
+        recent.joined(&both[1..]);
+        assert_eq!(recent.joined(&both).0, vec!["eu/c2".to_string()]);
+    }
 
     fn event(source: &str) -> Replicated<'_> {
         Replicated {

@@ -748,6 +748,28 @@ async fn replicated_meta_from_a_cell_that_does_not_own_the_conversation_is_refus
             "{name}"
         );
     }
+    // From a sender whose route view is ahead of the standby's (it may
+    // know a move the standby does not yet): left for later, not refused,
+    // and nothing stored.
+    let mut peer = CellPeerClient::connect(standby.clone()).await.unwrap();
+    let ahead = peer
+        .deliver_batch(with_secret(DeliverBatchRequest {
+            source_cell: "us-east/c9".into(),
+            events: vec![forged_meta(1)],
+            route_index: u64::MAX / 2,
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (
+            ahead.applied,
+            ahead.refused_standby_events,
+            ahead.deferred_standby_events
+        ),
+        (0, 0, vec![0]),
+        "meta from a view ahead of the standby's"
+    );
     assert_eq!(members(0), vec![10, 11], "the owner's members");
     assert_eq!(members(1), vec![10, 11], "the standby's members");
     let key = cellmesh_cell::storage::IdemKey {
