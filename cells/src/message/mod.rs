@@ -235,16 +235,22 @@ impl MessageService {
     }
 
     /// Stores the high-water marks `source` pushed here. A conversation
-    /// this cell owns now keeps the mark it held when it took it over: a
-    /// late push from the cell it took it from must not move the floor it
-    /// has built on.
+    /// settled here keeps the mark it held when it took it over: a late
+    /// push from the cell it took it from must not move the floor it has
+    /// built on. One moving away from here takes the marks its target
+    /// pushes: should that target fail over back here, the floor must be
+    /// above what it may have written (this cell's own latest seq at the
+    /// handover plus the margin).
     pub fn store_pushed_marks(
         &self,
         source: &str,
         mut marks: Vec<crate::storage::Mark>,
     ) -> Result<()> {
         self.marks.validate_push(source, &marks)?;
-        marks.retain(|&(tenant, conversation, _)| !self.ownership.owns(tenant, conversation));
+        marks.retain(|&(tenant, conversation, _)| {
+            let own = &self.ownership;
+            !(own.owns(tenant, conversation) && own.settled(tenant, conversation))
+        });
         self.marks.store_pushed(&marks)
     }
 

@@ -136,3 +136,97 @@ async fn move_then_fail_over(mode: ReplicationMode) {
     drop(source);
     cp.stop();
 }
+
+/// A conversation moves off a cell that is its target's standby, and the
+/// target fails over back to that cell before its next checkpoint: the old
+/// owner took the marks the target pushed while the move was frozen, so
+/// its floor lands above everything the target may have written, and the
+/// target's acknowledged sends survive (backfilled below the floor).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_failing_back_to_the_moves_source_loses_nothing_it_acknowledged() {
+    let cluster = RouterCluster::start(1, |_| {}).await;
+    let routers = cluster.endpoints();
+    // us-east/c2 owns the tenant and is us-east/c1's standby.
+    let _source = TestCell::start_routed("us-east/c2", routers.clone()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = busy_cell_config(dir.path(), "us-east/c1", &routers, ReplicationMode::Async);
+    // No checkpoint of what it writes after the switch reaches the source.
+    config.routing.checkpoint_interval_ms = 10_000;
+    let process = CellProcess::start_configured(dir.path(), &config).await;
+    let routes = cluster.client().await;
+    routes
+        .apply(assign_tenant(1, "us-east/c2", 0))
+        .await
+        .unwrap();
+    let edge = start_edge(routers.clone()).await;
+    // A failover margin of 50 + 50/s × 2 × 200 ms = 70 seqs.
+    let cp = control_plane_with(
+        routers.clone(),
+        cellmesh_control_plane::server::FailoverConfig {
+            conversation_per_sec: 50,
+            conversation_burst: 50,
+            checkpoint_interval_ms: 200,
+            owner_lease_ms: 2_000,
+        },
+    )
+    .await;
+    let alice = token(1, 10);
+    let mut m = messaging(&edge).await;
+    // Each phase sends as users of its own: request ids stay unique.
+    let conv = create_via_edge(&mut m, &alice, vec![11, 12, 13]).await;
+    let before = Senders::start(&edge, conv, &[10, 11]);
+    let epoch = before.epoch;
+    before.until_acked(150, Duration::from_secs(30)).await;
+    let mut ops = before.finish(Duration::ZERO).await;
+    // Each phase's operations on the first phase's clock.
+    let finished = |senders: Senders| async move {
+        let shift = senders.epoch.duration_since(epoch).as_millis() as u64;
+        let mut ops = senders.finish(Duration::ZERO).await;
+        for op in &mut ops {
+            op.invoked_ms += shift;
+            op.completed_ms += shift;
+        }
+        ops
+    };
+    let moved_at = ops
+        .iter()
+        .filter_map(|o| match o.outcome {
+            Outcome::Ok { seq, .. } => Some(seq),
+            _ => None,
+        })
+        .max()
+        .unwrap();
+    assert!(moved_at > 70, "more history than the margin: {moved_at}");
+    migrator(&routes)
+        .migrate_conversation(1, conv, "us-east/c1", |_| {})
+        .await
+        .expect("the move finishes");
+    // A few sends on the new owner, then it hangs and fails back.
+    let after = Senders::start(&edge, conv, &[12]);
+    after.until_acked(5, Duration::from_secs(10)).await;
+    ops.extend(finished(after).await);
+    process.signal(libc::SIGSTOP);
+    assert!(
+        eventually(Duration::from_secs(20), || {
+            let back = routes
+                .resolve(&Key::conversation(1, conv))
+                .is_some_and(|r| r.entry.cell == "us-east/c2");
+            async move { back }
+        })
+        .await,
+        "no failover: {:?}",
+        cp.events()
+    );
+    let resumed = Senders::start(&edge, conv, &[13]);
+    resumed.until_acked(5, Duration::from_secs(10)).await;
+    ops.extend(finished(resumed).await);
+    process.signal(libc::SIGCONT);
+    wait_for_backfill(&cp, "us-east/c1", Duration::from_secs(30)).await;
+    let mut history = History {
+        sends: ops,
+        ..History::default()
+    };
+    read_back_via_edge(&mut m, &alice, conv, &mut history).await;
+    assert_every_invariant(&history);
+    cp.stop();
+}
