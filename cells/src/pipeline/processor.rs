@@ -741,12 +741,11 @@ impl Processor {
         id: u64,
         event: &OutboxEvent,
     ) -> Result<(), PipelineError> {
-        let standbys = self.standbys(batch);
-        if standbys.is_empty()
-            || self.store.failpoints().hit("standby.answers") == Some(Action::Error)
-        {
+        if self.store.failpoints().hit("standby.answers") == Some(Action::Error) {
             return Ok(());
         }
+        // With none up, still noted for the standby that joins next.
+        let standbys = self.standbys(batch);
         let conversation = event.conversation_id;
         for &seq in &event.items {
             let Some(r) = self.store.message(conversation, seq)? else {
