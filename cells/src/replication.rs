@@ -16,7 +16,6 @@
 //! `replication.require_standby` asks to refuse them.
 
 use cellmesh_proto::reason::Reason;
-use cellmesh_proto::tls::Dial;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,7 +24,7 @@ use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::status::error_detail;
 use cellmesh_proto::v1::cell_peer_client::CellPeerClient;
 use cellmesh_proto::v1::{ConversationMeta, ReplicateRequest, ReplicatedWrite};
-use cellmesh_telemetry::trace::grpc::{Channel, Traceable};
+use cellmesh_telemetry::trace::grpc::Channel;
 use prost::Message as _;
 use tokio::sync::{mpsc, oneshot};
 
@@ -300,13 +299,7 @@ impl Shipper {
         if let Some(client) = self.clients.get(endpoint) {
             return Some(client.clone());
         }
-        let dial = cellmesh_proto::config::via(&self.links, endpoint);
-        let channel = cellmesh_proto::tls::endpoint(dial.to_string())
-            .ok()?
-            .connect_timeout(Duration::from_secs(2))
-            .dial_lazy()
-            .traced();
-        let client = CellPeerClient::new(channel).max_encoding_message_size(64 << 20);
+        let client = crate::peers::dial(&self.links, endpoint).ok()?;
         self.clients.insert(endpoint.to_string(), client.clone());
         Some(client)
     }

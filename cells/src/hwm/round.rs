@@ -10,7 +10,6 @@
 //! Only when all of them stored all of it are the marks acknowledged (the
 //! fence moves) and the standbys listed as holders.
 
-use cellmesh_proto::tls::Dial;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,7 +19,7 @@ use cellmesh_proto::v1::cell_peer_client::CellPeerClient;
 use cellmesh_proto::v1::{HighWaterMark, HighWaterMarks as PbMarks};
 use cellmesh_route_client::client::RouteClient;
 use cellmesh_route_client::table::{Key, RouteState};
-use cellmesh_telemetry::trace::grpc::{Channel, Traceable};
+use cellmesh_telemetry::trace::grpc::Channel;
 
 use super::HighWaterMarks;
 use crate::storage::Mark;
@@ -318,13 +317,7 @@ impl Rounds {
         if let Some(client) = self.clients.get(address) {
             return Ok(client.clone());
         }
-        let dial = cellmesh_proto::config::via(&self.links, address);
-        let channel = cellmesh_proto::tls::endpoint(dial.to_string())
-            .map_err(|e| format!("{address}: {e}"))?
-            .connect_timeout(Duration::from_secs(2))
-            .dial_lazy()
-            .traced();
-        let client = CellPeerClient::new(channel).max_decoding_message_size(64 << 20);
+        let client = crate::peers::dial(&self.links, address)?;
         self.clients.insert(address.to_string(), client.clone());
         Ok(client)
     }

@@ -9,10 +9,7 @@
 
 use cellmesh_proto::reason::Reason;
 use cellmesh_proto::secret::ClusterSecret;
-use cellmesh_proto::tls::Dial;
 use cellmesh_proto::v1::ExportRequest;
-use cellmesh_proto::v1::cell_peer_client::CellPeerClient;
-use cellmesh_telemetry::trace::grpc::Traceable;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -30,7 +27,9 @@ const MAX_ABSENT: usize = 100_000;
 const RETRY_AFTER: Duration = Duration::from_millis(500);
 const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Fetches in flight, and ids the failed cells said they never had.
+/// Fetches in flight, and conversations the failed cells said they never
+/// had, by (tenant, conversation): another tenant's caller naming the same
+/// id must not change what this tenant is answered.
 #[derive(Default)]
 pub(super) struct Repairs {
     inner: Mutex<RepairState>,
@@ -38,8 +37,8 @@ pub(super) struct Repairs {
 
 #[derive(Default)]
 struct RepairState {
-    fetching: HashSet<u64>,
-    absent: HashMap<u64, Instant>,
+    fetching: HashSet<(u64, u64)>,
+    absent: HashMap<(u64, u64), Instant>,
 }
 
 /// What the failed cell answered.
@@ -55,21 +54,22 @@ impl MessageService {
     /// meta starts in the background); `None` when "not found" is right.
     pub(super) fn incomplete(&self, tenant: u64, conversation: u64) -> Option<CellError> {
         let from = self.ownership.taken_over_from(tenant, conversation)?;
+        let key = (tenant, conversation);
         {
             let mut state = self.repairs.inner.lock().expect("repairs");
-            if let Some(at) = state.absent.get(&conversation) {
+            if let Some(at) = state.absent.get(&key) {
                 if at.elapsed() < ABSENT_FOR {
                     return None;
                 }
-                state.absent.remove(&conversation);
+                state.absent.remove(&key);
             }
-            if state.fetching.insert(conversation) {
+            if state.fetching.insert(key) {
                 let (store, config) = (self.store.clone(), self.config.clone());
                 let repairs = self.repairs.clone();
                 tokio::spawn(async move {
                     let fetched = fetch(&store, &config, &from, tenant, conversation).await;
                     let mut state = repairs.inner.lock().expect("repairs");
-                    state.fetching.remove(&conversation);
+                    state.fetching.remove(&key);
                     match fetched {
                         Ok(Fetched::Stored) => {
                             tracing::info!(conversation, %from, "fetched the meta of a conversation taken over without it");
@@ -78,7 +78,7 @@ impl MessageService {
                             if state.absent.len() > MAX_ABSENT {
                                 state.absent.clear();
                             }
-                            state.absent.insert(conversation, Instant::now());
+                            state.absent.insert(key, Instant::now());
                         }
                         Err(e) => {
                             tracing::warn!(conversation, %from, error = %e, "cannot fetch the meta of a conversation taken over without it");
@@ -107,13 +107,7 @@ async fn fetch(
     tenant: u64,
     conversation: u64,
 ) -> Result<Fetched, String> {
-    let dial = cellmesh_proto::config::via(&config.routing.links, from);
-    let channel = cellmesh_proto::tls::endpoint(dial.to_string())
-        .map_err(|e| e.to_string())?
-        .connect_timeout(Duration::from_secs(2))
-        .dial_lazy()
-        .traced();
-    let mut client = CellPeerClient::new(channel).max_decoding_message_size(64 << 20);
+    let mut client = crate::peers::dial(&config.routing.links, from)?;
     // No messages: the record, members and read positions only.
     let mut request = tonic::Request::new(ExportRequest {
         tenant_id: tenant,

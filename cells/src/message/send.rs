@@ -140,7 +140,6 @@ impl MessageService {
             };
             let mut m = Mutation::new();
             m.put_message(cmd.conversation, seq, &message);
-            let mut jumps = state.jumps.clone();
             if let Some(jump) = &jump {
                 tracing::info!(
                     conversation = cmd.conversation,
@@ -149,14 +148,15 @@ impl MessageService {
                     epoch = jump.epoch,
                     "seqs skipped above a failover floor"
                 );
-                jumps.push(*jump);
+                // Ahead of the commit, as `latest` is (nothing below fails).
+                state.jumps.push(*jump);
             }
             m.put_conv_seq(
                 cmd.conversation,
                 &ConversationSeq {
                     latest_seq: seq,
                     seq_floor: floor,
-                    jumps: jumps.clone(),
+                    jumps: state.jumps.clone(),
                 },
             );
             m.put_idempotency(&key, &record);
@@ -177,7 +177,6 @@ impl MessageService {
             });
             state.latest = seq;
             state.floor = floor;
-            state.jumps = jumps;
             // Kept for the standbys only when they must have it first.
             let shipped = self
                 .replicator

@@ -10,7 +10,6 @@
 //! fan-out. A page goes to all its destinations at once, so a far cell
 //! (a standby in another region) adds its round trip to no other's.
 
-use cellmesh_proto::tls::Dial;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,7 +18,7 @@ use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::storage::v1::ForwardRecord;
 use cellmesh_proto::v1::cell_peer_client::CellPeerClient;
 use cellmesh_proto::v1::{DeliverBatchRequest, PeerEvent};
-use cellmesh_telemetry::trace::grpc::{Channel, Traceable};
+use cellmesh_telemetry::trace::grpc::Channel;
 use cellmesh_telemetry::trace::{follow, traceparent};
 use prost::Message as _;
 use tokio::sync::Notify;
@@ -399,16 +398,11 @@ fn destination<'a>(
         return None;
     }
     if !destinations.contains_key(endpoint) {
-        let dial = cellmesh_proto::config::via(links, endpoint);
-        let channel = cellmesh_proto::tls::endpoint(dial.to_string())
-            .ok()?
-            .connect_timeout(Duration::from_secs(2))
-            .dial_lazy()
-            .traced();
+        let client = crate::peers::dial(links, endpoint).ok()?;
         destinations.insert(
             endpoint.to_string(),
             Destination {
-                client: CellPeerClient::new(channel),
+                client,
                 retry_at: Instant::now(),
                 backoff: Duration::from_millis(100),
             },
