@@ -12,6 +12,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             &[
                 "proto/cellmesh/v1/common.proto",
                 "proto/cellmesh/v1/messaging.proto",
+                "proto/cellmesh/v1/attachments.proto",
                 "proto/cellmesh/v1/sync.proto",
                 "proto/cellmesh/v1/peer.proto",
                 "proto/cellmesh/v1/routing.proto",

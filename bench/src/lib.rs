@@ -38,6 +38,7 @@ pub fn send_request(
         body,
         route_epoch: 0,
         visible_to: Vec::new(),
+        attachment_ids: Vec::new(),
     }
 }
 

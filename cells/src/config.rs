@@ -43,6 +43,8 @@ pub struct CellConfig {
     pub replication: ReplicationConfig,
     /// When history leaves RocksDB for the cold tier, and where that is.
     pub tiering: crate::cold::TieringConfig,
+    /// Files and images: where they live, their limits.
+    pub attachments: crate::attachments::AttachmentsConfig,
 }
 
 /// When a write is acknowledged relative to this cell's standbys (the cells
@@ -265,6 +267,8 @@ pub struct RateLimitConfig {
     /// make, and the burst above it.
     pub user_calls_per_sec: u32,
     pub user_calls_burst: u32,
+    /// Uploads (`CreateUpload`) one user may reserve per minute.
+    pub user_uploads_per_minute: u32,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -310,6 +314,7 @@ impl Default for CellConfig {
             routing: RoutingConfig::default(),
             replication: ReplicationConfig::default(),
             tiering: Default::default(),
+            attachments: Default::default(),
         }
     }
 }
@@ -378,6 +383,7 @@ impl Default for RateLimitConfig {
             conversation_burst: 4_000,
             user_calls_per_sec: 100,
             user_calls_burst: 500,
+            user_uploads_per_minute: 60,
         }
     }
 }
@@ -451,6 +457,7 @@ impl CellConfig {
         check_listen("metrics_listen", &self.metrics_listen)?;
         self.telemetry.validate()?;
         self.tiering.validate()?;
+        self.attachments.validate()?;
         const DAY_S: u64 = 86_400;
         let l = &self.limits;
         check_range("limits.max_body_bytes", l.max_body_bytes, 1, 4 << 20)?;

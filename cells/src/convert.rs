@@ -60,6 +60,7 @@ impl TryFrom<pb::SendRequest> for SendCommand {
             body: r.body,
             route_epoch: r.route_epoch,
             visible_to: r.visible_to,
+            attachments: r.attachment_ids,
         })
     }
 }
@@ -217,6 +218,7 @@ pub fn message_to_proto(conversation: u64, seq: u64, r: MessageRecord) -> pb::Me
         edited_at_ms: r.edited_at_ms,
         edit_version: r.edit_version,
         visible_to: r.visible_to,
+        attachments: r.attachments,
     }
 }
 

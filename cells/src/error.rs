@@ -91,6 +91,7 @@ impl CellError {
             Self::RateLimited { scope, .. } => match *scope {
                 "user" | "user_calls" => Reason::UserRateLimited,
                 "streams" => Reason::TooManyStreams,
+                "uploads" => Reason::UploadRateLimited,
                 _ => Reason::ConversationRateLimited,
             },
             Self::Storage(StorageError::Closed) => Reason::ShuttingDown,

@@ -20,6 +20,7 @@
 //!   and map is keyed by.
 //! - [`server`]: starting and stopping a cell; [`config`]: its TOML config.
 
+pub mod attachments;
 pub mod clock;
 pub mod cold;
 pub mod config;

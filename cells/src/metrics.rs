@@ -9,7 +9,7 @@ use std::sync::LazyLock;
 
 use cellmesh_telemetry::{
     Counter, Family, Gauge, Histogram, Unit, counter, counter_family, float_gauge, gauge,
-    histogram, histogram_family, latency_buckets, size_buckets,
+    gauge_family, histogram, histogram_family, latency_buckets, size_buckets,
 };
 use prometheus_client::encoding::EncodeLabelSet;
 
@@ -26,6 +26,11 @@ pub struct ScopeLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DirectionLabel {
     pub direction: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TenantLabel {
+    pub tenant: u64,
 }
 
 pub struct CellMetrics {
@@ -48,6 +53,11 @@ pub struct CellMetrics {
     pub segments_deleted: Counter,
     pub segments_corrupt: Counter,
     pub cold_pulls: Counter,
+    pub uploads_reserved: Counter,
+    pub uploads_completed: Counter,
+    pub uploads_swept: Counter,
+    pub download_urls: Counter,
+    pub attachment_bytes: Family<TenantLabel, Gauge>,
 }
 
 fn size_histogram() -> Histogram {
@@ -128,6 +138,23 @@ static METRICS: LazyLock<CellMetrics> = LazyLock::new(|| CellMetrics {
     cold_pulls: counter(
         "cellmesh_cold_pulls",
         "History pages that read cold segments.",
+    ),
+    uploads_reserved: counter(
+        "cellmesh_uploads_reserved",
+        "Uploads reserved (CreateUpload).",
+    ),
+    uploads_completed: counter(
+        "cellmesh_uploads_completed",
+        "Uploads whose stored bytes matched their size and SHA-256.",
+    ),
+    uploads_swept: counter(
+        "cellmesh_uploads_swept",
+        "Files deleted: expired reservations, orphans and recalled files past their grace.",
+    ),
+    download_urls: counter("cellmesh_download_urls", "Signed download URLs handed out."),
+    attachment_bytes: gauge_family(
+        "cellmesh_attachment_bytes",
+        "Bytes of reserved and completed files this cell keeps, by tenant.",
     ),
     idempotent_replays: counter(
         "cellmesh_idempotent_replays",

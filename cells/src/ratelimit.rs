@@ -17,6 +17,7 @@ pub struct SendLimits {
     users: DefaultKeyedRateLimiter<(u64, u64)>,
     conversations: DefaultKeyedRateLimiter<u64>,
     calls: DefaultKeyedRateLimiter<(u64, u64)>,
+    uploads: DefaultKeyedRateLimiter<(u64, u64)>,
     clock: DefaultClock,
 }
 
@@ -37,6 +38,10 @@ impl SendLimits {
                 config.user_calls_per_sec,
                 config.user_calls_burst,
             )),
+            uploads: DefaultKeyedRateLimiter::keyed({
+                let n = NonZeroU32::new(config.user_uploads_per_minute.max(1)).expect("at least 1");
+                Quota::per_minute(n).allow_burst(n)
+            }),
             clock: DefaultClock::default(),
         }
     }
@@ -60,6 +65,16 @@ impl SendLimits {
         })
     }
 
+    /// Takes one upload reservation from the user's budget
+    /// (`UPLOAD_RATE_LIMITED`).
+    pub fn check_upload(&self, tenant: u64, user: u64) -> Result<(), CellError> {
+        self.uploads
+            .check_key(&(tenant, user))
+            .map_err(|not_until| {
+                self.limited("uploads", not_until.wait_time_from(self.clock.now()))
+            })
+    }
+
     fn limited(&self, scope: &'static str, retry_after: Duration) -> CellError {
         crate::metrics::metrics()
             .rate_limited
@@ -79,6 +94,8 @@ impl SendLimits {
         self.conversations.shrink_to_fit();
         self.calls.retain_recent();
         self.calls.shrink_to_fit();
+        self.uploads.retain_recent();
+        self.uploads.shrink_to_fit();
     }
 }
 
@@ -95,6 +112,7 @@ mod tests {
             conversation_burst: conv,
             user_calls_per_sec: 2,
             user_calls_burst: 2,
+            user_uploads_per_minute: 2,
         })
     }
 
@@ -139,5 +157,18 @@ mod tests {
         l.check_call(1, 2).unwrap();
         l.check_call(2, 1).unwrap();
         l.check(1, 1, 10).unwrap();
+    }
+
+    #[test]
+    fn uploads_have_their_own_budget_per_user() {
+        let l = limits(1000, 1000);
+        l.check_upload(1, 1).unwrap();
+        l.check_upload(1, 1).unwrap();
+        assert_eq!(
+            l.check_upload(1, 1).unwrap_err().reason(),
+            "UPLOAD_RATE_LIMITED"
+        );
+        l.check_upload(1, 2).unwrap();
+        l.check_call(1, 1).unwrap();
     }
 }

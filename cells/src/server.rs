@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cellmesh_proto::server::standard_services;
+use cellmesh_proto::v1::attachments_server::AttachmentsServer;
 use cellmesh_proto::v1::cell_peer_server::CellPeerServer;
 use cellmesh_proto::v1::messaging_server::MessagingServer;
 use cellmesh_proto::v1::sync_server::SyncServer;
@@ -18,7 +19,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::QueueBackend;
 use crate::config::{CellConfig, ConfigError, REQUEST_OVERHEAD_BYTES};
 use crate::error::CellError;
-use crate::grpc::{MessagingApi, PeerApi, SyncApi};
+use crate::grpc::{AttachmentsApi, MessagingApi, PeerApi, SyncApi};
 use crate::homes::Homes;
 use crate::homes::StaticHomes;
 use crate::hwm::HighWaterMarks;
@@ -65,6 +66,8 @@ pub enum StartError {
     ColdTier(String),
     #[error("tls: {0}")]
     Tls(String),
+    #[error("cannot open the attachments store: {0}")]
+    Attachments(String),
 }
 
 /// How a cell learns what it owns and where its users live.
@@ -135,6 +138,9 @@ impl Placement {
 /// A cell serving in the background.
 pub struct RunningCell {
     pub addr: SocketAddr,
+    /// The local file store's listener of signed URLs (none with S3 or
+    /// attachments off).
+    pub files_addr: Option<SocketAddr>,
     pub service: Arc<MessageService>,
     pub sync: Arc<SyncService>,
     stop: Option<oneshot::Sender<()>>,
@@ -239,6 +245,13 @@ pub async fn start_placed(
         )),
         false => None,
     };
+    let attachments = crate::attachments::Attachments::open(&config.attachments, &config.data_dir)
+        .map_err(StartError::Attachments)?;
+    let files = match &attachments {
+        Some(a) => a.serve(clock.clone()).await?,
+        None => None,
+    };
+    let files_addr = files.as_ref().map(|(a, _)| *a);
     let service = Arc::new(
         MessageService::new(
             store.clone(),
@@ -248,7 +261,8 @@ pub async fn start_placed(
             replicator,
             marks.clone(),
         )?
-        .with_cold(cold),
+        .with_cold(cold)
+        .with_attachments(attachments),
     );
     let hub = Arc::new(Hub::new(
         config.sync.presence_window_secs * 1000,
@@ -281,6 +295,7 @@ pub async fn start_placed(
     let addr = listener.local_addr()?;
 
     let standard = standard_services::<MessagingServer<MessagingApi>>(&[
+        <AttachmentsServer<AttachmentsApi> as tonic::server::NamedService>::NAME,
         <SyncServer<SyncApi> as tonic::server::NamedService>::NAME,
         <CellPeerServer<PeerApi> as tonic::server::NamedService>::NAME,
     ])
@@ -311,6 +326,10 @@ pub async fn start_placed(
         guard(secret.clone()),
     );
     standard.reporter.set_serving::<SyncServer<SyncApi>>().await;
+    let attachments_api = InterceptedService::new(
+        AttachmentsServer::new(AttachmentsApi::new(service.clone())),
+        guard(secret.clone()),
+    );
     let sync_api = InterceptedService::new(
         SyncServer::new(SyncApi::new(sync.clone())),
         guard(secret.clone()),
@@ -339,6 +358,10 @@ pub async fn start_placed(
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let maintenance = tokio::spawn(maintain(service.clone(), hub.clone(), clock));
     let tierer = tokio::spawn(crate::message::run_tierer(Arc::downgrade(&service)));
+    let sweeper = tokio::spawn(sweep_uploads(
+        Arc::downgrade(&service),
+        Duration::from_millis(config.attachments.sweep_interval_ms),
+    ));
     let cleanup = tokio::spawn(clean_moved(
         service.clone(),
         sync.clone(),
@@ -352,6 +375,7 @@ pub async fn start_placed(
             .add_service(standard.reflection_v1alpha)
             .add_service(messaging)
             .add_service(sync_api)
+            .add_service(attachments_api)
             .add_service(peer_api)
             .serve_with_incoming_shutdown(cellmesh_proto::server::incoming(listener), async move {
                 let _ = stop_rx.await;
@@ -361,7 +385,11 @@ pub async fn start_placed(
             .await;
         maintenance.abort();
         tierer.abort();
+        sweeper.abort();
         cleanup.abort();
+        if let Some((_, files)) = files {
+            files.abort();
+        }
         if let Some((_, server)) = metrics {
             server.abort();
         }
@@ -409,6 +437,7 @@ pub async fn start_placed(
     tracing::info!(cell = %config.cell_id, %addr, data_dir = %config.data_dir.display(), "cell serving");
     Ok(RunningCell {
         addr,
+        files_addr,
         service,
         sync,
         stop: Some(stop_tx),
@@ -461,6 +490,22 @@ fn write_addr_file(config: &CellConfig, addr: SocketAddr) -> std::io::Result<()>
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, addr.to_string())?;
     std::fs::rename(tmp, path)
+}
+
+/// Sweeps expired uploads and recalled files every `interval` while the
+/// service lives.
+async fn sweep_uploads(service: std::sync::Weak<MessageService>, interval: Duration) {
+    loop {
+        tokio::time::sleep(interval).await;
+        let Some(service) = service.upgrade() else {
+            return;
+        };
+        match service.sweep_uploads().await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(swept = n, "uploads swept"),
+            Err(e) => tracing::warn!(error = %e, "upload sweep failed"),
+        }
+    }
 }
 
 async fn maintain(service: Arc<MessageService>, hub: Arc<Hub>, clock: Arc<dyn Clock>) {

@@ -35,14 +35,8 @@ impl tonic::service::Interceptor for Bearer {
 
 pub type Authed = tonic::service::interceptor::InterceptedService<Channel, Bearer>;
 
-/// Messaging and sync clients of `endpoint` (an edge when `token` is set).
-pub async fn connect_as(
-    endpoint: &str,
-    token: Option<&str>,
-) -> anyhow::Result<(
-    MessagingClient<Authed>,
-    cellmesh_proto::v1::sync_client::SyncClient<Authed>,
-)> {
+/// A channel to `endpoint` and the interceptor that carries `token`.
+async fn authed(endpoint: &str, token: Option<&str>) -> anyhow::Result<(Channel, Bearer)> {
     let channel = Channel::from_shared(endpoint.to_string())
         .with_context(|| format!("invalid endpoint {endpoint:?}"))?
         .connect()
@@ -54,12 +48,37 @@ pub async fn connect_as(
             .transpose()
             .context("the token is not valid header text")?,
     );
+    Ok((channel, bearer))
+}
+
+/// Messaging and sync clients of `endpoint` (an edge when `token` is set).
+pub async fn connect_as(
+    endpoint: &str,
+    token: Option<&str>,
+) -> anyhow::Result<(
+    MessagingClient<Authed>,
+    cellmesh_proto::v1::sync_client::SyncClient<Authed>,
+)> {
+    let (channel, bearer) = authed(endpoint, token).await?;
     Ok((
         MessagingClient::with_interceptor(channel.clone(), bearer.clone())
             .max_decoding_message_size(MAX_RESPONSE_BYTES),
         cellmesh_proto::v1::sync_client::SyncClient::with_interceptor(channel, bearer)
             .max_decoding_message_size(MAX_RESPONSE_BYTES),
     ))
+}
+
+/// An Attachments client of `endpoint` (an edge when `token` is set).
+pub async fn attachments_as(
+    endpoint: &str,
+    token: Option<&str>,
+) -> anyhow::Result<cellmesh_proto::v1::attachments_client::AttachmentsClient<Authed>> {
+    let (channel, bearer) = authed(endpoint, token).await?;
+    Ok(
+        cellmesh_proto::v1::attachments_client::AttachmentsClient::with_interceptor(
+            channel, bearer,
+        ),
+    )
 }
 
 pub fn caller(tenant: u64, user: u64) -> Option<Caller> {

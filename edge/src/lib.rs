@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use cellmesh_proto::config::{ConfigError, check, check_grpc_urls, check_listen, check_range};
 use cellmesh_proto::secret::ClusterSecret;
+use cellmesh_proto::v1::attachments_server::AttachmentsServer;
 use cellmesh_proto::v1::messaging_server::MessagingServer;
 use cellmesh_proto::v1::sync_server::SyncServer;
 use serde::{Deserialize, Serialize};
@@ -253,13 +254,18 @@ pub async fn start(config: EdgeConfig) -> Result<RunningEdge, EdgeError> {
         addr: config.listen,
         source,
     })?;
-    let standard =
-        cellmesh_proto::server::standard_services::<MessagingServer<EdgeApi>>(&[<SyncServer<
-            EdgeApi,
-        > as tonic::server::NamedService>::NAME])
-        .await
-        .map_err(|e| EdgeError::Grpc(e.to_string()))?;
+    let standard = cellmesh_proto::server::standard_services::<MessagingServer<EdgeApi>>(&[
+        <SyncServer<EdgeApi> as tonic::server::NamedService>::NAME,
+        <AttachmentsServer<EdgeApi> as tonic::server::NamedService>::NAME,
+    ])
+    .await
+    .map_err(|e| EdgeError::Grpc(e.to_string()))?;
     standard.reporter.set_serving::<SyncServer<EdgeApi>>().await;
+    standard
+        .reporter
+        .set_serving::<AttachmentsServer<EdgeApi>>()
+        .await;
+    let attachments = AttachmentsServer::new(api.clone());
     let messaging =
         MessagingServer::new(api.clone()).max_decoding_message_size(config.max_request_bytes);
     let sync = SyncServer::new(api).max_decoding_message_size(config.max_request_bytes);
@@ -278,6 +284,7 @@ pub async fn start(config: EdgeConfig) -> Result<RunningEdge, EdgeError> {
             .add_service(standard.reflection_v1alpha)
             .add_service(messaging)
             .add_service(sync)
+            .add_service(attachments)
             .serve_with_incoming_shutdown(
                 cellmesh_proto::server::incoming_with(
                     listener,

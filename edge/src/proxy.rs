@@ -70,7 +70,11 @@ has_caller!(
     pb::SetMutedRequest,
     pb::HeartbeatRequest,
     pb::GetPresenceRequest,
-    pb::TypingRequest
+    pb::TypingRequest,
+    pb::CreateUploadRequest,
+    pb::GetUploadRequest,
+    pb::CompleteUploadRequest,
+    pb::GetDownloadUrlRequest
 );
 
 impl HasCaller for pb::SendRequest {

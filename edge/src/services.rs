@@ -7,6 +7,8 @@
 use std::pin::Pin;
 use std::sync::Arc;
 
+use cellmesh_proto::v1::attachments_client::AttachmentsClient;
+use cellmesh_proto::v1::attachments_server::Attachments;
 use cellmesh_proto::v1::messaging_client::MessagingClient;
 use cellmesh_proto::v1::messaging_server::Messaging;
 use cellmesh_proto::v1::sync_client::SyncClient;
@@ -141,6 +143,65 @@ impl Messaging for EdgeApi {
         proxied!(self, request, MessagingClient, delete_for_me, |c, m| {
             Key::conversation(c.tenant, m.conversation_id)
         })
+    }
+}
+
+/// Completing an upload reads the file back to check its digest: it may
+/// take long for a large file.
+const COMPLETE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+
+#[tonic::async_trait]
+impl Attachments for EdgeApi {
+    async fn create_upload(
+        &self,
+        request: Request<CreateUploadRequest>,
+    ) -> Result<Response<UploadResponse>, Status> {
+        proxied!(
+            self,
+            request,
+            AttachmentsClient,
+            create_upload,
+            Some(std::time::Duration::from_secs(10)),
+            |c, m| Key::conversation(c.tenant, m.conversation_id)
+        )
+    }
+    async fn get_upload(
+        &self,
+        request: Request<GetUploadRequest>,
+    ) -> Result<Response<UploadResponse>, Status> {
+        proxied!(
+            self,
+            request,
+            AttachmentsClient,
+            get_upload,
+            Some(std::time::Duration::from_secs(10)),
+            |c, m| Key::conversation(c.tenant, m.conversation_id)
+        )
+    }
+    async fn complete_upload(
+        &self,
+        request: Request<CompleteUploadRequest>,
+    ) -> Result<Response<CompleteUploadResponse>, Status> {
+        proxied!(
+            self,
+            request,
+            AttachmentsClient,
+            complete_upload,
+            Some(COMPLETE_TIMEOUT),
+            |c, m| Key::conversation(c.tenant, m.conversation_id)
+        )
+    }
+    async fn get_download_url(
+        &self,
+        request: Request<GetDownloadUrlRequest>,
+    ) -> Result<Response<GetDownloadUrlResponse>, Status> {
+        proxied!(
+            self,
+            request,
+            AttachmentsClient,
+            get_download_url,
+            |c, m| { Key::conversation(c.tenant, m.conversation_id) }
+        )
     }
 }
 

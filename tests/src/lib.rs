@@ -165,6 +165,7 @@ pub fn text(tenant: u64, user: u64, conversation: u64, req_id: &str, body: &str)
         body: body.as_bytes().to_vec(),
         route_epoch: 0,
         visible_to: Vec::new(),
+        attachment_ids: Vec::new(),
     }
 }
 

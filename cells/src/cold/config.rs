@@ -77,6 +77,31 @@ pub struct TenantRetention {
     pub legal_hold: bool,
 }
 
+impl S3Config {
+    /// Checks the bucket settings; `fields` name the bucket, access key
+    /// and endpoint settings in errors.
+    pub fn validate(&self, fields: [&'static str; 3]) -> Result<(), ConfigError> {
+        let [bucket, key, endpoint] = fields;
+        check(
+            bucket,
+            !self.bucket.is_empty(),
+            "required with store = \"s3\"",
+        )?;
+        check(
+            key,
+            self.access_key_id.is_empty() == self.secret_access_key.is_empty(),
+            "set together with secret_access_key",
+        )?;
+        check(
+            endpoint,
+            self.endpoint.is_empty()
+                || self.endpoint.starts_with("https://")
+                || (self.allow_http && self.endpoint.starts_with("http://")),
+            "an https:// URL (http:// only with allow_http)",
+        )
+    }
+}
+
 impl Default for TieringConfig {
     fn default() -> Self {
         Self {
@@ -135,23 +160,11 @@ impl TieringConfig {
             100_000,
         )?;
         if self.store == TierStore::S3 {
-            check(
+            self.s3.validate([
                 "tiering.s3.bucket",
-                !self.s3.bucket.is_empty(),
-                "required with store = \"s3\"",
-            )?;
-            check(
                 "tiering.s3.access_key_id",
-                self.s3.access_key_id.is_empty() == self.s3.secret_access_key.is_empty(),
-                "set together with secret_access_key",
-            )?;
-            check(
                 "tiering.s3.endpoint",
-                self.s3.endpoint.is_empty()
-                    || self.s3.endpoint.starts_with("https://")
-                    || (self.s3.allow_http && self.s3.endpoint.starts_with("http://")),
-                "an https:// URL (http:// only with allow_http)",
-            )?;
+            ])?;
         }
         for (tenant, retention) in &self.tenants {
             check(

@@ -18,7 +18,7 @@ use futures::TryStreamExt;
 use object_store::ObjectStore;
 use object_store::path::Path as ObjectPath;
 
-pub use config::{TenantRetention, TierStore, TieringConfig};
+pub use config::{S3Config, TenantRetention, TierStore, TieringConfig};
 use segment::SegmentFault;
 
 /// Decoded messages of one segment, ascending seq.

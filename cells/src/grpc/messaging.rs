@@ -8,7 +8,6 @@ use cellmesh_proto::v1::*;
 use tonic::{Request, Response, Status};
 
 use cellmesh_telemetry::trace::grpc::record_call;
-use tracing::Instrument;
 
 use crate::error::CellError;
 use crate::message::{MessageService, SendCommand};
@@ -22,25 +21,16 @@ impl MessagingApi {
         Self { service }
     }
 
-    /// Runs a write to its end even if the caller goes away (a timeout, an
-    /// edge's attempt deadline): once its batch is submitted, a retry must
-    /// find its stored answer, never an abandoned attempt whose effect
-    /// lands anyway after the retry made a second one.
     async fn to_end<T, F>(&self, write: impl FnOnce(Arc<MessageService>) -> F) -> Result<T, Status>
     where
         F: Future<Output = Result<T, CellError>> + Send + 'static,
         T: Send + 'static,
     {
-        // The write runs to its end even if the caller goes away; its spans
-        // stay in the call's trace.
-        tokio::spawn(write(self.service.clone()).instrument(tracing::Span::current()))
-            .await
-            .map_err(|e| Status::internal(format!("write task: {e}")))?
-            .map_err(Status::from)
+        super::to_end(&self.service, write).await
     }
 }
 
-type Reply<T> = Result<Response<T>, Status>;
+use super::Reply;
 
 #[tonic::async_trait]
 impl Messaging for MessagingApi {

@@ -5,6 +5,7 @@
 //! their own files: `send`, `pull`, `conversation` (create, members, get) and
 //! `update` (recall, edit, delete-for-me, read state).
 
+mod attach;
 mod cache;
 pub(crate) mod cleanup;
 mod cold_read;
@@ -24,6 +25,7 @@ use std::sync::Arc;
 
 use cellmesh_proto::v1::ConversationKind;
 
+pub use attach::CreateUploadCommand;
 pub use conversation::{
     ChangeMembersCommand, CreateCommand, GetConversationCommand, SetMemberRoleCommand,
 };
@@ -83,6 +85,8 @@ pub struct MessageService {
     cold: Option<Arc<crate::cold::ColdTier>>,
     /// Conversations taken over without their record (see `incomplete`).
     repairs: Arc<incomplete::Repairs>,
+    /// The file store (`[attachments]` off: none).
+    attachments: Option<Arc<crate::attachments::Attachments>>,
 }
 
 impl MessageService {
@@ -119,12 +123,22 @@ impl MessageService {
             replicator,
             cold: None,
             repairs: incomplete::Repairs::new(),
+            attachments: None,
         })
     }
 
     /// Reads and writes cold history through `cold`.
     pub fn with_cold(mut self, cold: Option<Arc<crate::cold::ColdTier>>) -> Self {
         self.cold = cold;
+        self
+    }
+
+    /// Stores and serves files through `attachments`.
+    pub fn with_attachments(
+        mut self,
+        attachments: Option<Arc<crate::attachments::Attachments>>,
+    ) -> Self {
+        self.attachments = attachments;
         self
     }
 

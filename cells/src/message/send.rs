@@ -28,6 +28,8 @@ pub struct SendCommand {
     pub route_epoch: u64,
     /// Directed message: only these members (and the sender) see it.
     pub visible_to: Vec<u64>,
+    /// Completed uploads the message carries.
+    pub attachments: Vec<u64>,
 }
 
 impl MessageService {
@@ -83,6 +85,11 @@ impl MessageService {
             leader.complete(record);
             return Ok(response);
         }
+        // Checked after the replay: a re-send is answered as before even
+        // where its uploads are not (another cell of the region after a move).
+        let mut m = Mutation::new();
+        let attachments =
+            self.attachment_refs(&cmd.caller, cmd.conversation, &cmd.attachments, &mut m)?;
         // Only a new message takes from the budgets: a re-send of an
         // acknowledged one gets its answer above, limited or not.
         self.limits
@@ -137,8 +144,8 @@ impl MessageService {
                 edit_version: 0,
                 visible_to: visible_to.clone(),
                 client_req_id: cmd.client_req_id.clone(),
+                attachments,
             };
-            let mut m = Mutation::new();
             m.put_message(cmd.conversation, seq, &message);
             if let Some(jump) = &jump {
                 tracing::info!(
@@ -301,6 +308,10 @@ impl MessageService {
                     limits.max_client_req_id_bytes
                 ),
             ));
+        }
+        // A message with files may have no text.
+        if cmd.body.is_empty() && !cmd.attachments.is_empty() {
+            return Ok(());
         }
         validate_body(&cmd.body, limits.max_body_bytes)
     }

@@ -46,17 +46,20 @@ pub struct MarkReadCommand {
 
 impl MessageService {
     pub async fn recall(&self, cmd: RecallCommand) -> Result<Message> {
+        let (tenant, conversation) = (cmd.caller.tenant, cmd.conversation);
         self.rewrite_message(
             cmd.caller,
             cmd.conversation,
             cmd.seq,
             OutboxKind::Recall,
-            |r, now| {
+            |r, now, m| {
                 if r.state == MessageState::Recalled as i32 {
                     return Ok(false);
                 }
                 r.state = MessageState::Recalled as i32;
                 r.body.clear();
+                let files = std::mem::take(&mut r.attachments);
+                self.forget_files(tenant, conversation, files, now, m);
                 r.edited_at_ms = now;
                 r.edit_version += 1;
                 Ok(true)
@@ -73,7 +76,7 @@ impl MessageService {
             cmd.conversation,
             cmd.seq,
             OutboxKind::Edit,
-            |r, now| {
+            |r, now, _| {
                 if r.state == MessageState::Recalled as i32 {
                     return Err(CellError::invalid(
                         Reason::MessageRecalled,
@@ -98,7 +101,7 @@ impl MessageService {
         conversation: u64,
         seq: u64,
         kind: OutboxKind,
-        change: impl FnOnce(&mut MessageRecord, u64) -> Result<bool>,
+        change: impl FnOnce(&mut MessageRecord, u64, &mut Mutation) -> Result<bool>,
     ) -> Result<Message> {
         self.check_call(&caller)?;
         let conv = self.conversation(&caller, conversation)?;
@@ -133,8 +136,8 @@ impl MessageService {
                 ),
             ));
         }
-        if change(&mut record, now)? {
-            let mut m = Mutation::new();
+        let mut m = Mutation::new();
+        if change(&mut record, now, &mut m)? {
             m.put_message(conversation, seq, &record);
             let rewrites = keys::meta::rewrites(conversation);
             let count = self.store.meta_u64(&rewrites)?.unwrap_or(0);

@@ -50,8 +50,11 @@ pub mod cf {
     /// conversation id | seq_start → `SegmentEntry`: the cold tier's
     /// manifest
     pub const MANIFEST: &str = "manifest";
+    /// tenant | upload id → `UploadRecord`: files reserved, completed,
+    /// or waiting to be deleted
+    pub const UPLOADS: &str = "uploads";
 
-    pub const ALL: [&str; 20] = [
+    pub const ALL: [&str; 21] = [
         CONVERSATIONS,
         CONV_SEQ,
         MEMBERS,
@@ -72,6 +75,7 @@ pub mod cf {
         QUEUE_ID,
         HIGH_WATER_MARKS,
         MANIFEST,
+        UPLOADS,
     ];
 }
 

@@ -15,6 +15,7 @@ mod options;
 mod queue;
 mod scan;
 mod sync;
+mod uploads;
 pub mod walk;
 
 use crate::failpoints::FailPoints;

@@ -8,7 +8,7 @@ use cellmesh_proto::v1::{
 };
 use clap::{Args, Subcommand};
 
-use crate::connect::{call_error, caller, connect_as};
+use crate::connect::{attachments_as, call_error, caller, connect_as};
 
 mod tail;
 
@@ -47,16 +47,30 @@ enum ChatCommand {
         #[arg(long, value_delimiter = ',', required = true)]
         members: Vec<u64>,
     },
-    /// Send a text message.
+    /// Send a text message, with files if --file is given.
     Send {
         #[arg(long, short)]
         conversation: u64,
         /// Directed message: only these members (comma-separated) see it.
         #[arg(long, value_delimiter = ',')]
         to: Vec<u64>,
+        /// A file to attach (repeat for several). An interrupted upload
+        /// resumes when the same command runs again.
+        #[arg(long)]
+        file: Vec<std::path::PathBuf>,
         /// The text (words are joined with spaces).
-        #[arg(required = true)]
+        #[arg(required_unless_present = "file")]
         text: Vec<String>,
+    },
+    /// Write a message's files under --out by their names, each checked
+    /// against its SHA-256.
+    Download {
+        #[arg(long, short)]
+        conversation: u64,
+        #[arg(long)]
+        seq: u64,
+        #[arg(long, default_value = ".")]
+        out: std::path::PathBuf,
     },
     /// Show history, oldest first: the latest page, or the page before --before.
     History {
@@ -119,6 +133,10 @@ pub async fn run(args: ChatArgs) -> anyhow::Result<()> {
     };
     let (mut client, sync) = connect_as(&args.endpoint, args.token.as_deref()).await?;
     let me = caller(tenant, user);
+    let files = || async {
+        let client = attachments_as(&args.endpoint, args.token.as_deref()).await?;
+        anyhow::Ok(crate::files::Files::new(client, caller(tenant, user)))
+    };
     match args.command {
         ChatCommand::Tail { device, from } => {
             return tail::run(sync, tenant, user, device, from).await;
@@ -154,22 +172,73 @@ pub async fn run(args: ChatArgs) -> anyhow::Result<()> {
         ChatCommand::Send {
             conversation,
             to,
+            file,
             text,
         } => {
+            let mut attachment_ids = Vec::new();
+            let mut kind = MessageType::Text;
+            for path in &file {
+                let mut files = files().await?;
+                let content_type = crate::files::content_type_of(path);
+                let state = upload_state(conversation, path)?;
+                let mut bar = progress_bar(&path.display().to_string());
+                let a = files
+                    .upload(conversation, path, content_type, Some(&state), &mut bar)
+                    .await?;
+                eprintln!();
+                kind = if content_type.starts_with("image/") && file.len() == 1 {
+                    MessageType::Image
+                } else {
+                    MessageType::File
+                };
+                attachment_ids.push(a.attachment_id);
+            }
             let r = client
                 .send(SendRequest {
                     caller: me,
                     conversation_id: conversation,
                     client_req_id: new_request_id(),
-                    r#type: MessageType::Text as i32,
+                    r#type: kind as i32,
                     body: text.join(" ").into_bytes(),
                     route_epoch: 0,
                     visible_to: to,
+                    attachment_ids,
                 })
                 .await
                 .map_err(call_error)?
                 .into_inner();
             println!("sent seq {} msg_id {}", r.seq, r.msg_id);
+        }
+        ChatCommand::Download {
+            conversation,
+            seq,
+            out,
+        } => {
+            let page = client
+                .pull(PullRequest {
+                    caller: me,
+                    conversation_id: conversation,
+                    since_seq: seq.saturating_add(1),
+                    direction: Direction::Backward as i32,
+                    limit: 1,
+                })
+                .await
+                .map_err(call_error)?
+                .into_inner();
+            let message = page
+                .messages
+                .into_iter()
+                .find(|m| m.seq == seq)
+                .ok_or_else(|| anyhow::anyhow!("no message {seq} you can see"))?;
+            if message.attachments.is_empty() {
+                anyhow::bail!("message {seq} carries no files");
+            }
+            let mut bar = progress_bar("download");
+            let written = files().await?.download(&message, &out, &mut bar).await?;
+            eprintln!();
+            for path in written {
+                println!("{} (SHA-256 verified)", path.display());
+            }
         }
         ChatCommand::History {
             conversation,
@@ -264,12 +333,48 @@ pub async fn run(args: ChatArgs) -> anyhow::Result<()> {
 }
 
 pub(crate) fn render(m: &Message) -> String {
+    let files: String = m
+        .attachments
+        .iter()
+        .map(|a| format!(" [file {} {} bytes]", a.name, a.size))
+        .collect();
     let body = match MessageState::try_from(m.state) {
         Ok(MessageState::Recalled) => "(recalled)".to_string(),
         Ok(MessageState::Edited) => format!("{} (edited)", String::from_utf8_lossy(&m.body)),
         _ => String::from_utf8_lossy(&m.body).into_owned(),
     };
-    format!("#{:<6} user {:<8} {body}", m.seq, m.sender_id)
+    format!("#{:<6} user {:<8} {body}{files}", m.seq, m.sender_id)
+}
+
+/// Where the id of an unfinished upload of `path` is kept, so running the
+/// same command again resumes it.
+fn upload_state(conversation: u64, path: &std::path::Path) -> anyhow::Result<std::path::PathBuf> {
+    let dir = std::env::var_os("HOME")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir)
+        .join(".cache/cellmesh/uploads");
+    std::fs::create_dir_all(&dir)?;
+    let full = std::fs::canonicalize(path)?;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    std::hash::Hash::hash(&full, &mut h);
+    Ok(dir.join(format!(
+        "{conversation}-{:016x}",
+        std::hash::Hasher::finish(&h)
+    )))
+}
+
+/// A one-line progress bar on stderr.
+fn progress_bar(label: &str) -> impl FnMut(u64, u64) + Send + use<> {
+    let label = label.to_string();
+    move |done, total| {
+        let pct = (done * 100).checked_div(total).unwrap_or(100);
+        let filled = (pct / 5) as usize;
+        eprint!(
+            "\r{label} [{}{}] {pct:>3}% {done}/{total} bytes",
+            "#".repeat(filled),
+            " ".repeat(20 - filled)
+        );
+    }
 }
 
 /// A request id unique enough for one person's commands.

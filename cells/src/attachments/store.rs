@@ -1,0 +1,449 @@
+//! The region's file store behind one interface: signed URLs for clients
+//! (one PUT, numbered parts, ranged GET), and what the cell itself does
+//! (start, inspect, finish and abort multipart uploads, read an object
+//! back to check its digest, delete). Two backends: a local directory the
+//! cell serves itself ([`super::http`], HMAC-signed URLs), and an S3
+//! bucket the clients talk to directly (SigV4-presigned URLs).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use object_store::ObjectStore;
+use object_store::aws::AmazonS3;
+use object_store::multipart::{MultipartStore, PartId};
+use object_store::path::Path as ObjectPath;
+use sha2::{Digest, Sha256};
+use tokio::io::AsyncReadExt;
+
+use super::sigv4::{Credentials, Presigner, hex};
+use super::urls::UrlSigner;
+use crate::cold::S3Config;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("file store: {0}")]
+    Io(String),
+}
+
+impl From<std::io::Error> for StoreError {
+    fn from(e: std::io::Error) -> Self {
+        Self::Io(e.to_string())
+    }
+}
+
+impl From<object_store::Error> for StoreError {
+    fn from(e: object_store::Error) -> Self {
+        Self::Io(e.to_string())
+    }
+}
+
+type Result<T> = std::result::Result<T, StoreError>;
+
+/// A part a client has stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredPart {
+    pub number: u32,
+    pub size: u64,
+    pub etag: String,
+}
+
+pub enum FileStore {
+    Local(LocalFiles),
+    S3(S3Files),
+}
+
+/// The local directory: objects under `objects/`, parts of unfinished
+/// uploads under `parts/<key>/<n>`.
+#[derive(Clone)]
+pub struct LocalFiles {
+    pub dir: PathBuf,
+    pub signer: UrlSigner,
+    /// Where clients reach the cell's file listener.
+    pub base_url: std::sync::OnceLock<String>,
+}
+
+pub struct S3Files {
+    store: Arc<AmazonS3>,
+    presigner: Presigner,
+    prefix: String,
+    http: reqwest::Client,
+}
+
+impl LocalFiles {
+    pub fn object(&self, key: &str) -> PathBuf {
+        self.dir.join("objects").join(key)
+    }
+
+    pub fn part_dir(&self, key: &str) -> PathBuf {
+        self.dir.join("parts").join(key)
+    }
+
+    pub fn part(&self, key: &str, number: u32) -> PathBuf {
+        self.part_dir(key).join(format!("{number:05}"))
+    }
+
+    fn base(&self) -> &str {
+        self.base_url.get().map(String::as_str).unwrap_or("")
+    }
+}
+
+impl S3Files {
+    pub fn open(s3: &S3Config) -> std::result::Result<Self, String> {
+        let mut builder = object_store::aws::AmazonS3Builder::from_env()
+            .with_bucket_name(&s3.bucket)
+            .with_allow_http(s3.allow_http);
+        if !s3.region.is_empty() {
+            builder = builder.with_region(&s3.region);
+        }
+        if !s3.endpoint.is_empty() {
+            builder = builder.with_endpoint(&s3.endpoint);
+        }
+        let env = |name: &str| std::env::var(name).unwrap_or_default();
+        let credentials = if s3.access_key_id.is_empty() {
+            Credentials {
+                key_id: env("AWS_ACCESS_KEY_ID"),
+                secret: env("AWS_SECRET_ACCESS_KEY"),
+                token: std::env::var("AWS_SESSION_TOKEN").ok(),
+            }
+        } else {
+            builder = builder
+                .with_access_key_id(&s3.access_key_id)
+                .with_secret_access_key(&s3.secret_access_key);
+            Credentials {
+                key_id: s3.access_key_id.clone(),
+                secret: s3.secret_access_key.clone(),
+                token: None,
+            }
+        };
+        let store = builder
+            .build()
+            .map_err(|e| format!("attachments bucket {}: {e}", s3.bucket))?;
+        Ok(Self {
+            store: Arc::new(store),
+            presigner: Presigner::new(credentials, &s3.region, &s3.endpoint, &s3.bucket),
+            prefix: s3.prefix.trim_matches('/').to_string(),
+            http: reqwest::Client::new(),
+        })
+    }
+
+    fn key(&self, key: &str) -> String {
+        if self.prefix.is_empty() {
+            key.to_string()
+        } else {
+            format!("{}/{key}", self.prefix)
+        }
+    }
+
+    fn path(&self, key: &str) -> ObjectPath {
+        ObjectPath::from(self.key(key))
+    }
+
+    /// ListParts (object_store has no call for it): the parts stored so
+    /// far, by number.
+    async fn list_parts(&self, key: &str, upload: &str, now_secs: u64) -> Result<Vec<StoredPart>> {
+        let mut parts = Vec::new();
+        let mut marker = 0u32;
+        loop {
+            let mut query = vec![("uploadId", upload.to_string())];
+            if marker > 0 {
+                query.push(("part-number-marker", marker.to_string()));
+            }
+            let url = self
+                .presigner
+                .sign("GET", &self.key(key), &query, now_secs, 300);
+            let response = self
+                .http
+                .get(&url)
+                .send()
+                .await
+                .map_err(|e| StoreError::Io(format!("ListParts: {e}")))?;
+            let status = response.status();
+            let body = response
+                .text()
+                .await
+                .map_err(|e| StoreError::Io(format!("ListParts: {e}")))?;
+            if !status.is_success() {
+                return Err(StoreError::Io(format!("ListParts: {status}: {body}")));
+            }
+            let page = parse_parts(&body);
+            let truncated = tag(&body, "IsTruncated").is_some_and(|t| t == "true");
+            marker = page.last().map(|p| p.number).unwrap_or(marker);
+            let empty = page.is_empty();
+            parts.extend(page);
+            if !truncated || empty {
+                return Ok(parts);
+            }
+        }
+    }
+}
+
+/// The `<Part>` entries of a ListParts answer.
+fn parse_parts(xml: &str) -> Vec<StoredPart> {
+    xml.split("<Part>")
+        .skip(1)
+        .filter_map(|part| {
+            let part = part.split("</Part>").next()?;
+            Some(StoredPart {
+                number: tag(part, "PartNumber")?.parse().ok()?,
+                size: tag(part, "Size")?.parse().ok()?,
+                etag: tag(part, "ETag")?
+                    .replace("&quot;", "\"")
+                    .replace("&#34;", "\""),
+            })
+        })
+        .collect()
+}
+
+fn tag<'a>(xml: &'a str, name: &str) -> Option<&'a str> {
+    let start = xml.find(&format!("<{name}>"))? + name.len() + 2;
+    let end = xml[start..].find(&format!("</{name}>"))? + start;
+    Some(&xml[start..end])
+}
+
+impl FileStore {
+    /// A URL the client PUTs `len` bytes to: the whole object (`part`
+    /// none) or part `n` of multipart upload `upload`.
+    pub fn put_url(
+        &self,
+        key: &str,
+        part: Option<(u32, &str)>,
+        len: u64,
+        now_ms: u64,
+        ttl_secs: u64,
+    ) -> String {
+        let expires_ms = now_ms + ttl_secs * 1000;
+        match self {
+            Self::Local(local) => {
+                let number = part.map(|(n, _)| n).unwrap_or(0);
+                local
+                    .signer
+                    .url(local.base(), "PUT", key, number, len, expires_ms)
+            }
+            Self::S3(s3) => {
+                let query = match part {
+                    Some((n, upload)) => {
+                        vec![
+                            ("partNumber", n.to_string()),
+                            ("uploadId", upload.to_string()),
+                        ]
+                    }
+                    None => Vec::new(),
+                };
+                s3.presigner
+                    .sign("PUT", &s3.key(key), &query, now_ms / 1000, ttl_secs)
+            }
+        }
+    }
+
+    /// A URL the client GETs the object from (Range allowed).
+    pub fn get_url(&self, key: &str, now_ms: u64, ttl_secs: u64) -> String {
+        match self {
+            Self::Local(local) => {
+                local
+                    .signer
+                    .url(local.base(), "GET", key, 0, 0, now_ms + ttl_secs * 1000)
+            }
+            Self::S3(s3) => s3
+                .presigner
+                .sign("GET", &s3.key(key), &[], now_ms / 1000, ttl_secs),
+        }
+    }
+
+    /// Starts a multipart upload; its id.
+    pub async fn create_multipart(&self, key: &str) -> Result<String> {
+        match self {
+            Self::Local(local) => {
+                tokio::fs::create_dir_all(local.part_dir(key)).await?;
+                Ok("local".into())
+            }
+            Self::S3(s3) => Ok(s3.store.create_multipart(&s3.path(key)).await?),
+        }
+    }
+
+    /// The parts of `upload` stored so far, by number.
+    pub async fn stored_parts(
+        &self,
+        key: &str,
+        upload: &str,
+        now_ms: u64,
+    ) -> Result<Vec<StoredPart>> {
+        match self {
+            Self::Local(local) => {
+                let mut parts = Vec::new();
+                let mut dir = match tokio::fs::read_dir(local.part_dir(key)).await {
+                    Ok(dir) => dir,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(parts),
+                    Err(e) => return Err(e.into()),
+                };
+                while let Some(entry) = dir.next_entry().await? {
+                    let name = entry.file_name();
+                    let Some(number) = name.to_str().and_then(|n| n.parse::<u32>().ok()) else {
+                        continue; // a part still being written
+                    };
+                    parts.push(StoredPart {
+                        number,
+                        size: entry.metadata().await?.len(),
+                        etag: String::new(),
+                    });
+                }
+                parts.sort_by_key(|p| p.number);
+                Ok(parts)
+            }
+            Self::S3(s3) => s3.list_parts(key, upload, now_ms / 1000).await,
+        }
+    }
+
+    /// Joins the parts (numbered 1..=n) into the object.
+    pub async fn complete_multipart(
+        &self,
+        key: &str,
+        upload: &str,
+        parts: &[StoredPart],
+    ) -> Result<()> {
+        match self {
+            Self::Local(local) => {
+                let object = local.object(key);
+                if let Some(parent) = object.parent() {
+                    tokio::fs::create_dir_all(parent).await?;
+                }
+                let tmp = object.with_extension(format!("join-{}", rand::random::<u32>()));
+                let mut out = tokio::fs::File::create(&tmp).await?;
+                for part in parts {
+                    let mut input = tokio::fs::File::open(local.part(key, part.number)).await?;
+                    tokio::io::copy(&mut input, &mut out).await?;
+                }
+                out.sync_all().await?;
+                drop(out);
+                // Never over an existing object (a completed retry).
+                let linked = tokio::fs::hard_link(&tmp, &object).await;
+                let _ = tokio::fs::remove_file(&tmp).await;
+                match linked {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                    Err(e) => return Err(e.into()),
+                }
+                let _ = tokio::fs::remove_dir_all(local.part_dir(key)).await;
+                Ok(())
+            }
+            Self::S3(s3) => {
+                let ids = parts
+                    .iter()
+                    .map(|p| PartId {
+                        content_id: p.etag.clone(),
+                    })
+                    .collect();
+                s3.store
+                    .complete_multipart(&s3.path(key), &upload.to_string(), ids)
+                    .await?;
+                Ok(())
+            }
+        }
+    }
+
+    /// Drops an unfinished multipart upload's parts.
+    pub async fn abort_multipart(&self, key: &str, upload: &str) -> Result<()> {
+        match self {
+            Self::Local(local) => match tokio::fs::remove_dir_all(local.part_dir(key)).await {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
+                _ => Ok(()),
+            },
+            Self::S3(s3) => {
+                match s3
+                    .store
+                    .abort_multipart(&s3.path(key), &upload.to_string())
+                    .await
+                {
+                    Err(object_store::Error::NotFound { .. }) | Ok(()) => Ok(()),
+                    Err(e) => Err(e.into()),
+                }
+            }
+        }
+    }
+
+    /// The object's size and SHA-256 (lower-case hex), read back; `None`:
+    /// no such object.
+    pub async fn digest(&self, key: &str) -> Result<Option<(u64, String)>> {
+        let mut hasher = Sha256::new();
+        let mut size = 0u64;
+        match self {
+            Self::Local(local) => {
+                let mut file = match tokio::fs::File::open(local.object(key)).await {
+                    Ok(file) => file,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+                    Err(e) => return Err(e.into()),
+                };
+                let mut buf = vec![0u8; 256 * 1024];
+                loop {
+                    let n = file.read(&mut buf).await?;
+                    if n == 0 {
+                        break;
+                    }
+                    hasher.update(&buf[..n]);
+                    size += n as u64;
+                }
+            }
+            Self::S3(s3) => {
+                let got = match s3.store.get(&s3.path(key)).await {
+                    Ok(got) => got,
+                    Err(object_store::Error::NotFound { .. }) => return Ok(None),
+                    Err(e) => return Err(e.into()),
+                };
+                let mut stream = got.into_stream();
+                while let Some(chunk) = stream.next().await {
+                    let chunk = chunk?;
+                    hasher.update(&chunk);
+                    size += chunk.len() as u64;
+                }
+            }
+        }
+        Ok(Some((size, hex(&hasher.finalize()))))
+    }
+
+    /// Deletes the object (absent already: fine).
+    pub async fn delete(&self, key: &str) -> Result<()> {
+        match self {
+            Self::Local(local) => match tokio::fs::remove_file(local.object(key)).await {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
+                _ => Ok(()),
+            },
+            Self::S3(s3) => match s3.store.delete(&s3.path(key)).await {
+                Err(object_store::Error::NotFound { .. }) | Ok(()) => Ok(()),
+                Err(e) => Err(e.into()),
+            },
+        }
+    }
+
+    /// Whether the object exists.
+    pub async fn exists(&self, key: &str) -> Result<bool> {
+        match self {
+            Self::Local(local) => Ok(tokio::fs::try_exists(local.object(key)).await?),
+            Self::S3(s3) => match s3.store.head(&s3.path(key)).await {
+                Ok(_) => Ok(true),
+                Err(object_store::Error::NotFound { .. }) => Ok(false),
+                Err(e) => Err(e.into()),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn list_parts_answers_parse() {
+        let xml = r#"<?xml version="1.0"?><ListPartsResult><Bucket>b</Bucket>
+            <IsTruncated>false</IsTruncated>
+            <Part><PartNumber>1</PartNumber><ETag>&quot;abc&quot;</ETag><Size>5242880</Size></Part>
+            <Part><PartNumber>2</PartNumber><ETag>"def"</ETag><Size>10</Size></Part>
+            </ListPartsResult>"#;
+        let parts = parse_parts(xml);
+        assert_eq!(parts.len(), 2);
+        assert_eq!(parts[0].number, 1);
+        assert_eq!(parts[0].size, 5_242_880);
+        assert_eq!(parts[0].etag, "\"abc\"");
+        assert_eq!(parts[1].etag, "\"def\"");
+        assert_eq!(tag(xml, "IsTruncated"), Some("false"));
+    }
+}

@@ -1,0 +1,584 @@
+//! The Attachments API over the file store: reserve an upload into a
+//! conversation the caller may send to, resume it, complete it (size and
+//! SHA-256 checked on the stored bytes; a mismatch deletes them), hand out
+//! download URLs only for messages the caller may see, turn the ids a send
+//! names into the refs its message carries, and sweep expired reservations
+//! and recalled files.
+
+use cellmesh_proto::reason::Reason;
+use cellmesh_proto::storage::v1::UploadRecord;
+use cellmesh_proto::v1::{
+    AttachmentRef, GetDownloadUrlResponse, MessageState, PartUrl, UploadResponse, UploadState,
+};
+use std::sync::Arc;
+
+use super::{Caller, MessageService};
+use crate::attachments::{Attachments, StoredPart, object_key};
+use crate::error::{CellError, Result};
+use crate::storage::{Mutation, ScanDirection};
+
+#[derive(Debug, Clone)]
+pub struct CreateUploadCommand {
+    pub caller: Caller,
+    pub conversation: u64,
+    pub name: String,
+    pub content_type: String,
+    pub size: u64,
+    pub sha256: String,
+}
+
+fn store_failed(e: impl std::fmt::Display) -> CellError {
+    CellError::RetryLater {
+        reason: Reason::AttachmentStoreUnavailable,
+        message: format!("the file store failed: {e}"),
+        retry_after: std::time::Duration::from_millis(500),
+    }
+}
+
+fn not_found(id: u64) -> CellError {
+    CellError::invalid(
+        Reason::AttachmentNotFound,
+        format!("no upload {id} of yours in this conversation"),
+    )
+}
+
+impl MessageService {
+    fn attachments(&self) -> Result<&Arc<Attachments>> {
+        self.attachments.as_ref().ok_or_else(|| {
+            CellError::invalid(
+                Reason::AttachmentStoreUnavailable,
+                "attachments are turned off on this deployment",
+            )
+        })
+    }
+
+    pub async fn create_upload(&self, cmd: CreateUploadCommand) -> Result<UploadResponse> {
+        let att = self.attachments()?;
+        validate_upload(&cmd, &att.config)?;
+        let (tenant, user) = (cmd.caller.tenant, cmd.caller.user);
+        self.ownership.check(tenant, cmd.conversation, 0)?;
+        self.check_member(&cmd.caller, cmd.conversation)?;
+        self.limits.check_upload(tenant, user)?;
+        let quota = att.config.tenant(tenant).quota_bytes;
+        let total = att.add_bytes(&self.store, tenant, cmd.size as i64)?;
+        if quota > 0 && total > quota {
+            att.add_bytes(&self.store, tenant, -(cmd.size as i64))?;
+            return Err(CellError::denied(
+                Reason::AttachmentQuotaExceeded,
+                format!("the tenant's files would take {total} bytes; its quota is {quota}"),
+            ));
+        }
+        let now = self.now_ms();
+        let id = self.next_id(now)?;
+        let key = object_key(tenant, cmd.conversation, id);
+        let multipart_id = if cmd.size > att.config.part_bytes {
+            att.files
+                .create_multipart(&key)
+                .await
+                .map_err(store_failed)?
+        } else {
+            String::new()
+        };
+        let record = UploadRecord {
+            tenant_id: tenant,
+            conversation_id: cmd.conversation,
+            uploader: user,
+            state: UploadState::Reserved as i32,
+            created_at_ms: now,
+            expires_at_ms: now + att.config.upload_expiry_secs * 1000,
+            part_size: att.config.part_bytes,
+            multipart_id,
+            attachment: Some(AttachmentRef {
+                attachment_id: id,
+                name: cmd.name,
+                content_type: cmd.content_type,
+                size: cmd.size,
+                sha256: cmd.sha256.to_ascii_lowercase(),
+                width: 0,
+                height: 0,
+                object_key: key,
+            }),
+            delete_after_ms: 0,
+            referenced: false,
+        };
+        let mut m = Mutation::new();
+        m.put_upload(id, &record);
+        self.store.commit(m).await?;
+        crate::metrics::metrics().uploads_reserved.inc();
+        Ok(self.upload_response(att, id, &record, &[]))
+    }
+
+    /// The caller's upload `id` into `conversation` (another user's, another
+    /// conversation's or another tenant's answer as missing).
+    fn own_upload(&self, caller: &Caller, conversation: u64, id: u64) -> Result<UploadRecord> {
+        self.check_member(caller, conversation)?;
+        match self.store.upload(caller.tenant, id)? {
+            Some(r)
+                if r.conversation_id == conversation
+                    && r.uploader == caller.user
+                    && r.delete_after_ms == 0 =>
+            {
+                Ok(r)
+            }
+            _ => Err(not_found(id)),
+        }
+    }
+
+    fn expired(&self, record: &UploadRecord, id: u64) -> Result<()> {
+        if record.state != UploadState::Complete as i32 && self.now_ms() > record.expires_at_ms {
+            return Err(CellError::invalid(
+                Reason::UploadExpired,
+                format!("upload {id} was not completed in time; reserve it again"),
+            ));
+        }
+        Ok(())
+    }
+
+    pub async fn get_upload(
+        &self,
+        caller: Caller,
+        conversation: u64,
+        id: u64,
+    ) -> Result<UploadResponse> {
+        let att = self.attachments()?;
+        let record = self.own_upload(&caller, conversation, id)?;
+        self.expired(&record, id)?;
+        let stored = if record.state == UploadState::Complete as i32 {
+            Vec::new()
+        } else {
+            self.stored_parts(att, &record).await?
+        };
+        Ok(self.upload_response(att, id, &record, &stored))
+    }
+
+    async fn stored_parts(
+        &self,
+        att: &Attachments,
+        record: &UploadRecord,
+    ) -> Result<Vec<StoredPart>> {
+        let a = record
+            .attachment
+            .as_ref()
+            .expect("an upload names its file");
+        if record.multipart_id.is_empty() {
+            let exists = att
+                .files
+                .exists(&a.object_key)
+                .await
+                .map_err(store_failed)?;
+            return Ok(exists
+                .then(|| StoredPart {
+                    number: 1,
+                    size: a.size,
+                    etag: String::new(),
+                })
+                .into_iter()
+                .collect());
+        }
+        let parts = att
+            .files
+            .stored_parts(&a.object_key, &record.multipart_id, self.now_ms())
+            .await
+            .map_err(store_failed)?;
+        // Only parts of the size the URL named count as stored.
+        Ok(parts
+            .into_iter()
+            .filter(|p| p.size == part_len(a.size, record.part_size, p.number))
+            .collect())
+    }
+
+    fn upload_response(
+        &self,
+        att: &Attachments,
+        id: u64,
+        record: &UploadRecord,
+        stored: &[StoredPart],
+    ) -> UploadResponse {
+        let a = record.attachment.clone().expect("an upload names its file");
+        let complete = record.state == UploadState::Complete as i32;
+        let now = self.now_ms();
+        let ttl = att.config.upload_url_secs;
+        let parts = if complete {
+            Vec::new()
+        } else if record.multipart_id.is_empty() {
+            if stored.is_empty() {
+                vec![PartUrl {
+                    part_number: 1,
+                    url: att.files.put_url(&a.object_key, None, a.size, now, ttl),
+                    size: a.size,
+                }]
+            } else {
+                Vec::new()
+            }
+        } else {
+            (1..=part_count(a.size, record.part_size))
+                .filter(|n| !stored.iter().any(|p| p.number == *n))
+                .map(|n| {
+                    let len = part_len(a.size, record.part_size, n);
+                    PartUrl {
+                        part_number: n,
+                        url: att.files.put_url(
+                            &a.object_key,
+                            Some((n, &record.multipart_id)),
+                            len,
+                            now,
+                            ttl,
+                        ),
+                        size: len,
+                    }
+                })
+                .collect()
+        };
+        UploadResponse {
+            upload_id: id,
+            state: record.state,
+            part_size: record.part_size,
+            stored_parts: stored.iter().map(|p| p.number).collect(),
+            parts,
+            url_expires_at_ms: now + ttl * 1000,
+            expires_at_ms: record.expires_at_ms,
+            attachment: complete.then_some(a),
+        }
+    }
+
+    pub async fn complete_upload(
+        &self,
+        caller: Caller,
+        conversation: u64,
+        id: u64,
+    ) -> Result<AttachmentRef> {
+        let att = self.attachments()?;
+        let mut record = self.own_upload(&caller, conversation, id)?;
+        let a = record.attachment.clone().expect("an upload names its file");
+        if record.state == UploadState::Complete as i32 {
+            return Ok(a);
+        }
+        self.expired(&record, id)?;
+        let stored = self.stored_parts(att, &record).await?;
+        let count = part_count(a.size, record.part_size);
+        let missing: Vec<u32> = (1..=count)
+            .filter(|n| !stored.iter().any(|p| p.number == *n))
+            .collect();
+        if !missing.is_empty() {
+            return Err(CellError::invalid(
+                Reason::UploadIncomplete,
+                format!("parts {missing:?} of {count} are not stored yet"),
+            ));
+        }
+        if !record.multipart_id.is_empty() {
+            att.files
+                .complete_multipart(&a.object_key, &record.multipart_id, &stored)
+                .await
+                .map_err(store_failed)?;
+        }
+        let (size, sha256) = att
+            .files
+            .digest(&a.object_key)
+            .await
+            .map_err(store_failed)?
+            .ok_or_else(|| {
+                CellError::invalid(Reason::UploadIncomplete, "the file is not stored yet")
+            })?;
+        let refused = if size != a.size {
+            Some(CellError::invalid(
+                Reason::AttachmentSizeMismatch,
+                format!("{size} bytes are stored; the upload declared {}", a.size),
+            ))
+        } else if sha256 != a.sha256 {
+            Some(CellError::invalid(
+                Reason::AttachmentDigestMismatch,
+                format!(
+                    "the stored bytes hash to {sha256}; the upload declared {}",
+                    a.sha256
+                ),
+            ))
+        } else {
+            None
+        };
+        if let Some(refused) = refused {
+            // Nothing stays half-way: the bytes go, the reservation stays
+            // for a new attempt.
+            att.files
+                .delete(&a.object_key)
+                .await
+                .map_err(store_failed)?;
+            if !record.multipart_id.is_empty() {
+                record.multipart_id = att
+                    .files
+                    .create_multipart(&a.object_key)
+                    .await
+                    .map_err(store_failed)?;
+                let mut m = Mutation::new();
+                m.put_upload(id, &record);
+                self.store.commit(m).await?;
+            }
+            return Err(refused);
+        }
+        record.state = UploadState::Complete as i32;
+        let mut m = Mutation::new();
+        m.put_upload(id, &record);
+        self.store.commit(m).await?;
+        crate::metrics::metrics().uploads_completed.inc();
+        Ok(a)
+    }
+
+    pub async fn download_url(
+        &self,
+        caller: Caller,
+        conversation: u64,
+        seq: u64,
+        attachment: u64,
+    ) -> Result<GetDownloadUrlResponse> {
+        let att = self.attachments()?;
+        self.ownership.check_read(caller.tenant, conversation)?;
+        self.check_member(&caller, conversation)?;
+        // Exactly what a Pull shows this caller: hidden, directed elsewhere
+        // or missing all answer the same.
+        let page = self
+            .page(
+                conversation,
+                caller.user,
+                seq.saturating_add(1),
+                ScanDirection::Backward,
+                1,
+                usize::MAX,
+            )
+            .await?;
+        let message = page
+            .messages
+            .into_iter()
+            .find(|(s, _)| *s == seq)
+            .map(|(_, m)| m)
+            .ok_or(CellError::NotFound {
+                what: "message",
+                id: seq,
+            })?;
+        if message.state == MessageState::Recalled as i32 {
+            return Err(CellError::invalid(
+                Reason::MessageRecalled,
+                "the message was recalled with its files",
+            ));
+        }
+        let a = message
+            .attachments
+            .into_iter()
+            .find(|a| a.attachment_id == attachment)
+            .ok_or_else(|| {
+                CellError::invalid(
+                    Reason::AttachmentNotFound,
+                    format!("message {seq} carries no attachment {attachment}"),
+                )
+            })?;
+        let now = self.now_ms();
+        let ttl = att.config.download_url_secs;
+        crate::metrics::metrics().download_urls.inc();
+        Ok(GetDownloadUrlResponse {
+            url: att.files.get_url(&a.object_key, now, ttl),
+            expires_at_ms: now + ttl * 1000,
+            attachment: Some(a),
+        })
+    }
+
+    /// The refs of the completed uploads a send names, marked referenced in
+    /// `m`; a missing, foreign or unfinished one refuses the send.
+    pub(super) fn attachment_refs(
+        &self,
+        caller: &Caller,
+        conversation: u64,
+        ids: &[u64],
+        m: &mut Mutation,
+    ) -> Result<Vec<AttachmentRef>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let att = self.attachments()?;
+        if ids.len() > att.config.max_per_message {
+            return Err(CellError::invalid(
+                Reason::TooManyAttachments,
+                format!("at most {} files per message", att.config.max_per_message),
+            ));
+        }
+        let mut refs = Vec::with_capacity(ids.len());
+        for &id in ids {
+            let mut record = self.own_upload(caller, conversation, id)?;
+            if record.state != UploadState::Complete as i32 {
+                return Err(CellError::invalid(
+                    Reason::AttachmentNotComplete,
+                    format!("upload {id} is not completed"),
+                ));
+            }
+            if refs.iter().any(|r: &AttachmentRef| r.attachment_id == id) {
+                continue;
+            }
+            refs.push(record.attachment.clone().expect("an upload names its file"));
+            if !record.referenced {
+                record.referenced = true;
+                m.put_upload(id, &record);
+            }
+        }
+        Ok(refs)
+    }
+
+    /// Records the files of a recalled message for deletion after the grace
+    /// period.
+    pub(super) fn forget_files(
+        &self,
+        tenant: u64,
+        conversation: u64,
+        files: Vec<AttachmentRef>,
+        now: u64,
+        m: &mut Mutation,
+    ) {
+        let Some(att) = &self.attachments else {
+            return;
+        };
+        for a in files {
+            m.put_upload(
+                a.attachment_id,
+                &UploadRecord {
+                    tenant_id: tenant,
+                    conversation_id: conversation,
+                    delete_after_ms: now + att.config.recall_grace_secs * 1000,
+                    attachment: Some(a),
+                    ..Default::default()
+                },
+            );
+        }
+        att.forget_bytes(tenant);
+    }
+
+    /// Deletes expired reservations (and their bytes) and recalled files
+    /// past their grace; how many records went.
+    pub async fn sweep_uploads(&self) -> Result<usize> {
+        let Some(att) = &self.attachments else {
+            return Ok(0);
+        };
+        let now = self.now_ms();
+        let (mut tenant, mut id, mut swept) = (0u64, 0u64, 0usize);
+        loop {
+            let page = self.store.uploads_after(tenant, id, 500)?;
+            let Some((last_id, last)) = page.last() else {
+                return Ok(swept);
+            };
+            (tenant, id) = (last.tenant_id, *last_id);
+            for (id, r) in page {
+                let expired = r.state != UploadState::Complete as i32 && now > r.expires_at_ms;
+                let orphan = r.state == UploadState::Complete as i32
+                    && !r.referenced
+                    && r.delete_after_ms == 0
+                    && now > r.expires_at_ms;
+                let recalled = r.delete_after_ms > 0 && now > r.delete_after_ms;
+                if !(expired || orphan || recalled) {
+                    continue;
+                }
+                let Some(a) = &r.attachment else { continue };
+                if !r.multipart_id.is_empty() && r.state != UploadState::Complete as i32 {
+                    att.files
+                        .abort_multipart(&a.object_key, &r.multipart_id)
+                        .await
+                        .map_err(store_failed)?;
+                }
+                att.files
+                    .delete(&a.object_key)
+                    .await
+                    .map_err(store_failed)?;
+                let mut m = Mutation::new();
+                m.delete_upload(r.tenant_id, id);
+                self.store.commit(m).await?;
+                att.forget_bytes(r.tenant_id);
+                crate::metrics::metrics().uploads_swept.inc();
+                swept += 1;
+            }
+        }
+    }
+}
+
+fn part_count(size: u64, part_size: u64) -> u32 {
+    size.div_ceil(part_size.max(1)).max(1) as u32
+}
+
+/// The length of part `n` (1-based) of a file of `size` in `part_size` parts.
+fn part_len(size: u64, part_size: u64, n: u32) -> u64 {
+    if size <= part_size {
+        return size;
+    }
+    let start = (n as u64 - 1) * part_size;
+    (size - start).min(part_size)
+}
+
+fn validate_upload(
+    cmd: &CreateUploadCommand,
+    config: &crate::attachments::AttachmentsConfig,
+) -> Result<()> {
+    let bad_name = cmd.name.is_empty()
+        || cmd.name.len() > 255
+        || cmd.name.contains(['/', '\\'])
+        || cmd.name.chars().any(char::is_control)
+        || cmd.name == "."
+        || cmd.name == "..";
+    if bad_name {
+        return Err(CellError::invalid(
+            Reason::BadAttachmentName,
+            "a file name is 1..=255 bytes without slashes or control characters",
+        ));
+    }
+    let bad_type = cmd.content_type.len() > 127
+        || cmd
+            .content_type
+            .split_once('/')
+            .is_none_or(|(a, b)| a.is_empty() || b.is_empty())
+        || cmd
+            .content_type
+            .chars()
+            .any(|c| c.is_control() || c.is_whitespace());
+    if bad_type {
+        return Err(CellError::invalid(
+            Reason::MalformedRequest,
+            "content_type is a media type such as image/png",
+        ));
+    }
+    if cmd.sha256.len() != 64 || !cmd.sha256.chars().all(|c| c.is_ascii_hexdigit()) {
+        return Err(CellError::invalid(
+            Reason::BadDigest,
+            "sha256 is the file's SHA-256 in 64 hex digits",
+        ));
+    }
+    if cmd.size == 0 || cmd.size > config.max_file_bytes {
+        return Err(CellError::invalid(
+            Reason::AttachmentTooLarge,
+            format!(
+                "a file is 1..={} bytes; this one is {}",
+                config.max_file_bytes, cmd.size
+            ),
+        ));
+    }
+    if !config.allows(cmd.caller.tenant, &cmd.content_type) {
+        return Err(CellError::denied(
+            Reason::ContentTypeNotAllowed,
+            format!("files of type {} are not allowed here", cmd.content_type),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parts_cover_the_file_exactly() {
+        assert_eq!(part_count(10, 4), 3);
+        assert_eq!(
+            (part_len(10, 4, 1), part_len(10, 4, 2), part_len(10, 4, 3)),
+            (4, 4, 2)
+        );
+        assert_eq!(part_count(4, 4), 1);
+        assert_eq!(part_len(4, 4, 1), 4);
+        assert_eq!(part_count(3, 8), 1);
+        assert_eq!(part_len(3, 8, 1), 3);
+        let total: u64 = (1..=part_count(1_000_003, 65_536))
+            .map(|n| part_len(1_000_003, 65_536, n))
+            .sum();
+        assert_eq!(total, 1_000_003);
+    }
+}
