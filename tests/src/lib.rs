@@ -47,6 +47,7 @@ pub fn test_config(dir: &Path) -> CellConfig {
     config.rate_limit.conversation_burst = 100_000;
     config.rate_limit.user_calls_per_sec = 100_000;
     config.rate_limit.user_calls_burst = 100_000;
+    config.rate_limit.user_uploads_per_minute = 100_000;
     // History moves to the cold tier only when a test asks (`tier_once`),
     // not at whatever moment a background pass comes round: a test that
     // reads a copy through the export sees all of it hot.

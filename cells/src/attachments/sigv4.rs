@@ -36,16 +36,27 @@ impl Presigner {
         } else {
             region
         };
-        let (base, path_style) = if endpoint.is_empty() {
-            (format!("https://{bucket}.s3.{region}.amazonaws.com"), false)
-        } else {
-            (endpoint.trim_end_matches('/').to_string(), true)
-        };
+        if endpoint.is_empty() {
+            let base = format!("https://{bucket}.s3.{region}.amazonaws.com");
+            return Self::virtual_hosted(credentials, region, &base, bucket);
+        }
         Self {
             credentials,
             region: region.to_string(),
-            base,
-            path_style,
+            base: endpoint.trim_end_matches('/').to_string(),
+            path_style: true,
+            bucket: bucket.to_string(),
+        }
+    }
+
+    /// Signs URLs of `base` (`https://<bucket>.<host>`): the bucket is in
+    /// the host name.
+    pub fn virtual_hosted(credentials: Credentials, region: &str, base: &str, bucket: &str) -> Self {
+        Self {
+            credentials,
+            region: region.to_string(),
+            base: base.to_string(),
+            path_style: false,
             bucket: bucket.to_string(),
         }
     }
@@ -174,19 +185,19 @@ mod tests {
         // "Authenticating Requests: Using Query Parameters (AWS Signature
         // Version 4)", example: GET examplebucket/test.txt, 2013-05-24,
         // valid for 86400 s.
-        let signer = Presigner::new(
+        let signer = Presigner::virtual_hosted(
             Credentials {
                 key_id: "AKIAIOSFODNN7EXAMPLE".into(),
                 secret: "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY".into(),
                 token: None,
             },
             "us-east-1",
-            "",
+            "https://examplebucket.s3.amazonaws.com",
             "examplebucket",
         );
         // 2013-05-24T00:00:00Z
         let url = signer.sign("GET", "test.txt", &[], 1_369_353_600, 86_400);
-        assert!(url.starts_with("https://examplebucket.s3.us-east-1.amazonaws.com/test.txt?"));
+        assert!(url.starts_with("https://examplebucket.s3.amazonaws.com/test.txt?"));
         assert!(url.contains("X-Amz-Date=20130524T000000Z"), "{url}");
         assert!(
             url.ends_with(

@@ -1,6 +1,7 @@
 //! Every cross-crate integration test, in one binary (one link of RocksDB
 //! instead of one per file). Each module is one area of behaviour.
 
+mod attachments;
 mod bad_input;
 mod chat_cli;
 mod check_config;

@@ -64,7 +64,7 @@ async fn crash_between_apply_and_commit(kafka: Option<&Kafka>) {
             body: b"exactly once".to_vec(),
             route_epoch: 0,
             visible_to: Vec::new(),
-            attachment_ids: Vec::new(),
+            attachments: Vec::new(),
         })
         .await
         .unwrap();

@@ -1,0 +1,513 @@
+//! Files and images end to end over real gRPC and real HTTP: reserve,
+//! PUT to the signed URLs (the cell's own listener for the local store, a
+//! real S3 API for the bucket), complete with the digest checked on the
+//! stored bytes, send, and another member downloads and verifies; an
+//! interrupted multipart upload resumes; every bad input is refused with
+//! its reason and nothing stays half-way; recall and the sweep delete.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use cellmesh_cell::clock::{Clock, ManualClock, SystemClock};
+use cellmesh_client::files::{Files, sha256_file};
+use cellmesh_proto::v1::{
+    CompleteUploadRequest, CreateUploadRequest, Direction, ErrorCode, GetDownloadUrlRequest,
+    GetUploadRequest, Message, PullRequest, RecallRequest, UploadState,
+};
+use cellmesh_tests::deploy::assert_reason;
+use cellmesh_tests::{Client, TestCell, caller, create_group, text};
+
+const TENANT: u64 = 1;
+
+async fn files_of(cell: &TestCell, tenant: u64, user: u64) -> Files {
+    let client = cellmesh_client::connect::attachments_as(&cell.endpoint, None)
+        .await
+        .expect("attachments client");
+    Files::new(client, caller(tenant, user))
+}
+
+fn write_file(dir: &Path, name: &str, len: usize, seed: u8) -> std::path::PathBuf {
+    let path = dir.join(name);
+    let bytes: Vec<u8> = (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect();
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+async fn message_at(client: &mut Client, user: u64, conversation: u64, seq: u64) -> Message {
+    client
+        .pull(PullRequest {
+            caller: caller(TENANT, user),
+            conversation_id: conversation,
+            since_seq: seq + 1,
+            direction: Direction::Backward as i32,
+            limit: 1,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .messages
+        .into_iter()
+        .find(|m| m.seq == seq)
+        .expect("the message")
+}
+
+fn no_progress() -> impl FnMut(u64, u64) + Send {
+    |_, _| {}
+}
+
+/// Upload, send, download by another member, verified; then a
+/// non-member, another tenant and a recalled message get no URL, and the
+/// recalled file is gone after its grace.
+async fn round_trip(cell: &TestCell, size: usize) {
+    let mut client = cell.client().await;
+    let conversation = create_group(&mut client, TENANT, 1, &[2, 3]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_file(dir.path(), "report.bin", size, 7);
+    let (_, digest) = sha256_file(&path).await.unwrap();
+
+    let mut alice = files_of(cell, TENANT, 1).await;
+    let a = alice
+        .upload(conversation, &path, "application/octet-stream", None, &mut no_progress())
+        .await
+        .expect("upload");
+    assert_eq!((a.size, a.sha256.as_str(), a.name.as_str()), (size as u64, digest.as_str(), "report.bin"));
+    let mut send = text(TENANT, 1, conversation, "with-file", "");
+    send.attachment_ids = vec![a.attachment_id];
+    let sent = client.send(send.clone()).await.expect("send with a file").into_inner();
+    // A re-send answers as before.
+    let again = client.send(send).await.unwrap().into_inner();
+    assert!(again.duplicate && again.seq == sent.seq);
+
+    let message = message_at(&mut client, 2, conversation, sent.seq).await;
+    assert_eq!(message.attachments, vec![a.clone()]);
+    let mut bob = files_of(cell, TENANT, 2).await;
+    let out = tempfile::tempdir().unwrap();
+    let written = bob.download(&message, out.path(), &mut no_progress()).await.expect("download");
+    assert_eq!(written, vec![out.path().join("report.bin")]);
+    assert_eq!(sha256_file(&written[0]).await.unwrap().1, digest);
+
+    // Ranged read of the signed URL.
+    let url = bob
+        .client
+        .get_download_url(GetDownloadUrlRequest {
+            caller: caller(TENANT, 2),
+            conversation_id: conversation,
+            seq: sent.seq,
+            attachment_id: a.attachment_id,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let ranged = reqwest::Client::new()
+        .get(&url.url)
+        .header("Range", "bytes=10-19")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ranged.status().as_u16(), 206);
+    let expected: Vec<u8> = std::fs::read(&path).unwrap()[10..20].to_vec();
+    assert_eq!(ranged.bytes().await.unwrap().to_vec(), expected);
+
+    // Not a member; another tenant: nothing handed out, nothing revealed.
+    let mut mallory = files_of(cell, TENANT, 4).await;
+    let err = mallory
+        .client
+        .get_download_url(GetDownloadUrlRequest {
+            caller: caller(TENANT, 4),
+            conversation_id: conversation,
+            seq: sent.seq,
+            attachment_id: a.attachment_id,
+        })
+        .await
+        .unwrap_err();
+    assert_reason(&err, ErrorCode::PermissionDenied, "NOT_A_MEMBER");
+    let mut other = files_of(cell, 2, 1).await;
+    let err = other
+        .client
+        .get_download_url(GetDownloadUrlRequest {
+            caller: caller(2, 1),
+            conversation_id: conversation,
+            seq: sent.seq,
+            attachment_id: a.attachment_id,
+        })
+        .await
+        .unwrap_err();
+    assert_reason(&err, ErrorCode::NotFound, "CONVERSATION_NOT_FOUND");
+
+    // Recalled: no URL, the ref is gone from the message.
+    client
+        .recall(RecallRequest {
+            caller: caller(TENANT, 1),
+            conversation_id: conversation,
+            seq: sent.seq,
+        })
+        .await
+        .unwrap();
+    let err = bob
+        .client
+        .get_download_url(GetDownloadUrlRequest {
+            caller: caller(TENANT, 2),
+            conversation_id: conversation,
+            seq: sent.seq,
+            attachment_id: a.attachment_id,
+        })
+        .await
+        .unwrap_err();
+    assert_reason(&err, ErrorCode::InvalidArgument, "MESSAGE_RECALLED");
+    assert!(message_at(&mut client, 2, conversation, sent.seq).await.attachments.is_empty());
+}
+
+#[tokio::test]
+async fn a_file_goes_up_and_comes_down_verified_through_the_cells_own_urls() {
+    let cell = TestCell::start_with(
+        |c| c.attachments.recall_grace_secs = 0,
+        Arc::new(SystemClock),
+    )
+    .await;
+    round_trip(&cell, 100_000).await;
+    // The recalled file goes with the next sweep.
+    let objects = cell.dir.path().join("attachments/objects");
+    let count = || walk(&objects);
+    assert_eq!(count(), 1);
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    assert_eq!(cell.cell.service.sweep_uploads().await.unwrap(), 1);
+    assert_eq!(count(), 0);
+}
+
+fn walk(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| {
+            if e.path().is_dir() {
+                walk(&e.path())
+            } else {
+                1
+            }
+        })
+        .sum()
+}
+
+#[tokio::test]
+async fn an_interrupted_multipart_upload_resumes_from_the_stored_parts() {
+    let cell = TestCell::start_with(
+        |c| {
+            // At most 10,000 parts per file.
+            c.attachments.part_bytes = 64 * 1024;
+            c.attachments.max_file_bytes = 64 * 1024 * 10_000;
+        },
+        Arc::new(SystemClock),
+    )
+    .await;
+    let mut client = cell.client().await;
+    let conversation = create_group(&mut client, TENANT, 1, &[2]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_file(dir.path(), "big.bin", 300_000, 3);
+    let (size, digest) = sha256_file(&path).await.unwrap();
+    let mut alice = files_of(&cell, TENANT, 1).await;
+    let upload = alice
+        .client
+        .create_upload(CreateUploadRequest {
+            caller: caller(TENANT, 1),
+            conversation_id: conversation,
+            name: "big.bin".into(),
+            content_type: "application/octet-stream".into(),
+            size,
+            sha256: digest.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(upload.parts.len(), 5);
+    // The client stored two parts, then was killed.
+    let bytes = std::fs::read(&path).unwrap();
+    let http = reqwest::Client::new();
+    for part in &upload.parts[..2] {
+        let start = (part.part_number as usize - 1) * 64 * 1024;
+        let body = bytes[start..start + part.size as usize].to_vec();
+        let put = http.put(&part.url).body(body).send().await.unwrap();
+        assert!(put.status().is_success(), "{}", put.status());
+    }
+    // Completing now says what is missing.
+    let err = alice
+        .client
+        .complete_upload(CompleteUploadRequest {
+            caller: caller(TENANT, 1),
+            conversation_id: conversation,
+            upload_id: upload.upload_id,
+        })
+        .await
+        .unwrap_err();
+    assert_reason(&err, ErrorCode::InvalidArgument, "UPLOAD_INCOMPLETE");
+    let resumed = alice
+        .client
+        .get_upload(GetUploadRequest {
+            caller: caller(TENANT, 1),
+            conversation_id: conversation,
+            upload_id: upload.upload_id,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(resumed.stored_parts, vec![1, 2]);
+    assert_eq!(
+        resumed.parts.iter().map(|p| p.part_number).collect::<Vec<_>>(),
+        vec![3, 4, 5]
+    );
+    // The client resumes from its state file: only the missing parts go up.
+    let state = dir.path().join("state");
+    std::fs::write(&state, format!("{} {size} {digest}\n", upload.upload_id)).unwrap();
+    let mut first_seen = None;
+    let mut progress = |done: u64, _total: u64| {
+        first_seen.get_or_insert(done);
+    };
+    let a = alice
+        .upload(conversation, &path, "application/octet-stream", Some(&state), &mut progress)
+        .await
+        .unwrap();
+    assert_eq!(first_seen, Some(2 * 64 * 1024), "resumed after the stored parts");
+    assert_eq!(a.attachment_id, upload.upload_id);
+    assert!(!state.exists());
+    let mut send = text(TENANT, 1, conversation, "big", "here");
+    send.attachment_ids = vec![a.attachment_id];
+    let sent = client.send(send).await.unwrap().into_inner();
+    let message = message_at(&mut client, 2, conversation, sent.seq).await;
+    let out = tempfile::tempdir().unwrap();
+    let mut bob = files_of(&cell, TENANT, 2).await;
+    let written = bob.download(&message, out.path(), &mut no_progress()).await.unwrap();
+    assert_eq!(std::fs::read(&written[0]).unwrap(), bytes);
+}
+
+fn reserve(conversation: u64, user: u64, name: &str, content_type: &str, size: u64, sha256: &str) -> CreateUploadRequest {
+    CreateUploadRequest {
+        caller: caller(TENANT, user),
+        conversation_id: conversation,
+        name: name.into(),
+        content_type: content_type.into(),
+        size,
+        sha256: sha256.into(),
+    }
+}
+
+#[tokio::test]
+async fn bad_uploads_are_refused_with_their_reason_and_leave_nothing_behind() {
+    let clock = Arc::new(ManualClock::new(SystemClock.now_ms()));
+    let cell = TestCell::start_with(
+        |c| {
+            c.attachments.max_file_bytes = 1_000_000;
+            c.attachments.content_types = vec!["image/*".into(), "application/octet-stream".into()];
+            c.attachments.tenants.insert(
+                TENANT.to_string(),
+                cellmesh_cell::attachments::TenantAttachments {
+                    quota_bytes: 1_500_000,
+                    content_types: Vec::new(),
+                },
+            );
+        },
+        clock.clone(),
+    )
+    .await;
+    let mut client = cell.client().await;
+    let conversation = create_group(&mut client, TENANT, 1, &[2]).await;
+    let mut alice = files_of(&cell, TENANT, 1).await;
+    let sha = "ab".repeat(32);
+    let refused = |r: Result<tonic::Response<_>, tonic::Status>| r.map(|_: tonic::Response<cellmesh_proto::v1::UploadResponse>| ()).unwrap_err();
+    let c = &mut alice.client;
+    let err = refused(c.create_upload(reserve(conversation, 1, "a.bin", "application/octet-stream", 2_000_000, &sha)).await);
+    assert_reason(&err, ErrorCode::InvalidArgument, "ATTACHMENT_TOO_LARGE");
+    let err = refused(c.create_upload(reserve(conversation, 1, "a.bin", "application/octet-stream", 0, &sha)).await);
+    assert_reason(&err, ErrorCode::InvalidArgument, "ATTACHMENT_TOO_LARGE");
+    let err = refused(c.create_upload(reserve(conversation, 1, "a.bin", "application/octet-stream", 10, "xyz")).await);
+    assert_reason(&err, ErrorCode::InvalidArgument, "BAD_DIGEST");
+    let err = refused(c.create_upload(reserve(conversation, 1, "../etc/passwd", "application/octet-stream", 10, &sha)).await);
+    assert_reason(&err, ErrorCode::InvalidArgument, "BAD_ATTACHMENT_NAME");
+    let err = refused(c.create_upload(reserve(conversation, 1, "a.exe", "application/x-msdownload", 10, &sha)).await);
+    assert_reason(&err, ErrorCode::PermissionDenied, "CONTENT_TYPE_NOT_ALLOWED");
+    let err = refused(c.create_upload(reserve(conversation, 3, "a.png", "image/png", 10, &sha)).await);
+    assert_reason(&err, ErrorCode::PermissionDenied, "NOT_A_MEMBER");
+    let err = refused(c.create_upload(reserve(conversation + 1, 1, "a.png", "image/png", 10, &sha)).await);
+    assert_reason(&err, ErrorCode::NotFound, "CONVERSATION_NOT_FOUND");
+
+    // Quota: 1.5 MB; a 900 kB reservation fits, a second does not.
+    let first = c
+        .create_upload(reserve(conversation, 1, "a.png", "image/png", 900_000, &sha))
+        .await
+        .unwrap()
+        .into_inner();
+    let err = refused(c.create_upload(reserve(conversation, 1, "b.png", "image/png", 900_000, &sha)).await);
+    assert_reason(&err, ErrorCode::PermissionDenied, "ATTACHMENT_QUOTA_EXCEEDED");
+
+    // Sending with a reservation not completed, an unknown id, another
+    // user's upload.
+    let mut send = text(TENANT, 1, conversation, "early", "x");
+    send.attachment_ids = vec![first.upload_id];
+    let err = client.send(send.clone()).await.unwrap_err();
+    assert_reason(&err, ErrorCode::InvalidArgument, "ATTACHMENT_NOT_COMPLETE");
+    send.attachment_ids = vec![first.upload_id + 1];
+    let err = client.send(send.clone()).await.unwrap_err();
+    assert_reason(&err, ErrorCode::InvalidArgument, "ATTACHMENT_NOT_FOUND");
+    let mut bobs = text(TENANT, 2, conversation, "bob", "x");
+    bobs.attachment_ids = vec![first.upload_id];
+    let err = client.send(bobs).await.unwrap_err();
+    assert_reason(&err, ErrorCode::InvalidArgument, "ATTACHMENT_NOT_FOUND");
+
+    // Bytes that do not hash to the declared digest: refused at completion
+    // and deleted; the reservation stays for a correct attempt.
+    let url = &first.parts[0].url;
+    let http = reqwest::Client::new();
+    let wrong = vec![1u8; 900_000];
+    assert!(http.put(url).body(wrong.clone()).send().await.unwrap().status().is_success());
+    // Never over the stored object.
+    assert_eq!(http.put(url).body(wrong).send().await.unwrap().status().as_u16(), 409);
+    let err = c
+        .complete_upload(CompleteUploadRequest {
+            caller: caller(TENANT, 1),
+            conversation_id: conversation,
+            upload_id: first.upload_id,
+        })
+        .await
+        .unwrap_err();
+    assert_reason(&err, ErrorCode::InvalidArgument, "ATTACHMENT_DIGEST_MISMATCH");
+    assert_eq!(walk(&cell.dir.path().join("attachments/objects")), 0);
+
+    // The signed URL: too many bytes, a forged signature, a bent part.
+    let too_long = http.put(url).body(vec![0u8; 900_001]).send().await.unwrap();
+    assert_eq!(too_long.status().as_u16(), 413);
+    assert!(too_long.text().await.unwrap().contains("ATTACHMENT_SIZE_MISMATCH"));
+    let forged = url.replace("&sig=", "&sig=00");
+    let answer = http.put(&forged).body(vec![0u8; 900_000]).send().await.unwrap();
+    assert_eq!(answer.status().as_u16(), 403);
+    assert!(answer.text().await.unwrap().contains("BAD_SIGNATURE"));
+    // Expired: refused; GetUpload issues a fresh URL.
+    clock.advance_ms(2 * 3_600_000);
+    let answer = http.put(url).body(vec![0u8; 900_000]).send().await.unwrap();
+    assert_eq!(answer.status().as_u16(), 403);
+    assert!(answer.text().await.unwrap().contains("SIGNATURE_EXPIRED"));
+    let fresh = c
+        .get_upload(GetUploadRequest {
+            caller: caller(TENANT, 1),
+            conversation_id: conversation,
+            upload_id: first.upload_id,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(fresh.state, UploadState::Reserved as i32);
+    assert_ne!(&fresh.parts[0].url, url);
+    assert!(http.put(&fresh.parts[0].url).body(vec![0u8; 900_000]).send().await.unwrap().status().is_success());
+
+    // An unfinished reservation expires and is swept with its bytes.
+    clock.advance_ms(25 * 3_600_000);
+    let err = c
+        .complete_upload(CompleteUploadRequest {
+            caller: caller(TENANT, 1),
+            conversation_id: conversation,
+            upload_id: first.upload_id,
+        })
+        .await
+        .unwrap_err();
+    assert_reason(&err, ErrorCode::InvalidArgument, "UPLOAD_EXPIRED");
+    assert_eq!(cell.cell.service.sweep_uploads().await.unwrap(), 1);
+    assert_eq!(walk(&cell.dir.path().join("attachments/objects")), 0);
+    // Its quota is free again.
+    c.create_upload(reserve(conversation, 1, "c.png", "image/png", 900_000, &sha))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn uploads_are_rate_limited_per_user() {
+    let cell = TestCell::start_with(|c| c.rate_limit.user_uploads_per_minute = 2, Arc::new(SystemClock)).await;
+    let mut client = cell.client().await;
+    let conversation = create_group(&mut client, TENANT, 1, &[2]).await;
+    let mut alice = files_of(&cell, TENANT, 1).await;
+    let sha = "cd".repeat(32);
+    for _ in 0..2 {
+        alice.client.create_upload(reserve(conversation, 1, "a.png", "image/png", 10, &sha)).await.unwrap();
+    }
+    let err = alice
+        .client
+        .create_upload(reserve(conversation, 1, "a.png", "image/png", 10, &sha))
+        .await
+        .unwrap_err();
+    assert_reason(&err, ErrorCode::RateLimited, "UPLOAD_RATE_LIMITED");
+    let mut bob = files_of(&cell, TENANT, 2).await;
+    bob.client.create_upload(reserve(conversation, 2, "a.png", "image/png", 10, &sha)).await.unwrap();
+}
+
+#[tokio::test]
+async fn files_in_an_s3_bucket_go_up_in_parts_resume_and_come_down_verified() {
+    let moto = cellmesh_tests::moto::Moto::start("cellmesh-files").await;
+    let cell = TestCell::start_with(
+        |c| {
+            let a = &mut c.attachments;
+            a.store = cellmesh_cell::cold::TierStore::S3;
+            a.s3.bucket = moto.bucket.clone();
+            a.s3.endpoint = moto.endpoint.clone();
+            a.s3.region = "us-east-1".into();
+            a.s3.access_key_id = "testing".into();
+            a.s3.secret_access_key = "testing".into();
+            a.s3.allow_http = true;
+            a.s3.prefix = "files".into();
+            a.part_bytes = 5 * 1024 * 1024;
+        },
+        Arc::new(SystemClock),
+    )
+    .await;
+    assert!(cell.cell.files_addr.is_none(), "with S3 the bytes never pass through the cell");
+    // One PUT below the part size.
+    round_trip(&cell, 300_000).await;
+
+    // 11 MiB: three parts; the first goes up, then the client resumes.
+    let mut client = cell.client().await;
+    let conversation = create_group(&mut client, TENANT, 1, &[2]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_file(dir.path(), "video.mp4", 11 * 1024 * 1024 + 17, 9);
+    let (size, digest) = sha256_file(&path).await.unwrap();
+    let mut alice = files_of(&cell, TENANT, 1).await;
+    let upload = alice
+        .client
+        .create_upload(reserve(conversation, 1, "video.mp4", "video/mp4", size, &digest))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(upload.parts.len(), 3);
+    assert!(upload.parts[0].url.starts_with(&moto.endpoint), "{}", upload.parts[0].url);
+    let bytes = std::fs::read(&path).unwrap();
+    let first = reqwest::Client::new()
+        .put(&upload.parts[0].url)
+        .body(bytes[..5 * 1024 * 1024].to_vec())
+        .send()
+        .await
+        .unwrap();
+    assert!(first.status().is_success(), "{}", first.text().await.unwrap());
+    let resumed = alice
+        .client
+        .get_upload(GetUploadRequest {
+            caller: caller(TENANT, 1),
+            conversation_id: conversation,
+            upload_id: upload.upload_id,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(resumed.stored_parts, vec![1]);
+    let state = dir.path().join("state");
+    std::fs::write(&state, format!("{} {size} {digest}\n", upload.upload_id)).unwrap();
+    let a = alice
+        .upload(conversation, &path, "video/mp4", Some(&state), &mut no_progress())
+        .await
+        .unwrap();
+    let mut send = text(TENANT, 1, conversation, "video", "");
+    send.attachment_ids = vec![a.attachment_id];
+    let sent = client.send(send).await.unwrap().into_inner();
+    let message = message_at(&mut client, 2, conversation, sent.seq).await;
+    let out = tempfile::tempdir().unwrap();
+    let mut bob = files_of(&cell, TENANT, 2).await;
+    let written = bob.download(&message, out.path(), &mut no_progress()).await.unwrap();
+    assert_eq!(sha256_file(&written[0]).await.unwrap(), (size, digest));
+}
