@@ -51,7 +51,12 @@ impl Presigner {
 
     /// Signs URLs of `base` (`https://<bucket>.<host>`): the bucket is in
     /// the host name.
-    pub fn virtual_hosted(credentials: Credentials, region: &str, base: &str, bucket: &str) -> Self {
+    pub fn virtual_hosted(
+        credentials: Credentials,
+        region: &str,
+        base: &str,
+        bucket: &str,
+    ) -> Self {
         Self {
             credentials,
             region: region.to_string(),

@@ -276,6 +276,11 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             // One directory stands for the object store all cells share, so
             // moves hand cold history over by its manifest.
             config.tiering.local_dir = data.join("cold");
+            // Files live in their region's store (one directory per region,
+            // shared by its cells, each serving it on its own signed URLs):
+            // a move within the region hands over refs only.
+            config.attachments.local_dir = data.join("files").join(REGIONS[r]);
+            config.attachments.http_listen = format!("127.0.0.1:{}", topo.cell_files_port(r, c));
             if let Some(n) = args.hot_messages {
                 config.tiering.hot_messages_per_conversation = n;
                 config.tiering.interval_ms = 1_000;

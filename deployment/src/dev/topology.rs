@@ -98,6 +98,10 @@ impl Topology {
     pub fn cell_metrics_port(&self, r: usize, c: usize) -> u16 {
         self.port(r, 11 + c as u16)
     }
+    /// Where cell `c` of region `r` serves its signed file URLs.
+    pub fn cell_files_port(&self, r: usize, c: usize) -> u16 {
+        self.port(r, 18 + c as u16)
+    }
     pub fn edge_metrics_port(&self, r: usize) -> u16 {
         self.port(r, 15)
     }

@@ -69,13 +69,26 @@ async fn round_trip(cell: &TestCell, size: usize) {
 
     let mut alice = files_of(cell, TENANT, 1).await;
     let a = alice
-        .upload(conversation, &path, "application/octet-stream", None, &mut no_progress())
+        .upload(
+            conversation,
+            &path,
+            "application/octet-stream",
+            None,
+            &mut no_progress(),
+        )
         .await
         .expect("upload");
-    assert_eq!((a.size, a.sha256.as_str(), a.name.as_str()), (size as u64, digest.as_str(), "report.bin"));
+    assert_eq!(
+        (a.size, a.sha256.as_str(), a.name.as_str()),
+        (size as u64, digest.as_str(), "report.bin")
+    );
     let mut send = text(TENANT, 1, conversation, "with-file", "");
     send.attachment_ids = vec![a.attachment_id];
-    let sent = client.send(send.clone()).await.expect("send with a file").into_inner();
+    let sent = client
+        .send(send.clone())
+        .await
+        .expect("send with a file")
+        .into_inner();
     // A re-send answers as before.
     let again = client.send(send).await.unwrap().into_inner();
     assert!(again.duplicate && again.seq == sent.seq);
@@ -84,7 +97,10 @@ async fn round_trip(cell: &TestCell, size: usize) {
     assert_eq!(message.attachments, vec![a.clone()]);
     let mut bob = files_of(cell, TENANT, 2).await;
     let out = tempfile::tempdir().unwrap();
-    let written = bob.download(&message, out.path(), &mut no_progress()).await.expect("download");
+    let written = bob
+        .download(&message, out.path(), &mut no_progress())
+        .await
+        .expect("download");
     assert_eq!(written, vec![out.path().join("report.bin")]);
     assert_eq!(sha256_file(&written[0]).await.unwrap().1, digest);
 
@@ -156,7 +172,12 @@ async fn round_trip(cell: &TestCell, size: usize) {
         .await
         .unwrap_err();
     assert_reason(&err, ErrorCode::InvalidArgument, "MESSAGE_RECALLED");
-    assert!(message_at(&mut client, 2, conversation, sent.seq).await.attachments.is_empty());
+    assert!(
+        message_at(&mut client, 2, conversation, sent.seq)
+            .await
+            .attachments
+            .is_empty()
+    );
 }
 
 #[tokio::test]
@@ -255,7 +276,11 @@ async fn an_interrupted_multipart_upload_resumes_from_the_stored_parts() {
         .into_inner();
     assert_eq!(resumed.stored_parts, vec![1, 2]);
     assert_eq!(
-        resumed.parts.iter().map(|p| p.part_number).collect::<Vec<_>>(),
+        resumed
+            .parts
+            .iter()
+            .map(|p| p.part_number)
+            .collect::<Vec<_>>(),
         vec![3, 4, 5]
     );
     // The client resumes from its state file: only the missing parts go up.
@@ -266,10 +291,20 @@ async fn an_interrupted_multipart_upload_resumes_from_the_stored_parts() {
         first_seen.get_or_insert(done);
     };
     let a = alice
-        .upload(conversation, &path, "application/octet-stream", Some(&state), &mut progress)
+        .upload(
+            conversation,
+            &path,
+            "application/octet-stream",
+            Some(&state),
+            &mut progress,
+        )
         .await
         .unwrap();
-    assert_eq!(first_seen, Some(2 * 64 * 1024), "resumed after the stored parts");
+    assert_eq!(
+        first_seen,
+        Some(2 * 64 * 1024),
+        "resumed after the stored parts"
+    );
     assert_eq!(a.attachment_id, upload.upload_id);
     assert!(!state.exists());
     let mut send = text(TENANT, 1, conversation, "big", "here");
@@ -278,11 +313,21 @@ async fn an_interrupted_multipart_upload_resumes_from_the_stored_parts() {
     let message = message_at(&mut client, 2, conversation, sent.seq).await;
     let out = tempfile::tempdir().unwrap();
     let mut bob = files_of(&cell, TENANT, 2).await;
-    let written = bob.download(&message, out.path(), &mut no_progress()).await.unwrap();
+    let written = bob
+        .download(&message, out.path(), &mut no_progress())
+        .await
+        .unwrap();
     assert_eq!(std::fs::read(&written[0]).unwrap(), bytes);
 }
 
-fn reserve(conversation: u64, user: u64, name: &str, content_type: &str, size: u64, sha256: &str) -> CreateUploadRequest {
+fn reserve(
+    conversation: u64,
+    user: u64,
+    name: &str,
+    content_type: &str,
+    size: u64,
+    sha256: &str,
+) -> CreateUploadRequest {
     CreateUploadRequest {
         caller: caller(TENANT, user),
         conversation_id: conversation,
@@ -315,31 +360,115 @@ async fn bad_uploads_are_refused_with_their_reason_and_leave_nothing_behind() {
     let conversation = create_group(&mut client, TENANT, 1, &[2]).await;
     let mut alice = files_of(&cell, TENANT, 1).await;
     let sha = "ab".repeat(32);
-    let refused = |r: Result<tonic::Response<_>, tonic::Status>| r.map(|_: tonic::Response<cellmesh_proto::v1::UploadResponse>| ()).unwrap_err();
+    let refused = |r: Result<tonic::Response<_>, tonic::Status>| {
+        r.map(|_: tonic::Response<cellmesh_proto::v1::UploadResponse>| ())
+            .unwrap_err()
+    };
     let c = &mut alice.client;
-    let err = refused(c.create_upload(reserve(conversation, 1, "a.bin", "application/octet-stream", 2_000_000, &sha)).await);
+    let err = refused(
+        c.create_upload(reserve(
+            conversation,
+            1,
+            "a.bin",
+            "application/octet-stream",
+            2_000_000,
+            &sha,
+        ))
+        .await,
+    );
     assert_reason(&err, ErrorCode::InvalidArgument, "ATTACHMENT_TOO_LARGE");
-    let err = refused(c.create_upload(reserve(conversation, 1, "a.bin", "application/octet-stream", 0, &sha)).await);
+    let err = refused(
+        c.create_upload(reserve(
+            conversation,
+            1,
+            "a.bin",
+            "application/octet-stream",
+            0,
+            &sha,
+        ))
+        .await,
+    );
     assert_reason(&err, ErrorCode::InvalidArgument, "ATTACHMENT_TOO_LARGE");
-    let err = refused(c.create_upload(reserve(conversation, 1, "a.bin", "application/octet-stream", 10, "xyz")).await);
+    let err = refused(
+        c.create_upload(reserve(
+            conversation,
+            1,
+            "a.bin",
+            "application/octet-stream",
+            10,
+            "xyz",
+        ))
+        .await,
+    );
     assert_reason(&err, ErrorCode::InvalidArgument, "BAD_DIGEST");
-    let err = refused(c.create_upload(reserve(conversation, 1, "../etc/passwd", "application/octet-stream", 10, &sha)).await);
+    let err = refused(
+        c.create_upload(reserve(
+            conversation,
+            1,
+            "../etc/passwd",
+            "application/octet-stream",
+            10,
+            &sha,
+        ))
+        .await,
+    );
     assert_reason(&err, ErrorCode::InvalidArgument, "BAD_ATTACHMENT_NAME");
-    let err = refused(c.create_upload(reserve(conversation, 1, "a.exe", "application/x-msdownload", 10, &sha)).await);
-    assert_reason(&err, ErrorCode::PermissionDenied, "CONTENT_TYPE_NOT_ALLOWED");
-    let err = refused(c.create_upload(reserve(conversation, 3, "a.png", "image/png", 10, &sha)).await);
+    let err = refused(
+        c.create_upload(reserve(
+            conversation,
+            1,
+            "a.exe",
+            "application/x-msdownload",
+            10,
+            &sha,
+        ))
+        .await,
+    );
+    assert_reason(
+        &err,
+        ErrorCode::PermissionDenied,
+        "CONTENT_TYPE_NOT_ALLOWED",
+    );
+    let err = refused(
+        c.create_upload(reserve(conversation, 3, "a.png", "image/png", 10, &sha))
+            .await,
+    );
     assert_reason(&err, ErrorCode::PermissionDenied, "NOT_A_MEMBER");
-    let err = refused(c.create_upload(reserve(conversation + 1, 1, "a.png", "image/png", 10, &sha)).await);
+    let err = refused(
+        c.create_upload(reserve(conversation + 1, 1, "a.png", "image/png", 10, &sha))
+            .await,
+    );
     assert_reason(&err, ErrorCode::NotFound, "CONVERSATION_NOT_FOUND");
 
     // Quota: 1.5 MB; a 900 kB reservation fits, a second does not.
     let first = c
-        .create_upload(reserve(conversation, 1, "a.png", "image/png", 900_000, &sha))
+        .create_upload(reserve(
+            conversation,
+            1,
+            "a.png",
+            "image/png",
+            900_000,
+            &sha,
+        ))
         .await
         .unwrap()
         .into_inner();
-    let err = refused(c.create_upload(reserve(conversation, 1, "b.png", "image/png", 900_000, &sha)).await);
-    assert_reason(&err, ErrorCode::PermissionDenied, "ATTACHMENT_QUOTA_EXCEEDED");
+    let err = refused(
+        c.create_upload(reserve(
+            conversation,
+            1,
+            "b.png",
+            "image/png",
+            900_000,
+            &sha,
+        ))
+        .await,
+    );
+    assert_reason(
+        &err,
+        ErrorCode::PermissionDenied,
+        "ATTACHMENT_QUOTA_EXCEEDED",
+    );
 
     // Sending with a reservation not completed, an unknown id, another
     // user's upload.
@@ -360,9 +489,26 @@ async fn bad_uploads_are_refused_with_their_reason_and_leave_nothing_behind() {
     let url = &first.parts[0].url;
     let http = reqwest::Client::new();
     let wrong = vec![1u8; 900_000];
-    assert!(http.put(url).body(wrong.clone()).send().await.unwrap().status().is_success());
+    assert!(
+        http.put(url)
+            .body(wrong.clone())
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .is_success()
+    );
     // Never over the stored object.
-    assert_eq!(http.put(url).body(wrong).send().await.unwrap().status().as_u16(), 409);
+    assert_eq!(
+        http.put(url)
+            .body(wrong)
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16(),
+        409
+    );
     let err = c
         .complete_upload(CompleteUploadRequest {
             caller: caller(TENANT, 1),
@@ -371,15 +517,30 @@ async fn bad_uploads_are_refused_with_their_reason_and_leave_nothing_behind() {
         })
         .await
         .unwrap_err();
-    assert_reason(&err, ErrorCode::InvalidArgument, "ATTACHMENT_DIGEST_MISMATCH");
+    assert_reason(
+        &err,
+        ErrorCode::InvalidArgument,
+        "ATTACHMENT_DIGEST_MISMATCH",
+    );
     assert_eq!(walk(&cell.dir.path().join("attachments/objects")), 0);
 
     // The signed URL: too many bytes, a forged signature, a bent part.
     let too_long = http.put(url).body(vec![0u8; 900_001]).send().await.unwrap();
     assert_eq!(too_long.status().as_u16(), 413);
-    assert!(too_long.text().await.unwrap().contains("ATTACHMENT_SIZE_MISMATCH"));
+    assert!(
+        too_long
+            .text()
+            .await
+            .unwrap()
+            .contains("ATTACHMENT_SIZE_MISMATCH")
+    );
     let forged = url.replace("&sig=", "&sig=00");
-    let answer = http.put(&forged).body(vec![0u8; 900_000]).send().await.unwrap();
+    let answer = http
+        .put(&forged)
+        .body(vec![0u8; 900_000])
+        .send()
+        .await
+        .unwrap();
     assert_eq!(answer.status().as_u16(), 403);
     assert!(answer.text().await.unwrap().contains("BAD_SIGNATURE"));
     // Expired: refused; GetUpload issues a fresh URL.
@@ -398,7 +559,15 @@ async fn bad_uploads_are_refused_with_their_reason_and_leave_nothing_behind() {
         .into_inner();
     assert_eq!(fresh.state, UploadState::Reserved as i32);
     assert_ne!(&fresh.parts[0].url, url);
-    assert!(http.put(&fresh.parts[0].url).body(vec![0u8; 900_000]).send().await.unwrap().status().is_success());
+    assert!(
+        http.put(&fresh.parts[0].url)
+            .body(vec![0u8; 900_000])
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .is_success()
+    );
 
     // An unfinished reservation expires and is swept with its bytes.
     clock.advance_ms(25 * 3_600_000);
@@ -414,20 +583,35 @@ async fn bad_uploads_are_refused_with_their_reason_and_leave_nothing_behind() {
     assert_eq!(cell.cell.service.sweep_uploads().await.unwrap(), 1);
     assert_eq!(walk(&cell.dir.path().join("attachments/objects")), 0);
     // Its quota is free again.
-    c.create_upload(reserve(conversation, 1, "c.png", "image/png", 900_000, &sha))
-        .await
-        .unwrap();
+    c.create_upload(reserve(
+        conversation,
+        1,
+        "c.png",
+        "image/png",
+        900_000,
+        &sha,
+    ))
+    .await
+    .unwrap();
 }
 
 #[tokio::test]
 async fn uploads_are_rate_limited_per_user() {
-    let cell = TestCell::start_with(|c| c.rate_limit.user_uploads_per_minute = 2, Arc::new(SystemClock)).await;
+    let cell = TestCell::start_with(
+        |c| c.rate_limit.user_uploads_per_minute = 2,
+        Arc::new(SystemClock),
+    )
+    .await;
     let mut client = cell.client().await;
     let conversation = create_group(&mut client, TENANT, 1, &[2]).await;
     let mut alice = files_of(&cell, TENANT, 1).await;
     let sha = "cd".repeat(32);
     for _ in 0..2 {
-        alice.client.create_upload(reserve(conversation, 1, "a.png", "image/png", 10, &sha)).await.unwrap();
+        alice
+            .client
+            .create_upload(reserve(conversation, 1, "a.png", "image/png", 10, &sha))
+            .await
+            .unwrap();
     }
     let err = alice
         .client
@@ -436,7 +620,10 @@ async fn uploads_are_rate_limited_per_user() {
         .unwrap_err();
     assert_reason(&err, ErrorCode::RateLimited, "UPLOAD_RATE_LIMITED");
     let mut bob = files_of(&cell, TENANT, 2).await;
-    bob.client.create_upload(reserve(conversation, 2, "a.png", "image/png", 10, &sha)).await.unwrap();
+    bob.client
+        .create_upload(reserve(conversation, 2, "a.png", "image/png", 10, &sha))
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
@@ -458,7 +645,10 @@ async fn files_in_an_s3_bucket_go_up_in_parts_resume_and_come_down_verified() {
         Arc::new(SystemClock),
     )
     .await;
-    assert!(cell.cell.files_addr.is_none(), "with S3 the bytes never pass through the cell");
+    assert!(
+        cell.cell.files_addr.is_none(),
+        "with S3 the bytes never pass through the cell"
+    );
     // One PUT below the part size.
     round_trip(&cell, 300_000).await;
 
@@ -471,12 +661,23 @@ async fn files_in_an_s3_bucket_go_up_in_parts_resume_and_come_down_verified() {
     let mut alice = files_of(&cell, TENANT, 1).await;
     let upload = alice
         .client
-        .create_upload(reserve(conversation, 1, "video.mp4", "video/mp4", size, &digest))
+        .create_upload(reserve(
+            conversation,
+            1,
+            "video.mp4",
+            "video/mp4",
+            size,
+            &digest,
+        ))
         .await
         .unwrap()
         .into_inner();
     assert_eq!(upload.parts.len(), 3);
-    assert!(upload.parts[0].url.starts_with(&moto.endpoint), "{}", upload.parts[0].url);
+    assert!(
+        upload.parts[0].url.starts_with(&moto.endpoint),
+        "{}",
+        upload.parts[0].url
+    );
     let bytes = std::fs::read(&path).unwrap();
     let first = reqwest::Client::new()
         .put(&upload.parts[0].url)
@@ -484,7 +685,11 @@ async fn files_in_an_s3_bucket_go_up_in_parts_resume_and_come_down_verified() {
         .send()
         .await
         .unwrap();
-    assert!(first.status().is_success(), "{}", first.text().await.unwrap());
+    assert!(
+        first.status().is_success(),
+        "{}",
+        first.text().await.unwrap()
+    );
     let resumed = alice
         .client
         .get_upload(GetUploadRequest {
@@ -499,7 +704,13 @@ async fn files_in_an_s3_bucket_go_up_in_parts_resume_and_come_down_verified() {
     let state = dir.path().join("state");
     std::fs::write(&state, format!("{} {size} {digest}\n", upload.upload_id)).unwrap();
     let a = alice
-        .upload(conversation, &path, "video/mp4", Some(&state), &mut no_progress())
+        .upload(
+            conversation,
+            &path,
+            "video/mp4",
+            Some(&state),
+            &mut no_progress(),
+        )
         .await
         .unwrap();
     let mut send = text(TENANT, 1, conversation, "video", "");
@@ -508,6 +719,74 @@ async fn files_in_an_s3_bucket_go_up_in_parts_resume_and_come_down_verified() {
     let message = message_at(&mut client, 2, conversation, sent.seq).await;
     let out = tempfile::tempdir().unwrap();
     let mut bob = files_of(&cell, TENANT, 2).await;
-    let written = bob.download(&message, out.path(), &mut no_progress()).await.unwrap();
+    let written = bob
+        .download(&message, out.path(), &mut no_progress())
+        .await
+        .unwrap();
     assert_eq!(sha256_file(&written[0]).await.unwrap(), (size, digest));
+}
+
+#[tokio::test]
+async fn through_the_edge_a_file_reaches_another_member_and_no_one_else() {
+    use cellmesh_tests::deploy::{authed, create_via_edge, deploy, messaging, token};
+    let d = deploy(None).await;
+    let (alice, bob) = (token(TENANT, 1), token(TENANT, 2));
+    let mut m = messaging(&d.edge).await;
+    let conversation = create_via_edge(&mut m, &alice, vec![2]).await;
+    let edge_files = |t: String| {
+        let endpoint = d.edge.endpoint();
+        async move {
+            let client = cellmesh_client::connect::attachments_as(&endpoint, Some(&t))
+                .await
+                .unwrap();
+            Files::new(client, None)
+        }
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_file(dir.path(), "photo.png", 50_000, 1);
+    let a = edge_files(alice.clone())
+        .await
+        .upload(conversation, &path, "image/png", None, &mut no_progress())
+        .await
+        .expect("upload through the edge");
+    let mut send = cellmesh_tests::deploy::text(conversation, "photo");
+    send.attachment_ids = vec![a.attachment_id];
+    let sent = m.send(authed(send, &alice)).await.unwrap().into_inner();
+    let page = m
+        .pull(authed(
+            PullRequest {
+                conversation_id: conversation,
+                since_seq: sent.seq - 1,
+                limit: 1,
+                ..Default::default()
+            },
+            &bob,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let out = tempfile::tempdir().unwrap();
+    let written = edge_files(bob)
+        .await
+        .download(&page.messages[0], out.path(), &mut no_progress())
+        .await
+        .expect("bob downloads through the edge");
+    assert_eq!(
+        std::fs::read(&written[0]).unwrap(),
+        std::fs::read(&path).unwrap()
+    );
+    // A user of another tenant, naming the same conversation and seq.
+    let mut stranger = edge_files(token(2, 2)).await;
+    let err = stranger
+        .client
+        .get_download_url(GetDownloadUrlRequest {
+            conversation_id: conversation,
+            seq: sent.seq,
+            attachment_id: a.attachment_id,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_ne!(err.code(), tonic::Code::Ok);
+    assert!(!err.message().contains(&a.object_key), "{err}");
 }
