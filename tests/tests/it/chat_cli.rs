@@ -92,3 +92,35 @@ async fn a_person_can_create_send_and_tail() {
     assert!(read.contains("unread 0"), "{read}");
     cell.stop().await;
 }
+
+#[tokio::test]
+async fn a_person_can_send_a_file_and_another_download_it() {
+    let cell = TestCell::start().await;
+    let endpoint = cell.endpoint.clone();
+    let created = chat(&endpoint, 1, &["create", "--members", "2"]).await;
+    let conv = created.split_whitespace().nth(1).unwrap().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("notes.txt");
+    std::fs::write(&file, "minutes of the meeting\n".repeat(1000)).unwrap();
+    let sent = chat(
+        &endpoint,
+        1,
+        &["send", "-c", &conv, "--file", file.to_str().unwrap(), "see", "attached"],
+    )
+    .await;
+    let seq = sent.split_whitespace().nth(2).expect("seq printed").to_string();
+    let history = chat(&endpoint, 2, &["history", "-c", &conv]).await;
+    assert!(history.contains("[file notes.txt 23000 bytes]"), "{history}");
+    let out = dir.path().join("downloads");
+    let got = chat(
+        &endpoint,
+        2,
+        &["download", "-c", &conv, "--seq", &seq, "--out", out.to_str().unwrap()],
+    )
+    .await;
+    assert!(got.contains("SHA-256 verified"), "{got}");
+    assert_eq!(
+        std::fs::read(out.join("notes.txt")).unwrap(),
+        std::fs::read(&file).unwrap()
+    );
+}
