@@ -7,6 +7,7 @@
 
 pub mod config;
 pub mod http;
+pub mod image;
 pub mod sigv4;
 pub mod store;
 pub mod urls;

@@ -48,6 +48,28 @@ pub struct StoredPart {
     pub etag: String,
 }
 
+/// What reading an object back found.
+#[derive(Default)]
+pub struct ReadBack {
+    pub size: u64,
+    /// Lower-case hex, set once the whole object was read.
+    pub sha256: String,
+    /// The first [`HEAD_BYTES`] (an image's header).
+    pub head: Vec<u8>,
+    hasher: Sha256,
+}
+
+pub const HEAD_BYTES: usize = 64 * 1024;
+
+impl ReadBack {
+    fn take(&mut self, chunk: &[u8]) {
+        self.hasher.update(chunk);
+        self.size += chunk.len() as u64;
+        let room = HEAD_BYTES.saturating_sub(self.head.len()).min(chunk.len());
+        self.head.extend_from_slice(&chunk[..room]);
+    }
+}
+
 pub enum FileStore {
     Local(LocalFiles),
     S3(S3Files),
@@ -361,11 +383,10 @@ impl FileStore {
         }
     }
 
-    /// The object's size and SHA-256 (lower-case hex), read back; `None`:
+    /// The object read back: its size, SHA-256 and first bytes; `None`:
     /// no such object.
-    pub async fn digest(&self, key: &str) -> Result<Option<(u64, String)>> {
-        let mut hasher = Sha256::new();
-        let mut size = 0u64;
+    pub async fn read_back(&self, key: &str) -> Result<Option<ReadBack>> {
+        let mut back = ReadBack::default();
         match self {
             Self::Local(local) => {
                 let mut file = match tokio::fs::File::open(local.object(key)).await {
@@ -379,8 +400,7 @@ impl FileStore {
                     if n == 0 {
                         break;
                     }
-                    hasher.update(&buf[..n]);
-                    size += n as u64;
+                    back.take(&buf[..n]);
                 }
             }
             Self::S3(s3) => {
@@ -391,13 +411,12 @@ impl FileStore {
                 };
                 let mut stream = got.into_stream();
                 while let Some(chunk) = stream.next().await {
-                    let chunk = chunk?;
-                    hasher.update(&chunk);
-                    size += chunk.len() as u64;
+                    back.take(&chunk?);
                 }
             }
         }
-        Ok(Some((size, hex(&hasher.finalize()))))
+        back.sha256 = hex(&back.hasher.finalize_reset());
+        Ok(Some(back))
     }
 
     /// Deletes the object (absent already: fine).

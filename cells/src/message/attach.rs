@@ -271,14 +271,15 @@ impl MessageService {
                 .await
                 .map_err(store_failed)?;
         }
-        let (size, sha256) = att
+        let back = att
             .files
-            .digest(&a.object_key)
+            .read_back(&a.object_key)
             .await
             .map_err(store_failed)?
             .ok_or_else(|| {
                 CellError::invalid(Reason::UploadIncomplete, "the file is not stored yet")
             })?;
+        let (size, sha256) = (back.size, back.sha256.clone());
         let refused = if size != a.size {
             Some(CellError::invalid(
                 Reason::AttachmentSizeMismatch,
@@ -315,6 +316,12 @@ impl MessageService {
             return Err(refused);
         }
         record.state = UploadState::Complete as i32;
+        if let Some((width, height)) = crate::attachments::image::dimensions(&back.head)
+            && let Some(a) = record.attachment.as_mut()
+        {
+            (a.width, a.height) = (width, height);
+        }
+        let a = record.attachment.clone().expect("an upload names its file");
         let mut m = Mutation::new();
         m.put_upload(id, &record);
         self.store.commit(m).await?;

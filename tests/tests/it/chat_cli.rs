@@ -105,17 +105,40 @@ async fn a_person_can_send_a_file_and_another_download_it() {
     let sent = chat(
         &endpoint,
         1,
-        &["send", "-c", &conv, "--file", file.to_str().unwrap(), "see", "attached"],
+        &[
+            "send",
+            "-c",
+            &conv,
+            "--file",
+            file.to_str().unwrap(),
+            "see",
+            "attached",
+        ],
     )
     .await;
-    let seq = sent.split_whitespace().nth(2).expect("seq printed").to_string();
+    let seq = sent
+        .split_whitespace()
+        .nth(2)
+        .expect("seq printed")
+        .to_string();
     let history = chat(&endpoint, 2, &["history", "-c", &conv]).await;
-    assert!(history.contains("[file notes.txt 23000 bytes]"), "{history}");
+    assert!(
+        history.contains("[file notes.txt 23000 bytes]"),
+        "{history}"
+    );
     let out = dir.path().join("downloads");
     let got = chat(
         &endpoint,
         2,
-        &["download", "-c", &conv, "--seq", &seq, "--out", out.to_str().unwrap()],
+        &[
+            "download",
+            "-c",
+            &conv,
+            "--seq",
+            &seq,
+            "--out",
+            out.to_str().unwrap(),
+        ],
     )
     .await;
     assert!(got.contains("SHA-256 verified"), "{got}");
