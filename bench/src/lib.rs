@@ -2,6 +2,7 @@
 //! can write the same figures as JSON (`--json FILE`) with the keys
 //! `scenario`, `acked`, `errors`, `throughput_per_s`, `latency_ms.{p50,p99,p999}`.
 
+mod attachments;
 mod failover;
 mod migrate;
 mod pull;
@@ -90,6 +91,9 @@ enum Scenario {
     /// History pages from the hot or the cold tier of a cell it starts:
     /// page latency and the cell's disk before and after tiering.
     Pull(pull::PullArgs),
+    /// Files through a cell it starts (local directory or S3): download
+    /// URL latency, upload and download MB/s per file size.
+    Attachments(attachments::AttachmentsArgs),
     /// Route writes and lookups against the RoutingService, or the same
     /// workload against etcd for comparison.
     Router(router::RouterArgs),
@@ -141,6 +145,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         Scenario::OtlpSink(args) => otlp_sink(args).await,
         Scenario::Push(args) => push::run(args).await,
         Scenario::Pull(args) => pull::run(args).await,
+        Scenario::Attachments(args) => attachments::run(args).await,
         Scenario::Router(args) => router::run(args).await,
         Scenario::Migrate(args) => migrate::run(args).await,
         Scenario::Failover(args) => failover::run(args).await,

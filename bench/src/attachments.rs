@@ -1,0 +1,215 @@
+//! `cellmesh bench attachments`: files through a cell it starts, stored in
+//! a local directory (the cell serves the signed URLs) or an S3 bucket
+//! (`--s3-endpoint`, e.g. moto; the bytes go from this client to the
+//! bucket, never through the cell). Measures the latency of a download URL
+//! (`GetDownloadUrl`: membership, visibility and signing) and the MB/s of
+//! whole uploads (hash, PUT parts, complete with read-back) and verified
+//! downloads at each `--sizes`.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cellmesh_cell::cold::TierStore;
+use cellmesh_client::connect::{attachments_as, caller, connect};
+use cellmesh_client::files::Files;
+use cellmesh_proto::v1::{
+    ConversationKind, CreateConversationRequest, Direction, GetDownloadUrlRequest, MessageType,
+    PullRequest,
+};
+use clap::Args;
+use hdrhistogram::Histogram;
+use rand::RngCore;
+
+use crate::{Report, count_error, send_request};
+
+#[derive(Args)]
+pub struct AttachmentsArgs {
+    /// File sizes in MiB.
+    #[arg(long, value_delimiter = ',', default_value = "1,200")]
+    sizes_mb: Vec<u64>,
+    /// Files of each size.
+    #[arg(long, default_value_t = 3)]
+    files: usize,
+    /// Download URLs requested for the latency figures.
+    #[arg(long, default_value_t = 2_000)]
+    urls: u64,
+    /// An S3 endpoint (e.g. a local moto_server); the bucket is created if
+    /// missing. Without it, a directory beside the cell's data.
+    #[arg(long)]
+    s3_endpoint: Option<String>,
+    #[arg(long, default_value = "cellmesh-bench-files")]
+    s3_bucket: String,
+    #[arg(long, default_value_t = 8)]
+    part_mb: u64,
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+const TENANT: u64 = 1;
+
+pub async fn run(args: AttachmentsArgs) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut config = cellmesh_cell::CellConfig {
+        listen: "127.0.0.1:0".parse()?,
+        data_dir: dir.path().join("cell"),
+        ..Default::default()
+    };
+    config.rate_limit.user_calls_per_sec = 1_000_000;
+    config.rate_limit.user_calls_burst = 1_000_000;
+    config.rate_limit.user_uploads_per_minute = 1_000_000;
+    let a = &mut config.attachments;
+    a.part_bytes = args.part_mb * 1024 * 1024;
+    a.max_file_bytes = a.part_bytes * 10_000;
+    if let Some(endpoint) = &args.s3_endpoint {
+        a.store = TierStore::S3;
+        a.s3.endpoint = endpoint.clone();
+        a.s3.bucket = args.s3_bucket.clone();
+        a.s3.region = "us-east-1".into();
+        a.s3.allow_http = endpoint.starts_with("http://");
+        if std::env::var("AWS_ACCESS_KEY_ID").is_err() {
+            a.s3.access_key_id = "testing".into();
+            a.s3.secret_access_key = "testing".into();
+        }
+        // A bucket on a local S3 API (moto takes unsigned requests).
+        let _ = reqwest::Client::new()
+            .put(format!("{endpoint}/{}", args.s3_bucket))
+            .send()
+            .await;
+    }
+    let store = if args.s3_endpoint.is_some() {
+        "s3"
+    } else {
+        "local"
+    };
+    let cell = cellmesh_cell::start(
+        config,
+        Arc::new(cellmesh_cell::ownership::OwnAll),
+        Arc::new(cellmesh_cell::clock::SystemClock),
+    )
+    .await?;
+    let endpoint = format!("http://{}", cell.addr);
+    let mut client = connect(&endpoint).await?;
+    let conversation = client
+        .create_conversation(CreateConversationRequest {
+            caller: caller(TENANT, 1),
+            kind: ConversationKind::Group as i32,
+            member_ids: vec![2],
+            title: "bench files".into(),
+            client_req_id: "bench-files".into(),
+        })
+        .await?
+        .into_inner()
+        .conversation
+        .map(|c| c.conversation_id)
+        .unwrap_or_default();
+    let mut alice = Files::new(attachments_as(&endpoint, None).await?, caller(TENANT, 1));
+    let mut bob = Files::new(attachments_as(&endpoint, None).await?, caller(TENANT, 2));
+    let mut params: BTreeMap<String, serde_json::Value> = BTreeMap::new();
+    let mut last = None;
+    let mut moved = 0u64;
+    let started = Instant::now();
+    for &mb in &args.sizes_mb {
+        let path = dir.path().join(format!("file-{mb}mb.bin"));
+        write_random(&path, mb * 1024 * 1024)?;
+        let (mut up, mut down) = (Duration::ZERO, Duration::ZERO);
+        for i in 0..args.files {
+            let t = Instant::now();
+            let a = alice
+                .upload(
+                    conversation,
+                    &path,
+                    "application/octet-stream",
+                    None,
+                    &mut |_, _| {},
+                )
+                .await?;
+            up += t.elapsed();
+            let mut req = send_request(
+                TENANT,
+                1,
+                conversation,
+                format!("file-{mb}-{i}"),
+                MessageType::File,
+                Vec::new(),
+            );
+            req.attachment_ids = vec![a.attachment_id];
+            let seq = client.send(req).await?.into_inner().seq;
+            let message = client
+                .pull(PullRequest {
+                    caller: caller(TENANT, 2),
+                    conversation_id: conversation,
+                    since_seq: seq + 1,
+                    direction: Direction::Backward as i32,
+                    limit: 1,
+                })
+                .await?
+                .into_inner()
+                .messages
+                .remove(0);
+            let out = dir.path().join(format!("down-{mb}-{i}"));
+            let t = Instant::now();
+            bob.download(&message, &out, &mut |_, _| {}).await?;
+            down += t.elapsed();
+            std::fs::remove_dir_all(&out)?;
+            last = Some((seq, a.attachment_id));
+            moved += 1;
+        }
+        let bytes = (mb * 1024 * 1024 * args.files as u64) as f64;
+        let rate = |d: Duration| bytes / d.as_secs_f64().max(1e-9) / (1024.0 * 1024.0);
+        params.insert(format!("upload_mb_s_{mb}mb"), rate(up).into());
+        params.insert(format!("download_mb_s_{mb}mb"), rate(down).into());
+        std::fs::remove_file(&path)?;
+    }
+    let elapsed = started.elapsed();
+    // Download URLs, one after another: the signing path's latency.
+    let mut histogram = Histogram::<u64>::new(3)?;
+    let mut errors = BTreeMap::new();
+    if let Some((seq, attachment)) = last {
+        for _ in 0..args.urls {
+            let t = Instant::now();
+            match bob
+                .client
+                .get_download_url(GetDownloadUrlRequest {
+                    caller: caller(TENANT, 2),
+                    conversation_id: conversation,
+                    seq,
+                    attachment_id: attachment,
+                })
+                .await
+            {
+                Ok(_) => histogram.record(t.elapsed().as_micros() as u64)?,
+                Err(status) => count_error(&mut errors, &status),
+            }
+        }
+    }
+    cell.shutdown().await?;
+    let mut report = Report::new("attachments", moved, errors, elapsed, &histogram)
+        .param("store", store)
+        .param("files_per_size", args.files as u64)
+        .param("part_mb", args.part_mb)
+        .param("download_url_requests", args.urls);
+    report.params.extend(params);
+    report.print();
+    println!("(latency: GetDownloadUrl round trips; throughput: files per second, both ways)");
+    if let Some(path) = &args.json {
+        report.write_json(path)?;
+    }
+    Ok(())
+}
+
+fn write_random(path: &std::path::Path, len: u64) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut file = std::io::BufWriter::new(std::fs::File::create(path)?);
+    let mut buf = vec![0u8; 1024 * 1024];
+    let mut left = len;
+    while left > 0 {
+        rand::rng().fill_bytes(&mut buf);
+        let n = left.min(buf.len() as u64) as usize;
+        file.write_all(&buf[..n])?;
+        left -= n as u64;
+    }
+    file.flush()?;
+    Ok(())
+}
