@@ -3,7 +3,9 @@
 //! day × factor; write QPS = messages a day / 86,400 × peak factor;
 //! storage = messages × size × retention × replicas, split into a hot share
 //! (the last `hot_days`, on the cells' disks) and a cold share (object
-//! storage). Per-cell capacity comes from `bench send` JSON files when
+//! storage); attachments = messages × share with a file × mean file size ×
+//! retention (object storage), and their egress a day = files a day × mean
+//! size × downloads per file. Per-cell capacity comes from `bench send` JSON files when
 //! given (their acknowledged sends per second), else from the default
 //! stated in the README. The output is a table, JSON, or the
 //! `terraform.tfvars.json` of `terraform/envs/example`.
@@ -53,6 +55,15 @@ pub struct PlanArgs {
     /// Copies of each hot message (the owner and its standbys).
     #[arg(long, default_value_t = 3)]
     pub replicas: u64,
+    /// Share of messages that carry a file (0..=1).
+    #[arg(long, default_value_t = 0.1)]
+    pub file_share: f64,
+    /// Mean size of a file, bytes.
+    #[arg(long, default_value_t = 200_000)]
+    pub file_bytes: u64,
+    /// Times a file is downloaded on average (its recipients' devices).
+    #[arg(long, default_value_t = 3.0)]
+    pub downloads_per_file: f64,
     /// Regions, comma-separated (users are split evenly over them).
     #[arg(
         long,
@@ -86,6 +97,9 @@ pub struct Load {
     pub retention_days: u64,
     pub hot_days: u64,
     pub replicas: u64,
+    pub file_share: f64,
+    pub file_bytes: u64,
+    pub downloads_per_file: f64,
     pub regions: Vec<String>,
     pub cell_writes_per_s: f64,
     pub kafka: bool,
@@ -103,6 +117,10 @@ pub struct Plan {
     pub hot_bytes: f64,
     /// In object storage (one copy; the store replicates itself).
     pub cold_bytes: f64,
+    /// Files over the retention, in the regions' buckets (bytes).
+    pub attachment_bytes: f64,
+    /// File bytes downloaded a day (egress from the buckets).
+    pub attachment_egress_bytes_per_day: f64,
     pub cell_writes_per_s: f64,
     pub router_replicas: u64,
     pub regions: Vec<RegionPlan>,
@@ -146,6 +164,12 @@ pub fn check(load: &Load) -> anyhow::Result<()> {
             load.retention_days
         );
     }
+    if !(0.0..=1.0).contains(&load.file_share) {
+        bail!("--file-share: a share between 0 and 1");
+    }
+    if !(load.downloads_per_file.is_finite() && load.downloads_per_file >= 0.0) {
+        bail!("--downloads-per-file: must be a number, at least 0");
+    }
     if load.regions.is_empty() || load.regions.iter().any(|r| r.trim().is_empty()) {
         bail!("--regions: name at least one region, none empty");
     }
@@ -165,6 +189,8 @@ pub fn size(load: &Load) -> Plan {
     let hot_share = load.hot_days as f64 / load.retention_days as f64;
     let hot = storage * hot_share;
     let cold = per_copy * (1.0 - hot_share);
+    let files_per_day = messages_per_day * load.file_share;
+    let file_bytes_per_day = files_per_day * load.file_bytes as f64;
     let n = load.regions.len() as u64;
     // An odd group, at least three, spread round-robin over the regions.
     let routers = if n < 3 {
@@ -209,6 +235,8 @@ pub fn size(load: &Load) -> Plan {
         storage_bytes: storage,
         hot_bytes: hot,
         cold_bytes: cold,
+        attachment_bytes: file_bytes_per_day * load.retention_days as f64,
+        attachment_egress_bytes_per_day: file_bytes_per_day * load.downloads_per_file,
         cell_writes_per_s: load.cell_writes_per_s,
         router_replicas: routers,
         regions,
@@ -249,6 +277,9 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
         retention_days: args.retention_days,
         hot_days: args.hot_days,
         replicas: args.replicas,
+        file_share: args.file_share,
+        file_bytes: args.file_bytes,
+        downloads_per_file: args.downloads_per_file,
         regions: args.regions.clone(),
         cell_writes_per_s: measured_capacity(&args.bench)?.unwrap_or(DEFAULT_CELL_WRITES_PER_S),
         kafka: args.kafka,
@@ -284,6 +315,11 @@ fn print_table(plan: &Plan) {
         plan.cell_writes_per_s * TARGET_UTILISATION,
         (TARGET_UTILISATION * 100.0) as u32,
         plan.cell_writes_per_s
+    );
+    println!(
+        "attachments {:.2} TB in the buckets; egress {:.2} TB a day",
+        plan.attachment_bytes / TB,
+        plan.attachment_egress_bytes_per_day / TB
     );
     println!(
         "{:<18} {:>12} {:>6} {:>8} {:>10} {:>10}",

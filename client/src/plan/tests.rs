@@ -10,6 +10,9 @@ fn load(dau: u64, regions: &[&str]) -> Load {
         retention_days: 90,
         hot_days: 14,
         replicas: 1,
+        file_share: 0.1,
+        file_bytes: 200_000,
+        downloads_per_file: 3.0,
         regions: regions.iter().map(|r| r.to_string()).collect(),
         cell_writes_per_s: DEFAULT_CELL_WRITES_PER_S,
         kafka: false,
@@ -31,6 +34,14 @@ fn the_worked_example_comes_out() {
     // 14 of 90 days hot, the rest cold; together all of it.
     assert!((plan.hot_bytes + plan.cold_bytes - plan.storage_bytes).abs() < 1e6);
     assert!((plan.hot_bytes / plan.storage_bytes - 14.0 / 90.0).abs() < 1e-9);
+    // 10% of messages with a 200 KB file, 90 days: 108 TB of files, the
+    // bulk of what is stored; each downloaded 3 times: 3.6 TB a day.
+    assert!(
+        (plan.attachment_bytes - 108e12).abs() < 1e6,
+        "{}",
+        plan.attachment_bytes
+    );
+    assert!((plan.attachment_egress_bytes_per_day - 3.6e12).abs() < 1e6);
 }
 
 #[test]
