@@ -57,6 +57,7 @@ pub struct CellMetrics {
     pub uploads_completed: Counter,
     pub uploads_swept: Counter,
     pub download_urls: Counter,
+    pub files_copied_in: Counter,
     pub attachment_bytes: Family<TenantLabel, Gauge>,
 }
 
@@ -150,6 +151,10 @@ static METRICS: LazyLock<CellMetrics> = LazyLock::new(|| CellMetrics {
     uploads_swept: counter(
         "cellmesh_uploads_swept",
         "Files deleted: expired reservations, orphans and recalled files past their grace.",
+    ),
+    files_copied_in: counter(
+        "cellmesh_files_copied_in",
+        "Files that came with a conversation from another region, copied into this cell's store.",
     ),
     download_urls: counter("cellmesh_download_urls", "Signed download URLs handed out."),
     attachment_bytes: gauge_family(

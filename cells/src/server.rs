@@ -245,8 +245,14 @@ pub async fn start_placed(
         )),
         false => None,
     };
-    let attachments = crate::attachments::Attachments::open(&config.attachments, &config.data_dir)
-        .map_err(StartError::Attachments)?;
+    // A standalone cell (no region in its id) keeps its files as "local".
+    let region = match config.cell_id.split_once('/') {
+        Some((region, _)) if !region.is_empty() => region,
+        _ => "local",
+    };
+    let attachments =
+        crate::attachments::Attachments::open(&config.attachments, &config.data_dir, region)
+            .map_err(StartError::Attachments)?;
     let files = match &attachments {
         Some(a) => a.serve(clock.clone()).await?,
         None => None,
@@ -408,7 +414,11 @@ pub async fn start_placed(
         } else {
             config.routing.advertise.clone()
         };
-        let region = config.cell_id.split('/').next().unwrap_or_default();
+        // A standalone cell (no region in its id) keeps its files as "local".
+        let region = match config.cell_id.split_once('/') {
+            Some((region, _)) if !region.is_empty() => region,
+            _ => "local",
+        };
         routes
             .apply(register_cell(&config.cell_id, region, &advertise))
             .await
@@ -492,14 +502,25 @@ fn write_addr_file(config: &CellConfig, addr: SocketAddr) -> std::io::Result<()>
     std::fs::rename(tmp, path)
 }
 
-/// Sweeps expired uploads and recalled files every `interval` while the
-/// service lives.
-async fn sweep_uploads(service: std::sync::Weak<MessageService>, interval: Duration) {
+/// Copies files that came from other regions every second, and sweeps
+/// expired uploads and recalled files every `sweep` while the service
+/// lives.
+async fn sweep_uploads(service: std::sync::Weak<MessageService>, sweep: Duration) {
+    let mut last_sweep = tokio::time::Instant::now();
     loop {
-        tokio::time::sleep(interval).await;
+        tokio::time::sleep(sweep.min(Duration::from_secs(1))).await;
         let Some(service) = service.upgrade() else {
             return;
         };
+        match service.copy_foreign_files().await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(copied = n, "files copied in from other regions"),
+            Err(e) => tracing::warn!(error = %e, "copying files in failed"),
+        }
+        if last_sweep.elapsed() < sweep {
+            continue;
+        }
+        last_sweep = tokio::time::Instant::now();
         match service.sweep_uploads().await {
             Ok(0) => {}
             Ok(n) => tracing::info!(swept = n, "uploads swept"),

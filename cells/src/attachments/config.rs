@@ -53,6 +53,22 @@ pub struct AttachmentsConfig {
     pub content_types: Vec<String>,
     /// Tenant id (as a string) → its quota and content types.
     pub tenants: BTreeMap<String, TenantAttachments>,
+    /// Other regions' stores, by region name: files that came with a move
+    /// or a failover from there are served from there until copied here.
+    pub regions: BTreeMap<String, RegionFiles>,
+    /// Copying files that came with a move from another region: at most
+    /// this many bytes a second (0: no limit).
+    pub copy_bytes_per_sec: u64,
+}
+
+/// Another region's file store.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RegionFiles {
+    pub store: TierStore,
+    /// For `store = "local"`: a directory this cell can read.
+    pub local_dir: PathBuf,
+    pub s3: S3Config,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -85,6 +101,8 @@ impl Default for AttachmentsConfig {
             signing_key_file: PathBuf::new(),
             content_types: Vec::new(),
             tenants: BTreeMap::new(),
+            regions: BTreeMap::new(),
+            copy_bytes_per_sec: 0,
         }
     }
 }
@@ -195,6 +213,25 @@ impl AttachmentsConfig {
                 || self.public_url.starts_with("https://"),
             "an http:// or https:// URL",
         )?;
+        for (region, files) in &self.regions {
+            check(
+                "attachments.regions",
+                !region.is_empty() && !region.contains('/'),
+                &format!("{region:?} is not a region name"),
+            )?;
+            match files.store {
+                TierStore::S3 => files.s3.validate([
+                    "attachments.regions.s3.bucket",
+                    "attachments.regions.s3.access_key_id",
+                    "attachments.regions.s3.endpoint",
+                ])?,
+                TierStore::Local => check(
+                    "attachments.regions.local_dir",
+                    !files.local_dir.as_os_str().is_empty(),
+                    &format!("region {region}: the directory of its files"),
+                )?,
+            }
+        }
         for tenant in self.tenants.keys() {
             check(
                 "attachments.tenants",

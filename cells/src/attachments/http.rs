@@ -5,6 +5,7 @@
 //! length the URL names and fsyncing before it answers; `GET` serves an
 //! object with `Range`. Refusals are JSON with a stable reason.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::body::Body;
@@ -21,18 +22,22 @@ use crate::clock::Clock;
 
 #[derive(Clone)]
 struct Files {
-    local: Arc<LocalFiles>,
+    /// Region → its directory.
+    stores: Arc<BTreeMap<String, LocalFiles>>,
     clock: Arc<dyn Clock>,
 }
 
-/// The router serving `/v1/files/<key>`.
-pub fn router(local: Arc<LocalFiles>, clock: Arc<dyn Clock>) -> axum::Router {
+/// The router serving `/v1/files/<region>/<key>`.
+pub fn router(stores: BTreeMap<String, LocalFiles>, clock: Arc<dyn Clock>) -> axum::Router {
     axum::Router::new()
         .route(
-            "/v1/files/{*key}",
+            "/v1/files/{*path}",
             axum::routing::put(put).get(get).head(get),
         )
-        .with_state(Files { local, clock })
+        .with_state(Files {
+            stores: Arc::new(stores),
+            clock,
+        })
 }
 
 fn refuse(status: StatusCode, reason: Reason, message: impl Into<String>) -> Response {
@@ -49,17 +54,26 @@ fn io_failure(e: std::io::Error) -> Response {
     )
 }
 
-fn grant(
-    files: &Files,
+/// The grant a signed URL carries, with the store and object key its path
+/// names.
+fn grant<'a>(
+    files: &'a Files,
     method: &str,
-    key: &str,
+    path: &'a str,
     query: Option<String>,
-) -> Result<super::urls::Grant, Response> {
+) -> Result<(super::urls::Grant, &'a LocalFiles, &'a str), Response> {
     let query = query.unwrap_or_default();
-    files
-        .local
+    let (region, key) = path.split_once('/').unwrap_or((path, ""));
+    let Some(local) = files.stores.get(region) else {
+        return Err(refuse(
+            StatusCode::NOT_FOUND,
+            Reason::AttachmentNotFound,
+            "no such store",
+        ));
+    };
+    let grant = local
         .signer
-        .verify(method, key, &query, files.clock.now_ms())
+        .verify(method, path, &query, files.clock.now_ms())
         .map_err(|refusal| {
             let status = match refusal {
                 super::urls::Refusal::Malformed => StatusCode::BAD_REQUEST,
@@ -70,22 +84,22 @@ fn grant(
                 refusal.reason(),
                 "the URL is not valid for this request",
             )
-        })
+        })?;
+    Ok((grant, local, key))
 }
 
 async fn put(
     State(files): State<Files>,
-    Path(key): Path<String>,
+    Path(path): Path<String>,
     RawQuery(query): RawQuery,
     body: Body,
 ) -> Response {
-    let grant = match grant(&files, "PUT", &key, query) {
-        Ok(grant) => grant,
+    let (grant, local, key) = match grant(&files, "PUT", &path, query) {
+        Ok(granted) => granted,
         Err(refused) => return refused,
     };
-    let local = &files.local;
     let (target, dir) = if grant.part == 0 {
-        let object = local.object(&key);
+        let object = local.object(key);
         if tokio::fs::try_exists(&object).await.unwrap_or(false) {
             return refuse(
                 StatusCode::CONFLICT,
@@ -96,7 +110,7 @@ async fn put(
         let parent = object.parent().map(|p| p.to_path_buf()).unwrap_or_default();
         (object, parent)
     } else {
-        let dir = local.part_dir(&key);
+        let dir = local.part_dir(key);
         if !tokio::fs::try_exists(&dir).await.unwrap_or(false) {
             return refuse(
                 StatusCode::NOT_FOUND,
@@ -104,7 +118,7 @@ async fn put(
                 "no such upload in progress",
             );
         }
-        (local.part(&key, grant.part), dir)
+        (local.part(key, grant.part), dir)
     };
     if let Err(e) = tokio::fs::create_dir_all(&dir).await {
         return io_failure(e);
@@ -192,14 +206,15 @@ async fn write_exactly(
 
 async fn get(
     State(files): State<Files>,
-    Path(key): Path<String>,
+    Path(path): Path<String>,
     RawQuery(query): RawQuery,
     headers: HeaderMap,
 ) -> Response {
-    if let Err(refused) = grant(&files, "GET", &key, query) {
-        return refused;
-    }
-    let mut file = match tokio::fs::File::open(files.local.object(&key)).await {
+    let (_, local, key) = match grant(&files, "GET", &path, query) {
+        Ok(granted) => granted,
+        Err(refused) => return refused,
+    };
+    let mut file = match tokio::fs::File::open(local.object(key)).await {
         Ok(file) => file,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return refuse(

@@ -12,11 +12,11 @@ pub mod sigv4;
 pub mod store;
 pub mod urls;
 
-use std::collections::HashMap;
-use std::path::Path;
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-pub use config::{AttachmentsConfig, TenantAttachments};
+pub use config::{AttachmentsConfig, RegionFiles, TenantAttachments};
 pub use store::{FileStore, StoredPart};
 
 use crate::cold::TierStore;
@@ -24,48 +24,92 @@ use crate::storage::Store;
 
 pub struct Attachments {
     pub config: AttachmentsConfig,
+    /// This cell's region.
+    pub region: String,
+    /// This region's store.
     pub files: FileStore,
+    /// Other regions' stores (`attachments.regions`).
+    others: BTreeMap<String, FileStore>,
     /// Tenant → bytes of its reserved and completed files on this cell,
     /// counted from the records on first use.
     bytes: Mutex<HashMap<u64, u64>>,
 }
 
 impl Attachments {
-    /// Opens the configured store; `None` when attachments are off.
-    pub fn open(config: &AttachmentsConfig, data_dir: &Path) -> Result<Option<Arc<Self>>, String> {
+    /// Opens the configured stores of a cell in `region`; `None` when
+    /// attachments are off.
+    pub fn open(
+        config: &AttachmentsConfig,
+        data_dir: &Path,
+        region: &str,
+    ) -> Result<Option<Arc<Self>>, String> {
         if !config.enabled {
             return Ok(None);
         }
-        let files = match config.store {
-            TierStore::Local => {
-                let dir = config.local_dir_under(data_dir);
-                std::fs::create_dir_all(&dir)
-                    .map_err(|e| format!("attachments directory {}: {e}", dir.display()))?;
-                let key = config.key_file_under(data_dir);
-                let signer = urls::UrlSigner::load_or_create(&key)
-                    .map_err(|e| format!("attachments signing key {}: {e}", key.display()))?;
-                FileStore::Local(store::LocalFiles {
-                    dir,
-                    signer,
-                    base_url: Default::default(),
-                })
-            }
-            TierStore::S3 => FileStore::S3(store::S3Files::open(&config.s3)?),
+        let key = config.key_file_under(data_dir);
+        let signer = urls::UrlSigner::load_or_create(&key)
+            .map_err(|e| format!("attachments signing key {}: {e}", key.display()))?;
+        let base_url = Arc::new(std::sync::OnceLock::new());
+        let open = |region: &str, store: TierStore, dir: PathBuf, s3: &crate::cold::S3Config| {
+            Ok::<_, String>(match store {
+                TierStore::Local => {
+                    std::fs::create_dir_all(&dir)
+                        .map_err(|e| format!("attachments directory {}: {e}", dir.display()))?;
+                    FileStore::Local(store::LocalFiles {
+                        region: region.to_string(),
+                        dir,
+                        signer: signer.clone(),
+                        base_url: base_url.clone(),
+                    })
+                }
+                TierStore::S3 => FileStore::S3(store::S3Files::open(s3)?),
+            })
         };
+        let files = open(
+            region,
+            config.store,
+            config.local_dir_under(data_dir),
+            &config.s3,
+        )?;
+        let mut others = BTreeMap::new();
+        for (name, other) in &config.regions {
+            if name != region {
+                let store = open(name, other.store, other.local_dir.clone(), &other.s3)?;
+                others.insert(name.clone(), store);
+            }
+        }
         Ok(Some(Arc::new(Self {
             config: config.clone(),
+            region: region.to_string(),
             files,
+            others,
             bytes: Mutex::new(HashMap::new()),
         })))
     }
 
-    /// Starts the listener of the local store's signed URLs (none for S3):
-    /// its address and task.
+    /// The store of `region` (empty: this cell's), if this cell reaches it.
+    pub fn store_of(&self, region: &str) -> Option<&FileStore> {
+        if region.is_empty() || region == self.region {
+            Some(&self.files)
+        } else {
+            self.others.get(region)
+        }
+    }
+
+    /// Starts the listener of the local stores' signed URLs (none when
+    /// every store is S3): its address and task.
     pub async fn serve(
         &self,
         clock: Arc<dyn crate::clock::Clock>,
     ) -> std::io::Result<Option<(std::net::SocketAddr, tokio::task::JoinHandle<()>)>> {
-        let FileStore::Local(local) = &self.files else {
+        let locals: BTreeMap<String, store::LocalFiles> = std::iter::once(&self.files)
+            .chain(self.others.values())
+            .filter_map(|f| match f {
+                FileStore::Local(local) => Some((local.region.clone(), local.clone())),
+                FileStore::S3(_) => None,
+            })
+            .collect();
+        let Some(any) = locals.values().next() else {
             return Ok(None);
         };
         let listener = tokio::net::TcpListener::bind(&self.config.http_listen).await?;
@@ -75,8 +119,8 @@ impl Attachments {
         } else {
             self.config.public_url.trim_end_matches('/').to_string()
         };
-        let _ = local.base_url.set(base);
-        let router = http::router(Arc::new(local.clone()), clock);
+        let _ = any.base_url.set(base);
+        let router = http::router(locals, clock);
         let task = tokio::spawn(async move {
             if let Err(e) = axum::serve(listener, router).await {
                 tracing::error!(error = %e, "attachments listener stopped");

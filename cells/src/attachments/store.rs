@@ -79,10 +79,13 @@ pub enum FileStore {
 /// uploads under `parts/<key>/<n>`.
 #[derive(Clone)]
 pub struct LocalFiles {
+    /// The region whose store this is: the first segment of its URLs'
+    /// paths (one listener serves every region's directory it can reach).
+    pub region: String,
     pub dir: PathBuf,
     pub signer: UrlSigner,
-    /// Where clients reach the cell's file listener.
-    pub base_url: std::sync::OnceLock<String>,
+    /// Where clients reach the cell's file listener (shared by its stores).
+    pub base_url: Arc<std::sync::OnceLock<String>>,
 }
 
 pub struct S3Files {
@@ -238,9 +241,10 @@ impl FileStore {
         match self {
             Self::Local(local) => {
                 let number = part.map(|(n, _)| n).unwrap_or(0);
+                let path = format!("{}/{key}", local.region);
                 local
                     .signer
-                    .url(local.base(), "PUT", key, number, len, expires_ms)
+                    .url(local.base(), "PUT", &path, number, len, expires_ms)
             }
             Self::S3(s3) => {
                 let query = match part {
@@ -262,9 +266,10 @@ impl FileStore {
     pub fn get_url(&self, key: &str, now_ms: u64, ttl_secs: u64) -> String {
         match self {
             Self::Local(local) => {
+                let path = format!("{}/{key}", local.region);
                 local
                     .signer
-                    .url(local.base(), "GET", key, 0, 0, now_ms + ttl_secs * 1000)
+                    .url(local.base(), "GET", &path, 0, 0, now_ms + ttl_secs * 1000)
             }
             Self::S3(s3) => s3
                 .presigner
@@ -417,6 +422,114 @@ impl FileStore {
         }
         back.sha256 = hex(&back.hasher.finalize_reset());
         Ok(Some(back))
+    }
+
+    /// The object's bytes as a stream; `None`: no such object.
+    async fn open_stream(
+        &self,
+        key: &str,
+    ) -> Result<Option<futures::stream::BoxStream<'static, Result<bytes::Bytes>>>> {
+        match self {
+            Self::Local(local) => {
+                let file = match tokio::fs::File::open(local.object(key)).await {
+                    Ok(file) => file,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+                    Err(e) => return Err(e.into()),
+                };
+                let stream = futures::stream::unfold(file, |mut file| async move {
+                    let mut buf = vec![0u8; 256 * 1024];
+                    match file.read(&mut buf).await {
+                        Ok(0) => None,
+                        Ok(n) => {
+                            buf.truncate(n);
+                            Some((Ok(bytes::Bytes::from(buf)), file))
+                        }
+                        Err(e) => Some((Err(e.into()), file)),
+                    }
+                });
+                Ok(Some(stream.boxed()))
+            }
+            Self::S3(s3) => match s3.store.get(&s3.path(key)).await {
+                Ok(got) => Ok(Some(
+                    got.into_stream().map(|c| c.map_err(Into::into)).boxed(),
+                )),
+                Err(object_store::Error::NotFound { .. }) => Ok(None),
+                Err(e) => Err(e.into()),
+            },
+        }
+    }
+
+    /// Copies object `key` from `source` (another region's store) into
+    /// this one, at most `rate` bytes a second (0: no limit). An object
+    /// already here is left as it is (the caller checks its digest).
+    pub async fn copy_from(&self, source: &FileStore, key: &str, rate: u64) -> Result<()> {
+        if self.exists(key).await? {
+            return Ok(());
+        }
+        let Some(mut stream) = source.open_stream(key).await? else {
+            return Err(StoreError::Io(format!("{key} is not in the source store")));
+        };
+        let started = std::time::Instant::now();
+        let mut copied = 0u64;
+        let pace = |copied: u64| async move {
+            if rate > 0 {
+                let due = std::time::Duration::from_secs_f64(copied as f64 / rate as f64);
+                if let Some(wait) = due.checked_sub(started.elapsed()) {
+                    tokio::time::sleep(wait).await;
+                }
+            }
+        };
+        match self {
+            Self::Local(local) => {
+                let object = local.object(key);
+                if let Some(parent) = object.parent() {
+                    tokio::fs::create_dir_all(parent).await?;
+                }
+                let tmp = object.with_extension(format!("copy-{}", rand::random::<u32>()));
+                let mut out = tokio::fs::File::create(&tmp).await?;
+                let written = async {
+                    while let Some(chunk) = stream.next().await {
+                        let chunk = chunk?;
+                        tokio::io::AsyncWriteExt::write_all(&mut out, &chunk).await?;
+                        copied += chunk.len() as u64;
+                        pace(copied).await;
+                    }
+                    out.sync_all().await?;
+                    Ok::<_, StoreError>(())
+                }
+                .await;
+                let linked = match written {
+                    Ok(()) => tokio::fs::hard_link(&tmp, &object).await,
+                    Err(e) => {
+                        let _ = tokio::fs::remove_file(&tmp).await;
+                        return Err(e);
+                    }
+                };
+                let _ = tokio::fs::remove_file(&tmp).await;
+                match linked {
+                    Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => Err(e.into()),
+                    _ => Ok(()),
+                }
+            }
+            Self::S3(s3) => {
+                let upload = s3.store.put_multipart(&s3.path(key)).await?;
+                let mut writer = object_store::WriteMultipart::new(upload);
+                while let Some(chunk) = stream.next().await {
+                    let chunk = match chunk {
+                        Ok(chunk) => chunk,
+                        Err(e) => {
+                            let _ = writer.abort().await;
+                            return Err(e);
+                        }
+                    };
+                    copied += chunk.len() as u64;
+                    writer.put(chunk);
+                    pace(copied).await;
+                }
+                writer.finish().await?;
+                Ok(())
+            }
+        }
     }
 
     /// Deletes the object (absent already: fine).

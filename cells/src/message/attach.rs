@@ -97,9 +97,11 @@ impl MessageService {
                 width: 0,
                 height: 0,
                 object_key: key,
+                region: att.region.clone(),
             }),
             delete_after_ms: 0,
             referenced: false,
+            copy_from_region: String::new(),
         };
         let mut m = Mutation::new();
         m.put_upload(id, &record);
@@ -378,9 +380,10 @@ impl MessageService {
             })?;
         let now = self.now_ms();
         let ttl = att.config.download_url_secs;
+        let files = self.serving_store(att, caller.tenant, &a)?;
         crate::metrics::metrics().download_urls.inc();
         Ok(GetDownloadUrlResponse {
-            url: att.files.get_url(&a.object_key, now, ttl),
+            url: files.get_url(&a.object_key, now, ttl),
             expires_at_ms: now + ttl * 1000,
             attachment: Some(a),
         })

@@ -626,6 +626,7 @@ impl MessageService {
             if answer_for(&mut m, message.seq, &r) {
                 answered.push(message.seq);
             }
+            self.note_foreign_files(tenant, conversation, &r, &mut m)?;
             m.put_message(conversation, message.seq, &r);
         }
         if !answered.is_empty() {

@@ -6,6 +6,7 @@
 //! `update` (recall, edit, delete-for-me, read state).
 
 mod attach;
+mod attach_copy;
 mod cache;
 pub(crate) mod cleanup;
 mod cold_read;

@@ -280,6 +280,13 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             // shared by its cells, each serving it on its own signed URLs):
             // a move within the region hands over refs only.
             config.attachments.local_dir = data.join("files").join(REGIONS[r]);
+            for other in REGIONS.iter().filter(|o| **o != REGIONS[r]) {
+                let files = cellmesh_cell::attachments::RegionFiles {
+                    local_dir: data.join("files").join(other),
+                    ..Default::default()
+                };
+                config.attachments.regions.insert(other.to_string(), files);
+            }
             config.attachments.http_listen = format!("127.0.0.1:{}", topo.cell_files_port(r, c));
             if let Some(n) = args.hot_messages {
                 config.tiering.hot_messages_per_conversation = n;

@@ -797,3 +797,117 @@ async fn through_the_edge_a_file_reaches_another_member_and_no_one_else() {
     assert_ne!(err.code(), tonic::Code::Ok);
     assert!(!err.message().contains(&a.object_key), "{err}");
 }
+
+#[tokio::test]
+async fn a_tenant_moved_to_another_region_takes_its_files_along() {
+    use cellmesh_tests::deploy::{
+        authed, create_via_edge, deploy_with, messaging, migrator, token,
+    };
+    let stores = tempfile::tempdir().unwrap();
+    let root = stores.path().to_path_buf();
+    // Each region has its own store; each cell reaches the other's (as
+    // with a bucket per region).
+    let d = deploy_with(None, |c| {
+        let region = c.cell_id.split('/').next().unwrap().to_string();
+        c.attachments.local_dir = root.join(&region);
+        for other in ["eu-west", "us-east"] {
+            let files = cellmesh_cell::attachments::RegionFiles {
+                local_dir: root.join(other),
+                ..Default::default()
+            };
+            c.attachments.regions.insert(other.into(), files);
+        }
+    })
+    .await;
+    let (alice, bob) = (token(TENANT, 1), token(TENANT, 2));
+    let mut m = messaging(&d.edge).await;
+    let conversation = create_via_edge(&mut m, &alice, vec![2]).await;
+    let files = |t: String| {
+        let endpoint = d.edge.endpoint();
+        async move {
+            let client = cellmesh_client::connect::attachments_as(&endpoint, Some(&t))
+                .await
+                .unwrap();
+            Files::new(client, None)
+        }
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_file(dir.path(), "plan.bin", 120_000, 5);
+    let a = files(alice.clone())
+        .await
+        .upload(
+            conversation,
+            &path,
+            "application/octet-stream",
+            None,
+            &mut no_progress(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(a.region, "eu-west");
+    let mut send = cellmesh_tests::deploy::text(conversation, "plan");
+    send.attachment_ids = vec![a.attachment_id];
+    let sent = m.send(authed(send, &alice)).await.unwrap().into_inner();
+
+    let routes = d.cluster.client().await;
+    migrator(&routes)
+        .migrate_tenant(TENANT, "us-east/c1", 4, |_| {})
+        .await
+        .expect("the tenant moves");
+    // The new owner in us-east serves the file: from eu-west's store until
+    // it is copied, then from its own.
+    let url = || async {
+        let mut bob = files(bob.clone()).await;
+        bob.client
+            .get_download_url(GetDownloadUrlRequest {
+                conversation_id: conversation,
+                seq: sent.seq,
+                attachment_id: a.attachment_id,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .url
+    };
+    let copied = root.join("us-east/objects").join(&a.object_key);
+    assert!(
+        cellmesh_tests::eventually(std::time::Duration::from_secs(20), || {
+            let copied = copied.clone();
+            async move { copied.exists() }
+        })
+        .await,
+        "the file was copied into us-east's store"
+    );
+    assert!(
+        cellmesh_tests::eventually(std::time::Duration::from_secs(10), || async {
+            url().await.contains("/v1/files/us-east/")
+        })
+        .await
+    );
+    // Served from us-east even once eu-west's copy is gone.
+    std::fs::remove_file(root.join("eu-west/objects").join(&a.object_key)).unwrap();
+    let page = m
+        .pull(authed(
+            PullRequest {
+                conversation_id: conversation,
+                since_seq: sent.seq - 1,
+                limit: 1,
+                ..Default::default()
+            },
+            &bob,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let out = tempfile::tempdir().unwrap();
+    let written = files(bob.clone())
+        .await
+        .download(&page.messages[0], out.path(), &mut no_progress())
+        .await
+        .expect("downloaded from us-east after the move");
+    assert_eq!(
+        std::fs::read(&written[0]).unwrap(),
+        std::fs::read(&path).unwrap()
+    );
+}

@@ -1,0 +1,136 @@
+//! Files that arrive with a conversation from another region (a tenant
+//! move, or a failover to a standby there) stay in their region's store
+//! until they are copied into this cell's: the import records a copy job
+//! per file, a copier works through them (throttled, resumable: a job is
+//! done only once the copy's SHA-256 matches), and until then a download
+//! is signed against the store the file is in.
+
+use std::sync::Arc;
+
+use cellmesh_proto::reason::Reason;
+use cellmesh_proto::storage::v1::{MessageRecord, UploadRecord};
+use cellmesh_proto::v1::{AttachmentRef, UploadState};
+
+use super::MessageService;
+use crate::attachments::{Attachments, FileStore};
+use crate::error::{CellError, Result};
+use crate::storage::Mutation;
+
+impl MessageService {
+    /// Records a copy job for each file of `message` held in another
+    /// region's store (and not already here).
+    pub(super) fn note_foreign_files(
+        &self,
+        tenant: u64,
+        conversation: u64,
+        message: &MessageRecord,
+        m: &mut Mutation,
+    ) -> Result<()> {
+        let Some(att) = &self.attachments else {
+            return Ok(());
+        };
+        for a in &message.attachments {
+            if a.region.is_empty() || a.region == att.region {
+                continue;
+            }
+            if self.store.upload(tenant, a.attachment_id)?.is_some() {
+                continue;
+            }
+            m.put_upload(
+                a.attachment_id,
+                &UploadRecord {
+                    tenant_id: tenant,
+                    conversation_id: conversation,
+                    state: UploadState::Complete as i32,
+                    attachment: Some(a.clone()),
+                    referenced: true,
+                    copy_from_region: a.region.clone(),
+                    ..Default::default()
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// The store a download of `a` is signed against: this cell's once the
+    /// file is here, else the store of the region it was uploaded to.
+    pub(super) fn serving_store<'a>(
+        &self,
+        att: &'a Attachments,
+        tenant: u64,
+        a: &AttachmentRef,
+    ) -> Result<&'a FileStore> {
+        let here = a.region.is_empty()
+            || a.region == att.region
+            || self
+                .store
+                .upload(tenant, a.attachment_id)?
+                .is_some_and(|r| r.copy_from_region.is_empty());
+        let region = if here {
+            att.region.as_str()
+        } else {
+            a.region.as_str()
+        };
+        att.store_of(region).ok_or_else(|| CellError::RetryLater {
+            reason: Reason::AttachmentStoreUnavailable,
+            message: format!(
+                "the file is in region {region}'s store, which this cell does not reach yet"
+            ),
+            retry_after: std::time::Duration::from_secs(5),
+        })
+    }
+
+    /// Copies files recorded by [`note_foreign_files`](Self::note_foreign_files)
+    /// into this cell's store; how many were copied. A job whose source
+    /// this cell does not reach waits.
+    pub async fn copy_foreign_files(self: &Arc<Self>) -> Result<usize> {
+        let Some(att) = &self.attachments else {
+            return Ok(0);
+        };
+        let (mut tenant, mut id, mut copied) = (0u64, 0u64, 0usize);
+        loop {
+            let page = self.store.uploads_after(tenant, id, 500)?;
+            let Some((last_id, last)) = page.last() else {
+                return Ok(copied);
+            };
+            (tenant, id) = (last.tenant_id, *last_id);
+            for (id, mut record) in page {
+                if record.copy_from_region.is_empty() {
+                    continue;
+                }
+                let Some(source) = att.store_of(&record.copy_from_region) else {
+                    continue;
+                };
+                let Some(a) = record.attachment.clone() else {
+                    continue;
+                };
+                let fail = |e: crate::attachments::store::StoreError| CellError::RetryLater {
+                    reason: Reason::AttachmentStoreUnavailable,
+                    message: format!("copying file {id}: {e}"),
+                    retry_after: std::time::Duration::from_secs(1),
+                };
+                att.files
+                    .copy_from(source, &a.object_key, att.config.copy_bytes_per_sec)
+                    .await
+                    .map_err(fail)?;
+                let back = att.files.read_back(&a.object_key).await.map_err(fail)?;
+                if back.as_ref().map(|b| (b.size, b.sha256.as_str())) != Some((a.size, &a.sha256)) {
+                    // A torn copy: the next pass copies it again.
+                    att.files.delete(&a.object_key).await.map_err(fail)?;
+                    tracing::warn!(file = id, "a copied file did not match its digest");
+                    continue;
+                }
+                record.copy_from_region.clear();
+                if let Some(a) = record.attachment.as_mut() {
+                    a.region = att.region.clone();
+                }
+                let mut m = Mutation::new();
+                m.put_upload(id, &record);
+                self.store.commit(m).await?;
+                att.forget_bytes(record.tenant_id);
+                crate::metrics::metrics().files_copied_in.inc();
+                copied += 1;
+            }
+        }
+    }
+}
