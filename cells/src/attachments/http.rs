@@ -61,15 +61,15 @@ fn grant<'a>(
     method: &str,
     path: &'a str,
     query: Option<String>,
-) -> Result<(super::urls::Grant, &'a LocalFiles, &'a str), Response> {
+) -> Result<(super::urls::Grant, &'a LocalFiles, &'a str), Box<Response>> {
     let query = query.unwrap_or_default();
     let (region, key) = path.split_once('/').unwrap_or((path, ""));
     let Some(local) = files.stores.get(region) else {
-        return Err(refuse(
+        return Err(Box::new(refuse(
             StatusCode::NOT_FOUND,
             Reason::AttachmentNotFound,
             "no such store",
-        ));
+        )));
     };
     let grant = local
         .signer
@@ -79,11 +79,11 @@ fn grant<'a>(
                 super::urls::Refusal::Malformed => StatusCode::BAD_REQUEST,
                 _ => StatusCode::FORBIDDEN,
             };
-            refuse(
+            Box::new(refuse(
                 status,
                 refusal.reason(),
                 "the URL is not valid for this request",
-            )
+            ))
         })?;
     Ok((grant, local, key))
 }
@@ -96,7 +96,7 @@ async fn put(
 ) -> Response {
     let (grant, local, key) = match grant(&files, "PUT", &path, query) {
         Ok(granted) => granted,
-        Err(refused) => return refused,
+        Err(refused) => return *refused,
     };
     let (target, dir) = if grant.part == 0 {
         let object = local.object(key);
@@ -212,7 +212,7 @@ async fn get(
 ) -> Response {
     let (_, local, key) = match grant(&files, "GET", &path, query) {
         Ok(granted) => granted,
-        Err(refused) => return refused,
+        Err(refused) => return *refused,
     };
     let mut file = match tokio::fs::File::open(local.object(key)).await {
         Ok(file) => file,
