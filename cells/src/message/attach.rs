@@ -429,14 +429,14 @@ impl MessageService {
         Ok(refs)
     }
 
-    /// Records the files of a recalled message for deletion after the grace
-    /// period.
+    /// Records `files` for deletion at `delete_after_ms` (a recall's grace
+    /// period, or now for retention); the sweep deletes them.
     pub(super) fn forget_files(
         &self,
         tenant: u64,
         conversation: u64,
         files: Vec<AttachmentRef>,
-        now: u64,
+        delete_after_ms: u64,
         m: &mut Mutation,
     ) {
         let Some(att) = &self.attachments else {
@@ -448,13 +448,22 @@ impl MessageService {
                 &UploadRecord {
                     tenant_id: tenant,
                     conversation_id: conversation,
-                    delete_after_ms: now + att.config.recall_grace_secs * 1000,
+                    delete_after_ms,
                     attachment: Some(a),
                     ..Default::default()
                 },
             );
         }
         att.forget_bytes(tenant);
+    }
+
+    /// When a recall made now deletes the message's files.
+    pub(super) fn recall_deletes_at(&self, now: u64) -> u64 {
+        let grace = self
+            .attachments
+            .as_ref()
+            .map(|a| a.config.recall_grace_secs);
+        now + grace.unwrap_or(0) * 1000
     }
 
     /// Deletes expired reservations (and their bytes) and recalled files

@@ -286,6 +286,13 @@ impl MessageService {
     ) -> Result<()> {
         let mut mutation = Mutation::new();
         mutation.drop_segment(conversation, entry);
+        // The messages' files go with them (the sweep deletes the objects).
+        let files: Vec<_> = (self.segment_messages(conversation, entry).await?)
+            .iter()
+            .flat_map(|(_, m)| m.attachments.iter().cloned())
+            .collect();
+        let now = self.now_ms();
+        self.forget_files(entry.tenant_id, conversation, files, now, &mut mutation);
         self.store.commit(mutation).await?;
         cold.delete(&entry.key).await?;
         crate::metrics::metrics().segments_deleted.inc();

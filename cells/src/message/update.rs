@@ -59,7 +59,8 @@ impl MessageService {
                 r.state = MessageState::Recalled as i32;
                 r.body.clear();
                 let files = std::mem::take(&mut r.attachments);
-                self.forget_files(tenant, conversation, files, now, m);
+                let at = self.recall_deletes_at(now);
+                self.forget_files(tenant, conversation, files, at, m);
                 r.edited_at_ms = now;
                 r.edit_version += 1;
                 Ok(true)

@@ -911,3 +911,75 @@ async fn a_tenant_moved_to_another_region_takes_its_files_along() {
         std::fs::read(&path).unwrap()
     );
 }
+
+#[tokio::test]
+async fn retention_deletes_files_with_their_messages_and_legal_hold_keeps_them() {
+    const HELD: u64 = 22;
+    let day = 86_400_000;
+    let clock = Arc::new(ManualClock::new(100 * day));
+    let coordination = tempfile::tempdir().unwrap();
+    let coordination_dir = coordination.path().display().to_string();
+    let cell = TestCell::start_with(
+        |c| {
+            c.routing.coordination_dir = coordination_dir;
+            let t = &mut c.tiering;
+            t.enabled = true;
+            t.interval_ms = 3_600_000;
+            t.hot_age_secs = 86_400;
+            t.hot_messages_per_conversation = 0;
+            for (tenant, legal_hold) in [(TENANT, false), (HELD, true)] {
+                t.tenants.insert(
+                    tenant.to_string(),
+                    cellmesh_cell::cold::TenantRetention {
+                        retention_days: 3,
+                        legal_hold,
+                    },
+                );
+            }
+        },
+        clock.clone(),
+    )
+    .await;
+    let mut client = cell.client().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (mut keys, mut conversations) = (Vec::new(), Vec::new());
+    for tenant in [TENANT, HELD] {
+        let conversation = create_group(&mut client, tenant, 1, &[2]).await;
+        let path = write_file(dir.path(), &format!("f{tenant}.bin"), 10_000, tenant as u8);
+        let a = files_of(&cell, tenant, 1)
+            .await
+            .upload(
+                conversation,
+                &path,
+                "application/octet-stream",
+                None,
+                &mut no_progress(),
+            )
+            .await
+            .unwrap();
+        let mut send = text(tenant, 1, conversation, "file", "");
+        send.attachment_ids = vec![a.attachment_id];
+        client.send(send).await.unwrap();
+        keys.push(a.object_key);
+        conversations.push((tenant, conversation));
+    }
+    let object = |key: &str| cell.dir.path().join("attachments/objects").join(key);
+    // Day 102: tiered, within retention. Day 104: past it.
+    clock.advance_ms(2 * day);
+    for (tenant, conversation) in &conversations {
+        client
+            .send(text(*tenant, 1, *conversation, "later", "x"))
+            .await
+            .unwrap();
+    }
+    let report = cell.cell.service.tier_once().await.unwrap();
+    assert_eq!(report.messages_tiered, 2, "{report:?}");
+    cell.cell.service.sweep_uploads().await.unwrap();
+    assert!(object(&keys[0]).exists() && object(&keys[1]).exists());
+    clock.advance_ms(2 * day);
+    let report = cell.cell.service.tier_once().await.unwrap();
+    assert_eq!(report.segments_expired, 1, "{report:?}");
+    assert_eq!(cell.cell.service.sweep_uploads().await.unwrap(), 1);
+    assert!(!object(&keys[0]).exists(), "retention deleted the file");
+    assert!(object(&keys[1]).exists(), "legal hold kept the file");
+}
