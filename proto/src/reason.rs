@@ -36,6 +36,7 @@ macro_rules! reasons {
 
 reasons! {
     AttachmentDigestMismatch => "ATTACHMENT_DIGEST_MISMATCH",
+    AttachmentInfected => "ATTACHMENT_INFECTED",
     AttachmentNotComplete => "ATTACHMENT_NOT_COMPLETE",
     AttachmentNotFound => "ATTACHMENT_NOT_FOUND",
     AttachmentQuotaExceeded => "ATTACHMENT_QUOTA_EXCEEDED",
@@ -119,6 +120,7 @@ reasons! {
     RunsInCell => "RUNS_IN_CELL",
     SegmentCorrupt => "SEGMENT_CORRUPT",
     SegmentMissing => "SEGMENT_MISSING",
+    ScanPending => "SCAN_PENDING",
     SeqOutOfRange => "SEQ_OUT_OF_RANGE",
     ShuttingDown => "SHUTTING_DOWN",
     SignatureExpired => "SIGNATURE_EXPIRED",

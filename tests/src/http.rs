@@ -35,6 +35,23 @@ pub async fn status(addr: SocketAddr) -> serde_json::Value {
 /// requests with 500, then 200; every request body is sent to the channel.
 /// Returns its URL.
 pub async fn webhook(failures: usize) -> (String, tokio::sync::mpsc::UnboundedReceiver<String>) {
+    responder(move |served| {
+        let status = if served <= failures {
+            "500 Internal Server Error"
+        } else {
+            "200 OK"
+        };
+        (status, String::new())
+    })
+    .await
+}
+
+/// A receiver on a loopback port that answers its `n`th request (from 1)
+/// with `answer(n)`: a status line and a JSON body. Every request body is
+/// sent to the channel. Returns its URL.
+pub async fn responder(
+    answer: impl Fn(usize) -> (&'static str, String) + Send + 'static,
+) -> (String, tokio::sync::mpsc::UnboundedReceiver<String>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/notify", listener.local_addr().unwrap());
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
@@ -48,16 +65,15 @@ pub async fn webhook(failures: usize) -> (String, tokio::sync::mpsc::UnboundedRe
                 continue;
             };
             served += 1;
-            let status = if served <= failures {
-                "500 Internal Server Error"
-            } else {
-                "200 OK"
-            };
+            let (status, reply) = answer(served);
             let _ = tx.send(body);
             let _ = socket
                 .write_all(
-                    format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
-                        .as_bytes(),
+                    format!(
+                        "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{reply}",
+                        reply.len()
+                    )
+                    .as_bytes(),
                 )
                 .await;
         }

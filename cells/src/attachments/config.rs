@@ -56,6 +56,13 @@ pub struct AttachmentsConfig {
     /// Other regions' stores, by region name: files that came with a move
     /// or a failover from there are served from there until copied here.
     pub regions: BTreeMap<String, RegionFiles>,
+    /// A scanner the operator runs (empty: none). At completion the cell
+    /// POSTs the file's description and a signed GET URL as JSON; the
+    /// upload completes only on `{"verdict":"clean"}`, is refused and
+    /// deleted on `{"verdict":"infected"}`, and stays pending on anything
+    /// else (the client completes again later).
+    pub scan_webhook: String,
+    pub scan_timeout_ms: u64,
     /// Copying files that came with a move from another region: at most
     /// this many bytes a second (0: no limit).
     pub copy_bytes_per_sec: u64,
@@ -102,6 +109,8 @@ impl Default for AttachmentsConfig {
             content_types: Vec::new(),
             tenants: BTreeMap::new(),
             regions: BTreeMap::new(),
+            scan_webhook: String::new(),
+            scan_timeout_ms: 30_000,
             copy_bytes_per_sec: 0,
         }
     }
@@ -211,6 +220,13 @@ impl AttachmentsConfig {
             self.public_url.is_empty()
                 || self.public_url.starts_with("http://")
                 || self.public_url.starts_with("https://"),
+            "an http:// or https:// URL",
+        )?;
+        check(
+            "attachments.scan_webhook",
+            self.scan_webhook.is_empty()
+                || self.scan_webhook.starts_with("http://")
+                || self.scan_webhook.starts_with("https://"),
             "an http:// or https:// URL",
         )?;
         for (region, files) in &self.regions {

@@ -33,6 +33,8 @@ pub struct Attachments {
     /// Tenant → bytes of its reserved and completed files on this cell,
     /// counted from the records on first use.
     bytes: Mutex<HashMap<u64, u64>>,
+    /// Calls the scanner.
+    pub http: reqwest::Client,
 }
 
 impl Attachments {
@@ -84,6 +86,7 @@ impl Attachments {
             files,
             others,
             bytes: Mutex::new(HashMap::new()),
+            http: reqwest::Client::new(),
         })))
     }
 

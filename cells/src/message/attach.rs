@@ -317,6 +317,7 @@ impl MessageService {
             }
             return Err(refused);
         }
+        self.scan(att, id, &record).await?;
         record.state = UploadState::Complete as i32;
         if let Some((width, height)) = crate::attachments::image::dimensions(&back.head)
             && let Some(a) = record.attachment.as_mut()
@@ -329,6 +330,68 @@ impl MessageService {
         self.store.commit(m).await?;
         crate::metrics::metrics().uploads_completed.inc();
         Ok(a)
+    }
+
+    /// Asks the operator's scanner about an upload whose bytes checked out:
+    /// clean passes; infected deletes the file and ends the reservation;
+    /// no verdict leaves it pending (`SCAN_PENDING`, complete again later).
+    async fn scan(&self, att: &Attachments, id: u64, record: &UploadRecord) -> Result<()> {
+        if att.config.scan_webhook.is_empty() {
+            return Ok(());
+        }
+        let a = record
+            .attachment
+            .as_ref()
+            .expect("an upload names its file");
+        let body = serde_json::json!({
+            "tenant": record.tenant_id,
+            "conversation": record.conversation_id,
+            "upload_id": id,
+            "name": a.name,
+            "content_type": a.content_type,
+            "size": a.size,
+            "sha256": a.sha256,
+            "url": att.files.get_url(&a.object_key, self.now_ms(), 900),
+        });
+        let verdict = att
+            .http
+            .post(&att.config.scan_webhook)
+            .timeout(std::time::Duration::from_millis(att.config.scan_timeout_ms))
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .and_then(|r| r.error_for_status());
+        let verdict = match verdict {
+            Ok(r) => (r.text().await.ok())
+                .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok()),
+            Err(e) => {
+                tracing::warn!(upload = id, error = %e, "the scanner did not answer");
+                None
+            }
+        };
+        match verdict.as_ref().and_then(|v| v.get("verdict")?.as_str()) {
+            Some("clean") => Ok(()),
+            Some("infected") => {
+                att.files
+                    .delete(&a.object_key)
+                    .await
+                    .map_err(store_failed)?;
+                let mut m = Mutation::new();
+                m.delete_upload(record.tenant_id, id);
+                self.store.commit(m).await?;
+                att.forget_bytes(record.tenant_id);
+                Err(CellError::denied(
+                    Reason::AttachmentInfected,
+                    "the scanner found the file infected; it was deleted",
+                ))
+            }
+            _ => Err(CellError::RetryLater {
+                reason: Reason::ScanPending,
+                message: "the file is waiting for the scanner's verdict".into(),
+                retry_after: std::time::Duration::from_secs(5),
+            }),
+        }
     }
 
     pub async fn download_url(

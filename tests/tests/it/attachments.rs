@@ -983,3 +983,74 @@ async fn retention_deletes_files_with_their_messages_and_legal_hold_keeps_them()
     assert!(!object(&keys[0]).exists(), "retention deleted the file");
     assert!(object(&keys[1]).exists(), "legal hold kept the file");
 }
+
+#[tokio::test]
+async fn a_scanner_holds_a_file_pending_until_clean_and_an_infected_one_is_refused() {
+    // The scanner: no verdict (down) first, then clean, then infected.
+    let (url, mut asked) = cellmesh_tests::http::responder(|n| match n {
+        1 => ("503 Service Unavailable", String::new()),
+        2 => ("200 OK", r#"{"verdict":"clean"}"#.into()),
+        _ => ("200 OK", r#"{"verdict":"infected"}"#.into()),
+    })
+    .await;
+    let cell =
+        TestCell::start_with(|c| c.attachments.scan_webhook = url, Arc::new(SystemClock)).await;
+    let mut client = cell.client().await;
+    let conversation = create_group(&mut client, TENANT, 1, &[2]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut alice = files_of(&cell, TENANT, 1).await;
+    let path = write_file(dir.path(), "doc.bin", 5_000, 2);
+    let pending = alice
+        .upload(
+            conversation,
+            &path,
+            "application/octet-stream",
+            None,
+            &mut no_progress(),
+        )
+        .await
+        .unwrap_err();
+    assert!(pending.to_string().contains("SCAN_PENDING"), "{pending}");
+    let request: serde_json::Value = serde_json::from_str(&asked.recv().await.unwrap()).unwrap();
+    assert_eq!(request["name"], "doc.bin");
+    let upload_id = request["upload_id"].as_u64().unwrap();
+    // Pending: a send cannot carry it yet.
+    let mut send = text(TENANT, 1, conversation, "doc", "");
+    send.attachment_ids = vec![upload_id];
+    let err = client.send(send.clone()).await.unwrap_err();
+    assert_reason(&err, ErrorCode::InvalidArgument, "ATTACHMENT_NOT_COMPLETE");
+    // Clean on the next try.
+    let complete = |id| CompleteUploadRequest {
+        caller: caller(TENANT, 1),
+        conversation_id: conversation,
+        upload_id: id,
+    };
+    alice
+        .client
+        .complete_upload(complete(upload_id))
+        .await
+        .unwrap();
+    client.send(send).await.unwrap();
+    // Infected: refused, and the bytes are gone.
+    let other = write_file(dir.path(), "bad.bin", 5_000, 66);
+    let err = alice
+        .upload(
+            conversation,
+            &other,
+            "application/octet-stream",
+            None,
+            &mut no_progress(),
+        )
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("ATTACHMENT_INFECTED"), "{err}");
+    let _ = asked.recv().await;
+    let infected: serde_json::Value = serde_json::from_str(&asked.recv().await.unwrap()).unwrap();
+    let err = alice
+        .client
+        .complete_upload(complete(infected["upload_id"].as_u64().unwrap()))
+        .await
+        .unwrap_err();
+    assert_reason(&err, ErrorCode::InvalidArgument, "ATTACHMENT_NOT_FOUND");
+    assert_eq!(walk(&cell.dir.path().join("attachments/objects")), 1);
+}
