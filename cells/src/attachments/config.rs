@@ -63,6 +63,9 @@ pub struct AttachmentsConfig {
     /// else (the client completes again later).
     pub scan_webhook: String,
     pub scan_timeout_ms: u64,
+    /// A file copied in from another region is deleted there this long
+    /// after the copy (unless the conversation moved back meanwhile).
+    pub source_grace_secs: u64,
     /// Copying files that came with a move from another region: at most
     /// this many bytes a second (0: no limit).
     pub copy_bytes_per_sec: u64,
@@ -111,6 +114,7 @@ impl Default for AttachmentsConfig {
             regions: BTreeMap::new(),
             scan_webhook: String::new(),
             scan_timeout_ms: 30_000,
+            source_grace_secs: 86_400,
             copy_bytes_per_sec: 0,
         }
     }

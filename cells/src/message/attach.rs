@@ -99,9 +99,7 @@ impl MessageService {
                 object_key: key,
                 region: att.region.clone(),
             }),
-            delete_after_ms: 0,
-            referenced: false,
-            copy_from_region: String::new(),
+            ..Default::default()
         };
         let mut m = Mutation::new();
         m.put_upload(id, &record);
@@ -529,14 +527,15 @@ impl MessageService {
         now + grace.unwrap_or(0) * 1000
     }
 
-    /// Deletes expired reservations (and their bytes) and recalled files
-    /// past their grace; how many records went.
+    /// Deletes expired reservations (and their bytes), recalled files past
+    /// their grace and the source copies of files copied in; how many.
     pub async fn sweep_uploads(&self) -> Result<usize> {
         let Some(att) = &self.attachments else {
             return Ok(0);
         };
         let now = self.now_ms();
-        let (mut tenant, mut id, mut swept) = (0u64, 0u64, 0usize);
+        let mut swept = self.delete_sources(att).await?;
+        let (mut tenant, mut id) = (0u64, 0u64);
         loop {
             let page = self.store.uploads_after(tenant, id, 500)?;
             let Some((last_id, last)) = page.last() else {

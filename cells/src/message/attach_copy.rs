@@ -3,7 +3,8 @@
 //! until they are copied into this cell's: the import records a copy job
 //! per file, a copier works through them (throttled, resumable: a job is
 //! done only once the copy's SHA-256 matches), and until then a download
-//! is signed against the store the file is in.
+//! is signed against the store the file is in. After a grace period the
+//! source region's copy is deleted, unless the conversation went back.
 
 use std::sync::Arc;
 
@@ -50,6 +51,49 @@ impl MessageService {
             );
         }
         Ok(())
+    }
+
+    /// Deletes the source region's copies of files copied in here whose
+    /// grace has passed; how many. A conversation no longer owned here
+    /// (moved back) keeps them.
+    pub(super) async fn delete_sources(&self, att: &Attachments) -> Result<usize> {
+        let now = self.now_ms();
+        let (mut tenant, mut id, mut deleted) = (0u64, 0u64, 0usize);
+        loop {
+            let page = self.store.uploads_after(tenant, id, 500)?;
+            let Some((last_id, last)) = page.last() else {
+                return Ok(deleted);
+            };
+            (tenant, id) = (last.tenant_id, *last_id);
+            for (id, mut record) in page {
+                if record.delete_source_region.is_empty() || now < record.delete_source_after_ms {
+                    continue;
+                }
+                let owned = self
+                    .ownership
+                    .owns(record.tenant_id, record.conversation_id);
+                if let (true, Some(source), Some(a)) = (
+                    owned,
+                    att.store_of(&record.delete_source_region),
+                    record.attachment.as_ref(),
+                ) {
+                    source
+                        .delete(&a.object_key)
+                        .await
+                        .map_err(|e| CellError::RetryLater {
+                            reason: Reason::AttachmentStoreUnavailable,
+                            message: format!("deleting the source copy of file {id}: {e}"),
+                            retry_after: std::time::Duration::from_secs(1),
+                        })?;
+                    deleted += 1;
+                }
+                record.delete_source_region.clear();
+                record.delete_source_after_ms = 0;
+                let mut m = Mutation::new();
+                m.put_upload(id, &record);
+                self.store.commit(m).await?;
+            }
+        }
     }
 
     /// The store a download of `a` is signed against: this cell's once the
@@ -120,7 +164,8 @@ impl MessageService {
                     tracing::warn!(file = id, "a copied file did not match its digest");
                     continue;
                 }
-                record.copy_from_region.clear();
+                record.delete_source_region = std::mem::take(&mut record.copy_from_region);
+                record.delete_source_after_ms = self.now_ms() + att.config.source_grace_secs * 1000;
                 if let Some(a) = record.attachment.as_mut() {
                     a.region = att.region.clone();
                 }

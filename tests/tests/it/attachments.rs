@@ -810,6 +810,7 @@ async fn a_tenant_moved_to_another_region_takes_its_files_along() {
     let d = deploy_with(None, |c| {
         let region = c.cell_id.split('/').next().unwrap().to_string();
         c.attachments.local_dir = root.join(&region);
+        c.attachments.source_grace_secs = 0;
         for other in ["eu-west", "us-east"] {
             let files = cellmesh_cell::attachments::RegionFiles {
                 local_dir: root.join(other),
@@ -885,8 +886,13 @@ async fn a_tenant_moved_to_another_region_takes_its_files_along() {
         })
         .await
     );
-    // Served from us-east even once eu-west's copy is gone.
-    std::fs::remove_file(root.join("eu-west/objects").join(&a.object_key)).unwrap();
+    // After the grace, eu-west's copy is deleted; the file is served from
+    // us-east.
+    let source = root.join("eu-west/objects").join(&a.object_key);
+    assert!(source.exists());
+    let us_east = &d.cells[1].cell.service;
+    assert!(us_east.sweep_uploads().await.unwrap() >= 1);
+    assert!(!source.exists(), "the source region's copy is gone");
     let page = m
         .pull(authed(
             PullRequest {
