@@ -1060,3 +1060,85 @@ async fn a_scanner_holds_a_file_pending_until_clean_and_an_infected_one_is_refus
     assert_reason(&err, ErrorCode::InvalidArgument, "ATTACHMENT_NOT_FOUND");
     assert_eq!(walk(&cell.dir.path().join("attachments/objects")), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_failover_the_standby_serves_the_files_from_where_they_are() {
+    use crate::exactly_once::{fail_first_cell, failover_deployment_with};
+    use cellmesh_tests::deploy::{authed, token};
+    let stores = tempfile::tempdir().unwrap();
+    let root = stores.path().to_path_buf();
+    let (mut d, routes, _cp, alice, mut m, conversation) = failover_deployment_with(|c| {
+        c.replication.mode = cellmesh_cell::config::ReplicationMode::Sync;
+        let region = c.cell_id.split('/').next().unwrap().to_string();
+        c.attachments.local_dir = root.join(&region);
+        for other in ["eu-west", "us-east"] {
+            let files = cellmesh_cell::attachments::RegionFiles {
+                local_dir: root.join(other),
+                ..Default::default()
+            };
+            c.attachments.regions.insert(other.into(), files);
+        }
+    })
+    .await;
+    let endpoint = d.edge.endpoint();
+    let files = |t: String| {
+        let endpoint = endpoint.clone();
+        async move {
+            let client = cellmesh_client::connect::attachments_as(&endpoint, Some(&t))
+                .await
+                .unwrap();
+            Files::new(client, None)
+        }
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_file(dir.path(), "minutes.bin", 70_000, 4);
+    let a = files(alice.clone())
+        .await
+        .upload(
+            conversation,
+            &path,
+            "application/octet-stream",
+            None,
+            &mut no_progress(),
+        )
+        .await
+        .unwrap();
+    let mut send = cellmesh_tests::deploy::text(conversation, "minutes");
+    send.attachment_ids = vec![a.attachment_id];
+    let sent = m.send(authed(send, &alice)).await.unwrap().into_inner();
+
+    // The owner (eu-west/c1) stops; its standby in us-east takes over.
+    cellmesh_tests::deploy::wait_for_checkpoint(
+        &routes,
+        conversation,
+        sent.seq,
+        std::time::Duration::from_secs(10),
+    )
+    .await;
+    let _dir = fail_first_cell(&mut d, conversation).await;
+    let bob = token(1, 11);
+    let page = m
+        .pull(authed(
+            PullRequest {
+                conversation_id: conversation,
+                since_seq: sent.seq - 1,
+                limit: 1,
+                ..Default::default()
+            },
+            &bob,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(page.messages[0].attachments, vec![a.clone()]);
+    let out = tempfile::tempdir().unwrap();
+    let written = files(bob)
+        .await
+        .download(&page.messages[0], out.path(), &mut no_progress())
+        .await
+        .expect("the standby serves the file from eu-west's store");
+    assert_eq!(
+        std::fs::read(&written[0]).unwrap(),
+        std::fs::read(&path).unwrap()
+    );
+}
