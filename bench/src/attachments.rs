@@ -176,6 +176,7 @@ pub async fn run(args: AttachmentsArgs) -> anyhow::Result<()> {
                     conversation_id: conversation,
                     seq,
                     attachment_id: attachment,
+                    thumbnail: false,
                 })
                 .await
             {

@@ -200,6 +200,7 @@ impl Files {
                     conversation_id: message.conversation_id,
                     seq: message.seq,
                     attachment_id: a.attachment_id,
+                    thumbnail: false,
                 })
                 .await
                 .map_err(call_error)?

@@ -56,6 +56,10 @@ pub struct AttachmentsConfig {
     /// Other regions' stores, by region name: files that came with a move
     /// or a failover from there are served from there until copied here.
     pub regions: BTreeMap<String, RegionFiles>,
+    /// PNG and JPEG images get a PNG thumbnail at most this many pixels on
+    /// the longer side (0: none), when at most `thumbnail_source_bytes`.
+    pub thumbnail_px: u32,
+    pub thumbnail_source_bytes: u64,
     /// A scanner the operator runs (empty: none). At completion the cell
     /// POSTs the file's description and a signed GET URL as JSON; the
     /// upload completes only on `{"verdict":"clean"}`, is refused and
@@ -112,6 +116,8 @@ impl Default for AttachmentsConfig {
             content_types: Vec::new(),
             tenants: BTreeMap::new(),
             regions: BTreeMap::new(),
+            thumbnail_px: 256,
+            thumbnail_source_bytes: 20 * 1024 * 1024,
             scan_webhook: String::new(),
             scan_timeout_ms: 30_000,
             source_grace_secs: 86_400,

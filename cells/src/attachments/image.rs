@@ -1,6 +1,7 @@
 //! An image's pixel size from its first bytes (PNG, GIF, JPEG, WebP), so a
-//! client can lay a message out before it downloads the file. Anything
-//! else, or a header cut short, has no size.
+//! client can lay a message out before it downloads the file (anything
+//! else, or a header cut short, has no size); and a small PNG thumbnail of
+//! a PNG or JPEG, decoded under limits that refuse decompression bombs.
 
 /// (width, height) of the image whose file starts with `head`.
 pub fn dimensions(head: &[u8]) -> Option<(u32, u32)> {
@@ -51,9 +52,37 @@ pub fn dimensions(head: &[u8]) -> Option<(u32, u32)> {
     None
 }
 
+/// A PNG at most `max_px` on its longer side of the PNG or JPEG `bytes`
+/// (`None`: not one, damaged, or over the decoding limits).
+pub fn thumbnail(bytes: &[u8], max_px: u32) -> Option<Vec<u8>> {
+    let mut reader = image::ImageReader::new(std::io::Cursor::new(bytes))
+        .with_guessed_format()
+        .ok()?;
+    let mut limits = image::Limits::default();
+    limits.max_image_width = Some(16_384);
+    limits.max_image_height = Some(16_384);
+    limits.max_alloc = Some(256 * 1024 * 1024);
+    reader.limits(limits);
+    let decoded = reader.decode().ok()?;
+    let small = decoded.thumbnail(max_px, max_px);
+    let mut out = std::io::Cursor::new(Vec::new());
+    small.write_to(&mut out, image::ImageFormat::Png).ok()?;
+    Some(out.into_inner())
+}
+
 #[cfg(test)]
 mod tests {
-    use super::dimensions;
+    use super::{dimensions, thumbnail};
+
+    #[test]
+    fn a_thumbnail_keeps_the_aspect_within_the_bound() {
+        let big = image::RgbImage::from_fn(800, 400, |x, y| image::Rgb([x as u8, y as u8, 7]));
+        let mut png = std::io::Cursor::new(Vec::new());
+        big.write_to(&mut png, image::ImageFormat::Png).unwrap();
+        let small = thumbnail(png.get_ref(), 128).unwrap();
+        assert_eq!(dimensions(&small), Some((128, 64)));
+        assert_eq!(thumbnail(b"not an image at all", 128), None);
+    }
 
     #[test]
     fn sizes_come_from_the_headers() {

@@ -532,6 +532,51 @@ impl FileStore {
         }
     }
 
+    /// The whole object if it is at most `max` bytes (`None`: missing or
+    /// larger).
+    pub async fn read_small(&self, key: &str, max: u64) -> Result<Option<Vec<u8>>> {
+        let Some(mut stream) = self.open_stream(key).await? else {
+            return Ok(None);
+        };
+        let mut bytes = Vec::new();
+        while let Some(chunk) = stream.next().await {
+            bytes.extend_from_slice(&chunk?);
+            if bytes.len() as u64 > max {
+                return Ok(None);
+            }
+        }
+        Ok(Some(bytes))
+    }
+
+    /// Stores `bytes` as object `key` (a thumbnail the cell made).
+    pub async fn put_bytes(&self, key: &str, bytes: Vec<u8>) -> Result<()> {
+        match self {
+            Self::Local(local) => {
+                let object = local.object(key);
+                if let Some(parent) = object.parent() {
+                    tokio::fs::create_dir_all(parent).await?;
+                }
+                let tmp = object.with_extension(format!("put-{}", rand::random::<u32>()));
+                tokio::fs::write(&tmp, &bytes).await?;
+                tokio::fs::File::open(&tmp).await?.sync_all().await?;
+                tokio::fs::rename(&tmp, &object).await?;
+                Ok(())
+            }
+            Self::S3(s3) => {
+                s3.store.put(&s3.path(key), bytes.into()).await?;
+                Ok(())
+            }
+        }
+    }
+
+    /// Deletes a file's object and its thumbnail.
+    pub async fn delete_file(&self, a: &cellmesh_proto::v1::AttachmentRef) -> Result<()> {
+        if !a.thumbnail_key.is_empty() {
+            self.delete(&a.thumbnail_key).await?;
+        }
+        self.delete(&a.object_key).await
+    }
+
     /// Deletes the object (absent already: fine).
     pub async fn delete(&self, key: &str) -> Result<()> {
         match self {

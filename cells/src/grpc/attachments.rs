@@ -69,7 +69,7 @@ impl Attachments for AttachmentsApi {
         let r = request.into_inner();
         let (who, conversation) = (caller(r.caller)?, conversation_id(r.conversation_id)?);
         let url = (self.service)
-            .download_url(who, conversation, r.seq, r.attachment_id)
+            .download_url(who, conversation, r.seq, r.attachment_id, r.thumbnail)
             .await?;
         Ok(Response::new(url))
     }

@@ -98,6 +98,7 @@ impl MessageService {
                 height: 0,
                 object_key: key,
                 region: att.region.clone(),
+                thumbnail_key: String::new(),
             }),
             ..Default::default()
         };
@@ -322,12 +323,45 @@ impl MessageService {
         {
             (a.width, a.height) = (width, height);
         }
+        self.make_thumbnail(att, &mut record).await?;
         let a = record.attachment.clone().expect("an upload names its file");
         let mut m = Mutation::new();
         m.put_upload(id, &record);
         self.store.commit(m).await?;
         crate::metrics::metrics().uploads_completed.inc();
         Ok(a)
+    }
+
+    /// Stores a thumbnail of a completed PNG or JPEG image beside it and
+    /// names it in the ref (a file it cannot decode just has none).
+    async fn make_thumbnail(&self, att: &Attachments, record: &mut UploadRecord) -> Result<()> {
+        let Some(a) = record.attachment.as_mut() else {
+            return Ok(());
+        };
+        let px = att.config.thumbnail_px;
+        if px == 0 || !matches!(a.content_type.as_str(), "image/png" | "image/jpeg") {
+            return Ok(());
+        }
+        let max = att.config.thumbnail_source_bytes;
+        let Some(bytes) = att
+            .files
+            .read_small(&a.object_key, max)
+            .await
+            .map_err(store_failed)?
+        else {
+            return Ok(());
+        };
+        let made =
+            tokio::task::spawn_blocking(move || crate::attachments::image::thumbnail(&bytes, px))
+                .await
+                .ok()
+                .flatten();
+        if let Some(png) = made {
+            let key = format!("{}.thumb.png", a.object_key);
+            att.files.put_bytes(&key, png).await.map_err(store_failed)?;
+            a.thumbnail_key = key;
+        }
+        Ok(())
     }
 
     /// Asks the operator's scanner about an upload whose bytes checked out:
@@ -398,6 +432,7 @@ impl MessageService {
         conversation: u64,
         seq: u64,
         attachment: u64,
+        thumbnail: bool,
     ) -> Result<GetDownloadUrlResponse> {
         let att = self.attachments()?;
         self.ownership.check_read(caller.tenant, conversation)?;
@@ -442,9 +477,19 @@ impl MessageService {
         let now = self.now_ms();
         let ttl = att.config.download_url_secs;
         let files = self.serving_store(att, caller.tenant, &a)?;
+        let key = match thumbnail {
+            false => &a.object_key,
+            true if !a.thumbnail_key.is_empty() => &a.thumbnail_key,
+            true => {
+                return Err(CellError::invalid(
+                    Reason::AttachmentNotFound,
+                    "this file has no thumbnail",
+                ));
+            }
+        };
         crate::metrics::metrics().download_urls.inc();
         Ok(GetDownloadUrlResponse {
-            url: files.get_url(&a.object_key, now, ttl),
+            url: files.get_url(key, now, ttl),
             expires_at_ms: now + ttl * 1000,
             attachment: Some(a),
         })
@@ -559,10 +604,7 @@ impl MessageService {
                         .await
                         .map_err(store_failed)?;
                 }
-                att.files
-                    .delete(&a.object_key)
-                    .await
-                    .map_err(store_failed)?;
+                att.files.delete_file(a).await.map_err(store_failed)?;
                 let mut m = Mutation::new();
                 m.delete_upload(r.tenant_id, id);
                 self.store.commit(m).await?;

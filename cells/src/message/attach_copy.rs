@@ -78,7 +78,7 @@ impl MessageService {
                     record.attachment.as_ref(),
                 ) {
                     source
-                        .delete(&a.object_key)
+                        .delete_file(a)
                         .await
                         .map_err(|e| CellError::RetryLater {
                             reason: Reason::AttachmentStoreUnavailable,
@@ -163,6 +163,12 @@ impl MessageService {
                     att.files.delete(&a.object_key).await.map_err(fail)?;
                     tracing::warn!(file = id, "a copied file did not match its digest");
                     continue;
+                }
+                if !a.thumbnail_key.is_empty() {
+                    att.files
+                        .copy_from(source, &a.thumbnail_key, att.config.copy_bytes_per_sec)
+                        .await
+                        .map_err(fail)?;
                 }
                 record.delete_source_region = std::mem::take(&mut record.copy_from_region);
                 record.delete_source_after_ms = self.now_ms() + att.config.source_grace_secs * 1000;

@@ -112,6 +112,7 @@ async fn round_trip(cell: &TestCell, size: usize) {
             conversation_id: conversation,
             seq: sent.seq,
             attachment_id: a.attachment_id,
+            thumbnail: false,
         })
         .await
         .unwrap()
@@ -135,6 +136,7 @@ async fn round_trip(cell: &TestCell, size: usize) {
             conversation_id: conversation,
             seq: sent.seq,
             attachment_id: a.attachment_id,
+            thumbnail: false,
         })
         .await
         .unwrap_err();
@@ -147,6 +149,7 @@ async fn round_trip(cell: &TestCell, size: usize) {
             conversation_id: conversation,
             seq: sent.seq,
             attachment_id: a.attachment_id,
+            thumbnail: false,
         })
         .await
         .unwrap_err();
@@ -168,6 +171,7 @@ async fn round_trip(cell: &TestCell, size: usize) {
             conversation_id: conversation,
             seq: sent.seq,
             attachment_id: a.attachment_id,
+            thumbnail: false,
         })
         .await
         .unwrap_err();
@@ -744,18 +748,15 @@ async fn through_the_edge_a_file_reaches_another_member_and_no_one_else() {
     };
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("photo.png");
-    // A PNG header of 320 x 200 before the pixels.
-    let mut png = b"\x89PNG\r\n\x1a\n\0\0\0\x0dIHDR".to_vec();
-    png.extend_from_slice(&320u32.to_be_bytes());
-    png.extend_from_slice(&200u32.to_be_bytes());
-    png.extend((0..50_000u32).map(|i| (i % 251) as u8));
-    std::fs::write(&path, &png).unwrap();
+    let photo = image::RgbImage::from_fn(320, 200, |x, y| image::Rgb([x as u8, y as u8, 90]));
+    photo.save(&path).unwrap();
     let a = edge_files(alice.clone())
         .await
         .upload(conversation, &path, "image/png", None, &mut no_progress())
         .await
         .expect("upload through the edge");
     assert_eq!((a.width, a.height), (320, 200));
+    assert!(!a.thumbnail_key.is_empty(), "an image gets a thumbnail");
     let mut send = cellmesh_tests::deploy::text(conversation, "photo");
     send.attachment_ids = vec![a.attachment_id];
     let sent = m.send(authed(send, &alice)).await.unwrap().into_inner();
