@@ -1143,3 +1143,62 @@ async fn after_a_failover_the_standby_serves_the_files_from_where_they_are() {
         std::fs::read(&path).unwrap()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_cut_off_by_a_restart_of_the_target_resumes_and_ends_intact() {
+    use cellmesh_tests::deploy::{authed, create_via_edge, deploy_with, messaging, migrator, token};
+    let stores = tempfile::tempdir().unwrap();
+    let root = stores.path().to_path_buf();
+    let tweak = |c: &mut cellmesh_cell::CellConfig| {
+        let region = c.cell_id.split('/').next().unwrap().to_string();
+        c.attachments.local_dir = root.join(&region);
+        // 1.5 MB at 300 kB/s: about five seconds of copying.
+        c.attachments.copy_bytes_per_sec = 300_000;
+        for other in ["eu-west", "us-east"] {
+            let files = cellmesh_cell::attachments::RegionFiles {
+                local_dir: root.join(other),
+                ..Default::default()
+            };
+            c.attachments.regions.insert(other.into(), files);
+        }
+    };
+    let mut d = deploy_with(None, &tweak).await;
+    let alice = token(TENANT, 1);
+    let mut m = messaging(&d.edge).await;
+    let conversation = create_via_edge(&mut m, &alice, vec![2]).await;
+    let client = cellmesh_client::connect::attachments_as(&d.edge.endpoint(), Some(&alice))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_file(dir.path(), "archive.bin", 1_500_000, 8);
+    let a = Files::new(client, None)
+        .upload(conversation, &path, "application/octet-stream", None, &mut no_progress())
+        .await
+        .unwrap();
+    let mut send = cellmesh_tests::deploy::text(conversation, "archive");
+    send.attachment_ids = vec![a.attachment_id];
+    m.send(authed(send, &alice)).await.unwrap();
+    let routes = d.cluster.client().await;
+    migrator(&routes)
+        .migrate_tenant(TENANT, "us-east/c1", 4, |_| {})
+        .await
+        .unwrap();
+    // The target stops mid-copy.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let copied = root.join("us-east/objects").join(&a.object_key);
+    let target = d.cells.remove(1);
+    let data = target.stop().await;
+    assert!(!copied.exists(), "the copy was cut off");
+    let restarted =
+        TestCell::start_routed_with("us-east/c1", d.cluster.endpoints(), data, &tweak).await;
+    assert!(
+        cellmesh_tests::eventually(std::time::Duration::from_secs(30), || {
+            let copied = copied.clone();
+            async move { copied.exists() }
+        })
+        .await,
+        "the copy resumed after the restart"
+    );
+    assert_eq!(std::fs::read(&copied).unwrap(), std::fs::read(&path).unwrap());
+    drop(restarted);
+}
