@@ -43,6 +43,10 @@ pub struct AttachmentsArgs {
     s3_bucket: String,
     #[arg(long, default_value_t = 8)]
     part_mb: u64,
+    /// Also upload a file of this many MiB whose client stops after half
+    /// its parts, then resume it (0: skip).
+    #[arg(long, default_value_t = 0)]
+    resume_mb: u64,
     #[arg(long)]
     json: Option<PathBuf>,
 }
@@ -163,6 +167,10 @@ pub async fn run(args: AttachmentsArgs) -> anyhow::Result<()> {
         std::fs::remove_file(&path)?;
     }
     let elapsed = started.elapsed();
+    if args.resume_mb > 0 {
+        let resumed = resume(&mut alice, conversation, dir.path(), args.resume_mb).await?;
+        params.extend(resumed);
+    }
     // Download URLs, one after another: the signing path's latency.
     let mut histogram = Histogram::<u64>::new(3)?;
     let mut errors = BTreeMap::new();
@@ -198,6 +206,75 @@ pub async fn run(args: AttachmentsArgs) -> anyhow::Result<()> {
         report.write_json(path)?;
     }
     Ok(())
+}
+
+/// Uploads half of a `mb` MiB file's parts as a client that then dies
+/// would, and resumes it from a state file: the figures of the resumption.
+async fn resume(
+    files: &mut Files,
+    conversation: u64,
+    dir: &std::path::Path,
+    mb: u64,
+) -> anyhow::Result<BTreeMap<String, serde_json::Value>> {
+    let path = dir.join("resumed.bin");
+    write_random(&path, mb * 1024 * 1024)?;
+    let (size, sha256) = cellmesh_client::files::sha256_file(&path).await?;
+    let upload = files
+        .client
+        .create_upload(cellmesh_proto::v1::CreateUploadRequest {
+            caller: files.caller.clone(),
+            conversation_id: conversation,
+            name: "resumed.bin".into(),
+            content_type: "application/octet-stream".into(),
+            size,
+            sha256: sha256.clone(),
+        })
+        .await?
+        .into_inner();
+    let half = upload.parts.len() / 2;
+    let http = reqwest::Client::new();
+    let mut file = std::fs::File::open(&path)?;
+    for part in &upload.parts[..half] {
+        use std::io::{Read, Seek};
+        let start = (u64::from(part.part_number) - 1) * upload.part_size;
+        file.seek(std::io::SeekFrom::Start(start))?;
+        let mut bytes = vec![0u8; part.size as usize];
+        file.read_exact(&mut bytes)?;
+        http.put(&part.url)
+            .body(bytes)
+            .send()
+            .await?
+            .error_for_status()?;
+    }
+    let state = dir.join("resume.state");
+    std::fs::write(&state, format!("{} {size} {sha256}\n", upload.upload_id))?;
+    let mut resumed_from = None;
+    let t = Instant::now();
+    files
+        .upload(
+            conversation,
+            &path,
+            "application/octet-stream",
+            Some(&state),
+            &mut |done, _| {
+                resumed_from.get_or_insert(done);
+            },
+        )
+        .await?;
+    let seconds = t.elapsed().as_secs_f64();
+    let from = resumed_from.unwrap_or(0);
+    std::fs::remove_file(&path)?;
+    let mut out = BTreeMap::new();
+    out.insert("resume_file_mb".into(), mb.into());
+    out.insert("resume_parts_stored_before".into(), (half as u64).into());
+    out.insert("resume_resumed_from_bytes".into(), from.into());
+    out.insert("resume_seconds".into(), seconds.into());
+    let rest = (size - from) as f64 / (1024.0 * 1024.0);
+    out.insert(
+        "resume_remaining_mb_s".into(),
+        (rest / seconds.max(1e-9)).into(),
+    );
+    Ok(out)
 }
 
 fn write_random(path: &std::path::Path, len: u64) -> anyhow::Result<()> {

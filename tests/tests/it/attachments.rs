@@ -1146,7 +1146,9 @@ async fn after_a_failover_the_standby_serves_the_files_from_where_they_are() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_copy_cut_off_by_a_restart_of_the_target_resumes_and_ends_intact() {
-    use cellmesh_tests::deploy::{authed, create_via_edge, deploy_with, messaging, migrator, token};
+    use cellmesh_tests::deploy::{
+        authed, create_via_edge, deploy_with, messaging, migrator, token,
+    };
     let stores = tempfile::tempdir().unwrap();
     let root = stores.path().to_path_buf();
     let tweak = |c: &mut cellmesh_cell::CellConfig| {
@@ -1172,7 +1174,13 @@ async fn a_copy_cut_off_by_a_restart_of_the_target_resumes_and_ends_intact() {
     let dir = tempfile::tempdir().unwrap();
     let path = write_file(dir.path(), "archive.bin", 1_500_000, 8);
     let a = Files::new(client, None)
-        .upload(conversation, &path, "application/octet-stream", None, &mut no_progress())
+        .upload(
+            conversation,
+            &path,
+            "application/octet-stream",
+            None,
+            &mut no_progress(),
+        )
         .await
         .unwrap();
     let mut send = cellmesh_tests::deploy::text(conversation, "archive");
@@ -1199,6 +1207,9 @@ async fn a_copy_cut_off_by_a_restart_of_the_target_resumes_and_ends_intact() {
         .await,
         "the copy resumed after the restart"
     );
-    assert_eq!(std::fs::read(&copied).unwrap(), std::fs::read(&path).unwrap());
+    assert_eq!(
+        std::fs::read(&copied).unwrap(),
+        std::fs::read(&path).unwrap()
+    );
     drop(restarted);
 }
