@@ -125,6 +125,13 @@ impl MessageService {
         }
     }
 
+    /// Whether `conversation` was taken over from a failed cell whose
+    /// history has not been backfilled yet.
+    fn awaiting_backfill(&self, tenant: u64, conversation: u64) -> Result<bool> {
+        let fence = self.ownership.check(tenant, conversation, 0)?;
+        Ok(fence.taken_over_mark.is_some() && !self.backfilled(conversation)?)
+    }
+
     fn expired(&self, record: &UploadRecord, id: u64) -> Result<()> {
         if record.state != UploadState::Complete as i32 && self.now_ms() > record.expires_at_ms {
             return Err(CellError::invalid(
@@ -516,7 +523,15 @@ impl MessageService {
         }
         let mut refs = Vec::with_capacity(ids.len());
         for &id in ids {
-            let mut record = self.own_upload(caller, conversation, id)?;
+            let mut record = match self.own_upload(caller, conversation, id) {
+                Err(CellError::InvalidArgument {
+                    reason: Reason::AttachmentNotFound,
+                    ..
+                }) if self.awaiting_backfill(caller.tenant, conversation)? => {
+                    return Err(upload_on_failed_cell(id));
+                }
+                other => other?,
+            };
             if record.state != UploadState::Complete as i32 {
                 return Err(CellError::invalid(
                     Reason::AttachmentNotComplete,
@@ -613,6 +628,22 @@ impl MessageService {
                 swept += 1;
             }
         }
+    }
+}
+
+/// A send naming an upload this cell does not hold, in a conversation
+/// taken over from a failed cell whose history is not back: the upload
+/// (and perhaps this very send, answered there) may be on that cell, so
+/// the outcome stays open until the backfill instead of a refusal the
+/// backfilled message would contradict.
+fn upload_on_failed_cell(id: u64) -> CellError {
+    CellError::RetryLater {
+        reason: Reason::AwaitingBackfill,
+        message: format!(
+            "upload {id} may be on the cell this conversation failed over from; \
+             retry once its history is back"
+        ),
+        retry_after: std::time::Duration::from_secs(1),
     }
 }
 

@@ -1213,3 +1213,56 @@ async fn a_copy_cut_off_by_a_restart_of_the_target_resumes_and_ends_intact() {
     );
     drop(restarted);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resend_naming_an_upload_on_the_failed_cell_waits_for_the_backfill() {
+    use crate::exactly_once::{fail_first_cell, failover_deployment_with};
+    use cellmesh_tests::deploy::{authed, wait_for_backfill, wait_for_checkpoint};
+    let (mut d, routes, cp, alice, mut m, conversation) = failover_deployment_with(|_| {}).await;
+    // Answers are not replicated: a failover inside the replication lag.
+    let points = cellmesh_cell::failpoints::parse("standby.answers=error").unwrap();
+    d.cells[0].cell.service.store().failpoints().set(points);
+    let client = cellmesh_client::connect::attachments_as(&d.edge.endpoint(), Some(&alice))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_file(dir.path(), "late.bin", 9_000, 3);
+    let a = Files::new(client, None)
+        .upload(
+            conversation,
+            &path,
+            "application/octet-stream",
+            None,
+            &mut no_progress(),
+        )
+        .await
+        .unwrap();
+    let mut send = cellmesh_tests::deploy::text(conversation, "with-late-file");
+    send.attachment_ids = vec![a.attachment_id];
+    let first = m
+        .send(authed(send.clone(), &alice))
+        .await
+        .unwrap()
+        .into_inner();
+    wait_for_checkpoint(
+        &routes,
+        conversation,
+        first.seq,
+        std::time::Duration::from_secs(10),
+    )
+    .await;
+    let data = fail_first_cell(&mut d, conversation).await;
+    // The new owner holds neither the upload nor the answer: the outcome
+    // stays open (never a refusal the backfilled message would belie).
+    let err = m.send(authed(send.clone(), &alice)).await.unwrap_err();
+    assert_reason(&err, ErrorCode::RetryLater, "AWAITING_BACKFILL");
+    // The failed cell returns; its history and answers are backfilled.
+    let _back = TestCell::start_routed_in("eu-west/c1", d.cluster.endpoints(), data).await;
+    wait_for_backfill(&cp, "eu-west/c1", std::time::Duration::from_secs(30)).await;
+    let again = m.send(authed(send, &alice)).await.unwrap().into_inner();
+    assert_eq!(
+        (again.seq, again.msg_id, again.duplicate),
+        (first.seq, first.msg_id, true)
+    );
+    cp.stop();
+}
