@@ -123,7 +123,7 @@ async fn put(
     if let Err(e) = tokio::fs::create_dir_all(&dir).await {
         return io_failure(e);
     }
-    let tmp = dir.join(format!(".tmp-{}", rand::random::<u64>()));
+    let tmp = super::store::partial_beside(&target, "upload");
     match write_exactly(&tmp, body, grant.len).await {
         Ok(Ok(())) => {}
         Ok(Err(refused)) => {

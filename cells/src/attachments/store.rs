@@ -48,6 +48,18 @@ pub struct StoredPart {
     pub etag: String,
 }
 
+/// A temporary file beside `path`, named so that a crash's leftover is
+/// recognised ([`FileStore::sweep_partials`]).
+pub fn partial_beside(path: &std::path::Path, kind: &str) -> PathBuf {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
+    path.with_file_name(format!(
+        "{name}.{kind}-{:08x}{PARTIAL}",
+        rand::random::<u32>()
+    ))
+}
+
+const PARTIAL: &str = ".partial";
+
 /// What reading an object back found.
 #[derive(Default)]
 pub struct ReadBack {
@@ -334,7 +346,7 @@ impl FileStore {
                 if let Some(parent) = object.parent() {
                     tokio::fs::create_dir_all(parent).await?;
                 }
-                let tmp = object.with_extension(format!("join-{}", rand::random::<u32>()));
+                let tmp = partial_beside(&object, "join");
                 let mut out = tokio::fs::File::create(&tmp).await?;
                 for part in parts {
                     let mut input = tokio::fs::File::open(local.part(key, part.number)).await?;
@@ -485,7 +497,7 @@ impl FileStore {
                 if let Some(parent) = object.parent() {
                     tokio::fs::create_dir_all(parent).await?;
                 }
-                let tmp = object.with_extension(format!("copy-{}", rand::random::<u32>()));
+                let tmp = partial_beside(&object, "copy");
                 let mut out = tokio::fs::File::create(&tmp).await?;
                 let written = async {
                     while let Some(chunk) = stream.next().await {
@@ -556,7 +568,7 @@ impl FileStore {
                 if let Some(parent) = object.parent() {
                     tokio::fs::create_dir_all(parent).await?;
                 }
-                let tmp = object.with_extension(format!("put-{}", rand::random::<u32>()));
+                let tmp = partial_beside(&object, "put");
                 tokio::fs::write(&tmp, &bytes).await?;
                 tokio::fs::File::open(&tmp).await?.sync_all().await?;
                 tokio::fs::rename(&tmp, &object).await?;
@@ -567,6 +579,41 @@ impl FileStore {
                 Ok(())
             }
         }
+    }
+
+    /// Deletes temporary files a crash left in the local store (older than
+    /// `age`); how many. S3 keeps none (multipart uploads are aborted by
+    /// the sweep).
+    pub async fn sweep_partials(&self, age: std::time::Duration) -> Result<usize> {
+        let Self::Local(local) = self else {
+            return Ok(0);
+        };
+        let mut dirs = vec![local.dir.join("objects"), local.dir.join("parts")];
+        let mut swept = 0;
+        while let Some(dir) = dirs.pop() {
+            let mut entries = match tokio::fs::read_dir(&dir).await {
+                Ok(entries) => entries,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e.into()),
+            };
+            while let Some(entry) = entries.next_entry().await? {
+                let meta = entry.metadata().await?;
+                if meta.is_dir() {
+                    dirs.push(entry.path());
+                    continue;
+                }
+                let old = meta.modified()?.elapsed().is_ok_and(|e| e > age);
+                let partial = entry
+                    .file_name()
+                    .to_str()
+                    .is_some_and(|n| n.ends_with(PARTIAL));
+                if partial && old {
+                    tokio::fs::remove_file(entry.path()).await?;
+                    swept += 1;
+                }
+            }
+        }
+        Ok(swept)
     }
 
     /// Deletes a file's object and its thumbnail.
@@ -607,6 +654,35 @@ impl FileStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_crash_s_partial_files_are_swept_once_old() {
+        let dir = tempfile::tempdir().unwrap();
+        let local = LocalFiles {
+            region: "r".into(),
+            dir: dir.path().to_path_buf(),
+            signer: UrlSigner::new(vec![1; 32]),
+            base_url: Default::default(),
+        };
+        let object = local.object("t1/c2/u3");
+        std::fs::create_dir_all(object.parent().unwrap()).unwrap();
+        std::fs::write(&object, b"kept").unwrap();
+        let old = partial_beside(&object, "copy");
+        let fresh = partial_beside(&object, "join");
+        std::fs::write(&old, b"left by a crash").unwrap();
+        std::fs::write(&fresh, b"being written").unwrap();
+        let hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3_600);
+        std::fs::File::options()
+            .write(true)
+            .open(&old)
+            .unwrap()
+            .set_modified(hour_ago)
+            .unwrap();
+        let store = FileStore::Local(local);
+        let age = std::time::Duration::from_secs(600);
+        assert_eq!(store.sweep_partials(age).await.unwrap(), 1);
+        assert!(object.exists() && fresh.exists() && !old.exists());
+    }
 
     #[test]
     fn list_parts_answers_parse() {

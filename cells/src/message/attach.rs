@@ -595,6 +595,9 @@ impl MessageService {
         };
         let now = self.now_ms();
         let mut swept = self.delete_sources(att).await?;
+        // Temporary files a crash left (an hour is far beyond any write).
+        let hour = std::time::Duration::from_secs(3_600);
+        swept += att.files.sweep_partials(hour).await.map_err(store_failed)?;
         let (mut tenant, mut id) = (0u64, 0u64);
         loop {
             let page = self.store.uploads_after(tenant, id, 500)?;
