@@ -55,44 +55,7 @@ const TENANT: u64 = 1;
 
 pub async fn run(args: AttachmentsArgs) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let mut config = cellmesh_cell::CellConfig {
-        listen: "127.0.0.1:0".parse()?,
-        data_dir: dir.path().join("cell"),
-        ..Default::default()
-    };
-    config.rate_limit.user_calls_per_sec = 1_000_000;
-    config.rate_limit.user_calls_burst = 1_000_000;
-    config.rate_limit.user_uploads_per_minute = 1_000_000;
-    let a = &mut config.attachments;
-    a.part_bytes = args.part_mb * 1024 * 1024;
-    a.max_file_bytes = a.part_bytes * 10_000;
-    if let Some(endpoint) = &args.s3_endpoint {
-        a.store = TierStore::S3;
-        a.s3.endpoint = endpoint.clone();
-        a.s3.bucket = args.s3_bucket.clone();
-        a.s3.region = "us-east-1".into();
-        a.s3.allow_http = endpoint.starts_with("http://");
-        if std::env::var("AWS_ACCESS_KEY_ID").is_err() {
-            a.s3.access_key_id = "testing".into();
-            a.s3.secret_access_key = "testing".into();
-        }
-        // A bucket on a local S3 API (moto takes unsigned requests).
-        let _ = reqwest::Client::new()
-            .put(format!("{endpoint}/{}", args.s3_bucket))
-            .send()
-            .await;
-    }
-    let store = if args.s3_endpoint.is_some() {
-        "s3"
-    } else {
-        "local"
-    };
-    let cell = cellmesh_cell::start(
-        config,
-        Arc::new(cellmesh_cell::ownership::OwnAll),
-        Arc::new(cellmesh_cell::clock::SystemClock),
-    )
-    .await?;
+    let cell = start_cell(&args, dir.path()).await?;
     let endpoint = format!("http://{}", cell.addr);
     let mut client = connect(&endpoint).await?;
     let conversation = client
@@ -115,85 +78,38 @@ pub async fn run(args: AttachmentsArgs) -> anyhow::Result<()> {
     let mut moved = 0u64;
     let started = Instant::now();
     for &mb in &args.sizes_mb {
-        let path = dir.path().join(format!("file-{mb}mb.bin"));
-        write_random(&path, mb * 1024 * 1024)?;
-        let (mut up, mut down) = (Duration::ZERO, Duration::ZERO);
-        for i in 0..args.files {
-            let t = Instant::now();
-            let a = alice
-                .upload(
-                    conversation,
-                    &path,
-                    "application/octet-stream",
-                    None,
-                    &mut |_, _| {},
-                )
-                .await?;
-            up += t.elapsed();
-            let mut req = send_request(
-                TENANT,
-                1,
-                conversation,
-                format!("file-{mb}-{i}"),
-                MessageType::File,
-                Vec::new(),
-            );
-            req.attachment_ids = vec![a.attachment_id];
-            let seq = client.send(req).await?.into_inner().seq;
-            let message = client
-                .pull(PullRequest {
-                    caller: caller(TENANT, 2),
-                    conversation_id: conversation,
-                    since_seq: seq + 1,
-                    direction: Direction::Backward as i32,
-                    limit: 1,
-                })
-                .await?
-                .into_inner()
-                .messages
-                .remove(0);
-            let out = dir.path().join(format!("down-{mb}-{i}"));
-            let t = Instant::now();
-            bob.download(&message, &out, &mut |_, _| {}).await?;
-            down += t.elapsed();
-            std::fs::remove_dir_all(&out)?;
-            last = Some((seq, a.attachment_id));
-            moved += 1;
-        }
+        let round = Round {
+            client: &mut client,
+            alice: &mut alice,
+            bob: &mut bob,
+            conversation,
+            dir: dir.path(),
+        };
+        let (up, down, sent) = round.run(mb, args.files).await?;
         let bytes = (mb * 1024 * 1024 * args.files as u64) as f64;
         let rate = |d: Duration| bytes / d.as_secs_f64().max(1e-9) / (1024.0 * 1024.0);
         params.insert(format!("upload_mb_s_{mb}mb"), rate(up).into());
         params.insert(format!("download_mb_s_{mb}mb"), rate(down).into());
-        std::fs::remove_file(&path)?;
+        last = sent.or(last);
+        moved += args.files as u64;
     }
     let elapsed = started.elapsed();
     if args.resume_mb > 0 {
         let resumed = resume(&mut alice, conversation, dir.path(), args.resume_mb).await?;
         params.extend(resumed);
     }
-    // Download URLs, one after another: the signing path's latency.
-    let mut histogram = Histogram::<u64>::new(3)?;
-    let mut errors = BTreeMap::new();
-    if let Some((seq, attachment)) = last {
-        for _ in 0..args.urls {
-            let t = Instant::now();
-            match bob
-                .client
-                .get_download_url(GetDownloadUrlRequest {
-                    caller: caller(TENANT, 2),
-                    conversation_id: conversation,
-                    seq,
-                    attachment_id: attachment,
-                    thumbnail: false,
-                })
-                .await
-            {
-                Ok(_) => histogram.record(t.elapsed().as_micros() as u64)?,
-                Err(status) => count_error(&mut errors, &status),
-            }
+    let (histogram, errors) = match last {
+        Some((seq, attachment)) => {
+            url_latency(&mut bob, conversation, seq, attachment, args.urls).await?
         }
-    }
+        None => (Histogram::<u64>::new(3)?, BTreeMap::new()),
+    };
     cell.shutdown().await?;
+    let store = if args.s3_endpoint.is_some() {
+        "s3"
+    } else {
+        "local"
+    };
     let mut report = Report::new("attachments", moved, errors, elapsed, &histogram)
         .param("store", store)
         .param("files_per_size", args.files as u64)
@@ -206,6 +122,134 @@ pub async fn run(args: AttachmentsArgs) -> anyhow::Result<()> {
         report.write_json(path)?;
     }
     Ok(())
+}
+
+/// A cell of its own over `dir`, its files in a local directory or the
+/// S3 bucket the flags name (created if missing).
+async fn start_cell(
+    args: &AttachmentsArgs,
+    dir: &std::path::Path,
+) -> anyhow::Result<cellmesh_cell::RunningCell> {
+    let mut config = cellmesh_cell::CellConfig {
+        listen: "127.0.0.1:0".parse()?,
+        data_dir: dir.join("cell"),
+        ..Default::default()
+    };
+    config.rate_limit.user_calls_per_sec = 1_000_000;
+    config.rate_limit.user_calls_burst = 1_000_000;
+    config.rate_limit.user_uploads_per_minute = 1_000_000;
+    let a = &mut config.attachments;
+    a.part_bytes = args.part_mb * 1024 * 1024;
+    a.max_file_bytes = a.part_bytes * 10_000;
+    if let Some(endpoint) = &args.s3_endpoint {
+        a.store = TierStore::S3;
+        a.s3 = crate::s3_bucket(endpoint, &args.s3_bucket);
+        // A bucket on a local S3 API (moto takes unsigned requests).
+        let _ = reqwest::Client::new()
+            .put(format!("{endpoint}/{}", args.s3_bucket))
+            .send()
+            .await;
+    }
+    Ok(cellmesh_cell::start(
+        config,
+        Arc::new(cellmesh_cell::ownership::OwnAll),
+        Arc::new(cellmesh_cell::clock::SystemClock),
+    )
+    .await?)
+}
+
+/// One file size's uploads, sends and downloads.
+struct Round<'a> {
+    client:
+        &'a mut cellmesh_proto::v1::messaging_client::MessagingClient<tonic::transport::Channel>,
+    alice: &'a mut Files,
+    bob: &'a mut Files,
+    conversation: u64,
+    dir: &'a std::path::Path,
+}
+
+impl Round<'_> {
+    /// `files` files of `mb` MiB up (alice), sent, and down (bob): the
+    /// time spent each way and the last file's (seq, attachment).
+    async fn run(
+        self,
+        mb: u64,
+        files: usize,
+    ) -> anyhow::Result<(Duration, Duration, Option<(u64, u64)>)> {
+        let path = self.dir.join(format!("file-{mb}mb.bin"));
+        write_random(&path, mb * 1024 * 1024)?;
+        let (mut up, mut down, mut last) = (Duration::ZERO, Duration::ZERO, None);
+        for i in 0..files {
+            let t = Instant::now();
+            let a = (self.alice)
+                .upload(
+                    self.conversation,
+                    &path,
+                    "application/octet-stream",
+                    None,
+                    &mut |_, _| {},
+                )
+                .await?;
+            up += t.elapsed();
+            let mut req = send_request(
+                TENANT,
+                1,
+                self.conversation,
+                format!("file-{mb}-{i}"),
+                MessageType::File,
+                Vec::new(),
+            );
+            req.attachment_ids = vec![a.attachment_id];
+            let seq = self.client.send(req).await?.into_inner().seq;
+            let message = (self.client)
+                .pull(PullRequest {
+                    caller: caller(TENANT, 2),
+                    conversation_id: self.conversation,
+                    since_seq: seq + 1,
+                    direction: Direction::Backward as i32,
+                    limit: 1,
+                })
+                .await?
+                .into_inner()
+                .messages
+                .remove(0);
+            let out = self.dir.join(format!("down-{mb}-{i}"));
+            let t = Instant::now();
+            self.bob.download(&message, &out, &mut |_, _| {}).await?;
+            down += t.elapsed();
+            std::fs::remove_dir_all(&out)?;
+            last = Some((seq, a.attachment_id));
+        }
+        std::fs::remove_file(&path)?;
+        Ok((up, down, last))
+    }
+}
+
+/// `count` download URLs one after another: the signing path's latency.
+async fn url_latency(
+    bob: &mut Files,
+    conversation: u64,
+    seq: u64,
+    attachment: u64,
+    count: u64,
+) -> anyhow::Result<(Histogram<u64>, BTreeMap<String, u64>)> {
+    let mut histogram = Histogram::<u64>::new(3)?;
+    let mut errors = BTreeMap::new();
+    for _ in 0..count {
+        let t = Instant::now();
+        let request = GetDownloadUrlRequest {
+            caller: caller(TENANT, 2),
+            conversation_id: conversation,
+            seq,
+            attachment_id: attachment,
+            thumbnail: false,
+        };
+        match bob.client.get_download_url(request).await {
+            Ok(_) => histogram.record(t.elapsed().as_micros() as u64)?,
+            Err(status) => count_error(&mut errors, &status),
+        }
+    }
+    Ok((histogram, errors))
 }
 
 /// Uploads half of a `mb` MiB file's parts as a client that then dies

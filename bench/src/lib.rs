@@ -43,6 +43,24 @@ pub fn send_request(
     }
 }
 
+/// The settings of bucket `bucket` on the S3 API at `endpoint` (e.g. a
+/// local moto_server), with moto's test credentials when the environment
+/// names none.
+pub fn s3_bucket(endpoint: &str, bucket: &str) -> cellmesh_cell::cold::S3Config {
+    let mut s3 = cellmesh_cell::cold::S3Config {
+        endpoint: endpoint.to_string(),
+        bucket: bucket.to_string(),
+        region: "us-east-1".into(),
+        allow_http: endpoint.starts_with("http://"),
+        ..Default::default()
+    };
+    if std::env::var("AWS_ACCESS_KEY_ID").is_err() {
+        s3.access_key_id = "testing".into();
+        s3.secret_access_key = "testing".into();
+    }
+    s3
+}
+
 /// Counts a failed call under its stable code.
 /// The request, with a token for `user` when sending through a dev edge.
 pub fn authed<T>(

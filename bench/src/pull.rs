@@ -79,14 +79,7 @@ pub async fn run(args: PullArgs) -> anyhow::Result<()> {
     t.cache_segments = args.cache_segments;
     if let Some(endpoint) = &args.s3_endpoint {
         t.store = TierStore::S3;
-        t.s3.endpoint = endpoint.clone();
-        t.s3.bucket = args.s3_bucket.clone();
-        t.s3.region = "us-east-1".into();
-        t.s3.allow_http = endpoint.starts_with("http://");
-        if std::env::var("AWS_ACCESS_KEY_ID").is_err() {
-            t.s3.access_key_id = "testing".into();
-            t.s3.secret_access_key = "testing".into();
-        }
+        t.s3 = crate::s3_bucket(endpoint, &args.s3_bucket);
     }
     let store = if args.s3_endpoint.is_some() {
         "s3"

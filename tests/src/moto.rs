@@ -43,15 +43,21 @@ impl Moto {
 
     /// Configures `config`'s cold tier to use this bucket.
     pub fn configure(&self, config: &mut cellmesh_cell::CellConfig) {
-        let t = &mut config.tiering;
-        t.store = cellmesh_cell::cold::TierStore::S3;
-        t.s3.bucket = self.bucket.clone();
-        t.s3.endpoint = self.endpoint.clone();
-        t.s3.region = "us-east-1".into();
-        t.s3.access_key_id = "testing".into();
-        t.s3.secret_access_key = "testing".into();
-        t.s3.allow_http = true;
-        t.s3.prefix = "cells".into();
+        config.tiering.store = cellmesh_cell::cold::TierStore::S3;
+        config.tiering.s3 = self.s3("cells");
+    }
+
+    /// The settings of this bucket, objects under `prefix`.
+    pub fn s3(&self, prefix: &str) -> cellmesh_cell::cold::S3Config {
+        cellmesh_cell::cold::S3Config {
+            bucket: self.bucket.clone(),
+            endpoint: self.endpoint.clone(),
+            region: "us-east-1".into(),
+            access_key_id: "testing".into(),
+            secret_access_key: "testing".into(),
+            allow_http: true,
+            prefix: prefix.into(),
+        }
     }
 }
 

@@ -35,6 +35,10 @@ pub struct Attachments {
     bytes: Mutex<HashMap<u64, u64>>,
     /// Calls the scanner.
     pub http: reqwest::Client,
+    /// Copy jobs may be waiting (set at start, by an import that recorded
+    /// some, and while a job is not done): the copier walks the records
+    /// only then.
+    pub copies_pending: std::sync::atomic::AtomicBool,
 }
 
 impl Attachments {
@@ -87,6 +91,7 @@ impl Attachments {
             others,
             bytes: Mutex::new(HashMap::new()),
             http: reqwest::Client::new(),
+            copies_pending: std::sync::atomic::AtomicBool::new(true),
         })))
     }
 

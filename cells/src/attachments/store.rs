@@ -66,19 +66,24 @@ pub struct ReadBack {
     pub size: u64,
     /// Lower-case hex, set once the whole object was read.
     pub sha256: String,
-    /// The first [`HEAD_BYTES`] (an image's header).
-    pub head: Vec<u8>,
+    /// The object's first bytes, as many as the reader kept (an image's
+    /// header; a small image whole).
+    pub bytes: Vec<u8>,
+    keep: usize,
     hasher: Sha256,
 }
-
-pub const HEAD_BYTES: usize = 64 * 1024;
 
 impl ReadBack {
     fn take(&mut self, chunk: &[u8]) {
         self.hasher.update(chunk);
         self.size += chunk.len() as u64;
-        let room = HEAD_BYTES.saturating_sub(self.head.len()).min(chunk.len());
-        self.head.extend_from_slice(&chunk[..room]);
+        let room = self.keep.saturating_sub(self.bytes.len()).min(chunk.len());
+        self.bytes.extend_from_slice(&chunk[..room]);
+    }
+
+    /// The whole object, if it was kept.
+    pub fn whole(&self) -> Option<&[u8]> {
+        (self.bytes.len() as u64 == self.size).then_some(&self.bytes[..])
     }
 }
 
@@ -127,15 +132,8 @@ impl LocalFiles {
 
 impl S3Files {
     pub fn open(s3: &S3Config) -> std::result::Result<Self, String> {
-        let mut builder = object_store::aws::AmazonS3Builder::from_env()
-            .with_bucket_name(&s3.bucket)
-            .with_allow_http(s3.allow_http);
-        if !s3.region.is_empty() {
-            builder = builder.with_region(&s3.region);
-        }
-        if !s3.endpoint.is_empty() {
-            builder = builder.with_endpoint(&s3.endpoint);
-        }
+        let store = s3.build("attachments")?;
+        // The presigner signs with the same credentials object_store uses.
         let env = |name: &str| std::env::var(name).unwrap_or_default();
         let credentials = if s3.access_key_id.is_empty() {
             Credentials {
@@ -144,18 +142,12 @@ impl S3Files {
                 token: std::env::var("AWS_SESSION_TOKEN").ok(),
             }
         } else {
-            builder = builder
-                .with_access_key_id(&s3.access_key_id)
-                .with_secret_access_key(&s3.secret_access_key);
             Credentials {
                 key_id: s3.access_key_id.clone(),
                 secret: s3.secret_access_key.clone(),
                 token: None,
             }
         };
-        let store = builder
-            .build()
-            .map_err(|e| format!("attachments bucket {}: {e}", s3.bucket))?;
         Ok(Self {
             store: Arc::new(store),
             presigner: Presigner::new(credentials, &s3.region, &s3.endpoint, &s3.bucket),
@@ -400,37 +392,18 @@ impl FileStore {
         }
     }
 
-    /// The object read back: its size, SHA-256 and first bytes; `None`:
-    /// no such object.
-    pub async fn read_back(&self, key: &str) -> Result<Option<ReadBack>> {
-        let mut back = ReadBack::default();
-        match self {
-            Self::Local(local) => {
-                let mut file = match tokio::fs::File::open(local.object(key)).await {
-                    Ok(file) => file,
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-                    Err(e) => return Err(e.into()),
-                };
-                let mut buf = vec![0u8; 256 * 1024];
-                loop {
-                    let n = file.read(&mut buf).await?;
-                    if n == 0 {
-                        break;
-                    }
-                    back.take(&buf[..n]);
-                }
-            }
-            Self::S3(s3) => {
-                let got = match s3.store.get(&s3.path(key)).await {
-                    Ok(got) => got,
-                    Err(object_store::Error::NotFound { .. }) => return Ok(None),
-                    Err(e) => return Err(e.into()),
-                };
-                let mut stream = got.into_stream();
-                while let Some(chunk) = stream.next().await {
-                    back.take(&chunk?);
-                }
-            }
+    /// The object read back: its size, SHA-256 and its first `keep`
+    /// bytes; `None`: no such object.
+    pub async fn read_back(&self, key: &str, keep: usize) -> Result<Option<ReadBack>> {
+        let Some(mut stream) = self.open_stream(key).await? else {
+            return Ok(None);
+        };
+        let mut back = ReadBack {
+            keep,
+            ..ReadBack::default()
+        };
+        while let Some(chunk) = stream.next().await {
+            back.take(&chunk?);
         }
         back.sha256 = hex(&back.hasher.finalize_reset());
         Ok(Some(back))
@@ -542,22 +515,6 @@ impl FileStore {
                 Ok(())
             }
         }
-    }
-
-    /// The whole object if it is at most `max` bytes (`None`: missing or
-    /// larger).
-    pub async fn read_small(&self, key: &str, max: u64) -> Result<Option<Vec<u8>>> {
-        let Some(mut stream) = self.open_stream(key).await? else {
-            return Ok(None);
-        };
-        let mut bytes = Vec::new();
-        while let Some(chunk) = stream.next().await {
-            bytes.extend_from_slice(&chunk?);
-            if bytes.len() as u64 > max {
-                return Ok(None);
-            }
-        }
-        Ok(Some(bytes))
     }
 
     /// Stores `bytes` as object `key` (a thumbnail the cell made).

@@ -78,6 +78,28 @@ pub struct TenantRetention {
 }
 
 impl S3Config {
+    /// The bucket's client (credentials from the settings, else from the
+    /// environment); `what` names the bucket's use in errors.
+    pub fn build(&self, what: &str) -> Result<object_store::aws::AmazonS3, String> {
+        let mut builder = object_store::aws::AmazonS3Builder::from_env()
+            .with_bucket_name(&self.bucket)
+            .with_allow_http(self.allow_http);
+        if !self.region.is_empty() {
+            builder = builder.with_region(&self.region);
+        }
+        if !self.endpoint.is_empty() {
+            builder = builder.with_endpoint(&self.endpoint);
+        }
+        if !self.access_key_id.is_empty() {
+            builder = builder
+                .with_access_key_id(&self.access_key_id)
+                .with_secret_access_key(&self.secret_access_key);
+        }
+        builder
+            .build()
+            .map_err(|e| format!("{what} bucket {}: {e}", self.bucket))
+    }
+
     /// Checks the bucket settings; `fields` name the bucket, access key
     /// and endpoint settings in errors.
     pub fn validate(&self, fields: [&'static str; 3]) -> Result<(), ConfigError> {

@@ -73,25 +73,11 @@ impl ColdTier {
                 (Arc::new(store), String::new())
             }
             TierStore::S3 => {
-                let s3 = &config.s3;
-                let mut builder = object_store::aws::AmazonS3Builder::from_env()
-                    .with_bucket_name(&s3.bucket)
-                    .with_allow_http(s3.allow_http);
-                if !s3.region.is_empty() {
-                    builder = builder.with_region(&s3.region);
-                }
-                if !s3.endpoint.is_empty() {
-                    builder = builder.with_endpoint(&s3.endpoint);
-                }
-                if !s3.access_key_id.is_empty() {
-                    builder = builder
-                        .with_access_key_id(&s3.access_key_id)
-                        .with_secret_access_key(&s3.secret_access_key);
-                }
-                let store = builder
-                    .build()
-                    .map_err(|e| format!("cold tier bucket {}: {e}", s3.bucket))?;
-                (Arc::new(store), s3.prefix.trim_matches('/').to_string())
+                let store = config.s3.build("cold tier")?;
+                (
+                    Arc::new(store),
+                    config.s3.prefix.trim_matches('/').to_string(),
+                )
             }
         };
         Ok(Self {

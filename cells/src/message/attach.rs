@@ -15,7 +15,7 @@ use std::sync::Arc;
 use super::{Caller, MessageService};
 use crate::attachments::{Attachments, StoredPart, object_key};
 use crate::error::{CellError, Result};
-use crate::storage::{Mutation, ScanDirection};
+use crate::storage::{Mutation, ScanDirection, UploadWalk};
 
 #[derive(Debug, Clone)]
 pub struct CreateUploadCommand {
@@ -279,9 +279,14 @@ impl MessageService {
                 .await
                 .map_err(store_failed)?;
         }
+        // An image that gets a thumbnail is kept whole from this one read.
+        let keep = match thumbnail_wanted(&att.config, &a) {
+            true => att.config.thumbnail_source_bytes as usize,
+            false => IMAGE_HEADER_BYTES,
+        };
         let back = att
             .files
-            .read_back(&a.object_key)
+            .read_back(&a.object_key, keep)
             .await
             .map_err(store_failed)?
             .ok_or_else(|| {
@@ -325,12 +330,12 @@ impl MessageService {
         }
         self.scan(att, id, &record).await?;
         record.state = UploadState::Complete as i32;
-        if let Some((width, height)) = crate::attachments::image::dimensions(&back.head)
+        if let Some((width, height)) = crate::attachments::image::dimensions(&back.bytes)
             && let Some(a) = record.attachment.as_mut()
         {
             (a.width, a.height) = (width, height);
         }
-        self.make_thumbnail(att, &mut record).await?;
+        self.make_thumbnail(att, &mut record, back).await?;
         let a = record.attachment.clone().expect("an upload names its file");
         let mut m = Mutation::new();
         m.put_upload(id, &record);
@@ -339,25 +344,23 @@ impl MessageService {
         Ok(a)
     }
 
-    /// Stores a thumbnail of a completed PNG or JPEG image beside it and
-    /// names it in the ref (a file it cannot decode just has none).
-    async fn make_thumbnail(&self, att: &Attachments, record: &mut UploadRecord) -> Result<()> {
+    /// Stores a thumbnail of a completed PNG or JPEG image (read `back`
+    /// whole) beside it and names it in the ref; a file it cannot decode,
+    /// or too large to be kept, just has none.
+    async fn make_thumbnail(
+        &self,
+        att: &Attachments,
+        record: &mut UploadRecord,
+        back: crate::attachments::store::ReadBack,
+    ) -> Result<()> {
         let Some(a) = record.attachment.as_mut() else {
             return Ok(());
         };
-        let px = att.config.thumbnail_px;
-        if px == 0 || !matches!(a.content_type.as_str(), "image/png" | "image/jpeg") {
+        if !thumbnail_wanted(&att.config, a) || back.whole().is_none() {
             return Ok(());
         }
-        let max = att.config.thumbnail_source_bytes;
-        let Some(bytes) = att
-            .files
-            .read_small(&a.object_key, max)
-            .await
-            .map_err(store_failed)?
-        else {
-            return Ok(());
-        };
+        let px = att.config.thumbnail_px;
+        let bytes = back.bytes;
         let made =
             tokio::task::spawn_blocking(move || crate::attachments::image::thumbnail(&bytes, px))
                 .await
@@ -594,18 +597,19 @@ impl MessageService {
             return Ok(0);
         };
         let now = self.now_ms();
-        let mut swept = self.delete_sources(att).await?;
         // Temporary files a crash left (an hour is far beyond any write).
         let hour = std::time::Duration::from_secs(3_600);
-        swept += att.files.sweep_partials(hour).await.map_err(store_failed)?;
-        let (mut tenant, mut id) = (0u64, 0u64);
+        let mut swept = att.files.sweep_partials(hour).await.map_err(store_failed)?;
+        let mut walk = UploadWalk::default();
         loop {
-            let page = self.store.uploads_after(tenant, id, 500)?;
-            let Some((last_id, last)) = page.last() else {
+            let page = walk.next(&self.store)?;
+            if page.is_empty() {
                 return Ok(swept);
-            };
-            (tenant, id) = (last.tenant_id, *last_id);
+            }
             for (id, r) in page {
+                if !r.delete_source_region.is_empty() && now >= r.delete_source_after_ms {
+                    swept += self.delete_source(att, id, r.clone()).await?;
+                }
                 let expired = r.state != UploadState::Complete as i32 && now > r.expires_at_ms;
                 let orphan = r.state == UploadState::Complete as i32
                     && !r.referenced
@@ -648,6 +652,16 @@ fn upload_on_failed_cell(id: u64) -> CellError {
         ),
         retry_after: std::time::Duration::from_secs(1),
     }
+}
+
+/// Bytes of a file kept to read an image's size from its header.
+const IMAGE_HEADER_BYTES: usize = 64 * 1024;
+
+/// Whether a file gets a thumbnail: a PNG or JPEG within the size limit.
+fn thumbnail_wanted(config: &crate::attachments::AttachmentsConfig, a: &AttachmentRef) -> bool {
+    config.thumbnail_px > 0
+        && a.size <= config.thumbnail_source_bytes
+        && matches!(a.content_type.as_str(), "image/png" | "image/jpeg")
 }
 
 fn part_count(size: u64, part_size: u64) -> u32 {

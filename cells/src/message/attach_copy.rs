@@ -18,18 +18,20 @@ use crate::error::{CellError, Result};
 use crate::storage::Mutation;
 
 impl MessageService {
-    /// Records a copy job for each file of `message` held in another
-    /// region's store (and not already here).
+    /// Records in `m` a copy job for each file of `message` held in another
+    /// region's store (and not already here); whether it recorded any (the
+    /// caller wakes the copier once `m` is committed).
     pub(super) fn note_foreign_files(
         &self,
         tenant: u64,
         conversation: u64,
         message: &MessageRecord,
         m: &mut Mutation,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let Some(att) = &self.attachments else {
-            return Ok(());
+            return Ok(false);
         };
+        let mut noted = false;
         for a in &message.attachments {
             if a.region.is_empty() || a.region == att.region {
                 continue;
@@ -49,51 +51,50 @@ impl MessageService {
                     ..Default::default()
                 },
             );
+            noted = true;
         }
-        Ok(())
+        Ok(noted)
     }
 
-    /// Deletes the source region's copies of files copied in here whose
-    /// grace has passed; how many. A conversation no longer owned here
-    /// (moved back) keeps them.
-    pub(super) async fn delete_sources(&self, att: &Attachments) -> Result<usize> {
-        let now = self.now_ms();
-        let (mut tenant, mut id, mut deleted) = (0u64, 0u64, 0usize);
-        loop {
-            let page = self.store.uploads_after(tenant, id, 500)?;
-            let Some((last_id, last)) = page.last() else {
-                return Ok(deleted);
-            };
-            (tenant, id) = (last.tenant_id, *last_id);
-            for (id, mut record) in page {
-                if record.delete_source_region.is_empty() || now < record.delete_source_after_ms {
-                    continue;
-                }
-                let owned = self
-                    .ownership
-                    .owns(record.tenant_id, record.conversation_id);
-                if let (true, Some(source), Some(a)) = (
-                    owned,
-                    att.store_of(&record.delete_source_region),
-                    record.attachment.as_ref(),
-                ) {
-                    source
-                        .delete_file(a)
-                        .await
-                        .map_err(|e| CellError::RetryLater {
-                            reason: Reason::AttachmentStoreUnavailable,
-                            message: format!("deleting the source copy of file {id}: {e}"),
-                            retry_after: std::time::Duration::from_secs(1),
-                        })?;
-                    deleted += 1;
-                }
-                record.delete_source_region.clear();
-                record.delete_source_after_ms = 0;
-                let mut m = Mutation::new();
-                m.put_upload(id, &record);
-                self.store.commit(m).await?;
-            }
+    /// Has the copier look for jobs on its next pass.
+    pub(super) fn wake_copier(&self) {
+        if let Some(att) = &self.attachments {
+            att.copies_pending
+                .store(true, std::sync::atomic::Ordering::Release);
         }
+    }
+
+    /// Deletes the source region's copy of file `id`, copied in here and
+    /// past its grace (1), unless the conversation is no longer owned here
+    /// (moved back: 0); either way the record forgets it.
+    pub(super) async fn delete_source(
+        &self,
+        att: &Attachments,
+        id: u64,
+        mut record: UploadRecord,
+    ) -> Result<usize> {
+        let owned = self
+            .ownership
+            .owns(record.tenant_id, record.conversation_id);
+        let source = att.store_of(&record.delete_source_region);
+        let mut deleted = 0;
+        if let (true, Some(source), Some(a)) = (owned, source, record.attachment.as_ref()) {
+            source
+                .delete_file(a)
+                .await
+                .map_err(|e| CellError::RetryLater {
+                    reason: Reason::AttachmentStoreUnavailable,
+                    message: format!("deleting the source copy of file {id}: {e}"),
+                    retry_after: std::time::Duration::from_secs(1),
+                })?;
+            deleted = 1;
+        }
+        record.delete_source_region.clear();
+        record.delete_source_after_ms = 0;
+        let mut m = Mutation::new();
+        m.put_upload(id, &record);
+        self.store.commit(m).await?;
+        Ok(deleted)
     }
 
     /// The store a download of `a` is signed against: this cell's once the
@@ -131,23 +132,36 @@ impl MessageService {
         let Some(att) = &self.attachments else {
             return Ok(0);
         };
-        let (mut tenant, mut id, mut copied) = (0u64, 0u64, 0usize);
+        // Nothing recorded since the last pass found none: no walk.
+        if !att
+            .copies_pending
+            .swap(false, std::sync::atomic::Ordering::AcqRel)
+        {
+            return Ok(0);
+        }
+        let mut walk = crate::storage::UploadWalk::default();
+        let mut copied = 0usize;
         loop {
-            let page = self.store.uploads_after(tenant, id, 500)?;
-            let Some((last_id, last)) = page.last() else {
+            let page = walk.next(&self.store)?;
+            if page.is_empty() {
                 return Ok(copied);
-            };
-            (tenant, id) = (last.tenant_id, *last_id);
+            }
             for (id, mut record) in page {
                 if record.copy_from_region.is_empty() {
                     continue;
                 }
                 let Some(source) = att.store_of(&record.copy_from_region) else {
+                    // Waits for a store this cell reaches: look again.
+                    att.copies_pending
+                        .store(true, std::sync::atomic::Ordering::Release);
                     continue;
                 };
                 let Some(a) = record.attachment.clone() else {
                     continue;
                 };
+                // Until this job is done, the next pass looks again.
+                att.copies_pending
+                    .store(true, std::sync::atomic::Ordering::Release);
                 let fail = |e: crate::attachments::store::StoreError| CellError::RetryLater {
                     reason: Reason::AttachmentStoreUnavailable,
                     message: format!("copying file {id}: {e}"),
@@ -157,7 +171,7 @@ impl MessageService {
                     .copy_from(source, &a.object_key, att.config.copy_bytes_per_sec)
                     .await
                     .map_err(fail)?;
-                let back = att.files.read_back(&a.object_key).await.map_err(fail)?;
+                let back = att.files.read_back(&a.object_key, 0).await.map_err(fail)?;
                 if back.as_ref().map(|b| (b.size, b.sha256.as_str())) != Some((a.size, &a.sha256)) {
                     // A torn copy: the next pass copies it again.
                     att.files.delete(&a.object_key).await.map_err(fail)?;

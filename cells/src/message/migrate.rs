@@ -607,6 +607,7 @@ impl MessageService {
         // The seqs whose answers were stored: this cell's standbys get them
         // too (one event for the chunk), to answer a re-send as it would.
         let mut answered = Vec::new();
+        let mut foreign_files = false;
         for segment in &chunk.segments {
             latest = latest.max(segment.seq_end);
             m.put_segment(conversation, segment);
@@ -626,7 +627,7 @@ impl MessageService {
             if answer_for(&mut m, message.seq, &r) {
                 answered.push(message.seq);
             }
-            self.note_foreign_files(tenant, conversation, &r, &mut m)?;
+            foreign_files |= self.note_foreign_files(tenant, conversation, &r, &mut m)?;
             m.put_message(conversation, message.seq, &r);
         }
         if !answered.is_empty() {
@@ -649,6 +650,9 @@ impl MessageService {
             },
         );
         self.store.commit(m).await?;
+        if foreign_files {
+            self.wake_copier();
+        }
         self.conversations.invalidate(conversation);
         // History stored here is built on: its mark goes to the standbys.
         self.marks.note(tenant, conversation, latest);

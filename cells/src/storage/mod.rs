@@ -36,6 +36,7 @@ pub use manifest::PendingUpload;
 pub use marks::Mark;
 pub use scan::{ScanDirection, ScanPage, visible};
 pub use sync::ForwardQueue;
+pub use uploads::UploadWalk;
 
 use crate::config::StorageConfig;
 use keys::cf;

@@ -23,9 +23,9 @@ impl Store {
         self.get_record(cf::UPLOADS, &keys::conv_item(tenant, id))
     }
 
-    /// Upload records after (tenant, id), in key order, at most `limit`:
-    /// the sweeper's walk over every tenant.
-    pub fn uploads_after(
+    /// Upload records after (tenant, id), in key order, at most `limit`
+    /// (see [`UploadWalk`]).
+    fn uploads_after(
         &self,
         tenant: u64,
         id: u64,
@@ -46,5 +46,28 @@ impl Store {
             keys::conv_item(tenant, u64::MAX).to_vec(),
             usize::MAX,
         )
+    }
+}
+
+/// A walk over every upload record, a page at a time (the sweeper's and
+/// the copier's).
+#[derive(Default)]
+pub struct UploadWalk {
+    after: (u64, u64),
+    done: bool,
+}
+
+impl UploadWalk {
+    /// The next page; empty once every record was seen.
+    pub fn next(&mut self, store: &Store) -> Result<Vec<(u64, UploadRecord)>> {
+        if self.done {
+            return Ok(Vec::new());
+        }
+        let page = store.uploads_after(self.after.0, self.after.1, 500)?;
+        match page.last() {
+            Some((id, last)) => self.after = (last.tenant_id, *id),
+            None => self.done = true,
+        }
+        Ok(page)
     }
 }

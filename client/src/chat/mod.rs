@@ -10,6 +10,7 @@ use clap::{Args, Subcommand};
 
 use crate::connect::{attachments_as, call_error, caller, connect_as};
 
+mod files;
 mod tail;
 
 #[derive(Args)]
@@ -175,24 +176,10 @@ pub async fn run(args: ChatArgs) -> anyhow::Result<()> {
             file,
             text,
         } => {
-            let mut attachment_ids = Vec::new();
-            let mut kind = MessageType::Text;
-            for path in &file {
-                let mut files = files().await?;
-                let content_type = crate::files::content_type_of(path);
-                let state = upload_state(conversation, path)?;
-                let mut bar = progress_bar(&path.display().to_string());
-                let a = files
-                    .upload(conversation, path, content_type, Some(&state), &mut bar)
-                    .await?;
-                eprintln!();
-                kind = if content_type.starts_with("image/") && file.len() == 1 {
-                    MessageType::Image
-                } else {
-                    MessageType::File
-                };
-                attachment_ids.push(a.attachment_id);
-            }
+            let (kind, attachment_ids) = match file.is_empty() {
+                true => (MessageType::Text, Vec::new()),
+                false => files::upload_all(&mut files().await?, conversation, &file).await?,
+            };
             let r = client
                 .send(SendRequest {
                     caller: me,
@@ -214,31 +201,8 @@ pub async fn run(args: ChatArgs) -> anyhow::Result<()> {
             seq,
             out,
         } => {
-            let page = client
-                .pull(PullRequest {
-                    caller: me,
-                    conversation_id: conversation,
-                    since_seq: seq.saturating_add(1),
-                    direction: Direction::Backward as i32,
-                    limit: 1,
-                })
-                .await
-                .map_err(call_error)?
-                .into_inner();
-            let message = page
-                .messages
-                .into_iter()
-                .find(|m| m.seq == seq)
-                .ok_or_else(|| anyhow::anyhow!("no message {seq} you can see"))?;
-            if message.attachments.is_empty() {
-                anyhow::bail!("message {seq} carries no files");
-            }
-            let mut bar = progress_bar("download");
-            let written = files().await?.download(&message, &out, &mut bar).await?;
-            eprintln!();
-            for path in written {
-                println!("{} (SHA-256 verified)", path.display());
-            }
+            let mut files = files().await?;
+            files::download(&mut client, &mut files, conversation, seq, &out).await?;
         }
         ChatCommand::History {
             conversation,
@@ -344,37 +308,6 @@ pub(crate) fn render(m: &Message) -> String {
         _ => String::from_utf8_lossy(&m.body).into_owned(),
     };
     format!("#{:<6} user {:<8} {body}{files}", m.seq, m.sender_id)
-}
-
-/// Where the id of an unfinished upload of `path` is kept, so running the
-/// same command again resumes it.
-fn upload_state(conversation: u64, path: &std::path::Path) -> anyhow::Result<std::path::PathBuf> {
-    let dir = std::env::var_os("HOME")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(std::env::temp_dir)
-        .join(".cache/cellmesh/uploads");
-    std::fs::create_dir_all(&dir)?;
-    let full = std::fs::canonicalize(path)?;
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    std::hash::Hash::hash(&full, &mut h);
-    Ok(dir.join(format!(
-        "{conversation}-{:016x}",
-        std::hash::Hasher::finish(&h)
-    )))
-}
-
-/// A one-line progress bar on stderr.
-fn progress_bar(label: &str) -> impl FnMut(u64, u64) + Send + use<> {
-    let label = label.to_string();
-    move |done, total| {
-        let pct = (done * 100).checked_div(total).unwrap_or(100);
-        let filled = (pct / 5) as usize;
-        eprint!(
-            "\r{label} [{}{}] {pct:>3}% {done}/{total} bytes",
-            "#".repeat(filled),
-            " ".repeat(20 - filled)
-        );
-    }
 }
 
 /// A request id unique enough for one person's commands.

@@ -57,6 +57,28 @@ fn no_progress() -> impl FnMut(u64, u64) + Send {
     |_, _| {}
 }
 
+/// Gives the cell its region's store under `root` and a way to the other
+/// region's (as with a bucket per region).
+fn region_stores(c: &mut cellmesh_cell::CellConfig, root: &Path) {
+    let region = c.cell_id.split('/').next().unwrap().to_string();
+    c.attachments.local_dir = root.join(&region);
+    for other in ["eu-west", "us-east"] {
+        let files = cellmesh_cell::attachments::RegionFiles {
+            local_dir: root.join(other),
+            ..Default::default()
+        };
+        c.attachments.regions.insert(other.into(), files);
+    }
+}
+
+/// A client of the files API through the edge at `endpoint`, with `token`.
+async fn edge_files(endpoint: &str, token: &str) -> Files {
+    let client = cellmesh_client::connect::attachments_as(endpoint, Some(token))
+        .await
+        .unwrap();
+    Files::new(client, None)
+}
+
 /// Upload, send, download by another member, verified; then a
 /// non-member, another tenant and a recalled message get no URL, and the
 /// recalled file is gone after its grace.
@@ -637,13 +659,7 @@ async fn files_in_an_s3_bucket_go_up_in_parts_resume_and_come_down_verified() {
         |c| {
             let a = &mut c.attachments;
             a.store = cellmesh_cell::cold::TierStore::S3;
-            a.s3.bucket = moto.bucket.clone();
-            a.s3.endpoint = moto.endpoint.clone();
-            a.s3.region = "us-east-1".into();
-            a.s3.access_key_id = "testing".into();
-            a.s3.secret_access_key = "testing".into();
-            a.s3.allow_http = true;
-            a.s3.prefix = "files".into();
+            a.s3 = moto.s3("files");
             a.part_bytes = 5 * 1024 * 1024;
         },
         Arc::new(SystemClock),
@@ -737,20 +753,12 @@ async fn through_the_edge_a_file_reaches_another_member_and_no_one_else() {
     let (alice, bob) = (token(TENANT, 1), token(TENANT, 2));
     let mut m = messaging(&d.edge).await;
     let conversation = create_via_edge(&mut m, &alice, vec![2]).await;
-    let edge_files = |t: String| {
-        let endpoint = d.edge.endpoint();
-        async move {
-            let client = cellmesh_client::connect::attachments_as(&endpoint, Some(&t))
-                .await
-                .unwrap();
-            Files::new(client, None)
-        }
-    };
+    let endpoint = d.edge.endpoint();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("photo.png");
     let photo = image::RgbImage::from_fn(320, 200, |x, y| image::Rgb([x as u8, y as u8, 90]));
     photo.save(&path).unwrap();
-    let a = edge_files(alice.clone())
+    let a = edge_files(&endpoint, &alice)
         .await
         .upload(conversation, &path, "image/png", None, &mut no_progress())
         .await
@@ -774,7 +782,7 @@ async fn through_the_edge_a_file_reaches_another_member_and_no_one_else() {
         .unwrap()
         .into_inner();
     let out = tempfile::tempdir().unwrap();
-    let written = edge_files(bob)
+    let written = edge_files(&endpoint, &bob)
         .await
         .download(&page.messages[0], out.path(), &mut no_progress())
         .await
@@ -784,7 +792,7 @@ async fn through_the_edge_a_file_reaches_another_member_and_no_one_else() {
         std::fs::read(&path).unwrap()
     );
     // A user of another tenant, naming the same conversation and seq.
-    let mut stranger = edge_files(token(2, 2)).await;
+    let mut stranger = edge_files(&endpoint, &token(2, 2)).await;
     let err = stranger
         .client
         .get_download_url(GetDownloadUrlRequest {
@@ -809,33 +817,17 @@ async fn a_tenant_moved_to_another_region_takes_its_files_along() {
     // Each region has its own store; each cell reaches the other's (as
     // with a bucket per region).
     let d = deploy_with(None, |c| {
-        let region = c.cell_id.split('/').next().unwrap().to_string();
-        c.attachments.local_dir = root.join(&region);
+        region_stores(c, &root);
         c.attachments.source_grace_secs = 0;
-        for other in ["eu-west", "us-east"] {
-            let files = cellmesh_cell::attachments::RegionFiles {
-                local_dir: root.join(other),
-                ..Default::default()
-            };
-            c.attachments.regions.insert(other.into(), files);
-        }
     })
     .await;
     let (alice, bob) = (token(TENANT, 1), token(TENANT, 2));
     let mut m = messaging(&d.edge).await;
     let conversation = create_via_edge(&mut m, &alice, vec![2]).await;
-    let files = |t: String| {
-        let endpoint = d.edge.endpoint();
-        async move {
-            let client = cellmesh_client::connect::attachments_as(&endpoint, Some(&t))
-                .await
-                .unwrap();
-            Files::new(client, None)
-        }
-    };
+    let endpoint = d.edge.endpoint();
     let dir = tempfile::tempdir().unwrap();
     let path = write_file(dir.path(), "plan.bin", 120_000, 5);
-    let a = files(alice.clone())
+    let a = edge_files(&endpoint, &alice)
         .await
         .upload(
             conversation,
@@ -859,7 +851,7 @@ async fn a_tenant_moved_to_another_region_takes_its_files_along() {
     // The new owner in us-east serves the file: from eu-west's store until
     // it is copied, then from its own.
     let url = || async {
-        let mut bob = files(bob.clone()).await;
+        let mut bob = edge_files(&endpoint, &bob).await;
         bob.client
             .get_download_url(GetDownloadUrlRequest {
                 conversation_id: conversation,
@@ -908,7 +900,7 @@ async fn a_tenant_moved_to_another_region_takes_its_files_along() {
         .unwrap()
         .into_inner();
     let out = tempfile::tempdir().unwrap();
-    let written = files(bob.clone())
+    let written = edge_files(&endpoint, &bob)
         .await
         .download(&page.messages[0], out.path(), &mut no_progress())
         .await
@@ -1070,30 +1062,13 @@ async fn after_a_failover_the_standby_serves_the_files_from_where_they_are() {
     let root = stores.path().to_path_buf();
     let (mut d, routes, _cp, alice, mut m, conversation) = failover_deployment_with(|c| {
         c.replication.mode = cellmesh_cell::config::ReplicationMode::Sync;
-        let region = c.cell_id.split('/').next().unwrap().to_string();
-        c.attachments.local_dir = root.join(&region);
-        for other in ["eu-west", "us-east"] {
-            let files = cellmesh_cell::attachments::RegionFiles {
-                local_dir: root.join(other),
-                ..Default::default()
-            };
-            c.attachments.regions.insert(other.into(), files);
-        }
+        region_stores(c, &root);
     })
     .await;
     let endpoint = d.edge.endpoint();
-    let files = |t: String| {
-        let endpoint = endpoint.clone();
-        async move {
-            let client = cellmesh_client::connect::attachments_as(&endpoint, Some(&t))
-                .await
-                .unwrap();
-            Files::new(client, None)
-        }
-    };
     let dir = tempfile::tempdir().unwrap();
     let path = write_file(dir.path(), "minutes.bin", 70_000, 4);
-    let a = files(alice.clone())
+    let a = edge_files(&endpoint, &alice)
         .await
         .upload(
             conversation,
@@ -1133,7 +1108,7 @@ async fn after_a_failover_the_standby_serves_the_files_from_where_they_are() {
         .into_inner();
     assert_eq!(page.messages[0].attachments, vec![a.clone()]);
     let out = tempfile::tempdir().unwrap();
-    let written = files(bob)
+    let written = edge_files(&endpoint, &bob)
         .await
         .download(&page.messages[0], out.path(), &mut no_progress())
         .await
@@ -1152,28 +1127,18 @@ async fn a_copy_cut_off_by_a_restart_of_the_target_resumes_and_ends_intact() {
     let stores = tempfile::tempdir().unwrap();
     let root = stores.path().to_path_buf();
     let tweak = |c: &mut cellmesh_cell::CellConfig| {
-        let region = c.cell_id.split('/').next().unwrap().to_string();
-        c.attachments.local_dir = root.join(&region);
+        region_stores(c, &root);
         // 1.5 MB at 300 kB/s: about five seconds of copying.
         c.attachments.copy_bytes_per_sec = 300_000;
-        for other in ["eu-west", "us-east"] {
-            let files = cellmesh_cell::attachments::RegionFiles {
-                local_dir: root.join(other),
-                ..Default::default()
-            };
-            c.attachments.regions.insert(other.into(), files);
-        }
     };
     let mut d = deploy_with(None, &tweak).await;
     let alice = token(TENANT, 1);
     let mut m = messaging(&d.edge).await;
     let conversation = create_via_edge(&mut m, &alice, vec![2]).await;
-    let client = cellmesh_client::connect::attachments_as(&d.edge.endpoint(), Some(&alice))
-        .await
-        .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let path = write_file(dir.path(), "archive.bin", 1_500_000, 8);
-    let a = Files::new(client, None)
+    let a = edge_files(&d.edge.endpoint(), &alice)
+        .await
         .upload(
             conversation,
             &path,
@@ -1222,12 +1187,10 @@ async fn a_resend_naming_an_upload_on_the_failed_cell_waits_for_the_backfill() {
     // Answers are not replicated: a failover inside the replication lag.
     let points = cellmesh_cell::failpoints::parse("standby.answers=error").unwrap();
     d.cells[0].cell.service.store().failpoints().set(points);
-    let client = cellmesh_client::connect::attachments_as(&d.edge.endpoint(), Some(&alice))
-        .await
-        .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let path = write_file(dir.path(), "late.bin", 9_000, 3);
-    let a = Files::new(client, None)
+    let a = edge_files(&d.edge.endpoint(), &alice)
+        .await
         .upload(
             conversation,
             &path,
