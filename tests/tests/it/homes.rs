@@ -144,20 +144,32 @@ async fn a_dead_home_with_a_long_backlog_does_not_hold_back_other_homes() {
     .await;
     let mut c = origin.client().await;
     let to_dead = create_group(&mut c, T, 1, &[3]).await;
-    // More queued records for the dead home than the forwarder reads at once.
-    for i in 0..400 {
-        c.send(text(T, 1, to_dead, &format!("d{i}"), "to nowhere"))
-            .await
-            .unwrap();
+    // More queued records for the dead home than the forwarder reads at
+    // once. Sends the processor takes in one batch share a record, so send
+    // until the queue holds enough of them.
+    let queued = || {
+        origin
+            .cell
+            .service
+            .store()
+            .forwards(cellmesh_cell::storage::ForwardQueue::Homes, 0, 1000)
+            .unwrap()
+            .len()
+    };
+    let mut sent = 0;
+    while queued() <= 256 && sent < 5_000 {
+        for _ in 0..50 {
+            c.send(text(T, 1, to_dead, &format!("d{sent}"), "to nowhere"))
+                .await
+                .unwrap();
+            sent += 1;
+        }
     }
-    let backlog = origin
-        .cell
-        .service
-        .store()
-        .forwards(cellmesh_cell::storage::ForwardQueue::Homes, 0, 1000)
-        .unwrap()
-        .len();
-    assert!(backlog > 256, "only {backlog} records queued");
+    let backlog = queued();
+    assert!(
+        backlog > 256,
+        "only {backlog} records queued after {sent} sends"
+    );
 
     let to_live = create_group(&mut c, T, 1, &[4]).await;
     let mut at_home = connect_sync(&home.endpoint).await;
