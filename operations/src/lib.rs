@@ -35,6 +35,9 @@ pub enum Spec {
         /// Messages and sync events copied per second at most (0: any).
         #[serde(default)]
         rate: u64,
+        /// File bytes copied per second at most (0: the target's limit).
+        #[serde(default)]
+        file_rate: u64,
     },
     Drain {
         cell: String,
@@ -178,6 +181,9 @@ pub struct Operation {
     pub bytes: u64,
     #[serde(default)]
     pub eta_ms: u64,
+    /// Files a tenant move copied into the target's region.
+    #[serde(default)]
+    pub files: FileProgress,
     /// The runner has set the move's route to `Paused` (and must set it
     /// back when the pause is lifted).
     #[serde(default)]
@@ -212,6 +218,10 @@ impl Operation {
             frozen_ms: self.frozen_ms,
             bytes_copied: self.bytes,
             eta_ms: self.eta_ms,
+            files_copied: self.files.copied,
+            files_total: self.files.total,
+            file_bytes_copied: self.files.bytes_copied,
+            file_bytes_total: self.files.bytes_total,
         }
     }
 
@@ -233,6 +243,15 @@ impl Operation {
     pub fn pausable(&self) -> bool {
         self.spec.key().is_some() && !self.spec.runs_in_cell()
     }
+}
+
+/// Files a tenant move copied into the target's region, of how many.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileProgress {
+    pub copied: u64,
+    pub total: u64,
+    pub bytes_copied: u64,
+    pub bytes_total: u64,
 }
 
 /// Whether an unfinished operation among `ops` drives (or may drive) the
@@ -296,6 +315,7 @@ impl OperationStore {
             frozen_ms: 0,
             bytes: 0,
             eta_ms: 0,
+            files: FileProgress::default(),
         };
         let value = serde_json::to_string(&op).expect("operations serialize");
         let key = format!("{OPERATIONS_PREFIX}{}", op.id);
@@ -378,6 +398,7 @@ mod tests {
             to: "eu-west/c2".into(),
             parallel: 4,
             rate: 0,
+            file_rate: 0,
         };
         let op = store.create(spec.clone()).await.unwrap();
         assert_eq!(op.state, State::Pending);
@@ -407,6 +428,7 @@ mod tests {
                 to: "eu-west/c2".into(),
                 parallel: 4,
                 rate: 0,
+                file_rate: 0,
             })
             .await
             .unwrap();

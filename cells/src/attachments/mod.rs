@@ -39,7 +39,12 @@ pub struct Attachments {
     /// some, and while a job is not done): the copier walks the records
     /// only then.
     pub copies_pending: std::sync::atomic::AtomicBool,
+    /// Tenant → the copy rate a tenant move asked for, and when.
+    copy_rates: Mutex<HashMap<u64, (u64, std::time::Instant)>>,
 }
+
+/// How long a move's copy rate holds without being asked for again.
+const COPY_RATE_HOLDS: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl Attachments {
     /// Opens the configured stores of a cell in `region`; `None` when
@@ -92,6 +97,7 @@ impl Attachments {
             bytes: Mutex::new(HashMap::new()),
             http: reqwest::Client::new(),
             copies_pending: std::sync::atomic::AtomicBool::new(true),
+            copy_rates: Mutex::new(HashMap::new()),
         })))
     }
 
@@ -165,6 +171,29 @@ impl Attachments {
         self.bytes.lock().expect("bytes lock").remove(&tenant);
     }
 
+    /// Limits copies of `tenant`'s files to `rate` bytes a second (0: no
+    /// limit of the tenant's own) for the next 30 s.
+    pub fn set_copy_rate(&self, tenant: u64, rate: u64) {
+        let mut rates = self.copy_rates.lock().expect("copy rates lock");
+        match rate {
+            0 => rates.remove(&tenant),
+            rate => rates.insert(tenant, (rate, std::time::Instant::now())),
+        };
+    }
+
+    /// Bytes a second a copy of `tenant`'s files may take (0: any): the
+    /// lower of the cell's limit and the one a move asked for lately.
+    pub fn copy_rate(&self, tenant: u64) -> u64 {
+        let asked = (self.copy_rates.lock().expect("copy rates lock"))
+            .get(&tenant)
+            .filter(|(_, at)| at.elapsed() < COPY_RATE_HOLDS)
+            .map_or(0, |(rate, _)| *rate);
+        match (self.config.copy_bytes_per_sec, asked) {
+            (0, rate) | (rate, 0) => rate,
+            (own, asked) => own.min(asked),
+        }
+    }
+
     /// Bytes per tenant known so far (for the metric and `ctl`).
     pub fn tenant_bytes(&self) -> Vec<(u64, u64)> {
         let bytes = self.bytes.lock().expect("bytes lock");
@@ -178,4 +207,37 @@ impl Attachments {
 /// is never reused and a prefix lists a tenant's files.
 pub fn object_key(tenant: u64, conversation: u64, id: u64) -> String {
     format!("t{tenant}/c{conversation}/u{id}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_moves_copy_rate_holds_only_below_the_cells_own_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = AttachmentsConfig {
+            enabled: true,
+            copy_bytes_per_sec: 1_000,
+            ..AttachmentsConfig::default()
+        };
+        let att = Attachments::open(&config, dir.path(), "r1")
+            .unwrap()
+            .unwrap();
+        assert_eq!(att.copy_rate(7), 1_000);
+        att.set_copy_rate(7, 400);
+        assert_eq!((att.copy_rate(7), att.copy_rate(8)), (400, 1_000));
+        att.set_copy_rate(7, 5_000);
+        assert_eq!(att.copy_rate(7), 1_000);
+        att.set_copy_rate(7, 0);
+        assert_eq!(att.copy_rate(7), 1_000);
+
+        let config = AttachmentsConfig::default();
+        let att = Attachments::open(&config, dir.path(), "r1")
+            .unwrap()
+            .unwrap();
+        assert_eq!(att.copy_rate(7), 0);
+        att.set_copy_rate(7, 400);
+        assert_eq!(att.copy_rate(7), 400);
+    }
 }

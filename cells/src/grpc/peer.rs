@@ -739,6 +739,15 @@ impl CellPeer for PeerApi {
         Ok(Response::new(ReplicateResponse { stored }))
     }
 
+    async fn file_copies(
+        &self,
+        request: Request<FileCopiesRequest>,
+    ) -> Result<Response<FileCopiesResponse>, Status> {
+        let r = request.into_inner();
+        let copies = self.service.file_copies(r.tenant_id, r.bytes_per_sec)?;
+        Ok(Response::new(copies))
+    }
+
     async fn stats(&self, _request: Request<StatsRequest>) -> Result<Response<CellStats>, Status> {
         let (uptime_ms, sends, queue_lag, route_index) = self.service.stats()?;
         Ok(Response::new(CellStats {

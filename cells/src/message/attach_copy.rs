@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use cellmesh_proto::reason::Reason;
 use cellmesh_proto::storage::v1::{MessageRecord, UploadRecord};
-use cellmesh_proto::v1::{AttachmentRef, UploadState};
+use cellmesh_proto::v1::{AttachmentRef, FileCopiesResponse, UploadState};
 
 use super::MessageService;
 use crate::attachments::{Attachments, FileStore};
@@ -125,6 +125,28 @@ impl MessageService {
         })
     }
 
+    /// `tenant`'s files still to copy into this region and those copied
+    /// (until their source copy is deleted); a tenant move polls it, asking
+    /// for its copy rate each time.
+    pub fn file_copies(&self, tenant: u64, bytes_per_sec: u64) -> Result<FileCopiesResponse> {
+        let mut out = FileCopiesResponse::default();
+        let Some(att) = &self.attachments else {
+            return Ok(out);
+        };
+        att.set_copy_rate(tenant, bytes_per_sec);
+        for (_, record) in self.store.uploads_of(tenant)? {
+            let size = record.attachment.as_ref().map_or(0, |a| a.size);
+            if !record.copy_from_region.is_empty() {
+                out.files_pending += 1;
+                out.bytes_pending += size;
+            } else if !record.delete_source_region.is_empty() {
+                out.files_copied += 1;
+                out.bytes_copied += size;
+            }
+        }
+        Ok(out)
+    }
+
     /// Copies files recorded by [`note_foreign_files`](Self::note_foreign_files)
     /// into this cell's store; how many were copied. A job whose source
     /// this cell does not reach waits.
@@ -167,8 +189,9 @@ impl MessageService {
                     message: format!("copying file {id}: {e}"),
                     retry_after: std::time::Duration::from_secs(1),
                 };
+                let rate = att.copy_rate(record.tenant_id);
                 att.files
-                    .copy_from(source, &a.object_key, att.config.copy_bytes_per_sec)
+                    .copy_from(source, &a.object_key, rate)
                     .await
                     .map_err(fail)?;
                 let back = att.files.read_back(&a.object_key, 0).await.map_err(fail)?;
@@ -180,7 +203,7 @@ impl MessageService {
                 }
                 if !a.thumbnail_key.is_empty() {
                     att.files
-                        .copy_from(source, &a.thumbnail_key, att.config.copy_bytes_per_sec)
+                        .copy_from(source, &a.thumbnail_key, rate)
                         .await
                         .map_err(fail)?;
                 }

@@ -196,6 +196,10 @@ enum MigrateCommand {
         /// Messages and sync events copied per second at most (0: no limit).
         #[arg(long, default_value_t = 0)]
         rate: u64,
+        /// File bytes copied into the target's region per second at most
+        /// (0: the target cell's own limit).
+        #[arg(long, default_value_t = 0)]
+        file_rate: u64,
         #[arg(long)]
         json: bool,
     },
@@ -298,6 +302,7 @@ fn as_operation(command: &CtlCommand) -> anyhow::Result<Option<ops::StartCommand
                     to,
                     parallel,
                     rate,
+                    file_rate,
                     ..
                 },
         } => Start::Tenant {
@@ -305,6 +310,7 @@ fn as_operation(command: &CtlCommand) -> anyhow::Result<Option<ops::StartCommand
             to: to.clone(),
             parallel: *parallel as u32,
             rate: *rate,
+            file_rate: *file_rate,
         },
         CtlCommand::Migrate {
             command: MigrateCommand::User {
@@ -577,9 +583,13 @@ pub async fn run(mut args: CtlArgs) -> anyhow::Result<()> {
                     to,
                     parallel,
                     rate,
+                    file_rate,
                     json,
                 },
-        } => moves::migrate_tenant(routes, secret, tenant, &to, (parallel, rate), json).await?,
+        } => {
+            let limits = (parallel, rate, file_rate);
+            moves::migrate_tenant(routes, secret, tenant, &to, limits, json).await?
+        }
         CtlCommand::Migrate {
             command:
                 MigrateCommand::User {

@@ -20,11 +20,23 @@ fn megabytes(bytes: u64) -> String {
 /// Prints the move's progress at most every 10% of a round, and at each
 /// phase: items in step, rows copied, lag, rate, ETA, freeze.
 fn tenant_progress(tenant: u64) -> impl FnMut(&TenantProgress) {
-    let (mut shown, mut phase) = (0, "");
+    let (mut shown, mut phase, mut files_shown) = (0, "", None);
     move |p| {
         let items = p.conversations + p.users_moved;
         let pct = (p.moved * 100).checked_div(items).unwrap_or(100).min(100);
-        if p.moved == 0 || pct >= shown + 10 || p.phase != phase {
+        if p.phase == "files" {
+            if files_shown == Some(p.file_bytes_copied) {
+                return;
+            }
+            files_shown = Some(p.file_bytes_copied);
+            println!(
+                "tenant {tenant} files      {}/{} files, {} of {} in the target's region",
+                p.files_copied,
+                p.files_total,
+                megabytes(p.file_bytes_copied),
+                megabytes(p.file_bytes_total)
+            );
+        } else if p.moved == 0 || pct >= shown + 10 || p.phase != phase {
             (shown, phase) = (pct, p.phase);
             let bar = "#".repeat(pct as usize / 5) + &".".repeat(20 - pct as usize / 5);
             let per_s = p.rate();
@@ -52,11 +64,12 @@ pub async fn migrate_tenant(
     secret: ClusterSecret,
     tenant: u64,
     to: &str,
-    (parallel, rate): (usize, u64),
+    (parallel, rate, file_rate): (usize, u64, u64),
     json: bool,
 ) -> anyhow::Result<()> {
     let options = MigrationOptions {
         rate,
+        file_rate,
         ..MigrationOptions::default()
     };
     let migrator = Migrator::new(routes, secret, options);
@@ -75,11 +88,14 @@ pub async fn migrate_tenant(
                 "overrides_removed": report.overrides_removed,
                 "route_writes": report.route_writes,
                 "total_ms": report.total.as_millis() as u64,
-                "switch_epoch": report.switch_epoch})
+                "switch_epoch": report.switch_epoch,
+                "files_copied": report.files.files,
+                "file_bytes_copied": report.files.bytes,
+                "files_pending": report.files.files_pending})
         );
     } else {
         println!(
-            "tenant {tenant} moved {} -> {}: {} conversations, {} messages and events copied ({}), {} user homes, frozen {} ms, {} route writes, total {} ms",
+            "tenant {tenant} moved {} -> {}: {} conversations, {} messages and events copied ({}), {} user homes, frozen {} ms, {} route writes, {} files ({}) copied into its region ({} still copying), total {} ms",
             report.from,
             report.to,
             report.conversations_moved,
@@ -88,6 +104,9 @@ pub async fn migrate_tenant(
             report.users_moved,
             report.max_freeze.as_millis(),
             report.route_writes,
+            report.files.files,
+            megabytes(report.files.bytes),
+            report.files.files_pending,
             report.total.as_millis()
         );
     }

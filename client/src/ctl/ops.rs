@@ -51,6 +51,10 @@ pub enum StartCommand {
         /// Messages and sync events copied per second at most (0: no limit).
         #[arg(long, default_value_t = 0)]
         rate: u64,
+        /// File bytes copied into the target's region per second at most
+        /// (0: the target cell's own limit).
+        #[arg(long, default_value_t = 0)]
+        file_rate: u64,
     },
     /// One conversation.
     Conversation {
@@ -141,6 +145,15 @@ fn line(op: &pb::OperationInfo) -> String {
     if op.frozen_ms > 0 {
         progress += &format!(", frozen {} ms", op.frozen_ms);
     }
+    if op.files_total > 0 {
+        progress += &format!(
+            ", files {}/{} ({:.1}/{:.1} MB) in the target's region",
+            op.files_copied,
+            op.files_total,
+            op.file_bytes_copied as f64 / 1e6,
+            op.file_bytes_total as f64 / 1e6
+        );
+    }
     let runner = if op.runner.is_empty() {
         String::new()
     } else {
@@ -180,11 +193,13 @@ pub async fn run(
                     to,
                     parallel,
                     rate,
+                    file_rate,
                 } => Spec::MoveTenant(pb::MoveTenantSpec {
                     tenant_id: tenant,
                     to_cell: to,
                     parallel,
                     rate,
+                    file_rate,
                 }),
                 StartCommand::Conversation {
                     tenant,

@@ -61,6 +61,12 @@ pub struct MigrationOptions {
     /// A tenant move freezes once the target is at most this many messages
     /// and sync events behind, over all its conversations and homes.
     pub tenant_catch_up_lag: u64,
+    /// A tenant move across regions copies the tenant's files at most this
+    /// many bytes a second (0: the target cell's own limit only).
+    pub file_rate: u64,
+    /// A tenant move stops waiting for its files once their copy made no
+    /// progress for this long (the target goes on copying).
+    pub file_copy_stall: Duration,
     /// Give up right after this point, as if the control plane died there
     /// (drills and tests); running the migration again resumes it.
     pub stop_after: Option<StopPoint>,
@@ -89,6 +95,8 @@ impl Default for MigrationOptions {
             round_messages: 0,
             tenant_catch_up_lag: 500,
             rate: 0,
+            file_rate: 0,
+            file_copy_stall: Duration::from_secs(300),
             stop_after: None,
         }
     }

@@ -115,6 +115,7 @@ fn spec_from_pb(spec: Option<PbSpec>) -> Result<Spec, Status> {
             to: m.to_cell,
             parallel: parallel(m.parallel),
             rate: m.rate,
+            file_rate: m.file_rate,
         },
         Some(PbSpec::Drain(d)) => Spec::Drain {
             cell: d.cell_id,

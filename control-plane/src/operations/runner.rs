@@ -20,7 +20,7 @@ use cellmesh_route_client::commands::update_route;
 use cellmesh_route_client::table::{Phase, RouteState};
 use tokio::task::JoinSet;
 
-use super::{Operation, OperationStore, Spec, State, now_ms};
+use super::{FileProgress, Operation, OperationStore, Spec, State, now_ms};
 use crate::migration::bulk::BulkEvent;
 use crate::migration::{MigrationOptions, Migrator};
 
@@ -42,13 +42,14 @@ struct Live {
     frozen_ms: u64,
     bytes: u64,
     eta_ms: u64,
+    files: FileProgress,
 }
 
 impl Live {
     fn record(&self, op: &mut Operation) {
         (op.phase, op.done, op.total) = (self.phase.clone(), self.done, self.total);
         (op.rows, op.lag, op.frozen_ms) = (self.rows, self.lag, self.frozen_ms);
-        (op.bytes, op.eta_ms) = (self.bytes, self.eta_ms);
+        (op.bytes, op.eta_ms, op.files) = (self.bytes, self.eta_ms, self.files);
     }
 }
 
@@ -267,9 +268,11 @@ async fn execute(
             to,
             parallel,
             rate,
+            file_rate,
         } => {
             let migrator = migrator.with_options(MigrationOptions {
                 rate: *rate,
+                file_rate: *file_rate,
                 ..migrator.options.clone()
             });
             migrator
@@ -283,19 +286,28 @@ async fn execute(
                         frozen_ms: p.max_freeze.as_millis() as u64,
                         bytes: p.bytes,
                         eta_ms: p.eta().map_or(0, |d| d.as_millis() as u64),
+                        files: FileProgress {
+                            copied: p.files_copied,
+                            total: p.files_total,
+                            bytes_copied: p.file_bytes_copied,
+                            bytes_total: p.file_bytes_total,
+                        },
                     };
                 })
                 .await
                 .map(|r| {
                     format!(
-                        "{} conversations and {} user homes moved to {} ({} messages and events, {} bytes copied, frozen {} ms, {} route writes)",
+                        "{} conversations and {} user homes moved to {} ({} messages and events, {} bytes copied, frozen {} ms, {} route writes; {} files ({} bytes) copied into its region, {} still copying)",
                         r.conversations_moved,
                         r.users_moved,
                         r.to,
                         r.messages_moved,
                         r.bytes_moved,
                         r.max_freeze.as_millis(),
-                        r.route_writes
+                        r.route_writes,
+                        r.files.files,
+                        r.files.bytes,
+                        r.files.files_pending
                     )
                 })
                 .map_err(|e| e.to_string())

@@ -844,10 +844,29 @@ async fn a_tenant_moved_to_another_region_takes_its_files_along() {
     let sent = m.send(authed(send, &alice)).await.unwrap().into_inner();
 
     let routes = d.cluster.client().await;
-    migrator(&routes)
-        .migrate_tenant(TENANT, "us-east/c1", 4, |_| {})
+    // The move ends once us-east holds the file, copied at the move's rate,
+    // and reports it as it goes.
+    let mover = migrator(&routes);
+    let mover = mover.with_options(cellmesh_control_plane::migration::MigrationOptions {
+        file_rate: 1 << 20,
+        ..mover.options.clone()
+    });
+    let mut seen = Vec::new();
+    let report = mover
+        .migrate_tenant(TENANT, "us-east/c1", 4, |p| {
+            if p.phase == "files" {
+                seen.push((p.files_copied, p.files_total, p.file_bytes_total));
+            }
+        })
         .await
         .expect("the tenant moves");
+    let expected = cellmesh_control_plane::migration::tenant::FilesCopied {
+        files: 1,
+        bytes: 120_000,
+        files_pending: 0,
+    };
+    assert_eq!(report.files, expected);
+    assert_eq!(seen.last(), Some(&(1, 1, 120_000)), "{seen:?}");
     // The new owner in us-east serves the file: from eu-west's store until
     // it is copied, then from its own.
     let url = || async {
@@ -1152,26 +1171,33 @@ async fn a_copy_cut_off_by_a_restart_of_the_target_resumes_and_ends_intact() {
     send.attachment_ids = vec![a.attachment_id];
     m.send(authed(send, &alice)).await.unwrap();
     let routes = d.cluster.client().await;
-    migrator(&routes)
-        .migrate_tenant(TENANT, "us-east/c1", 4, |_| {})
-        .await
-        .unwrap();
+    // The move waits for the file after its switch.
+    let (phase_tx, mut phase_rx) = tokio::sync::watch::channel("");
+    let mover = tokio::spawn(async move {
+        migrator(&routes)
+            .migrate_tenant(TENANT, "us-east/c1", 4, |p| {
+                phase_tx.send_replace(p.phase);
+            })
+            .await
+    });
+    phase_rx.wait_for(|p| *p == "files").await.unwrap();
     // The target stops mid-copy.
     tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
     let copied = root.join("us-east/objects").join(&a.object_key);
     let target = d.cells.remove(1);
     let data = target.stop().await;
     assert!(!copied.exists(), "the copy was cut off");
+    assert!(!mover.is_finished(), "the move waits for the file");
     let restarted =
         TestCell::start_routed_with("us-east/c1", d.cluster.endpoints(), data, &tweak).await;
-    assert!(
-        cellmesh_tests::eventually(std::time::Duration::from_secs(30), || {
-            let copied = copied.clone();
-            async move { copied.exists() }
-        })
-        .await,
-        "the copy resumed after the restart"
-    );
+    // The copy resumes after the restart, and the move ends with it.
+    let report = tokio::time::timeout(std::time::Duration::from_secs(30), mover)
+        .await
+        .expect("the move ends once the file is copied")
+        .unwrap()
+        .expect("the tenant moves");
+    assert_eq!((report.files.files, report.files.files_pending), (1, 0));
+    assert!(copied.exists(), "the copy resumed after the restart");
     assert_eq!(
         std::fs::read(&copied).unwrap(),
         std::fs::read(&path).unwrap()

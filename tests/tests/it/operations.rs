@@ -216,6 +216,7 @@ async fn start_tenant_move(client: &mut OperationsClient<Channel>) -> OperationI
                 to_cell: TARGET.into(),
                 parallel: 1,
                 rate: 60,
+                file_rate: 0,
             })),
         }))
         .await
@@ -322,6 +323,7 @@ async fn bad_operation_requests_get_stable_codes() {
                 to_cell: "mars/c9".into(),
                 parallel: 0,
                 rate: 0,
+                file_rate: 0,
             })),
         }))
         .await

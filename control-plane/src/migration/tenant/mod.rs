@@ -16,7 +16,9 @@
 //!    last round, and only that is verified;
 //! 5. **switch** — one write: the entry points at B. Conversations carry
 //!    their seq with them, so no per-conversation floor or route is
-//!    written. A drops its copy after the grace period.
+//!    written. A drops its copy after the grace period;
+//! 6. **files** — across regions, the move waits until B has copied the
+//!    tenant's files into its region's store (`files.rs`).
 //!
 //! Keys of the tenant with a route of their own on A (what a failover or an
 //! earlier move left) move first, one by one, through the single-key
@@ -24,6 +26,7 @@
 //! Every phase is in the route table and copying is idempotent: running
 //! the move again resumes it.
 
+mod files;
 mod items;
 
 use std::collections::BTreeMap;
@@ -35,6 +38,7 @@ use cellmesh_route_client::table::{Key, Phase, RouteState, Scope};
 use futures::StreamExt;
 
 use super::{MigrationError, Migrator, StopPoint};
+pub use files::FilesCopied;
 use items::{Item, Items};
 
 /// Where a tenant move stands (for progress bars).
@@ -60,6 +64,12 @@ pub struct TenantProgress {
     pub max_freeze: Duration,
     /// When this run of the move began copying.
     pub copy_started: Option<Instant>,
+    /// Files the target copied into its region, of how many (tenant moves
+    /// across regions, after the switch).
+    pub files_copied: u64,
+    pub files_total: u64,
+    pub file_bytes_copied: u64,
+    pub file_bytes_total: u64,
 }
 
 impl TenantProgress {
@@ -103,6 +113,8 @@ pub struct TenantMoveReport {
     pub total: Duration,
     /// The route epoch of the tenant entry's switch.
     pub switch_epoch: u64,
+    /// The tenant's files copied into the target's region.
+    pub files: FilesCopied,
 }
 
 /// Durations of consecutive steps from a start.
@@ -300,6 +312,7 @@ impl Migrator {
         self.count(&items, &mut state);
         progress(&state);
         let overrides_removed = self.drop_agreeing_overrides(tenant, to).await;
+        let files = (self.await_file_copies(tenant, to, &mut state, &mut progress)).await?;
         Ok(TenantMoveReport {
             tenant,
             from,
@@ -314,6 +327,7 @@ impl Migrator {
             route_writes: writes + overrides_removed,
             total: started.elapsed(),
             switch_epoch,
+            files,
         })
     }
 
