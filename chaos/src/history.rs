@@ -35,6 +35,35 @@ pub struct History {
     /// Acknowledged requests sent again after a fault.
     #[serde(default)]
     pub resends: Vec<Resend>,
+    /// Sends that named a file, and every stored message's files as
+    /// downloaded after the drill.
+    #[serde(default)]
+    pub files_sent: Vec<FileSend>,
+    #[serde(default)]
+    pub files_read: Vec<FileRead>,
+}
+
+/// A send that named an uploaded file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileSend {
+    pub conversation: u64,
+    pub client_req_id: String,
+    pub attachment_id: u64,
+    /// The SHA-256 of the bytes uploaded.
+    pub sha256: String,
+}
+
+/// A file of a stored message, downloaded after the drill.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileRead {
+    pub conversation: u64,
+    /// The body tag of the message that carries it.
+    pub tag: String,
+    pub attachment_id: u64,
+    /// The SHA-256 of the bytes downloaded ("" when the download failed).
+    pub sha256: String,
+    /// Why the download failed.
+    pub error: String,
 }
 
 /// An acknowledged request sent again — same request id, same body — after

@@ -11,6 +11,7 @@
 
 mod devices;
 mod faults;
+mod files;
 mod move_failover;
 mod report;
 mod tenant_moves;
@@ -388,6 +389,14 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
     tokio::time::sleep(SETTLE).await;
     workload.read_back(&mut history).await?;
     neighbour.read_back(&mut history).await?;
+    let intact = (history.files_read.iter())
+        .filter(|f| f.error.is_empty())
+        .count();
+    println!(
+        "  {} sends named a file; {intact} of {} files on stored messages downloaded",
+        history.files_sent.len(),
+        history.files_read.len()
+    );
     let caught_up_ms = devices::wait_caught_up(&history, &device_log).await;
     devices_stop.store(true, Ordering::Relaxed);
     if let Some(at) = caught_up_ms {
@@ -442,7 +451,7 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
         }
     }
     if !unknown_by_reason.is_empty() {
-        println!("unknown outcomes by reason: {unknown_by_reason:?}");
+        println!("refusals and unknown outcomes by reason: {unknown_by_reason:?}");
     }
     let out = json!({
         "scenario": format!("{:?}", args.scenario),
@@ -451,7 +460,7 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
         "faults": fault_records,
         "operations": {"acked": summary.acked, "rejected": summary.rejected,
             "rejected_by_code": summary.rejected_by_code, "unknown": summary.unknown,
-            "unknown_by_reason": unknown_by_reason},
+            "by_reason": unknown_by_reason},
         "devices": {"deliveries": summary.deliveries, "subscriptions": summary.sessions,
             "caught_up_at_ms": caught_up_ms, "ack_to_device_ms": summary.delivery_lag_ms,
             "idle_resubscribes": idle_resubscribes},

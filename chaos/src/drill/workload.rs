@@ -16,7 +16,9 @@ use cellmesh_proto::v1::{
 };
 use tonic::transport::Channel;
 
+use super::files::{self, DrillFiles};
 use crate::target::DevTarget;
+use cellmesh_proto::reason::Reason;
 
 /// Drill users start here (clear of the demo users and the benches').
 const USER_BASE: u64 = 300_000;
@@ -34,14 +36,19 @@ async fn send_tagged(
     dev: &DevTarget,
     client: &mut MessagingClient<Channel>,
     (tenant, user, conversation): (u64, u64, u64),
-    tag: &str,
-    unknown: &UnknownReasons,
+    (tag, with_file): (&str, bool),
+    (files, unknown): (&DrillFiles, &UnknownReasons),
 ) -> Outcome {
+    let file = match with_file {
+        true => files.for_send(dev, (conversation, user), tag).await,
+        false => None,
+    };
     let message = SendRequest {
         conversation_id: conversation,
         client_req_id: tag.to_string(),
         r#type: MessageType::Text as i32,
         body: tag.as_bytes().to_vec(),
+        attachment_ids: file.into_iter().collect(),
         ..Default::default()
     };
     let mut request = dev.request_in(tenant, message, user, "tool");
@@ -55,18 +62,24 @@ async fn send_tagged(
             }
         }
         Err(e) => {
+            let reason = cellmesh_proto::status::error_detail(&e).reason;
+            if let (Some(file), true) = (file, reason == Reason::AttachmentNotFound.as_str()) {
+                files.not_found((conversation, user), file, tag);
+            }
             match error_code(&e) {
                 ErrorCode::RateLimited => tokio::time::sleep(Duration::from_millis(20)).await,
                 ErrorCode::RetryLater => tokio::time::sleep(Duration::from_millis(50)).await,
                 _ => {}
             }
             let outcome = outcome_of(&e);
-            if outcome == Outcome::Unknown {
-                let d = cellmesh_proto::status::error_detail(&e);
-                let code = ErrorCode::try_from(d.code).unwrap_or(ErrorCode::Internal);
-                let reason = format!("{}/{}", code.short_name(), d.reason);
-                *unknown.lock().expect("reasons").entry(reason).or_default() += 1;
-            }
+            let d = cellmesh_proto::status::error_detail(&e);
+            let code = ErrorCode::try_from(d.code).unwrap_or(ErrorCode::Internal);
+            let kind = match outcome {
+                Outcome::Unknown => "unknown",
+                _ => "rejected",
+            };
+            let reason = format!("{kind} {}/{}", code.short_name(), d.reason);
+            *unknown.lock().expect("reasons").entry(reason).or_default() += 1;
             outcome
         }
     }
@@ -100,7 +113,8 @@ fn stored_as_read(seq: u64, msg_id: u64, state: i32, body: &[u8]) -> Stored {
     }
 }
 
-/// How often each `CODE/REASON` left a send's outcome unknown.
+/// How often each `CODE/REASON` left a send's outcome unknown or
+/// rejected it (keys `unknown CODE/REASON`, `rejected CODE/REASON`).
 pub type UnknownReasons = Arc<Mutex<std::collections::BTreeMap<String, u64>>>;
 
 pub struct Workload {
@@ -111,8 +125,11 @@ pub struct Workload {
     pub channels: Vec<Channel>,
     pub senders: Vec<u64>,
     pub conversations: Vec<u64>,
-    /// Why sends' outcomes were unknown (retry-later reasons, timeouts).
+    /// Why sends were rejected or their outcomes unknown (retry-later
+    /// reasons, timeouts).
     pub unknown: UnknownReasons,
+    /// The files sends name.
+    pub files: Arc<DrillFiles>,
     run_id: u128,
 }
 
@@ -157,6 +174,7 @@ impl Workload {
         }
         Ok(Self {
             unknown: UnknownReasons::default(),
+            files: Arc::new(DrillFiles::new(tenant, run_id, channel.clone())),
             dev,
             tenant,
             channels: vec![channel],
@@ -190,7 +208,7 @@ impl Workload {
                 self.channels[w % self.channels.len()].clone(),
             );
             let (run_id, tenant) = (self.run_id, self.tenant);
-            let unknown = self.unknown.clone();
+            let (unknown, files) = (self.unknown.clone(), self.files.clone());
             workers.push(tokio::spawn(async move {
                 let mut client = MessagingClient::new(channel);
                 let mut n = 0u64;
@@ -200,7 +218,9 @@ impl Workload {
                     let tag = format!("d{run_id}-{tenant}-{user}-{n}");
                     let invoked_ms = now_ms(epoch);
                     let to = (tenant, user, conversation);
-                    let outcome = send_tagged(&dev, &mut client, to, &tag, &unknown).await;
+                    let what = (tag.as_str(), n.is_multiple_of(files::EVERY));
+                    let outcome =
+                        send_tagged(&dev, &mut client, to, what, (&files, &unknown)).await;
                     ops.lock().expect("ops").push(SendOp {
                         conversation,
                         sender: user,
@@ -221,12 +241,16 @@ impl Workload {
     /// what came back.
     pub fn resend(&self, op: SendOp) -> tokio::task::JoinHandle<(SendOp, Outcome)> {
         let (dev, tenant, unknown) = (self.dev.clone(), self.tenant, self.unknown.clone());
+        let files = self.files.clone();
         let mut client = MessagingClient::new(self.channels[0].clone());
         tokio::spawn(async move {
             let deadline = Instant::now() + RESEND_FOR;
+            // The same request: with its file if it named one.
+            let with_file = files.named(&op.client_req_id);
             loop {
                 let to = (tenant, op.sender, op.conversation);
-                let outcome = send_tagged(&dev, &mut client, to, &op.client_req_id, &unknown).await;
+                let what = (op.client_req_id.as_str(), with_file);
+                let outcome = send_tagged(&dev, &mut client, to, what, (&files, &unknown)).await;
                 if outcome != Outcome::Unknown || Instant::now() >= deadline {
                     return (op, outcome);
                 }
@@ -281,6 +305,7 @@ impl Workload {
     /// cell's part, not yet backfilled) is waited for, up to
     /// [`BACKFILL_WAIT`]; what is still missing after that counts as lost.
     pub async fn read_back(&self, history: &mut History) -> anyhow::Result<()> {
+        history.files_sent.extend(self.files.sent());
         let deadline = tokio::time::Instant::now() + BACKFILL_WAIT;
         for &conversation in &self.conversations {
             history.tenants.insert(conversation, self.tenant);
@@ -298,6 +323,7 @@ impl Workload {
                 tokio::time::sleep(Duration::from_millis(500)).await;
             };
             history.conversations.insert(conversation, read.stored);
+            history.files_read.extend(read.files);
             // The owners' own account of every floor jump.
             for (first, last) in read.skipped {
                 let skipped = Skipped {
@@ -349,6 +375,12 @@ impl Workload {
                     .iter()
                     .map(|m| stored_as_read(m.seq, m.msg_id, m.state, &m.body)),
             );
+            for m in page.messages.iter().filter(|m| !m.attachments.is_empty()) {
+                let tag = String::from_utf8_lossy(&m.body);
+                let at = (conversation, m.seq, tag.as_ref());
+                let reader = self.senders[0];
+                (read.files).extend(self.files.read(&self.dev, at, &m.attachments, reader).await);
+            }
             if !page.has_more || page.next_seq <= since {
                 return Ok(read);
             }
@@ -365,4 +397,6 @@ struct ReadBack {
     skipped: Vec<(u64, u64)>,
     /// History at or below this seq is still unavailable (0: none).
     unavailable: u64,
+    /// The files of the messages read, as downloaded.
+    files: Vec<crate::history::FileRead>,
 }

@@ -7,6 +7,7 @@ mod cursor;
 mod device_complete;
 mod device_order;
 mod duplicates;
+mod files;
 mod lost_acked;
 mod migration;
 mod not_found;
@@ -50,8 +51,9 @@ const KEEP: usize = 20;
 type Check = fn(&History) -> Vec<Violation>;
 
 /// Every invariant, in DESIGN.md order.
-pub const ALL: [(&str, Check); 11] = [
+pub const ALL: [(&str, Check); 12] = [
     (lost_acked::NAME, lost_acked::check),
+    (files::NAME, files::check),
     (not_found::NAME, not_found::check),
     (duplicates::NAME, duplicates::check),
     (resends::NAME, resends::check),
