@@ -321,7 +321,7 @@ async fn resume(
     Ok(out)
 }
 
-fn write_random(path: &std::path::Path, len: u64) -> anyhow::Result<()> {
+pub(crate) fn write_random(path: &std::path::Path, len: u64) -> anyhow::Result<()> {
     use std::io::Write;
     let mut file = std::io::BufWriter::new(std::fs::File::create(path)?);
     let mut buf = vec![0u8; 1024 * 1024];

@@ -10,6 +10,7 @@ mod push;
 mod report;
 mod router;
 mod send;
+mod tenant_files;
 mod tenant_move;
 
 use std::collections::BTreeMap;

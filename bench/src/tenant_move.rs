@@ -57,6 +57,18 @@ pub struct TenantMoveArgs {
     /// tierers to move history cold: `cellmesh dev --hot-messages N`).
     #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
     settle: Duration,
+    /// Move to a cell of this region (default: the tenant's own region).
+    #[arg(long)]
+    to_region: Option<String>,
+    /// Files uploaded into the tenant's conversations before the move.
+    #[arg(long, default_value_t = 0)]
+    files: u64,
+    /// Size of each file, MiB.
+    #[arg(long, default_value_t = 64)]
+    file_mb: u64,
+    /// File copy rate limit, bytes per second (0: none).
+    #[arg(long, default_value_t = 0)]
+    file_rate: u64,
     #[arg(long)]
     json: Option<PathBuf>,
 }
@@ -100,6 +112,15 @@ where
     }
 }
 
+/// The members of the tenant's conversation `i` (drawn from
+/// conversations/2 users).
+fn members(args: &TenantMoveArgs, i: u64) -> Vec<u64> {
+    let pool = (args.conversations / 2).max(args.members).max(1);
+    (0..args.members)
+        .map(|j| (i * args.members + j) % pool + 1)
+        .collect()
+}
+
 /// Creates the tenant's conversations and fills them; their ids.
 async fn fill(
     args: &TenantMoveArgs,
@@ -108,12 +129,7 @@ async fn fill(
     tenant: u64,
     run: u64,
 ) -> anyhow::Result<Vec<u64>> {
-    let pool = (args.conversations / 2).max(args.members).max(1);
-    let members = |i: u64| -> Vec<u64> {
-        (0..args.members)
-            .map(|j| (i * args.members + j) % pool + 1)
-            .collect()
-    };
+    let members = |i: u64| members(args, i);
     let created = futures::stream::iter(0..args.conversations)
         .map(|i| {
             let (dev, client) = (dev.clone(), MessagingClient::new(channel.clone()));
@@ -183,6 +199,19 @@ pub async fn run(args: TenantMoveArgs) -> anyhow::Result<()> {
         args.messages,
         filled_at.elapsed().as_secs_f64()
     );
+    let uploads: Vec<(u64, u64)> = (conversations.iter().enumerate())
+        .map(|(i, &c)| (c, members(&args, i as u64)[0]))
+        .collect();
+    let (file_bytes, upload_time) =
+        crate::tenant_files::upload(&dev, tenant, &uploads, (args.files, args.file_mb)).await?;
+    if file_bytes > 0 {
+        println!(
+            "tenant {tenant}: {} files, {:.2} GB uploaded in {:.1} s",
+            args.files,
+            file_bytes as f64 / 1e9,
+            upload_time.as_secs_f64()
+        );
+    }
     if !args.settle.is_zero() {
         println!("waiting {:?} before the move", args.settle);
         tokio::time::sleep(args.settle).await;
@@ -193,13 +222,14 @@ pub async fn run(args: TenantMoveArgs) -> anyhow::Result<()> {
         .unwrap_or_default();
     let to = routes
         .read(|t| {
-            let region = t.cell(&from).map(|c| c.region.clone())?;
+            let own = t.cell(&from).map(|c| c.region.clone())?;
+            let region = args.to_region.clone().unwrap_or(own);
             t.cells
                 .values()
                 .find(|c| c.id != from && c.region == region)
                 .map(|c| c.id.clone())
         })
-        .ok_or_else(|| anyhow::anyhow!("no other cell in the region of {from}"))?;
+        .ok_or_else(|| anyhow::anyhow!("no other cell to move {from}'s tenant to"))?;
 
     // Senders keep writing to the tenant while it moves.
     let stop = Arc::new(AtomicBool::new(false));
@@ -248,13 +278,18 @@ pub async fn run(args: TenantMoveArgs) -> anyhow::Result<()> {
         dev.secret(),
         MigrationOptions {
             rate: args.rate,
+            file_rate: args.file_rate,
             ..MigrationOptions::default()
         },
     );
     let mut last_phase = "";
+    let mut switched_at = None;
     let move_started = Instant::now();
     let report = migrator
         .migrate_tenant(tenant, &to, args.parallel, |p| {
+            if p.phase == "files" {
+                switched_at.get_or_insert_with(Instant::now);
+            }
             if p.phase != last_phase {
                 last_phase = p.phase;
                 println!(
@@ -269,6 +304,7 @@ pub async fn run(args: TenantMoveArgs) -> anyhow::Result<()> {
             }
         })
         .await?;
+    let files_wait = switched_at.map_or(Duration::ZERO, |t| t.elapsed());
     let index_after = routes.applied();
     tokio::time::sleep(Duration::from_millis(300)).await;
     stop.store(true, Ordering::Relaxed);
@@ -316,6 +352,14 @@ pub async fn run(args: TenantMoveArgs) -> anyhow::Result<()> {
                     .collect::<Vec<_>>()
             ),
         )
+        .param("files", report.files.files)
+        .param("file_bytes_copied", report.files.bytes)
+        .param("files_still_copying", report.files.files_pending)
+        .param(
+            "file_gb_per_s",
+            (report.files.bytes as f64 / 1e9 / total * 1000.0).round() / 1000.0,
+        )
+        .param("files_wait_after_switch_s", files_wait.as_secs_f64())
         .param("route_writes", report.route_writes)
         .param("raft_log_growth", index_after.saturating_sub(index_before))
         .param("router_rss_kib_before", rss(&rss_before))

@@ -184,6 +184,18 @@ impl DevTarget {
         self.request_in(self.tenant, message, user, device)
     }
 
+    /// A token for `user` of `tenant` on `device` (for clients that carry
+    /// their own, such as file uploads).
+    pub fn token(&self, tenant: u64, user: u64, device: &str) -> String {
+        self.key.issue(&Claims {
+            tenant,
+            user,
+            device: device.into(),
+            exp: now_secs() + TOKEN_TTL_SECS,
+            ..Default::default()
+        })
+    }
+
     /// `message` as `user` of `tenant` on `device`, with a token for that
     /// device.
     pub fn request_in<T>(
@@ -199,14 +211,7 @@ impl DevTarget {
             .expect("token cache")
             .entry((tenant, user, device.to_string()))
             .or_insert_with(|| {
-                let token = self.key.issue(&Claims {
-                    tenant,
-                    user,
-                    device: device.into(),
-                    exp: now_secs() + TOKEN_TTL_SECS,
-                    ..Default::default()
-                });
-                format!("Bearer {token}")
+                format!("Bearer {}", self.token(tenant, user, device))
                     .parse()
                     .expect("tokens are header-safe")
             })
