@@ -17,6 +17,8 @@ for crate in cellmesh-cell cellmesh-control-plane cellmesh-edge cellmesh-route-c
     exit 1
   fi
 done
+echo "== no new function over 120 lines (scripts/long-functions.allow lists the old ones)"
+python3 scripts/long-functions.py
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== build (the crash tests run the cellmesh binary)"

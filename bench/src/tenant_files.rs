@@ -1,17 +1,18 @@
 //! Files for `bench tenant-move --files N`: one random file of
 //! `--file-mb`, uploaded N times through the edge into the tenant's
-//! conversations (each upload its own object in the region's store) before
-//! the move, so a move to another region copies N objects.
+//! conversations (each upload its own object in the region's store), each
+//! sent in a message, before the move, so a move to another region copies
+//! N objects.
 
 use std::time::{Duration, Instant};
 
 use cellmesh_chaos::target::DevTarget;
-use cellmesh_client::connect::attachments_as;
+use cellmesh_client::connect::{attachments_as, connect_as};
 use cellmesh_client::files::Files;
 
 /// Uploads `count` copies of a `mb`-MiB file, copy `k` into `uploads[k %
-/// len]` (a conversation and one of its members); the bytes uploaded and
-/// the time it took.
+/// len]` (a conversation and one of its members), and sends each in a
+/// message; the bytes uploaded and the time it took.
 pub async fn upload(
     dev: &DevTarget,
     tenant: u64,
@@ -39,6 +40,16 @@ pub async fn upload(
                 &mut |_, _| {},
             )
             .await?;
+        let send = cellmesh_proto::v1::SendRequest {
+            conversation_id: conversation,
+            client_req_id: format!("bench-file-{tenant}-{k}"),
+            r#type: cellmesh_proto::v1::MessageType::Text as i32,
+            body: b"a file".to_vec(),
+            attachment_ids: vec![file.attachment_id],
+            ..Default::default()
+        };
+        let (mut messaging, _) = connect_as(&dev.edge, Some(&token)).await?;
+        messaging.send(send).await?;
         bytes += file.size;
     }
     Ok((bytes, started.elapsed()))

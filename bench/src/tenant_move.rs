@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use cellmesh_control_plane::migration::tenant::TenantMoveReport;
 use cellmesh_control_plane::migration::{MigrationOptions, Migrator};
 use cellmesh_proto::status::{error_code, error_detail};
 use cellmesh_proto::v1::messaging_client::MessagingClient;
@@ -182,6 +183,147 @@ async fn fill(
     Ok(ids.into_iter().map(|(_, c)| c).collect())
 }
 
+type Writers = Vec<tokio::task::JoinHandle<(u64, BTreeMap<String, u64>, Histogram<u64>)>>;
+
+/// The cell the tenant moves to: another cell of `to_region`, or of the
+/// region of `from`.
+fn target_cell(
+    routes: &cellmesh_route_client::client::RouteClient,
+    from: &str,
+    to_region: Option<&str>,
+) -> anyhow::Result<String> {
+    routes
+        .read(|t| {
+            let own = t.cell(from).map(|c| c.region.clone())?;
+            let region = to_region.map_or(own, str::to_string);
+            t.cells
+                .values()
+                .find(|c| c.id != from && c.region == region)
+                .map(|c| c.id.clone())
+        })
+        .ok_or_else(|| anyhow::anyhow!("no other cell to move {from}'s tenant to"))
+}
+
+/// Senders that keep writing to the tenant's first conversations until
+/// `stop`, each yielding its acks, errors and latencies.
+fn start_writers(
+    args: &TenantMoveArgs,
+    dev: &Arc<DevTarget>,
+    channel: &Channel,
+    (tenant, run): (u64, u64),
+    conversations: &[u64],
+    stop: &Arc<AtomicBool>,
+) -> Writers {
+    let mut writers = Vec::new();
+    for (w, &conversation) in conversations.iter().take(args.writers as usize).enumerate() {
+        let (dev, stop) = (dev.clone(), stop.clone());
+        let mut client = MessagingClient::new(channel.clone());
+        let user = members(args, w as u64)[0];
+        writers.push(tokio::spawn(async move {
+            let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("bounds");
+            let (mut acked, mut errors) = (0u64, BTreeMap::new());
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                n += 1;
+                let send = send_request(
+                    tenant,
+                    user,
+                    conversation,
+                    format!("btw-{run}-{w}-{n}"),
+                    MessageType::Text,
+                    vec![b'x'; 100],
+                );
+                let t = Instant::now();
+                match client
+                    .send(dev.request_in(tenant, send, user, "bench"))
+                    .await
+                {
+                    Ok(_) => {
+                        acked += 1;
+                        let _ = latency.record(t.elapsed().as_micros() as u64);
+                    }
+                    Err(e) => count_error(&mut errors, &e),
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            (acked, errors, latency)
+        }));
+    }
+    writers
+}
+
+/// The writers' acks, errors and latencies, together.
+async fn join_writers(
+    writers: Writers,
+) -> anyhow::Result<(u64, BTreeMap<String, u64>, Histogram<u64>)> {
+    let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    let (mut acked, mut errors) = (0u64, BTreeMap::new());
+    for w in writers {
+        let (a, e, l) = w.await?;
+        acked += a;
+        latency.add(&l)?;
+        for (code, n) in e {
+            *errors.entry(code).or_insert(0) += n;
+        }
+    }
+    Ok((acked, errors, latency))
+}
+
+/// What the bench measured around the move.
+struct Measured {
+    report: TenantMoveReport,
+    files_wait: Duration,
+    raft_log_growth: u64,
+    rss_before: BTreeMap<String, u64>,
+    rss_after: BTreeMap<String, u64>,
+}
+
+fn to_report(args: &TenantMoveArgs, tenant: u64, m: Measured, writers: WritersSeen) -> Report {
+    let (acked, errors, latency) = writers;
+    let report = &m.report;
+    let total = report.total.as_secs_f64().max(1e-9);
+    let per_s = |n: f64| (n / total * 1000.0).round() / 1000.0;
+    Report::new("tenant-move", acked, errors, report.total, &latency)
+        .param("tenant", tenant)
+        .param("settle_s", args.settle.as_secs())
+        .param("from", report.from.clone())
+        .param("to", report.to.clone())
+        .param("conversations", report.conversations_moved)
+        .param("user_homes", report.users_moved)
+        .param("rows_copied", report.messages_moved)
+        .param("bytes_copied", report.bytes_moved)
+        .param("megabytes_per_s", per_s(report.bytes_moved as f64 / 1e6))
+        .param(
+            "conversations_per_s",
+            per_s(report.conversations_moved as f64).round(),
+        )
+        .param("rows_per_s", per_s(report.messages_moved as f64).round())
+        .param("total_s", (total * 1000.0).round() / 1000.0)
+        .param("freeze_ms", report.max_freeze.as_millis() as u64)
+        .param(
+            "freeze_steps_ms",
+            serde_json::json!(
+                report
+                    .freeze_steps
+                    .iter()
+                    .map(|(step, d)| (step.to_string(), d.as_millis() as u64))
+                    .collect::<Vec<_>>()
+            ),
+        )
+        .param("files", report.files.files)
+        .param("file_bytes_copied", report.files.bytes)
+        .param("files_still_copying", report.files.files_pending)
+        .param("file_gb_per_s", per_s(report.files.bytes as f64 / 1e9))
+        .param("files_wait_after_switch_s", m.files_wait.as_secs_f64())
+        .param("route_writes", report.route_writes)
+        .param("raft_log_growth", m.raft_log_growth)
+        .param("router_rss_kib_before", serde_json::json!(m.rss_before))
+        .param("router_rss_kib_after", serde_json::json!(m.rss_after))
+        .param("latency_is", "acks of the senders writing during the move")
+}
+
+type WritersSeen = (u64, BTreeMap<String, u64>, Histogram<u64>);
+
 pub async fn run(args: TenantMoveArgs) -> anyhow::Result<()> {
     let dev = Arc::new(DevTarget::load(&args.dev)?);
     let run = std::time::SystemTime::now()
@@ -220,68 +362,22 @@ pub async fn run(args: TenantMoveArgs) -> anyhow::Result<()> {
         .resolve(&Key::tenant(tenant))
         .map(|r| r.entry.cell)
         .unwrap_or_default();
-    let to = routes
-        .read(|t| {
-            let own = t.cell(&from).map(|c| c.region.clone())?;
-            let region = args.to_region.clone().unwrap_or(own);
-            t.cells
-                .values()
-                .find(|c| c.id != from && c.region == region)
-                .map(|c| c.id.clone())
-        })
-        .ok_or_else(|| anyhow::anyhow!("no other cell to move {from}'s tenant to"))?;
+    let to = target_cell(&routes, &from, args.to_region.as_deref())?;
 
     // Senders keep writing to the tenant while it moves.
     let stop = Arc::new(AtomicBool::new(false));
-    let mut writers = Vec::new();
-    for (w, &conversation) in conversations.iter().take(args.writers as usize).enumerate() {
-        let (dev, stop) = (dev.clone(), stop.clone());
-        let mut client = MessagingClient::new(channel.clone());
-        let user =
-            (w as u64 * args.members) % (args.conversations / 2).max(args.members).max(1) + 1;
-        writers.push(tokio::spawn(async move {
-            let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("bounds");
-            let (mut acked, mut errors) = (0u64, BTreeMap::new());
-            let mut n = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                n += 1;
-                let send = send_request(
-                    tenant,
-                    user,
-                    conversation,
-                    format!("btw-{run}-{w}-{n}"),
-                    MessageType::Text,
-                    vec![b'x'; 100],
-                );
-                let t = Instant::now();
-                match client
-                    .send(dev.request_in(tenant, send, user, "bench"))
-                    .await
-                {
-                    Ok(_) => {
-                        acked += 1;
-                        let _ = latency.record(t.elapsed().as_micros() as u64);
-                    }
-                    Err(e) => count_error(&mut errors, &e),
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            (acked, errors, latency)
-        }));
-    }
+    let ids = (tenant, run);
+    let writers = start_writers(&args, &dev, &channel, ids, &conversations, &stop);
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     let rss_before = router_rss(&dev);
     let index_before = routes.applied();
-    let migrator = Migrator::new(
-        routes.clone(),
-        dev.secret(),
-        MigrationOptions {
-            rate: args.rate,
-            file_rate: args.file_rate,
-            ..MigrationOptions::default()
-        },
-    );
+    let options = MigrationOptions {
+        rate: args.rate,
+        file_rate: args.file_rate,
+        ..MigrationOptions::default()
+    };
+    let migrator = Migrator::new(routes.clone(), dev.secret(), options);
     let mut last_phase = "";
     let mut switched_at = None;
     let move_started = Instant::now();
@@ -304,67 +400,20 @@ pub async fn run(args: TenantMoveArgs) -> anyhow::Result<()> {
             }
         })
         .await?;
-    let files_wait = switched_at.map_or(Duration::ZERO, |t| t.elapsed());
-    let index_after = routes.applied();
+    let measured = Measured {
+        report,
+        files_wait: switched_at.map_or(Duration::ZERO, |t| t.elapsed()),
+        raft_log_growth: routes.applied().saturating_sub(index_before),
+        rss_before,
+        rss_after: BTreeMap::new(),
+    };
     tokio::time::sleep(Duration::from_millis(300)).await;
     stop.store(true, Ordering::Relaxed);
-    let rss_after = router_rss(&dev);
-
-    let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
-    let (mut acked, mut errors) = (0u64, BTreeMap::new());
-    for w in writers {
-        let (a, e, l) = w.await?;
-        acked += a;
-        latency.add(&l)?;
-        for (code, n) in e {
-            *errors.entry(code).or_insert(0) += n;
-        }
-    }
-    let total = report.total.as_secs_f64().max(1e-9);
-    let rss = |m: &BTreeMap<String, u64>| serde_json::json!(m);
-    let out = Report::new("tenant-move", acked, errors, report.total, &latency)
-        .param("tenant", tenant)
-        .param("settle_s", args.settle.as_secs())
-        .param("from", report.from.clone())
-        .param("to", report.to.clone())
-        .param("conversations", report.conversations_moved)
-        .param("user_homes", report.users_moved)
-        .param("rows_copied", report.messages_moved)
-        .param("bytes_copied", report.bytes_moved)
-        .param(
-            "megabytes_per_s",
-            (report.bytes_moved as f64 / 1e6 / total * 10.0).round() / 10.0,
-        )
-        .param(
-            "conversations_per_s",
-            (report.conversations_moved as f64 / total).round(),
-        )
-        .param("rows_per_s", (report.messages_moved as f64 / total).round())
-        .param("total_s", (total * 1000.0).round() / 1000.0)
-        .param("freeze_ms", report.max_freeze.as_millis() as u64)
-        .param(
-            "freeze_steps_ms",
-            serde_json::json!(
-                report
-                    .freeze_steps
-                    .iter()
-                    .map(|(step, d)| (step.to_string(), d.as_millis() as u64))
-                    .collect::<Vec<_>>()
-            ),
-        )
-        .param("files", report.files.files)
-        .param("file_bytes_copied", report.files.bytes)
-        .param("files_still_copying", report.files.files_pending)
-        .param(
-            "file_gb_per_s",
-            (report.files.bytes as f64 / 1e9 / total * 1000.0).round() / 1000.0,
-        )
-        .param("files_wait_after_switch_s", files_wait.as_secs_f64())
-        .param("route_writes", report.route_writes)
-        .param("raft_log_growth", index_after.saturating_sub(index_before))
-        .param("router_rss_kib_before", rss(&rss_before))
-        .param("router_rss_kib_after", rss(&rss_after))
-        .param("latency_is", "acks of the senders writing during the move");
+    let measured = Measured {
+        rss_after: router_rss(&dev),
+        ..measured
+    };
+    let out = to_report(&args, tenant, measured, join_writers(writers).await?);
     out.print();
     if let Some(path) = &args.json {
         out.write_json(path)?;

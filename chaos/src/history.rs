@@ -6,6 +6,8 @@
 
 use std::collections::BTreeMap;
 
+use cellmesh_proto::status::error_code;
+use cellmesh_proto::v1::{ErrorCode, SendResponse};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -120,6 +122,30 @@ pub enum Outcome {
     },
     /// Timeout, lost connection, or an error that may have been applied.
     Unknown,
+}
+
+impl Outcome {
+    /// What a client knows of a send from its answer: acknowledged, refused
+    /// for certain, or unknown — a lost connection, a timeout, RETRY_LATER,
+    /// INTERNAL or WRONG_CELL (the edge may have applied an earlier try).
+    /// The one classifier of drills and tests; a call that timed out on
+    /// the client's side is `Unknown` too.
+    pub fn of_send(answer: Result<&SendResponse, &tonic::Status>) -> Self {
+        match answer {
+            Ok(r) => Outcome::Ok {
+                msg_id: r.msg_id,
+                seq: r.seq,
+            },
+            Err(status) => match error_code(status) {
+                ErrorCode::RetryLater | ErrorCode::Internal | ErrorCode::WrongCell => {
+                    Outcome::Unknown
+                }
+                code => Outcome::Rejected {
+                    code: code.as_str_name().to_string(),
+                },
+            },
+        }
+    }
 }
 
 /// A message as read back after the drill.

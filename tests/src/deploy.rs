@@ -113,36 +113,22 @@ pub async fn sender(
         n += 1;
         let tag = format!("u{sender}-{n}");
         let invoked_ms = epoch.elapsed().as_millis() as u64;
-        let outcome = match tokio::time::timeout(
+        let answer = tokio::time::timeout(
             Duration::from_secs(10),
             client.send(authed(text(conversation, &tag), &token)),
         )
-        .await
-        {
-            Ok(Ok(r)) => {
-                let r = r.into_inner();
-                Outcome::Ok {
-                    msg_id: r.msg_id,
-                    seq: r.seq,
-                }
-            }
-            Ok(Err(e))
-                if matches!(
-                    e.code(),
-                    tonic::Code::Unavailable | tonic::Code::Internal | tonic::Code::Unknown
-                ) || error_detail(&e).code == ErrorCode::RetryLater as i32 =>
-            {
-                eprintln!("{tag} at {invoked_ms} ms: outcome unknown: {e:?}");
-                Outcome::Unknown
-            }
-            Ok(Err(e)) => Outcome::Rejected {
-                code: format!("{}/{}", error_detail(&e).code, error_detail(&e).reason),
-            },
-            Err(_) => {
-                eprintln!("{tag} at {invoked_ms} ms: no answer in 10 s");
-                Outcome::Unknown
-            }
+        .await;
+        let outcome = match &answer {
+            Ok(answer) => Outcome::of_send(answer.as_ref().map(|r| r.get_ref())),
+            Err(_) => Outcome::Unknown,
         };
+        match (&answer, &outcome) {
+            (Ok(Err(e)), Outcome::Unknown) => {
+                eprintln!("{tag} at {invoked_ms} ms: outcome unknown: {e:?}")
+            }
+            (Err(_), _) => eprintln!("{tag} at {invoked_ms} ms: no answer in 10 s"),
+            _ => {}
+        }
         ops.lock().unwrap().push(SendOp {
             conversation,
             sender,

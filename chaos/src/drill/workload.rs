@@ -7,7 +7,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::history::{History, Outcome, SendOp, Skipped, Stored};
-use cellmesh_proto::status::error_code;
 use cellmesh_proto::v1::cell_peer_client::CellPeerClient;
 use cellmesh_proto::v1::messaging_client::MessagingClient;
 use cellmesh_proto::v1::{
@@ -53,50 +52,32 @@ async fn send_tagged(
     };
     let mut request = dev.request_in(tenant, message, user, "tool");
     request.set_timeout(Duration::from_secs(10));
-    match client.send(request).await {
-        Ok(r) => {
-            let r = r.into_inner();
-            Outcome::Ok {
-                msg_id: r.msg_id,
-                seq: r.seq,
-            }
-        }
-        Err(e) => {
-            let reason = cellmesh_proto::status::error_detail(&e).reason;
-            if let (Some(file), true) = (file, reason == Reason::AttachmentNotFound.as_str()) {
-                files.not_found((conversation, user), file, tag);
-            }
-            match error_code(&e) {
-                ErrorCode::RateLimited => tokio::time::sleep(Duration::from_millis(20)).await,
-                ErrorCode::RetryLater => tokio::time::sleep(Duration::from_millis(50)).await,
-                _ => {}
-            }
-            let outcome = outcome_of(&e);
-            let d = cellmesh_proto::status::error_detail(&e);
-            let code = ErrorCode::try_from(d.code).unwrap_or(ErrorCode::Internal);
-            let kind = match outcome {
-                Outcome::Unknown => "unknown",
-                _ => "rejected",
-            };
-            let reason = format!("{kind} {}/{}", code.short_name(), d.reason);
-            *unknown.lock().expect("reasons").entry(reason).or_default() += 1;
-            outcome
-        }
+    let answer = client.send(request).await;
+    let outcome = Outcome::of_send(answer.as_ref().map(|r| r.get_ref()));
+    let Err(e) = answer else {
+        return outcome;
+    };
+    let d = cellmesh_proto::status::error_detail(&e);
+    if let (Some(file), true) = (file, d.reason == Reason::AttachmentNotFound.as_str()) {
+        files.not_found((conversation, user), file, tag);
     }
+    let code = ErrorCode::try_from(d.code).unwrap_or(ErrorCode::Internal);
+    match code {
+        ErrorCode::RateLimited => tokio::time::sleep(Duration::from_millis(20)).await,
+        ErrorCode::RetryLater => tokio::time::sleep(Duration::from_millis(50)).await,
+        _ => {}
+    }
+    let kind = match outcome {
+        Outcome::Unknown => "unknown",
+        _ => "rejected",
+    };
+    let reason = format!("{kind} {}/{}", code.short_name(), d.reason);
+    *unknown.lock().expect("reasons").entry(reason).or_default() += 1;
+    outcome
 }
 
 pub fn now_ms(epoch: Instant) -> u64 {
     epoch.elapsed().as_millis() as u64
-}
-
-/// Outcomes the client cannot know (the request may have been applied).
-fn outcome_of(status: &tonic::Status) -> Outcome {
-    match error_code(status) {
-        ErrorCode::RetryLater | ErrorCode::Internal | ErrorCode::WrongCell => Outcome::Unknown,
-        code => Outcome::Rejected {
-            code: code.as_str_name().to_string(),
-        },
-    }
 }
 
 /// A message as the checker sees it: its body is the tag of the send that

@@ -57,25 +57,7 @@ async fn send_all(
         )
         .await
         {
-            Ok(Ok(r)) => {
-                let r = r.into_inner();
-                Outcome::Ok {
-                    msg_id: r.msg_id,
-                    seq: r.seq,
-                }
-            }
-            // May have been applied (a lost connection maps to RETRY_LATER).
-            Ok(Err(status))
-                if matches!(
-                    error_code(&status),
-                    ErrorCode::Internal | ErrorCode::RetryLater
-                ) =>
-            {
-                Outcome::Unknown
-            }
-            Ok(Err(status)) => Outcome::Rejected {
-                code: format!("{:?}", error_code(&status)),
-            },
+            Ok(answer) => Outcome::of_send(answer.as_ref().map(|r| r.get_ref())),
             Err(_) => Outcome::Unknown,
         };
         ops.push(SendOp {
