@@ -4,6 +4,9 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use cellmesh_route_client::peers::Peers;
 
 use serde::{Deserialize, Serialize};
 
@@ -139,6 +142,20 @@ pub struct RoutingConfig {
     /// it). The copy serves nothing (the cell answers `WRONG_CELL`); it is
     /// there to roll back by hand.
     pub cleanup_grace_secs: u64,
+    /// The channels to other cells through `links`, made on first use and
+    /// shared by every clone of this config.
+    #[serde(skip)]
+    peers: Arc<OnceLock<Peers>>,
+}
+
+impl RoutingConfig {
+    /// How this cell dials others: one pool of channels through `links`
+    /// for all its callers.
+    pub fn peers(&self) -> Peers {
+        (self.peers)
+            .get_or_init(|| Peers::new(self.links.clone()))
+            .clone()
+    }
 }
 
 impl Default for RoutingConfig {
@@ -154,6 +171,7 @@ impl Default for RoutingConfig {
             coordination_dir: String::new(),
             links: Default::default(),
             cleanup_grace_secs: 86_400,
+            peers: Arc::default(),
         }
     }
 }

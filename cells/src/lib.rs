@@ -34,7 +34,6 @@ pub mod ids;
 pub mod message;
 pub mod metrics;
 pub mod ownership;
-pub mod peers;
 pub mod pipeline;
 pub mod queue;
 pub mod ratelimit;

@@ -86,6 +86,13 @@ pub trait Ownership: Send + Sync + 'static {
         true
     }
 
+    /// Whether `conversation` of `tenant` is frozen for a move now (its
+    /// writes wait for the switch): background work that competes for the
+    /// disk, such as copying files in, holds off meanwhile.
+    fn frozen(&self, _tenant: u64, _conversation: u64) -> bool {
+        false
+    }
+
     /// Whether `conversation` of `tenant` is settled here: owned, active,
     /// no move under way (a standalone cell owns everything for good). Only
     /// settled history is moved to the cold tier or expired.

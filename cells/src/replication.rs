@@ -68,11 +68,10 @@ impl Replicator {
                 store,
                 cell_id: config.cell_id.clone(),
                 secret: ClusterSecret::new(&config.routing.cluster_secret),
-                links: config.routing.links.clone(),
+                peers: config.routing.peers(),
                 timeout: Duration::from_millis(replication.timeout_ms),
                 require_standby: replication.require_standby,
                 degraded: false,
-                clients: HashMap::new(),
                 described: HashMap::new(),
             };
             tokio::spawn(run(rx, shipper));
@@ -155,12 +154,11 @@ struct Shipper {
     store: Arc<Store>,
     cell_id: String,
     secret: ClusterSecret,
-    links: std::collections::BTreeMap<String, String>,
+    peers: cellmesh_route_client::peers::Peers,
     timeout: Duration,
     require_standby: bool,
     /// Writes are acknowledged with no standby up (logged once per spell).
     degraded: bool,
-    clients: HashMap<String, CellPeerClient<Channel>>,
     /// Per standby, the conversations whose meta it has stored.
     described: HashMap<String, HashSet<u64>>,
 }
@@ -296,11 +294,6 @@ impl Shipper {
     }
 
     fn client(&mut self, endpoint: &str) -> Option<CellPeerClient<Channel>> {
-        if let Some(client) = self.clients.get(endpoint) {
-            return Some(client.clone());
-        }
-        let client = crate::peers::dial(&self.links, endpoint).ok()?;
-        self.clients.insert(endpoint.to_string(), client.clone());
-        Some(client)
+        self.peers.cell(endpoint).ok()
     }
 }

@@ -161,6 +161,13 @@ impl Ownership for Routed {
         })
     }
 
+    fn frozen(&self, tenant: u64, conversation: u64) -> bool {
+        let route = self
+            .client
+            .read(|t| t.resolve(&Key::conversation(tenant, conversation)));
+        route.is_some_and(|r| frozen_route(&r))
+    }
+
     fn settled(&self, tenant: u64, conversation: u64) -> bool {
         let route = self
             .client
@@ -349,7 +356,7 @@ impl Homes for Routed {
         let Some(route) = self.client.resolve(&key) else {
             return Home::Here;
         };
-        if home_frozen(&route) {
+        if frozen_route(&route) {
             Home::Moving
         } else if route.entry.cell == self.cell_id {
             Home::Here
@@ -366,7 +373,7 @@ impl Homes for Routed {
         if route.entry.cell != self.cell_id {
             return Err(wrong_cell(&key, &route));
         }
-        if write && home_frozen(&route) {
+        if write && frozen_route(&route) {
             return Err(CellError::RetryLater {
                 reason: Reason::Frozen,
                 message: format!("{key} is frozen for a move of the user's home"),
@@ -402,9 +409,10 @@ impl Homes for Routed {
     }
 }
 
-/// Whether the home of user `key` is frozen for a move: of its own, or of
-/// its tenant (whose entry it follows) under the tenant's freeze.
-fn home_frozen(route: &cellmesh_route_client::table::Resolved) -> bool {
+/// Whether a key (a user's home, a conversation) is frozen for a move: of
+/// its own, or of its tenant (whose entry it follows) under the tenant's
+/// freeze.
+fn frozen_route(route: &cellmesh_route_client::table::Resolved) -> bool {
     matches!(route.entry.state, RouteState::Frozen { .. })
 }
 

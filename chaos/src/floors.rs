@@ -4,14 +4,13 @@
 //! to the high-water mark it holds from the failed cell. Drills and tests
 //! ask the owner for that mark to learn which gaps a failover explains.
 
-use cellmesh_proto::tls::Dial;
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::v1::GetHighWaterMarksRequest;
-use cellmesh_proto::v1::cell_peer_client::CellPeerClient;
 use cellmesh_route_client::client::RouteClient;
+use cellmesh_route_client::peers::Peers;
 use cellmesh_route_client::table::Key;
 
 /// The floor of each of `conversations` of `tenant` now (conversations
@@ -24,6 +23,7 @@ pub async fn failover_floors(
     conversations: &[u64],
 ) -> BTreeMap<u64, u64> {
     let mut floors = BTreeMap::new();
+    let peers = Peers::default();
     // Owner address → (conversation, margin) of failed-over routes.
     let mut ask: HashMap<String, Vec<(u64, u64)>> = HashMap::new();
     routes.read(|t| {
@@ -40,11 +40,9 @@ pub async fn failover_floors(
         }
     });
     for (address, wanted) in ask {
-        let Ok(endpoint) = cellmesh_proto::tls::endpoint(address) else {
+        let Ok(mut peer) = peers.cell(&address) else {
             continue;
         };
-        let mut peer =
-            CellPeerClient::new(endpoint.connect_timeout(Duration::from_secs(2)).dial_lazy());
         let mut request = tonic::Request::new(GetHighWaterMarksRequest {
             tenant_id: tenant,
             conversation_ids: wanted.iter().map(|&(c, _)| c).collect(),

@@ -17,6 +17,7 @@ use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::v1::CellStatus as PbCellStatus;
 use cellmesh_route_client::client::RouteClient;
 use cellmesh_route_client::commands::set_cell_status;
+use cellmesh_route_client::peers::Peers;
 use cellmesh_route_client::table::CellStatus;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
@@ -502,22 +503,27 @@ async fn lead(
         tracing::info!(name = %config.coordination.name, "leading the control plane");
         leading.send_replace(true);
         let mut lost = lease.lost.clone();
+        let peers = Peers::new(config.links.clone());
         let orphans = crate::migration::orphans::resume_orphans(
             crate::migration::Migrator::new(
                 routes.clone(),
                 ClusterSecret::new(&config.cluster_secret),
                 Default::default(),
-            ),
+            )
+            .with_peers(peers.clone()),
             config.migrations.clone(),
             Some(OperationStore::new(coordination.clone())),
         );
         let operations = run_operations(
             OperationStore::new(coordination.clone()),
-            Arc::new(crate::migration::Migrator::new(
-                routes.clone(),
-                ClusterSecret::new(&config.cluster_secret),
-                Default::default(),
-            )),
+            Arc::new(
+                crate::migration::Migrator::new(
+                    routes.clone(),
+                    ClusterSecret::new(&config.cluster_secret),
+                    Default::default(),
+                )
+                .with_peers(peers),
+            ),
             config.coordination.name.clone(),
         );
         tokio::select! {
@@ -614,9 +620,10 @@ async fn run(
                 });
                 let (routes, events, id) = (routes.clone(), events.clone(), cell.id.clone());
                 let secret = ClusterSecret::new(&config.cluster_secret);
+                let peers = Peers::new(config.links.clone());
                 tokio::spawn(async move {
                     let (conversations, messages) =
-                        crate::failover::backfill::backfill(&routes, &secret, &id).await;
+                        crate::failover::backfill::backfill(&routes, &peers, &secret, &id).await;
                     tracing::info!(cell = %id, conversations, messages, "backfilled");
                     events.lock().expect("events").push(Event::Backfilled {
                         cell: id,

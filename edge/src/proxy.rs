@@ -12,21 +12,19 @@
 //! the tenant's migration while it moves.
 
 use cellmesh_proto::reason::Reason;
-use cellmesh_proto::tls::Dial;
-use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::status::{error_detail, to_status};
 use cellmesh_proto::v1::{self as pb, ErrorCode};
-use cellmesh_telemetry::trace::grpc::{Channel, Traceable};
+use cellmesh_telemetry::trace::grpc::Channel;
 use tonic::{Request, Response, Status};
 
 use super::auth::{Claims, TokenKey};
 use cellmesh_route_client::client::RouteClient;
 use cellmesh_route_client::convert::route_to_pb;
+use cellmesh_route_client::peers::Peers;
 use cellmesh_route_client::table::{Key, Resolved, Scope};
 
 /// Reasons of RETRY_LATER answers the edge retries itself.
@@ -90,11 +88,11 @@ pub struct Proxy {
     pub routes: RouteClient,
     secret: ClusterSecret,
     tokens: TokenKey,
-    channels: Mutex<HashMap<String, Channel>>,
+    /// Channels to the cells, through the deployment's links.
+    peers: Peers,
     /// How long one request may keep retrying.
     deadline: Duration,
     attempts: usize,
-    links: std::collections::BTreeMap<String, String>,
 }
 
 impl Proxy {
@@ -110,10 +108,9 @@ impl Proxy {
             routes,
             secret,
             tokens,
-            channels: Mutex::new(HashMap::new()),
+            peers: Peers::new(links),
             deadline,
             attempts,
-            links,
         }
     }
 
@@ -154,19 +151,7 @@ impl Proxy {
     }
 
     fn channel(&self, address: &str) -> Result<Channel, Status> {
-        let address = cellmesh_proto::config::via(&self.links, address);
-        let mut channels = self.channels.lock().expect("channel cache");
-        if let Some(c) = channels.get(address) {
-            return Ok(c.clone());
-        }
-        let channel = cellmesh_proto::tls::endpoint(address.to_string())
-            .map_err(|e| Status::internal(format!("cell address {address:?}: {e}")))?
-            .connect_timeout(Duration::from_secs(2))
-            .tcp_nodelay(true)
-            .dial_lazy()
-            .traced();
-        channels.insert(address.to_string(), channel.clone());
-        Ok(channel)
+        (self.peers.channel(address)).map_err(|e| Status::internal(e.to_string()))
     }
 
     /// Calls the owner of `key` with `message`, retrying as described above.

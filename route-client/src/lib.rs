@@ -2,7 +2,8 @@
 //! model and its commands (`table`: keys, entries, states, the pure
 //! `Command::plan → Vec<Change>`), builders of the wire commands
 //! (`commands`), protobuf conversions (`convert`), and the [`client`] that
-//! keeps a watch-fed copy of the table and writes through the leader. It
+//! keeps a watch-fed copy of the table and writes through the leader, and
+//! how any process dials a cell it names ([`peers`]). It
 //! holds no Raft and no storage: cells, edges and the control plane depend
 //! on this crate, only the router replicas on openraft and RocksDB.
 
@@ -10,4 +11,5 @@ pub mod client;
 pub mod commands;
 pub mod convert;
 mod metrics;
+pub mod peers;
 pub mod table;

@@ -2,16 +2,14 @@
 //! migration calls (export, seal, digest on the source; copy on the target).
 
 use cellmesh_proto::reason::Reason;
-use cellmesh_proto::tls::Dial;
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::v1::cell_peer_client::CellPeerClient;
 use cellmesh_proto::v1::cell_peer_server::CellPeer;
 use cellmesh_proto::v1::*;
-use cellmesh_telemetry::trace::grpc::{Channel, Traceable};
+use cellmesh_telemetry::trace::grpc::Channel;
 use tonic::{Request, Response, Status};
 
 use crate::error::{CellError, blocking};
@@ -37,10 +35,6 @@ pub struct PeerApi {
     service: Arc<MessageService>,
     sync: Arc<SyncService>,
     secret: ClusterSecret,
-    /// Connections to the source cells of copies, by address: the rounds of
-    /// a move (and the moves of a tenant) do not each pay a new handshake
-    /// across regions.
-    sources: Mutex<HashMap<String, Channel>>,
     /// Where this cell's `/metrics` answers ("" when off), for the console.
     metrics_address: String,
 }
@@ -57,7 +51,6 @@ impl PeerApi {
             service,
             sync,
             secret,
-            sources: Mutex::new(HashMap::new()),
             metrics_address: String::new(),
         }
     }
@@ -78,27 +71,9 @@ impl PeerApi {
                 format!("{address:?} is not the address of a cell in the route table"),
             ));
         }
-        let cached = self.sources.lock().expect("sources").get(address).cloned();
-        let channel = match cached {
-            Some(channel) => channel,
-            None => {
-                let channel = cellmesh_proto::tls::endpoint(address.to_string())
-                    .map_err(|e| CellError::invalid(Reason::BadSourceAddress, e.to_string()))?
-                    .connect_timeout(Duration::from_secs(2))
-                    .dial()
-                    .await
-                    .map_err(|e| CellError::RetryLater {
-                        reason: Reason::SourceUnreachable,
-                        message: format!("cannot reach {address}: {e}"),
-                        retry_after: Duration::from_millis(500),
-                    })?
-                    .traced();
-                let mut sources = self.sources.lock().expect("sources");
-                sources.insert(address.to_string(), channel.clone());
-                channel
-            }
-        };
-        Ok(CellPeerClient::new(channel).max_decoding_message_size(64 * 1024 * 1024))
+        // Through this cell's links, like every other call to a cell.
+        (self.service.peers().cell(address))
+            .map_err(|e| CellError::invalid(Reason::BadSourceAddress, e.to_string()))
     }
 }
 

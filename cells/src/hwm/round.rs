@@ -10,7 +10,7 @@
 //! Only when all of them stored all of it are the marks acknowledged (the
 //! fence moves) and the standbys listed as holders.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,13 +34,12 @@ pub struct Rounds {
     pub routes: RouteClient,
     pub cell_id: String,
     pub secret: ClusterSecret,
-    pub links: std::collections::BTreeMap<String, String>,
+    pub peers: cellmesh_route_client::peers::Peers,
     pub timeout: Duration,
     /// Standbys that received a full push and every round since.
     confirmed: BTreeSet<String>,
     /// Routes this cell took over in a failover, as of the last round.
     taken_over: BTreeSet<(Key, u64)>,
-    clients: HashMap<String, CellPeerClient<Channel>>,
 }
 
 /// What a round reads of the route table.
@@ -64,11 +63,10 @@ impl Rounds {
             routes,
             cell_id: config.cell_id.clone(),
             secret: ClusterSecret::new(&config.routing.cluster_secret),
-            links: config.routing.links.clone(),
+            peers: config.routing.peers(),
             timeout: Duration::from_millis(config.replication.timeout_ms.max(2000)),
             confirmed: BTreeSet::new(),
             taken_over: BTreeSet::new(),
-            clients: HashMap::new(),
         }
     }
 
@@ -314,12 +312,7 @@ impl Rounds {
     }
 
     fn client(&mut self, address: &str) -> Result<CellPeerClient<Channel>, String> {
-        if let Some(client) = self.clients.get(address) {
-            return Ok(client.clone());
-        }
-        let client = crate::peers::dial(&self.links, address)?;
-        self.clients.insert(address.to_string(), client.clone());
-        Ok(client)
+        self.peers.cell(address).map_err(|e| e.to_string())
     }
 }
 

@@ -184,6 +184,11 @@ impl MessageService {
                 // Until this job is done, the next pass looks again.
                 att.copies_pending
                     .store(true, std::sync::atomic::Ordering::Release);
+                // A freeze is short and its switch waits on the disk: the
+                // copy holds off until it is over.
+                if (self.ownership).frozen(record.tenant_id, record.conversation_id) {
+                    continue;
+                }
                 let fail = |e: crate::attachments::store::StoreError| CellError::RetryLater {
                     reason: Reason::AttachmentStoreUnavailable,
                     message: format!("copying file {id}: {e}"),

@@ -107,7 +107,11 @@ async fn fetch(
     tenant: u64,
     conversation: u64,
 ) -> Result<Fetched, String> {
-    let mut client = crate::peers::dial(&config.routing.links, from)?;
+    let mut client = config
+        .routing
+        .peers()
+        .cell(from)
+        .map_err(|e| e.to_string())?;
     // No messages: the record, members and read positions only.
     let mut request = tonic::Request::new(ExportRequest {
         tenant_id: tenant,

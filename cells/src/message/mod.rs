@@ -278,6 +278,11 @@ impl MessageService {
         &self.config.cell_id
     }
 
+    /// How this cell dials others (through its `links`).
+    pub fn peers(&self) -> cellmesh_route_client::peers::Peers {
+        self.config.routing.peers()
+    }
+
     /// Uptime, sends acknowledged, relay lag and route index, for operators.
     pub fn stats(&self) -> Result<(u64, u64, u64, u64)> {
         let lag = self.store.outbox_pending(100_000)?.len() as u64;

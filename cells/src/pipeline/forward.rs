@@ -10,7 +10,7 @@
 //! fan-out. A page goes to all its destinations at once, so a far cell
 //! (a standby in another region) adds its round trip to no other's.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -86,7 +86,7 @@ pub struct Forwarder {
     pub signal: Arc<Notify>,
     pub cell_id: String,
     pub secret: ClusterSecret,
-    pub links: BTreeMap<String, String>,
+    pub peers: cellmesh_route_client::peers::Peers,
     pub homes: Arc<dyn Homes>,
     /// This cell's processor, for events whose user now lives here.
     pub local: PeerInbound,
@@ -292,7 +292,7 @@ impl Forwarder {
         if pass.waiting.contains(endpoint) {
             return Target::Hold;
         }
-        match destination(destinations, endpoint, &self.links) {
+        match destination(destinations, endpoint, &self.peers) {
             Some(dest) if dest.retry_at > Instant::now() => Target::Hold,
             Some(_) => Target::Remote(endpoint.to_string()),
             None => {
@@ -392,13 +392,13 @@ async fn deliver(
 fn destination<'a>(
     destinations: &'a mut HashMap<String, Destination>,
     endpoint: &str,
-    links: &BTreeMap<String, String>,
+    peers: &cellmesh_route_client::peers::Peers,
 ) -> Option<&'a mut Destination> {
     if endpoint.is_empty() {
         return None;
     }
     if !destinations.contains_key(endpoint) {
-        let client = crate::peers::dial(links, endpoint).ok()?;
+        let client = peers.cell(endpoint).ok()?;
         destinations.insert(
             endpoint.to_string(),
             Destination {

@@ -180,7 +180,7 @@ pub fn spawn(
             signal: signal.clone(),
             cell_id: config.cell_id.clone(),
             secret: ClusterSecret::new(&config.routing.cluster_secret),
-            links: config.routing.links.clone(),
+            peers: config.routing.peers(),
             homes: homes.clone(),
             local: inbound.clone(),
         });

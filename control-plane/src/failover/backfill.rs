@@ -5,20 +5,19 @@
 //! conversation's meta (for an owner that never received it) and its floor
 //! jumps.
 
-use cellmesh_proto::tls::Dial;
 use std::time::Duration;
 
 use cellmesh_proto::secret::ClusterSecret;
-use cellmesh_proto::v1::cell_peer_client::CellPeerClient;
 use cellmesh_proto::v1::{CopyRequest, TenantConversationsRequest};
 use cellmesh_route_client::client::RouteClient;
+use cellmesh_route_client::peers::Peers;
 use cellmesh_route_client::table::Key;
-use cellmesh_telemetry::trace::grpc::Traceable;
 
 /// Copies back what `returned` holds; returns (conversations backfilled,
 /// messages copied).
 pub async fn backfill(
     routes: &RouteClient,
+    peers: &Peers,
     secret: &ClusterSecret,
     returned: &str,
 ) -> (usize, u64) {
@@ -42,7 +41,7 @@ pub async fn backfill(
     // those conversations lives now.
     let mut work: Vec<(u64, u64, String)> = Vec::new();
     for tenant in tenants {
-        let conversations = match stored_conversations(&source, secret, tenant).await {
+        let conversations = match stored_conversations(peers, &source, secret, tenant).await {
             Ok(ids) => ids,
             Err(e) => {
                 tracing::warn!(tenant, error = %e.message(), "backfill cannot list the returned cell");
@@ -62,15 +61,9 @@ pub async fn backfill(
     }
     let (mut done, mut messages) = (0, 0);
     for (tenant, conversation, owner) in work {
-        let Ok(endpoint) = cellmesh_proto::tls::endpoint(owner.clone()) else {
+        let Ok(mut client) = peers.cell(&owner) else {
             continue;
         };
-        let mut client = CellPeerClient::new(
-            endpoint
-                .connect_timeout(Duration::from_secs(2))
-                .dial_lazy()
-                .traced(),
-        );
         let mut request = tonic::Request::new(CopyRequest {
             source_address: source.clone(),
             tenant_id: tenant,
@@ -97,18 +90,13 @@ pub async fn backfill(
 
 /// The ids of `tenant`'s conversations stored on the cell at `address`.
 async fn stored_conversations(
+    peers: &Peers,
     address: &str,
     secret: &ClusterSecret,
     tenant: u64,
 ) -> Result<Vec<u64>, tonic::Status> {
-    let endpoint = cellmesh_proto::tls::endpoint(address.to_string())
-        .map_err(|e| tonic::Status::invalid_argument(e.to_string()))?;
-    let mut client = CellPeerClient::new(
-        endpoint
-            .connect_timeout(Duration::from_secs(2))
-            .dial_lazy()
-            .traced(),
-    );
+    let mut client =
+        (peers.cell(address)).map_err(|e| tonic::Status::invalid_argument(e.to_string()))?;
     let (mut out, mut after) = (Vec::new(), 0);
     loop {
         let mut request = tonic::Request::new(TenantConversationsRequest {

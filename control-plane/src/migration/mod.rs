@@ -19,7 +19,6 @@
 //! draining and failing back a cell in [`bulk`].
 
 use cellmesh_proto::reason::Reason;
-use cellmesh_proto::tls::Dial;
 use std::time::{Duration, Instant};
 
 use cellmesh_proto::secret::ClusterSecret;
@@ -30,8 +29,9 @@ use cellmesh_proto::v1::{
 };
 use cellmesh_route_client::client::RouteClient;
 use cellmesh_route_client::commands::update_route;
+use cellmesh_route_client::peers::Peers;
 use cellmesh_route_client::table::{Key, Phase, RouteState};
-use cellmesh_telemetry::trace::grpc::{Channel, Traceable};
+use cellmesh_telemetry::trace::grpc::Channel;
 
 pub mod bulk;
 mod engine;
@@ -160,6 +160,8 @@ pub struct Migrator {
     routes: RouteClient,
     secret: ClusterSecret,
     pub options: MigrationOptions,
+    /// How cells are dialled (through the deployment's links).
+    peers: Peers,
 }
 
 type Peer = CellPeerClient<Channel>;
@@ -182,12 +184,20 @@ impl Migrator {
             routes,
             secret,
             options,
+            peers: Peers::default(),
         }
+    }
+
+    /// This migrator dialling cells through `peers` (the deployment's
+    /// links).
+    pub fn with_peers(mut self, peers: Peers) -> Self {
+        self.peers = peers;
+        self
     }
 
     /// A migrator like this one with other `options`.
     pub fn with_options(&self, options: MigrationOptions) -> Self {
-        Self::new(self.routes.clone(), self.secret.clone(), options)
+        Self::new(self.routes.clone(), self.secret.clone(), options).with_peers(self.peers.clone())
     }
 
     fn stop_at(&self, point: StopPoint) -> Result<(), MigrationError> {
@@ -208,15 +218,9 @@ impl Migrator {
             .routes
             .read(|t| t.cell(cell).map(|c| c.address.clone()))
             .ok_or_else(|| MigrationError::Refused(format!("unknown cell {cell}")))?;
-        let channel = cellmesh_proto::tls::endpoint(address.clone())
-            .map_err(|e| MigrationError::Refused(format!("cell {cell} address {address:?}: {e}")))?
-            .connect_timeout(Duration::from_secs(2))
-            .dial_lazy()
-            .traced();
-        Ok((
-            CellPeerClient::new(channel).max_decoding_message_size(64 << 20),
-            address,
-        ))
+        let client = (self.peers.cell(&address))
+            .map_err(|e| MigrationError::Refused(format!("cell {cell}: {e}")))?;
+        Ok((client, address))
     }
 
     /// Waits until `cell`'s standbys hold the high-water marks of all it

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use cellmesh_chaos::check_all;
 use cellmesh_chaos::history::{CursorAck, DeliveryRecord, History, Outcome, SendOp, Stored};
-use cellmesh_proto::status::error_code;
-use cellmesh_proto::v1::{AckRequest, ErrorCode, sync_push};
+
+use cellmesh_proto::v1::{AckRequest, sync_push};
 use cellmesh_tests::sync::{connect_sync, device, subscribe};
 use cellmesh_tests::*;
 

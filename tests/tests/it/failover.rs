@@ -217,7 +217,7 @@ async fn a_routed_cell_restarts_on_its_own_data() {
 
 /// Tenant 1 placed on eu-west/c1, an edge in front, and a conversation of
 /// users 10 and 11 created through it by user 10 (whose token is given).
-async fn tenant_on_c1(
+pub(crate) async fn tenant_on_c1(
     cluster: &cellmesh_tests::router::RouterCluster,
 ) -> (
     cellmesh_route_client::client::RouteClient,

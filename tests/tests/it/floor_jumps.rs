@@ -42,7 +42,9 @@ async fn chained_failovers_report_every_floor_jump_through_pull() {
             let secret = ClusterSecret::new(SECRET);
             let backfill = cellmesh_control_plane::failover::backfill::backfill;
             assert_eq!(
-                backfill(&routes, &secret, cell).await.0,
+                backfill(&routes, &Default::default(), &secret, cell)
+                    .await
+                    .0,
                 1,
                 "{cell} backfilled"
             );

@@ -21,6 +21,7 @@ mod forward_lanes;
 mod history;
 mod homes;
 mod kafka_queue;
+mod links;
 mod metrics;
 mod migration;
 mod move_failover;
