@@ -5,6 +5,7 @@
 //! interrupted multipart upload resumes; every bad input is refused with
 //! its reason and nothing stays half-way; recall and the sweep delete.
 
+use cellmesh_proto::reason::Reason;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -162,7 +163,11 @@ async fn round_trip(cell: &TestCell, size: usize) {
         })
         .await
         .unwrap_err();
-    assert_reason(&err, ErrorCode::PermissionDenied, "NOT_A_MEMBER");
+    assert_reason(
+        &err,
+        ErrorCode::PermissionDenied,
+        Reason::NotAMember.as_str(),
+    );
     let mut other = files_of(cell, 2, 1).await;
     let err = other
         .client
@@ -175,7 +180,11 @@ async fn round_trip(cell: &TestCell, size: usize) {
         })
         .await
         .unwrap_err();
-    assert_reason(&err, ErrorCode::NotFound, "CONVERSATION_NOT_FOUND");
+    assert_reason(
+        &err,
+        ErrorCode::NotFound,
+        Reason::ConversationNotFound.as_str(),
+    );
 
     // Recalled: no URL, the ref is gone from the message.
     client
@@ -197,7 +206,11 @@ async fn round_trip(cell: &TestCell, size: usize) {
         })
         .await
         .unwrap_err();
-    assert_reason(&err, ErrorCode::InvalidArgument, "MESSAGE_RECALLED");
+    assert_reason(
+        &err,
+        ErrorCode::InvalidArgument,
+        Reason::MessageRecalled.as_str(),
+    );
     assert!(
         message_at(&mut client, 2, conversation, sent.seq)
             .await
@@ -289,7 +302,11 @@ async fn an_interrupted_multipart_upload_resumes_from_the_stored_parts() {
         })
         .await
         .unwrap_err();
-    assert_reason(&err, ErrorCode::InvalidArgument, "UPLOAD_INCOMPLETE");
+    assert_reason(
+        &err,
+        ErrorCode::InvalidArgument,
+        Reason::UploadIncomplete.as_str(),
+    );
     let resumed = alice
         .client
         .get_upload(GetUploadRequest {
@@ -402,7 +419,11 @@ async fn bad_uploads_are_refused_with_their_reason_and_leave_nothing_behind() {
         ))
         .await,
     );
-    assert_reason(&err, ErrorCode::InvalidArgument, "ATTACHMENT_TOO_LARGE");
+    assert_reason(
+        &err,
+        ErrorCode::InvalidArgument,
+        Reason::AttachmentTooLarge.as_str(),
+    );
     let err = refused(
         c.create_upload(reserve(
             conversation,
@@ -414,7 +435,11 @@ async fn bad_uploads_are_refused_with_their_reason_and_leave_nothing_behind() {
         ))
         .await,
     );
-    assert_reason(&err, ErrorCode::InvalidArgument, "ATTACHMENT_TOO_LARGE");
+    assert_reason(
+        &err,
+        ErrorCode::InvalidArgument,
+        Reason::AttachmentTooLarge.as_str(),
+    );
     let err = refused(
         c.create_upload(reserve(
             conversation,
@@ -426,7 +451,7 @@ async fn bad_uploads_are_refused_with_their_reason_and_leave_nothing_behind() {
         ))
         .await,
     );
-    assert_reason(&err, ErrorCode::InvalidArgument, "BAD_DIGEST");
+    assert_reason(&err, ErrorCode::InvalidArgument, Reason::BadDigest.as_str());
     let err = refused(
         c.create_upload(reserve(
             conversation,
@@ -438,7 +463,11 @@ async fn bad_uploads_are_refused_with_their_reason_and_leave_nothing_behind() {
         ))
         .await,
     );
-    assert_reason(&err, ErrorCode::InvalidArgument, "BAD_ATTACHMENT_NAME");
+    assert_reason(
+        &err,
+        ErrorCode::InvalidArgument,
+        Reason::BadAttachmentName.as_str(),
+    );
     let err = refused(
         c.create_upload(reserve(
             conversation,
@@ -453,18 +482,26 @@ async fn bad_uploads_are_refused_with_their_reason_and_leave_nothing_behind() {
     assert_reason(
         &err,
         ErrorCode::PermissionDenied,
-        "CONTENT_TYPE_NOT_ALLOWED",
+        Reason::ContentTypeNotAllowed.as_str(),
     );
     let err = refused(
         c.create_upload(reserve(conversation, 3, "a.png", "image/png", 10, &sha))
             .await,
     );
-    assert_reason(&err, ErrorCode::PermissionDenied, "NOT_A_MEMBER");
+    assert_reason(
+        &err,
+        ErrorCode::PermissionDenied,
+        Reason::NotAMember.as_str(),
+    );
     let err = refused(
         c.create_upload(reserve(conversation + 1, 1, "a.png", "image/png", 10, &sha))
             .await,
     );
-    assert_reason(&err, ErrorCode::NotFound, "CONVERSATION_NOT_FOUND");
+    assert_reason(
+        &err,
+        ErrorCode::NotFound,
+        Reason::ConversationNotFound.as_str(),
+    );
 
     // Quota: 1.5 MB; a 900 kB reservation fits, a second does not.
     let first = c
@@ -493,7 +530,7 @@ async fn bad_uploads_are_refused_with_their_reason_and_leave_nothing_behind() {
     assert_reason(
         &err,
         ErrorCode::PermissionDenied,
-        "ATTACHMENT_QUOTA_EXCEEDED",
+        Reason::AttachmentQuotaExceeded.as_str(),
     );
 
     // Sending with a reservation not completed, an unknown id, another
@@ -501,14 +538,26 @@ async fn bad_uploads_are_refused_with_their_reason_and_leave_nothing_behind() {
     let mut send = text(TENANT, 1, conversation, "early", "x");
     send.attachment_ids = vec![first.upload_id];
     let err = client.send(send.clone()).await.unwrap_err();
-    assert_reason(&err, ErrorCode::InvalidArgument, "ATTACHMENT_NOT_COMPLETE");
+    assert_reason(
+        &err,
+        ErrorCode::InvalidArgument,
+        Reason::AttachmentNotComplete.as_str(),
+    );
     send.attachment_ids = vec![first.upload_id + 1];
     let err = client.send(send.clone()).await.unwrap_err();
-    assert_reason(&err, ErrorCode::InvalidArgument, "ATTACHMENT_NOT_FOUND");
+    assert_reason(
+        &err,
+        ErrorCode::InvalidArgument,
+        Reason::AttachmentNotFound.as_str(),
+    );
     let mut bobs = text(TENANT, 2, conversation, "bob", "x");
     bobs.attachment_ids = vec![first.upload_id];
     let err = client.send(bobs).await.unwrap_err();
-    assert_reason(&err, ErrorCode::InvalidArgument, "ATTACHMENT_NOT_FOUND");
+    assert_reason(
+        &err,
+        ErrorCode::InvalidArgument,
+        Reason::AttachmentNotFound.as_str(),
+    );
 
     // Bytes that do not hash to the declared digest: refused at completion
     // and deleted; the reservation stays for a correct attempt.
@@ -546,7 +595,7 @@ async fn bad_uploads_are_refused_with_their_reason_and_leave_nothing_behind() {
     assert_reason(
         &err,
         ErrorCode::InvalidArgument,
-        "ATTACHMENT_DIGEST_MISMATCH",
+        Reason::AttachmentDigestMismatch.as_str(),
     );
     assert_eq!(walk(&cell.dir.path().join("attachments/objects")), 0);
 
@@ -558,7 +607,7 @@ async fn bad_uploads_are_refused_with_their_reason_and_leave_nothing_behind() {
             .text()
             .await
             .unwrap()
-            .contains("ATTACHMENT_SIZE_MISMATCH")
+            .contains(Reason::AttachmentSizeMismatch.as_str())
     );
     let forged = url.replace("&sig=", "&sig=00");
     let answer = http
@@ -568,12 +617,24 @@ async fn bad_uploads_are_refused_with_their_reason_and_leave_nothing_behind() {
         .await
         .unwrap();
     assert_eq!(answer.status().as_u16(), 403);
-    assert!(answer.text().await.unwrap().contains("BAD_SIGNATURE"));
+    assert!(
+        answer
+            .text()
+            .await
+            .unwrap()
+            .contains(Reason::BadSignature.as_str())
+    );
     // Expired: refused; GetUpload issues a fresh URL.
     clock.advance_ms(2 * 3_600_000);
     let answer = http.put(url).body(vec![0u8; 900_000]).send().await.unwrap();
     assert_eq!(answer.status().as_u16(), 403);
-    assert!(answer.text().await.unwrap().contains("SIGNATURE_EXPIRED"));
+    assert!(
+        answer
+            .text()
+            .await
+            .unwrap()
+            .contains(Reason::SignatureExpired.as_str())
+    );
     let fresh = c
         .get_upload(GetUploadRequest {
             caller: caller(TENANT, 1),
@@ -605,7 +666,11 @@ async fn bad_uploads_are_refused_with_their_reason_and_leave_nothing_behind() {
         })
         .await
         .unwrap_err();
-    assert_reason(&err, ErrorCode::InvalidArgument, "UPLOAD_EXPIRED");
+    assert_reason(
+        &err,
+        ErrorCode::InvalidArgument,
+        Reason::UploadExpired.as_str(),
+    );
     assert_eq!(cell.cell.service.sweep_uploads().await.unwrap(), 1);
     assert_eq!(walk(&cell.dir.path().join("attachments/objects")), 0);
     // Its quota is free again.
@@ -644,7 +709,11 @@ async fn uploads_are_rate_limited_per_user() {
         .create_upload(reserve(conversation, 1, "a.png", "image/png", 10, &sha))
         .await
         .unwrap_err();
-    assert_reason(&err, ErrorCode::RateLimited, "UPLOAD_RATE_LIMITED");
+    assert_reason(
+        &err,
+        ErrorCode::RateLimited,
+        Reason::UploadRateLimited.as_str(),
+    );
     let mut bob = files_of(&cell, TENANT, 2).await;
     bob.client
         .create_upload(reserve(conversation, 2, "a.png", "image/png", 10, &sha))
@@ -1028,7 +1097,10 @@ async fn a_scanner_holds_a_file_pending_until_clean_and_an_infected_one_is_refus
         )
         .await
         .unwrap_err();
-    assert!(pending.to_string().contains("SCAN_PENDING"), "{pending}");
+    assert!(
+        pending.to_string().contains(Reason::ScanPending.as_str()),
+        "{pending}"
+    );
     let request: serde_json::Value = serde_json::from_str(&asked.recv().await.unwrap()).unwrap();
     assert_eq!(request["name"], "doc.bin");
     let upload_id = request["upload_id"].as_u64().unwrap();
@@ -1036,7 +1108,11 @@ async fn a_scanner_holds_a_file_pending_until_clean_and_an_infected_one_is_refus
     let mut send = text(TENANT, 1, conversation, "doc", "");
     send.attachment_ids = vec![upload_id];
     let err = client.send(send.clone()).await.unwrap_err();
-    assert_reason(&err, ErrorCode::InvalidArgument, "ATTACHMENT_NOT_COMPLETE");
+    assert_reason(
+        &err,
+        ErrorCode::InvalidArgument,
+        Reason::AttachmentNotComplete.as_str(),
+    );
     // Clean on the next try.
     let complete = |id| CompleteUploadRequest {
         caller: caller(TENANT, 1),
@@ -1061,7 +1137,11 @@ async fn a_scanner_holds_a_file_pending_until_clean_and_an_infected_one_is_refus
         )
         .await
         .unwrap_err();
-    assert!(err.to_string().contains("ATTACHMENT_INFECTED"), "{err}");
+    assert!(
+        err.to_string()
+            .contains(Reason::AttachmentInfected.as_str()),
+        "{err}"
+    );
     let _ = asked.recv().await;
     let infected: serde_json::Value = serde_json::from_str(&asked.recv().await.unwrap()).unwrap();
     let err = alice
@@ -1069,7 +1149,11 @@ async fn a_scanner_holds_a_file_pending_until_clean_and_an_infected_one_is_refus
         .complete_upload(complete(infected["upload_id"].as_u64().unwrap()))
         .await
         .unwrap_err();
-    assert_reason(&err, ErrorCode::InvalidArgument, "ATTACHMENT_NOT_FOUND");
+    assert_reason(
+        &err,
+        ErrorCode::InvalidArgument,
+        Reason::AttachmentNotFound.as_str(),
+    );
     assert_eq!(walk(&cell.dir.path().join("attachments/objects")), 1);
 }
 
@@ -1244,7 +1328,11 @@ async fn a_resend_naming_an_upload_on_the_failed_cell_waits_for_the_backfill() {
     // The new owner holds neither the upload nor the answer: the outcome
     // stays open (never a refusal the backfilled message would belie).
     let err = m.send(authed(send.clone(), &alice)).await.unwrap_err();
-    assert_reason(&err, ErrorCode::RetryLater, "AWAITING_BACKFILL");
+    assert_reason(
+        &err,
+        ErrorCode::RetryLater,
+        Reason::AwaitingBackfill.as_str(),
+    );
     // The failed cell returns; its history and answers are backfilled.
     let _back = TestCell::start_routed_in("eu-west/c1", d.cluster.endpoints(), data).await;
     wait_for_backfill(&cp, "eu-west/c1", std::time::Duration::from_secs(30)).await;

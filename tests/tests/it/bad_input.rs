@@ -1,6 +1,7 @@
 //! Bad input gets a clear error with a stable code and reason, and the
 //! server keeps serving (and its data stays intact) afterwards.
 
+use cellmesh_proto::reason::Reason;
 use cellmesh_proto::status::{error_code, error_detail};
 use cellmesh_proto::v1::*;
 use cellmesh_tests::*;
@@ -77,31 +78,31 @@ async fn malformed_requests_get_stable_codes_and_the_server_keeps_serving() {
         "no caller",
         c.send(with(|r| r.caller = None)),
         Unauthenticated,
-        "NO_CALLER"
+        Reason::NoCaller.as_str()
     );
     case!(
         "zero user",
         c.send(with(|r| r.caller = caller(T, 0))),
         Unauthenticated,
-        "NO_CALLER"
+        Reason::NoCaller.as_str()
     );
     case!(
         "no conversation",
         c.send(with(|r| r.conversation_id = 0)),
         InvalidArgument,
-        "MISSING_CONVERSATION_ID"
+        Reason::MissingConversationId.as_str()
     );
     case!(
         "unknown conversation",
         c.send(with(|r| r.conversation_id = 424242)),
         NotFound,
-        "CONVERSATION_NOT_FOUND"
+        Reason::ConversationNotFound.as_str()
     );
     case!(
         "empty body",
         c.send(with(|r| r.body.clear())),
         InvalidArgument,
-        "EMPTY_BODY"
+        Reason::EmptyBody.as_str()
     );
     let mut big = text(T, 1, conv, "big", "");
     big.body = vec![b'a'; max_body + 1];
@@ -109,7 +110,7 @@ async fn malformed_requests_get_stable_codes_and_the_server_keeps_serving() {
         "oversize body",
         c.send(big),
         InvalidArgument,
-        "BODY_TOO_LARGE"
+        Reason::BodyTooLarge.as_str()
     );
     let mut huge = text(T, 1, conv, "huge", "");
     huge.body = vec![b'a'; 8 * 1024 * 1024];
@@ -123,44 +124,44 @@ async fn malformed_requests_get_stable_codes_and_the_server_keeps_serving() {
         "unknown type",
         c.send(with(|r| r.r#type = 99)),
         InvalidArgument,
-        "UNKNOWN_MESSAGE_TYPE"
+        Reason::UnknownMessageType.as_str()
     );
     case!(
         "unspecified type",
         c.send(with(|r| r.r#type = 0)),
         InvalidArgument,
-        "UNKNOWN_MESSAGE_TYPE"
+        Reason::UnknownMessageType.as_str()
     );
     case!(
         "no client_req_id",
         c.send(with(|r| r.client_req_id.clear())),
         InvalidArgument,
-        "MISSING_CLIENT_REQ_ID"
+        Reason::MissingClientReqId.as_str()
     );
     case!(
         "long client_req_id",
         c.send(with(|r| r.client_req_id = "x".repeat(500))),
         InvalidArgument,
-        "CLIENT_REQ_ID_TOO_LONG"
+        Reason::ClientReqIdTooLong.as_str()
     );
     // Another tenant's conversation is answered as one that does not exist.
     case!(
         "wrong tenant",
         c.send(with(|r| r.caller = caller(T + 1, 1))),
         NotFound,
-        "CONVERSATION_NOT_FOUND"
+        Reason::ConversationNotFound.as_str()
     );
     case!(
         "not a member",
         c.send(with(|r| r.caller = caller(T, 99))),
         PermissionDenied,
-        "NOT_A_MEMBER"
+        Reason::NotAMember.as_str()
     );
     case!(
         "req id reused elsewhere",
         c.send(text(T, 1, direct, "ok-1", "x")),
         InvalidArgument,
-        "CLIENT_REQ_ID_REUSED"
+        Reason::ClientReqIdReused.as_str()
     );
     case!(
         "unknown direction",
@@ -171,7 +172,7 @@ async fn malformed_requests_get_stable_codes_and_the_server_keeps_serving() {
             ..Default::default()
         }),
         InvalidArgument,
-        "UNKNOWN_DIRECTION"
+        Reason::UnknownDirection.as_str()
     );
     case!(
         "pull by non-member",
@@ -181,7 +182,7 @@ async fn malformed_requests_get_stable_codes_and_the_server_keeps_serving() {
             ..Default::default()
         }),
         PermissionDenied,
-        "NOT_A_MEMBER"
+        Reason::NotAMember.as_str()
     );
     case!(
         "direct with three",
@@ -192,7 +193,7 @@ async fn malformed_requests_get_stable_codes_and_the_server_keeps_serving() {
             ..Default::default()
         }),
         InvalidArgument,
-        "DIRECT_NEEDS_TWO_MEMBERS"
+        Reason::DirectNeedsTwoMembers.as_str()
     );
     case!(
         "no kind",
@@ -202,7 +203,7 @@ async fn malformed_requests_get_stable_codes_and_the_server_keeps_serving() {
             ..Default::default()
         }),
         InvalidArgument,
-        "UNKNOWN_CONVERSATION_KIND"
+        Reason::UnknownConversationKind.as_str()
     );
     case!(
         "user id zero",
@@ -213,7 +214,7 @@ async fn malformed_requests_get_stable_codes_and_the_server_keeps_serving() {
             ..Default::default()
         }),
         InvalidArgument,
-        "INVALID_USER_ID"
+        Reason::InvalidUserId.as_str()
     );
     case!(
         "recall by another user",
@@ -223,7 +224,7 @@ async fn malformed_requests_get_stable_codes_and_the_server_keeps_serving() {
             seq: ok.seq
         }),
         PermissionDenied,
-        "NOT_SENDER"
+        Reason::NotSender.as_str()
     );
     case!(
         "recall unknown seq",
@@ -233,7 +234,7 @@ async fn malformed_requests_get_stable_codes_and_the_server_keeps_serving() {
             seq: 999
         }),
         NotFound,
-        "MESSAGE_NOT_FOUND"
+        Reason::MessageNotFound.as_str()
     );
     case!(
         "edit seq zero",
@@ -244,7 +245,7 @@ async fn malformed_requests_get_stable_codes_and_the_server_keeps_serving() {
             body: b"e".to_vec()
         }),
         InvalidArgument,
-        "MISSING_SEQ"
+        Reason::MissingSeq.as_str()
     );
     case!(
         "edit to empty",
@@ -255,7 +256,7 @@ async fn malformed_requests_get_stable_codes_and_the_server_keeps_serving() {
             body: vec![]
         }),
         InvalidArgument,
-        "EMPTY_BODY"
+        Reason::EmptyBody.as_str()
     );
     case!(
         "delete beyond latest",
@@ -265,7 +266,7 @@ async fn malformed_requests_get_stable_codes_and_the_server_keeps_serving() {
             seqs: vec![5]
         }),
         InvalidArgument,
-        "SEQ_OUT_OF_RANGE"
+        Reason::SeqOutOfRange.as_str()
     );
     case!(
         "delete nothing",
@@ -275,7 +276,7 @@ async fn malformed_requests_get_stable_codes_and_the_server_keeps_serving() {
             seqs: vec![]
         }),
         InvalidArgument,
-        "BAD_SEQ_LIST"
+        Reason::BadSeqList.as_str()
     );
     case!(
         "members of a direct",
@@ -285,7 +286,7 @@ async fn malformed_requests_get_stable_codes_and_the_server_keeps_serving() {
             user_ids: vec![3]
         }),
         InvalidArgument,
-        "NOT_A_GROUP"
+        Reason::NotAGroup.as_str()
     );
     case!(
         "members by outsider",
@@ -295,13 +296,13 @@ async fn malformed_requests_get_stable_codes_and_the_server_keeps_serving() {
             user_ids: vec![3]
         }),
         PermissionDenied,
-        "NOT_A_MEMBER"
+        Reason::NotAMember.as_str()
     );
     cases.push((
         "malformed protobuf",
         Err(send_garbage(&cell.endpoint).await),
         InvalidArgument,
-        "MALFORMED_REQUEST",
+        Reason::MalformedRequest.as_str(),
     ));
 
     let mut failures = Vec::new();
@@ -377,19 +378,19 @@ async fn bad_migration_chunks_are_refused_and_store_nothing() {
             "no chunk",
             store(T, None),
             ErrorCode::InvalidArgument,
-            "EMPTY_CHUNK",
+            Reason::EmptyChunk.as_str(),
         ),
         (
             "another tenant",
             store(T + 1, Some(chunk.clone())),
             ErrorCode::PermissionDenied,
-            "WRONG_TENANT",
+            Reason::WrongTenant.as_str(),
         ),
         (
             "checksum mismatch",
             store(T, Some(corrupted)),
             ErrorCode::RetryLater,
-            "CHUNK_CHECKSUM",
+            Reason::ChunkChecksum.as_str(),
         ),
     ];
     for (name, request, code, reason) in cases {
@@ -477,7 +478,10 @@ async fn copies_pull_only_from_registered_cells_never_from_a_made_up_address() {
     for e in refused {
         assert_eq!(
             (error_code(&e), error_detail(&e).reason.as_str()),
-            (ErrorCode::InvalidArgument, "BAD_SOURCE_ADDRESS"),
+            (
+                ErrorCode::InvalidArgument,
+                Reason::BadSourceAddress.as_str()
+            ),
             "{e:?}"
         );
     }
@@ -521,7 +525,10 @@ async fn a_copy_batch_naming_a_user_twice_is_malformed() {
         .unwrap_err();
     assert_eq!(
         (error_code(&e), error_detail(&e).reason.as_str()),
-        (ErrorCode::InvalidArgument, "MALFORMED_REQUEST"),
+        (
+            ErrorCode::InvalidArgument,
+            Reason::MalformedRequest.as_str()
+        ),
         "{e:?}"
     );
     assert!(e.message().contains("user 7"), "{}", e.message());
@@ -632,7 +639,7 @@ async fn a_chunk_for_a_conversation_not_moving_here_is_refused_and_changes_nothi
             .unwrap_err();
         assert_eq!(
             (error_code(&e), error_detail(&e).reason.as_str()),
-            (ErrorCode::InvalidArgument, "NOT_MOVING_HERE"),
+            (ErrorCode::InvalidArgument, Reason::NotMovingHere.as_str()),
             "{name}: {e:?}"
         );
     }

@@ -7,6 +7,7 @@
 //! does; a cell killed between upload, manifest commit and hot delete
 //! loses and duplicates nothing.
 
+use cellmesh_proto::reason::Reason;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -199,7 +200,7 @@ async fn a_damaged_segment_is_reported_and_never_served() {
         .unwrap_err();
     assert_eq!(
         error_detail(&status).reason,
-        "SEGMENT_CORRUPT",
+        Reason::SegmentCorrupt.as_str(),
         "{status:?}"
     );
     // The hot tail and the intact segment still serve.

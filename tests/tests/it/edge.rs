@@ -3,6 +3,7 @@
 //! seen yet), cells refuse what they do not own with WRONG_CELL and refuse
 //! callers without the deployment secret.
 
+use cellmesh_proto::reason::Reason;
 use std::time::Duration;
 
 use cellmesh_edge::RunningEdge;
@@ -120,7 +121,10 @@ async fn the_edge_rejects_missing_expired_forged_and_cross_tenant_requests() {
     let missing = m.send(tonic::Request::new(send(conv, "a", "x"))).await;
     assert_eq!(
         reason(missing),
-        (ErrorCode::Unauthenticated, "MISSING_TOKEN".into())
+        (
+            ErrorCode::Unauthenticated,
+            Reason::MissingToken.as_str().into()
+        )
     );
     let expired = TokenKey::new(TOKEN_SECRET).issue(&Claims {
         tenant: 1,
@@ -132,7 +136,10 @@ async fn the_edge_rejects_missing_expired_forged_and_cross_tenant_requests() {
     let r = m.send(authed(send(conv, "b", "x"), &expired)).await;
     assert_eq!(
         reason(r),
-        (ErrorCode::Unauthenticated, "TOKEN_EXPIRED".into())
+        (
+            ErrorCode::Unauthenticated,
+            Reason::TokenExpired.as_str().into()
+        )
     );
     let forged = TokenKey::new("another-deployment-secret").issue(&Claims {
         tenant: 1,
@@ -144,7 +151,10 @@ async fn the_edge_rejects_missing_expired_forged_and_cross_tenant_requests() {
     let r = m.send(authed(send(conv, "c", "x"), &forged)).await;
     assert_eq!(
         reason(r),
-        (ErrorCode::Unauthenticated, "BAD_SIGNATURE".into())
+        (
+            ErrorCode::Unauthenticated,
+            Reason::BadSignature.as_str().into()
+        )
     );
     // A token of tenant 1 cannot act for tenant 2, nor as another user.
     let r = m
@@ -158,7 +168,10 @@ async fn the_edge_rejects_missing_expired_forged_and_cross_tenant_requests() {
         .await;
     assert_eq!(
         reason(r),
-        (ErrorCode::PermissionDenied, "CROSS_TENANT".into())
+        (
+            ErrorCode::PermissionDenied,
+            Reason::CrossTenant.as_str().into()
+        )
     );
     let r = m
         .send(authed(
@@ -171,7 +184,10 @@ async fn the_edge_rejects_missing_expired_forged_and_cross_tenant_requests() {
         .await;
     assert_eq!(
         reason(r),
-        (ErrorCode::PermissionDenied, "CALLER_MISMATCH".into())
+        (
+            ErrorCode::PermissionDenied,
+            Reason::CallerMismatch.as_str().into()
+        )
     );
     // A user of another tenant cannot reach tenant 1's conversation.
     let mallory = token(2, 10);
@@ -236,7 +252,7 @@ async fn a_request_routed_by_a_stale_edge_reaches_the_new_owner() {
                 moved = Some(applied);
                 break;
             }
-            Err(e) if error_detail(&e).reason == "STALE_EPOCH" && attempt < 4 => {
+            Err(e) if error_detail(&e).reason == Reason::StaleEpoch.as_str() && attempt < 4 => {
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
             Err(e) => panic!("moving tenant 3: {e:?}"),
@@ -325,10 +341,10 @@ async fn the_edge_takes_rotated_keys_and_refuses_revoked_and_overlong_tokens() {
         .await
         .expect("the first key's token");
     for (token, expected) in [
-        (revoked, "TOKEN_REVOKED"),
+        (revoked, Reason::TokenRevoked.as_str()),
         (
             newer.issue(&claims(now_secs() + 7200)),
-            "TOKEN_LIFETIME_TOO_LONG",
+            Reason::TokenLifetimeTooLong.as_str(),
         ),
     ] {
         let e = m
@@ -364,7 +380,10 @@ async fn an_edge_with_a_directory_refuses_users_the_tenant_does_not_have() {
     let unknown = |e: tonic::Status| {
         assert_eq!(
             (e.code(), error_detail(&e).reason),
-            (tonic::Code::Unauthenticated, "UNKNOWN_USER".to_string()),
+            (
+                tonic::Code::Unauthenticated,
+                Reason::UnknownUser.as_str().to_string()
+            ),
             "{e:?}"
         );
     };

@@ -8,6 +8,7 @@
 //! cannot reach with a stable code, and the route table shows the floors
 //! the failover set.
 
+use cellmesh_proto::reason::Reason;
 use std::time::Duration;
 
 use cellmesh_cell::failpoints;
@@ -232,7 +233,7 @@ async fn an_owner_the_edge_cannot_reach_is_answered_with_a_stable_code() {
         .send(authed(text(conv, "to-nobody"), &alice))
         .await
         .unwrap_err();
-    let detail = assert_reason(&e, ErrorCode::RetryLater, "OWNER_UNREACHABLE");
+    let detail = assert_reason(&e, ErrorCode::RetryLater, Reason::OwnerUnreachable.as_str());
     let route = detail.route.expect("the route the edge tried");
     assert_eq!(route.cell_id, FAILED);
 }

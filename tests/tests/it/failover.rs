@@ -3,6 +3,7 @@
 //! seq, new sends through the edge succeed there within seconds, and older
 //! history is reported as temporarily unavailable instead of missing.
 
+use cellmesh_proto::reason::Reason;
 use std::time::{Duration, Instant};
 
 use cellmesh_chaos::history::{Floor, History, Outcome, SendOp};
@@ -344,7 +345,8 @@ async fn a_cell_cut_off_from_its_standby_stops_below_the_failover_floor() {
             Err(e) => {
                 let detail = cellmesh_proto::status::error_detail(&e);
                 assert!(
-                    format!("{}{}", detail.reason, e.message()).contains("CHECKPOINT_BEHIND"),
+                    format!("{}{}", detail.reason, e.message())
+                        .contains(Reason::CheckpointBehind.as_str()),
                     "{e:?}"
                 );
                 fenced = true;
@@ -411,7 +413,7 @@ async fn a_cut_off_cell_stops_writing_when_its_owner_lease_runs_out() {
         }
     };
     assert!(
-        format!("{:?}", refused).contains("OWNER_LEASE_EXPIRED"),
+        format!("{:?}", refused).contains(Reason::OwnerLeaseExpired.as_str()),
         "{refused:?}"
     );
     println!(
@@ -482,7 +484,7 @@ async fn a_cell_whose_disk_fails_is_failed_over() {
             Ok(r) => break r.into_inner(),
             Err(e) => {
                 let d = cellmesh_proto::status::error_detail(&e);
-                if d.reason == "STORAGE_FAILED" {
+                if d.reason == Reason::StorageFailed.as_str() {
                     storage_failed += 1;
                 }
                 assert!(
@@ -551,7 +553,7 @@ async fn a_manual_failover_moves_routes_only_once_the_cut_off_cell_stopped_writi
     // The moment the successor owns it, the cut-off cell refuses.
     let refused = direct.send(send("after the move")).await.unwrap_err();
     assert!(
-        format!("{refused:?}").contains("OWNER_LEASE_EXPIRED"),
+        format!("{refused:?}").contains(Reason::OwnerLeaseExpired.as_str()),
         "{refused:?}"
     );
 }

@@ -2,6 +2,7 @@
 //! hides for one user only, read state never moves backwards, idempotency
 //! records expire after their TTL, and state survives a clean restart.
 
+use cellmesh_proto::reason::Reason;
 use std::sync::Arc;
 
 use cellmesh_cell::clock::ManualClock;
@@ -58,7 +59,10 @@ async fn recall_edit_and_delete_for_me_show_in_history() {
         })
         .await
         .unwrap_err();
-    assert_eq!(error_detail(&status).reason, "MESSAGE_RECALLED");
+    assert_eq!(
+        error_detail(&status).reason,
+        Reason::MessageRecalled.as_str()
+    );
     c.delete_for_me(DeleteForMeRequest {
         caller: caller(T, 2),
         conversation_id: conv,
@@ -254,7 +258,7 @@ async fn admins_remove_others_and_anyone_leaves() {
     let reason = |e: tonic::Status| (e.code(), error_detail(&e).reason);
     let not_admin = (
         tonic::Code::PermissionDenied,
-        "NOT_CONVERSATION_ADMIN".to_string(),
+        Reason::NotConversationAdmin.as_str().to_string(),
     );
     for (by, users) in [(2, vec![3]), (2, vec![2, 1])] {
         let e = c
@@ -292,9 +296,9 @@ async fn admins_remove_others_and_anyone_leaves() {
     let e = c.remove_members(remove(2, vec![5])).await.unwrap_err();
     assert_eq!(reason(e), not_admin, "a former admin removes");
     for (request, expected) in [
-        (role(4, 1, false), "ILLEGAL_TRANSITION"),
-        (role(4, 3, true), "RECIPIENT_NOT_A_MEMBER"),
-        (role(4, 0, true), "INVALID_USER_ID"),
+        (role(4, 1, false), Reason::IllegalTransition.as_str()),
+        (role(4, 3, true), Reason::RecipientNotAMember.as_str()),
+        (role(4, 0, true), Reason::InvalidUserId.as_str()),
     ] {
         let e = c.set_member_role(request).await.unwrap_err();
         assert_eq!(

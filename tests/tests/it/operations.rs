@@ -5,6 +5,7 @@
 //! move holds (its route says so) until it is resumed. Bad requests get
 //! stable codes.
 
+use cellmesh_proto::reason::Reason;
 use std::time::Duration;
 
 use cellmesh_control_plane::server::{
@@ -330,7 +331,10 @@ async fn bad_operation_requests_get_stable_codes() {
         .unwrap_err();
     assert_eq!(
         reason(e),
-        (tonic::Code::InvalidArgument, "UNKNOWN_CELL".into())
+        (
+            tonic::Code::InvalidArgument,
+            Reason::UnknownCell.as_str().into()
+        )
     );
     let e = client
         .start(authed(StartOperationRequest { spec: None }))
@@ -338,7 +342,10 @@ async fn bad_operation_requests_get_stable_codes() {
         .unwrap_err();
     assert_eq!(
         reason(e),
-        (tonic::Code::InvalidArgument, "MISSING_SPEC".into())
+        (
+            tonic::Code::InvalidArgument,
+            Reason::MissingSpec.as_str().into()
+        )
     );
     let e = client
         .start(authed(StartOperationRequest {
@@ -352,7 +359,10 @@ async fn bad_operation_requests_get_stable_codes() {
         .unwrap_err();
     assert_eq!(
         reason(e),
-        (tonic::Code::InvalidArgument, "MISSING_ID".into())
+        (
+            tonic::Code::InvalidArgument,
+            Reason::MissingId.as_str().into()
+        )
     );
     let e = client
         .get(authed(OperationRequest {
@@ -362,7 +372,10 @@ async fn bad_operation_requests_get_stable_codes() {
         .unwrap_err();
     assert_eq!(
         reason(e),
-        (tonic::Code::NotFound, "OPERATION_NOT_FOUND".into())
+        (
+            tonic::Code::NotFound,
+            Reason::OperationNotFound.as_str().into()
+        )
     );
     // A drain picks its moves as it goes: it cannot be held.
     let drain = client
@@ -384,7 +397,10 @@ async fn bad_operation_requests_get_stable_codes() {
         .unwrap_err();
     assert_eq!(
         (e.code(), error_detail(&e).reason),
-        (tonic::Code::InvalidArgument, "NOT_PAUSABLE".into())
+        (
+            tonic::Code::InvalidArgument,
+            Reason::NotPausable.as_str().into()
+        )
     );
     // A cell's record of its retention deletions is listed, never run,
     // cancelled or paused by the control plane.
@@ -410,7 +426,10 @@ async fn bad_operation_requests_get_stable_codes() {
         .unwrap_err();
         assert_eq!(
             (e.code(), error_detail(&e).reason),
-            (tonic::Code::InvalidArgument, "RUNS_IN_CELL".into()),
+            (
+                tonic::Code::InvalidArgument,
+                Reason::RunsInCell.as_str().into()
+            ),
             "{call}"
         );
     }

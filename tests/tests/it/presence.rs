@@ -1,5 +1,6 @@
 //! Presence, typing notices and notifications for offline users.
 
+use cellmesh_proto::reason::Reason;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -163,7 +164,7 @@ async fn a_device_streams_once_and_a_user_from_so_many_devices() {
     let e = s.subscribe(tablet()).await.unwrap_err();
     assert_eq!(
         (error_code(&e), error_detail(&e).reason.as_str()),
-        (ErrorCode::RateLimited, "TOO_MANY_STREAMS")
+        (ErrorCode::RateLimited, Reason::TooManyStreams.as_str())
     );
     // Another user has their own streams.
     let _other = subscribe(&mut s, T, 2, "tablet", 0).await;
@@ -183,7 +184,7 @@ async fn a_device_streams_once_and_a_user_from_so_many_devices() {
     .expect("with a status");
     assert_eq!(
         error_detail(&ended).reason,
-        "STREAM_SUPERSEDED",
+        Reason::StreamSuperseded.as_str(),
         "{ended:?}"
     );
     // A device that goes frees its place.

@@ -2,6 +2,7 @@
 //! failover, catch-up by snapshot, linearizable reads, the watch stream
 //! across reconnects, membership changes, validation and restarts.
 
+use cellmesh_proto::reason::Reason;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
@@ -335,7 +336,9 @@ async fn concurrent_writes_share_log_entries_and_each_gets_its_own_answer() {
     for (i, tenant, answer) in answers {
         match (i, answer) {
             (62 | 63, answer) => twice.push(answer),
-            (i, Err(e)) if i % 8 == 0 => assert_eq!(error_detail(&e).reason, "UNKNOWN_CELL"),
+            (i, Err(e)) if i % 8 == 0 => {
+                assert_eq!(error_detail(&e).reason, Reason::UnknownCell.as_str())
+            }
             (i, Ok(r)) if i % 8 != 0 => {
                 indexes.insert(r.index);
                 placed.push((tenant, r.index));
@@ -349,7 +352,7 @@ async fn concurrent_writes_share_log_entries_and_each_gets_its_own_answer() {
         twice
             .iter()
             .filter_map(|a| a.as_ref().err())
-            .all(|e| error_detail(e).reason == "STALE_EPOCH"),
+            .all(|e| error_detail(e).reason == Reason::StaleEpoch.as_str()),
         "{twice:?}"
     );
     assert_eq!(placed.len(), 54);
@@ -383,7 +386,7 @@ async fn invalid_writes_get_stable_codes_and_calls_need_the_secret() {
     let d = error_detail(&e);
     assert_eq!(
         (d.code, d.reason.as_str()),
-        (ErrorCode::NotFound as i32, "UNKNOWN_CELL")
+        (ErrorCode::NotFound as i32, Reason::UnknownCell.as_str())
     );
     let placed = client
         .apply(assign_tenant(1, "eu-west/c1", 0))
@@ -393,7 +396,7 @@ async fn invalid_writes_get_stable_codes_and_calls_need_the_secret() {
         .apply(assign_tenant(1, "eu-west/c2", placed.index - 1))
         .await
         .unwrap_err();
-    assert_eq!(error_detail(&e).reason, "STALE_EPOCH");
+    assert_eq!(error_detail(&e).reason, Reason::StaleEpoch.as_str());
     let e = client
         .apply(update_route(
             &Key::conversation(1, 2),
@@ -402,7 +405,7 @@ async fn invalid_writes_get_stable_codes_and_calls_need_the_secret() {
         ))
         .await
         .unwrap_err();
-    assert_eq!(error_detail(&e).reason, "ILLEGAL_TRANSITION");
+    assert_eq!(error_detail(&e).reason, Reason::IllegalTransition.as_str());
     let e = client
         .apply(pb::RouteCommand { command: None })
         .await

@@ -1,6 +1,7 @@
 //! Send: idempotency under concurrent repeats, gapless ordering under
 //! concurrent senders, group commit, rate limits.
 
+use cellmesh_proto::reason::Reason;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -170,7 +171,7 @@ async fn rate_limits_answer_rate_limited_with_retry_after() {
         .unwrap_err();
     assert_eq!(error_code(&status), ErrorCode::RateLimited);
     let detail = error_detail(&status);
-    assert_eq!(detail.reason, "USER_RATE_LIMITED");
+    assert_eq!(detail.reason, Reason::UserRateLimited.as_str());
     assert!(detail.retry_after_ms > 0 && detail.retry_after_ms <= 1000);
     // A re-send of an acknowledged message gets its answer, limited or not.
     let again = client
@@ -228,7 +229,7 @@ async fn other_mutating_calls_are_rate_limited_per_user() {
     };
     let expected = (
         ErrorCode::RateLimited,
-        "USER_RATE_LIMITED".to_string(),
+        Reason::UserRateLimited.as_str().to_string(),
         true,
     );
     let heartbeat = sync

@@ -3,6 +3,7 @@
 //! from its `ErrorInfo`, the code and the owner route from its metadata,
 //! and the wait from its `RetryInfo`.
 
+use cellmesh_proto::reason::Reason;
 use cellmesh_tests::deploy::*;
 use tonic_types::StatusExt;
 
@@ -21,7 +22,7 @@ async fn a_generic_grpc_client_reads_the_reason_from_the_standard_details() {
     let info = details.error_info().expect("an ErrorInfo");
     assert_eq!(
         (info.reason.as_str(), info.domain.as_str()),
-        ("EMPTY_BODY", "cellmesh")
+        (Reason::EmptyBody.as_str(), "cellmesh")
     );
     assert_eq!(info.metadata["code"], "INVALID_ARGUMENT");
     assert!(details.retry_info().is_none());
@@ -36,8 +37,8 @@ async fn a_generic_grpc_client_reads_the_reason_from_the_standard_details() {
     assert_eq!(e.code(), tonic::Code::Unavailable, "{e}");
     let details = e.get_error_details();
     let info = details.error_info().expect("an ErrorInfo");
-    assert_eq!(info.reason, "OWNER_UNREACHABLE");
-    assert_eq!(info.metadata["code"], "RETRY_LATER");
+    assert_eq!(info.reason, Reason::OwnerUnreachable.as_str());
+    assert_eq!(info.metadata["code"], Reason::RetryLater.as_str());
     assert_eq!(info.metadata["cell_id"], "eu-west/c1");
     let wait = details.retry_info().and_then(|r| r.retry_delay);
     assert!(wait.is_some_and(|w| !w.is_zero()), "{wait:?}");

@@ -2,6 +2,7 @@
 //! sees one order; a reconnecting device gets exactly what it missed; a deep
 //! backlog produces a Rebase; large groups cost a constant number of writes.
 
+use cellmesh_proto::reason::Reason;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -468,7 +469,7 @@ async fn directed_messages_reach_and_show_to_their_recipients_only() {
     let status = c.send(stranger).await.unwrap_err();
     assert_eq!(
         cellmesh_proto::status::error_detail(&status).reason,
-        "RECIPIENT_NOT_A_MEMBER"
+        Reason::RecipientNotAMember.as_str()
     );
     cell.stop().await;
 }

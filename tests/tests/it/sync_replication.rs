@@ -5,6 +5,7 @@
 //! answer shipping switched off. A standby that cannot be reached fails the
 //! write with a stable code, and the retry is answered once it is back.
 
+use cellmesh_proto::reason::Reason;
 use std::time::Duration;
 
 use cellmesh_cell::config::ReplicationMode;
@@ -125,7 +126,11 @@ async fn in_sync_mode_a_write_the_standby_did_not_store_is_not_acknowledged() {
         .send(authed(text(conv, "second"), &alice))
         .await
         .unwrap_err();
-    assert_reason(&e, ErrorCode::RetryLater, "STANDBY_UNREACHABLE");
+    assert_reason(
+        &e,
+        ErrorCode::RetryLater,
+        Reason::StandbyUnreachable.as_str(),
+    );
 
     // Back (on a new port it registers): the retry is answered with the
     // seq the failed attempt stored, now on the standby too.
@@ -175,7 +180,7 @@ async fn a_cell_refuses_to_store_a_replica_of_what_it_owns() {
     cellmesh_proto::secret::ClusterSecret::new(cellmesh_tests::router::SECRET).attach(&mut request);
     let e = peer.replicate(request).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e}");
-    assert_eq!(error_detail(&e).reason, "NOT_A_STANDBY");
+    assert_eq!(error_detail(&e).reason, Reason::NotAStandby.as_str());
 }
 
 /// A standby stores messages only of a conversation it holds the record
@@ -218,7 +223,11 @@ async fn a_standby_refuses_messages_of_a_conversation_it_has_no_record_of() {
         request
     };
     let e = peer.replicate(write(1, None)).await.unwrap_err();
-    assert_eq!(error_detail(&e).reason, "STANDBY_LACKS_META", "{e}");
+    assert_eq!(
+        error_detail(&e).reason,
+        Reason::StandbyLacksMeta.as_str(),
+        "{e}"
+    );
     assert_eq!(error_detail(&e).code, ErrorCode::RetryLater as i32);
     let meta = ConversationMeta {
         record: Some(cellmesh_proto::storage::v1::ConversationRecord {
@@ -236,7 +245,7 @@ async fn a_standby_refuses_messages_of_a_conversation_it_has_no_record_of() {
     let mut foreign = meta.clone();
     foreign.record.as_mut().unwrap().tenant_id = 2;
     let e = peer.replicate(write(1, Some(foreign))).await.unwrap_err();
-    assert_eq!(error_detail(&e).reason, "WRONG_TENANT", "{e}");
+    assert_eq!(error_detail(&e).reason, Reason::WrongTenant.as_str(), "{e}");
     let stored = peer.replicate(write(1, Some(meta))).await.unwrap();
     assert_eq!(stored.into_inner().stored, 1);
     // Now the standby holds the record: later writes need no meta.
@@ -278,7 +287,7 @@ async fn in_sync_mode_an_answer_whose_message_never_arrived_waits_for_the_backfi
         .send(authed(text(conv, "ghost"), &alice))
         .await
         .unwrap_err();
-    assert_reason(&e, ErrorCode::RetryLater, "AWAITING_BACKFILL");
+    assert_reason(&e, ErrorCode::RetryLater, Reason::AwaitingBackfill.as_str());
     // Requests whose messages it holds are answered as before.
     let again = resend(&mut m, &alice, conv, 3).await;
     assert_eq!((again.seq, again.duplicate), (answers[3].seq, true));

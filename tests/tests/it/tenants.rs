@@ -6,6 +6,7 @@
 //! cleaning up after it) leaves the other tenant's user of the same id
 //! untouched.
 
+use cellmesh_proto::reason::Reason;
 use std::collections::HashSet;
 use std::time::Duration;
 
@@ -255,7 +256,10 @@ async fn tenants_on_one_cell_with_the_same_user_ids_never_see_each_other() {
     let r = c.m.pull(authed(pull, &token(2, 2))).await;
     assert_eq!(
         reason(r),
-        (ErrorCode::NotFound, "CONVERSATION_NOT_FOUND".into())
+        (
+            ErrorCode::NotFound,
+            Reason::ConversationNotFound.as_str().into()
+        )
     );
     let mute = SetMutedRequest {
         conversation_id: one,

@@ -7,6 +7,7 @@
 //! the router they name); a certificate renewed on disk is served without a
 //! restart, and one revoked is refused on new and open connections.
 
+use cellmesh_proto::reason::Reason;
 use std::path::Path;
 
 use cellmesh_proto::raft::v1 as raft;
@@ -60,7 +61,10 @@ fn refused(e: &tonic::Status) -> (tonic::Code, String) {
 }
 
 fn denied() -> (tonic::Code, String) {
-    (tonic::Code::PermissionDenied, "ROLE_NOT_ALLOWED".into())
+    (
+        tonic::Code::PermissionDenied,
+        Reason::RoleNotAllowed.as_str().into(),
+    )
 }
 
 fn register(cell: &str, address: &str) -> RouteCommand {
@@ -282,7 +286,10 @@ async fn with_mutual_tls_each_role_calls_only_what_it_may() {
     };
     assert_eq!(
         refused(&e),
-        (tonic::Code::PermissionDenied, "CERTIFICATE_REVOKED".into()),
+        (
+            tonic::Code::PermissionDenied,
+            Reason::CertificateRevoked.as_str().into()
+        ),
         "{e:?}"
     );
     if let Ok(channel) = dial(cell_url, &tls, "edge-eu-west", &tls).await {

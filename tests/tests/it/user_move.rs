@@ -5,6 +5,7 @@
 //! come along, and the old home refuses the user afterwards. The home then
 //! moves back, over the old copy it left behind.
 
+use cellmesh_proto::reason::Reason;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -214,7 +215,7 @@ async fn a_user_home_moves_under_load_and_the_device_goes_on_from_its_cursor() {
         assert!(seqs.contains(seq), "acked seq {seq} never arrived");
     }
     assert!(
-        seen.ends.iter().any(|r| r == "NOT_OWNER"),
+        seen.ends.iter().any(|r| r == Reason::NotOwner.as_str()),
         "the old home never told the device to move: {:?}",
         seen.ends
     );
