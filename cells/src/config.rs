@@ -476,88 +476,16 @@ impl CellConfig {
         self.telemetry.validate()?;
         self.tiering.validate()?;
         self.attachments.validate()?;
-        const DAY_S: u64 = 86_400;
-        let l = &self.limits;
-        check_range("limits.max_body_bytes", l.max_body_bytes, 1, 4 << 20)?;
-        check_range(
-            "limits.max_group_members",
-            l.max_group_members,
-            2,
-            1_000_000,
-        )?;
-        check_range(
-            "limits.max_members_per_request",
-            l.max_members_per_request,
-            1,
-            100_000,
-        )?;
-        check_range("limits.max_pull_limit", l.max_pull_limit, 1, 100_000)?;
-        check_range(
-            "limits.max_client_req_id_bytes",
-            l.max_client_req_id_bytes,
-            1,
-            1024,
-        )?;
-        check_range("limits.max_title_bytes", l.max_title_bytes, 1, 65_536)?;
-        check_range(
-            "limits.edit_window_secs",
-            l.edit_window_secs,
-            0,
-            365 * DAY_S,
-        )?;
-        let r = &self.rate_limit;
-        for (field, value) in [
-            ("rate_limit.user_per_sec", r.user_per_sec),
-            ("rate_limit.user_burst", r.user_burst),
-            ("rate_limit.conversation_per_sec", r.conversation_per_sec),
-            ("rate_limit.conversation_burst", r.conversation_burst),
-            ("rate_limit.user_calls_per_sec", r.user_calls_per_sec),
-            ("rate_limit.user_calls_burst", r.user_calls_burst),
-        ] {
-            check_range(field, value, 1, 1_000_000)?;
-        }
+        self.limits.validate()?;
+        self.rate_limit.validate()?;
         check_range(
             "idempotency.ttl_secs",
             self.idempotency.ttl_secs,
             1,
             30 * DAY_S,
         )?;
-        let s = &self.storage;
-        check_range(
-            "storage.group_commit_max_batch",
-            s.group_commit_max_batch,
-            1,
-            65_536,
-        )?;
-        check_range(
-            "storage.commit_queue_depth",
-            s.commit_queue_depth,
-            1,
-            1 << 20,
-        )?;
-        check_range("storage.block_cache_mb", s.block_cache_mb, 1, 1 << 20)?;
-        check_range("storage.write_buffer_mb", s.write_buffer_mb, 1, 65_536)?;
-        check(
-            "queue.partitions",
-            (1..=1024).contains(&self.queue.partitions),
-            "must be between 1 and 1024",
-        )?;
-        check(
-            "queue.kafka.brokers",
-            self.queue.backend != QueueBackend::Kafka || !self.queue.kafka.brokers.is_empty(),
-            "is required when queue.backend = \"kafka\"",
-        )?;
-        check(
-            "queue.kafka.request_timeout_ms",
-            (1_000..=30_000).contains(&self.queue.kafka.request_timeout_ms),
-            "must be between 1000 (above the consumer's fetch wait) and 30000 (the publish timeout)",
-        )?;
-        check_range(
-            "queue.kafka.session_timeout_ms",
-            self.queue.kafka.session_timeout_ms,
-            1_000,
-            300_000,
-        )?;
+        self.storage.validate()?;
+        self.queue.validate()?;
         check_range("fanout.batch", self.fanout.batch, 1, 65_536)?;
         check_range(
             "fanout.large_group_threshold",
@@ -583,25 +511,7 @@ impl CellConfig {
             1,
             1_024,
         )?;
-        let routing = &self.routing;
-        check_range("routing.lease_ttl_ms", routing.lease_ttl_ms, 1_000, 600_000)?;
-        check_range(
-            "routing.checkpoint_interval_ms",
-            routing.checkpoint_interval_ms,
-            10,
-            600_000,
-        )?;
-        check_range("routing.owner_lease_ms", routing.owner_lease_ms, 0, 600_000)?;
-        check_range(
-            "routing.cleanup_grace_secs",
-            routing.cleanup_grace_secs,
-            0,
-            365 * DAY_S,
-        )?;
-        check_grpc_urls("routing.routers", &self.routing.routers)?;
-        if !self.routing.advertise.is_empty() {
-            check_grpc_urls("routing.advertise", [&self.routing.advertise])?;
-        }
+        self.routing.validate()?;
         for (user, endpoint) in &self.homes.remote {
             check(
                 "homes.remote",
@@ -629,6 +539,129 @@ impl CellConfig {
                 url.starts_with("http://"),
                 "must be an http:// URL",
             )?;
+        }
+        Ok(())
+    }
+}
+
+/// A day, for ranges of seconds.
+const DAY_S: u64 = 86_400;
+
+impl LimitsConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        check_range("limits.max_body_bytes", self.max_body_bytes, 1, 4 << 20)?;
+        check_range(
+            "limits.max_group_members",
+            self.max_group_members,
+            2,
+            1_000_000,
+        )?;
+        check_range(
+            "limits.max_members_per_request",
+            self.max_members_per_request,
+            1,
+            100_000,
+        )?;
+        check_range("limits.max_pull_limit", self.max_pull_limit, 1, 100_000)?;
+        check_range(
+            "limits.max_client_req_id_bytes",
+            self.max_client_req_id_bytes,
+            1,
+            1024,
+        )?;
+        check_range("limits.max_title_bytes", self.max_title_bytes, 1, 65_536)?;
+        check_range(
+            "limits.edit_window_secs",
+            self.edit_window_secs,
+            0,
+            365 * DAY_S,
+        )?;
+        Ok(())
+    }
+}
+
+impl RateLimitConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        for (field, value) in [
+            ("rate_limit.user_per_sec", self.user_per_sec),
+            ("rate_limit.user_burst", self.user_burst),
+            ("rate_limit.conversation_per_sec", self.conversation_per_sec),
+            ("rate_limit.conversation_burst", self.conversation_burst),
+            ("rate_limit.user_calls_per_sec", self.user_calls_per_sec),
+            ("rate_limit.user_calls_burst", self.user_calls_burst),
+        ] {
+            check_range(field, value, 1, 1_000_000)?;
+        }
+        Ok(())
+    }
+}
+
+impl StorageConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        check_range(
+            "storage.group_commit_max_batch",
+            self.group_commit_max_batch,
+            1,
+            65_536,
+        )?;
+        check_range(
+            "storage.commit_queue_depth",
+            self.commit_queue_depth,
+            1,
+            1 << 20,
+        )?;
+        check_range("storage.block_cache_mb", self.block_cache_mb, 1, 1 << 20)?;
+        check_range("storage.write_buffer_mb", self.write_buffer_mb, 1, 65_536)?;
+        Ok(())
+    }
+}
+
+impl QueueConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        check(
+            "queue.partitions",
+            (1..=1024).contains(&self.partitions),
+            "must be between 1 and 1024",
+        )?;
+        check(
+            "queue.kafka.brokers",
+            self.backend != QueueBackend::Kafka || !self.kafka.brokers.is_empty(),
+            "is required when queue.backend = \"kafka\"",
+        )?;
+        check(
+            "queue.kafka.request_timeout_ms",
+            (1_000..=30_000).contains(&self.kafka.request_timeout_ms),
+            "must be between 1000 (above the consumer's fetch wait) and 30000 (the publish timeout)",
+        )?;
+        check_range(
+            "queue.kafka.session_timeout_ms",
+            self.kafka.session_timeout_ms,
+            1_000,
+            300_000,
+        )?;
+        Ok(())
+    }
+}
+
+impl RoutingConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        check_range("routing.lease_ttl_ms", self.lease_ttl_ms, 1_000, 600_000)?;
+        check_range(
+            "routing.checkpoint_interval_ms",
+            self.checkpoint_interval_ms,
+            10,
+            600_000,
+        )?;
+        check_range("routing.owner_lease_ms", self.owner_lease_ms, 0, 600_000)?;
+        check_range(
+            "routing.cleanup_grace_secs",
+            self.cleanup_grace_secs,
+            0,
+            365 * DAY_S,
+        )?;
+        check_grpc_urls("routing.routers", &self.routers)?;
+        if !self.advertise.is_empty() {
+            check_grpc_urls("routing.advertise", [&self.advertise])?;
         }
         Ok(())
     }

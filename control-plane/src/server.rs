@@ -29,6 +29,7 @@ use tonic_health::pb::health_client::HealthClient;
 use crate::failover::detector::{Detector, Verdict};
 use crate::failover::execute;
 use crate::failover::planner::{plan_failover, safety_margin};
+use crate::failover::trigger::{self, CellNow};
 use crate::operations::OperationStore;
 use crate::operations::api::OperationsApi;
 use crate::operations::runner::run_operations;
@@ -635,62 +636,66 @@ async fn run(
         }
         // Fail over every failed cell that still owns something (again after
         // a lost compare-and-set).
+        let lease = Duration::from_millis(config.failover.owner_lease_ms * 11 / 10);
         for cell in &cells {
-            if !detector.is_failed(&cell.id) {
-                continue;
-            }
-            let (owns, marked) = routes.read(|t| {
+            let (owns, marked_down) = routes.read(|t| {
                 (
                     t.routes.values().any(|e| e.cell == cell.id),
                     t.cell(&cell.id)
                         .is_some_and(|c| c.status == CellStatus::Down),
                 )
             });
-            if !owns && marked {
-                continue;
-            }
-            // Its owner lease must have run out: then it writes no more.
-            let lease = Duration::from_millis(config.failover.owner_lease_ms * 11 / 10);
-            if first_failure
-                .get(&cell.id)
-                .is_none_or(|since| since.elapsed() < lease)
-                && !marked
-            {
-                continue;
-            }
-            let plan = match routes.read(|t| plan_failover(t, &cell.id, config.margin())) {
-                Ok(plan) => plan,
-                Err(e) => {
-                    tracing::error!(cell = %cell.id, error = %e, "cannot fail over");
-                    continue;
-                }
+            let since = first_failure.get(&cell.id).copied();
+            let now = CellNow {
+                failed: detector.is_failed(&cell.id),
+                owns,
+                marked_down,
+                failing_for: since.map(|t| t.elapsed()),
             };
-            tracing::warn!(cell = %cell.id, fallback = %plan.fallback, entries = plan.moved_entries, "failing over");
-            let span = tracing::info_span!(
-                "failover",
-                cell = %cell.id,
-                fallback = %plan.fallback,
-                entries = plan.moved_entries,
-                cellmesh.always_sample = true,
-            );
-            if execute(&routes, &plan.commands)
-                .instrument(span)
-                .await
-                .is_ok()
-            {
-                let took = first_failure
-                    .get(&cell.id)
-                    .map(|t| t.elapsed())
-                    .unwrap_or_default();
-                crate::metrics::failed_over(took);
-                events.lock().expect("events").push(Event::FailedOver {
-                    cell: cell.id.clone(),
-                    fallback: plan.fallback.clone(),
-                    moved_entries: plan.moved_entries,
-                    took,
-                });
+            if trigger::due(now, lease) {
+                fail_over(&config, &routes, &cell.id, since, &events).await;
             }
         }
+    }
+}
+
+/// Plans and writes the failover of `cell`, failing since `failing_since`,
+/// recording it in `events`.
+async fn fail_over(
+    config: &ControlPlaneConfig,
+    routes: &RouteClient,
+    cell: &str,
+    failing_since: Option<Instant>,
+    events: &Mutex<Vec<Event>>,
+) {
+    let plan = match routes.read(|t| plan_failover(t, cell, config.margin())) {
+        Ok(plan) => plan,
+        Err(e) => {
+            tracing::error!(cell = %cell, error = %e, "cannot fail over");
+            return;
+        }
+    };
+    tracing::warn!(cell = %cell, fallback = %plan.fallback, entries = plan.moved_entries, "failing over");
+    let span = tracing::info_span!(
+        "failover",
+        cell = %cell,
+        fallback = %plan.fallback,
+        entries = plan.moved_entries,
+        cellmesh.always_sample = true,
+    );
+    if execute(routes, &plan.commands)
+        .instrument(span)
+        .await
+        .is_ok()
+    {
+        let took = failing_since.map(|t| t.elapsed()).unwrap_or_default();
+        crate::metrics::failed_over(took);
+        events.lock().expect("events").push(Event::FailedOver {
+            cell: cell.to_string(),
+            fallback: plan.fallback.clone(),
+            moved_entries: plan.moved_entries,
+            took,
+        });
     }
 }
 

@@ -100,18 +100,7 @@ pub async fn start(config: RouterConfig) -> Result<RunningRouter, StartError> {
 
     let (log_store, state_machine) = storage::open(&config.data_dir, config.raft.watch_history)?;
     let store = state_machine.store();
-    let raft_config = openraft::Config {
-        cluster_name: "cellmesh-routing".into(),
-        heartbeat_interval: config.raft.heartbeat_ms,
-        election_timeout_min: config.raft.election_timeout_min_ms,
-        election_timeout_max: config.raft.election_timeout_max_ms,
-        snapshot_policy: SnapshotPolicy::LogsSinceLast(config.raft.snapshot_every),
-        max_in_snapshot_log_to_keep: config.raft.keep_logs_after_snapshot,
-        install_snapshot_timeout: 10_000,
-        ..Default::default()
-    }
-    .validate()
-    .map_err(|e| StartError::Raft(e.to_string()))?;
+    let raft_config = raft_config(&config).map_err(|e| StartError::Raft(e.to_string()))?;
     let secret = ClusterSecret::new(&config.cluster_secret);
     let network = Network::new(secret.clone(), config.links.clone());
     let raft = Raft::new(
@@ -127,65 +116,20 @@ pub async fn start(config: RouterConfig) -> Result<RunningRouter, StartError> {
     let mut shutdown = Vec::new();
     let mut servers = Vec::new();
     let (stopping, _) = watch::channel(false);
-    {
-        let peer = RaftPeerServer::new(RaftPeerService { raft: raft.clone() })
-            .max_decoding_message_size(MAX_RAFT_MESSAGE)
-            .max_encoding_message_size(MAX_RAFT_MESSAGE);
-        let check = secret.clone();
-        let peer = tonic_interceptor(peer, check);
-        let (tx, rx) = oneshot::channel();
-        shutdown.push(tx);
-        servers.push(tokio::spawn(async move {
-            let result = cellmesh_proto::server::builder()
-                .layer(cellmesh_telemetry::server::ServerLayer)
-                .add_service(peer)
-                .serve_with_incoming_shutdown(
-                    cellmesh_proto::server::incoming(raft_listener),
-                    async {
-                        let _ = rx.await;
-                    },
-                )
-                .await;
-            if let Err(e) = result {
-                tracing::error!(error = %e, "raft peer server stopped");
-            }
-        }));
-    }
-    {
-        let routing = RoutingService::new(
-            raft.clone(),
-            &store,
-            stopping.subscribe(),
-            config.node_id,
-            node.clone(),
-            secret.clone(),
-        );
-        let check = secret.clone();
-        let routing = tonic_interceptor(RoutingServer::new(routing), check);
-        let std = cellmesh_proto::server::standard_services::<RoutingServer<RoutingService>>(&[])
-            .await
-            .map_err(|e| StartError::Raft(e.to_string()))?;
-        let (tx, rx) = oneshot::channel();
-        shutdown.push(tx);
-        servers.push(tokio::spawn(async move {
-            let result = cellmesh_proto::server::builder()
-                .layer(cellmesh_telemetry::server::ServerLayer)
-                .add_service(std.health)
-                .add_service(std.reflection)
-                .add_service(std.reflection_v1alpha)
-                .add_service(routing)
-                .serve_with_incoming_shutdown(
-                    cellmesh_proto::server::incoming(api_listener),
-                    async {
-                        let _ = rx.await;
-                    },
-                )
-                .await;
-            if let Err(e) = result {
-                tracing::error!(error = %e, "routing server stopped");
-            }
-        }));
-    }
+    let (tx, task) = serve_raft_peers(raft.clone(), secret.clone(), raft_listener);
+    shutdown.push(tx);
+    servers.push(task);
+    let routing = RoutingService::new(
+        raft.clone(),
+        &store,
+        stopping.subscribe(),
+        config.node_id,
+        node.clone(),
+        secret.clone(),
+    );
+    let (tx, task) = serve_routing(routing, secret.clone(), api_listener).await?;
+    shutdown.push(tx);
+    servers.push(task);
 
     let metrics = cellmesh_telemetry::admin::serve_configured(&config.metrics_listen)
         .await
@@ -224,6 +168,79 @@ pub async fn start(config: RouterConfig) -> Result<RunningRouter, StartError> {
     }
     tracing::info!(node = config.node_id, api = %api_addr, raft = %raft_addr, "router replica started");
     Ok(running)
+}
+
+/// The Raft settings of `config`, checked.
+fn raft_config(config: &RouterConfig) -> Result<openraft::Config, Box<openraft::ConfigError>> {
+    openraft::Config {
+        cluster_name: "cellmesh-routing".into(),
+        heartbeat_interval: config.raft.heartbeat_ms,
+        election_timeout_min: config.raft.election_timeout_min_ms,
+        election_timeout_max: config.raft.election_timeout_max_ms,
+        snapshot_policy: SnapshotPolicy::LogsSinceLast(config.raft.snapshot_every),
+        max_in_snapshot_log_to_keep: config.raft.keep_logs_after_snapshot,
+        install_snapshot_timeout: 10_000,
+        ..Default::default()
+    }
+    .validate()
+    .map_err(Box::new)
+}
+
+/// The Raft peer service on `listener`: the sender that stops it, and its
+/// task.
+fn serve_raft_peers(
+    raft: Raft,
+    secret: ClusterSecret,
+    listener: TcpListener,
+) -> (oneshot::Sender<()>, JoinHandle<()>) {
+    let peer = RaftPeerServer::new(RaftPeerService { raft })
+        .max_decoding_message_size(MAX_RAFT_MESSAGE)
+        .max_encoding_message_size(MAX_RAFT_MESSAGE);
+    let peer = tonic_interceptor(peer, secret);
+    let (tx, rx) = oneshot::channel();
+    let task = tokio::spawn(async move {
+        let result = cellmesh_proto::server::builder()
+            .layer(cellmesh_telemetry::server::ServerLayer)
+            .add_service(peer)
+            .serve_with_incoming_shutdown(cellmesh_proto::server::incoming(listener), async {
+                let _ = rx.await;
+            })
+            .await;
+        if let Err(e) = result {
+            tracing::error!(error = %e, "raft peer server stopped");
+        }
+    });
+    (tx, task)
+}
+
+/// The Routing API (with health and reflection) on `listener`: the sender
+/// that stops it, and its task.
+async fn serve_routing(
+    routing: RoutingService,
+    secret: ClusterSecret,
+    listener: TcpListener,
+) -> Result<(oneshot::Sender<()>, JoinHandle<()>), StartError> {
+    let routing = tonic_interceptor(RoutingServer::new(routing), secret);
+    let std = cellmesh_proto::server::standard_services::<RoutingServer<RoutingService>>(&[])
+        .await
+        .map_err(|e| StartError::Raft(e.to_string()))?;
+    let (tx, rx) = oneshot::channel();
+    let task = tokio::spawn(async move {
+        let result = cellmesh_proto::server::builder()
+            .layer(cellmesh_telemetry::server::ServerLayer)
+            .add_service(std.health)
+            .add_service(std.reflection)
+            .add_service(std.reflection_v1alpha)
+            .add_service(routing)
+            .serve_with_incoming_shutdown(cellmesh_proto::server::incoming(listener), async {
+                let _ = rx.await;
+            })
+            .await;
+        if let Err(e) = result {
+            tracing::error!(error = %e, "routing server stopped");
+        }
+    });
+    Ok((tx, task))
 }
 
 fn tonic_interceptor<S>(

@@ -2,7 +2,7 @@
 //! person to create conversations, talk and read history.
 
 use cellmesh_proto::v1::{
-    ChangeMembersRequest, ConversationKind, CreateConversationRequest, Direction,
+    Caller, ChangeMembersRequest, ConversationKind, CreateConversationRequest, Direction,
     GetConversationRequest, MarkReadRequest, Message, MessageState, MessageType, PullRequest,
     RecallRequest, SendRequest,
 };
@@ -147,29 +147,7 @@ pub async fn run(args: ChatArgs) -> anyhow::Result<()> {
             direct,
             title,
             members,
-        } => {
-            let kind = if direct {
-                ConversationKind::Direct
-            } else {
-                ConversationKind::Group
-            };
-            let response = client
-                .create_conversation(CreateConversationRequest {
-                    caller: me,
-                    kind: kind as i32,
-                    title,
-                    member_ids: members,
-                    client_req_id: new_request_id(),
-                })
-                .await
-                .map_err(call_error)?
-                .into_inner();
-            let c = response.conversation.unwrap_or_default();
-            println!(
-                "conversation {} ({} members)",
-                c.conversation_id, c.member_count
-            );
-        }
+        } => create(&mut client, me, direct, title, members).await?,
         ChatCommand::Send {
             conversation,
             to,
@@ -208,49 +186,8 @@ pub async fn run(args: ChatArgs) -> anyhow::Result<()> {
             conversation,
             limit,
             before,
-        } => {
-            let page = client
-                .pull(PullRequest {
-                    caller: me,
-                    conversation_id: conversation,
-                    since_seq: before,
-                    direction: Direction::Backward as i32,
-                    limit,
-                })
-                .await
-                .map_err(call_error)?
-                .into_inner();
-            for m in page.messages.iter().rev() {
-                println!("{}", render(m));
-            }
-            if page.has_more {
-                println!("(older: --before {})", page.next_seq);
-            }
-        }
-        ChatCommand::Info { conversation } => {
-            let r = client
-                .get_conversation(GetConversationRequest {
-                    caller: me,
-                    conversation_id: conversation,
-                    members_after: 0,
-                    member_limit: 0,
-                })
-                .await
-                .map_err(call_error)?
-                .into_inner();
-            let c = r.conversation.unwrap_or_default();
-            println!(
-                "conversation {} {:?} {:?}: {} members, latest seq {}, unread {}",
-                c.conversation_id,
-                ConversationKind::try_from(c.kind).unwrap_or_default(),
-                c.title,
-                c.member_count,
-                c.latest_seq,
-                r.unread
-            );
-            let more = if r.members_truncated { " …" } else { "" };
-            println!("members: {:?}{more}", r.member_ids);
-        }
+        } => history(&mut client, me, conversation, limit, before).await?,
+        ChatCommand::Info { conversation } => info(&mut client, me, conversation).await?,
         ChatCommand::Read { conversation, seq } => {
             let r = client
                 .mark_read(MarkReadRequest {
@@ -293,6 +230,95 @@ pub async fn run(args: ChatArgs) -> anyhow::Result<()> {
             println!("added {:?}", r.changed);
         }
     }
+    Ok(())
+}
+
+type Client = cellmesh_proto::v1::messaging_client::MessagingClient<crate::connect::Authed>;
+
+/// `chat create`: a direct or group conversation with `members`.
+async fn create(
+    client: &mut Client,
+    me: Option<Caller>,
+    direct: bool,
+    title: String,
+    members: Vec<u64>,
+) -> anyhow::Result<()> {
+    let kind = if direct {
+        ConversationKind::Direct
+    } else {
+        ConversationKind::Group
+    };
+    let response = client
+        .create_conversation(CreateConversationRequest {
+            caller: me,
+            kind: kind as i32,
+            title,
+            member_ids: members,
+            client_req_id: new_request_id(),
+        })
+        .await
+        .map_err(call_error)?
+        .into_inner();
+    let c = response.conversation.unwrap_or_default();
+    println!(
+        "conversation {} ({} members)",
+        c.conversation_id, c.member_count
+    );
+    Ok(())
+}
+
+/// `chat history`: a page of `conversation`, oldest first.
+async fn history(
+    client: &mut Client,
+    me: Option<Caller>,
+    conversation: u64,
+    limit: u32,
+    before: u64,
+) -> anyhow::Result<()> {
+    let page = client
+        .pull(PullRequest {
+            caller: me,
+            conversation_id: conversation,
+            since_seq: before,
+            direction: Direction::Backward as i32,
+            limit,
+        })
+        .await
+        .map_err(call_error)?
+        .into_inner();
+    for m in page.messages.iter().rev() {
+        println!("{}", render(m));
+    }
+    if page.has_more {
+        println!("(older: --before {})", page.next_seq);
+    }
+    Ok(())
+}
+
+/// `chat info`: what `conversation` is and who is in it.
+async fn info(client: &mut Client, me: Option<Caller>, conversation: u64) -> anyhow::Result<()> {
+    let r = client
+        .get_conversation(GetConversationRequest {
+            caller: me,
+            conversation_id: conversation,
+            members_after: 0,
+            member_limit: 0,
+        })
+        .await
+        .map_err(call_error)?
+        .into_inner();
+    let c = r.conversation.unwrap_or_default();
+    println!(
+        "conversation {} {:?} {:?}: {} members, latest seq {}, unread {}",
+        c.conversation_id,
+        ConversationKind::try_from(c.kind).unwrap_or_default(),
+        c.title,
+        c.member_count,
+        c.latest_seq,
+        r.unread
+    );
+    let more = if r.members_truncated { " …" } else { "" };
+    println!("members: {:?}{more}", r.member_ids);
     Ok(())
 }
 

@@ -1,12 +1,14 @@
 //! Unit degradation and failover (DESIGN.md §6): a [`detector`] turns health
-//! probes into verdicts with hysteresis, a pure [`planner`] turns a failed
-//! cell into route changes, and [`execute`] applies them through the route
+//! probes into verdicts with hysteresis, a pure [`trigger`] says when a
+//! failed cell is failed over, a pure [`planner`] turns it into route
+//! changes, and [`execute`] applies them through the route
 //! table's compare-and-set (a lost race is re-planned next round).
 //! [`fail_fenced`] is the failover an operator asks for.
 
 pub mod backfill;
 pub mod detector;
 pub mod planner;
+pub mod trigger;
 
 use std::time::Duration;
 

@@ -181,6 +181,20 @@ impl MoveEngine {
     /// got further. An observation the current stage does not expect is a
     /// bug in the executor.
     pub fn step(&mut self, seen: Observation) -> (Option<Progress>, Action) {
+        match self.stage {
+            Stage::Starting
+            | Stage::Round
+            | Stage::HoldingBeforeFreeze
+            | Stage::AnnouncingCatchUp { .. }
+            | Stage::Pausing
+            | Stage::PreDigest => self.step_copying(seen),
+            _ => self.step_frozen(seen),
+        }
+    }
+
+    /// Steps while writes flow: start, copy rounds, catch-up, the digest
+    /// before the freeze.
+    fn step_copying(&mut self, seen: Observation) -> (Option<Progress>, Action) {
         match (self.stage, seen) {
             (Stage::Starting, Observation::Start { copied }) => {
                 self.copied = copied;
@@ -236,6 +250,13 @@ impl MoveEngine {
                 self.stage = Stage::HoldingBeforeFreeze;
                 (None, self.hold())
             }
+            (stage, seen) => panic!("move engine: {seen:?} while {stage:?}"),
+        }
+    }
+
+    /// Steps from the freeze on: seal, final delta, verify, switch.
+    fn step_frozen(&mut self, seen: Observation) -> (Option<Progress>, Action) {
+        match (self.stage, seen) {
             (Stage::Freezing, Observation::Epoch(epoch)) => {
                 self.epoch = epoch;
                 self.stage = Stage::Sealing;
