@@ -10,6 +10,8 @@
 //! - [`sync`]: per-user sync queues pushed to devices, conversation lists,
 //!   presence and typing.
 //! - [`grpc`] and [`convert`]: the wire surface, thin over the domain.
+//! - [`migration`]: the cell's half of moves — exports, the tenant seal, the
+//!   copy loops on the target and the cold segments they fetch.
 //! - [`replication`]: replication mode `sync`, writes stored on the
 //!   standbys before the ack.
 //! - [`cold`]: the cold tier, older history as segments in object
@@ -33,6 +35,7 @@ pub mod hwm;
 pub mod ids;
 pub mod message;
 pub mod metrics;
+pub mod migration;
 pub mod ownership;
 pub mod pipeline;
 pub mod queue;

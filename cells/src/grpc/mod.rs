@@ -3,7 +3,7 @@
 mod attachments;
 mod messaging;
 mod peer;
-mod segments;
+
 mod sync;
 
 use std::sync::Arc;

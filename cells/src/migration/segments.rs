@@ -17,7 +17,7 @@ use crate::error::CellError;
 use crate::message::MessageService;
 
 /// Copies the segments of `segments` this cell's tier lacks from `source`.
-pub(super) async fn fetch_missing(
+pub(crate) async fn fetch_missing(
     service: &MessageService,
     secret: &ClusterSecret,
     source: &mut CellPeerClient<Channel>,
