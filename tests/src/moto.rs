@@ -16,8 +16,20 @@ pub struct Moto {
 }
 
 impl Moto {
-    /// Starts the server and creates `bucket`.
+    /// Starts the server and creates `bucket`. A port is free when it is
+    /// picked, not when the server binds it: a server that exits before it
+    /// answers (another process took the port) is started again elsewhere.
     pub async fn start(bucket: &str) -> Self {
+        for _ in 0..3 {
+            if let Some(moto) = Self::try_start(bucket).await {
+                return moto;
+            }
+        }
+        panic!("moto_server did not come up");
+    }
+
+    /// One try on a fresh port; `None` when the server exits first.
+    async fn try_start(bucket: &str) -> Option<Self> {
         let port = free_port();
         let child = Command::new("moto_server")
             .args(["-H", "127.0.0.1", "-p", &port.to_string()])
@@ -25,20 +37,26 @@ impl Moto {
             .stderr(Stdio::null())
             .spawn()
             .expect("moto_server (scripts/test.sh installs PyPI moto[server])");
-        let moto = Self {
+        let mut moto = Self {
             endpoint: format!("http://127.0.0.1:{port}"),
             bucket: bucket.to_string(),
             child,
         };
         // moto accepts unsigned requests: a plain PUT creates the bucket.
-        let created = crate::eventually(Duration::from_secs(30), || async move {
-            request(port, &format!("PUT /{bucket} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"))
-                .await
-                .is_some_and(|code| code == 200)
-        })
-        .await;
-        assert!(created, "moto_server did not come up");
-        moto
+        let put = format!(
+            "PUT /{bucket} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        );
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while std::time::Instant::now() < deadline {
+            if !matches!(moto.child.try_wait(), Ok(None)) {
+                return None;
+            }
+            if request(port, &put).await == Some(200) {
+                return Some(moto);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        None
     }
 
     /// Configures `config`'s cold tier to use this bucket.
