@@ -142,42 +142,15 @@ pub async fn run(args: PushArgs) -> anyhow::Result<()> {
 
     let epoch = Instant::now();
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    // Each device streams through one edge: (channel, its region's index).
-    let mut channels = Vec::new();
-    for (region, (_, endpoint)) in edges.iter().enumerate() {
-        for _ in 0..args.connections.max(1) {
-            channels.push((
-                Channel::from_shared(endpoint.clone())?.connect().await?,
-                region,
-            ));
-        }
-    }
-    let mut receivers = Vec::new();
-    for user in base + 1..=base + args.devices {
-        let (channel, region) = channels[user as usize % channels.len()].clone();
-        let mut sync = SyncClient::new(channel);
-        let request = SubscribeRequest {
-            caller: Some(Caller {
-                tenant_id: tenant,
-                user_id: user,
-                device_id: format!("bench-{user}"),
-            }),
-            from_pts: 0,
-            queue_id: 0,
-        };
-        let stream = sync
-            .subscribe(authed(dev.as_deref(), user, request))
-            .await
-            .map_err(call_error)?
-            .into_inner();
-        receivers.push(tokio::spawn(receive(
-            stream,
-            region,
-            edges.len(),
-            epoch,
-            stopped.clone(),
-        )));
-    }
+    let receivers = subscribe_devices(
+        &args,
+        dev.as_deref(),
+        (tenant, base),
+        &edges,
+        epoch,
+        &stopped,
+    )
+    .await?;
     // Let the backlog of joins drain before measuring.
     tokio::time::sleep(Duration::from_secs(1)).await;
 
@@ -185,11 +158,50 @@ pub async fn run(args: PushArgs) -> anyhow::Result<()> {
     for (_, endpoint) in &edges[1..] {
         clients.push(connect(endpoint).await?);
     }
+    let started = Instant::now();
+    let (acked, errors) = send_all(&args, clients, &users, (directs, groups), epoch).await?;
+    let send_elapsed = started.elapsed();
+    // Give in-flight pushes a moment, then stop the devices.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let _ = stop.send(true);
+    let (delivered, latency, pairs) = collect(receivers).await?;
+    let mut report = Report::new("push", delivered, errors, send_elapsed, &latency)
+        .param("devices", args.devices)
+        .param("target_sends_per_s", args.rate)
+        .param("sends_acked", acked)
+        .param("sends_per_s", acked as f64 / send_elapsed.as_secs_f64())
+        .param("group_size", args.group_size)
+        .param("direct_share", args.direct_share)
+        .param(
+            "conversations_on",
+            args.conversations_on.clone().unwrap_or_default(),
+        );
+    if dev.is_some() {
+        report = report.param("latency_ms_by_region_pair", by_region_pair(&pairs, &edges)?);
+    }
+    report.scenario = "push".into();
+    println!("(acked = pushes delivered to devices; throughput = deliveries/s)");
+    report.print();
+    if let Some(path) = &args.json {
+        report.write_json(path)?;
+    }
+    Ok(())
+}
+
+/// `--senders` senders spread over the edges' `clients`, writing at
+/// `--rate` in all until `--duration` is over: the sends acked, and the
+/// errors by code.
+async fn send_all(
+    args: &PushArgs,
+    clients: Vec<crate::send::Client>,
+    users: &Users,
+    (directs, groups): (Vec<Conv>, Vec<Conv>),
+    epoch: Instant,
+) -> anyhow::Result<(u64, BTreeMap<String, u64>)> {
     let directs = Arc::new(directs);
     let groups = Arc::new(groups);
     let per_sender = (args.rate as f64 / args.senders.max(1) as f64).max(0.001);
     let deadline = Instant::now() + args.duration;
-    let started = Instant::now();
     let mut senders = Vec::new();
     for s in 0..args.senders.max(1) {
         let region = s % clients.len();
@@ -219,12 +231,66 @@ pub async fn run(args: PushArgs) -> anyhow::Result<()> {
             *errors.entry(code).or_insert(0) += n;
         }
     }
-    let send_elapsed = started.elapsed();
-    // Give in-flight pushes a moment, then stop the devices.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let _ = stop.send(true);
+    Ok((acked, errors))
+}
+
+type Receivers = Vec<tokio::task::JoinHandle<Received>>;
+type Pairs = BTreeMap<(usize, usize), Histogram<u64>>;
+
+/// Subscribes every bench device through the edges in turn, each stream
+/// followed by a [`receive`] task until `stopped`.
+async fn subscribe_devices(
+    args: &PushArgs,
+    dev: Option<&DevTarget>,
+    (tenant, base): (u64, u64),
+    edges: &[(String, String)],
+    epoch: Instant,
+    stopped: &tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<Receivers> {
+    // Each device streams through one edge: (channel, its region's index).
+    let mut channels = Vec::new();
+    for (region, (_, endpoint)) in edges.iter().enumerate() {
+        for _ in 0..args.connections.max(1) {
+            channels.push((
+                Channel::from_shared(endpoint.clone())?.connect().await?,
+                region,
+            ));
+        }
+    }
+    let mut receivers = Vec::new();
+    for user in base + 1..=base + args.devices {
+        let (channel, region) = channels[user as usize % channels.len()].clone();
+        let mut sync = SyncClient::new(channel);
+        let request = SubscribeRequest {
+            caller: Some(Caller {
+                tenant_id: tenant,
+                user_id: user,
+                device_id: format!("bench-{user}"),
+            }),
+            from_pts: 0,
+            queue_id: 0,
+        };
+        let stream = sync
+            .subscribe(authed(dev, user, request))
+            .await
+            .map_err(call_error)?
+            .into_inner();
+        receivers.push(tokio::spawn(receive(
+            stream,
+            region,
+            edges.len(),
+            epoch,
+            stopped.clone(),
+        )));
+    }
+    Ok(receivers)
+}
+
+/// Deliveries, their latency, and latency per (sender region, device
+/// region), once every device has stopped.
+async fn collect(receivers: Receivers) -> anyhow::Result<(u64, Histogram<u64>, Pairs)> {
     let mut latency = histogram();
-    let mut pairs: BTreeMap<(usize, usize), Histogram<u64>> = BTreeMap::new();
+    let mut pairs = Pairs::new();
     let mut delivered = 0;
     for r in receivers {
         if let Ok(received) = r.await {
@@ -240,47 +306,29 @@ pub async fn run(args: PushArgs) -> anyhow::Result<()> {
             }
         }
     }
-    let mut report = Report::new("push", delivered, errors, send_elapsed, &latency)
-        .param("devices", args.devices)
-        .param("target_sends_per_s", args.rate)
-        .param("sends_acked", acked)
-        .param("sends_per_s", acked as f64 / send_elapsed.as_secs_f64())
-        .param("group_size", args.group_size)
-        .param("direct_share", args.direct_share)
-        .param(
-            "conversations_on",
-            args.conversations_on.clone().unwrap_or_default(),
+    Ok((delivered, latency, pairs))
+}
+
+/// Prints and returns the latency of each (sender region, device region).
+fn by_region_pair(pairs: &Pairs, edges: &[(String, String)]) -> anyhow::Result<serde_json::Value> {
+    println!("send -> push latency by sender region -> device region (ms):");
+    let mut by_pair = serde_json::Map::new();
+    for ((from, to), h) in pairs {
+        let l = crate::report::Latency::from_micros(h);
+        let name = format!("{} -> {}", edges[*from].0, edges[*to].0);
+        println!(
+            "  {name:<24} p50 {:>7.2}  p95 {:>7.2}  p99 {:>7.2}  max {:>7.2}  ({} pushes)",
+            l.p50,
+            l.p95,
+            l.p99,
+            l.max,
+            h.len()
         );
-    if dev.is_some() {
-        println!("send -> push latency by sender region -> device region (ms):");
-        let mut by_pair = serde_json::Map::new();
-        for ((from, to), h) in &pairs {
-            let l = crate::report::Latency::from_micros(h);
-            let name = format!("{} -> {}", edges[*from].0, edges[*to].0);
-            println!(
-                "  {name:<24} p50 {:>7.2}  p95 {:>7.2}  p99 {:>7.2}  max {:>7.2}  ({} pushes)",
-                l.p50,
-                l.p95,
-                l.p99,
-                l.max,
-                h.len()
-            );
-            let mut entry = serde_json::to_value(&l)?;
-            entry["pushes"] = h.len().into();
-            by_pair.insert(name, entry);
-        }
-        report = report.param(
-            "latency_ms_by_region_pair",
-            serde_json::Value::Object(by_pair),
-        );
+        let mut entry = serde_json::to_value(&l)?;
+        entry["pushes"] = h.len().into();
+        by_pair.insert(name, entry);
     }
-    report.scenario = "push".into();
-    println!("(acked = pushes delivered to devices; throughput = deliveries/s)");
-    report.print();
-    if let Some(path) = &args.json {
-        report.write_json(path)?;
-    }
-    Ok(())
+    Ok(serde_json::Value::Object(by_pair))
 }
 
 fn histogram() -> Histogram<u64> {
