@@ -525,14 +525,17 @@ impl MessageService {
     /// conversation's meta goes on to this cell's standbys even when it is
     /// unchanged here: this cell may hold it as a standby of the source,
     /// and its own standbys must hold it before the route switches here.
-    pub async fn import_chunk(
+    /// The conversation record of a copied `chunk` of `conversation`,
+    /// once the chunk is checked: the source answered for `tenant`, the
+    /// route moves the conversation here, no other tenant's conversation of
+    /// that id is held here, and the messages match their checksum.
+    async fn checked_chunk(
         &self,
         tenant: u64,
         conversation: u64,
-        chunk: ExportChunk,
-        describe: bool,
-    ) -> Result<u64> {
-        let record = chunk.conversation.ok_or_else(|| {
+        chunk: &mut ExportChunk,
+    ) -> Result<cellmesh_proto::storage::v1::ConversationRecord> {
+        let record = chunk.conversation.take().ok_or_else(|| {
             CellError::invalid(Reason::EmptyChunk, "the chunk has no conversation")
         })?;
         if record.tenant_id != tenant {
@@ -561,6 +564,17 @@ impl MessageService {
                 "a migration chunk arrived corrupted".into(),
             ));
         }
+        Ok(record)
+    }
+
+    pub async fn import_chunk(
+        &self,
+        tenant: u64,
+        conversation: u64,
+        mut chunk: ExportChunk,
+        describe: bool,
+    ) -> Result<u64> {
+        let record = self.checked_chunk(tenant, conversation, &mut chunk).await?;
         let now = self.now_ms();
         let stored = self.store.conv_seq(conversation)?;
         let mut latest = stored.latest_seq;
