@@ -312,6 +312,51 @@ impl MessageService {
     /// stored it yet, and the conversation's meta when none reached this
     /// cell before the failover. Nothing else of the conversation changes
     /// here, so it is safe while this cell serves sends above it.
+    /// Stages in `m` one message of the failed cell's history at `seq`
+    /// (at or below `floor`): its request's answer reconciled with what
+    /// this cell answered since, unless this cell holds it already.
+    fn backfill_message(
+        &self,
+        m: &mut Mutation,
+        (tenant, conversation): (u64, u64),
+        (floor, now): (u64, u64),
+        seq: u64,
+        mut r: MessageRecord,
+    ) -> Result<()> {
+        if !r.client_req_id.is_empty() {
+            let key = IdemKey {
+                kind: IdemKind::Send,
+                tenant,
+                user: r.sender_id,
+                client_req_id: r.client_req_id.clone(),
+            };
+            let accepted = self.store.idempotency(&key)?;
+            match reconcile(conversation, seq, floor, accepted.as_ref()) {
+                Reconcile::Keep => {}
+                Reconcile::Answer => {
+                    let expires_at_ms = self.idempotency_expiry(r.server_ts_ms);
+                    if expires_at_ms > now {
+                        m.put_idempotency(&key, &answer(conversation, seq, &r, expires_at_ms));
+                    }
+                }
+                Reconcile::LaterAnswerStands => {
+                    self.mark_duplicate(m, tenant, conversation, seq, &mut r, now)?;
+                }
+            }
+        }
+        // A `sync` standby stored it already, and may have changed it
+        // since (a recall or edit served here after the failover).
+        if self
+            .store
+            .message(conversation, seq)?
+            .is_some_and(|here| here.msg_id == r.msg_id && here.edit_version >= r.edit_version)
+        {
+            return Ok(());
+        }
+        m.put_message(conversation, seq, &r);
+        Ok(())
+    }
+
     pub async fn backfill_chunk(
         &self,
         tenant: u64,
@@ -362,54 +407,14 @@ impl MessageService {
             m.put_segment(conversation, segment);
         }
         for message in chunk.messages {
-            let Some(mut r) = message.record else {
+            let Some(r) = message.record else {
                 continue;
             };
             if message.seq > floor {
                 // Never overwrite what this cell assigned above its floor.
                 continue;
             }
-            if !r.client_req_id.is_empty() {
-                let key = IdemKey {
-                    kind: IdemKind::Send,
-                    tenant,
-                    user: r.sender_id,
-                    client_req_id: r.client_req_id.clone(),
-                };
-                let accepted = self.store.idempotency(&key)?;
-                match reconcile(conversation, message.seq, floor, accepted.as_ref()) {
-                    Reconcile::Keep => {}
-                    Reconcile::Answer => {
-                        let expires_at_ms = self.idempotency_expiry(r.server_ts_ms);
-                        if expires_at_ms > now {
-                            m.put_idempotency(
-                                &key,
-                                &answer(conversation, message.seq, &r, expires_at_ms),
-                            );
-                        }
-                    }
-                    Reconcile::LaterAnswerStands => {
-                        self.mark_duplicate(
-                            &mut m,
-                            tenant,
-                            conversation,
-                            message.seq,
-                            &mut r,
-                            now,
-                        )?;
-                    }
-                }
-            }
-            // A `sync` standby stored it already, and may have changed it
-            // since (a recall or edit served here after the failover).
-            if self
-                .store
-                .message(conversation, message.seq)?
-                .is_some_and(|here| here.msg_id == r.msg_id && here.edit_version >= r.edit_version)
-            {
-                continue;
-            }
-            m.put_message(conversation, message.seq, &r);
+            self.backfill_message(&mut m, (tenant, conversation), (floor, now), message.seq, r)?;
         }
         // The failed cell's floor jumps (an earlier failover's) join this
         // cell's, written in seq order with its sends.
