@@ -20,6 +20,52 @@ use crate::storage::{IdemKey, IdemKind, Mutation, keys};
 impl MessageService {
     /// Stores `writes` from the owner `source`; returns how many messages
     /// it stored. Refuses (`NOT_A_STANDBY`) a conversation this cell owns.
+    /// Checks a replicated write's conversation against what this standby
+    /// holds, staging in `m` the meta sent with it when the conversation is
+    /// new here (and noting it in `described`).
+    fn stage_standby_meta(
+        &self,
+        m: &mut Mutation,
+        (tenant, conversation): (u64, u64),
+        meta: Option<&cellmesh_proto::v1::ConversationMeta>,
+        described: &mut std::collections::HashSet<u64>,
+    ) -> Result<()> {
+        match self.store.conversation(conversation)? {
+            Some(stored) if stored.tenant_id != tenant => {
+                return Err(CellError::denied(
+                    Reason::WrongTenant,
+                    "conversation belongs to another tenant",
+                ));
+            }
+            Some(_) => {}
+            // A message is stored here only with its conversation: a
+            // failover must find the conversation, not just its history.
+            None if !described.contains(&conversation) => {
+                let Some(record) = meta.and_then(|m| m.record.as_ref()) else {
+                    return Err(CellError::RetryLater {
+                        reason: Reason::StandbyLacksMeta,
+                        message: format!(
+                            "this standby holds no record of conversation {conversation}: \
+                             send its meta with the write"
+                        ),
+                        retry_after: Duration::ZERO,
+                    });
+                };
+                if record.tenant_id != tenant {
+                    return Err(CellError::denied(
+                        Reason::WrongTenant,
+                        "the replicated record names another tenant",
+                    ));
+                }
+                let members = meta.map(|x| x.members.as_slice()).unwrap_or_default();
+                self.store.stage_meta(m, conversation, record, members)?;
+                described.insert(conversation);
+            }
+            None => {}
+        }
+        Ok(())
+    }
+
     pub async fn store_replicated(
         &self,
         source: &str,
@@ -64,41 +110,12 @@ impl MessageService {
                     format!("conversation {conversation} is owned here, not by {source}"),
                 ));
             }
-            match self.store.conversation(conversation)? {
-                Some(stored) if stored.tenant_id != tenant => {
-                    return Err(CellError::denied(
-                        Reason::WrongTenant,
-                        "conversation belongs to another tenant",
-                    ));
-                }
-                Some(_) => {}
-                // A message is stored here only with its conversation: a
-                // failover must find the conversation, not just its history.
-                None if !described.contains(&conversation) => {
-                    let meta = write.meta.as_ref();
-                    let Some(record) = meta.and_then(|m| m.record.as_ref()) else {
-                        return Err(CellError::RetryLater {
-                            reason: Reason::StandbyLacksMeta,
-                            message: format!(
-                                "this standby holds no record of conversation {conversation}: \
-                                 send its meta with the write"
-                            ),
-                            retry_after: Duration::ZERO,
-                        });
-                    };
-                    if record.tenant_id != tenant {
-                        return Err(CellError::denied(
-                            Reason::WrongTenant,
-                            "the replicated record names another tenant",
-                        ));
-                    }
-                    let members = meta.map(|x| x.members.as_slice()).unwrap_or_default();
-                    self.store
-                        .stage_meta(&mut m, conversation, record, members)?;
-                    described.insert(conversation);
-                }
-                None => {}
-            }
+            self.stage_standby_meta(
+                &mut m,
+                (tenant, conversation),
+                write.meta.as_ref(),
+                &mut described,
+            )?;
             // A rewrite never goes back to an older version of the message.
             let newer = match self.store.message(conversation, message.seq)? {
                 Some(old) => old.msg_id != record.msg_id || old.edit_version <= record.edit_version,
