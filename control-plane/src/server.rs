@@ -574,6 +574,8 @@ async fn run(
     let mut detector = Detector::new(config.down_after, config.up_after);
     let mut first_failure: std::collections::HashMap<String, Instant> = Default::default();
     let timeout = Duration::from_millis(config.probe_timeout_ms);
+    // One pool for the backfills of every cell that comes back.
+    let peers = Peers::new(config.links.clone());
     let mut tick = tokio::time::interval(Duration::from_millis(config.probe_interval_ms));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -620,8 +622,7 @@ async fn run(
                     cell: cell.id.clone(),
                 });
                 let (routes, events, id) = (routes.clone(), events.clone(), cell.id.clone());
-                let secret = ClusterSecret::new(&config.cluster_secret);
-                let peers = Peers::new(config.links.clone());
+                let (secret, peers) = (ClusterSecret::new(&config.cluster_secret), peers.clone());
                 tokio::spawn(async move {
                     let (conversations, messages) =
                         crate::failover::backfill::backfill(&routes, &peers, &secret, &id).await;

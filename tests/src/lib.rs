@@ -442,3 +442,17 @@ pub mod backends {
             .unwrap_or(0)
     }
 }
+
+/// A fault proxy in front of the process at `endpoint` (`http://host:port`),
+/// and the `http://` address that reaches it through the proxy.
+pub async fn link_to(endpoint: &str) -> (cellmesh_chaos::proxy::FaultProxy, String) {
+    let upstream = endpoint
+        .trim_start_matches("http://")
+        .parse()
+        .expect("host:port");
+    let link = cellmesh_chaos::proxy::FaultProxy::start("127.0.0.1:0".parse().unwrap(), upstream)
+        .await
+        .expect("a fault proxy on loopback");
+    let via = format!("http://{}", link.addr());
+    (link, via)
+}

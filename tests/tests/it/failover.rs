@@ -293,17 +293,7 @@ async fn a_cell_cut_off_from_its_standby_stops_below_the_failover_floor() {
     let margin = 120;
     let cluster = cellmesh_tests::router::RouterCluster::start(1, |_| {}).await;
     let standby = cellmesh_tests::TestCell::start_routed("eu-west/c2", cluster.endpoints()).await;
-    let link = cellmesh_chaos::proxy::FaultProxy::start(
-        "127.0.0.1:0".parse().unwrap(),
-        standby
-            .endpoint
-            .trim_start_matches("http://")
-            .parse()
-            .unwrap(),
-    )
-    .await
-    .unwrap();
-    let via = format!("http://{}", link.addr());
+    let (link, via) = cellmesh_tests::link_to(&standby.endpoint).await;
     let standby_address = standby.endpoint.clone();
     let _cell = cellmesh_tests::TestCell::start_routed_with(
         "eu-west/c1",

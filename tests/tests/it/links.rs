@@ -16,17 +16,8 @@ use super::failover::tenant_on_c1;
 async fn a_moves_copy_goes_through_the_targets_link_to_the_source() {
     let cluster = cellmesh_tests::router::RouterCluster::start(1, |_| {}).await;
     let source = cellmesh_tests::TestCell::start_routed("eu-west/c1", cluster.endpoints()).await;
-    let link = cellmesh_chaos::proxy::FaultProxy::start(
-        "127.0.0.1:0".parse().unwrap(),
-        source
-            .endpoint
-            .trim_start_matches("http://")
-            .parse()
-            .unwrap(),
-    )
-    .await
-    .unwrap();
-    let (source_address, via) = (source.endpoint.clone(), format!("http://{}", link.addr()));
+    let (link, via) = cellmesh_tests::link_to(&source.endpoint).await;
+    let source_address = source.endpoint.clone();
     let _target = cellmesh_tests::TestCell::start_routed_with(
         "eu-west/c2",
         cluster.endpoints(),

@@ -14,8 +14,9 @@ use cellmesh_proto::v1::FileCopiesRequest;
 use super::TenantProgress;
 use crate::migration::{MigrationError, Migrator};
 
-/// How often the target is asked.
-const POLL: Duration = Duration::from_millis(250);
+/// How often the target is asked (each answer walks the tenant's upload
+/// records).
+const POLL: Duration = Duration::from_secs(1);
 
 /// Files a move copied, and those still copying when it ended.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
