@@ -48,6 +48,8 @@ pub struct CellConfig {
     pub tiering: crate::cold::TieringConfig,
     /// Files and images: where they live, their limits.
     pub attachments: crate::attachments::AttachmentsConfig,
+    /// Full-text search: the tenants' indexes and their languages.
+    pub search: crate::search::SearchConfig,
 }
 
 /// When a write is acknowledged relative to this cell's standbys (the cells
@@ -333,6 +335,7 @@ impl Default for CellConfig {
             replication: ReplicationConfig::default(),
             tiering: Default::default(),
             attachments: Default::default(),
+            search: Default::default(),
         }
     }
 }
@@ -476,6 +479,7 @@ impl CellConfig {
         self.telemetry.validate()?;
         self.tiering.validate()?;
         self.attachments.validate()?;
+        self.search.validate()?;
         self.limits.validate()?;
         self.rate_limit.validate()?;
         check_range(

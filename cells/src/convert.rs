@@ -89,6 +89,32 @@ impl TryFrom<pb::PullRequest> for PullCommand {
     }
 }
 
+impl TryFrom<pb::SearchRequest> for crate::message::SearchCommand {
+    type Error = CellError;
+
+    fn try_from(r: pb::SearchRequest) -> Result<Self, CellError> {
+        let caller = caller(r.caller)?;
+        if caller.user == crate::storage::EVERY_MESSAGE {
+            return Err(CellError::Unauthenticated {
+                message: "the caller's user id is reserved".into(),
+            });
+        }
+        let some = |v: u64| (v != 0).then_some(v);
+        Ok(Self {
+            caller,
+            query: r.query,
+            conversation: some(r.conversation_id),
+            conversations: r.conversation_ids,
+            sender: some(r.sender_id),
+            from_ms: some(r.from_ms),
+            to_ms: some(r.to_ms),
+            page_size: r.page_size,
+            before_msg_id: some(r.before_msg_id),
+            context: r.context,
+        })
+    }
+}
+
 impl TryFrom<pb::CreateConversationRequest> for CreateCommand {
     type Error = CellError;
 

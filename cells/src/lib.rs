@@ -20,6 +20,8 @@
 //!   and fenced on.
 //! - [`user`]: [`UserKey`], the tenant-scoped user every per-user record
 //!   and map is keyed by.
+//! - [`search`]: full-text search, a tantivy index per tenant fed after the
+//!   ack by its own queue consumer; `message::search` answers queries.
 //! - [`server`]: starting and stopping a cell; [`config`]: its TOML config.
 
 pub mod attachments;
@@ -42,6 +44,7 @@ pub mod queue;
 pub mod ratelimit;
 pub mod replication;
 pub mod routed;
+pub mod search;
 pub mod server;
 pub mod storage;
 pub mod sync;

@@ -44,6 +44,8 @@ pub struct CellMetrics {
     pub push_latency_seconds: Histogram,
     pub online_devices: Gauge,
     pub pulls_unavailable: Counter,
+    pub search_indexed: Counter,
+    pub search_lag_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
     pub idempotent_replays: Counter,
     pub rate_limited: Family<ScopeLabel, Counter>,
     pub messages_committed: Counter,
@@ -115,6 +117,14 @@ static METRICS: LazyLock<CellMetrics> = LazyLock::new(|| CellMetrics {
     online_devices: gauge(
         "cellmesh_online_devices",
         "Devices with a live sync stream on this cell.",
+    ),
+    search_indexed: counter(
+        "cellmesh_search_indexed_events",
+        "Queue events the search indexer has applied and committed.",
+    ),
+    search_lag_seconds: float_gauge(
+        "cellmesh_search_lag_seconds",
+        "At the indexer's last commit: how long after its acknowledgement the oldest message of the batch became searchable.",
     ),
     pulls_unavailable: counter(
         "cellmesh_pulls_unavailable_history",

@@ -258,6 +258,12 @@ pub async fn start_placed(
         None => None,
     };
     let files_addr = files.as_ref().map(|(a, _)| *a);
+    let search = (config.search.enabled).then(|| {
+        Arc::new(crate::search::Search::new(
+            &config.data_dir,
+            config.search.clone(),
+        ))
+    });
     let service = Arc::new(
         MessageService::new(
             store.clone(),
@@ -268,7 +274,8 @@ pub async fn start_placed(
             marks.clone(),
         )?
         .with_cold(cold)
-        .with_attachments(attachments),
+        .with_attachments(attachments)
+        .with_search(search.clone()),
     );
     let hub = Arc::new(Hub::new(
         config.sync.presence_window_secs * 1000,
@@ -286,12 +293,25 @@ pub async fn start_placed(
     let pipeline = crate::pipeline::spawn(
         &config,
         store.clone(),
-        queue,
+        queue.clone(),
         hub.clone(),
         clock.clone(),
         homes,
     );
-    let workers = pipeline.workers;
+    let mut workers = pipeline.workers;
+    if let Some(search) = search {
+        let group = crate::search::indexer::group(&config.processor_group());
+        let service = service.clone();
+        workers.push(crate::pipeline::supervise("search indexer", move || {
+            let (search, service, queue, group) = (
+                search.clone(),
+                service.clone(),
+                queue.clone(),
+                group.clone(),
+            );
+            crate::search::indexer::run(search, service, queue, group)
+        }));
+    }
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(|source| StartError::Bind {
@@ -567,7 +587,13 @@ async fn open_queue(
 ) -> Result<Arc<dyn EventQueue>, StartError> {
     Ok(match config.queue.backend {
         QueueBackend::Embedded => {
-            Arc::new(EmbeddedQueue::open(store.clone(), config.queue.partitions)?)
+            let mut groups = vec![config.processor_group()];
+            if config.search.enabled {
+                groups.push(crate::search::indexer::group(&config.processor_group()));
+            }
+            Arc::new(
+                EmbeddedQueue::open(store.clone(), config.queue.partitions)?.with_groups(groups),
+            )
         }
         QueueBackend::Kafka => Arc::new(crate::queue::kafka::KafkaQueue::connect(config).await?),
     })

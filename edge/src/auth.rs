@@ -190,10 +190,11 @@ impl TokenKey {
                 "the token was revoked",
             ));
         }
-        if claims.tenant == 0 || claims.user == 0 {
+        // u64::MAX is reserved: the cell's indexer reads as it.
+        if claims.tenant == 0 || claims.user == 0 || claims.user == u64::MAX {
             return Err(unauthenticated(
                 Reason::MalformedToken,
-                "the token names no tenant or user",
+                "the token names no tenant or user (or a reserved user id)",
             ));
         }
         if let Some(users) = &self.directory

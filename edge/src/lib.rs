@@ -7,6 +7,7 @@ pub mod auth;
 pub mod directory;
 mod metrics;
 pub mod proxy;
+mod search;
 mod services;
 
 use std::net::SocketAddr;

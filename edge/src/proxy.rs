@@ -72,7 +72,8 @@ has_caller!(
     pb::CreateUploadRequest,
     pb::GetUploadRequest,
     pb::CompleteUploadRequest,
-    pb::GetDownloadUrlRequest
+    pb::GetDownloadUrlRequest,
+    pb::SearchRequest
 );
 
 impl HasCaller for pb::SendRequest {

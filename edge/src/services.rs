@@ -144,6 +144,12 @@ impl Messaging for EdgeApi {
             Key::conversation(c.tenant, m.conversation_id)
         })
     }
+    async fn search(
+        &self,
+        request: Request<SearchRequest>,
+    ) -> Result<Response<SearchResponse>, Status> {
+        crate::search::search(&self.proxy, request).await
+    }
 }
 
 /// Completing an upload reads the file back to check its digest: it may

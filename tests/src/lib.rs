@@ -61,7 +61,15 @@ impl TestCell {
     }
 
     pub async fn start_with(tune: impl FnOnce(&mut CellConfig), clock: Arc<dyn Clock>) -> Self {
-        let dir = tempfile::tempdir().expect("temp dir");
+        Self::start_in(tempfile::tempdir().expect("temp dir"), tune, clock).await
+    }
+
+    /// A cell on `dir` (a restart, when it holds a cell's data).
+    pub async fn start_in(
+        dir: TempDir,
+        tune: impl FnOnce(&mut CellConfig),
+        clock: Arc<dyn Clock>,
+    ) -> Self {
         let mut config = test_config(dir.path());
         tune(&mut config);
         let cell = cellmesh_cell::start(config, Arc::new(OwnAll), clock)

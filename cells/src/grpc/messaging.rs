@@ -106,6 +106,11 @@ impl Messaging for MessagingApi {
         Ok(Response::new(self.service.pull(cmd).await?))
     }
 
+    async fn search(&self, request: Request<SearchRequest>) -> Reply<SearchResponse> {
+        let cmd = request.into_inner().try_into()?;
+        Ok(Response::new(self.service.search(cmd).await?))
+    }
+
     async fn mark_read(&self, request: Request<MarkReadRequest>) -> Reply<MarkReadResponse> {
         let cmd = request.into_inner().try_into()?;
         Ok(Response::new(

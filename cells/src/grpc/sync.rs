@@ -49,9 +49,14 @@ impl Sync for SyncApi {
         request: Request<ListConversationsRequest>,
     ) -> Reply<ListConversationsResponse> {
         let r = request.into_inner();
-        let list = self
-            .service
-            .list_conversations(caller(r.caller)?, r.limit)?;
+        let caller = caller(r.caller)?;
+        if r.ids_only {
+            return Ok(Response::new(ListConversationsResponse {
+                conversation_ids: self.service.conversation_ids(caller)?,
+                ..Default::default()
+            }));
+        }
+        let list = self.service.list_conversations(caller, r.limit)?;
         Ok(Response::new(list))
     }
 

@@ -403,7 +403,9 @@ impl MessageService {
             .filter(|s| s.seq_end <= floor)
             .collect();
         self.adopt_segments(conversation, &below, floor).await?;
+        let mut imported = Imported::default();
         for segment in &below {
+            imported.add(segment.seq_start, segment.seq_end);
             m.put_segment(conversation, segment);
         }
         for message in chunk.messages {
@@ -414,8 +416,10 @@ impl MessageService {
                 // Never overwrite what this cell assigned above its floor.
                 continue;
             }
+            imported.add(message.seq, message.seq);
             self.backfill_message(&mut m, (tenant, conversation), (floor, now), message.seq, r)?;
         }
+        imported.emit(tenant, conversation, &mut m);
         // The failed cell's floor jumps (an earlier failover's) join this
         // cell's, written in seq order with its sends.
         if !jumps.is_empty()
@@ -627,7 +631,9 @@ impl MessageService {
         // too (one event for the chunk), to answer a re-send as it would.
         let mut answered = Vec::new();
         let mut foreign_files = false;
+        let mut imported = Imported::default();
         for segment in &chunk.segments {
+            imported.add(segment.seq_start, segment.seq_end);
             latest = latest.max(segment.seq_end);
             m.put_segment(conversation, segment);
             // Requests answered recently enough to be re-sent keep their
@@ -643,12 +649,14 @@ impl MessageService {
                 continue;
             };
             latest = latest.max(message.seq);
+            imported.add(message.seq, message.seq);
             if answer_for(&mut m, message.seq, &r) {
                 answered.push(message.seq);
             }
             foreign_files |= self.note_foreign_files(tenant, conversation, &r, &mut m)?;
             m.put_message(conversation, message.seq, &r);
         }
+        imported.emit(tenant, conversation, &mut m);
         if !answered.is_empty() {
             m.emit(&OutboxEvent {
                 kind: OutboxKind::AnswerSync as i32,
@@ -759,5 +767,31 @@ mod reconcile_tests {
             reconcile(7, 3, 100, Some(&accepted(8, 101))),
             Reconcile::Keep
         );
+    }
+}
+
+/// The seqs a chunk stored, for the search index to read.
+#[derive(Default)]
+pub(crate) struct Imported(Option<(u64, u64)>);
+
+impl Imported {
+    pub(crate) fn add(&mut self, first: u64, last: u64) {
+        self.0 = Some(match self.0 {
+            Some((lo, hi)) => (lo.min(first), hi.max(last)),
+            None => (first, last),
+        });
+    }
+
+    /// Tells the indexer (through the outbox) what was stored, if anything.
+    pub(crate) fn emit(&self, tenant: u64, conversation: u64, m: &mut Mutation) {
+        if let Some((first, last)) = self.0 {
+            m.emit(&OutboxEvent {
+                kind: OutboxKind::HistoryImported as i32,
+                tenant_id: tenant,
+                conversation_id: conversation,
+                items: vec![first, last],
+                ..Default::default()
+            });
+        }
     }
 }

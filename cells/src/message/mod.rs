@@ -16,6 +16,7 @@ mod inflight;
 mod migrate;
 mod pull;
 mod replica;
+mod search;
 mod send;
 mod tenant;
 mod tier;
@@ -31,6 +32,7 @@ pub use conversation::{
     ChangeMembersCommand, CreateCommand, GetConversationCommand, SetMemberRoleCommand,
 };
 pub use pull::PullCommand;
+pub use search::SearchCommand;
 pub use send::SendCommand;
 pub use tier::{TierReport, run as run_tierer};
 pub use update::{DeleteForMeCommand, EditCommand, MarkReadCommand, RecallCommand};
@@ -88,6 +90,8 @@ pub struct MessageService {
     repairs: Arc<incomplete::Repairs>,
     /// The file store (`[attachments]` off: none).
     attachments: Option<Arc<crate::attachments::Attachments>>,
+    /// The tenants' search indexes (`[search]` off: none).
+    search: Option<Arc<crate::search::Search>>,
 }
 
 impl MessageService {
@@ -125,6 +129,7 @@ impl MessageService {
             cold: None,
             repairs: incomplete::Repairs::new(),
             attachments: None,
+            search: None,
         })
     }
 
@@ -140,6 +145,12 @@ impl MessageService {
         attachments: Option<Arc<crate::attachments::Attachments>>,
     ) -> Self {
         self.attachments = attachments;
+        self
+    }
+
+    /// Answers `Search` from `search`.
+    pub fn with_search(mut self, search: Option<Arc<crate::search::Search>>) -> Self {
+        self.search = search;
         self
     }
 
@@ -169,7 +180,7 @@ impl MessageService {
         self.limits.prune();
     }
 
-    fn now_ms(&self) -> u64 {
+    pub(crate) fn now_ms(&self) -> u64 {
         self.clock.now_ms()
     }
 

@@ -45,6 +45,10 @@ pub enum PipelineError {
     Queue(#[from] QueueError),
     #[error("the processor is not running")]
     Stopped,
+    #[error(transparent)]
+    Search(#[from] crate::search::SearchError),
+    #[error("reading history: {0}")]
+    History(Box<crate::error::CellError>),
 }
 
 /// Hands work to the processor (the only writer of sync queues) and waits
@@ -199,7 +203,7 @@ pub fn spawn(
 }
 
 /// Runs `make()` again whenever it fails, with capped backoff.
-fn supervise<F, Fut>(name: &'static str, make: F) -> JoinHandle<()>
+pub(crate) fn supervise<F, Fut>(name: &'static str, make: F) -> JoinHandle<()>
 where
     F: Fn() -> Fut + Send + 'static,
     Fut: Future<Output = Result<(), PipelineError>> + Send,

@@ -67,7 +67,10 @@ pub fn plan<M: Members>(
         OutboxKind::DeleteForMe => SyncEventKind::DeleteForMe,
         OutboxKind::Read => SyncEventKind::Read,
         OutboxKind::ConversationCreated | OutboxKind::MembersChanged => SyncEventKind::Joined,
-        OutboxKind::Unspecified | OutboxKind::MetaSync | OutboxKind::AnswerSync => {
+        OutboxKind::Unspecified
+        | OutboxKind::MetaSync
+        | OutboxKind::AnswerSync
+        | OutboxKind::HistoryImported => {
             return Ok(plan);
         }
     };
@@ -127,7 +130,10 @@ pub fn plan<M: Members>(
             }
             Fanout::Records(records)
         }
-        OutboxKind::Unspecified | OutboxKind::MetaSync | OutboxKind::AnswerSync => Fanout::None,
+        OutboxKind::Unspecified
+        | OutboxKind::MetaSync
+        | OutboxKind::AnswerSync
+        | OutboxKind::HistoryImported => Fanout::None,
     };
     Ok(plan)
 }

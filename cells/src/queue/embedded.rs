@@ -1,8 +1,8 @@
 //! The embedded event log: partitions of the cell's RocksDB (`queue` column
 //! family), offsets per consumer group in `queue_offsets`. Publishing goes
-//! through the group committer like every other write. It serves one
-//! consumer group per cell (the fan-out processor); entries are trimmed once
-//! that group has processed them.
+//! through the group committer like every other write. It serves the cell's
+//! consumer groups (the fan-out processor, the search indexer); entries are
+//! trimmed once every group named at open has processed them.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -22,9 +22,18 @@ pub struct EmbeddedQueue {
     /// Last offset written per partition.
     last: Mutex<Vec<u64>>,
     published: Arc<Notify>,
+    /// The groups that must have processed an entry before it is trimmed.
+    groups: Arc<[String]>,
 }
 
 impl EmbeddedQueue {
+    /// Trims only what every one of `groups` has processed (by default,
+    /// what the group committing has).
+    pub fn with_groups(mut self, groups: Vec<String>) -> Self {
+        self.groups = groups.into();
+        self
+    }
+
     pub fn open(store: Arc<Store>, partitions: u32) -> Result<Self, QueueError> {
         let partitions = partitions.max(1);
         let last = (0..partitions)
@@ -35,6 +44,7 @@ impl EmbeddedQueue {
             partitions,
             last: Mutex::new(last),
             published: Arc::new(Notify::new()),
+            groups: Arc::new([]),
         })
     }
 }
@@ -72,6 +82,12 @@ impl EventQueue for EmbeddedQueue {
             positions,
             published: self.published.clone(),
             next_partition: 0,
+            others: self
+                .groups
+                .iter()
+                .filter(|g| *g != group)
+                .cloned()
+                .collect(),
         }))
     }
 }
@@ -84,6 +100,8 @@ struct EmbeddedConsumer {
     published: Arc<Notify>,
     /// Where the next poll starts, so no partition starves.
     next_partition: usize,
+    /// The other groups whose positions bound a trim.
+    others: Vec<String>,
 }
 
 impl EmbeddedConsumer {
@@ -141,7 +159,11 @@ impl EventConsumer for EmbeddedConsumer {
             let before = self.store.queue_offset(&self.group, partition)?;
             m.put_queue_offset(&self.group, partition, offset);
             if offset / TRIM_EVERY > before / TRIM_EVERY {
-                m.trim_queue(partition, offset);
+                let mut upto = offset;
+                for group in &self.others {
+                    upto = upto.min(self.store.queue_offset(group, partition)?);
+                }
+                m.trim_queue(partition, upto);
             }
         }
         if !m.is_empty() {

@@ -34,7 +34,7 @@ pub use commit::{CommitSlot, CommitStats, CommitTicket, Written};
 pub use keys::IdemKind;
 pub use manifest::PendingUpload;
 pub use marks::Mark;
-pub use scan::{ScanDirection, ScanPage, visible};
+pub use scan::{EVERY_MESSAGE, ScanDirection, ScanPage, visible};
 pub use sync::ForwardQueue;
 pub use uploads::UploadWalk;
 

@@ -128,9 +128,14 @@ impl Store {
     }
 }
 
+/// The viewer that sees every message, directed or not, with no
+/// delete-for-me rows (user ids are below it): the search indexer.
+pub const EVERY_MESSAGE: u64 = u64::MAX;
+
 /// Whether `viewer` may see a message: everyone, unless it is directed.
 pub fn visible(record: &MessageRecord, viewer: u64) -> bool {
-    record.visible_to.is_empty()
+    viewer == EVERY_MESSAGE
+        || record.visible_to.is_empty()
         || record.sender_id == viewer
         || record.visible_to.contains(&viewer)
 }

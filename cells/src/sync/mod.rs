@@ -110,6 +110,15 @@ impl SyncService {
         })
     }
 
+    /// The ids of all the caller's conversations (those not left).
+    pub fn conversation_ids(&self, caller: Caller) -> Result<Vec<u64>> {
+        self.check_home(&caller, false)?;
+        Ok((self.store.conv_list(caller)?.into_iter())
+            .filter(|(_, entry)| !entry.left)
+            .map(|(id, _)| id)
+            .collect())
+    }
+
     /// The caller's conversations, most recently active first, with the
     /// last message and unread count computed now (so large groups, which
     /// keep nothing per member, are as current as small ones).
@@ -176,6 +185,7 @@ impl SyncService {
         Ok(ListConversationsResponse {
             conversations: out,
             has_more,
+            conversation_ids: Vec::new(),
         })
     }
 

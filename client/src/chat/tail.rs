@@ -81,6 +81,7 @@ pub async fn list(mut sync: SyncClient<Authed>, tenant: u64, user: u64) -> anyho
         .list_conversations(ListConversationsRequest {
             caller: device(tenant, user, ""),
             limit: 0,
+            ids_only: false,
         })
         .await
         .map_err(call_error)?

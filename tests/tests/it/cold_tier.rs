@@ -153,21 +153,7 @@ async fn pages_across_tiers_read_as_before_tiering() {
 }
 
 async fn restart(dir: tempfile::TempDir, tune: fn(&mut CellConfig)) -> TestCell {
-    let mut config = test_config(dir.path());
-    tune(&mut config);
-    let cell = cellmesh_cell::start(
-        config,
-        Arc::new(cellmesh_cell::ownership::OwnAll),
-        Arc::new(SystemClock),
-    )
-    .await
-    .expect("cell restarts");
-    let endpoint = format!("http://{}", cell.addr);
-    TestCell {
-        cell,
-        endpoint,
-        dir,
-    }
+    TestCell::start_in(dir, tune, Arc::new(SystemClock)).await
 }
 
 #[tokio::test]

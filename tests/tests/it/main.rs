@@ -32,6 +32,7 @@ mod processor_crash;
 mod queue_wake;
 mod reflection;
 mod router;
+mod search;
 mod send;
 mod standard_errors;
 mod sync;

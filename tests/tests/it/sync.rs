@@ -351,6 +351,7 @@ async fn large_groups_cost_constant_writes(tune: impl FnOnce(&mut CellConfig)) {
     let list = |user| ListConversationsRequest {
         caller: caller(T, user),
         limit: 0,
+        ids_only: false,
     };
     let l = s
         .list_conversations(list(104_321))
@@ -458,6 +459,7 @@ async fn directed_messages_reach_and_show_to_their_recipients_only() {
         .list_conversations(ListConversationsRequest {
             caller: caller(T, 3),
             limit: 0,
+            ids_only: false,
         })
         .await
         .unwrap()

@@ -1,0 +1,148 @@
+//! The indexer: its own consumer group on the cell's event queue, after the
+//! ack like the fan-out processor and independent of it. Each event names a
+//! message that changed (sent, edited, recalled, imported by a move or a
+//! backfill); the indexer reads its current state back from the history and
+//! replaces the document. It commits the touched tenants' indexes first and
+//! its queue position after, so a crash between the two redelivers events
+//! whose documents are already there — and replacing a document by its key
+//! adds nothing twice.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cellmesh_proto::storage::v1::{MessageRecord, OutboxEvent, OutboxKind};
+use cellmesh_proto::v1::{MessageState, MessageType};
+
+use super::{IndexedMessage, Search};
+use crate::message::MessageService;
+use crate::pipeline::PipelineError;
+use crate::queue::{Delivery, EventQueue};
+
+/// Events taken from the queue per poll.
+const POLL: usize = 2_000;
+
+/// The consumer group of the indexer (beside the processor's).
+pub fn group(processor_group: &str) -> String {
+    format!("{processor_group}.search")
+}
+
+/// The text of `record` the index holds: a text message's body and the
+/// names of its files. `None`: nothing to find (recalled, or no text).
+pub fn text_of(record: &MessageRecord) -> Option<String> {
+    if record.state == MessageState::Recalled as i32 {
+        return None;
+    }
+    let mut text = String::new();
+    if record.r#type == MessageType::Text as i32 {
+        text.push_str(&String::from_utf8_lossy(&record.body));
+    }
+    for a in &record.attachments {
+        text.push('\n');
+        text.push_str(&a.name);
+    }
+    (!text.trim().is_empty()).then_some(text)
+}
+
+pub async fn run(
+    search: Arc<Search>,
+    messages: Arc<MessageService>,
+    queue: Arc<dyn EventQueue>,
+    group: String,
+) -> Result<(), PipelineError> {
+    let mut consumer = queue.consumer(&group).await?;
+    let interval = Duration::from_millis(search.config.commit_interval_ms);
+    let mut pending: Vec<Delivery> = Vec::new();
+    let mut touched = HashSet::new();
+    let mut since: Option<Instant> = None;
+    // The oldest acknowledgement (ms) of a message in the uncommitted batch.
+    let mut oldest_ack: Option<u64> = None;
+    loop {
+        let wait = since.map_or(Duration::from_secs(1), |t| {
+            interval.saturating_sub(t.elapsed())
+        });
+        let batch = consumer.poll(POLL, wait).await?;
+        for d in &batch {
+            if let Some(event) = &d.event.event
+                && apply(&search, &messages, event).await?
+            {
+                touched.insert(event.tenant_id);
+                if event.kind == OutboxKind::Message as i32 && event.server_ts_ms > 0 {
+                    let t = oldest_ack.get_or_insert(event.server_ts_ms);
+                    *t = (*t).min(event.server_ts_ms);
+                }
+            }
+        }
+        if !batch.is_empty() {
+            since.get_or_insert_with(Instant::now);
+            pending.extend(batch);
+        }
+        if since.is_some_and(|t| t.elapsed() >= interval) {
+            search.commit(touched.drain())?;
+            consumer.commit(&pending).await?;
+            let metrics = crate::metrics::metrics();
+            metrics.search_indexed.inc_by(pending.len() as u64);
+            if let Some(acked) = oldest_ack.take() {
+                let lag = messages.now_ms().saturating_sub(acked) as f64 / 1000.0;
+                metrics.search_lag_seconds.set(lag);
+            }
+            pending.clear();
+            since = None;
+        }
+    }
+}
+
+/// Brings the index in line with one event; `true` when it changed.
+async fn apply(
+    search: &Search,
+    messages: &MessageService,
+    event: &OutboxEvent,
+) -> Result<bool, PipelineError> {
+    if !search.config.searchable(event.tenant_id) {
+        return Ok(false);
+    }
+    let kind = OutboxKind::try_from(event.kind).unwrap_or(OutboxKind::Unspecified);
+    let index = search.tenant(event.tenant_id)?;
+    let conversation = event.conversation_id;
+    let (first, last) = match kind {
+        OutboxKind::Message | OutboxKind::Edit => (event.seq, event.seq),
+        OutboxKind::Recall => {
+            index.remove(conversation, event.seq);
+            return Ok(true);
+        }
+        OutboxKind::HistoryImported => match event.items[..] {
+            [first, last] if first <= last => (first, last),
+            _ => return Ok(false),
+        },
+        _ => return Ok(false),
+    };
+    let mut after = first.saturating_sub(1);
+    while after < last {
+        let page = messages
+            .history_for_index(conversation, after, last)
+            .await
+            .map_err(|e| PipelineError::History(Box::new(e)))?;
+        let Some(&(end, _)) = page.last() else {
+            break;
+        };
+        for (seq, record) in page {
+            match text_of(&record) {
+                Some(text) => index.upsert(&IndexedMessage {
+                    conversation,
+                    seq,
+                    msg_id: record.msg_id,
+                    sender: record.sender_id,
+                    ts_ms: record.server_ts_ms,
+                    text,
+                })?,
+                None => index.remove(conversation, seq),
+            }
+        }
+        after = end;
+    }
+    // A single message no longer in the history (dropped since): out.
+    if first == last && after < first {
+        index.remove(conversation, first);
+    }
+    Ok(true)
+}
