@@ -84,3 +84,50 @@ async fn a_woken_poll_ends_and_takes_nothing_kafka() {
     let kafka = Kafka::start(1);
     woken_wait_ends_and_takes_nothing(Some(&kafka)).await;
 }
+
+/// The embedded log serves the processor and the search indexer: one group
+/// committing far ahead trims nothing the other has not processed.
+#[tokio::test]
+async fn a_trim_waits_for_every_group() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = test_config(dir.path());
+    config.queue.partitions = 1;
+    let store = Store::open(&dir.path().join("db"), &config.storage).unwrap();
+    let (fast, slow) = ("processor".to_string(), "processor.search".to_string());
+    let queue = EmbeddedQueue::open(store, 1)
+        .unwrap()
+        .with_groups(vec![fast.clone(), slow.clone()]);
+    let events = (1..=10_000)
+        .map(|id| QueuedEvent {
+            id,
+            event: Some(OutboxEvent {
+                conversation_id: 7,
+                ..Default::default()
+            }),
+        })
+        .collect::<Vec<_>>();
+    queue.publish(events).await.unwrap();
+    let mut ahead = queue.consumer(&fast).await.unwrap();
+    let mut behind = queue.consumer(&slow).await.unwrap();
+    let first = behind.poll(100, Duration::ZERO).await.unwrap();
+    behind.commit(&first).await.unwrap();
+    // Past two trim points.
+    loop {
+        let got = ahead.poll(2_000, Duration::ZERO).await.unwrap();
+        if got.is_empty() {
+            break;
+        }
+        ahead.commit(&got).await.unwrap();
+    }
+    let mut seen = first.len();
+    loop {
+        let got = behind.poll(2_000, Duration::ZERO).await.unwrap();
+        if got.is_empty() {
+            break;
+        }
+        assert_eq!(got[0].offset, seen as u64 + 1, "nothing skipped");
+        seen += got.len();
+        behind.commit(&got).await.unwrap();
+    }
+    assert_eq!(seen, 10_000);
+}
