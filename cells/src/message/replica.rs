@@ -84,6 +84,8 @@ impl MessageService {
         let mut stored = 0;
         // Conversations whose meta this batch stores.
         let mut described = std::collections::HashSet::new();
+        // Per conversation: its tenant and the seqs stored, for the index.
+        let mut imported: HashMap<u64, (u64, super::migrate::Imported)> = HashMap::new();
         for write in writes {
             let (tenant, conversation) = (write.tenant_id, write.conversation_id);
             let Some(message) = write.message else {
@@ -150,8 +152,17 @@ impl MessageService {
             seq.latest_seq = seq.latest_seq.max(message.seq);
             if newer {
                 m.put_message(conversation, message.seq, &record);
+                (imported
+                    .entry(conversation)
+                    .or_insert((tenant, Default::default()))
+                    .1)
+                    .add(message.seq, message.seq);
                 stored += 1;
             }
+        }
+        // A promoted standby answers searches from the moment it owns them.
+        for (conversation, (tenant, seqs)) in &imported {
+            seqs.emit(*tenant, *conversation, &mut m);
         }
         for (conversation, seq) in &seqs {
             m.put_conv_seq(*conversation, seq);

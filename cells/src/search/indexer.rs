@@ -14,10 +14,11 @@ use std::time::{Duration, Instant};
 use cellmesh_proto::storage::v1::{MessageRecord, OutboxEvent, OutboxKind};
 use cellmesh_proto::v1::{MessageState, MessageType};
 
-use super::{IndexedMessage, Search};
+use super::{IndexedMessage, Search, TenantIndex};
 use crate::message::MessageService;
 use crate::pipeline::PipelineError;
 use crate::queue::{Delivery, EventQueue};
+use crate::storage::keys;
 
 /// Events taken from the queue per poll.
 const POLL: usize = 2_000;
@@ -51,6 +52,7 @@ pub async fn run(
     group: String,
 ) -> Result<(), PipelineError> {
     let mut consumer = queue.consumer(&group).await?;
+    build(&search, &messages).await?;
     let interval = Duration::from_millis(search.config.commit_interval_ms);
     let mut pending: Vec<Delivery> = Vec::new();
     let mut touched = HashSet::new();
@@ -116,6 +118,23 @@ async fn apply(
         },
         _ => return Ok(false),
     };
+    let after = index_range(&index, messages, conversation, first, last).await?;
+    // A single message no longer in the history (dropped since): out.
+    if first == last && after < first {
+        index.remove(conversation, first);
+    }
+    Ok(true)
+}
+
+/// Re-indexes `first..=last` of `conversation` from the history; returns
+/// the last seq it found.
+async fn index_range(
+    index: &TenantIndex,
+    messages: &MessageService,
+    conversation: u64,
+    first: u64,
+    last: u64,
+) -> Result<u64, PipelineError> {
     let mut after = first.saturating_sub(1);
     while after < last {
         let page = messages
@@ -140,9 +159,38 @@ async fn apply(
         }
         after = end;
     }
-    // A single message no longer in the history (dropped since): out.
-    if first == last && after < first {
-        index.remove(conversation, first);
+    Ok(after)
+}
+
+/// Indexes every conversation stored here once, when search is first
+/// enabled on a cell that holds history: resumable, it notes the last
+/// conversation done after each page of them.
+async fn build(search: &Search, messages: &MessageService) -> Result<(), PipelineError> {
+    let store = messages.store();
+    let mut after = match store.meta_u64(keys::meta::SEARCH_BUILT_THROUGH)? {
+        Some(u64::MAX) => return Ok(()),
+        Some(done) => done,
+        None => 0,
+    };
+    loop {
+        let page = store.conversations_after(after, 100)?;
+        let Some(&(last, _)) = page.last() else {
+            break;
+        };
+        let mut touched = HashSet::new();
+        for (id, record) in page {
+            if !search.config.searchable(record.tenant_id) {
+                continue;
+            }
+            let latest = store.conv_seq(id)?.latest_seq;
+            let index = search.tenant(record.tenant_id)?;
+            index_range(&index, messages, id, 1, latest).await?;
+            touched.insert(record.tenant_id);
+        }
+        search.commit(touched)?;
+        store.put_meta_u64_sync(keys::meta::SEARCH_BUILT_THROUGH, last)?;
+        after = last;
     }
-    Ok(true)
+    store.put_meta_u64_sync(keys::meta::SEARCH_BUILT_THROUGH, u64::MAX)?;
+    Ok(())
 }

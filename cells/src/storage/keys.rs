@@ -93,6 +93,9 @@ pub mod meta {
     pub const STANDBY_FORWARD_LAST_ID: &[u8] = b"standby_forward_last_id";
     /// The layout of the keys in this database (see [`super::FORMAT`]).
     pub const STORAGE_FORMAT: &[u8] = b"storage_format";
+    /// The search index's first build: the last conversation it indexed
+    /// (`u64::MAX`: done).
+    pub const SEARCH_BUILT_THROUGH: &[u8] = b"search_built_through";
 
     /// A conversation whose history below its failover floor was copied
     /// back from the failed cell (value: the last seq copied).

@@ -433,3 +433,28 @@ async fn through_the_edge_a_callers_conversations_on_two_cells_page_as_one() {
     assert_eq!(r.hits.len(), 3);
     let _ = d.cluster;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_sent_before_search_was_enabled_is_indexed_once_it_is() {
+    let off = |c: &mut cellmesh_cell::CellConfig| c.search.enabled = false;
+    let cell = TestCell::start_with(off, Arc::new(SystemClock)).await;
+    let mut c = cell.client().await;
+    let a = create_group(&mut c, T, 10, &[11]).await;
+    for i in 0..120 {
+        send(&mut c, 10, a, &format!("r{i}"), &format!("legacy note {i}")).await;
+    }
+    let e = c.search(query(T, 11, &[a], "legacy")).await.unwrap_err();
+    assert_reason(
+        &e,
+        ErrorCode::RetryLater,
+        Reason::SearchUnavailable.as_str(),
+    );
+    let dir = cell.stop().await;
+    let cell = TestCell::start_in(dir, |_| {}, Arc::new(SystemClock)).await;
+    let mut c = cell.client().await;
+    until_found(&mut c, query(T, 11, &[a], "legacy"), 120).await;
+    assert_eq!(
+        search_all(&mut c, query(T, 11, &[a], "legacy")).await.len(),
+        120
+    );
+}

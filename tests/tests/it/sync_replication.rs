@@ -83,6 +83,23 @@ async fn in_sync_mode_a_failover_keeps_every_acknowledged_message_and_answer() {
     ))
     .await
     .unwrap();
+    // The promoted standby indexed what it stored before the ack: search
+    // answers from it at once, the recalls left out.
+    let search = SearchRequest {
+        query: "before".into(),
+        conversation_id: conv,
+        page_size: 100,
+        ..Default::default()
+    };
+    let found = eventually(Duration::from_secs(10), || {
+        let (mut m, r, alice) = (m.clone(), search.clone(), alice.clone());
+        async move {
+            let hits = m.search(authed(r, &alice)).await.unwrap().into_inner().hits;
+            hits.len() == 18
+        }
+    })
+    .await;
+    assert!(found, "the new owner did not find the replicated history");
 
     let _returned =
         TestCell::start_routed_with(FAILED, d.cluster.endpoints(), dir, sync_mode).await;
