@@ -11,6 +11,7 @@ use clap::{Args, Subcommand};
 use crate::connect::{attachments_as, call_error, caller, connect_as};
 
 mod files;
+mod search;
 mod tail;
 
 #[derive(Args)]
@@ -113,6 +114,20 @@ enum ChatCommand {
     },
     /// List your conversations with unread counts.
     List,
+    /// Find messages of your conversations, newest first: words (all must
+    /// match) and "quoted phrases".
+    Search {
+        /// Only this conversation.
+        #[arg(long, short, default_value_t = 0)]
+        conversation: u64,
+        #[arg(long, default_value_t = 20)]
+        limit: u32,
+        /// The next page (printed after a full one).
+        #[arg(long, default_value = "")]
+        cursor: String,
+        #[arg(required = true)]
+        query: Vec<String>,
+    },
     /// Add members to a group.
     Invite {
         #[arg(long, short)]
@@ -143,6 +158,21 @@ pub async fn run(args: ChatArgs) -> anyhow::Result<()> {
             return tail::run(sync, tenant, user, device, from).await;
         }
         ChatCommand::List => return tail::list(sync, tenant, user).await,
+        ChatCommand::Search {
+            conversation,
+            limit,
+            cursor,
+            query,
+        } => {
+            let args = search::SearchArgs {
+                query: query.join(" "),
+                conversation,
+                limit,
+                cursor,
+                direct: args.token.is_none(),
+            };
+            return search::run(&mut client, sync, me, args).await;
+        }
         ChatCommand::Create {
             direct,
             title,

@@ -1,5 +1,5 @@
 //! `cellmesh chat` as a person uses it: the real binary against a running
-//! cell — create, send, and `tail` printing live messages.
+//! cell — create, send, `tail` printing live messages, and `search`.
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -90,6 +90,16 @@ async fn a_person_can_create_send_and_tail() {
     assert!(list.contains("pair") && list.contains("unread 1"), "{list}");
     let read = chat(&endpoint, 2, &["read", "-c", &conv]).await;
     assert!(read.contains("unread 0"), "{read}");
+    // Search finds it once indexed, the match in brackets.
+    let mut found = String::new();
+    for _ in 0..40 {
+        found = chat(&endpoint, 2, &["search", "FROM", "one"]).await;
+        if !found.contains("no messages found") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(found.contains("hello [from] [one]"), "{found}");
     cell.stop().await;
 }
 
