@@ -9,6 +9,7 @@ mod pull;
 mod push;
 mod report;
 mod router;
+mod search;
 mod send;
 mod tenant_files;
 mod tenant_move;
@@ -62,6 +63,20 @@ pub fn s3_bucket(endpoint: &str, bucket: &str) -> cellmesh_cell::cold::S3Config 
     s3
 }
 
+/// Bytes of the files under `dir`.
+pub fn du(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| match e.metadata() {
+            Ok(m) if m.is_dir() => du(&e.path()),
+            Ok(m) => m.len(),
+            Err(_) => 0,
+        })
+        .sum()
+}
+
 /// Counts a failed call under its stable code.
 /// The request, with a token for `user` when sending through a dev edge.
 pub fn authed<T>(
@@ -110,6 +125,9 @@ enum Scenario {
     /// History pages from the hot or the cold tier of a cell it starts:
     /// page latency and the cell's disk before and after tiering.
     Pull(pull::PullArgs),
+    /// Full-text search on a cell it starts: indexing against the send
+    /// rate, index size, member-scoped query latency, ack to searchable.
+    Search(search::SearchArgs),
     /// Files through a cell it starts (local directory or S3): download
     /// URL latency, upload and download MB/s per file size.
     Attachments(attachments::AttachmentsArgs),
@@ -164,6 +182,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         Scenario::OtlpSink(args) => otlp_sink(args).await,
         Scenario::Push(args) => push::run(args).await,
         Scenario::Pull(args) => pull::run(args).await,
+        Scenario::Search(args) => search::run(args).await,
         Scenario::Attachments(args) => attachments::run(args).await,
         Scenario::Router(args) => router::run(args).await,
         Scenario::Migrate(args) => migrate::run(args).await,

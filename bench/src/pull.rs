@@ -7,7 +7,7 @@
 //! cell's disk before and after tiering.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -96,7 +96,7 @@ pub async fn run(args: PullArgs) -> anyhow::Result<()> {
     let conversations = fill(&endpoint, &args).await?;
     let db = dir.path().join("db");
     cell.service.store().compact();
-    let disk_before = du(&db);
+    let disk_before = crate::du(&db);
     let hot_before = cell.service.store().message_bytes();
     let mut tier_secs = 0.0;
     if args.tier == Tier::Cold {
@@ -109,9 +109,9 @@ pub async fn run(args: PullArgs) -> anyhow::Result<()> {
         );
         cell.service.store().compact();
     }
-    let disk_after = du(&db);
+    let disk_after = crate::du(&db);
     let hot_after = cell.service.store().message_bytes();
-    let cold_bytes = du(&dir.path().join("cold"));
+    let cold_bytes = crate::du(&dir.path().join("cold"));
 
     let below = match args.tier {
         Tier::Hot => args.messages,
@@ -269,18 +269,4 @@ async fn read(
         }
     }
     Ok((histogram, pages, errors, started.elapsed()))
-}
-
-/// Bytes of the files under `dir` (the data dir: WAL included).
-fn du(dir: &Path) -> u64 {
-    std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| match e.metadata() {
-            Ok(m) if m.is_dir() => du(&e.path()),
-            Ok(m) => m.len(),
-            Err(_) => 0,
-        })
-        .sum()
 }

@@ -148,6 +148,11 @@ impl MessageService {
         self
     }
 
+    /// The tenants' search indexes, when search is on.
+    pub fn search_indexes(&self) -> Option<&Arc<crate::search::Search>> {
+        self.search.as_ref()
+    }
+
     /// Answers `Search` from `search`.
     pub fn with_search(mut self, search: Option<Arc<crate::search::Search>>) -> Self {
         self.search = search;
