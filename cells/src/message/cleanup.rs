@@ -118,7 +118,16 @@ impl MessageService {
             now,
             grace,
             handed,
-            |m, moved| Ok(self.store.drop_history(m, moved.id)?),
+            |m, moved| {
+                // The search index forgets it too.
+                m.emit(&cellmesh_proto::storage::v1::OutboxEvent {
+                    kind: cellmesh_proto::storage::v1::OutboxKind::HistoryDropped as i32,
+                    tenant_id: moved.tenant,
+                    conversation_id: moved.id,
+                    ..Default::default()
+                });
+                Ok(self.store.drop_history(m, moved.id)?)
+            },
         )
         .await?;
         for moved in &dropped {

@@ -293,6 +293,13 @@ impl MessageService {
             .collect();
         let now = self.now_ms();
         self.forget_files(entry.tenant_id, conversation, files, now, &mut mutation);
+        mutation.emit(&cellmesh_proto::storage::v1::OutboxEvent {
+            kind: cellmesh_proto::storage::v1::OutboxKind::HistoryDropped as i32,
+            tenant_id: entry.tenant_id,
+            conversation_id: conversation,
+            items: vec![entry.seq_start, entry.seq_end],
+            ..Default::default()
+        });
         self.store.commit(mutation).await?;
         cold.delete(&entry.key).await?;
         crate::metrics::metrics().segments_deleted.inc();

@@ -70,7 +70,8 @@ pub fn plan<M: Members>(
         OutboxKind::Unspecified
         | OutboxKind::MetaSync
         | OutboxKind::AnswerSync
-        | OutboxKind::HistoryImported => {
+        | OutboxKind::HistoryImported
+        | OutboxKind::HistoryDropped => {
             return Ok(plan);
         }
     };
@@ -133,7 +134,8 @@ pub fn plan<M: Members>(
         OutboxKind::Unspecified
         | OutboxKind::MetaSync
         | OutboxKind::AnswerSync
-        | OutboxKind::HistoryImported => Fanout::None,
+        | OutboxKind::HistoryImported
+        | OutboxKind::HistoryDropped => Fanout::None,
     };
     Ok(plan)
 }

@@ -48,7 +48,7 @@ fn schema(language: Language) -> (Schema, Fields) {
     let fields = Fields {
         key: b.add_text_field("key", STRING),
         conversation: b.add_u64_field("conversation", INDEXED | STORED),
-        seq: b.add_u64_field("seq", STORED),
+        seq: b.add_u64_field("seq", INDEXED | STORED),
         msg_id: b.add_u64_field("msg_id", INDEXED | FAST | STORED),
         sender: b.add_u64_field("sender", INDEXED),
         ts: b.add_u64_field("ts", INDEXED),
@@ -182,10 +182,31 @@ impl TenantIndex {
         self.writer().delete_term(term);
     }
 
-    /// Removes every message of `conversation`.
-    pub fn remove_conversation(&self, conversation: u64) {
-        let term = Term::from_field_u64(self.fields.conversation, conversation);
-        self.writer().delete_term(term);
+    /// Removes the messages of `conversation` in `seqs` (all: `None`).
+    pub fn remove_history(
+        &self,
+        conversation: u64,
+        seqs: Option<(u64, u64)>,
+    ) -> Result<(), SearchError> {
+        let f = self.fields;
+        let term = Term::from_field_u64(f.conversation, conversation);
+        let Some((first, last)) = seqs else {
+            self.writer().delete_term(term);
+            return Ok(());
+        };
+        let range = RangeQuery::new(
+            Bound::Included(Term::from_field_u64(f.seq, first)),
+            Bound::Included(Term::from_field_u64(f.seq, last)),
+        );
+        let query = BooleanQuery::new(vec![
+            (
+                Occur::Must,
+                Box::new(TermQuery::new(term, IndexRecordOption::Basic)) as Box<dyn Query>,
+            ),
+            (Occur::Must, Box::new(range)),
+        ]);
+        self.writer().delete_query(Box::new(query))?;
+        Ok(())
     }
 
     /// Makes what was added durable and visible to queries.

@@ -1,11 +1,12 @@
 //! The indexer: its own consumer group on the cell's event queue, after the
 //! ack like the fan-out processor and independent of it. Each event names a
 //! message that changed (sent, edited, recalled, imported by a move or a
-//! backfill); the indexer reads its current state back from the history and
-//! replaces the document. It commits the touched tenants' indexes first and
-//! its queue position after, so a crash between the two redelivers events
-//! whose documents are already there — and replacing a document by its key
-//! adds nothing twice.
+//! backfill) or history that left (retention, a move's cleanup); the
+//! indexer reads a changed message's current state back from the history
+//! and replaces its document, and removes what left. It commits the touched
+//! tenants' indexes first and its queue position after, so a crash between
+//! the two redelivers events whose documents are already there — and
+//! replacing a document by its key adds nothing twice.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -110,6 +111,14 @@ async fn apply(
         OutboxKind::Message | OutboxKind::Edit => (event.seq, event.seq),
         OutboxKind::Recall => {
             index.remove(conversation, event.seq);
+            return Ok(true);
+        }
+        OutboxKind::HistoryDropped => {
+            let seqs = match event.items[..] {
+                [first, last] => Some((first, last)),
+                _ => None,
+            };
+            index.remove_history(conversation, seqs)?;
             return Ok(true);
         }
         OutboxKind::HistoryImported => match event.items[..] {

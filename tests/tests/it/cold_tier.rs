@@ -332,6 +332,14 @@ async fn retention_deletes_only_past_its_horizon_and_legal_hold_keeps_all() {
             .count()
     };
     assert_eq!((of(T), of(HELD)), (1, 3), "{files:?}");
+    // The search index forgets what retention deleted, and only that.
+    let search = cell.cell.service.search_indexes().unwrap();
+    let docs = |t| search.tenant(t).unwrap().num_docs();
+    let forgot = eventually(Duration::from_secs(10), || async {
+        (docs(T), docs(HELD)) == (5, 35)
+    })
+    .await;
+    assert!(forgot, "indexed: {} and {}", docs(T), docs(HELD));
 }
 
 #[tokio::test]

@@ -426,6 +426,21 @@ async fn through_the_edge_a_callers_conversations_on_two_cells_page_as_one() {
         ErrorCode::InvalidArgument,
         Reason::SearchCursorInvalid.as_str(),
     );
+    // The source drops the moved history after its grace, from the index
+    // too: only the conversation that stayed is left there.
+    let source = &d.cells[0].cell.service;
+    assert_eq!(source.clean_moved(Duration::ZERO).await.unwrap(), 1);
+    let index = source.search_indexes().unwrap().tenant(1).unwrap();
+    let dropped = eventually(Duration::from_secs(10), || {
+        let index = index.clone();
+        async move { index.num_docs() == 3 }
+    })
+    .await;
+    assert!(
+        dropped,
+        "the source's index kept {} documents",
+        index.num_docs()
+    );
     // One conversation by name goes to its owner only.
     let mut one = edge_query("roadmap", 10);
     one.conversation_id = moves;
