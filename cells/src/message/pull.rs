@@ -56,26 +56,7 @@ impl MessageService {
                 PAGE_BYTE_BUDGET,
             )
             .await?;
-        // After a failover the history below the floor stays in the failed
-        // cell until it is backfilled: say so instead of looking empty.
-        let unavailable_through = if floor == 0
-            || self.backfilled(cmd.conversation)?
-            || self.is_cold(cmd.conversation, floor)?
-        {
-            0
-        } else if let Some(from) = self.replicated_from(cmd.conversation)? {
-            // A `sync` standby holds every acknowledged message from here.
-            from.saturating_sub(1)
-        } else if self
-            .store
-            .messages_after(cmd.conversation, floor.saturating_sub(1), 1, usize::MAX)?
-            .first()
-            .is_none_or(|(s, _)| *s > floor)
-        {
-            floor
-        } else {
-            0
-        };
+        let unavailable_through = self.unavailable_through(cmd.conversation, floor)?;
         if unavailable_through > 0 {
             crate::metrics::metrics().pulls_unavailable.inc();
         }
@@ -107,5 +88,28 @@ impl MessageService {
             latest_seq: seq.latest_seq,
             seq_floor: floor,
         })
+    }
+
+    /// After a failover the history below the floor stays in the failed
+    /// cell until it is backfilled: the last seq not held here (0: all of
+    /// it is), so an answer says so instead of looking empty.
+    pub(crate) fn unavailable_through(&self, conversation: u64, floor: u64) -> Result<u64> {
+        Ok(
+            if floor == 0 || self.backfilled(conversation)? || self.is_cold(conversation, floor)? {
+                0
+            } else if let Some(from) = self.replicated_from(conversation)? {
+                // A `sync` standby holds every acknowledged message from here.
+                from.saturating_sub(1)
+            } else if self
+                .store
+                .messages_after(conversation, floor.saturating_sub(1), 1, usize::MAX)?
+                .first()
+                .is_none_or(|(s, _)| *s > floor)
+            {
+                floor
+            } else {
+                0
+            },
+        )
     }
 }

@@ -146,31 +146,40 @@ impl MessageService {
         Ok(out)
     }
 
-    /// The conversations of `cmd` to look in, and those another cell owns.
+    /// The conversations of `cmd` to look in, and those the answer does not
+    /// fully cover: owned by another cell, or taken over by a failover
+    /// whose history below the floor has not come back yet (searched for
+    /// what is here).
     fn searchable_conversations(&self, cmd: &SearchCommand) -> Result<(Vec<u64>, Vec<u64>)> {
-        if let Some(id) = cmd.conversation {
-            self.ownership.check_read(cmd.caller.tenant, id)?;
-            self.check_member(&cmd.caller, id)?;
-            return Ok((vec![id], Vec::new()));
-        }
-        let (mut allowed, mut elsewhere) = (Vec::new(), Vec::new());
-        for &id in &cmd.conversations {
-            match self.ownership.check_read(cmd.caller.tenant, id) {
-                Ok(_) => {}
-                Err(CellError::WrongCell { .. } | CellError::RetryLater { .. }) => {
-                    elsewhere.push(id);
+        let (mut allowed, mut uncovered) = (Vec::new(), Vec::new());
+        let single = cmd.conversation.map(|id| vec![id]);
+        for &id in single.as_ref().unwrap_or(&cmd.conversations) {
+            let route_floor = match self.ownership.check_read(cmd.caller.tenant, id) {
+                Ok(floor) => floor,
+                Err(CellError::WrongCell { .. } | CellError::RetryLater { .. })
+                    if single.is_none() =>
+                {
+                    uncovered.push(id);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            // Not a member (or not this tenant's): nothing to find there.
+            match self.check_member(&cmd.caller, id) {
+                Ok(()) => allowed.push(id),
+                Err(CellError::NotFound { .. } | CellError::PermissionDenied { .. })
+                    if single.is_none() =>
+                {
                     continue;
                 }
                 Err(e) => return Err(e),
             }
-            // Not a member (or not this tenant's): nothing to find there.
-            match self.check_member(&cmd.caller, id) {
-                Ok(()) => allowed.push(id),
-                Err(CellError::NotFound { .. } | CellError::PermissionDenied { .. }) => {}
-                Err(e) => return Err(e),
+            let floor = self.store.conv_seq(id)?.seq_floor.max(route_floor);
+            if self.unavailable_through(id, floor)? > 0 {
+                uncovered.push(id);
             }
         }
-        Ok((allowed, elsewhere))
+        Ok((allowed, uncovered))
     }
 
     /// The hit at (conversation, seq) as the caller sees it, if they may.

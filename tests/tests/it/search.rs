@@ -446,6 +446,25 @@ async fn through_the_edge_a_callers_conversations_on_two_cells_page_as_one() {
     one.conversation_id = moves;
     let r = m.search(authed(one, &bob)).await.unwrap().into_inner();
     assert_eq!(r.hits.len(), 3);
+
+    // The whole tenant moves (with Bob's home): all six found on the target.
+    migrator(&routes)
+        .migrate_tenant(1, "us-east/c1", 4, |_| {})
+        .await
+        .expect("the tenant moves");
+    let moved = eventually(Duration::from_secs(15), || {
+        let (mut m, bob) = (m.clone(), bob.clone());
+        async move {
+            let r = m
+                .search(authed(edge_query("roadmap", 100), &bob))
+                .await
+                .unwrap()
+                .into_inner();
+            r.hits.len() == 6 && !r.partial
+        }
+    })
+    .await;
+    assert!(moved, "search after the tenant move");
     let _ = d.cluster;
 }
 
@@ -472,4 +491,57 @@ async fn history_sent_before_search_was_enabled_is_indexed_once_it_is() {
         search_all(&mut c, query(T, 11, &[a], "legacy")).await.len(),
         120
     );
+}
+
+/// An asynchronous standby takes over without the history below the
+/// floor: its answers say they are partial until the backfill brings it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_failover_search_is_partial_until_the_backfill_then_complete() {
+    use super::exactly_once::{FAILED, fail_first_cell, failover_deployment_with, send_before};
+    use cellmesh_tests::deploy::{wait_for_backfill, wait_for_checkpoint};
+
+    let (mut d, routes, cp, alice, mut m, conv) = failover_deployment_with(|_| {}).await;
+    let answers = send_before(&mut m, &alice, conv, 10).await;
+    wait_for_checkpoint(&routes, conv, answers[9].seq, Duration::from_secs(10)).await;
+    let dir = fail_first_cell(&mut d, conv).await;
+    m.send(authed(
+        cellmesh_tests::deploy::text(conv, "before-new"),
+        &alice,
+    ))
+    .await
+    .unwrap();
+    let request = SearchRequest {
+        query: "before".into(),
+        conversation_id: conv,
+        page_size: 100,
+        ..Default::default()
+    };
+    let search = |m: &mut cellmesh_proto::v1::messaging_client::MessagingClient<_>| {
+        let (r, alice) = (request.clone(), alice.clone());
+        let mut m = m.clone();
+        async move { m.search(authed(r, &alice)).await.unwrap().into_inner() }
+    };
+    // The new message is found on the new owner; the answer is partial.
+    let partial = eventually(Duration::from_secs(10), || {
+        let s = search(&mut m);
+        async move {
+            let r = s.await;
+            r.hits.len() == 1 && r.partial && r.unsearched == [conv]
+        }
+    })
+    .await;
+    assert!(partial, "{:?}", search(&mut m).await);
+
+    let _returned = TestCell::start_routed_in(FAILED, d.cluster.endpoints(), dir).await;
+    wait_for_backfill(&cp, FAILED, Duration::from_secs(20)).await;
+    let complete = eventually(Duration::from_secs(10), || {
+        let s = search(&mut m);
+        async move {
+            let r = s.await;
+            r.hits.len() == 11 && !r.partial
+        }
+    })
+    .await;
+    assert!(complete, "{:?}", search(&mut m).await);
+    cp.stop();
 }
