@@ -218,21 +218,7 @@ pub async fn run(args: ChatArgs) -> anyhow::Result<()> {
             before,
         } => history(&mut client, me, conversation, limit, before).await?,
         ChatCommand::Info { conversation } => info(&mut client, me, conversation).await?,
-        ChatCommand::Read { conversation, seq } => {
-            let r = client
-                .mark_read(MarkReadRequest {
-                    caller: me,
-                    conversation_id: conversation,
-                    read_seq: seq,
-                })
-                .await
-                .map_err(call_error)?
-                .into_inner();
-            println!(
-                "read up to {} of {}; unread {}",
-                r.read_seq, r.latest_seq, r.unread
-            );
-        }
+        ChatCommand::Read { conversation, seq } => read(&mut client, me, conversation, seq).await?,
         ChatCommand::Recall { conversation, seq } => {
             client
                 .recall(RecallRequest {
@@ -247,23 +233,55 @@ pub async fn run(args: ChatArgs) -> anyhow::Result<()> {
         ChatCommand::Invite {
             conversation,
             users,
-        } => {
-            let r = client
-                .add_members(ChangeMembersRequest {
-                    caller: me,
-                    conversation_id: conversation,
-                    user_ids: users,
-                })
-                .await
-                .map_err(call_error)?
-                .into_inner();
-            println!("added {:?}", r.changed);
-        }
+        } => invite(&mut client, me, conversation, users).await?,
     }
     Ok(())
 }
 
 type Client = cellmesh_proto::v1::messaging_client::MessagingClient<crate::connect::Authed>;
+
+/// `chat read`: marks `conversation` read up to `seq`.
+async fn read(
+    client: &mut Client,
+    me: Option<Caller>,
+    conversation: u64,
+    seq: u64,
+) -> anyhow::Result<()> {
+    let r = client
+        .mark_read(MarkReadRequest {
+            caller: me,
+            conversation_id: conversation,
+            read_seq: seq,
+        })
+        .await
+        .map_err(call_error)?
+        .into_inner();
+    println!(
+        "read up to {} of {}; unread {}",
+        r.read_seq, r.latest_seq, r.unread
+    );
+    Ok(())
+}
+
+/// `chat invite`: adds `users` to a group.
+async fn invite(
+    client: &mut Client,
+    me: Option<Caller>,
+    conversation: u64,
+    users: Vec<u64>,
+) -> anyhow::Result<()> {
+    let r = client
+        .add_members(ChangeMembersRequest {
+            caller: me,
+            conversation_id: conversation,
+            user_ids: users,
+        })
+        .await
+        .map_err(call_error)?
+        .into_inner();
+    println!("added {:?}", r.changed);
+    Ok(())
+}
 
 /// `chat create`: a direct or group conversation with `members`.
 async fn create(
