@@ -7,12 +7,14 @@
 //! edge verifies every request's token — its key, signature, expiry, a
 //! lifetime no longer than `max_token_lifetime_secs`, that its id is not
 //! revoked, and (with a directory) that the tenant has the user — and takes
-//! the caller from it.
+//! the caller from it. JWTs of a tenant's own identity provider are
+//! verified by [`crate::oidc`] and then pass the same checks.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use crate::directory::Users;
+use crate::oidc::Oidc;
 
 use cellmesh_proto::reason::Reason;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -58,6 +60,8 @@ pub struct TokenKey {
     revoked: HashSet<String>,
     /// The users each tenant has, when the edge follows a directory.
     directory: Option<Arc<Users>>,
+    /// Tenants' own identity providers.
+    oidc: Option<Arc<Oidc>>,
 }
 
 fn unauthenticated(reason: Reason, message: &str) -> Status {
@@ -79,6 +83,7 @@ impl TokenKey {
             max_lifetime_secs: 0,
             revoked: HashSet::new(),
             directory: None,
+            oidc: None,
         }
     }
 
@@ -184,6 +189,13 @@ impl TokenKey {
                 "the token lives longer than this edge allows",
             ));
         }
+        self.admit(claims)
+    }
+
+    /// The checks every token passes, ours or an identity provider's: not
+    /// revoked, a tenant and a user that are not reserved, and (with a
+    /// directory) a user the tenant has.
+    fn admit(&self, claims: Claims) -> Result<Claims, Status> {
         if !claims.jti.is_empty() && self.revoked.contains(&claims.jti) {
             return Err(unauthenticated(
                 Reason::TokenRevoked,
@@ -215,8 +227,15 @@ impl TokenKey {
         serde_json::from_slice(&B64.decode(body).ok()?).ok()
     }
 
-    /// Verifies the `authorization: Bearer <token>` metadata.
-    pub fn verify_metadata(
+    /// Also takes OIDC tokens of the providers in `oidc`.
+    pub fn with_oidc(mut self, oidc: Arc<Oidc>) -> Self {
+        self.oidc = (!oidc.is_empty()).then_some(oidc);
+        self
+    }
+
+    /// Verifies the `authorization: Bearer <token>` metadata: a cellmesh
+    /// token, or a JWT of a trusted identity provider.
+    pub async fn verify_metadata(
         &self,
         metadata: &tonic::metadata::MetadataMap,
     ) -> Result<Claims, Status> {
@@ -233,7 +252,14 @@ impl TokenKey {
         let token = header
             .strip_prefix("Bearer ")
             .ok_or_else(|| unauthenticated(Reason::MalformedToken, "expected `Bearer <token>`"))?;
-        self.verify(token.trim(), now_secs())
+        let token = token.trim();
+        match &self.oidc {
+            Some(oidc) if crate::oidc::is_jwt(token) => {
+                let claims = oidc.verify(token, now_secs()).await?;
+                self.admit(claims)
+            }
+            _ => self.verify(token, now_secs()),
+        }
     }
 }
 

@@ -6,9 +6,11 @@
 pub mod auth;
 pub mod directory;
 mod metrics;
+pub mod oidc;
 pub mod proxy;
 mod search;
 mod services;
+mod web;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -74,6 +76,13 @@ pub struct EdgeConfig {
     /// TLS for clients (`[client_tls]`: the certificate and key clients
     /// see, reloaded when renewed); none set: clients speak plaintext.
     pub client_tls: cellmesh_proto::tls::PublicTlsConfig,
+    /// Tenants' own identity providers (`[[oidc]]`): their JWTs are taken
+    /// beside cellmesh tokens (see [`oidc`]).
+    pub oidc: Vec<oidc::OidcProvider>,
+    /// Origins whose pages may call the edge with gRPC-Web (CORS), e.g.
+    /// `https://chat.example.com`; `"*"`: any. Empty (the default): no
+    /// page of another origin.
+    pub web_origins: Vec<String>,
 }
 
 impl Default for EdgeConfig {
@@ -96,6 +105,8 @@ impl Default for EdgeConfig {
             telemetry: Default::default(),
             tls: Default::default(),
             client_tls: Default::default(),
+            oidc: Vec::new(),
+            web_origins: Vec::new(),
         }
     }
 }
@@ -156,6 +167,18 @@ impl EdgeConfig {
         check_range("max_request_bytes", self.max_request_bytes, 1024, 64 << 20)?;
         check_listen("metrics_listen", &self.metrics_listen)?;
         self.telemetry.validate()?;
+        for provider in &self.oidc {
+            provider
+                .validate()
+                .map_err(|message| ConfigError::Invalid {
+                    field: "oidc",
+                    message,
+                })?;
+        }
+        web::check_origins(&self.web_origins).map_err(|message| ConfigError::Invalid {
+            field: "web_origins",
+            message,
+        })?;
         Ok(())
     }
 }
@@ -233,6 +256,7 @@ pub async fn start(config: EdgeConfig) -> Result<RunningEdge, EdgeError> {
     if let Some(users) = config.directory()? {
         tokens = tokens.with_directory(users);
     }
+    tokens = tokens.with_oidc(Arc::new(oidc::Oidc::load(&config.oidc).await));
     let routes = RouteClient::connect(config.routers.clone(), secret.clone())
         .await
         .map_err(|e| EdgeError::Routing(e.message().to_string()))?;
@@ -274,11 +298,17 @@ pub async fn start(config: EdgeConfig) -> Result<RunningEdge, EdgeError> {
         .await
         .map_err(EdgeError::Metrics)?;
     let (tx, rx) = oneshot::channel();
+    let web_origins = config.web_origins.clone();
     let task = tokio::spawn(async move {
         // Clients reach the edge without certificates (over TLS when
         // `[client_tls]` is set); its calls to cells and routers carry the
         // edge's.
+        // Browsers speak gRPC-Web over HTTP/1.1 or HTTP/2; their pages'
+        // origins are checked first (CORS).
         let result = cellmesh_proto::server::public_builder()
+            .accept_http1(true)
+            .layer(web::cors(&web_origins))
+            .layer(tonic_web::GrpcWebLayer::new())
             .layer(cellmesh_telemetry::server::ServerLayer)
             .add_service(standard.health)
             .add_service(standard.reflection)

@@ -116,8 +116,11 @@ impl Proxy {
     }
 
     /// Verifies the token and makes the request's caller the token's.
-    pub fn authenticate<T: HasCaller>(&self, request: Request<T>) -> Result<(Claims, T), Status> {
-        let claims = self.tokens.verify_metadata(request.metadata())?;
+    pub async fn authenticate<T: HasCaller>(
+        &self,
+        request: Request<T>,
+    ) -> Result<(Claims, T), Status> {
+        let claims = self.tokens.verify_metadata(request.metadata()).await?;
         let mut message = request.into_inner();
         let caller = message.caller_mut();
         if let Some(c) = caller.as_ref() {

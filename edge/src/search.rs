@@ -73,7 +73,7 @@ pub async fn search(
     proxy: &Proxy,
     request: Request<SearchRequest>,
 ) -> Result<Response<SearchResponse>, Status> {
-    let (claims, mut m) = proxy.authenticate(request)?;
+    let (claims, mut m) = proxy.authenticate(request).await?;
     let before = decode_cursor(&m.cursor, claims.tenant, claims.user)?;
     m.cursor.clear();
     m.before_msg_id = before.unwrap_or(0);

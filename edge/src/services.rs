@@ -44,7 +44,7 @@ macro_rules! proxied {
         )
     };
     ($self:ident, $request:ident, $client:ident, $method:ident, $timeout:expr, |$claims:ident, $m:ident| $key:expr) => {{
-        let ($claims, $m) = $self.proxy.authenticate($request)?;
+        let ($claims, $m) = $self.proxy.authenticate($request).await?;
         let key = $key;
         $self
             .proxy
@@ -222,7 +222,7 @@ impl Sync for EdgeApi {
         request: Request<SubscribeRequest>,
     ) -> Result<Response<PushStream>, Status> {
         // A stream lives long: no attempt timeout.
-        let (claims, m) = self.proxy.authenticate(request)?;
+        let (claims, m) = self.proxy.authenticate(request).await?;
         let key = Key::user(claims.tenant, claims.user);
         let response = (self.proxy)
             .call(key, m, None, |channel, r| async move {

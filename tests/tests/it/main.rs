@@ -43,3 +43,4 @@ mod tenants;
 mod tls;
 mod traces;
 mod user_move;
+mod web;
