@@ -21,6 +21,8 @@ setup() {
   # promtool checks every role's /metrics; `cellmesh dev --prometheus`
   # runs the server.
   command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+  # The web client SDK (clients/web) is built and tested with Node and npm.
+  command -v npm >/dev/null 2>&1 || need+=(nodejs npm)
   if ((${#need[@]})); then
     local sudo=""
     [ "$(id -u)" = 0 ] || sudo="sudo"
@@ -47,6 +49,11 @@ setup() {
     cargo install cargo-nextest --locked
   fi
   mkdir -p "$CARGO_TARGET_DIR"
+  # The SDK's packages, from npm's cache under ~/.cache when it has them.
+  if [ ! -x clients/web/node_modules/.bin/tsc ]; then
+    echo "setup: installing the web SDK's npm packages (clients/web)"
+    (cd clients/web && npm_config_cache="$HOME/.cache/cellmesh/npm" npm ci --no-audit --no-fund >/dev/null)
+  fi
   prune_cache
 }
 

@@ -44,3 +44,4 @@ mod tls;
 mod traces;
 mod user_move;
 mod web;
+mod web_sdk;
