@@ -272,6 +272,7 @@ async fn resume(
             content_type: "application/octet-stream".into(),
             size,
             sha256: sha256.clone(),
+            client_req_id: String::new(),
         })
         .await?
         .into_inner();

@@ -69,6 +69,8 @@ impl Files {
                         content_type: content_type.to_string(),
                         size,
                         sha256: sha256.clone(),
+                        // A retry after a lost answer gets the same upload.
+                        client_req_id: format!("upload-{sha256}-{}", rand::random::<u64>()),
                     })
                     .await
                     .map_err(call_error)?

@@ -32,6 +32,7 @@ impl Attachments for AttachmentsApi {
             content_type: r.content_type,
             size: r.size,
             sha256: r.sha256,
+            client_req_id: r.client_req_id,
         };
         let upload = to_end(&self.service, |s| async move { s.create_upload(cmd).await }).await?;
         Ok(Response::new(upload))

@@ -6,7 +6,7 @@
 //! and recalled files.
 
 use cellmesh_proto::reason::Reason;
-use cellmesh_proto::storage::v1::UploadRecord;
+use cellmesh_proto::storage::v1::{IdempotencyRecord, UploadRecord};
 use cellmesh_proto::v1::{
     AttachmentRef, GetDownloadUrlResponse, MessageState, PartUrl, UploadResponse, UploadState,
 };
@@ -15,7 +15,7 @@ use std::sync::Arc;
 use super::{Caller, MessageService};
 use crate::attachments::{Attachments, StoredPart, object_key};
 use crate::error::{CellError, Result};
-use crate::storage::{Mutation, ScanDirection, UploadWalk};
+use crate::storage::{IdemKey, IdemKind, Mutation, ScanDirection, UploadWalk};
 
 #[derive(Debug, Clone)]
 pub struct CreateUploadCommand {
@@ -25,6 +25,8 @@ pub struct CreateUploadCommand {
     pub content_type: String,
     pub size: u64,
     pub sha256: String,
+    /// A retry with the same id gets the same upload ("": none).
+    pub client_req_id: String,
 }
 
 fn store_failed(e: impl std::fmt::Display) -> CellError {
@@ -58,6 +60,15 @@ impl MessageService {
         let (tenant, user) = (cmd.caller.tenant, cmd.caller.user);
         self.ownership.check(tenant, cmd.conversation, 0)?;
         self.check_member(&cmd.caller, cmd.conversation)?;
+        let idem = (!cmd.client_req_id.is_empty()).then(|| IdemKey {
+            kind: IdemKind::CreateUpload,
+            tenant,
+            user,
+            client_req_id: cmd.client_req_id.clone(),
+        });
+        if let Some(first) = self.first_upload(idem.as_ref(), &cmd).await? {
+            return Ok(first);
+        }
         self.limits.check_upload(tenant, user)?;
         let quota = att.config.tenant(tenant).quota_bytes;
         let total = att.add_bytes(&self.store, tenant, cmd.size as i64)?;
@@ -104,9 +115,54 @@ impl MessageService {
         };
         let mut m = Mutation::new();
         m.put_upload(id, &record);
+        if let Some(key) = &idem {
+            let answer = IdempotencyRecord {
+                conversation_id: cmd.conversation,
+                msg_id: id,
+                expires_at_ms: record.expires_at_ms,
+                ..Default::default()
+            };
+            m.put_idempotency(key, &answer);
+        }
         self.store.commit(m).await?;
         crate::metrics::metrics().uploads_reserved.inc();
         Ok(self.upload_response(att, id, &record, &[]))
+    }
+
+    /// The upload a request with `idem` reserved before, answered as
+    /// `GetUpload` would (`None`: a first request). The same id for another
+    /// conversation or file is refused (`CLIENT_REQ_ID_REUSED`).
+    async fn first_upload(
+        &self,
+        idem: Option<&IdemKey>,
+        cmd: &CreateUploadCommand,
+    ) -> Result<Option<UploadResponse>> {
+        let Some(answer) = idem
+            .map(|k| self.store.idempotency(k))
+            .transpose()?
+            .flatten()
+        else {
+            return Ok(None);
+        };
+        let same = self
+            .store
+            .upload(cmd.caller.tenant, answer.msg_id)?
+            .and_then(|r| r.attachment.map(|a| (r.conversation_id, a)))
+            .is_some_and(|(conversation, a)| {
+                conversation == cmd.conversation
+                    && a.size == cmd.size
+                    && a.sha256.eq_ignore_ascii_case(&cmd.sha256)
+            });
+        if !same {
+            return Err(CellError::invalid(
+                Reason::ClientReqIdReused,
+                "client_req_id was used for another upload",
+            ));
+        }
+        let first = self
+            .get_upload(cmd.caller, cmd.conversation, answer.msg_id)
+            .await?;
+        Ok(Some(first))
     }
 
     /// The caller's upload `id` into `conversation` (another user's, another

@@ -156,6 +156,7 @@ pub const FORMAT: u64 = 2;
 pub enum IdemKind {
     Send = 1,
     CreateConversation = 2,
+    CreateUpload = 3,
 }
 
 pub fn u64_key(a: u64) -> [u8; 8] {

@@ -278,6 +278,7 @@ async fn an_interrupted_multipart_upload_resumes_from_the_stored_parts() {
             content_type: "application/octet-stream".into(),
             size,
             sha256: digest.clone(),
+            client_req_id: String::new(),
         })
         .await
         .unwrap()
@@ -378,6 +379,7 @@ fn reserve(
         content_type: content_type.into(),
         size,
         sha256: sha256.into(),
+        client_req_id: String::new(),
     }
 }
 
@@ -503,19 +505,31 @@ async fn bad_uploads_are_refused_with_their_reason_and_leave_nothing_behind() {
         Reason::ConversationNotFound.as_str(),
     );
 
-    // Quota: 1.5 MB; a 900 kB reservation fits, a second does not.
+    // Quota: 1.5 MB; a 900 kB reservation fits, a second does not. A
+    // retry of the first (its answer lost) gets the same upload and counts
+    // nothing twice; its request id for another file is refused.
+    let with_id = |size| CreateUploadRequest {
+        client_req_id: "reserve-a".into(),
+        ..reserve(conversation, 1, "a.png", "image/png", size, &sha)
+    };
     let first = c
-        .create_upload(reserve(
-            conversation,
-            1,
-            "a.png",
-            "image/png",
-            900_000,
-            &sha,
-        ))
+        .create_upload(with_id(900_000))
         .await
         .unwrap()
         .into_inner();
+    let again = c
+        .create_upload(with_id(900_000))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(again.upload_id, first.upload_id);
+    assert_eq!(again.parts.len(), first.parts.len());
+    let err = refused(c.create_upload(with_id(800_000)).await);
+    assert_reason(
+        &err,
+        ErrorCode::InvalidArgument,
+        Reason::ClientReqIdReused.as_str(),
+    );
     let err = refused(
         c.create_upload(reserve(
             conversation,
