@@ -255,8 +255,16 @@ impl TokenKey {
         let token = token.trim();
         match &self.oidc {
             Some(oidc) if crate::oidc::is_jwt(token) => {
-                let claims = oidc.verify(token, now_secs()).await?;
-                self.admit(claims)
+                let id = oidc.verify(token, now_secs()).await?;
+                self.admit(Claims {
+                    tenant: id.tenant,
+                    user: id.user,
+                    device: String::new(),
+                    exp: id.exp,
+                    iat: id.iat,
+                    jti: id.jti,
+                    kid: id.kid,
+                })
             }
             _ => self.verify(token, now_secs()),
         }

@@ -22,8 +22,6 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tonic::Status;
 
-use crate::auth::Claims;
-
 /// How often an issuer's key set may be read again for an unknown `kid`.
 const REREAD_EVERY: Duration = Duration::from_secs(60);
 
@@ -80,6 +78,19 @@ impl OidcProvider {
         }
         Ok(())
     }
+}
+
+/// Who a valid OIDC token says the caller is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    pub tenant: u64,
+    pub user: u64,
+    /// Expiry and issue time, seconds since the epoch.
+    pub exp: u64,
+    pub iat: u64,
+    /// The token's id (what a revocation names) and its key's.
+    pub jti: String,
+    pub kid: String,
 }
 
 /// A verification key of a provider.
@@ -208,7 +219,7 @@ impl Oidc {
     }
 
     /// The caller a valid OIDC token names.
-    pub async fn verify(&self, token: &str, now_secs: u64) -> Result<Claims, Status> {
+    pub async fn verify(&self, token: &str, now_secs: u64) -> Result<Identity, Status> {
         let parts: Vec<&str> = token.split('.').collect();
         let [header, payload, sig] = parts[..] else {
             return Err(malformed("the token is not a JWT"));
@@ -313,10 +324,9 @@ impl Oidc {
         }
         .filter(|&u| u != 0)
         .ok_or_else(|| malformed(&format!("claim {:?} holds no user id", p.config.user_claim)))?;
-        Ok(Claims {
+        Ok(Identity {
             tenant: p.config.tenant,
             user,
-            device: String::new(),
             exp,
             iat: claims.get("iat").and_then(Value::as_u64).unwrap_or(0),
             jti: claims
