@@ -39,6 +39,31 @@ impl Files {
     /// Uploads `path` into `conversation`; its ref once complete. With
     /// `state`, the upload id is kept there until completion, and a later
     /// call with the same file resumes it.
+    /// Reserves an upload; a call whose answer was lost (the connection
+    /// broke, the deadline passed) is made again with the same request id,
+    /// so it gets the same upload back.
+    async fn reserve(&mut self, request: CreateUploadRequest) -> anyhow::Result<UploadResponse> {
+        let mut attempt = 0;
+        loop {
+            match self.client.create_upload(request.clone()).await {
+                Ok(r) => return Ok(r.into_inner()),
+                Err(status)
+                    if attempt < 2
+                        && matches!(
+                            status.code(),
+                            tonic::Code::Unavailable
+                                | tonic::Code::DeadlineExceeded
+                                | tonic::Code::Unknown
+                        ) =>
+                {
+                    attempt += 1;
+                    tokio::time::sleep(std::time::Duration::from_millis(200 * attempt)).await;
+                }
+                Err(status) => return Err(call_error(status)),
+            }
+        }
+    }
+
     pub async fn upload(
         &mut self,
         conversation: u64,
@@ -61,20 +86,16 @@ impl Files {
             Some(upload) => upload,
             None => {
                 let upload = self
-                    .client
-                    .create_upload(CreateUploadRequest {
+                    .reserve(CreateUploadRequest {
                         caller: self.caller.clone(),
                         conversation_id: conversation,
                         name,
                         content_type: content_type.to_string(),
                         size,
                         sha256: sha256.clone(),
-                        // A retry after a lost answer gets the same upload.
-                        client_req_id: format!("upload-{sha256}-{}", rand::random::<u64>()),
+                        client_req_id: format!("upload-{sha256}-{:016x}", rand::random::<u64>()),
                     })
-                    .await
-                    .map_err(call_error)?
-                    .into_inner();
+                    .await?;
                 if let Some(state) = state {
                     let line = format!("{} {size} {sha256}\n", upload.upload_id);
                     tokio::fs::write(state, line).await?;

@@ -269,7 +269,8 @@ impl Oidc {
                 format!("issuer {issuer:?} has no key {kid:?}"),
             ));
         };
-        let signed = &token[..header_len(token) + 1 + payload.len()];
+        // What was signed: header and claims as sent.
+        let signed = token.rsplit_once('.').map_or("", |(signed, _)| signed);
         let signature = B64
             .decode(sig)
             .map_err(|_| malformed("the JWT signature is not base64url"))?;
@@ -337,10 +338,6 @@ impl Oidc {
             kid: kid.to_string(),
         })
     }
-}
-
-fn header_len(token: &str) -> usize {
-    token.find('.').unwrap_or(0)
 }
 
 /// The RS256 and ES256 keys of a JWKS document, by `kid`.

@@ -269,7 +269,7 @@ impl MessageService {
                 crate::storage::EVERY_MESSAGE,
                 after,
                 ScanDirection::Forward,
-                500,
+                last.saturating_sub(after).min(500) as usize,
                 4 << 20,
             )
             .await?;

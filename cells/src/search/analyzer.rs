@@ -38,6 +38,13 @@ impl Language {
         }
     }
 
+    /// The language whose analyzer is registered as `name`.
+    pub fn of_tokenizer(name: &str) -> Option<Language> {
+        [Language::Standard, Language::Zh]
+            .into_iter()
+            .find(|l| l.tokenizer_name() == name)
+    }
+
     pub fn analyzer(self) -> TextAnalyzer {
         TextAnalyzer::builder(Splitter {
             zh: self == Language::Zh,

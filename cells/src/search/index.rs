@@ -120,22 +120,14 @@ impl TenantIndex {
         // An index made under another language keeps its own analyzer:
         // terms must be cut the way they were indexed.
         let stored = index.schema();
-        let language = match stored
-            .get_field("text")
-            .ok()
-            .map(|f| stored.get_field_entry(f))
-        {
-            Some(entry) => match entry.field_type() {
-                tantivy::schema::FieldType::Str(o) => {
-                    match o.get_indexing_options().map(|i| i.tokenizer()) {
-                        Some(name) if name == Language::Zh.tokenizer_name() => Language::Zh,
-                        _ => Language::Standard,
-                    }
-                }
-                _ => language,
-            },
-            None => language,
-        };
+        let language = (stored.get_field("text").ok())
+            .and_then(|f| match stored.get_field_entry(f).field_type() {
+                tantivy::schema::FieldType::Str(o) => o
+                    .get_indexing_options()
+                    .and_then(|i| Language::of_tokenizer(i.tokenizer())),
+                _ => None,
+            })
+            .unwrap_or(language);
         for l in [Language::Standard, Language::Zh] {
             index
                 .tokenizers()

@@ -137,14 +137,6 @@ impl Search {
         Ok(index)
     }
 
-    /// Whether this cell has ever indexed `tenant`.
-    pub fn exists(&self, tenant: u64) -> bool {
-        self.root
-            .join(tenant.to_string())
-            .join("meta.json")
-            .exists()
-    }
-
     /// Commits every open index that has pending changes.
     pub fn commit(&self, tenants: impl IntoIterator<Item = u64>) -> Result<(), SearchError> {
         for tenant in tenants {

@@ -41,10 +41,8 @@ async fn search_all(c: &mut Client, mut request: SearchRequest) -> Vec<Message> 
         if page.examined_down_to == 0 {
             return out;
         }
-        request.before_msg_id = out
-            .last()
-            .map_or(page.examined_down_to, |m| m.msg_id)
-            .min(page.examined_down_to);
+        // Everything at or above it was examined.
+        request.before_msg_id = page.examined_down_to;
     }
 }
 
