@@ -49,11 +49,15 @@ setup() {
     cargo install cargo-nextest --locked
   fi
   mkdir -p "$CARGO_TARGET_DIR"
-  # The SDK's packages, from npm's cache under ~/.cache when it has them.
-  if [ ! -x clients/web/node_modules/.bin/tsc ]; then
-    echo "setup: installing the web SDK's npm packages (clients/web)"
-    (cd clients/web && npm_config_cache="$HOME/.cache/cellmesh/npm" npm ci --no-audit --no-fund >/dev/null)
+  # The SDK's and the web app's packages (from npm's cache under ~/.cache
+  # when it has them), again whenever the lock file changes; then the
+  # bundle the edge builds in (only when its sources changed).
+  if ! cmp -s clients/web/package-lock.json clients/web/node_modules/.cellmesh-lock; then
+    echo "setup: installing the web client's npm packages (clients/web)"
+    (cd clients/web && npm_config_cache="$HOME/.cache/cellmesh/npm" npm ci --no-audit --no-fund >/dev/null &&
+      cp package-lock.json node_modules/.cellmesh-lock)
   fi
+  (cd clients/web && node build.mjs >/dev/null)
   prune_cache
 }
 

@@ -11,6 +11,7 @@ pub mod proxy;
 mod search;
 mod services;
 mod web;
+pub mod web_app;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -83,6 +84,10 @@ pub struct EdgeConfig {
     /// `https://chat.example.com`; `"*"`: any. Empty (the default): no
     /// page of another origin.
     pub web_origins: Vec<String>,
+    /// Serve the web chat app on the client port (`GET /`).
+    pub web_app: bool,
+    /// Serve the app from this directory instead of the one built in.
+    pub web_root: String,
 }
 
 impl Default for EdgeConfig {
@@ -107,6 +112,8 @@ impl Default for EdgeConfig {
             client_tls: Default::default(),
             oidc: Vec::new(),
             web_origins: Vec::new(),
+            web_app: false,
+            web_root: String::new(),
         }
     }
 }
@@ -179,7 +186,22 @@ impl EdgeConfig {
             field: "web_origins",
             message,
         })?;
+        if !self.web_root.is_empty() && !Path::new(&self.web_root).join("index.html").is_file() {
+            return Err(ConfigError::Invalid {
+                field: "web_root",
+                message: format!("{} holds no index.html", self.web_root),
+            });
+        }
         Ok(())
+    }
+
+    /// The files `web_app` serves: `web_root`, or the app built in.
+    pub fn app_files(&self) -> web_app::Files {
+        if self.web_root.is_empty() {
+            web_app::Files::BuiltIn
+        } else {
+            web_app::Files::Dir(self.web_root.clone().into())
+        }
     }
 }
 
@@ -299,6 +321,7 @@ pub async fn start(config: EdgeConfig) -> Result<RunningEdge, EdgeError> {
         .map_err(EdgeError::Metrics)?;
     let (tx, rx) = oneshot::channel();
     let web_origins = config.web_origins.clone();
+    let app = web_app::AppLayer::new(config.web_app.then(|| config.app_files()));
     let task = tokio::spawn(async move {
         // Clients reach the edge without certificates (over TLS when
         // `[client_tls]` is set); its calls to cells and routers carry the
@@ -308,6 +331,7 @@ pub async fn start(config: EdgeConfig) -> Result<RunningEdge, EdgeError> {
         let result = cellmesh_proto::server::public_builder()
             .accept_http1(true)
             .layer(web::cors(&web_origins))
+            .layer(app)
             .layer(tonic_web::GrpcWebLayer::new())
             .layer(cellmesh_telemetry::server::ServerLayer)
             .add_service(standard.health)

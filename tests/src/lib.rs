@@ -298,6 +298,7 @@ pub mod etcd;
 pub mod http;
 pub mod moto;
 pub mod router;
+pub mod web;
 
 pub mod sync {
     //! Helpers for the sync API: subscribing devices and reading what they

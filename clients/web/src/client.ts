@@ -9,13 +9,18 @@ import { Code, ConnectError, createClient, type Client, type Interceptor } from 
 import { createGrpcWebTransport } from "@connectrpc/connect-web";
 import { ErrorDetailSchema } from "./gen/cellmesh/v1/common_pb.js";
 import {
+  ConversationKind,
   Direction,
   Messaging,
   MessageType,
+  type Conversation,
+  type GetConversationResponse,
+  type MarkReadResponse,
   type Message,
+  type SearchResponse,
   type SendResponse,
 } from "./gen/cellmesh/v1/messaging_pb.js";
-import { Sync, SyncEventKind } from "./gen/cellmesh/v1/sync_pb.js";
+import { Sync, SyncEventKind, type ConversationSummary, type UserPresence } from "./gen/cellmesh/v1/sync_pb.js";
 import type { Store, StoredMessage } from "./store.js";
 
 export interface ClientOptions {
@@ -26,6 +31,13 @@ export interface ClientOptions {
   store: Store;
   /** Called after each batch of events is stored. */
   onChange?: (conversations: string[]) => void;
+  /** Called when a member of a conversation is typing. */
+  onTyping?: (conversation: string, user: string) => void;
+  /** `stream` (Subscribe), `poll` (Ack + Pull every `pollMs`), or `auto`
+   * (the default): stream, and poll instead when a proxy holds the
+   * stream back (the queue moves on but nothing arrives). */
+  transport?: "auto" | "stream" | "poll";
+  pollMs?: number;
 }
 
 /** An error with the platform's stable reason (e.g. `NOT_A_MEMBER`). */
@@ -65,10 +77,13 @@ export function stored(m: Message): StoredMessage {
     body: new TextDecoder().decode(m.body),
     serverTsMs: Number(m.serverTsMs),
     state: m.state,
+    attachments: m.attachments.map((a) => ({ id: a.attachmentId.toString(), name: a.name, size: Number(a.size), contentType: a.contentType })),
   };
 }
 
 const ACK_EVERY_MS = 200;
+/** No event for this long while the queue moves on: the stream is held. */
+const STALL_MS = 3_000;
 const PAGE = 50;
 
 export class CellmeshClient {
@@ -76,8 +91,10 @@ export class CellmeshClient {
   readonly sync: Client<typeof Sync>;
   private abort: AbortController | undefined;
   private running: Promise<void> | undefined;
+  private mode: "stream" | "poll";
 
   constructor(private options: ClientOptions) {
+    this.mode = options.transport === "poll" ? "poll" : "stream";
     const auth: Interceptor = (next) => (req) => {
       req.header.set("authorization", `Bearer ${options.token}`);
       return next(req);
@@ -159,6 +176,68 @@ export class CellmeshClient {
     }
   }
 
+  /** The caller's conversations, most recently active first, with
+   * unread counts and last messages. */
+  async conversations(limit = 100): Promise<ConversationSummary[]> {
+    return (await wrap(this.sync.listConversations({ limit }))).conversations;
+  }
+
+  /** A group of the caller and `members`; a retry with the same
+   * `clientReqId` returns the group created first. */
+  async createGroup(title: string, members: bigint[], clientReqId = crypto.randomUUID()): Promise<Conversation> {
+    const r = await wrap(this.messaging.createConversation({ kind: ConversationKind.GROUP, title, memberIds: members, clientReqId }));
+    if (!r.conversation) throw new CellmeshError("no conversation in the answer", "INTERNAL", 0, Code.Internal);
+    return r.conversation;
+  }
+
+  /** A conversation and its members (the first 100). */
+  async conversation(id: bigint): Promise<GetConversationResponse> {
+    return wrap(this.messaging.getConversation({ conversationId: id }));
+  }
+
+  /** Marks `conversation` read through `seq` (never backwards). */
+  async markRead(conversation: bigint, seq: number): Promise<MarkReadResponse> {
+    return wrap(this.messaging.markRead({ conversationId: conversation, readSeq: BigInt(seq) }));
+  }
+
+  /** Replaces the text of the caller's message `seq` (and the stored copy). */
+  async edit(conversation: bigint, seq: number, text: string): Promise<StoredMessage> {
+    const r = await wrap(this.messaging.edit({ conversationId: conversation, seq: BigInt(seq), body: new TextEncoder().encode(text) }));
+    return this.keep(r.message);
+  }
+
+  /** Recalls the caller's message `seq` for everyone. */
+  async recall(conversation: bigint, seq: number): Promise<StoredMessage> {
+    return this.keep((await wrap(this.messaging.recall({ conversationId: conversation, seq: BigInt(seq) }))).message);
+  }
+
+  private async keep(m: Message | undefined): Promise<StoredMessage> {
+    if (!m) throw new CellmeshError("no message in the answer", "INTERNAL", 0, Code.Internal);
+    const s = stored(m);
+    await this.store.putMessages([s]);
+    return s;
+  }
+
+  /** Tells the conversation's members the caller is typing. */
+  async typing(conversation: bigint): Promise<void> {
+    await wrap(this.sync.typing({ conversationId: conversation }));
+  }
+
+  /** Keeps the caller online; returns when to beat again (ms). */
+  async heartbeat(): Promise<number> {
+    return Number((await wrap(this.sync.heartbeat({}))).intervalMs);
+  }
+
+  /** Whether `users` are online, and when they were last seen. */
+  async presence(users: bigint[]): Promise<UserPresence[]> {
+    return (await wrap(this.sync.getPresence({ userIds: users }))).users;
+  }
+
+  /** Messages matching `query` in the caller's conversations (or one). */
+  async search(query: string, conversation = 0n, cursor = ""): Promise<SearchResponse> {
+    return wrap(this.messaging.search({ query, conversationId: conversation, cursor, pageSize: 20 }));
+  }
+
   /** Fills `conversation` from seq `after` up to at least `through`. */
   private async backfill(conversation: bigint, after: number, through: number): Promise<void> {
     let since = BigInt(after);
@@ -170,17 +249,24 @@ export class CellmeshClient {
     }
   }
 
-  /** Starts the sync loop (until [`stop`]). */
+  /** Starts the sync loop (until [`stop`]); after a stop still under
+   * way, once it is done. */
   start(): void {
-    if (this.running) return;
-    this.abort = new AbortController();
-    this.running = this.loop(this.abort.signal);
+    if (this.abort && !this.abort.signal.aborted) return;
+    const abort = new AbortController();
+    this.abort = abort;
+    const previous = this.running ?? Promise.resolve();
+    this.running = previous.catch(() => {}).then(() => this.loop(abort.signal));
   }
 
   async stop(): Promise<void> {
     this.abort?.abort();
     await this.running?.catch(() => {});
-    this.running = undefined;
+  }
+
+  /** How events arrive now: `stream`, or `poll` (set, or fallen back to). */
+  get transport(): "stream" | "poll" {
+    return this.mode;
   }
 
   private async loop(signal: AbortSignal): Promise<void> {
@@ -188,14 +274,14 @@ export class CellmeshClient {
     while (!signal.aborted) {
       try {
         await this.flushOutbox().catch(() => {});
-        await this.stream(signal);
+        await (this.mode === "poll" ? this.poll(signal) : this.stream(signal));
         backoff = 100;
       } catch (e) {
         if (signal.aborted) return;
         // Reconnect with backoff and jitter.
         const wait = backoff / 2 + Math.random() * backoff;
         backoff = Math.min(backoff * 2, 10_000);
-        await new Promise((r) => setTimeout(r, wait));
+        await sleep(wait, signal);
       }
     }
   }
@@ -205,6 +291,8 @@ export class CellmeshClient {
     let pts = BigInt(at?.pts ?? "0");
     let queueId = BigInt(at?.queueId ?? "0");
     let acked = pts;
+    let lastEvent = Date.now();
+    let stalls = 0;
     const ack = async () => {
       if (pts === acked) return;
       const at = pts;
@@ -212,17 +300,77 @@ export class CellmeshClient {
       acked = at;
       await this.sync.ack({ pts: at, queueId });
     };
-    // Acks in batches: at most every ACK_EVERY_MS, and when the stream ends.
-    const timer = setInterval(() => void ack().catch(() => {}), ACK_EVERY_MS);
+    // A proxy that buffers the stream: the queue moves on, nothing
+    // arrives. Twice in a row: poll instead.
+    const inner = new AbortController();
+    const stop = () => inner.abort();
+    signal.addEventListener("abort", stop);
+    const watch = async () => {
+      if (this.options.transport !== "auto" && this.options.transport !== undefined) return;
+      if (Date.now() - lastEvent < STALL_MS) return;
+      const r = await this.sync.ack({ pts: acked, queueId });
+      stalls = r.latestPts > pts && r.queueId === queueId ? stalls + 1 : 0;
+      if (stalls >= 2) {
+        this.mode = "poll";
+        inner.abort();
+      }
+    };
+    const timers = [
+      setInterval(() => void ack().catch(() => {}), ACK_EVERY_MS),
+      setInterval(() => void watch().catch(() => {}), STALL_MS),
+    ];
     try {
-      await this.consume(signal, pts, queueId, (p, q) => {
+      await this.consume(inner.signal, pts, queueId, (p, q) => {
         pts = p;
         queueId = q;
+        lastEvent = Date.now();
+        stalls = 0;
       });
+    } catch (e) {
+      if (!inner.signal.aborted || signal.aborted) throw e;
     } finally {
-      clearInterval(timer);
+      timers.forEach(clearInterval);
+      signal.removeEventListener("abort", stop);
     }
     await ack();
+  }
+
+  /** Polling: Ack says how far the queue has gone; when it moved, the
+   * conversations that grew are pulled from the seq the store has. */
+  private async poll(signal: AbortSignal): Promise<void> {
+    const at = await this.store.cursor();
+    let pts = BigInt(at?.pts ?? "0");
+    let queueId = BigInt(at?.queueId ?? "0");
+    while (!signal.aborted) {
+      const r = await this.sync.ack({ pts, queueId });
+      if (r.latestPts !== pts || r.queueId !== queueId) {
+        const changed = await this.catchUp();
+        pts = r.latestPts;
+        queueId = r.queueId;
+        await this.store.setCursor({ pts: pts.toString(), queueId: queueId.toString() });
+        await this.sync.ack({ pts, queueId });
+        if (changed.length > 0) this.options.onChange?.(changed);
+      }
+      await sleep(this.options.pollMs ?? 1000, signal);
+    }
+  }
+
+  /** Brings every conversation in the list up to its latest seq: a gap
+   * is pulled, a conversation new to the store gets its latest page. */
+  private async catchUp(): Promise<string[]> {
+    const changed: string[] = [];
+    const list = await this.sync.listConversations({ limit: 100 });
+    for (const c of list.conversations) {
+      const id = c.conversation?.conversationId;
+      if (id === undefined) continue;
+      const latest = Number(c.conversation?.latestSeq ?? 0n);
+      const known = await this.store.maxSeq(id.toString());
+      if (latest <= known) continue;
+      if (known === 0) await this.fetchPage(id, 0n, PAGE);
+      else await this.backfill(id, known, latest);
+      changed.push(id.toString());
+    }
+    return changed;
   }
 
   private async consume(
@@ -246,8 +394,8 @@ export class CellmeshClient {
               await this.backfill(e.conversationId, known, Number(e.seq) - 1);
             }
             await this.store.putMessages([stored(e.message)]);
-            changed.push(conversation);
           }
+          changed.push(conversation);
           if (e.queueId !== 0n) queueId = e.queueId;
           advance(e.pts, queueId);
           break;
@@ -255,12 +403,24 @@ export class CellmeshClient {
         case "rebase": {
           // Too far behind to replay: the latest state instead.
           queueId = push.push.value.queueId;
-          const list = await this.sync.listConversations({ limit: 100 });
-          for (const c of list.conversations) {
-            const id = c.conversation?.conversationId;
-            if (id !== undefined) await this.fetchPage(id, 0n, PAGE);
-          }
+          changed.push(...(await this.catchUp()));
           advance(push.push.value.latestPts, queueId);
+          break;
+        }
+        case "hint": {
+          // A large group (nothing queued per member): pull what is new.
+          const h = push.push.value;
+          const known = await this.store.maxSeq(h.conversationId.toString());
+          if (Number(h.latestSeq) > known) {
+            if (known === 0) await this.fetchPage(h.conversationId, 0n, PAGE);
+            else await this.backfill(h.conversationId, known, Number(h.latestSeq));
+            changed.push(h.conversationId.toString());
+          }
+          break;
+        }
+        case "typing": {
+          const t = push.push.value;
+          this.options.onTyping?.(t.conversationId.toString(), t.userId.toString());
           break;
         }
         default:
@@ -269,4 +429,24 @@ export class CellmeshClient {
       if (changed.length > 0) this.options.onChange?.(changed);
     }
   }
+}
+
+/** Waits `ms`, or less when `signal` aborts. */
+/** Awaits a call, its failure as a [`CellmeshError`]. */
+async function wrap<T>(call: Promise<T>): Promise<T> {
+  try {
+    return await call;
+  } catch (e) {
+    throw CellmeshError.from(e);
+  }
+}
+
+function sleep(ms: number, signal?: AbortSignal): Promise<void> {
+  return new Promise((resolve) => {
+    const t = setTimeout(resolve, ms);
+    signal?.addEventListener("abort", () => {
+      clearTimeout(t);
+      resolve();
+    });
+  });
 }

@@ -12,6 +12,8 @@ export interface StoredMessage {
   body: string;
   serverTsMs: number;
   state: number;
+  /** Files the message carries (gone once recalled). */
+  attachments?: { id: string; name: string; size: number; contentType: string }[];
 }
 
 /** Where the device's sync queue stands. */

@@ -113,3 +113,19 @@ test("a gap the stream shows is filled from history", async () => {
   const all = await store.page(conversation.toString(), Number.MAX_SAFE_INTEGER, 10_000);
   assert.deepEqual(all.map((m) => m.seq), Array.from({ length: Number(sent.seq) }, (_, i) => i + 1));
 });
+
+test("polling (where a proxy holds streams back) brings every message once, in order", async () => {
+  const store = new MemoryStore();
+  const bob = new CellmeshClient({ edge, token: tokenB, store, transport: "poll", pollMs: 100 });
+  bob.start();
+  const alice = new CellmeshClient({ edge, token: tokenA, store: new MemoryStore() });
+  let last = 0n;
+  for (let i = 0; i < 30; i++) last = (await alice.send(conversation, `polled ${i}`)).seq;
+  await until(async () => (await store.maxSeq(conversation.toString())) >= Number(last));
+  assert.equal(bob.transport, "poll");
+  await bob.stop();
+  const polled = (await store.page(conversation.toString(), Number.MAX_SAFE_INTEGER, 10_000)).filter((m) => m.body.startsWith("polled "));
+  assert.deepEqual(polled.map((m) => m.body), Array.from({ length: 30 }, (_, i) => `polled ${i}`));
+  const at = await store.cursor();
+  assert.ok(at && BigInt(at.pts) > 0n, "the cursor moved on");
+});

@@ -373,6 +373,8 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             metrics_listen: format!("127.0.0.1:{}", topo.edge_metrics_port(r)),
             telemetry: telemetry.clone(),
             tls: tls(Role::Edge, region)?,
+            // The web chat app at every edge's own origin.
+            web_app: true,
             ..EdgeConfig::default()
         };
         let path = write_config(&configs, &format!("edge-{region}"), &config)?;
@@ -420,6 +422,10 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         "kafka": if mock_kafka.is_some() { Some("mock".to_string()) } else { brokers.clone() },
         "latency_ms": Duration::from(args.latency).as_millis() as u64,
         "demo": demo.to_json(),
+        "web_url": web_link(&topo.edge(0), &demo.to_json()["token"]),
+        "web_links": demo.to_json()["tokens"].as_object().into_iter().flatten()
+            .map(|(user, token)| (user.clone(), web_link(&topo.edge(0), token)))
+            .collect::<BTreeMap<_, _>>(),
         "processes": sup.pids().into_iter().collect::<BTreeMap<_, _>>(),
     });
     std::fs::write(
@@ -568,6 +574,12 @@ async fn wait_for(limit: Duration, what: &str, mut ok: impl FnMut() -> bool) -> 
     Ok(())
 }
 
+/// The web app at `edge`, signed in with `token` (kept in the fragment,
+/// which the browser never sends to a server).
+fn web_link(edge: &str, token: &serde_json::Value) -> String {
+    format!("{edge}/#token={}", token.as_str().unwrap_or_default())
+}
+
 fn print_summary(info: &serde_json::Value, data: &Path) {
     println!();
     println!(
@@ -595,6 +607,10 @@ fn print_summary(info: &serde_json::Value, data: &Path) {
     println!(
         "  token (user 1) {}",
         demo["token"].as_str().unwrap_or_default()
+    );
+    println!(
+        "  web app        {} (user 1; web_links in dev.json for the others)",
+        info["web_url"].as_str().unwrap_or_default()
     );
     println!();
     println!("Try:");

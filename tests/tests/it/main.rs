@@ -44,4 +44,5 @@ mod tls;
 mod traces;
 mod user_move;
 mod web;
+mod web_app;
 mod web_sdk;
