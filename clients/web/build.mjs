@@ -8,7 +8,7 @@ import { existsSync, readdirSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 
 const stamp = "dist/.built";
-const sources = ["src", "app", "test", "browser-test", "../../proto/proto", "package.json", "package-lock.json", "tsconfig.json", "build.mjs"];
+const sources = ["src", "app", "test", "browser-test", "bench", "../../proto/proto", "package.json", "package-lock.json", "tsconfig.json", "build.mjs"];
 
 function newest(path) {
   if (!existsSync(path)) return 0;

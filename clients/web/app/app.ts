@@ -176,10 +176,13 @@ async function main(): Promise<void> {
     if (top && document.visibilityState === "visible") void client.markRead(open, top.seq).catch(() => {});
   }
 
+  const lastOpen = `cellmesh.open.${s.tenant}.${s.user}`;
   async function select(id: bigint): Promise<void> {
     open = id;
+    localStorage.setItem(lastOpen, id.toString());
     typers.clear();
     list.reset(await client.firstScreen(id));
+    if (performance.getEntriesByName("first-screen").length === 0) performance.mark("first-screen");
     for (const el of document.querySelectorAll<HTMLElement>("#conversations li")) el.classList.toggle("open", el.dataset.conv === id.toString());
     $<HTMLInputElement>("text").disabled = false;
     document.querySelector<HTMLButtonElement>("#composer button")!.disabled = false;
@@ -258,9 +261,14 @@ async function main(): Promise<void> {
   window.addEventListener("online", () => client.start());
   const beat = async () => setTimeout(beat, await client.heartbeat().catch(() => 30_000));
   void beat();
-  await refreshList().catch(showError);
+  // The conversation open last time, from IndexedDB before any answer
+  // from the edge; else the first of the list.
+  const listed = refreshList().catch(showError);
+  const last = localStorage.getItem(lastOpen);
+  if (last) await select(BigInt(last)).catch(() => localStorage.removeItem(lastOpen));
+  await listed;
   const first = document.querySelector<HTMLElement>("#conversations li");
-  if (first) await select(BigInt(first.dataset.conv!)).catch(showError);
+  if (open === undefined && first) await select(BigInt(first.dataset.conv!)).catch(showError);
   document.body.dataset.ready = "1";
 }
 

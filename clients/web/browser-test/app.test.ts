@@ -4,9 +4,9 @@
 // one page goes offline while the other sends 200 messages and shows all
 // of them in order afterwards; a reload shows history from IndexedDB and
 // resumes; a send made offline is delivered once; edit, recall and typing
-// reach the other page; a tenant move during the session costs only a
-// retry; CORS refuses an origin not on the list; OIDC sign-in, and every
-// bad provider token refused with its reason.
+// reach the other page; a tenant move and a failover during the session
+// cost only a retry; CORS refuses an origin not on the list; OIDC sign-in,
+// and every bad provider token refused with its reason.
 
 import assert from "node:assert/strict";
 import { createHmac, generateKeyPairSync, sign, type KeyObject } from "node:crypto";
@@ -81,11 +81,26 @@ function renderedRows(page: Page): Promise<{ seq: number; text: string }[]> {
   );
 }
 
+/** Sends `bodies` one by one as the app does: a retryable failure stays
+ * in the outbox and is re-sent (same request id) until answered. */
 function sendFrom(page: Page, bodies: string[]): Promise<void> {
   return page.evaluate(
     async (c, bodies) => {
-      const w = window as unknown as { cellmesh: { client: { send(c: bigint, t: string): Promise<unknown> } } };
-      for (const b of bodies) await w.cellmesh.client.send(BigInt(c), b);
+      type Client = { send(c: bigint, t: string): Promise<unknown>; flushOutbox(): Promise<unknown> };
+      const w = window as unknown as { cellmesh: { client: Client } };
+      for (const b of bodies) {
+        let sent = w.cellmesh.client.send(BigInt(c), b);
+        for (let attempt = 0; ; attempt++) {
+          try {
+            await sent;
+            break;
+          } catch (e) {
+            if (!(e as { retryable: boolean }).retryable || attempt > 100) throw e;
+            await new Promise((r) => setTimeout(r, 200));
+            sent = w.cellmesh.client.flushOutbox();
+          }
+        }
+      }
     },
     conversation,
     bodies,
@@ -184,6 +199,20 @@ test("a tenant move during the session costs at most a retry", async () => {
   assertInOrder(rows, "across the move");
   assert.equal(rows.filter((r) => r.body.startsWith("moving ")).length, 40);
   assert.ok(!(await alice.$eval("#error", (e) => (e as HTMLElement).hidden ? "" : e.textContent ?? "")), "no error shown");
+});
+
+test("a failover of the tenant's cell during the session costs at most a retry", async () => {
+  const control = env("CELLMESH_CONTROL");
+  writeFileSync(`${control}/fail-over`, "");
+  const sending = sendFrom(alice, Array.from({ length: 20 }, (_, i) => `failing over ${i}`));
+  await until(async () => existsSync(`${control}/failed-over`), "the failover ends", 60_000);
+  await sending;
+  await sendFrom(alice, ["after the failover"]);
+  await until(async () => (await storedRows(bob)).some((r) => r.body === "after the failover"), "bob has it", 30_000);
+  const rows = await storedRows(bob);
+  assertInOrder(rows, "across the failover");
+  assert.equal(rows.filter((r) => r.body.startsWith("failing over ")).length, 20);
+  await until(async () => (await renderedRows(bob)).some((r) => r.text.includes("after the failover")), "bob renders it");
 });
 
 test("CORS: a page may call only the edges that list its origin", async () => {

@@ -100,6 +100,18 @@ async fn a_message_crosses_three_regions_and_survives_a_restart() {
     let alice = demo["tokens"]["1"].as_str().unwrap().to_string();
     let bob = demo["tokens"]["2"].as_str().unwrap().to_string();
 
+    // Each edge serves the web app built into the binary; dev.json has a
+    // signed-in link to it for every demo user.
+    let edge = info["edges"]["eu-west"].as_str().unwrap();
+    assert_eq!(info["web_url"], format!("{edge}/#token={alice}"));
+    assert_eq!(info["web_links"]["2"], format!("{edge}/#token={bob}"));
+    let addr = edge.trim_start_matches("http://").parse().unwrap();
+    let (code, page) = cellmesh_tests::http::get(addr, "/").await.unwrap();
+    assert_eq!(code, 200, "{page}");
+    assert!(page.contains("app.js"), "{page}");
+    let (code, _) = cellmesh_tests::http::get(addr, "/app.js").await.unwrap();
+    assert_eq!(code, 200);
+
     // Bob follows through ap-south; Alice sends through eu-west; the owner
     // is in us-east and both users live in eu-west.
     let mut sync = SyncClient::new(channel(&info["edges"]["ap-south"]).await);

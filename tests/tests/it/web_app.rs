@@ -2,15 +2,19 @@
 //! by puppeteer-core from Node) loads the app from two edges of a two-cell
 //! deployment and two users chat. The browser side is
 //! `clients/web/browser-test`; this test starts the deployment, serves the
-//! identity provider's key set on loopback, and moves the tenant when the
-//! browser test asks for it (a file in a shared directory).
+//! identity provider's key set on loopback, and moves the tenant, then
+//! fails its new cell over, when the browser test asks (a file in a shared
+//! directory).
 
 use std::path::Path;
 use std::time::Duration;
 
 use cellmesh_edge::EdgeConfig;
 use cellmesh_edge::oidc::OidcProvider;
-use cellmesh_tests::deploy::{TOKEN_SECRET, create_via_edge, deploy, messaging, migrator, token};
+use cellmesh_tests::deploy::{
+    Deployment, TOKEN_SECRET, create_via_edge, deploy, fail_over, messaging, migrator,
+    pull_via_edge, token, wait_for_checkpoint,
+};
 use cellmesh_tests::router::SECRET;
 use cellmesh_tests::web;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -62,24 +66,39 @@ async fn edge(
     .expect("edge starts")
 }
 
-/// Waits for `control/move`, moves tenant 1 to us-east/c1, writes
-/// `control/moved`.
-async fn move_when_asked(d: &cellmesh_tests::deploy::Deployment, control: &Path) {
-    while !control.join("move").exists() {
+async fn asked(control: &Path, what: &str) {
+    while !control.join(what).exists() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// What the browser test asks for, in order: `move` (tenant 1 moves to
+/// us-east/c1; answered with `moved`), then `fail-over` (us-east/c1 stops
+/// and its routes fail over; answered with `failed-over`).
+async fn operate(d: &mut Deployment, control: &Path, conv: u64) {
     let routes = d.cluster.client().await;
+    asked(control, "move").await;
     migrator(&routes)
         .migrate_tenant(1, "us-east/c1", 4, |_| {})
         .await
         .expect("the tenant moves");
     std::fs::write(control.join("moved"), "").unwrap();
+
+    asked(control, "fail-over").await;
+    let mut m = messaging(&d.edge).await;
+    let latest = pull_via_edge(&mut m, &token(1, 10), conv).await.latest_seq;
+    wait_for_checkpoint(&routes, conv, latest, Duration::from_secs(15)).await;
+    let cell = d.cells.remove(1);
+    let _dir = cell.stop().await;
+    assert_eq!(fail_over(&routes, "us-east/c1", 100).await, "eu-west/c1");
+    std::fs::write(control.join("failed-over"), "").unwrap();
+    std::future::pending::<()>().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_web_app_works_in_a_real_browser() {
     web::build();
-    let d = deploy(None).await;
+    let mut d = deploy(None).await;
     let dir = tempfile::tempdir().unwrap();
     let jwks = dir.path().join("jwks.json");
     let provider = OidcProvider {
@@ -110,12 +129,9 @@ async fn the_web_app_works_in_a_real_browser() {
     ];
     let report = tokio::select! {
         report = web::node_tests("browser-test", &env) => report,
-        () = async {
-            move_when_asked(&d, dir.path()).await;
-            std::future::pending::<()>().await
-        } => unreachable!(),
+        () = operate(&mut d, dir.path(), conv) => unreachable!(),
     };
-    assert!(report.contains("# pass 7"), "{report}");
+    assert!(report.contains("# pass 8"), "{report}");
     a.stop().await;
     b.stop().await;
 }
