@@ -7,6 +7,7 @@
 use std::num::NonZeroU32;
 use std::time::Duration;
 
+use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultKeyedRateLimiter, Quota};
 
@@ -14,10 +15,10 @@ use crate::config::RateLimitConfig;
 use crate::error::CellError;
 
 pub struct SendLimits {
-    users: DefaultKeyedRateLimiter<(u64, u64)>,
-    conversations: DefaultKeyedRateLimiter<u64>,
-    calls: DefaultKeyedRateLimiter<(u64, u64)>,
-    uploads: DefaultKeyedRateLimiter<(u64, u64)>,
+    users: DefaultKeyedRateLimiter<(TenantId, UserId)>,
+    conversations: DefaultKeyedRateLimiter<ConversationId>,
+    calls: DefaultKeyedRateLimiter<(TenantId, UserId)>,
+    uploads: DefaultKeyedRateLimiter<(TenantId, UserId)>,
     clock: DefaultClock,
 }
 
@@ -47,7 +48,12 @@ impl SendLimits {
     }
 
     /// Takes one send from the sender's and the conversation's budgets.
-    pub fn check(&self, tenant: u64, user: u64, conversation: u64) -> Result<(), CellError> {
+    pub fn check(
+        &self,
+        tenant: TenantId,
+        user: UserId,
+        conversation: ConversationId,
+    ) -> Result<(), CellError> {
         if let Err(not_until) = self.users.check_key(&(tenant, user)) {
             return Err(self.limited("user", not_until.wait_time_from(self.clock.now())));
         }
@@ -59,7 +65,7 @@ impl SendLimits {
 
     /// Takes one call that changes something other than a send from the
     /// user's budget (`USER_RATE_LIMITED`, scope `user_calls`).
-    pub fn check_call(&self, tenant: u64, user: u64) -> Result<(), CellError> {
+    pub fn check_call(&self, tenant: TenantId, user: UserId) -> Result<(), CellError> {
         self.calls.check_key(&(tenant, user)).map_err(|not_until| {
             self.limited("user_calls", not_until.wait_time_from(self.clock.now()))
         })
@@ -67,7 +73,7 @@ impl SendLimits {
 
     /// Takes one upload reservation from the user's budget
     /// (`UPLOAD_RATE_LIMITED`).
-    pub fn check_upload(&self, tenant: u64, user: u64) -> Result<(), CellError> {
+    pub fn check_upload(&self, tenant: TenantId, user: UserId) -> Result<(), CellError> {
         self.uploads
             .check_key(&(tenant, user))
             .map_err(|not_until| {
@@ -120,9 +126,11 @@ mod tests {
     fn a_user_over_budget_is_limited_with_a_retry_hint() {
         let l = limits(5, 1000);
         for _ in 0..5 {
-            l.check(1, 1, 10).unwrap();
+            l.check(TenantId(1), UserId(1), ConversationId(10)).unwrap();
         }
-        let err = l.check(1, 1, 10).unwrap_err();
+        let err = l
+            .check(TenantId(1), UserId(1), ConversationId(10))
+            .unwrap_err();
         assert_eq!(err.code(), ErrorCode::RateLimited);
         assert_eq!(err.reason(), "USER_RATE_LIMITED");
         match err {
@@ -132,43 +140,47 @@ mod tests {
             other => panic!("{other:?}"),
         }
         // Another user of the same tenant is unaffected.
-        l.check(1, 2, 10).unwrap();
+        l.check(TenantId(1), UserId(2), ConversationId(10)).unwrap();
     }
 
     #[test]
     fn a_busy_conversation_is_limited_across_senders() {
         let l = limits(1000, 3);
         for user in 0..3 {
-            l.check(1, user, 77).unwrap();
+            l.check(TenantId(1), UserId(user), ConversationId(77))
+                .unwrap();
         }
-        let err = l.check(1, 99, 77).unwrap_err();
+        let err = l
+            .check(TenantId(1), UserId(99), ConversationId(77))
+            .unwrap_err();
         assert_eq!(err.reason(), "CONVERSATION_RATE_LIMITED");
-        l.check(1, 99, 78).unwrap();
+        l.check(TenantId(1), UserId(99), ConversationId(78))
+            .unwrap();
     }
 
     #[test]
     fn other_calls_have_their_own_budget_per_user() {
         let l = limits(1000, 1000);
-        l.check_call(1, 1).unwrap();
-        l.check_call(1, 1).unwrap();
-        let err = l.check_call(1, 1).unwrap_err();
+        l.check_call(TenantId(1), UserId(1)).unwrap();
+        l.check_call(TenantId(1), UserId(1)).unwrap();
+        let err = l.check_call(TenantId(1), UserId(1)).unwrap_err();
         assert_eq!(err.reason(), "USER_RATE_LIMITED");
         assert!(err.to_string().contains("user_calls"), "{err}");
-        l.check_call(1, 2).unwrap();
-        l.check_call(2, 1).unwrap();
-        l.check(1, 1, 10).unwrap();
+        l.check_call(TenantId(1), UserId(2)).unwrap();
+        l.check_call(TenantId(2), UserId(1)).unwrap();
+        l.check(TenantId(1), UserId(1), ConversationId(10)).unwrap();
     }
 
     #[test]
     fn uploads_have_their_own_budget_per_user() {
         let l = limits(1000, 1000);
-        l.check_upload(1, 1).unwrap();
-        l.check_upload(1, 1).unwrap();
+        l.check_upload(TenantId(1), UserId(1)).unwrap();
+        l.check_upload(TenantId(1), UserId(1)).unwrap();
         assert_eq!(
-            l.check_upload(1, 1).unwrap_err().reason(),
+            l.check_upload(TenantId(1), UserId(1)).unwrap_err().reason(),
             "UPLOAD_RATE_LIMITED"
         );
-        l.check_upload(1, 2).unwrap();
-        l.check_call(1, 1).unwrap();
+        l.check_upload(TenantId(1), UserId(2)).unwrap();
+        l.check_call(TenantId(1), UserId(1)).unwrap();
     }
 }

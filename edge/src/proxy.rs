@@ -255,7 +255,8 @@ impl Proxy {
 
 /// A status the transport made, not the owner: no cellmesh detail, and a
 /// code that says the call did not complete (a reset connection surfaces
-/// as `UNKNOWN` "transport error").
+/// as `UNKNOWN` "transport error", a connection torn down mid-call as
+/// `INTERNAL` "h2 protocol error").
 pub fn is_transport_failure(status: &Status) -> bool {
     error_detail(status).reason.starts_with("GRPC_")
         && matches!(
@@ -264,6 +265,7 @@ pub fn is_transport_failure(status: &Status) -> bool {
                 | tonic::Code::DeadlineExceeded
                 | tonic::Code::Cancelled
                 | tonic::Code::Unknown
+                | tonic::Code::Internal
         )
 }
 
@@ -281,4 +283,38 @@ pub fn owner_unreachable(key: &Key, route: &Resolved, cause: &Status) -> Status 
         200,
         Some(route_to_pb(route)),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_the_transport_made_are_told_from_the_owners() {
+        // A cell stopped mid-call: hyper's h2 error, no detail.
+        assert!(is_transport_failure(&Status::internal(
+            "h2 protocol error: http2 error"
+        )));
+        assert!(is_transport_failure(&Status::unknown("transport error")));
+        assert!(is_transport_failure(&Status::unavailable(
+            "connection refused"
+        )));
+        // The owner's own answers carry a reason and are passed on.
+        let owners = to_status(
+            ErrorCode::Internal,
+            Reason::StorageFailed,
+            "disk".into(),
+            0,
+            None,
+        );
+        assert!(!is_transport_failure(&owners));
+        let refused = to_status(
+            ErrorCode::PermissionDenied,
+            Reason::NotAMember,
+            "no".into(),
+            0,
+            None,
+        );
+        assert!(!is_transport_failure(&refused));
+    }
 }

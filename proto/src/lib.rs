@@ -5,6 +5,7 @@
 
 pub mod codec;
 pub mod config;
+pub mod ids;
 pub mod reason;
 pub mod secret;
 pub mod server;

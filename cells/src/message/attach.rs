@@ -5,6 +5,7 @@
 //! names into the refs its message carries, and sweep expired reservations
 //! and recalled files.
 
+use cellmesh_proto::ids::{TenantId, UserId};
 use cellmesh_proto::reason::Reason;
 use cellmesh_proto::storage::v1::{IdempotencyRecord, UploadRecord};
 use cellmesh_proto::v1::{
@@ -69,7 +70,7 @@ impl MessageService {
         if let Some(first) = self.first_upload(idem.as_ref(), &cmd).await? {
             return Ok(first);
         }
-        self.limits.check_upload(tenant, user)?;
+        self.limits.check_upload(TenantId(tenant), UserId(user))?;
         let quota = att.config.tenant(tenant).quota_bytes;
         let total = att.add_bytes(&self.store, tenant, cmd.size as i64)?;
         if quota > 0 && total > quota {

@@ -22,6 +22,7 @@ mod tenant;
 mod tier;
 mod update;
 
+use cellmesh_proto::ids::{TenantId, UserId};
 use cellmesh_proto::reason::Reason;
 use std::sync::Arc;
 
@@ -172,7 +173,8 @@ impl MessageService {
     /// Takes one call that changes something (other than a send) from the
     /// caller's budget: `RATE_LIMITED` / `USER_RATE_LIMITED` over it.
     pub fn check_call(&self, caller: &Caller) -> Result<()> {
-        self.limits.check_call(caller.tenant, caller.user)
+        self.limits
+            .check_call(TenantId(caller.tenant), UserId(caller.user))
     }
 
     /// Where this cell learns what it owns (the route table, or all).

@@ -3,6 +3,7 @@
 //! msg_id and queues one mutation (message, conversation seq, idempotency
 //! record, outbox event) for group commit; answers once it is durable.
 
+use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
 use cellmesh_proto::reason::Reason;
 use cellmesh_proto::storage::v1::{
     ConversationSeq, IdempotencyRecord, MessageRecord, OutboxEvent, OutboxKind, SeqJump,
@@ -92,8 +93,11 @@ impl MessageService {
             self.attachment_refs(&cmd.caller, cmd.conversation, &cmd.attachments, &mut m)?;
         // Only a new message takes from the budgets: a re-send of an
         // acknowledged one gets its answer above, limited or not.
-        self.limits
-            .check(cmd.caller.tenant, cmd.caller.user, cmd.conversation)?;
+        self.limits.check(
+            TenantId(cmd.caller.tenant),
+            UserId(cmd.caller.user),
+            ConversationId(cmd.conversation),
+        )?;
 
         // From the decisive ownership check until the write is durable.
         let writing = self.writing.read().await;

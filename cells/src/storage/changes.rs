@@ -209,6 +209,7 @@ fn touched(name: &str, key: &[u8]) -> Option<Touched> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cellmesh_proto::ids::{ConversationId, Seq};
 
     fn put(name: &'static str, key: &[u8]) -> Op {
         Op::Put(name, key.to_vec(), Vec::new())
@@ -218,11 +219,11 @@ mod tests {
     fn answers_only_what_changed_after_the_token() {
         let changes = Changes::new();
         // Nothing is noted before a watch.
-        changes.note(&[put(cf::MESSAGES, &keys::conv_item(9, 1))]);
+        changes.note(&[put(cf::MESSAGES, &keys::message(ConversationId(9), Seq(1)))]);
         let first = changes.cut(1, 0);
         assert_eq!(first.changed, None, "no token: list everything");
         changes.note(&[
-            put(cf::MESSAGES, &keys::conv_item(5, 1)),
+            put(cf::MESSAGES, &keys::message(ConversationId(5), Seq(1))),
             put(cf::SYNC, &keys::user_item(UserKey::new(1, 7), 3)),
             put(cf::SYNC, &keys::user_item(UserKey::new(2, 7), 3)),
             put(cf::META, &keys::meta::rewrites(6)),

@@ -3,6 +3,8 @@
 //! its members by user id, and a range scan is a key range. Per-user keys
 //! start with the tenant ([`user`]): user ids overlap between tenants.
 
+use cellmesh_proto::ids::{ConversationId, Seq, TenantId, UserId};
+
 use crate::user::UserKey;
 
 /// Column families, one per record kind.
@@ -178,18 +180,28 @@ pub fn triple_key(a: u64, b: u64, c: u64) -> [u8; 24] {
     k
 }
 
-/// `messages` / `members` / `read_state` key.
-pub fn conv_item(conversation: u64, item: u64) -> [u8; 16] {
-    pair_key(conversation, item)
+/// `messages` (and `manifest`: a segment by its first seq) key.
+pub fn message(conversation: ConversationId, seq: Seq) -> [u8; 16] {
+    pair_key(conversation.get(), seq.get())
+}
+
+/// `members` and `read_state` key.
+pub fn member(conversation: ConversationId, user: UserId) -> [u8; 16] {
+    pair_key(conversation.get(), user.get())
+}
+
+/// `uploads` key: a tenant's upload `id`.
+pub fn upload(tenant: TenantId, id: u64) -> [u8; 16] {
+    pair_key(tenant.get(), id)
 }
 
 /// `hidden` key.
-pub fn hidden(conversation: u64, user: u64, seq: u64) -> [u8; 24] {
-    triple_key(conversation, user, seq)
+pub fn hidden(conversation: ConversationId, user: UserId, seq: Seq) -> [u8; 24] {
+    triple_key(conversation.get(), user.get(), seq.get())
 }
 
 /// `idempotency` key.
-pub fn idempotency(kind: IdemKind, tenant: u64, user: u64, client_req_id: &str) -> Vec<u8> {
+pub fn idempotency(kind: IdemKind, tenant: TenantId, user: UserId, client_req_id: &str) -> Vec<u8> {
     let mut k = Vec::with_capacity(17 + client_req_id.len());
     k.push(kind as u8);
     k.extend_from_slice(&tenant.to_be_bytes());
@@ -289,16 +301,21 @@ mod tests {
 
     #[test]
     fn keys_sort_numerically() {
-        assert!(conv_item(1, 255) < conv_item(1, 256));
-        assert!(conv_item(1, u64::MAX) < conv_item(2, 0));
-        assert!(hidden(5, 9, 1) < hidden(5, 9, 2));
-        assert!(hidden(5, 9, u64::MAX) < hidden(5, 10, 0));
+        let (c1, c2) = (ConversationId(1), ConversationId(2));
+        assert!(message(c1, Seq(255)) < message(c1, Seq(256)));
+        assert!(message(c1, Seq(u64::MAX)) < message(c2, Seq(0)));
+        let c = ConversationId(5);
+        assert!(hidden(c, UserId(9), Seq(1)) < hidden(c, UserId(9), Seq(2)));
+        assert!(hidden(c, UserId(9), Seq(u64::MAX)) < hidden(c, UserId(10), Seq(0)));
     }
 
     #[test]
     fn trailing_integer_round_trips() {
-        assert_eq!(last_u64(&conv_item(3, 42)), Some(42));
-        assert_eq!(last_u64(&hidden(3, 4, 77)), Some(77));
+        assert_eq!(last_u64(&message(ConversationId(3), Seq(42))), Some(42));
+        assert_eq!(
+            last_u64(&hidden(ConversationId(3), UserId(4), Seq(77))),
+            Some(77)
+        );
         assert_eq!(last_u64(b"short"), None);
         assert_eq!(decode_u64(&9u64.to_be_bytes()), Some(9));
         assert_eq!(decode_u64(b"bad"), None);
@@ -325,9 +342,12 @@ mod tests {
 
     #[test]
     fn idempotency_keys_separate_kind_tenant_and_user() {
-        let a = idempotency(IdemKind::Send, 1, 2, "r");
-        assert_ne!(a, idempotency(IdemKind::CreateConversation, 1, 2, "r"));
-        assert_ne!(a, idempotency(IdemKind::Send, 2, 2, "r"));
-        assert_ne!(a, idempotency(IdemKind::Send, 1, 3, "r"));
+        let a = idempotency(IdemKind::Send, TenantId(1), UserId(2), "r");
+        assert_ne!(
+            a,
+            idempotency(IdemKind::CreateConversation, TenantId(1), UserId(2), "r")
+        );
+        assert_ne!(a, idempotency(IdemKind::Send, TenantId(2), UserId(2), "r"));
+        assert_ne!(a, idempotency(IdemKind::Send, TenantId(1), UserId(3), "r"));
     }
 }

@@ -6,6 +6,7 @@
 //! newest entry's end are overlays (recalls and edits of cold messages)
 //! and win over the segment's copy.
 
+use cellmesh_proto::ids::{ConversationId, Seq, UserId};
 use cellmesh_proto::storage::v1::SegmentEntry;
 use prost::Message as _;
 
@@ -28,13 +29,17 @@ impl Mutation {
     pub fn tier_segment(&mut self, conversation: u64, entry: &SegmentEntry, after: u64) {
         self.put(
             cf::MANIFEST,
-            keys::conv_item(conversation, entry.seq_start),
+            keys::message(ConversationId(conversation), Seq(entry.seq_start)),
             entry.encode_to_vec(),
         );
         self.ops.push(Op::DeleteRange(
             cf::MESSAGES,
-            keys::conv_item(conversation, after.saturating_add(1)).to_vec(),
-            keys::conv_item(conversation, entry.seq_end.saturating_add(1)).to_vec(),
+            keys::message(ConversationId(conversation), Seq(after.saturating_add(1))).to_vec(),
+            keys::message(
+                ConversationId(conversation),
+                Seq(entry.seq_end.saturating_add(1)),
+            )
+            .to_vec(),
         ));
     }
 
@@ -48,7 +53,7 @@ impl Mutation {
     pub fn put_segment(&mut self, conversation: u64, entry: &SegmentEntry) {
         self.put(
             cf::MANIFEST,
-            keys::conv_item(conversation, entry.seq_start),
+            keys::message(ConversationId(conversation), Seq(entry.seq_start)),
             entry.encode_to_vec(),
         );
     }
@@ -56,12 +61,16 @@ impl Mutation {
     /// Drops a segment from the manifest (retention), with any overlay
     /// rows in its range.
     pub fn drop_segment(&mut self, conversation: u64, entry: &SegmentEntry) {
-        let key = keys::conv_item(conversation, entry.seq_start).to_vec();
+        let key = keys::message(ConversationId(conversation), Seq(entry.seq_start)).to_vec();
         self.ops.push(Op::Delete(cf::MANIFEST, key));
         self.ops.push(Op::DeleteRange(
             cf::MESSAGES,
-            keys::conv_item(conversation, entry.seq_start).to_vec(),
-            keys::conv_item(conversation, entry.seq_end.saturating_add(1)).to_vec(),
+            keys::message(ConversationId(conversation), Seq(entry.seq_start)).to_vec(),
+            keys::message(
+                ConversationId(conversation),
+                Seq(entry.seq_end.saturating_add(1)),
+            )
+            .to_vec(),
         ));
     }
 }
@@ -72,8 +81,8 @@ impl Store {
         Ok(self
             .records(
                 cf::MANIFEST,
-                keys::conv_item(conversation, 0).to_vec(),
-                keys::conv_item(conversation, u64::MAX).to_vec(),
+                keys::message(ConversationId(conversation), Seq(0)).to_vec(),
+                keys::message(ConversationId(conversation), Seq(u64::MAX)).to_vec(),
                 usize::MAX,
             )?
             .into_iter()
@@ -86,8 +95,8 @@ impl Store {
         let mut it = self.bounded_iter(
             cf::MANIFEST,
             (
-                keys::conv_item(conversation, 0).to_vec(),
-                keys::conv_item(conversation, u64::MAX).to_vec(),
+                keys::message(ConversationId(conversation), Seq(0)).to_vec(),
+                keys::message(ConversationId(conversation), Seq(u64::MAX)).to_vec(),
             ),
         );
         it.seek_to_last();
@@ -107,7 +116,7 @@ impl Store {
         after: (u64, u64),
         limit: usize,
     ) -> Result<Vec<(u64, SegmentEntry)>> {
-        let lower = keys::conv_item(after.0, after.1.saturating_add(1)).to_vec();
+        let lower = keys::message(ConversationId(after.0), Seq(after.1.saturating_add(1))).to_vec();
         self.range(cf::MANIFEST, lower, vec![0xff; 17], limit)?
             .into_iter()
             .map(|(k, v)| {
@@ -146,7 +155,7 @@ impl Store {
 
     /// Whether `viewer` deleted `seq` of `conversation` for themselves.
     pub fn is_hidden(&self, conversation: u64, viewer: u64, seq: u64) -> Result<bool> {
-        let key = keys::hidden(conversation, viewer, seq);
+        let key = keys::hidden(ConversationId(conversation), UserId(viewer), Seq(seq));
         Ok(self.db.get_pinned_cf(self.cf(cf::HIDDEN), key)?.is_some())
     }
 }

@@ -19,6 +19,7 @@ mod uploads;
 pub mod walk;
 
 use crate::failpoints::FailPoints;
+use cellmesh_proto::ids::{ConversationId, Seq, TenantId, UserId};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -72,7 +73,12 @@ pub struct IdemKey {
 
 impl IdemKey {
     fn encode(&self) -> Vec<u8> {
-        keys::idempotency(self.kind, self.tenant, self.user, &self.client_req_id)
+        keys::idempotency(
+            self.kind,
+            TenantId(self.tenant),
+            UserId(self.user),
+            &self.client_req_id,
+        )
     }
 }
 
@@ -124,17 +130,17 @@ impl Mutation {
     }
 
     pub fn put_member(&mut self, conversation: u64, user: u64, record: &MemberRecord) {
-        let key = keys::conv_item(conversation, user);
+        let key = keys::member(ConversationId(conversation), UserId(user));
         self.put(cf::MEMBERS, key, record.encode_to_vec());
     }
 
     pub fn delete_member(&mut self, conversation: u64, user: u64) {
-        let key = keys::conv_item(conversation, user).to_vec();
+        let key = keys::member(ConversationId(conversation), UserId(user)).to_vec();
         self.ops.push(Op::Delete(cf::MEMBERS, key));
     }
 
     pub fn put_message(&mut self, conversation: u64, seq: u64, record: &MessageRecord) {
-        let key = keys::conv_item(conversation, seq);
+        let key = keys::message(ConversationId(conversation), Seq(seq));
         self.put(cf::MESSAGES, key, record.encode_to_vec());
     }
 
@@ -144,7 +150,7 @@ impl Mutation {
 
     /// Raises (never lowers) a user's read position in a conversation.
     pub fn raise_read_seq(&mut self, conversation: u64, user: u64, seq: u64) {
-        let key = keys::conv_item(conversation, user).to_vec();
+        let key = keys::member(ConversationId(conversation), UserId(user)).to_vec();
         let value = seq.to_be_bytes().to_vec();
         self.ops.push(Op::Merge(cf::READ_STATE, key, value));
     }
@@ -152,7 +158,7 @@ impl Mutation {
     pub fn hide(&mut self, conversation: u64, user: u64, seq: u64) {
         self.put(
             cf::HIDDEN,
-            keys::hidden(conversation, user, seq),
+            keys::hidden(ConversationId(conversation), UserId(user), Seq(seq)),
             Vec::new(),
         );
     }
@@ -305,15 +311,20 @@ impl Store {
     }
 
     pub fn is_member(&self, conversation: u64, user: u64) -> Result<bool> {
-        let key = keys::conv_item(conversation, user);
+        let key = keys::member(ConversationId(conversation), UserId(user));
         Ok(self.db.get_pinned_cf(self.cf(cf::MEMBERS), key)?.is_some())
     }
 
     /// Members with ids above `after`, at most `limit`; and whether more follow.
     pub fn members(&self, conversation: u64, after: u64, limit: usize) -> Result<(Vec<u64>, bool)> {
         let mut opts = ReadOptions::default();
-        opts.set_iterate_upper_bound(keys::conv_item(conversation, u64::MAX).to_vec());
-        let start = keys::conv_item(conversation, after.saturating_add(1));
+        opts.set_iterate_upper_bound(
+            keys::member(ConversationId(conversation), UserId(u64::MAX)).to_vec(),
+        );
+        let start = keys::member(
+            ConversationId(conversation),
+            UserId(after.saturating_add(1)),
+        );
         let iter = self.db.iterator_cf_opt(
             self.cf(cf::MEMBERS),
             opts,
@@ -358,7 +369,10 @@ impl Store {
     }
 
     pub fn message(&self, conversation: u64, seq: u64) -> Result<Option<MessageRecord>> {
-        self.get_record(cf::MESSAGES, &keys::conv_item(conversation, seq))
+        self.get_record(
+            cf::MESSAGES,
+            &keys::message(ConversationId(conversation), Seq(seq)),
+        )
     }
 
     pub fn idempotency(&self, key: &IdemKey) -> Result<Option<IdempotencyRecord>> {
@@ -366,7 +380,10 @@ impl Store {
     }
 
     pub fn read_seq(&self, conversation: u64, user: u64) -> Result<u64> {
-        self.get_u64(cf::READ_STATE, &keys::conv_item(conversation, user))
+        self.get_u64(
+            cf::READ_STATE,
+            &keys::member(ConversationId(conversation), UserId(user)),
+        )
     }
 
     /// Outbox events with ids above `after`, oldest first.

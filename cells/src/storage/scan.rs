@@ -1,6 +1,7 @@
 //! Paging through a conversation's messages in either direction, merged with
 //! the viewer's delete-for-me overlay so hidden messages never leave storage.
 
+use cellmesh_proto::ids::{ConversationId, Seq, UserId};
 use cellmesh_proto::storage::v1::MessageRecord;
 use prost::Message as _;
 use rocksdb::{DBRawIterator, ReadOptions};
@@ -48,12 +49,26 @@ impl Store {
         let mut hidden = self.bounded_iter(cf::HIDDEN, hidden_bounds(conversation, viewer));
         match direction {
             ScanDirection::Forward => {
-                messages.seek(keys::conv_item(conversation, from.saturating_add(1)));
-                hidden.seek(keys::hidden(conversation, viewer, from.saturating_add(1)));
+                messages.seek(keys::message(
+                    ConversationId(conversation),
+                    Seq(from.saturating_add(1)),
+                ));
+                hidden.seek(keys::hidden(
+                    ConversationId(conversation),
+                    UserId(viewer),
+                    Seq(from.saturating_add(1)),
+                ));
             }
             ScanDirection::Backward => {
-                messages.seek_for_prev(keys::conv_item(conversation, from.saturating_sub(1)));
-                hidden.seek_for_prev(keys::hidden(conversation, viewer, from.saturating_sub(1)));
+                messages.seek_for_prev(keys::message(
+                    ConversationId(conversation),
+                    Seq(from.saturating_sub(1)),
+                ));
+                hidden.seek_for_prev(keys::hidden(
+                    ConversationId(conversation),
+                    UserId(viewer),
+                    Seq(from.saturating_sub(1)),
+                ));
             }
         }
         let mut page = ScanPage::default();
@@ -97,8 +112,9 @@ impl Store {
         limit: usize,
         max_bytes: usize,
     ) -> Result<Vec<(u64, MessageRecord)>> {
-        let lower = keys::conv_item(conversation, after.saturating_add(1)).to_vec();
-        let upper = keys::conv_item(conversation, u64::MAX).to_vec();
+        let lower =
+            keys::message(ConversationId(conversation), Seq(after.saturating_add(1))).to_vec();
+        let upper = keys::message(ConversationId(conversation), Seq(u64::MAX)).to_vec();
         let mut it = self.bounded_iter(cf::MESSAGES, (lower, upper));
         it.seek_to_first();
         let (mut out, mut bytes) = (Vec::new(), 0usize);
@@ -157,14 +173,14 @@ fn is_hidden(hidden: &mut DBRawIterator<'_>, seq: u64, direction: ScanDirection)
 
 fn conversation_bounds(conversation: u64, above: u64) -> (Vec<u8>, Vec<u8>) {
     (
-        keys::conv_item(conversation, above.saturating_add(1)).to_vec(),
-        keys::conv_item(conversation, u64::MAX).to_vec(),
+        keys::message(ConversationId(conversation), Seq(above.saturating_add(1))).to_vec(),
+        keys::message(ConversationId(conversation), Seq(u64::MAX)).to_vec(),
     )
 }
 
 fn hidden_bounds(conversation: u64, viewer: u64) -> (Vec<u8>, Vec<u8>) {
     (
-        keys::hidden(conversation, viewer, 0).to_vec(),
-        keys::hidden(conversation, viewer, u64::MAX).to_vec(),
+        keys::hidden(ConversationId(conversation), UserId(viewer), Seq(0)).to_vec(),
+        keys::hidden(ConversationId(conversation), UserId(viewer), Seq(u64::MAX)).to_vec(),
     )
 }

@@ -1,6 +1,7 @@
 //! Upload records (`uploads` column family, tenant | upload id): a file
 //! reserved, completed, or recalled and waiting for its objects to go.
 
+use cellmesh_proto::ids::TenantId;
 use cellmesh_proto::storage::v1::UploadRecord;
 use prost::Message;
 
@@ -8,19 +9,19 @@ use super::{Mutation, Result, Store, cf, keys};
 
 impl Mutation {
     pub fn put_upload(&mut self, id: u64, record: &UploadRecord) {
-        let key = keys::conv_item(record.tenant_id, id);
+        let key = keys::upload(TenantId(record.tenant_id), id);
         self.put(cf::UPLOADS, key, record.encode_to_vec());
     }
 
     pub fn delete_upload(&mut self, tenant: u64, id: u64) {
-        let key = keys::conv_item(tenant, id).to_vec();
+        let key = keys::upload(TenantId(tenant), id).to_vec();
         self.ops.push(super::Op::Delete(cf::UPLOADS, key));
     }
 }
 
 impl Store {
     pub fn upload(&self, tenant: u64, id: u64) -> Result<Option<UploadRecord>> {
-        self.get_record(cf::UPLOADS, &keys::conv_item(tenant, id))
+        self.get_record(cf::UPLOADS, &keys::upload(TenantId(tenant), id))
     }
 
     /// Upload records after (tenant, id), in key order, at most `limit`
@@ -32,8 +33,8 @@ impl Store {
         limit: usize,
     ) -> Result<Vec<(u64, UploadRecord)>> {
         let lower = match id.checked_add(1) {
-            Some(next) => keys::conv_item(tenant, next),
-            None => keys::conv_item(tenant.saturating_add(1), 0),
+            Some(next) => keys::upload(TenantId(tenant), next),
+            None => keys::upload(TenantId(tenant.saturating_add(1)), 0),
         };
         self.records(cf::UPLOADS, lower.to_vec(), vec![0xff; 17], limit)
     }
@@ -42,8 +43,8 @@ impl Store {
     pub fn uploads_of(&self, tenant: u64) -> Result<Vec<(u64, UploadRecord)>> {
         self.records(
             cf::UPLOADS,
-            keys::conv_item(tenant, 0).to_vec(),
-            keys::conv_item(tenant, u64::MAX).to_vec(),
+            keys::upload(TenantId(tenant), 0).to_vec(),
+            keys::upload(TenantId(tenant), u64::MAX).to_vec(),
             usize::MAX,
         )
     }

@@ -4,6 +4,7 @@
 //! more than reading a small conversation, and a snapshot makes every
 //! item's latest position agree with the rows read for it.
 
+use cellmesh_proto::ids::{ConversationId, Seq};
 use cellmesh_proto::storage::v1::{ConversationSeq, MessageRecord, SegmentEntry, SyncRecord};
 use prost::Message as _;
 use rocksdb::{DB, DBRawIterator, ReadOptions, SnapshotWithThreadMode};
@@ -129,7 +130,7 @@ impl<'a> Walk<'a> {
         through: u64,
         mut f: impl FnMut(u64, &MessageRecord),
     ) -> Result<()> {
-        let from = keys::conv_item(conversation, after.saturating_add(1));
+        let from = keys::message(ConversationId(conversation), Seq(after.saturating_add(1)));
         let prefix = keys::u64_key(conversation);
         self.records(cf::MESSAGES, (&prefix, &from), through, |seq, m| f(seq, &m))
     }
@@ -137,7 +138,7 @@ impl<'a> Walk<'a> {
     /// `conversation`'s cold-tier manifest.
     pub fn segments(&mut self, conversation: u64) -> Result<Vec<SegmentEntry>> {
         let (from, prefix) = (
-            keys::conv_item(conversation, 0),
+            keys::message(ConversationId(conversation), Seq(0)),
             keys::u64_key(conversation),
         );
         let mut out = Vec::new();

@@ -19,6 +19,8 @@ interface Session {
   edge: string;
   tenant: string;
   user: string;
+  /** `poll` where a proxy holds streams back (`&transport=poll`). */
+  transport?: "auto" | "stream" | "poll";
 }
 
 /** The tenant and user a cellmesh token (`cm1.<claims>.<sig>`) or a JWT
@@ -38,7 +40,8 @@ function session(): Session | undefined {
   const token = hash.get("token");
   if (token) {
     const c = claims(token);
-    const s = { token, edge: hash.get("edge") || location.origin, tenant: hash.get("tenant") ?? c.tenant, user: hash.get("user") ?? c.user };
+    const transport = (hash.get("transport") ?? "auto") as Session["transport"];
+    const s = { token, edge: hash.get("edge") || location.origin, tenant: hash.get("tenant") ?? c.tenant, user: hash.get("user") ?? c.user, transport };
     localStorage.setItem(SESSION, JSON.stringify(s));
     history.replaceState(null, "", location.pathname);
     return s;
@@ -80,6 +83,7 @@ async function main(): Promise<void> {
     edge: s.edge,
     token: s.token,
     store,
+    transport: s.transport,
     onChange: (changed) => scheduleRefresh(changed),
     onTyping: (conversation, user) => {
       if (conversation !== open?.toString() || user === s.user) return;
@@ -170,7 +174,12 @@ async function main(): Promise<void> {
 
   async function showLatest(): Promise<void> {
     if (open === undefined) return;
-    const latest = await store.page(open.toString(), Number.MAX_SAFE_INTEGER, 50);
+    // Everything above the last row shown (a burst may be longer than a
+    // screen), and the latest 50 again for their edits and recalls.
+    const conversation = open.toString();
+    const shown = list.loaded[list.loaded.length - 1]?.seq ?? 0;
+    const behind = (await store.maxSeq(conversation)) - shown;
+    const latest = await store.page(conversation, Number.MAX_SAFE_INTEGER, Math.max(50, Math.min(behind, 10_000)));
     list.merge(latest);
     const top = latest[latest.length - 1];
     if (top && document.visibilityState === "visible") void client.markRead(open, top.seq).catch(() => {});

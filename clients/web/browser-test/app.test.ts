@@ -2,7 +2,8 @@
 // puppeteer-core) against live edges, started by the Rust test
 // `web_app::the_web_app_works_in_a_real_browser`: two users on two edges;
 // one page goes offline while the other sends 200 messages and shows all
-// of them in order afterwards; a reload shows history from IndexedDB and
+// of them in order afterwards; a polling page shows a burst longer than a
+// screen; a reload shows history from IndexedDB and
 // resumes; a send made offline is delivered once; edit, recall and typing
 // reach the other page; a tenant move and a failover during the session
 // cost only a retry; CORS refuses an origin not on the list; OIDC sign-in,
@@ -137,10 +138,35 @@ test("two users on two edges: one offline while the other sends 200, then all 20
   for (let i = 1; i < rendered.length; i++) assert.ok(rendered[i].seq > rendered[i - 1].seq);
 });
 
+test("a page that polls shows a burst longer than a screen without a hole", async () => {
+  const polling = await openApp(edgeB, `token=${tokenB}&transport=poll`);
+  // All at once, between two polls.
+  const bodies = Array.from({ length: 120 }, (_, i) => `polled burst ${i}`);
+  await alice.evaluate(
+    async (c, bodies) => {
+      const w = window as unknown as { cellmesh: { client: { send(c: bigint, t: string): Promise<unknown> } } };
+      await Promise.all(bodies.map((b) => w.cellmesh.client.send(BigInt(c), b)));
+    },
+    conversation,
+    bodies,
+  );
+  const shown = () =>
+    polling.evaluate(() =>
+      (window as unknown as { cellmesh: { list: { loaded: Row[] } } }).cellmesh.list.loaded.map((m) => m.body).filter((b) => b.startsWith("polled burst ")),
+    );
+  await until(async () => (await storedRows(polling)).filter((r) => r.body.startsWith("polled burst ")).length === 120, "stored");
+  await until(async () => (await shown()).length === 120, "the polling page's view has all 120");
+  assert.deepEqual([...(await shown())].sort(), [...bodies].sort());
+  assert.equal(await polling.evaluate(() => (window as unknown as { cellmesh: { client: { transport: string } } }).cellmesh.client.transport), "poll");
+  await polling.browserContext().close();
+});
+
 test("a reload shows history from IndexedDB at once and resumes from its cursor", async () => {
+  await until(async () => (await storedRows(bob)).filter((r) => r.body.startsWith("polled burst ")).length === 120, "bob has the burst");
   await bob.reload();
   await bob.waitForSelector("#messages .msg", { timeout: 5_000 });
-  assert.ok((await renderedRows(bob)).at(-1)?.text.includes("burst 199"));
+  const last = (await storedRows(bob)).at(-1)!;
+  assert.equal((await renderedRows(bob)).at(-1)?.seq, last.seq, "the newest stored is shown");
   const held = (await storedRows(bob)).length;
   await sendFrom(alice, ["after the reload"]);
   await until(async () => (await renderedRows(bob)).some((r) => r.text.includes("after the reload")), "bob renders the new one");

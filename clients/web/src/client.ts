@@ -62,9 +62,11 @@ export class CellmeshError extends Error {
     );
   }
 
-  /** Whether the same call may succeed later. */
+  /** Whether the same call may succeed later. `INTERNAL` is among them:
+   * its outcome is unknown, and a re-send with the same request id is
+   * answered once. */
   get retryable(): boolean {
-    return [Code.Unavailable, Code.DeadlineExceeded, Code.Unknown, Code.ResourceExhausted].includes(this.grpcCode);
+    return [Code.Unavailable, Code.DeadlineExceeded, Code.Unknown, Code.ResourceExhausted, Code.Internal, Code.Aborted].includes(this.grpcCode);
   }
 }
 

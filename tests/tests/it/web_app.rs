@@ -131,7 +131,7 @@ async fn the_web_app_works_in_a_real_browser() {
         report = web::node_tests("browser-test", &env) => report,
         () = operate(&mut d, dir.path(), conv) => unreachable!(),
     };
-    assert!(report.contains("# pass 8"), "{report}");
+    assert!(report.contains("# pass 9"), "{report}");
     a.stop().await;
     b.stop().await;
 }
