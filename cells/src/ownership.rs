@@ -3,6 +3,7 @@
 //! seq above the route's `seq_floor`. Until the route table is consulted, a
 //! standalone cell owns everything ([`OwnAll`]).
 
+use cellmesh_proto::ids::{ConversationId, Epoch, TenantId};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -41,34 +42,44 @@ pub trait Ownership: Send + Sync + 'static {
     /// is the epoch the caller resolved the route at (0 = unknown); a caller
     /// ahead of this cell's view is answered with a retryable error, one on
     /// another cell's route with `WRONG_CELL`.
-    fn check(&self, tenant: u64, conversation: u64, caller_epoch: u64) -> Result<Fence, CellError>;
+    fn check(
+        &self,
+        tenant: TenantId,
+        conversation: ConversationId,
+        caller_epoch: Epoch,
+    ) -> Result<Fence, CellError>;
 
     /// Checks that this cell may serve reads of `conversation` (a frozen
     /// route still serves them); the seq floor its route gives it here (0
     /// while frozen). A cell that took a conversation over in a failover
     /// has this floor before any send stores it locally.
-    fn check_read(&self, tenant: u64, conversation: u64) -> Result<u64, CellError> {
-        self.check(tenant, conversation, 0)
+    fn check_read(&self, tenant: TenantId, conversation: ConversationId) -> Result<u64, CellError> {
+        self.check(tenant, conversation, Epoch(0))
             .map(|fence| fence.seq_floor)
     }
 
     /// The route's seq floor of `conversation` here (see
     /// [`check_read`](Self::check_read)), or 0 when this cell cannot serve
     /// it now.
-    fn floor(&self, tenant: u64, conversation: u64) -> u64 {
+    fn floor(&self, tenant: TenantId, conversation: ConversationId) -> u64 {
         self.check_read(tenant, conversation).unwrap_or(0)
     }
 
     /// Checks that this cell may create a conversation of `tenant`: its
     /// owner, or the target of the tenant's migration, which must
     /// [`place`](Self::place) the new conversation before storing it.
-    fn check_create(&self, tenant: u64) -> Result<Creation, CellError> {
-        self.check(tenant, 0, 0).map(|_| Creation::Owner)
+    fn check_create(&self, tenant: TenantId) -> Result<Creation, CellError> {
+        self.check(tenant, ConversationId(0), Epoch(0))
+            .map(|_| Creation::Owner)
     }
 
     /// Routes a conversation about to be created here to this cell (see
     /// [`Creation::Place`]).
-    fn place(&self, _tenant: u64, _conversation: u64) -> BoxFuture<'_, Result<(), CellError>> {
+    fn place(
+        &self,
+        _tenant: TenantId,
+        _conversation: ConversationId,
+    ) -> BoxFuture<'_, Result<(), CellError>> {
         Box::pin(async { Ok(()) })
     }
 
@@ -138,9 +149,9 @@ pub struct OwnAll;
 impl Ownership for OwnAll {
     fn check(
         &self,
-        _tenant: u64,
-        _conversation: u64,
-        _caller_epoch: u64,
+        _tenant: TenantId,
+        _conversation: ConversationId,
+        _caller_epoch: Epoch,
     ) -> Result<Fence, CellError> {
         Ok(Fence::default())
     }

@@ -5,6 +5,7 @@
 //! is frozen for a migration or when the caller has seen a newer epoch than
 //! this cell. Users whose home is another cell get their events there.
 
+use cellmesh_proto::ids::{ConversationId, Epoch, TenantId};
 use cellmesh_proto::reason::Reason;
 use cellmesh_proto::v1::RouteState as PbRouteState;
 use cellmesh_route_client::client::RouteClient;
@@ -207,8 +208,8 @@ impl Ownership for Routed {
         Box::pin(self.client.wait_applied(index, timeout))
     }
 
-    fn check_read(&self, tenant: u64, conversation: u64) -> Result<u64, CellError> {
-        match self.check(tenant, conversation, 0) {
+    fn check_read(&self, tenant: TenantId, conversation: ConversationId) -> Result<u64, CellError> {
+        match self.check(tenant, conversation, Epoch(0)) {
             Err(CellError::RetryLater {
                 reason: Reason::Frozen,
                 ..
@@ -217,7 +218,14 @@ impl Ownership for Routed {
         }
     }
 
-    fn check(&self, tenant: u64, conversation: u64, caller_epoch: u64) -> Result<Fence, CellError> {
+    fn check(
+        &self,
+        tenant: TenantId,
+        conversation: ConversationId,
+        caller_epoch: Epoch,
+    ) -> Result<Fence, CellError> {
+        let (tenant, conversation, caller_epoch) =
+            (tenant.get(), conversation.get(), caller_epoch.get());
         let key = if conversation == 0 {
             Key::tenant(tenant)
         } else {
@@ -270,7 +278,8 @@ impl Ownership for Routed {
         })
     }
 
-    fn check_create(&self, tenant: u64) -> Result<Creation, CellError> {
+    fn check_create(&self, typed: TenantId) -> Result<Creation, CellError> {
+        let tenant = typed.get();
         let key = Key::tenant(tenant);
         // A tenant creates where it lives, or on its migration's target.
         let moving = self.client.read(|t| {
@@ -280,7 +289,9 @@ impl Ownership for Routed {
                 .then(|| (target.id.clone(), target.address.clone(), route))
         });
         let Some((to, address, route)) = moving else {
-            return self.check(tenant, 0, 0).map(|_| Creation::Owner);
+            return self
+                .check(typed, ConversationId(0), Epoch(0))
+                .map(|_| Creation::Owner);
         };
         if to == self.cell_id {
             self.lease_check()?;
@@ -295,7 +306,12 @@ impl Ownership for Routed {
         })
     }
 
-    fn place(&self, tenant: u64, conversation: u64) -> BoxFuture<'_, Result<(), CellError>> {
+    fn place(
+        &self,
+        tenant: TenantId,
+        conversation: ConversationId,
+    ) -> BoxFuture<'_, Result<(), CellError>> {
+        let (tenant, conversation) = (tenant.get(), conversation.get());
         Box::pin(async move {
             let key = Key::tenant(tenant);
             let mut attempt = 0;

@@ -5,7 +5,7 @@
 //! names into the refs its message carries, and sweep expired reservations
 //! and recalled files.
 
-use cellmesh_proto::ids::{TenantId, UserId};
+use cellmesh_proto::ids::{ConversationId, Epoch, TenantId, UserId};
 use cellmesh_proto::reason::Reason;
 use cellmesh_proto::storage::v1::{IdempotencyRecord, UploadRecord};
 use cellmesh_proto::v1::{
@@ -59,7 +59,8 @@ impl MessageService {
         let att = self.attachments()?;
         validate_upload(&cmd, &att.config)?;
         let (tenant, user) = (cmd.caller.tenant, cmd.caller.user);
-        self.ownership.check(tenant, cmd.conversation, 0)?;
+        self.ownership
+            .check(TenantId(tenant), ConversationId(cmd.conversation), Epoch(0))?;
         self.check_member(&cmd.caller, cmd.conversation)?;
         let idem = (!cmd.client_req_id.is_empty()).then(|| IdemKey {
             kind: IdemKind::CreateUpload,
@@ -185,7 +186,9 @@ impl MessageService {
     /// Whether `conversation` was taken over from a failed cell whose
     /// history has not been backfilled yet.
     fn awaiting_backfill(&self, tenant: u64, conversation: u64) -> Result<bool> {
-        let fence = self.ownership.check(tenant, conversation, 0)?;
+        let fence =
+            self.ownership
+                .check(TenantId(tenant), ConversationId(conversation), Epoch(0))?;
         Ok(fence.taken_over_mark.is_some() && !self.backfilled(conversation)?)
     }
 
@@ -502,7 +505,8 @@ impl MessageService {
         thumbnail: bool,
     ) -> Result<GetDownloadUrlResponse> {
         let att = self.attachments()?;
-        self.ownership.check_read(caller.tenant, conversation)?;
+        self.ownership
+            .check_read(TenantId(caller.tenant), ConversationId(conversation))?;
         self.check_member(&caller, conversation)?;
         // Exactly what a Pull shows this caller: hidden, directed elsewhere
         // or missing all answer the same.

@@ -5,6 +5,7 @@
 //! standby's copy — or a user's sync state). A move that was cancelled, or
 //! came back, keeps it.
 
+use cellmesh_proto::ids::{ConversationId, Epoch, TenantId};
 use std::time::Duration;
 
 use cellmesh_proto::v1::RouteState;
@@ -111,7 +112,12 @@ impl MessageService {
     /// how many.
     pub async fn clean_moved(&self, grace: Duration) -> Result<u64> {
         let now = self.clock.now_ms();
-        let handed = |m: &Moved| Handed::of(self.ownership.check(m.tenant, m.id, 0));
+        let handed = |m: &Moved| {
+            Handed::of(
+                self.ownership
+                    .check(TenantId(m.tenant), ConversationId(m.id), Epoch(0)),
+            )
+        };
         let dropped = clean(
             &self.store,
             moved::CONVERSATION,

@@ -1,6 +1,7 @@
 //! Conversations: creation (idempotent when the client names a request id),
 //! membership changes and the conversation view with the caller's unread count.
 
+use cellmesh_proto::ids::{ConversationId, Epoch, TenantId};
 use cellmesh_proto::reason::Reason;
 use std::collections::BTreeSet;
 
@@ -64,7 +65,7 @@ impl MessageService {
         // New conversations belong to their tenant's cell (or the target of
         // its migration).
         let _creating = self.creating.read().await;
-        let creation = self.ownership.check_create(cmd.caller.tenant)?;
+        let creation = self.ownership.check_create(TenantId(cmd.caller.tenant))?;
         let key = (!cmd.client_req_id.is_empty()).then(|| IdemKey {
             kind: IdemKind::CreateConversation,
             tenant: cmd.caller.tenant,
@@ -95,7 +96,9 @@ impl MessageService {
         let now = self.now_ms();
         let id = self.next_id(now)?;
         if creation == Creation::Place {
-            self.ownership.place(cmd.caller.tenant, id).await?;
+            self.ownership
+                .place(TenantId(cmd.caller.tenant), ConversationId(id))
+                .await?;
         }
         let record = ConversationRecord {
             tenant_id: cmd.caller.tenant,
@@ -111,7 +114,9 @@ impl MessageService {
         m.put_conv_seq(id, &ConversationSeq::default());
         // Created under a route with a failover floor: its history begins
         // here, so nothing below the floor is missing anywhere.
-        let floor = self.ownership.floor(cmd.caller.tenant, id);
+        let floor = self
+            .ownership
+            .floor(TenantId(cmd.caller.tenant), ConversationId(id));
         if floor > 0 {
             m.put_meta_u64(&crate::storage::keys::meta::backfilled(id), floor);
         }
@@ -343,7 +348,11 @@ impl MessageService {
     ) -> Result<ChangeMembersResponse> {
         self.check_call(caller)?;
         let conv = self.conversation(caller, conversation)?;
-        self.ownership.check(caller.tenant, conversation, 0)?;
+        self.ownership.check(
+            TenantId(caller.tenant),
+            ConversationId(conversation),
+            Epoch(0),
+        )?;
         if conv.kind != ConversationKind::Group {
             return Err(CellError::invalid(
                 Reason::NotAGroup,
@@ -353,7 +362,11 @@ impl MessageService {
         let _admin = conv.admin.lock().await;
         // Checked again where a tenant seal waits for it.
         let _writing = self.writing.read().await;
-        self.ownership.check(caller.tenant, conversation, 0)?;
+        self.ownership.check(
+            TenantId(caller.tenant),
+            ConversationId(conversation),
+            Epoch(0),
+        )?;
         self.require_member(caller, conversation)?;
         let mut record = self.stored_conversation(conversation)?;
         let now = self.now_ms();
@@ -375,8 +388,10 @@ impl MessageService {
     }
 
     pub fn get_conversation(&self, cmd: GetConversationCommand) -> Result<GetConversationResponse> {
-        self.ownership
-            .check_read(cmd.caller.tenant, cmd.conversation)?;
+        self.ownership.check_read(
+            TenantId(cmd.caller.tenant),
+            ConversationId(cmd.conversation),
+        )?;
         self.conversation(&cmd.caller, cmd.conversation)?;
         self.require_member(&cmd.caller, cmd.conversation)?;
         let record = self.stored_conversation(cmd.conversation)?;

@@ -5,6 +5,7 @@
 //! meta, members, read positions, and idempotency records rebuilt from the
 //! messages' request ids — without fanning them out again.
 
+use cellmesh_proto::ids::{ConversationId, Epoch, TenantId};
 use cellmesh_proto::reason::Reason;
 use std::time::{Duration, Instant};
 
@@ -189,7 +190,11 @@ impl MessageService {
     pub(crate) async fn quiesce(&self, tenant: u64, conversation: u64, epoch: u64) -> Result<u64> {
         let deadline = Instant::now() + SEAL_TIMEOUT;
         self.await_route_epoch(epoch, deadline).await?;
-        if self.ownership.check(tenant, conversation, 0).is_ok() {
+        if self
+            .ownership
+            .check(TenantId(tenant), ConversationId(conversation), Epoch(0))
+            .is_ok()
+        {
             return Err(CellError::invalid(
                 Reason::NotFrozen,
                 format!("conversation {conversation} is not frozen here at epoch {epoch}"),
@@ -364,11 +369,10 @@ impl MessageService {
         mut chunk: ExportChunk,
     ) -> Result<()> {
         let jumps = std::mem::take(&mut chunk.seq_jumps);
-        let floor = self
-            .store
-            .conv_seq(conversation)?
-            .seq_floor
-            .max(self.ownership.floor(tenant, conversation));
+        let floor = self.store.conv_seq(conversation)?.seq_floor.max(
+            self.ownership
+                .floor(TenantId(tenant), ConversationId(conversation)),
+        );
         if chunk
             .conversation
             .as_ref()

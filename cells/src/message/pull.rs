@@ -3,6 +3,7 @@
 //! delete-for-me hidden), hot and cold tiers alike, with `latest_seq` so the
 //! client can detect gaps.
 
+use cellmesh_proto::ids::{ConversationId, TenantId};
 use cellmesh_proto::v1::PullResponse;
 
 use super::{Caller, MessageService};
@@ -29,9 +30,10 @@ pub struct PullCommand {
 impl MessageService {
     #[tracing::instrument(skip_all, fields(tenant = cmd.caller.tenant, conversation = cmd.conversation, user = cmd.caller.user))]
     pub async fn pull(&self, cmd: PullCommand) -> Result<PullResponse> {
-        let route_floor = self
-            .ownership
-            .check_read(cmd.caller.tenant, cmd.conversation)?;
+        let route_floor = self.ownership.check_read(
+            TenantId(cmd.caller.tenant),
+            ConversationId(cmd.conversation),
+        )?;
         self.conversation(&cmd.caller, cmd.conversation)?;
         self.require_member(&cmd.caller, cmd.conversation)?;
         let limit = match cmd.limit {

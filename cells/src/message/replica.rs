@@ -7,6 +7,7 @@
 //! holds no record of must carry its meta (record and members), so a
 //! promoted standby never holds history it cannot serve.
 
+use cellmesh_proto::ids::{ConversationId, TenantId};
 use cellmesh_proto::reason::Reason;
 use std::collections::HashMap;
 use std::time::Duration;
@@ -106,7 +107,11 @@ impl MessageService {
                     "tenant, conversation and seq are required",
                 ));
             }
-            if self.ownership.check_read(tenant, conversation).is_ok() {
+            if self
+                .ownership
+                .check_read(TenantId(tenant), ConversationId(conversation))
+                .is_ok()
+            {
                 return Err(CellError::denied(
                     Reason::NotAStandby,
                     format!("conversation {conversation} is owned here, not by {source}"),

@@ -5,6 +5,7 @@
 //! if `Pull` would show it with the text that matched — so a stale index
 //! entry can make a page shorter, never show what the caller may not see.
 
+use cellmesh_proto::ids::{ConversationId, TenantId};
 use cellmesh_proto::reason::Reason;
 use cellmesh_proto::v1::{HighlightRange, Message, SearchHit, SearchResponse};
 
@@ -154,7 +155,10 @@ impl MessageService {
         let (mut allowed, mut uncovered) = (Vec::new(), Vec::new());
         let single = cmd.conversation.map(|id| vec![id]);
         for &id in single.as_ref().unwrap_or(&cmd.conversations) {
-            let route_floor = match self.ownership.check_read(cmd.caller.tenant, id) {
+            let route_floor = match self
+                .ownership
+                .check_read(TenantId(cmd.caller.tenant), ConversationId(id))
+            {
                 Ok(floor) => floor,
                 Err(CellError::WrongCell { .. } | CellError::RetryLater { .. })
                     if single.is_none() =>

@@ -3,7 +3,7 @@
 //! msg_id and queues one mutation (message, conversation seq, idempotency
 //! record, outbox event) for group commit; answers once it is durable.
 
-use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
+use cellmesh_proto::ids::{ConversationId, Epoch, TenantId, UserId};
 use cellmesh_proto::reason::Reason;
 use cellmesh_proto::storage::v1::{
     ConversationSeq, IdempotencyRecord, MessageRecord, OutboxEvent, OutboxKind, SeqJump,
@@ -54,8 +54,11 @@ impl MessageService {
     async fn store_send(&self, cmd: SendCommand) -> Result<SendResponse> {
         self.validate_send(&cmd)?;
         // Early refusal (and the caller's epoch); repeated under the lock.
-        self.ownership
-            .check(cmd.caller.tenant, cmd.conversation, cmd.route_epoch)?;
+        self.ownership.check(
+            TenantId(cmd.caller.tenant),
+            ConversationId(cmd.conversation),
+            Epoch(cmd.route_epoch),
+        )?;
         let conv = self.conversation(&cmd.caller, cmd.conversation)?;
         self.require_member(&cmd.caller, cmd.conversation)?;
         let visible_to = self.recipients(&cmd)?;
@@ -108,9 +111,11 @@ impl MessageService {
             // Checked again under the sequencer lock: once this cell sees a
             // route frozen or moved, no further seq is assigned here (a
             // migration seals the conversation on that).
-            let fence = self
-                .ownership
-                .check(cmd.caller.tenant, cmd.conversation, 0)?;
+            let fence = self.ownership.check(
+                TenantId(cmd.caller.tenant),
+                ConversationId(cmd.conversation),
+                Epoch(0),
+            )?;
             let floor = state.floor.max(fence.seq_floor);
             let seq = state.latest.max(floor) + 1;
             let jump = floor_jump(&state, floor, &fence);

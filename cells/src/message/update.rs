@@ -2,6 +2,7 @@
 //! window, shown to everyone), delete-for-me (an overlay for one user) and the
 //! per-user read position (which never moves backwards).
 
+use cellmesh_proto::ids::{ConversationId, Epoch, TenantId};
 use cellmesh_proto::reason::Reason;
 use cellmesh_proto::storage::v1::{MessageRecord, OutboxEvent, OutboxKind};
 use cellmesh_proto::v1::{DeleteForMeResponse, MarkReadResponse, Message, MessageState};
@@ -111,7 +112,11 @@ impl MessageService {
         // rewrite lands after a migration sealed the conversation.
         let _admin = conv.admin.lock().await;
         let _writing = self.writing.read().await;
-        self.ownership.check(caller.tenant, conversation, 0)?;
+        self.ownership.check(
+            TenantId(caller.tenant),
+            ConversationId(conversation),
+            Epoch(0),
+        )?;
         // A cold message's new state is stored as a hot overlay row.
         let mut record =
             self.any_tier_message(conversation, seq)
@@ -173,8 +178,11 @@ impl MessageService {
         }
         self.check_call(&cmd.caller)?;
         self.conversation(&cmd.caller, cmd.conversation)?;
-        self.ownership
-            .check(cmd.caller.tenant, cmd.conversation, 0)?;
+        self.ownership.check(
+            TenantId(cmd.caller.tenant),
+            ConversationId(cmd.conversation),
+            Epoch(0),
+        )?;
         self.require_member(&cmd.caller, cmd.conversation)?;
         let latest = self.store.conv_seq(cmd.conversation)?.latest_seq;
         if let Some(bad) = cmd.seqs.iter().find(|s| **s == 0 || **s > latest) {
@@ -208,8 +216,11 @@ impl MessageService {
     pub async fn mark_read(&self, cmd: MarkReadCommand) -> Result<MarkReadResponse> {
         self.check_call(&cmd.caller)?;
         self.conversation(&cmd.caller, cmd.conversation)?;
-        self.ownership
-            .check(cmd.caller.tenant, cmd.conversation, 0)?;
+        self.ownership.check(
+            TenantId(cmd.caller.tenant),
+            ConversationId(cmd.conversation),
+            Epoch(0),
+        )?;
         self.require_member(&cmd.caller, cmd.conversation)?;
         let latest = self.store.conv_seq(cmd.conversation)?.latest_seq;
         let target = cmd.read_seq.min(latest);

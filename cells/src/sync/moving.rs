@@ -8,6 +8,7 @@
 //! the source's pts, so devices go on from their cursors after the switch.
 //! The source drops its copy once the grace period after the move is over.
 
+use cellmesh_proto::ids::{ConversationId, Epoch, TenantId};
 use cellmesh_proto::reason::Reason;
 use std::time::{Duration, Instant};
 
@@ -307,7 +308,11 @@ impl SyncService {
             let users = self.tenant_user_ids(&conversations, &homes)?;
             let mut m = crate::storage::Mutation::new();
             for id in conversations {
-                if handed(Handed::of(ownership.check(tenant, id, 0))) {
+                if handed(Handed::of(ownership.check(
+                    TenantId(tenant),
+                    ConversationId(id),
+                    Epoch(0),
+                ))) {
                     m.mark_moved(moved::CONVERSATION, Moved { id, ..t });
                 }
             }

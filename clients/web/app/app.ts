@@ -85,6 +85,12 @@ async function main(): Promise<void> {
     store,
     transport: s.transport,
     onChange: (changed) => scheduleRefresh(changed),
+    onMessages: (messages) => {
+      const here = messages.filter((m) => m.conversation === open?.toString());
+      if (here.length === 0) return;
+      list.merge(here);
+      markSeen();
+    },
     onTyping: (conversation, user) => {
       if (conversation !== open?.toString() || user === s.user) return;
       typers.set(user, Date.now() + 4000);
@@ -159,30 +165,24 @@ async function main(): Promise<void> {
     );
   }
 
-  let pending = new Set<string>();
   let timer: ReturnType<typeof setTimeout> | undefined;
-  function scheduleRefresh(changed: string[]): void {
-    changed.forEach((c) => pending.add(c));
-    // The open conversation at once; the list at most every 250 ms.
-    if (open !== undefined && pending.has(open.toString())) void showLatest();
+  function scheduleRefresh(_changed: string[]): void {
+    // The list at most every 250 ms (the open conversation's rows come
+    // through onMessages).
     timer ??= setTimeout(() => {
       timer = undefined;
-      pending = new Set();
       void refreshList().catch(() => {});
     }, 250);
   }
 
-  async function showLatest(): Promise<void> {
-    if (open === undefined) return;
-    // Everything above the last row shown (a burst may be longer than a
-    // screen), and the latest 50 again for their edits and recalls.
-    const conversation = open.toString();
-    const shown = list.loaded[list.loaded.length - 1]?.seq ?? 0;
-    const behind = (await store.maxSeq(conversation)) - shown;
-    const latest = await store.page(conversation, Number.MAX_SAFE_INTEGER, Math.max(50, Math.min(behind, 10_000)));
-    list.merge(latest);
-    const top = latest[latest.length - 1];
-    if (top && document.visibilityState === "visible") void client.markRead(open, top.seq).catch(() => {});
+  // Read marks at most every 500 ms, for the newest row shown.
+  let reading: ReturnType<typeof setTimeout> | undefined;
+  function markSeen(): void {
+    reading ??= setTimeout(() => {
+      reading = undefined;
+      const top = list.loaded[list.loaded.length - 1];
+      if (open !== undefined && top && document.visibilityState === "visible") void client.markRead(open, top.seq).catch(() => {});
+    }, 500);
   }
 
   const lastOpen = `cellmesh.open.${s.tenant}.${s.user}`;
@@ -223,7 +223,7 @@ async function main(): Promise<void> {
     input.value = "";
     const conv = open;
     client.send(conv, text).then(
-      () => showLatest(),
+      () => {},
       (e: unknown) => {
         // A retryable failure stays in the outbox: it goes out on reconnect.
         if (!(e as CellmeshError).retryable) showError(e);

@@ -35,23 +35,31 @@ export class MessageList {
     this.paint();
   }
 
-  /** Inserts or replaces by msg_id (an edit or a recall replaces). */
+  /** Inserts or replaces by msg_id (an edit or a recall replaces). New
+   * messages above the last one are appended (the common case, O(new)). */
   merge(messages: StoredMessage[]): void {
     if (messages.length === 0) return;
     const atBottom = this.viewport.scrollTop + this.viewport.clientHeight >= this.spacer.offsetHeight - ROW;
-    const byId = new Map(this.messages.map((m) => [m.msgId, m]));
-    for (const m of messages) {
-      byId.set(m.msgId, m);
-      this.rows.get(m.msgId)?.remove();
-      this.rows.delete(m.msgId);
-    }
-    const before = this.messages.length;
+    const last = this.messages[this.messages.length - 1]?.seq ?? -1;
     const firstSeq = this.messages[0]?.seq ?? Infinity;
-    this.messages = [...byId.values()].sort((a, b) => a.seq - b.seq);
-    const prepended = this.messages.filter((m) => m.seq < firstSeq).length;
+    let prepended = 0;
+    const incoming = [...messages].sort((a, b) => a.seq - b.seq);
+    if (incoming.every((m) => m.seq > last)) {
+      const seen = new Set<string>();
+      for (const m of incoming) if (!seen.has(m.msgId) && seen.add(m.msgId)) this.messages.push(m);
+    } else {
+      const byId = new Map(this.messages.map((m) => [m.msgId, m]));
+      for (const m of incoming) {
+        byId.set(m.msgId, m);
+        this.rows.get(m.msgId)?.remove();
+        this.rows.delete(m.msgId);
+      }
+      this.messages = [...byId.values()].sort((a, b) => a.seq - b.seq);
+      prepended = this.messages.filter((m) => m.seq < firstSeq).length;
+    }
     this.spacer.style.height = `${this.messages.length * ROW}px`;
-    if (atBottom && this.messages.length > before && prepended === 0) this.viewport.scrollTop = this.spacer.offsetHeight;
-    else if (prepended > 0) this.viewport.scrollTop += prepended * ROW;
+    if (prepended > 0) this.viewport.scrollTop += prepended * ROW;
+    else if (atBottom) this.viewport.scrollTop = this.spacer.offsetHeight;
     this.paint();
   }
 

@@ -31,6 +31,9 @@ export interface ClientOptions {
   store: Store;
   /** Called after each batch of events is stored. */
   onChange?: (conversations: string[]) => void;
+  /** Called with every message stored (from the stream, a backfill, a
+   * page or an edit), so a view can merge exactly those. */
+  onMessages?: (messages: StoredMessage[]) => void;
   /** Called when a member of a conversation is typing. */
   onTyping?: (conversation: string, user: string) => void;
   /** `stream` (Subscribe), `poll` (Ack + Pull every `pollMs`), or `auto`
@@ -110,6 +113,12 @@ export class CellmeshClient {
     return this.options.store;
   }
 
+  /** Stores `messages` and tells the app which. */
+  private async put(messages: StoredMessage[]): Promise<void> {
+    await this.store.putMessages(messages);
+    if (messages.length > 0) this.options.onMessages?.(messages);
+  }
+
   /** Sends `text`: into the outbox first, then to the edge. */
   async send(conversation: bigint, text: string): Promise<SendResponse> {
     const entry = {
@@ -171,7 +180,7 @@ export class CellmeshClient {
         limit: n,
       });
       const messages = page.messages.map(stored);
-      await this.store.putMessages(messages);
+      await this.put(messages);
       return messages.sort((a, b) => a.seq - b.seq);
     } catch (e) {
       throw CellmeshError.from(e);
@@ -216,7 +225,7 @@ export class CellmeshClient {
   private async keep(m: Message | undefined): Promise<StoredMessage> {
     if (!m) throw new CellmeshError("no message in the answer", "INTERNAL", 0, Code.Internal);
     const s = stored(m);
-    await this.store.putMessages([s]);
+    await this.put([s]);
     return s;
   }
 
@@ -245,7 +254,7 @@ export class CellmeshClient {
     let since = BigInt(after);
     for (;;) {
       const page = await this.messaging.pull({ conversationId: conversation, sinceSeq: since, direction: Direction.FORWARD, limit: 100 });
-      await this.store.putMessages(page.messages.map(stored));
+      await this.put(page.messages.map(stored));
       if (!page.hasMore || Number(page.nextSeq) >= through) return;
       since = page.nextSeq;
     }
@@ -395,7 +404,7 @@ export class CellmeshClient {
             if (e.kind === SyncEventKind.MESSAGE && known > 0 && Number(e.seq) > known + 1) {
               await this.backfill(e.conversationId, known, Number(e.seq) - 1);
             }
-            await this.store.putMessages([stored(e.message)]);
+            await this.put([stored(e.message)]);
           }
           changed.push(conversation);
           if (e.queueId !== 0n) queueId = e.queueId;
