@@ -163,11 +163,11 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        if let Some(files) = &self.files {
-            if matches!(*request.method(), Method::GET | Method::HEAD) {
-                let response = serve(files, &request);
-                return Box::pin(async move { Ok(response) });
-            }
+        if let Some(files) = &self.files
+            && matches!(*request.method(), Method::GET | Method::HEAD)
+        {
+            let response = serve(files, &request);
+            return Box::pin(async move { Ok(response) });
         }
         Box::pin(self.inner.call(request))
     }
