@@ -5,6 +5,7 @@
 //! each round. A hung process, not a killed one: the supervisor would
 //! restart a killed cell before the failover fires.
 
+use cellmesh_proto::ids::{ConversationId, TenantId};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -45,7 +46,10 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
         .map_or(0, |d| d.as_secs());
     for round in 0..args.rounds {
         let owner = routes
-            .resolve(&Key::conversation(dev.tenant, conv))
+            .resolve(&Key::conversation(
+                TenantId(dev.tenant),
+                ConversationId(conv),
+            ))
             .map(|r| r.entry.cell)
             .ok_or_else(|| anyhow::anyhow!("conversation {conv} has no route"))?;
         let pid = dev
@@ -86,7 +90,10 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
             libc::kill(pid, libc::SIGCONT);
         }
         let now_owner = routes
-            .resolve(&Key::conversation(dev.tenant, conv))
+            .resolve(&Key::conversation(
+                TenantId(dev.tenant),
+                ConversationId(conv),
+            ))
             .map(|r| r.entry.cell)
             .unwrap_or_default();
         println!(

@@ -4,6 +4,7 @@
 //! moves, and over their first copy round: the bulk copy alone) and the
 //! freeze window (writes refused) percentiles.
 
+use cellmesh_proto::ids::{ConversationId, TenantId};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -139,7 +140,7 @@ pub async fn run(args: MigrateArgs) -> anyhow::Result<()> {
         )
         .await?;
         let owner = routes
-            .resolve(&Key::conversation(tenant, conv))
+            .resolve(&Key::conversation(TenantId(tenant), ConversationId(conv)))
             .map(|r| r.entry.cell)
             .unwrap_or_default();
         let to = routes.read(|t| {

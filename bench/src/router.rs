@@ -2,6 +2,7 @@
 //! lookups against the RoutingService — or the same key-value workload
 //! against etcd (`--etcd`), so the two can be compared on one machine.
 
+use cellmesh_proto::ids::{ConversationId, TenantId};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -187,7 +188,10 @@ fn cached(client: &RouteClient, args: &RouterArgs, base: u64) -> (u64, Histogram
                     // Timed per 1,000 lookups; recorded in nanoseconds each.
                     let t = Instant::now();
                     for _ in 0..1000 {
-                        let key = Key::conversation(base + 1 + rng.random_range(0..keys), 1);
+                        let key = Key::conversation(
+                            TenantId(base + 1 + rng.random_range(0..keys)),
+                            ConversationId(1),
+                        );
                         std::hint::black_box(client.resolve(&key));
                     }
                     let _ = latency.record((t.elapsed().as_nanos() / 1000).max(1) as u64);
@@ -296,7 +300,11 @@ async fn one(
                     .apply(assign_tenant(write_id, cell, 0))
                     .await
                     .map(|_| ()),
-                Op::Cached => return client.resolve(&Key::conversation(read_id, 1)).is_some(),
+                Op::Cached => {
+                    return client
+                        .resolve(&Key::conversation(TenantId(read_id), ConversationId(1)))
+                        .is_some();
+                }
                 Op::Read | Op::Linearizable => {
                     let consistency = if matches!(op, Op::Read) {
                         Consistency::Stale
@@ -306,7 +314,10 @@ async fn one(
                     match client.routing() {
                         Ok(mut c) => {
                             let mut r = tonic::Request::new(pb::ResolveRequest {
-                                key: Some(key_to_pb(&Key::conversation(read_id, 1))),
+                                key: Some(key_to_pb(&Key::conversation(
+                                    TenantId(read_id),
+                                    ConversationId(1),
+                                ))),
                                 consistency: consistency as i32,
                             });
                             client.attach_secret(&mut r);

@@ -6,6 +6,7 @@
 //! writes the move made (and the Raft log's growth meanwhile), each router
 //! replica's resident memory before and after, and what the senders saw.
 
+use cellmesh_proto::ids::TenantId;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -359,7 +360,7 @@ pub async fn run(args: TenantMoveArgs) -> anyhow::Result<()> {
         tokio::time::sleep(args.settle).await;
     }
     let from = routes
-        .resolve(&Key::tenant(tenant))
+        .resolve(&Key::tenant(TenantId(tenant)))
         .map(|r| r.entry.cell)
         .unwrap_or_default();
     let to = target_cell(&routes, &from, args.to_region.as_deref())?;

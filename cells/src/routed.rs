@@ -5,7 +5,7 @@
 //! is frozen for a migration or when the caller has seen a newer epoch than
 //! this cell. Users whose home is another cell get their events there.
 
-use cellmesh_proto::ids::{ConversationId, Epoch, TenantId};
+use cellmesh_proto::ids::{ConversationId, Epoch, TenantId, UserId};
 use cellmesh_proto::reason::Reason;
 use cellmesh_proto::v1::RouteState as PbRouteState;
 use cellmesh_route_client::client::RouteClient;
@@ -133,8 +133,11 @@ impl Routed {
 impl Ownership for Routed {
     fn owns(&self, tenant: u64, conversation: u64) -> bool {
         self.client.read(|t| {
-            t.resolve(&Key::conversation(tenant, conversation))
-                .is_some_and(|r| r.entry.cell == self.cell_id)
+            t.resolve(&Key::conversation(
+                TenantId(tenant),
+                ConversationId(conversation),
+            ))
+            .is_some_and(|r| r.entry.cell == self.cell_id)
         })
     }
 
@@ -144,7 +147,10 @@ impl Ownership for Routed {
 
     fn taken_over_from(&self, tenant: u64, conversation: u64) -> Option<String> {
         self.client.read(|t| {
-            let entry = t.effective(&Key::conversation(tenant, conversation))?;
+            let entry = t.effective(&Key::conversation(
+                TenantId(tenant),
+                ConversationId(conversation),
+            ))?;
             // A chain of failovers back here names this cell itself.
             let failed = (entry.failed_from.as_ref())
                 .filter(|f| entry.cell == self.cell_id && **f != self.cell_id)?;
@@ -153,9 +159,12 @@ impl Ownership for Routed {
     }
 
     fn moving_here(&self, tenant: u64, conversation: u64) -> bool {
-        let route = self
-            .client
-            .read(|t| t.resolve(&Key::conversation(tenant, conversation)));
+        let route = self.client.read(|t| {
+            t.resolve(&Key::conversation(
+                TenantId(tenant),
+                ConversationId(conversation),
+            ))
+        });
         route.is_some_and(|r| match &r.entry.state {
             RouteState::Migrating { to, .. } | RouteState::Frozen { to } => *to == self.cell_id,
             RouteState::Active => false,
@@ -163,16 +172,22 @@ impl Ownership for Routed {
     }
 
     fn frozen(&self, tenant: u64, conversation: u64) -> bool {
-        let route = self
-            .client
-            .read(|t| t.resolve(&Key::conversation(tenant, conversation)));
+        let route = self.client.read(|t| {
+            t.resolve(&Key::conversation(
+                TenantId(tenant),
+                ConversationId(conversation),
+            ))
+        });
         route.is_some_and(|r| frozen_route(&r))
     }
 
     fn settled(&self, tenant: u64, conversation: u64) -> bool {
-        let route = self
-            .client
-            .read(|t| t.resolve(&Key::conversation(tenant, conversation)));
+        let route = self.client.read(|t| {
+            t.resolve(&Key::conversation(
+                TenantId(tenant),
+                ConversationId(conversation),
+            ))
+        });
         route.is_some_and(|r| {
             matches!(r.entry.state, RouteState::Active) && r.entry.cell == self.cell_id
         })
@@ -227,9 +242,9 @@ impl Ownership for Routed {
         let (tenant, conversation, caller_epoch) =
             (tenant.get(), conversation.get(), caller_epoch.get());
         let key = if conversation == 0 {
-            Key::tenant(tenant)
+            Key::tenant(TenantId(tenant))
         } else {
-            Key::conversation(tenant, conversation)
+            Key::conversation(TenantId(tenant), ConversationId(conversation))
         };
         let route = self.client.read(|t| t.resolve(&key));
         let Some(route) = route else {
@@ -280,7 +295,7 @@ impl Ownership for Routed {
 
     fn check_create(&self, typed: TenantId) -> Result<Creation, CellError> {
         let tenant = typed.get();
-        let key = Key::tenant(tenant);
+        let key = Key::tenant(TenantId(tenant));
         // A tenant creates where it lives, or on its migration's target.
         let moving = self.client.read(|t| {
             let route = t.resolve(&key)?;
@@ -313,7 +328,7 @@ impl Ownership for Routed {
     ) -> BoxFuture<'_, Result<(), CellError>> {
         let (tenant, conversation) = (tenant.get(), conversation.get());
         Box::pin(async move {
-            let key = Key::tenant(tenant);
+            let key = Key::tenant(TenantId(tenant));
             let mut attempt = 0;
             loop {
                 let Some((epoch, state, cell)) = self.client.read(|t| {
@@ -332,7 +347,7 @@ impl Ownership for Routed {
                     return Ok(());
                 }
                 let command = cellmesh_route_client::commands::update_route(
-                    &Key::conversation(tenant, conversation),
+                    &Key::conversation(TenantId(tenant), ConversationId(conversation)),
                     epoch,
                     cellmesh_proto::v1::update_route::Transition::Place(self.cell_id.clone()),
                 );
@@ -368,7 +383,7 @@ impl Ownership for Routed {
 
 impl Homes for Routed {
     fn home(&self, user: UserKey) -> Home {
-        let key = Key::user(user.tenant, user.user);
+        let key = Key::user(TenantId(user.tenant), UserId(user.user));
         let Some(route) = self.client.resolve(&key) else {
             return Home::Here;
         };
@@ -382,7 +397,7 @@ impl Homes for Routed {
     }
 
     fn check_home(&self, user: UserKey, write: bool) -> Result<(), CellError> {
-        let key = Key::user(user.tenant, user.user);
+        let key = Key::user(TenantId(user.tenant), UserId(user.user));
         let Some(route) = self.client.resolve(&key) else {
             return Ok(());
         };
@@ -401,7 +416,10 @@ impl Homes for Routed {
 
     fn conversation_owner(&self, tenant: u64, conversation: u64) -> Option<Owner> {
         self.client
-            .resolve(&Key::conversation(tenant, conversation))
+            .resolve(&Key::conversation(
+                TenantId(tenant),
+                ConversationId(conversation),
+            ))
             .map(|route| Owner {
                 incoming: match route.entry.state {
                     RouteState::Migrating { to, .. } | RouteState::Frozen { to } => Some(to),

@@ -4,6 +4,7 @@
 //! to the high-water mark it holds from the failed cell. Drills and tests
 //! ask the owner for that mark to learn which gaps a failover explains.
 
+use cellmesh_proto::ids::{ConversationId, TenantId};
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
@@ -28,7 +29,7 @@ pub async fn failover_floors(
     let mut ask: HashMap<String, Vec<(u64, u64)>> = HashMap::new();
     routes.read(|t| {
         for &c in conversations {
-            let Some(r) = t.resolve(&Key::conversation(tenant, c)) else {
+            let Some(r) = t.resolve(&Key::conversation(TenantId(tenant), ConversationId(c))) else {
                 continue;
             };
             floors.insert(c, r.seq_floor);

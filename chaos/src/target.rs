@@ -3,6 +3,7 @@
 //! deployment secret from `DATA_DIR/dev.json`, and client tokens for any user
 //! signed with the token secret from `DATA_DIR/secrets.json`.
 
+use cellmesh_proto::ids::TenantId;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -158,9 +159,12 @@ impl DevTarget {
     pub async fn place_beside_demo(&self, tenant: u64) -> anyhow::Result<()> {
         use cellmesh_route_client::table::Key;
         let routes = self.routes().await?;
-        if routes.read(|t| t.entry(&Key::tenant(tenant)).is_none()) {
+        if routes.read(|t| t.entry(&Key::tenant(TenantId(tenant))).is_none()) {
             let cell = routes
-                .read(|t| t.entry(&Key::tenant(self.tenant)).map(|e| e.cell.clone()))
+                .read(|t| {
+                    t.entry(&Key::tenant(TenantId(self.tenant)))
+                        .map(|e| e.cell.clone())
+                })
                 .ok_or_else(|| anyhow::anyhow!("the demo tenant is not placed"))?;
             let command = cellmesh_route_client::commands::assign_tenant(tenant, &cell, 0);
             routes.apply(command).await.map_err(|e| {

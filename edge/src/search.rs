@@ -10,6 +10,7 @@
 //! the merged page keeps only hits at or above it; the cursor resumes below
 //! the last hit kept (or the bound), strictly, on every cell.
 
+use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -84,14 +85,17 @@ pub async fn search(
     };
     let answers: Vec<CellAnswer> = if m.conversation_id != 0 {
         // One conversation: its owner answers, errors and all.
-        let key = Key::conversation(claims.tenant, m.conversation_id);
+        let key = Key::conversation(TenantId(claims.tenant), ConversationId(m.conversation_id));
         vec![Ok(ask(proxy, key, m).await?)]
     } else {
         let ids = conversations(proxy, claims.tenant, claims.user).await?;
         let mut by_cell: BTreeMap<String, Vec<u64>> = BTreeMap::new();
         let mut unrouted = Vec::new();
         for id in ids {
-            match proxy.routes.resolve(&Key::conversation(claims.tenant, id)) {
+            match proxy.routes.resolve(&Key::conversation(
+                TenantId(claims.tenant),
+                ConversationId(id),
+            )) {
                 Some(route) => by_cell.entry(route.cell_address).or_default().push(id),
                 None => unrouted.push(id),
             }
@@ -99,7 +103,7 @@ pub async fn search(
         let calls = by_cell.into_values().map(|ids| {
             let mut r = m.clone();
             r.conversation_ids = ids.clone();
-            let key = Key::conversation(claims.tenant, ids[0]);
+            let key = Key::conversation(TenantId(claims.tenant), ConversationId(ids[0]));
             async move {
                 match tokio::time::timeout(DEADLINE, ask(proxy, key, r)).await {
                     Ok(Ok(answer)) => Ok(answer),
@@ -147,7 +151,7 @@ async fn conversations(proxy: &Proxy, tenant: u64, user: u64) -> Result<Vec<u64>
     };
     let response = proxy
         .call(
-            Key::user(tenant, user),
+            Key::user(TenantId(tenant), UserId(user)),
             request,
             Some(DEADLINE),
             |channel, r| async move { SyncClient::new(channel).list_conversations(r).await },

@@ -6,6 +6,7 @@
 //! progress), read and written through [`OperationStore`]; the control
 //! plane lists them, runs the unfinished ones it owns, and serves them.
 
+use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -92,9 +93,14 @@ impl Spec {
                 tenant,
                 conversation,
                 ..
-            } => Some(Key::conversation(*tenant, *conversation)),
-            Spec::MoveUser { tenant, user, .. } => Some(Key::user(*tenant, *user)),
-            Spec::MoveTenant { tenant, .. } => Some(Key::tenant(*tenant)),
+            } => Some(Key::conversation(
+                TenantId(*tenant),
+                ConversationId(*conversation),
+            )),
+            Spec::MoveUser { tenant, user, .. } => {
+                Some(Key::user(TenantId(*tenant), UserId(*user)))
+            }
+            Spec::MoveTenant { tenant, .. } => Some(Key::tenant(TenantId(*tenant))),
             Spec::Drain { .. } | Spec::Failback { .. } | Spec::ExpireHistory { .. } => None,
         }
     }
@@ -262,7 +268,9 @@ pub fn drives<'a>(ops: impl IntoIterator<Item = &'a Operation>, key: &Key) -> bo
     ops.into_iter()
         .filter(|op| !op.state.is_final() && !op.spec.runs_in_cell())
         .any(|op| match op.spec.key() {
-            Some(k) => k == *key || (k == Key::tenant(key.tenant) && op.spec.is_tenant_move()),
+            Some(k) => {
+                k == *key || (k == Key::tenant(TenantId(key.tenant)) && op.spec.is_tenant_move())
+            }
             None => true,
         })
 }
@@ -414,7 +422,7 @@ mod tests {
         assert_eq!(back, op);
         assert_eq!((back.state, back.done), (State::Running, 3));
         assert!(store.update("op-none", |_| {}).await.unwrap().is_none());
-        assert_eq!(back.spec.key(), Some(Key::tenant(7)));
+        assert_eq!(back.spec.key(), Some(Key::tenant(TenantId(7))));
         assert_eq!(back.to_pb().description, "move tenant 7 to eu-west/c2");
         assert!(store.get("op-none").await.unwrap().is_none());
     }
@@ -441,19 +449,25 @@ mod tests {
             .await
             .unwrap();
         let ops = [tenant, conversation.clone()];
-        assert!(drives(&ops, &Key::tenant(7)));
+        assert!(drives(&ops, &Key::tenant(TenantId(7))));
         assert!(
-            drives(&ops, &Key::conversation(7, 99)),
+            drives(&ops, &Key::conversation(TenantId(7), ConversationId(99))),
             "a tenant move's conversation"
         );
-        assert!(drives(&ops, &Key::conversation(8, 3)));
+        assert!(drives(
+            &ops,
+            &Key::conversation(TenantId(8), ConversationId(3))
+        ));
         assert!(
-            !drives(&ops, &Key::conversation(8, 4)),
+            !drives(&ops, &Key::conversation(TenantId(8), ConversationId(4))),
             "another conversation of tenant 8"
         );
         conversation.state = State::Failed;
         assert!(
-            !drives([&conversation], &Key::conversation(8, 3)),
+            !drives(
+                [&conversation],
+                &Key::conversation(TenantId(8), ConversationId(3))
+            ),
             "finished"
         );
         let drain = store
@@ -465,7 +479,7 @@ mod tests {
             .await
             .unwrap();
         assert!(
-            drives([&drain], &Key::user(1, 2)),
+            drives([&drain], &Key::user(TenantId(1), UserId(2))),
             "a drain may move anything"
         );
         let expiring = store
@@ -477,7 +491,7 @@ mod tests {
             .await
             .unwrap();
         assert!(
-            !drives([&expiring], &Key::user(1, 2)),
+            !drives([&expiring], &Key::user(TenantId(1), UserId(2))),
             "a cell's deletion moves nothing"
         );
         assert!(!expiring.pausable());

@@ -367,6 +367,7 @@ pub fn snapshot_response_from_pb(
 mod tests {
     use super::*;
     use crate::table::{Command, Key, Transition};
+    use cellmesh_proto::ids::{ConversationId, TenantId};
 
     fn log_id(term: u64, node: u64, index: u64) -> LogId {
         LogId::new(CommittedLeaderId::new(term, node), index)
@@ -404,7 +405,7 @@ mod tests {
             Entry {
                 log_id: log_id(2, 3, 10),
                 payload: EntryPayload::Normal(Commands(vec![Command::UpdateRoute {
-                    key: Key::conversation(7, 42),
+                    key: Key::conversation(TenantId(7), ConversationId(42)),
                     expect_epoch: 9,
                     transition: Transition::Failover {
                         to: "eu/c2".into(),

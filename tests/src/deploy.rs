@@ -3,6 +3,7 @@
 //! edge — optionally reaching the routers through a slow link — plus client
 //! token helpers.
 
+use cellmesh_proto::ids::{ConversationId, TenantId};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -548,8 +549,8 @@ pub async fn floor_of(routes: &RouteClient, conversation: u64) -> u64 {
 pub fn holder_addresses(routes: &RouteClient, conversation: u64) -> Vec<String> {
     routes.read(|t| {
         let Some(owner) = t.resolve(&cellmesh_route_client::table::Key::conversation(
-            1,
-            conversation,
+            TenantId(1),
+            ConversationId(conversation),
         )) else {
             return Vec::new();
         };

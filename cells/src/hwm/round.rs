@@ -10,6 +10,7 @@
 //! Only when all of them stored all of it are the marks acknowledged (the
 //! fence moves) and the standbys listed as holders.
 
+use cellmesh_proto::ids::{ConversationId, TenantId};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -239,14 +240,20 @@ impl Rounds {
             // Only what this cell builds on: a returned cell's old
             // conversations are someone else's to report.
             out.retain(|&(tenant, conversation, _)| {
-                t.resolve(&Key::conversation(tenant, conversation))
-                    .is_some_and(|r| r.entry.cell == me || moving_to(&r.entry.state, me))
+                t.resolve(&Key::conversation(
+                    TenantId(tenant),
+                    ConversationId(conversation),
+                ))
+                .is_some_and(|r| r.entry.cell == me || moving_to(&r.entry.state, me))
             });
         });
         if !view.taken_over.is_empty() {
             self.routes.read(|t| {
                 for (tenant, conversation, mark) in held {
-                    let Some(r) = t.resolve(&Key::conversation(tenant, conversation)) else {
+                    let Some(r) = t.resolve(&Key::conversation(
+                        TenantId(tenant),
+                        ConversationId(conversation),
+                    )) else {
                         continue;
                     };
                     if r.entry.cell == me && r.entry.floor_margin > 0 {

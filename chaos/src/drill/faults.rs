@@ -5,6 +5,7 @@
 //! with their source killed, or with the migrator stopped after a phase
 //! while the control-plane leader is killed, then resumed.
 
+use cellmesh_proto::ids::{ConversationId, TenantId};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -181,7 +182,10 @@ impl Injector {
                 fault.affected = self.conversations.clone();
                 // Whole again when a linearizable lookup (a leader with a
                 // quorum) answers.
-                let key = Key::conversation(self.dev.tenant, self.conversations[0]);
+                let key = Key::conversation(
+                    TenantId(self.dev.tenant),
+                    ConversationId(self.conversations[0]),
+                );
                 let deadline = Instant::now() + Duration::from_secs(30);
                 while Instant::now() < deadline {
                     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -223,8 +227,11 @@ impl Injector {
                     self.conversations
                         .iter()
                         .filter_map(|&c| {
-                            t.resolve(&Key::conversation(self.dev.tenant, c))
-                                .map(|r| r.entry.cell)
+                            t.resolve(&Key::conversation(
+                                TenantId(self.dev.tenant),
+                                ConversationId(c),
+                            ))
+                            .map(|r| r.entry.cell)
                         })
                         .collect()
                 });
@@ -486,7 +493,10 @@ impl Injector {
     pub(super) async fn owner(&self, conversation: u64) -> anyhow::Result<String> {
         let routes = self.dev.routes().await?;
         Ok(routes
-            .resolve(&Key::conversation(self.dev.tenant, conversation))
+            .resolve(&Key::conversation(
+                TenantId(self.dev.tenant),
+                ConversationId(conversation),
+            ))
             .map(|r| r.entry.cell)
             .unwrap_or_default())
     }

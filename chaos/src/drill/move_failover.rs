@@ -5,6 +5,7 @@
 //! meta while they were still being copied — and every acknowledged
 //! message must read back once the hung cell's history is backfilled.
 
+use cellmesh_proto::ids::{ConversationId, TenantId};
 use std::time::{Duration, Instant};
 
 use cellmesh_control_plane::migration::{MigrationOptions, Migrator};
@@ -56,7 +57,7 @@ impl Injector {
         let failed_over = || {
             routes.read(|t| {
                 moving.iter().all(|c| {
-                    t.resolve(&Key::conversation(tenant, *c))
+                    t.resolve(&Key::conversation(TenantId(tenant), ConversationId(*c)))
                         .is_some_and(|r| r.entry.cell != to)
                 })
             })

@@ -4,6 +4,7 @@
 //! and the move resumed. Conversations that followed the tenant's entry
 //! are checked against their source's copy afterwards.
 
+use cellmesh_proto::ids::{ConversationId, TenantId};
 use std::time::{Duration, Instant};
 
 use cellmesh_control_plane::migration::tenant::TenantMoveReport;
@@ -25,7 +26,7 @@ impl Injector {
         let tenant = self.dev.tenant;
         let routes = self.dev.routes().await?;
         let from = routes
-            .resolve(&Key::tenant(tenant))
+            .resolve(&Key::tenant(TenantId(tenant)))
             .map(|r| r.entry.cell)
             .unwrap_or_default();
         let to = self.other_cell(&from).await?;
@@ -35,8 +36,8 @@ impl Injector {
                 .iter()
                 .copied()
                 .filter(|&c| {
-                    t.resolve(&Key::conversation(tenant, c))
-                        .is_some_and(|r| r.entry.key == Key::tenant(tenant))
+                    t.resolve(&Key::conversation(TenantId(tenant), ConversationId(c)))
+                        .is_some_and(|r| r.entry.key == Key::tenant(TenantId(tenant)))
                 })
                 .collect()
         });

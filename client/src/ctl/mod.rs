@@ -2,6 +2,7 @@
 //! routes, tenant placement, router replicas — and client token issuing.
 //! Every read command takes `--json`.
 
+use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -249,9 +250,9 @@ struct KeyArgs {
 impl KeyArgs {
     fn key(&self) -> Key {
         match (self.conversation, self.user) {
-            (Some(c), _) => Key::conversation(self.tenant, c),
-            (_, Some(u)) => Key::user(self.tenant, u),
-            _ => Key::tenant(self.tenant),
+            (Some(c), _) => Key::conversation(TenantId(self.tenant), ConversationId(c)),
+            (_, Some(u)) => Key::user(TenantId(self.tenant), UserId(u)),
+            _ => Key::tenant(TenantId(self.tenant)),
         }
     }
 }

@@ -5,6 +5,7 @@
 //! conversation's meta (for an owner that never received it) and its floor
 //! jumps.
 
+use cellmesh_proto::ids::{ConversationId, TenantId};
 use std::time::Duration;
 
 use cellmesh_proto::secret::ClusterSecret;
@@ -50,7 +51,10 @@ pub async fn backfill(
         };
         routes.read(|t| {
             for conversation in conversations {
-                let Some(r) = t.resolve(&Key::conversation(tenant, conversation)) else {
+                let Some(r) = t.resolve(&Key::conversation(
+                    TenantId(tenant),
+                    ConversationId(conversation),
+                )) else {
                     continue;
                 };
                 if r.entry.cell != returned && r.entry.floor_margin > 0 {

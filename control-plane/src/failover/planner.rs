@@ -85,6 +85,7 @@ pub fn plan_failover(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cellmesh_proto::ids::{ConversationId, TenantId};
     use cellmesh_route_client::table::{CellStatus, Command, Key, Transition as T};
 
     fn table() -> RouteTable {
@@ -130,11 +131,11 @@ mod tests {
                 expect_epoch: 0,
             },
         );
-        let epoch = t.entry(&Key::tenant(2)).unwrap().epoch;
+        let epoch = t.entry(&Key::tenant(TenantId(2))).unwrap().epoch;
         apply(
             &mut t,
             Command::UpdateRoute {
-                key: Key::conversation(2, 9),
+                key: Key::conversation(TenantId(2), ConversationId(9)),
                 expect_epoch: epoch,
                 transition: T::Failover {
                     to: "eu/c1".into(),
@@ -143,11 +144,11 @@ mod tests {
                 },
             },
         );
-        let epoch = t.entry(&Key::tenant(2)).unwrap().epoch;
+        let epoch = t.entry(&Key::tenant(TenantId(2))).unwrap().epoch;
         apply(
             &mut t,
             Command::UpdateRoute {
-                key: Key::conversation(2, 10),
+                key: Key::conversation(TenantId(2), ConversationId(10)),
                 expect_epoch: epoch,
                 transition: T::BeginMigration { to: "eu/c1".into() },
             },
@@ -172,7 +173,9 @@ mod tests {
         }
         assert_eq!(after.cell("eu/c1").unwrap().status, CellStatus::Down);
         assert!(after.routes.values().all(|e| e.cell != "eu/c1"));
-        let r = after.resolve(&Key::conversation(2, 9)).unwrap();
+        let r = after
+            .resolve(&Key::conversation(TenantId(2), ConversationId(9)))
+            .unwrap();
         // The new owner adds the margin to the mark it holds.
         assert_eq!(
             (r.entry.cell.as_str(), r.seq_floor, r.entry.floor_margin),
@@ -180,7 +183,7 @@ mod tests {
         );
         assert_eq!(
             after
-                .resolve(&Key::conversation(2, 10))
+                .resolve(&Key::conversation(TenantId(2), ConversationId(10)))
                 .unwrap()
                 .entry
                 .state,

@@ -4,6 +4,7 @@
 //! failover took from a cell once it is Up again. Both resume when run again: their state
 //! is the route table's.
 
+use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
 use cellmesh_proto::v1 as pb;
 use cellmesh_route_client::commands::set_cell_status;
 use cellmesh_route_client::table::{CellStatus, Entry, Key, Scope};
@@ -64,7 +65,7 @@ impl Migrator {
             ..Default::default()
         };
         for &tenant in &selection.tenants {
-            let key = Key::tenant(tenant);
+            let key = Key::tenant(TenantId(tenant));
             match self
                 .migrate_tenant(tenant, to, parallel, |p| {
                     events(BulkEvent::Tenant(tenant, p))
@@ -82,8 +83,13 @@ impl Migrator {
             }
         }
         let overrides = (selection.conversations.iter())
-            .map(|&(t, c)| Key::conversation(t, c))
-            .chain(selection.users.iter().map(|&(t, u)| Key::user(t, u)));
+            .map(|&(t, c)| Key::conversation(TenantId(t), ConversationId(c)))
+            .chain(
+                selection
+                    .users
+                    .iter()
+                    .map(|&(t, u)| Key::user(TenantId(t), UserId(u))),
+            );
         for key in overrides {
             // A tenant move above may have taken it along already.
             if self

@@ -18,6 +18,7 @@
 //! have passed since the seal. Whole-tenant moves are in [`tenant`],
 //! draining and failing back a cell in [`bulk`].
 
+use cellmesh_proto::ids::{ConversationId, TenantId};
 use cellmesh_proto::reason::Reason;
 use std::time::{Duration, Instant};
 
@@ -434,7 +435,7 @@ impl Migrator {
         mut progress: impl FnMut(&Progress),
     ) -> Result<MigrationReport, MigrationError> {
         let started = Instant::now();
-        let key = Key::conversation(tenant, conversation);
+        let key = Key::conversation(TenantId(tenant), ConversationId(conversation));
         let (state, start, ends) = self.open_move(&key, to).await?;
         let from = ends.from.clone();
         let mut subject = ConversationMove {
@@ -632,7 +633,7 @@ mod tests {
 
     #[test]
     fn a_write_whose_answer_was_lost_is_recognised_by_the_state_it_left() {
-        let conv = Key::conversation(1, 7);
+        let conv = Key::conversation(TenantId(1), ConversationId(7));
         let migrating = |phase| RouteState::Migrating {
             to: "us-east/c1".into(),
             phase,
@@ -653,7 +654,7 @@ mod tests {
         ));
         assert!(!reached(
             &conv,
-            &entry(Key::tenant(1), migrating(Phase::Copy)),
+            &entry(Key::tenant(TenantId(1)), migrating(Phase::Copy)),
             &begin
         ));
         assert!(!reached(&conv, &entry(conv, RouteState::Active), &begin));

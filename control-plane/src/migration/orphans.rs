@@ -7,6 +7,7 @@
 //! stop when it loses the lead). A paused move is left to its operator. For a
 //! tenant, any route change of the tenant's keys counts as progress.
 
+use cellmesh_proto::ids::{TenantId, UserId};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -62,7 +63,10 @@ pub async fn resume_orphans(
                     let progress = match e.key.scope {
                         Scope::Tenant => t
                             .routes
-                            .range(Key::tenant(e.key.tenant)..=Key::user(e.key.tenant, u64::MAX))
+                            .range(
+                                Key::tenant(TenantId(e.key.tenant))
+                                    ..=Key::user(TenantId(e.key.tenant), UserId(u64::MAX)),
+                            )
                             .map(|(_, e)| e.epoch)
                             .max()
                             .unwrap_or(e.epoch),

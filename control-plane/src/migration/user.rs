@@ -5,6 +5,7 @@
 //! forward queues; after the switch they go to B, which goes on at A's
 //! pts, so devices reconnect and continue from their cursors.
 
+use cellmesh_proto::ids::{TenantId, UserId};
 use std::time::Instant;
 
 use cellmesh_proto::v1::{
@@ -40,7 +41,7 @@ impl Migrator {
         mut progress: impl FnMut(&Progress),
     ) -> Result<UserMoveReport, MigrationError> {
         let started = Instant::now();
-        let key = Key::user(tenant, user);
+        let key = Key::user(TenantId(tenant), UserId(user));
         let (state, start, ends) = self.open_move(&key, to).await?;
         let from = ends.from.clone();
         let mut subject = UserMove {

@@ -3,6 +3,7 @@
 //! owner is in another region than its members' home) and a 1:1 one.
 //! Created once and remembered in `DATA_DIR/demo.json`.
 
+use cellmesh_proto::ids::{ConversationId, TenantId};
 use std::path::Path;
 use std::time::Duration;
 
@@ -115,7 +116,7 @@ pub async fn prepare(
     let mut demo = match std::fs::read_to_string(&path) {
         Ok(text) => serde_json::from_str::<Demo>(&text).context("demo.json")?,
         Err(_) => {
-            if routes.resolve(&Key::tenant(TENANT)).is_none() {
+            if routes.resolve(&Key::tenant(TenantId(TENANT))).is_none() {
                 routes
                     .apply(assign_tenant(TENANT, &topo.cell_id(0, 0), 0))
                     .await
@@ -178,7 +179,7 @@ pub async fn prepare(
         .iter()
         .map(|c| {
             routes
-                .resolve(&Key::conversation(TENANT, c.id))
+                .resolve(&Key::conversation(TenantId(TENANT), ConversationId(c.id)))
                 .map(|r| r.entry.cell)
                 .unwrap_or_default()
         })

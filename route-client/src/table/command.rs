@@ -2,6 +2,7 @@
 //! current table and turned into the [`Change`]s it makes. Epochs of changed
 //! entries become the log index of the command.
 
+use cellmesh_proto::ids::TenantId;
 use serde::{Deserialize, Serialize};
 
 use super::{
@@ -115,7 +116,7 @@ impl Command {
             } => {
                 nonzero("tenant_id", *tenant)?;
                 usable_cell(table, cell)?;
-                let key = Key::tenant(*tenant);
+                let key = Key::tenant(TenantId(*tenant));
                 let entry = match table.entry(&key) {
                     None if *expect_epoch == 0 => Entry {
                         key,

@@ -9,6 +9,7 @@
 mod command;
 mod error;
 
+use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -32,27 +33,30 @@ pub struct Key {
 }
 
 impl Key {
-    pub fn tenant(tenant: u64) -> Self {
+    /// A tenant's placement (the default of its conversations and users).
+    pub fn tenant(tenant: TenantId) -> Self {
         Self {
-            tenant,
+            tenant: tenant.get(),
             scope: Scope::Tenant,
         }
     }
-    pub fn conversation(tenant: u64, conversation: u64) -> Self {
+    /// A conversation's own route (an override of its tenant's).
+    pub fn conversation(tenant: TenantId, conversation: ConversationId) -> Self {
         Self {
-            tenant,
-            scope: Scope::Conversation(conversation),
+            tenant: tenant.get(),
+            scope: Scope::Conversation(conversation.get()),
         }
     }
-    pub fn user(tenant: u64, user: u64) -> Self {
+    /// A user's home (an override of its tenant's).
+    pub fn user(tenant: TenantId, user: UserId) -> Self {
         Self {
-            tenant,
-            scope: Scope::User(user),
+            tenant: tenant.get(),
+            scope: Scope::User(user.get()),
         }
     }
     /// The tenant default this key falls back to.
     pub fn tenant_key(&self) -> Self {
-        Self::tenant(self.tenant)
+        Self::tenant(TenantId(self.tenant))
     }
     pub fn is_override(&self) -> bool {
         self.scope != Scope::Tenant
@@ -225,7 +229,7 @@ impl RouteTable {
     /// target while the tenant migrates (the new conversation's override is
     /// placed there first, see [`Transition::Place`]).
     pub fn creation_cell(&self, tenant: u64) -> Option<&CellInfo> {
-        let entry = self.entry(&Key::tenant(tenant))?;
+        let entry = self.entry(&Key::tenant(TenantId(tenant)))?;
         match &entry.state {
             RouteState::Active => self.cells.get(&entry.cell),
             RouteState::Migrating { to, .. } | RouteState::Frozen { to } => self.cells.get(to),

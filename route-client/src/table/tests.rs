@@ -1,4 +1,5 @@
 use super::*;
+use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
 
 fn table_with_cells() -> (RouteTable, u64) {
     let mut t = RouteTable::default();
@@ -51,7 +52,7 @@ fn update(
 fn tenant_placement_and_overrides_resolve() {
     let (mut t, i) = table_with_cells();
     place(&mut t, 7, "eu/c1", i);
-    let conv = Key::conversation(7, 100);
+    let conv = Key::conversation(TenantId(7), ConversationId(100));
     let r = t.resolve(&conv).unwrap();
     assert_eq!((r.entry.cell.as_str(), r.entry.epoch), ("eu/c1", i));
     assert_eq!(r.cell_address, "http://127.0.0.1:7000");
@@ -80,17 +81,23 @@ fn tenant_placement_and_overrides_resolve() {
     .unwrap();
     assert_eq!(t.resolve(&conv).unwrap().entry.cell, "us/c1");
     assert_eq!(
-        t.resolve(&Key::conversation(7, 101)).unwrap().entry.cell,
+        t.resolve(&Key::conversation(TenantId(7), ConversationId(101)))
+            .unwrap()
+            .entry
+            .cell,
         "eu/c1"
     );
-    assert!(t.resolve(&Key::conversation(8, 100)).is_none());
+    assert!(
+        t.resolve(&Key::conversation(TenantId(8), ConversationId(100)))
+            .is_none()
+    );
 }
 
 #[test]
 fn a_migration_walks_its_phases_and_switches_with_a_floor() {
     let (mut t, i) = table_with_cells();
     place(&mut t, 1, "eu/c1", i);
-    let key = Key::conversation(1, 5);
+    let key = Key::conversation(TenantId(1), ConversationId(5));
     // Freeze before a migration began is illegal.
     assert!(matches!(
         update(&mut t, i + 1, key, i, Transition::Freeze),
@@ -201,7 +208,7 @@ fn unknown_and_unusable_cells_are_refused() {
 fn overrides_are_removed_only_when_they_agree_with_the_tenant() {
     let (mut t, i) = table_with_cells();
     place(&mut t, 1, "eu/c1", i);
-    let user = Key::user(1, 3);
+    let user = Key::user(TenantId(1), UserId(3));
     assert!(update(&mut t, i + 1, user, i, Transition::Remove).is_err());
     update(
         &mut t,
@@ -230,15 +237,15 @@ fn overrides_are_removed_only_when_they_agree_with_the_tenant() {
     .unwrap();
     let changes = update(&mut t, i + 5, user, i + 4, Transition::Remove).unwrap();
     assert_eq!(changes, vec![Change::Removed(user)]);
-    assert_eq!(t.effective(&user).unwrap().key, Key::tenant(1));
+    assert_eq!(t.effective(&user).unwrap().key, Key::tenant(TenantId(1)));
 }
 
 #[test]
 fn a_moving_tenant_creates_on_its_target_and_its_conversations_move_alone() {
     let (mut t, i) = table_with_cells();
     place(&mut t, 1, "eu/c1", i);
-    let tenant = Key::tenant(1);
-    let conv = Key::conversation(1, 10);
+    let tenant = Key::tenant(TenantId(1));
+    let conv = Key::conversation(TenantId(1), ConversationId(10));
     // Placing needs a moving tenant.
     let place_on = |cell: &str| Transition::Place { cell: cell.into() };
     assert!(update(&mut t, i + 1, conv, i, place_on("eu/c2")).is_err());
@@ -262,7 +269,7 @@ fn a_moving_tenant_creates_on_its_target_and_its_conversations_move_alone() {
     );
     // An existing conversation without an override still lives on the
     // source and starts its own move from Active there.
-    let old = Key::conversation(1, 11);
+    let old = Key::conversation(TenantId(1), ConversationId(11));
     update(
         &mut t,
         i + 3,
@@ -392,7 +399,7 @@ fn a_failover_goes_to_a_holder_of_the_marks_same_region_first() {
     let changes = update(
         &mut t,
         i + 4,
-        Key::tenant(1),
+        Key::tenant(TenantId(1)),
         i,
         Transition::Failover {
             to: "us/c1".into(),
@@ -402,7 +409,9 @@ fn a_failover_goes_to_a_holder_of_the_marks_same_region_first() {
     )
     .unwrap();
     assert_eq!(changes.len(), 1);
-    let r = t.resolve(&Key::conversation(1, 10)).unwrap();
+    let r = t
+        .resolve(&Key::conversation(TenantId(1), ConversationId(10)))
+        .unwrap();
     assert_eq!(
         (r.entry.cell.as_str(), r.entry.floor_margin),
         ("us/c1", 100)

@@ -1,3 +1,4 @@
+use cellmesh_proto::ids::{ConversationId, TenantId};
 use openraft::RaftSnapshotBuilder;
 use openraft::storage::RaftStateMachine;
 use openraft::testing::{StoreBuilder, Suite};
@@ -73,7 +74,7 @@ async fn the_table_and_its_history_survive_a_reopen_and_move_through_snapshots()
     assert_eq!(store.applied_index(), 3);
     assert_eq!(
         store.read(|t| t
-            .resolve(&Key::conversation(3, 9))
+            .resolve(&Key::conversation(TenantId(3), ConversationId(9)))
             .unwrap()
             .entry
             .cell

@@ -4,6 +4,7 @@
 //! the segment objects first), and the new owner serves the cold pages
 //! afterwards.
 
+use cellmesh_proto::ids::{ConversationId, TenantId};
 use std::path::Path;
 use std::time::Duration;
 
@@ -163,7 +164,7 @@ async fn a_failover_backfill_adopts_the_failed_cells_cold_history() {
     let dead_dir = d.cells.remove(0).stop().await;
     let failed_over = eventually(Duration::from_secs(30), || {
         let moved = routes.read(|t| {
-            t.resolve(&Key::conversation(1, conv))
+            t.resolve(&Key::conversation(TenantId(1), ConversationId(conv)))
                 .is_some_and(|r| r.entry.cell == TARGET)
         });
         async move { moved }

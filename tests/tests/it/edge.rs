@@ -3,6 +3,7 @@
 //! seen yet), cells refuse what they do not own with WRONG_CELL and refuse
 //! callers without the deployment secret.
 
+use cellmesh_proto::ids::TenantId;
 use cellmesh_proto::reason::Reason;
 use std::time::Duration;
 
@@ -245,7 +246,7 @@ async fn a_request_routed_by_a_stale_edge_reaches_the_new_owner() {
     let mut moved = None;
     for attempt in 0..5 {
         let epoch = routes
-            .read(|t| t.entry(&Key::tenant(3)).map(|e| e.epoch))
+            .read(|t| t.entry(&Key::tenant(TenantId(3))).map(|e| e.epoch))
             .unwrap_or(placed.index);
         match routes.apply(assign_tenant(3, "us-east/c1", epoch)).await {
             Ok(applied) => {
@@ -296,7 +297,12 @@ async fn a_request_routed_by_a_stale_edge_reaches_the_new_owner() {
     cellmesh_proto::secret::ClusterSecret::new(SECRET).attach(&mut r);
     assert!(new_owner.get_conversation(r).await.is_ok());
     assert_eq!(
-        d.edge.routes.resolve(&Key::tenant(3)).unwrap().entry.cell,
+        d.edge
+            .routes
+            .resolve(&Key::tenant(TenantId(3)))
+            .unwrap()
+            .entry
+            .cell,
         "us-east/c1"
     );
     let _ = &mut old_owner;

@@ -8,6 +8,7 @@
 //! cannot reach with a stable code, and the route table shows the floors
 //! the failover set.
 
+use cellmesh_proto::ids::{ConversationId, TenantId};
 use cellmesh_proto::reason::Reason;
 use std::time::Duration;
 
@@ -71,7 +72,7 @@ pub(crate) async fn fail_first_cell(d: &mut Deployment, conv: u64) -> tempfile::
     let dir = dead.stop().await;
     let moved = eventually(Duration::from_secs(30), || {
         let moved = routes.read(|t| {
-            t.resolve(&Key::conversation(1, conv))
+            t.resolve(&Key::conversation(TenantId(1), ConversationId(conv)))
                 .is_some_and(|r| r.entry.cell == FALLBACK)
         });
         async move { moved }

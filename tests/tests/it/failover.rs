@@ -3,6 +3,7 @@
 //! seq, new sends through the edge succeed there within seconds, and older
 //! history is reported as temporarily unavailable instead of missing.
 
+use cellmesh_proto::ids::{ConversationId, TenantId};
 use cellmesh_proto::reason::Reason;
 use std::time::{Duration, Instant};
 
@@ -88,7 +89,7 @@ async fn fail_over_and_back(send_after: bool) {
         assert!(
             eventually(Duration::from_secs(30), || {
                 let moved = routes.read(|t| {
-                    t.resolve(&Key::conversation(1, conv))
+                    t.resolve(&Key::conversation(TenantId(1), ConversationId(conv)))
                         .is_some_and(|r| r.entry.cell == "us-east/c1")
                 });
                 async move { moved }
@@ -363,7 +364,7 @@ async fn a_cell_cut_off_from_its_standby_stops_below_the_failover_floor() {
             let routes = routes.clone();
             async move {
                 let moved = routes.read(|t| {
-                    t.resolve(&Key::conversation(1, conv))
+                    t.resolve(&Key::conversation(TenantId(1), ConversationId(conv)))
                         .is_some_and(|r| r.entry.cell == "eu-west/c2")
                 });
                 moved && floor_of(&routes, conv).await >= acked
@@ -490,7 +491,12 @@ async fn a_cell_whose_disk_fails_is_failed_over() {
         failed.elapsed().as_millis()
     );
     assert!(storage_failed > 0, "the failed cell said why it refused");
-    let owner = routes.read(|t| t.resolve(&Key::conversation(1, conv)).unwrap().entry.cell);
+    let owner = routes.read(|t| {
+        t.resolve(&Key::conversation(TenantId(1), ConversationId(conv)))
+            .unwrap()
+            .entry
+            .cell
+    });
     assert_eq!(owner, "us-east/c1");
     assert!(
         after.seq > last,
@@ -534,7 +540,7 @@ async fn a_manual_failover_moves_routes_only_once_the_cut_off_cell_stopped_writi
     .await
     .unwrap();
     assert!(fenced_at.is_some_and(|at| at.elapsed() >= Duration::from_millis(700)));
-    let key = Key::conversation(1, b.conv);
+    let key = Key::conversation(TenantId(1), ConversationId(b.conv));
     assert_eq!(
         b.routes.read(|t| t.resolve(&key).map(|r| r.entry.cell)),
         Some("eu-west/c2".to_string()),

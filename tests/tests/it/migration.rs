@@ -4,6 +4,7 @@
 //! answers WRONG_CELL afterwards, and retries of requests acknowledged
 //! before the move are answered from the migrated idempotency records.
 
+use cellmesh_proto::ids::{ConversationId, TenantId};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -363,7 +364,10 @@ async fn a_recall_made_after_the_copy_is_never_lost_by_the_move() {
         .migrate_conversation(1, conv, "us-east/c1", |_| {})
         .await;
     let owner = routes
-        .resolve(&cellmesh_route_client::table::Key::conversation(1, conv))
+        .resolve(&cellmesh_route_client::table::Key::conversation(
+            TenantId(1),
+            ConversationId(conv),
+        ))
         .unwrap()
         .entry;
     match resumed {
@@ -424,7 +428,7 @@ async fn a_paused_migration_copies_nothing_until_resumed() {
                 .await
         }
     });
-    let key = Key::conversation(1, conv);
+    let key = Key::conversation(TenantId(1), ConversationId(conv));
     let set_phase = |phase: MigrationPhase| {
         let routes = routes.clone();
         async move {

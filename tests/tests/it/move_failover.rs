@@ -5,6 +5,7 @@
 //! found" — and once the hung owner returns and is backfilled every
 //! acknowledged message reads back, in both replication modes.
 
+use cellmesh_proto::ids::{ConversationId, TenantId};
 use std::time::Duration;
 
 use cellmesh_cell::config::ReplicationMode;
@@ -86,7 +87,7 @@ async fn move_then_fail_over(mode: ReplicationMode) {
         cp.events()
     );
     let owner = routes
-        .resolve(&Key::conversation(1, conv))
+        .resolve(&Key::conversation(TenantId(1), ConversationId(conv)))
         .map(|r| r.entry.cell);
     assert_eq!(owner.as_deref(), Some("us-east/c2"));
     // The standby serves the conversation before the hung cell returns.
@@ -209,7 +210,7 @@ async fn a_target_failing_back_to_the_moves_source_loses_nothing_it_acknowledged
     assert!(
         eventually(Duration::from_secs(20), || {
             let back = routes
-                .resolve(&Key::conversation(1, conv))
+                .resolve(&Key::conversation(TenantId(1), ConversationId(conv)))
                 .is_some_and(|r| r.entry.cell == "us-east/c2");
             async move { back }
         })

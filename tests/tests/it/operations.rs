@@ -5,6 +5,7 @@
 //! move holds (its route says so) until it is resumed. Bad requests get
 //! stable codes.
 
+use cellmesh_proto::ids::{ConversationId, TenantId};
 use cellmesh_proto::reason::Reason;
 use std::time::Duration;
 
@@ -122,10 +123,13 @@ async fn an_operation_outlives_its_caller_and_the_replica_that_ran_it() {
     );
     let routes = d.cluster.client().await;
     for c in &conversations {
-        let route = routes.read(|t| t.resolve(&Key::conversation(1, *c)).unwrap());
+        let route = routes.read(|t| {
+            t.resolve(&Key::conversation(TenantId(1), ConversationId(*c)))
+                .unwrap()
+        });
         assert_eq!(route.entry.cell, TARGET, "conversation {c}");
     }
-    let tenant = routes.read(|t| t.entry(&Key::tenant(1)).cloned().unwrap());
+    let tenant = routes.read(|t| t.entry(&Key::tenant(TenantId(1))).cloned().unwrap());
     assert_eq!(
         (tenant.cell.as_str(), &tenant.state),
         (TARGET, &RouteState::Active)
@@ -198,7 +202,10 @@ async fn a_sigkilled_control_plane_process_leaves_its_operation_to_the_other() {
     assert_eq!(leader().await.as_deref(), Some("cp-2"));
     let routes = d.cluster.client().await;
     for c in &conversations {
-        let route = routes.read(|t| t.resolve(&Key::conversation(1, *c)).unwrap());
+        let route = routes.read(|t| {
+            t.resolve(&Key::conversation(TenantId(1), ConversationId(*c)))
+                .unwrap()
+        });
         assert_eq!(route.entry.cell, TARGET, "conversation {c}");
     }
     let mut m = messaging(&d.edge).await;
@@ -264,7 +271,8 @@ async fn a_paused_move_holds_until_it_is_resumed() {
     assert!(paused.pause_requested);
     // The runner carries the pause to the tenant's route.
     let routes = d.cluster.client().await;
-    let tenant_state = || routes.read(|t| t.entry(&Key::tenant(1)).map(|e| e.state.clone()));
+    let tenant_state =
+        || routes.read(|t| t.entry(&Key::tenant(TenantId(1))).map(|e| e.state.clone()));
     let held = eventually(Duration::from_secs(10), || async {
         tenant_state()
             == Some(RouteState::Migrating {
@@ -302,7 +310,10 @@ async fn a_paused_move_holds_until_it_is_resumed() {
     let (op, finished) = wait_for(&client, &id, 60, succeeded).await;
     assert!(finished, "{op:?}");
     for c in &conversations {
-        let route = routes.read(|t| t.resolve(&Key::conversation(1, *c)).unwrap());
+        let route = routes.read(|t| {
+            t.resolve(&Key::conversation(TenantId(1), ConversationId(*c)))
+                .unwrap()
+        });
         assert_eq!(route.entry.cell, TARGET, "conversation {c}");
     }
     assert_eq!(tenant_state(), Some(RouteState::Active));

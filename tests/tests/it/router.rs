@@ -2,6 +2,7 @@
 //! failover, catch-up by snapshot, linearizable reads, the watch stream
 //! across reconnects, membership changes, validation and restarts.
 
+use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
 use cellmesh_proto::reason::Reason;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -82,7 +83,7 @@ async fn a_killed_leader_is_replaced_and_writes_continue() {
     );
     assert_eq!(
         client
-            .resolve(&Key::conversation(105, 1))
+            .resolve(&Key::conversation(TenantId(105), ConversationId(1)))
             .map(|r| r.entry.cell),
         Some("us-east/c1".to_string())
     );
@@ -139,7 +140,7 @@ async fn a_replica_that_missed_purged_log_catches_up_by_snapshot() {
     let mut api = cluster.api(lagging).await;
     let r = api
         .resolve(pb::ResolveRequest {
-            key: Some(key_to_pb(&Key::user(150, 9))),
+            key: Some(key_to_pb(&Key::user(TenantId(150), UserId(9)))),
             consistency: Consistency::Stale as i32,
         })
         .await
@@ -164,7 +165,10 @@ async fn a_linearizable_read_on_a_follower_sees_a_write_made_elsewhere() {
             .unwrap();
         let r = on_follower
             .resolve(pb::ResolveRequest {
-                key: Some(key_to_pb(&Key::conversation(t, 77))),
+                key: Some(key_to_pb(&Key::conversation(
+                    TenantId(t),
+                    ConversationId(77),
+                ))),
                 consistency: Consistency::Linearizable as i32,
             })
             .await
@@ -301,7 +305,9 @@ async fn membership_grows_and_shrinks_and_a_restart_keeps_state() {
     cluster.leader().await;
     let store = cluster.running(0).store.clone();
     assert_eq!(
-        store.read(|t| t.resolve(&Key::conversation(1, 5)).map(|r| r.entry.cell)),
+        store.read(|t| t
+            .resolve(&Key::conversation(TenantId(1), ConversationId(5)))
+            .map(|r| r.entry.cell)),
         Some("eu-west/c1".to_string())
     );
     fourth.stop().await;
@@ -367,10 +373,10 @@ async fn concurrent_writes_share_log_entries_and_each_gets_its_own_answer() {
     let last = indexes.iter().max().copied().unwrap().max(won[0].index);
     assert!(client.wait_applied(last, Duration::from_secs(10)).await);
     for (tenant, index) in placed {
-        let epoch = client.read(|t| t.entry(&Key::tenant(tenant)).map(|e| e.epoch));
+        let epoch = client.read(|t| t.entry(&Key::tenant(TenantId(tenant))).map(|e| e.epoch));
         assert_eq!(epoch, Some(index), "tenant {tenant}");
     }
-    let cell = client.read(|t| t.entry(&Key::tenant(500)).map(|e| e.cell.clone()));
+    let cell = client.read(|t| t.entry(&Key::tenant(TenantId(500))).map(|e| e.cell.clone()));
     assert_eq!(cell.as_deref(), Some("eu-west/c2"));
 }
 
@@ -399,7 +405,7 @@ async fn invalid_writes_get_stable_codes_and_calls_need_the_secret() {
     assert_eq!(error_detail(&e).reason, Reason::StaleEpoch.as_str());
     let e = client
         .apply(update_route(
-            &Key::conversation(1, 2),
+            &Key::conversation(TenantId(1), ConversationId(2)),
             placed.index,
             Transition::Freeze(true),
         ))
@@ -458,7 +464,10 @@ async fn a_lookup_passes_over_a_replica_that_does_not_answer() {
     )
     .await
     .unwrap();
-    client.resolve_linearizable(&Key::tenant(1)).await.unwrap();
+    client
+        .resolve_linearizable(&Key::tenant(TenantId(1)))
+        .await
+        .unwrap();
     // Connected while the link answers: it prefers the (linked) leader.
     let fresh = cellmesh_route_client::client::RouteClient::connect(
         endpoints_again,
@@ -468,7 +477,7 @@ async fn a_lookup_passes_over_a_replica_that_does_not_answer() {
     .unwrap();
     link.partition(true, true);
     let started = Instant::now();
-    let answer = client.resolve_linearizable(&Key::tenant(1)).await;
+    let answer = client.resolve_linearizable(&Key::tenant(TenantId(1))).await;
     let took = started.elapsed();
     assert!(answer.is_ok(), "{answer:?}");
     assert!(
@@ -478,7 +487,9 @@ async fn a_lookup_passes_over_a_replica_that_does_not_answer() {
     // A lease renewal asks every replica at once: the silent one, which
     // that client prefers, is not waited for at all.
     let started = Instant::now();
-    let answer = fresh.resolve_linearizable_any(&Key::tenant(1)).await;
+    let answer = fresh
+        .resolve_linearizable_any(&Key::tenant(TenantId(1)))
+        .await;
     let took = started.elapsed();
     assert!(answer.is_ok(), "{answer:?}");
     assert!(

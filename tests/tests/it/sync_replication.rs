@@ -5,6 +5,7 @@
 //! answer shipping switched off. A standby that cannot be reached fails the
 //! write with a stable code, and the retry is answered once it is back.
 
+use cellmesh_proto::ids::{ConversationId, TenantId};
 use cellmesh_proto::reason::Reason;
 use std::time::Duration;
 
@@ -119,9 +120,13 @@ async fn in_sync_mode_a_failover_keeps_every_acknowledged_message_and_answer() {
     let again = resend(&mut m, &alice, conv, 12).await;
     assert_eq!((again.seq, again.duplicate), (answers[12].seq, true));
     // The failed cell's late writes are refused by the promoted standby.
-    assert!(
-        routes.read(|t| t.resolve(&Key::conversation(1, conv)).unwrap().entry.cell == FALLBACK)
-    );
+    assert!(routes.read(|t| {
+        t.resolve(&Key::conversation(TenantId(1), ConversationId(conv)))
+            .unwrap()
+            .entry
+            .cell
+            == FALLBACK
+    }));
     cp.stop();
 }
 

@@ -6,6 +6,7 @@
 //! the source refuses writes afterwards. Stopped at any point, the move
 //! resumes or cancels cleanly.
 
+use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -156,7 +157,7 @@ async fn a_tenant_of_1000_conversations_moves_under_load_with_one_freeze_and_one
             target >= source && target > 0,
             "user {user}: source pts {source}, target {target}"
         );
-        assert!(routes.read(|t| t.entry(&Key::user(1, user)).is_none()));
+        assert!(routes.read(|t| t.entry(&Key::user(TenantId(1), UserId(user))).is_none()));
     }
     assert!(
         !created.is_empty(),
@@ -169,14 +170,16 @@ async fn a_tenant_of_1000_conversations_moves_under_load_with_one_freeze_and_one
     let changes = route_changes.lock().unwrap().clone();
     let tenant_changes: Vec<&RouteState> = changes
         .iter()
-        .filter(|(_, e)| e.key == Key::tenant(1))
+        .filter(|(_, e)| e.key == Key::tenant(TenantId(1)))
         .map(|(_, e)| &e.state)
         .collect();
     assert_eq!(tenant_changes.len(), 4, "{tenant_changes:?}");
     assert!(matches!(tenant_changes[2], RouteState::Frozen { .. }));
     let tenant_switch = changes
         .iter()
-        .find(|(_, e)| e.key == Key::tenant(1) && e.cell == TARGET && e.state == RouteState::Active)
+        .find(|(_, e)| {
+            e.key == Key::tenant(TenantId(1)) && e.cell == TARGET && e.state == RouteState::Active
+        })
         .map(|(i, _)| *i)
         .expect("the tenant entry switched");
     assert_eq!(tenant_switch, report.switch_epoch);
@@ -196,8 +199,14 @@ async fn a_tenant_of_1000_conversations_moves_under_load_with_one_freeze_and_one
     let (on_target, overrides) = routes.read(|t| {
         let all = conversations.iter().chain(created.iter().map(|(c, _)| c));
         (
-            all.filter(|&&c| t.resolve(&Key::conversation(1, c)).unwrap().entry.cell == TARGET)
-                .count(),
+            all.filter(|&&c| {
+                t.resolve(&Key::conversation(TenantId(1), ConversationId(c)))
+                    .unwrap()
+                    .entry
+                    .cell
+                    == TARGET
+            })
+            .count(),
             t.routes
                 .keys()
                 .filter(|k| k.tenant == 1 && k.is_override())
@@ -276,12 +285,12 @@ async fn a_failed_over_cell_takes_its_tenant_back_and_is_then_drained() {
     }
     // The failover's route changes reach this client's cache.
     let moved = cellmesh_tests::eventually(Duration::from_secs(5), || {
-        let cell = routes.read(|t| t.entry(&Key::tenant(1)).map(|e| e.cell.clone()));
+        let cell = routes.read(|t| t.entry(&Key::tenant(TenantId(1))).map(|e| e.cell.clone()));
         async move { cell.as_deref() == Some(TARGET) }
     })
     .await;
     assert!(moved, "the tenant failed over");
-    let failed_over = routes.read(|t| t.entry(&Key::tenant(1)).cloned().unwrap());
+    let failed_over = routes.read(|t| t.entry(&Key::tenant(TenantId(1))).cloned().unwrap());
     assert_eq!(failed_over.cell, TARGET);
     assert_eq!(failed_over.failed_from.as_deref(), Some(SOURCE));
     let floors: Vec<Floor> =
@@ -309,7 +318,7 @@ async fn a_failed_over_cell_takes_its_tenant_back_and_is_then_drained() {
     let back = migrator.failback(SOURCE, 4, |_| {}).await.unwrap();
     assert!(back.failures.is_empty(), "{:?}", back.failures);
     assert_eq!(back.selection.tenants, vec![1]);
-    let entry = routes.read(|t| t.entry(&Key::tenant(1)).cloned().unwrap());
+    let entry = routes.read(|t| t.entry(&Key::tenant(TenantId(1))).cloned().unwrap());
     assert_eq!((entry.cell.as_str(), entry.failed_from), (SOURCE, None));
     // Nothing is left to fail back.
     let again = migrator.failback(SOURCE, 4, |_| {}).await.unwrap();
@@ -321,7 +330,7 @@ async fn a_failed_over_cell_takes_its_tenant_back_and_is_then_drained() {
     assert_eq!(drained.to, TARGET);
     let (tenant_cell, status) = routes.read(|t| {
         (
-            t.entry(&Key::tenant(1)).unwrap().cell.clone(),
+            t.entry(&Key::tenant(TenantId(1))).unwrap().cell.clone(),
             t.cell(SOURCE).unwrap().status,
         )
     });
@@ -418,7 +427,7 @@ async fn stop_then_finish(point: cellmesh_control_plane::migration::StopPoint, c
         // Cancelled there: back on the source, which takes writes again.
         // (The stopped move's last write may not be in this cache yet.)
         let epoch = routes
-            .resolve_linearizable(&Key::tenant(1))
+            .resolve_linearizable(&Key::tenant(TenantId(1)))
             .await
             .unwrap()
             .entry
@@ -428,7 +437,7 @@ async fn stop_then_finish(point: cellmesh_control_plane::migration::StopPoint, c
         if cancel {
             let cancelled = routes
                 .apply(update_route(
-                    &Key::tenant(1),
+                    &Key::tenant(TenantId(1)),
                     epoch,
                     Transition::Cancel(true),
                 ))
@@ -437,7 +446,7 @@ async fn stop_then_finish(point: cellmesh_control_plane::migration::StopPoint, c
             routes
                 .wait_applied(cancelled.index, Duration::from_secs(5))
                 .await;
-            let back = routes.read(|t| t.entry(&Key::tenant(1)).cloned().unwrap());
+            let back = routes.read(|t| t.entry(&Key::tenant(TenantId(1))).cloned().unwrap());
             assert_eq!(
                 (back.cell.as_str(), &back.state),
                 (SOURCE, &RouteState::Active),
@@ -485,7 +494,12 @@ async fn stop_then_finish(point: cellmesh_control_plane::migration::StopPoint, c
         };
         assert_eq!(tags, expected, "{point:?}");
         for &c in &conversations {
-            let owner = routes.read(|t| t.resolve(&Key::conversation(1, c)).unwrap().entry.cell);
+            let owner = routes.read(|t| {
+                t.resolve(&Key::conversation(TenantId(1), ConversationId(c)))
+                    .unwrap()
+                    .entry
+                    .cell
+            });
             assert_eq!(owner, TARGET, "{point:?}: conversation {c}");
         }
         // The target goes on after the source's last seq.

@@ -5,6 +5,7 @@
 //! sending; nothing acknowledged is lost, duplicated or reordered, and the
 //! old cell goes on after the last seq and pts.
 
+use cellmesh_proto::ids::{ConversationId, TenantId};
 use std::time::Duration;
 
 use cellmesh_chaos::history::History;
@@ -79,7 +80,12 @@ async fn a_tenant_moved_back_within_the_grace_period_copies_only_what_changed() 
         let h = history_via_edge(&mut m, &alice, c).await;
         let written = if c == conversations[1] { 30 } else { 20 };
         assert_eq!(h.len(), written, "conversation {c}: {h:?}");
-        let owner = routes.read(|t| t.resolve(&Key::conversation(1, c)).unwrap().entry.cell);
+        let owner = routes.read(|t| {
+            t.resolve(&Key::conversation(TenantId(1), ConversationId(c)))
+                .unwrap()
+                .entry
+                .cell
+        });
         assert_eq!(owner, SOURCE);
     }
     // The homes are whole on the old cell again, and it goes on after them.

@@ -5,6 +5,7 @@
 //! come along, and the old home refuses the user afterwards. The home then
 //! moves back, over the old copy it left behind.
 
+use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
 use cellmesh_proto::reason::Reason;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -158,7 +159,7 @@ async fn a_user_home_moves_under_load_and_the_device_goes_on_from_its_cursor() {
     let routes = d.cluster.client().await;
     let moved_at = move_home(&routes, TARGET).await;
     let entry = routes
-        .read(|t| t.entry(&Key::user(1, BOB)).cloned())
+        .read(|t| t.entry(&Key::user(TenantId(1), UserId(BOB))).cloned())
         .unwrap();
     assert_eq!(
         (entry.cell.as_str(), &entry.state),
@@ -360,7 +361,7 @@ async fn the_control_plane_finishes_moves_nobody_drives() {
     let state =
         |key: Key| routes.read(|t| t.entry(&key).map(|e| (e.cell.clone(), e.state.clone())));
     assert!(matches!(
-        state(Key::conversation(1, conversation)),
+        state(Key::conversation(TenantId(1), ConversationId(conversation))),
         Some((_, RouteState::Frozen { .. }))
     ));
 
@@ -379,17 +380,20 @@ async fn the_control_plane_finishes_moves_nobody_drives() {
     .await
     .unwrap();
     let finished = cellmesh_tests::eventually(Duration::from_secs(30), || {
-        let done = [Key::conversation(1, conversation), Key::user(1, BOB)]
-            .into_iter()
-            .all(|k| state(k) == Some((TARGET.to_string(), RouteState::Active)));
+        let done = [
+            Key::conversation(TenantId(1), ConversationId(conversation)),
+            Key::user(TenantId(1), UserId(BOB)),
+        ]
+        .into_iter()
+        .all(|k| state(k) == Some((TARGET.to_string(), RouteState::Active)));
         async move { done }
     })
     .await;
     assert!(
         finished,
         "moves left: {:?} {:?}",
-        state(Key::conversation(1, conversation)),
-        state(Key::user(1, BOB))
+        state(Key::conversation(TenantId(1), ConversationId(conversation))),
+        state(Key::user(TenantId(1), UserId(BOB)))
     );
     // Nothing was lost, and the conversation takes writes again.
     m.send(authed(text(conversation, "after"), &alice))

@@ -4,6 +4,7 @@
 //! digests and their comparison are done here for all items at once,
 //! several calls in flight; the workflow in [`super`] decides when.
 
+use cellmesh_proto::ids::TenantId;
 use std::collections::BTreeMap;
 
 use cellmesh_proto::v1::{
@@ -379,7 +380,7 @@ impl Items<'_> {
     /// `Migrating/Paused`) before the next copy starts; nothing holds a
     /// frozen tenant.
     pub async fn hold(&self) -> Result<(), MigrationError> {
-        let key = Key::tenant(self.tenant);
+        let key = Key::tenant(TenantId(self.tenant));
         let migrating = self.migrator.routes.read(|t| {
             t.entry(&key).is_some_and(
                 |e| matches!(&e.state, RouteState::Migrating { to, .. } if *to == self.to),

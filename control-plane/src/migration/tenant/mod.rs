@@ -29,6 +29,7 @@
 mod files;
 mod items;
 
+use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -149,7 +150,7 @@ impl Migrator {
         mut progress: impl FnMut(&TenantProgress),
     ) -> Result<TenantMoveReport, MigrationError> {
         let started = Instant::now();
-        let key = Key::tenant(tenant);
+        let key = Key::tenant(TenantId(tenant));
         let entry = self.current_entry(&key).await?;
         let from = entry.cell.clone();
         let start = self.begin_or_resume(&key, &entry, to).await?;
@@ -380,8 +381,8 @@ impl Migrator {
         self.routes.read(|t| {
             items.note_source(marks, |item| {
                 let key = match item {
-                    Item::Conversation(c) => Key::conversation(tenant, c),
-                    Item::User(u) => Key::user(tenant, u),
+                    Item::Conversation(c) => Key::conversation(TenantId(tenant), ConversationId(c)),
+                    Item::User(u) => Key::user(TenantId(tenant), UserId(u)),
                 };
                 t.entry(&key).is_none()
             })
@@ -414,7 +415,10 @@ impl Migrator {
     ) -> Result<u64, MigrationError> {
         let keys: Vec<Key> = self.routes.read(|t| {
             t.routes
-                .range(Key::conversation(tenant, 0)..=Key::user(tenant, u64::MAX))
+                .range(
+                    Key::conversation(TenantId(tenant), ConversationId(0))
+                        ..=Key::user(TenantId(tenant), UserId(u64::MAX)),
+                )
                 .filter(|(k, e)| k.scope != Scope::Tenant && e.cell == from)
                 .map(|(k, _)| *k)
                 .collect()
@@ -447,7 +451,10 @@ impl Migrator {
     async fn drop_agreeing_overrides(&self, tenant: u64, to: &str) -> u64 {
         let agreeing: Vec<(Key, u64)> = self.routes.read(|t| {
             t.routes
-                .range(Key::conversation(tenant, 0)..=Key::user(tenant, u64::MAX))
+                .range(
+                    Key::conversation(TenantId(tenant), ConversationId(0))
+                        ..=Key::user(TenantId(tenant), UserId(u64::MAX)),
+                )
                 .filter(|(k, e)| {
                     k.scope != Scope::Tenant
                         && e.cell == to
