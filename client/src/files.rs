@@ -36,9 +36,6 @@ impl Files {
         }
     }
 
-    /// Uploads `path` into `conversation`; its ref once complete. With
-    /// `state`, the upload id is kept there until completion, and a later
-    /// call with the same file resumes it.
     /// Reserves an upload; a call whose answer was lost (the connection
     /// broke, the deadline passed) is made again with the same request id,
     /// so it gets the same upload back.
@@ -64,6 +61,9 @@ impl Files {
         }
     }
 
+    /// Uploads `path` into `conversation`; its ref once complete. With
+    /// `state`, the upload id is kept there until completion, and a later
+    /// call with the same file resumes it.
     pub async fn upload(
         &mut self,
         conversation: u64,

@@ -47,28 +47,22 @@ impl Store {
         let mut messages =
             self.bounded_iter(cf::MESSAGES, conversation_bounds(conversation, above));
         let mut hidden = self.bounded_iter(cf::HIDDEN, hidden_bounds(conversation, viewer));
+        // The first seq after `from` in the scan's direction.
+        let at = Seq(match direction {
+            ScanDirection::Forward => from.saturating_add(1),
+            ScanDirection::Backward => from.saturating_sub(1),
+        });
+        let conversation_id = ConversationId(conversation);
+        let message_key = keys::message(conversation_id, at);
+        let hidden_key = keys::hidden(conversation_id, UserId(viewer), at);
         match direction {
             ScanDirection::Forward => {
-                messages.seek(keys::message(
-                    ConversationId(conversation),
-                    Seq(from.saturating_add(1)),
-                ));
-                hidden.seek(keys::hidden(
-                    ConversationId(conversation),
-                    UserId(viewer),
-                    Seq(from.saturating_add(1)),
-                ));
+                messages.seek(message_key);
+                hidden.seek(hidden_key);
             }
             ScanDirection::Backward => {
-                messages.seek_for_prev(keys::message(
-                    ConversationId(conversation),
-                    Seq(from.saturating_sub(1)),
-                ));
-                hidden.seek_for_prev(keys::hidden(
-                    ConversationId(conversation),
-                    UserId(viewer),
-                    Seq(from.saturating_sub(1)),
-                ));
+                messages.seek_for_prev(message_key);
+                hidden.seek_for_prev(hidden_key);
             }
         }
         let mut page = ScanPage::default();

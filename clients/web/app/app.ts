@@ -84,7 +84,7 @@ async function main(): Promise<void> {
     token: s.token,
     store,
     transport: s.transport,
-    onChange: (changed) => scheduleRefresh(changed),
+    onChange: () => scheduleRefresh(),
     onMessages: (messages) => {
       const here = messages.filter((m) => m.conversation === open?.toString());
       if (here.length === 0) return;
@@ -166,7 +166,7 @@ async function main(): Promise<void> {
   }
 
   let timer: ReturnType<typeof setTimeout> | undefined;
-  function scheduleRefresh(_changed: string[]): void {
+  function scheduleRefresh(): void {
     // The list at most every 250 ms (the open conversation's rows come
     // through onMessages).
     timer ??= setTimeout(() => {

@@ -213,32 +213,31 @@ test("typing, an edit and a recall reach the other page", async () => {
   assert.ok(!(await renderedRows(bob)).some((r) => r.text.includes("edited text")));
 });
 
-test("a tenant move during the session costs at most a retry", async () => {
+/** Asks the Rust side for `operation` (a file in the control directory),
+ * sends `n` messages meanwhile, waits for `done`, then checks bob has them
+ * all, in order and once, and the one sent after it. */
+async function sendDuring(operation: string, done: string, prefix: string, n: number): Promise<void> {
   const control = env("CELLMESH_CONTROL");
-  writeFileSync(`${control}/move`, "");
-  const sending = sendFrom(alice, Array.from({ length: 40 }, (_, i) => `moving ${i}`));
-  await until(async () => existsSync(`${control}/moved`), "the move ends", 60_000);
+  writeFileSync(`${control}/${operation}`, "");
+  const sending = sendFrom(alice, Array.from({ length: n }, (_, i) => `${prefix} ${i}`));
+  await until(async () => existsSync(`${control}/${done}`), `${operation} ends`, 60_000);
   await sending;
-  await sendFrom(alice, ["after the move"]);
-  await until(async () => (await storedRows(bob)).some((r) => r.body === "after the move"), "bob has it", 30_000);
+  const last = `after ${operation}`;
+  await sendFrom(alice, [last]);
+  await until(async () => (await storedRows(bob)).some((r) => r.body === last), "bob has it", 30_000);
   const rows = await storedRows(bob);
-  assertInOrder(rows, "across the move");
-  assert.equal(rows.filter((r) => r.body.startsWith("moving ")).length, 40);
+  assertInOrder(rows, `across ${operation}`);
+  assert.equal(rows.filter((r) => r.body.startsWith(`${prefix} `)).length, n);
+  await until(async () => (await renderedRows(bob)).some((r) => r.text.includes(last)), "bob renders it");
+}
+
+test("a tenant move during the session costs at most a retry", async () => {
+  await sendDuring("move", "moved", "moving", 40);
   assert.ok(!(await alice.$eval("#error", (e) => (e as HTMLElement).hidden ? "" : e.textContent ?? "")), "no error shown");
 });
 
 test("a failover of the tenant's cell during the session costs at most a retry", async () => {
-  const control = env("CELLMESH_CONTROL");
-  writeFileSync(`${control}/fail-over`, "");
-  const sending = sendFrom(alice, Array.from({ length: 20 }, (_, i) => `failing over ${i}`));
-  await until(async () => existsSync(`${control}/failed-over`), "the failover ends", 60_000);
-  await sending;
-  await sendFrom(alice, ["after the failover"]);
-  await until(async () => (await storedRows(bob)).some((r) => r.body === "after the failover"), "bob has it", 30_000);
-  const rows = await storedRows(bob);
-  assertInOrder(rows, "across the failover");
-  assert.equal(rows.filter((r) => r.body.startsWith("failing over ")).length, 20);
-  await until(async () => (await renderedRows(bob)).some((r) => r.text.includes("after the failover")), "bob renders it");
+  await sendDuring("fail-over", "failed-over", "failing over", 20);
 });
 
 test("CORS: a page may call only the edges that list its origin", async () => {

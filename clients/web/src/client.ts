@@ -172,19 +172,21 @@ export class CellmeshClient {
   }
 
   private async fetchPage(conversation: bigint, before: bigint, n: number): Promise<StoredMessage[]> {
-    try {
-      const page = await this.messaging.pull({
-        conversationId: conversation,
-        sinceSeq: before,
-        direction: Direction.BACKWARD,
-        limit: n,
-      });
-      const messages = page.messages.map(stored);
-      await this.put(messages);
-      return messages.sort((a, b) => a.seq - b.seq);
-    } catch (e) {
-      throw CellmeshError.from(e);
-    }
+    const page = await wrap(this.messaging.pull({ conversationId: conversation, sinceSeq: before, direction: Direction.BACKWARD, limit: n }));
+    const messages = page.messages.map(stored);
+    await this.put(messages);
+    return messages.sort((a, b) => a.seq - b.seq);
+  }
+
+  /** Brings `conversation` up to `latest`: what lies above the store's
+   * highest seq, or the latest page when the store has none of it.
+   * Whether anything was missing. */
+  private async bringUp(conversation: bigint, latest: number): Promise<boolean> {
+    const known = await this.store.maxSeq(conversation.toString());
+    if (latest <= known) return false;
+    if (known === 0) await this.fetchPage(conversation, 0n, PAGE);
+    else await this.backfill(conversation, known, latest);
+    return true;
   }
 
   /** The caller's conversations, most recently active first, with
@@ -374,12 +376,7 @@ export class CellmeshClient {
     for (const c of list.conversations) {
       const id = c.conversation?.conversationId;
       if (id === undefined) continue;
-      const latest = Number(c.conversation?.latestSeq ?? 0n);
-      const known = await this.store.maxSeq(id.toString());
-      if (latest <= known) continue;
-      if (known === 0) await this.fetchPage(id, 0n, PAGE);
-      else await this.backfill(id, known, latest);
-      changed.push(id.toString());
+      if (await this.bringUp(id, Number(c.conversation?.latestSeq ?? 0n))) changed.push(id.toString());
     }
     return changed;
   }
@@ -421,12 +418,7 @@ export class CellmeshClient {
         case "hint": {
           // A large group (nothing queued per member): pull what is new.
           const h = push.push.value;
-          const known = await this.store.maxSeq(h.conversationId.toString());
-          if (Number(h.latestSeq) > known) {
-            if (known === 0) await this.fetchPage(h.conversationId, 0n, PAGE);
-            else await this.backfill(h.conversationId, known, Number(h.latestSeq));
-            changed.push(h.conversationId.toString());
-          }
+          if (await this.bringUp(h.conversationId, Number(h.latestSeq))) changed.push(h.conversationId.toString());
           break;
         }
         case "typing": {

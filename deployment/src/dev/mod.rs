@@ -397,7 +397,16 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     } else {
         None
     };
-    let demo = demo::prepare(data, &routes, &topo, &secrets.cluster, &secrets.token).await?;
+    let demo = demo::prepare(data, &routes, &topo, &secrets.cluster, &secrets.token)
+        .await?
+        .to_json();
+    // A signed-in link to the web app at the eu-west edge per demo user.
+    let web_links = demo["tokens"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(user, token)| (user.clone(), web_link(&topo.edge(0), token)))
+        .collect::<BTreeMap<_, _>>();
     let mut info = serde_json::json!({
         "edges": edges,
         "cells": (0..REGIONS.len())
@@ -421,11 +430,9 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         "etcd": etcd_endpoints,
         "kafka": if mock_kafka.is_some() { Some("mock".to_string()) } else { brokers.clone() },
         "latency_ms": Duration::from(args.latency).as_millis() as u64,
-        "demo": demo.to_json(),
-        "web_url": web_link(&topo.edge(0), &demo.to_json()["token"]),
-        "web_links": demo.to_json()["tokens"].as_object().into_iter().flatten()
-            .map(|(user, token)| (user.clone(), web_link(&topo.edge(0), token)))
-            .collect::<BTreeMap<_, _>>(),
+        "web_url": web_link(&topo.edge(0), &demo["token"]),
+        "web_links": web_links,
+        "demo": demo,
         "processes": sup.pids().into_iter().collect::<BTreeMap<_, _>>(),
     });
     std::fs::write(
