@@ -201,7 +201,8 @@ pub enum QueueBackend {
 #[serde(default, deny_unknown_fields)]
 pub struct QueueConfig {
     pub backend: QueueBackend,
-    /// Partitions of the embedded log (a Kafka topic has its own count).
+    /// Partitions of the Kafka topic when the cell creates it (the embedded
+    /// log is the outbox, read in order as one partition).
     pub partitions: u32,
     pub kafka: KafkaConfig,
 }

@@ -591,9 +591,7 @@ async fn open_queue(
             if config.search.enabled {
                 groups.push(crate::search::indexer::group(&config.processor_group()));
             }
-            Arc::new(
-                EmbeddedQueue::open(store.clone(), config.queue.partitions)?.with_groups(groups),
-            )
+            Arc::new(EmbeddedQueue::open(store.clone())?.with_groups(groups))
         }
         QueueBackend::Kafka => Arc::new(crate::queue::kafka::KafkaQueue::connect(config).await?),
     })

@@ -303,7 +303,15 @@ impl MessageService {
 
     /// Uptime, sends acknowledged, relay lag and route index, for operators.
     pub fn stats(&self) -> Result<(u64, u64, u64, u64)> {
-        let lag = self.store.outbox_pending(100_000)?.len() as u64;
+        let stats = self.store.stats();
+        let lag = stats
+            .outbox_written
+            .load(std::sync::atomic::Ordering::Relaxed)
+            .saturating_sub(
+                stats
+                    .outbox_relayed
+                    .load(std::sync::atomic::Ordering::Relaxed),
+            );
         Ok((
             self.started.elapsed().as_millis() as u64,
             self.sends.load(std::sync::atomic::Ordering::Relaxed),

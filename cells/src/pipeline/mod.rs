@@ -1,5 +1,6 @@
 //! The asynchronous half of the cell: after a write is acknowledged, the
-//! outbox [`relay`] moves its event onto the queue and the [`processor`]
+//! [`processor`] reads its event from the queue (on the embedded queue, the
+//! outbox itself; on Kafka, where the outbox [`relay`] publishes it) and
 //! fans it out to users' sync queues; [`notify`] delivers notifications for
 //! users with no online device; two [`forward`]ers deliver events to users'
 //! home cells and copies to this cell's standbys, each from its own queue. Each loop runs under a supervisor that
@@ -112,7 +113,7 @@ pub struct Pipeline {
     pub inbound: PeerInbound,
 }
 
-/// Starts the relay, the processor, the notifier and the forwarder.
+/// Starts the relay (for a queue that does not read the outbox), the processor, the notifier and the forwarder.
 pub fn spawn(
     config: &CellConfig,
     store: Arc<Store>,
@@ -126,10 +127,10 @@ pub fn spawn(
     let wake = Arc::new(Notify::new());
     // Survives processor restarts.
     let inbound_rx = Arc::new(Mutex::new(inbound_rx));
-    let relay = {
+    let relay = (!queue.reads_outbox()).then(|| {
         let (store, queue) = (store.clone(), queue.clone());
         supervise("relay", move || relay::run(store.clone(), queue.clone()))
-    };
+    });
     let threshold = config.fanout.large_group_threshold as usize;
     let batch = config.fanout.batch;
     let group = config.processor_group();
@@ -197,12 +198,25 @@ pub fn spawn(
         "standby forwarder",
     );
     Pipeline {
-        workers: vec![relay, processor, notifier, to_homes, to_standbys],
+        workers: [
+            relay,
+            Some(processor),
+            Some(notifier),
+            Some(to_homes),
+            Some(to_standbys),
+        ]
+        .into_iter()
+        .flatten()
+        .collect(),
         inbound,
     }
 }
 
-/// Runs `make()` again whenever it fails, with capped backoff.
+/// A worker that ran this long before failing starts its backoff afresh.
+const HEALTHY_RUN: Duration = Duration::from_secs(30);
+
+/// Runs `make()` again whenever it fails, with capped backoff; a failure
+/// after a long healthy run waits the shortest backoff again.
 pub(crate) fn supervise<F, Fut>(name: &'static str, make: F) -> JoinHandle<()>
 where
     F: Fn() -> Fut + Send + 'static,
@@ -211,9 +225,13 @@ where
     tokio::spawn(async move {
         let mut backoff = Duration::from_millis(50);
         loop {
+            let started = tokio::time::Instant::now();
             match make().await {
                 Ok(()) => return,
                 Err(e) => {
+                    if started.elapsed() >= HEALTHY_RUN {
+                        backoff = Duration::from_millis(50);
+                    }
                     tracing::warn!(worker = name, error = %e, "pipeline worker failed; restarting");
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(5));

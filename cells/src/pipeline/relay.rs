@@ -1,4 +1,5 @@
-//! The outbox relay: moves outbox events, in outbox order, onto the queue,
+//! The outbox relay: moves outbox events, in outbox order, onto a queue
+//! that does not read the outbox itself (Kafka),
 //! then records how far it got and drops what it moved. A crash between the
 //! two steps republishes the tail; the processor skips what it already
 //! applied.
@@ -55,7 +56,7 @@ pub async fn run(store: Arc<Store>, queue: Arc<dyn EventQueue>) -> Result<(), Pi
             })
             .collect();
         if store.failpoints().hit("queue.publish") == Some(Action::Error) {
-            return Err(PipelineError::Queue(QueueError::Kafka(
+            return Err(PipelineError::Queue(QueueError::Unavailable(
                 "queue unavailable (fail point queue.publish)".into(),
             )));
         }

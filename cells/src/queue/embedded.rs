@@ -1,49 +1,47 @@
-//! The embedded event log: partitions of the cell's RocksDB (`queue` column
-//! family), offsets per consumer group in `queue_offsets`. Publishing goes
-//! through the group committer like every other write. It serves the cell's
-//! consumer groups (the fan-out processor, the search indexer); entries are
-//! trimmed once every group named at open has processed them.
+//! The embedded event log: the cell's outbox column family itself. A send's
+//! commit is its publication: consumers read the outbox in id order (one
+//! partition, [`OUTBOX_PARTITION`]), so no relay copies events and no second
+//! write precedes the fan-out. Positions per consumer group live in
+//! `queue_offsets`; once every group named at open has processed an event the
+//! outbox no longer needs it (the relay cursor) and it is trimmed in ranges.
+//!
+//! Earlier releases relayed the outbox into a partitioned log (`queue`
+//! column family); a consumer drains what is left there before it reads the
+//! outbox, so an upgrade neither loses nor reorders an event.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use cellmesh_proto::storage::v1::QueuedEvent;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 
-use super::{Delivery, EventConsumer, EventQueue, QueueError, last_offsets, partition_of};
+use super::{Delivery, EventConsumer, EventQueue, QueueError, last_offsets};
+use crate::failpoints::Action;
 use crate::storage::{Mutation, Store};
 
-/// Trim a partition every this many processed offsets.
+/// Trim every this many processed offsets.
 const TRIM_EVERY: u64 = 4_096;
+
+/// The partition number deliveries from the outbox carry.
+pub const OUTBOX_PARTITION: u32 = u32::MAX;
 
 pub struct EmbeddedQueue {
     store: Arc<Store>,
-    partitions: u32,
-    /// Last offset written per partition.
-    last: Mutex<Vec<u64>>,
-    published: Arc<Notify>,
-    /// The groups that must have processed an entry before it is trimmed.
+    /// The groups that must have processed an event before it is dropped.
     groups: Arc<[String]>,
 }
 
 impl EmbeddedQueue {
-    /// Trims only what every one of `groups` has processed (by default,
+    /// Drops only what every one of `groups` has processed (by default,
     /// what the group committing has).
     pub fn with_groups(mut self, groups: Vec<String>) -> Self {
         self.groups = groups.into();
         self
     }
 
-    pub fn open(store: Arc<Store>, partitions: u32) -> Result<Self, QueueError> {
-        let partitions = partitions.max(1);
-        let last = (0..partitions)
-            .map(|p| store.queue_last_offset(p))
-            .collect::<Result<Vec<_>, _>>()?;
+    pub fn open(store: Arc<Store>) -> Result<Self, QueueError> {
         Ok(Self {
             store,
-            partitions,
-            last: Mutex::new(last),
-            published: Arc::new(Notify::new()),
             groups: Arc::new([]),
         })
     }
@@ -51,36 +49,36 @@ impl EmbeddedQueue {
 
 #[tonic::async_trait]
 impl EventQueue for EmbeddedQueue {
+    /// Appends events to the outbox like any other writer; the committer
+    /// numbers them (the events' own ids are not kept).
     async fn publish(&self, events: Vec<QueuedEvent>) -> Result<(), QueueError> {
-        if events.is_empty() {
-            return Ok(());
+        let mut m = Mutation::new();
+        for event in events.iter().filter_map(|e| e.event.as_ref()) {
+            m.emit(event);
         }
-        let slot = self.store.reserve().await?;
-        let ticket = {
-            let mut last = self.last.lock().expect("queue offsets lock");
-            let mut m = Mutation::new();
-            for event in &events {
-                let conversation = event.event.as_ref().map_or(0, |e| e.conversation_id);
-                let p = partition_of(conversation, self.partitions);
-                last[p as usize] += 1;
-                m.put_queued(p, last[p as usize], event);
-            }
-            slot.submit(m)
-        };
-        ticket.wait().await?;
-        self.published.notify_waiters();
+        if !m.is_empty() {
+            self.store.commit(m).await?;
+        }
         Ok(())
     }
 
+    fn reads_outbox(&self) -> bool {
+        true
+    }
+
     async fn consumer(&self, group: &str) -> Result<Box<dyn EventConsumer>, QueueError> {
-        let positions = (0..self.partitions)
-            .map(|p| self.store.queue_offset(group, p))
-            .collect::<Result<Vec<_>, _>>()?;
+        let legacy = self
+            .store
+            .queue_partitions()?
+            .into_iter()
+            .map(|p| Ok((p, self.store.queue_offset(group, p)?)))
+            .collect::<Result<Vec<_>, QueueError>>()?;
         Ok(Box::new(EmbeddedConsumer {
+            position: outbox_position(&self.store, group)?,
+            written: self.store.outbox_written(),
             store: self.store.clone(),
             group: group.to_string(),
-            positions,
-            published: self.published.clone(),
+            legacy,
             next_partition: 0,
             others: self
                 .groups
@@ -92,13 +90,24 @@ impl EventQueue for EmbeddedQueue {
     }
 }
 
+/// Where `group` stands in the outbox: its own position, or the point up
+/// to which the outbox was already handled (relayed into the partitioned
+/// log by an earlier release, or processed by every group).
+fn outbox_position(store: &Store, group: &str) -> Result<u64, QueueError> {
+    let own = store.queue_offset(group, OUTBOX_PARTITION)?;
+    Ok(own.max(store.relay_cursor()?))
+}
+
 struct EmbeddedConsumer {
     store: Arc<Store>,
     group: String,
-    /// Last offset handed out per partition.
-    positions: Vec<u64>,
-    published: Arc<Notify>,
-    /// Where the next poll starts, so no partition starves.
+    /// Last outbox id handed out.
+    position: u64,
+    written: watch::Receiver<u64>,
+    /// Partitions of the earlier partitioned log with their last offset
+    /// handed out; empty once drained (nothing is written there any more).
+    legacy: Vec<(u32, u64)>,
+    /// Where the next legacy read starts, so no partition starves.
     next_partition: usize,
     /// The other groups whose positions bound a trim.
     others: Vec<String>,
@@ -106,20 +115,47 @@ struct EmbeddedConsumer {
 
 impl EmbeddedConsumer {
     fn read(&mut self, max: usize) -> Result<Vec<Delivery>, QueueError> {
-        let n = self.positions.len();
+        if self.store.failpoints().hit("queue.publish") == Some(Action::Error) {
+            return Err(QueueError::Unavailable(
+                "queue unavailable (fail point queue.publish)".into(),
+            ));
+        }
+        if !self.legacy.is_empty() {
+            let out = self.read_legacy(max)?;
+            if !out.is_empty() {
+                return Ok(out);
+            }
+            self.legacy.clear();
+        }
+        let mut out = Vec::new();
+        for (id, event) in self.store.outbox_after(self.position, max)? {
+            self.position = id;
+            out.push(Delivery {
+                partition: OUTBOX_PARTITION,
+                offset: id,
+                event: QueuedEvent {
+                    id,
+                    event: Some(event),
+                },
+            });
+        }
+        // Nothing waits between the outbox and the queue.
+        self.store.stats().relayed_through(self.position);
+        Ok(out)
+    }
+
+    fn read_legacy(&mut self, max: usize) -> Result<Vec<Delivery>, QueueError> {
+        let n = self.legacy.len();
         let mut out = Vec::new();
         for i in 0..n {
-            let p = (self.next_partition + i) % n;
             if out.len() >= max {
                 break;
             }
-            for (offset, event) in
-                self.store
-                    .queue_after(p as u32, self.positions[p], max - out.len())?
-            {
-                self.positions[p] = offset;
+            let (p, after) = &mut self.legacy[(self.next_partition + i) % n];
+            for (offset, event) in self.store.queue_after(*p, *after, max - out.len())? {
+                *after = offset;
                 out.push(Delivery {
-                    partition: p as u32,
+                    partition: *p,
                     offset,
                     event,
                 });
@@ -138,16 +174,14 @@ impl EventConsumer for EmbeddedConsumer {
         wait: Duration,
         wake: &Notify,
     ) -> Result<Vec<Delivery>, QueueError> {
-        let published = self.published.clone();
-        let notified = published.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
+        // Marked seen before reading: a commit after the read wakes the wait.
+        self.written.borrow_and_update();
         let out = self.read(max)?;
         if !out.is_empty() {
             return Ok(out);
         }
         tokio::select! {
-            _ = tokio::time::timeout(wait, notified) => {}
+            _ = tokio::time::timeout(wait, self.written.changed()) => {}
             _ = wake.notified() => {}
         }
         self.read(max)
@@ -156,8 +190,12 @@ impl EventConsumer for EmbeddedConsumer {
     async fn commit(&mut self, deliveries: &[Delivery]) -> Result<(), QueueError> {
         let mut m = Mutation::new();
         for (partition, offset) in last_offsets(deliveries) {
-            let before = self.store.queue_offset(&self.group, partition)?;
             m.put_queue_offset(&self.group, partition, offset);
+            if partition == OUTBOX_PARTITION {
+                self.consumed(&mut m, offset)?;
+                continue;
+            }
+            let before = self.store.queue_offset(&self.group, partition)?;
             if offset / TRIM_EVERY > before / TRIM_EVERY {
                 let mut upto = offset;
                 for group in &self.others {
@@ -168,6 +206,24 @@ impl EventConsumer for EmbeddedConsumer {
         }
         if !m.is_empty() {
             self.store.commit(m).await?;
+        }
+        Ok(())
+    }
+}
+
+impl EmbeddedConsumer {
+    /// Moves the relay cursor to what every group has processed, once this
+    /// group has processed up to `offset`, trimming at every
+    /// [`TRIM_EVERY`]. Positions only grow, so a cursor computed from a
+    /// stale read of another group's is lower than the truth, never higher.
+    fn consumed(&self, m: &mut Mutation, offset: u64) -> Result<(), QueueError> {
+        let before = self.store.relay_cursor()?;
+        let mut upto = offset;
+        for group in &self.others {
+            upto = upto.min(outbox_position(&self.store, group)?);
+        }
+        if upto > before {
+            m.outbox_consumed(upto, upto / TRIM_EVERY > before / TRIM_EVERY);
         }
         Ok(())
     }

@@ -1,6 +1,7 @@
-//! The cell's event queue between the outbox relay and the fan-out
-//! processor. Two backends behind one trait: an embedded durable log in the
-//! cell's RocksDB (the default, [`embedded`]) and Kafka (`kafka`). Events are
+//! The cell's event queue between the outbox and the fan-out processor.
+//! Two backends behind one trait: the embedded log, which is the outbox in
+//! the cell's RocksDB read in place (the default, [`embedded`]), and Kafka
+//! (`kafka`), which the outbox relay publishes to. Events are
 //! partitioned by conversation, so a conversation's events stay in order;
 //! a consumer commits positions only after the effects of what it consumed
 //! are durable, so a crash redelivers rather than loses.
@@ -21,6 +22,8 @@ pub enum QueueError {
     Storage(#[from] StorageError),
     #[error("kafka: {0}")]
     Kafka(String),
+    #[error("{0}")]
+    Unavailable(String),
     #[error("malformed queue record: {0}")]
     Malformed(String),
 }
@@ -37,6 +40,12 @@ pub struct Delivery {
 pub trait EventQueue: Send + Sync + 'static {
     /// Appends events durably; returns once the queue holds them.
     async fn publish(&self, events: Vec<QueuedEvent>) -> Result<(), QueueError>;
+
+    /// Whether consumers read the cell's outbox directly, so no relay
+    /// copies it onto this queue.
+    fn reads_outbox(&self) -> bool {
+        false
+    }
 
     /// Joins consumer group `group`.
     async fn consumer(&self, group: &str) -> Result<Box<dyn EventConsumer>, QueueError>;

@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 
 use rocksdb::{DB, IteratorMode, WriteBatch, WriteOptions};
-use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::sync::{Notify, mpsc, oneshot, watch};
 
 use super::changes::Changes;
 use super::keys::{self, cf};
@@ -94,6 +94,7 @@ pub(super) struct Committer {
     stats: Arc<CommitStats>,
     failed: Arc<Mutex<Option<String>>>,
     outbox_signal: Arc<Notify>,
+    outbox_written: Arc<watch::Sender<u64>>,
 }
 
 /// A reserved place in the commit queue.
@@ -141,10 +142,12 @@ impl Committer {
             .outbox_relayed
             .store(next_outbox_id - 1, Ordering::Relaxed);
         let outbox_signal = Arc::new(Notify::new());
+        let outbox_written = Arc::new(watch::Sender::new(next_outbox_id - 1));
         let lane = |name: &str, label: &'static str| -> Result<LaneQueue> {
             let (tx, rx) = mpsc::channel(config.commit_queue_depth);
             let mut writer = Writer {
                 outbox_signal: outbox_signal.clone(),
+                outbox_written: outbox_written.clone(),
                 db: db.clone(),
                 sync: config.sync_wal,
                 max_batch: config.group_commit_max_batch,
@@ -170,6 +173,7 @@ impl Committer {
             stats,
             failed,
             outbox_signal,
+            outbox_written,
         })
     }
 
@@ -194,6 +198,10 @@ impl Committer {
 
     pub(super) fn outbox_signal(&self) -> Arc<Notify> {
         self.outbox_signal.clone()
+    }
+
+    pub(super) fn outbox_written(&self) -> watch::Receiver<u64> {
+        self.outbox_written.subscribe()
     }
 
     pub(super) fn failed(&self) -> Option<String> {
@@ -250,6 +258,7 @@ struct Writer {
     stats: Arc<CommitStats>,
     failed: Arc<Mutex<Option<String>>>,
     outbox_signal: Arc<Notify>,
+    outbox_written: Arc<watch::Sender<u64>>,
     failpoints: Arc<FailPoints>,
     changes: Arc<Changes>,
     lane: crate::metrics::LaneLabel,
@@ -327,6 +336,7 @@ impl Writer {
                         .store(outbox_id - 1, Ordering::Relaxed);
                     self.stats.publish_outbox_lag();
                     self.outbox_signal.notify_one();
+                    self.outbox_written.send_replace(outbox_id - 1);
                 }
                 self.next_outbox_id = outbox_id;
                 // Before the writers hear it is durable: a seal that waits

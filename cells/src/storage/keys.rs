@@ -85,7 +85,8 @@ pub mod cf {
 pub mod meta {
     /// Time (ms) up to which message ids may have been issued.
     pub const MSG_ID_RESERVED_UNTIL: &[u8] = b"msg_id_reserved_until_ms";
-    /// Highest outbox id the relay has published to the queue.
+    /// Highest outbox id the outbox no longer needs: published to Kafka by
+    /// the relay, or, on the embedded queue, processed by every group.
     pub const RELAY_CURSOR: &[u8] = b"relay_cursor";
     /// Highest notification id issued.
     pub const NOTIFY_LAST_ID: &[u8] = b"notify_last_id";

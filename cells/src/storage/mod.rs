@@ -397,6 +397,12 @@ impl Store {
         self.committer.outbox_signal()
     }
 
+    /// The id of the last outbox event made durable, watched: every
+    /// receiver sees each change, so any number of consumers can wait on it.
+    pub fn outbox_written(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.committer.outbox_written()
+    }
+
     fn get_u64(&self, name: &'static str, key: &[u8]) -> Result<u64> {
         match self.db.get_pinned_cf(self.cf(name), key)? {
             None => Ok(0),

@@ -1,5 +1,6 @@
-//! Storage of the embedded event log (partitioned, with consumer-group
-//! offsets) and of the outbox relay's progress.
+//! Storage of the embedded event log (the outbox itself, plus the
+//! partitioned log earlier releases relayed into, drained on upgrade),
+//! consumer-group offsets, and how far the outbox is no longer needed.
 
 use cellmesh_proto::storage::v1::{OutboxEvent, QueuedEvent};
 use prost::Message as _;
@@ -28,6 +29,19 @@ impl Mutation {
     pub fn put_queue_offset(&mut self, group: &str, partition: u32, offset: u64) {
         let key = keys::queue_offset(group, partition);
         self.put(cf::QUEUE_OFFSETS, key, offset.to_be_bytes().to_vec());
+    }
+
+    /// Records that every outbox event up to `id` is no longer needed (each
+    /// group processed it) and, when `trim`, drops those below `id`. The one
+    /// at `id` stays, so the last id issued survives a restart.
+    pub fn outbox_consumed(&mut self, id: u64, trim: bool) {
+        let cursor = id.to_be_bytes().to_vec();
+        self.put(cf::META, keys::meta::RELAY_CURSOR.to_vec(), cursor);
+        if trim {
+            let from = keys::u64_key(0).to_vec();
+            let to = keys::u64_key(id).to_vec();
+            self.ops.push(Op::DeleteRange(cf::OUTBOX, from, to));
+        }
     }
 
     /// Records that the outbox events `ids` (ascending) are on the queue and
@@ -81,6 +95,32 @@ impl Store {
     /// The last offset `group` processed in `partition`.
     pub fn queue_offset(&self, group: &str, partition: u32) -> Result<u64> {
         self.get_u64(cf::QUEUE_OFFSETS, &keys::queue_offset(group, partition))
+    }
+
+    /// The partitions of the partitioned log that still hold entries.
+    pub fn queue_partitions(&self) -> Result<Vec<u32>> {
+        let mut out = Vec::new();
+        let mut next = 0u32;
+        loop {
+            let from = keys::queue(next, 0);
+            let mut iter = self.db.iterator_cf(
+                self.cf(cf::QUEUE),
+                IteratorMode::From(&from, rocksdb::Direction::Forward),
+            );
+            let Some(item) = iter.next() else {
+                return Ok(out);
+            };
+            let (k, _) = item?;
+            let partition = k
+                .get(..4)
+                .map(|p| u32::from_be_bytes(p.try_into().expect("four bytes")))
+                .ok_or_else(|| corrupt(cf::QUEUE, "short key"))?;
+            out.push(partition);
+            match partition.checked_add(1) {
+                Some(p) => next = p,
+                None => return Ok(out),
+            }
+        }
     }
 
     pub fn relay_cursor(&self) -> Result<u64> {

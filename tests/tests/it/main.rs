@@ -14,6 +14,7 @@ mod dev;
 mod drill;
 mod durability;
 mod edge;
+mod embedded_log;
 mod exactly_once;
 mod failover;
 mod floor_jumps;

@@ -39,7 +39,7 @@ async fn crash_between_apply_and_commit(kafka: Option<&Kafka>) {
     )
     .unwrap();
     let queue: Arc<dyn EventQueue> = match kafka {
-        None => Arc::new(EmbeddedQueue::open(store.clone(), config.queue.partitions).unwrap()),
+        None => Arc::new(EmbeddedQueue::open(store.clone()).unwrap()),
         Some(_) => Arc::new(KafkaQueue::connect(&config).await.unwrap()),
     };
 
@@ -69,15 +69,17 @@ async fn crash_between_apply_and_commit(kafka: Option<&Kafka>) {
         .await
         .unwrap();
 
-    // Relay the outbox onto the queue.
-    let relay_task = tokio::spawn(relay::run(store.clone(), queue.clone()));
-    assert!(
-        eventually(Duration::from_secs(10), || async {
-            store.outbox_pending(1).unwrap().is_empty()
-        })
-        .await
-    );
-    relay_task.abort();
+    // Relay the outbox onto a queue that does not read it in place.
+    if !queue.reads_outbox() {
+        let relay_task = tokio::spawn(relay::run(store.clone(), queue.clone()));
+        assert!(
+            eventually(Duration::from_secs(10), || async {
+                store.outbox_pending(1).unwrap().is_empty()
+            })
+            .await
+        );
+        relay_task.abort();
+    }
 
     let group = config.processor_group();
     let hub = Arc::new(Hub::new(60_000, 16));

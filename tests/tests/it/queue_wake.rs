@@ -27,7 +27,7 @@ async fn woken_wait_ends_and_takes_nothing(kafka: Option<&Kafka>) {
     let queue: Arc<dyn EventQueue> = match kafka {
         None => {
             let store = Store::open(&dir.path().join("db"), &config.storage).unwrap();
-            Arc::new(EmbeddedQueue::open(store, config.queue.partitions).unwrap())
+            Arc::new(EmbeddedQueue::open(store).unwrap())
         }
         Some(_) => Arc::new(KafkaQueue::connect(&config).await.unwrap()),
     };
@@ -94,7 +94,7 @@ async fn a_trim_waits_for_every_group() {
     config.queue.partitions = 1;
     let store = Store::open(&dir.path().join("db"), &config.storage).unwrap();
     let (fast, slow) = ("processor".to_string(), "processor.search".to_string());
-    let queue = EmbeddedQueue::open(store, 1)
+    let queue = EmbeddedQueue::open(store)
         .unwrap()
         .with_groups(vec![fast.clone(), slow.clone()]);
     let events = (1..=10_000)

@@ -1,0 +1,147 @@
+//! The embedded event log is the outbox read in place: a cell upgraded from
+//! a release that relayed the outbox into a partitioned log drains what is
+//! left there first, in order, then reads the outbox; processed events are
+//! trimmed, and ids are never issued twice across a restart.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cellmesh_cell::queue::embedded::{EmbeddedQueue, OUTBOX_PARTITION};
+use cellmesh_cell::queue::{EventConsumer, EventQueue, partition_of};
+use cellmesh_cell::storage::{Mutation, Store};
+use cellmesh_proto::storage::v1::{OutboxEvent, QueuedEvent};
+use cellmesh_tests::test_config;
+
+fn event(conversation: u64, seq: u64) -> QueuedEvent {
+    QueuedEvent {
+        id: 0,
+        event: Some(OutboxEvent {
+            conversation_id: conversation,
+            seq,
+            ..Default::default()
+        }),
+    }
+}
+
+/// Everything the consumer has, in one list of (conversation, seq, id).
+async fn drain(consumer: &mut Box<dyn EventConsumer>) -> Vec<(u64, u64, u64)> {
+    let mut out = Vec::new();
+    loop {
+        let got = consumer.poll(1_000, Duration::ZERO).await.unwrap();
+        if got.is_empty() {
+            return out;
+        }
+        consumer.commit(&got).await.unwrap();
+        out.extend(got.iter().map(|d| {
+            let e = d.event.event.as_ref().unwrap();
+            (e.conversation_id, e.seq, d.event.id)
+        }));
+    }
+}
+
+#[tokio::test]
+async fn an_upgraded_cell_drains_the_old_log_before_the_outbox() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = test_config(dir.path());
+    let store = Store::open(&dir.path().join("db"), &config.storage).unwrap();
+    let queue = EmbeddedQueue::open(store.clone()).unwrap();
+
+    // What an earlier release left: ids 1..=6 relayed into four partitions,
+    // the first two already processed by the group.
+    queue
+        .publish((1..=6).map(|seq| event(10 + seq % 2, seq)).collect())
+        .await
+        .unwrap();
+    let relayed = store.outbox_after(0, 100).unwrap();
+    let mut m = Mutation::new();
+    let mut offsets = [0u64; 4];
+    for (id, e) in &relayed {
+        let p = partition_of(e.conversation_id, 4);
+        offsets[p as usize] += 1;
+        let queued = QueuedEvent {
+            id: *id,
+            event: Some(e.clone()),
+        };
+        m.put_queued(p, offsets[p as usize], &queued);
+    }
+    m.relayed(&relayed.iter().map(|(id, _)| *id).collect::<Vec<_>>());
+    for p in 0..4 {
+        let first = relayed
+            .iter()
+            .filter(|(_, e)| partition_of(e.conversation_id, 4) == p)
+            .take_while(|(id, _)| *id <= 2)
+            .count();
+        m.put_queue_offset("processor", p, first as u64);
+    }
+    store.commit(m).await.unwrap();
+    assert!(store.outbox_after(0, 10).unwrap().is_empty());
+
+    // This release's sends land in the outbox.
+    queue
+        .publish((7..=9).map(|seq| event(10 + seq % 2, seq)).collect())
+        .await
+        .unwrap();
+    let mut consumer = queue.consumer("processor").await.unwrap();
+    let got = drain(&mut consumer).await;
+    let ids: Vec<u64> = got.iter().map(|(_, _, id)| *id).collect();
+    assert_eq!(ids.len(), 7, "ids 3..=9 once each: {got:?}");
+    let mut sorted = ids.clone();
+    sorted.sort();
+    assert_eq!(sorted, (3..=9).collect::<Vec<_>>());
+    assert_eq!(&ids[4..], &[7, 8, 9], "the outbox after the old log");
+    for conversation in [10, 11] {
+        let seqs: Vec<u64> = got
+            .iter()
+            .filter(|(c, _, _)| *c == conversation)
+            .map(|(_, s, _)| *s)
+            .collect();
+        assert!(seqs.is_sorted(), "conversation {conversation}: {seqs:?}");
+    }
+
+    // A new consumer of the group resumes after what was committed.
+    queue.publish(vec![event(10, 10)]).await.unwrap();
+    let mut again = queue.consumer("processor").await.unwrap();
+    let got = drain(&mut again).await;
+    assert_eq!(got, vec![(10, 10, 10)]);
+    store.close();
+}
+
+#[tokio::test]
+async fn processed_events_are_trimmed_and_ids_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = test_config(dir.path());
+    let path = dir.path().join("db");
+    let store = Store::open(&path, &config.storage).unwrap();
+    let queue = Arc::new(EmbeddedQueue::open(store.clone()).unwrap());
+    queue
+        .publish((1..=9_000).map(|seq| event(7, seq)).collect())
+        .await
+        .unwrap();
+    let mut consumer = queue.consumer("processor").await.unwrap();
+    let got = drain(&mut consumer).await;
+    assert_eq!(got.len(), 9_000);
+    assert_eq!(store.relay_cursor().unwrap(), 9_000);
+    assert_eq!(
+        store.queue_offset("processor", OUTBOX_PARTITION).unwrap(),
+        9_000
+    );
+    let left = store.outbox_after(0, 10_000).unwrap();
+    assert!(
+        left.len() < 9_000 - 4_096,
+        "processed events are trimmed: {} left",
+        left.len()
+    );
+    assert!(store.outbox_pending(1).unwrap().is_empty());
+    drop(consumer);
+    drop(queue);
+    store.close();
+    drop(store);
+
+    let store = Store::open(&path, &config.storage).unwrap();
+    let queue = EmbeddedQueue::open(store.clone()).unwrap();
+    queue.publish(vec![event(7, 9_001)]).await.unwrap();
+    let mut consumer = queue.consumer("processor").await.unwrap();
+    let got = drain(&mut consumer).await;
+    assert_eq!(got, vec![(7, 9_001, 9_001)], "the next id, read once");
+    store.close();
+}
