@@ -368,6 +368,7 @@ pub async fn start_placed(
         .as_ref()
         .map(|(bound, _)| reachable(*bound, &config.routing.advertise))
         .unwrap_or_default();
+    let (closing_tx, closing_rx) = tokio::sync::watch::channel(false);
     let peer_api = InterceptedService::new(
         CellPeerServer::new(
             PeerApi::new(
@@ -376,7 +377,8 @@ pub async fn start_placed(
                 sync.clone(),
                 secret.clone(),
             )
-            .with_metrics_address(metrics_address),
+            .with_metrics_address(metrics_address)
+            .with_closing(closing_rx),
         )
         .max_decoding_message_size(64 * 1024 * 1024),
         guard(secret.clone()),
@@ -405,8 +407,10 @@ pub async fn start_placed(
             .add_service(peer_api)
             .serve_with_incoming_shutdown(cellmesh_proto::server::incoming(listener), async move {
                 let _ = stop_rx.await;
-                // Live sync streams would otherwise hold shutdown open.
+                // Live sync and delivery streams would otherwise hold
+                // shutdown open.
                 hub.close();
+                let _ = closing_tx.send(true);
             })
             .await;
         maintenance.abort();

@@ -1,6 +1,7 @@
 //! The cell's gRPC surface: thin handlers over the domain services.
 
 mod attachments;
+mod deliver;
 mod messaging;
 mod peer;
 

@@ -3,24 +3,23 @@
 //! requests into the cell's [`Mover`] (`crate::migration`).
 
 use cellmesh_proto::reason::Reason;
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::v1::cell_peer_server::CellPeer;
 use cellmesh_proto::v1::*;
-use tonic::{Request, Response, Status};
+use tonic::{Request, Response, Status, Streaming};
+
+use super::deliver;
 
 use crate::error::{CellError, blocking};
 use crate::message::MessageService;
-use crate::migration::{DEFAULT_CHUNK, Mover, pipeline_unavailable};
+use crate::migration::{DEFAULT_CHUNK, Mover};
 use crate::pipeline::PeerInbound;
 use crate::sync::SyncService;
 use crate::user::UserKey;
-
-/// How long a delivery of replicated meta waits for this cell's route
-/// table to reach the sender's index.
-const STANDBY_ROUTE_WAIT: Duration = Duration::from_secs(2);
 
 pub struct PeerApi {
     inbound: PeerInbound,
@@ -30,6 +29,8 @@ pub struct PeerApi {
     mover: Mover,
     /// Where this cell's `/metrics` answers ("" when off), for the console.
     metrics_address: String,
+    /// Turns true when the cell begins to shut down.
+    closing: tokio::sync::watch::Receiver<bool>,
 }
 
 impl PeerApi {
@@ -45,7 +46,14 @@ impl PeerApi {
             service,
             sync,
             metrics_address: String::new(),
+            closing: tokio::sync::watch::channel(false).1,
         }
+    }
+
+    /// Ends delivery streams once `closing` turns true.
+    pub fn with_closing(mut self, closing: tokio::sync::watch::Receiver<bool>) -> Self {
+        self.closing = closing;
+        self
     }
 
     /// Reports `address` as where this cell's metrics are scraped.
@@ -61,44 +69,25 @@ impl CellPeer for PeerApi {
         &self,
         request: Request<DeliverBatchRequest>,
     ) -> Result<Response<DeliverBatchResponse>, Status> {
-        // With mutual TLS, a cell delivers only as itself.
-        if let Some(peer) = cellmesh_proto::tls::caller(&request)
-            && (peer.role != cellmesh_proto::tls::Role::Cell
-                || peer.id != request.get_ref().source_cell)
-        {
-            return Err(cellmesh_proto::tls::denied(format!(
-                "{peer} may not deliver as cell {:?}",
-                request.get_ref().source_cell
-            )));
-        }
+        let peer = cellmesh_proto::tls::caller(&request).cloned();
         let r = request.into_inner();
-        tracing::debug!(source = %r.source_cell, events = r.events.len(), "deliver batch");
-        // Who owns a replicated conversation is judged on a table at least
-        // as new as the sender's; what a view that does not get there in
-        // time would refuse, the sender keeps and delivers again.
-        let view_behind = r.route_index > 0
-            && r.events.iter().any(crate::pipeline::for_standby)
-            && !(self.service.ownership())
-                .await_route_index(r.route_index, STANDBY_ROUTE_WAIT)
-                .await;
-        let delivered = self
-            .inbound
-            .deliver(r.source_cell, r.events, view_behind)
-            .await
-            .map_err(pipeline_unavailable)?;
-        Ok(Response::new(DeliverBatchResponse {
-            applied: delivered.applied,
-            refused: delivered
-                .refused_users
-                .iter()
-                .map(|u| TenantUser {
-                    tenant_id: u.tenant,
-                    user_id: u.user,
-                })
-                .collect(),
-            refused_standby_events: delivered.refused_standby,
-            deferred_standby_events: delivered.deferred_standby,
-        }))
+        let mut refused = HashSet::new();
+        let answer = deliver::deliver(&self.inbound, &self.service, peer.as_ref(), r, &mut refused);
+        Ok(Response::new(answer.await?))
+    }
+
+    type DeliverStreamStream = deliver::AnswerStream;
+
+    async fn deliver_stream(
+        &self,
+        request: Request<Streaming<DeliverBatchRequest>>,
+    ) -> Result<Response<Self::DeliverStreamStream>, Status> {
+        let peer = cellmesh_proto::tls::caller(&request).cloned();
+        let batches = request.into_inner();
+        let (inbound, service) = (self.inbound.clone(), self.service.clone());
+        let closing = self.closing.clone();
+        let answers = deliver::stream(inbound, service, peer, batches, closing);
+        Ok(Response::new(answers))
     }
 
     async fn export_conversation(

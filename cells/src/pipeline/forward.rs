@@ -8,40 +8,40 @@
 //! user's events arrive in order; other users and destinations carry on:
 //! one unreachable cell never stalls another's deliveries or the local
 //! fan-out. A page goes to all its destinations at once, so a far cell
-//! (a standby in another region) adds its round trip to no other's.
+//! (a standby in another region) adds its round trip to no other's. Users'
+//! events ride an ordered stream per home cell: while a page is in flight
+//! the next one goes out, so an event never waits for the round trip of
+//! the one before it (a user's events keep their target until answered,
+//! and the stream keeps their order; see [`super::deliver_stream`]).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::storage::v1::ForwardRecord;
-use cellmesh_proto::v1::cell_peer_client::CellPeerClient;
 use cellmesh_proto::v1::{DeliverBatchRequest, PeerEvent};
-use cellmesh_telemetry::trace::grpc::Channel;
 use cellmesh_telemetry::trace::{follow, traceparent};
+use futures::FutureExt as _;
 use prost::Message as _;
 use tokio::sync::Notify;
 use tracing::Instrument;
 
+use super::destination::{Answer, Call, Destination, destination};
 use super::for_standby;
 use super::{PeerInbound, PipelineError};
 use crate::homes::{Home, Homes};
 use crate::storage::{ForwardQueue, Mutation, Store};
 use crate::user::UserKey;
 
-const DELIVER_TIMEOUT: Duration = Duration::from_secs(10);
-/// Records read from the queue at a time, and at most per pass.
+/// Records read from the queue at a time.
 const PAGE: usize = 256;
-const MAX_PASS: usize = 16 * PAGE;
+/// Pages in flight at most.
+const MAX_IN_FLIGHT: usize = 16;
 /// Short: a standby's copy of new conversations waits behind it.
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
-
-struct Destination {
-    client: CellPeerClient<Channel>,
-    retry_at: Instant,
-    backoff: Duration,
-}
 
 /// Where one event goes now.
 #[derive(Clone, PartialEq, Eq)]
@@ -60,10 +60,19 @@ struct Pass {
     waiting: HashSet<String>,
     /// Users with an earlier event still queued.
     blocked: HashSet<UserKey>,
-    /// Each user's target, decided once per pass.
+    /// Each user's target, kept while they have events in flight.
     targets: HashMap<UserKey, Target>,
     /// Something was delivered or dropped.
     progress: bool,
+}
+
+impl Pass {
+    /// Whether the pass may go on to records queued after it began:
+    /// nothing held (a held user's later events wait for the next pass),
+    /// no destination failing.
+    fn may_extend(&self) -> bool {
+        self.blocked.is_empty() && self.waiting.is_empty()
+    }
 }
 
 /// A page's events by where they go, each with its record's slot in the
@@ -97,43 +106,50 @@ impl Forwarder {
     pub async fn run(self: Arc<Self>) -> Result<(), PipelineError> {
         let mut destinations: HashMap<String, Destination> = HashMap::new();
         loop {
-            let mut m = Mutation::new();
+            // A pass starts with nothing in flight: each user's target is
+            // decided anew, and a broken stream is replaced.
+            for (endpoint, dest) in destinations.iter_mut() {
+                dest.renew(endpoint);
+            }
             let mut pass = Pass::default();
-            // One pass over the queue as it is now, page by page. A pass
-            // decides each user's target once, so it must not chase records
-            // queued after it began: under steady load it would never end,
-            // and a user whose home switched meanwhile would wait behind
-            // the decision taken before the switch.
+            let mut flight = Flight::default();
+            // The pass goes over the queue as it is now, page by page, and
+            // then on to what is queued meanwhile only while nothing is held
+            // or failing: a held user's later events wait for the next pass,
+            // which starts once every page in flight is answered.
             let end = self.store.forward_last_id(self.queue)?;
             let (mut after, mut seen) = (0, 0);
             loop {
-                let mut pending = self.store.forwards(self.queue, after, PAGE)?;
-                pending.retain(|(id, _)| *id <= end);
-                let Some(&(last, _)) = pending.last() else {
+                while flight.may_send() && (after < end || pass.may_extend()) {
+                    pass.targets
+                        .retain(|user, _| flight.users.contains_key(user));
+                    let pending = self.store.forwards(self.queue, after, PAGE)?;
+                    let Some(&(last, _)) = pending.last() else {
+                        break;
+                    };
+                    after = last;
+                    seen += pending.len();
+                    let page = self.send_page(&mut destinations, &mut pass, pending).await;
+                    flight.push(page);
+                }
+                let extend = flight.may_send() && pass.may_extend();
+                let Some(front) = flight.pages.front_mut() else {
                     break;
                 };
-                after = last;
-                seen += pending.len();
-                // A page's events go out once per destination, in queue
-                // order: a single call for each cell, and the processor here.
-                let mut open = Vec::with_capacity(pending.len());
-                let mut out = Outgoing::new();
-                for (id, record) in pending {
-                    let slot = (open.len(), id);
-                    let classified =
-                        self.classify(&mut destinations, &mut pass, &mut out, slot, record);
-                    open.push(classified);
-                }
-                self.send_page(&mut destinations, &mut pass, &mut open, out)
-                    .await;
-                for record in open {
-                    finish(&mut pass, &mut m, record);
-                }
-                if seen >= MAX_PASS {
-                    break;
+                let answered = tokio::select! {
+                    answered = &mut front.answers => Some(answered),
+                    _ = self.signal.notified(), if extend => None,
+                };
+                if let Some(answered) = answered {
+                    let mut m = Mutation::new();
+                    take(&mut destinations, &mut pass, &mut m, flight.pop(), answered);
+                    // And every later page already answered, in one commit.
+                    while let Some(answered) = flight.front_answered() {
+                        take(&mut destinations, &mut pass, &mut m, flight.pop(), answered);
+                    }
+                    store_outcome(&self.store, m).await?;
                 }
             }
-            store_outcome(&self.store, m).await?;
             if !pass.progress {
                 // Nothing queued, or everything waits.
                 let wait = if seen == 0 {
@@ -195,19 +211,28 @@ impl Forwarder {
         open
     }
 
-    /// Sends a page's events, one call per target, to every target at once
-    /// (a far destination never delays a near one); what a target refuses
-    /// or fails to take stays queued in its record.
+    /// Sends a page's records: each event to where it goes now, one call
+    /// per target, to every target at once (a far destination never delays
+    /// a near one). Local deliveries are made before this returns; remote
+    /// ones are answered when the page's `answers` are.
     async fn send_page(
         &self,
         destinations: &mut HashMap<String, Destination>,
         pass: &mut Pass,
-        open: &mut [Open],
-        out: Outgoing,
-    ) {
-        let from = (self.cell_id.as_str(), self.homes.route_index());
-        let calls = out.into_iter().map(|(target, batch)| {
+        pending: Vec<(u64, ForwardRecord)>,
+    ) -> InFlight {
+        let mut open = Vec::with_capacity(pending.len());
+        let mut out = Outgoing::new();
+        for (id, record) in pending {
+            let slot = (open.len(), id);
+            let classified = self.classify(destinations, pass, &mut out, slot, record);
+            open.push(classified);
+        }
+        let streamed = self.queue == ForwardQueue::Homes;
+        let (mut ordered, mut users, mut calls) = (true, Vec::new(), Vec::new());
+        for (target, batch) in out {
             let mut events: Vec<PeerEvent> = batch.iter().map(|(_, _, e)| e.clone()).collect();
+            users.extend((events.iter()).filter(|e| !for_standby(e)).map(user_of));
             // The call joins the trace of the first traced event; the
             // receiving cell's spans of every traced event follow the call.
             let span = events
@@ -221,63 +246,48 @@ impl Forwarder {
                     e.traceparent = parent.clone();
                 }
             }
-            let remote = match &target {
-                Target::Remote(endpoint) => {
-                    let dest = destinations.get(endpoint).expect("reachable destination");
-                    Some(dest.client.clone())
-                }
-                _ => None,
-            };
-            async move {
-                let refused: Result<Answer, String> = match (&target, remote) {
-                    (Target::Local, _) => self
-                        .local
-                        .deliver(String::new(), events, false)
+            let call: Call = match &target {
+                Target::Local => {
+                    let delivered = (self.local.deliver(String::new(), events, false))
                         .instrument(span)
-                        .await
+                        .await;
+                    let answer = delivered
                         .map(|d| Answer {
                             refused_users: d.refused_users,
                             deferred: Vec::new(),
                         })
-                        .map_err(|e| e.to_string()),
-                    (Target::Remote(_), Some(client)) => {
-                        deliver(client, from, &self.secret, events)
-                            .instrument(span)
-                            .await
-                    }
-                    _ => unreachable!("held events are not sent"),
-                };
-                (target, batch, refused)
-            }
-        });
-        for (target, batch, refused) in futures::future::join_all(calls).await {
-            if let Target::Remote(endpoint) = &target {
-                let dest = destinations
-                    .get_mut(endpoint)
-                    .expect("reachable destination");
-                match &refused {
-                    Ok(_) => dest.backoff = Duration::from_millis(100),
-                    Err(error) => {
-                        tracing::warn!(%endpoint, %error, "forward failed; backing off");
-                        dest.retry_at = Instant::now() + dest.backoff;
-                        dest.backoff = (dest.backoff * 2).min(MAX_BACKOFF);
-                        pass.waiting.insert(endpoint.clone());
-                    }
+                        .map_err(|e| e.to_string());
+                    Box::pin(std::future::ready(answer))
                 }
-            }
-            for (sent, (slot, at, e)) in batch.into_iter().enumerate() {
-                let kept = match &refused {
-                    Err(_) => true,
-                    Ok(answer) if for_standby(&e) => answer.deferred.contains(&(sent as u32)),
-                    Ok(answer) => answer.refused_users.contains(&user_of(&e)),
-                };
-                if kept {
-                    if !for_standby(&e) {
-                        pass.blocked.insert(user_of(&e));
-                    }
-                    open[slot].held.push((at, e));
+                Target::Remote(endpoint) => {
+                    let dest = destinations
+                        .get_mut(endpoint)
+                        .expect("reachable destination");
+                    let request = DeliverBatchRequest {
+                        source_cell: self.cell_id.clone(),
+                        events,
+                        route_index: self.homes.route_index(),
+                    };
+                    let (call, on_stream) = dest.send(request, &self.secret, streamed);
+                    ordered &= on_stream;
+                    // Under way now, answered or not when the page is taken.
+                    let call = tokio::spawn(call.instrument(span));
+                    Box::pin(async move {
+                        call.await
+                            .unwrap_or_else(|e| Err(format!("delivery task failed: {e}")))
+                    })
                 }
-            }
+                Target::Hold => unreachable!("held events are not sent"),
+            };
+            calls.push(async move { (target, batch, call.await) });
+        }
+        users.sort_by_key(|u| (u.tenant, u.user));
+        users.dedup();
+        InFlight {
+            open,
+            answers: Box::pin(futures::future::join_all(calls)),
+            users,
+            ordered,
         }
     }
 
@@ -300,6 +310,111 @@ impl Forwarder {
                 Target::Hold
             }
         }
+    }
+}
+
+/// Takes a page's answers: what a target refused or failed to take stays
+/// queued in its record (its user now waits for the next pass), a failed
+/// destination backs off, and each record is dropped or rewritten.
+fn take(
+    destinations: &mut HashMap<String, Destination>,
+    pass: &mut Pass,
+    m: &mut Mutation,
+    page: InFlight,
+    answered: Vec<Answered>,
+) {
+    let mut open = page.open;
+    for (target, batch, refused) in answered {
+        if let Target::Remote(endpoint) = &target {
+            let dest = destinations
+                .get_mut(endpoint)
+                .expect("reachable destination");
+            match &refused {
+                Ok(_) => dest.backoff = Duration::from_millis(100),
+                Err(error) => {
+                    tracing::warn!(%endpoint, %error, "forward failed; backing off");
+                    dest.retry_at = Instant::now() + dest.backoff;
+                    dest.backoff = (dest.backoff * 2).min(MAX_BACKOFF);
+                    pass.waiting.insert(endpoint.clone());
+                }
+            }
+        }
+        for (sent, (slot, at, e)) in batch.into_iter().enumerate() {
+            let kept = match &refused {
+                Err(_) => true,
+                Ok(answer) if for_standby(&e) => answer.deferred.contains(&(sent as u32)),
+                Ok(answer) => answer.refused_users.contains(&user_of(&e)),
+            };
+            if kept {
+                if !for_standby(&e) {
+                    pass.blocked.insert(user_of(&e));
+                }
+                open[slot].held.push((at, e));
+            }
+        }
+    }
+    for record in open {
+        finish(pass, m, record);
+    }
+}
+
+/// A call's target, the events it carried (with their record's slot in the
+/// page and place in the record), and its answer.
+type Answered = (
+    Target,
+    Vec<(usize, usize, PeerEvent)>,
+    Result<Answer, String>,
+);
+
+/// A page sent and not yet taken.
+struct InFlight {
+    open: Vec<Open>,
+    answers: Pin<Box<dyn Future<Output = Vec<Answered>> + Send>>,
+    /// Users with events in the page.
+    users: Vec<UserKey>,
+    /// Every remote call rides an ordered stream.
+    ordered: bool,
+}
+
+/// Pages in flight, oldest first, and how many of them each user has
+/// events in (such a user keeps the target they went to).
+#[derive(Default)]
+struct Flight {
+    pages: VecDeque<InFlight>,
+    users: HashMap<UserKey, usize>,
+}
+
+impl Flight {
+    /// Whether another page may go out before those in flight are
+    /// answered: few enough are, and all ride ordered streams.
+    fn may_send(&self) -> bool {
+        self.pages.len() < MAX_IN_FLIGHT && self.pages.iter().all(|p| p.ordered)
+    }
+
+    fn push(&mut self, page: InFlight) {
+        for user in &page.users {
+            *self.users.entry(*user).or_default() += 1;
+        }
+        self.pages.push_back(page);
+    }
+
+    fn pop(&mut self) -> InFlight {
+        let page = self.pages.pop_front().expect("a page in flight");
+        for user in &page.users {
+            if let Some(n) = self.users.get_mut(user) {
+                *n -= 1;
+                if *n == 0 {
+                    self.users.remove(user);
+                }
+            }
+        }
+        page
+    }
+
+    /// The oldest page's answers, if they are all in.
+    fn front_answered(&mut self) -> Option<Vec<Answered>> {
+        let front = self.pages.front_mut()?;
+        (&mut front.answers).now_or_never()
     }
 }
 
@@ -350,63 +465,4 @@ fn forward_span(parent: &str, target: &Target, events: usize) -> Option<tracing:
     };
     let span = tracing::info_span!("forward", to, events);
     follow(&span, parent).then_some(span)
-}
-
-/// What a destination left for later of a batch.
-struct Answer {
-    /// Users not homed there.
-    refused_users: Vec<UserKey>,
-    /// Standby events (their places in the batch) it could not judge yet.
-    deferred: Vec<u32>,
-}
-
-/// Sends one batch; what the destination left for later, or why the call
-/// failed (the caller backs the destination off).
-async fn deliver(
-    mut client: CellPeerClient<Channel>,
-    (cell_id, route_index): (&str, u64),
-    secret: &ClusterSecret,
-    events: Vec<PeerEvent>,
-) -> Result<Answer, String> {
-    let mut request = tonic::Request::new(DeliverBatchRequest {
-        source_cell: cell_id.to_string(),
-        events,
-        route_index,
-    });
-    secret.attach(&mut request);
-    match tokio::time::timeout(DELIVER_TIMEOUT, client.deliver_batch(request)).await {
-        Ok(Ok(response)) => {
-            let response = response.into_inner();
-            Ok(Answer {
-                refused_users: (response.refused.iter())
-                    .map(|u| UserKey::new(u.tenant_id, u.user_id))
-                    .collect(),
-                deferred: response.deferred_standby_events,
-            })
-        }
-        Ok(Err(status)) => Err(status.to_string()),
-        Err(_) => Err("timed out".to_string()),
-    }
-}
-
-fn destination<'a>(
-    destinations: &'a mut HashMap<String, Destination>,
-    endpoint: &str,
-    peers: &cellmesh_route_client::peers::Peers,
-) -> Option<&'a mut Destination> {
-    if endpoint.is_empty() {
-        return None;
-    }
-    if !destinations.contains_key(endpoint) {
-        let client = peers.cell(endpoint).ok()?;
-        destinations.insert(
-            endpoint.to_string(),
-            Destination {
-                client,
-                retry_at: Instant::now(),
-                backoff: Duration::from_millis(100),
-            },
-        );
-    }
-    destinations.get_mut(endpoint)
 }

@@ -6,6 +6,8 @@
 //! home cells and copies to this cell's standbys, each from its own queue. Each loop runs under a supervisor that
 //! restarts it after an error.
 
+pub mod deliver_stream;
+pub mod destination;
 pub mod forward;
 pub mod notify;
 pub mod plan;

@@ -1,0 +1,135 @@
+//! A cell the forwarder delivers to: its client, its backoff, and how a
+//! batch reaches it — on an ordered `DeliverStream`, so the next batch need
+//! not wait for this one's answer, or one `DeliverBatch` call at a time
+//! (the standbys' queue, and a cell of an earlier release that serves no
+//! streams).
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::{Duration, Instant};
+
+use cellmesh_proto::secret::ClusterSecret;
+use cellmesh_proto::v1::cell_peer_client::CellPeerClient;
+use cellmesh_proto::v1::{DeliverBatchRequest, DeliverBatchResponse};
+use cellmesh_telemetry::trace::grpc::Channel;
+
+use super::deliver_stream::DeliverStream;
+use crate::user::UserKey;
+
+pub const DELIVER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What a destination left for later of a batch.
+pub struct Answer {
+    /// Users not homed there.
+    pub refused_users: Vec<UserKey>,
+    /// Standby events (their places in the batch) it could not judge yet.
+    pub deferred: Vec<u32>,
+}
+
+impl From<DeliverBatchResponse> for Answer {
+    fn from(response: DeliverBatchResponse) -> Self {
+        Answer {
+            refused_users: (response.refused.iter())
+                .map(|u| UserKey::new(u.tenant_id, u.user_id))
+                .collect(),
+            deferred: response.deferred_standby_events,
+        }
+    }
+}
+
+/// A batch's answer, or why it was not delivered.
+pub type Call = Pin<Box<dyn Future<Output = Result<Answer, String>> + Send>>;
+
+pub struct Destination {
+    client: CellPeerClient<Channel>,
+    pub retry_at: Instant,
+    pub backoff: Duration,
+    stream: Option<DeliverStream>,
+    /// Batches go one call at a time.
+    unary: bool,
+}
+
+impl Destination {
+    /// Sends `batch`. Says whether it rides an ordered stream: a later
+    /// batch may then go out before this one is answered.
+    pub fn send(
+        &mut self,
+        batch: DeliverBatchRequest,
+        secret: &ClusterSecret,
+        streamed: bool,
+    ) -> (Call, bool) {
+        if self.unary || !streamed {
+            let call = unary(self.client.clone(), secret.clone(), batch);
+            return (Box::pin(call), false);
+        }
+        let stream = self.stream.get_or_insert_with(|| {
+            DeliverStream::open(self.client.clone(), secret, DELIVER_TIMEOUT)
+        });
+        let answer = stream.submit(batch);
+        let call = async move {
+            match answer.await {
+                Ok(outcome) => outcome.map(Answer::from),
+                Err(_) => Err("the delivery stream was closed".to_string()),
+            }
+        };
+        (Box::pin(call), true)
+    }
+
+    /// Between passes (nothing in flight): a broken stream is dropped so
+    /// the next batch opens a new one; a cell that serves no streams gets
+    /// one call at a time from now on.
+    pub fn renew(&mut self, endpoint: &str) {
+        let Some(stream) = &self.stream else {
+            return;
+        };
+        if !stream.is_broken() {
+            return;
+        }
+        if stream.unimplemented() {
+            tracing::info!(%endpoint, "the cell serves no delivery streams; delivering one batch at a time");
+            self.unary = true;
+        }
+        self.stream = None;
+    }
+}
+
+/// Sends one batch in a call of its own.
+async fn unary(
+    mut client: CellPeerClient<Channel>,
+    secret: ClusterSecret,
+    batch: DeliverBatchRequest,
+) -> Result<Answer, String> {
+    let mut request = tonic::Request::new(batch);
+    secret.attach(&mut request);
+    match tokio::time::timeout(DELIVER_TIMEOUT, client.deliver_batch(request)).await {
+        Ok(Ok(response)) => Ok(response.into_inner().into()),
+        Ok(Err(status)) => Err(status.to_string()),
+        Err(_) => Err("timed out".to_string()),
+    }
+}
+
+/// The destination at `endpoint`, created on first use.
+pub fn destination<'a>(
+    destinations: &'a mut HashMap<String, Destination>,
+    endpoint: &str,
+    peers: &cellmesh_route_client::peers::Peers,
+) -> Option<&'a mut Destination> {
+    if endpoint.is_empty() {
+        return None;
+    }
+    if !destinations.contains_key(endpoint) {
+        let client = peers.cell(endpoint).ok()?;
+        destinations.insert(
+            endpoint.to_string(),
+            Destination {
+                client,
+                retry_at: Instant::now(),
+                backoff: Duration::from_millis(100),
+                stream: None,
+                unary: false,
+            },
+        );
+    }
+    destinations.get_mut(endpoint)
+}
