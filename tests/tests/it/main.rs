@@ -10,6 +10,7 @@ mod cold_tier;
 mod commit_lanes;
 mod console;
 mod coordination;
+mod deliver_stream;
 mod dev;
 mod drill;
 mod durability;
