@@ -314,8 +314,8 @@ impl Processor {
             if deliveries.is_empty() {
                 continue;
             }
-            self.apply(&deliveries).await?;
-            consumer.commit(&deliveries).await?;
+            self.apply_and_commit(&deliveries, consumer.as_mut())
+                .await?;
         }
     }
 
@@ -532,6 +532,30 @@ impl Processor {
     /// Makes the effects of `deliveries` durable and announces them to
     /// online devices. Does not commit queue positions.
     pub async fn apply(&mut self, deliveries: &[Delivery]) -> Result<(), PipelineError> {
+        self.apply_staging(deliveries, None).await.map(|_| ())
+    }
+
+    /// [`Self::apply`], then records `deliveries` processed: in the same
+    /// commit as their effects when the queue keeps its positions in this
+    /// cell's store (one fsync instead of two), after it otherwise.
+    pub async fn apply_and_commit(
+        &mut self,
+        deliveries: &[Delivery],
+        consumer: &mut dyn EventConsumer,
+    ) -> Result<(), PipelineError> {
+        if !self.apply_staging(deliveries, Some(consumer)).await? {
+            consumer.commit(deliveries).await?;
+        }
+        Ok(())
+    }
+
+    /// Applies `deliveries`; with `consumer`, stages their positions into
+    /// the same commit if it can, and says whether it did.
+    async fn apply_staging(
+        &mut self,
+        deliveries: &[Delivery],
+        consumer: Option<&mut dyn EventConsumer>,
+    ) -> Result<bool, PipelineError> {
         let metrics = crate::metrics::metrics();
         let now_ms = self.clock.now_ms();
         let age = |event: &OutboxEvent| now_ms.saturating_sub(event.server_ts_ms) as f64 / 1000.0;
@@ -548,6 +572,10 @@ impl Processor {
         metrics
             .fanout_batch_entries
             .observe(batch.entries.len() as f64);
+        let staged = match consumer {
+            Some(consumer) => consumer.stage_commit(deliveries, &mut batch.mutation)?,
+            None => false,
+        };
         self.finish(batch).await?;
         let now_ms = self.clock.now_ms();
         for event in deliveries.iter().filter_map(|d| d.event.event.as_ref()) {
@@ -556,7 +584,7 @@ impl Processor {
                 metrics.fanout_lag_seconds.observe(lag as f64 / 1000.0);
             }
         }
-        Ok(())
+        Ok(staged)
     }
 
     /// Commits a batch's effects, then announces them.

@@ -189,10 +189,22 @@ impl EventConsumer for EmbeddedConsumer {
 
     async fn commit(&mut self, deliveries: &[Delivery]) -> Result<(), QueueError> {
         let mut m = Mutation::new();
+        self.stage_commit(deliveries, &mut m)?;
+        if !m.is_empty() {
+            self.store.commit(m).await?;
+        }
+        Ok(())
+    }
+
+    fn stage_commit(
+        &mut self,
+        deliveries: &[Delivery],
+        m: &mut Mutation,
+    ) -> Result<bool, QueueError> {
         for (partition, offset) in last_offsets(deliveries) {
             m.put_queue_offset(&self.group, partition, offset);
             if partition == OUTBOX_PARTITION {
-                self.consumed(&mut m, offset)?;
+                self.consumed(m, offset)?;
                 continue;
             }
             let before = self.store.queue_offset(&self.group, partition)?;
@@ -204,10 +216,7 @@ impl EventConsumer for EmbeddedConsumer {
                 m.trim_queue(partition, upto);
             }
         }
-        if !m.is_empty() {
-            self.store.commit(m).await?;
-        }
-        Ok(())
+        Ok(true)
     }
 }
 

@@ -72,6 +72,18 @@ pub trait EventConsumer: Send {
     /// Records `deliveries` as processed. Call only once their effects are
     /// durable.
     async fn commit(&mut self, deliveries: &[Delivery]) -> Result<(), QueueError>;
+
+    /// Adds the record that `deliveries` are processed to `m`, the mutation
+    /// that makes their effects durable, so both land in one commit; says
+    /// whether it did (a queue that keeps positions elsewhere does not, and
+    /// the caller then [`commit`](Self::commit)s after).
+    fn stage_commit(
+        &mut self,
+        _deliveries: &[Delivery],
+        _m: &mut crate::storage::Mutation,
+    ) -> Result<bool, QueueError> {
+        Ok(false)
+    }
 }
 
 /// The partition of a conversation's events.

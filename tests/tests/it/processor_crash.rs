@@ -3,6 +3,7 @@
 //! again and every member still ends up with the message exactly once.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use cellmesh_cell::clock::SystemClock;
@@ -56,16 +57,7 @@ async fn crash_between_apply_and_commit(kafka: Option<&Kafka>) {
         .unwrap()
         .conversation_id;
     let sent = messages
-        .send(SendCommand {
-            caller: creator,
-            conversation: conv,
-            client_req_id: "once".into(),
-            kind: MessageType::Text,
-            body: b"exactly once".to_vec(),
-            route_epoch: 0,
-            visible_to: Vec::new(),
-            attachments: Vec::new(),
-        })
+        .send(send_cmd(creator, conv, "once"))
         .await
         .unwrap();
 
@@ -121,8 +113,17 @@ async fn crash_between_apply_and_commit(kafka: Option<&Kafka>) {
         ids(&first),
         "uncommitted events are redelivered"
     );
-    new_processor().apply(&again).await.unwrap();
-    consumer.commit(&again).await.unwrap();
+    new_processor()
+        .apply_and_commit(&again, consumer.as_mut())
+        .await
+        .unwrap();
+    drop(consumer);
+    let mut third = queue.consumer(&group).await.unwrap();
+    let left = third.poll(64, Duration::from_secs(1)).await.unwrap();
+    assert!(
+        left.is_empty(),
+        "processed events are not delivered again: {left:?}"
+    );
 
     for user in [1, 2, 3, 4] {
         let queue = store
@@ -150,7 +151,38 @@ async fn crash_between_apply_and_commit(kafka: Option<&Kafka>) {
             2
         );
     }
+    if queue.reads_outbox() {
+        // A new message's fan-out and its queue position land in one commit.
+        let mut next = send_cmd(creator, conv, "next");
+        next.body = b"next".to_vec();
+        messages.send(next).await.unwrap();
+        let got = third.poll(64, Duration::from_secs(5)).await.unwrap();
+        assert_eq!(got.len(), 1);
+        let batches = || store.stats().batches.load(Ordering::Relaxed);
+        let before = batches();
+        new_processor()
+            .apply_and_commit(&got, third.as_mut())
+            .await
+            .unwrap();
+        assert_eq!(batches() - before, 1, "one write batch");
+        drop(third);
+        let mut fourth = queue.consumer(&group).await.unwrap();
+        assert!(fourth.poll(64, Duration::ZERO).await.unwrap().is_empty());
+    }
     store.close();
+}
+
+fn send_cmd(caller: Caller, conversation: u64, id: &str) -> SendCommand {
+    SendCommand {
+        caller,
+        conversation,
+        client_req_id: id.into(),
+        kind: MessageType::Text,
+        body: b"exactly once".to_vec(),
+        route_epoch: 0,
+        visible_to: Vec::new(),
+        attachments: Vec::new(),
+    }
 }
 
 #[tokio::test]
