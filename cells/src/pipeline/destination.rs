@@ -48,6 +48,9 @@ pub struct Destination {
     stream: Option<DeliverStream>,
     /// Batches go one call at a time.
     unary: bool,
+    /// The stream refused a user, and goes on refusing them for as long
+    /// as it lasts: a new one is opened at the next pass.
+    pub refused: bool,
 }
 
 impl Destination {
@@ -76,13 +79,18 @@ impl Destination {
         (Box::pin(call), true)
     }
 
-    /// Between passes (nothing in flight): a broken stream is dropped so
-    /// the next batch opens a new one; a cell that serves no streams gets
-    /// one call at a time from now on.
+    /// Between passes (nothing in flight): a broken stream, or one that
+    /// refused a user (whose home may come back here), is dropped so the
+    /// next batch opens a new one; a cell that serves no streams gets one
+    /// call at a time from now on.
     pub fn renew(&mut self, endpoint: &str) {
         let Some(stream) = &self.stream else {
             return;
         };
+        if std::mem::take(&mut self.refused) {
+            self.stream = None;
+            return;
+        }
         if !stream.is_broken() {
             return;
         }
@@ -128,6 +136,7 @@ pub fn destination<'a>(
                 backoff: Duration::from_millis(100),
                 stream: None,
                 unary: false,
+                refused: false,
             },
         );
     }

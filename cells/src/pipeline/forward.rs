@@ -330,7 +330,10 @@ fn take(
                 .get_mut(endpoint)
                 .expect("reachable destination");
             match &refused {
-                Ok(_) => dest.backoff = Duration::from_millis(100),
+                Ok(answer) => {
+                    dest.backoff = Duration::from_millis(100);
+                    dest.refused |= !answer.refused_users.is_empty();
+                }
                 Err(error) => {
                     tracing::warn!(%endpoint, %error, "forward failed; backing off");
                     dest.retry_at = Instant::now() + dest.backoff;
