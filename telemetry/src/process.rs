@@ -1,7 +1,9 @@
 //! The process's own resources, read from `/proc` at each scrape under the
 //! standard names (`process_cpu_seconds_total`,
-//! `process_resident_memory_bytes`, `process_open_fds`, …). Elsewhere than
-//! Linux the collector reports nothing.
+//! `process_resident_memory_bytes`, `process_open_fds`, …), and the build
+//! it runs (`cellmesh_build_info{version}`, always 1), so an operator sees
+//! which processes a rolling upgrade has reached. Elsewhere than Linux only
+//! the build is reported.
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -59,8 +61,19 @@ impl ProcessStats {
     }
 }
 
+/// The release this binary was built as.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
 impl Collector for ProcessCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let build = ConstGauge::new(1i64);
+        let mut family = encoder.encode_descriptor(
+            "cellmesh_build_info",
+            "The release this process runs (always 1).",
+            None,
+            build.metric_type(),
+        )?;
+        build.encode(family.encode_family(&[("version", VERSION)])?)?;
         let Some(stats) = ProcessStats::read() else {
             return Ok(());
         };

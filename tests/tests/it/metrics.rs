@@ -162,6 +162,12 @@ async fn processes_expose_valid_metrics_and_prometheus_sees_the_send_rate() {
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(code, 200, "{name}: {text}");
         assert!(text.contains("process_resident_memory_bytes"), "{name}");
+        let build = format!("version=\"{}\"", env!("CARGO_PKG_VERSION"));
+        assert_eq!(
+            sample_sum(&text, "cellmesh_build_info", &build),
+            1.0,
+            "{name}"
+        );
         promtool_check(name, &text);
         committed += sample_sum(&text, "cellmesh_messages_committed_total", "");
         edge_sends += sample_sum(
