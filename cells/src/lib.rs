@@ -5,8 +5,9 @@
 //!   state — as domain logic over [`storage`].
 //! - [`storage`]: RocksDB, group commit and key encodings; the only module
 //!   that names the storage engine.
-//! - [`pipeline`] and [`queue`]: after the ack, the outbox relay, the event
-//!   queue (embedded log or Kafka) and the fan-out processor.
+//! - [`pipeline`] and [`queue`]: after the ack, the event queue (the outbox
+//!   read in place, or Kafka through the outbox relay), the fan-out
+//!   processor, and the forwarders' ordered delivery streams to other cells.
 //! - [`sync`]: per-user sync queues pushed to devices, conversation lists,
 //!   presence and typing.
 //! - [`grpc`] and [`convert`]: the wire surface, thin over the domain.
