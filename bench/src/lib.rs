@@ -11,6 +11,7 @@ mod report;
 mod router;
 mod search;
 mod send;
+mod storage;
 mod tenant_files;
 mod tenant_move;
 
@@ -119,6 +120,11 @@ enum Scenario {
     /// Concurrent idempotent sends into many conversations; measures acked
     /// sends per second and ack latency.
     Send(send::SendArgs),
+    /// The ceiling of a send on this machine: a send's and its fan-out's
+    /// records written straight through the cell's store (same column
+    /// families, options, group commit and fsync), no gRPC, no queue reads,
+    /// no processor.
+    Storage(storage::StorageArgs),
     /// Online devices receive pushes while senders send into 1:1 and group
     /// conversations; measures send→push latency and deliveries per second.
     Push(push::PushArgs),
@@ -179,6 +185,7 @@ async fn otlp_sink(args: OtlpSinkArgs) -> anyhow::Result<()> {
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.scenario {
         Scenario::Send(args) => send::run(args).await,
+        Scenario::Storage(args) => storage::run(args).await,
         Scenario::OtlpSink(args) => otlp_sink(args).await,
         Scenario::Push(args) => push::run(args).await,
         Scenario::Pull(args) => pull::run(args).await,
