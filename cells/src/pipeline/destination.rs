@@ -142,3 +142,39 @@ pub fn destination<'a>(
     }
     destinations.get_mut(endpoint)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cellmesh_proto::v1::DeliverBatchRequest;
+
+    #[tokio::test]
+    async fn a_stream_that_refused_a_user_is_replaced_between_passes() {
+        let peers = cellmesh_route_client::peers::Peers::new(Default::default());
+        let mut all = HashMap::new();
+        let d = destination(&mut all, "http://127.0.0.1:1", &peers).unwrap();
+        let (_call, ordered) = d.send(
+            DeliverBatchRequest::default(),
+            &ClusterSecret::default(),
+            true,
+        );
+        assert!(ordered, "a users' queue rides a stream");
+        // Not refused, not (yet) broken: the stream stays.
+        d.renew("http://127.0.0.1:1");
+        assert!(d.stream.is_some());
+        d.refused = true;
+        d.renew("http://127.0.0.1:1");
+        assert!(
+            d.stream.is_none(),
+            "a stream that refused a user is dropped"
+        );
+        assert!(!d.refused && !d.unary);
+        // The standbys' queue goes one call at a time.
+        let (_call, ordered) = d.send(
+            DeliverBatchRequest::default(),
+            &ClusterSecret::default(),
+            false,
+        );
+        assert!(!ordered && d.stream.is_none());
+    }
+}
