@@ -73,6 +73,29 @@ impl Report {
         }
     }
 
+    /// Adds this run's throughput as a share of the ceiling that
+    /// `bench storage` wrote to `ceiling` (its JSON), when one is named.
+    pub fn against_ceiling(self, ceiling: Option<&Path>) -> anyhow::Result<Self> {
+        let Some(path) = ceiling else {
+            return Ok(self);
+        };
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("cannot read the ceiling {}: {e}", path.display()))?;
+        let json: serde_json::Value = serde_json::from_str(&text)?;
+        let top = json["throughput_per_s"]
+            .as_f64()
+            .filter(|t| *t > 0.0)
+            .ok_or_else(|| anyhow::anyhow!("{} has no throughput_per_s", path.display()))?;
+        let share = self.throughput_per_s / top;
+        println!(
+            "ceiling       {top:.0} /s (bench storage); this run is {:.0}% of it",
+            share * 100.0
+        );
+        Ok(self
+            .param("ceiling_per_s", top)
+            .param("share_of_ceiling", share))
+    }
+
     pub fn param(mut self, key: &str, value: impl Into<serde_json::Value>) -> Self {
         self.params.insert(key.to_string(), value.into());
         self

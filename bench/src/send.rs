@@ -52,6 +52,10 @@ pub struct SendArgs {
     /// mode, see `scripts/bench-replication.sh`).
     #[arg(long)]
     tenant: Option<u64>,
+    /// The JSON `bench storage` wrote on this machine: the run also
+    /// reports its throughput as a share of that ceiling.
+    #[arg(long)]
+    ceiling: Option<PathBuf>,
 }
 
 pub type Client = MessagingClient<Channel>;
@@ -132,7 +136,8 @@ pub async fn run(args: SendArgs) -> anyhow::Result<()> {
         .param("members", args.members)
         .param("body_bytes", args.body_bytes)
         .param("connections", args.connections)
-        .param("tenant", tenant);
+        .param("tenant", tenant)
+        .against_ceiling(args.ceiling.as_deref())?;
     report.print();
     if let Some(path) = &args.json {
         report.write_json(path)?;
