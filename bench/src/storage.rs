@@ -151,7 +151,7 @@ async fn writer(
             .await?;
         latency.record(started.elapsed().as_micros().max(1) as u64)?;
     }
-    Ok((n - 1, latency))
+    Ok((n, latency))
 }
 
 /// The records of one send, as `message::send` writes them.

@@ -12,6 +12,33 @@ use cellmesh_tests::TestCell;
 use cellmesh_tests::deploy::*;
 use cellmesh_tests::sync::next_push;
 
+/// A conversation of user 10 with member 11 that lives on us-east/c1 while
+/// their homes stay on eu-west/c1, so every push crosses to the home cell
+/// by the forwarder; and a device of member 11 streaming through `edge`.
+async fn far_conversation(
+    routes: &cellmesh_route_client::client::RouteClient,
+    edge: &cellmesh_edge::RunningEdge,
+    m: &mut cellmesh_proto::v1::messaging_client::MessagingClient<tonic::transport::Channel>,
+    alice: &str,
+) -> (u64, tonic::Streaming<cellmesh_proto::v1::SyncPush>) {
+    let conv = create_via_edge(m, alice, vec![11]).await;
+    migrator(routes)
+        .migrate_conversation(1, conv, "us-east/c1", |_| {})
+        .await
+        .expect("the move finishes");
+    let channel = tonic::transport::Channel::from_shared(edge.endpoint())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let device = SyncClient::new(channel)
+        .subscribe(authed(SubscribeRequest::default(), &token(1, 11)))
+        .await
+        .expect("subscribe through the edge")
+        .into_inner();
+    (conv, device)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_standby_does_not_delay_pushes_to_members_homed_elsewhere() {
     let d = deploy(None).await;
@@ -20,23 +47,7 @@ async fn a_slow_standby_does_not_delay_pushes_to_members_homed_elsewhere() {
     let standby = TestCell::start_routed("us-east/c2", d.cluster.endpoints()).await;
     let alice = token(1, 10);
     let mut m = messaging(&d.edge).await;
-    let conv = create_via_edge(&mut m, &alice, vec![11]).await;
-    // The conversation lives in us-east while its members' homes stay on
-    // eu-west/c1: every push crosses to the home cell by the forwarder.
-    migrator(&routes)
-        .migrate_conversation(1, conv, "us-east/c1", |_| {})
-        .await
-        .expect("the move finishes");
-    let channel = tonic::transport::Channel::from_shared(d.edge.endpoint())
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut device = SyncClient::new(channel)
-        .subscribe(authed(SubscribeRequest::default(), &token(1, 11)))
-        .await
-        .expect("subscribe through the edge")
-        .into_inner();
+    let (conv, mut device) = far_conversation(&routes, &d.edge, &mut m, &alice).await;
     // Every write of the standby now takes a second.
     std::fs::write(
         standby.dir.path().join("failpoints"),
@@ -109,21 +120,7 @@ async fn events_for_a_far_home_go_out_without_waiting_for_each_others_answers() 
     let edge = start_edge(routers).await;
     let alice = token(1, 10);
     let mut m = messaging(&edge).await;
-    let conv = create_via_edge(&mut m, &alice, vec![11]).await;
-    migrator(&routes)
-        .migrate_conversation(1, conv, "us-east/c1", |_| {})
-        .await
-        .expect("the move finishes");
-    let channel = tonic::transport::Channel::from_shared(edge.endpoint())
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut device = SyncClient::new(channel)
-        .subscribe(authed(SubscribeRequest::default(), &token(1, 11)))
-        .await
-        .expect("subscribe through the edge")
-        .into_inner();
+    let (conv, mut device) = far_conversation(&routes, &edge, &mut m, &alice).await;
 
     // Six sends back to back (each acked by the owner, near the sender).
     let mut sent = std::collections::HashMap::new();
