@@ -233,6 +233,11 @@ pub struct FanoutConfig {
     pub large_group_threshold: u32,
     /// Most queue events applied in one batch.
     pub batch: usize,
+    /// How long a graceful stop waits, at most, for everything already
+    /// acknowledged to be fanned out, pushed to online devices and
+    /// forwarded to other cells before the cell's streams close (it gives
+    /// up sooner once nothing progresses for a second); 0 stops at once.
+    pub drain_on_stop_ms: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -368,6 +373,7 @@ impl Default for FanoutConfig {
         Self {
             large_group_threshold: 500,
             batch: 512,
+            drain_on_stop_ms: 5000,
         }
     }
 }

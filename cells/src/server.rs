@@ -168,6 +168,52 @@ impl RunningCell {
     }
 }
 
+/// The server's shutdown signal. Once stopped, it starts the server's
+/// graceful shutdown (no new connections or requests; requests executing
+/// finish), waits for the pipeline to apply and forward what those and
+/// earlier writes left (pushes still reach online devices meanwhile), and
+/// only then ends the live sync and delivery streams, which would
+/// otherwise hold shutdown open.
+fn stop_gracefully(
+    stop: oneshot::Receiver<()>,
+    drain: crate::pipeline::drain::Drain,
+    limit: Duration,
+    hub: Arc<Hub>,
+    closing: tokio::sync::watch::Sender<bool>,
+) -> (impl Future<Output = ()> + Send + 'static, JoinHandle<()>) {
+    let (begin_tx, begin_rx) = oneshot::channel::<()>();
+    let draining = tokio::spawn(async move {
+        // A dropped handle stops the cell too.
+        let _ = stop.await;
+        let _ = begin_tx.send(());
+        if !limit.is_zero() {
+            let drained = drain
+                .run(DRAIN_SETTLE, DRAIN_PATIENCE.min(limit), limit)
+                .await;
+            if drained.complete {
+                tracing::info!("stopping: everything acknowledged is applied and forwarded");
+            } else {
+                tracing::warn!(
+                    unapplied = drained.unapplied,
+                    forwards_waiting = drained.forwards_waiting,
+                    "stopping before the pipeline drained; the rest waits for a restart"
+                );
+            }
+        }
+        hub.close();
+        let _ = closing.send(true);
+    });
+    let begun = async move {
+        let _ = begin_rx.await;
+    };
+    (begun, draining)
+}
+
+/// A drain ends once nothing new was written this long.
+const DRAIN_SETTLE: Duration = Duration::from_millis(50);
+/// A drain gives up once nothing progressed this long.
+const DRAIN_PATIENCE: Duration = Duration::from_secs(1);
+
 /// Runs a cell until `shutdown` resolves.
 pub async fn run(
     config: CellConfig,
@@ -384,6 +430,10 @@ pub async fn start_placed(
         guard(secret.clone()),
     );
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let (drain, drain_limit) = (
+        pipeline.drain.clone(),
+        Duration::from_millis(config.fanout.drain_on_stop_ms),
+    );
     let maintenance = tokio::spawn(maintain(service.clone(), hub.clone(), clock));
     let tierer = tokio::spawn(crate::message::run_tierer(Arc::downgrade(&service)));
     let sweeper = tokio::spawn(sweep_uploads(
@@ -395,6 +445,7 @@ pub async fn start_placed(
         sync.clone(),
         Duration::from_secs(config.routing.cleanup_grace_secs),
     ));
+    let (begun, draining) = stop_gracefully(stop_rx, drain, drain_limit, hub.clone(), closing_tx);
     let task = tokio::spawn(async move {
         let served = cellmesh_proto::server::builder()
             .layer(cellmesh_telemetry::server::ServerLayer)
@@ -405,14 +456,10 @@ pub async fn start_placed(
             .add_service(sync_api)
             .add_service(attachments_api)
             .add_service(peer_api)
-            .serve_with_incoming_shutdown(cellmesh_proto::server::incoming(listener), async move {
-                let _ = stop_rx.await;
-                // Live sync and delivery streams would otherwise hold
-                // shutdown open.
-                hub.close();
-                let _ = closing_tx.send(true);
-            })
+            .serve_with_incoming_shutdown(cellmesh_proto::server::incoming(listener), begun)
             .await;
+        // The drain holds the store: it ends before the store closes.
+        let _ = draining.await;
         maintenance.abort();
         tierer.abort();
         sweeper.abort();

@@ -8,6 +8,7 @@
 
 pub mod deliver_stream;
 pub mod destination;
+pub mod drain;
 pub mod forward;
 pub mod notify;
 pub mod plan;
@@ -113,6 +114,8 @@ impl PeerInbound {
 pub struct Pipeline {
     pub workers: Vec<JoinHandle<()>>,
     pub inbound: PeerInbound,
+    /// What a graceful stop waits for.
+    pub drain: drain::Drain,
 }
 
 /// Starts the relay (for a queue that does not read the outbox), the processor, the notifier and the forwarder.
@@ -125,6 +128,17 @@ pub fn spawn(
     homes: Arc<dyn Homes>,
 ) -> Pipeline {
     let signals = Signals::default();
+    let group = config.processor_group();
+    // Where the processor stands before it takes anything.
+    let applied = match queue.reads_outbox() {
+        true => store.queue_offset(&group, crate::queue::embedded::OUTBOX_PARTITION),
+        false => store.relay_cursor(),
+    };
+    signals.processed.send_replace(applied.unwrap_or(0));
+    let drain = drain::Drain {
+        store: store.clone(),
+        processed: signals.processed.subscribe(),
+    };
     let (inbound_tx, inbound_rx) = mpsc::channel::<Inbound>(64);
     let wake = Arc::new(Notify::new());
     // Survives processor restarts.
@@ -135,7 +149,6 @@ pub fn spawn(
     });
     let threshold = config.fanout.large_group_threshold as usize;
     let batch = config.fanout.batch;
-    let group = config.processor_group();
     let processor = {
         let (store, queue, hub, clock, homes, signals) = (
             store.clone(),
@@ -211,6 +224,7 @@ pub fn spawn(
         .flatten()
         .collect(),
         inbound,
+        drain,
     }
 }
 

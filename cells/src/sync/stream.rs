@@ -105,6 +105,7 @@ impl SyncService {
         let user = device.caller;
         let mut home_check = tokio::time::interval(HOME_CHECK);
         let mut behind = true;
+        let mut closing = false;
         loop {
             while behind {
                 // Only the user's home pushes: a cell the home moved away
@@ -124,6 +125,9 @@ impl SyncService {
                 {
                     return Ok(());
                 }
+            }
+            if closing {
+                return Ok(());
             }
             tokio::select! {
                 _ = tx.closed() => return Ok(()),
@@ -157,7 +161,12 @@ impl SyncService {
                             return Ok(());
                         }
                     }
-                    Err(broadcast::error::RecvError::Closed) => return Ok(()),
+                    // The cell is stopping: push what the device has not
+                    // had yet, then end.
+                    Err(broadcast::error::RecvError::Closed) => {
+                        closing = true;
+                        behind = true;
+                    }
                 },
             }
         }

@@ -20,6 +20,7 @@ mod exactly_once;
 mod failover;
 mod floor_jumps;
 mod forward_lanes;
+mod graceful_stop;
 mod history;
 mod homes;
 mod kafka_queue;

@@ -128,6 +128,8 @@ pub struct Processor {
     pts: HashMap<UserKey, u64>,
     next_notification: u64,
     notifications: Arc<Notify>,
+    /// See [`Signals::processed`].
+    processed: Arc<tokio::sync::watch::Sender<u64>>,
     homes: Arc<dyn Homes>,
     /// Events for users' home cells, and copies for this cell's standbys.
     homes_queue: ForwardLane,
@@ -149,6 +151,9 @@ pub struct Signals {
     pub forwards: Arc<Notify>,
     /// New copies for the standbys are queued.
     pub standby_forwards: Arc<Notify>,
+    /// The highest outbox id whose effects are durable (a graceful stop
+    /// waits for it to reach the last one written).
+    pub processed: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 /// One forward queue as the processor fills it: ids are issued from
@@ -280,6 +285,7 @@ impl Processor {
             queued_for,
             next_notification,
             notifications: signals.notifications,
+            processed: signals.processed,
             homes,
             homes_queue,
             standbys_queue,
@@ -325,6 +331,13 @@ impl Processor {
             }
             self.apply_and_commit(&deliveries, consumer.as_mut())
                 .await?;
+            if let Some(last) = deliveries.iter().map(|d| d.event.id).max() {
+                self.processed.send_if_modified(|p| {
+                    let higher = last > *p;
+                    *p = (*p).max(last);
+                    higher
+                });
+            }
         }
     }
 
