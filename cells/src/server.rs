@@ -494,6 +494,7 @@ pub async fn start_placed(
             .apply(register_cell(&config.cell_id, region, &advertise))
             .await
             .map_err(|e| StartError::Routing(format!("cannot register: {}", e.message())))?;
+        routes.report_process("cell", &config.cell_id, &advertise);
         if let Some(etcd) = coordination.filter(|_| !config.routing.etcd_endpoints.is_empty()) {
             use cellmesh_coord::CELLS_PREFIX;
             let lease = etcd

@@ -369,6 +369,15 @@ pub async fn start(config: ControlPlaneConfig) -> Result<RunningControlPlane, St
         tasks.push(server);
         Some(addr)
     };
+    let name = match config.coordination.name.as_str() {
+        "" => admin.map_or_else(String::new, |a| a.to_string()),
+        name => name.to_string(),
+    };
+    routes.report_process(
+        "control-plane",
+        &name,
+        &admin.map_or_else(String::new, |a| a.to_string()),
+    );
     crate::metrics::register();
     let metrics = cellmesh_telemetry::admin::serve_configured(&config.metrics_listen)
         .await?

@@ -307,6 +307,11 @@ pub async fn start(config: EdgeConfig) -> Result<RunningEdge, EdgeError> {
     ])
     .await
     .map_err(|e| EdgeError::Grpc(e.to_string()))?;
+    routes.report_process(
+        "edge",
+        &format!("{}/{addr}", config.region),
+        &addr.to_string(),
+    );
     standard.reporter.set_serving::<SyncServer<EdgeApi>>().await;
     standard
         .reporter

@@ -11,6 +11,7 @@ pub mod secret;
 pub mod server;
 pub mod status;
 pub mod tls;
+pub mod version;
 
 /// The public API: messaging service, shared types, error details.
 pub mod v1 {

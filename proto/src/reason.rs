@@ -159,6 +159,9 @@ reasons! {
     UploadIncomplete => "UPLOAD_INCOMPLETE",
     UploadRateLimited => "UPLOAD_RATE_LIMITED",
     UserRateLimited => "USER_RATE_LIMITED",
+    // A process older than the cluster version, or a finalize while some
+    // process runs an older release than the version asked for.
+    VersionBehind => "VERSION_BEHIND",
     WrongTenant => "WRONG_TENANT",
 }
 

@@ -28,6 +28,9 @@ pub const LEADER_HEADER: &str = "x-cellmesh-leader";
 /// Changes applied at one log index, as the watch stream delivers them.
 pub type WatchBatch = (u64, Vec<Change>);
 
+/// How often a process reports itself to the replicas.
+pub const REPORT_EVERY: Duration = Duration::from_secs(5);
+
 /// How many replicas a write tries (following leader hints) before giving up.
 const WRITE_ATTEMPTS: usize = 8;
 /// How long one attempt of a call may take before the next replica is
@@ -205,6 +208,65 @@ impl RouteClient {
     /// Adds the deployment secret to a request made with [`Self::routing`].
     pub fn attach_secret<T>(&self, request: &mut Request<T>) {
         self.inner.secret.attach(request);
+    }
+
+    /// Reports this process — `role`, `name`, this build's release and
+    /// `address` — to every replica now and every [`REPORT_EVERY`] while
+    /// the client lives (see the router's process reports). A replica of
+    /// an earlier release answers UNIMPLEMENTED: nothing to do.
+    pub fn report_process(&self, role: &str, name: &str, address: &str) {
+        let report = pb::ProcessReport {
+            role: role.into(),
+            name: name.into(),
+            version: cellmesh_proto::version::BINARY.into(),
+            address: address.into(),
+        };
+        let inner = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            loop {
+                let Some(live) = inner.upgrade() else { return };
+                let endpoints = live.endpoints.clone();
+                for endpoint in endpoints {
+                    let Ok(mut client) = live.client(&endpoint) else {
+                        continue;
+                    };
+                    let request = live.request(report.clone(), WRITE_ATTEMPT_TIMEOUT);
+                    if let Err(status) = client.report_process(request).await
+                        && status.code() != tonic::Code::Unimplemented
+                    {
+                        tracing::debug!(%endpoint, %status, "process report not taken");
+                    }
+                }
+                drop(live);
+                tokio::time::sleep(REPORT_EVERY).await;
+            }
+        });
+    }
+
+    /// Every process some replica heard from lately, the newest report of
+    /// each (role, name); replicas that cannot be reached are skipped.
+    pub async fn processes(&self) -> Vec<pb::ReportedProcess> {
+        let mut newest: std::collections::BTreeMap<(String, String), pb::ReportedProcess> =
+            Default::default();
+        for endpoint in &self.inner.endpoints {
+            let Ok(mut client) = self.inner.client(endpoint) else {
+                continue;
+            };
+            let request = self
+                .inner
+                .request(pb::ListProcessesRequest {}, ATTEMPT_TIMEOUT);
+            let Ok(list) = client.list_processes(request).await else {
+                continue;
+            };
+            for p in list.into_inner().processes {
+                let Some(r) = &p.report else { continue };
+                let key = (r.role.clone(), r.name.clone());
+                if newest.get(&key).is_none_or(|known| known.age_ms > p.age_ms) {
+                    newest.insert(key, p);
+                }
+            }
+        }
+        newest.into_values().collect()
     }
 
     /// A client for other Routing calls (status, membership).

@@ -6,12 +6,33 @@ use cellmesh_proto::v1::{self as pb, route_command::Command, update_route::Trans
 use crate::convert::key_to_pb;
 use crate::table::Key;
 
+/// Registers a cell running this build's release.
 pub fn register_cell(cell_id: &str, region: &str, address: &str) -> pb::RouteCommand {
+    register_cell_at(cell_id, region, address, cellmesh_proto::version::BINARY)
+}
+
+/// Registers a cell running release `version`.
+pub fn register_cell_at(
+    cell_id: &str,
+    region: &str,
+    address: &str,
+    version: &str,
+) -> pb::RouteCommand {
     pb::RouteCommand {
         command: Some(Command::RegisterCell(pb::RegisterCell {
             cell_id: cell_id.into(),
             region: region.into(),
             address: address.into(),
+            version: version.into(),
+        })),
+    }
+}
+
+/// Raises the cluster version (see `cellmesh_proto::version`).
+pub fn set_cluster_version(version: &str) -> pb::RouteCommand {
+    pb::RouteCommand {
+        command: Some(Command::SetClusterVersion(pb::SetClusterVersion {
+            version: version.into(),
         })),
     }
 }

@@ -69,6 +69,7 @@ pub fn cell_to_pb(c: &CellInfo) -> pb::CellInfo {
         status: cell_status_to_pb(c.status) as i32,
         epoch: c.epoch,
         mark_holders: c.mark_holders.clone(),
+        version: c.version.clone(),
     }
 }
 
@@ -80,6 +81,7 @@ pub fn cell_from_pb(c: pb::CellInfo) -> Result<CellInfo, Status> {
         address: c.address,
         epoch: c.epoch,
         mark_holders: c.mark_holders,
+        version: c.version,
     })
 }
 
@@ -174,6 +176,7 @@ pub fn change_to_pb(c: &Change) -> pb::RouteChange {
             Change::Cell(cell) => route_change::Change::Cell(cell_to_pb(cell)),
             Change::Route(e) => route_change::Change::Route(entry_to_pb(e)),
             Change::Removed(k) => route_change::Change::Removed(key_to_pb(k)),
+            Change::ClusterVersion(v) => route_change::Change::ClusterVersion(v.clone()),
         }),
     }
 }
@@ -183,6 +186,7 @@ pub fn change_from_pb(c: pb::RouteChange) -> Result<Change, Status> {
         route_change::Change::Cell(cell) => Change::Cell(cell_from_pb(cell)?),
         route_change::Change::Route(e) => Change::Route(entry_from_pb(e)?),
         route_change::Change::Removed(k) => Change::Removed(key_from_pb(Some(k))?),
+        route_change::Change::ClusterVersion(v) => Change::ClusterVersion(v),
     })
 }
 
@@ -191,6 +195,7 @@ pub fn table_to_pb(t: &RouteTable) -> pb::RouteTable {
         applied_index: t.applied,
         cells: t.cells.values().map(cell_to_pb).collect(),
         entries: t.routes.values().map(entry_to_pb).collect(),
+        cluster_version: t.cluster_version.clone(),
     }
 }
 
@@ -203,6 +208,7 @@ pub fn table_from_pb(t: pb::RouteTable) -> Result<RouteTable, Status> {
         table.apply_change(&Change::Route(entry_from_pb(e)?));
     }
     table.applied = t.applied_index;
+    table.cluster_version = t.cluster_version;
     Ok(table)
 }
 
@@ -212,7 +218,11 @@ pub fn command_from_pb(c: pb::RouteCommand) -> Result<Command, Status> {
             id: r.cell_id,
             region: r.region,
             address: r.address,
+            version: r.version,
         },
+        route_command::Command::SetClusterVersion(v) => {
+            Command::SetClusterVersion { version: v.version }
+        }
         route_command::Command::SetCellStatus(s) => Command::SetCellStatus {
             status: cell_status_from_pb(s.status)?,
             id: s.cell_id,
@@ -256,7 +266,9 @@ pub fn command_to_pb(c: &Command) -> pb::RouteCommand {
             id,
             region,
             address,
-        } => crate::commands::register_cell(id, region, address),
+            version,
+        } => crate::commands::register_cell_at(id, region, address, version),
+        Command::SetClusterVersion { version } => crate::commands::set_cluster_version(version),
         Command::SetCellStatus { id, status } => {
             crate::commands::set_cell_status(id, cell_status_to_pb(*status))
         }

@@ -250,6 +250,33 @@ fn tonic_interceptor<S>(
     tonic::service::interceptor::InterceptedService::new(service, move |r| secret.check(r))
 }
 
+/// A cluster this release forms starts at its cluster version: no earlier
+/// release ever ran in it, so nothing needs to wait for a finalize. Written
+/// by whichever replica leads first; the others see it applied.
+fn start_at_this_release(raft: Raft, store: std::sync::Weak<RouteStore>) {
+    use crate::table::Command;
+    tokio::spawn(async move {
+        let command = Command::SetClusterVersion {
+            version: cellmesh_proto::version::BINARY.into(),
+        };
+        loop {
+            let Some(live) = store.upgrade() else { return };
+            if !live.read(|t| t.cluster_version.is_empty()) {
+                return;
+            }
+            drop(live);
+            match raft
+                .client_write(crate::types::Commands(vec![command.clone()]))
+                .await
+            {
+                Ok(_) => return,
+                Err(openraft::error::RaftError::Fatal(_)) => return,
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    });
+}
+
 impl RunningRouter {
     /// Forms a new cluster with these members. A replica that already has
     /// state ignores it.
@@ -258,7 +285,10 @@ impl RunningRouter {
         members: BTreeMap<NodeId, RouterNode>,
     ) -> Result<(), StartError> {
         match self.raft.initialize(members).await {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                start_at_this_release(self.raft.clone(), Arc::downgrade(&self.store));
+                Ok(())
+            }
             Err(openraft::error::RaftError::APIError(
                 openraft::error::InitializeError::NotAllowed(_),
             )) => Ok(()),

@@ -24,6 +24,7 @@ use crate::connect::describe;
 mod moves;
 mod ops;
 mod status;
+mod upgrade;
 
 #[derive(Args)]
 pub struct CtlArgs {
@@ -127,6 +128,13 @@ enum CtlCommand {
     Tenant {
         #[command(subcommand)]
         command: TenantCommand,
+    },
+    /// Rolling upgrades: each process's release and the cluster version
+    /// (`status`), and raising it once every process runs the new release
+    /// (`finalize`).
+    Upgrade {
+        #[command(subcommand)]
+        command: upgrade::UpgradeCommand,
     },
     /// The router replicas: role, leader, term, applied index.
     Routers {
@@ -453,6 +461,9 @@ pub async fn run(mut args: CtlArgs) -> anyhow::Result<()> {
             } else {
                 status::print(&status);
             }
+        }
+        CtlCommand::Upgrade { command } => {
+            upgrade::run(command, &routes, &args.routers, &secret).await?;
         }
         CtlCommand::Cells { json } => {
             let cells: Vec<_> = routes.read(|t| t.cells.values().cloned().collect());

@@ -102,6 +102,7 @@ mod tests {
                     id: id.into(),
                     region: region.into(),
                     address: format!("http://{id}"),
+                    version: "0.2.0".into(),
                 },
             );
         }

@@ -3,6 +3,7 @@
 //! entries become the log index of the command.
 
 use cellmesh_proto::ids::TenantId;
+use cellmesh_proto::version::Version;
 use serde::{Deserialize, Serialize};
 
 use super::{
@@ -57,6 +58,13 @@ pub enum Command {
         id: String,
         region: String,
         address: String,
+        /// The release the cell runs ("" before releases were reported).
+        version: String,
+    },
+    /// Raises the cluster version; never lowers it, and refused while a
+    /// cell that is not Down registered an older release.
+    SetClusterVersion {
+        version: String,
     },
     SetCellStatus {
         id: String,
@@ -88,10 +96,20 @@ impl Command {
                 id,
                 region,
                 address,
+                version,
             } => {
                 validate_cell_id(id, region)?;
                 if address.is_empty() {
                     return Err(RouteError::invalid("address", "empty"));
+                }
+                if let Some(cluster) = Version::reported(&table.cluster_version)
+                    && Version::reported(version).is_none_or(|v| v < cluster)
+                {
+                    return Err(RouteError::VersionBehind(format!(
+                        "cell {id} runs release {} but the cluster version is {cluster}: \
+                         every process runs {cluster} or later since it was finalized",
+                        shown(version)
+                    )));
                 }
                 let known = table.cell(id);
                 Ok(vec![Change::Cell(CellInfo {
@@ -101,7 +119,33 @@ impl Command {
                     status: known.map_or(CellStatus::Up, |c| c.status),
                     epoch: index,
                     mark_holders: known.map(|c| c.mark_holders.clone()).unwrap_or_default(),
+                    version: version.clone(),
                 })])
+            }
+            Command::SetClusterVersion { version } => {
+                let target =
+                    Version::parse(version).map_err(|e| RouteError::invalid("version", e))?;
+                if let Some(current) = Version::reported(&table.cluster_version)
+                    && target < current
+                {
+                    return Err(RouteError::VersionBehind(format!(
+                        "the cluster version is {current}: it is never lowered (to {target})"
+                    )));
+                }
+                let laggards: Vec<String> = table
+                    .cells
+                    .values()
+                    .filter(|c| c.status != CellStatus::Down)
+                    .filter(|c| Version::reported(&c.version).is_none_or(|v| v < target))
+                    .map(|c| format!("cell {} runs {}", c.id, shown(&c.version)))
+                    .collect();
+                if !laggards.is_empty() {
+                    return Err(RouteError::VersionBehind(format!(
+                        "cannot finalize {target}: {}",
+                        laggards.join("; ")
+                    )));
+                }
+                Ok(vec![Change::ClusterVersion(target.to_string())])
             }
             Command::SetCellStatus { id, status } => {
                 let mut cell = known_cell(table, id)?.clone();
@@ -391,5 +435,14 @@ fn illegal(current: &Entry, transition: &str) -> RouteError {
         key: current.key.to_string(),
         state: current.state.name().to_string(),
         transition: transition.to_string(),
+    }
+}
+
+/// A reported release for a message ("" = a build from before releases).
+fn shown(version: &str) -> &str {
+    if version.is_empty() {
+        "a release before 0.2.0"
+    } else {
+        version
     }
 }

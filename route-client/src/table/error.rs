@@ -26,6 +26,10 @@ pub enum RouteError {
         state: String,
         transition: String,
     },
+    /// A release older than the cluster version, or a finalize that some
+    /// process is not ready for.
+    #[error("{0}")]
+    VersionBehind(String),
 }
 
 impl RouteError {
@@ -46,6 +50,7 @@ impl RouteError {
             RouteError::IllegalTransition { .. } => {
                 (ErrorCode::InvalidArgument, Reason::IllegalTransition)
             }
+            RouteError::VersionBehind(_) => (ErrorCode::InvalidArgument, Reason::VersionBehind),
         }
     }
 

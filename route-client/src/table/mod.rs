@@ -92,6 +92,10 @@ pub struct CellInfo {
     /// a failover of this cell goes to one of them.
     #[serde(default)]
     pub mark_holders: Vec<String>,
+    /// The release the cell registered with ("" before releases were
+    /// reported).
+    #[serde(default)]
+    pub version: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -149,6 +153,8 @@ pub enum Change {
     Cell(CellInfo),
     Route(Entry),
     Removed(Key),
+    /// The cluster version was raised to this.
+    ClusterVersion(String),
 }
 
 /// The effective route of a key.
@@ -168,6 +174,9 @@ pub struct RouteTable {
     pub routes: BTreeMap<Key, Entry>,
     /// Log index of the last applied command.
     pub applied: u64,
+    /// The release every process runs, as `ctl upgrade finalize` last
+    /// raised it ("" = never; see `cellmesh_proto::version`).
+    pub cluster_version: String,
 }
 
 impl RouteTable {
@@ -195,6 +204,9 @@ impl RouteTable {
             }
             Change::Removed(key) => {
                 self.routes.remove(key);
+            }
+            Change::ClusterVersion(version) => {
+                self.cluster_version = version.clone();
             }
         }
     }
@@ -296,7 +308,9 @@ impl RouteTable {
     pub fn as_changes(&self) -> Vec<Change> {
         let cells = self.cells.values().cloned().map(Change::Cell);
         let routes = self.routes.values().cloned().map(Change::Route);
-        cells.chain(routes).collect()
+        let version = (!self.cluster_version.is_empty())
+            .then(|| Change::ClusterVersion(self.cluster_version.clone()));
+        cells.chain(routes).chain(version).collect()
     }
 }
 

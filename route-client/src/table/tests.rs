@@ -10,6 +10,7 @@ fn table_with_cells() -> (RouteTable, u64) {
                 id: id.to_string(),
                 region,
                 address: format!("http://127.0.0.1:{}", 7000 + i),
+                version: "0.2.0".into(),
             },
             i as u64 + 1,
         )
@@ -198,6 +199,7 @@ fn unknown_and_unusable_cells_are_refused() {
             id: id.into(),
             region: region.into(),
             address: "http://x".into(),
+            version: "0.2.0".into(),
         };
         assert!(t.apply(&cmd, i + 3).is_err(), "{id} in {region}");
     }
@@ -364,6 +366,7 @@ fn mark_holders_are_compare_and_set_on_the_cell_and_survive_re_registration() {
             id: "eu/c1".into(),
             region: "eu".into(),
             address: "http://127.0.0.1:9999".into(),
+            version: "0.2.0".into(),
         },
         i + 5,
     )
@@ -417,4 +420,81 @@ fn a_failover_goes_to_a_holder_of_the_marks_same_region_first() {
         ("us/c1", 100)
     );
     assert_eq!(r.entry.failed_from.as_deref(), Some("eu/c1"));
+}
+
+fn register(
+    t: &mut RouteTable,
+    id: &str,
+    version: &str,
+    index: u64,
+) -> Result<Vec<Change>, RouteError> {
+    t.apply(
+        &Command::RegisterCell {
+            id: id.into(),
+            region: id.split('/').next().unwrap().into(),
+            address: format!("http://{id}"),
+            version: version.into(),
+        },
+        index,
+    )
+}
+
+fn finalize(t: &mut RouteTable, version: &str, index: u64) -> Result<Vec<Change>, RouteError> {
+    t.apply(
+        &Command::SetClusterVersion {
+            version: version.into(),
+        },
+        index,
+    )
+}
+
+#[test]
+fn finalize_waits_for_every_live_cell_and_never_goes_back() {
+    let mut t = RouteTable::default();
+    register(&mut t, "eu/c1", "", 1).unwrap();
+    register(&mut t, "eu/c2", "0.2.0", 2).unwrap();
+    register(&mut t, "us/c1", "0.1.9", 3).unwrap();
+    // Two laggards: the one from before releases, and 0.1.9; both named.
+    let refused = finalize(&mut t, "0.2.0", 4).unwrap_err();
+    let said = refused.to_string();
+    assert!(matches!(refused, RouteError::VersionBehind(_)), "{said}");
+    assert!(
+        said.contains("eu/c1") && said.contains("us/c1") && !said.contains("eu/c2"),
+        "{said}"
+    );
+    assert_eq!(t.cluster_version, "");
+    assert!(finalize(&mut t, "0.2", 5).is_err(), "not MAJOR.MINOR.PATCH");
+
+    // One upgrades; the other is Down (it cannot come back on the old
+    // release: its registration is refused after the finalize).
+    register(&mut t, "eu/c1", "0.2.0", 6).unwrap();
+    t.apply(
+        &Command::SetCellStatus {
+            id: "us/c1".into(),
+            status: CellStatus::Down,
+        },
+        7,
+    )
+    .unwrap();
+    let changes = finalize(&mut t, "0.2.0", 8).unwrap();
+    assert_eq!(changes, vec![Change::ClusterVersion("0.2.0".into())]);
+    assert_eq!(t.cluster_version, "0.2.0");
+
+    let late = register(&mut t, "us/c1", "0.1.9", 9).unwrap_err();
+    assert!(matches!(late, RouteError::VersionBehind(_)), "{late}");
+    assert!(
+        register(&mut t, "us/c1", "", 10).is_err(),
+        "a build from before releases"
+    );
+    register(&mut t, "us/c1", "0.3.0", 11).unwrap();
+    assert!(finalize(&mut t, "0.1.0", 12).is_err(), "never lowered");
+    finalize(&mut t, "0.2.0", 13).unwrap();
+
+    // The version survives a rebuild from the table's changes (snapshots).
+    let mut rebuilt = RouteTable::default();
+    for change in t.as_changes() {
+        rebuilt.apply_change(&change);
+    }
+    assert_eq!(rebuilt.cluster_version, "0.2.0");
+    assert_eq!(rebuilt.cell("us/c1").unwrap().version, "0.3.0");
 }

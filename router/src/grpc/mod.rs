@@ -5,6 +5,7 @@
 pub(crate) use cellmesh_route_client::convert;
 pub mod authorize;
 mod coalesce;
+pub mod processes;
 pub mod propose;
 pub mod raft;
 pub mod read_index;

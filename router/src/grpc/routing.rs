@@ -48,6 +48,7 @@ pub struct RoutingService {
     leaders: Mutex<BTreeMap<String, Channel>>,
     read_index: super::read_index::ReadIndex,
     proposer: super::propose::Proposer,
+    processes: super::processes::Reports,
 }
 
 type ForwardFn<'a, Req, Resp> = Box<
@@ -78,6 +79,7 @@ impl RoutingService {
             node,
             secret,
             leaders: Mutex::new(BTreeMap::new()),
+            processes: Default::default(),
         }
     }
 
@@ -394,7 +396,27 @@ impl Routing for RoutingService {
             snapshot_index: m.snapshot.map_or(0, |l| l.index),
             voters: voters.into_iter().map(|(_, n)| n).collect(),
             learners: learners.into_iter().map(|(_, n)| n).collect(),
+            version: cellmesh_proto::version::BINARY.into(),
+            cluster_version: self.store()?.read(|t| t.cluster_version.clone()),
         }))
+    }
+
+    async fn report_process(
+        &self,
+        request: Request<pb::ProcessReport>,
+    ) -> Result<Response<pb::ReportProcessResponse>, Status> {
+        let peer = cellmesh_proto::tls::caller(&request).cloned();
+        self.processes.record(request.into_inner(), peer.as_ref())?;
+        Ok(Response::new(pb::ReportProcessResponse {
+            cluster_version: self.store()?.read(|t| t.cluster_version.clone()),
+        }))
+    }
+
+    async fn list_processes(
+        &self,
+        _request: Request<pb::ListProcessesRequest>,
+    ) -> Result<Response<pb::ProcessList>, Status> {
+        Ok(Response::new(self.processes.list()))
     }
 }
 

@@ -170,6 +170,7 @@ fn record_key(change: &Change) -> Vec<u8> {
         Change::Cell(cell) => [b"c/".as_slice(), cell.id.as_bytes()].concat(),
         Change::Route(entry) => route_key(&entry.key),
         Change::Removed(key) => route_key(key),
+        Change::ClusterVersion(_) => b"v/cluster".to_vec(),
     }
 }
 

@@ -45,6 +45,7 @@ mod tenant_reverse;
 mod tenants;
 mod tls;
 mod traces;
+mod upgrade;
 mod user_move;
 mod web;
 mod web_app;

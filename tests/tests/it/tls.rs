@@ -73,6 +73,7 @@ fn register(cell: &str, address: &str) -> RouteCommand {
             cell_id: cell.into(),
             region: "eu-west".into(),
             address: address.into(),
+            version: cellmesh_proto::version::BINARY.into(),
         })),
     }
 }
