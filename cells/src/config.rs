@@ -188,6 +188,17 @@ pub struct HomesConfig {
     pub remote: std::collections::BTreeMap<String, String>,
 }
 
+/// The embedded queue's format (see `queue::embedded` and
+/// `queue::partitioned`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EmbeddedLog {
+    #[default]
+    Auto,
+    Outbox,
+    Partitioned,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum QueueBackend {
@@ -201,6 +212,10 @@ pub enum QueueBackend {
 #[serde(default, deny_unknown_fields)]
 pub struct QueueConfig {
     pub backend: QueueBackend,
+    /// How the embedded queue keeps events: `auto` (the outbox read in
+    /// place once the cluster version allows it, else the partitioned log
+    /// of earlier releases), `outbox` or `partitioned` (pinned).
+    pub embedded_log: EmbeddedLog,
     /// Partitions of the Kafka topic when the cell creates it (the embedded
     /// log is the outbox, read in order as one partition).
     pub partitions: u32,
@@ -350,6 +365,7 @@ impl Default for QueueConfig {
     fn default() -> Self {
         Self {
             backend: QueueBackend::Embedded,
+            embedded_log: EmbeddedLog::Auto,
             partitions: 4,
             kafka: KafkaConfig::default(),
         }

@@ -335,7 +335,10 @@ pub async fn start_placed(
         clock.clone(),
         homes.clone(),
     ));
-    let queue = open_queue(&config, &store).await?;
+    let cluster_version = routes
+        .as_ref()
+        .map(|r| r.read(|t| t.cluster_version.clone()));
+    let queue = open_queue(&config, &store, cluster_version).await?;
     let pipeline = crate::pipeline::spawn(
         &config,
         store.clone(),
@@ -633,17 +636,45 @@ async fn clean_moved(service: Arc<MessageService>, sync: Arc<SyncService>, grace
     }
 }
 
+/// The cell's event queue. The embedded one reads the outbox in place only
+/// once the cluster version says no process runs a release that could not
+/// read a store consumed that way (a standalone cell has no other
+/// release beside it); until then it keeps the partitioned log.
 async fn open_queue(
     config: &CellConfig,
     store: &Arc<Store>,
+    cluster_version: Option<String>,
 ) -> Result<Arc<dyn EventQueue>, StartError> {
+    use crate::config::EmbeddedLog;
     Ok(match config.queue.backend {
         QueueBackend::Embedded => {
             let mut groups = vec![config.processor_group()];
             if config.search.enabled {
                 groups.push(crate::search::indexer::group(&config.processor_group()));
             }
-            Arc::new(EmbeddedQueue::open(store.clone())?.with_groups(groups))
+            let outbox = match config.queue.embedded_log {
+                EmbeddedLog::Outbox => true,
+                EmbeddedLog::Partitioned => false,
+                EmbeddedLog::Auto => cluster_version.is_none_or(|v| {
+                    cellmesh_proto::version::enabled(&v, cellmesh_proto::version::OUTBOX_QUEUE)
+                }),
+            };
+            if outbox {
+                Arc::new(EmbeddedQueue::open(store.clone())?.with_groups(groups))
+            } else {
+                tracing::info!(
+                    "the cluster version is below {}: events keep the partitioned log of \
+                     earlier releases until a restart after `ctl upgrade finalize`",
+                    cellmesh_proto::version::OUTBOX_QUEUE
+                );
+                Arc::new(
+                    crate::queue::partitioned::PartitionedQueue::open(
+                        store.clone(),
+                        config.queue.partitions,
+                    )?
+                    .with_groups(groups),
+                )
+            }
         }
         QueueBackend::Kafka => Arc::new(crate::queue::kafka::KafkaQueue::connect(config).await?),
     })

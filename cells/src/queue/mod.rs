@@ -8,6 +8,7 @@
 
 pub mod embedded;
 pub mod kafka;
+pub mod partitioned;
 
 use std::time::Duration;
 

@@ -145,3 +145,70 @@ async fn processed_events_are_trimmed_and_ids_survive_a_restart() {
     assert_eq!(got, vec![(7, 9_001, 9_001)], "the next id, read once");
     store.close();
 }
+
+/// The messages a device of user 2 is pushed from pts 0, as seqs, until
+/// `n` arrived; and that nothing else follows.
+async fn pushed_once(endpoint: &str, conv: u64, n: usize) -> Vec<u64> {
+    use cellmesh_tests::sync::{connect_sync, message_seqs, messages, next_push, subscribe};
+    let mut sync = connect_sync(endpoint).await;
+    let mut stream = subscribe(&mut sync, 1, 2, "phone", 0).await;
+    let events = messages(&mut stream, n, Duration::from_secs(20)).await;
+    let extra = next_push(&mut stream, Duration::from_millis(500)).await;
+    let extra_message = extra.and_then(|p| match p.push {
+        Some(cellmesh_proto::v1::sync_push::Push::Event(e)) => {
+            (e.kind == cellmesh_proto::v1::SyncEventKind::Message as i32).then_some(e.seq)
+        }
+        _ => None,
+    });
+    assert_eq!(extra_message, None, "a message pushed twice");
+    assert!(events.iter().all(|e| e.conversation_id == conv));
+    message_seqs(&events)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cell_keeps_the_partitioned_log_until_it_may_read_the_outbox() {
+    use cellmesh_cell::config::EmbeddedLog;
+    use cellmesh_tests::{TestCell, create_group, send_direct, text};
+    let clock = || Arc::new(cellmesh_cell::clock::SystemClock);
+    // Before the finalize: what an earlier release can read.
+    let cell =
+        TestCell::start_with(|c| c.queue.embedded_log = EmbeddedLog::Partitioned, clock()).await;
+    let mut client = cell.client().await;
+    let conv = create_group(&mut client, 1, 1, &[2]).await;
+    for i in 0..20 {
+        send_direct(&mut client, text(1, 1, conv, &format!("a{i}"), "before")).await;
+    }
+    assert_eq!(
+        pushed_once(&cell.endpoint, conv, 20).await,
+        (1..=20).collect::<Vec<_>>()
+    );
+    let store = cell.cell.service.store().clone();
+    assert!(
+        !store.queue_partitions().unwrap().is_empty(),
+        "the events went through the partitioned log"
+    );
+    drop(store);
+    // Events acknowledged but not yet relayed when the cell stops wait in
+    // the outbox: the next start takes them after what is left in the
+    // partitioned log.
+    std::fs::write(cell.dir.path().join("failpoints"), "queue.publish=error\n").unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for i in 0..5 {
+        send_direct(&mut client, text(1, 1, conv, &format!("b{i}"), "stopping")).await;
+    }
+    let dir = cell.stop().await;
+    std::fs::remove_file(dir.path().join("failpoints")).unwrap();
+
+    // After it: the outbox in place, the old log drained first.
+    let cell =
+        TestCell::start_in(dir, |c| c.queue.embedded_log = EmbeddedLog::Outbox, clock()).await;
+    let mut client = cell.client().await;
+    for i in 0..15 {
+        send_direct(&mut client, text(1, 1, conv, &format!("c{i}"), "after")).await;
+    }
+    assert_eq!(
+        pushed_once(&cell.endpoint, conv, 40).await,
+        (1..=40).collect::<Vec<_>>()
+    );
+    cell.stop().await;
+}

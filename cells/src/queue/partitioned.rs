@@ -1,0 +1,180 @@
+//! The embedded event log as releases before 0.2.0 wrote it, kept for a
+//! deployment whose cluster version has not reached
+//! [`OUTBOX_QUEUE`](cellmesh_proto::version::OUTBOX_QUEUE): the relay copies
+//! the outbox into partitions of the cell's RocksDB (`queue` column
+//! family), offsets per consumer group in `queue_offsets`, so a cell can go
+//! back to the release before at any time. Publishing goes through the
+//! group committer like every other write. It serves the cell's consumer
+//! groups (the fan-out processor, the search indexer); entries are trimmed
+//! once every group named at open has processed them. A cell that starts
+//! after the finalize reads the outbox in place ([`super::embedded`]),
+//! draining what is left here first.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cellmesh_proto::storage::v1::QueuedEvent;
+use tokio::sync::Notify;
+
+use super::{Delivery, EventConsumer, EventQueue, QueueError, last_offsets, partition_of};
+use crate::storage::{Mutation, Store};
+
+/// Trim a partition every this many processed offsets.
+const TRIM_EVERY: u64 = 4_096;
+
+pub struct PartitionedQueue {
+    store: Arc<Store>,
+    partitions: u32,
+    /// Last offset written per partition.
+    last: Mutex<Vec<u64>>,
+    published: Arc<Notify>,
+    /// The groups that must have processed an entry before it is trimmed.
+    groups: Arc<[String]>,
+}
+
+impl PartitionedQueue {
+    /// Trims only what every one of `groups` has processed (by default,
+    /// what the group committing has).
+    pub fn with_groups(mut self, groups: Vec<String>) -> Self {
+        self.groups = groups.into();
+        self
+    }
+
+    pub fn open(store: Arc<Store>, partitions: u32) -> Result<Self, QueueError> {
+        let partitions = partitions.max(1);
+        let last = (0..partitions)
+            .map(|p| store.queue_last_offset(p))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            store,
+            partitions,
+            last: Mutex::new(last),
+            published: Arc::new(Notify::new()),
+            groups: Arc::new([]),
+        })
+    }
+}
+
+#[tonic::async_trait]
+impl EventQueue for PartitionedQueue {
+    async fn publish(&self, events: Vec<QueuedEvent>) -> Result<(), QueueError> {
+        if events.is_empty() {
+            return Ok(());
+        }
+        let slot = self.store.reserve().await?;
+        let ticket = {
+            let mut last = self.last.lock().expect("queue offsets lock");
+            let mut m = Mutation::new();
+            for event in &events {
+                let conversation = event.event.as_ref().map_or(0, |e| e.conversation_id);
+                let p = partition_of(conversation, self.partitions);
+                last[p as usize] += 1;
+                m.put_queued(p, last[p as usize], event);
+            }
+            slot.submit(m)
+        };
+        ticket.wait().await?;
+        self.published.notify_waiters();
+        Ok(())
+    }
+
+    async fn consumer(&self, group: &str) -> Result<Box<dyn EventConsumer>, QueueError> {
+        let positions = (0..self.partitions)
+            .map(|p| self.store.queue_offset(group, p))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Box::new(PartitionedConsumer {
+            store: self.store.clone(),
+            group: group.to_string(),
+            positions,
+            published: self.published.clone(),
+            next_partition: 0,
+            others: self
+                .groups
+                .iter()
+                .filter(|g| *g != group)
+                .cloned()
+                .collect(),
+        }))
+    }
+}
+
+struct PartitionedConsumer {
+    store: Arc<Store>,
+    group: String,
+    /// Last offset handed out per partition.
+    positions: Vec<u64>,
+    published: Arc<Notify>,
+    /// Where the next poll starts, so no partition starves.
+    next_partition: usize,
+    /// The other groups whose positions bound a trim.
+    others: Vec<String>,
+}
+
+impl PartitionedConsumer {
+    fn read(&mut self, max: usize) -> Result<Vec<Delivery>, QueueError> {
+        let n = self.positions.len();
+        let mut out = Vec::new();
+        for i in 0..n {
+            let p = (self.next_partition + i) % n;
+            if out.len() >= max {
+                break;
+            }
+            for (offset, event) in
+                self.store
+                    .queue_after(p as u32, self.positions[p], max - out.len())?
+            {
+                self.positions[p] = offset;
+                out.push(Delivery {
+                    partition: p as u32,
+                    offset,
+                    event,
+                });
+            }
+        }
+        self.next_partition = (self.next_partition + 1) % n;
+        Ok(out)
+    }
+}
+
+#[tonic::async_trait]
+impl EventConsumer for PartitionedConsumer {
+    async fn poll_or_woken(
+        &mut self,
+        max: usize,
+        wait: Duration,
+        wake: &Notify,
+    ) -> Result<Vec<Delivery>, QueueError> {
+        let published = self.published.clone();
+        let notified = published.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let out = self.read(max)?;
+        if !out.is_empty() {
+            return Ok(out);
+        }
+        tokio::select! {
+            _ = tokio::time::timeout(wait, notified) => {}
+            _ = wake.notified() => {}
+        }
+        self.read(max)
+    }
+
+    async fn commit(&mut self, deliveries: &[Delivery]) -> Result<(), QueueError> {
+        let mut m = Mutation::new();
+        for (partition, offset) in last_offsets(deliveries) {
+            let before = self.store.queue_offset(&self.group, partition)?;
+            m.put_queue_offset(&self.group, partition, offset);
+            if offset / TRIM_EVERY > before / TRIM_EVERY {
+                let mut upto = offset;
+                for group in &self.others {
+                    upto = upto.min(self.store.queue_offset(group, partition)?);
+                }
+                m.trim_queue(partition, upto);
+            }
+        }
+        if !m.is_empty() {
+            self.store.commit(m).await?;
+        }
+        Ok(())
+    }
+}
