@@ -97,56 +97,8 @@ impl Command {
                 region,
                 address,
                 version,
-            } => {
-                validate_cell_id(id, region)?;
-                if address.is_empty() {
-                    return Err(RouteError::invalid("address", "empty"));
-                }
-                if let Some(cluster) = Version::reported(&table.cluster_version)
-                    && Version::reported(version).is_none_or(|v| v < cluster)
-                {
-                    return Err(RouteError::VersionBehind(format!(
-                        "cell {id} runs release {} but the cluster version is {cluster}: \
-                         every process runs {cluster} or later since it was finalized",
-                        shown(version)
-                    )));
-                }
-                let known = table.cell(id);
-                Ok(vec![Change::Cell(CellInfo {
-                    id: id.clone(),
-                    region: region.clone(),
-                    address: address.clone(),
-                    status: known.map_or(CellStatus::Up, |c| c.status),
-                    epoch: index,
-                    mark_holders: known.map(|c| c.mark_holders.clone()).unwrap_or_default(),
-                    version: version.clone(),
-                })])
-            }
-            Command::SetClusterVersion { version } => {
-                let target =
-                    Version::parse(version).map_err(|e| RouteError::invalid("version", e))?;
-                if let Some(current) = Version::reported(&table.cluster_version)
-                    && target < current
-                {
-                    return Err(RouteError::VersionBehind(format!(
-                        "the cluster version is {current}: it is never lowered (to {target})"
-                    )));
-                }
-                let laggards: Vec<String> = table
-                    .cells
-                    .values()
-                    .filter(|c| c.status != CellStatus::Down)
-                    .filter(|c| Version::reported(&c.version).is_none_or(|v| v < target))
-                    .map(|c| format!("cell {} runs {}", c.id, shown(&c.version)))
-                    .collect();
-                if !laggards.is_empty() {
-                    return Err(RouteError::VersionBehind(format!(
-                        "cannot finalize {target}: {}",
-                        laggards.join("; ")
-                    )));
-                }
-                Ok(vec![Change::ClusterVersion(target.to_string())])
-            }
+            } => register_cell(table, id, region, address, version, index),
+            Command::SetClusterVersion { version } => raise_cluster_version(table, version),
             Command::SetCellStatus { id, status } => {
                 let mut cell = known_cell(table, id)?.clone();
                 cell.status = *status;
@@ -436,6 +388,68 @@ fn illegal(current: &Entry, transition: &str) -> RouteError {
         state: current.state.name().to_string(),
         transition: transition.to_string(),
     }
+}
+
+/// A cell's (re-)registration: its address and release; a release older
+/// than the cluster version is refused.
+fn register_cell(
+    table: &RouteTable,
+    id: &str,
+    region: &str,
+    address: &str,
+    version: &str,
+    index: u64,
+) -> Result<Vec<Change>, RouteError> {
+    validate_cell_id(id, region)?;
+    if address.is_empty() {
+        return Err(RouteError::invalid("address", "empty"));
+    }
+    if let Some(cluster) = Version::reported(&table.cluster_version)
+        && Version::reported(version).is_none_or(|v| v < cluster)
+    {
+        return Err(RouteError::VersionBehind(format!(
+            "cell {id} runs release {} but the cluster version is {cluster}: \
+             every process runs {cluster} or later since it was finalized",
+            shown(version)
+        )));
+    }
+    let known = table.cell(id);
+    Ok(vec![Change::Cell(CellInfo {
+        id: id.to_string(),
+        region: region.to_string(),
+        address: address.to_string(),
+        status: known.map_or(CellStatus::Up, |c| c.status),
+        epoch: index,
+        mark_holders: known.map(|c| c.mark_holders.clone()).unwrap_or_default(),
+        version: version.to_string(),
+    })])
+}
+
+/// Raises the cluster version to `version`: never lower, and only when no
+/// cell that is not Down registered an older release.
+fn raise_cluster_version(table: &RouteTable, version: &str) -> Result<Vec<Change>, RouteError> {
+    let target = Version::parse(version).map_err(|e| RouteError::invalid("version", e))?;
+    if let Some(current) = Version::reported(&table.cluster_version)
+        && target < current
+    {
+        return Err(RouteError::VersionBehind(format!(
+            "the cluster version is {current}: it is never lowered (to {target})"
+        )));
+    }
+    let laggards: Vec<String> = table
+        .cells
+        .values()
+        .filter(|c| c.status != CellStatus::Down)
+        .filter(|c| Version::reported(&c.version).is_none_or(|v| v < target))
+        .map(|c| format!("cell {} runs {}", c.id, shown(&c.version)))
+        .collect();
+    if !laggards.is_empty() {
+        return Err(RouteError::VersionBehind(format!(
+            "cannot finalize {target}: {}",
+            laggards.join("; ")
+        )));
+    }
+    Ok(vec![Change::ClusterVersion(target.to_string())])
 }
 
 /// A reported release for a message ("" = a build from before releases).
