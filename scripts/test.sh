@@ -19,10 +19,17 @@ for crate in cellmesh-cell cellmesh-control-plane cellmesh-edge cellmesh-route-c
 done
 echo "== no new function over 120 lines (scripts/long-functions.allow lists the old ones)"
 python3 scripts/long-functions.py
+echo "== the previous release's binary (the mixed-version test runs it beside this one)"
+CELLMESH_PREVIOUS_BIN=$(scripts/build-previous.sh)
+export CELLMESH_PREVIOUS_BIN
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== build (the crash tests run the cellmesh binary)"
+# The previous release's build left its binary on the same path.
+rm -f "$CARGO_TARGET_DIR/debug/cellmesh"
 cargo build --workspace --bins --locked
+"$CARGO_TARGET_DIR/debug/cellmesh" --version | grep -qx "cellmesh $(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)" ||
+  { echo "the built binary is not this tree's release"; exit 1; }
 echo "== tests"
 start_test_broker
 trap '[ -z "${TEST_BROKER_PID:-}" ] || kill "$TEST_BROKER_PID" 2>/dev/null || true' EXIT

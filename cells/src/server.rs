@@ -498,6 +498,7 @@ pub async fn start_placed(
             .await
             .map_err(|e| StartError::Routing(format!("cannot register: {}", e.message())))?;
         routes.report_process("cell", &config.cell_id, &advertise);
+        routes.keep_cell_release(&config.cell_id, region, &advertise);
         if let Some(etcd) = coordination.filter(|_| !config.routing.etcd_endpoints.is_empty()) {
             use cellmesh_coord::CELLS_PREFIX;
             let lease = etcd

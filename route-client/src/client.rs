@@ -243,6 +243,32 @@ impl RouteClient {
         });
     }
 
+    /// Registers cell `cell_id` again, every [`REPORT_EVERY`] while the
+    /// client lives, whenever the table does not show this build's release
+    /// for it at `address`: a leader of an earlier release, which does not
+    /// know the field, dropped it from the registration. The cluster
+    /// version waits for every cell's.
+    pub fn keep_cell_release(&self, cell_id: &str, region: &str, address: &str) {
+        let command = crate::commands::register_cell(cell_id, region, address);
+        let (cell_id, address) = (cell_id.to_string(), address.to_string());
+        let inner = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(REPORT_EVERY).await;
+                let Some(live) = inner.upgrade() else { return };
+                let client = Self { inner: live };
+                let current = client.read(|t| {
+                    t.cell(&cell_id).is_some_and(|c| {
+                        c.version == cellmesh_proto::version::BINARY || c.address != address
+                    })
+                });
+                if !current && let Err(e) = client.apply(command.clone()).await {
+                    tracing::debug!(error = %e.message(), "registering the cell's release again failed");
+                }
+            }
+        });
+    }
+
     /// Every process some replica heard from lately, the newest report of
     /// each (role, name); replicas that cannot be reached are skipped.
     pub async fn processes(&self) -> Vec<pb::ReportedProcess> {

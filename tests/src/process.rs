@@ -36,6 +36,45 @@ impl RoleProcess {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+
+    /// SIGTERM, then waits for the exit (SIGKILL after 20 s).
+    async fn terminate(&mut self) {
+        self.signal(libc::SIGTERM);
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while std::time::Instant::now() < deadline {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.kill();
+    }
+}
+
+/// A router replica running as its own OS process (any build of the
+/// binary), on the fixed addresses of its config.
+pub struct RouterProcess {
+    process: RoleProcess,
+}
+
+impl RouterProcess {
+    /// Starts `bin router --config` with `config` (written into its data
+    /// dir).
+    pub fn start(bin: &Path, config: &cellmesh_router::config::RouterConfig) -> Self {
+        let path = config.data_dir.join("router.toml");
+        std::fs::create_dir_all(&config.data_dir).unwrap();
+        std::fs::write(&path, toml::to_string(config).expect("config as TOML")).unwrap();
+        let mut command = Command::new(bin);
+        command.arg("router").arg("--config").arg(&path);
+        Self {
+            process: RoleProcess::spawn(command),
+        }
+    }
+
+    /// A graceful stop (SIGTERM), waiting for the exit.
+    pub async fn stop(mut self) {
+        self.process.terminate().await;
+    }
 }
 
 impl Drop for RoleProcess {
@@ -65,10 +104,27 @@ impl CellProcess {
         Self::spawn(data_dir, Some(&path)).await
     }
 
+    /// Starts `bin cell --config FILE` (a config written for that build)
+    /// on port 0 over `data_dir`.
+    pub async fn start_built(bin: &Path, data_dir: &Path, config_toml: &str) -> Self {
+        let path = data_dir.join("cell.toml");
+        std::fs::write(&path, config_toml).unwrap();
+        Self::spawn_bin(bin, data_dir, Some(&path)).await
+    }
+
+    /// A graceful stop (SIGTERM), waiting for the exit.
+    pub async fn stop(mut self) {
+        self.process.terminate().await;
+    }
+
     async fn spawn(data_dir: &Path, config: Option<&Path>) -> Self {
+        Self::spawn_bin(&cellmesh_bin(), data_dir, config).await
+    }
+
+    async fn spawn_bin(bin: &Path, data_dir: &Path, config: Option<&Path>) -> Self {
         let addr_file = data_dir.join(cellmesh_cell::server::ADDR_FILE);
         let _ = std::fs::remove_file(&addr_file);
-        let mut command = Command::new(cellmesh_bin());
+        let mut command = Command::new(bin);
         command.arg("cell");
         if let Some(config) = config {
             command.arg("--config").arg(config);

@@ -27,6 +27,7 @@ mod kafka_queue;
 mod links;
 mod metrics;
 mod migration;
+mod mixed_version;
 mod move_failover;
 mod operations;
 mod presence;
