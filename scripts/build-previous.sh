@@ -18,6 +18,10 @@ if [ -x "$bin" ] && [ "$(cat "$out/commit" 2>/dev/null)" = "$commit" ]; then
 fi
 mkdir -p "$out"
 if ! git cat-file -e "$commit^{commit}" 2>/dev/null; then
+  # A shallow clone: fetch the history it was cut from.
+  git fetch --quiet --unshallow >/dev/null 2>&1 || git fetch --quiet origin "$commit" >/dev/null 2>&1 || true
+fi
+if ! git cat-file -e "$commit^{commit}" 2>/dev/null; then
   echo "the previous release $tag ($commit) is not in this clone's history" >&2
   exit 1
 fi
