@@ -653,13 +653,20 @@ async fn open_queue(
             if config.search.enabled {
                 groups.push(crate::search::indexer::group(&config.processor_group()));
             }
-            let outbox = match config.queue.embedded_log {
-                EmbeddedLog::Outbox => true,
-                EmbeddedLog::Partitioned => false,
-                EmbeddedLog::Auto => cluster_version.is_none_or(|v| {
-                    cellmesh_proto::version::enabled(&v, cellmesh_proto::version::OUTBOX_QUEUE)
-                }),
-            };
+            // A store whose outbox was consumed in place stays so: the
+            // partitioned log would hand its events out again.
+            let consumed_in_place = store.queue_offset(
+                &config.processor_group(),
+                crate::queue::embedded::OUTBOX_PARTITION,
+            )? > 0;
+            let outbox = consumed_in_place
+                || match config.queue.embedded_log {
+                    EmbeddedLog::Outbox => true,
+                    EmbeddedLog::Partitioned => false,
+                    EmbeddedLog::Auto => cluster_version.is_none_or(|v| {
+                        cellmesh_proto::version::enabled(&v, cellmesh_proto::version::OUTBOX_QUEUE)
+                    }),
+                };
             if outbox {
                 Arc::new(EmbeddedQueue::open(store.clone())?.with_groups(groups))
             } else {

@@ -210,5 +210,23 @@ async fn a_cell_keeps_the_partitioned_log_until_it_may_read_the_outbox() {
         pushed_once(&cell.endpoint, conv, 40).await,
         (1..=40).collect::<Vec<_>>()
     );
+    let dir = cell.stop().await;
+
+    // Once consumed in place, never back: a pinned partitioned log would
+    // hand the outbox's events out again.
+    let cell = TestCell::start_in(
+        dir,
+        |c| c.queue.embedded_log = EmbeddedLog::Partitioned,
+        clock(),
+    )
+    .await;
+    let mut client = cell.client().await;
+    for i in 0..5 {
+        send_direct(&mut client, text(1, 1, conv, &format!("d{i}"), "pinned")).await;
+    }
+    assert_eq!(
+        pushed_once(&cell.endpoint, conv, 45).await,
+        (1..=45).collect::<Vec<_>>()
+    );
     cell.stop().await;
 }

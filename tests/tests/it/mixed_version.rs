@@ -6,9 +6,10 @@
 //! new one (this release's migrator copying from the old cell); its
 //! members' events go back to their homes on the old cell (which has no
 //! delivery stream: the unary call); `ctl upgrade finalize` is refused
-//! while the old release runs; the old router and cell are upgraded in
-//! place (same data, this binary); then the finalize is taken, and the
-//! history is whole, in order, once.
+//! while the old release runs; the old cell is upgraded in place (same
+//! data, this binary), rolled back to the previous release and upgraded
+//! again, its users' events pushed each time; the old router is upgraded;
+//! then the finalize is taken, and the history is whole, in order, once.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -91,6 +92,55 @@ fn cell_toml(dir: &Path, cell_id: &str, routers: &[String], previous: bool) -> S
         .join("\n")
 }
 
+/// Sends `n` messages tagged `{prefix}-{i}` through the edge as user 10;
+/// each must get the next seq after `last`. Returns the last seq.
+async fn send_n(
+    m: &mut cellmesh_proto::v1::messaging_client::MessagingClient<tonic::transport::Channel>,
+    conv: u64,
+    prefix: &str,
+    n: u64,
+    last: u64,
+    sent: &mut Vec<String>,
+) -> u64 {
+    for i in 0..n {
+        let tag = format!("{prefix}-{i}");
+        let r = m
+            .send(authed(text(conv, &tag), &token(1, 10)))
+            .await
+            .unwrap();
+        assert_eq!(r.into_inner().seq, last + i + 1, "{tag}");
+        sent.push(tag);
+    }
+    last + n
+}
+
+/// Bob's device from pts 0 through the edge: the seqs of the first `n`
+/// messages pushed.
+async fn bobs_pushes(edge: &cellmesh_edge::RunningEdge, n: usize) -> Vec<u64> {
+    let channel = tonic::transport::Channel::from_shared(edge.endpoint())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut stream = SyncClient::new(channel)
+        .subscribe(authed(SubscribeRequest::default(), &token(1, 11)))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut pushed = Vec::new();
+    while pushed.len() < n {
+        let push = cellmesh_tests::sync::next_push(&mut stream, Duration::from_secs(20))
+            .await
+            .unwrap_or_else(|| panic!("only {pushed:?} reached bob's home"));
+        if let Some(sync_push::Push::Event(e)) = push.push
+            && e.kind == SyncEventKind::Message as i32
+        {
+            pushed.push(e.seq);
+        }
+    }
+    pushed
+}
+
 fn finalize(routers: &[String]) -> std::process::Output {
     Command::new(cellmesh_bin())
         .args(["ctl", "--routers", &routers.join(","), "--secret", SECRET])
@@ -153,54 +203,16 @@ async fn this_release_runs_beside_the_previous_one_and_upgrades_it_in_place() {
     let mut m = messaging(&edge).await;
     let conv = create_via_edge(&mut m, &alice, vec![11, 12]).await;
     let mut sent = Vec::new();
-    let mut send = |tag: String| {
-        sent.push(tag.clone());
-        text(conv, &tag)
-    };
-    for i in 0..10 {
-        let r = m
-            .send(authed(send(format!("old-{i}")), &alice))
-            .await
-            .unwrap();
-        assert_eq!(r.into_inner().seq, i + 1);
-    }
+    let mut seq = send_n(&mut m, conv, "old", 10, 0, &mut sent).await;
 
     // Moved onto this release's cell by this release's migrator.
     migrator(&routes)
         .migrate_conversation(1, conv, "us-east/c1", |_| {})
         .await
         .expect("the conversation moves from the previous release's cell");
-    for i in 0..10 {
-        let r = m
-            .send(authed(send(format!("new-{i}")), &alice))
-            .await
-            .unwrap();
-        assert_eq!(r.into_inner().seq, 11 + i);
-    }
+    seq = send_n(&mut m, conv, "new", 10, seq, &mut sent).await;
     // Bob's home is the old cell: the new owner's events reach it.
-    let channel = tonic::transport::Channel::from_shared(edge.endpoint())
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut stream = SyncClient::new(channel)
-        .subscribe(authed(SubscribeRequest::default(), &token(1, 11)))
-        .await
-        .unwrap()
-        .into_inner();
-    let mut pushed = Vec::new();
-    while pushed.len() < 20 {
-        let push = cellmesh_tests::sync::next_push(&mut stream, Duration::from_secs(20))
-            .await
-            .unwrap_or_else(|| panic!("only {pushed:?} reached bob's home on the old cell"));
-        if let Some(sync_push::Push::Event(e)) = push.push
-            && e.kind == SyncEventKind::Message as i32
-        {
-            pushed.push(e.seq);
-        }
-    }
-    assert_eq!(pushed, (1..=20).collect::<Vec<_>>());
-    drop(stream);
+    assert_eq!(bobs_pushes(&edge, 20).await, (1..=20).collect::<Vec<_>>());
 
     let refused = finalize(&routers);
     assert!(
@@ -213,14 +225,25 @@ async fn this_release_runs_beside_the_previous_one_and_upgrades_it_in_place() {
         "{said}"
     );
 
-    // Upgraded in place: same data and config, this release's binary.
+    // The old cell upgraded in place (same data and config, this binary),
+    // rolled back to the previous release, and upgraded again: before the
+    // finalize each reads what the other wrote. Bob's home goes on.
     old_cell.stop().await;
-    let upgraded_cell = CellProcess::start_built(
-        &cellmesh_bin(),
-        old_dir.path(),
-        &cell_toml(old_dir.path(), "eu-west/c1", &routers, false),
-    )
-    .await;
+    let mut home = None;
+    for (bin, previous, tag) in [
+        (cellmesh_bin(), false, "upgraded"),
+        (previous.clone(), true, "rolled-back"),
+        (cellmesh_bin(), false, "again"),
+    ] {
+        if let Some(cell) = home.take() {
+            CellProcess::stop(cell).await;
+        }
+        let toml = cell_toml(old_dir.path(), "eu-west/c1", &routers, previous);
+        home = Some(CellProcess::start_built(&bin, old_dir.path(), &toml).await);
+        seq = send_n(&mut m, conv, tag, 2, seq, &mut sent).await;
+        let want: Vec<u64> = (1..=seq).collect();
+        assert_eq!(bobs_pushes(&edge, seq as usize).await, want, "{tag}");
+    }
     old_router.take().unwrap().stop().await;
     let _upgraded_router = RouterProcess::start(&cellmesh_bin(), &configs[0]);
     let finalized = eventually(Duration::from_secs(60), || {
@@ -236,18 +259,16 @@ async fn this_release_runs_beside_the_previous_one_and_upgrades_it_in_place() {
     let version = routes.read(|t| t.cluster_version.clone());
     assert_eq!(version, cellmesh_proto::version::BINARY);
 
-    for i in 0..5 {
-        let r = m
-            .send(authed(send(format!("after-{i}")), &alice))
-            .await
-            .unwrap();
-        assert_eq!(r.into_inner().seq, 21 + i);
-    }
+    seq = send_n(&mut m, conv, "after", 5, seq, &mut sent).await;
     let history = history_via_edge(&mut m, &alice, conv).await;
     let seqs: Vec<u64> = history.iter().map(|s| s.seq).collect();
-    assert_eq!(seqs, (1..=25).collect::<Vec<_>>(), "whole, in order, once");
-    let bodies: Vec<String> = history.iter().map(|s| s.tag.clone()).collect();
-    assert_eq!(bodies, sent);
-    drop(upgraded_cell);
+    assert_eq!(seqs, (1..=seq).collect::<Vec<_>>(), "whole, in order, once");
+    let tags: Vec<String> = history.iter().map(|s| s.tag.clone()).collect();
+    assert_eq!(tags, sent);
+    assert_eq!(
+        bobs_pushes(&edge, seq as usize).await,
+        (1..=seq).collect::<Vec<_>>()
+    );
+    drop(home);
     new_cell.stop().await;
 }
