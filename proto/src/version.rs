@@ -11,6 +11,10 @@ use std::fmt;
 /// The release of this build.
 pub const BINARY: &str = env!("CARGO_PKG_VERSION");
 
+/// The response header in which every internal server (cells, routers, the
+/// control plane; health checks included) names its release.
+pub const HEADER: &str = "x-cellmesh-version";
+
 /// The first release with a cluster version: before finalize, a
 /// deployment upgraded from an earlier build reads as this one's
 /// predecessor.

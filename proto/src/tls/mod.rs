@@ -433,46 +433,69 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
-        if installed().is_none() {
-            return Box::pin(self.inner.call(request));
-        }
-        let service = request
-            .uri()
-            .path()
-            .trim_start_matches('/')
-            .split('/')
-            .next()
-            .unwrap_or_default()
-            .to_string();
-        let info = request.extensions().get::<crate::server::ConnInfo>();
-        if let Some(serial) = info.and_then(|i| i.serial.as_deref())
-            && installed().is_some_and(|tls| tls.is_revoked(serial))
-        {
-            let who = info
-                .and_then(|i| i.peer.as_ref())
-                .map_or("a client".into(), |p| p.to_string());
-            let status = to_status(
-                ErrorCode::PermissionDenied,
-                Reason::CertificateRevoked,
-                format!("the certificate of {who} is revoked"),
-                0,
-                None,
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let answer = authorized_call(&mut self.inner, request);
+        Box::pin(async move {
+            let mut response = answer.await?;
+            response.headers_mut().insert(
+                crate::version::HEADER,
+                http::HeaderValue::from_static(crate::version::BINARY),
             );
-            return Box::pin(async move { Ok(status.into_http()) });
+            Ok(response)
+        })
+    }
+}
+
+/// `inner`'s answer, or the refusal of a caller that may not call it.
+#[allow(clippy::type_complexity)]
+fn authorized_call<S, B, R>(
+    inner: &mut S,
+    mut request: http::Request<B>,
+) -> Pin<Box<dyn Future<Output = Result<http::Response<R>, S::Error>> + Send>>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<R>>,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    R: Default + Send + 'static,
+{
+    if installed().is_none() {
+        return Box::pin(inner.call(request));
+    }
+    let service = request
+        .uri()
+        .path()
+        .trim_start_matches('/')
+        .split('/')
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    let info = request.extensions().get::<crate::server::ConnInfo>();
+    if let Some(serial) = info.and_then(|i| i.serial.as_deref())
+        && installed().is_some_and(|tls| tls.is_revoked(serial))
+    {
+        let who = info
+            .and_then(|i| i.peer.as_ref())
+            .map_or("a client".into(), |p| p.to_string());
+        let status = to_status(
+            ErrorCode::PermissionDenied,
+            Reason::CertificateRevoked,
+            format!("the certificate of {who} is revoked"),
+            0,
+            None,
+        );
+        return Box::pin(async move { Ok(status.into_http()) });
+    }
+    match Peer::of_request(request.extensions()) {
+        Some(peer) if may_call(peer.role, &service) => {
+            request.extensions_mut().insert(peer);
+            Box::pin(inner.call(request))
         }
-        match Peer::of_request(request.extensions()) {
-            Some(peer) if may_call(peer.role, &service) => {
-                request.extensions_mut().insert(peer);
-                Box::pin(self.inner.call(request))
-            }
-            peer => {
-                let who = peer.map_or("a certificate without a cellmesh identity".into(), |p| {
-                    p.to_string()
-                });
-                let status = denied(format!("{who} may not call {service}"));
-                Box::pin(async move { Ok(status.into_http()) })
-            }
+        peer => {
+            let who = peer.map_or("a certificate without a cellmesh identity".into(), |p| {
+                p.to_string()
+            });
+            let status = denied(format!("{who} may not call {service}"));
+            Box::pin(async move { Ok(status.into_http()) })
         }
     }
 }

@@ -1,9 +1,10 @@
 //! Releases and the cluster version over a running deployment: every
 //! process reports the release it runs (routers in their status, cells,
 //! edges and the control plane to the routers), `cellmesh ctl upgrade
-//! status` lists them, a new cluster starts at this release, `finalize`
-//! to a release nobody runs yet is refused naming every laggard, and a
-//! cell of a release older than the cluster version cannot register.
+//! status` lists them, health checks name it, a new cluster starts at this
+//! release, `finalize` to a release nobody runs yet is refused naming
+//! every laggard, and a cell of a release older than the cluster version
+//! cannot register.
 
 use std::process::Command;
 use std::time::Duration;
@@ -86,6 +87,27 @@ async fn every_process_reports_its_release_and_finalize_waits_for_all() {
         );
     }
     assert!(names.iter().any(|n| n.starts_with("edge ")), "{names:?}");
+
+    // Health checks name the release too (cells and routers).
+    for endpoint in [d.cells[0].endpoint.clone(), routers[0].clone()] {
+        let channel = tonic::transport::Channel::from_shared(endpoint.clone())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut request = tonic::Request::new(tonic_health::pb::HealthCheckRequest::default());
+        cellmesh_proto::secret::ClusterSecret::new(SECRET).attach(&mut request);
+        let answer = tonic_health::pb::health_client::HealthClient::new(channel)
+            .check(request)
+            .await
+            .unwrap();
+        let named = answer.metadata().get(cellmesh_proto::version::HEADER);
+        assert_eq!(
+            named.and_then(|v| v.to_str().ok()),
+            Some(BINARY),
+            "{endpoint}'s health check names its release"
+        );
+    }
 
     // Nobody runs 0.99.0: refused, naming every process.
     let out = ctl(&routers, &["finalize", "--version", "0.99.0"]);
