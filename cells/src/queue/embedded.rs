@@ -15,12 +15,10 @@ use std::time::Duration;
 use cellmesh_proto::storage::v1::QueuedEvent;
 use tokio::sync::{Notify, watch};
 
+use super::partitioned::{TRIM_EVERY, read_partitions, stage_position};
 use super::{Delivery, EventConsumer, EventQueue, QueueError, last_offsets};
 use crate::failpoints::Action;
 use crate::storage::{Mutation, Store};
-
-/// Trim every this many processed offsets.
-const TRIM_EVERY: u64 = 4_096;
 
 /// The partition number deliveries from the outbox carry.
 pub const OUTBOX_PARTITION: u32 = u32::MAX;
@@ -145,24 +143,7 @@ impl EmbeddedConsumer {
     }
 
     fn read_legacy(&mut self, max: usize) -> Result<Vec<Delivery>, QueueError> {
-        let n = self.legacy.len();
-        let mut out = Vec::new();
-        for i in 0..n {
-            if out.len() >= max {
-                break;
-            }
-            let (p, after) = &mut self.legacy[(self.next_partition + i) % n];
-            for (offset, event) in self.store.queue_after(*p, *after, max - out.len())? {
-                *after = offset;
-                out.push(Delivery {
-                    partition: *p,
-                    offset,
-                    event,
-                });
-            }
-        }
-        self.next_partition = (self.next_partition + 1) % n;
-        Ok(out)
+        read_partitions(&self.store, &mut self.legacy, &mut self.next_partition, max)
     }
 }
 
@@ -202,19 +183,12 @@ impl EventConsumer for EmbeddedConsumer {
         m: &mut Mutation,
     ) -> Result<bool, QueueError> {
         for (partition, offset) in last_offsets(deliveries) {
-            m.put_queue_offset(&self.group, partition, offset);
             if partition == OUTBOX_PARTITION {
+                m.put_queue_offset(&self.group, partition, offset);
                 self.consumed(m, offset)?;
                 continue;
             }
-            let before = self.store.queue_offset(&self.group, partition)?;
-            if offset / TRIM_EVERY > before / TRIM_EVERY {
-                let mut upto = offset;
-                for group in &self.others {
-                    upto = upto.min(self.store.queue_offset(group, partition)?);
-                }
-                m.trim_queue(partition, upto);
-            }
+            stage_position(&self.store, &self.group, &self.others, partition, offset, m)?;
         }
         Ok(true)
     }

@@ -19,8 +19,8 @@ use tokio::sync::Notify;
 use super::{Delivery, EventConsumer, EventQueue, QueueError, last_offsets, partition_of};
 use crate::storage::{Mutation, Store};
 
-/// Trim a partition every this many processed offsets.
-const TRIM_EVERY: u64 = 4_096;
+/// Trim a partition, or the outbox, every this many processed offsets.
+pub(super) const TRIM_EVERY: u64 = 4_096;
 
 pub struct PartitionedQueue {
     store: Arc<Store>,
@@ -80,8 +80,8 @@ impl EventQueue for PartitionedQueue {
 
     async fn consumer(&self, group: &str) -> Result<Box<dyn EventConsumer>, QueueError> {
         let positions = (0..self.partitions)
-            .map(|p| self.store.queue_offset(group, p))
-            .collect::<Result<Vec<_>, _>>()?;
+            .map(|p| Ok((p, self.store.queue_offset(group, p)?)))
+            .collect::<Result<Vec<_>, QueueError>>()?;
         Ok(Box::new(PartitionedConsumer {
             store: self.store.clone(),
             group: group.to_string(),
@@ -101,8 +101,8 @@ impl EventQueue for PartitionedQueue {
 struct PartitionedConsumer {
     store: Arc<Store>,
     group: String,
-    /// Last offset handed out per partition.
-    positions: Vec<u64>,
+    /// Each partition with the last offset handed out.
+    positions: Vec<(u32, u64)>,
     published: Arc<Notify>,
     /// Where the next poll starts, so no partition starves.
     next_partition: usize,
@@ -112,28 +112,64 @@ struct PartitionedConsumer {
 
 impl PartitionedConsumer {
     fn read(&mut self, max: usize) -> Result<Vec<Delivery>, QueueError> {
-        let n = self.positions.len();
-        let mut out = Vec::new();
-        for i in 0..n {
-            let p = (self.next_partition + i) % n;
-            if out.len() >= max {
-                break;
-            }
-            for (offset, event) in
-                self.store
-                    .queue_after(p as u32, self.positions[p], max - out.len())?
-            {
-                self.positions[p] = offset;
-                out.push(Delivery {
-                    partition: p as u32,
-                    offset,
-                    event,
-                });
-            }
-        }
-        self.next_partition = (self.next_partition + 1) % n;
-        Ok(out)
+        read_partitions(
+            &self.store,
+            &mut self.positions,
+            &mut self.next_partition,
+            max,
+        )
     }
+}
+
+/// Up to `max` entries after each partition's position, taken round-robin
+/// from `*next` (which moves on, so no partition starves); the positions
+/// move past what is handed out.
+pub(super) fn read_partitions(
+    store: &Store,
+    positions: &mut [(u32, u64)],
+    next: &mut usize,
+    max: usize,
+) -> Result<Vec<Delivery>, QueueError> {
+    let n = positions.len();
+    let mut out = Vec::new();
+    for i in 0..n {
+        if out.len() >= max {
+            break;
+        }
+        let (p, after) = &mut positions[(*next + i) % n];
+        for (offset, event) in store.queue_after(*p, *after, max - out.len())? {
+            *after = offset;
+            out.push(Delivery {
+                partition: *p,
+                offset,
+                event,
+            });
+        }
+    }
+    *next = (*next + 1) % n.max(1);
+    Ok(out)
+}
+
+/// Stages `group`'s position in `partition` at `offset`, and at every
+/// [`TRIM_EVERY`] a trim of what every one of `others` has processed too.
+pub(super) fn stage_position(
+    store: &Store,
+    group: &str,
+    others: &[String],
+    partition: u32,
+    offset: u64,
+    m: &mut Mutation,
+) -> Result<(), QueueError> {
+    let before = store.queue_offset(group, partition)?;
+    m.put_queue_offset(group, partition, offset);
+    if offset / TRIM_EVERY > before / TRIM_EVERY {
+        let mut upto = offset;
+        for other in others {
+            upto = upto.min(store.queue_offset(other, partition)?);
+        }
+        m.trim_queue(partition, upto);
+    }
+    Ok(())
 }
 
 #[tonic::async_trait]
@@ -162,15 +198,14 @@ impl EventConsumer for PartitionedConsumer {
     async fn commit(&mut self, deliveries: &[Delivery]) -> Result<(), QueueError> {
         let mut m = Mutation::new();
         for (partition, offset) in last_offsets(deliveries) {
-            let before = self.store.queue_offset(&self.group, partition)?;
-            m.put_queue_offset(&self.group, partition, offset);
-            if offset / TRIM_EVERY > before / TRIM_EVERY {
-                let mut upto = offset;
-                for group in &self.others {
-                    upto = upto.min(self.store.queue_offset(group, partition)?);
-                }
-                m.trim_queue(partition, upto);
-            }
+            stage_position(
+                &self.store,
+                &self.group,
+                &self.others,
+                partition,
+                offset,
+                &mut m,
+            )?;
         }
         if !m.is_empty() {
             self.store.commit(m).await?;

@@ -42,10 +42,13 @@ impl Reports {
         }
         let now = Instant::now();
         let mut reports = self.by_process.lock().expect("process reports");
-        reports.retain(|_, (_, at)| now.duration_since(*at) < FORGET_AFTER);
         let key = (report.role.clone(), report.name.clone());
         if reports.len() >= MOST && !reports.contains_key(&key) {
-            return Err(Status::resource_exhausted("too many processes reporting"));
+            // Full: forget the silent ones first (not on every report).
+            reports.retain(|_, (_, at)| now.duration_since(*at) < FORGET_AFTER);
+            if reports.len() >= MOST {
+                return Err(Status::resource_exhausted("too many processes reporting"));
+            }
         }
         reports.insert(key, (report, now));
         Ok(())
