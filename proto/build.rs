@@ -17,6 +17,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 "proto/cellmesh/v1/peer.proto",
                 "proto/cellmesh/v1/routing.proto",
                 "proto/cellmesh/v1/operations.proto",
+                "proto/cellmesh/v1/backups.proto",
                 "proto/cellmesh/raft/v1/raft.proto",
                 "proto/cellmesh/storage/v1/storage.proto",
                 "proto/google/rpc/status.proto",

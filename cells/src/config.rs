@@ -50,6 +50,8 @@ pub struct CellConfig {
     pub attachments: crate::attachments::AttachmentsConfig,
     /// Full-text search: the tenants' indexes and their languages.
     pub search: crate::search::SearchConfig,
+    /// Where this cell's backups go and how fast they may run.
+    pub backup: crate::backup::BackupConfig,
 }
 
 /// When a write is acknowledged relative to this cell's standbys (the cells
@@ -357,6 +359,7 @@ impl Default for CellConfig {
             tiering: Default::default(),
             attachments: Default::default(),
             search: Default::default(),
+            backup: Default::default(),
         }
     }
 }
@@ -502,6 +505,7 @@ impl CellConfig {
         self.telemetry.validate()?;
         self.tiering.validate()?;
         self.attachments.validate()?;
+        self.backup.validate()?;
         self.search.validate()?;
         self.limits.validate()?;
         self.rate_limit.validate()?;

@@ -26,6 +26,7 @@
 //! - [`server`]: starting and stopping a cell; [`config`]: its TOML config.
 
 pub mod attachments;
+pub mod backup;
 pub mod clock;
 pub mod cold;
 pub mod config;

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use cellmesh_proto::server::standard_services;
 use cellmesh_proto::v1::attachments_server::AttachmentsServer;
+use cellmesh_proto::v1::backups_server::BackupsServer;
 use cellmesh_proto::v1::cell_peer_server::CellPeerServer;
 use cellmesh_proto::v1::messaging_server::MessagingServer;
 use cellmesh_proto::v1::sync_server::SyncServer;
@@ -19,7 +20,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::QueueBackend;
 use crate::config::{CellConfig, ConfigError, REQUEST_OVERHEAD_BYTES};
 use crate::error::CellError;
-use crate::grpc::{AttachmentsApi, MessagingApi, PeerApi, SyncApi};
+use crate::grpc::{AttachmentsApi, BackupsApi, MessagingApi, PeerApi, SyncApi};
 use crate::homes::Homes;
 use crate::homes::StaticHomes;
 use crate::hwm::HighWaterMarks;
@@ -68,6 +69,8 @@ pub enum StartError {
     Tls(String),
     #[error("cannot open the attachments store: {0}")]
     Attachments(String),
+    #[error("cannot open the backup store: {0}")]
+    Backups(String),
 }
 
 /// How a cell learns what it owns and where its users live.
@@ -371,6 +374,7 @@ pub async fn start_placed(
 
     let standard = standard_services::<MessagingServer<MessagingApi>>(&[
         <AttachmentsServer<AttachmentsApi> as tonic::server::NamedService>::NAME,
+        <BackupsServer<BackupsApi> as tonic::server::NamedService>::NAME,
         <SyncServer<SyncApi> as tonic::server::NamedService>::NAME,
         <CellPeerServer<PeerApi> as tonic::server::NamedService>::NAME,
     ])
@@ -403,6 +407,12 @@ pub async fn start_placed(
     standard.reporter.set_serving::<SyncServer<SyncApi>>().await;
     let attachments_api = InterceptedService::new(
         AttachmentsServer::new(AttachmentsApi::new(service.clone())),
+        guard(secret.clone()),
+    );
+    let backups = crate::backup::Backups::open(&config.backup, &config.cell_id, &config.data_dir)
+        .map_err(|e| StartError::Backups(e.to_string()))?;
+    let backups_api = InterceptedService::new(
+        BackupsServer::new(BackupsApi::new(Arc::new(backups), service.clone())),
         guard(secret.clone()),
     );
     let sync_api = InterceptedService::new(
@@ -458,6 +468,7 @@ pub async fn start_placed(
             .add_service(messaging)
             .add_service(sync_api)
             .add_service(attachments_api)
+            .add_service(backups_api)
             .add_service(peer_api)
             .serve_with_incoming_shutdown(cellmesh_proto::server::incoming(listener), begun)
             .await;

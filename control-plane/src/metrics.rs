@@ -95,6 +95,7 @@ fn kind(spec: &Spec) -> &'static str {
         Spec::MoveTenant { .. } => "move_tenant",
         Spec::Drain { .. } => "drain",
         Spec::Failback { .. } => "failback",
+        Spec::Backup { .. } => "backup",
         Spec::ExpireHistory { .. } => "expire_history",
     }
 }

@@ -76,6 +76,8 @@ pub struct ControlPlaneConfig {
     pub links: std::collections::BTreeMap<String, String>,
     /// Resuming moves whose migrator went away.
     pub migrations: crate::migration::orphans::OrphanConfig,
+    /// Backups of every cell on a schedule (`[backups]`).
+    pub backups: crate::operations::backup::BackupSchedule,
 }
 
 /// Leader election between control-plane replicas, and cell liveness from
@@ -164,6 +166,7 @@ impl Default for ControlPlaneConfig {
             tls: Default::default(),
             links: Default::default(),
             migrations: Default::default(),
+            backups: Default::default(),
         }
     }
 }
@@ -225,6 +228,12 @@ impl ControlPlaneConfig {
             86_400_000,
         )?;
         check_range("migrations.tenant_parallel", m.tenant_parallel, 1, 1_024)?;
+        check_range(
+            "backups.interval_secs",
+            self.backups.interval_secs,
+            0,
+            30 * 86_400,
+        )?;
         check(
             "coordination.etcd_endpoints",
             self.coordination.backend != CoordinationBackend::Etcd
@@ -536,10 +545,16 @@ async fn lead(
             ),
             config.coordination.name.clone(),
         );
+        let backups = crate::operations::backup::schedule(
+            config.backups.clone(),
+            routes.clone(),
+            OperationStore::new(coordination.clone()),
+        );
         tokio::select! {
             _ = run(config.clone(), coordination.clone(), routes.clone(), events.clone()) => {}
             _ = orphans => {}
             _ = operations => {}
+            _ = backups => {}
             _ = async {
                 // A closed channel means the lease cannot report loss.
                 if lost.wait_for(|l| *l).await.is_err() {

@@ -49,6 +49,13 @@ pub enum Spec {
         cell: String,
         parallel: usize,
     },
+    /// A backup of a cell's database into its backup store; then only the
+    /// newest `keep` of its backups are kept (0: all).
+    Backup {
+        cell: String,
+        #[serde(default)]
+        keep: u32,
+    },
     /// A cell deleted (or is deleting) a tenant's cold history past its
     /// `retention_days`. Recorded by the cell itself, never run by the
     /// control plane: `done`/`total` count segments, `rows` messages.
@@ -76,6 +83,7 @@ impl Spec {
                 None => format!("drain {cell} into its fallback"),
             },
             Spec::Failback { cell, .. } => format!("fail back to {cell}"),
+            Spec::Backup { cell, .. } => format!("back up {cell}"),
             Spec::ExpireHistory {
                 tenant,
                 cell,
@@ -101,7 +109,10 @@ impl Spec {
                 Some(Key::user(TenantId(*tenant), UserId(*user)))
             }
             Spec::MoveTenant { tenant, .. } => Some(Key::tenant(TenantId(*tenant))),
-            Spec::Drain { .. } | Spec::Failback { .. } | Spec::ExpireHistory { .. } => None,
+            Spec::Drain { .. }
+            | Spec::Failback { .. }
+            | Spec::Backup { .. }
+            | Spec::ExpireHistory { .. } => None,
         }
     }
 
@@ -117,7 +128,10 @@ impl Spec {
             Spec::MoveConversation { to, .. }
             | Spec::MoveUser { to, .. }
             | Spec::MoveTenant { to, .. } => Some(to),
-            Spec::Drain { .. } | Spec::Failback { .. } | Spec::ExpireHistory { .. } => None,
+            Spec::Drain { .. }
+            | Spec::Failback { .. }
+            | Spec::Backup { .. }
+            | Spec::ExpireHistory { .. } => None,
         }
     }
 
@@ -134,7 +148,9 @@ impl Spec {
             Spec::Drain { cell, to, .. } => std::iter::once(cell.as_str())
                 .chain(to.as_deref())
                 .collect(),
-            Spec::Failback { cell, .. } | Spec::ExpireHistory { cell, .. } => vec![cell],
+            Spec::Failback { cell, .. }
+            | Spec::Backup { cell, .. }
+            | Spec::ExpireHistory { cell, .. } => vec![cell],
         }
     }
 }
@@ -197,6 +213,31 @@ pub struct Operation {
 }
 
 impl Operation {
+    /// A pending operation, created at `now_ms`.
+    pub fn new(spec: Spec, now_ms: u64) -> Self {
+        Self {
+            id: format!("op-{now_ms}-{:04x}", rand::random::<u16>()),
+            spec,
+            state: State::Pending,
+            phase: String::new(),
+            done: 0,
+            total: 0,
+            message: String::new(),
+            created_ms: now_ms,
+            updated_ms: now_ms,
+            runner: String::new(),
+            cancel_requested: false,
+            pause_requested: false,
+            route_paused: false,
+            rows: 0,
+            lag: 0,
+            frozen_ms: 0,
+            bytes: 0,
+            eta_ms: 0,
+            files: FileProgress::default(),
+        }
+    }
+
     pub fn to_pb(&self) -> pb::OperationInfo {
         let state = match self.state {
             State::Pending | State::Running if self.pause_requested => pb::OperationState::Paused,
@@ -303,28 +344,7 @@ impl OperationStore {
 
     /// Records a new, pending operation.
     pub async fn create(&self, spec: Spec) -> Result<Operation, StoreError> {
-        let now = now_ms();
-        let op = Operation {
-            id: format!("op-{now}-{:04x}", rand::random::<u16>()),
-            spec,
-            state: State::Pending,
-            phase: String::new(),
-            done: 0,
-            total: 0,
-            message: String::new(),
-            created_ms: now,
-            updated_ms: now,
-            runner: String::new(),
-            cancel_requested: false,
-            pause_requested: false,
-            route_paused: false,
-            rows: 0,
-            lag: 0,
-            frozen_ms: 0,
-            bytes: 0,
-            eta_ms: 0,
-            files: FileProgress::default(),
-        };
+        let op = Operation::new(spec, now_ms());
         let value = serde_json::to_string(&op).expect("operations serialize");
         let key = format!("{OPERATIONS_PREFIX}{}", op.id);
         if !self

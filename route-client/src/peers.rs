@@ -80,6 +80,16 @@ impl Peers {
             .max_encoding_message_size(MAX_MESSAGE))
     }
 
+    /// A `Backups` client of the cell at `address`.
+    pub fn backups(
+        &self,
+        address: &str,
+    ) -> Result<cellmesh_proto::v1::backups_client::BackupsClient<Channel>, DialError> {
+        Ok(cellmesh_proto::v1::backups_client::BackupsClient::new(
+            self.channel(address)?,
+        ))
+    }
+
     /// Forgets the channel of `address` (its process came back elsewhere,
     /// or its connection is suspect).
     pub fn forget(&self, address: &str) {

@@ -52,6 +52,8 @@ pub fn test_config(dir: &Path) -> CellConfig {
     // not at whatever moment a background pass comes round: a test that
     // reads a copy through the export sees all of it hot.
     config.tiering.interval_ms = 3_600_000;
+    // Backups beside the data dir would be shared by every test's cell.
+    config.backup.local_dir = dir.join("backups");
     config
 }
 

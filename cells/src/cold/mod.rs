@@ -44,6 +44,30 @@ pub struct StoredObject {
     pub modified_ms: u64,
 }
 
+/// The object store `store` names — a local directory (created) or an S3
+/// bucket — and the prefix of every key in it; `what` names its use in
+/// errors.
+pub fn open_bucket(
+    store: TierStore,
+    local_dir: &Path,
+    s3: &S3Config,
+    what: &str,
+) -> Result<(Arc<dyn ObjectStore>, String), String> {
+    match store {
+        TierStore::Local => {
+            std::fs::create_dir_all(local_dir)
+                .map_err(|e| format!("{what} directory {}: {e}", local_dir.display()))?;
+            let store = object_store::local::LocalFileSystem::new_with_prefix(local_dir)
+                .map_err(|e| format!("{what} directory {}: {e}", local_dir.display()))?;
+            Ok((Arc::new(store), String::new()))
+        }
+        TierStore::S3 => Ok((
+            Arc::new(s3.build(what)?),
+            s3.prefix.trim_matches('/').to_string(),
+        )),
+    }
+}
+
 /// One cell's view of the cold tier.
 pub struct ColdTier {
     store: Arc<dyn ObjectStore>,
@@ -63,23 +87,12 @@ impl ColdTier {
         data_dir: &Path,
         journal: journal::Journal,
     ) -> Result<Self, String> {
-        let (store, prefix): (Arc<dyn ObjectStore>, String) = match config.store {
-            TierStore::Local => {
-                let dir = config.local_dir_under(data_dir);
-                std::fs::create_dir_all(&dir)
-                    .map_err(|e| format!("cold tier directory {}: {e}", dir.display()))?;
-                let store = object_store::local::LocalFileSystem::new_with_prefix(&dir)
-                    .map_err(|e| format!("cold tier directory {}: {e}", dir.display()))?;
-                (Arc::new(store), String::new())
-            }
-            TierStore::S3 => {
-                let store = config.s3.build("cold tier")?;
-                (
-                    Arc::new(store),
-                    config.s3.prefix.trim_matches('/').to_string(),
-                )
-            }
-        };
+        let (store, prefix) = open_bucket(
+            config.store,
+            &config.local_dir_under(data_dir),
+            &config.s3,
+            "cold tier",
+        )?;
         Ok(Self {
             store,
             prefix,

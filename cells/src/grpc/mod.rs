@@ -1,6 +1,7 @@
 //! The cell's gRPC surface: thin handlers over the domain services.
 
 mod attachments;
+mod backups;
 mod deliver;
 mod messaging;
 mod peer;
@@ -13,6 +14,7 @@ use tonic::{Response, Status};
 use tracing::Instrument;
 
 pub use attachments::AttachmentsApi;
+pub use backups::BackupsApi;
 pub use messaging::MessagingApi;
 pub use peer::PeerApi;
 pub use sync::SyncApi;

@@ -320,6 +320,18 @@ impl MessageService {
         ))
     }
 
+    pub fn config(&self) -> &CellConfig {
+        &self.config
+    }
+
+    /// The route-table index this cell's view has reached (0: standalone).
+    pub fn route_index(&self) -> u64 {
+        match self.ownership.route_index() {
+            u64::MAX => 0,
+            index => index,
+        }
+    }
+
     fn idempotency_expiry(&self, now_ms: u64) -> u64 {
         now_ms + self.config.idempotency.ttl_secs * 1000
     }

@@ -3,6 +3,7 @@
 //! domain methods of [`Store`] and writes by building a [`Mutation`] that the
 //! group committer ([`commit`]) applies atomically with the WAL synced.
 
+mod backup;
 pub mod changes;
 mod clear;
 mod commit;
@@ -30,6 +31,7 @@ use cellmesh_proto::storage::v1::{
 use prost::Message as _;
 use rocksdb::{ColumnFamily, DB, Direction, IteratorMode, ReadOptions};
 
+pub use backup::Queue;
 use commit::Lane;
 pub use commit::{CommitSlot, CommitStats, CommitTicket, Written};
 pub use keys::IdemKind;

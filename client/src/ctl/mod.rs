@@ -21,6 +21,7 @@ use serde_json::json;
 
 use crate::connect::describe;
 
+mod backup;
 mod moves;
 mod ops;
 mod status;
@@ -135,6 +136,12 @@ enum CtlCommand {
     Upgrade {
         #[command(subcommand)]
         command: upgrade::UpgradeCommand,
+    },
+    /// A cell's backups: take one (an operation of the control plane),
+    /// list, verify, delete; restore one before the cell starts.
+    Backup {
+        #[command(subcommand)]
+        command: backup::BackupCommand,
     },
     /// The router replicas: role, leader, term, applied index.
     Routers {
@@ -360,6 +367,12 @@ fn as_operation(command: &CtlCommand) -> anyhow::Result<Option<ops::StartCommand
             cell: cell.clone(),
             parallel: *parallel as u32,
         },
+        CtlCommand::Backup {
+            command: backup::BackupCommand::Create { cell, keep, .. },
+        } => Start::Backup {
+            cell: cell.clone(),
+            keep: *keep,
+        },
         _ => return Ok(None),
     }))
 }
@@ -397,6 +410,13 @@ pub async fn run(mut args: CtlArgs) -> anyhow::Result<()> {
             command,
         )
         .await;
+    }
+    if let CtlCommand::Backup {
+        command: command @ backup::BackupCommand::Restore { .. },
+    } = args.command
+    {
+        return backup::run_restore(command, &args.routers, &ClusterSecret::new(&args.secret))
+            .await;
     }
     if !args.here
         && let Some(what) = as_operation(&args.command)?
@@ -464,6 +484,9 @@ pub async fn run(mut args: CtlArgs) -> anyhow::Result<()> {
         }
         CtlCommand::Upgrade { command } => {
             upgrade::run(command, &routes, &args.routers, &secret).await?;
+        }
+        CtlCommand::Backup { command } => {
+            backup::run(command, &routes, &secret).await?;
         }
         CtlCommand::Cells { json } => {
             let cells: Vec<_> = routes.read(|t| t.cells.values().cloned().collect());

@@ -88,6 +88,12 @@ pub enum StartCommand {
         #[arg(long, default_value_t = 8)]
         parallel: u32,
     },
+    /// A backup of a cell, then only its newest `--keep` kept (0: all).
+    Backup {
+        cell: String,
+        #[arg(long, default_value_t = 0)]
+        keep: u32,
+    },
 }
 
 /// A client of the first control-plane replica that answers.
@@ -223,6 +229,10 @@ pub async fn run(
                 StartCommand::Failback { cell, parallel } => Spec::Failback(pb::FailbackSpec {
                     cell_id: cell,
                     parallel,
+                }),
+                StartCommand::Backup { cell, keep } => Spec::Backup(pb::BackupSpec {
+                    cell_id: cell,
+                    keep,
                 }),
             };
             let op = client

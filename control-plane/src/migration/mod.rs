@@ -189,6 +189,16 @@ impl Migrator {
         }
     }
 
+    /// How cells are dialled.
+    pub fn peers(&self) -> &Peers {
+        &self.peers
+    }
+
+    /// What calls to cells carry.
+    pub fn secret(&self) -> &ClusterSecret {
+        &self.secret
+    }
+
     /// This migrator dialling cells through `peers` (the deployment's
     /// links).
     pub fn with_peers(mut self, peers: Peers) -> Self {

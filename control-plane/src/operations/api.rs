@@ -126,6 +126,10 @@ fn spec_from_pb(spec: Option<PbSpec>) -> Result<Spec, Status> {
             cell: f.cell_id,
             parallel: parallel(f.parallel),
         },
+        Some(PbSpec::Backup(b)) => Spec::Backup {
+            cell: b.cell_id,
+            keep: b.keep,
+        },
     };
     let ids_set = match &spec {
         Spec::MoveConversation {
@@ -135,7 +139,7 @@ fn spec_from_pb(spec: Option<PbSpec>) -> Result<Spec, Status> {
         } => *tenant > 0 && *conversation > 0,
         Spec::MoveUser { tenant, user, .. } => *tenant > 0 && *user > 0,
         Spec::MoveTenant { tenant, .. } => *tenant > 0,
-        Spec::Drain { .. } | Spec::Failback { .. } => true,
+        Spec::Drain { .. } | Spec::Failback { .. } | Spec::Backup { .. } => true,
         Spec::ExpireHistory { .. } => false,
     };
     if !ids_set {

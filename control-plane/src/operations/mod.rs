@@ -7,6 +7,7 @@
 //! gRPC on every replica.
 
 pub mod api;
+pub mod backup;
 pub mod runner;
 
 pub use cellmesh_operations::*;

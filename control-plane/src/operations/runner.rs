@@ -338,6 +338,10 @@ async fn execute(
                 .map_err(|e| e.to_string())?;
             bulk_outcome(report)
         }
+        Spec::Backup { cell, keep } => {
+            set("backing up", 0, 1);
+            super::backup::take(migrator, cell, *keep).await
+        }
         Spec::ExpireHistory { .. } => Err("a cell runs its deletions itself".into()),
     }
 }

@@ -392,7 +392,7 @@ pub fn may_call(role: Role, service: &str) -> bool {
         "cellmesh.v1.Messaging" | "cellmesh.v1.Sync" => matches!(role, Edge | Operator),
         "cellmesh.v1.CellPeer" => matches!(role, Cell | ControlPlane | Operator),
         "cellmesh.raft.v1.RaftPeer" => role == Router,
-        "cellmesh.v1.Operations" => matches!(role, ControlPlane | Operator),
+        "cellmesh.v1.Operations" | "cellmesh.v1.Backups" => matches!(role, ControlPlane | Operator),
         // Reads for every role; writes checked by the router per command.
         "cellmesh.v1.Routing" => true,
         // Health and reflection.
@@ -548,6 +548,10 @@ mod tests {
         assert!(may_call(Role::Router, "cellmesh.raft.v1.RaftPeer"));
         assert!(!may_call(Role::Edge, "cellmesh.v1.Operations"));
         assert!(may_call(Role::Cell, "cellmesh.v1.CellPeer"));
+        // A cell's backups: the control plane and operators only.
+        assert!(!may_call(Role::Cell, "cellmesh.v1.Backups"));
+        assert!(!may_call(Role::Edge, "cellmesh.v1.Backups"));
+        assert!(may_call(Role::ControlPlane, "cellmesh.v1.Backups"));
         assert!(may_call(Role::Edge, "grpc.health.v1.Health"));
     }
 

@@ -2,6 +2,8 @@
 //! instead of one per file). Each module is one area of behaviour.
 
 mod attachments;
+mod backup_restore;
+mod backups;
 mod bad_input;
 mod chat_cli;
 mod check_config;

@@ -1,0 +1,107 @@
+//! gRPC handlers of the Backups API: this cell's backups, taken, listed,
+//! verified and deleted through [`crate::backup::Backups`].
+
+use std::sync::Arc;
+
+use cellmesh_proto::reason::Reason;
+use cellmesh_proto::status::to_status;
+use cellmesh_proto::v1::backups_server::Backups as BackupsService;
+use cellmesh_proto::v1::*;
+use tonic::{Request, Response, Status};
+
+use super::Reply;
+use crate::backup::{BackupError, Backups};
+use crate::message::MessageService;
+
+pub struct BackupsApi {
+    backups: Arc<Backups>,
+    service: Arc<MessageService>,
+}
+
+impl BackupsApi {
+    pub fn new(backups: Arc<Backups>, service: Arc<MessageService>) -> Self {
+        Self { backups, service }
+    }
+}
+
+fn status(e: BackupError) -> Status {
+    let (code, reason) = match &e {
+        BackupError::NotFound(_) => (ErrorCode::NotFound, Reason::BackupNotFound),
+        BackupError::Running => (ErrorCode::RetryLater, Reason::BackupRunning),
+        _ => (ErrorCode::Internal, Reason::BackupFailed),
+    };
+    let retry_ms = if reason == Reason::BackupRunning {
+        1000
+    } else {
+        0
+    };
+    to_status(code, reason, e.to_string(), retry_ms, None)
+}
+
+fn list(manifests: Vec<crate::backup::Manifest>) -> ListBackupsResponse {
+    ListBackupsResponse {
+        backups: manifests.iter().map(|m| m.info()).collect(),
+    }
+}
+
+#[tonic::async_trait]
+impl BackupsService for BackupsApi {
+    async fn create(&self, request: Request<CreateBackupRequest>) -> Reply<BackupInfo> {
+        let keep = request.into_inner().keep as usize;
+        let (backups, service) = (self.backups.clone(), self.service.clone());
+        // Runs to its end even if the caller goes away.
+        let taken = tokio::spawn(async move {
+            let now = service.now_ms();
+            backups
+                .create(service.store(), service.route_index(), keep, now)
+                .await
+        })
+        .await
+        .map_err(|e| Status::internal(format!("backup task: {e}")))?
+        .map_err(status)?;
+        tracing::info!(
+            backup = %taken.id,
+            files = taken.files.len(),
+            uploaded_bytes = taken.uploaded_bytes,
+            "backup stored"
+        );
+        Ok(Response::new(taken.info()))
+    }
+
+    async fn list(&self, _: Request<ListBackupsRequest>) -> Reply<ListBackupsResponse> {
+        Ok(Response::new(list(
+            self.backups.list().await.map_err(status)?,
+        )))
+    }
+
+    async fn verify(&self, request: Request<BackupRequest>) -> Reply<VerifyBackupResponse> {
+        let id = request.into_inner().id;
+        let started = std::time::Instant::now();
+        let storage = self.service.config().storage.clone();
+        let (manifest, problems, bytes_read) =
+            self.backups.verify(&id, &storage).await.map_err(status)?;
+        Ok(Response::new(VerifyBackupResponse {
+            backup: Some(manifest.info()),
+            problems,
+            bytes_read,
+            millis: started.elapsed().as_millis() as u64,
+        }))
+    }
+
+    async fn delete(&self, request: Request<BackupRequest>) -> Reply<ListBackupsResponse> {
+        let id = request.into_inner().id;
+        if id.is_empty() {
+            return Err(to_status(
+                ErrorCode::InvalidArgument,
+                Reason::MissingId,
+                "name the backup to delete".into(),
+                0,
+                None,
+            ));
+        }
+        self.backups.delete(&id).await.map_err(status)?;
+        Ok(Response::new(list(
+            self.backups.list().await.map_err(status)?,
+        )))
+    }
+}

@@ -1,0 +1,310 @@
+//! `cellmesh ctl backup`: a cell's backups. `create` asks the control plane
+//! for a backup operation (with `--here`, the cell directly); `list`,
+//! `verify` and `delete` call the cell; `restore` runs on the machine of
+//! the cell to restore, before it starts, from its config file: it
+//! downloads and checks the backup into the empty data dir, asks the
+//! backed-up cell's standbys for their high-water marks (so that no seq is
+//! reused), and gives every user's sync queue a new identity.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use cellmesh_cell::backup::{Backups, restore};
+use cellmesh_proto::secret::ClusterSecret;
+use cellmesh_proto::v1 as pb;
+use cellmesh_route_client::client::RouteClient;
+use cellmesh_route_client::peers::Peers;
+use clap::Subcommand;
+
+use crate::connect::describe;
+
+#[derive(Subcommand)]
+pub enum BackupCommand {
+    /// Take a backup of a cell now (an operation of the control plane).
+    Create {
+        #[arg(long)]
+        cell: String,
+        /// Then keep only the newest this many (0: all).
+        #[arg(long, default_value_t = 0)]
+        keep: u32,
+        #[arg(long)]
+        json: bool,
+    },
+    /// A cell's backups, oldest first.
+    List {
+        #[arg(long)]
+        cell: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Restore a backup into a scratch directory on the cell and check it.
+    Verify {
+        #[arg(long)]
+        cell: String,
+        /// Empty: the latest.
+        #[arg(long, default_value = "")]
+        backup: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a backup (and the files no other backup shares).
+    Delete {
+        #[arg(long)]
+        cell: String,
+        #[arg(long)]
+        backup: String,
+    },
+    /// Restore a cell's database from a backup, before the cell starts.
+    Restore {
+        /// The config file of the cell to restore (its data dir must not
+        /// hold a database; its `[backup]` names the store).
+        #[arg(long)]
+        config: PathBuf,
+        /// The cell whose backup to restore (default: the config's cell).
+        #[arg(long)]
+        from: Option<String>,
+        /// Empty: the latest.
+        #[arg(long, default_value = "")]
+        backup: String,
+        /// Do not ask the standbys for their marks: resume each
+        /// conversation above the backup plus what it could have taken
+        /// since at its rate limit.
+        #[arg(long)]
+        no_standbys: bool,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn info_json(b: &pb::BackupInfo) -> serde_json::Value {
+    serde_json::json!({
+        "id": b.id, "cell": b.cell_id, "created_ms": b.created_ms, "release": b.release,
+        "route_index": b.route_index, "files": b.files, "bytes": b.bytes,
+        "uploaded_files": b.uploaded_files, "uploaded_bytes": b.uploaded_bytes,
+        "conversations": b.conversations, "users": b.users,
+    })
+}
+
+fn print_info(b: &pb::BackupInfo) {
+    println!(
+        "{}  {}  {} files  {} bytes ({} uploaded)  {} conversations  {} users  release {}",
+        b.id, b.cell_id, b.files, b.bytes, b.uploaded_bytes, b.conversations, b.users, b.release
+    );
+}
+
+/// A call to the `Backups` API of `cell`.
+fn request<T>(secret: &ClusterSecret, body: T, timeout: Duration) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(body);
+    r.set_timeout(timeout);
+    secret.attach(&mut r);
+    r
+}
+
+/// Runs every command but `restore` against the cell.
+pub async fn run(
+    command: BackupCommand,
+    routes: &RouteClient,
+    secret: &ClusterSecret,
+) -> anyhow::Result<()> {
+    let cell = match &command {
+        BackupCommand::Create { cell, .. }
+        | BackupCommand::List { cell, .. }
+        | BackupCommand::Verify { cell, .. }
+        | BackupCommand::Delete { cell, .. } => cell.clone(),
+        BackupCommand::Restore { .. } => anyhow::bail!("restore runs before the routes"),
+    };
+    let address = routes
+        .read(|t| t.cell(&cell).map(|c| c.address.clone()))
+        .with_context(|| format!("cell {cell} is not registered"))?;
+    let mut client = Peers::default().backups(&address)?;
+    let long = Duration::from_secs(6 * 3600);
+    let fail = |e: tonic::Status| anyhow::anyhow!("{cell}: {}", describe(&e));
+    match command {
+        BackupCommand::Create { keep, json, .. } => {
+            let info = client
+                .create(request(secret, pb::CreateBackupRequest { keep }, long))
+                .await
+                .map_err(fail)?
+                .into_inner();
+            if json {
+                println!("{}", info_json(&info));
+            } else {
+                print_info(&info);
+            }
+        }
+        BackupCommand::List { json, .. } => {
+            let list = client
+                .list(request(secret, pb::ListBackupsRequest {}, long))
+                .await
+                .map_err(fail)?
+                .into_inner()
+                .backups;
+            if json {
+                let rows: Vec<_> = list.iter().map(info_json).collect();
+                println!("{}", serde_json::Value::Array(rows));
+            } else {
+                list.iter().for_each(print_info);
+            }
+        }
+        BackupCommand::Verify { backup, json, .. } => {
+            let r = client
+                .verify(request(secret, pb::BackupRequest { id: backup }, long))
+                .await
+                .map_err(fail)?
+                .into_inner();
+            let info = r.backup.unwrap_or_default();
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({"backup": info_json(&info), "problems": r.problems,
+                        "bytes_read": r.bytes_read, "millis": r.millis})
+                );
+            } else {
+                print_info(&info);
+                println!("read {} bytes in {} ms", r.bytes_read, r.millis);
+                r.problems.iter().for_each(|p| println!("problem: {p}"));
+            }
+            anyhow::ensure!(r.problems.is_empty(), "backup {} is damaged", info.id);
+            if !json {
+                println!("backup {} verified", info.id);
+            }
+        }
+        BackupCommand::Delete { backup, .. } => {
+            let left = client
+                .delete(request(secret, pb::BackupRequest { id: backup }, long))
+                .await
+                .map_err(fail)?
+                .into_inner()
+                .backups;
+            println!("deleted; {} backups left", left.len());
+        }
+        BackupCommand::Restore { .. } => unreachable!("handled above"),
+    }
+    Ok(())
+}
+
+/// `restore`: offline, from the cell's config file.
+pub async fn run_restore(
+    command: BackupCommand,
+    routers: &[String],
+    secret: &ClusterSecret,
+) -> anyhow::Result<()> {
+    let BackupCommand::Restore {
+        config,
+        from,
+        backup,
+        no_standbys,
+        json,
+    } = command
+    else {
+        anyhow::bail!("not a restore");
+    };
+    let config = cellmesh_cell::config::CellConfig::load(&config)?;
+    let from = from.unwrap_or_else(|| config.cell_id.clone());
+    let backups = Backups::open(&config.backup, &from, &config.data_dir)?;
+    let manifest = backups.manifest(&backup).await?;
+    let held = if no_standbys {
+        None
+    } else {
+        held_marks(routers, secret, &from, &manifest).await
+    };
+    if held.is_none() {
+        eprintln!(
+            "no standby of {from} answered with its marks: each conversation resumes above the backup plus what its rate limit allows since"
+        );
+    }
+    let now = cellmesh_operations::now_ms();
+    let done = restore::restore(&config, &from, &manifest.id, held, now).await?;
+    if json {
+        println!("{}", serde_json::to_value(&done)?);
+    } else {
+        println!(
+            "restored backup {} of {} into {}: {} files, {} bytes, {} conversations (widest seq skip {}), {} users rebased",
+            done.backup,
+            done.from_cell,
+            config.data_dir.display(),
+            done.files,
+            done.bytes,
+            done.conversations,
+            done.widest_skip,
+            done.users_rebased
+        );
+    }
+    Ok(())
+}
+
+/// The marks `from`'s holders keep for the backup's conversations (the
+/// highest of every holder that answers); `None` when none answers.
+async fn held_marks(
+    routers: &[String],
+    secret: &ClusterSecret,
+    from: &str,
+    manifest: &cellmesh_cell::backup::Manifest,
+) -> Option<HashMap<u64, u64>> {
+    let routes = tokio::time::timeout(
+        Duration::from_secs(5),
+        RouteClient::connect(routers.to_vec(), secret.clone()),
+    )
+    .await
+    .ok()?
+    .ok()?;
+    let holders: Vec<String> = routes.read(|t| {
+        let holders = t
+            .cell(from)
+            .map(|c| c.mark_holders.clone())
+            .unwrap_or_default();
+        holders
+            .iter()
+            .filter_map(|h| t.cell(h).map(|c| c.address.clone()))
+            .collect()
+    });
+    let mut by_tenant: HashMap<u64, Vec<u64>> = HashMap::new();
+    for mark in &manifest.conversations {
+        by_tenant
+            .entry(mark.tenant)
+            .or_default()
+            .push(mark.conversation);
+    }
+    let peers = Peers::default();
+    let mut out: Option<HashMap<u64, u64>> = None;
+    for address in holders {
+        let Ok(mut client) = peers.cell(&address) else {
+            continue;
+        };
+        let mut got = HashMap::new();
+        let mut answered = true;
+        'tenants: for (&tenant, conversations) in &by_tenant {
+            for chunk in conversations.chunks(10_000) {
+                let body = pb::GetHighWaterMarksRequest {
+                    tenant_id: tenant,
+                    conversation_ids: chunk.to_vec(),
+                };
+                match client
+                    .get_high_water_marks(request(secret, body, Duration::from_secs(10)))
+                    .await
+                {
+                    Ok(r) => got.extend(
+                        r.into_inner()
+                            .marks
+                            .into_iter()
+                            .map(|m| (m.conversation_id, m.hwm)),
+                    ),
+                    Err(_) => {
+                        answered = false;
+                        break 'tenants;
+                    }
+                }
+            }
+        }
+        if answered {
+            let merged = out.get_or_insert_with(HashMap::new);
+            for (c, m) in got {
+                let e = merged.entry(c).or_default();
+                *e = (*e).max(m);
+            }
+        }
+    }
+    out
+}
