@@ -3,6 +3,7 @@
 //! `scenario`, `acked`, `errors`, `throughput_per_s`, `latency_ms.{p50,p99,p999}`.
 
 mod attachments;
+mod backup;
 mod failover;
 mod migrate;
 mod pull;
@@ -137,6 +138,10 @@ enum Scenario {
     /// Files through a cell it starts (local directory or S3): download
     /// URL latency, upload and download MB/s per file size.
     Attachments(attachments::AttachmentsArgs),
+    /// Backups of a cell it fills: backup MB/s and send latency during
+    /// one, an incremental backup after a little more history, restore
+    /// MB/s.
+    Backup(backup::BackupArgs),
     /// Route writes and lookups against the RoutingService, or the same
     /// workload against etcd for comparison.
     Router(router::RouterArgs),
@@ -192,6 +197,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         Scenario::Search(args) => search::run(args).await,
         Scenario::Attachments(args) => attachments::run(args).await,
         Scenario::Router(args) => router::run(args).await,
+        Scenario::Backup(args) => backup::run(args).await,
         Scenario::Migrate(args) => migrate::run(args).await,
         Scenario::Failover(args) => failover::run(args).await,
         Scenario::TenantMove(args) => tenant_move::run(args).await,
