@@ -25,6 +25,10 @@ pub const FIRST: Version = Version::new(0, 2, 0);
 /// whose outbox was consumed that way.
 pub const OUTBOX_QUEUE: Version = Version::new(0, 2, 0);
 
+/// Backup operations in the control plane's operation records: the
+/// releases before cannot read a record of that kind.
+pub const BACKUP_OPERATIONS: Version = Version::new(0, 3, 0);
+
 /// `MAJOR.MINOR.PATCH`, ordered numerically.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Version {

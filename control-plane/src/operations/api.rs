@@ -95,6 +95,24 @@ fn invalid(reason: Reason, message: String) -> Status {
     to_status(ErrorCode::InvalidArgument, reason, message, 0, None)
 }
 
+/// Refuses a backup operation until every process can read its record.
+pub fn backups_enabled(routes: &RouteClient) -> Result<(), Status> {
+    let gate = cellmesh_proto::version::BACKUP_OPERATIONS;
+    let cluster = routes.read(|t| t.cluster_version.clone());
+    if cellmesh_proto::version::enabled(&cluster, gate) {
+        return Ok(());
+    }
+    Err(to_status(
+        ErrorCode::InvalidArgument,
+        Reason::VersionBehind,
+        format!(
+            "backup operations wait for cluster version {gate} (now {cluster:?}): `ctl upgrade finalize` once every process runs it"
+        ),
+        0,
+        None,
+    ))
+}
+
 /// The spec of a start request, checked field by field.
 fn spec_from_pb(spec: Option<PbSpec>) -> Result<Spec, Status> {
     let parallel = |p: u32| if p == 0 { 8 } else { p as usize };
@@ -160,6 +178,9 @@ impl Operations for OperationsApi {
         request: Request<pb::StartOperationRequest>,
     ) -> Result<Response<pb::OperationInfo>, Status> {
         let spec = spec_from_pb(request.into_inner().spec)?;
+        if matches!(spec, Spec::Backup { .. }) {
+            backups_enabled(&self.routes)?;
+        }
         for cell in spec.cells() {
             if self.routes.read(|t| t.cell(cell).is_none()) {
                 return Err(invalid(

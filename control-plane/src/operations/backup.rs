@@ -77,6 +77,10 @@ pub async fn schedule(
                         .collect()
                 });
                 let now = cellmesh_operations::now_ms();
+                if super::api::backups_enabled(&routes).is_err() {
+                    tokio::time::sleep(tick).await;
+                    continue;
+                }
                 for cell in due(&cells, ops.values(), now, interval_ms) {
                     let spec = cellmesh_operations::Spec::Backup {
                         cell: cell.clone(),

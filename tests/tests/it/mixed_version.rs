@@ -4,8 +4,7 @@
 //! one; a cell of each release; this release's edge in front. Sends and
 //! pulls go through the edge; a conversation moves from the old cell to the
 //! new one (this release's migrator copying from the old cell); its
-//! members' events go back to their homes on the old cell (which has no
-//! delivery stream: the unary call); `ctl upgrade finalize` is refused
+//! members' events go back to their homes on the old cell; `ctl upgrade finalize` is refused
 //! while the old release runs; the old cell is upgraded in place (same
 //! data, this binary), rolled back to the previous release and upgraded
 //! again, its users' events pushed each time; the old router is upgraded;
@@ -82,14 +81,12 @@ fn cell_toml(dir: &Path, cell_id: &str, routers: &[String], previous: bool) -> S
     config.cell_id = cell_id.into();
     config.routing.routers = routers.to_vec();
     config.routing.cluster_secret = SECRET.into();
-    let toml = toml::to_string(&config).unwrap();
-    if !previous {
-        return toml;
+    let mut table = toml::Table::try_from(&config).unwrap();
+    if previous {
+        // Sections added since (0.3.0: `[backup]`).
+        table.remove("backup");
     }
-    toml.lines()
-        .filter(|l| !l.starts_with("drain_on_stop_ms") && !l.starts_with("embedded_log"))
-        .collect::<Vec<_>>()
-        .join("\n")
+    toml::to_string(&table).unwrap()
 }
 
 /// Sends `n` messages tagged `{prefix}-{i}` through the edge as user 10;
