@@ -99,29 +99,10 @@ pub async fn run(args: BackupArgs) -> anyhow::Result<()> {
     let db_bytes = crate::du(&config.data_dir.join("db"));
     let backups = Backups::open(&config.backup, &config.cell_id, &config.data_dir)?;
 
-    let load = |backup: bool| {
-        let (endpoint, conversations) = (endpoint.clone(), conversations.clone());
-        let (store, backups) = (store.clone(), &backups);
-        let (rate, body) = (args.send_rate, args.body_bytes);
-        async move {
-            let stop = Arc::new(AtomicBool::new(false));
-            let senders = steady(endpoint, conversations, rate, body, stop.clone());
-            let started = Instant::now();
-            let taken = if backup {
-                Some(backups.create(&store, 0, 0, now_ms()).await?)
-            } else {
-                tokio::time::sleep(Duration::from_secs(10)).await;
-                None
-            };
-            let took = started.elapsed();
-            stop.store(true, Ordering::Relaxed);
-            let (histogram, acked, errors) = senders.await?;
-            anyhow::Ok((taken, took, histogram, acked, errors))
-        }
-    };
-    let (_, idle_took, idle, _, _) = load(false).await?;
+    let (_, idle_took, idle, _, _) = under_load(&endpoint, &conversations, &args, None).await?;
     let idle_p99 = idle.value_at_quantile(0.99) as f64 / 1000.0;
-    let (first, took, during, acked, errors) = load(true).await?;
+    let (first, took, during, acked, errors) =
+        under_load(&endpoint, &conversations, &args, Some((&backups, &store))).await?;
     let first = first.expect("a backup");
     let backup_mb_s = first.uploaded_bytes as f64 / MB / took.as_secs_f64();
     println!(
@@ -189,6 +170,44 @@ pub async fn run(args: BackupArgs) -> anyhow::Result<()> {
         report.write_json(path)?;
     }
     Ok(())
+}
+
+type Loaded = (
+    Option<cellmesh_cell::backup::Manifest>,
+    Duration,
+    Histogram<u64>,
+    u64,
+    BTreeMap<String, u64>,
+);
+
+/// Steady sends while a backup runs (or for 10 s without one): the
+/// backup, how long it took, and the sends' latency, count and errors.
+async fn under_load(
+    endpoint: &str,
+    conversations: &[u64],
+    args: &BackupArgs,
+    backup: Option<(&Backups, &Arc<cellmesh_cell::storage::Store>)>,
+) -> anyhow::Result<Loaded> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let senders = steady(
+        endpoint.to_string(),
+        conversations.to_vec(),
+        args.send_rate,
+        args.body_bytes,
+        stop.clone(),
+    );
+    let started = Instant::now();
+    let taken = match backup {
+        Some((backups, store)) => Some(backups.create(store, 0, 0, now_ms()).await?),
+        None => {
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            None
+        }
+    };
+    let took = started.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    let (histogram, acked, errors) = senders.await?;
+    Ok((taken, took, histogram, acked, errors))
 }
 
 fn now_ms() -> u64 {

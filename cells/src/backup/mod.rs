@@ -10,6 +10,7 @@
 //! brings a backup back as a cell's database.
 
 pub mod config;
+pub mod export;
 mod files;
 pub mod manifest;
 pub mod restore;
@@ -46,6 +47,14 @@ pub enum BackupError {
     Manifest { key: String, detail: String },
     #[error(transparent)]
     Storage(#[from] StorageError),
+    #[error(transparent)]
+    Cell(#[from] Box<crate::error::CellError>),
+}
+
+impl From<crate::error::CellError> for BackupError {
+    fn from(e: crate::error::CellError) -> Self {
+        Self::Cell(Box::new(e))
+    }
 }
 
 impl From<object_store::Error> for BackupError {
@@ -69,6 +78,8 @@ pub struct Backups {
     store: Arc<dyn ObjectStore>,
     /// `<prefix>/backups/<cell>`
     root: String,
+    /// The store's key prefix (`s3.prefix`).
+    prefix: String,
     cell: String,
     data_dir: PathBuf,
     rate: u64,
@@ -87,14 +98,14 @@ impl Backups {
         )
         .map_err(BackupError::Store)?;
         let cell = cell.trim_matches('/');
-        let root = if prefix.is_empty() {
-            format!("backups/{cell}")
-        } else {
-            format!("{prefix}/backups/{cell}")
+        let root = match prefix.as_str() {
+            "" => format!("backups/{cell}"),
+            prefix => format!("{prefix}/backups/{cell}"),
         };
         Ok(Self {
             store,
             root,
+            prefix,
             cell: cell.to_string(),
             data_dir: data_dir.to_path_buf(),
             rate: config.rate_bytes_per_sec,

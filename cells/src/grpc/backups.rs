@@ -88,6 +88,37 @@ impl BackupsService for BackupsApi {
         }))
     }
 
+    async fn export_tenant(&self, request: Request<ExportTenantRequest>) -> Reply<ExportInfo> {
+        let tenant = request.into_inner().tenant_id;
+        if tenant == 0 {
+            return Err(to_status(
+                ErrorCode::InvalidArgument,
+                Reason::MissingId,
+                "name the tenant to export".into(),
+                0,
+                None,
+            ));
+        }
+        let (backups, service) = (self.backups.clone(), self.service.clone());
+        let m = tokio::spawn(async move {
+            let now = service.now_ms();
+            backups.export_tenant(&service, tenant, now).await
+        })
+        .await
+        .map_err(|e| Status::internal(format!("export task: {e}")))?
+        .map_err(status)?;
+        Ok(Response::new(ExportInfo {
+            id: m.id,
+            tenant_id: m.tenant,
+            cell_id: m.cell,
+            created_ms: m.created_ms,
+            conversations: m.conversations,
+            messages: m.messages,
+            bytes: m.files.iter().map(|f| f.size).sum(),
+            keys: m.files.into_iter().map(|f| f.key).collect(),
+        }))
+    }
+
     async fn delete(&self, request: Request<BackupRequest>) -> Reply<ListBackupsResponse> {
         let id = request.into_inner().id;
         if id.is_empty() {

@@ -11,6 +11,7 @@ mod cache;
 pub(crate) mod cleanup;
 mod cold_read;
 mod conversation;
+mod export;
 mod incomplete;
 mod inflight;
 mod migrate;

@@ -308,3 +308,52 @@ async fn held_marks(
     }
     out
 }
+
+/// `ctl tenant export`: each cell that owns some of the tenant exports
+/// its part.
+pub async fn export_tenant(
+    routes: &RouteClient,
+    secret: &ClusterSecret,
+    tenant: u64,
+    json: bool,
+) -> anyhow::Result<()> {
+    let cells: Vec<(String, String)> = routes.read(|t| {
+        let owners: std::collections::BTreeSet<&str> = t
+            .routes
+            .iter()
+            .filter(|(k, _)| k.tenant == tenant)
+            .map(|(_, e)| e.cell.as_str())
+            .collect();
+        owners
+            .into_iter()
+            .filter_map(|id| t.cell(id).map(|c| (c.id.clone(), c.address.clone())))
+            .collect()
+    });
+    anyhow::ensure!(!cells.is_empty(), "tenant {tenant} has no placement");
+    let peers = Peers::default();
+    let mut out = Vec::new();
+    for (cell, address) in cells {
+        let body = pb::ExportTenantRequest { tenant_id: tenant };
+        let info = peers
+            .backups(&address)?
+            .export_tenant(request(secret, body, Duration::from_secs(6 * 3600)))
+            .await
+            .map_err(|e| anyhow::anyhow!("{cell}: {}", describe(&e)))?
+            .into_inner();
+        if !json {
+            println!(
+                "{cell}: export {} of tenant {tenant}: {} conversations, {} messages, {} bytes",
+                info.id, info.conversations, info.messages, info.bytes
+            );
+            info.keys.iter().for_each(|k| println!("  {k}"));
+        }
+        out.push(serde_json::json!({
+            "cell": cell, "id": info.id, "conversations": info.conversations,
+            "messages": info.messages, "bytes": info.bytes, "keys": info.keys,
+        }));
+    }
+    if json {
+        println!("{}", serde_json::Value::Array(out));
+    }
+    Ok(())
+}

@@ -304,6 +304,14 @@ enum TenantCommand {
         #[arg(long)]
         cell: String,
     },
+    /// Export a tenant's conversations, members and messages (hot and cold)
+    /// as JSON lines into each owning cell's backup store.
+    Export {
+        #[arg(long)]
+        tenant: u64,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// The operation a move, drain or failback command asks the control plane
@@ -567,6 +575,9 @@ pub async fn run(mut args: CtlArgs) -> anyhow::Result<()> {
                 .map_err(|e| anyhow::anyhow!(describe(&e)))?;
             println!("tenant {tenant} placed on {cell} at epoch {}", r.index);
         }
+        CtlCommand::Tenant {
+            command: TenantCommand::Export { tenant, json },
+        } => backup::export_tenant(&routes, &secret, tenant, json).await?,
         CtlCommand::Migrate {
             command:
                 MigrateCommand::Conversation {

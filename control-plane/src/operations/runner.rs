@@ -270,13 +270,64 @@ async fn execute(
             rate,
             file_rate,
         } => {
-            let migrator = migrator.with_options(MigrationOptions {
-                rate: *rate,
-                file_rate: *file_rate,
-                ..migrator.options.clone()
-            });
-            migrator
-                .migrate_tenant(*tenant, to, (*parallel).max(1), |p| {
+            move_tenant(
+                migrator,
+                (*tenant, to),
+                *parallel,
+                (*rate, *file_rate),
+                live,
+            )
+            .await
+        }
+        Spec::Drain { cell, to, parallel } => {
+            let mut moved = 0;
+            let report = migrator
+                .drain(cell, to.as_deref(), (*parallel).max(1), |e| {
+                    if let BulkEvent::Moved(_) = e {
+                        moved += 1;
+                        set("moving", moved, 0);
+                    }
+                })
+                .await
+                .map_err(|e| e.to_string())?;
+            bulk_outcome(report)
+        }
+        Spec::Failback { cell, parallel } => {
+            let mut moved = 0;
+            let report = migrator
+                .failback(cell, (*parallel).max(1), |e| {
+                    if let BulkEvent::Moved(_) = e {
+                        moved += 1;
+                        set("moving", moved, 0);
+                    }
+                })
+                .await
+                .map_err(|e| e.to_string())?;
+            bulk_outcome(report)
+        }
+        Spec::Backup { cell, keep } => {
+            set("backing up", 0, 1);
+            super::backup::take(migrator, cell, *keep).await
+        }
+        Spec::ExpireHistory { .. } => Err("a cell runs its deletions itself".into()),
+    }
+}
+
+/// A tenant move, its progress in `live`; a summary.
+async fn move_tenant(
+    migrator: &Migrator,
+    (tenant, to): (u64, &str),
+    parallel: usize,
+    (rate, file_rate): (u64, u64),
+    live: Arc<Mutex<Live>>,
+) -> Result<String, String> {
+    let migrator = migrator.with_options(MigrationOptions {
+        rate,
+        file_rate,
+        ..migrator.options.clone()
+    });
+    migrator
+                .migrate_tenant(tenant, to, parallel.max(1), |p| {
                     *live.lock().expect("progress") = Live {
                         phase: p.phase.to_string(),
                         done: p.moved,
@@ -311,39 +362,6 @@ async fn execute(
                     )
                 })
                 .map_err(|e| e.to_string())
-        }
-        Spec::Drain { cell, to, parallel } => {
-            let mut moved = 0;
-            let report = migrator
-                .drain(cell, to.as_deref(), (*parallel).max(1), |e| {
-                    if let BulkEvent::Moved(_) = e {
-                        moved += 1;
-                        set("moving", moved, 0);
-                    }
-                })
-                .await
-                .map_err(|e| e.to_string())?;
-            bulk_outcome(report)
-        }
-        Spec::Failback { cell, parallel } => {
-            let mut moved = 0;
-            let report = migrator
-                .failback(cell, (*parallel).max(1), |e| {
-                    if let BulkEvent::Moved(_) = e {
-                        moved += 1;
-                        set("moving", moved, 0);
-                    }
-                })
-                .await
-                .map_err(|e| e.to_string())?;
-            bulk_outcome(report)
-        }
-        Spec::Backup { cell, keep } => {
-            set("backing up", 0, 1);
-            super::backup::take(migrator, cell, *keep).await
-        }
-        Spec::ExpireHistory { .. } => Err("a cell runs its deletions itself".into()),
-    }
 }
 
 fn bulk_outcome(report: crate::migration::bulk::BulkReport) -> Result<String, String> {
