@@ -50,6 +50,11 @@ pub struct RouterArgs {
     /// Overrides `data_dir`.
     #[arg(long, env = "CELLMESH_DATA_DIR")]
     data_dir: Option<PathBuf>,
+    /// Seed an empty data dir from this route-table backup (`ctl backup
+    /// restore-routes` writes it) and form a new group (overrides
+    /// `cluster.restore_from`).
+    #[arg(long, value_name = "FILE")]
+    restore_from: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -157,6 +162,9 @@ pub async fn run_router(args: RouterArgs) -> anyhow::Result<()> {
     };
     if let Some(dir) = args.data_dir {
         config.data_dir = dir;
+    }
+    if let Some(path) = args.restore_from {
+        config.cluster.restore_from = path.display().to_string();
     }
     config.validate()?;
     let _traces = traced(

@@ -271,6 +271,36 @@ impl RouteClient {
 
     /// Every process some replica heard from lately, the newest report of
     /// each (role, name); replicas that cannot be reached are skipped.
+    /// A route-table backup: the snapshot of the replica that has applied
+    /// the most (each replica answers from its own state machine).
+    pub async fn snapshot(&self) -> Result<pb::RouteSnapshot, Status> {
+        let mut best: Option<pb::RouteSnapshot> = None;
+        let mut last_error = None;
+        for endpoint in &self.inner.endpoints {
+            let Ok(mut client) = self.inner.client(endpoint) else {
+                continue;
+            };
+            let request = self
+                .inner
+                .request(pb::RouteSnapshotRequest {}, Duration::from_secs(60));
+            match client.snapshot(request).await {
+                Ok(r) => {
+                    let r = r.into_inner();
+                    if best
+                        .as_ref()
+                        .is_none_or(|b| b.applied_index < r.applied_index)
+                    {
+                        best = Some(r);
+                    }
+                }
+                Err(e) => last_error = Some(e),
+            }
+        }
+        best.ok_or_else(|| {
+            last_error.unwrap_or_else(|| Status::unavailable("no router replica answered"))
+        })
+    }
+
     pub async fn processes(&self) -> Vec<pb::ReportedProcess> {
         let mut newest: std::collections::BTreeMap<(String, String), pb::ReportedProcess> =
             Default::default();

@@ -63,6 +63,12 @@ pub struct RaftConfig {
 pub struct ClusterConfig {
     pub bootstrap: bool,
     pub members: Vec<MemberConfig>,
+    /// A route-table backup (the file `ctl backup restore-routes` writes)
+    /// that an empty data dir is seeded from: this replica forms a new
+    /// group of its own holding the backup's routes (ignored once the data
+    /// dir holds a replica).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub restore_from: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -115,6 +121,11 @@ impl RouterConfig {
 
     pub fn validate(&self) -> Result<(), ConfigError> {
         cellmesh_proto::config::check_tls(&self.tls)?;
+        cellmesh_proto::config::check(
+            "cluster.restore_from",
+            self.cluster.restore_from.is_empty() || !self.cluster.bootstrap,
+            "a restored replica forms its own group: leave cluster.bootstrap off",
+        )?;
         check_listen("metrics_listen", &self.metrics_listen)?;
         self.telemetry.validate()?;
         for (field, url) in [

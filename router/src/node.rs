@@ -98,7 +98,9 @@ pub async fn start(config: RouterConfig) -> Result<RunningRouter, StartError> {
         api_addr: or_bound(&config.advertise_api, api_addr),
     };
 
-    let (log_store, state_machine) = storage::open(&config.data_dir, config.raft.watch_history)?;
+    let (mut log_store, mut state_machine) =
+        storage::open(&config.data_dir, config.raft.watch_history)?;
+    seed_if_asked(&config, &mut log_store, &mut state_machine, &node).await?;
     let store = state_machine.store();
     let raft_config = raft_config(&config).map_err(|e| StartError::Raft(e.to_string()))?;
     let secret = ClusterSecret::new(&config.cluster_secret);
@@ -168,6 +170,24 @@ pub async fn start(config: RouterConfig) -> Result<RunningRouter, StartError> {
     }
     tracing::info!(node = config.node_id, api = %api_addr, raft = %raft_addr, "router replica started");
     Ok(running)
+}
+
+/// Seeds an empty replica from `cluster.restore_from`, when set.
+async fn seed_if_asked(
+    config: &RouterConfig,
+    log: &mut storage::LogStore,
+    state: &mut storage::StateMachine,
+    node: &RouterNode,
+) -> Result<(), StartError> {
+    let path = &config.cluster.restore_from;
+    if path.is_empty() || state.store().applied_index() > 0 {
+        return Ok(());
+    }
+    let data = std::fs::read(path)
+        .map_err(|e| StartError::Raft(format!("route-table backup {path}: {e}")))?;
+    let applied = storage::seed(log, state, data, config.node_id, node.clone()).await?;
+    tracing::info!(applied, from = %path, "seeded from a route-table backup");
+    Ok(())
 }
 
 /// The Raft settings of `config`, checked.

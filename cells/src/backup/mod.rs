@@ -14,6 +14,7 @@ pub mod export;
 mod files;
 pub mod manifest;
 pub mod restore;
+pub mod routes;
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -227,30 +228,39 @@ impl Backups {
 
     /// Every backup of this cell, oldest first.
     pub async fn list(&self) -> Result<Vec<Manifest>> {
+        self.list_as().await
+    }
+
+    /// Every committed manifest under this root, by id (ids sort by time).
+    async fn list_as<T: serde::de::DeserializeOwned>(&self) -> Result<Vec<T>> {
         let listed = self
             .store
             .list_with_delimiter(Some(&ObjectPath::from(self.root.as_str())))
             .await?;
+        let mut ids: Vec<String> = listed
+            .common_prefixes
+            .iter()
+            .filter_map(|dir| dir.filename().map(str::to_string))
+            .filter(|id| id != "sst")
+            .collect();
+        ids.sort();
         let mut out = Vec::new();
-        for dir in listed.common_prefixes {
-            let Some(id) = dir.filename().map(str::to_string) else {
-                continue;
-            };
-            if id == "sst" {
-                continue;
-            }
-            match self.read_manifest(&id).await {
+        for id in ids {
+            match self.read_manifest_as(&id).await {
                 Ok(m) => out.push(m),
                 // Not committed (running, or a crashed backup's leftover).
                 Err(BackupError::NotFound(_)) => {}
                 Err(e) => return Err(e),
             }
         }
-        out.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(out)
     }
 
     async fn read_manifest(&self, id: &str) -> Result<Manifest> {
+        self.read_manifest_as(id).await
+    }
+
+    async fn read_manifest_as<T: serde::de::DeserializeOwned>(&self, id: &str) -> Result<T> {
         let key = self.path(&Self::manifest_key(id));
         let bytes = match self.store.get(&key).await {
             Ok(got) => got.bytes().await?,

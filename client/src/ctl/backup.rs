@@ -56,6 +56,28 @@ pub enum BackupCommand {
         #[arg(long)]
         backup: String,
     },
+    /// Back up the route table (a router replica's Raft snapshot) into the
+    /// backup store a config file's `[backup]` names.
+    Routes {
+        /// A TOML file with a `[backup]` section (a cell's config will do).
+        #[arg(long)]
+        config: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Fetch and check a route-table backup into FILE, for `cellmesh router
+    /// --restore-from FILE` (a new group that serves the same routes).
+    RestoreRoutes {
+        #[arg(long)]
+        config: PathBuf,
+        /// Empty: the latest.
+        #[arg(long, default_value = "")]
+        backup: String,
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
     /// Restore a cell's database from a backup, before the cell starts.
     Restore {
         /// The config file of the cell to restore (its data dir must not
@@ -113,7 +135,12 @@ pub async fn run(
         | BackupCommand::List { cell, .. }
         | BackupCommand::Verify { cell, .. }
         | BackupCommand::Delete { cell, .. } => cell.clone(),
-        BackupCommand::Restore { .. } => anyhow::bail!("restore runs before the routes"),
+        BackupCommand::Routes { config, json } => {
+            return backup_routes(routes, config, *json).await;
+        }
+        BackupCommand::Restore { .. } | BackupCommand::RestoreRoutes { .. } => {
+            anyhow::bail!("restores run without a route table")
+        }
     };
     let address = routes
         .read(|t| t.cell(&cell).map(|c| c.address.clone()))
@@ -180,7 +207,84 @@ pub async fn run(
                 .backups;
             println!("deleted; {} backups left", left.len());
         }
-        BackupCommand::Restore { .. } => unreachable!("handled above"),
+        BackupCommand::Routes { .. }
+        | BackupCommand::Restore { .. }
+        | BackupCommand::RestoreRoutes { .. } => unreachable!("handled above"),
+    }
+    Ok(())
+}
+
+/// The `[backup]` section and data dir of a TOML file (a cell's config).
+fn store_of(
+    path: &std::path::Path,
+) -> anyhow::Result<(cellmesh_cell::backup::BackupConfig, PathBuf)> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
+    let mut table: toml::Table =
+        toml::from_str(&text).with_context(|| format!("{}", path.display()))?;
+    let backup = match table.remove("backup") {
+        Some(section) => section.try_into().context("[backup]")?,
+        None => anyhow::bail!("{} has no [backup] section", path.display()),
+    };
+    let data_dir = table
+        .get("data_dir")
+        .and_then(|d| d.as_str())
+        .map_or_else(|| PathBuf::from("."), PathBuf::from);
+    Ok((backup, data_dir))
+}
+
+/// `backup routes`: the leader's snapshot of the table into the store.
+async fn backup_routes(
+    routes: &RouteClient,
+    config: &std::path::Path,
+    json: bool,
+) -> anyhow::Result<()> {
+    let (store, data_dir) = store_of(config)?;
+    let backups = cellmesh_cell::backup::routes::open(&store, &data_dir)?;
+    let snapshot = routes
+        .snapshot()
+        .await
+        .map_err(|e| anyhow::anyhow!("route snapshot: {}", describe(&e)))?;
+    let m = backups
+        .put_routes(&snapshot, cellmesh_operations::now_ms())
+        .await?;
+    if json {
+        println!("{}", serde_json::to_value(&m)?);
+    } else {
+        println!(
+            "route-table backup {}: applied index {}, {} cells, {} routes, {} bytes",
+            m.id, m.applied_index, m.cells, m.routes, m.size
+        );
+    }
+    Ok(())
+}
+
+/// `backup restore-routes`: a checked route-table backup into a file.
+pub async fn run_restore_routes(command: BackupCommand) -> anyhow::Result<()> {
+    let BackupCommand::RestoreRoutes {
+        config,
+        backup,
+        out,
+        json,
+    } = command
+    else {
+        anyhow::bail!("not a route-table restore");
+    };
+    let (store, data_dir) = store_of(&config)?;
+    let backups = cellmesh_cell::backup::routes::open(&store, &data_dir)?;
+    let (m, data) = backups.get_routes(&backup).await?;
+    std::fs::write(&out, &data).with_context(|| format!("{}", out.display()))?;
+    if json {
+        println!("{}", serde_json::to_value(&m)?);
+    } else {
+        println!(
+            "route-table backup {} (applied index {}, {} cells, {} routes) written to {}: start a router with --restore-from {}",
+            m.id,
+            m.applied_index,
+            m.cells,
+            m.routes,
+            out.display(),
+            out.display()
+        );
     }
     Ok(())
 }

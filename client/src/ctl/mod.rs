@@ -426,6 +426,12 @@ pub async fn run(mut args: CtlArgs) -> anyhow::Result<()> {
         return backup::run_restore(command, &args.routers, &ClusterSecret::new(&args.secret))
             .await;
     }
+    if let CtlCommand::Backup {
+        command: command @ backup::BackupCommand::RestoreRoutes { .. },
+    } = args.command
+    {
+        return backup::run_restore_routes(command).await;
+    }
     if !args.here
         && let Some(what) = as_operation(&args.command)?
     {

@@ -362,6 +362,30 @@ impl Routing for RoutingService {
         }
     }
 
+    async fn snapshot(
+        &self,
+        _request: Request<pb::RouteSnapshotRequest>,
+    ) -> Result<Response<pb::RouteSnapshot>, Status> {
+        let store = self.store()?;
+        let (applied_index, data) = store
+            .snapshot_bytes()
+            .map_err(|e| Status::internal(format!("route snapshot: {e}")))?;
+        let (cells, routes, cluster_version) = store.read(|t| {
+            (
+                t.cells.len() as u64,
+                t.routes.len() as u64,
+                t.cluster_version.clone(),
+            )
+        });
+        Ok(Response::new(pb::RouteSnapshot {
+            applied_index,
+            data,
+            cells,
+            routes,
+            cluster_version,
+        }))
+    }
+
     async fn status(
         &self,
         _request: Request<pb::RouterStatusRequest>,

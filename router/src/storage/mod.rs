@@ -8,6 +8,7 @@
 
 mod log;
 mod record;
+mod seed;
 mod state;
 
 use std::path::Path;
@@ -18,6 +19,7 @@ use record::Record;
 use rocksdb::{ColumnFamilyDescriptor, DB, DBCompressionType, IteratorMode, Options, WriteOptions};
 
 pub use log::LogStore;
+pub use seed::seed;
 pub use state::{RouteStore, StateMachine, WatchBatch};
 
 use crate::types::StorageError;

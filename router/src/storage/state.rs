@@ -88,6 +88,13 @@ impl RouteStore {
         Ok(out)
     }
 
+    /// The table and its history as a snapshot's data (what a follower
+    /// installs): (applied index, bytes).
+    pub fn snapshot_bytes(&self) -> Result<(u64, Vec<u8>), StorageError> {
+        let (data, _, _) = self.snapshot_data()?;
+        Ok((data.applied, encode(&data)))
+    }
+
     fn snapshot_data(
         &self,
     ) -> Result<(SnapshotData, Option<LogId>, StoredMembership), StorageError> {

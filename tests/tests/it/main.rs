@@ -37,6 +37,7 @@ mod process_failover;
 mod processor_crash;
 mod queue_wake;
 mod reflection;
+mod route_backup;
 mod router;
 mod search;
 mod send;
