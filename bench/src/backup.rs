@@ -77,6 +77,8 @@ pub async fn run(args: BackupArgs) -> anyhow::Result<()> {
     config.rate_limit.user_burst = 1_000_000;
     config.rate_limit.conversation_per_sec = 1_000_000;
     config.rate_limit.conversation_burst = 1_000_000;
+    config.rate_limit.user_calls_per_sec = 1_000_000;
+    config.rate_limit.user_calls_burst = 1_000_000;
     config.tiering.enabled = false;
     config.backup = backup_config(&args, dir.path());
     let cell = cellmesh_cell::start(

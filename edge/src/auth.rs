@@ -10,7 +10,7 @@
 //! the caller from it. JWTs of a tenant's own identity provider are
 //! verified by [`crate::oidc`] and then pass the same checks.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::directory::Users;
@@ -57,7 +57,7 @@ pub struct TokenKey {
     issuing: String,
     /// Longest lifetime a token may state (0: any).
     max_lifetime_secs: u64,
-    revoked: HashSet<String>,
+    revoked: Arc<crate::revoked::Revoked>,
     /// The users each tenant has, when the edge follows a directory.
     directory: Option<Arc<Users>>,
     /// Tenants' own identity providers.
@@ -81,7 +81,7 @@ impl TokenKey {
             keys: BTreeMap::from([(String::new(), secret.as_bytes().to_vec())]),
             issuing: String::new(),
             max_lifetime_secs: 0,
-            revoked: HashSet::new(),
+            revoked: Arc::new(crate::revoked::Revoked::new(&[])),
             directory: None,
             oidc: None,
         }
@@ -105,8 +105,23 @@ impl TokenKey {
     /// the tokens whose ids are in `revoked`.
     pub fn limited(mut self, secs: u64, revoked: &[String]) -> Self {
         self.max_lifetime_secs = secs;
-        self.revoked = revoked.iter().cloned().collect();
+        self.revoked = Arc::new(crate::revoked::Revoked::new(revoked));
         self
+    }
+
+    /// Refuses the tokens `revoked` lists (it may follow a file).
+    pub fn with_revoked(mut self, revoked: Arc<crate::revoked::Revoked>) -> Self {
+        self.revoked = revoked;
+        self
+    }
+
+    /// Whether a stream opened with `claims` may stay open: the token has
+    /// not expired, is not revoked, and its user is still in the directory.
+    pub fn still_admits(&self, claims: &Claims, now_secs: u64) -> Result<(), Status> {
+        if claims.exp <= now_secs {
+            return Err(unauthenticated(Reason::TokenExpired, "the token expired"));
+        }
+        self.admit(claims.clone()).map(|_| ())
     }
 
     /// Refuses tokens for users `users` does not list (`UNKNOWN_USER`).

@@ -8,6 +8,7 @@ pub mod directory;
 mod metrics;
 pub mod oidc;
 pub mod proxy;
+pub mod revoked;
 mod search;
 mod services;
 mod web;
@@ -53,6 +54,10 @@ pub struct EdgeConfig {
     pub max_token_lifetime_secs: u64,
     /// Token ids (`jti`) refused (`TOKEN_REVOKED`).
     pub revoked_tokens: Vec<String>,
+    /// More revoked token ids, one per line (`#` comments), read again
+    /// when the file changes: a token listed there is refused from then
+    /// on, and its open sync streams end (`TOKEN_REVOKED`).
+    pub revoked_tokens_file: String,
     /// The users each tenant has (see [`directory`]): `<tenant> <user>`
     /// lines, `<tenant> *` for a tenant open to any user. Set, a token for
     /// a user it does not list is refused (`UNKNOWN_USER`); read again when
@@ -101,6 +106,7 @@ impl Default for EdgeConfig {
             token_keys: Default::default(),
             max_token_lifetime_secs: 90 * 24 * 3600,
             revoked_tokens: Vec::new(),
+            revoked_tokens_file: String::new(),
             directory_file: String::new(),
             retry_deadline_ms: 5_000,
             retry_attempts: 20,
@@ -132,6 +138,21 @@ impl EdgeConfig {
             .map(Some)
             .map_err(|message| ConfigError::Invalid {
                 field: "directory_file",
+                message,
+            })
+    }
+
+    /// The revoked token ids, following `revoked_tokens_file` when set.
+    pub fn revocations(&self) -> Result<Arc<revoked::Revoked>, ConfigError> {
+        let fixed = revoked::Revoked::new(&self.revoked_tokens);
+        if self.revoked_tokens_file.is_empty() {
+            return Ok(Arc::new(fixed));
+        }
+        fixed
+            .with_file(&self.revoked_tokens_file)
+            .map(Arc::new)
+            .map_err(|message| ConfigError::Invalid {
+                field: "revoked_tokens_file",
                 message,
             })
     }
@@ -274,7 +295,8 @@ pub async fn start(config: EdgeConfig) -> Result<RunningEdge, EdgeError> {
     let secret = ClusterSecret::new(&config.cluster_secret);
     let mut tokens = TokenKey::new(&config.token_secret)
         .with_keys(&config.token_keys)
-        .limited(config.max_token_lifetime_secs, &config.revoked_tokens);
+        .limited(config.max_token_lifetime_secs, &config.revoked_tokens)
+        .with_revoked(config.revocations()?);
     if let Some(users) = config.directory()? {
         tokens = tokens.with_directory(users);
     }

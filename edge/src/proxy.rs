@@ -116,6 +116,11 @@ impl Proxy {
     }
 
     /// Verifies the token and makes the request's caller the token's.
+    /// The token checks this proxy runs.
+    pub fn tokens(&self) -> &TokenKey {
+        &self.tokens
+    }
+
     pub async fn authenticate<T: HasCaller>(
         &self,
         request: Request<T>,

@@ -214,6 +214,37 @@ impl Attachments for EdgeApi {
 
 type PushStream = Pin<Box<dyn Stream<Item = Result<SyncPush, Status>> + Send>>;
 
+/// How often an open sync stream checks that its token still passes.
+const RECHECK: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// `inner`, ended with `check`'s refusal once its token no longer passes
+/// (revoked, expired, or its user gone from the directory): what a token
+/// allowed when a stream opened is not allowed for ever.
+fn cut_when_refused(
+    inner: PushStream,
+    check: impl Fn() -> Result<(), Status> + Send + 'static,
+) -> PushStream {
+    let tick = tokio::time::interval(RECHECK);
+    Box::pin(futures::stream::unfold(
+        (Some(inner), tick, check),
+        |(inner, mut tick, check)| async move {
+            let mut inner = inner?;
+            loop {
+                tokio::select! {
+                    item = inner.next() => {
+                        return item.map(|item| (item, (Some(inner), tick, check)));
+                    }
+                    _ = tick.tick() => {
+                        if let Err(refused) = check() {
+                            return Some((Err(refused), (None, tick, check)));
+                        }
+                    }
+                }
+            }
+        },
+    ))
+}
+
 #[tonic::async_trait]
 impl Sync for EdgeApi {
     type SubscribeStream = PushStream;
@@ -240,7 +271,13 @@ impl Sync for EdgeApi {
                 _ => status,
             })
         });
-        Ok(Response::new(Box::pin(stream)))
+        let proxy = self.proxy.clone();
+        let still = move || {
+            proxy
+                .tokens()
+                .still_admits(&claims, crate::auth::now_secs())
+        };
+        Ok(Response::new(cut_when_refused(Box::pin(stream), still)))
     }
     async fn ack(&self, request: Request<AckRequest>) -> Result<Response<AckResponse>, Status> {
         proxied!(self, request, SyncClient, ack, |c, m| Key::user(

@@ -514,3 +514,86 @@ async fn clients_reach_an_edge_over_tls() {
     .to_string();
     assert!(e.contains("client_tls"), "{e}");
 }
+
+/// Reads `stream` until it ends with an error (panics after `within`): the
+/// error and when it came.
+async fn ends_with(
+    stream: &mut tonic::Streaming<SyncPush>,
+    within: Duration,
+) -> (tonic::Status, std::time::Instant) {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        match tokio::time::timeout_at(deadline, stream.message()).await {
+            Ok(Err(status)) => return (status, std::time::Instant::now()),
+            Ok(Ok(Some(_))) => continue,
+            Ok(Ok(None)) => panic!("the stream ended without an error"),
+            Err(_) => panic!("the stream stayed open"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_stream_ends_when_its_token_is_revoked_or_its_user_leaves_the_directory() {
+    let d = deploy(None).await;
+    let files = tempfile::tempdir().unwrap();
+    let (revoked, users) = (files.path().join("revoked"), files.path().join("users"));
+    std::fs::write(&revoked, "# revoked token ids\n").unwrap();
+    std::fs::write(&users, "1 10\n1 11\n").unwrap();
+    let edge = cellmesh_edge::start(cellmesh_edge::EdgeConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        routers: d.cluster.endpoints(),
+        cluster_secret: SECRET.into(),
+        token_secret: TOKEN_SECRET.into(),
+        revoked_tokens_file: revoked.display().to_string(),
+        directory_file: users.display().to_string(),
+        ..cellmesh_edge::EdgeConfig::default()
+    })
+    .await
+    .unwrap();
+    let (mut m, sync) = edge_clients(&edge).await;
+    let (alice, bob) = (token(1, 10), token(1, 11));
+    let conv = create_via_edge(&mut m, &alice, vec![11]).await;
+    let open = |token: String| {
+        let mut sync = sync.clone();
+        async move {
+            sync.subscribe(authed(SubscribeRequest::default(), &token))
+                .await
+                .expect("subscribe")
+                .into_inner()
+        }
+    };
+    let (mut alices, mut bobs) = (open(alice.clone()).await, open(bob.clone()).await);
+    m.send(authed(send(conv, "r-1", "hello"), &alice))
+        .await
+        .unwrap();
+    assert!(
+        bobs.message().await.unwrap().is_some(),
+        "bob's stream is live"
+    );
+
+    // Alice's token is revoked: her open stream ends, with its reason.
+    let jti = TokenKey::peek(&alice).unwrap().jti;
+    std::fs::write(&revoked, format!("{jti}\n")).unwrap();
+    let written = std::time::Instant::now();
+    let (status, at) = ends_with(&mut alices, Duration::from_secs(5)).await;
+    assert_eq!(
+        (status.code(), error_detail(&status).reason.as_str()),
+        (tonic::Code::Unauthenticated, Reason::TokenRevoked.as_str())
+    );
+    assert!(at - written < Duration::from_secs(3), "{:?}", at - written);
+
+    // Bob leaves the directory: his stream ends too.
+    std::fs::write(&users, "1 10\n").unwrap();
+    let (status, _) = ends_with(&mut bobs, Duration::from_secs(5)).await;
+    assert_eq!(
+        error_detail(&status).reason.as_str(),
+        Reason::UnknownUser.as_str()
+    );
+    // And a new stream with the revoked token is refused.
+    let mut sync = sync.clone();
+    let refused = sync
+        .subscribe(authed(SubscribeRequest::default(), &alice))
+        .await
+        .unwrap_err();
+    assert_eq!(error_detail(&refused).reason, Reason::TokenRevoked.as_str());
+}
