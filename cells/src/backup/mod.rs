@@ -385,12 +385,13 @@ impl Backups {
         &self,
         id: &str,
         storage: &crate::config::StorageConfig,
+        cold: Option<&crate::cold::ColdTier>,
     ) -> Result<(Manifest, Vec<String>, u64)> {
         let _one = self.running.try_lock().map_err(|_| BackupError::Running)?;
         let manifest = self.manifest(id).await?;
         let scratch = self.data_dir.join(SCRATCH);
         let _ = std::fs::remove_dir_all(&scratch);
-        let checked = self.check_in(&manifest, &scratch, storage).await;
+        let checked = self.check_in(&manifest, &scratch, storage, cold).await;
         let _ = std::fs::remove_dir_all(&scratch);
         let (problems, bytes) = checked?;
         Ok((manifest, problems, bytes))
@@ -401,6 +402,7 @@ impl Backups {
         manifest: &Manifest,
         scratch: &Path,
         storage: &crate::config::StorageConfig,
+        cold: Option<&crate::cold::ColdTier>,
     ) -> Result<(Vec<String>, u64)> {
         let (mut problems, bytes) = self.download(manifest, scratch).await?;
         if !problems.is_empty() {
@@ -414,8 +416,13 @@ impl Backups {
             }
         };
         let found = check_marks(&db, manifest);
+        let segments = match (&found, cold) {
+            (Ok(_), Some(cold)) => missing_segments(&db, manifest, cold).await,
+            _ => Ok(Vec::new()),
+        };
         db.close();
         problems.extend(found?);
+        problems.extend(segments?);
         Ok((problems, bytes))
     }
 }
@@ -449,6 +456,31 @@ fn marks(db: &Store) -> Result<(Vec<ConversationMark>, Vec<UserMark>)> {
         });
     }
     Ok((conversations, users))
+}
+
+/// The cold segments `db`'s manifests name that the cold tier no longer
+/// holds (a restore would find history it cannot read).
+async fn missing_segments(
+    db: &Store,
+    manifest: &Manifest,
+    cold: &crate::cold::ColdTier,
+) -> Result<Vec<String>> {
+    let mut problems = Vec::new();
+    for mark in &manifest.conversations {
+        for entry in db.segments(mark.conversation)? {
+            let stored = cold
+                .size_of(&entry.key)
+                .await
+                .map_err(|e| BackupError::Store(e.to_string()))?;
+            if stored.is_none() {
+                problems.push(format!(
+                    "segment {} of conversation {} is missing from the cold tier",
+                    entry.key, mark.conversation
+                ));
+            }
+        }
+    }
+    Ok(problems)
 }
 
 /// What `db` lacks of what `manifest` says it holds.

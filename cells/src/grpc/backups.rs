@@ -78,8 +78,11 @@ impl BackupsService for BackupsApi {
         let id = request.into_inner().id;
         let started = std::time::Instant::now();
         let storage = self.service.config().storage.clone();
-        let (manifest, problems, bytes_read) =
-            self.backups.verify(&id, &storage).await.map_err(status)?;
+        let (manifest, problems, bytes_read) = self
+            .backups
+            .verify(&id, &storage, self.service.cold().map(|c| c.as_ref()))
+            .await
+            .map_err(status)?;
         Ok(Response::new(VerifyBackupResponse {
             backup: Some(manifest.info()),
             problems,

@@ -402,3 +402,56 @@ async fn a_tenant_export_holds_every_message_hot_and_cold_and_nothing_of_other_t
     }
     assert_eq!(lines[4]["state"], MessageState::Recalled as i32);
 }
+
+#[tokio::test]
+async fn verify_names_cold_history_the_tier_no_longer_holds() {
+    let cell = TestCell::start_with(
+        |c| {
+            let t = &mut c.tiering;
+            t.enabled = true;
+            t.hot_messages_per_conversation = 10;
+            t.segment_max_messages = 25;
+        },
+        Arc::new(SystemClock),
+    )
+    .await;
+    let mut c = cell.client().await;
+    let conv = create_group(&mut c, T, 1, &[2]).await;
+    for i in 1..=40 {
+        c.send(text(T, 1, conv, &format!("c-{i}"), "cold soon"))
+            .await
+            .unwrap();
+    }
+    cell.cell.service.tier_once().await.unwrap();
+    let mut admin = backups_client(&cell.endpoint).await;
+    let taken = admin
+        .create(CreateBackupRequest { keep: 0 })
+        .await
+        .unwrap()
+        .into_inner();
+    let ok = admin
+        .verify(BackupRequest {
+            id: taken.id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(ok.problems.is_empty(), "{:?}", ok.problems);
+    // A segment object goes missing (a tier on a lost disk).
+    let cold = cell.cell.service.cold().unwrap();
+    let objects = cold.list(Some(T)).await.unwrap();
+    assert!(!objects.is_empty());
+    cold.delete(&objects[0].key).await.unwrap();
+    let bad = admin
+        .verify(BackupRequest { id: taken.id })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        bad.problems
+            .iter()
+            .any(|p| p.contains("missing from the cold tier")),
+        "{:?}",
+        bad.problems
+    );
+}
