@@ -43,6 +43,7 @@ for i in 1 2 3; do
     echo "data_dir = \"$out/router$i\""
     echo "api_listen = \"127.0.0.1:2610$i\""
     echo "raft_listen = \"127.0.0.1:2620$i\""
+    echo "insecure_plaintext = true"
     echo "[cluster]"
     echo "bootstrap = $([ "$i" = 1 ] && echo true || echo false)"
     for j in 1 2 3; do

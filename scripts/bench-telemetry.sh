@@ -39,6 +39,7 @@ cell_id = "bench/c1"
 listen = "127.0.0.1:$port"
 data_dir = "$out/cell"
 metrics_listen = "$listen"
+insecure_plaintext = true
 [telemetry]
 endpoint = "$endpoint"
 [rate_limit]

@@ -33,6 +33,12 @@ pub struct CellConfig {
     /// Mutual TLS on the deployment's internal links (`[tls]`: the CA, this
     /// process's certificate and key); none set: plaintext.
     pub tls: cellmesh_proto::tls::TlsConfig,
+    /// Runs without `[tls]`: every internal link in plaintext, readable and
+    /// forgeable by anyone on the network path. A config file must say so
+    /// (`insecure_plaintext = true`) or configure `[tls]`; one that does
+    /// neither is refused. `cellmesh dev` without `--tls` sets it.
+    #[serde(default)]
+    pub insecure_plaintext: bool,
     pub limits: LimitsConfig,
     pub rate_limit: RateLimitConfig,
     pub idempotency: IdempotencyConfig,
@@ -345,6 +351,9 @@ impl Default for CellConfig {
             metrics_listen: String::new(),
             telemetry: Default::default(),
             tls: Default::default(),
+            // Configs built in code (tests, `cellmesh dev`) say what they
+            // want; a file that does not say it gets `false`.
+            insecure_plaintext: true,
             limits: LimitsConfig::default(),
             rate_limit: RateLimitConfig::default(),
             idempotency: IdempotencyConfig::default(),
@@ -493,7 +502,14 @@ impl CellConfig {
         Ok(config)
     }
 
+    /// Every field, then whether the internal links are secured (or
+    /// knowingly not).
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_fields()?;
+        cellmesh_proto::config::check_transport(&self.tls, self.insecure_plaintext)
+    }
+
+    fn validate_fields(&self) -> Result<(), ConfigError> {
         cellmesh_proto::config::check_tls(&self.tls)?;
         validate_cell_id(&self.cell_id)?;
         check(
@@ -727,8 +743,13 @@ mod tests {
     #[test]
     fn defaults_are_valid() {
         CellConfig::default().validate().unwrap();
-        let parsed = CellConfig::from_toml("").unwrap();
+        let parsed = CellConfig::from_toml("insecure_plaintext = true\n").unwrap();
         assert_eq!(parsed.limits.max_body_bytes, 64 * 1024);
+        // A file must say it runs without TLS.
+        let ConfigError::Invalid { field, .. } = CellConfig::from_toml("").unwrap_err() else {
+            panic!("a config error");
+        };
+        assert_eq!(field, "insecure_plaintext");
     }
 
     #[test]

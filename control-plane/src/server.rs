@@ -72,6 +72,12 @@ pub struct ControlPlaneConfig {
     /// Mutual TLS on the deployment's internal links (`[tls]`: the CA, this
     /// process's certificate and key); none set: plaintext.
     pub tls: cellmesh_proto::tls::TlsConfig,
+    /// Runs without `[tls]`: every internal link in plaintext, readable and
+    /// forgeable by anyone on the network path. A config file must say so
+    /// (`insecure_plaintext = true`) or configure `[tls]`; one that does
+    /// neither is refused. `cellmesh dev` without `--tls` sets it.
+    #[serde(default)]
+    pub insecure_plaintext: bool,
     /// Addresses reached through a proxy: target → the address to dial.
     pub links: std::collections::BTreeMap<String, String>,
     /// Resuming moves whose migrator went away.
@@ -164,6 +170,9 @@ impl Default for ControlPlaneConfig {
             traces_url: String::new(),
             telemetry: Default::default(),
             tls: Default::default(),
+            // Configs built in code (tests, `cellmesh dev`) say what they
+            // want; a file that does not say it gets `false`.
+            insecure_plaintext: true,
             links: Default::default(),
             migrations: Default::default(),
             backups: Default::default(),
@@ -187,7 +196,14 @@ impl ControlPlaneConfig {
         cellmesh_proto::config::load_toml(path, Self::validate)
     }
 
+    /// Every field, then whether the internal links are secured (or
+    /// knowingly not).
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_fields()?;
+        cellmesh_proto::config::check_transport(&self.tls, self.insecure_plaintext)
+    }
+
+    fn validate_fields(&self) -> Result<(), ConfigError> {
         cellmesh_proto::config::check_tls(&self.tls)?;
         check(
             "routers",

@@ -79,6 +79,12 @@ pub struct EdgeConfig {
     /// Mutual TLS on the deployment's internal links (`[tls]`: the CA, this
     /// process's certificate and key); none set: plaintext.
     pub tls: cellmesh_proto::tls::TlsConfig,
+    /// Runs without `[tls]`: every internal link in plaintext, readable and
+    /// forgeable by anyone on the network path. A config file must say so
+    /// (`insecure_plaintext = true`) or configure `[tls]`; one that does
+    /// neither is refused. `cellmesh dev` without `--tls` sets it.
+    #[serde(default)]
+    pub insecure_plaintext: bool,
     /// TLS for clients (`[client_tls]`: the certificate and key clients
     /// see, reloaded when renewed); none set: clients speak plaintext.
     pub client_tls: cellmesh_proto::tls::PublicTlsConfig,
@@ -115,6 +121,9 @@ impl Default for EdgeConfig {
             metrics_listen: String::new(),
             telemetry: Default::default(),
             tls: Default::default(),
+            // Configs built in code (tests, `cellmesh dev`) say what they
+            // want; a file that does not say it gets `false`.
+            insecure_plaintext: true,
             client_tls: Default::default(),
             oidc: Vec::new(),
             web_origins: Vec::new(),
@@ -157,7 +166,14 @@ impl EdgeConfig {
             })
     }
 
+    /// Every field, then whether the internal links are secured (or
+    /// knowingly not).
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_fields()?;
+        cellmesh_proto::config::check_transport(&self.tls, self.insecure_plaintext)
+    }
+
+    fn validate_fields(&self) -> Result<(), ConfigError> {
         cellmesh_proto::config::check_tls(&self.tls)?;
         self.client_tls
             .validate()

@@ -73,6 +73,19 @@ pub fn check_tls(tls: &crate::tls::TlsConfig) -> Result<(), ConfigError> {
         .map_err(|(field, message)| ConfigError::Invalid { field, message })
 }
 
+/// Refuses to run the internal links in plaintext unless the config says
+/// so (`insecure_plaintext = true`); with `[tls]` set, `Ok`.
+pub fn check_transport(
+    tls: &crate::tls::TlsConfig,
+    insecure_plaintext: bool,
+) -> Result<(), ConfigError> {
+    check(
+        "insecure_plaintext",
+        tls.enabled() || insecure_plaintext,
+        "no [tls] (ca_file, cert_file, key_file): every internal link would be plaintext; configure [tls], or set insecure_plaintext = true to accept that",
+    )
+}
+
 /// `Ok` when an optional listen address is empty (that server off) or
 /// `host:port`, else an error naming `field`.
 pub fn check_listen(field: &'static str, value: &str) -> Result<(), ConfigError> {

@@ -33,6 +33,12 @@ pub struct RouterConfig {
     /// Mutual TLS on the deployment's internal links (`[tls]`: the CA, this
     /// process's certificate and key); none set: plaintext.
     pub tls: cellmesh_proto::tls::TlsConfig,
+    /// Runs without `[tls]`: every internal link in plaintext, readable and
+    /// forgeable by anyone on the network path. A config file must say so
+    /// (`insecure_plaintext = true`) or configure `[tls]`; one that does
+    /// neither is refused. `cellmesh dev` without `--tls` sets it.
+    #[serde(default)]
+    pub insecure_plaintext: bool,
     pub raft: RaftConfig,
     pub cluster: ClusterConfig,
     /// Peer Raft address → the address this replica dials instead (a proxy
@@ -94,6 +100,9 @@ impl Default for RouterConfig {
             metrics_listen: String::new(),
             telemetry: Default::default(),
             tls: Default::default(),
+            // Configs built in code (tests, `cellmesh dev`) say what they
+            // want; a file that does not say it gets `false`.
+            insecure_plaintext: true,
             raft: RaftConfig::default(),
             cluster: ClusterConfig::default(),
             links: Default::default(),
@@ -119,7 +128,14 @@ impl RouterConfig {
         cellmesh_proto::config::load_toml(path, Self::validate)
     }
 
+    /// Every field, then whether the internal links are secured (or
+    /// knowingly not).
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_fields()?;
+        cellmesh_proto::config::check_transport(&self.tls, self.insecure_plaintext)
+    }
+
+    fn validate_fields(&self) -> Result<(), ConfigError> {
         cellmesh_proto::config::check_tls(&self.tls)?;
         cellmesh_proto::config::check(
             "cluster.restore_from",

@@ -61,9 +61,23 @@ impl RouterProcess {
     /// Starts `bin router --config` with `config` (written into its data
     /// dir).
     pub fn start(bin: &Path, config: &cellmesh_router::config::RouterConfig) -> Self {
+        Self::start_without(bin, config, &[])
+    }
+
+    /// [`Self::start`] with the config's top-level `fields` left out (an
+    /// earlier release refuses the fields it does not know).
+    pub fn start_without(
+        bin: &Path,
+        config: &cellmesh_router::config::RouterConfig,
+        fields: &[&str],
+    ) -> Self {
         let path = config.data_dir.join("router.toml");
         std::fs::create_dir_all(&config.data_dir).unwrap();
-        std::fs::write(&path, toml::to_string(config).expect("config as TOML")).unwrap();
+        let mut table = toml::Table::try_from(config).expect("config as TOML");
+        for field in fields {
+            table.remove(*field);
+        }
+        std::fs::write(&path, toml::to_string(&table).expect("config as TOML")).unwrap();
         let mut command = Command::new(bin);
         command.arg("router").arg("--config").arg(&path);
         Self {

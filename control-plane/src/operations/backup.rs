@@ -44,7 +44,7 @@ pub async fn take(migrator: &Migrator, cell: &str, keep: u32) -> Result<String, 
 }
 
 /// `[backups]`: a backup of every live cell on a schedule.
-#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct BackupSchedule {
     /// A cell whose latest backup operation is older than this gets a new
@@ -52,6 +52,15 @@ pub struct BackupSchedule {
     pub interval_secs: u64,
     /// Backups kept per cell (0: all).
     pub keep: u32,
+}
+
+impl Default for BackupSchedule {
+    fn default() -> Self {
+        Self {
+            interval_secs: 0,
+            keep: 7,
+        }
+    }
 }
 
 /// While leading: starts a backup operation of each cell that is up and

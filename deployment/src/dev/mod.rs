@@ -167,6 +167,11 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             None => Ok(TlsConfig::default()),
         }
     };
+    if !args.tls {
+        println!(
+            "dev: WARNING: internal links run in plaintext (insecure_plaintext = true in every config); `cellmesh dev --tls` runs them over mutual TLS"
+        );
+    }
     let operator = tls(Role::Operator, "admin")?;
     cellmesh_proto::tls::install(&operator).map_err(anyhow::Error::msg)?;
     let topo = Topology {
@@ -246,6 +251,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         config.cluster.bootstrap = r == 0;
         config.cluster.members = members.clone();
         config.tls = tls(Role::Router, &(r + 1).to_string())?;
+        config.insecure_plaintext = !args.tls;
         let path = write_config(&configs, &format!("router-{region}"), &config)?;
         sup.start(Spec {
             name: format!("router-{region}"),
@@ -294,6 +300,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             }
             config.replication.mode = args.replication;
             config.tls = tls(Role::Cell, &id)?;
+            config.insecure_plaintext = !args.tls;
             let other = match args.replication {
                 ReplicationMode::Async => ReplicationMode::Sync,
                 ReplicationMode::Sync => ReplicationMode::Async,
@@ -347,6 +354,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         config.telemetry = telemetry.clone();
         config.traces_url = traces.query_url.clone().unwrap_or_default();
         config.tls = tls(Role::ControlPlane, &(i + 1).to_string())?;
+        config.insecure_plaintext = !args.tls;
         if args.etcd {
             config.coordination.backend = CoordinationBackend::Etcd;
             config.coordination.etcd_endpoints = etcd_endpoints.clone();
@@ -373,6 +381,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             metrics_listen: format!("127.0.0.1:{}", topo.edge_metrics_port(r)),
             telemetry: telemetry.clone(),
             tls: tls(Role::Edge, region)?,
+            insecure_plaintext: !args.tls,
             // The web chat app at every edge's own origin.
             web_app: true,
             ..EdgeConfig::default()

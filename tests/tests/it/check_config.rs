@@ -157,3 +157,34 @@ fn plan_writes_tfvars_for_every_region() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--dau"));
 }
+
+#[test]
+fn a_role_without_tls_refuses_to_start_unless_its_config_accepts_plaintext() {
+    let dir = tempfile::tempdir().unwrap();
+    for role in ["cell", "router", "edge", "control-plane"] {
+        let base = match role {
+            "edge" => "token_secret = \"a-long-enough-secret\"\n",
+            _ => "",
+        };
+        let file = dir.path().join(format!("{role}.toml"));
+        std::fs::write(&file, base).unwrap();
+        let out = run(&[role, "--check-config", file.to_str().unwrap()]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{role}: {stderr}");
+        assert!(stderr.contains("insecure_plaintext"), "{role}: {stderr}");
+        // Not only the check: the role itself does not start.
+        let out = run(&[role, "--config", file.to_str().unwrap()]);
+        assert_ne!(out.status.code(), Some(0), "{role} started in plaintext");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("insecure_plaintext"),
+            "{role}"
+        );
+        std::fs::write(&file, format!("{base}insecure_plaintext = true\n")).unwrap();
+        let out = run(&[role, "--check-config", file.to_str().unwrap()]);
+        assert!(
+            out.status.success(),
+            "{role}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

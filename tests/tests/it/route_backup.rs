@@ -104,6 +104,12 @@ async fn a_route_table_backup_brings_up_a_new_group_with_the_same_routes() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
+    // The client's copy of the table follows the group's watch.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !new.read(|t| t.routes.contains_key(&Key::tenant(TenantId(4)))) {
+        assert!(tokio::time::Instant::now() < deadline, "the write is seen");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let (cells, table, index) = new.read(|t| {
         (
             t.cells.keys().cloned().collect::<Vec<_>>(),
