@@ -436,9 +436,9 @@ async fn an_edge_with_a_directory_refuses_users_the_tenant_does_not_have() {
     assert!(e.to_string().contains("line 1"), "{e}");
 }
 
-/// An edge with `[client_tls]`: clients send over TLS, verifying the
-/// edge's certificate against the CA that issued it; a plaintext client
-/// gets no answer.
+/// An edge with `[client_tls]`: clients send and tail over TLS, verifying
+/// the edge's certificate against the CA that issued it; a plaintext
+/// client gets no answer.
 #[tokio::test]
 async fn clients_reach_an_edge_over_tls() {
     use cellmesh_proto::tls::{Peer, PublicTlsConfig, Role, SERVER_NAME};
@@ -472,7 +472,7 @@ async fn clients_reach_an_edge_over_tls() {
         .connect()
         .await
         .expect("a TLS connection to the edge");
-    let mut m = MessagingClient::new(channel);
+    let mut m = MessagingClient::new(channel.clone());
     let token = TokenKey::new(TOKEN_SECRET).issue(&Claims {
         tenant: 1,
         user: 10,
@@ -481,12 +481,39 @@ async fn clients_reach_an_edge_over_tls() {
         ..Default::default()
     });
     let conv = create_via_edge(&mut m, &token, vec![11]).await;
+    // User 11 tails over the same TLS connection.
+    let mut tail = SyncClient::new(channel)
+        .subscribe(authed(
+            SubscribeRequest::default(),
+            &cellmesh_tests::deploy::token(1, 11),
+        ))
+        .await
+        .expect("a stream over TLS")
+        .into_inner();
     let sent = m
         .send(authed(send(conv, "over-tls", "hello"), &token))
         .await
         .expect("a send over TLS")
         .into_inner();
     assert_eq!(sent.seq, 1);
+    let pushed = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let push = tail
+                .message()
+                .await
+                .unwrap()
+                .expect("the stream stays open");
+            if let Some(sync_push::Push::Event(e)) = push.push
+                && e.seq == 1
+                && e.conversation_id == conv
+            {
+                break e;
+            }
+        }
+    })
+    .await
+    .expect("the message is pushed over TLS");
+    assert_eq!(pushed.seq, sent.seq);
     let plain = Channel::from_shared(edge.endpoint())
         .unwrap()
         .connect()
