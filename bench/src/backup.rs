@@ -14,12 +14,12 @@ use std::time::{Duration, Instant};
 
 use cellmesh_cell::backup::{BackupConfig, Backups, restore};
 use cellmesh_cell::cold::TierStore;
-use cellmesh_proto::v1::{ConversationKind, CreateConversationRequest, MessageType};
+use cellmesh_proto::v1::MessageType;
 use clap::Args;
 use hdrhistogram::Histogram;
 
 use crate::{Report, count_error, send_request};
-use cellmesh_client::connect::{caller, connect};
+use cellmesh_client::connect::connect;
 
 #[derive(Args)]
 pub struct BackupArgs {
@@ -68,17 +68,7 @@ fn backup_config(args: &BackupArgs, dir: &std::path::Path) -> BackupConfig {
 
 pub async fn run(args: BackupArgs) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let mut config = cellmesh_cell::CellConfig {
-        listen: "127.0.0.1:0".parse()?,
-        data_dir: dir.path().join("cell"),
-        ..Default::default()
-    };
-    config.rate_limit.user_per_sec = 1_000_000;
-    config.rate_limit.user_burst = 1_000_000;
-    config.rate_limit.conversation_per_sec = 1_000_000;
-    config.rate_limit.conversation_burst = 1_000_000;
-    config.rate_limit.user_calls_per_sec = 1_000_000;
-    config.rate_limit.user_calls_burst = 1_000_000;
+    let mut config = crate::unlimited_cell(dir.path().join("cell"));
     config.tiering.enabled = false;
     config.backup = backup_config(&args, dir.path());
     let cell = cellmesh_cell::start(
@@ -88,7 +78,7 @@ pub async fn run(args: BackupArgs) -> anyhow::Result<()> {
     )
     .await?;
     let endpoint = format!("http://{}", cell.addr);
-    let conversations = create(&endpoint, args.conversations).await?;
+    let conversations = crate::create_groups(&endpoint, TENANT, args.conversations).await?;
     let per_message = args.body_bytes as u64 + 64;
     let messages = (args.history_mb << 20) / per_message;
     let filled = fill(&endpoint, &conversations, messages, args.body_bytes, 0).await?;
@@ -214,25 +204,6 @@ async fn under_load(
 
 fn now_ms() -> u64 {
     cellmesh_operations::now_ms()
-}
-
-async fn create(endpoint: &str, n: u64) -> anyhow::Result<Vec<u64>> {
-    let mut client = connect(endpoint).await?;
-    let mut out = Vec::new();
-    for i in 0..n {
-        let created = client
-            .create_conversation(CreateConversationRequest {
-                caller: caller(TENANT, 1),
-                kind: ConversationKind::Group as i32,
-                member_ids: vec![2, 3],
-                title: format!("bench {i}"),
-                client_req_id: format!("create-{i}"),
-            })
-            .await?
-            .into_inner();
-        out.push(created.conversation.map_or(0, |c| c.conversation_id));
-    }
-    Ok(out)
 }
 
 fn body(n: u64, size: usize) -> Vec<u8> {

@@ -65,6 +65,42 @@ pub fn s3_bucket(endpoint: &str, bucket: &str) -> cellmesh_cell::cold::S3Config 
     s3
 }
 
+/// A config for a cell a benchmark starts itself, over `data_dir` on a
+/// free port, with rate limits out of the way.
+pub fn unlimited_cell(data_dir: std::path::PathBuf) -> cellmesh_cell::CellConfig {
+    let mut config = cellmesh_cell::CellConfig {
+        listen: "127.0.0.1:0".parse().expect("static address"),
+        data_dir,
+        ..Default::default()
+    };
+    let r = &mut config.rate_limit;
+    (r.user_per_sec, r.user_burst) = (1_000_000, 1_000_000);
+    (r.conversation_per_sec, r.conversation_burst) = (1_000_000, 1_000_000);
+    (r.user_calls_per_sec, r.user_calls_burst) = (1_000_000, 1_000_000);
+    config
+}
+
+/// `n` groups of user 1 of `tenant` with users 2 and 3, named `bench {i}`.
+pub async fn create_groups(endpoint: &str, tenant: u64, n: u64) -> anyhow::Result<Vec<u64>> {
+    use cellmesh_proto::v1::{ConversationKind, CreateConversationRequest};
+    let mut client = cellmesh_client::connect::connect(endpoint).await?;
+    let mut out = Vec::new();
+    for i in 0..n {
+        let created = client
+            .create_conversation(CreateConversationRequest {
+                caller: caller(tenant, 1),
+                kind: ConversationKind::Group as i32,
+                member_ids: vec![2, 3],
+                title: format!("bench {i}"),
+                client_req_id: format!("create-{i}"),
+            })
+            .await?
+            .into_inner();
+        out.push(created.conversation.map_or(0, |c| c.conversation_id));
+    }
+    Ok(out)
+}
+
 /// Bytes of the files under `dir`.
 pub fn du(dir: &std::path::Path) -> u64 {
     std::fs::read_dir(dir)

@@ -12,9 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cellmesh_cell::cold::TierStore;
-use cellmesh_proto::v1::{
-    ConversationKind, CreateConversationRequest, Direction, MessageType, PullRequest,
-};
+use cellmesh_proto::v1::{Direction, MessageType, PullRequest};
 use clap::{Args, ValueEnum};
 use hdrhistogram::Histogram;
 use rand::Rng;
@@ -149,26 +147,8 @@ pub async fn run(args: PullArgs) -> anyhow::Result<()> {
 
 /// Creates the conversations and sends their messages (16 at a time).
 async fn fill(endpoint: &str, args: &PullArgs) -> anyhow::Result<Vec<u64>> {
-    let mut client = connect(endpoint).await?;
-    let mut conversations = Vec::new();
-    for i in 0..args.conversations {
-        let created = client
-            .create_conversation(CreateConversationRequest {
-                caller: caller(TENANT, 1),
-                kind: ConversationKind::Group as i32,
-                member_ids: vec![2, 3],
-                title: format!("bench {i}"),
-                client_req_id: format!("create-{i}"),
-            })
-            .await?
-            .into_inner();
-        conversations.push(
-            created
-                .conversation
-                .map(|c| c.conversation_id)
-                .unwrap_or_default(),
-        );
-    }
+    let client = connect(endpoint).await?;
+    let conversations = crate::create_groups(endpoint, TENANT, args.conversations).await?;
     let started = Instant::now();
     let mut tasks = Vec::new();
     for chunk in conversations.chunks(conversations.len().div_ceil(16).max(1)) {

@@ -154,17 +154,7 @@ fn sentence(rng: &mut impl Rng) -> String {
 
 pub async fn run(args: SearchArgs) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let mut config = cellmesh_cell::CellConfig {
-        listen: "127.0.0.1:0".parse()?,
-        data_dir: dir.path().to_path_buf(),
-        ..Default::default()
-    };
-    config.rate_limit.user_per_sec = 1_000_000;
-    config.rate_limit.user_burst = 1_000_000;
-    config.rate_limit.conversation_per_sec = 1_000_000;
-    config.rate_limit.conversation_burst = 1_000_000;
-    config.rate_limit.user_calls_per_sec = 1_000_000;
-    config.rate_limit.user_calls_burst = 1_000_000;
+    let mut config = crate::unlimited_cell(dir.path().to_path_buf());
     config.search.language = match args.language.as_str() {
         "zh" => cellmesh_cell::search::Language::Zh,
         _ => cellmesh_cell::search::Language::Standard,

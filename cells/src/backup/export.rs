@@ -12,6 +12,7 @@ use std::io::Write;
 use std::path::Path;
 
 use base64::Engine as _;
+use cellmesh_proto::ids::TenantId;
 use cellmesh_proto::storage::v1::MessageRecord;
 use serde::{Deserialize, Serialize};
 
@@ -61,10 +62,10 @@ fn write_line(out: &mut impl Write, line: &serde_json::Value) -> Result<()> {
 }
 
 impl Backups {
-    fn export_root(&self, tenant: u64) -> String {
+    fn export_root(&self, tenant: TenantId) -> String {
         match self.prefix.as_str() {
-            "" => format!("exports/tenant-{tenant}"),
-            prefix => format!("{prefix}/exports/tenant-{tenant}"),
+            "" => format!("exports/tenant-{}", tenant.get()),
+            prefix => format!("{prefix}/exports/tenant-{}", tenant.get()),
         }
     }
 
@@ -72,7 +73,7 @@ impl Backups {
     pub async fn export_tenant(
         &self,
         service: &MessageService,
-        tenant: u64,
+        tenant: TenantId,
         now_ms: u64,
     ) -> Result<ExportManifest> {
         let id = super::manifest::new_id(now_ms);
@@ -90,7 +91,7 @@ impl Backups {
         let ((conversations, messages), files) = uploaded?;
         let manifest = ExportManifest {
             id: id.clone(),
-            tenant,
+            tenant: tenant.get(),
             cell: self.cell.clone(),
             created_ms: now_ms,
             conversations,
@@ -107,7 +108,7 @@ impl Backups {
     async fn write_export(
         &self,
         service: &MessageService,
-        tenant: u64,
+        tenant: TenantId,
         dir: &Path,
     ) -> Result<(u64, u64)> {
         let open = |name: &str| {
@@ -119,21 +120,22 @@ impl Backups {
             (open("conversations.jsonl")?, open("messages.jsonl")?);
         let (mut n_conversations, mut n_messages) = (0, 0);
         let store = service.store();
-        for id in service.exportable(tenant)? {
+        for conversation in service.exportable(tenant)? {
+            let id = conversation.get();
             let Some(record) = store.conversation(id)? else {
                 continue;
             };
             let (members, _) = store.members(id, 0, usize::MAX)?;
             let seq = store.conv_seq(id)?;
             let line = serde_json::json!({
-                "conversation": id, "tenant": tenant, "kind": record.kind, "title": record.title,
+                "conversation": id, "tenant": tenant.get(), "kind": record.kind, "title": record.title,
                 "created_by": record.created_by, "created_at_ms": record.created_at_ms,
                 "admins": record.admins, "members": members,
                 "latest_seq": seq.latest_seq, "seq_floor": seq.seq_floor,
             });
             write_line(&mut conversations, &line)?;
             n_conversations += 1;
-            for (seq, message) in service.whole_history(id).await? {
+            for (seq, message) in service.whole_history(conversation).await? {
                 write_line(&mut messages, &message_line(id, seq, &message))?;
                 n_messages += 1;
             }
@@ -147,7 +149,12 @@ impl Backups {
         Ok((n_conversations, n_messages))
     }
 
-    async fn upload_export(&self, tenant: u64, id: &str, dir: &Path) -> Result<Vec<FileEntry>> {
+    async fn upload_export(
+        &self,
+        tenant: TenantId,
+        id: &str,
+        dir: &Path,
+    ) -> Result<Vec<FileEntry>> {
         let mut throttle = files::Throttle::new(self.rate);
         let mut out = Vec::new();
         for name in ["conversations.jsonl", "messages.jsonl"] {
@@ -173,7 +180,7 @@ impl Backups {
     /// the manifest.
     pub async fn export_lines(
         &self,
-        tenant: u64,
+        tenant: TenantId,
         id: &str,
         name: &str,
     ) -> Result<Vec<serde_json::Value>> {

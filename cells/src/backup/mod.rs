@@ -206,7 +206,7 @@ impl Backups {
         Ok((files, count, throttle.bytes()))
     }
 
-    /// SST files earlier backups uploaded and that are still stored, by key.
+    /// SST files the newest backup names that are still stored, by key.
     async fn shared_files(&self) -> Result<HashMap<String, FileEntry>> {
         let stored: HashMap<String, u64> = self
             .store
@@ -214,16 +214,18 @@ impl Backups {
             .map_ok(|m| (m.location.to_string(), m.size))
             .try_collect()
             .await?;
-        let mut out = HashMap::new();
-        for manifest in self.list().await? {
-            for file in manifest.files {
+        // An SST file a compaction deleted never comes back: those a new
+        // checkpoint can share are all in the newest backup.
+        let newest: Option<Manifest> = self.latest_as().await?;
+        Ok(newest
+            .into_iter()
+            .flat_map(|m| m.files)
+            .filter(|file| {
                 let full = self.path(&file.key).to_string();
-                if file.key.starts_with("sst/") && stored.get(&full) == Some(&file.size) {
-                    out.insert(file.key.clone(), file);
-                }
-            }
-        }
-        Ok(out)
+                file.key.starts_with("sst/") && stored.get(&full) == Some(&file.size)
+            })
+            .map(|file| (file.key.clone(), file))
+            .collect())
     }
 
     /// Every backup of this cell, oldest first.
@@ -233,6 +235,32 @@ impl Backups {
 
     /// Every committed manifest under this root, by id (ids sort by time).
     async fn list_as<T: serde::de::DeserializeOwned>(&self) -> Result<Vec<T>> {
+        let mut out = Vec::new();
+        for id in self.ids().await? {
+            match self.read_manifest_as(&id).await {
+                Ok(m) => out.push(m),
+                // Not committed (running, or a crashed backup's leftover).
+                Err(BackupError::NotFound(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
+
+    /// The newest committed manifest under this root, reading no other.
+    async fn latest_as<T: serde::de::DeserializeOwned>(&self) -> Result<Option<T>> {
+        for id in self.ids().await?.iter().rev() {
+            match self.read_manifest_as(id).await {
+                Ok(m) => return Ok(Some(m)),
+                Err(BackupError::NotFound(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(None)
+    }
+
+    /// The ids of the backups under this root, committed or not, in order.
+    async fn ids(&self) -> Result<Vec<String>> {
         let listed = self
             .store
             .list_with_delimiter(Some(&ObjectPath::from(self.root.as_str())))
@@ -244,16 +272,7 @@ impl Backups {
             .filter(|id| id != "sst")
             .collect();
         ids.sort();
-        let mut out = Vec::new();
-        for id in ids {
-            match self.read_manifest_as(&id).await {
-                Ok(m) => out.push(m),
-                // Not committed (running, or a crashed backup's leftover).
-                Err(BackupError::NotFound(_)) => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(out)
+        Ok(ids)
     }
 
     async fn read_manifest(&self, id: &str) -> Result<Manifest> {
@@ -280,9 +299,8 @@ impl Backups {
         if !id.is_empty() {
             return self.read_manifest(id).await;
         }
-        self.list()
+        self.latest_as()
             .await?
-            .pop()
             .ok_or_else(|| BackupError::NotFound("(latest)".into()))
     }
 
@@ -320,18 +338,17 @@ impl Backups {
 
     /// Deletes the objects of backups that never wrote their manifest.
     async fn sweep(&self, now_ms: u64) -> Result<()> {
-        let listed = self
-            .store
-            .list_with_delimiter(Some(&ObjectPath::from(self.root.as_str())))
-            .await?;
-        for dir in listed.common_prefixes {
-            let Some(id) = dir.filename().map(str::to_string) else {
-                continue;
-            };
+        for id in self.ids().await? {
             let started = id.split('-').next().and_then(|t| t.parse::<u64>().ok());
-            let old = started.is_some_and(|t| t + ORPHAN_AFTER_MS < now_ms);
-            if old && matches!(self.read_manifest(&id).await, Err(BackupError::NotFound(_))) {
-                self.delete_prefix(&dir).await?;
+            if started.is_none_or(|t| t + ORPHAN_AFTER_MS >= now_ms) {
+                continue;
+            }
+            match self.store.head(&self.path(&Self::manifest_key(&id))).await {
+                Err(object_store::Error::NotFound { .. }) => {
+                    self.delete_prefix(&self.path(&id)).await?;
+                }
+                Ok(_) => {}
+                Err(e) => return Err(e.into()),
             }
         }
         Ok(())

@@ -79,9 +79,8 @@ impl Backups {
     pub async fn get_routes(&self, id: &str) -> Result<(RouteManifest, Vec<u8>)> {
         let manifest: RouteManifest = match id {
             "" => self
-                .route_backups()
+                .latest_as()
                 .await?
-                .pop()
                 .ok_or_else(|| BackupError::NotFound("(latest)".into()))?,
             id => self.read_manifest_as(id).await?,
         };

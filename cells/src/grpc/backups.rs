@@ -105,7 +105,9 @@ impl BackupsService for BackupsApi {
         let (backups, service) = (self.backups.clone(), self.service.clone());
         let m = tokio::spawn(async move {
             let now = service.now_ms();
-            backups.export_tenant(&service, tenant, now).await
+            backups
+                .export_tenant(&service, cellmesh_proto::ids::TenantId(tenant), now)
+                .await
         })
         .await
         .map_err(|e| Status::internal(format!("export task: {e}")))?

@@ -16,14 +16,14 @@ const PAGE: usize = 10_000;
 impl MessageService {
     /// The conversations of `tenant` stored here whose route names this
     /// cell (not the copies a move left behind).
-    pub fn exportable(&self, tenant: u64) -> Result<Vec<u64>> {
-        let ids = self.tenant_conversation_ids(tenant)?;
+    pub fn exportable(&self, tenant: TenantId) -> Result<Vec<ConversationId>> {
+        let ids = self.tenant_conversation_ids(tenant.get())?;
         Ok(ids
             .into_iter()
+            .map(ConversationId)
             .filter(|&id| {
                 !matches!(
-                    self.ownership
-                        .check(TenantId(tenant), ConversationId(id), Epoch(0)),
+                    self.ownership.check(tenant, id, Epoch(0)),
                     Err(CellError::WrongCell { .. })
                 )
             })
@@ -31,7 +31,11 @@ impl MessageService {
     }
 
     /// Every message of `conversation` by seq, hot and cold.
-    pub async fn whole_history(&self, conversation: u64) -> Result<Vec<(u64, MessageRecord)>> {
+    pub async fn whole_history(
+        &self,
+        conversation: ConversationId,
+    ) -> Result<Vec<(u64, MessageRecord)>> {
+        let conversation = conversation.get();
         let mut all = BTreeMap::new();
         if let Some(cold) = &self.cold {
             for entry in self.store.segments(conversation)? {

@@ -320,6 +320,21 @@ async fn verify_catches_a_damaged_object_and_delete_keeps_shared_files() {
     assert!(!new_dir.path().join("db").exists(), "nothing half restored");
 }
 
+/// A cell that tiers everything beyond a conversation's newest 10
+/// messages, in segments of at most 25, when asked.
+async fn tiered_cell() -> TestCell {
+    TestCell::start_with(
+        |c| {
+            let t = &mut c.tiering;
+            t.enabled = true;
+            t.hot_messages_per_conversation = 10;
+            t.segment_max_messages = 25;
+        },
+        Arc::new(SystemClock),
+    )
+    .await
+}
+
 fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -329,16 +344,7 @@ fn now_ms() -> u64 {
 
 #[tokio::test]
 async fn a_tenant_export_holds_every_message_hot_and_cold_and_nothing_of_other_tenants() {
-    let cell = TestCell::start_with(
-        |c| {
-            let t = &mut c.tiering;
-            t.enabled = true;
-            t.hot_messages_per_conversation = 10;
-            t.segment_max_messages = 25;
-        },
-        Arc::new(SystemClock),
-    )
-    .await;
+    let cell = tiered_cell().await;
     let mut c = cell.client().await;
     let conv = create_group(&mut c, T, 1, &[2]).await;
     let other = create_group(&mut c, T + 1, 1, &[2]).await;
@@ -377,14 +383,18 @@ async fn a_tenant_export_holds_every_message_hot_and_cold_and_nothing_of_other_t
     let config = cell.cell.service.config().clone();
     let backups = Backups::open(&config.backup, &config.cell_id, &config.data_dir).unwrap();
     let conversations = backups
-        .export_lines(T, &info.id, "conversations.jsonl")
+        .export_lines(
+            cellmesh_proto::ids::TenantId(T),
+            &info.id,
+            "conversations.jsonl",
+        )
         .await
         .unwrap();
     assert_eq!(conversations.len(), 1);
     assert_eq!(conversations[0]["conversation"], conv);
     assert_eq!(conversations[0]["members"], serde_json::json!([1, 2]));
     let lines = backups
-        .export_lines(T, &info.id, "messages.jsonl")
+        .export_lines(cellmesh_proto::ids::TenantId(T), &info.id, "messages.jsonl")
         .await
         .unwrap();
     let seqs: Vec<u64> = lines.iter().map(|l| l["seq"].as_u64().unwrap()).collect();
@@ -405,16 +415,7 @@ async fn a_tenant_export_holds_every_message_hot_and_cold_and_nothing_of_other_t
 
 #[tokio::test]
 async fn verify_names_cold_history_the_tier_no_longer_holds() {
-    let cell = TestCell::start_with(
-        |c| {
-            let t = &mut c.tiering;
-            t.enabled = true;
-            t.hot_messages_per_conversation = 10;
-            t.segment_max_messages = 25;
-        },
-        Arc::new(SystemClock),
-    )
-    .await;
+    let cell = tiered_cell().await;
     let mut c = cell.client().await;
     let conv = create_group(&mut c, T, 1, &[2]).await;
     for i in 1..=40 {
