@@ -36,6 +36,13 @@ impl Files {
         }
     }
 
+    /// Fetches and stores the files' URLs with `http` (a client that
+    /// trusts a private CA, say) instead of one trusting the system's roots.
+    pub fn with_http(mut self, http: reqwest::Client) -> Self {
+        self.http = http;
+        self
+    }
+
     /// Reserves an upload; a call whose answer was lost (the connection
     /// broke, the deadline passed) is made again with the same request id,
     /// so it gets the same upload back.

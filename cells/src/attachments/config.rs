@@ -27,8 +27,13 @@ pub struct AttachmentsConfig {
     /// `host:port`; port 0 picks one).
     pub http_listen: String,
     /// The base URL clients reach that listener at (empty:
-    /// `http://<bound address>`).
+    /// `http://<bound address>`, or `https://` with `tls`).
     pub public_url: String,
+    /// The certificate that listener presents to clients, who present none
+    /// (both files empty: plain HTTP). Watched like `[tls]`. Left out of a
+    /// written config when off, which 0.2.0 then still reads.
+    #[serde(skip_serializing_if = "plain_http")]
+    pub tls: cellmesh_proto::tls::PublicTlsConfig,
     /// Largest file accepted.
     pub max_file_bytes: u64,
     /// Files above this go up in parts of this size (S3's minimum is 5 MiB).
@@ -104,6 +109,7 @@ impl Default for AttachmentsConfig {
             s3: S3Config::default(),
             http_listen: "127.0.0.1:0".into(),
             public_url: String::new(),
+            tls: Default::default(),
             max_file_bytes: 2 * 1024 * 1024 * 1024,
             part_bytes: 8 * 1024 * 1024,
             upload_expiry_secs: 86_400,
@@ -124,6 +130,10 @@ impl Default for AttachmentsConfig {
             copy_bytes_per_sec: 0,
         }
     }
+}
+
+fn plain_http(tls: &cellmesh_proto::tls::PublicTlsConfig) -> bool {
+    !tls.enabled()
 }
 
 impl AttachmentsConfig {
@@ -232,6 +242,9 @@ impl AttachmentsConfig {
                 || self.public_url.starts_with("https://"),
             "an http:// or https:// URL",
         )?;
+        if let Err(message) = self.tls.validate() {
+            check("attachments.tls", false, &message)?;
+        }
         check(
             "attachments.scan_webhook",
             self.scan_webhook.is_empty()

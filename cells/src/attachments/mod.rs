@@ -8,6 +8,7 @@
 pub mod config;
 pub mod http;
 pub mod image;
+pub mod listener;
 pub mod sigv4;
 pub mod store;
 pub mod urls;
@@ -128,15 +129,21 @@ impl Attachments {
         };
         let listener = tokio::net::TcpListener::bind(&self.config.http_listen).await?;
         let addr = listener.local_addr()?;
-        let base = if self.config.public_url.is_empty() {
-            format!("http://{addr}")
-        } else {
-            self.config.public_url.trim_end_matches('/').to_string()
+        let tls = (self.config.tls.watch())
+            .map_err(|e| std::io::Error::other(format!("attachments.tls: {e}")))?;
+        let base = match (self.config.public_url.as_str(), &tls) {
+            ("", None) => format!("http://{addr}"),
+            ("", Some(_)) => format!("https://{addr}"),
+            (url, _) => url.trim_end_matches('/').to_string(),
         };
         let _ = any.base_url.set(base);
         let router = http::router(locals, clock);
         let task = tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, router).await {
+            let served = match tls {
+                None => axum::serve(listener, router).await,
+                Some(tls) => axum::serve(listener::TlsListener::new(listener, tls), router).await,
+            };
+            if let Err(e) = served {
                 tracing::error!(error = %e, "attachments listener stopped");
             }
         });
