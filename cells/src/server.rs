@@ -589,10 +589,18 @@ fn write_addr_file(config: &CellConfig, addr: SocketAddr) -> std::io::Result<()>
     std::fs::rename(tmp, path)
 }
 
-/// Copies files that came from other regions every second, and sweeps
-/// expired uploads and recalled files every `sweep` while the service
-/// lives.
+/// Indexes open uploads once, then copies files that came from other
+/// regions every second, and sweeps expired uploads and recalled files
+/// every `sweep` while the service lives.
 async fn sweep_uploads(service: std::sync::Weak<MessageService>, sweep: Duration) {
+    // A store from before the open-upload index gets it, once.
+    if let Some(service) = service.upgrade() {
+        match service.store().index_open_uploads().await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(indexed = n, "open uploads indexed"),
+            Err(e) => tracing::warn!(error = %e, "indexing open uploads failed"),
+        }
+    }
     let mut last_sweep = tokio::time::Instant::now();
     loop {
         tokio::time::sleep(sweep.min(Duration::from_secs(1))).await;

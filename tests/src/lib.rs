@@ -103,6 +103,17 @@ impl TestCell {
         dir: TempDir,
         tweak: impl FnOnce(&mut CellConfig),
     ) -> Self {
+        Self::start_routed_clocked(cell_id, routers, dir, tweak, Arc::new(SystemClock)).await
+    }
+
+    /// [`start_routed_with`](Self::start_routed_with) on `clock`.
+    pub async fn start_routed_clocked(
+        cell_id: &str,
+        routers: Vec<String>,
+        dir: TempDir,
+        tweak: impl FnOnce(&mut CellConfig),
+        clock: Arc<dyn Clock>,
+    ) -> Self {
         let mut config = test_config(dir.path());
         config.cell_id = cell_id.to_string();
         config.routing.routers = routers;
@@ -111,7 +122,7 @@ impl TestCell {
         let placement = cellmesh_cell::Placement::routed(&config)
             .await
             .expect("route table reachable");
-        let cell = cellmesh_cell::start_placed(config, placement, Arc::new(SystemClock))
+        let cell = cellmesh_cell::start_placed(config, placement, clock)
             .await
             .expect("routed cell starts");
         let endpoint = format!("http://{}", cell.addr);

@@ -209,6 +209,12 @@ impl MessageService {
         id: u64,
     ) -> Result<UploadResponse> {
         let att = self.attachments()?;
+        // Only the owner, and not under a move's freeze: the record moves.
+        self.ownership.check(
+            TenantId(caller.tenant),
+            ConversationId(conversation),
+            Epoch(0),
+        )?;
         let record = self.own_upload(&caller, conversation, id)?;
         self.expired(&record, id)?;
         let stored = if record.state == UploadState::Complete as i32 {
@@ -316,6 +322,12 @@ impl MessageService {
         id: u64,
     ) -> Result<AttachmentRef> {
         let att = self.attachments()?;
+        // Only the owner, and not under a move's freeze: the record moves.
+        self.ownership.check(
+            TenantId(caller.tenant),
+            ConversationId(conversation),
+            Epoch(0),
+        )?;
         let mut record = self.own_upload(&caller, conversation, id)?;
         let a = record.attachment.clone().expect("an upload names its file");
         if record.state == UploadState::Complete as i32 {
@@ -480,7 +492,7 @@ impl MessageService {
                     .await
                     .map_err(store_failed)?;
                 let mut m = Mutation::new();
-                m.delete_upload(record.tenant_id, id);
+                m.delete_upload(record, id);
                 self.store.commit(m).await?;
                 att.forget_bytes(record.tenant_id);
                 Err(CellError::denied(
@@ -681,6 +693,19 @@ impl MessageService {
                     continue;
                 }
                 let Some(a) = &r.attachment else { continue };
+                match self.open_upload_here(&r) {
+                    Here::Sweep => {}
+                    Here::Wait => continue,
+                    Here::Forget => {
+                        // The new owner holds the carried record and
+                        // decides about the file.
+                        let mut m = Mutation::new();
+                        m.delete_upload(&r, id);
+                        self.store.commit(m).await?;
+                        att.forget_bytes(r.tenant_id);
+                        continue;
+                    }
+                }
                 if !r.multipart_id.is_empty() && r.state != UploadState::Complete as i32 {
                     att.files
                         .abort_multipart(&a.object_key, &r.multipart_id)
@@ -689,12 +714,35 @@ impl MessageService {
                 }
                 att.files.delete_file(a).await.map_err(store_failed)?;
                 let mut m = Mutation::new();
-                m.delete_upload(r.tenant_id, id);
+                m.delete_upload(&r, id);
                 self.store.commit(m).await?;
                 att.forget_bytes(r.tenant_id);
                 crate::metrics::metrics().uploads_swept.inc();
                 swept += 1;
             }
+        }
+    }
+}
+
+/// What the sweep may do about an expired or orphaned record here.
+enum Here {
+    /// Delete the file and the record.
+    Sweep,
+    /// The conversation is moving: ask again later.
+    Wait,
+    /// Another cell owns the conversation now: only the record goes.
+    Forget,
+}
+
+impl MessageService {
+    fn open_upload_here(&self, r: &UploadRecord) -> Here {
+        let (tenant, conversation) = (r.tenant_id, r.conversation_id);
+        if !crate::storage::uploads::is_open(r) || self.ownership.settled(tenant, conversation) {
+            Here::Sweep
+        } else if self.ownership.owns(tenant, conversation) {
+            Here::Wait
+        } else {
+            Here::Forget
         }
     }
 }

@@ -38,6 +38,7 @@ impl MessageService {
                     count,
                     checksum,
                     handed_over: false,
+                    uploads: self.store.open_uploads_digest(id)?,
                 })
             })
             .collect()

@@ -193,9 +193,9 @@ fn touched(name: &str, key: &[u8]) -> Option<Touched> {
         | cf::READ_STATE
         | cf::HIDDEN
         | cf::MANIFEST => keys::first_u64(key).map(Touched::Conversation),
-        cf::META => key
-            .strip_prefix(keys::meta::REWRITES)
-            .and_then(keys::decode_u64)
+        cf::META => (key.strip_prefix(keys::meta::REWRITES))
+            .or_else(|| key.strip_prefix(keys::meta::OPEN_UPLOADS))
+            .and_then(keys::first_u64)
             .map(Touched::Conversation),
         cf::SYNC | cf::CONV_LIST | cf::MUTED | cf::DEVICE_CURSOR | cf::QUEUE_ID => {
             let tenant = keys::first_u64(key)?;
@@ -227,11 +227,12 @@ mod tests {
             put(cf::SYNC, &keys::user_item(UserKey::new(1, 7), 3)),
             put(cf::SYNC, &keys::user_item(UserKey::new(2, 7), 3)),
             put(cf::META, &keys::meta::rewrites(6)),
+            put(cf::META, &keys::meta::open_upload(8, 3)),
             put(cf::OUTBOX, &1u64.to_be_bytes()),
         ]);
         let second = changes.cut(1, first.token);
         let changed = second.changed.expect("a known token");
-        assert_eq!(changed.conversations, vec![5, 6]);
+        assert_eq!(changed.conversations, vec![5, 6, 8]);
         assert_eq!(changed.users, vec![7], "only the watched tenant's homes");
         // Nothing since: nothing changed.
         let third = changes.cut(1, second.token);

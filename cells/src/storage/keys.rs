@@ -147,6 +147,19 @@ pub mod meta {
 
     /// Prefix of [`rewrites`] keys.
     pub const REWRITES: &[u8] = b"rewrites/";
+
+    /// An open upload of `conversation` (reserved, or completed and not
+    /// sent yet; no value): what a move carries to the new owner.
+    pub fn open_upload(conversation: u64, id: u64) -> Vec<u8> {
+        [OPEN_UPLOADS, &conversation.to_be_bytes(), &id.to_be_bytes()].concat()
+    }
+
+    /// Prefix of [`open_upload`] keys.
+    pub const OPEN_UPLOADS: &[u8] = b"open_upload/";
+
+    /// Set once every open upload record has its [`open_upload`] key
+    /// (stores written before those keys existed get them at start).
+    pub const OPEN_UPLOADS_INDEXED: &[u8] = b"open_uploads_indexed";
 }
 
 /// The key layout this code reads and writes. 1: per-user keys started

@@ -16,7 +16,7 @@ mod options;
 mod queue;
 mod scan;
 mod sync;
-mod uploads;
+pub(crate) mod uploads;
 pub mod walk;
 
 use crate::failpoints::FailPoints;

@@ -234,6 +234,7 @@ impl SyncService {
                     count,
                     checksum,
                     handed_over: tenant_sealed || handed.contains(&id),
+                    uploads: 0,
                 })
             })
             .collect()

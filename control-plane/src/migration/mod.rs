@@ -581,7 +581,9 @@ impl Subject for ConversationMove<'_> {
             .await
             .map_err(call("seal the source"))?
             .into_inner();
-        let Some(delta) = sealed.delta.filter(|d| !d.messages.is_empty()) else {
+        let Some(delta) =
+            (sealed.delta).filter(|d| !d.messages.is_empty() || !d.uploads.is_empty())
+        else {
             return Ok((sealed.latest_seq, copied));
         };
         let store = StoreChunkRequest {

@@ -20,14 +20,14 @@ use cellmesh_tests::{Client, TestCell, caller, create_group, text};
 
 const TENANT: u64 = 1;
 
-async fn files_of(cell: &TestCell, tenant: u64, user: u64) -> Files {
+pub(crate) async fn files_of(cell: &TestCell, tenant: u64, user: u64) -> Files {
     let client = cellmesh_client::connect::attachments_as(&cell.endpoint, None)
         .await
         .expect("attachments client");
     Files::new(client, caller(tenant, user))
 }
 
-fn write_file(dir: &Path, name: &str, len: usize, seed: u8) -> std::path::PathBuf {
+pub(crate) fn write_file(dir: &Path, name: &str, len: usize, seed: u8) -> std::path::PathBuf {
     let path = dir.join(name);
     let bytes: Vec<u8> = (0..len)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
@@ -36,7 +36,12 @@ fn write_file(dir: &Path, name: &str, len: usize, seed: u8) -> std::path::PathBu
     path
 }
 
-async fn message_at(client: &mut Client, user: u64, conversation: u64, seq: u64) -> Message {
+pub(crate) async fn message_at(
+    client: &mut Client,
+    user: u64,
+    conversation: u64,
+    seq: u64,
+) -> Message {
     client
         .pull(PullRequest {
             caller: caller(TENANT, user),
@@ -54,13 +59,13 @@ async fn message_at(client: &mut Client, user: u64, conversation: u64, seq: u64)
         .expect("the message")
 }
 
-fn no_progress() -> impl FnMut(u64, u64) + Send {
+pub(crate) fn no_progress() -> impl FnMut(u64, u64) + Send {
     |_, _| {}
 }
 
 /// Gives the cell its region's store under `root` and a way to the other
 /// region's (as with a bucket per region).
-fn region_stores(c: &mut cellmesh_cell::CellConfig, root: &Path) {
+pub(crate) fn region_stores(c: &mut cellmesh_cell::CellConfig, root: &Path) {
     let region = c.cell_id.split('/').next().unwrap().to_string();
     c.attachments.local_dir = root.join(&region);
     for other in ["eu-west", "us-east"] {
@@ -73,7 +78,7 @@ fn region_stores(c: &mut cellmesh_cell::CellConfig, root: &Path) {
 }
 
 /// A client of the files API through the edge at `endpoint`, with `token`.
-async fn edge_files(endpoint: &str, token: &str) -> Files {
+pub(crate) async fn edge_files(endpoint: &str, token: &str) -> Files {
     let client = cellmesh_client::connect::attachments_as(endpoint, Some(token))
         .await
         .unwrap();

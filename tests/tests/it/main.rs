@@ -1,6 +1,8 @@
 //! Every cross-crate integration test, in one binary (one link of RocksDB
 //! instead of one per file). Each module is one area of behaviour.
 
+mod attachment_moves;
+mod attachment_tls;
 mod attachments;
 mod backup_restore;
 mod backups;

@@ -100,6 +100,11 @@ impl MessageService {
             .filter(|s| s.seq_end <= floor)
             .collect();
         self.adopt_segments(conversation, &below, floor).await?;
+        // Uploads the failed cell held open are resumed or sent here.
+        let carried = std::mem::take(&mut chunk.uploads);
+        let carries = !carried.is_empty();
+        let foreign_files =
+            self.stage_carried_uploads((tenant, conversation), carried, &chunk.messages, &mut m)?;
         let mut imported = Imported::default();
         for segment in &below {
             imported.add(segment.seq_start, segment.seq_end);
@@ -114,6 +119,7 @@ impl MessageService {
                 continue;
             }
             imported.add(message.seq, message.seq);
+            self.reference_files(tenant, &r, &mut m)?;
             self.backfill_message(&mut m, (tenant, conversation), (floor, now), message.seq, r)?;
         }
         imported.emit(tenant, conversation, &mut m);
@@ -140,10 +146,14 @@ impl MessageService {
                 slot.submit(m)
             };
             ticket.wait().await?;
-            return Ok(());
-        }
-        if !m.is_empty() {
+        } else if !m.is_empty() {
             self.store.commit(m).await?;
+        }
+        if carries {
+            self.recount_files(tenant);
+        }
+        if foreign_files {
+            self.wake_copier();
         }
         Ok(())
     }

@@ -126,7 +126,10 @@ impl MessageService {
         // The seqs whose answers were stored: this cell's standbys get them
         // too (one event for the chunk), to answer a re-send as it would.
         let mut answered = Vec::new();
-        let mut foreign_files = false;
+        let carried = std::mem::take(&mut chunk.uploads);
+        let carries = !carried.is_empty();
+        let mut foreign_files =
+            self.stage_carried_uploads((tenant, conversation), carried, &chunk.messages, &mut m)?;
         let mut imported = Imported::default();
         for segment in &chunk.segments {
             imported.add(segment.seq_start, segment.seq_end);
@@ -150,6 +153,7 @@ impl MessageService {
                 answered.push(message.seq);
             }
             foreign_files |= self.note_foreign_files(tenant, conversation, &r, &mut m)?;
+            self.reference_files(tenant, &r, &mut m)?;
             m.put_message(conversation, message.seq, &r);
         }
         imported.emit(tenant, conversation, &mut m);
@@ -173,6 +177,9 @@ impl MessageService {
             },
         );
         self.store.commit(m).await?;
+        if carries {
+            self.recount_files(tenant);
+        }
         if foreign_files {
             self.wake_copier();
         }

@@ -19,6 +19,7 @@ use sha2::{Digest, Sha256};
 
 mod backfill;
 mod import;
+mod uploads;
 
 pub(crate) use import::Imported;
 
@@ -175,6 +176,7 @@ impl MessageService {
                 .into_iter()
                 .filter(|s| s.seq_end > after_seq)
                 .collect(),
+            uploads: self.carried_uploads(tenant, conversation)?,
         })
     }
 

@@ -61,6 +61,11 @@ pub(super) struct Position {
     pub reset: bool,
     /// The source's rewrite count when last asked (conversations).
     pub rewrites: u64,
+    /// The digest of the source's open uploads when last asked
+    /// (conversations), and whether the target may not hold them as that:
+    /// the next round copies the conversation even with no new message.
+    pub uploads: u64,
+    pub uploads_behind: bool,
     pub verified: Option<Verified>,
 }
 
@@ -259,6 +264,9 @@ impl Items<'_> {
                 ..Position::default()
             });
             (position.source, position.rewrites) = (mark.latest, mark.rewrites);
+            if position.uploads != mark.uploads {
+                (position.uploads, position.uploads_behind) = (mark.uploads, true);
+            }
         }
         self.token = marks.token;
     }
@@ -311,7 +319,7 @@ impl Items<'_> {
         let behind: Vec<(Item, Position)> = self
             .items
             .iter()
-            .filter(|(_, p)| p.reset || p.copied < p.source)
+            .filter(|(_, p)| p.reset || p.copied < p.source || p.uploads_behind)
             .map(|(i, p)| (*i, *p))
             .collect();
         // Conversations a little behind go many to a call; the others (and
@@ -372,6 +380,8 @@ impl Items<'_> {
                 p.reset = false;
             }
             p.copied = p.copied.max(answer.copied_through);
+            // Every copy carries the open uploads as the source held them.
+            p.uploads_behind = false;
         }
         Ok(())
     }

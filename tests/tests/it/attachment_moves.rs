@@ -1,0 +1,302 @@
+//! Open uploads travel with their conversation: after a move, a file
+//! completed but not sent is sent at the new owner, and one cut off
+//! half-way resumes there from its stored parts; the old owner's sweep
+//! later forgets its records without taking the files the new owner's
+//! messages carry.
+
+use std::sync::Arc;
+
+use cellmesh_cell::clock::{Clock, ManualClock, SystemClock};
+use cellmesh_client::files::sha256_file;
+use cellmesh_proto::v1::{
+    ConversationKind, CreateConversationRequest, CreateUploadRequest, PullRequest,
+};
+use cellmesh_tests::TestCell;
+use cellmesh_tests::deploy::{authed, deploy_with, messaging, migrator, text, token};
+
+use crate::attachments::{edge_files, no_progress, region_stores, write_file};
+
+const TENANT: u64 = 2;
+const PART: u64 = 64 * 1024;
+const SOURCE: &str = "eu-west/c2";
+const TARGET: &str = "eu-west/c1";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_uploads_move_with_their_conversation_and_finish_at_the_new_owner() {
+    let stores = tempfile::tempdir().unwrap();
+    let root = stores.path().to_path_buf();
+    let tweak = |c: &mut cellmesh_cell::CellConfig| {
+        region_stores(c, &root);
+        c.attachments.part_bytes = PART;
+        c.attachments.max_file_bytes = PART * 10_000;
+    };
+    let d = deploy_with(None, tweak).await;
+    // The source shares eu-west's store with the target; the test turns
+    // its clock to expire what it left behind.
+    let clock = Arc::new(ManualClock::new(SystemClock.now_ms()));
+    let source = TestCell::start_routed_clocked(
+        SOURCE,
+        d.cluster.endpoints(),
+        tempfile::tempdir().unwrap(),
+        tweak,
+        clock.clone(),
+    )
+    .await;
+    let routes = d.cluster.client().await;
+    routes
+        .apply(cellmesh_route_client::commands::assign_tenant(
+            TENANT, SOURCE, 0,
+        ))
+        .await
+        .unwrap();
+    let (alice, bob) = (token(TENANT, 1), token(TENANT, 2));
+    let mut m = messaging(&d.edge).await;
+    let create = CreateConversationRequest {
+        kind: ConversationKind::Group as i32,
+        title: "plans".into(),
+        member_ids: vec![2],
+        ..Default::default()
+    };
+    let mut conversation = 0;
+    for _ in 0..50 {
+        match m.create_conversation(authed(create.clone(), &alice)).await {
+            Ok(r) => {
+                conversation = r.into_inner().conversation.unwrap().conversation_id;
+                break;
+            }
+            // The edge has not seen the tenant's route yet.
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
+        }
+    }
+    assert_ne!(conversation, 0, "the conversation is created at {SOURCE}");
+
+    // One file completed and not sent; another cut off after two of its
+    // five parts.
+    let endpoint = d.edge.endpoint();
+    let dir = tempfile::tempdir().unwrap();
+    let done = write_file(dir.path(), "done.bin", 90_000, 1);
+    let a = edge_files(&endpoint, &alice)
+        .await
+        .upload(
+            conversation,
+            &done,
+            "application/octet-stream",
+            None,
+            &mut no_progress(),
+        )
+        .await
+        .unwrap();
+    let half = write_file(dir.path(), "half.bin", 300_000, 2);
+    let (size, digest) = sha256_file(&half).await.unwrap();
+    let mut files = edge_files(&endpoint, &alice).await;
+    let upload = files
+        .client
+        .create_upload(CreateUploadRequest {
+            conversation_id: conversation,
+            name: "half.bin".into(),
+            content_type: "application/octet-stream".into(),
+            size,
+            sha256: digest.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(upload.parts.len(), 5);
+    let bytes = std::fs::read(&half).unwrap();
+    let http = reqwest::Client::new();
+    for part in &upload.parts[..2] {
+        let start = (part.part_number as usize - 1) * PART as usize;
+        let body = bytes[start..start + part.size as usize].to_vec();
+        let put = http.put(&part.url).body(body).send().await.unwrap();
+        assert!(put.status().is_success(), "{}", put.status());
+    }
+
+    migrator(&routes)
+        .migrate_conversation(TENANT, conversation, TARGET, |_| {})
+        .await
+        .expect("the conversation moves");
+
+    // At the new owner the half-done upload resumes after its stored
+    // parts, and both files go out on one message.
+    let state = dir.path().join("state");
+    std::fs::write(&state, format!("{} {size} {digest}\n", upload.upload_id)).unwrap();
+    let mut first_seen = None;
+    let mut progress = |done: u64, _total: u64| {
+        first_seen.get_or_insert(done);
+    };
+    let b = edge_files(&endpoint, &alice)
+        .await
+        .upload(
+            conversation,
+            &half,
+            "application/octet-stream",
+            Some(&state),
+            &mut progress,
+        )
+        .await
+        .expect("the upload resumes at the new owner");
+    assert_eq!(b.attachment_id, upload.upload_id);
+    assert_eq!(first_seen, Some(2 * PART), "resumed after the stored parts");
+    let mut send = text(conversation, "both");
+    send.attachment_ids = vec![a.attachment_id, b.attachment_id];
+    let sent = m
+        .send(authed(send, &alice))
+        .await
+        .expect("the moved uploads are sent at the new owner")
+        .into_inner();
+
+    // The source's records expire: its sweep forgets them and leaves the
+    // files, which the new owner's message carries.
+    clock.advance_ms(2 * 86_400 * 1000);
+    let source_service = &source.cell.service;
+    source_service.sweep_uploads().await.unwrap();
+    for id in [a.attachment_id, b.attachment_id] {
+        assert!(
+            source_service.store().upload(TENANT, id).unwrap().is_none(),
+            "the source forgot upload {id}"
+        );
+    }
+    let page = m
+        .pull(authed(
+            PullRequest {
+                conversation_id: conversation,
+                since_seq: sent.seq - 1,
+                limit: 1,
+                ..Default::default()
+            },
+            &bob,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let out = tempfile::tempdir().unwrap();
+    let written = edge_files(&endpoint, &bob)
+        .await
+        .download(&page.messages[0], out.path(), &mut no_progress())
+        .await
+        .expect("both files download after the source's sweep");
+    let mut written: Vec<_> = written.iter().map(|p| std::fs::read(p).unwrap()).collect();
+    written.sort_by_key(Vec::len);
+    assert_eq!(written, vec![std::fs::read(&done).unwrap(), bytes]);
+}
+
+/// Uploads `name` (`len` bytes) as `token`'s user into `conversation`
+/// through the edge, completed and not sent.
+async fn upload(
+    endpoint: &str,
+    token: &str,
+    conversation: u64,
+    dir: &std::path::Path,
+    name: &str,
+    len: usize,
+) -> (cellmesh_proto::v1::AttachmentRef, Vec<u8>) {
+    let path = write_file(dir, name, len, len as u8);
+    let a = edge_files(endpoint, token)
+        .await
+        .upload(
+            conversation,
+            &path,
+            "application/octet-stream",
+            None,
+            &mut no_progress(),
+        )
+        .await
+        .unwrap();
+    (a, std::fs::read(&path).unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_move_carries_uploads_made_after_its_first_copy_round() {
+    use cellmesh_control_plane::migration::{
+        MigrationError, MigrationOptions, Migrator, StopPoint,
+    };
+    use cellmesh_proto::secret::ClusterSecret;
+    use cellmesh_tests::deploy::create_via_edge;
+    let stores = tempfile::tempdir().unwrap();
+    let root = stores.path().to_path_buf();
+    let d = deploy_with(None, |c| region_stores(c, &root)).await;
+    let routes = d.cluster.client().await;
+    let (alice, bob) = (token(1, 1), token(1, 2));
+    let mut m = messaging(&d.edge).await;
+    let conversation = create_via_edge(&mut m, &alice, vec![2]).await;
+    m.send(authed(text(conversation, "hello"), &alice))
+        .await
+        .unwrap();
+    let endpoint = d.edge.endpoint();
+    let dir = tempfile::tempdir().unwrap();
+    let early = upload(
+        &endpoint,
+        &alice,
+        conversation,
+        dir.path(),
+        "early.bin",
+        50_000,
+    )
+    .await;
+
+    // The move stops after its first copy round; then one more file is
+    // uploaded, with no new message in the conversation.
+    let stopping = Migrator::new(
+        routes.clone(),
+        ClusterSecret::new(cellmesh_tests::router::SECRET),
+        MigrationOptions {
+            stop_after: Some(StopPoint::Copied),
+            ..MigrationOptions::default()
+        },
+    );
+    let stopped = stopping.migrate_tenant(1, "us-east/c1", 4, |_| {}).await;
+    assert!(
+        matches!(stopped, Err(MigrationError::Stopped(StopPoint::Copied))),
+        "{stopped:?}"
+    );
+    let late = upload(
+        &endpoint,
+        &alice,
+        conversation,
+        dir.path(),
+        "late.bin",
+        60_000,
+    )
+    .await;
+    let report = migrator(&routes)
+        .migrate_tenant(1, "us-east/c1", 4, |_| {})
+        .await
+        .expect("the move finishes");
+    assert_eq!(
+        (report.files.files, report.files.bytes),
+        (2, 110_000),
+        "both files came along to be copied into us-east"
+    );
+
+    // Both are sent at the new owner and download intact.
+    let mut send = text(conversation, "both");
+    send.attachment_ids = vec![early.0.attachment_id, late.0.attachment_id];
+    let sent = m
+        .send(authed(send, &alice))
+        .await
+        .expect("the uploads are sent in us-east")
+        .into_inner();
+    let page = m
+        .pull(authed(
+            PullRequest {
+                conversation_id: conversation,
+                since_seq: sent.seq - 1,
+                limit: 1,
+                ..Default::default()
+            },
+            &bob,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let out = tempfile::tempdir().unwrap();
+    let written = edge_files(&endpoint, &bob)
+        .await
+        .download(&page.messages[0], out.path(), &mut no_progress())
+        .await
+        .expect("both download");
+    let mut written: Vec<_> = written.iter().map(|p| std::fs::read(p).unwrap()).collect();
+    written.sort_by_key(Vec::len);
+    assert_eq!(written, vec![early.1, late.1]);
+}
