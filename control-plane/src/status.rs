@@ -1,7 +1,7 @@
 //! The deployment at a glance, as one JSON object: regions and their cells
 //! (route status, live health, what they own, sends/s, queue lag, uptime),
-//! router replicas, the control-plane leader and migrations in progress with
-//! their progress. `cellmesh ctl status` prints it; the console serves it.
+//! router replicas, the control-plane leader, migrations in progress with
+//! their progress, and the bytes of files each tenant keeps. `cellmesh ctl status` prints it; the console serves it.
 //!
 //! A [`Sampler`] remembers each cell's previous counters, so sends/s is the
 //! rate between two samples.
@@ -98,6 +98,7 @@ impl Sampler {
             calls.push((cell.clone(), call));
         }
         let mut regions: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+        let mut files: BTreeMap<u64, u64> = BTreeMap::new();
         let mut answers = Vec::new();
         for (cell, call) in calls {
             answers.push((cell, call.await.ok().flatten()));
@@ -122,6 +123,9 @@ impl Sampler {
                 }
                 _ => 0.0,
             };
+            for f in now.iter().flat_map(|s| &s.files) {
+                *files.entry(f.tenant_id).or_default() += f.bytes;
+            }
             match &now {
                 Some(s) => {
                     self.previous
@@ -149,6 +153,7 @@ impl Sampler {
                 "sends_per_s": (rate * 10.0).round() / 10.0,
                 "queue_lag": now.as_ref().map(|s| s.queue_lag),
                 "uptime_ms": now.as_ref().map(|s| s.uptime_ms),
+                "file_bytes": now.as_ref().map(|s| s.files.iter().map(|f| f.bytes).sum::<u64>()),
                 "metrics": charts.remove(&cell.id).unwrap_or(Value::Null),
             }));
         }
@@ -166,6 +171,8 @@ impl Sampler {
             "control_plane": control_plane,
             "migrations": migrations(&table, &self.secret).await,
             "route_table_index": table.applied,
+            // Bytes of files per tenant over the cells that answered.
+            "files": files.iter().map(|(t, b)| json!({"tenant": t, "bytes": b})).collect::<Vec<_>>(),
         })
     }
 }

@@ -172,6 +172,19 @@ impl Attachments {
         Ok(count)
     }
 
+    /// Adds `bytes` of records new on this cell to `tenant`'s count if it
+    /// is counted already (if not, counting it will find them).
+    pub fn add_known_bytes(&self, tenant: u64, bytes: u64) {
+        let mut counts = self.bytes.lock().expect("bytes lock");
+        if let Some(count) = counts.get_mut(&tenant) {
+            *count = count.saturating_add(bytes);
+            crate::metrics::metrics()
+                .attachment_bytes
+                .get_or_create(&crate::metrics::TenantLabel { tenant })
+                .set(*count as i64);
+        }
+    }
+
     /// Drops `tenant`'s count after records changed: counted again on next
     /// use.
     pub fn forget_bytes(&self, tenant: u64) {

@@ -374,6 +374,9 @@ impl CellPeer for PeerApi {
             queue_lag,
             route_index,
             metrics_address: self.metrics_address.clone(),
+            files: (self.service.file_bytes().into_iter())
+                .map(|(tenant_id, bytes)| TenantFiles { tenant_id, bytes })
+                .collect(),
         }))
     }
 

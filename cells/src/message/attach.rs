@@ -663,8 +663,17 @@ impl MessageService {
         now + grace.unwrap_or(0) * 1000
     }
 
+    /// Bytes of files kept here per tenant: every tenant with a record once
+    /// the first sweep has counted them.
+    pub fn file_bytes(&self) -> Vec<(u64, u64)> {
+        self.attachments
+            .as_ref()
+            .map_or_else(Vec::new, |att| att.tenant_bytes())
+    }
+
     /// Deletes expired reservations (and their bytes), recalled files past
-    /// their grace and the source copies of files copied in; how many.
+    /// their grace and the source copies of files copied in; how many. The
+    /// tenants it sees are counted (their bytes metric set) if they were not.
     pub async fn sweep_uploads(&self) -> Result<usize> {
         let Some(att) = &self.attachments else {
             return Ok(0);
@@ -674,77 +683,105 @@ impl MessageService {
         let hour = std::time::Duration::from_secs(3_600);
         let mut swept = att.files.sweep_partials(hour).await.map_err(store_failed)?;
         let mut walk = UploadWalk::default();
+        let mut tenants = std::collections::BTreeSet::new();
         loop {
             let page = walk.next(&self.store)?;
             if page.is_empty() {
+                for tenant in tenants {
+                    att.add_bytes(&self.store, tenant, 0)?;
+                }
                 return Ok(swept);
             }
+            let mut forget = Mutation::new();
             for (id, r) in page {
-                if !r.delete_source_region.is_empty() && now >= r.delete_source_after_ms {
-                    swept += self.delete_source(att, id, r.clone()).await?;
+                tenants.insert(r.tenant_id);
+                match self.record_here(&r, now) {
+                    Here::Sweep => swept += self.sweep_record(att, now, id, r).await?,
+                    Here::Wait => {}
+                    Here::Forget => forget.delete_upload(&r, id),
                 }
-                let expired = r.state != UploadState::Complete as i32 && now > r.expires_at_ms;
-                let orphan = r.state == UploadState::Complete as i32
-                    && !r.referenced
-                    && r.delete_after_ms == 0
-                    && now > r.expires_at_ms;
-                let recalled = r.delete_after_ms > 0 && now > r.delete_after_ms;
-                if !(expired || orphan || recalled) {
-                    continue;
-                }
-                let Some(a) = &r.attachment else { continue };
-                match self.open_upload_here(&r) {
-                    Here::Sweep => {}
-                    Here::Wait => continue,
-                    Here::Forget => {
-                        // The new owner holds the carried record and
-                        // decides about the file.
-                        let mut m = Mutation::new();
-                        m.delete_upload(&r, id);
-                        self.store.commit(m).await?;
-                        att.forget_bytes(r.tenant_id);
-                        continue;
-                    }
-                }
-                if !r.multipart_id.is_empty() && r.state != UploadState::Complete as i32 {
-                    att.files
-                        .abort_multipart(&a.object_key, &r.multipart_id)
-                        .await
-                        .map_err(store_failed)?;
-                }
-                att.files.delete_file(a).await.map_err(store_failed)?;
-                let mut m = Mutation::new();
-                m.delete_upload(&r, id);
-                self.store.commit(m).await?;
-                att.forget_bytes(r.tenant_id);
-                crate::metrics::metrics().uploads_swept.inc();
-                swept += 1;
+            }
+            if !forget.is_empty() {
+                self.store.commit(forget).await?;
+                tenants.iter().for_each(|t| att.forget_bytes(*t));
             }
         }
     }
-}
 
-/// What the sweep may do about an expired or orphaned record here.
-enum Here {
-    /// Delete the file and the record.
-    Sweep,
-    /// The conversation is moving: ask again later.
-    Wait,
-    /// Another cell owns the conversation now: only the record goes.
-    Forget,
-}
+    /// Deletes the file of record `id` and the record if it is an expired
+    /// reservation, an orphan or recalled past its grace (first the source
+    /// region's copy of a file copied in, once past its grace); how many.
+    async fn sweep_record(
+        &self,
+        att: &Attachments,
+        now: u64,
+        id: u64,
+        r: UploadRecord,
+    ) -> Result<usize> {
+        let mut swept = 0;
+        if !r.delete_source_region.is_empty() && now >= r.delete_source_after_ms {
+            swept += self.delete_source(att, id, r.clone()).await?;
+        }
+        let recalled = r.delete_after_ms > 0 && now >= r.delete_after_ms;
+        if !(unsent_and_expired(&r, now) || recalled) {
+            return Ok(swept);
+        }
+        let Some(a) = &r.attachment else {
+            return Ok(swept);
+        };
+        if !r.multipart_id.is_empty() && r.state != UploadState::Complete as i32 {
+            att.files
+                .abort_multipart(&a.object_key, &r.multipart_id)
+                .await
+                .map_err(store_failed)?;
+        }
+        att.files.delete_file(a).await.map_err(store_failed)?;
+        let mut m = Mutation::new();
+        m.delete_upload(&r, id);
+        self.store.commit(m).await?;
+        att.forget_bytes(r.tenant_id);
+        crate::metrics::metrics().uploads_swept.inc();
+        Ok(swept + 1)
+    }
 
-impl MessageService {
-    fn open_upload_here(&self, r: &UploadRecord) -> Here {
+    /// What the sweep may do about record `r` here now. Records of
+    /// deletions and copies always follow their own course. A live record
+    /// of a conversation another cell owns now is only forgotten: that cell
+    /// holds the files' records (its messages name them, or a move carried
+    /// them) and decides about the files; an open one is kept until it
+    /// expires, for a failover's backfill to carry.
+    fn record_here(&self, r: &UploadRecord, now: u64) -> Here {
         let (tenant, conversation) = (r.tenant_id, r.conversation_id);
-        if !crate::storage::uploads::is_open(r) || self.ownership.settled(tenant, conversation) {
+        let special = r.delete_after_ms > 0
+            || !r.copy_from_region.is_empty()
+            || !r.delete_source_region.is_empty();
+        if special || self.ownership.settled(tenant, conversation) {
             Here::Sweep
-        } else if self.ownership.owns(tenant, conversation) {
+        } else if self.ownership.owns(tenant, conversation)
+            || (crate::storage::uploads::is_open(r) && !unsent_and_expired(r, now))
+        {
             Here::Wait
         } else {
             Here::Forget
         }
     }
+}
+
+/// A reservation past its expiry, or a completed file no message took in
+/// that time.
+fn unsent_and_expired(r: &UploadRecord, now: u64) -> bool {
+    crate::storage::uploads::is_open(r) && now > r.expires_at_ms
+}
+
+/// What the sweep may do about a record here.
+enum Here {
+    /// Follow its course: delete what is due.
+    Sweep,
+    /// Leave it for now (its conversation is moving, or an open upload of
+    /// one owned elsewhere has not expired).
+    Wait,
+    /// Another cell owns its conversation: only the record goes.
+    Forget,
 }
 
 /// A send naming an upload this cell does not hold, in a conversation

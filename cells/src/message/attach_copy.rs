@@ -17,28 +17,36 @@ use crate::attachments::{Attachments, FileStore};
 use crate::error::{CellError, Result};
 use crate::storage::Mutation;
 
+/// Upload records an import staged.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Noted {
+    /// Some are copy jobs: the copier has work.
+    pub copies: bool,
+    /// Bytes of the files of the records new here.
+    pub bytes: u64,
+}
+
 impl MessageService {
-    /// Records in `m` a copy job for each file of `message` held in another
-    /// region's store (and not already here); whether it recorded any (the
-    /// caller wakes the copier once `m` is committed).
-    pub(super) fn note_foreign_files(
+    /// Records in `m` each file of `message` this cell holds no record of:
+    /// one in another region's store as a copy job, one in this region's as
+    /// referenced (so this cell, the conversation's owner now, counts its
+    /// bytes). Adds to `noted` what it recorded.
+    pub(super) fn note_files(
         &self,
         tenant: u64,
         conversation: u64,
         message: &MessageRecord,
         m: &mut Mutation,
-    ) -> Result<bool> {
+        noted: &mut Noted,
+    ) -> Result<()> {
         let Some(att) = &self.attachments else {
-            return Ok(false);
+            return Ok(());
         };
-        let mut noted = false;
         for a in &message.attachments {
-            if a.region.is_empty() || a.region == att.region {
-                continue;
-            }
             if self.store.upload(tenant, a.attachment_id)?.is_some() {
                 continue;
             }
+            let foreign = !a.region.is_empty() && a.region != att.region;
             m.put_upload(
                 a.attachment_id,
                 &UploadRecord {
@@ -47,13 +55,30 @@ impl MessageService {
                     state: UploadState::Complete as i32,
                     attachment: Some(a.clone()),
                     referenced: true,
-                    copy_from_region: a.region.clone(),
+                    copy_from_region: if foreign {
+                        a.region.clone()
+                    } else {
+                        String::new()
+                    },
                     ..Default::default()
                 },
             );
-            noted = true;
+            noted.copies |= foreign;
+            noted.bytes += a.size;
         }
-        Ok(noted)
+        Ok(())
+    }
+
+    /// After `noted` records of `tenant` are committed: its bytes, and the
+    /// copier if there are copy jobs.
+    pub(super) fn noted_files(&self, tenant: u64, noted: Noted) {
+        let Some(att) = &self.attachments else {
+            return;
+        };
+        att.add_known_bytes(tenant, noted.bytes);
+        if noted.copies {
+            self.wake_copier();
+        }
     }
 
     /// Has the copier look for jobs on its next pass.
@@ -147,7 +172,7 @@ impl MessageService {
         Ok(out)
     }
 
-    /// Copies files recorded by [`note_foreign_files`](Self::note_foreign_files)
+    /// Copies files recorded by [`note_files`](Self::note_files)
     /// into this cell's store; how many were copied. A job whose source
     /// this cell does not reach waits.
     pub async fn copy_foreign_files(self: &Arc<Self>) -> Result<usize> {

@@ -1,7 +1,7 @@
 //! `cellmesh ctl status`: the deployment at a glance — regions and their
 //! cells (route status, health, what they own, sends/s, queue lag, uptime),
-//! router replicas, the control-plane leader and migrations in progress
-//! with their progress. `--json` prints the same as one object.
+//! router replicas, the control-plane leader, migrations in progress
+//! with their progress, and the bytes of files per tenant. `--json` prints the same as one object.
 
 use std::path::Path;
 use std::time::Duration;
@@ -86,6 +86,13 @@ pub fn print(status: &Value) {
         "control plane leader: {}",
         status["control_plane"]["leader"]
     );
+    let files = status["files"].as_array().cloned().unwrap_or_default();
+    if !files.is_empty() {
+        println!("files by tenant");
+    }
+    for f in files {
+        println!("  tenant {:<8} {:>16} bytes", f["tenant"], f["bytes"]);
+    }
     let migrations = status["migrations"].as_array().cloned().unwrap_or_default();
     if migrations.is_empty() {
         println!("migrations: none in progress");

@@ -70,10 +70,22 @@ async fn open_uploads_move_with_their_conversation_and_finish_at_the_new_owner()
     }
     assert_ne!(conversation, 0, "the conversation is created at {SOURCE}");
 
-    // One file completed and not sent; another cut off after two of its
-    // five parts.
+    // One file sent; one completed and not sent; another cut off after two
+    // of its five parts.
     let endpoint = d.edge.endpoint();
     let dir = tempfile::tempdir().unwrap();
+    let (early, _) = upload(
+        &endpoint,
+        &alice,
+        conversation,
+        dir.path(),
+        "sent.bin",
+        40_000,
+    )
+    .await;
+    let mut send = text(conversation, "sent");
+    send.attachment_ids = vec![early.attachment_id];
+    m.send(authed(send, &alice)).await.unwrap();
     let done = write_file(dir.path(), "done.bin", 90_000, 1);
     let a = edge_files(&endpoint, &alice)
         .await
@@ -146,17 +158,31 @@ async fn open_uploads_move_with_their_conversation_and_finish_at_the_new_owner()
         .expect("the moved uploads are sent at the new owner")
         .into_inner();
 
-    // The source's records expire: its sweep forgets them and leaves the
-    // files, which the new owner's message carries.
+    // The source's records expire: its sweep forgets them, and that of the
+    // file sent before the move, and leaves the files, which the new
+    // owner's messages carry. The new owner counts all three.
     clock.advance_ms(2 * 86_400 * 1000);
     let source_service = &source.cell.service;
     source_service.sweep_uploads().await.unwrap();
-    for id in [a.attachment_id, b.attachment_id] {
+    for id in [early.attachment_id, a.attachment_id, b.attachment_id] {
         assert!(
             source_service.store().upload(TENANT, id).unwrap().is_none(),
             "the source forgot upload {id}"
         );
     }
+    let bytes_of = |files: Vec<(u64, u64)>| {
+        files
+            .into_iter()
+            .find(|(t, _)| *t == TENANT)
+            .map(|(_, b)| b)
+    };
+    assert_eq!(bytes_of(source_service.file_bytes()), Some(0));
+    let target_service = &d.cells[0].cell.service;
+    target_service.sweep_uploads().await.unwrap();
+    assert_eq!(
+        bytes_of(target_service.file_bytes()),
+        Some(40_000 + 90_000 + 300_000)
+    );
     let page = m
         .pull(authed(
             PullRequest {

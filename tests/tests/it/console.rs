@@ -1,6 +1,7 @@
 //! The control plane's web console, loaded in headless Chromium: the page
 //! renders every cell in its region's column, coloured by health, and a
-//! running migration's progress moves between two loads.
+//! running migration's progress moves between two loads; and the bytes of
+//! files each tenant keeps.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -100,5 +101,56 @@ async fn the_console_shows_every_cell_and_a_migration_moving() {
 
     let report = moving.await.unwrap().unwrap();
     assert_eq!(report.final_seq, 400);
+    cp.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_and_status_show_the_bytes_of_files_per_tenant() {
+    let d = deploy(None).await;
+    let cp = cellmesh_control_plane::server::start(ControlPlaneConfig {
+        routers: d.cluster.endpoints(),
+        cluster_secret: SECRET.into(),
+        console_listen: "127.0.0.1:0".into(),
+        admin_listen: "127.0.0.1:0".into(),
+        ..ControlPlaneConfig::default()
+    })
+    .await
+    .unwrap();
+    let console = cp.console.expect("the console is on");
+    let alice = token(1, 10);
+    let mut m = messaging(&d.edge).await;
+    let conversation = create_via_edge(&mut m, &alice, vec![11]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = crate::attachments::write_file(dir.path(), "sheet.bin", 33_000, 1);
+    crate::attachments::edge_files(&d.edge.endpoint(), &alice)
+        .await
+        .upload(
+            conversation,
+            &path,
+            "application/octet-stream",
+            None,
+            &mut crate::attachments::no_progress(),
+        )
+        .await
+        .unwrap();
+    let tenant_bytes = || async {
+        let status = cellmesh_tests::http::status(console).await;
+        (status["files"].as_array().into_iter().flatten())
+            .find(|f| f["tenant"] == 1)
+            .and_then(|f| f["bytes"].as_u64())
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            tenant_bytes().await == Some(33_000)
+        })
+        .await,
+        "status: {:?}",
+        tenant_bytes().await
+    );
+    let page = rendered(console).await;
+    assert!(
+        page.contains("data-tenant=\"1\" data-bytes=\"33000\""),
+        "the console lists the tenant's files: {page}"
+    );
     cp.stop();
 }

@@ -102,9 +102,9 @@ impl MessageService {
         self.adopt_segments(conversation, &below, floor).await?;
         // Uploads the failed cell held open are resumed or sent here.
         let carried = std::mem::take(&mut chunk.uploads);
-        let carries = !carried.is_empty();
-        let foreign_files =
-            self.stage_carried_uploads((tenant, conversation), carried, &chunk.messages, &mut m)?;
+        let mut files = crate::message::attach_copy::Noted::default();
+        let at = (tenant, conversation);
+        self.stage_carried_uploads(at, carried, &chunk.messages, &mut m, &mut files)?;
         let mut imported = Imported::default();
         for segment in &below {
             imported.add(segment.seq_start, segment.seq_end);
@@ -149,12 +149,7 @@ impl MessageService {
         } else if !m.is_empty() {
             self.store.commit(m).await?;
         }
-        if carries {
-            self.recount_files(tenant);
-        }
-        if foreign_files {
-            self.wake_copier();
-        }
+        self.noted_files(tenant, files);
         Ok(())
     }
 

@@ -3,6 +3,7 @@
 //! rebuilt from request ids) without fanning them out again.
 
 use super::*;
+use crate::message::attach_copy::Noted;
 
 impl MessageService {
     /// Copied history is stored only while the route table moves the
@@ -127,9 +128,9 @@ impl MessageService {
         // too (one event for the chunk), to answer a re-send as it would.
         let mut answered = Vec::new();
         let carried = std::mem::take(&mut chunk.uploads);
-        let carries = !carried.is_empty();
-        let mut foreign_files =
-            self.stage_carried_uploads((tenant, conversation), carried, &chunk.messages, &mut m)?;
+        let mut files = Noted::default();
+        let at = (tenant, conversation);
+        self.stage_carried_uploads(at, carried, &chunk.messages, &mut m, &mut files)?;
         let mut imported = Imported::default();
         for segment in &chunk.segments {
             imported.add(segment.seq_start, segment.seq_end);
@@ -152,7 +153,7 @@ impl MessageService {
             if answer_for(&mut m, message.seq, &r) {
                 answered.push(message.seq);
             }
-            foreign_files |= self.note_foreign_files(tenant, conversation, &r, &mut m)?;
+            self.note_files(tenant, conversation, &r, &mut m, &mut files)?;
             self.reference_files(tenant, &r, &mut m)?;
             m.put_message(conversation, message.seq, &r);
         }
@@ -177,12 +178,7 @@ impl MessageService {
             },
         );
         self.store.commit(m).await?;
-        if carries {
-            self.recount_files(tenant);
-        }
-        if foreign_files {
-            self.wake_copier();
-        }
+        self.noted_files(tenant, files);
         self.conversations.invalidate(conversation);
         // History stored here is built on: its mark goes to the standbys.
         self.marks.note(tenant, conversation, latest);

@@ -11,6 +11,7 @@ use cellmesh_proto::storage::v1::MessageRecord;
 use cellmesh_proto::v1::{CarriedUpload, UploadState};
 
 use super::*;
+use crate::message::attach_copy::Noted;
 use crate::storage::uploads::is_open;
 
 impl MessageService {
@@ -36,23 +37,22 @@ impl MessageService {
     /// those this cell already holds further along. A completed file held
     /// in another region's store gets a copy job; a reservation there is
     /// left behind (its parts cannot be resumed into this region's store).
-    /// Whether it staged a copy job. The caller recounts the tenant's
-    /// bytes once `m` is committed.
+    /// Adds to `noted` what it staged.
     pub(super) fn stage_carried_uploads(
         &self,
         (tenant, conversation): (u64, u64),
         carried: Vec<CarriedUpload>,
         messages: &[StoredMessage],
         m: &mut Mutation,
-    ) -> Result<bool> {
+        noted: &mut Noted,
+    ) -> Result<()> {
         let Some(att) = &self.attachments else {
-            return Ok(false);
+            return Ok(());
         };
         let named: HashSet<u64> = (messages.iter())
             .filter_map(|s| s.record.as_ref())
             .flat_map(|r| r.attachments.iter().map(|a| a.attachment_id))
             .collect();
-        let mut foreign = false;
         for CarriedUpload { upload_id, record } in carried {
             let Some(mut record) = record else { continue };
             if record.tenant_id != tenant
@@ -63,9 +63,10 @@ impl MessageService {
                 continue;
             }
             let complete = record.state == UploadState::Complete as i32;
-            if let Some(held) = self.store.upload(tenant, upload_id)?
+            let held = self.store.upload(tenant, upload_id)?;
+            if let Some(held) = &held
                 && (held.conversation_id != conversation
-                    || !is_open(&held)
+                    || !is_open(held)
                     || (held.state == UploadState::Complete as i32 && !complete))
             {
                 continue;
@@ -76,11 +77,14 @@ impl MessageService {
                     continue;
                 }
                 record.copy_from_region = region.to_string();
-                foreign = true;
+                noted.copies = true;
+            }
+            if held.is_none() {
+                noted.bytes += record.attachment.as_ref().map_or(0, |a| a.size);
             }
             m.put_upload(upload_id, &record);
         }
-        Ok(foreign)
+        Ok(())
     }
 
     /// Stages in `m` that `message` references the files it names whose
@@ -103,12 +107,5 @@ impl MessageService {
             }
         }
         Ok(())
-    }
-
-    /// Has the tenant's bytes counted again after carried uploads landed.
-    pub(super) fn recount_files(&self, tenant: u64) {
-        if let Some(att) = &self.attachments {
-            att.forget_bytes(tenant);
-        }
     }
 }
