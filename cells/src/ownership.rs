@@ -123,6 +123,12 @@ pub trait Ownership: Send + Sync + 'static {
         Box::pin(async { Ok(false) })
     }
 
+    /// The addresses of the other cells in the route table (a standalone
+    /// cell knows none).
+    fn other_cells(&self) -> Vec<String> {
+        Vec::new()
+    }
+
     /// The address of the cell a failover took `conversation` of `tenant`
     /// from, when the route table gives it to this cell through one (a
     /// standalone cell follows no table: `None`).

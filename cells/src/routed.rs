@@ -193,6 +193,15 @@ impl Ownership for Routed {
         })
     }
 
+    fn other_cells(&self) -> Vec<String> {
+        self.client.read(|t| {
+            (t.cells.values())
+                .filter(|c| c.id != self.cell_id && !c.address.is_empty())
+                .map(|c| c.address.clone())
+                .collect()
+        })
+    }
+
     fn confirm_cell_address<'a>(
         &'a self,
         address: &'a str,

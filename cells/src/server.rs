@@ -452,6 +452,7 @@ pub async fn start_placed(
     let sweeper = tokio::spawn(sweep_uploads(
         Arc::downgrade(&service),
         Duration::from_millis(config.attachments.sweep_interval_ms),
+        Duration::from_secs(config.attachments.quota_sync_secs),
     ));
     let cleanup = tokio::spawn(clean_moved(
         service.clone(),
@@ -590,9 +591,14 @@ fn write_addr_file(config: &CellConfig, addr: SocketAddr) -> std::io::Result<()>
 }
 
 /// Indexes open uploads once, then copies files that came from other
-/// regions every second, and sweeps expired uploads and recalled files
-/// every `sweep` while the service lives.
-async fn sweep_uploads(service: std::sync::Weak<MessageService>, sweep: Duration) {
+/// regions every second, asks the other cells for the bytes of the tenants
+/// with a quota every `quota_sync`, and sweeps expired uploads and
+/// recalled files every `sweep` while the service lives.
+async fn sweep_uploads(
+    service: std::sync::Weak<MessageService>,
+    sweep: Duration,
+    quota_sync: Duration,
+) {
     // A store from before the open-upload index gets it, once.
     if let Some(service) = service.upgrade() {
         match service.store().index_open_uploads().await {
@@ -602,11 +608,16 @@ async fn sweep_uploads(service: std::sync::Weak<MessageService>, sweep: Duration
         }
     }
     let mut last_sweep = tokio::time::Instant::now();
+    let mut last_quota_sync: Option<tokio::time::Instant> = None;
     loop {
         tokio::time::sleep(sweep.min(Duration::from_secs(1))).await;
         let Some(service) = service.upgrade() else {
             return;
         };
+        if !quota_sync.is_zero() && last_quota_sync.is_none_or(|at| at.elapsed() >= quota_sync) {
+            last_quota_sync = Some(tokio::time::Instant::now());
+            service.sync_quotas().await;
+        }
         match service.copy_foreign_files().await {
             Ok(0) => {}
             Ok(n) => tracing::info!(copied = n, "files copied in from other regions"),

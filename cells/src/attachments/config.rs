@@ -58,6 +58,10 @@ pub struct AttachmentsConfig {
     pub content_types: Vec<String>,
     /// Tenant id (as a string) → its quota and content types.
     pub tenants: BTreeMap<String, TenantAttachments>,
+    /// How often a cell asks the other cells for the bytes of the tenants
+    /// with a quota, which then counts them too (0: each cell holds a
+    /// tenant to its quota alone).
+    pub quota_sync_secs: u64,
     /// Other regions' stores, by region name: files that came with a move
     /// or a failover from there are served from there until copied here.
     pub regions: BTreeMap<String, RegionFiles>,
@@ -93,8 +97,8 @@ pub struct RegionFiles {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TenantAttachments {
-    /// Bytes of completed files this cell keeps for the tenant (0: no
-    /// limit).
+    /// Bytes of files the tenant may keep, on every cell together (as of
+    /// the last `quota_sync_secs`; 0: no limit).
     pub quota_bytes: u64,
     /// Replaces the deployment-wide `content_types` for this tenant.
     pub content_types: Vec<String>,
@@ -121,6 +125,7 @@ impl Default for AttachmentsConfig {
             signing_key_file: PathBuf::new(),
             content_types: Vec::new(),
             tenants: BTreeMap::new(),
+            quota_sync_secs: 10,
             regions: BTreeMap::new(),
             thumbnail_px: 256,
             thumbnail_source_bytes: 20 * 1024 * 1024,
@@ -151,6 +156,14 @@ impl AttachmentsConfig {
         } else {
             self.signing_key_file.clone()
         }
+    }
+
+    /// The tenants with a quota.
+    pub fn quota_tenants(&self) -> Vec<u64> {
+        (self.tenants.iter())
+            .filter(|(_, t)| t.quota_bytes > 0)
+            .filter_map(|(id, _)| id.parse().ok())
+            .collect()
     }
 
     pub fn tenant(&self, tenant: u64) -> TenantAttachments {
@@ -223,6 +236,12 @@ impl AttachmentsConfig {
             self.max_per_message as u64,
             1,
             100,
+        )?;
+        check_range(
+            "attachments.quota_sync_secs",
+            self.quota_sync_secs,
+            0,
+            86_400,
         )?;
         check_range(
             "attachments.sweep_interval_ms",

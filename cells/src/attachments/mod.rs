@@ -9,6 +9,7 @@ pub mod config;
 pub mod http;
 pub mod image;
 pub mod listener;
+pub mod quota;
 pub mod sigv4;
 pub mod store;
 pub mod urls;
@@ -42,6 +43,9 @@ pub struct Attachments {
     pub copies_pending: std::sync::atomic::AtomicBool,
     /// Tenant → the copy rate a tenant move asked for, and when.
     copy_rates: Mutex<HashMap<u64, (u64, std::time::Instant)>>,
+    /// Other cell's address → its bytes of each tenant with a quota, as it
+    /// last answered (see [`quota`]).
+    elsewhere: Mutex<HashMap<String, HashMap<u64, u64>>>,
 }
 
 /// How long a move's copy rate holds without being asked for again.
@@ -99,6 +103,7 @@ impl Attachments {
             http: reqwest::Client::new(),
             copies_pending: std::sync::atomic::AtomicBool::new(true),
             copy_rates: Mutex::new(HashMap::new()),
+            elsewhere: Mutex::new(HashMap::new()),
         })))
     }
 

@@ -374,7 +374,7 @@ impl CellPeer for PeerApi {
             queue_lag,
             route_index,
             metrics_address: self.metrics_address.clone(),
-            files: (self.service.file_bytes().into_iter())
+            files: (self.service.file_bytes()?.into_iter())
                 .map(|(tenant_id, bytes)| TenantFiles { tenant_id, bytes })
                 .collect(),
         }))

@@ -74,6 +74,7 @@ impl MessageService {
         self.limits.check_upload(TenantId(tenant), UserId(user))?;
         let quota = att.config.tenant(tenant).quota_bytes;
         let total = att.add_bytes(&self.store, tenant, cmd.size as i64)?;
+        let total = total.saturating_add(if quota > 0 { att.elsewhere(tenant) } else { 0 });
         if quota > 0 && total > quota {
             att.add_bytes(&self.store, tenant, -(cmd.size as i64))?;
             return Err(CellError::denied(
@@ -663,12 +664,28 @@ impl MessageService {
         now + grace.unwrap_or(0) * 1000
     }
 
-    /// Bytes of files kept here per tenant: every tenant with a record once
-    /// the first sweep has counted them.
-    pub fn file_bytes(&self) -> Vec<(u64, u64)> {
-        self.attachments
-            .as_ref()
-            .map_or_else(Vec::new, |att| att.tenant_bytes())
+    /// Bytes of files kept here per tenant: every tenant with a quota, and
+    /// every tenant with a record once the first sweep has counted them.
+    pub fn file_bytes(&self) -> Result<Vec<(u64, u64)>> {
+        let Some(att) = &self.attachments else {
+            return Ok(Vec::new());
+        };
+        for tenant in att.config.quota_tenants() {
+            att.add_bytes(&self.store, tenant, 0)?;
+        }
+        Ok(att.tenant_bytes())
+    }
+
+    /// Asks the other cells for their bytes of the tenants with a quota
+    /// (see [`crate::attachments::quota`]); how many answered.
+    pub async fn sync_quotas(&self) -> usize {
+        let Some(att) = &self.attachments else {
+            return 0;
+        };
+        let secret =
+            cellmesh_proto::secret::ClusterSecret::new(&self.config.routing.cluster_secret);
+        att.sync_quotas(self.ownership.other_cells(), &self.peers(), &secret)
+            .await
     }
 
     /// Deletes expired reservations (and their bytes), recalled files past

@@ -176,11 +176,11 @@ async fn open_uploads_move_with_their_conversation_and_finish_at_the_new_owner()
             .find(|(t, _)| *t == TENANT)
             .map(|(_, b)| b)
     };
-    assert_eq!(bytes_of(source_service.file_bytes()), Some(0));
+    assert_eq!(bytes_of(source_service.file_bytes().unwrap()), Some(0));
     let target_service = &d.cells[0].cell.service;
     target_service.sweep_uploads().await.unwrap();
     assert_eq!(
-        bytes_of(target_service.file_bytes()),
+        bytes_of(target_service.file_bytes().unwrap()),
         Some(40_000 + 90_000 + 300_000)
     );
     let page = m

@@ -2,6 +2,7 @@
 //! instead of one per file). Each module is one area of behaviour.
 
 mod attachment_moves;
+mod attachment_quota;
 mod attachment_recall;
 mod attachment_tls;
 mod attachments;

@@ -79,7 +79,8 @@ fn router_configs(dirs: &[TempDir]) -> Vec<RouterConfig> {
 const NEWER_FIELDS: &[&str] = &["insecure_plaintext"];
 
 /// A cell config as TOML; for the previous release, without the settings
-/// it does not know (0.3.0 added `[backup]` to cells).
+/// it does not know (0.3.0 added `[backup]` and
+/// `attachments.quota_sync_secs` to cells).
 fn cell_toml(dir: &Path, cell_id: &str, routers: &[String], previous: bool) -> String {
     let mut config = test_config(dir);
     config.cell_id = cell_id.into();
@@ -89,6 +90,10 @@ fn cell_toml(dir: &Path, cell_id: &str, routers: &[String], previous: bool) -> S
     if previous {
         for field in NEWER_FIELDS.iter().chain(&["backup"]) {
             table.remove(*field);
+        }
+        // 0.3.0 added the quota's sync to [attachments].
+        if let Some(toml::Value::Table(attachments)) = table.get_mut("attachments") {
+            attachments.remove("quota_sync_secs");
         }
     }
     toml::to_string(&table).unwrap()
