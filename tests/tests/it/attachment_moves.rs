@@ -326,3 +326,171 @@ async fn a_tenant_move_carries_uploads_made_after_its_first_copy_round() {
     written.sort_by_key(Vec::len);
     assert_eq!(written, vec![early.1, late.1]);
 }
+
+/// A tenant moving to another region, with senders writing, and its files
+/// being copied (throttled) when the source cell's process is SIGKILLed:
+/// the move resumes once the source is back, every file downloads intact
+/// from the new region, and after the grace the source region's copies
+/// are gone. The restarted source, no longer the owner, deletes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_killed_while_its_files_are_copied_loses_none() {
+    use cellmesh_control_plane::migration::{
+        MigrationError, MigrationOptions, Migrator, StopPoint,
+    };
+    use cellmesh_proto::secret::ClusterSecret;
+    use cellmesh_tests::deploy::{Senders, busy_cell_config, create_via_edge, start_edge};
+    use cellmesh_tests::process::CellProcess;
+    use cellmesh_tests::router::{RouterCluster, SECRET};
+    const FILES: usize = 6;
+    const SIZE: usize = 1 << 20;
+    let stores = tempfile::tempdir().unwrap();
+    let root = stores.path().to_path_buf();
+    let cluster = RouterCluster::start(1, |_| {}).await;
+    let routers = cluster.endpoints();
+    let source_dir = tempfile::tempdir().unwrap();
+    let mut config = busy_cell_config(
+        source_dir.path(),
+        "eu-west/c1",
+        &routers,
+        cellmesh_cell::config::ReplicationMode::Async,
+    );
+    region_stores(&mut config, &root);
+    let mut source = CellProcess::start_configured(source_dir.path(), &config).await;
+    // The target copies a megabyte a second: the copy outlasts the kill.
+    let target = TestCell::start_routed_with(
+        "us-east/c1",
+        routers.clone(),
+        tempfile::tempdir().unwrap(),
+        |c| {
+            region_stores(c, &root);
+            c.attachments.source_grace_secs = 0;
+            c.attachments.copy_bytes_per_sec = 1 << 20;
+        },
+    )
+    .await;
+    let routes = cluster.client().await;
+    routes
+        .apply(cellmesh_route_client::commands::assign_tenant(
+            1,
+            "eu-west/c1",
+            0,
+        ))
+        .await
+        .unwrap();
+    let edge = start_edge(routers.clone()).await;
+    let endpoint = edge.endpoint();
+    let alice = token(1, 10);
+    let mut m = messaging(&edge).await;
+    let conversation = create_via_edge(&mut m, &alice, vec![11]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut sent = Vec::new();
+    for i in 0..FILES {
+        let (a, bytes) = upload(
+            &endpoint,
+            &alice,
+            conversation,
+            dir.path(),
+            &format!("f{i}.bin"),
+            SIZE + i,
+        )
+        .await;
+        let mut send = text(conversation, &format!("file-{i}"));
+        send.attachment_ids = vec![a.attachment_id];
+        m.send(authed(send, &alice)).await.unwrap();
+        sent.push((a, bytes));
+    }
+    let senders = Senders::start(&edge, conversation, &[10, 11]);
+    senders
+        .until_acked(5, std::time::Duration::from_secs(10))
+        .await;
+
+    // The move copies the history and stops; the files keep copying.
+    let stopping = Migrator::new(
+        routes.clone(),
+        ClusterSecret::new(SECRET),
+        MigrationOptions {
+            stop_after: Some(StopPoint::Copied),
+            ..MigrationOptions::default()
+        },
+    );
+    let stopped = stopping.migrate_tenant(1, "us-east/c1", 4, |_| {}).await;
+    assert!(
+        matches!(stopped, Err(MigrationError::Stopped(StopPoint::Copied))),
+        "{stopped:?}"
+    );
+    let copies = || target.cell.service.file_copies(1, 0).unwrap();
+    assert!(
+        cellmesh_tests::eventually(std::time::Duration::from_secs(20), || async {
+            copies().files_copied >= 1
+        })
+        .await,
+        "a first file is copied"
+    );
+    assert!(
+        copies().files_pending >= 1,
+        "files are still copying: {:?}",
+        copies()
+    );
+    source.kill();
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let source = CellProcess::start_configured(source_dir.path(), &config).await;
+
+    let report = migrator(&routes)
+        .migrate_tenant(1, "us-east/c1", 4, |_| {})
+        .await
+        .expect("the move resumes and finishes");
+    assert_eq!(report.files.files_pending, 0, "{:?}", report.files);
+    senders
+        .until_acked(senders.acked() + 5, std::time::Duration::from_secs(10))
+        .await;
+    senders.finish(std::time::Duration::from_millis(200)).await;
+
+    // Every file downloads intact from us-east.
+    let bob = token(1, 11);
+    let page = m
+        .pull(authed(
+            PullRequest {
+                conversation_id: conversation,
+                since_seq: 0,
+                limit: 100,
+                direction: cellmesh_proto::v1::Direction::Forward as i32,
+                ..Default::default()
+            },
+            &bob,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let with_files: Vec<_> = page
+        .messages
+        .iter()
+        .filter(|m| !m.attachments.is_empty())
+        .collect();
+    assert_eq!(with_files.len(), FILES);
+    let out = tempfile::tempdir().unwrap();
+    let mut files = edge_files(&endpoint, &bob).await;
+    for (message, (a, bytes)) in with_files.iter().zip(&sent) {
+        assert_eq!(message.attachments[0].attachment_id, a.attachment_id);
+        let written = files
+            .download(message, out.path(), &mut no_progress())
+            .await
+            .expect("downloads after the move");
+        assert_eq!(&std::fs::read(&written[0]).unwrap(), bytes);
+        assert!(root.join("us-east/objects").join(&a.object_key).exists());
+    }
+    // The restarted source deletes nothing; after the grace the target
+    // deletes the source region's copies.
+    tokio::time::sleep(std::time::Duration::from_millis(1_500)).await;
+    for (a, _) in &sent {
+        assert!(root.join("eu-west/objects").join(&a.object_key).exists());
+    }
+    target.cell.service.sweep_uploads().await.unwrap();
+    for (a, _) in &sent {
+        assert!(
+            !root.join("eu-west/objects").join(&a.object_key).exists(),
+            "the source region's copy of {} is gone",
+            a.object_key
+        );
+    }
+    source.stop().await;
+}
