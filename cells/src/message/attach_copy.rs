@@ -52,6 +52,8 @@ impl MessageService {
                 &UploadRecord {
                     tenant_id: tenant,
                     conversation_id: conversation,
+                    // Only its uploader sends a file: they may name it again.
+                    uploader: message.sender_id,
                     state: UploadState::Complete as i32,
                     attachment: Some(a.clone()),
                     referenced: true,

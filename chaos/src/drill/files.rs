@@ -3,9 +3,9 @@
 //! through the edge as a client does (reserve, PUT to the signed URL,
 //! complete), named by every tenth send; after the drill every stored
 //! message's files are downloaded and their SHA-256 recorded for the
-//! checker. Upload records stay on the cell that took them, so a send
-//! refused with `ATTACHMENT_NOT_FOUND` (the conversation moved or failed
-//! over since) has the file uploaded again for the next one.
+//! checker. Moves carry upload records; a failover without a backfill
+//! does not, so a send refused with `ATTACHMENT_NOT_FOUND` has the file
+//! uploaded again for the next one.
 
 use std::collections::HashMap;
 use std::sync::Mutex;

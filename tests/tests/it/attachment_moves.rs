@@ -157,6 +157,12 @@ async fn open_uploads_move_with_their_conversation_and_finish_at_the_new_owner()
         .await
         .expect("the moved uploads are sent at the new owner")
         .into_inner();
+    // A file sent before the move may be named again after it.
+    let mut again = text(conversation, "sent-again");
+    again.attachment_ids = vec![early.attachment_id];
+    m.send(authed(again, &alice))
+        .await
+        .expect("a file sent before the move is sent again at the new owner");
 
     // The source's records expire: its sweep forgets them, and that of the
     // file sent before the move, and leaves the files, which the new
