@@ -709,18 +709,21 @@ impl MessageService {
                 }
                 return Ok(swept);
             }
-            let mut forget = Mutation::new();
+            let (mut forget, mut forgotten) = (Mutation::new(), std::collections::BTreeSet::new());
             for (id, r) in page {
                 tenants.insert(r.tenant_id);
                 match self.record_here(&r, now) {
                     Here::Sweep => swept += self.sweep_record(att, now, id, r).await?,
                     Here::Wait => {}
-                    Here::Forget => forget.delete_upload(&r, id),
+                    Here::Forget => {
+                        forget.delete_upload(&r, id);
+                        forgotten.insert(r.tenant_id);
+                    }
                 }
             }
             if !forget.is_empty() {
                 self.store.commit(forget).await?;
-                tenants.iter().for_each(|t| att.forget_bytes(*t));
+                forgotten.into_iter().for_each(|t| att.forget_bytes(t));
             }
         }
     }

@@ -5,6 +5,7 @@
 //! copies only the conversations that changed since its last round (the
 //! store's change log names them: nothing is listed under the freeze).
 
+use cellmesh_proto::ids::ConversationId;
 use cellmesh_proto::v1::Mark;
 use std::time::Instant;
 
@@ -38,7 +39,7 @@ impl MessageService {
                     count,
                     checksum,
                     handed_over: false,
-                    uploads: self.store.open_uploads_digest(id)?,
+                    uploads: (self.store).open_uploads_digest(ConversationId(id))?,
                 })
             })
             .collect()

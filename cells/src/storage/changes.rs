@@ -227,7 +227,7 @@ mod tests {
             put(cf::SYNC, &keys::user_item(UserKey::new(1, 7), 3)),
             put(cf::SYNC, &keys::user_item(UserKey::new(2, 7), 3)),
             put(cf::META, &keys::meta::rewrites(6)),
-            put(cf::META, &keys::meta::open_upload(8, 3)),
+            put(cf::META, &keys::meta::open_upload(ConversationId(8), 3)),
             put(cf::OUTBOX, &1u64.to_be_bytes()),
         ]);
         let second = changes.cut(1, first.token);

@@ -83,6 +83,8 @@ pub mod cf {
 
 /// Keys of the `meta` column family.
 pub mod meta {
+    use cellmesh_proto::ids::ConversationId;
+
     /// Time (ms) up to which message ids may have been issued.
     pub const MSG_ID_RESERVED_UNTIL: &[u8] = b"msg_id_reserved_until_ms";
     /// Highest outbox id the outbox no longer needs: published to Kafka by
@@ -149,9 +151,15 @@ pub mod meta {
     pub const REWRITES: &[u8] = b"rewrites/";
 
     /// An open upload of `conversation` (reserved, or completed and not
-    /// sent yet; no value): what a move carries to the new owner.
-    pub fn open_upload(conversation: u64, id: u64) -> Vec<u8> {
-        [OPEN_UPLOADS, &conversation.to_be_bytes(), &id.to_be_bytes()].concat()
+    /// sent yet; the value is its state): what a move carries to the new
+    /// owner.
+    pub fn open_upload(conversation: ConversationId, id: u64) -> Vec<u8> {
+        [open_uploads_of(conversation).as_slice(), &id.to_be_bytes()].concat()
+    }
+
+    /// The prefix of `conversation`'s [`open_upload`] keys.
+    pub fn open_uploads_of(conversation: ConversationId) -> Vec<u8> {
+        [OPEN_UPLOADS, &conversation.get().to_be_bytes()].concat()
     }
 
     /// Prefix of [`open_upload`] keys.

@@ -3,7 +3,7 @@
 //! and in `meta`, each conversation's open uploads (`open_upload/`), which
 //! a move carries to the new owner.
 
-use cellmesh_proto::ids::TenantId;
+use cellmesh_proto::ids::{ConversationId, TenantId};
 use cellmesh_proto::storage::v1::UploadRecord;
 use prost::Message;
 
@@ -15,7 +15,7 @@ impl Mutation {
     pub fn put_upload(&mut self, id: u64, record: &UploadRecord) {
         let key = keys::upload(TenantId(record.tenant_id), id);
         self.put(cf::UPLOADS, key, record.encode_to_vec());
-        let open = keys::meta::open_upload(record.conversation_id, id);
+        let open = keys::meta::open_upload(ConversationId(record.conversation_id), id);
         match is_open(record) {
             true => self.put(cf::META, open, (record.state as u64).to_be_bytes().to_vec()),
             false => self.ops.push(super::Op::Delete(cf::META, open)),
@@ -25,7 +25,7 @@ impl Mutation {
     pub fn delete_upload(&mut self, record: &UploadRecord, id: u64) {
         let key = keys::upload(TenantId(record.tenant_id), id).to_vec();
         self.ops.push(super::Op::Delete(cf::UPLOADS, key));
-        let open = keys::meta::open_upload(record.conversation_id, id);
+        let open = keys::meta::open_upload(ConversationId(record.conversation_id), id);
         self.ops.push(super::Op::Delete(cf::META, open));
     }
 }
@@ -56,16 +56,29 @@ impl Store {
         self.records(cf::UPLOADS, lower.to_vec(), vec![0xff; 17], limit)
     }
 
+    /// The index entries of `conversation`'s open uploads: id and state.
+    fn open_upload_index(&self, conversation: ConversationId) -> Result<Vec<(u64, u64)>> {
+        let prefix = keys::meta::open_uploads_of(conversation);
+        let upper = [prefix.as_slice(), &[0xff]].concat();
+        (self.range(cf::META, prefix, upper, usize::MAX)?.iter())
+            .map(|(key, state)| {
+                let id =
+                    keys::last_u64(key).ok_or_else(|| super::corrupt(cf::META, "short key"))?;
+                Ok((id, keys::decode_u64(state).unwrap_or(0)))
+            })
+            .collect()
+    }
+
     /// The open uploads of `conversation` (see [`is_open`]), in id order.
-    pub fn open_uploads(&self, tenant: u64, conversation: u64) -> Result<Vec<(u64, UploadRecord)>> {
-        let prefix = keys::meta::open_upload(conversation, 0);
-        let prefix = &prefix[..prefix.len() - 8];
-        let upper = [prefix, &[0xff]].concat();
+    pub fn open_uploads(
+        &self,
+        tenant: TenantId,
+        conversation: ConversationId,
+    ) -> Result<Vec<(u64, UploadRecord)>> {
         let mut open = Vec::new();
-        for (key, _) in self.range(cf::META, prefix.to_vec(), upper, usize::MAX)? {
-            let id = keys::last_u64(&key).ok_or_else(|| super::corrupt(cf::META, "short key"))?;
-            if let Some(record) = self.upload(tenant, id)?
-                && record.conversation_id == conversation
+        for (id, _) in self.open_upload_index(conversation)? {
+            if let Some(record) = self.upload(tenant.get(), id)?
+                && record.conversation_id == conversation.get()
                 && is_open(&record)
             {
                 open.push((id, record));
@@ -76,14 +89,9 @@ impl Store {
 
     /// A digest of `conversation`'s open uploads and their states (0: none),
     /// from the index alone.
-    pub fn open_uploads_digest(&self, conversation: u64) -> Result<u64> {
-        let prefix = keys::meta::open_upload(conversation, 0);
-        let prefix = &prefix[..prefix.len() - 8];
-        let upper = [prefix, &[0xff]].concat();
-        let entries = self.range(cf::META, prefix.to_vec(), upper, usize::MAX)?;
-        Ok(entries.iter().fold(0u64, |digest, (key, state)| {
-            let id = keys::last_u64(key).unwrap_or(0);
-            let state = keys::decode_u64(state).unwrap_or(0);
+    pub fn open_uploads_digest(&self, conversation: ConversationId) -> Result<u64> {
+        let entries = self.open_upload_index(conversation)?;
+        Ok((entries.iter()).fold(0u64, |digest, (id, state)| {
             digest.wrapping_add(mix(id ^ state.rotate_right(8)))
         }))
     }
@@ -180,10 +188,17 @@ mod tests {
         store.commit(m).await.unwrap();
         let ids =
             |open: Vec<(u64, UploadRecord)>| open.into_iter().map(|(id, _)| id).collect::<Vec<_>>();
-        assert_eq!(ids(store.open_uploads(1, 5).unwrap()), vec![10, 11]);
-        let before = store.open_uploads_digest(5).unwrap();
+        assert_eq!(
+            ids(store.open_uploads(TenantId(1), ConversationId(5)).unwrap()),
+            vec![10, 11]
+        );
+        let before = store.open_uploads_digest(ConversationId(5)).unwrap();
         assert_ne!(before, 0);
-        assert_eq!(store.open_uploads_digest(9).unwrap(), 0, "none open");
+        assert_eq!(
+            store.open_uploads_digest(ConversationId(9)).unwrap(),
+            0,
+            "none open"
+        );
         // Completing one changes the digest.
         let mut m = Mutation::new();
         m.put_upload(
@@ -194,9 +209,15 @@ mod tests {
             },
         );
         store.commit(m).await.unwrap();
-        assert_ne!(store.open_uploads_digest(5).unwrap(), before);
+        assert_ne!(
+            store.open_uploads_digest(ConversationId(5)).unwrap(),
+            before
+        );
         assert!(
-            store.open_uploads(2, 5).unwrap().is_empty(),
+            store
+                .open_uploads(TenantId(2), ConversationId(5))
+                .unwrap()
+                .is_empty(),
             "another tenant's"
         );
         // Sent, or deleted: no longer open.
@@ -204,8 +225,16 @@ mod tests {
         m.put_upload(10, &record(5, true));
         m.delete_upload(&record(5, false), 11);
         store.commit(m).await.unwrap();
-        assert!(store.open_uploads(1, 5).unwrap().is_empty());
-        assert_eq!(ids(store.open_uploads(1, 6).unwrap()), vec![12]);
+        assert!(
+            store
+                .open_uploads(TenantId(1), ConversationId(5))
+                .unwrap()
+                .is_empty()
+        );
+        assert_eq!(
+            ids(store.open_uploads(TenantId(1), ConversationId(6)).unwrap()),
+            vec![12]
+        );
     }
 
     #[tokio::test]
@@ -223,9 +252,20 @@ mod tests {
             record(7, true).encode_to_vec(),
         );
         store.commit(m).await.unwrap();
-        assert!(store.open_uploads(1, 7).unwrap().is_empty());
+        assert!(
+            store
+                .open_uploads(TenantId(1), ConversationId(7))
+                .unwrap()
+                .is_empty()
+        );
         assert_eq!(store.index_open_uploads().await.unwrap(), 1);
-        assert_eq!(store.open_uploads(1, 7).unwrap().len(), 1);
+        assert_eq!(
+            store
+                .open_uploads(TenantId(1), ConversationId(7))
+                .unwrap()
+                .len(),
+            1
+        );
         assert_eq!(store.index_open_uploads().await.unwrap(), 0, "once");
     }
 }

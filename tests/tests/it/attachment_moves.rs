@@ -189,28 +189,41 @@ async fn open_uploads_move_with_their_conversation_and_finish_at_the_new_owner()
         bytes_of(target_service.file_bytes().unwrap()),
         Some(40_000 + 90_000 + 300_000)
     );
+    let written = files_of_message(&mut m, &endpoint, &bob, conversation, sent.seq).await;
+    assert_eq!(written, vec![std::fs::read(&done).unwrap(), bytes]);
+}
+
+/// The files of message `seq` of `conversation`, downloaded (and checked)
+/// through the edge as `token`'s user, shortest first.
+async fn files_of_message(
+    m: &mut cellmesh_proto::v1::messaging_client::MessagingClient<tonic::transport::Channel>,
+    endpoint: &str,
+    token: &str,
+    conversation: u64,
+    seq: u64,
+) -> Vec<Vec<u8>> {
     let page = m
         .pull(authed(
             PullRequest {
                 conversation_id: conversation,
-                since_seq: sent.seq - 1,
+                since_seq: seq - 1,
                 limit: 1,
                 ..Default::default()
             },
-            &bob,
+            token,
         ))
         .await
         .unwrap()
         .into_inner();
     let out = tempfile::tempdir().unwrap();
-    let written = edge_files(&endpoint, &bob)
+    let written = edge_files(endpoint, token)
         .await
         .download(&page.messages[0], out.path(), &mut no_progress())
         .await
-        .expect("both files download after the source's sweep");
+        .expect("the message's files download");
     let mut written: Vec<_> = written.iter().map(|p| std::fs::read(p).unwrap()).collect();
     written.sort_by_key(Vec::len);
-    assert_eq!(written, vec![std::fs::read(&done).unwrap(), bytes]);
+    written
 }
 
 /// Uploads `name` (`len` bytes) as `token`'s user into `conversation`
@@ -309,27 +322,7 @@ async fn a_tenant_move_carries_uploads_made_after_its_first_copy_round() {
         .await
         .expect("the uploads are sent in us-east")
         .into_inner();
-    let page = m
-        .pull(authed(
-            PullRequest {
-                conversation_id: conversation,
-                since_seq: sent.seq - 1,
-                limit: 1,
-                ..Default::default()
-            },
-            &bob,
-        ))
-        .await
-        .unwrap()
-        .into_inner();
-    let out = tempfile::tempdir().unwrap();
-    let written = edge_files(&endpoint, &bob)
-        .await
-        .download(&page.messages[0], out.path(), &mut no_progress())
-        .await
-        .expect("both download");
-    let mut written: Vec<_> = written.iter().map(|p| std::fs::read(p).unwrap()).collect();
-    written.sort_by_key(Vec::len);
+    let written = files_of_message(&mut m, &endpoint, &bob, conversation, sent.seq).await;
     assert_eq!(written, vec![early.1, late.1]);
 }
 

@@ -23,6 +23,19 @@ fn reserve(conversation: u64, size: u64) -> CreateUploadRequest {
     }
 }
 
+/// Reserving `size` bytes in `conversation` is refused: over the quota.
+async fn over_quota(files: &mut cellmesh_client::files::Files, conversation: u64, size: u64) {
+    let err = (files.client)
+        .create_upload(reserve(conversation, size))
+        .await
+        .unwrap_err();
+    assert_reason(
+        &err,
+        ErrorCode::PermissionDenied,
+        Reason::AttachmentQuotaExceeded.as_str(),
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenants_quota_counts_its_files_on_every_cell() {
     let d = deploy_with(None, |c| {
@@ -65,16 +78,7 @@ async fn a_tenants_quota_counts_its_files_on_every_cell() {
 
     let mut files = edge_files(&endpoint, &alice).await;
     // us-east holds nothing of the tenant yet, but 70 kB + 40 kB is over.
-    let err = files
-        .client
-        .create_upload(reserve(there, 40_000))
-        .await
-        .unwrap_err();
-    assert_reason(
-        &err,
-        ErrorCode::PermissionDenied,
-        Reason::AttachmentQuotaExceeded.as_str(),
-    );
+    over_quota(&mut files, there, 40_000).await;
     files
         .client
         .create_upload(reserve(there, 20_000))
@@ -82,16 +86,7 @@ async fn a_tenants_quota_counts_its_files_on_every_cell() {
         .expect("70 kB + 20 kB fits");
     // eu-west learns of us-east's 20 kB: 70 + 20 + 20 is over.
     assert_eq!(eu_west.sync_quotas().await, 1, "us-east/c1 answered");
-    let err = files
-        .client
-        .create_upload(reserve(here, 20_000))
-        .await
-        .unwrap_err();
-    assert_reason(
-        &err,
-        ErrorCode::PermissionDenied,
-        Reason::AttachmentQuotaExceeded.as_str(),
-    );
+    over_quota(&mut files, here, 20_000).await;
     files
         .client
         .create_upload(reserve(here, 10_000))

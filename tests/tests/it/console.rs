@@ -31,8 +31,12 @@ async fn api_progress(console: SocketAddr, key: &str) -> Option<u64> {
         .map(|m| m["progress_pct"].as_u64().unwrap_or(0))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_console_shows_every_cell_and_a_migration_moving() {
+/// The two-region deployment and a control plane serving its console.
+async fn with_console() -> (
+    Deployment,
+    cellmesh_control_plane::server::RunningControlPlane,
+    SocketAddr,
+) {
     let d = deploy(None).await;
     let cp = cellmesh_control_plane::server::start(ControlPlaneConfig {
         routers: d.cluster.endpoints(),
@@ -44,6 +48,12 @@ async fn the_console_shows_every_cell_and_a_migration_moving() {
     .await
     .unwrap();
     let console = cp.console.expect("the console is on");
+    (d, cp, console)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_shows_every_cell_and_a_migration_moving() {
+    let (d, cp, console) = with_console().await;
 
     let alice = token(1, 10);
     let mut m = messaging(&d.edge).await;
@@ -106,17 +116,7 @@ async fn the_console_shows_every_cell_and_a_migration_moving() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_and_status_show_the_bytes_of_files_per_tenant() {
-    let d = deploy(None).await;
-    let cp = cellmesh_control_plane::server::start(ControlPlaneConfig {
-        routers: d.cluster.endpoints(),
-        cluster_secret: SECRET.into(),
-        console_listen: "127.0.0.1:0".into(),
-        admin_listen: "127.0.0.1:0".into(),
-        ..ControlPlaneConfig::default()
-    })
-    .await
-    .unwrap();
-    let console = cp.console.expect("the console is on");
+    let (d, cp, console) = with_console().await;
     let alice = token(1, 10);
     let mut m = messaging(&d.edge).await;
     let conversation = create_via_edge(&mut m, &alice, vec![11]).await;

@@ -103,7 +103,7 @@ impl MessageService {
         // Uploads the failed cell held open are resumed or sent here.
         let carried = std::mem::take(&mut chunk.uploads);
         let mut files = crate::message::attach_copy::Noted::default();
-        let at = (tenant, conversation);
+        let at = (TenantId(tenant), ConversationId(conversation));
         self.stage_carried_uploads(at, carried, &chunk.messages, &mut m, &mut files)?;
         let mut imported = Imported::default();
         for segment in &below {
@@ -119,7 +119,7 @@ impl MessageService {
                 continue;
             }
             imported.add(message.seq, message.seq);
-            self.reference_files(tenant, &r, &mut m)?;
+            self.reference_files(TenantId(tenant), &r, &mut m)?;
             self.backfill_message(&mut m, (tenant, conversation), (floor, now), message.seq, r)?;
         }
         imported.emit(tenant, conversation, &mut m);

@@ -129,7 +129,7 @@ impl MessageService {
         let mut answered = Vec::new();
         let carried = std::mem::take(&mut chunk.uploads);
         let mut files = Noted::default();
-        let at = (tenant, conversation);
+        let at = (TenantId(tenant), ConversationId(conversation));
         self.stage_carried_uploads(at, carried, &chunk.messages, &mut m, &mut files)?;
         let mut imported = Imported::default();
         for segment in &chunk.segments {
@@ -154,7 +154,7 @@ impl MessageService {
                 answered.push(message.seq);
             }
             self.note_files(tenant, conversation, &r, &mut m, &mut files)?;
-            self.reference_files(tenant, &r, &mut m)?;
+            self.reference_files(TenantId(tenant), &r, &mut m)?;
             m.put_message(conversation, message.seq, &r);
         }
         imported.emit(tenant, conversation, &mut m);

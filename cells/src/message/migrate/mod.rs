@@ -176,7 +176,7 @@ impl MessageService {
                 .into_iter()
                 .filter(|s| s.seq_end > after_seq)
                 .collect(),
-            uploads: self.carried_uploads(tenant, conversation)?,
+            uploads: self.carried_uploads(TenantId(tenant), ConversationId(conversation))?,
         })
     }
 

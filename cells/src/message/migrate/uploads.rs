@@ -18,8 +18,8 @@ impl MessageService {
     /// The open uploads of `conversation`, for an exported chunk.
     pub(super) fn carried_uploads(
         &self,
-        tenant: u64,
-        conversation: u64,
+        tenant: TenantId,
+        conversation: ConversationId,
     ) -> Result<Vec<CarriedUpload>> {
         if self.attachments.is_none() {
             return Ok(Vec::new());
@@ -40,7 +40,7 @@ impl MessageService {
     /// Adds to `noted` what it staged.
     pub(super) fn stage_carried_uploads(
         &self,
-        (tenant, conversation): (u64, u64),
+        (tenant, conversation): (TenantId, ConversationId),
         carried: Vec<CarriedUpload>,
         messages: &[StoredMessage],
         m: &mut Mutation,
@@ -55,17 +55,17 @@ impl MessageService {
             .collect();
         for CarriedUpload { upload_id, record } in carried {
             let Some(mut record) = record else { continue };
-            if record.tenant_id != tenant
-                || record.conversation_id != conversation
+            if record.tenant_id != tenant.get()
+                || record.conversation_id != conversation.get()
                 || !is_open(&record)
                 || named.contains(&upload_id)
             {
                 continue;
             }
             let complete = record.state == UploadState::Complete as i32;
-            let held = self.store.upload(tenant, upload_id)?;
+            let held = self.store.upload(tenant.get(), upload_id)?;
             if let Some(held) = &held
-                && (held.conversation_id != conversation
+                && (held.conversation_id != conversation.get()
                     || !is_open(held)
                     || (held.state == UploadState::Complete as i32 && !complete))
             {
@@ -91,7 +91,7 @@ impl MessageService {
     /// records this cell holds open.
     pub(super) fn reference_files(
         &self,
-        tenant: u64,
+        tenant: TenantId,
         message: &MessageRecord,
         m: &mut Mutation,
     ) -> Result<()> {
@@ -99,7 +99,7 @@ impl MessageService {
             return Ok(());
         }
         for a in &message.attachments {
-            if let Some(mut record) = self.store.upload(tenant, a.attachment_id)?
+            if let Some(mut record) = self.store.upload(tenant.get(), a.attachment_id)?
                 && is_open(&record)
             {
                 record.referenced = true;
