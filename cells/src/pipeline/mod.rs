@@ -21,7 +21,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cellmesh_proto::v1::PeerEvent;
+use cellmesh_proto::storage::v1::IdempotencyRecord;
+use cellmesh_proto::v1::{ConversationMeta, PeerEvent, PeerEventRole};
 use tokio::sync::{Mutex, Notify, mpsc, oneshot};
 use tokio::task::JoinHandle;
 
@@ -35,10 +36,43 @@ use cellmesh_proto::secret::ClusterSecret;
 pub use processor::{Delivered, UserImport};
 use processor::{Inbound, Processor, Signals};
 
+/// What a forwarded event is for: its explicit role, or for a sender
+/// before 0.3.0 (no role), the payload it carries.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Purpose<'a> {
+    /// A user's sync event, for the user's home cell.
+    User,
+    /// The conversation's meta and members, for the owner's standby.
+    Meta(&'a ConversationMeta),
+    /// The stored answer to a send, for the owner's standby.
+    Answer(&'a IdempotencyRecord),
+    /// A standby role without its payload, or a role this build does not
+    /// know: refused as a standby copy would be, never applied.
+    Malformed,
+}
+
+/// The [`Purpose`] of `e`.
+pub fn purpose(e: &PeerEvent) -> Purpose<'_> {
+    match PeerEventRole::try_from(e.role) {
+        Ok(PeerEventRole::User) => Purpose::User,
+        Ok(PeerEventRole::StandbyMeta) => e.meta.as_ref().map_or(Purpose::Malformed, Purpose::Meta),
+        Ok(PeerEventRole::StandbyAnswer) => {
+            (e.idempotency.as_ref()).map_or(Purpose::Malformed, Purpose::Answer)
+        }
+        Ok(PeerEventRole::Unspecified) => match (&e.meta, &e.idempotency) {
+            (Some(meta), _) => Purpose::Meta(meta),
+            (None, Some(answer)) => Purpose::Answer(answer),
+            (None, None) => Purpose::User,
+        },
+        Err(_) => Purpose::Malformed,
+    }
+}
+
 /// Whether a forwarded event is for the standby it was addressed to
-/// (conversation meta, the answer to a send) rather than for a user's home.
+/// rather than for a user's home (a malformed one is judged as a standby
+/// copy: only its sender's standby role could make it one).
 pub fn for_standby(e: &PeerEvent) -> bool {
-    e.meta.is_some() || e.idempotency.is_some()
+    purpose(e) != Purpose::User
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -255,4 +289,58 @@ where
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(role: PeerEventRole, meta: bool, answer: bool) -> PeerEvent {
+        PeerEvent {
+            role: role as i32,
+            meta: meta.then(ConversationMeta::default),
+            idempotency: answer.then(IdempotencyRecord::default),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn an_explicit_role_decides_what_an_event_is_for() {
+        let user_with_meta = event(PeerEventRole::User, true, true);
+        assert_eq!(purpose(&user_with_meta), Purpose::User);
+        assert!(!for_standby(&user_with_meta));
+        let meta = event(PeerEventRole::StandbyMeta, true, true);
+        assert!(matches!(purpose(&meta), Purpose::Meta(_)));
+        let answer = event(PeerEventRole::StandbyAnswer, true, true);
+        assert!(matches!(purpose(&answer), Purpose::Answer(_)));
+    }
+
+    #[test]
+    fn a_standby_role_without_its_payload_or_an_unknown_role_is_malformed() {
+        assert_eq!(
+            purpose(&event(PeerEventRole::StandbyMeta, false, true)),
+            Purpose::Malformed
+        );
+        assert_eq!(
+            purpose(&event(PeerEventRole::StandbyAnswer, true, false)),
+            Purpose::Malformed
+        );
+        let unknown = PeerEvent {
+            role: 99,
+            ..Default::default()
+        };
+        assert_eq!(purpose(&unknown), Purpose::Malformed);
+        assert!(for_standby(&unknown), "never applied as a user's event");
+    }
+
+    #[test]
+    fn an_event_from_a_sender_without_roles_is_told_by_its_payload() {
+        let u = PeerEventRole::Unspecified;
+        assert!(matches!(purpose(&event(u, true, false)), Purpose::Meta(_)));
+        assert!(matches!(
+            purpose(&event(u, false, true)),
+            Purpose::Answer(_)
+        ));
+        assert_eq!(purpose(&event(u, false, false)), Purpose::User);
+    }
 }

@@ -722,8 +722,36 @@ async fn replicated_meta_from_a_cell_that_does_not_own_the_conversation_is_refus
         idempotency: Some(IdempotencyRecord::default()),
         ..Default::default()
     };
+    // The role decides, not the payload: a standby role without its
+    // payload is refused, and meta on a user's event is never applied.
+    let role_without_payload = PeerEvent {
+        role: PeerEventRole::StandbyMeta as i32,
+        ..forged_answer.clone()
+    };
+    let user_event_with_meta = PeerEvent {
+        role: PeerEventRole::User as i32,
+        user_id: 99,
+        ..forged_meta(1)
+    };
     let (owner, standby) = (d.cells[0].endpoint.clone(), d.cells[1].endpoint.clone());
+    let mut peer = CellPeerClient::connect(standby.clone()).await.unwrap();
+    let user_event = peer
+        .deliver_batch(with_secret(DeliverBatchRequest {
+            source_cell: "eu-west/c1".into(),
+            events: vec![user_event_with_meta],
+            route_index: 0,
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(user_event.refused_standby_events, 0, "a user's event");
     for (name, to, source, event) in [
+        (
+            "a meta role without meta",
+            &standby,
+            "eu-west/c1",
+            role_without_payload,
+        ),
         ("meta to the owner", &owner, "us-east/c1", forged_meta(1)),
         ("answer to the owner", &owner, "us-east/c1", forged_answer),
         (

@@ -24,8 +24,8 @@ use cellmesh_proto::storage::v1::{
     OutboxEvent, OutboxKind, SyncRecord,
 };
 use cellmesh_proto::v1::{
-    ConversationHint, ConversationMeta, Message, PeerEvent, SyncEventKind, SyncPush, UserState,
-    sync_push,
+    ConversationHint, ConversationMeta, Message, PeerEvent, PeerEventRole, SyncEventKind, SyncPush,
+    UserState, sync_push,
 };
 use prost::Message as _;
 use tokio::sync::{Notify, mpsc, oneshot};

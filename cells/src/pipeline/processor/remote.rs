@@ -4,6 +4,7 @@
 //! users whose home moves here.
 
 use super::*;
+use crate::pipeline::Purpose;
 
 impl Processor {
     /// Applies events another cell delivered for users homed here; says
@@ -18,10 +19,24 @@ impl Processor {
         let mut refused = Vec::new();
         let (mut refused_standby, mut deferred_standby) = (0, Vec::new());
         for (at, e) in events.iter().enumerate() {
-            if crate::pipeline::for_standby(e)
+            let purpose = crate::pipeline::purpose(e);
+            let what = match purpose {
+                Purpose::User => None,
+                Purpose::Meta(_) => Some("meta"),
+                Purpose::Answer(_) => Some("answer"),
+                Purpose::Malformed => {
+                    tracing::warn!(
+                        source,
+                        role = e.role,
+                        "refused an event whose role lacks its payload"
+                    );
+                    refused_standby += 1;
+                    continue;
+                }
+            };
+            if let Some(what) = what
                 && let Err(why) = self.replicated_by_owner(source, e)
             {
-                let what = if e.meta.is_some() { "meta" } else { "answer" };
                 // A view older than the sender's may not know the move or
                 // failover that makes the sender a holder: judge it later.
                 if view_behind {
@@ -42,13 +57,16 @@ impl Processor {
                 refused_standby += 1;
                 continue;
             }
-            if let Some(meta) = &e.meta {
-                self.apply_meta(&mut batch, e.conversation_id, meta)?;
-                continue;
-            }
-            if let Some(answer) = &e.idempotency {
-                self.keep_answer(&mut batch, e, answer)?;
-                continue;
+            match purpose {
+                Purpose::Meta(meta) => {
+                    self.apply_meta(&mut batch, e.conversation_id, meta)?;
+                    continue;
+                }
+                Purpose::Answer(answer) => {
+                    self.keep_answer(&mut batch, e, answer)?;
+                    continue;
+                }
+                Purpose::User | Purpose::Malformed => {}
             }
             let user = UserKey::new(e.tenant_id, e.user_id);
             if refused.contains(&user) {

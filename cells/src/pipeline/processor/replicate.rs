@@ -50,6 +50,7 @@ impl Processor {
                 expires_at_ms: event.idempotency_expires_at_ms,
             }),
             client_req_id: event.client_req_id.clone(),
+            role: PeerEventRole::StandbyAnswer as i32,
             ..Default::default()
         };
         self.recent.shipped(&answer);
@@ -98,6 +99,7 @@ impl Processor {
                 server_ts_ms: r.server_ts_ms,
                 idempotency: Some(answer),
                 client_req_id: key.client_req_id,
+                role: PeerEventRole::StandbyAnswer as i32,
                 ..Default::default()
             };
             self.recent.shipped(&copy);
@@ -130,6 +132,7 @@ impl Processor {
                 record: Some(record),
                 members,
             }),
+            role: PeerEventRole::StandbyMeta as i32,
             ..Default::default()
         };
         batch.queue_for_standbys(&standbys, meta);

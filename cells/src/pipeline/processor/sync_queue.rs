@@ -47,6 +47,7 @@ impl Processor {
                 server_ts_ms: record.server_ts_ms,
                 message,
                 traceparent: batch.trace.current_parent.clone(),
+                role: PeerEventRole::User as i32,
                 ..Default::default()
             });
             return Ok(());
