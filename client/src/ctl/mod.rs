@@ -5,19 +5,12 @@
 use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
 use std::time::Duration;
 
-use anyhow::Context;
-use cellmesh_control_plane::failover::fail_fenced;
-use cellmesh_control_plane::migration::{MigrationOptions, Migrator};
+use cellmesh_control_plane::migration::MigrationOptions;
 use cellmesh_edge::auth::{Claims, TokenKey, now_secs};
 use cellmesh_proto::secret::ClusterSecret;
-use cellmesh_proto::v1 as pb;
-use cellmesh_proto::v1::update_route::Transition;
 use cellmesh_route_client::client::RouteClient;
-use cellmesh_route_client::commands::{assign_tenant, update_route};
-use cellmesh_route_client::convert::{entry_to_pb, route_to_pb};
-use cellmesh_route_client::table::{Key, RouteState};
+use cellmesh_route_client::table::Key;
 use clap::{Args, Subcommand};
-use serde_json::json;
 
 use crate::connect::describe;
 
@@ -25,6 +18,7 @@ mod backup;
 mod moves;
 mod ops;
 mod status;
+mod table;
 mod upgrade;
 
 #[derive(Args)]
@@ -82,27 +76,30 @@ pub struct CtlArgs {
     command: CtlCommand,
 }
 
+#[derive(Args)]
+struct TokenArgs {
+    #[arg(long)]
+    tenant: u64,
+    #[arg(long)]
+    user: u64,
+    #[arg(long, default_value = "cli")]
+    device: String,
+    /// How long the token is valid, e.g. `24h`.
+    #[arg(long, default_value = "24h")]
+    ttl: humantime::Duration,
+    /// The edge's token secret (or, with `--key-id`, the secret of that
+    /// key in the edge's `token_keys`).
+    #[arg(long, env = "CELLMESH_TOKEN_SECRET", hide_env_values = true)]
+    token_secret: String,
+    /// Sign with the edge's `token_keys` entry of this id.
+    #[arg(long, default_value = "")]
+    key_id: String,
+}
+
 #[derive(Subcommand)]
 enum CtlCommand {
     /// Issue a client token for the edge.
-    Token {
-        #[arg(long)]
-        tenant: u64,
-        #[arg(long)]
-        user: u64,
-        #[arg(long, default_value = "cli")]
-        device: String,
-        /// How long the token is valid, e.g. `24h`.
-        #[arg(long, default_value = "24h")]
-        ttl: humantime::Duration,
-        /// The edge's token secret (or, with `--key-id`, the secret of that
-        /// key in the edge's `token_keys`).
-        #[arg(long, env = "CELLMESH_TOKEN_SECRET", hide_env_values = true)]
-        token_secret: String,
-        /// Sign with the edge's `token_keys` entry of this id.
-        #[arg(long, default_value = "")]
-        key_id: String,
-    },
+    Token(TokenArgs),
     /// The deployment at a glance: cells by region, routers, control-plane
     /// leader, migrations with progress.
     Status {
@@ -386,23 +383,8 @@ fn as_operation(command: &CtlCommand) -> anyhow::Result<Option<ops::StartCommand
 }
 
 pub async fn run(mut args: CtlArgs) -> anyhow::Result<()> {
-    if let Some(dir) = &args.dev {
-        cellmesh_chaos::target::DevTarget::load(dir)?.fill_routing(
-            &mut args.routers,
-            &mut args.secret,
-            &mut args.etcd,
-        );
-        if args.etcd.is_empty() && args.coordination_dir.is_none() {
-            args.coordination_dir = Some(dir.join("coordination"));
-        }
-        let dev = cellmesh_chaos::target::DevTarget::load(dir)?;
-        if !dev.admin.is_empty() {
-            args.control_plane = dev.admin;
-        }
-        if args.tls_ca.is_empty() {
-            (args.tls_ca, args.tls_cert, args.tls_key) =
-                (dev.tls.ca_file, dev.tls.cert_file, dev.tls.key_file);
-        }
+    if let Some(dir) = args.dev.clone() {
+        fill_from_dev(&mut args, &dir)?;
     }
     cellmesh_proto::tls::install(&cellmesh_proto::tls::TlsConfig {
         ca_file: args.tls_ca.clone(),
@@ -411,26 +393,19 @@ pub async fn run(mut args: CtlArgs) -> anyhow::Result<()> {
         ..Default::default()
     })
     .map_err(anyhow::Error::msg)?;
-    if let CtlCommand::Ops { command } = args.command {
-        return ops::run(
-            &args.control_plane,
-            &ClusterSecret::new(&args.secret),
-            command,
-        )
-        .await;
-    }
-    if let CtlCommand::Backup {
-        command: command @ backup::BackupCommand::Restore { .. },
-    } = args.command
-    {
-        return backup::run_restore(command, &args.routers, &ClusterSecret::new(&args.secret))
-            .await;
-    }
-    if let CtlCommand::Backup {
-        command: command @ backup::BackupCommand::RestoreRoutes { .. },
-    } = args.command
-    {
-        return backup::run_restore_routes(command).await;
+    let secret = ClusterSecret::new(&args.secret);
+    match args.command {
+        CtlCommand::Ops { command } => {
+            return ops::run(&args.control_plane, &secret, command).await;
+        }
+        CtlCommand::Backup {
+            command: command @ backup::BackupCommand::Restore { .. },
+        } => return backup::run_restore(command, &args.routers, &secret).await,
+        CtlCommand::Backup {
+            command: command @ backup::BackupCommand::RestoreRoutes { .. },
+        } => return backup::run_restore_routes(command).await,
+        CtlCommand::Token(token) => return print_token(&token),
+        _ => {}
     }
     if !args.here
         && let Some(what) = as_operation(&args.command)?
@@ -439,90 +414,19 @@ pub async fn run(mut args: CtlArgs) -> anyhow::Result<()> {
             what,
             detach: false,
         };
-        return ops::run(
-            &args.control_plane,
-            &ClusterSecret::new(&args.secret),
-            start,
-        )
-        .await;
+        return ops::run(&args.control_plane, &secret, start).await;
     }
-    if let CtlCommand::Token {
-        tenant,
-        user,
-        device,
-        ttl,
-        token_secret,
-        key_id,
-    } = &args.command
-    {
-        anyhow::ensure!(
-            token_secret.len() >= 16,
-            "--token-secret must be at least 16 bytes"
-        );
-        let claims = Claims {
-            tenant: *tenant,
-            user: *user,
-            device: device.clone(),
-            exp: now_secs() + Duration::from(*ttl).as_secs(),
-            ..Default::default()
-        };
-        let key = match key_id.as_str() {
-            "" => TokenKey::new(token_secret),
-            id => TokenKey::new(token_secret)
-                .with_keys(&[(id.to_string(), token_secret.clone())].into())
-                .issuing_with(id),
-        };
-        println!("{}", key.issue(&claims));
-        return Ok(());
-    }
-    let secret = ClusterSecret::new(&args.secret);
     let routes = RouteClient::connect(args.routers.clone(), secret.clone())
         .await
         .map_err(|e| anyhow::anyhow!("cannot read the route table: {}", describe(&e)))?;
     match args.command {
-        CtlCommand::Token { .. } | CtlCommand::Ops { .. } => unreachable!("handled above"),
-        CtlCommand::Status { json } => {
-            let status = status::collect(
-                &routes,
-                &args.routers,
-                &secret,
-                &args.etcd,
-                args.coordination_dir.as_deref(),
-            )
-            .await;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&status)?);
-            } else {
-                status::print(&status);
-            }
-        }
+        CtlCommand::Token(_) | CtlCommand::Ops { .. } => unreachable!("handled above"),
+        CtlCommand::Status { json } => status::show(&routes, &args, &secret, json).await?,
         CtlCommand::Upgrade { command } => {
-            upgrade::run(command, &routes, &args.routers, &secret).await?;
+            upgrade::run(command, &routes, &args.routers, &secret).await?
         }
-        CtlCommand::Backup { command } => {
-            backup::run(command, &routes, &secret).await?;
-        }
-        CtlCommand::Cells { json } => {
-            let cells: Vec<_> = routes.read(|t| t.cells.values().cloned().collect());
-            if json {
-                let out: Vec<_> = cells
-                    .iter()
-                    .map(|c| json!({"cell_id": c.id, "region": c.region, "address": c.address, "status": format!("{:?}", c.status), "epoch": c.epoch}))
-                    .collect();
-                println!("{}", serde_json::to_string_pretty(&out)?);
-            } else {
-                println!("{:<20} {:<12} {:<10} ADDRESS", "CELL", "REGION", "STATUS");
-                for c in cells {
-                    println!(
-                        "{:<20} {:<12} {:<10} {}",
-                        c.id,
-                        c.region,
-                        format!("{:?}", c.status),
-                        c.address
-                    );
-                }
-            }
-        }
+        CtlCommand::Backup { command } => backup::run(command, &routes, &secret).await?,
+        CtlCommand::Cells { json } => table::cells(&routes, json)?,
         CtlCommand::Routes {
             command:
                 RoutesCommand::Get {
@@ -530,57 +434,10 @@ pub async fn run(mut args: CtlArgs) -> anyhow::Result<()> {
                     linearizable,
                     json,
                 },
-        } => {
-            let key = key.key();
-            let (route, entry) = if linearizable {
-                let r = routes
-                    .resolve_linearizable(&key)
-                    .await
-                    .map_err(|e| anyhow::anyhow!(describe(&e)))?;
-                (r.route.unwrap_or_default(), r.entry.unwrap_or_default())
-            } else {
-                let r = routes
-                    .resolve(&key)
-                    .with_context(|| format!("no route for {key}"))?;
-                (route_to_pb(&r), entry_to_pb(&r.entry))
-            };
-            let state = pb::RouteState::try_from(route.state)
-                .map(|s| {
-                    s.as_str_name()
-                        .trim_start_matches("ROUTE_STATE_")
-                        .to_string()
-                })
-                .unwrap_or_default();
-            if json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&json!({
-                        "key": key.to_string(),
-                        "cell_id": route.cell_id,
-                        "cell_address": route.cell_address,
-                        "epoch": route.epoch,
-                        "state": state,
-                        "migrating_to": entry.migrating_to,
-                        "seq_floor": route.seq_floor,
-                        "override": entry.key.as_ref().is_some_and(|k| !matches!(k.scope, Some(pb::route_key::Scope::Tenant(_)))),
-                    }))?
-                );
-            } else {
-                println!(
-                    "{key}: {} ({}) epoch {} {state}, seq floor {}",
-                    route.cell_id, route.cell_address, route.epoch, route.seq_floor
-                );
-            }
-        }
+        } => table::route(&routes, &key, linearizable, json).await?,
         CtlCommand::Tenant {
             command: TenantCommand::Place { tenant, cell },
-        } => {
-            let r = routes
-                .apply(assign_tenant(tenant, &cell, 0))
-                .await
-                .map_err(|e| anyhow::anyhow!(describe(&e)))?;
-            println!("tenant {tenant} placed on {cell} at epoch {}", r.index);
-        }
+        } => table::place_tenant(&routes, tenant, &cell).await?,
         CtlCommand::Tenant {
             command: TenantCommand::Export { tenant, json },
         } => backup::export_tenant(&routes, &secret, tenant, json).await?,
@@ -595,38 +452,14 @@ pub async fn run(mut args: CtlArgs) -> anyhow::Result<()> {
                     round_messages,
                 },
         } => {
-            let migrator = Migrator::new(
-                routes,
-                secret,
-                MigrationOptions {
-                    chunk,
-                    pause: pause.into(),
-                    round_messages,
-                    ..MigrationOptions::default()
-                },
-            );
-            let report = migrator
-                .migrate_conversation(tenant, conversation, &to, |p| {
-                    let pct = (p.copied_through * 100)
-                        .checked_div(p.source_latest)
-                        .unwrap_or(100)
-                        .min(100);
-                    let bar = "#".repeat(pct as usize / 5) + &".".repeat(20 - pct as usize / 5);
-                    println!(
-                        "{:<9} [{bar}] {}/{}",
-                        p.phase, p.copied_through, p.source_latest
-                    );
-                })
-                .await?;
-            println!(
-                "conversation {conversation} moved {} -> {}: {} messages verified, seq continues above {}, writes paused {} ms, total {} ms",
-                report.from,
-                report.to,
-                report.messages_verified,
-                report.final_seq,
-                report.frozen_for.as_millis(),
-                report.total.as_millis()
-            );
+            let options = MigrationOptions {
+                chunk,
+                pause: pause.into(),
+                round_messages,
+                ..MigrationOptions::default()
+            };
+            let what = (tenant, conversation, to.as_str());
+            moves::migrate_conversation(routes, secret, what, options).await?
         }
         CtlCommand::Migrate {
             command:
@@ -661,126 +494,61 @@ pub async fn run(mut args: CtlArgs) -> anyhow::Result<()> {
             cell,
             margin,
             fence,
-        } => {
-            let fence = Duration::from(fence);
-            let plan = fail_fenced(&routes, &cell, margin, fence, |_| {
-                println!(
-                    "{cell} is Down; moving its routes in {} (its owner lease)",
-                    humantime::format_duration(fence)
-                )
-            })
-            .await
-            .map_err(|e| anyhow::anyhow!(describe(&e)))?;
-            println!(
-                "{cell} is Down; {} routes moved to {} (floors: checkpoint + {margin})",
-                plan.moved_entries, plan.fallback
-            );
+        } => table::fail(&routes, &cell, margin, fence).await?,
+        CtlCommand::Migrations { command, json } => {
+            table::migrations(&routes, command, json).await?
         }
-        CtlCommand::Migrations { command, json } => match command {
-            Some(MigrationsCommand::Cancel(moving)) => {
-                let key = moving.key();
-                let entry = routes
-                    .resolve(&key)
-                    .with_context(|| format!("no route for {key}"))?
-                    .entry;
-                let r = routes
-                    .apply(update_route(&key, entry.epoch, Transition::Cancel(true)))
-                    .await
-                    .map_err(|e| anyhow::anyhow!(describe(&e)))?;
-                println!(
-                    "{key}: migration cancelled, active on {} at epoch {}",
-                    entry.cell, r.index
-                );
-            }
-            Some(MigrationsCommand::Pause(ref moving) | MigrationsCommand::Resume(ref moving)) => {
-                let pause = matches!(command, Some(MigrationsCommand::Pause(_)));
-                let key = moving.key();
-                let entry = routes
-                    .resolve(&key)
-                    .with_context(|| format!("no route for {key}"))?
-                    .entry;
-                let phase = if pause {
-                    pb::MigrationPhase::Paused
-                } else {
-                    pb::MigrationPhase::CatchUp
-                };
-                let r = routes
-                    .apply(update_route(
-                        &key,
-                        entry.epoch,
-                        Transition::SetPhase(phase as i32),
-                    ))
-                    .await
-                    .map_err(|e| anyhow::anyhow!(describe(&e)))?;
-                println!(
-                    "{key}: migration {} at epoch {}",
-                    if pause { "paused" } else { "resumed" },
-                    r.index
-                );
-            }
-            None => {
-                let moving: Vec<_> = routes.read(|t| {
-                    t.routes
-                        .values()
-                        .filter(|e| e.state != RouteState::Active)
-                        .cloned()
-                        .collect()
-                });
-                if json {
-                    let out: Vec<_> = moving
-                        .iter()
-                        .map(|e| {
-                            let (state, to, phase) = match &e.state {
-                                RouteState::Migrating { to, phase } => ("Migrating", to.clone(), format!("{phase:?}")),
-                                RouteState::Frozen { to } => ("Frozen", to.clone(), "Freeze".into()),
-                                RouteState::Active => ("Active", String::new(), String::new()),
-                            };
-                            json!({"key": e.key.to_string(), "from": e.cell, "to": to, "state": state, "phase": phase, "epoch": e.epoch})
-                        })
-                        .collect();
-                    println!("{}", serde_json::to_string_pretty(&out)?);
-                } else if moving.is_empty() {
-                    println!("no migrations in progress");
-                } else {
-                    for e in moving {
-                        println!("{}: {} {:?} (epoch {})", e.key, e.cell, e.state, e.epoch);
-                    }
-                }
-            }
-        },
-        CtlCommand::Routers { json } => {
-            let mut rows = Vec::new();
-            for endpoint in &args.routers {
-                let status = cellmesh_control_plane::status::router_status(endpoint, &secret)
-                    .await
-                    .map_err(|e| describe(&e));
-                rows.push((endpoint.clone(), status));
-            }
-            if json {
-                let out: Vec<_> = rows
-                    .iter()
-                    .map(|(e, s)| match s {
-                        Ok(s) => json!({"endpoint": e, "node_id": s.node_id, "region": s.region, "role": s.role, "leader": s.current_leader, "term": s.term, "applied_index": s.applied_index, "last_log_index": s.last_log_index, "snapshot_index": s.snapshot_index}),
-                        Err(err) => json!({"endpoint": e, "error": err}),
-                    })
-                    .collect();
-                println!("{}", serde_json::to_string_pretty(&out)?);
-            } else {
-                println!(
-                    "{:<28} {:>4} {:<10} {:<10} {:>6} {:>8} {:>8}",
-                    "ENDPOINT", "ID", "REGION", "ROLE", "LEADER", "TERM", "APPLIED"
-                );
-                for (e, s) in rows {
-                    match s {
-                        Ok(s) => println!(
-                            "{e:<28} {:>4} {:<10} {:<10} {:>6} {:>8} {:>8}",
-                            s.node_id, s.region, s.role, s.current_leader, s.term, s.applied_index
-                        ),
-                        Err(err) => println!("{e:<28} unreachable: {err}"),
-                    }
-                }
-            }
-        }
+        CtlCommand::Routers { json } => table::routers(&args.routers, &secret, json).await?,
     }
+    Ok(())
+}
+
+/// `--dev DIR`: the routers, secret, etcd, control plane and TLS files of
+/// the `cellmesh dev` deployment in DIR, where not given.
+fn fill_from_dev(args: &mut CtlArgs, dir: &std::path::Path) -> anyhow::Result<()> {
+    let dev = cellmesh_chaos::target::DevTarget::load(dir)?;
+    dev.fill_routing(&mut args.routers, &mut args.secret, &mut args.etcd);
+    if args.etcd.is_empty() && args.coordination_dir.is_none() {
+        args.coordination_dir = Some(dir.join("coordination"));
+    }
+    let dev = cellmesh_chaos::target::DevTarget::load(dir)?;
+    if !dev.admin.is_empty() {
+        args.control_plane = dev.admin;
+    }
+    if args.tls_ca.is_empty() {
+        (args.tls_ca, args.tls_cert, args.tls_key) =
+            (dev.tls.ca_file, dev.tls.cert_file, dev.tls.key_file);
+    }
+    Ok(())
+}
+
+/// `ctl token`: prints a client token signed with `--token-secret`.
+fn print_token(token: &TokenArgs) -> anyhow::Result<()> {
+    let TokenArgs {
+        tenant,
+        user,
+        device,
+        ttl,
+        token_secret,
+        key_id,
+    } = token;
+    anyhow::ensure!(
+        token_secret.len() >= 16,
+        "--token-secret must be at least 16 bytes"
+    );
+    let claims = Claims {
+        tenant: *tenant,
+        user: *user,
+        device: device.clone(),
+        exp: now_secs() + Duration::from(*ttl).as_secs(),
+        ..Default::default()
+    };
+    let key = match key_id.as_str() {
+        "" => TokenKey::new(token_secret),
+        id => TokenKey::new(token_secret)
+            .with_keys(&[(id.to_string(), token_secret.clone())].into())
+            .issuing_with(id),
+    };
+    println!("{}", key.issue(&claims));
     Ok(())
 }

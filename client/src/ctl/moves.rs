@@ -215,3 +215,37 @@ pub async fn failback(
         .await?;
     finish("failback", started, &report)
 }
+
+/// `ctl migrate conversation`: one conversation's live move, with a
+/// progress bar per copy round.
+pub(super) async fn migrate_conversation(
+    routes: RouteClient,
+    secret: ClusterSecret,
+    (tenant, conversation, to): (u64, u64, &str),
+    options: MigrationOptions,
+) -> anyhow::Result<()> {
+    let migrator = Migrator::new(routes, secret, options);
+    let report = migrator
+        .migrate_conversation(tenant, conversation, to, |p| {
+            let pct = (p.copied_through * 100)
+                .checked_div(p.source_latest)
+                .unwrap_or(100)
+                .min(100);
+            let bar = "#".repeat(pct as usize / 5) + &".".repeat(20 - pct as usize / 5);
+            println!(
+                "{:<9} [{bar}] {}/{}",
+                p.phase, p.copied_through, p.source_latest
+            );
+        })
+        .await?;
+    println!(
+        "conversation {conversation} moved {} -> {}: {} messages verified, seq continues above {}, writes paused {} ms, total {} ms",
+        report.from,
+        report.to,
+        report.messages_verified,
+        report.final_seq,
+        report.frozen_for.as_millis(),
+        report.total.as_millis()
+    );
+    Ok(())
+}

@@ -14,6 +14,23 @@ use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_route_client::client::RouteClient;
 use serde_json::{Value, json};
 
+/// Prints the status, as JSON with `json`.
+pub(super) async fn show(
+    routes: &RouteClient,
+    args: &super::CtlArgs,
+    secret: &ClusterSecret,
+    json: bool,
+) -> anyhow::Result<()> {
+    let coordination_dir = args.coordination_dir.as_deref();
+    let status = collect(routes, &args.routers, secret, &args.etcd, coordination_dir).await;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&status)?);
+    } else {
+        print(&status);
+    }
+    Ok(())
+}
+
 pub async fn collect(
     routes: &RouteClient,
     routers: &[String],
