@@ -10,6 +10,7 @@ mod demo;
 pub mod kafka;
 pub mod pki;
 mod prometheus;
+mod start;
 mod supervisor;
 mod topology;
 mod traces;
@@ -20,21 +21,16 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
-use cellmesh_cell::CellConfig;
-use cellmesh_cell::config::QueueBackend;
 use cellmesh_cell::config::ReplicationMode;
 use cellmesh_chaos::proxy::FaultProxy;
-use cellmesh_control_plane::server::{ControlPlaneConfig, CoordinationBackend};
-use cellmesh_edge::EdgeConfig;
 use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_route_client::client::RouteClient;
-use cellmesh_router::config::{MemberConfig, RouterConfig};
 use cellmesh_telemetry::trace::TraceConfig;
 use clap::Args;
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
-use supervisor::{Spec, Supervisor};
+use supervisor::Supervisor;
 use topology::{CELLS_PER_REGION, REGIONS, Topology};
 
 #[derive(Args)]
@@ -161,23 +157,15 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         true => Some(pki::Pki::create(&data.join("tls"))?),
         false => None,
     };
-    let tls = |role: Role, id: &str| -> anyhow::Result<TlsConfig> {
-        match &pki {
-            Some(pki) => pki.issue(&Peer::new(role, id)),
-            None => Ok(TlsConfig::default()),
-        }
-    };
     if !args.tls {
         println!(
             "dev: WARNING: internal links run in plaintext (insecure_plaintext = true in every config); `cellmesh dev --tls` runs them over mutual TLS"
         );
     }
-    let operator = tls(Role::Operator, "admin")?;
-    cellmesh_proto::tls::install(&operator).map_err(anyhow::Error::msg)?;
+    let operator = install_operator(pki.as_ref())?;
     let topo = Topology {
         base: args.base_port,
     };
-    let one_way = Duration::from(args.latency) / 2;
     let traces = traces::Traces::start(&topo, args.otlp.clone()).await?;
     let telemetry = TraceConfig {
         endpoint: traces.endpoint.clone(),
@@ -185,31 +173,11 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         ..TraceConfig::default()
     };
     telemetry.validate()?;
-
-    // Cross-region paths: one proxy per (region, remote component).
-    let mut proxies = Vec::new();
-    let links = topo.links();
-    for link in &links {
-        let upstream = link
-            .target
-            .trim_start_matches("http://")
-            .parse()
-            .context("link target")?;
-        let proxy = FaultProxy::start(format!("127.0.0.1:{}", link.port).parse()?, upstream)
-            .await
-            .with_context(|| {
-                format!(
-                    "cannot listen on port {} (is another `cellmesh dev` running?)",
-                    link.port
-                )
-            })?;
-        proxy.set_latency(one_way, one_way / 10);
-        proxies.push(proxy);
-    }
+    let (links, proxies) = start::start_proxies(&topo, args.latency.into()).await?;
 
     // A partition left over from an interrupted drill does not outlive it.
     let _ = std::fs::remove_file(data.join(PARTITION_FILE));
-    let mut mock_kafka = match args.kafka.as_deref() {
+    let mock_kafka = match args.kafka.as_deref() {
         Some("mock") => Some(kafka::MockKafka::start(data)?),
         _ => None,
     };
@@ -218,204 +186,44 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         None => args.kafka.clone(),
     };
     let mut sup = Supervisor::new(data)?;
-    let etcd_endpoints = if args.etcd {
-        let (client, peer) = topo.etcd_ports();
-        start_etcd(&mut sup, data, client, peer)?;
-        vec![format!("http://127.0.0.1:{client}")]
-    } else {
-        Vec::new()
+    let etcd_endpoints = match args.etcd {
+        true => vec![start_etcd(&mut sup, data, &topo)?],
+        false => Vec::new(),
     };
-
-    // Routers: one Raft group across the regions.
-    let members: Vec<MemberConfig> = (0..REGIONS.len())
-        .map(|r| MemberConfig {
-            node_id: r as u64 + 1,
-            region: REGIONS[r].into(),
-            raft_addr: topo.router_raft(r),
-            api_addr: topo.router_api(r),
-        })
-        .collect();
-    for (r, region) in REGIONS.iter().enumerate() {
-        let mut config = RouterConfig {
-            node_id: r as u64 + 1,
-            region: region.to_string(),
-            data_dir: data.join(format!("router-{region}")),
-            api_listen: format!("127.0.0.1:{}", topo.router_api_port(r)).parse()?,
-            raft_listen: format!("127.0.0.1:{}", topo.router_raft_port(r)).parse()?,
-            cluster_secret: secrets.cluster.clone(),
-            links: topo.links_from(r),
-            metrics_listen: format!("127.0.0.1:{}", topo.router_metrics_port(r)),
-            telemetry: telemetry.clone(),
-            ..RouterConfig::default()
-        };
-        config.cluster.bootstrap = r == 0;
-        config.cluster.members = members.clone();
-        config.tls = tls(Role::Router, &(r + 1).to_string())?;
-        config.insecure_plaintext = !args.tls;
-        let path = write_config(&configs, &format!("router-{region}"), &config)?;
-        sup.start(Spec {
-            name: format!("router-{region}"),
-            args: vec!["router".into(), "--config".into(), path],
-        })?;
-    }
-    let routes = connect_routes(&topo, &secrets.cluster).await?;
+    let plan = start::Plan {
+        args: &args,
+        configs,
+        secrets,
+        pki,
+        topo: topo.clone(),
+        telemetry,
+        etcd_endpoints: etcd_endpoints.clone(),
+        brokers: brokers.clone(),
+    };
+    plan.start_routers(&mut sup)?;
+    let routes = connect_routes(&topo, &plan.secrets.cluster).await?;
     println!("routers: a Raft group of {} replicas is up", REGIONS.len());
-
-    for (r, region) in REGIONS.iter().enumerate() {
-        for c in 0..CELLS_PER_REGION {
-            let id = topo.cell_id(r, c);
-            let mut config = CellConfig {
-                cell_id: id.clone(),
-                listen: format!("127.0.0.1:{}", topo.cell_port(r, c)).parse()?,
-                data_dir: data.join(id.replace('/', "-")),
-                instance_id: (r * CELLS_PER_REGION + c) as u16 + 1,
-                metrics_listen: format!("127.0.0.1:{}", topo.cell_metrics_port(r, c)),
-                telemetry: telemetry.clone(),
-                ..CellConfig::default()
-            };
-            config.routing.routers = topo.routers_from(r);
-            config.routing.cluster_secret = secrets.cluster.clone();
-            config.routing.links = topo.links_from(r);
-            config.routing.etcd_endpoints = etcd_endpoints.clone();
-            // The control plane's records (without etcd): retention's deletions.
-            config.routing.coordination_dir = data.join("coordination").display().to_string();
-            // One directory stands for the object store all cells share, so
-            // moves hand cold history over by its manifest.
-            config.tiering.local_dir = data.join("cold");
-            // Files live in their region's store (one directory per region,
-            // shared by its cells, each serving it on its own signed URLs):
-            // a move within the region hands over refs only.
-            config.attachments.local_dir = data.join("files").join(REGIONS[r]);
-            for other in REGIONS.iter().filter(|o| **o != REGIONS[r]) {
-                let files = cellmesh_cell::attachments::RegionFiles {
-                    local_dir: data.join("files").join(other),
-                    ..Default::default()
-                };
-                config.attachments.regions.insert(other.to_string(), files);
-            }
-            config.attachments.http_listen = format!("127.0.0.1:{}", topo.cell_files_port(r, c));
-            if let Some(n) = args.hot_messages {
-                config.tiering.hot_messages_per_conversation = n;
-                config.tiering.interval_ms = 1_000;
-            }
-            config.replication.mode = args.replication;
-            config.tls = tls(Role::Cell, &id)?;
-            config.insecure_plaintext = !args.tls;
-            let other = match args.replication {
-                ReplicationMode::Async => ReplicationMode::Sync,
-                ReplicationMode::Sync => ReplicationMode::Async,
-            };
-            for tenant in &args.other_mode_tenants {
-                config.replication.tenants.insert(tenant.to_string(), other);
-            }
-            if let Some(brokers) = &brokers {
-                config.queue.backend = QueueBackend::Kafka;
-                config.queue.kafka.brokers = brokers.clone();
-                config.queue.kafka.topic = format!("cellmesh-{}", id.replace('/', "-"));
-                if let Some(mock) = &mock_kafka {
-                    config.queue.kafka.session_timeout_ms = 6_000;
-                    mock.create_topic(&config.queue.kafka.topic, config.queue.partitions)?;
-                }
-            }
-            let path = write_config(&configs, &id.replace('/', "-"), &config)?;
-            sup.start(Spec {
-                name: id.replace('/', "-"),
-                args: vec!["cell".into(), "--config".into(), path],
-            })?;
-        }
-        let _ = region;
-    }
+    plan.start_cells(&mut sup, mock_kafka.as_ref())?;
     wait_for(Duration::from_secs(60), "cells to register", || {
         routes.read(|t| t.cells.len()) >= REGIONS.len() * CELLS_PER_REGION
     })
     .await?;
     println!("cells: {} registered", REGIONS.len() * CELLS_PER_REGION);
-
     // Two control-plane replicas: they elect the active one in etcd with
     // `--etcd`, else through lock files in the data directory.
-    let replicas = 2;
-    let mut consoles = Vec::new();
-    let mut admins = Vec::new();
-    for i in 0..replicas {
-        let mut config = ControlPlaneConfig {
-            routers: topo.routers_from(0),
-            cluster_secret: secrets.cluster.clone(),
-            ..ControlPlaneConfig::default()
-        };
-        config.coordination.name = format!("control-plane-{}", i + 1);
-        // Both replicas live in eu-west: they probe other regions' cells
-        // across the same links as everything else.
-        config.links = topo.links_from(0);
-        config.console_listen = format!("127.0.0.1:{}", topo.console_port(i));
-        consoles.push(format!("http://{}/", config.console_listen));
-        config.admin_listen = format!("127.0.0.1:{}", topo.admin_port(i));
-        admins.push(format!("http://{}", config.admin_listen));
-        config.metrics_listen = format!("127.0.0.1:{}", topo.control_plane_metrics_port(i));
-        config.telemetry = telemetry.clone();
-        config.traces_url = traces.query_url.clone().unwrap_or_default();
-        config.tls = tls(Role::ControlPlane, &(i + 1).to_string())?;
-        config.insecure_plaintext = !args.tls;
-        if args.etcd {
-            config.coordination.backend = CoordinationBackend::Etcd;
-            config.coordination.etcd_endpoints = etcd_endpoints.clone();
-        } else {
-            config.coordination.backend = CoordinationBackend::Local;
-            config.coordination.dir = data.join("coordination").display().to_string();
-        }
-        let path = write_config(&configs, &format!("control-plane-{}", i + 1), &config)?;
-        sup.start(Spec {
-            name: format!("control-plane-{}", i + 1),
-            args: vec!["control-plane".into(), "--config".into(), path],
-        })?;
-    }
-
-    let mut edges = BTreeMap::new();
-    for (r, region) in REGIONS.iter().enumerate() {
-        let config = EdgeConfig {
-            listen: format!("127.0.0.1:{}", topo.edge_port(r)).parse()?,
-            region: region.to_string(),
-            routers: topo.routers_from(r),
-            cluster_secret: secrets.cluster.clone(),
-            token_secret: secrets.token.clone(),
-            links: topo.links_from(r),
-            metrics_listen: format!("127.0.0.1:{}", topo.edge_metrics_port(r)),
-            telemetry: telemetry.clone(),
-            tls: tls(Role::Edge, region)?,
-            insecure_plaintext: !args.tls,
-            // The web chat app at every edge's own origin.
-            web_app: true,
-            ..EdgeConfig::default()
-        };
-        let path = write_config(&configs, &format!("edge-{region}"), &config)?;
-        sup.start(Spec {
-            name: format!("edge-{region}"),
-            args: vec!["edge".into(), "--config".into(), path],
-        })?;
-        edges.insert(region.to_string(), topo.edge(r));
-    }
+    let (consoles, admins) = plan.start_control_planes(&mut sup, &traces.query_url)?;
+    let edges = plan.start_edges(&mut sup)?;
 
     // dev.json promises working endpoints: every edge must accept first.
     for (r, region) in REGIONS.iter().enumerate() {
         wait_listening(topo.edge_port(r), &format!("the {region} edge")).await?;
     }
-    let targets = topo.metrics_targets(replicas);
-    let prometheus_url = if args.prometheus {
-        let url = prometheus::start(&mut sup, data, topo.prometheus_port(), &targets)?;
-        wait_listening(topo.prometheus_port(), "Prometheus").await?;
-        Some(url)
-    } else {
-        None
+    let targets = topo.metrics_targets(start::CONTROL_PLANE_REPLICAS);
+    let prometheus_url = match args.prometheus {
+        true => Some(prometheus::start(&mut sup, data, topo.prometheus_port(), &targets).await?),
+        false => None,
     };
-    let demo = demo::prepare(data, &routes, &topo, &secrets.cluster, &secrets.token)
-        .await?
-        .to_json();
-    // A signed-in link to the web app at the eu-west edge per demo user.
-    let web_links = demo["tokens"]
-        .as_object()
-        .into_iter()
-        .flatten()
-        .map(|(user, token)| (user.clone(), web_link(&topo.edge(0), token)))
-        .collect::<BTreeMap<_, _>>();
+    let (demo, web_links) = demo(data, &routes, &topo, &plan.secrets).await?;
     let mut info = serde_json::json!({
         "edges": edges,
         "cells": (0..REGIONS.len())
@@ -423,7 +231,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             .map(|(r, c)| (topo.cell_id(r, c), topo.cell(r, c)))
             .collect::<BTreeMap<_, _>>(),
         "routers": (0..REGIONS.len()).map(|r| topo.router_api(r)).collect::<Vec<_>>(),
-        "control_plane": {"replicas": replicas, "coordination": if args.etcd { "etcd" } else { "local" },
+        "control_plane": {"replicas": start::CONTROL_PLANE_REPLICAS, "coordination": if args.etcd { "etcd" } else { "local" },
             "consoles": consoles, "admin": admins},
         "console_url": consoles[0],
         "metrics": targets
@@ -432,7 +240,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             .collect::<BTreeMap<_, _>>(),
         "prometheus_url": prometheus_url,
         "traces": {"otlp": traces.endpoint, "query_url": traces.query_url, "sample_ratio": args.trace_ratio},
-        "cluster_secret": secrets.cluster,
+        "cluster_secret": plan.secrets.cluster,
         "tls": operator.enabled().then(|| serde_json::json!({
             "ca_file": operator.ca_file, "cert_file": operator.cert_file, "key_file": operator.key_file,
         })),
@@ -450,6 +258,35 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     )?;
     print_summary(&info, data);
 
+    supervise(data, (&links, &proxies), mock_kafka, &mut sup, &mut info).await?;
+    println!("dev: stopping every component");
+    tokio::task::spawn_blocking(move || sup.stop_all(Duration::from_secs(15))).await?;
+    drop(proxies);
+    println!("dev: stopped; data kept in {}", data.display());
+    Ok(())
+}
+
+/// The operator's TLS config (`tls/operator-admin.pem`), installed for
+/// this process's own calls (none without `--tls`).
+fn install_operator(pki: Option<&pki::Pki>) -> anyhow::Result<TlsConfig> {
+    let operator = match pki {
+        Some(pki) => pki.issue(&Peer::new(Role::Operator, "admin"))?,
+        None => TlsConfig::default(),
+    };
+    cellmesh_proto::tls::install(&operator).map_err(anyhow::Error::msg)?;
+    Ok(operator)
+}
+
+/// Until Ctrl-C: applies the partition file to the proxies, the mock
+/// Kafka's fault file to its brokers, restarts processes that exit, and
+/// keeps dev.json's pids current.
+async fn supervise(
+    data: &Path,
+    (links, proxies): (&[topology::Link], &[FaultProxy]),
+    mut mock_kafka: Option<kafka::MockKafka>,
+    sup: &mut Supervisor,
+    info: &mut serde_json::Value,
+) -> anyhow::Result<()> {
     let shutdown = cellmesh_proto::server::shutdown_signal();
     tokio::pin!(shutdown);
     let mut tick = tokio::time::interval(Duration::from_millis(200));
@@ -458,7 +295,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         tokio::select! {
             _ = &mut shutdown => break,
             _ = tick.tick() => {
-                apply_partition(data, &links, &proxies, &mut partitioned);
+                apply_partition(data, links, proxies, &mut partitioned);
                 if let Some(mock) = &mut mock_kafka {
                     mock.apply(data);
                 }
@@ -474,11 +311,27 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             }
         }
     }
-    println!("dev: stopping every component");
-    tokio::task::spawn_blocking(move || sup.stop_all(Duration::from_secs(15))).await?;
-    drop(proxies);
-    println!("dev: stopped; data kept in {}", data.display());
     Ok(())
+}
+
+/// The demo tenant (see [`demo::prepare`]) as JSON, and a signed-in link to
+/// the web app at the eu-west edge per demo user.
+async fn demo(
+    data: &Path,
+    routes: &RouteClient,
+    topo: &Topology,
+    secrets: &Secrets,
+) -> anyhow::Result<(serde_json::Value, BTreeMap<String, String>)> {
+    let demo = demo::prepare(data, routes, topo, &secrets.cluster, &secrets.token)
+        .await?
+        .to_json();
+    let web_links = demo["tokens"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(user, token)| (user.clone(), web_link(&topo.edge(0), token)))
+        .collect();
+    Ok((demo, web_links))
 }
 
 pub use cellmesh_chaos::target::PARTITION_FILE;
@@ -512,7 +365,9 @@ fn apply_partition(
     *current = wanted;
 }
 
-fn start_etcd(sup: &mut Supervisor, data: &Path, client: u16, peer: u16) -> anyhow::Result<()> {
+/// A local etcd on the topology's ports; its client URL.
+fn start_etcd(sup: &mut Supervisor, data: &Path, topo: &Topology) -> anyhow::Result<String> {
+    let (client, peer) = topo.etcd_ports();
     let dir = data.join("etcd");
     let client_url = format!("http://127.0.0.1:{client}");
     let peer_url = format!("http://127.0.0.1:{peer}");
@@ -535,7 +390,8 @@ fn start_etcd(sup: &mut Supervisor, data: &Path, client: u16, peer: u16) -> anyh
             "--initial-cluster".into(),
             format!("dev={peer_url}"),
         ],
-    )
+    )?;
+    Ok(format!("http://127.0.0.1:{client}"))
 }
 
 async fn connect_routes(topo: &Topology, secret: &str) -> anyhow::Result<RouteClient> {

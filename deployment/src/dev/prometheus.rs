@@ -36,8 +36,8 @@ pub fn config(targets: &[MetricsTarget]) -> serde_json::Value {
     })
 }
 
-/// Starts Prometheus on `port`; its URL.
-pub fn start(
+/// Starts Prometheus on `port` and waits until it listens; its URL.
+pub async fn start(
     sup: &mut Supervisor,
     data: &Path,
     port: u16,
@@ -66,6 +66,7 @@ pub fn start(
             "--storage.tsdb.retention.time=1d".into(),
         ],
     )?;
+    super::wait_listening(port, "Prometheus").await?;
     Ok(format!("http://{listen}"))
 }
 
