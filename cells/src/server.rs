@@ -338,9 +338,10 @@ pub async fn start_placed(
         clock.clone(),
         homes.clone(),
     ));
-    let cluster_version = routes
-        .as_ref()
-        .map(|r| r.read(|t| t.cluster_version.clone()));
+    let cluster_version = match &routes {
+        Some(routes) => Some(routes.cluster_version(CLUSTER_VERSION_WAIT).await),
+        None => None,
+    };
     let queue = open_queue(&config, &store, cluster_version).await?;
     let pipeline = crate::pipeline::spawn(
         &config,
@@ -666,6 +667,10 @@ async fn clean_moved(service: Arc<MessageService>, sync: Arc<SyncService>, grace
         }
     }
 }
+
+/// How long a cell of a cluster being formed waits for its cluster version
+/// before it takes the queue of a cluster without one.
+const CLUSTER_VERSION_WAIT: Duration = Duration::from_secs(10);
 
 /// The cell's event queue. The embedded one reads the outbox in place only
 /// once the cluster version says no process runs a release that could not

@@ -114,6 +114,26 @@ impl RouteClient {
         self.inner.events.subscribe()
     }
 
+    /// The cluster version. A cluster this release forms writes its version
+    /// right after its first election, so an empty version in a table with
+    /// no route yet is waited for (up to `wait`); an empty version beside
+    /// routes is that of a cluster formed before versions existed.
+    pub async fn cluster_version(&self, wait: Duration) -> String {
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut rx = self.inner.applied.subscribe();
+        loop {
+            let (version, formed) =
+                self.read(|t| (t.cluster_version.clone(), !t.routes.is_empty()));
+            if !version.is_empty() || formed {
+                return version;
+            }
+            match tokio::time::timeout_at(deadline, rx.changed()).await {
+                Ok(Ok(())) => continue,
+                _ => return version,
+            }
+        }
+    }
+
     /// Waits until the cache has applied `index`; false on timeout.
     pub async fn wait_applied(&self, index: u64, timeout: Duration) -> bool {
         let mut rx = self.inner.applied.subscribe();
