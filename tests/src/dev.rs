@@ -53,7 +53,8 @@ pub fn port_base() -> u16 {
         std::fs::create_dir_all(&dir).expect("a directory for port-base locks");
         let first = std::process::id() % 90;
         for slot in (0..90).map(|i| (first + i) % 90) {
-            let file = std::fs::File::create(dir.join(format!("{slot}.lock"))).expect("a lock file");
+            let file =
+                std::fs::File::create(dir.join(format!("{slot}.lock"))).expect("a lock file");
             // SAFETY: flock on a descriptor this function owns.
             if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
                 return (20_000 + slot as u16 * 130, file);

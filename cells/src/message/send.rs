@@ -9,7 +9,8 @@ use cellmesh_proto::storage::v1::{
     ConversationSeq, IdempotencyRecord, MessageRecord, OutboxEvent, OutboxKind, SeqJump,
 };
 use cellmesh_proto::v1::{
-    MessageState, MessageType, ReplicatedWrite, SendResponse, SkipReason, StoredMessage,
+    AttachmentRef, MessageState, MessageType, ReplicatedWrite, SendResponse, SkipReason,
+    StoredMessage,
 };
 
 use super::cache::SeqState;
@@ -33,6 +34,14 @@ pub struct SendCommand {
     pub attachments: Vec<u64>,
 }
 
+/// What a new message is made of besides its command.
+struct Draft<'a> {
+    key: &'a IdemKey,
+    attachments: Vec<AttachmentRef>,
+    visible_to: Vec<u64>,
+    now: u64,
+}
+
 impl MessageService {
     /// A send, in a `send` span when its call is traced.
     pub async fn send(&self, cmd: SendCommand) -> Result<SendResponse> {
@@ -51,7 +60,7 @@ impl MessageService {
         self.store_send(cmd).instrument(span).await
     }
 
-    async fn store_send(&self, cmd: SendCommand) -> Result<SendResponse> {
+    async fn store_send(&self, mut cmd: SendCommand) -> Result<SendResponse> {
         self.validate_send(&cmd)?;
         // Early refusal (and the caller's epoch); repeated under the lock.
         self.ownership.check(
@@ -108,91 +117,13 @@ impl MessageService {
         let now = self.now_ms();
         let (ticket, record, shipped) = {
             let mut state = conv.seq.lock().expect("sequencer lock");
-            // Checked again under the sequencer lock: once this cell sees a
-            // route frozen or moved, no further seq is assigned here (a
-            // migration seals the conversation on that).
-            let fence = self.ownership.check(
-                TenantId(cmd.caller.tenant),
-                ConversationId(cmd.conversation),
-                Epoch(0),
-            )?;
-            let floor = state.floor.max(fence.seq_floor);
-            let seq = state.latest.max(floor) + 1;
-            let jump = floor_jump(&state, floor, &fence);
-            if let Some(limit) = fence.seq_limit
-                && seq > limit
-            {
-                // The standbys get this conversation's mark in a round now.
-                self.marks
-                    .note(cmd.caller.tenant, cmd.conversation, seq - 1);
-                self.marks.wake();
-                return Err(CellError::RetryLater {
-                    reason: Reason::CheckpointBehind,
-                    message: format!(
-                        "seq {seq} would pass {limit}: this cell's standbys have not acknowledged its high-water mark"
-                    ),
-                    retry_after: std::time::Duration::from_millis(200),
-                });
-            }
-            let msg_id = self.next_id(now)?;
-            let record = IdempotencyRecord {
-                conversation_id: cmd.conversation,
-                msg_id,
-                seq,
-                server_ts_ms: now,
-                expires_at_ms: self.idempotency_expiry(now),
-            };
-            let message = MessageRecord {
-                msg_id,
-                sender_id: cmd.caller.user,
-                r#type: cmd.kind as i32,
-                body: cmd.body,
-                server_ts_ms: now,
-                state: MessageState::Normal as i32,
-                edited_at_ms: 0,
-                edit_version: 0,
-                visible_to: visible_to.clone(),
-                client_req_id: cmd.client_req_id.clone(),
+            let draft = Draft {
+                key: &key,
                 attachments,
+                visible_to,
+                now,
             };
-            m.put_message(cmd.conversation, seq, &message);
-            if let Some(jump) = &jump {
-                tracing::info!(
-                    conversation = cmd.conversation,
-                    first = jump.first,
-                    last = jump.last,
-                    epoch = jump.epoch,
-                    "seqs skipped above a failover floor"
-                );
-                // Ahead of the commit, as `latest` is (nothing below fails).
-                state.jumps.push(*jump);
-            }
-            m.put_conv_seq(
-                cmd.conversation,
-                &ConversationSeq {
-                    latest_seq: seq,
-                    seq_floor: floor,
-                    jumps: state.jumps.clone(),
-                },
-            );
-            m.put_idempotency(&key, &record);
-            // Whoever sends has read up to their own message.
-            m.raise_read_seq(cmd.conversation, cmd.caller.user, seq);
-            m.emit(&OutboxEvent {
-                kind: OutboxKind::Message as i32,
-                tenant_id: cmd.caller.tenant,
-                conversation_id: cmd.conversation,
-                seq,
-                msg_id,
-                user_id: cmd.caller.user,
-                server_ts_ms: now,
-                items: visible_to,
-                client_req_id: cmd.client_req_id.clone(),
-                idempotency_expires_at_ms: record.expires_at_ms,
-                traceparent: cellmesh_telemetry::trace::traceparent(&tracing::Span::current()),
-            });
-            state.latest = seq;
-            state.floor = floor;
+            let (record, message) = self.sequence(&mut state, &mut cmd, draft, &mut m)?;
             // Kept for the standbys only when they must have it first.
             let shipped = self
                 .replicator
@@ -225,6 +156,111 @@ impl MessageService {
         };
         leader.complete(record);
         Ok(response)
+    }
+
+    /// Under the conversation's sequencer lock (`state`): the decisive
+    /// ownership check (once this cell sees a route frozen or moved, no
+    /// further seq is assigned here: a migration seals the conversation on
+    /// that), the next seq above any failover floor and within what the
+    /// standbys have acknowledged, and the message, the conversation's seq,
+    /// the answer, the sender's read mark and the outbox event staged in
+    /// `m`. Takes the body out of `cmd`.
+    fn sequence(
+        &self,
+        state: &mut SeqState,
+        cmd: &mut SendCommand,
+        draft: Draft<'_>,
+        m: &mut Mutation,
+    ) -> Result<(IdempotencyRecord, MessageRecord)> {
+        let Draft {
+            key,
+            attachments,
+            visible_to,
+            now,
+        } = draft;
+        let fence = self.ownership.check(
+            TenantId(cmd.caller.tenant),
+            ConversationId(cmd.conversation),
+            Epoch(0),
+        )?;
+        let floor = state.floor.max(fence.seq_floor);
+        let seq = state.latest.max(floor) + 1;
+        let jump = floor_jump(state, floor, &fence);
+        if let Some(limit) = fence.seq_limit
+            && seq > limit
+        {
+            // The standbys get this conversation's mark in a round now.
+            self.marks
+                .note(cmd.caller.tenant, cmd.conversation, seq - 1);
+            self.marks.wake();
+            return Err(CellError::RetryLater {
+                reason: Reason::CheckpointBehind,
+                message: format!(
+                    "seq {seq} would pass {limit}: this cell's standbys have not acknowledged its high-water mark"
+                ),
+                retry_after: std::time::Duration::from_millis(200),
+            });
+        }
+        let msg_id = self.next_id(now)?;
+        let record = IdempotencyRecord {
+            conversation_id: cmd.conversation,
+            msg_id,
+            seq,
+            server_ts_ms: now,
+            expires_at_ms: self.idempotency_expiry(now),
+        };
+        let message = MessageRecord {
+            msg_id,
+            sender_id: cmd.caller.user,
+            r#type: cmd.kind as i32,
+            body: std::mem::take(&mut cmd.body),
+            server_ts_ms: now,
+            state: MessageState::Normal as i32,
+            edited_at_ms: 0,
+            edit_version: 0,
+            visible_to: visible_to.clone(),
+            client_req_id: cmd.client_req_id.clone(),
+            attachments,
+        };
+        m.put_message(cmd.conversation, seq, &message);
+        if let Some(jump) = &jump {
+            tracing::info!(
+                conversation = cmd.conversation,
+                first = jump.first,
+                last = jump.last,
+                epoch = jump.epoch,
+                "seqs skipped above a failover floor"
+            );
+            // Ahead of the commit, as `latest` is (nothing below fails).
+            state.jumps.push(*jump);
+        }
+        m.put_conv_seq(
+            cmd.conversation,
+            &ConversationSeq {
+                latest_seq: seq,
+                seq_floor: floor,
+                jumps: state.jumps.clone(),
+            },
+        );
+        m.put_idempotency(key, &record);
+        // Whoever sends has read up to their own message.
+        m.raise_read_seq(cmd.conversation, cmd.caller.user, seq);
+        m.emit(&OutboxEvent {
+            kind: OutboxKind::Message as i32,
+            tenant_id: cmd.caller.tenant,
+            conversation_id: cmd.conversation,
+            seq,
+            msg_id,
+            user_id: cmd.caller.user,
+            server_ts_ms: now,
+            items: visible_to,
+            client_req_id: cmd.client_req_id.clone(),
+            idempotency_expires_at_ms: record.expires_at_ms,
+            traceparent: cellmesh_telemetry::trace::traceparent(&tracing::Span::current()),
+        });
+        state.latest = seq;
+        state.floor = floor;
+        Ok((record, message))
     }
 
     /// For a `sync` tenant: returns once the standbys stored the message
