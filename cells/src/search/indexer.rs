@@ -46,6 +46,23 @@ pub fn text_of(record: &MessageRecord) -> Option<String> {
     (!text.trim().is_empty()).then_some(text)
 }
 
+/// The indexer under the pipeline's supervisor (restarted after an error).
+pub fn supervised(
+    search: Arc<Search>,
+    service: Arc<MessageService>,
+    queue: Arc<dyn EventQueue>,
+    group: String,
+) -> tokio::task::JoinHandle<()> {
+    crate::pipeline::supervise("search indexer", move || {
+        run(
+            search.clone(),
+            service.clone(),
+            queue.clone(),
+            group.clone(),
+        )
+    })
+}
+
 pub async fn run(
     search: Arc<Search>,
     messages: Arc<MessageService>,

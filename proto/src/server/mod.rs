@@ -14,6 +14,7 @@ use tonic_health::server::{HealthReporter, health_reporter};
 
 mod conn;
 pub use conn::{Conn, ConnInfo, HANDSHAKE, TlsSource, incoming_with};
+pub use tonic_health::server::HealthReporter as Reporter;
 
 /// Health and reflection services, with `S` reported as serving.
 /// Reflection is served as `v1` and as `v1alpha` (what standard clients

@@ -6,21 +6,14 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cellmesh_proto::server::standard_services;
-use cellmesh_proto::v1::attachments_server::AttachmentsServer;
-use cellmesh_proto::v1::backups_server::BackupsServer;
-use cellmesh_proto::v1::cell_peer_server::CellPeerServer;
-use cellmesh_proto::v1::messaging_server::MessagingServer;
-use cellmesh_proto::v1::sync_server::SyncServer;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::clock::{Clock, SystemClock};
 use crate::config::QueueBackend;
-use crate::config::{CellConfig, ConfigError, REQUEST_OVERHEAD_BYTES};
+use crate::config::{CellConfig, ConfigError};
 use crate::error::CellError;
-use crate::grpc::{AttachmentsApi, BackupsApi, MessagingApi, PeerApi, SyncApi};
 use crate::homes::Homes;
 use crate::homes::StaticHomes;
 use crate::hwm::HighWaterMarks;
@@ -32,13 +25,19 @@ use crate::storage::{StorageError, Store};
 use crate::sync::{Hub, SyncService};
 use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_route_client::client::RouteClient;
-use cellmesh_route_client::commands::register_cell;
-use tonic::service::interceptor::InterceptedService;
 
 /// File in the data directory holding the address the cell listens on, for
 /// supervisors and scripts that started it on port 0; written once the cell
 /// serves (and, when routed, is registered in the route table).
 pub const ADDR_FILE: &str = "cell.addr";
+
+mod apis;
+mod background;
+mod open;
+mod register;
+
+use background::Background;
+use open::{Opened, open};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -267,77 +266,17 @@ pub async fn start_placed(
         routes,
         marks,
     } = placement;
-    config.validate()?;
-    cellmesh_proto::tls::install(&config.tls).map_err(StartError::Tls)?;
-    std::fs::create_dir_all(&config.data_dir)?;
-    let store = Store::open(&config.data_dir.join("db"), &config.storage)?;
-    marks.attach(&store);
-    store
-        .failpoints()
-        .clone()
-        .watch(config.data_dir.join("failpoints"));
-    let config = Arc::new(config);
-    let replicator = Arc::new(crate::replication::Replicator::start(
-        &config,
-        homes.clone(),
-        store.clone(),
-    ));
-    let coordination = connect_coordination(&config.routing).await?;
-    let cold = match config.tiering.enabled {
-        true => Some(Arc::new(
-            crate::cold::ColdTier::open(
-                &config.tiering,
-                &config.data_dir,
-                crate::cold::journal::Journal::new(coordination.clone(), &config.cell_id),
-            )
-            .map_err(StartError::ColdTier)?,
-        )),
-        false => None,
-    };
-    // A standalone cell (no region in its id) keeps its files as "local".
-    let region = match config.cell_id.split_once('/') {
-        Some((region, _)) if !region.is_empty() => region,
-        _ => "local",
-    };
-    let attachments =
-        crate::attachments::Attachments::open(&config.attachments, &config.data_dir, region)
-            .map_err(StartError::Attachments)?;
-    let files = match &attachments {
-        Some(a) => a.serve(clock.clone()).await?,
-        None => None,
-    };
+    let Opened {
+        config,
+        store,
+        coordination,
+        service,
+        search,
+        files,
+        hub,
+        sync,
+    } = open(config, ownership, homes.clone(), &marks, clock.clone()).await?;
     let files_addr = files.as_ref().map(|(a, _)| *a);
-    let search = (config.search.enabled).then(|| {
-        Arc::new(crate::search::Search::new(
-            &config.data_dir,
-            config.search.clone(),
-        ))
-    });
-    let service = Arc::new(
-        MessageService::new(
-            store.clone(),
-            config.clone(),
-            ownership,
-            clock.clone(),
-            replicator,
-            marks.clone(),
-        )?
-        .with_cold(cold)
-        .with_attachments(attachments)
-        .with_search(search.clone()),
-    );
-    let hub = Arc::new(Hub::new(
-        config.sync.presence_window_secs * 1000,
-        config.sync.max_streams_per_user as usize,
-    ));
-    let sync = Arc::new(SyncService::new(
-        store.clone(),
-        hub.clone(),
-        service.clone(),
-        config.clone(),
-        clock.clone(),
-        homes.clone(),
-    ));
     let cluster_version = match &routes {
         Some(routes) => Some(routes.cluster_version(CLUSTER_VERSION_WAIT).await),
         None => None,
@@ -354,16 +293,12 @@ pub async fn start_placed(
     let mut workers = pipeline.workers;
     if let Some(search) = search {
         let group = crate::search::indexer::group(&config.processor_group());
-        let service = service.clone();
-        workers.push(crate::pipeline::supervise("search indexer", move || {
-            let (search, service, queue, group) = (
-                search.clone(),
-                service.clone(),
-                queue.clone(),
-                group.clone(),
-            );
-            crate::search::indexer::run(search, service, queue, group)
-        }));
+        workers.push(crate::search::indexer::supervised(
+            search,
+            service.clone(),
+            queue,
+            group,
+        ));
     }
     let listener = TcpListener::bind(config.listen)
         .await
@@ -373,113 +308,38 @@ pub async fn start_placed(
         })?;
     let addr = listener.local_addr()?;
 
-    let standard = standard_services::<MessagingServer<MessagingApi>>(&[
-        <AttachmentsServer<AttachmentsApi> as tonic::server::NamedService>::NAME,
-        <BackupsServer<BackupsApi> as tonic::server::NamedService>::NAME,
-        <SyncServer<SyncApi> as tonic::server::NamedService>::NAME,
-        <CellPeerServer<PeerApi> as tonic::server::NamedService>::NAME,
-    ])
-    .await
-    .map_err(|e| StartError::Grpc(e.to_string()))?;
-    // A store that failed a write refuses every later one: say so to
-    // probes, so that the control plane fails this cell over.
-    tokio::spawn({
-        let (reporter, store) = (standard.reporter.clone(), Arc::downgrade(&store));
-        async move {
-            while let Some(store) = store.upgrade() {
-                if let Some(reason) = store.failed() {
-                    tracing::error!(%reason, "storage failed: reporting NOT_SERVING");
-                    cellmesh_proto::server::report_not_serving(&reporter).await;
-                    return;
-                }
-                drop(store);
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        }
-    });
-    let max_message = config.limits.max_body_bytes + REQUEST_OVERHEAD_BYTES;
-    let secret = ClusterSecret::new(&config.routing.cluster_secret);
-    let guard = |secret: ClusterSecret| move |r| secret.check(r);
-    let messaging = InterceptedService::new(
-        MessagingServer::new(MessagingApi::new(service.clone()))
-            .max_decoding_message_size(max_message),
-        guard(secret.clone()),
-    );
-    standard.reporter.set_serving::<SyncServer<SyncApi>>().await;
-    let attachments_api = InterceptedService::new(
-        AttachmentsServer::new(AttachmentsApi::new(service.clone())),
-        guard(secret.clone()),
-    );
-    let backups = crate::backup::Backups::open(&config.backup, &config.cell_id, &config.data_dir)
-        .map_err(|e| StartError::Backups(e.to_string()))?;
-    let backups_api = InterceptedService::new(
-        BackupsServer::new(BackupsApi::new(Arc::new(backups), service.clone())),
-        guard(secret.clone()),
-    );
-    let sync_api = InterceptedService::new(
-        SyncServer::new(SyncApi::new(sync.clone())),
-        guard(secret.clone()),
-    );
     crate::metrics::register();
     let metrics = cellmesh_telemetry::admin::serve_configured(&config.metrics_listen)
         .await
         .map_err(StartError::Metrics)?;
-    let metrics_address = metrics
-        .as_ref()
-        .map(|(bound, _)| reachable(*bound, &config.routing.advertise))
-        .unwrap_or_default();
-    let (closing_tx, closing_rx) = tokio::sync::watch::channel(false);
-    let peer_api = InterceptedService::new(
-        CellPeerServer::new(
-            PeerApi::new(
-                pipeline.inbound,
-                service.clone(),
-                sync.clone(),
-                secret.clone(),
-            )
-            .with_metrics_address(metrics_address)
-            .with_closing(closing_rx),
-        )
-        .max_decoding_message_size(64 * 1024 * 1024),
-        guard(secret.clone()),
-    );
+    let (closing_tx, closing) = tokio::sync::watch::channel(false);
+    let apis = apis::Apis {
+        service: service.clone(),
+        sync: sync.clone(),
+        inbound: pipeline.inbound,
+        metrics_address: (metrics.as_ref())
+            .map(|(bound, _)| reachable(*bound, &config.routing.advertise))
+            .unwrap_or_default(),
+        closing,
+    };
+    let (routes_served, reporter) = apis.routes(&config).await?;
+    background::report_storage_failure(reporter, &store);
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let (drain, drain_limit) = (
         pipeline.drain.clone(),
         Duration::from_millis(config.fanout.drain_on_stop_ms),
     );
-    let maintenance = tokio::spawn(maintain(service.clone(), hub.clone(), clock));
-    let tierer = tokio::spawn(crate::message::run_tierer(Arc::downgrade(&service)));
-    let sweeper = tokio::spawn(sweep_uploads(
-        Arc::downgrade(&service),
-        Duration::from_millis(config.attachments.sweep_interval_ms),
-        Duration::from_secs(config.attachments.quota_sync_secs),
-    ));
-    let cleanup = tokio::spawn(clean_moved(
-        service.clone(),
-        sync.clone(),
-        Duration::from_secs(config.routing.cleanup_grace_secs),
-    ));
+    let background = Background::spawn(&config, &service, &sync, &hub, clock);
     let (begun, draining) = stop_gracefully(stop_rx, drain, drain_limit, hub.clone(), closing_tx);
     let task = tokio::spawn(async move {
         let served = cellmesh_proto::server::builder()
             .layer(cellmesh_telemetry::server::ServerLayer)
-            .add_service(standard.health)
-            .add_service(standard.reflection)
-            .add_service(standard.reflection_v1alpha)
-            .add_service(messaging)
-            .add_service(sync_api)
-            .add_service(attachments_api)
-            .add_service(backups_api)
-            .add_service(peer_api)
+            .add_routes(routes_served)
             .serve_with_incoming_shutdown(cellmesh_proto::server::incoming(listener), begun)
             .await;
         // The drain holds the store: it ends before the store closes.
         let _ = draining.await;
-        maintenance.abort();
-        tierer.abort();
-        sweeper.abort();
-        cleanup.abort();
+        background.abort();
         if let Some((_, files)) = files {
             files.abort();
         }
@@ -494,42 +354,12 @@ pub async fn start_placed(
         tracing::info!("cell stopped");
         served.map_err(|e| StartError::Grpc(e.to_string()))
     });
-    let mut registration = None;
-    if let Some(routes) = routes {
-        let advertise = if config.routing.advertise.is_empty() {
-            format!("http://{addr}")
-        } else {
-            config.routing.advertise.clone()
-        };
-        // A standalone cell (no region in its id) keeps its files as "local".
-        let region = match config.cell_id.split_once('/') {
-            Some((region, _)) if !region.is_empty() => region,
-            _ => "local",
-        };
-        routes
-            .apply(register_cell(&config.cell_id, region, &advertise))
-            .await
-            .map_err(|e| StartError::Routing(format!("cannot register: {}", e.message())))?;
-        routes.report_process("cell", &config.cell_id, &advertise);
-        routes.keep_cell_release(&config.cell_id, region, &advertise);
-        if let Some(etcd) = coordination.filter(|_| !config.routing.etcd_endpoints.is_empty()) {
-            use cellmesh_coord::CELLS_PREFIX;
-            let lease = etcd
-                .register(
-                    &format!("{CELLS_PREFIX}{}", config.cell_id),
-                    &advertise,
-                    Duration::from_millis(config.routing.lease_ttl_ms),
-                )
-                .await
-                .map_err(|e| StartError::Routing(e.to_string()))?;
-            registration = Some(lease);
+    let registration = match routes {
+        Some(routes) => {
+            register::register(&config, routes, marks, coordination, &service, addr).await?
         }
-        let rounds = crate::hwm::round::Rounds::new(marks, routes, &config);
-        tokio::spawn(rounds.run(
-            Duration::from_millis(config.routing.checkpoint_interval_ms),
-            Arc::downgrade(&service),
-        ));
-    }
+        None => None,
+    };
     // Written once the cell serves and is registered: whoever waits for
     // the file finds the cell in the route table.
     write_addr_file(&config, addr)?;
@@ -589,83 +419,6 @@ fn write_addr_file(config: &CellConfig, addr: SocketAddr) -> std::io::Result<()>
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, addr.to_string())?;
     std::fs::rename(tmp, path)
-}
-
-/// Indexes open uploads once, then copies files that came from other
-/// regions every second, asks the other cells for the bytes of the tenants
-/// with a quota every `quota_sync`, and sweeps expired uploads and
-/// recalled files every `sweep` while the service lives.
-async fn sweep_uploads(
-    service: std::sync::Weak<MessageService>,
-    sweep: Duration,
-    quota_sync: Duration,
-) {
-    // A store from before the open-upload index gets it, once.
-    if let Some(service) = service.upgrade() {
-        match service.store().index_open_uploads().await {
-            Ok(0) => {}
-            Ok(n) => tracing::info!(indexed = n, "open uploads indexed"),
-            Err(e) => tracing::warn!(error = %e, "indexing open uploads failed"),
-        }
-    }
-    let mut last_sweep = tokio::time::Instant::now();
-    let mut last_quota_sync: Option<tokio::time::Instant> = None;
-    loop {
-        tokio::time::sleep(sweep.min(Duration::from_secs(1))).await;
-        let Some(service) = service.upgrade() else {
-            return;
-        };
-        if !quota_sync.is_zero() && last_quota_sync.is_none_or(|at| at.elapsed() >= quota_sync) {
-            last_quota_sync = Some(tokio::time::Instant::now());
-            service.sync_quotas().await;
-        }
-        match service.copy_foreign_files().await {
-            Ok(0) => {}
-            Ok(n) => tracing::info!(copied = n, "files copied in from other regions"),
-            Err(e) => tracing::warn!(error = %e, "copying files in failed"),
-        }
-        if last_sweep.elapsed() < sweep {
-            continue;
-        }
-        last_sweep = tokio::time::Instant::now();
-        match service.sweep_uploads().await {
-            Ok(0) => {}
-            Ok(n) => tracing::info!(swept = n, "uploads swept"),
-            Err(e) => tracing::warn!(error = %e, "upload sweep failed"),
-        }
-    }
-}
-
-async fn maintain(service: Arc<MessageService>, hub: Arc<Hub>, clock: Arc<dyn Clock>) {
-    let mut tick = tokio::time::interval(Duration::from_secs(60));
-    loop {
-        tick.tick().await;
-        service.maintain();
-        hub.prune(clock.now_ms());
-    }
-}
-
-/// Drops this cell's copies of what moved away, once `grace` has passed
-/// (0: keep them).
-async fn clean_moved(service: Arc<MessageService>, sync: Arc<SyncService>, grace: Duration) {
-    // Tenants sealed whole before a restart, their keys not yet marked.
-    if let Err(e) = sync.expand_sealed_tenants().await {
-        tracing::warn!(error = %e, "marking sealed tenants' keys failed");
-    }
-    if grace.is_zero() {
-        return;
-    }
-    let mut tick =
-        tokio::time::interval((grace / 4).clamp(Duration::from_secs(1), Duration::from_secs(60)));
-    loop {
-        tick.tick().await;
-        if let Err(e) = service.clean_moved(grace).await {
-            tracing::warn!(error = %e, "cleaning up moved conversations failed");
-        }
-        if let Err(e) = sync.clean_moved_users(grace).await {
-            tracing::warn!(error = %e, "cleaning up moved user homes failed");
-        }
-    }
 }
 
 /// How long a cell of a cluster being formed waits for its cluster version

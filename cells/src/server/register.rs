@@ -1,0 +1,68 @@
+//! A routed cell's place in the deployment once it serves: its entry in
+//! the route table (address, region, release), its lease in etcd when the
+//! deployment has one, and the rounds that ship its high-water marks to
+//! its standbys.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cellmesh_route_client::client::RouteClient;
+use cellmesh_route_client::commands::register_cell;
+
+use super::StartError;
+use crate::config::CellConfig;
+use crate::hwm::HighWaterMarks;
+use crate::message::MessageService;
+
+/// The cell's region: the part of its id before `/` (a standalone cell,
+/// with no region in its id, is "local").
+pub(super) fn region(config: &CellConfig) -> &str {
+    match config.cell_id.split_once('/') {
+        Some((region, _)) if !region.is_empty() => region,
+        _ => "local",
+    }
+}
+
+/// Registers the cell serving on `addr` and starts its mark rounds; the
+/// etcd lease it holds while it serves, if any.
+pub(super) async fn register(
+    config: &Arc<CellConfig>,
+    routes: RouteClient,
+    marks: Arc<HighWaterMarks>,
+    coordination: Option<Arc<dyn cellmesh_coord::Coordination>>,
+    service: &Arc<MessageService>,
+    addr: SocketAddr,
+) -> Result<Option<cellmesh_coord::Lease>, StartError> {
+    let advertise = if config.routing.advertise.is_empty() {
+        format!("http://{addr}")
+    } else {
+        config.routing.advertise.clone()
+    };
+    let region = region(config);
+    routes
+        .apply(register_cell(&config.cell_id, region, &advertise))
+        .await
+        .map_err(|e| StartError::Routing(format!("cannot register: {}", e.message())))?;
+    routes.report_process("cell", &config.cell_id, &advertise);
+    routes.keep_cell_release(&config.cell_id, region, &advertise);
+    let mut registration = None;
+    if let Some(etcd) = coordination.filter(|_| !config.routing.etcd_endpoints.is_empty()) {
+        use cellmesh_coord::CELLS_PREFIX;
+        let lease = etcd
+            .register(
+                &format!("{CELLS_PREFIX}{}", config.cell_id),
+                &advertise,
+                Duration::from_millis(config.routing.lease_ttl_ms),
+            )
+            .await
+            .map_err(|e| StartError::Routing(e.to_string()))?;
+        registration = Some(lease);
+    }
+    let rounds = crate::hwm::round::Rounds::new(marks, routes, config);
+    tokio::spawn(rounds.run(
+        Duration::from_millis(config.routing.checkpoint_interval_ms),
+        Arc::downgrade(service),
+    ));
+    Ok(registration)
+}
