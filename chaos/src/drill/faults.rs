@@ -9,7 +9,7 @@ use cellmesh_proto::ids::{ConversationId, TenantId};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cellmesh_control_plane::migration::{MigrationOptions, MigrationReport, Migrator, StopPoint};
+use cellmesh_control_plane::migration::{MigrationOptions, MigrationReport, Migrator};
 use cellmesh_coord::etcd::EtcdCoordination;
 use cellmesh_coord::local::LocalCoordination;
 use cellmesh_coord::{CONTROL_PLANE_ELECTION, Coordination};
@@ -99,7 +99,7 @@ pub struct Injector {
 }
 
 /// Refuses a fault this build cannot inject.
-fn needs_failpoints() -> anyhow::Result<()> {
+pub(super) fn needs_failpoints() -> anyhow::Result<()> {
     anyhow::ensure!(
         cellmesh_cell::failpoints::ENABLED,
         "this build has no fail points: build cellmesh with `--features failpoints` (and run `cellmesh dev` from it)"
@@ -113,6 +113,19 @@ pub(super) fn signal(pid: i32, sig: libc::c_int) {
 }
 
 impl Injector {
+    /// An injector over the drill's `conversations`, its choices drawn
+    /// from `seed`.
+    pub fn new(dev: Arc<DevTarget>, conversations: Vec<u64>, seed: u64) -> Self {
+        Self {
+            dev,
+            conversations,
+            epoch: Instant::now(),
+            rng: rand::SeedableRng::seed_from_u64(seed),
+            moves: Vec::new(),
+            move_kills: 0,
+        }
+    }
+
     pub async fn inject(&mut self, kind: FaultKind) -> anyhow::Result<Fault> {
         let at_ms = now_ms(self.epoch);
         let mut fault = Fault {
@@ -124,37 +137,7 @@ impl Injector {
             recovered_ms: None,
         };
         match kind {
-            FaultKind::CellKill | FaultKind::CellHang => {
-                let mut cells = self.dev.cell_pids()?;
-                anyhow::ensure!(!cells.is_empty(), "no cells in dev.json");
-                // Half the time, a cell that owns drill conversations.
-                if self.rng.random_bool(0.5) {
-                    let mut owners = Vec::new();
-                    for &c in &self.conversations {
-                        owners.push(self.owner(c).await?);
-                    }
-                    let owning: Vec<_> = cells
-                        .iter()
-                        .filter(|(name, _)| owners.contains(name))
-                        .cloned()
-                        .collect();
-                    if !owning.is_empty() {
-                        cells = owning;
-                    }
-                }
-                let (name, pid) = cells[self.rng.random_range(0..cells.len())].clone();
-                fault.affected = self.owned_by(&name).await?;
-                fault.target = name;
-                if matches!(kind, FaultKind::CellKill) {
-                    signal(pid, libc::SIGKILL);
-                    fault.kind = "kill (SIGKILL)".into();
-                } else {
-                    signal(pid, libc::SIGSTOP);
-                    tokio::time::sleep(Duration::from_secs(3)).await;
-                    signal(pid, libc::SIGCONT);
-                    fault.kind = "hang 3s (SIGSTOP/SIGCONT)".into();
-                }
-            }
+            FaultKind::CellKill | FaultKind::CellHang => self.cell_fault(&mut fault, kind).await?,
             FaultKind::Migrate => {
                 let conversation = self.pick();
                 fault.kind = "migrate".into();
@@ -174,37 +157,7 @@ impl Injector {
                 self.move_kills += 1;
                 self.tenant_move(&mut fault, Some(end)).await?
             }
-            FaultKind::RouterLeaderKill => {
-                let region = self.router_leader().await?;
-                fault.kind = "kill the route table's Raft leader (SIGKILL)".into();
-                fault.target = format!("router-{region}");
-                signal(self.dev.pid(&fault.target)?, libc::SIGKILL);
-                fault.affected = self.conversations.clone();
-                // Whole again when a linearizable lookup (a leader with a
-                // quorum) answers.
-                let key = Key::conversation(
-                    TenantId(self.dev.tenant),
-                    ConversationId(self.conversations[0]),
-                );
-                let deadline = Instant::now() + Duration::from_secs(30);
-                while Instant::now() < deadline {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    let Ok(routes) = self.dev.routes().await else {
-                        continue;
-                    };
-                    let read = routes.resolve_linearizable(&key);
-                    if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(1), read).await {
-                        fault.recovered_ms = Some(now_ms(self.epoch));
-                        break;
-                    }
-                }
-                fault.detail = match fault.recovered_ms {
-                    Some(ms) => {
-                        format!("linearizable lookups answer again after {} ms", ms - at_ms)
-                    }
-                    None => "no linearizable lookup answered within 30 s".into(),
-                };
-            }
+            FaultKind::RouterLeaderKill => self.router_leader_kill(&mut fault).await?,
             FaultKind::RouterLeaderHang { hold } => {
                 let region = self.router_leader().await?;
                 fault.kind = format!(
@@ -220,48 +173,7 @@ impl Injector {
                 fault.recovered_ms = Some(now_ms(self.epoch));
             }
             FaultKind::FailPoint { what, spec, hold } => {
-                needs_failpoints()?;
-                // Every cell owning a drill conversation: all of them are hit.
-                let routes = self.dev.routes().await?;
-                let mut cells: Vec<String> = routes.read(|t| {
-                    self.conversations
-                        .iter()
-                        .filter_map(|&c| {
-                            t.resolve(&Key::conversation(
-                                TenantId(self.dev.tenant),
-                                ConversationId(c),
-                            ))
-                            .map(|r| r.entry.cell)
-                        })
-                        .collect()
-                });
-                cells.sort();
-                cells.dedup();
-                fault.affected = self.conversations.clone();
-                fault.kind = format!("{what} for {} ms ({spec})", hold.as_millis());
-                fault.target = cells.join(",");
-                let files: Vec<_> = cells
-                    .iter()
-                    .map(|c| self.dev.dir().join(c.replace('/', "-")).join("failpoints"))
-                    .collect();
-                for f in &files {
-                    std::fs::write(f, format!("{spec}\n"))?;
-                }
-                tokio::time::sleep(hold).await;
-                for f in &files {
-                    std::fs::remove_file(f).ok();
-                }
-                fault.detail = "cleared".into();
-                if spec.starts_with("queue.") {
-                    // Fan-out resumes: the outbox the outage filled drains.
-                    let (lag, drained) = self.drain_outboxes(&cells).await?;
-                    fault.detail = format!("cleared; outbox backlog {lag} drained");
-                    anyhow::ensure!(
-                        drained,
-                        "the outbox of {cells:?} did not drain within 30 s after the queue outage"
-                    );
-                }
-                fault.recovered_ms = Some(now_ms(self.epoch));
+                self.fail_point(&mut fault, what, spec, hold).await?
             }
             FaultKind::RegionPartition { region, hold } => {
                 fault.kind = format!("partition for {} ms", hold.as_millis());
@@ -273,154 +185,11 @@ impl Injector {
                 fault.recovered_ms = Some(now_ms(self.epoch));
                 fault.detail = "healed".into();
             }
-            FaultKind::MigrationSourceKill => {
-                let conversation = self.pick();
-                let source = self.owner(conversation).await?;
-                fault.kind = "migrate, SIGKILL the source mid-copy, resume".into();
-                fault.affected = vec![conversation];
-                // Throttled so the kill lands inside the copy.
-                let options = MigrationOptions {
-                    round_messages: 200,
-                    pause: Duration::from_millis(100),
-                    ..MigrationOptions::default()
-                };
-                let dev = self.dev.clone();
-                let to = self.other_cell(&source).await?;
-                let moving = {
-                    let to = to.clone();
-                    tokio::spawn(async move {
-                        let routes = dev.routes().await?;
-                        Migrator::new(routes, dev.secret(), options)
-                            .migrate_conversation(dev.tenant, conversation, &to, |_| {})
-                            .await
-                            .map_err(anyhow::Error::from)
-                    })
-                };
-                tokio::time::sleep(Duration::from_millis(self.rng.random_range(20..400))).await;
-                signal(self.dev.pid(&source.replace('/', "-"))?, libc::SIGKILL);
-                let first = match moving.await? {
-                    Ok(r) => {
-                        self.moved(&r);
-                        format!(
-                            "finished before the kill took effect ({} ms)",
-                            r.total.as_millis()
-                        )
-                    }
-                    Err(e) => format!("interrupted: {e}"),
-                };
-                fault.target = format!("{source} -> {to}");
-                fault.detail = format!("{first}; then {}", self.resume(conversation, &to).await);
-            }
-            FaultKind::MigrationTargetCrash => {
-                needs_failpoints()?;
-                let conversation = self.pick();
-                let source = self.owner(conversation).await?;
-                let to = self.other_cell(&source).await?;
-                fault.kind = "migrate; the target crashes after storing a chunk; resume".into();
-                fault.target = format!("{source} -> {to}");
-                fault.affected = vec![conversation];
-                let file = self.dev.dir().join(to.replace('/', "-")).join("failpoints");
-                std::fs::write(&file, "migration.copy_stored=abort\n")?;
-                // The cell reads its fail points every 100 ms.
-                tokio::time::sleep(Duration::from_millis(300)).await;
-                let routes = self.dev.routes().await?;
-                let first = Migrator::new(routes, self.dev.secret(), MigrationOptions::default())
-                    .migrate_conversation(self.dev.tenant, conversation, &to, |_| {})
-                    .await;
-                std::fs::remove_file(&file).ok();
-                let first = match first {
-                    Ok(r) => {
-                        self.moved(&r);
-                        "the move finished: the target did not crash".to_string()
-                    }
-                    Err(e) => format!("interrupted: {e}"),
-                };
-                // The supervisor restarts the target; the move resumes from
-                // what it stored.
-                fault.detail = format!("{first}; then {}", self.resume(conversation, &to).await);
-                fault.recovered_ms = Some(now_ms(self.epoch));
-            }
-            FaultKind::BrokerOutage { hold } => {
-                anyhow::ensure!(
-                    self.dev.kafka_mock(),
-                    "broker-outage needs a deployment started with `cellmesh dev --kafka mock`"
-                );
-                let file = self.dev.dir().join(crate::target::KAFKA_FILE);
-                fault.kind = format!("kafka broker down for {} ms", hold.as_millis());
-                fault.target = "broker 1".into();
-                fault.affected = self.conversations.clone();
-                std::fs::write(&file, r#"{"down": [1]}"#)?;
-                tokio::time::sleep(hold).await;
-                std::fs::write(&file, r#"{"down": []}"#)?;
-                let routes = self.dev.routes().await?;
-                let mut cells: Vec<String> = routes.read(|t| t.cells.keys().cloned().collect());
-                cells.sort();
-                // Fan-out resumes: every cell's outbox drains.
-                let (lag, drained) = self.drain_outboxes(&cells).await?;
-                fault.recovered_ms = Some(now_ms(self.epoch));
-                fault.detail = format!("up again; outbox backlog {lag} drained");
-                anyhow::ensure!(
-                    drained,
-                    "the outboxes did not drain within 30 s after the broker came back"
-                );
-            }
+            FaultKind::MigrationSourceKill => self.migration_source_kill(&mut fault).await?,
+            FaultKind::MigrationTargetCrash => self.migration_target_crash(&mut fault).await?,
+            FaultKind::BrokerOutage { hold } => self.broker_outage(&mut fault, hold).await?,
             FaultKind::ControlPlaneKillMidMigration => {
-                let conversation = self.pick();
-                let stop = [
-                    StopPoint::Planned,
-                    StopPoint::Copied,
-                    StopPoint::Frozen,
-                    StopPoint::Sealed,
-                ][self.rng.random_range(0..4)];
-                let source = self.owner(conversation).await?;
-                let to = self.other_cell(&source).await?;
-                fault.kind = format!(
-                    "migration stops after {stop:?}; SIGKILL the control-plane leader; resume"
-                );
-                fault.affected = vec![conversation];
-                fault.target = format!("{source} -> {to}");
-                let routes = self.dev.routes().await?;
-                let stopped = Migrator::new(
-                    routes,
-                    self.dev.secret(),
-                    MigrationOptions {
-                        stop_after: Some(stop),
-                        ..MigrationOptions::default()
-                    },
-                )
-                .migrate_conversation(self.dev.tenant, conversation, &to, |_| {})
-                .await;
-                let leader = self.control_plane_leader().await;
-                let killed = match &leader {
-                    Some(name) => {
-                        signal(self.dev.pid(name)?, libc::SIGKILL);
-                        let deadline = Instant::now() + Duration::from_secs(30);
-                        while Instant::now() < deadline {
-                            if self
-                                .control_plane_leader()
-                                .await
-                                .is_some_and(|l| &l != name)
-                            {
-                                fault.recovered_ms = Some(now_ms(self.epoch));
-                                break;
-                            }
-                            tokio::time::sleep(Duration::from_millis(50)).await;
-                        }
-                        format!("killed {name}")
-                    }
-                    None => "no control-plane leader to kill".into(),
-                };
-                let stopped = match stopped {
-                    Ok(r) => {
-                        self.moved(&r);
-                        "the migration finished before its stop point".to_string()
-                    }
-                    Err(e) => e.to_string(),
-                };
-                fault.detail = format!(
-                    "{stopped}; {killed}; then {}",
-                    self.resume(conversation, &to).await
-                );
+                self.control_plane_kill_mid_migration(&mut fault).await?
             }
         }
         Ok(fault)
@@ -460,7 +229,7 @@ impl Injector {
     /// Waits (up to 30 s) until the outboxes of `cells` are nearly empty
     /// (senders keep writing); the largest backlog seen, and whether they
     /// drained.
-    async fn drain_outboxes(&self, cells: &[String]) -> anyhow::Result<(u64, bool)> {
+    pub(super) async fn drain_outboxes(&self, cells: &[String]) -> anyhow::Result<(u64, bool)> {
         let routes = self.dev.routes().await?;
         let addresses: Vec<String> = routes.read(|t| {
             cells
@@ -526,7 +295,7 @@ impl Injector {
     }
 
     /// Moves `conversation` live to a random other cell; what happened.
-    async fn migrate(&mut self, conversation: u64, options: MigrationOptions) -> String {
+    pub(super) async fn migrate(&mut self, conversation: u64, options: MigrationOptions) -> String {
         let attempt = async {
             let owner = self.owner(conversation).await?;
             let to = self.other_cell(&owner).await?;
@@ -562,7 +331,7 @@ impl Injector {
 
     /// Runs the interrupted move again (its state is in the route table)
     /// until it finishes, is refused, or 30 s pass.
-    async fn resume(&mut self, conversation: u64, to: &str) -> String {
+    pub(super) async fn resume(&mut self, conversation: u64, to: &str) -> String {
         let deadline = Instant::now() + Duration::from_secs(30);
         let mut last = String::new();
         while Instant::now() < deadline {
@@ -597,7 +366,7 @@ impl Injector {
     }
 
     /// The region of the route table's leader.
-    async fn router_leader(&self) -> anyhow::Result<String> {
+    pub(super) async fn router_leader(&self) -> anyhow::Result<String> {
         let secret = self.dev.secret();
         for endpoint in &self.dev.routers {
             if let Ok(s) = cellmesh_control_plane::status::router_status(endpoint, &secret).await
@@ -609,7 +378,7 @@ impl Injector {
         anyhow::bail!("no router reports itself leader")
     }
 
-    async fn control_plane_leader(&self) -> Option<String> {
+    pub(super) async fn control_plane_leader(&self) -> Option<String> {
         let coordination: Box<dyn Coordination> = if self.dev.etcd.is_empty() {
             Box::new(LocalCoordination::open(&self.dev.dir().join("coordination")).ok()?)
         } else {

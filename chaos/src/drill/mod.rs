@@ -12,6 +12,7 @@
 mod devices;
 mod faults;
 mod files;
+mod inject;
 mod move_failover;
 mod report;
 mod tenant_moves;
@@ -272,25 +273,10 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
         neighbour.tenant,
     );
 
-    let mut injector = Injector {
-        dev: dev.clone(),
-        conversations: workload.conversations.clone(),
-        epoch: Instant::now(),
-        rng: StdRng::seed_from_u64(seed),
-        moves: Vec::new(),
-        move_kills: 0,
-    };
+    let mut injector = Injector::new(dev.clone(), workload.conversations.clone(), seed);
     let region = partitioned_region(&mut StdRng::seed_from_u64(seed));
     if let Scenario::RegionPartition = args.scenario {
-        // The conversations live in the region to be cut off, and senders
-        // write from inside it too.
-        injector.place_all(&format!("{region}/c1")).await?;
-        let edge = dev
-            .edge_by_region
-            .get(region)
-            .ok_or_else(|| anyhow::anyhow!("no {region} edge in dev.json"))?;
-        workload.add_edge(edge).await?;
-        println!("  conversations placed on {region}/c1; senders on eu-west and {region}");
+        inside_region(&dev, &mut injector, &mut workload, region).await?;
     }
 
     let follower = workload.senders[1..]
@@ -332,33 +318,14 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
 
     // Faults on a schedule drawn from the seed; after each, a few requests
     // acknowledged before it are sent again.
-    let mut faults = Vec::new();
-    let mut resends = Vec::new();
-    let mut resend_rng = StdRng::seed_from_u64(seed ^ RESEND_SEED);
-    let period = (Duration::from(args.duration) / 4).max(Duration::from_secs(2));
-    while Instant::now() + period < stop {
-        tokio::time::sleep(period).await;
-        let kind = next_fault(args.scenario, &mut injector.rng, period, region);
-        let fault = injector
-            .inject(kind)
-            .instrument(tracing::info_span!("fault"))
-            .await?;
-        println!(
-            "  {:>6} ms  {} {} {}",
-            fault.at_ms, fault.kind, fault.target, fault.detail
-        );
-        let acked = ops.lock().expect("ops").clone();
-        let sample = resend_sample(
-            &acked,
-            &workload.conversations,
-            fault.at_ms,
-            &mut resend_rng,
-        );
-        for op in sample {
-            resends.push((workload::now_ms(epoch), workload.resend(op)));
-        }
-        faults.push(fault);
-    }
+    let schedule = Schedule {
+        scenario: args.scenario,
+        period: (Duration::from(args.duration) / 4).max(Duration::from_secs(2)),
+        stop,
+        region,
+        resend_seed: seed ^ RESEND_SEED,
+    };
+    let (faults, resends) = schedule.run(&mut injector, &workload, &ops).await?;
     for w in workers {
         w.await?;
     }
@@ -368,23 +335,7 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
         sends: std::mem::take(&mut *ops.lock().expect("ops")),
         ..History::default()
     };
-    for (at_ms, task) in resends {
-        let (op, answer) = task.await?;
-        history.resends.push(crate::history::Resend {
-            conversation: op.conversation,
-            client_req_id: op.client_req_id,
-            original: op.outcome,
-            answer,
-            at_ms,
-        });
-    }
-    let first_answers = (history.resends.iter())
-        .filter(|r| r.answer == r.original)
-        .count();
-    println!(
-        "  {} acknowledged requests re-sent after the faults, {first_answers} answered as the first time",
-        history.resends.len()
-    );
+    collect_resends(resends, &mut history).await?;
     // Read every conversation back once the deployment has settled.
     tokio::time::sleep(SETTLE).await;
     workload.read_back(&mut history).await?;
@@ -408,8 +359,86 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
     for task in device_tasks {
         task.await?;
     }
-    // Each finished move: what its source kept against what is served now.
-    for (conversation, source, target, switch_ms) in std::mem::take(&mut injector.moves) {
+    let moves = std::mem::take(&mut injector.moves);
+    check_moves(&workload, moves, &mut history).await?;
+    let log = std::mem::take(&mut *device_log.lock().expect("device log"));
+    let idle_resubscribes = log.idle_resubscribes;
+    println!("  devices subscribed again after {idle_resubscribes} quiet spells");
+    history.deliveries = log.deliveries;
+    history.cursor_acks = log.cursor_acks;
+    history.devices = log.devices;
+
+    let unknown_by_reason = Workload::unknown_reasons(&[&workload, &neighbour]);
+    let facts = RunFacts {
+        seed,
+        end_ms,
+        caught_up_ms,
+        idle_resubscribes,
+        unknown_by_reason,
+    };
+    judge(&args, &history, &faults, facts)
+}
+
+/// When faults come and what follows each.
+struct Schedule {
+    scenario: Scenario,
+    period: Duration,
+    stop: Instant,
+    region: &'static str,
+    resend_seed: u64,
+}
+
+/// Re-sends of acknowledged requests: when, and the task answering them.
+type Resends = Vec<(
+    u64,
+    tokio::task::JoinHandle<(crate::history::SendOp, crate::history::Outcome)>,
+)>;
+
+impl Schedule {
+    /// Injects a fault every period until the senders stop; after each,
+    /// re-sends a sample of the requests acknowledged before it.
+    async fn run(
+        &self,
+        injector: &mut Injector,
+        workload: &Workload,
+        ops: &Mutex<Vec<crate::history::SendOp>>,
+    ) -> anyhow::Result<(Vec<faults::Fault>, Resends)> {
+        let (mut faults, mut resends) = (Vec::new(), Vec::new());
+        let mut resend_rng = StdRng::seed_from_u64(self.resend_seed);
+        while Instant::now() + self.period < self.stop {
+            tokio::time::sleep(self.period).await;
+            let kind = next_fault(self.scenario, &mut injector.rng, self.period, self.region);
+            let fault = injector
+                .inject(kind)
+                .instrument(tracing::info_span!("fault"))
+                .await?;
+            println!(
+                "  {:>6} ms  {} {} {}",
+                fault.at_ms, fault.kind, fault.target, fault.detail
+            );
+            let acked = ops.lock().expect("ops").clone();
+            let sample = resend_sample(
+                &acked,
+                &workload.conversations,
+                fault.at_ms,
+                &mut resend_rng,
+            );
+            for op in sample {
+                resends.push((workload::now_ms(injector.epoch), workload.resend(op)));
+            }
+            faults.push(fault);
+        }
+        Ok((faults, resends))
+    }
+}
+
+/// Each finished move: what its source kept against what is served now.
+async fn check_moves(
+    workload: &Workload,
+    moves: Vec<(u64, String, String, u64)>,
+    history: &mut History,
+) -> anyhow::Result<()> {
+    for (conversation, source, target, switch_ms) in moves {
         let source_history = workload.source_copy(&source, conversation).await?;
         let target_history = history
             .conversations
@@ -425,30 +454,45 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
             target_history,
         });
     }
-    let log = std::mem::take(&mut *device_log.lock().expect("device log"));
-    let idle_resubscribes = log.idle_resubscribes;
-    println!("  devices subscribed again after {idle_resubscribes} quiet spells");
-    history.deliveries = log.deliveries;
-    history.cursor_acks = log.cursor_acks;
-    history.devices = log.devices;
+    Ok(())
+}
 
-    let verdicts = check_all(&history);
+/// What the run measured besides its history.
+struct RunFacts {
+    seed: u64,
+    /// When the senders stopped.
+    end_ms: u64,
+    caught_up_ms: Option<u64>,
+    idle_resubscribes: usize,
+    unknown_by_reason: std::collections::BTreeMap<String, u64>,
+}
+
+/// Checks every invariant over the history, prints the report (and
+/// writes it with `--report`); an error when one does not hold.
+fn judge(
+    args: &RunArgs,
+    history: &History,
+    faults: &[faults::Fault],
+    facts: RunFacts,
+) -> anyhow::Result<()> {
+    let RunFacts {
+        seed,
+        end_ms,
+        caught_up_ms,
+        idle_resubscribes,
+        unknown_by_reason,
+    } = facts;
+    let verdicts = check_all(history);
     let ok = verdicts.iter().all(|v| v.holds);
-    let summary = report::summarize(&history);
+    let summary = report::summarize(history);
     let mut fault_records = Vec::new();
     for (i, fault) in faults.iter().enumerate() {
         let until = faults.get(i + 1).map_or(end_ms, |f| f.at_ms);
-        let recovery = report::recovery(fault, &history, until);
+        let recovery = report::recovery(fault, history, until);
         println!("  fault at {} ms: {recovery}", fault.at_ms);
         let mut record = fault.to_json();
         record["recovery"] = recovery;
         fault_records.push(record);
-    }
-    let mut unknown_by_reason = std::collections::BTreeMap::<String, u64>::new();
-    for load in [&workload, &neighbour] {
-        for (reason, n) in load.unknown.lock().expect("reasons").iter() {
-            *unknown_by_reason.entry(reason.clone()).or_default() += n;
-        }
     }
     if !unknown_by_reason.is_empty() {
         println!("refusals and unknown outcomes by reason: {unknown_by_reason:?}");
@@ -477,5 +521,47 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
         "the drill found violations (seed {seed}); see the report"
     );
     println!("verdict: every invariant holds");
+    Ok(())
+}
+
+/// The answers to the re-sends, into the history.
+async fn collect_resends(resends: Resends, history: &mut History) -> anyhow::Result<()> {
+    for (at_ms, task) in resends {
+        let (op, answer) = task.await?;
+        history.resends.push(crate::history::Resend {
+            conversation: op.conversation,
+            client_req_id: op.client_req_id,
+            original: op.outcome,
+            answer,
+            at_ms,
+        });
+    }
+    let first_answers = (history.resends.iter())
+        .filter(|r| r.answer == r.original)
+        .count();
+    println!(
+        "  {} acknowledged requests re-sent after the faults, {first_answers} answered as the first time",
+        history.resends.len()
+    );
+    Ok(())
+}
+
+/// The conversations live in the region to be cut off, and senders
+/// write from inside it too.
+async fn inside_region(
+    dev: &DevTarget,
+    injector: &mut Injector,
+    workload: &mut Workload,
+    region: &str,
+) -> anyhow::Result<()> {
+    // The conversations live in the region to be cut off, and senders
+    // write from inside it too.
+    injector.place_all(&format!("{region}/c1")).await?;
+    let edge = dev
+        .edge_by_region
+        .get(region)
+        .ok_or_else(|| anyhow::anyhow!("no {region} edge in dev.json"))?;
+    workload.add_edge(edge).await?;
+    println!("  conversations placed on {region}/c1; senders on eu-west and {region}");
     Ok(())
 }

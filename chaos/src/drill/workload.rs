@@ -220,6 +220,18 @@ impl Workload {
     /// client that lost its answer does after a fault, retrying answers
     /// that leave the outcome unknown for up to [`RESEND_FOR`]; it yields
     /// what came back.
+    /// Why the sends of `loads` were refused or their outcomes unknown,
+    /// counted by reason over them all.
+    pub fn unknown_reasons(loads: &[&Workload]) -> std::collections::BTreeMap<String, u64> {
+        let mut by_reason = std::collections::BTreeMap::new();
+        for load in loads {
+            for (reason, n) in load.unknown.lock().expect("reasons").iter() {
+                *by_reason.entry(reason.clone()).or_default() += n;
+            }
+        }
+        by_reason
+    }
+
     pub fn resend(&self, op: SendOp) -> tokio::task::JoinHandle<(SendOp, Outcome)> {
         let (dev, tenant, unknown) = (self.dev.clone(), self.tenant, self.unknown.clone());
         let files = self.files.clone();
