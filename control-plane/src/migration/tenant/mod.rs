@@ -26,6 +26,7 @@
 //! Every phase is in the route table and copying is idempotent: running
 //! the move again resumes it.
 
+mod engine;
 mod files;
 mod items;
 
@@ -38,7 +39,8 @@ use cellmesh_proto::v1::update_route::Transition;
 use cellmesh_route_client::table::{Key, Phase, RouteState, Scope};
 use futures::StreamExt;
 
-use super::{MigrationError, Migrator, StopPoint};
+use super::{MigrationError, Migrator};
+use engine::{Action, Mismatch, Observation, Rounds, TenantEngine, TenantResume};
 pub use files::FilesCopied;
 use items::{Item, Items};
 
@@ -139,6 +141,20 @@ impl Steps {
     }
 }
 
+/// One run of a tenant move: what its actions share.
+struct TenantRun<'k, 'm> {
+    key: Key,
+    from: String,
+    to: &'k str,
+    items: Items<'m>,
+    state: TenantProgress,
+    /// Route-table writes so far.
+    writes: u64,
+    frozen_at: Instant,
+    /// The freeze's steps, timed from the freeze.
+    steps: Steps,
+}
+
 impl Migrator {
     /// Moves every conversation and user home of `tenant` to cell `to`,
     /// `parallel` copies at a time; resumes an interrupted move.
@@ -154,162 +170,57 @@ impl Migrator {
         let entry = self.current_entry(&key).await?;
         let from = entry.cell.clone();
         let start = self.begin_or_resume(&key, &entry, to).await?;
-        let mut writes = u64::from(start.began);
-        if start.began {
-            self.stop_at(StopPoint::Planned)?;
-        }
-        let mut state = TenantProgress {
-            phase: "overrides",
-            ..TenantProgress::default()
-        };
-        progress(&state);
-        writes += self
-            .move_overrides(tenant, &from, to, parallel, &mut state)
-            .await?;
-        let (source, source_address) = self.peer(&from).await?;
-        let (target, _) = self.peer(to).await?;
-        let mut items = Items {
-            migrator: self,
-            tenant,
-            from: from.clone(),
-            to: to.to_string(),
-            source,
-            source_address,
-            target,
-            parallel: parallel.max(1),
-            items: BTreeMap::new(),
-            copied_rows: 0,
-            copied_bytes: 0,
-            target_users: Vec::new(),
-            token: 0,
-            target_token: 0,
-        };
-        let mut epoch = start.epoch;
-        let mut frozen_at = Instant::now();
-        if !start.frozen {
-            self.hold_while_paused(&key, to, epoch, 0, &mut |_| {})
-                .await?;
-            let announce = matches!(
+        let mut engine = TenantEngine::new(TenantResume {
+            epoch: start.epoch,
+            began: start.began,
+            frozen: start.frozen,
+            announce_catch_up: matches!(
                 entry.state,
                 RouteState::Active
                     | RouteState::Migrating {
                         phase: Phase::Copy,
                         ..
                     }
-            );
-            state.phase = "copy";
-            self.catch_up(&mut items, &mut state, &mut progress, |round| round == 1)
-                .await?;
-            // A pause and resume meanwhile moved the entry on.
-            epoch = self.hold_while_paused(&key, to, 0, 0, &mut |_| {}).await?;
-            let copying = self.routes.read(|t| {
-                t.entry(&key).is_some_and(|e| {
-                    matches!(
-                        e.state,
-                        RouteState::Migrating {
-                            phase: Phase::Copy,
-                            ..
-                        }
-                    )
-                })
-            });
-            if announce && copying {
-                epoch = self
-                    .transition(
-                        &key,
-                        epoch,
-                        Transition::SetPhase(MigrationPhase::CatchUp as i32),
-                    )
-                    .await?;
-                writes += 1;
+            ),
+        });
+        let mut run = TenantRun {
+            key,
+            items: self.items(tenant, &from, to, parallel).await?,
+            from: from.clone(),
+            to,
+            state: TenantProgress::default(),
+            writes: u64::from(start.began),
+            frozen_at: Instant::now(),
+            steps: Steps::new(Instant::now()),
+        };
+        let mut seen = Observation::Done;
+        let (switch_epoch, switched) = loop {
+            let next = engine.step(seen);
+            if let Some(step) = next.step_done {
+                run.steps.done(step);
             }
-            self.stop_at(StopPoint::Copied)?;
-            state.phase = "catch-up";
-            self.catch_up(&mut items, &mut state, &mut progress, |_| false)
-                .await?;
-            state.phase = "verify";
-            progress(&state);
-            for attempt in 0.. {
-                let disagree = items.verify_copied().await?;
-                if disagree == 0 {
-                    break;
-                }
-                tracing::warn!(
-                    tenant,
-                    disagree,
-                    attempt,
-                    "copied items differ; copying them again"
-                );
-                if attempt == 2 {
-                    // Verified again under the freeze, item by item.
-                    break;
-                }
-                items.copy_round(|_, _, _| {}).await?;
+            if let Action::Finished { switch_epoch } = next.action {
+                break (switch_epoch, next.phase);
             }
-            // What was written while the digests were compared is copied
-            // now, not under the freeze.
-            self.catch_up(&mut items, &mut state, &mut progress, |_| true)
-                .await?;
-            epoch = self
-                .hold_while_paused(&key, to, epoch, 0, &mut |_| {})
-                .await?;
-            epoch = self.commit(&key, epoch, Transition::Freeze(true)).await?;
-            frozen_at = Instant::now();
-            writes += 1;
-            self.stop_at(StopPoint::Frozen)?;
-        } else {
-            // Resumed under the freeze: start from what the target holds.
-            items.refresh_target_users().await?;
-            let source = items.marks(true, None, false).await?;
-            self.note_marks(&mut items, &source);
-            let target = items.marks(false, None, false).await?;
-            items.note_target(&target);
-        }
-        state.phase = "freeze";
-        progress(&state);
-        let mut steps = Steps::new(frozen_at);
-        // The seal waits until A has seen the freeze.
-        self.follow(epoch).await;
-        steps.done("follow the freeze");
-        let sealed = items.seal(epoch).await?;
-        self.note_marks(&mut items, &sealed);
-        steps.done("seal the source");
-        // A round may leave some behind (a batch answered only in part).
-        for _ in 0..10 {
-            items.copy_round(|_, _, _| {}).await?;
-            if items.lag() == 0 {
-                break;
+            if let Some(phase) = next.phase {
+                run.state.phase = phase.as_str();
+                progress(&run.state);
             }
-        }
-        steps.done("copy the final delta");
-        self.stop_at(StopPoint::Sealed)?;
-        // The target's marks reach its standbys while the copy is verified:
-        // both are needed before the switch, neither needs the other.
-        let (verified, flushed) = tokio::join!(items.verify_final(), self.flush_marks(to));
-        if let Some((item, (a, b))) = verified? {
-            self.transition(&key, epoch, Transition::Cancel(true))
-                .await
-                .ok();
-            tracing::error!(
-                tenant,
-                ?item,
-                "the tenant's copy differs under the freeze; move cancelled"
-            );
-            return Err(MigrationError::Mismatch {
-                source_count: a.count,
-                source_sum: a.checksum,
-                target_count: b.count,
-                target_sum: b.checksum,
-            });
-        }
-        flushed?;
-        steps.done("verify and flush marks");
-        let switch_epoch = self.commit(&key, epoch, Transition::SwitchFloor(0)).await?;
-        steps.done("switch");
-        writes += 1;
+            seen = self
+                .execute(&mut run, next.action, parallel, &mut progress)
+                .await?;
+        };
+        let TenantRun {
+            items,
+            mut state,
+            writes,
+            frozen_at,
+            steps,
+            ..
+        } = run;
         state.max_freeze = frozen_at.elapsed();
         self.follow(switch_epoch).await;
-        state.phase = "switched";
+        state.phase = switched.map_or(state.phase, |p| p.as_str());
         self.count(&items, &mut state);
         progress(&state);
         let overrides_removed = self.drop_agreeing_overrides(tenant, to).await;
@@ -332,6 +243,180 @@ impl Migrator {
         })
     }
 
+    /// Carries out one action of the tenant move's engine; what it found.
+    async fn execute<'m>(
+        &'m self,
+        run: &mut TenantRun<'_, 'm>,
+        action: Action,
+        parallel: usize,
+        progress: &mut impl FnMut(&TenantProgress),
+    ) -> Result<Observation, MigrationError> {
+        let (key, to) = (run.key, run.to);
+        let tenant = key.tenant;
+        Ok(match action {
+            Action::Reached(point) => {
+                self.stop_at(point)?;
+                Observation::Done
+            }
+            Action::MoveOverrides => {
+                let from = run.from.as_str();
+                run.writes +=
+                    (self.move_overrides(tenant, from, to, parallel, &mut run.state)).await?;
+                Observation::Done
+            }
+            Action::HoldIfPaused { epoch } => {
+                let epoch = self
+                    .hold_while_paused(&key, to, epoch, 0, &mut |_| {})
+                    .await?;
+                Observation::Held {
+                    epoch,
+                    copying: self.copying(&key),
+                }
+            }
+            Action::CatchUp(rounds) => {
+                let items = &mut run.items;
+                self.catch_up(items, &mut run.state, progress, rounds)
+                    .await?;
+                Observation::Done
+            }
+            Action::SetCatchUp { epoch } => {
+                let phase = Transition::SetPhase(MigrationPhase::CatchUp as i32);
+                run.writes += 1;
+                Observation::Epoch(self.transition(&key, epoch, phase).await?)
+            }
+            Action::Verify => {
+                let disagree = run.items.verify_copied().await?;
+                if disagree > 0 {
+                    tracing::warn!(tenant, disagree, "copied items differ");
+                }
+                Observation::Disagree(disagree)
+            }
+            Action::CopyAgain => {
+                run.items.copy_round(|_, _, _| {}).await?;
+                Observation::Done
+            }
+            Action::Freeze { epoch } => {
+                let epoch = self.commit(&key, epoch, Transition::Freeze(true)).await?;
+                run.frozen_at = Instant::now();
+                run.steps = Steps::new(run.frozen_at);
+                run.writes += 1;
+                Observation::Epoch(epoch)
+            }
+            Action::Reload => {
+                // Resumed under the freeze: start from what the target holds.
+                let items = &mut run.items;
+                items.refresh_target_users().await?;
+                let source = items.marks(true, None, false).await?;
+                self.note_marks(items, &source);
+                let target = items.marks(false, None, false).await?;
+                items.note_target(&target);
+                Observation::Done
+            }
+            Action::Follow { epoch } => {
+                self.follow(epoch).await;
+                Observation::Done
+            }
+            Action::Seal { epoch } => {
+                let items = &mut run.items;
+                let sealed = items.seal(epoch).await?;
+                self.note_marks(items, &sealed);
+                Observation::Done
+            }
+            Action::DeltaRound => {
+                let items = &mut run.items;
+                items.copy_round(|_, _, _| {}).await?;
+                Observation::Lag(items.lag())
+            }
+            Action::VerifyAndFlush => {
+                Observation::Verified(self.verify_and_flush(&mut run.items, to).await?)
+            }
+            Action::Cancel { epoch, mismatch } => {
+                self.transition(&key, epoch, Transition::Cancel(true))
+                    .await
+                    .ok();
+                tracing::error!(tenant, "move cancelled");
+                return Err(MigrationError::Mismatch {
+                    source_count: mismatch.source_count,
+                    source_sum: mismatch.source_sum,
+                    target_count: mismatch.target_count,
+                    target_sum: mismatch.target_sum,
+                });
+            }
+            Action::Switch { epoch } => {
+                let epoch = self.commit(&key, epoch, Transition::SwitchFloor(0)).await?;
+                run.writes += 1;
+                Observation::Epoch(epoch)
+            }
+            Action::Finished { .. } => unreachable!("the run ends before a finished move"),
+        })
+    }
+
+    /// Whether `key`'s entry is in a move's Copy phase.
+    fn copying(&self, key: &Key) -> bool {
+        self.routes.read(|t| {
+            t.entry(key).is_some_and(|e| {
+                matches!(
+                    e.state,
+                    RouteState::Migrating {
+                        phase: Phase::Copy,
+                        ..
+                    }
+                )
+            })
+        })
+    }
+
+    /// Verifies the items copied under the freeze while the target's marks
+    /// reach its standbys (both are needed before the switch, neither needs
+    /// the other); the first item that differs.
+    async fn verify_and_flush(
+        &self,
+        items: &mut Items<'_>,
+        to: &str,
+    ) -> Result<Option<Mismatch>, MigrationError> {
+        let tenant = items.tenant;
+        let (verified, flushed) = tokio::join!(items.verify_final(), self.flush_marks(to));
+        let Some((item, (a, b))) = verified? else {
+            flushed?;
+            return Ok(None);
+        };
+        tracing::error!(tenant, ?item, "the tenant's copy differs under the freeze");
+        Ok(Some(Mismatch {
+            source_count: a.count,
+            source_sum: a.checksum,
+            target_count: b.count,
+            target_sum: b.checksum,
+        }))
+    }
+
+    /// The tenant's items, copied from `from` to `to`.
+    async fn items(
+        &self,
+        tenant: u64,
+        from: &str,
+        to: &str,
+        parallel: usize,
+    ) -> Result<Items<'_>, MigrationError> {
+        let (source, source_address) = self.peer(from).await?;
+        let (target, _) = self.peer(to).await?;
+        Ok(Items {
+            migrator: self,
+            tenant,
+            from: from.to_string(),
+            to: to.to_string(),
+            source,
+            source_address,
+            target,
+            parallel: parallel.max(1),
+            items: BTreeMap::new(),
+            copied_rows: 0,
+            copied_bytes: 0,
+            target_users: Vec::new(),
+            token: 0,
+            target_token: 0,
+        })
+    }
+
     /// Copy rounds until the tenant is close enough (or `first_only` says
     /// to stop after this round), at most `max_catch_up_rounds`, holding
     /// while an operator pauses the move.
@@ -340,7 +425,7 @@ impl Migrator {
         items: &mut Items<'_>,
         state: &mut TenantProgress,
         progress: &mut impl FnMut(&TenantProgress),
-        first_only: impl Fn(u32) -> bool,
+        rounds: Rounds,
     ) -> Result<(), MigrationError> {
         state.copy_started.get_or_insert_with(Instant::now);
         for _ in 0..self.options.max_catch_up_rounds.max(1) {
@@ -364,7 +449,7 @@ impl Migrator {
             state.rounds += 1;
             self.count(items, state);
             progress(state);
-            if first_only(state.rounds) || state.lag <= self.options.tenant_catch_up_lag {
+            if rounds == Rounds::One || state.lag <= self.options.tenant_catch_up_lag {
                 return Ok(());
             }
             items.hold().await?;
