@@ -84,6 +84,8 @@ pub struct ControlPlaneConfig {
     pub migrations: crate::migration::orphans::OrphanConfig,
     /// Backups of every cell on a schedule (`[backups]`).
     pub backups: crate::operations::backup::BackupSchedule,
+    /// How long finished operation records are kept (`[operations]`).
+    pub operations: crate::operations::retention::OperationsConfig,
 }
 
 /// Leader election between control-plane replicas, and cell liveness from
@@ -176,6 +178,7 @@ impl Default for ControlPlaneConfig {
             links: Default::default(),
             migrations: Default::default(),
             backups: Default::default(),
+            operations: Default::default(),
         }
     }
 }
@@ -566,11 +569,16 @@ async fn lead(
             routes.clone(),
             OperationStore::new(coordination.clone()),
         );
+        let pruning = crate::operations::retention::prune(
+            config.operations.clone(),
+            OperationStore::new(coordination.clone()),
+        );
         tokio::select! {
             _ = run(config.clone(), coordination.clone(), routes.clone(), events.clone()) => {}
             _ = orphans => {}
             _ = operations => {}
             _ = backups => {}
+            _ = pruning => {}
             _ = async {
                 // A closed channel means the lease cannot report loss.
                 if lost.wait_for(|l| *l).await.is_err() {

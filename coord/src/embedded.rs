@@ -74,6 +74,15 @@ impl Coordination for EmbeddedCoordination {
         Ok(true)
     }
 
+    async fn compare_and_delete(&self, key: &str, expected: &str) -> Result<bool, CoordError> {
+        let mut s = self.inner.state.lock().expect("coordination state");
+        if s.records.get(key).map(String::as_str) != Some(expected) {
+            return Ok(false);
+        }
+        s.records.remove(key);
+        Ok(true)
+    }
+
     async fn records(&self, prefix: &str) -> Result<BTreeMap<String, String>, CoordError> {
         let s = self.inner.state.lock().expect("coordination state");
         Ok(s.records

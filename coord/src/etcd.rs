@@ -96,6 +96,14 @@ impl Coordination for EtcdCoordination {
         Ok(response.succeeded())
     }
 
+    async fn compare_and_delete(&self, key: &str, expected: &str) -> Result<bool, CoordError> {
+        let txn = Txn::new()
+            .when([Compare::value(key, CompareOp::Equal, expected)])
+            .and_then([TxnOp::delete(key, None)]);
+        let response = self.client.clone().txn(txn).await.map_err(store)?;
+        Ok(response.succeeded())
+    }
+
     async fn records(&self, prefix: &str) -> Result<BTreeMap<String, String>, CoordError> {
         let mut client = self.client.clone();
         let response = client

@@ -68,6 +68,10 @@ pub trait Coordination: Send + Sync {
         value: &str,
     ) -> Result<bool, CoordError>;
 
+    /// Deletes the record `key` only if its value is still `expected`;
+    /// whether it did (a record another writer changed meanwhile stays).
+    async fn compare_and_delete(&self, key: &str, expected: &str) -> Result<bool, CoordError>;
+
     /// Durable records (see [`Coordination::put`]) under `prefix`.
     async fn records(&self, prefix: &str) -> Result<BTreeMap<String, String>, CoordError>;
 }

@@ -150,6 +150,21 @@ impl Coordination for LocalCoordination {
         Ok(true)
     }
 
+    async fn compare_and_delete(&self, key: &str, expected: &str) -> Result<bool, CoordError> {
+        let _lock = self.records_lock()?;
+        let dir = self.dir.join(RECORDS);
+        let path = dir.join(encode(key));
+        match std::fs::read_to_string(&path) {
+            Ok(current) if current == expected => {}
+            Ok(_) => return Ok(false),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(store(e)),
+        }
+        std::fs::remove_file(&path).map_err(store)?;
+        File::open(&dir).and_then(|d| d.sync_all()).map_err(store)?;
+        Ok(true)
+    }
+
     async fn records(&self, prefix: &str) -> Result<BTreeMap<String, String>, CoordError> {
         let dir = self.dir.join(RECORDS);
         let entries = match std::fs::read_dir(&dir) {
@@ -265,6 +280,34 @@ mod tests {
             a.leader(CONTROL_PLANE_ELECTION).await.unwrap().as_deref(),
             Some("two")
         );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn a_record_is_deleted_only_while_it_still_holds_what_was_read() {
+        let dir =
+            std::env::temp_dir().join(format!("cellmesh-local-records-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let (a, b) = (
+            LocalCoordination::open(&dir).unwrap(),
+            LocalCoordination::open(&dir).unwrap(),
+        );
+        a.put("ops/1", "old").await.unwrap();
+        assert!(
+            b.compare_and_put("ops/1", Some("old"), "new")
+                .await
+                .unwrap()
+        );
+        assert!(
+            !a.compare_and_delete("ops/1", "old").await.unwrap(),
+            "changed meanwhile"
+        );
+        assert!(
+            !a.compare_and_delete("ops/2", "old").await.unwrap(),
+            "never written"
+        );
+        assert!(a.compare_and_delete("ops/1", "new").await.unwrap());
+        assert!(b.records("ops/").await.unwrap().is_empty());
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -413,10 +413,109 @@ impl OperationStore {
     }
 }
 
+/// The finished operations last changed `retain_ms` or longer before
+/// `now_ms`, but for each cell's newest backup (the backup schedule counts
+/// from it).
+pub fn expired(ops: &BTreeMap<String, Operation>, now_ms: u64, retain_ms: u64) -> Vec<&Operation> {
+    let mut newest_backup: BTreeMap<&str, &str> = BTreeMap::new();
+    for op in ops.values() {
+        if let Spec::Backup { cell, .. } = &op.spec {
+            // Ids sort by creation time: the last one seen is the newest.
+            newest_backup.insert(cell, &op.id);
+        }
+    }
+    ops.values()
+        .filter(|op| op.state.is_final() && op.updated_ms.saturating_add(retain_ms) <= now_ms)
+        .filter(|op| !newest_backup.values().any(|id| *id == op.id))
+        .collect()
+}
+
+impl OperationStore {
+    /// Deletes the operations [`expired`] names; one that changed since it
+    /// was read stays. How many went.
+    pub async fn prune(&self, now_ms: u64, retain_ms: u64) -> Result<usize, StoreError> {
+        let records = self.coordination.records(OPERATIONS_PREFIX).await?;
+        let mut ops = BTreeMap::new();
+        for (key, value) in &records {
+            let op: Operation =
+                serde_json::from_str(value).map_err(|e| StoreError::Corrupt(key.clone(), e))?;
+            ops.insert(op.id.clone(), op);
+        }
+        let mut deleted = 0;
+        for op in expired(&ops, now_ms, retain_ms) {
+            let key = format!("{OPERATIONS_PREFIX}{}", op.id);
+            let Some(read) = records.get(&key) else {
+                continue;
+            };
+            if self.coordination.compare_and_delete(&key, read).await? {
+                deleted += 1;
+            }
+        }
+        Ok(deleted)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use cellmesh_coord::embedded::EmbeddedCoordination;
+
+    #[tokio::test]
+    async fn finished_operations_past_their_retention_are_pruned_but_each_cells_newest_backup() {
+        let store = OperationStore::new(Arc::new(EmbeddedCoordination::default()));
+        let backup = |cell: &str| Spec::Backup {
+            cell: cell.into(),
+            keep: 0,
+        };
+        let mut ids = Vec::new();
+        for (spec, state, updated_ms) in [
+            (backup("eu/c1"), State::Succeeded, 1_000),
+            (backup("eu/c1"), State::Succeeded, 2_000),
+            (backup("eu/c2"), State::Failed, 1_000),
+            (
+                Spec::Failback {
+                    cell: "eu/c1".into(),
+                    parallel: 1,
+                },
+                State::Cancelled,
+                1_000,
+            ),
+            (
+                Spec::Failback {
+                    cell: "eu/c2".into(),
+                    parallel: 1,
+                },
+                State::Running,
+                1_000,
+            ),
+            (
+                Spec::Failback {
+                    cell: "eu/c3".into(),
+                    parallel: 1,
+                },
+                State::Succeeded,
+                9_500,
+            ),
+        ] {
+            let op = store.create(spec).await.unwrap();
+            store
+                .update(&op.id, |op| (op.state, op.updated_ms) = (state, updated_ms))
+                .await
+                .unwrap();
+            ids.push(op.id);
+            // Ids carry the creation millisecond: keep them in order.
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+        assert_eq!(store.prune(10_000, 1_000).await.unwrap(), 2);
+        let left: Vec<String> = store.list().await.unwrap().into_keys().collect();
+        // The older eu/c1 backup and the cancelled failback went; the newest
+        // backup of each cell, the running failback and the recent one stay.
+        assert_eq!(
+            left,
+            [&ids[1], &ids[2], &ids[4], &ids[5]].map(|s| s.to_string())
+        );
+        assert_eq!(store.prune(10_000, 1_000).await.unwrap(), 0);
+    }
 
     #[tokio::test]
     async fn operations_round_trip_through_the_store() {

@@ -8,6 +8,7 @@
 
 pub mod api;
 pub mod backup;
+pub mod retention;
 pub mod runner;
 
 pub use cellmesh_operations::*;

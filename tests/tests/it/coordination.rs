@@ -163,6 +163,18 @@ async fn compare_and_put_refuses_a_stale_writer(c: &dyn Coordination) {
     assert_eq!(records.get(key).map(String::as_str), Some("v2"));
     c.put(key, "v3").await.unwrap();
     assert!(c.compare_and_put(key, Some("v3"), "v4").await.unwrap());
+    // A delete, as a put, holds only against the value read.
+    assert!(
+        !c.compare_and_delete(key, "v3").await.unwrap(),
+        "a pruner that read v3 must not delete v4"
+    );
+    assert!(
+        !c.compare_and_delete("cellmesh/operations/none", "v4")
+            .await
+            .unwrap()
+    );
+    assert!(c.compare_and_delete(key, "v4").await.unwrap());
+    assert!(c.records("cellmesh/operations/").await.unwrap().is_empty());
 }
 
 #[tokio::test]

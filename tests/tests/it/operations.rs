@@ -463,3 +463,56 @@ async fn bad_operation_requests_get_stable_codes() {
     assert_eq!(e.code(), tonic::Code::Unauthenticated);
     cp.stop();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_active_replica_prunes_finished_operations_past_their_retention() {
+    use cellmesh_control_plane::operations as ops;
+    let d = deploy(None).await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = ops::OperationStore::new(std::sync::Arc::new(
+        LocalCoordination::open(dir.path()).unwrap(),
+    ));
+    let old = ops::now_ms() - 10_000;
+    let mut ids = Vec::new();
+    for (cell, state) in [
+        ("eu-west/c1", ops::State::Succeeded),
+        ("eu-west/c2", ops::State::Running),
+    ] {
+        let spec = ops::Spec::Failback {
+            cell: cell.into(),
+            parallel: 1,
+        };
+        let op = store.create(spec).await.unwrap();
+        store
+            .update(&op.id, |op| (op.state, op.updated_ms) = (state, old))
+            .await
+            .unwrap();
+        ids.push(op.id);
+    }
+    let cp = cellmesh_control_plane::server::start(ControlPlaneConfig {
+        routers: d.cluster.endpoints(),
+        cluster_secret: SECRET.into(),
+        coordination: CoordinationConfig {
+            backend: CoordinationBackend::Local,
+            dir: dir.path().display().to_string(),
+            name: "cp-1".into(),
+            ..CoordinationConfig::default()
+        },
+        operations: ops::retention::OperationsConfig {
+            retain_finished_secs: 2,
+        },
+        ..ControlPlaneConfig::default()
+    })
+    .await
+    .expect("control plane starts");
+    let pruned = eventually(Duration::from_secs(15), || async {
+        store.get(&ids[0]).await.unwrap().is_none()
+    })
+    .await;
+    assert!(pruned, "the finished operation is pruned");
+    assert!(
+        store.get(&ids[1]).await.unwrap().is_some(),
+        "an unfinished operation is never pruned"
+    );
+    cp.stop();
+}
