@@ -19,7 +19,29 @@ use tokio::time::Instant;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
 /// What became of one batch: its answer, or why the stream broke.
-pub type Outcome = Result<DeliverBatchResponse, String>;
+pub type Outcome = Result<DeliverBatchResponse, Undelivered>;
+
+/// Why a batch was not delivered.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Undelivered {
+    /// The receiving cell refused the call (or the stream) with this status.
+    #[error("{0}")]
+    Refused(tonic::Status),
+    #[error("timed out")]
+    TimedOut,
+    #[error("the receiving cell ended the stream")]
+    Ended,
+    #[error("an answer to no batch")]
+    Unexpected,
+    #[error("the delivery stream is closed")]
+    Closed,
+    /// Delivered to this cell's own processor, which failed.
+    #[error("delivering here: {0}")]
+    Local(std::sync::Arc<super::PipelineError>),
+    /// The task carrying the call panicked or was cancelled.
+    #[error("the delivery task failed")]
+    TaskFailed,
+}
 
 struct Waiting {
     deadline: Instant,
@@ -31,7 +53,7 @@ struct State {
     /// Batches sent and not yet answered, oldest first.
     waiting: VecDeque<Waiting>,
     /// Why the stream broke, once it has.
-    broken: Option<String>,
+    broken: Option<Undelivered>,
     /// The receiving cell does not serve streams (an earlier release).
     unimplemented: bool,
 }
@@ -72,7 +94,7 @@ impl DeliverStream {
                     if status.code() == tonic::Code::Unimplemented {
                         answers.state.lock().expect("stream state").unimplemented = true;
                     }
-                    status.to_string()
+                    Undelivered::Refused(status)
                 }
             };
             break_with(&answers.state, why);
@@ -95,7 +117,7 @@ impl DeliverStream {
             return rx;
         }
         if self.requests.send(batch).is_err() {
-            let _ = reply.send(Err("the delivery stream is closed".into()));
+            let _ = reply.send(Err(Undelivered::Closed));
             return rx;
         }
         state.waiting.push_back(Waiting {
@@ -128,7 +150,7 @@ impl DeliverStream {
 impl Drop for DeliverStream {
     fn drop(&mut self) {
         self.task.abort();
-        break_with(&self.shared.state, "the delivery stream was closed".into());
+        break_with(&self.shared.state, Undelivered::Closed);
     }
 }
 
@@ -137,7 +159,7 @@ impl Drop for DeliverStream {
 async fn read_answers(
     mut answers: tonic::Streaming<DeliverBatchResponse>,
     shared: &Shared,
-) -> String {
+) -> Undelivered {
     let state = &shared.state;
     loop {
         let deadline = state
@@ -151,23 +173,23 @@ async fn read_answers(
             next = answers.message() => next,
             _ = shared.submitted.notified(), if deadline.is_none() => continue,
             _ = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => {
-                return "timed out".into();
+                return Undelivered::TimedOut;
             }
         };
         let answer = match next {
             Ok(Some(answer)) => answer,
-            Ok(None) => return "the receiving cell ended the stream".into(),
-            Err(status) => return status.to_string(),
+            Ok(None) => return Undelivered::Ended,
+            Err(status) => return Undelivered::Refused(status),
         };
         let Some(waiting) = state.lock().expect("stream state").waiting.pop_front() else {
-            return "an answer to no batch".into();
+            return Undelivered::Unexpected;
         };
         let _ = waiting.reply.send(Ok(answer));
     }
 }
 
 /// Marks the stream broken and fails every batch still waiting.
-fn break_with(state: &Mutex<State>, why: String) {
+fn break_with(state: &Mutex<State>, why: Undelivered) {
     let mut state = state.lock().expect("stream state");
     if state.broken.is_none() {
         state.broken = Some(why.clone());

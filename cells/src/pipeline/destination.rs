@@ -14,7 +14,7 @@ use cellmesh_proto::v1::cell_peer_client::CellPeerClient;
 use cellmesh_proto::v1::{DeliverBatchRequest, DeliverBatchResponse};
 use cellmesh_telemetry::trace::grpc::Channel;
 
-use super::deliver_stream::DeliverStream;
+use super::deliver_stream::{DeliverStream, Undelivered};
 use crate::user::UserKey;
 
 pub const DELIVER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -39,7 +39,7 @@ impl From<DeliverBatchResponse> for Answer {
 }
 
 /// A batch's answer, or why it was not delivered.
-pub type Call = Pin<Box<dyn Future<Output = Result<Answer, String>> + Send>>;
+pub type Call = Pin<Box<dyn Future<Output = Result<Answer, Undelivered>> + Send>>;
 
 pub struct Destination {
     client: CellPeerClient<Channel>,
@@ -73,7 +73,7 @@ impl Destination {
         let call = async move {
             match answer.await {
                 Ok(outcome) => outcome.map(Answer::from),
-                Err(_) => Err("the delivery stream was closed".to_string()),
+                Err(_) => Err(Undelivered::Closed),
             }
         };
         (Box::pin(call), true)
@@ -107,13 +107,13 @@ async fn unary(
     mut client: CellPeerClient<Channel>,
     secret: ClusterSecret,
     batch: DeliverBatchRequest,
-) -> Result<Answer, String> {
+) -> Result<Answer, Undelivered> {
     let mut request = tonic::Request::new(batch);
     secret.attach(&mut request);
     match tokio::time::timeout(DELIVER_TIMEOUT, client.deliver_batch(request)).await {
         Ok(Ok(response)) => Ok(response.into_inner().into()),
-        Ok(Err(status)) => Err(status.to_string()),
-        Err(_) => Err("timed out".to_string()),
+        Ok(Err(status)) => Err(Undelivered::Refused(status)),
+        Err(_) => Err(Undelivered::TimedOut),
     }
 }
 

@@ -29,6 +29,7 @@ use prost::Message as _;
 use tokio::sync::Notify;
 use tracing::Instrument;
 
+use super::deliver_stream::Undelivered;
 use super::destination::{Answer, Call, Destination, destination};
 use super::for_standby;
 use super::{PeerInbound, PipelineError};
@@ -256,7 +257,7 @@ impl Forwarder {
                             refused_users: d.refused_users,
                             deferred: Vec::new(),
                         })
-                        .map_err(|e| e.to_string());
+                        .map_err(|e| Undelivered::Local(std::sync::Arc::new(e)));
                     Box::pin(std::future::ready(answer))
                 }
                 Target::Remote(endpoint) => {
@@ -273,8 +274,10 @@ impl Forwarder {
                     // Under way now, answered or not when the page is taken.
                     let call = tokio::spawn(call.instrument(span));
                     Box::pin(async move {
-                        call.await
-                            .unwrap_or_else(|e| Err(format!("delivery task failed: {e}")))
+                        call.await.unwrap_or_else(|e| {
+                            tracing::error!(error = %e, "a delivery task failed");
+                            Err(Undelivered::TaskFailed)
+                        })
                     })
                 }
                 Target::Hold => unreachable!("held events are not sent"),
@@ -366,7 +369,7 @@ fn take(
 type Answered = (
     Target,
     Vec<(usize, usize, PeerEvent)>,
-    Result<Answer, String>,
+    Result<Answer, Undelivered>,
 );
 
 /// A page sent and not yet taken.

@@ -34,22 +34,33 @@ pub struct Replicated<'a> {
     pub held_tenant: Option<u64>,
 }
 
+/// Why a standby refuses a replicated event.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("its record names tenant {claimed}, the event tenant {event}")]
+    OtherTenantsRecord { claimed: u64, event: u64 },
+    #[error("the conversation here belongs to tenant {0}")]
+    HeldForOtherTenant(u64),
+    #[error("this cell owns the conversation")]
+    OwnedHere,
+    #[error("the conversation is owned by {0}")]
+    OwnedBy(String),
+}
+
 /// `Ok` to store the event on `this_cell`, or why it is refused.
-pub fn verdict(this_cell: &str, e: &Replicated, owner: Option<&Owner>) -> Result<(), String> {
+pub fn verdict(this_cell: &str, e: &Replicated, owner: Option<&Owner>) -> Result<(), Refusal> {
     if let Some(claimed) = e.claimed_tenant.filter(|t| *t != e.tenant) {
-        return Err(format!(
-            "its record names tenant {claimed}, the event tenant {}",
-            e.tenant
-        ));
+        return Err(Refusal::OtherTenantsRecord {
+            claimed,
+            event: e.tenant,
+        });
     }
     if let Some(held) = e.held_tenant.filter(|t| *t != e.tenant) {
-        return Err(format!("the conversation here belongs to tenant {held}"));
+        return Err(Refusal::HeldForOtherTenant(held));
     }
     match owner {
-        Some(owner) if owner.cell == this_cell => Err("this cell owns the conversation".into()),
-        Some(owner) if !owner.holds(e.source) => {
-            Err(format!("the conversation is owned by {}", owner.cell))
-        }
+        Some(owner) if owner.cell == this_cell => Err(Refusal::OwnedHere),
+        Some(owner) if !owner.holds(e.source) => Err(Refusal::OwnedBy(owner.cell.clone())),
         // Without a route (no table, or none yet) the event is taken.
         _ => Ok(()),
     }
@@ -171,29 +182,41 @@ mod tests {
     fn meta_from_a_cell_that_holds_nothing_is_refused() {
         let settled = owner("eu-west/c1", None);
         let refused = verdict("us-east/c2", &event("us-east/c1"), Some(&settled));
-        assert_eq!(
-            refused,
-            Err("the conversation is owned by eu-west/c1".to_string())
-        );
+        assert_eq!(refused, Err(Refusal::OwnedBy("eu-west/c1".into())));
         // A cancelled move leaves the former target holding nothing.
         let elsewhere = owner("eu-west/c1", Some("ap-south/c1"));
-        assert!(verdict("us-east/c2", &event("us-east/c1"), Some(&elsewhere)).is_err());
+        assert_eq!(
+            verdict("us-east/c2", &event("us-east/c1"), Some(&elsewhere)),
+            Err(Refusal::OwnedBy("eu-west/c1".into()))
+        );
     }
 
     #[test]
     fn a_cell_never_takes_a_replica_of_what_it_owns_or_of_another_tenant() {
         let mine = owner("us-east/c2", None);
-        assert!(verdict("us-east/c2", &event("us-east/c1"), Some(&mine)).is_err());
+        assert_eq!(
+            verdict("us-east/c2", &event("us-east/c1"), Some(&mine)),
+            Err(Refusal::OwnedHere)
+        );
         let foreign = Replicated {
             claimed_tenant: Some(2),
             ..event("us-east/c1")
         };
-        assert!(verdict("us-east/c2", &foreign, None).is_err());
+        assert_eq!(
+            verdict("us-east/c2", &foreign, None),
+            Err(Refusal::OtherTenantsRecord {
+                claimed: 2,
+                event: 1
+            })
+        );
         let taken = Replicated {
             held_tenant: Some(2),
             ..event("us-east/c1")
         };
-        assert!(verdict("us-east/c2", &taken, None).is_err());
+        assert_eq!(
+            verdict("us-east/c2", &taken, None),
+            Err(Refusal::HeldForOtherTenant(2))
+        );
         assert_eq!(verdict("us-east/c2", &event("us-east/c1"), None), Ok(()));
     }
 }
