@@ -7,6 +7,7 @@
 //! fan-out lane, with no gRPC, no queue reads and no processor. What a send
 //! benchmark reaches is best read as a share of this.
 
+use cellmesh_proto::ids::{ConversationId, UserId};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -197,7 +198,7 @@ fn send(conversation: u64, seq: u64, sender: u64, w: u64, n: u64, body: &[u8]) -
             expires_at_ms: now + 86_400_000,
         },
     );
-    m.raise_read_seq(conversation, sender, seq);
+    m.raise_read_seq(ConversationId(conversation), UserId(sender), seq);
     m.emit(&OutboxEvent {
         kind: OutboxKind::Message as i32,
         tenant_id: TENANT,

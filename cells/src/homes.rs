@@ -5,6 +5,8 @@
 
 use std::collections::HashMap;
 
+use cellmesh_proto::ids::{ConversationId, TenantId};
+
 use crate::config::HomesConfig;
 use crate::error::CellError;
 use crate::user::UserKey;
@@ -56,7 +58,11 @@ pub trait Homes: Send + Sync + 'static {
 
     /// Who holds `conversation` in the route table (`None`: no table, or no
     /// route yet).
-    fn conversation_owner(&self, _tenant: u64, _conversation: u64) -> Option<Owner> {
+    fn conversation_owner(
+        &self,
+        _tenant: TenantId,
+        _conversation: ConversationId,
+    ) -> Option<Owner> {
         None
     }
 

@@ -85,7 +85,7 @@ pub trait Ownership: Send + Sync + 'static {
 
     /// Whether the route table gives this cell `conversation` now (a
     /// standalone cell follows no table and holds no marks: false).
-    fn owns(&self, _tenant: u64, _conversation: u64) -> bool {
+    fn owns(&self, _tenant: TenantId, _conversation: ConversationId) -> bool {
         false
     }
 
@@ -93,21 +93,21 @@ pub trait Ownership: Send + Sync + 'static {
     /// cell now (migrating or frozen towards it): the only time copied
     /// history may be stored here. A standalone cell follows no table and
     /// stores what its operator hands it.
-    fn moving_here(&self, _tenant: u64, _conversation: u64) -> bool {
+    fn moving_here(&self, _tenant: TenantId, _conversation: ConversationId) -> bool {
         true
     }
 
     /// Whether `conversation` of `tenant` is frozen for a move now (its
     /// writes wait for the switch): background work that competes for the
     /// disk, such as copying files in, holds off meanwhile.
-    fn frozen(&self, _tenant: u64, _conversation: u64) -> bool {
+    fn frozen(&self, _tenant: TenantId, _conversation: ConversationId) -> bool {
         false
     }
 
     /// Whether `conversation` of `tenant` is settled here: owned, active,
     /// no move under way (a standalone cell owns everything for good). Only
     /// settled history is moved to the cold tier or expired.
-    fn settled(&self, _tenant: u64, _conversation: u64) -> bool {
+    fn settled(&self, _tenant: TenantId, _conversation: ConversationId) -> bool {
         true
     }
 
@@ -132,7 +132,7 @@ pub trait Ownership: Send + Sync + 'static {
     /// The address of the cell a failover took `conversation` of `tenant`
     /// from, when the route table gives it to this cell through one (a
     /// standalone cell follows no table: `None`).
-    fn taken_over_from(&self, _tenant: u64, _conversation: u64) -> Option<String> {
+    fn taken_over_from(&self, _tenant: TenantId, _conversation: ConversationId) -> Option<String> {
         None
     }
 

@@ -131,13 +131,10 @@ impl Routed {
 }
 
 impl Ownership for Routed {
-    fn owns(&self, tenant: u64, conversation: u64) -> bool {
+    fn owns(&self, tenant: TenantId, conversation: ConversationId) -> bool {
         self.client.read(|t| {
-            t.resolve(&Key::conversation(
-                TenantId(tenant),
-                ConversationId(conversation),
-            ))
-            .is_some_and(|r| r.entry.cell == self.cell_id)
+            t.resolve(&Key::conversation(tenant, conversation))
+                .is_some_and(|r| r.entry.cell == self.cell_id)
         })
     }
 
@@ -145,12 +142,9 @@ impl Ownership for Routed {
         self.client.applied()
     }
 
-    fn taken_over_from(&self, tenant: u64, conversation: u64) -> Option<String> {
+    fn taken_over_from(&self, tenant: TenantId, conversation: ConversationId) -> Option<String> {
         self.client.read(|t| {
-            let entry = t.effective(&Key::conversation(
-                TenantId(tenant),
-                ConversationId(conversation),
-            ))?;
+            let entry = t.effective(&Key::conversation(tenant, conversation))?;
             // A chain of failovers back here names this cell itself.
             let failed = (entry.failed_from.as_ref())
                 .filter(|f| entry.cell == self.cell_id && **f != self.cell_id)?;
@@ -158,36 +152,27 @@ impl Ownership for Routed {
         })
     }
 
-    fn moving_here(&self, tenant: u64, conversation: u64) -> bool {
-        let route = self.client.read(|t| {
-            t.resolve(&Key::conversation(
-                TenantId(tenant),
-                ConversationId(conversation),
-            ))
-        });
+    fn moving_here(&self, tenant: TenantId, conversation: ConversationId) -> bool {
+        let route = self
+            .client
+            .read(|t| t.resolve(&Key::conversation(tenant, conversation)));
         route.is_some_and(|r| match &r.entry.state {
             RouteState::Migrating { to, .. } | RouteState::Frozen { to } => *to == self.cell_id,
             RouteState::Active => false,
         })
     }
 
-    fn frozen(&self, tenant: u64, conversation: u64) -> bool {
-        let route = self.client.read(|t| {
-            t.resolve(&Key::conversation(
-                TenantId(tenant),
-                ConversationId(conversation),
-            ))
-        });
+    fn frozen(&self, tenant: TenantId, conversation: ConversationId) -> bool {
+        let route = self
+            .client
+            .read(|t| t.resolve(&Key::conversation(tenant, conversation)));
         route.is_some_and(|r| frozen_route(&r))
     }
 
-    fn settled(&self, tenant: u64, conversation: u64) -> bool {
-        let route = self.client.read(|t| {
-            t.resolve(&Key::conversation(
-                TenantId(tenant),
-                ConversationId(conversation),
-            ))
-        });
+    fn settled(&self, tenant: TenantId, conversation: ConversationId) -> bool {
+        let route = self
+            .client
+            .read(|t| t.resolve(&Key::conversation(tenant, conversation)));
         route.is_some_and(|r| {
             matches!(r.entry.state, RouteState::Active) && r.entry.cell == self.cell_id
         })
@@ -335,9 +320,8 @@ impl Ownership for Routed {
         tenant: TenantId,
         conversation: ConversationId,
     ) -> BoxFuture<'_, Result<(), CellError>> {
-        let (tenant, conversation) = (tenant.get(), conversation.get());
         Box::pin(async move {
-            let key = Key::tenant(TenantId(tenant));
+            let key = Key::tenant(tenant);
             let mut attempt = 0;
             loop {
                 let Some((epoch, state, cell)) = self.client.read(|t| {
@@ -356,7 +340,7 @@ impl Ownership for Routed {
                     return Ok(());
                 }
                 let command = cellmesh_route_client::commands::update_route(
-                    &Key::conversation(TenantId(tenant), ConversationId(conversation)),
+                    &Key::conversation(tenant, conversation),
                     epoch,
                     cellmesh_proto::v1::update_route::Transition::Place(self.cell_id.clone()),
                 );
@@ -423,12 +407,9 @@ impl Homes for Routed {
         Ok(())
     }
 
-    fn conversation_owner(&self, tenant: u64, conversation: u64) -> Option<Owner> {
+    fn conversation_owner(&self, tenant: TenantId, conversation: ConversationId) -> Option<Owner> {
         self.client
-            .resolve(&Key::conversation(
-                TenantId(tenant),
-                ConversationId(conversation),
-            ))
+            .resolve(&Key::conversation(tenant, conversation))
             .map(|route| Owner {
                 incoming: match route.entry.state {
                     RouteState::Migrating { to, .. } | RouteState::Frozen { to } => Some(to),

@@ -775,9 +775,15 @@ impl MessageService {
         let special = r.delete_after_ms > 0
             || !r.copy_from_region.is_empty()
             || !r.delete_source_region.is_empty();
-        if special || self.ownership.settled(tenant, conversation) {
+        if special
+            || self
+                .ownership
+                .settled(TenantId(tenant), ConversationId(conversation))
+        {
             Here::Sweep
-        } else if self.ownership.owns(tenant, conversation)
+        } else if self
+            .ownership
+            .owns(TenantId(tenant), ConversationId(conversation))
             || (crate::storage::uploads::is_open(r) && !unsent_and_expired(r, now))
         {
             Here::Wait

@@ -6,6 +6,7 @@
 //! is signed against the store the file is in. After a grace period the
 //! source region's copy is deleted, unless the conversation went back.
 
+use cellmesh_proto::ids::{ConversationId, TenantId};
 use std::sync::Arc;
 
 use cellmesh_proto::reason::Reason;
@@ -100,9 +101,10 @@ impl MessageService {
         id: u64,
         mut record: UploadRecord,
     ) -> Result<usize> {
-        let owned = self
-            .ownership
-            .owns(record.tenant_id, record.conversation_id);
+        let owned = self.ownership.owns(
+            TenantId(record.tenant_id),
+            ConversationId(record.conversation_id),
+        );
         let source = att.store_of(&record.delete_source_region);
         let mut deleted = 0;
         if let (true, Some(source), Some(a)) = (owned, source, record.attachment.as_ref()) {
@@ -213,7 +215,10 @@ impl MessageService {
                     .store(true, std::sync::atomic::Ordering::Release);
                 // A freeze is short and its switch waits on the disk: the
                 // copy holds off until it is over.
-                if (self.ownership).frozen(record.tenant_id, record.conversation_id) {
+                if (self.ownership).frozen(
+                    TenantId(record.tenant_id),
+                    ConversationId(record.conversation_id),
+                ) {
                     continue;
                 }
                 let fail = |e: crate::attachments::store::StoreError| CellError::RetryLater {

@@ -1,7 +1,7 @@
 //! Conversations: creation (idempotent when the client names a request id),
 //! membership changes and the conversation view with the caller's unread count.
 
-use cellmesh_proto::ids::{ConversationId, Epoch, TenantId};
+use cellmesh_proto::ids::{ConversationId, Epoch, TenantId, UserId};
 use cellmesh_proto::reason::Reason;
 use std::collections::BTreeSet;
 
@@ -121,7 +121,11 @@ impl MessageService {
             m.put_meta_u64(&crate::storage::keys::meta::backfilled(id), floor);
         }
         for user in &members {
-            m.put_member(id, *user, &MemberRecord { joined_at_ms: now });
+            m.put_member(
+                ConversationId(id),
+                UserId(*user),
+                &MemberRecord { joined_at_ms: now },
+            );
         }
         let idem = IdempotencyRecord {
             conversation_id: id,
@@ -242,7 +246,7 @@ impl MessageService {
             }
             let mut changed = Vec::new();
             for user in unique {
-                if self.store.is_member(cmd.conversation, user)? != add {
+                if self.store.is_member(ConversationId(cmd.conversation), UserId(user))? != add {
                     changed.push(user);
                 }
             }
@@ -269,9 +273,9 @@ impl MessageService {
             let mut m = Mutation::new();
             for user in &changed {
                 if add {
-                    m.put_member(cmd.conversation, *user, &MemberRecord { joined_at_ms: now });
+                    m.put_member(ConversationId(cmd.conversation), UserId(*user), &MemberRecord { joined_at_ms: now });
                 } else {
-                    m.delete_member(cmd.conversation, *user);
+                    m.delete_member(ConversationId(cmd.conversation), UserId(*user));
                 }
             }
             let event = OutboxEvent {
@@ -302,7 +306,10 @@ impl MessageService {
                     "the group's creator is always an admin",
                 ));
             }
-            if !self.store.is_member(cmd.conversation, cmd.user)? {
+            if !self
+                .store
+                .is_member(ConversationId(cmd.conversation), UserId(cmd.user))?
+            {
                 return Err(CellError::invalid(
                     Reason::RecipientNotAMember,
                     format!("user {} is not a member", cmd.user),
@@ -403,7 +410,9 @@ impl MessageService {
         let (member_ids, members_truncated) =
             self.store
                 .members(cmd.conversation, cmd.members_after, limit)?;
-        let read_seq = self.store.read_seq(cmd.conversation, cmd.caller.user)?;
+        let read_seq = self
+            .store
+            .read_seq(ConversationId(cmd.conversation), UserId(cmd.caller.user))?;
         Ok(GetConversationResponse {
             conversation: Some(conversation_to_proto(cmd.conversation, &record, &seq)),
             member_ids,

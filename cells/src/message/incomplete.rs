@@ -7,6 +7,7 @@
 //! cell answers. Only when the failed cell says it never had the
 //! conversation is the id answered as unknown.
 
+use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
 use cellmesh_proto::reason::Reason;
 use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::v1::ExportRequest;
@@ -53,7 +54,9 @@ impl MessageService {
     /// through a failover whose source may still hold it (a fetch of its
     /// meta starts in the background); `None` when "not found" is right.
     pub(super) fn incomplete(&self, tenant: u64, conversation: u64) -> Option<CellError> {
-        let from = self.ownership.taken_over_from(tenant, conversation)?;
+        let from = self
+            .ownership
+            .taken_over_from(TenantId(tenant), ConversationId(conversation))?;
         let key = (tenant, conversation);
         {
             let mut state = self.repairs.inner.lock().expect("repairs");
@@ -148,7 +151,7 @@ async fn fetch(
         .stage_meta(&mut m, conversation, &record, &chunk.members)
         .map_err(|e| e.to_string())?;
     for p in &chunk.read_positions {
-        m.raise_read_seq(conversation, p.user_id, p.read_seq);
+        m.raise_read_seq(ConversationId(conversation), UserId(p.user_id), p.read_seq);
     }
     let mut seq = store.conv_seq(conversation).map_err(|e| e.to_string())?;
     crate::convert::merge_jumps(&mut seq.jumps, &chunk.seq_jumps);

@@ -23,7 +23,7 @@ mod tenant;
 mod tier;
 mod update;
 
-use cellmesh_proto::ids::{TenantId, UserId};
+use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
 use cellmesh_proto::reason::Reason;
 use std::sync::Arc;
 
@@ -255,7 +255,10 @@ impl MessageService {
     }
 
     fn require_member(&self, caller: &Caller, conversation: u64) -> Result<()> {
-        if self.store.is_member(conversation, caller.user)? {
+        if self
+            .store
+            .is_member(ConversationId(conversation), UserId(caller.user))?
+        {
             Ok(())
         } else {
             Err(CellError::denied(
@@ -283,7 +286,8 @@ impl MessageService {
         self.marks.validate_push(source, &marks)?;
         marks.retain(|&(tenant, conversation, _)| {
             let own = &self.ownership;
-            !(own.owns(tenant, conversation) && own.settled(tenant, conversation))
+            !(own.owns(TenantId(tenant), ConversationId(conversation))
+                && own.settled(TenantId(tenant), ConversationId(conversation)))
         });
         self.marks.store_pushed(&marks)
     }

@@ -244,7 +244,11 @@ impl MessageService {
         );
         m.put_idempotency(key, &record);
         // Whoever sends has read up to their own message.
-        m.raise_read_seq(cmd.conversation, cmd.caller.user, seq);
+        m.raise_read_seq(
+            ConversationId(cmd.conversation),
+            UserId(cmd.caller.user),
+            seq,
+        );
         m.emit(&OutboxEvent {
             kind: OutboxKind::Message as i32,
             tenant_id: cmd.caller.tenant,
@@ -326,7 +330,10 @@ impl MessageService {
         users.sort_unstable();
         users.dedup();
         for user in &users {
-            if !self.store.is_member(cmd.conversation, *user)? {
+            if !self
+                .store
+                .is_member(ConversationId(cmd.conversation), UserId(*user))?
+            {
                 return Err(CellError::invalid(
                     Reason::RecipientNotAMember,
                     format!("user {user} in visible_to is not a member"),

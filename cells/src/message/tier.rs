@@ -11,6 +11,7 @@
 //! pending note. A crash anywhere leaves the hot rows or a verified,
 //! committed segment.
 
+use cellmesh_proto::ids::{ConversationId, TenantId};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -81,7 +82,9 @@ impl MessageService {
         // Only history this cell owns and will not be handed more of: not
         // while a move copies it, nor below a failover floor that a
         // backfill may still fill in.
-        if !self.ownership.settled(tenant, conversation)
+        if !self
+            .ownership
+            .settled(TenantId(tenant), ConversationId(conversation))
             || (seq.seq_floor > 0 && !self.backfilled(conversation)?)
         {
             return Ok((0, 0));
@@ -168,7 +171,11 @@ impl MessageService {
             let now = self
                 .store
                 .messages_after(conversation, after, rows.len(), usize::MAX)?;
-            if now != rows || !self.ownership.settled(tenant, conversation) {
+            if now != rows
+                || !self
+                    .ownership
+                    .settled(TenantId(tenant), ConversationId(conversation))
+            {
                 return Ok(false);
             }
             let mut mutation = Mutation::new();
@@ -262,7 +269,9 @@ impl MessageService {
                 if retention.legal_hold
                     || horizon == 0
                     || entry.last_ts_ms >= now.saturating_sub(horizon)
-                    || !self.ownership.settled(entry.tenant_id, conversation)
+                    || !self
+                        .ownership
+                        .settled(TenantId(entry.tenant_id), ConversationId(conversation))
                 {
                     continue;
                 }

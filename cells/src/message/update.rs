@@ -2,7 +2,7 @@
 //! window, shown to everyone), delete-for-me (an overlay for one user) and the
 //! per-user read position (which never moves backwards).
 
-use cellmesh_proto::ids::{ConversationId, Epoch, TenantId};
+use cellmesh_proto::ids::{ConversationId, Epoch, TenantId, UserId};
 use cellmesh_proto::reason::Reason;
 use cellmesh_proto::storage::v1::{MessageRecord, OutboxEvent, OutboxKind};
 use cellmesh_proto::v1::{DeleteForMeResponse, MarkReadResponse, Message, MessageState};
@@ -196,7 +196,11 @@ impl MessageService {
         seqs.dedup();
         let mut m = Mutation::new();
         for seq in &seqs {
-            m.hide(cmd.conversation, cmd.caller.user, *seq);
+            m.hide(
+                ConversationId(cmd.conversation),
+                UserId(cmd.caller.user),
+                *seq,
+            );
         }
         m.emit(&OutboxEvent {
             kind: OutboxKind::DeleteForMe as i32,
@@ -224,9 +228,17 @@ impl MessageService {
         self.require_member(&cmd.caller, cmd.conversation)?;
         let latest = self.store.conv_seq(cmd.conversation)?.latest_seq;
         let target = cmd.read_seq.min(latest);
-        if target > self.store.read_seq(cmd.conversation, cmd.caller.user)? {
+        if target
+            > self
+                .store
+                .read_seq(ConversationId(cmd.conversation), UserId(cmd.caller.user))?
+        {
             let mut m = Mutation::new();
-            m.raise_read_seq(cmd.conversation, cmd.caller.user, target);
+            m.raise_read_seq(
+                ConversationId(cmd.conversation),
+                UserId(cmd.caller.user),
+                target,
+            );
             m.emit(&OutboxEvent {
                 kind: OutboxKind::Read as i32,
                 tenant_id: cmd.caller.tenant,
@@ -238,7 +250,9 @@ impl MessageService {
             });
             self.store.commit(m).await?;
         }
-        let read_seq = self.store.read_seq(cmd.conversation, cmd.caller.user)?;
+        let read_seq = self
+            .store
+            .read_seq(ConversationId(cmd.conversation), UserId(cmd.caller.user))?;
         Ok(MarkReadResponse {
             read_seq,
             latest_seq: latest,

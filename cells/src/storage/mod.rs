@@ -131,13 +131,18 @@ impl Mutation {
         self.put(cf::CONV_SEQ, keys::u64_key(id), record.encode_to_vec());
     }
 
-    pub fn put_member(&mut self, conversation: u64, user: u64, record: &MemberRecord) {
-        let key = keys::member(ConversationId(conversation), UserId(user));
+    pub fn put_member(
+        &mut self,
+        conversation: ConversationId,
+        user: UserId,
+        record: &MemberRecord,
+    ) {
+        let key = keys::member(conversation, user);
         self.put(cf::MEMBERS, key, record.encode_to_vec());
     }
 
-    pub fn delete_member(&mut self, conversation: u64, user: u64) {
-        let key = keys::member(ConversationId(conversation), UserId(user)).to_vec();
+    pub fn delete_member(&mut self, conversation: ConversationId, user: UserId) {
+        let key = keys::member(conversation, user).to_vec();
         self.ops.push(Op::Delete(cf::MEMBERS, key));
     }
 
@@ -151,16 +156,16 @@ impl Mutation {
     }
 
     /// Raises (never lowers) a user's read position in a conversation.
-    pub fn raise_read_seq(&mut self, conversation: u64, user: u64, seq: u64) {
-        let key = keys::member(ConversationId(conversation), UserId(user)).to_vec();
+    pub fn raise_read_seq(&mut self, conversation: ConversationId, user: UserId, seq: u64) {
+        let key = keys::member(conversation, user).to_vec();
         let value = seq.to_be_bytes().to_vec();
         self.ops.push(Op::Merge(cf::READ_STATE, key, value));
     }
 
-    pub fn hide(&mut self, conversation: u64, user: u64, seq: u64) {
+    pub fn hide(&mut self, conversation: ConversationId, user: UserId, seq: u64) {
         self.put(
             cf::HIDDEN,
-            keys::hidden(ConversationId(conversation), UserId(user), Seq(seq)),
+            keys::hidden(conversation, user, Seq(seq)),
             Vec::new(),
         );
     }
@@ -312,8 +317,8 @@ impl Store {
             .unwrap_or_default())
     }
 
-    pub fn is_member(&self, conversation: u64, user: u64) -> Result<bool> {
-        let key = keys::member(ConversationId(conversation), UserId(user));
+    pub fn is_member(&self, conversation: ConversationId, user: UserId) -> Result<bool> {
+        let key = keys::member(conversation, user);
         Ok(self.db.get_pinned_cf(self.cf(cf::MEMBERS), key)?.is_some())
     }
 
@@ -356,12 +361,12 @@ impl Store {
         m.put_conversation(conversation, record);
         let (current, _) = self.members(conversation, 0, usize::MAX)?;
         for user in current.iter().filter(|u| !members.contains(u)) {
-            m.delete_member(conversation, *user);
+            m.delete_member(ConversationId(conversation), UserId(*user));
         }
         for user in members.iter().filter(|u| !current.contains(u)) {
             m.put_member(
-                conversation,
-                *user,
+                ConversationId(conversation),
+                UserId(*user),
                 &MemberRecord {
                     joined_at_ms: record.created_at_ms,
                 },
@@ -381,11 +386,8 @@ impl Store {
         self.get_record(cf::IDEMPOTENCY, &key.encode())
     }
 
-    pub fn read_seq(&self, conversation: u64, user: u64) -> Result<u64> {
-        self.get_u64(
-            cf::READ_STATE,
-            &keys::member(ConversationId(conversation), UserId(user)),
-        )
+    pub fn read_seq(&self, conversation: ConversationId, user: UserId) -> Result<u64> {
+        self.get_u64(cf::READ_STATE, &keys::member(conversation, user))
     }
 
     /// Outbox events with ids above `after`, oldest first.

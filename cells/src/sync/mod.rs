@@ -8,6 +8,7 @@ mod hub;
 pub mod moving;
 pub mod stream;
 
+use cellmesh_proto::ids::{ConversationId, UserId};
 use cellmesh_proto::reason::Reason;
 use std::sync::Arc;
 
@@ -162,7 +163,9 @@ impl SyncService {
                 Some(m) if m.seq >= entry.last_seq => Some(m),
                 local => self.remote_last_message(caller, &entry)?.or(local),
             };
-            let read_seq = self.store.read_seq(id, caller.user)?;
+            let read_seq = self
+                .store
+                .read_seq(ConversationId(id), UserId(caller.user))?;
             // A conversation owned by another cell (moved away, or remote)
             // is only as current here as the events that reached its members.
             let latest = seq.latest_seq.max(entry.last_seq);

@@ -86,7 +86,7 @@ impl MessageService {
         {
             (self.store).stage_meta(&mut m, conversation, record, &chunk.members)?;
             for p in &chunk.read_positions {
-                m.raise_read_seq(conversation, p.user_id, p.read_seq);
+                m.raise_read_seq(ConversationId(conversation), UserId(p.user_id), p.read_seq);
             }
             // No send here has loaded it: its seq record takes the jumps.
             let mut seq = self.store.conv_seq(conversation)?;

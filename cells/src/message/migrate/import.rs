@@ -12,7 +12,10 @@ impl MessageService {
     /// catch up; then the chunk is refused for good.
     pub(super) async fn await_moving_here(&self, tenant: u64, conversation: u64) -> Result<()> {
         let deadline = Instant::now() + MOVING_HERE_WAIT;
-        while !self.ownership.moving_here(tenant, conversation) {
+        while !self
+            .ownership
+            .moving_here(TenantId(tenant), ConversationId(conversation))
+        {
             if Instant::now() >= deadline {
                 return Err(CellError::invalid(
                     Reason::NotMovingHere,
@@ -100,10 +103,14 @@ impl MessageService {
         }
         m.put_conversation(conversation, &record);
         for user in &chunk.members {
-            m.put_member(conversation, *user, &MemberRecord { joined_at_ms: 0 });
+            m.put_member(
+                ConversationId(conversation),
+                UserId(*user),
+                &MemberRecord { joined_at_ms: 0 },
+            );
         }
         for p in &chunk.read_positions {
-            m.raise_read_seq(conversation, p.user_id, p.read_seq);
+            m.raise_read_seq(ConversationId(conversation), UserId(p.user_id), p.read_seq);
         }
         count_rows("in", chunk.messages.len());
         self.adopt_segments(conversation, &chunk.segments, u64::MAX)

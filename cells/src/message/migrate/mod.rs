@@ -7,7 +7,7 @@
 //! After a failover it backfills what the failed cell acknowledged
 //! ([`backfill`]).
 
-use cellmesh_proto::ids::{ConversationId, Epoch, TenantId};
+use cellmesh_proto::ids::{ConversationId, Epoch, TenantId, UserId};
 use cellmesh_proto::reason::Reason;
 use std::time::{Duration, Instant};
 
@@ -138,7 +138,9 @@ impl MessageService {
         let (members, _) = self.store.members(conversation, 0, usize::MAX)?;
         let mut read_positions = Vec::new();
         for user in &members {
-            let read_seq = self.store.read_seq(conversation, *user)?;
+            let read_seq = self
+                .store
+                .read_seq(ConversationId(conversation), UserId(*user))?;
             if read_seq > 0 {
                 read_positions.push(ReadPosition {
                     user_id: *user,

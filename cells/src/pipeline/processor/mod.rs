@@ -19,6 +19,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
 use cellmesh_proto::storage::v1::{
     ConvListEntry, ForwardRecord, IdempotencyRecord, NotificationBatch, NotificationRecord,
     OutboxEvent, OutboxKind, SyncRecord,
@@ -61,7 +62,9 @@ impl plan::Members for StoredMembers<'_> {
     }
 
     fn contains(&self, user: u64) -> Result<bool, PipelineError> {
-        Ok(self.store.is_member(self.conversation, user)?)
+        Ok(self
+            .store
+            .is_member(ConversationId(self.conversation), UserId(user))?)
     }
 }
 

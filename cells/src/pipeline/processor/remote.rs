@@ -118,7 +118,11 @@ impl Processor {
 
     /// Whether `source` may replicate `e` (a conversation's meta or a
     /// send's answer) to this cell (see [`super::standby`]).
-    pub(super) fn replicated_by_owner(&self, source: &str, e: &PeerEvent) -> Result<(), String> {
+    pub(super) fn replicated_by_owner(
+        &self,
+        source: &str,
+        e: &PeerEvent,
+    ) -> Result<(), crate::pipeline::standby::Refusal> {
         if source.is_empty() {
             return Ok(());
         }
@@ -131,7 +135,8 @@ impl Processor {
                 .map(|r| r.tenant_id),
             held_tenant: held.map(|h| h.tenant_id),
         };
-        let owner = (self.homes).conversation_owner(e.tenant_id, e.conversation_id);
+        let owner = (self.homes)
+            .conversation_owner(TenantId(e.tenant_id), ConversationId(e.conversation_id));
         crate::pipeline::standby::verdict(&self.cell_id, &replicated, owner.as_ref())
     }
 
