@@ -105,9 +105,7 @@ pub async fn run_control_plane(args: ControlPlaneArgs) -> anyhow::Result<()> {
             &format!("{} routers", config.routers.len()),
         );
     }
-    let cp = cellmesh_control_plane::server::start(config)
-        .await
-        .map_err(anyhow::Error::msg)?;
+    let cp = cellmesh_control_plane::server::start(config).await?;
     println!(
         "control plane watching {} cells",
         cp.routes.read(|t| t.cells.len())

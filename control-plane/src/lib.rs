@@ -15,4 +15,5 @@ pub mod migration;
 pub mod operations;
 pub mod panels;
 pub mod server;
+pub mod start_error;
 pub mod status;

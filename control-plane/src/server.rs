@@ -33,6 +33,7 @@ use crate::failover::trigger::{self, CellNow};
 use crate::operations::OperationStore;
 use crate::operations::api::OperationsApi;
 use crate::operations::runner::run_operations;
+use crate::start_error::StartError;
 use crate::status::Sampler;
 use cellmesh_coord::embedded::EmbeddedCoordination;
 use cellmesh_coord::etcd::EtcdCoordination;
@@ -125,17 +126,13 @@ impl Default for CoordinationConfig {
 }
 
 impl CoordinationConfig {
-    pub async fn connect(&self) -> Result<Arc<dyn Coordination>, String> {
+    pub async fn connect(&self) -> Result<Arc<dyn Coordination>, cellmesh_coord::CoordError> {
         Ok(match self.backend {
             CoordinationBackend::Embedded => Arc::new(EmbeddedCoordination::default()),
-            CoordinationBackend::Local => {
-                Arc::new(LocalCoordination::open(Path::new(&self.dir)).map_err(|e| e.to_string())?)
+            CoordinationBackend::Local => Arc::new(LocalCoordination::open(Path::new(&self.dir))?),
+            CoordinationBackend::Etcd => {
+                Arc::new(EtcdCoordination::connect(&self.etcd_endpoints).await?)
             }
-            CoordinationBackend::Etcd => Arc::new(
-                EtcdCoordination::connect(&self.etcd_endpoints)
-                    .await
-                    .map_err(|e| e.to_string())?,
-            ),
         })
     }
 }
@@ -358,15 +355,15 @@ impl RunningControlPlane {
     }
 }
 
-pub async fn start(config: ControlPlaneConfig) -> Result<RunningControlPlane, String> {
-    config.validate().map_err(|e| e.to_string())?;
-    cellmesh_proto::tls::install(&config.tls).map_err(|e| format!("tls: {e}"))?;
+pub async fn start(config: ControlPlaneConfig) -> Result<RunningControlPlane, StartError> {
+    config.validate()?;
+    cellmesh_proto::tls::install(&config.tls).map_err(StartError::Tls)?;
     let routes = RouteClient::connect(
         config.routers.clone(),
         ClusterSecret::new(&config.cluster_secret),
     )
     .await
-    .map_err(|e| format!("cannot reach the route table: {}", e.message()))?;
+    .map_err(StartError::Routes)?;
     let coordination = config.coordination.connect().await?;
     let events = Arc::new(Mutex::new(Vec::new()));
     let (leading_tx, leading) = watch::channel(false);
@@ -374,7 +371,7 @@ pub async fn start(config: ControlPlaneConfig) -> Result<RunningControlPlane, St
     let console = if config.console_listen.is_empty() {
         None
     } else {
-        let listen = config.console_listen.parse().map_err(|e| format!("{e}"))?;
+        let listen = StartError::address("console_listen", &config.console_listen)?;
         let (latest, sampler) = sample(&config, coordination.clone(), routes.clone());
         let (addr, server) = crate::console::serve(
             listen,
@@ -383,17 +380,25 @@ pub async fn start(config: ControlPlaneConfig) -> Result<RunningControlPlane, St
             config.console_token.clone(),
         )
         .await
-        .map_err(|e| format!("console_listen {listen}: {e}"))?;
+        .map_err(|source| StartError::Listen {
+            what: "console_listen",
+            listen,
+            source,
+        })?;
         tasks.extend([sampler, server]);
         Some(addr)
     };
     let admin = if config.admin_listen.is_empty() {
         None
     } else {
-        let listen: SocketAddr = config.admin_listen.parse().map_err(|e| format!("{e}"))?;
+        let listen = StartError::address("admin_listen", &config.admin_listen)?;
         let (addr, server) = serve_admin(listen, &config, coordination.clone(), routes.clone())
             .await
-            .map_err(|e| format!("admin_listen {listen}: {e}"))?;
+            .map_err(|source| StartError::Listen {
+                what: "admin_listen",
+                listen,
+                source,
+            })?;
         tasks.push(server);
         Some(addr)
     };
@@ -408,7 +413,8 @@ pub async fn start(config: ControlPlaneConfig) -> Result<RunningControlPlane, St
     );
     crate::metrics::register();
     let metrics = cellmesh_telemetry::admin::serve_configured(&config.metrics_listen)
-        .await?
+        .await
+        .map_err(StartError::Metrics)?
         .map(|(addr, server)| {
             tasks.push(server);
             addr
