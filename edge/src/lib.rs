@@ -212,17 +212,9 @@ impl EdgeConfig {
         check_listen("metrics_listen", &self.metrics_listen)?;
         self.telemetry.validate()?;
         for provider in &self.oidc {
-            provider
-                .validate()
-                .map_err(|message| ConfigError::Invalid {
-                    field: "oidc",
-                    message,
-                })?;
+            provider.validate()?;
         }
-        web::check_origins(&self.web_origins).map_err(|message| ConfigError::Invalid {
-            field: "web_origins",
-            message,
-        })?;
+        web::check_origins(&self.web_origins)?;
         if !self.web_root.is_empty() && !Path::new(&self.web_root).join("index.html").is_file() {
             return Err(ConfigError::Invalid {
                 field: "web_root",

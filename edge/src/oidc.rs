@@ -57,24 +57,30 @@ fn leeway() -> u64 {
 }
 
 impl OidcProvider {
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), cellmesh_proto::config::ConfigError> {
+        let invalid = |message: String| cellmesh_proto::config::ConfigError::Invalid {
+            field: "oidc",
+            message,
+        };
         if self.tenant == 0 || self.issuer.is_empty() || self.audience.is_empty() {
-            return Err("each [[oidc]] entry needs a tenant, an issuer and an audience".into());
+            return Err(invalid(
+                "each [[oidc]] entry needs a tenant, an issuer and an audience".into(),
+            ));
         }
         if self.jwks_file.is_empty() == self.jwks_url.is_empty() {
-            return Err(format!(
+            return Err(invalid(format!(
                 "[[oidc]] of tenant {}: set one of jwks_file and jwks_url",
                 self.tenant
-            ));
+            )));
         }
         if !self.jwks_url.is_empty()
             && !self.jwks_url.starts_with("https://")
             && !self.jwks_url.starts_with("http://")
         {
-            return Err(format!(
+            return Err(invalid(format!(
                 "[[oidc]] of tenant {}: jwks_url must be an http(s) URL",
                 self.tenant
-            ));
+            )));
         }
         Ok(())
     }

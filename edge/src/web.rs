@@ -6,11 +6,16 @@
 
 use std::time::Duration;
 
+use cellmesh_proto::config::ConfigError;
 use http::{HeaderName, HeaderValue, Method};
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
 /// Checks `web_origins`: `"*"`, or `http(s)://host[:port]` without a path.
-pub fn check_origins(origins: &[String]) -> Result<(), String> {
+pub fn check_origins(origins: &[String]) -> Result<(), ConfigError> {
+    let invalid = |message: String| ConfigError::Invalid {
+        field: "web_origins",
+        message,
+    };
     for o in origins {
         if o == "*" {
             continue;
@@ -18,11 +23,11 @@ pub fn check_origins(origins: &[String]) -> Result<(), String> {
         let rest = o
             .strip_prefix("https://")
             .or_else(|| o.strip_prefix("http://"))
-            .ok_or_else(|| format!("{o:?} is not an origin (http:// or https://)"))?;
+            .ok_or_else(|| invalid(format!("{o:?} is not an origin (http:// or https://)")))?;
         if rest.is_empty() || rest.contains('/') || HeaderValue::from_str(o).is_err() {
-            return Err(format!(
+            return Err(invalid(format!(
                 "{o:?} is not an origin (scheme, host and port only)"
-            ));
+            )));
         }
     }
     Ok(())

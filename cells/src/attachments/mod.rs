@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 pub use config::{AttachmentsConfig, RegionFiles, TenantAttachments};
 pub use store::{FileStore, StoredPart};
 
-use crate::cold::TierStore;
+use crate::cold::{BucketError, TierStore};
 use crate::storage::Store;
 
 pub struct Attachments {
@@ -58,19 +58,26 @@ impl Attachments {
         config: &AttachmentsConfig,
         data_dir: &Path,
         region: &str,
-    ) -> Result<Option<Arc<Self>>, String> {
+    ) -> Result<Option<Arc<Self>>, BucketError> {
         if !config.enabled {
             return Ok(None);
         }
         let key = config.key_file_under(data_dir);
-        let signer = urls::UrlSigner::load_or_create(&key)
-            .map_err(|e| format!("attachments signing key {}: {e}", key.display()))?;
+        let signer =
+            urls::UrlSigner::load_or_create(&key).map_err(|e| BucketError::SigningKey {
+                what: "attachments",
+                path: key.clone(),
+                source: e,
+            })?;
         let base_url = Arc::new(std::sync::OnceLock::new());
         let open = |region: &str, store: TierStore, dir: PathBuf, s3: &crate::cold::S3Config| {
-            Ok::<_, String>(match store {
+            Ok::<_, BucketError>(match store {
                 TierStore::Local => {
-                    std::fs::create_dir_all(&dir)
-                        .map_err(|e| format!("attachments directory {}: {e}", dir.display()))?;
+                    std::fs::create_dir_all(&dir).map_err(|source| BucketError::Directory {
+                        what: "attachments",
+                        dir: dir.clone(),
+                        source,
+                    })?;
                     FileStore::Local(store::LocalFiles {
                         region: region.to_string(),
                         dir,

@@ -131,7 +131,7 @@ impl LocalFiles {
 }
 
 impl S3Files {
-    pub fn open(s3: &S3Config) -> std::result::Result<Self, String> {
+    pub fn open(s3: &S3Config) -> std::result::Result<Self, crate::cold::BucketError> {
         let store = s3.build("attachments")?;
         // The presigner signs with the same credentials object_store uses.
         let env = |name: &str| std::env::var(name).unwrap_or_default();

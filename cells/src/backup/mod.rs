@@ -50,6 +50,8 @@ pub enum BackupError {
     Storage(#[from] StorageError),
     #[error(transparent)]
     Cell(#[from] Box<crate::error::CellError>),
+    #[error(transparent)]
+    Bucket(#[from] crate::cold::BucketError),
 }
 
 impl From<crate::error::CellError> for BackupError {
@@ -96,8 +98,7 @@ impl Backups {
             &config.local_dir_under(data_dir),
             &config.s3,
             "backup",
-        )
-        .map_err(BackupError::Store)?;
+        )?;
         let cell = cell.trim_matches('/');
         let root = match prefix.as_str() {
             "" => format!("backups/{cell}"),

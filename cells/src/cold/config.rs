@@ -77,10 +77,40 @@ pub struct TenantRetention {
     pub legal_hold: bool,
 }
 
+/// Why an object store (a local directory or an S3 bucket) did not open;
+/// `what` names its use (cold tier, attachments, backup).
+#[derive(Debug, thiserror::Error)]
+pub enum BucketError {
+    #[error("{what} directory {}: {source}", dir.display())]
+    Directory {
+        what: &'static str,
+        dir: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{what} directory {}: {source}", dir.display())]
+    LocalStore {
+        what: &'static str,
+        dir: std::path::PathBuf,
+        source: object_store::Error,
+    },
+    #[error("{what} bucket {bucket}: {source}")]
+    S3 {
+        what: &'static str,
+        bucket: String,
+        source: object_store::Error,
+    },
+    #[error("{what} signing key {}: {source}", path.display())]
+    SigningKey {
+        what: &'static str,
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+}
+
 impl S3Config {
     /// The bucket's client (credentials from the settings, else from the
     /// environment); `what` names the bucket's use in errors.
-    pub fn build(&self, what: &str) -> Result<object_store::aws::AmazonS3, String> {
+    pub fn build(&self, what: &'static str) -> Result<object_store::aws::AmazonS3, BucketError> {
         let mut builder = object_store::aws::AmazonS3Builder::from_env()
             .with_bucket_name(&self.bucket)
             .with_allow_http(self.allow_http);
@@ -95,9 +125,11 @@ impl S3Config {
                 .with_access_key_id(&self.access_key_id)
                 .with_secret_access_key(&self.secret_access_key);
         }
-        builder
-            .build()
-            .map_err(|e| format!("{what} bucket {}: {e}", self.bucket))
+        builder.build().map_err(|source| BucketError::S3 {
+            what,
+            bucket: self.bucket.clone(),
+            source,
+        })
     }
 
     /// Checks the bucket settings; `fields` name the bucket, access key

@@ -18,7 +18,7 @@ use futures::TryStreamExt;
 use object_store::ObjectStore;
 use object_store::path::Path as ObjectPath;
 
-pub use config::{S3Config, TenantRetention, TierStore, TieringConfig};
+pub use config::{BucketError, S3Config, TenantRetention, TierStore, TieringConfig};
 use segment::SegmentFault;
 
 /// Decoded messages of one segment, ascending seq.
@@ -51,14 +51,18 @@ pub fn open_bucket(
     store: TierStore,
     local_dir: &Path,
     s3: &S3Config,
-    what: &str,
-) -> Result<(Arc<dyn ObjectStore>, String), String> {
+    what: &'static str,
+) -> Result<(Arc<dyn ObjectStore>, String), BucketError> {
     match store {
         TierStore::Local => {
-            std::fs::create_dir_all(local_dir)
-                .map_err(|e| format!("{what} directory {}: {e}", local_dir.display()))?;
+            let dir = local_dir.to_path_buf();
+            std::fs::create_dir_all(local_dir).map_err(|source| BucketError::Directory {
+                what,
+                dir: dir.clone(),
+                source,
+            })?;
             let store = object_store::local::LocalFileSystem::new_with_prefix(local_dir)
-                .map_err(|e| format!("{what} directory {}: {e}", local_dir.display()))?;
+                .map_err(|source| BucketError::LocalStore { what, dir, source })?;
             Ok((Arc::new(store), String::new()))
         }
         TierStore::S3 => Ok((
@@ -86,7 +90,7 @@ impl ColdTier {
         config: &TieringConfig,
         data_dir: &Path,
         journal: journal::Journal,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, BucketError> {
         let (store, prefix) = open_bucket(
             config.store,
             &config.local_dir_under(data_dir),

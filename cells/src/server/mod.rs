@@ -63,11 +63,11 @@ pub enum StartError {
     #[error("cannot serve metrics: {0}")]
     Metrics(String),
     #[error("cannot open the cold tier: {0}")]
-    ColdTier(String),
+    ColdTier(crate::cold::BucketError),
     #[error("tls: {0}")]
     Tls(String),
     #[error("cannot open the attachments store: {0}")]
-    Attachments(String),
+    Attachments(crate::cold::BucketError),
     #[error("cannot open the backup store: {0}")]
     Backups(String),
 }
