@@ -18,10 +18,7 @@ use crate::storage::ScanDirection;
 /// The caller of a request: tenant and user are required.
 pub fn caller(caller: Option<pb::Caller>) -> Result<Caller, CellError> {
     match caller {
-        Some(c) if c.tenant_id != 0 && c.user_id != 0 => Ok(Caller {
-            tenant: c.tenant_id,
-            user: c.user_id,
-        }),
+        Some(c) if c.tenant_id != 0 && c.user_id != 0 => Ok(Caller::new(c.tenant_id, c.user_id)),
         _ => Err(CellError::Unauthenticated {
             message: "request carries no caller (tenant_id and user_id are required)".into(),
         }),
@@ -94,7 +91,7 @@ impl TryFrom<pb::SearchRequest> for crate::message::SearchCommand {
 
     fn try_from(r: pb::SearchRequest) -> Result<Self, CellError> {
         let caller = caller(r.caller)?;
-        if caller.user == crate::storage::EVERY_MESSAGE {
+        if caller.user.get() == crate::storage::EVERY_MESSAGE {
             return Err(CellError::Unauthenticated {
                 message: "the caller's user id is reserved".into(),
             });

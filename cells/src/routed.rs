@@ -5,7 +5,7 @@
 //! is frozen for a migration or when the caller has seen a newer epoch than
 //! this cell. Users whose home is another cell get their events there.
 
-use cellmesh_proto::ids::{ConversationId, Epoch, TenantId, UserId};
+use cellmesh_proto::ids::{ConversationId, Epoch, TenantId};
 use cellmesh_proto::reason::Reason;
 use cellmesh_proto::v1::RouteState as PbRouteState;
 use cellmesh_route_client::client::RouteClient;
@@ -376,7 +376,7 @@ impl Ownership for Routed {
 
 impl Homes for Routed {
     fn home(&self, user: UserKey) -> Home {
-        let key = Key::user(TenantId(user.tenant), UserId(user.user));
+        let key = Key::user(user.tenant, user.user);
         let Some(route) = self.client.resolve(&key) else {
             return Home::Here;
         };
@@ -390,7 +390,7 @@ impl Homes for Routed {
     }
 
     fn check_home(&self, user: UserKey, write: bool) -> Result<(), CellError> {
-        let key = Key::user(TenantId(user.tenant), UserId(user.user));
+        let key = Key::user(user.tenant, user.user);
         let Some(route) = self.client.resolve(&key) else {
             return Ok(());
         };

@@ -6,16 +6,21 @@
 
 use std::fmt;
 
+use cellmesh_proto::ids::{TenantId, UserId};
+
 /// A user of one tenant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct UserKey {
-    pub tenant: u64,
-    pub user: u64,
+    pub tenant: TenantId,
+    pub user: UserId,
 }
 
 impl UserKey {
     pub const fn new(tenant: u64, user: u64) -> Self {
-        Self { tenant, user }
+        Self {
+            tenant: TenantId(tenant),
+            user: UserId(user),
+        }
     }
 
     /// `"TENANT/USER"`, both ids non-zero (as `homes.remote` names users).
@@ -29,7 +34,7 @@ impl UserKey {
     pub const fn peer(&self, user: u64) -> Self {
         Self {
             tenant: self.tenant,
-            user,
+            user: UserId(user),
         }
     }
 }

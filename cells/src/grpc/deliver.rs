@@ -77,8 +77,8 @@ pub async fn deliver(
         refused: users
             .iter()
             .map(|u| TenantUser {
-                tenant_id: u.tenant,
-                user_id: u.user,
+                tenant_id: u.tenant.get(),
+                user_id: u.user.get(),
             })
             .collect(),
         refused_standby_events: delivered.refused_standby,

@@ -91,9 +91,9 @@ impl Messaging for MessagingApi {
     async fn send(&self, request: Request<SendRequest>) -> Reply<SendResponse> {
         let cmd: SendCommand = request.into_inner().try_into()?;
         record_call(
-            cmd.caller.tenant,
+            cmd.caller.tenant.get(),
             cmd.conversation,
-            cmd.caller.user,
+            cmd.caller.user.get(),
             &cmd.client_req_id,
         );
         Ok(Response::new(

@@ -5,7 +5,7 @@
 //! names into the refs its message carries, and sweep expired reservations
 //! and recalled files.
 
-use cellmesh_proto::ids::{ConversationId, Epoch, TenantId, UserId};
+use cellmesh_proto::ids::{ConversationId, Epoch, TenantId};
 use cellmesh_proto::reason::Reason;
 use cellmesh_proto::storage::v1::{IdempotencyRecord, UploadRecord};
 use cellmesh_proto::v1::{
@@ -60,23 +60,27 @@ impl MessageService {
         validate_upload(&cmd, &att.config)?;
         let (tenant, user) = (cmd.caller.tenant, cmd.caller.user);
         self.ownership
-            .check(TenantId(tenant), ConversationId(cmd.conversation), Epoch(0))?;
+            .check(tenant, ConversationId(cmd.conversation), Epoch(0))?;
         self.check_member(&cmd.caller, cmd.conversation)?;
         let idem = (!cmd.client_req_id.is_empty()).then(|| IdemKey {
             kind: IdemKind::CreateUpload,
-            tenant,
-            user,
+            tenant: tenant.get(),
+            user: user.get(),
             client_req_id: cmd.client_req_id.clone(),
         });
         if let Some(first) = self.first_upload(idem.as_ref(), &cmd).await? {
             return Ok(first);
         }
-        self.limits.check_upload(TenantId(tenant), UserId(user))?;
-        let quota = att.config.tenant(tenant).quota_bytes;
-        let total = att.add_bytes(&self.store, tenant, cmd.size as i64)?;
-        let total = total.saturating_add(if quota > 0 { att.elsewhere(tenant) } else { 0 });
+        self.limits.check_upload(tenant, user)?;
+        let quota = att.config.tenant(tenant.get()).quota_bytes;
+        let total = att.add_bytes(&self.store, tenant.get(), cmd.size as i64)?;
+        let total = total.saturating_add(if quota > 0 {
+            att.elsewhere(tenant.get())
+        } else {
+            0
+        });
         if quota > 0 && total > quota {
-            att.add_bytes(&self.store, tenant, -(cmd.size as i64))?;
+            att.add_bytes(&self.store, tenant.get(), -(cmd.size as i64))?;
             return Err(CellError::denied(
                 Reason::AttachmentQuotaExceeded,
                 format!("the tenant's files would take {total} bytes; its quota is {quota}"),
@@ -84,7 +88,7 @@ impl MessageService {
         }
         let now = self.now_ms();
         let id = self.next_id(now)?;
-        let key = object_key(tenant, cmd.conversation, id);
+        let key = object_key(tenant.get(), cmd.conversation, id);
         let multipart_id = if cmd.size > att.config.part_bytes {
             att.files
                 .create_multipart(&key)
@@ -94,9 +98,9 @@ impl MessageService {
             String::new()
         };
         let record = UploadRecord {
-            tenant_id: tenant,
+            tenant_id: tenant.get(),
             conversation_id: cmd.conversation,
-            uploader: user,
+            uploader: user.get(),
             state: UploadState::Reserved as i32,
             created_at_ms: now,
             expires_at_ms: now + att.config.upload_expiry_secs * 1000,
@@ -149,7 +153,7 @@ impl MessageService {
         };
         let same = self
             .store
-            .upload(cmd.caller.tenant, answer.msg_id)?
+            .upload(cmd.caller.tenant.get(), answer.msg_id)?
             .and_then(|r| r.attachment.map(|a| (r.conversation_id, a)))
             .is_some_and(|(conversation, a)| {
                 conversation == cmd.conversation
@@ -172,10 +176,10 @@ impl MessageService {
     /// conversation's or another tenant's answer as missing).
     fn own_upload(&self, caller: &Caller, conversation: u64, id: u64) -> Result<UploadRecord> {
         self.check_member(caller, conversation)?;
-        match self.store.upload(caller.tenant, id)? {
+        match self.store.upload(caller.tenant.get(), id)? {
             Some(r)
                 if r.conversation_id == conversation
-                    && r.uploader == caller.user
+                    && r.uploader == caller.user.get()
                     && r.delete_after_ms == 0 =>
             {
                 Ok(r)
@@ -211,11 +215,8 @@ impl MessageService {
     ) -> Result<UploadResponse> {
         let att = self.attachments()?;
         // Only the owner, and not under a move's freeze: the record moves.
-        self.ownership.check(
-            TenantId(caller.tenant),
-            ConversationId(conversation),
-            Epoch(0),
-        )?;
+        self.ownership
+            .check(caller.tenant, ConversationId(conversation), Epoch(0))?;
         let record = self.own_upload(&caller, conversation, id)?;
         self.expired(&record, id)?;
         let stored = if record.state == UploadState::Complete as i32 {
@@ -324,11 +325,8 @@ impl MessageService {
     ) -> Result<AttachmentRef> {
         let att = self.attachments()?;
         // Only the owner, and not under a move's freeze: the record moves.
-        self.ownership.check(
-            TenantId(caller.tenant),
-            ConversationId(conversation),
-            Epoch(0),
-        )?;
+        self.ownership
+            .check(caller.tenant, ConversationId(conversation), Epoch(0))?;
         let mut record = self.own_upload(&caller, conversation, id)?;
         let a = record.attachment.clone().expect("an upload names its file");
         if record.state == UploadState::Complete as i32 {
@@ -519,14 +517,14 @@ impl MessageService {
     ) -> Result<GetDownloadUrlResponse> {
         let att = self.attachments()?;
         self.ownership
-            .check_read(TenantId(caller.tenant), ConversationId(conversation))?;
+            .check_read(caller.tenant, ConversationId(conversation))?;
         self.check_member(&caller, conversation)?;
         // Exactly what a Pull shows this caller: hidden, directed elsewhere
         // or missing all answer the same.
         let page = self
             .page(
                 conversation,
-                caller.user,
+                caller.user.get(),
                 seq.saturating_add(1),
                 ScanDirection::Backward,
                 1,
@@ -560,7 +558,7 @@ impl MessageService {
             })?;
         let now = self.now_ms();
         let ttl = att.config.download_url_secs;
-        let files = self.serving_store(att, caller.tenant, &a)?;
+        let files = self.serving_store(att, caller.tenant.get(), &a)?;
         let key = match thumbnail {
             false => &a.object_key,
             true if !a.thumbnail_key.is_empty() => &a.thumbnail_key,
@@ -604,7 +602,7 @@ impl MessageService {
                 Err(CellError::InvalidArgument {
                     reason: Reason::AttachmentNotFound,
                     ..
-                }) if self.awaiting_backfill(caller.tenant, conversation)? => {
+                }) if self.awaiting_backfill(caller.tenant.get(), conversation)? => {
                     return Err(upload_on_failed_cell(id));
                 }
                 other => other?,
@@ -895,7 +893,7 @@ fn validate_upload(
             ),
         ));
     }
-    if !config.allows(cmd.caller.tenant, &cmd.content_type) {
+    if !config.allows(cmd.caller.tenant.get(), &cmd.content_type) {
         return Err(CellError::denied(
             Reason::ContentTypeNotAllowed,
             format!("files of type {} are not allowed here", cmd.content_type),

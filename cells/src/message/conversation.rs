@@ -1,7 +1,7 @@
 //! Conversations: creation (idempotent when the client names a request id),
 //! membership changes and the conversation view with the caller's unread count.
 
-use cellmesh_proto::ids::{ConversationId, Epoch, TenantId, UserId};
+use cellmesh_proto::ids::{ConversationId, Epoch, UserId};
 use cellmesh_proto::reason::Reason;
 use std::collections::BTreeSet;
 
@@ -59,17 +59,17 @@ pub struct GetConversationCommand {
 }
 
 impl MessageService {
-    #[tracing::instrument(skip_all, fields(tenant = cmd.caller.tenant, user = cmd.caller.user, req_id = %cmd.client_req_id))]
+    #[tracing::instrument(skip_all, fields(tenant = cmd.caller.tenant.get(), user = cmd.caller.user.get(), req_id = %cmd.client_req_id))]
     pub async fn create_conversation(&self, cmd: CreateCommand) -> Result<Conversation> {
         let members = self.validate_create(&cmd)?;
         // New conversations belong to their tenant's cell (or the target of
         // its migration).
         let _creating = self.creating.read().await;
-        let creation = self.ownership.check_create(TenantId(cmd.caller.tenant))?;
+        let creation = self.ownership.check_create(cmd.caller.tenant)?;
         let key = (!cmd.client_req_id.is_empty()).then(|| IdemKey {
             kind: IdemKind::CreateConversation,
-            tenant: cmd.caller.tenant,
-            user: cmd.caller.user,
+            tenant: cmd.caller.tenant.get(),
+            user: cmd.caller.user.get(),
             client_req_id: cmd.client_req_id.clone(),
         });
         let leader = match key.as_ref().map(|k| self.inflight.begin(k.clone())) {
@@ -97,14 +97,14 @@ impl MessageService {
         let id = self.next_id(now)?;
         if creation == Creation::Place {
             self.ownership
-                .place(TenantId(cmd.caller.tenant), ConversationId(id))
+                .place(cmd.caller.tenant, ConversationId(id))
                 .await?;
         }
         let record = ConversationRecord {
-            tenant_id: cmd.caller.tenant,
+            tenant_id: cmd.caller.tenant.get(),
             kind: cmd.kind as i32,
             title: cmd.title,
-            created_by: cmd.caller.user,
+            created_by: cmd.caller.user.get(),
             created_at_ms: now,
             member_count: members.len() as u32,
             admins: Vec::new(),
@@ -114,9 +114,7 @@ impl MessageService {
         m.put_conv_seq(id, &ConversationSeq::default());
         // Created under a route with a failover floor: its history begins
         // here, so nothing below the floor is missing anywhere.
-        let floor = self
-            .ownership
-            .floor(TenantId(cmd.caller.tenant), ConversationId(id));
+        let floor = self.ownership.floor(cmd.caller.tenant, ConversationId(id));
         if floor > 0 {
             m.put_meta_u64(&crate::storage::keys::meta::backfilled(id), floor);
         }
@@ -138,9 +136,9 @@ impl MessageService {
         }
         m.emit(&OutboxEvent {
             kind: OutboxKind::ConversationCreated as i32,
-            tenant_id: cmd.caller.tenant,
+            tenant_id: cmd.caller.tenant.get(),
             conversation_id: id,
-            user_id: cmd.caller.user,
+            user_id: cmd.caller.user.get(),
             server_ts_ms: now,
             items: members.iter().copied().collect(),
             ..Default::default()
@@ -177,7 +175,7 @@ impl MessageService {
         }
         self.validate_member_list(&cmd.members)?;
         let mut members: BTreeSet<u64> = cmd.members.iter().copied().collect();
-        members.insert(cmd.caller.user);
+        members.insert(cmd.caller.user.get());
         match cmd.kind {
             ConversationKind::Direct if members.len() != 2 => Err(CellError::invalid(
                 Reason::DirectNeedsTwoMembers,
@@ -217,7 +215,7 @@ impl MessageService {
     /// Adds (`add = true`) or removes members of a group. Any member adds
     /// and leaves; the creator and admins remove others (the creator
     /// only leaves).
-    #[tracing::instrument(skip_all, fields(tenant = cmd.caller.tenant, conversation = cmd.conversation, user = cmd.caller.user, add))]
+    #[tracing::instrument(skip_all, fields(tenant = cmd.caller.tenant.get(), conversation = cmd.conversation, user = cmd.caller.user.get(), add))]
     pub async fn change_members(
         &self,
         cmd: ChangeMembersCommand,
@@ -230,9 +228,9 @@ impl MessageService {
         let caller = cmd.caller;
         self.change_group(&cmd.caller, cmd.conversation, |record, now| {
             let unique: BTreeSet<u64> = cmd.users.iter().copied().collect();
-            if !add && let Some(other) = unique.iter().find(|u| **u != caller.user) {
-                if !is_admin(record, caller.user) {
-                    return Err(not_admin(record, caller.user, "removes others"));
+            if !add && let Some(other) = unique.iter().find(|u| **u != caller.user.get()) {
+                if !is_admin(record, caller.user.get()) {
+                    return Err(not_admin(record, caller.user.get(), "removes others"));
                 }
                 if unique.contains(&record.created_by) {
                     return Err(CellError::PermissionDenied {
@@ -290,15 +288,15 @@ impl MessageService {
 
     /// Makes a member of a group an admin, or no longer one: the creator
     /// and admins may. The creator stays an admin.
-    #[tracing::instrument(skip_all, fields(tenant = cmd.caller.tenant, conversation = cmd.conversation, user = cmd.caller.user, admin = cmd.admin))]
+    #[tracing::instrument(skip_all, fields(tenant = cmd.caller.tenant.get(), conversation = cmd.conversation, user = cmd.caller.user.get(), admin = cmd.admin))]
     pub async fn set_member_role(
         &self,
         cmd: SetMemberRoleCommand,
     ) -> Result<ChangeMembersResponse> {
         let caller = cmd.caller;
         self.change_group(&cmd.caller, cmd.conversation, |record, _| {
-            if !is_admin(record, caller.user) {
-                return Err(not_admin(record, caller.user, "changes roles"));
+            if !is_admin(record, caller.user.get()) {
+                return Err(not_admin(record, caller.user.get(), "changes roles"));
             }
             if cmd.user == record.created_by {
                 return Err(CellError::invalid(
@@ -355,11 +353,8 @@ impl MessageService {
     ) -> Result<ChangeMembersResponse> {
         self.check_call(caller)?;
         let conv = self.conversation(caller, conversation)?;
-        self.ownership.check(
-            TenantId(caller.tenant),
-            ConversationId(conversation),
-            Epoch(0),
-        )?;
+        self.ownership
+            .check(caller.tenant, ConversationId(conversation), Epoch(0))?;
         if conv.kind != ConversationKind::Group {
             return Err(CellError::invalid(
                 Reason::NotAGroup,
@@ -369,20 +364,17 @@ impl MessageService {
         let _admin = conv.admin.lock().await;
         // Checked again where a tenant seal waits for it.
         let _writing = self.writing.read().await;
-        self.ownership.check(
-            TenantId(caller.tenant),
-            ConversationId(conversation),
-            Epoch(0),
-        )?;
+        self.ownership
+            .check(caller.tenant, ConversationId(conversation), Epoch(0))?;
         self.require_member(caller, conversation)?;
         let mut record = self.stored_conversation(conversation)?;
         let now = self.now_ms();
         let (changed, write) = change(&mut record, now)?;
         if let Some((mut m, mut event)) = write {
             m.put_conversation(conversation, &record);
-            event.tenant_id = caller.tenant;
+            event.tenant_id = caller.tenant.get();
             event.conversation_id = conversation;
-            event.user_id = caller.user;
+            event.user_id = caller.user.get();
             event.server_ts_ms = now;
             m.emit(&event);
             self.store.commit(m).await?;
@@ -395,10 +387,8 @@ impl MessageService {
     }
 
     pub fn get_conversation(&self, cmd: GetConversationCommand) -> Result<GetConversationResponse> {
-        self.ownership.check_read(
-            TenantId(cmd.caller.tenant),
-            ConversationId(cmd.conversation),
-        )?;
+        self.ownership
+            .check_read(cmd.caller.tenant, ConversationId(cmd.conversation))?;
         self.conversation(&cmd.caller, cmd.conversation)?;
         self.require_member(&cmd.caller, cmd.conversation)?;
         let record = self.stored_conversation(cmd.conversation)?;
@@ -412,7 +402,7 @@ impl MessageService {
                 .members(cmd.conversation, cmd.members_after, limit)?;
         let read_seq = self
             .store
-            .read_seq(ConversationId(cmd.conversation), UserId(cmd.caller.user))?;
+            .read_seq(ConversationId(cmd.conversation), cmd.caller.user)?;
         Ok(GetConversationResponse {
             conversation: Some(conversation_to_proto(cmd.conversation, &record, &seq)),
             member_ids,

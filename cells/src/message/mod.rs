@@ -23,7 +23,7 @@ mod tenant;
 mod tier;
 mod update;
 
-use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
+use cellmesh_proto::ids::{ConversationId, TenantId};
 use cellmesh_proto::reason::Reason;
 use std::sync::Arc;
 
@@ -174,8 +174,7 @@ impl MessageService {
     /// Takes one call that changes something (other than a send) from the
     /// caller's budget: `RATE_LIMITED` / `USER_RATE_LIMITED` over it.
     pub fn check_call(&self, caller: &Caller) -> Result<()> {
-        self.limits
-            .check_call(TenantId(caller.tenant), UserId(caller.user))
+        self.limits.check_call(caller.tenant, caller.user)
     }
 
     /// Where this cell learns what it owns (the route table, or all).
@@ -215,11 +214,13 @@ impl MessageService {
             id,
         };
         let Some(entry) = self.entry(id)? else {
-            return Err(self.incomplete(caller.tenant, id).unwrap_or_else(not_found));
+            return Err(self
+                .incomplete(caller.tenant.get(), id)
+                .unwrap_or_else(not_found));
         };
         // Another tenant's conversation is answered as one that does not
         // exist: the answer must not reveal that the id is taken.
-        if entry.tenant != caller.tenant {
+        if entry.tenant != caller.tenant.get() {
             return Err(not_found());
         }
         Ok(entry)
@@ -257,7 +258,7 @@ impl MessageService {
     fn require_member(&self, caller: &Caller, conversation: u64) -> Result<()> {
         if self
             .store
-            .is_member(ConversationId(conversation), UserId(caller.user))?
+            .is_member(ConversationId(conversation), caller.user)?
         {
             Ok(())
         } else {

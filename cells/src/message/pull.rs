@@ -3,7 +3,7 @@
 //! delete-for-me hidden), hot and cold tiers alike, with `latest_seq` so the
 //! client can detect gaps.
 
-use cellmesh_proto::ids::{ConversationId, TenantId};
+use cellmesh_proto::ids::ConversationId;
 use cellmesh_proto::v1::PullResponse;
 
 use super::{Caller, MessageService};
@@ -28,12 +28,11 @@ pub struct PullCommand {
 }
 
 impl MessageService {
-    #[tracing::instrument(skip_all, fields(tenant = cmd.caller.tenant, conversation = cmd.conversation, user = cmd.caller.user))]
+    #[tracing::instrument(skip_all, fields(tenant = cmd.caller.tenant.get(), conversation = cmd.conversation, user = cmd.caller.user.get()))]
     pub async fn pull(&self, cmd: PullCommand) -> Result<PullResponse> {
-        let route_floor = self.ownership.check_read(
-            TenantId(cmd.caller.tenant),
-            ConversationId(cmd.conversation),
-        )?;
+        let route_floor = self
+            .ownership
+            .check_read(cmd.caller.tenant, ConversationId(cmd.conversation))?;
         self.conversation(&cmd.caller, cmd.conversation)?;
         self.require_member(&cmd.caller, cmd.conversation)?;
         let limit = match cmd.limit {
@@ -51,7 +50,7 @@ impl MessageService {
         let page = self
             .page(
                 cmd.conversation,
-                cmd.caller.user,
+                cmd.caller.user.get(),
                 from,
                 cmd.direction,
                 limit,

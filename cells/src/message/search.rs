@@ -5,7 +5,7 @@
 //! if `Pull` would show it with the text that matched — so a stale index
 //! entry can make a page shorter, never show what the caller may not see.
 
-use cellmesh_proto::ids::{ConversationId, TenantId};
+use cellmesh_proto::ids::ConversationId;
 use cellmesh_proto::reason::Reason;
 use cellmesh_proto::v1::{HighlightRange, Message, SearchHit, SearchResponse};
 
@@ -81,7 +81,7 @@ fn unavailable(e: SearchError) -> CellError {
 }
 
 impl MessageService {
-    #[tracing::instrument(skip_all, fields(tenant = cmd.caller.tenant, user = cmd.caller.user))]
+    #[tracing::instrument(skip_all, fields(tenant = cmd.caller.tenant.get(), user = cmd.caller.user.get()))]
     pub async fn search(&self, cmd: SearchCommand) -> Result<SearchResponse> {
         cmd.validate()?;
         let Some(search) = &self.search else {
@@ -92,7 +92,7 @@ impl MessageService {
             });
         };
         let tenant = cmd.caller.tenant;
-        if !search.config.searchable(tenant) {
+        if !search.config.searchable(tenant.get()) {
             return Err(CellError::denied(
                 Reason::SearchDisabled,
                 format!("tenant {tenant} encrypts end to end: the server holds no text to search"),
@@ -108,7 +108,7 @@ impl MessageService {
         if allowed.is_empty() {
             return Ok(out);
         }
-        let index = search.tenant(tenant).map_err(unavailable)?;
+        let index = search.tenant(tenant.get()).map_err(unavailable)?;
         let lookup = Lookup {
             text: &cmd.query,
             conversations: &allowed,
@@ -157,7 +157,7 @@ impl MessageService {
         for &id in single.as_ref().unwrap_or(&cmd.conversations) {
             let route_floor = match self
                 .ownership
-                .check_read(TenantId(cmd.caller.tenant), ConversationId(id))
+                .check_read(cmd.caller.tenant, ConversationId(id))
             {
                 Ok(floor) => floor,
                 Err(CellError::WrongCell { .. } | CellError::RetryLater { .. })
@@ -198,7 +198,7 @@ impl MessageService {
         let page = self
             .page(
                 conversation,
-                user,
+                user.get(),
                 seq - 1,
                 ScanDirection::Forward,
                 1,
@@ -231,11 +231,11 @@ impl MessageService {
         if cmd.context > 0 {
             let k = cmd.context as usize;
             hit.before = self
-                .context(conversation, user, seq, ScanDirection::Backward, k)
+                .context(conversation, user.get(), seq, ScanDirection::Backward, k)
                 .await?;
             hit.before.reverse();
             hit.after = self
-                .context(conversation, user, seq, ScanDirection::Forward, k)
+                .context(conversation, user.get(), seq, ScanDirection::Forward, k)
                 .await?;
         }
         Ok(Some(hit))

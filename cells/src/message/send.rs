@@ -3,7 +3,7 @@
 //! msg_id and queues one mutation (message, conversation seq, idempotency
 //! record, outbox event) for group commit; answers once it is durable.
 
-use cellmesh_proto::ids::{ConversationId, Epoch, TenantId, UserId};
+use cellmesh_proto::ids::{ConversationId, Epoch, UserId};
 use cellmesh_proto::reason::Reason;
 use cellmesh_proto::storage::v1::{
     ConversationSeq, IdempotencyRecord, MessageRecord, OutboxEvent, OutboxKind, SeqJump,
@@ -51,9 +51,9 @@ impl MessageService {
         }
         let span = tracing::info_span!(
             "send",
-            tenant = cmd.caller.tenant,
+            tenant = cmd.caller.tenant.get(),
             conv_id = cmd.conversation,
-            user_id = cmd.caller.user,
+            user_id = cmd.caller.user.get(),
             req_id = %cmd.client_req_id,
             seq = tracing::field::Empty,
         );
@@ -64,7 +64,7 @@ impl MessageService {
         self.validate_send(&cmd)?;
         // Early refusal (and the caller's epoch); repeated under the lock.
         self.ownership.check(
-            TenantId(cmd.caller.tenant),
+            cmd.caller.tenant,
             ConversationId(cmd.conversation),
             Epoch(cmd.route_epoch),
         )?;
@@ -74,8 +74,8 @@ impl MessageService {
 
         let key = IdemKey {
             kind: IdemKind::Send,
-            tenant: cmd.caller.tenant,
-            user: cmd.caller.user,
+            tenant: cmd.caller.tenant.get(),
+            user: cmd.caller.user.get(),
             client_req_id: cmd.client_req_id.clone(),
         };
         let leader = match self.inflight.begin(key.clone()) {
@@ -94,7 +94,8 @@ impl MessageService {
             let response = replay(&record, cmd.conversation)?;
             // An answer given before its standbys had it (the call failed)
             // is given again only once they do.
-            self.replicate_sent(cmd.caller.tenant, &record).await?;
+            self.replicate_sent(cmd.caller.tenant.get(), &record)
+                .await?;
             leader.complete(record);
             return Ok(response);
         }
@@ -106,8 +107,8 @@ impl MessageService {
         // Only a new message takes from the budgets: a re-send of an
         // acknowledged one gets its answer above, limited or not.
         self.limits.check(
-            TenantId(cmd.caller.tenant),
-            UserId(cmd.caller.user),
+            cmd.caller.tenant,
+            cmd.caller.user,
             ConversationId(cmd.conversation),
         )?;
 
@@ -127,7 +128,7 @@ impl MessageService {
             // Kept for the standbys only when they must have it first.
             let shipped = self
                 .replicator
-                .is_sync(cmd.caller.tenant)
+                .is_sync(cmd.caller.tenant.get())
                 .then_some(message);
             (slot.submit(m), record, shipped)
         };
@@ -137,10 +138,10 @@ impl MessageService {
         crate::metrics::metrics().messages_committed.inc();
         tracing::debug!(seq = record.seq, msg_id = record.msg_id, "message stored");
         self.marks
-            .note(cmd.caller.tenant, cmd.conversation, record.seq);
+            .note(cmd.caller.tenant.get(), cmd.conversation, record.seq);
         if let Some(message) = shipped {
             self.replicate_message(
-                cmd.caller.tenant,
+                cmd.caller.tenant.get(),
                 record.conversation_id,
                 record.seq,
                 message,
@@ -179,7 +180,7 @@ impl MessageService {
             now,
         } = draft;
         let fence = self.ownership.check(
-            TenantId(cmd.caller.tenant),
+            cmd.caller.tenant,
             ConversationId(cmd.conversation),
             Epoch(0),
         )?;
@@ -191,7 +192,7 @@ impl MessageService {
         {
             // The standbys get this conversation's mark in a round now.
             self.marks
-                .note(cmd.caller.tenant, cmd.conversation, seq - 1);
+                .note(cmd.caller.tenant.get(), cmd.conversation, seq - 1);
             self.marks.wake();
             return Err(CellError::RetryLater {
                 reason: Reason::CheckpointBehind,
@@ -211,7 +212,7 @@ impl MessageService {
         };
         let message = MessageRecord {
             msg_id,
-            sender_id: cmd.caller.user,
+            sender_id: cmd.caller.user.get(),
             r#type: cmd.kind as i32,
             body: std::mem::take(&mut cmd.body),
             server_ts_ms: now,
@@ -244,18 +245,14 @@ impl MessageService {
         );
         m.put_idempotency(key, &record);
         // Whoever sends has read up to their own message.
-        m.raise_read_seq(
-            ConversationId(cmd.conversation),
-            UserId(cmd.caller.user),
-            seq,
-        );
+        m.raise_read_seq(ConversationId(cmd.conversation), cmd.caller.user, seq);
         m.emit(&OutboxEvent {
             kind: OutboxKind::Message as i32,
-            tenant_id: cmd.caller.tenant,
+            tenant_id: cmd.caller.tenant.get(),
             conversation_id: cmd.conversation,
             seq,
             msg_id,
-            user_id: cmd.caller.user,
+            user_id: cmd.caller.user.get(),
             server_ts_ms: now,
             items: visible_to,
             client_req_id: cmd.client_req_id.clone(),

@@ -164,7 +164,7 @@ impl MessageService {
             size,
             count: rows.len() as u32,
         };
-        let conv = self.conversation(&Caller { tenant, user: 0 }, conversation)?;
+        let conv = self.conversation(&Caller::new(tenant, 0), conversation)?;
         {
             let _admin = conv.admin.lock().await;
             let _writing = self.writing.read().await;

@@ -2,7 +2,7 @@
 //! window, shown to everyone), delete-for-me (an overlay for one user) and the
 //! per-user read position (which never moves backwards).
 
-use cellmesh_proto::ids::{ConversationId, Epoch, TenantId, UserId};
+use cellmesh_proto::ids::{ConversationId, Epoch};
 use cellmesh_proto::reason::Reason;
 use cellmesh_proto::storage::v1::{MessageRecord, OutboxEvent, OutboxKind};
 use cellmesh_proto::v1::{DeleteForMeResponse, MarkReadResponse, Message, MessageState};
@@ -61,7 +61,7 @@ impl MessageService {
                 r.body.clear();
                 let files = std::mem::take(&mut r.attachments);
                 let at = self.recall_deletes_at(now);
-                self.forget_files(tenant, conversation, files, at, m);
+                self.forget_files(tenant.get(), conversation, files, at, m);
                 r.edited_at_ms = now;
                 r.edit_version += 1;
                 Ok(true)
@@ -112,11 +112,8 @@ impl MessageService {
         // rewrite lands after a migration sealed the conversation.
         let _admin = conv.admin.lock().await;
         let _writing = self.writing.read().await;
-        self.ownership.check(
-            TenantId(caller.tenant),
-            ConversationId(conversation),
-            Epoch(0),
-        )?;
+        self.ownership
+            .check(caller.tenant, ConversationId(conversation), Epoch(0))?;
         // A cold message's new state is stored as a hot overlay row.
         let mut record =
             self.any_tier_message(conversation, seq)
@@ -125,7 +122,7 @@ impl MessageService {
                     what: "message",
                     id: seq,
                 })?;
-        if record.sender_id != caller.user {
+        if record.sender_id != caller.user.get() {
             return Err(CellError::denied(
                 Reason::NotSender,
                 "only the sender may recall or edit a message",
@@ -150,11 +147,11 @@ impl MessageService {
             m.put_meta_u64(&rewrites, count + 1);
             m.emit(&OutboxEvent {
                 kind: kind as i32,
-                tenant_id: caller.tenant,
+                tenant_id: caller.tenant.get(),
                 conversation_id: conversation,
                 seq,
                 msg_id: record.msg_id,
-                user_id: caller.user,
+                user_id: caller.user.get(),
                 server_ts_ms: now,
                 items: record.visible_to.clone(),
                 ..Default::default()
@@ -162,8 +159,8 @@ impl MessageService {
             self.store.commit(m).await?;
         }
         // Unchanged too: a retry of a rewrite whose replication failed.
-        if self.replicator.is_sync(caller.tenant) {
-            self.replicate_message(caller.tenant, conversation, seq, record.clone(), None)
+        if self.replicator.is_sync(caller.tenant.get()) {
+            self.replicate_message(caller.tenant.get(), conversation, seq, record.clone(), None)
                 .await?;
         }
         Ok(message_to_proto(conversation, seq, record))
@@ -179,7 +176,7 @@ impl MessageService {
         self.check_call(&cmd.caller)?;
         self.conversation(&cmd.caller, cmd.conversation)?;
         self.ownership.check(
-            TenantId(cmd.caller.tenant),
+            cmd.caller.tenant,
             ConversationId(cmd.conversation),
             Epoch(0),
         )?;
@@ -196,17 +193,13 @@ impl MessageService {
         seqs.dedup();
         let mut m = Mutation::new();
         for seq in &seqs {
-            m.hide(
-                ConversationId(cmd.conversation),
-                UserId(cmd.caller.user),
-                *seq,
-            );
+            m.hide(ConversationId(cmd.conversation), cmd.caller.user, *seq);
         }
         m.emit(&OutboxEvent {
             kind: OutboxKind::DeleteForMe as i32,
-            tenant_id: cmd.caller.tenant,
+            tenant_id: cmd.caller.tenant.get(),
             conversation_id: cmd.conversation,
-            user_id: cmd.caller.user,
+            user_id: cmd.caller.user.get(),
             server_ts_ms: self.now_ms(),
             items: seqs.clone(),
             ..Default::default()
@@ -221,7 +214,7 @@ impl MessageService {
         self.check_call(&cmd.caller)?;
         self.conversation(&cmd.caller, cmd.conversation)?;
         self.ownership.check(
-            TenantId(cmd.caller.tenant),
+            cmd.caller.tenant,
             ConversationId(cmd.conversation),
             Epoch(0),
         )?;
@@ -231,20 +224,16 @@ impl MessageService {
         if target
             > self
                 .store
-                .read_seq(ConversationId(cmd.conversation), UserId(cmd.caller.user))?
+                .read_seq(ConversationId(cmd.conversation), cmd.caller.user)?
         {
             let mut m = Mutation::new();
-            m.raise_read_seq(
-                ConversationId(cmd.conversation),
-                UserId(cmd.caller.user),
-                target,
-            );
+            m.raise_read_seq(ConversationId(cmd.conversation), cmd.caller.user, target);
             m.emit(&OutboxEvent {
                 kind: OutboxKind::Read as i32,
-                tenant_id: cmd.caller.tenant,
+                tenant_id: cmd.caller.tenant.get(),
                 conversation_id: cmd.conversation,
                 seq: target,
-                user_id: cmd.caller.user,
+                user_id: cmd.caller.user.get(),
                 server_ts_ms: self.now_ms(),
                 ..Default::default()
             });
@@ -252,7 +241,7 @@ impl MessageService {
         }
         let read_seq = self
             .store
-            .read_seq(ConversationId(cmd.conversation), UserId(cmd.caller.user))?;
+            .read_seq(ConversationId(cmd.conversation), cmd.caller.user)?;
         Ok(MarkReadResponse {
             read_seq,
             latest_seq: latest,

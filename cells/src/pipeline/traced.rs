@@ -52,7 +52,7 @@ impl BatchTrace {
     /// when a traced event is among them.
     pub fn push(&self, user: UserKey) -> Option<tracing::span::EnteredSpan> {
         let parent = &self.spans[*self.users.get(&user)?];
-        Some(tracing::info_span!(parent: parent, "push", user_id = user.user).entered())
+        Some(tracing::info_span!(parent: parent, "push", user_id = user.user.get()).entered())
     }
 }
 

@@ -106,7 +106,7 @@ impl Changes {
                 Some(Touched::Conversation(id)) => {
                     inner.conversations.insert(id, generation);
                 }
-                Some(Touched::User(user)) if inner.watches.contains_key(&user.tenant) => {
+                Some(Touched::User(user)) if inner.watches.contains_key(&user.tenant.get()) => {
                     inner.users.insert(user, generation);
                 }
                 _ => {}
@@ -144,8 +144,8 @@ impl Changes {
                 .map(|(&id, _)| id)
                 .collect();
             let mut users: Vec<u64> = (inner.users.iter())
-                .filter(|&(u, &g)| u.tenant == tenant && g >= from)
-                .map(|(u, _)| u.user)
+                .filter(|&(u, &g)| u.tenant.get() == tenant && g >= from)
+                .map(|(u, _)| u.user.get())
                 .collect();
             conversations.sort_unstable();
             users.sort_unstable();
@@ -163,7 +163,7 @@ impl Changes {
                 inner.conversations.retain(|_, g| *g >= oldest);
                 inner
                     .users
-                    .retain(|u, g| *g >= oldest && watched.contains(&u.tenant));
+                    .retain(|u, g| *g >= oldest && watched.contains(&u.tenant.get()));
             }
             None => {
                 inner.conversations.clear();

@@ -252,12 +252,12 @@ pub fn queue_offset(group: &str, partition: u32) -> Vec<u8> {
 /// The 16-byte prefix of every key of `user`'s own state (sync queue,
 /// conversation list, mute flags, device cursors, queue id).
 pub fn user(user: UserKey) -> [u8; 16] {
-    pair_key(user.tenant, user.user)
+    pair_key(user.tenant.get(), user.user.get())
 }
 
 /// `sync` (item: pts), `conv_list` and `muted` (item: conversation) key.
 pub fn user_item(user: UserKey, item: u64) -> [u8; 24] {
-    triple_key(user.tenant, user.user, item)
+    triple_key(user.tenant.get(), user.user.get(), item)
 }
 
 /// The key range `[from, to)` of `user`'s items in `sync`, `conv_list`
@@ -282,8 +282,8 @@ pub fn device_of(key: &[u8]) -> Option<&[u8]> {
 /// The key range `[from, to)` of all of `user`'s device cursors.
 pub fn devices_of(user: UserKey) -> (Vec<u8>, Vec<u8>) {
     let from = self::user(user).to_vec();
-    let to = match user.user.checked_add(1) {
-        Some(next) => pair_key(user.tenant, next).to_vec(),
+    let to = match user.user.get().checked_add(1) {
+        Some(next) => pair_key(user.tenant.get(), next).to_vec(),
         None => {
             let mut to = user.tenant.to_be_bytes().to_vec();
             to.extend_from_slice(&[0xff; 9]);

@@ -8,7 +8,7 @@ mod hub;
 pub mod moving;
 pub mod stream;
 
-use cellmesh_proto::ids::{ConversationId, UserId};
+use cellmesh_proto::ids::ConversationId;
 use cellmesh_proto::reason::Reason;
 use std::sync::Arc;
 
@@ -141,7 +141,7 @@ impl SyncService {
             let Some(record) = self.store.conversation(id)? else {
                 continue;
             };
-            if record.tenant_id != caller.tenant {
+            if record.tenant_id != caller.tenant.get() {
                 continue;
             }
             let seq = self.store.conv_seq(id)?;
@@ -149,7 +149,7 @@ impl SyncService {
                 .store
                 .scan_messages(
                     id,
-                    caller.user,
+                    caller.user.get(),
                     seq.latest_seq.saturating_add(1),
                     0,
                     ScanDirection::Backward,
@@ -163,9 +163,7 @@ impl SyncService {
                 Some(m) if m.seq >= entry.last_seq => Some(m),
                 local => self.remote_last_message(caller, &entry)?.or(local),
             };
-            let read_seq = self
-                .store
-                .read_seq(ConversationId(id), UserId(caller.user))?;
+            let read_seq = self.store.read_seq(ConversationId(id), caller.user)?;
             // A conversation owned by another cell (moved away, or remote)
             // is only as current here as the events that reached its members.
             let latest = seq.latest_seq.max(entry.last_seq);
@@ -256,7 +254,7 @@ impl SyncService {
         let push = SyncPush {
             push: Some(sync_push::Push::Typing(TypingNotice {
                 conversation_id: conversation,
-                user_id: caller.user,
+                user_id: caller.user.get(),
             })),
         };
         let now = self.clock.now_ms();

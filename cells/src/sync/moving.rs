@@ -185,7 +185,14 @@ impl SyncService {
         // Acks and settings check the home under the read side.
         drop(self.user_writes.write().await);
         let now = self.clock.now_ms();
-        cleanup::mark_sealed(&self.store, moved::USER, user.tenant, user.user, now).await?;
+        cleanup::mark_sealed(
+            &self.store,
+            moved::USER,
+            user.tenant.get(),
+            user.user.get(),
+            now,
+        )
+        .await?;
         Ok(self.store.user_pts(user)?)
     }
 

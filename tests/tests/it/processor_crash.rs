@@ -44,7 +44,7 @@ async fn crash_between_apply_and_commit(kafka: Option<&Kafka>) {
         Some(_) => Arc::new(KafkaQueue::connect(&config).await.unwrap()),
     };
 
-    let creator = Caller { tenant: T, user: 1 };
+    let creator = Caller::new(T, 1);
     let conv = messages
         .create_conversation(CreateCommand {
             caller: creator,

@@ -211,7 +211,7 @@ impl MessageService {
                 format!("conversation {conversation} is not frozen here at epoch {epoch}"),
             ));
         }
-        let caller = crate::message::Caller { tenant, user: 0 };
+        let caller = crate::message::Caller::new(tenant, 0);
         let entry = self.conversation(&caller, conversation)?;
         // Sends check ownership under this lock, so none assigns after it.
         let latest = entry.seq.lock().expect("sequencer lock").latest;

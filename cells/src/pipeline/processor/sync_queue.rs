@@ -35,10 +35,10 @@ impl Processor {
                 _ => None,
             };
             batch.forward.entry(endpoint).or_default().push(PeerEvent {
-                user_id: user.user,
+                user_id: user.user.get(),
                 event_id: id,
                 kind: record.kind,
-                tenant_id: user.tenant,
+                tenant_id: user.tenant.get(),
                 conversation_id: record.conversation_id,
                 seq: record.seq,
                 msg_id: record.msg_id,
@@ -205,8 +205,8 @@ impl Processor {
             return Ok(());
         }
         batch.notifications.push(NotificationRecord {
-            user_id: user.user,
-            tenant_id: user.tenant,
+            user_id: user.user.get(),
+            tenant_id: user.tenant.get(),
             conversation_id: record.conversation_id,
             seq: record.seq,
             msg_id: record.msg_id,
