@@ -141,7 +141,7 @@ async fn run(mut rx: mpsc::Receiver<Pending>, mut shipper: Shipper) {
         for pending in group.drain(..) {
             let answer = match &outcome {
                 Ok(()) => Ok(()),
-                Err(message) => Err(unreachable(message.clone())),
+                Err(why) => Err(unreachable(why.to_string())),
             };
             let _ = pending.reply.send(answer);
         }
@@ -163,11 +163,26 @@ struct Shipper {
     described: HashMap<String, HashSet<u64>>,
 }
 
-/// Why a call to a standby did not store its writes.
+/// Why writes were not stored on the standbys.
+#[derive(Debug, Clone, thiserror::Error)]
 enum Shipped {
     /// It holds no record of a conversation the call did not describe.
-    LacksMeta(String),
-    Failed(String),
+    #[error("standby {endpoint}: {}", status.message())]
+    LacksMeta {
+        endpoint: String,
+        status: tonic::Status,
+    },
+    #[error("standby {endpoint}: {}", status.message())]
+    Refused {
+        endpoint: String,
+        status: tonic::Status,
+    },
+    #[error("standby {0}: bad address")]
+    BadAddress(String),
+    #[error("standby {endpoint} did not answer within {timeout:?}")]
+    TimedOut { endpoint: String, timeout: Duration },
+    #[error("this cell has no standby up to replicate to")]
+    NoStandby,
 }
 
 /// Conversations remembered as described per standby before the set
@@ -176,11 +191,11 @@ const MAX_DESCRIBED: usize = 1 << 20;
 
 impl Shipper {
     /// Stores `writes` on every standby; the first failure otherwise.
-    async fn ship(&mut self, writes: Vec<ReplicatedWrite>) -> Result<(), String> {
+    async fn ship(&mut self, writes: Vec<ReplicatedWrite>) -> Result<(), Shipped> {
         let standbys = self.homes.standbys();
         if standbys.is_empty() {
             if self.require_standby {
-                return Err("this cell has no standby up to replicate to".into());
+                return Err(Shipped::NoStandby);
             }
             if !self.degraded {
                 tracing::warn!("no standby up: sync writes are acknowledged unreplicated");
@@ -203,7 +218,7 @@ impl Shipper {
         // A standby that lost (or never had) a conversation's meta gets the
         // writes once more, each conversation's with it.
         for (endpoint, outcome) in &mut outcomes {
-            if matches!(outcome, Err(Shipped::LacksMeta(_))) {
+            if matches!(outcome, Err(Shipped::LacksMeta { .. })) {
                 let request = self.request(endpoint, &writes, true);
                 *outcome = self.call(endpoint, request).await.1;
             }
@@ -218,8 +233,8 @@ impl Shipper {
                     }
                     described.extend(writes.iter().map(|w| w.conversation_id));
                 }
-                Err(Shipped::Failed(e) | Shipped::LacksMeta(e)) => {
-                    first_error.get_or_insert(e);
+                Err(why) => {
+                    first_error.get_or_insert(why);
                 }
             }
         }
@@ -238,22 +253,23 @@ impl Shipper {
         let (timeout, endpoint) = (self.timeout, endpoint.to_string());
         async move {
             let Some(mut client) = client else {
-                let failed = Shipped::Failed(format!("standby {endpoint}: bad address"));
+                let failed = Shipped::BadAddress(endpoint.clone());
                 return (endpoint, Err(failed));
             };
             let outcome = match tokio::time::timeout(timeout, client.replicate(call)).await {
                 Ok(Ok(_)) => Ok(()),
                 Ok(Err(status)) => {
-                    let message = format!("standby {endpoint}: {}", status.message());
                     let reason = Reason::parse(&error_detail(&status).reason);
+                    let endpoint = endpoint.clone();
                     Err(match reason == Some(Reason::StandbyLacksMeta) {
-                        true => Shipped::LacksMeta(message),
-                        false => Shipped::Failed(message),
+                        true => Shipped::LacksMeta { endpoint, status },
+                        false => Shipped::Refused { endpoint, status },
                     })
                 }
-                Err(_) => Err(Shipped::Failed(format!(
-                    "standby {endpoint} did not answer within {timeout:?}"
-                ))),
+                Err(_) => Err(Shipped::TimedOut {
+                    endpoint: endpoint.clone(),
+                    timeout,
+                }),
             };
             (endpoint, outcome)
         }

@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use cellmesh_coord::Coordination;
-use cellmesh_operations::{OperationStore, Spec, State, now_ms};
+use cellmesh_operations::{OperationStore, Spec, State, StoreError, now_ms};
 
 /// One pass's deletions of one tenant.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -46,7 +46,7 @@ impl Journal {
         tenant: u64,
         retention_days: u32,
         plan: Plan,
-    ) -> Result<Record, String> {
+    ) -> Result<Record, StoreError> {
         let Some(store) = &self.store else {
             return Ok(Record(None));
         };
@@ -55,7 +55,7 @@ impl Journal {
             cell: self.cell.clone(),
             retention_days,
         };
-        let op = store.create(spec).await.map_err(|e| e.to_string())?;
+        let op = store.create(spec).await?;
         let newest = humantime::format_rfc3339_seconds(
             std::time::UNIX_EPOCH + std::time::Duration::from_millis(plan.newest_ms),
         );
@@ -71,8 +71,7 @@ impl Journal {
                 );
                 op.updated_ms = now_ms();
             })
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
         Ok(Record(Some(op.id)))
     }
 
@@ -83,7 +82,7 @@ impl Journal {
         record: Record,
         segments: u64,
         messages: u64,
-        outcome: Result<(), String>,
+        outcome: Result<(), &crate::error::CellError>,
     ) {
         let (Some(store), Some(id)) = (&self.store, record.0) else {
             return;

@@ -216,8 +216,8 @@ impl Rounds {
 
     /// Every conversation stored here at its latest seq, and the floor of
     /// every conversation this cell took over in a failover.
-    async fn full_marks(&self, view: &View) -> Result<Vec<Mark>, String> {
-        let store = self.marks.store().map_err(|e| e.to_string())?;
+    async fn full_marks(&self, view: &View) -> Result<Vec<Mark>, RoundError> {
+        let store = self.marks.store()?;
         let (mut out, held) = tokio::task::spawn_blocking(move || {
             let mut out = Vec::new();
             let mut after = 0;
@@ -233,8 +233,7 @@ impl Rounds {
             Ok::<_, crate::storage::StorageError>((out, held))
         })
         .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())?;
+        .map_err(|_| RoundError::ScanFailed)??;
         let me = self.cell_id.as_str();
         self.routes.read(|t| {
             // Only what this cell builds on: a returned cell's old
@@ -265,7 +264,7 @@ impl Rounds {
         Ok(out)
     }
 
-    async fn push(&mut self, address: &str, marks: &[Mark]) -> Result<(), String> {
+    async fn push(&mut self, address: &str, marks: &[Mark]) -> Result<(), RoundError> {
         let client = self.client(address)?;
         self.push_with(client, address, marks).await
     }
@@ -275,7 +274,7 @@ impl Rounds {
         mut client: CellPeerClient<Channel>,
         address: &str,
         marks: &[Mark],
-    ) -> Result<(), String> {
+    ) -> Result<(), RoundError> {
         for batch in marks.chunks(PUSH_BATCH) {
             let mut call = tonic::Request::new(PbMarks {
                 source_cell: self.cell_id.clone(),
@@ -293,7 +292,10 @@ impl Rounds {
             client
                 .store_high_water_marks(call)
                 .await
-                .map_err(|s| format!("{address}: {}", s.message()))?;
+                .map_err(|status| RoundError::Refused {
+                    address: address.to_string(),
+                    status,
+                })?;
         }
         Ok(())
     }
@@ -318,9 +320,25 @@ impl Rounds {
         }
     }
 
-    fn client(&mut self, address: &str) -> Result<CellPeerClient<Channel>, String> {
-        self.peers.cell(address).map_err(|e| e.to_string())
+    fn client(&mut self, address: &str) -> Result<CellPeerClient<Channel>, RoundError> {
+        Ok(self.peers.cell(address)?)
     }
+}
+
+/// Why a round did not read or ship marks.
+#[derive(Debug, thiserror::Error)]
+enum RoundError {
+    #[error(transparent)]
+    Storage(#[from] crate::storage::StorageError),
+    #[error("the scan of the marks did not finish")]
+    ScanFailed,
+    #[error(transparent)]
+    Dial(#[from] cellmesh_route_client::peers::DialError),
+    #[error("{address}: {}", status.message())]
+    Refused {
+        address: String,
+        status: tonic::Status,
+    },
 }
 
 /// Whether a route in `state` is moving to cell `me`.

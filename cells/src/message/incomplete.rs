@@ -109,12 +109,8 @@ async fn fetch(
     from: &str,
     tenant: u64,
     conversation: u64,
-) -> Result<Fetched, String> {
-    let mut client = config
-        .routing
-        .peers()
-        .cell(from)
-        .map_err(|e| e.to_string())?;
+) -> Result<Fetched, FetchError> {
+    let mut client = config.routing.peers().cell(from)?;
     // No messages: the record, members and read positions only.
     let mut request = tonic::Request::new(ExportRequest {
         tenant_id: tenant,
@@ -134,30 +130,36 @@ async fn fetch(
         {
             return Ok(Fetched::Absent);
         }
-        Err(s) => return Err(s.message().to_string()),
+        Err(s) => return Err(FetchError::Refused(s)),
     };
     let Some(record) = chunk.conversation.filter(|r| r.tenant_id == tenant) else {
         return Ok(Fetched::Absent);
     };
-    if store
-        .conversation(conversation)
-        .map_err(|e| e.to_string())?
-        .is_some()
-    {
+    if store.conversation(conversation)?.is_some() {
         return Ok(Fetched::Stored);
     }
     let mut m = Mutation::new();
-    (store)
-        .stage_meta(&mut m, conversation, &record, &chunk.members)
-        .map_err(|e| e.to_string())?;
+    (store).stage_meta(&mut m, conversation, &record, &chunk.members)?;
     for p in &chunk.read_positions {
         m.raise_read_seq(ConversationId(conversation), UserId(p.user_id), p.read_seq);
     }
-    let mut seq = store.conv_seq(conversation).map_err(|e| e.to_string())?;
+    let mut seq = store.conv_seq(conversation)?;
     crate::convert::merge_jumps(&mut seq.jumps, &chunk.seq_jumps);
     m.put_conv_seq(conversation, &seq);
-    store.commit(m).await.map_err(|e| e.to_string())?;
+    store.commit(m).await?;
     Ok(Fetched::Stored)
+}
+
+/// Why a conversation's record could not be fetched from the cell that
+/// held it.
+#[derive(Debug, thiserror::Error)]
+enum FetchError {
+    #[error(transparent)]
+    Dial(#[from] cellmesh_route_client::peers::DialError),
+    #[error("{}", .0.message())]
+    Refused(tonic::Status),
+    #[error(transparent)]
+    Storage(#[from] crate::storage::StorageError),
 }
 
 impl Repairs {

@@ -238,9 +238,8 @@ impl MessageService {
                 deleted += 1;
                 messages += u64::from(entry.count);
             }
-            let failed = outcome.as_ref().err().map(|e| e.to_string());
             cold.journal
-                .close(record, deleted, messages, failed.map_or(Ok(()), Err))
+                .close(record, deleted, messages, outcome.as_ref().map(|_| ()))
                 .await;
             expired += deleted;
             outcome?;

@@ -144,6 +144,14 @@ impl PeerInbound {
     }
 }
 
+impl crate::sync::moving::ProcessorBarrier for PeerInbound {
+    fn barrier(
+        &self,
+    ) -> futures::future::BoxFuture<'_, Result<(), crate::sync::moving::BarrierError>> {
+        Box::pin(async { Ok(PeerInbound::barrier(self).await?) })
+    }
+}
+
 /// The running pipeline.
 pub struct Pipeline {
     pub workers: Vec<JoinHandle<()>>,

@@ -25,7 +25,25 @@ const WEBHOOK_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[tonic::async_trait]
 pub trait NotificationSink: Send + Sync + 'static {
-    async fn deliver(&self, notification: &NotificationRecord) -> Result<(), String>;
+    async fn deliver(&self, notification: &NotificationRecord) -> Result<(), NotifyError>;
+}
+
+/// Why a notification was not delivered.
+#[derive(Debug, thiserror::Error)]
+pub enum NotifyError {
+    #[error("invalid webhook url: {0}")]
+    Url(#[from] hyper::http::uri::InvalidUri),
+    #[error("webhook request: {0}")]
+    Request(#[from] hyper::http::Error),
+    #[error("webhook call: {0}")]
+    Call(#[from] hyper_util::client::legacy::Error),
+    #[error("webhook timed out")]
+    TimedOut,
+    #[error("webhook answered {0}")]
+    Status(hyper::StatusCode),
+    /// A sink that refused for its own reason (tests, other sinks).
+    #[error("refused: {0}")]
+    Refused(&'static str),
 }
 
 /// Writes each notification to the log: one debug line each (they come at
@@ -40,7 +58,7 @@ const LOG_SUMMARY_EVERY: Duration = Duration::from_secs(10);
 
 #[tonic::async_trait]
 impl NotificationSink for LogSink {
-    async fn deliver(&self, n: &NotificationRecord) -> Result<(), String> {
+    async fn deliver(&self, n: &NotificationRecord) -> Result<(), NotifyError> {
         tracing::debug!(
             user = n.user_id,
             tenant = n.tenant_id,
@@ -70,11 +88,9 @@ pub struct WebhookSink {
 }
 
 impl WebhookSink {
-    pub fn new(url: &str) -> Result<Self, String> {
+    pub fn new(url: &str) -> Result<Self, NotifyError> {
         Ok(Self {
-            url: url
-                .parse()
-                .map_err(|e| format!("invalid webhook url: {e}"))?,
+            url: url.parse()?,
             client: Client::builder(TokioExecutor::new()).build_http(),
         })
     }
@@ -82,7 +98,7 @@ impl WebhookSink {
 
 #[tonic::async_trait]
 impl NotificationSink for WebhookSink {
-    async fn deliver(&self, n: &NotificationRecord) -> Result<(), String> {
+    async fn deliver(&self, n: &NotificationRecord) -> Result<(), NotifyError> {
         let body = serde_json::json!({
             "user_id": n.user_id,
             "tenant_id": n.tenant_id,
@@ -95,16 +111,14 @@ impl NotificationSink for WebhookSink {
         .to_string();
         let request = hyper::Request::post(self.url.clone())
             .header("content-type", "application/json")
-            .body(Full::new(Bytes::from(body)))
-            .map_err(|e| e.to_string())?;
+            .body(Full::new(Bytes::from(body)))?;
         let response = tokio::time::timeout(WEBHOOK_TIMEOUT, self.client.request(request))
             .await
-            .map_err(|_| "webhook timed out".to_string())?
-            .map_err(|e| e.to_string())?;
+            .map_err(|_| NotifyError::TimedOut)??;
         if response.status().is_success() {
             Ok(())
         } else {
-            Err(format!("webhook answered {}", response.status()))
+            Err(NotifyError::Status(response.status()))
         }
     }
 }
@@ -202,11 +216,11 @@ mod tests {
 
     #[tonic::async_trait]
     impl NotificationSink for Flaky {
-        async fn deliver(&self, n: &NotificationRecord) -> Result<(), String> {
+        async fn deliver(&self, n: &NotificationRecord) -> Result<(), NotifyError> {
             let mut calls = self.calls.lock().unwrap();
             calls.push(n.user_id);
             if self.fail.contains(&calls.len()) {
-                return Err("refused".into());
+                return Err(NotifyError::Refused("the test sink refuses this call"));
             }
             Ok(())
         }

@@ -24,7 +24,6 @@ use super::SyncService;
 use crate::convert::message_to_proto;
 use crate::error::{CellError, Result};
 use crate::message::cleanup::{self, Handed};
-use crate::pipeline::PeerInbound;
 use crate::storage::moved::{self, Moved};
 use crate::storage::walk::Walk;
 use crate::user::UserKey;
@@ -70,6 +69,16 @@ fn digest_user(walk: &mut Walk<'_>, user: UserKey, after: u64, through: u64) -> 
         latest_pts: walk.user_pts(user)?,
     })
 }
+
+/// The processor as a seal needs it: a wait until every event it took so
+/// far is applied. The pipeline's `PeerInbound` is one; the sync layer does
+/// not depend on the pipeline.
+pub trait ProcessorBarrier: Send + Sync {
+    fn barrier(&self) -> futures::future::BoxFuture<'_, std::result::Result<(), BarrierError>>;
+}
+
+/// Why the processor could not be waited for (it stopped, or failed).
+pub type BarrierError = Box<dyn std::error::Error + Send + Sync>;
 
 impl SyncService {
     /// A chunk of `user`'s sync queue after `after_pts`, or with
@@ -165,7 +174,7 @@ impl SyncService {
         &self,
         user: UserKey,
         epoch: u64,
-        processor: &PeerInbound,
+        processor: &dyn ProcessorBarrier,
     ) -> Result<u64> {
         let deadline = Instant::now() + SEAL_TIMEOUT;
         self.messages.await_route_epoch(epoch, deadline).await?;
@@ -255,7 +264,7 @@ impl SyncService {
         tenant: u64,
         users: &[u64],
         epoch: u64,
-        processor: &PeerInbound,
+        processor: &dyn ProcessorBarrier,
     ) -> Result<u64> {
         self.seal_tenant_homes(epoch, processor).await?;
         let frozen: Vec<u64> = users
@@ -279,7 +288,11 @@ impl SyncService {
     /// Once this cell has seen route epoch `epoch` (a tenant's freeze):
     /// one processor barrier and one wait for in-flight acks and settings
     /// for every home here.
-    pub async fn seal_tenant_homes(&self, epoch: u64, processor: &PeerInbound) -> Result<()> {
+    pub async fn seal_tenant_homes(
+        &self,
+        epoch: u64,
+        processor: &dyn ProcessorBarrier,
+    ) -> Result<()> {
         let deadline = Instant::now() + SEAL_TIMEOUT;
         self.messages.await_route_epoch(epoch, deadline).await?;
         self.barrier(processor, deadline).await?;
@@ -339,7 +352,7 @@ impl SyncService {
 
     /// Waits (until `deadline`) for the processor to have applied every
     /// event it took so far.
-    async fn barrier(&self, processor: &PeerInbound, deadline: Instant) -> Result<()> {
+    async fn barrier(&self, processor: &dyn ProcessorBarrier, deadline: Instant) -> Result<()> {
         tokio::time::timeout_at(deadline.into(), processor.barrier())
             .await
             .map_err(|_| CellError::RetryLater {

@@ -13,8 +13,8 @@
 //! 5. switch — route to B with `seq_floor` = A's final seq; A answers WRONG_CELL;
 //! 6. cleanup — after the grace period A drops its copy of the history.
 //!
-//! The phases themselves are in `protocol`, shared with user-home moves
-//! ([`user`]). A drops its copy itself once `routing.cleanup_grace_secs`
+//! The phases are decided by a pure state machine (`engine`) and carried
+//! out by `protocol`, shared with user-home moves ([`user`]). A drops its copy itself once `routing.cleanup_grace_secs`
 //! have passed since the seal. Whole-tenant moves are in [`tenant`],
 //! draining and failing back a cell in [`bulk`].
 

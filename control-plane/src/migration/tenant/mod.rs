@@ -24,7 +24,9 @@
 //! earlier move left) move first, one by one, through the single-key
 //! protocol; overrides that agree with the tenant afterwards are dropped.
 //! Every phase is in the route table and copying is idempotent: running
-//! the move again resumes it.
+//! the move again resumes it. The order of the phases, their retries and
+//! where a resumed move starts are decided by a pure state machine
+//! (`engine.rs`); `migrate_tenant` carries out its actions.
 
 mod engine;
 mod files;
