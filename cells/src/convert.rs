@@ -3,6 +3,7 @@
 //! enum values; records convert into the wire view of a message or
 //! conversation.
 
+use cellmesh_proto::ids::ConversationId;
 use cellmesh_proto::reason::Reason;
 use cellmesh_proto::storage::v1::{ConversationRecord, ConversationSeq, MessageRecord, SeqJump};
 use cellmesh_proto::v1 as pb;
@@ -51,7 +52,7 @@ impl TryFrom<pb::SendRequest> for SendCommand {
         };
         Ok(Self {
             caller: caller(r.caller)?,
-            conversation: conversation_id(r.conversation_id)?,
+            conversation: ConversationId(conversation_id(r.conversation_id)?),
             client_req_id: r.client_req_id,
             kind,
             body: r.body,
@@ -78,7 +79,7 @@ impl TryFrom<pb::PullRequest> for PullCommand {
         };
         Ok(Self {
             caller: caller(r.caller)?,
-            conversation: conversation_id(r.conversation_id)?,
+            conversation: ConversationId(conversation_id(r.conversation_id)?),
             since_seq: r.since_seq,
             direction,
             limit: r.limit,
@@ -133,7 +134,7 @@ impl TryFrom<pb::ChangeMembersRequest> for ChangeMembersCommand {
     fn try_from(r: pb::ChangeMembersRequest) -> Result<Self, CellError> {
         Ok(Self {
             caller: caller(r.caller)?,
-            conversation: conversation_id(r.conversation_id)?,
+            conversation: ConversationId(conversation_id(r.conversation_id)?),
             users: r.user_ids,
         })
     }
@@ -151,7 +152,7 @@ impl TryFrom<pb::SetMemberRoleRequest> for SetMemberRoleCommand {
         }
         Ok(Self {
             caller: caller(r.caller)?,
-            conversation: conversation_id(r.conversation_id)?,
+            conversation: ConversationId(conversation_id(r.conversation_id)?),
             user: r.user_id,
             admin: r.admin,
         })
@@ -164,7 +165,7 @@ impl TryFrom<pb::GetConversationRequest> for GetConversationCommand {
     fn try_from(r: pb::GetConversationRequest) -> Result<Self, CellError> {
         Ok(Self {
             caller: caller(r.caller)?,
-            conversation: conversation_id(r.conversation_id)?,
+            conversation: ConversationId(conversation_id(r.conversation_id)?),
             members_after: r.members_after,
             member_limit: r.member_limit,
         })
@@ -177,7 +178,7 @@ impl TryFrom<pb::MarkReadRequest> for MarkReadCommand {
     fn try_from(r: pb::MarkReadRequest) -> Result<Self, CellError> {
         Ok(Self {
             caller: caller(r.caller)?,
-            conversation: conversation_id(r.conversation_id)?,
+            conversation: ConversationId(conversation_id(r.conversation_id)?),
             read_seq: r.read_seq,
         })
     }
@@ -196,7 +197,7 @@ impl TryFrom<pb::RecallRequest> for RecallCommand {
     fn try_from(r: pb::RecallRequest) -> Result<Self, CellError> {
         Ok(Self {
             caller: caller(r.caller)?,
-            conversation: conversation_id(r.conversation_id)?,
+            conversation: ConversationId(conversation_id(r.conversation_id)?),
             seq: message_seq(r.seq)?,
         })
     }
@@ -208,7 +209,7 @@ impl TryFrom<pb::EditRequest> for EditCommand {
     fn try_from(r: pb::EditRequest) -> Result<Self, CellError> {
         Ok(Self {
             caller: caller(r.caller)?,
-            conversation: conversation_id(r.conversation_id)?,
+            conversation: ConversationId(conversation_id(r.conversation_id)?),
             seq: message_seq(r.seq)?,
             body: r.body,
         })
@@ -221,7 +222,7 @@ impl TryFrom<pb::DeleteForMeRequest> for DeleteForMeCommand {
     fn try_from(r: pb::DeleteForMeRequest) -> Result<Self, CellError> {
         Ok(Self {
             caller: caller(r.caller)?,
-            conversation: conversation_id(r.conversation_id)?,
+            conversation: ConversationId(conversation_id(r.conversation_id)?),
             seqs: r.seqs,
         })
     }

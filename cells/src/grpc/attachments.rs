@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use cellmesh_proto::ids::ConversationId;
 use cellmesh_proto::v1::attachments_server::Attachments;
 use cellmesh_proto::v1::*;
 use tonic::{Request, Response};
@@ -27,7 +28,7 @@ impl Attachments for AttachmentsApi {
         let r = request.into_inner();
         let cmd = CreateUploadCommand {
             caller: caller(r.caller)?,
-            conversation: conversation_id(r.conversation_id)?,
+            conversation: ConversationId(conversation_id(r.conversation_id)?),
             name: r.name,
             content_type: r.content_type,
             size: r.size,

@@ -92,7 +92,7 @@ impl Messaging for MessagingApi {
         let cmd: SendCommand = request.into_inner().try_into()?;
         record_call(
             cmd.caller.tenant.get(),
-            cmd.conversation,
+            cmd.conversation.get(),
             cmd.caller.user.get(),
             &cmd.client_req_id,
         );

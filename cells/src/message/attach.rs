@@ -21,7 +21,7 @@ use crate::storage::{IdemKey, IdemKind, Mutation, ScanDirection, UploadWalk};
 #[derive(Debug, Clone)]
 pub struct CreateUploadCommand {
     pub caller: Caller,
-    pub conversation: u64,
+    pub conversation: ConversationId,
     pub name: String,
     pub content_type: String,
     pub size: u64,
@@ -59,9 +59,8 @@ impl MessageService {
         let att = self.attachments()?;
         validate_upload(&cmd, &att.config)?;
         let (tenant, user) = (cmd.caller.tenant, cmd.caller.user);
-        self.ownership
-            .check(tenant, ConversationId(cmd.conversation), Epoch(0))?;
-        self.check_member(&cmd.caller, cmd.conversation)?;
+        self.ownership.check(tenant, cmd.conversation, Epoch(0))?;
+        self.check_member(&cmd.caller, cmd.conversation.get())?;
         let idem = (!cmd.client_req_id.is_empty()).then(|| IdemKey {
             kind: IdemKind::CreateUpload,
             tenant: tenant.get(),
@@ -88,7 +87,7 @@ impl MessageService {
         }
         let now = self.now_ms();
         let id = self.next_id(now)?;
-        let key = object_key(tenant.get(), cmd.conversation, id);
+        let key = object_key(tenant.get(), cmd.conversation.get(), id);
         let multipart_id = if cmd.size > att.config.part_bytes {
             att.files
                 .create_multipart(&key)
@@ -99,7 +98,7 @@ impl MessageService {
         };
         let record = UploadRecord {
             tenant_id: tenant.get(),
-            conversation_id: cmd.conversation,
+            conversation_id: cmd.conversation.get(),
             uploader: user.get(),
             state: UploadState::Reserved as i32,
             created_at_ms: now,
@@ -124,7 +123,7 @@ impl MessageService {
         m.put_upload(id, &record);
         if let Some(key) = &idem {
             let answer = IdempotencyRecord {
-                conversation_id: cmd.conversation,
+                conversation_id: cmd.conversation.get(),
                 msg_id: id,
                 expires_at_ms: record.expires_at_ms,
                 ..Default::default()
@@ -156,7 +155,7 @@ impl MessageService {
             .upload(cmd.caller.tenant.get(), answer.msg_id)?
             .and_then(|r| r.attachment.map(|a| (r.conversation_id, a)))
             .is_some_and(|(conversation, a)| {
-                conversation == cmd.conversation
+                conversation == cmd.conversation.get()
                     && a.size == cmd.size
                     && a.sha256.eq_ignore_ascii_case(&cmd.sha256)
             });
@@ -167,7 +166,7 @@ impl MessageService {
             ));
         }
         let first = self
-            .get_upload(cmd.caller, cmd.conversation, answer.msg_id)
+            .get_upload(cmd.caller, cmd.conversation.get(), answer.msg_id)
             .await?;
         Ok(Some(first))
     }

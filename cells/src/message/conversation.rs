@@ -35,14 +35,14 @@ pub struct CreateCommand {
 #[derive(Debug, Clone)]
 pub struct ChangeMembersCommand {
     pub caller: Caller,
-    pub conversation: u64,
+    pub conversation: ConversationId,
     pub users: Vec<u64>,
 }
 
 #[derive(Debug, Clone)]
 pub struct SetMemberRoleCommand {
     pub caller: Caller,
-    pub conversation: u64,
+    pub conversation: ConversationId,
     pub user: u64,
     pub admin: bool,
 }
@@ -53,7 +53,7 @@ pub const MAX_ADMINS: usize = 32;
 #[derive(Debug, Clone)]
 pub struct GetConversationCommand {
     pub caller: Caller,
-    pub conversation: u64,
+    pub conversation: ConversationId,
     pub members_after: u64,
     pub member_limit: u32,
 }
@@ -215,7 +215,7 @@ impl MessageService {
     /// Adds (`add = true`) or removes members of a group. Any member adds
     /// and leaves; the creator and admins remove others (the creator
     /// only leaves).
-    #[tracing::instrument(skip_all, fields(tenant = cmd.caller.tenant.get(), conversation = cmd.conversation, user = cmd.caller.user.get(), add))]
+    #[tracing::instrument(skip_all, fields(tenant = cmd.caller.tenant.get(), conversation = cmd.conversation.get(), user = cmd.caller.user.get(), add))]
     pub async fn change_members(
         &self,
         cmd: ChangeMembersCommand,
@@ -226,7 +226,7 @@ impl MessageService {
             return Err(CellError::invalid(Reason::NoUsers, "user_ids is empty"));
         }
         let caller = cmd.caller;
-        self.change_group(&cmd.caller, cmd.conversation, |record, now| {
+        self.change_group(&cmd.caller, cmd.conversation.get(), |record, now| {
             let unique: BTreeSet<u64> = cmd.users.iter().copied().collect();
             if !add && let Some(other) = unique.iter().find(|u| **u != caller.user.get()) {
                 if !is_admin(record, caller.user.get()) {
@@ -244,7 +244,7 @@ impl MessageService {
             }
             let mut changed = Vec::new();
             for user in unique {
-                if self.store.is_member(ConversationId(cmd.conversation), UserId(user))? != add {
+                if self.store.is_member(cmd.conversation, UserId(user))? != add {
                     changed.push(user);
                 }
             }
@@ -271,9 +271,9 @@ impl MessageService {
             let mut m = Mutation::new();
             for user in &changed {
                 if add {
-                    m.put_member(ConversationId(cmd.conversation), UserId(*user), &MemberRecord { joined_at_ms: now });
+                    m.put_member(cmd.conversation, UserId(*user), &MemberRecord { joined_at_ms: now });
                 } else {
-                    m.delete_member(ConversationId(cmd.conversation), UserId(*user));
+                    m.delete_member(cmd.conversation, UserId(*user));
                 }
             }
             let event = OutboxEvent {
@@ -288,13 +288,13 @@ impl MessageService {
 
     /// Makes a member of a group an admin, or no longer one: the creator
     /// and admins may. The creator stays an admin.
-    #[tracing::instrument(skip_all, fields(tenant = cmd.caller.tenant.get(), conversation = cmd.conversation, user = cmd.caller.user.get(), admin = cmd.admin))]
+    #[tracing::instrument(skip_all, fields(tenant = cmd.caller.tenant.get(), conversation = cmd.conversation.get(), user = cmd.caller.user.get(), admin = cmd.admin))]
     pub async fn set_member_role(
         &self,
         cmd: SetMemberRoleCommand,
     ) -> Result<ChangeMembersResponse> {
         let caller = cmd.caller;
-        self.change_group(&cmd.caller, cmd.conversation, |record, _| {
+        self.change_group(&cmd.caller, cmd.conversation.get(), |record, _| {
             if !is_admin(record, caller.user.get()) {
                 return Err(not_admin(record, caller.user.get(), "changes roles"));
             }
@@ -304,10 +304,7 @@ impl MessageService {
                     "the group's creator is always an admin",
                 ));
             }
-            if !self
-                .store
-                .is_member(ConversationId(cmd.conversation), UserId(cmd.user))?
-            {
+            if !self.store.is_member(cmd.conversation, UserId(cmd.user))? {
                 return Err(CellError::invalid(
                     Reason::RecipientNotAMember,
                     format!("user {} is not a member", cmd.user),
@@ -388,23 +385,21 @@ impl MessageService {
 
     pub fn get_conversation(&self, cmd: GetConversationCommand) -> Result<GetConversationResponse> {
         self.ownership
-            .check_read(cmd.caller.tenant, ConversationId(cmd.conversation))?;
-        self.conversation(&cmd.caller, cmd.conversation)?;
-        self.require_member(&cmd.caller, cmd.conversation)?;
-        let record = self.stored_conversation(cmd.conversation)?;
-        let seq = self.store.conv_seq(cmd.conversation)?;
+            .check_read(cmd.caller.tenant, cmd.conversation)?;
+        self.conversation(&cmd.caller, cmd.conversation.get())?;
+        self.require_member(&cmd.caller, cmd.conversation.get())?;
+        let record = self.stored_conversation(cmd.conversation.get())?;
+        let seq = self.store.conv_seq(cmd.conversation.get())?;
         let limit = match cmd.member_limit {
             0 => DEFAULT_MEMBER_PAGE,
             n => (n as usize).min(self.config.limits.max_members_per_request),
         };
         let (member_ids, members_truncated) =
             self.store
-                .members(cmd.conversation, cmd.members_after, limit)?;
-        let read_seq = self
-            .store
-            .read_seq(ConversationId(cmd.conversation), cmd.caller.user)?;
+                .members(cmd.conversation.get(), cmd.members_after, limit)?;
+        let read_seq = self.store.read_seq(cmd.conversation, cmd.caller.user)?;
         Ok(GetConversationResponse {
-            conversation: Some(conversation_to_proto(cmd.conversation, &record, &seq)),
+            conversation: Some(conversation_to_proto(cmd.conversation.get(), &record, &seq)),
             member_ids,
             members_truncated,
             read_seq,

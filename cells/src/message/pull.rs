@@ -21,25 +21,25 @@ const PAGE_BYTE_BUDGET: usize = 3 * 1024 * 1024;
 #[derive(Debug, Clone)]
 pub struct PullCommand {
     pub caller: Caller,
-    pub conversation: u64,
+    pub conversation: ConversationId,
     pub since_seq: u64,
     pub direction: ScanDirection,
     pub limit: u32,
 }
 
 impl MessageService {
-    #[tracing::instrument(skip_all, fields(tenant = cmd.caller.tenant.get(), conversation = cmd.conversation, user = cmd.caller.user.get()))]
+    #[tracing::instrument(skip_all, fields(tenant = cmd.caller.tenant.get(), conversation = cmd.conversation.get(), user = cmd.caller.user.get()))]
     pub async fn pull(&self, cmd: PullCommand) -> Result<PullResponse> {
         let route_floor = self
             .ownership
-            .check_read(cmd.caller.tenant, ConversationId(cmd.conversation))?;
-        self.conversation(&cmd.caller, cmd.conversation)?;
-        self.require_member(&cmd.caller, cmd.conversation)?;
+            .check_read(cmd.caller.tenant, cmd.conversation)?;
+        self.conversation(&cmd.caller, cmd.conversation.get())?;
+        self.require_member(&cmd.caller, cmd.conversation.get())?;
         let limit = match cmd.limit {
             0 => DEFAULT_PULL_LIMIT,
             n => n.min(self.config.limits.max_pull_limit),
         } as usize;
-        let seq = self.store.conv_seq(cmd.conversation)?;
+        let seq = self.store.conv_seq(cmd.conversation.get())?;
         // The route's floor counts even before a send here stored it: a
         // quiet new owner after a failover holds backfilled history up to it.
         let floor = seq.seq_floor.max(route_floor);
@@ -49,7 +49,7 @@ impl MessageService {
         };
         let page = self
             .page(
-                cmd.conversation,
+                cmd.conversation.get(),
                 cmd.caller.user.get(),
                 from,
                 cmd.direction,
@@ -57,7 +57,7 @@ impl MessageService {
                 PAGE_BYTE_BUDGET,
             )
             .await?;
-        let unavailable_through = self.unavailable_through(cmd.conversation, floor)?;
+        let unavailable_through = self.unavailable_through(cmd.conversation.get(), floor)?;
         if unavailable_through > 0 {
             crate::metrics::metrics().pulls_unavailable.inc();
         }
@@ -82,7 +82,7 @@ impl MessageService {
             messages: page
                 .messages
                 .into_iter()
-                .map(|(s, record)| message_to_proto(cmd.conversation, s, record))
+                .map(|(s, record)| message_to_proto(cmd.conversation.get(), s, record))
                 .collect(),
             next_seq: page.last_seq.unwrap_or(cmd.since_seq),
             has_more: page.more,

@@ -23,7 +23,7 @@ use crate::storage::{IdemKey, IdemKind, Mutation};
 #[derive(Debug, Clone)]
 pub struct SendCommand {
     pub caller: Caller,
-    pub conversation: u64,
+    pub conversation: ConversationId,
     pub client_req_id: String,
     pub kind: MessageType,
     pub body: Vec<u8>,
@@ -52,7 +52,7 @@ impl MessageService {
         let span = tracing::info_span!(
             "send",
             tenant = cmd.caller.tenant.get(),
-            conv_id = cmd.conversation,
+            conv_id = cmd.conversation.get(),
             user_id = cmd.caller.user.get(),
             req_id = %cmd.client_req_id,
             seq = tracing::field::Empty,
@@ -63,13 +63,10 @@ impl MessageService {
     async fn store_send(&self, mut cmd: SendCommand) -> Result<SendResponse> {
         self.validate_send(&cmd)?;
         // Early refusal (and the caller's epoch); repeated under the lock.
-        self.ownership.check(
-            cmd.caller.tenant,
-            ConversationId(cmd.conversation),
-            Epoch(cmd.route_epoch),
-        )?;
-        let conv = self.conversation(&cmd.caller, cmd.conversation)?;
-        self.require_member(&cmd.caller, cmd.conversation)?;
+        self.ownership
+            .check(cmd.caller.tenant, cmd.conversation, Epoch(cmd.route_epoch))?;
+        let conv = self.conversation(&cmd.caller, cmd.conversation.get())?;
+        self.require_member(&cmd.caller, cmd.conversation.get())?;
         let visible_to = self.recipients(&cmd)?;
 
         let key = IdemKey {
@@ -84,14 +81,14 @@ impl MessageService {
                     .wait()
                     .await
                     .ok_or_else(concurrent_attempt_failed)?;
-                return replay(&record, cmd.conversation);
+                return replay(&record, cmd.conversation.get());
             }
             Begin::Leader(leader) => leader,
         };
         if let Some(record) = self.store.idempotency(&key)?
             && record.expires_at_ms > self.now_ms()
         {
-            let response = replay(&record, cmd.conversation)?;
+            let response = replay(&record, cmd.conversation.get())?;
             // An answer given before its standbys had it (the call failed)
             // is given again only once they do.
             self.replicate_sent(cmd.caller.tenant.get(), &record)
@@ -102,15 +99,16 @@ impl MessageService {
         // Checked after the replay: a re-send is answered as before even
         // where its uploads are not (another cell of the region after a move).
         let mut m = Mutation::new();
-        let attachments =
-            self.attachment_refs(&cmd.caller, cmd.conversation, &cmd.attachments, &mut m)?;
+        let attachments = self.attachment_refs(
+            &cmd.caller,
+            cmd.conversation.get(),
+            &cmd.attachments,
+            &mut m,
+        )?;
         // Only a new message takes from the budgets: a re-send of an
         // acknowledged one gets its answer above, limited or not.
-        self.limits.check(
-            cmd.caller.tenant,
-            cmd.caller.user,
-            ConversationId(cmd.conversation),
-        )?;
+        self.limits
+            .check(cmd.caller.tenant, cmd.caller.user, cmd.conversation)?;
 
         // From the decisive ownership check until the write is durable.
         let writing = self.writing.read().await;
@@ -138,7 +136,7 @@ impl MessageService {
         crate::metrics::metrics().messages_committed.inc();
         tracing::debug!(seq = record.seq, msg_id = record.msg_id, "message stored");
         self.marks
-            .note(cmd.caller.tenant.get(), cmd.conversation, record.seq);
+            .note(cmd.caller.tenant.get(), cmd.conversation.get(), record.seq);
         if let Some(message) = shipped {
             self.replicate_message(
                 cmd.caller.tenant.get(),
@@ -179,11 +177,9 @@ impl MessageService {
             visible_to,
             now,
         } = draft;
-        let fence = self.ownership.check(
-            cmd.caller.tenant,
-            ConversationId(cmd.conversation),
-            Epoch(0),
-        )?;
+        let fence = self
+            .ownership
+            .check(cmd.caller.tenant, cmd.conversation, Epoch(0))?;
         let floor = state.floor.max(fence.seq_floor);
         let seq = state.latest.max(floor) + 1;
         let jump = floor_jump(state, floor, &fence);
@@ -192,7 +188,7 @@ impl MessageService {
         {
             // The standbys get this conversation's mark in a round now.
             self.marks
-                .note(cmd.caller.tenant.get(), cmd.conversation, seq - 1);
+                .note(cmd.caller.tenant.get(), cmd.conversation.get(), seq - 1);
             self.marks.wake();
             return Err(CellError::RetryLater {
                 reason: Reason::CheckpointBehind,
@@ -204,7 +200,7 @@ impl MessageService {
         }
         let msg_id = self.next_id(now)?;
         let record = IdempotencyRecord {
-            conversation_id: cmd.conversation,
+            conversation_id: cmd.conversation.get(),
             msg_id,
             seq,
             server_ts_ms: now,
@@ -223,10 +219,10 @@ impl MessageService {
             client_req_id: cmd.client_req_id.clone(),
             attachments,
         };
-        m.put_message(cmd.conversation, seq, &message);
+        m.put_message(cmd.conversation.get(), seq, &message);
         if let Some(jump) = &jump {
             tracing::info!(
-                conversation = cmd.conversation,
+                conversation = cmd.conversation.get(),
                 first = jump.first,
                 last = jump.last,
                 epoch = jump.epoch,
@@ -236,7 +232,7 @@ impl MessageService {
             state.jumps.push(*jump);
         }
         m.put_conv_seq(
-            cmd.conversation,
+            cmd.conversation.get(),
             &ConversationSeq {
                 latest_seq: seq,
                 seq_floor: floor,
@@ -245,11 +241,11 @@ impl MessageService {
         );
         m.put_idempotency(key, &record);
         // Whoever sends has read up to their own message.
-        m.raise_read_seq(ConversationId(cmd.conversation), cmd.caller.user, seq);
+        m.raise_read_seq(cmd.conversation, cmd.caller.user, seq);
         m.emit(&OutboxEvent {
             kind: OutboxKind::Message as i32,
             tenant_id: cmd.caller.tenant.get(),
-            conversation_id: cmd.conversation,
+            conversation_id: cmd.conversation.get(),
             seq,
             msg_id,
             user_id: cmd.caller.user.get(),
@@ -327,10 +323,7 @@ impl MessageService {
         users.sort_unstable();
         users.dedup();
         for user in &users {
-            if !self
-                .store
-                .is_member(ConversationId(cmd.conversation), UserId(*user))?
-            {
+            if !self.store.is_member(cmd.conversation, UserId(*user))? {
                 return Err(CellError::invalid(
                     Reason::RecipientNotAMember,
                     format!("user {user} in visible_to is not a member"),

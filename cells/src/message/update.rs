@@ -19,14 +19,14 @@ pub const MAX_DELETE_BATCH: usize = 1_000;
 #[derive(Debug, Clone)]
 pub struct RecallCommand {
     pub caller: Caller,
-    pub conversation: u64,
+    pub conversation: ConversationId,
     pub seq: u64,
 }
 
 #[derive(Debug, Clone)]
 pub struct EditCommand {
     pub caller: Caller,
-    pub conversation: u64,
+    pub conversation: ConversationId,
     pub seq: u64,
     pub body: Vec<u8>,
 }
@@ -34,14 +34,14 @@ pub struct EditCommand {
 #[derive(Debug, Clone)]
 pub struct DeleteForMeCommand {
     pub caller: Caller,
-    pub conversation: u64,
+    pub conversation: ConversationId,
     pub seqs: Vec<u64>,
 }
 
 #[derive(Debug, Clone)]
 pub struct MarkReadCommand {
     pub caller: Caller,
-    pub conversation: u64,
+    pub conversation: ConversationId,
     pub read_seq: u64,
 }
 
@@ -50,7 +50,7 @@ impl MessageService {
         let (tenant, conversation) = (cmd.caller.tenant, cmd.conversation);
         self.rewrite_message(
             cmd.caller,
-            cmd.conversation,
+            cmd.conversation.get(),
             cmd.seq,
             OutboxKind::Recall,
             |r, now, m| {
@@ -61,7 +61,7 @@ impl MessageService {
                 r.body.clear();
                 let files = std::mem::take(&mut r.attachments);
                 let at = self.recall_deletes_at(now);
-                self.forget_files(tenant.get(), conversation, files, at, m);
+                self.forget_files(tenant.get(), conversation.get(), files, at, m);
                 r.edited_at_ms = now;
                 r.edit_version += 1;
                 Ok(true)
@@ -75,7 +75,7 @@ impl MessageService {
         let body = cmd.body;
         self.rewrite_message(
             cmd.caller,
-            cmd.conversation,
+            cmd.conversation.get(),
             cmd.seq,
             OutboxKind::Edit,
             |r, now, _| {
@@ -174,14 +174,11 @@ impl MessageService {
             ));
         }
         self.check_call(&cmd.caller)?;
-        self.conversation(&cmd.caller, cmd.conversation)?;
-        self.ownership.check(
-            cmd.caller.tenant,
-            ConversationId(cmd.conversation),
-            Epoch(0),
-        )?;
-        self.require_member(&cmd.caller, cmd.conversation)?;
-        let latest = self.store.conv_seq(cmd.conversation)?.latest_seq;
+        self.conversation(&cmd.caller, cmd.conversation.get())?;
+        self.ownership
+            .check(cmd.caller.tenant, cmd.conversation, Epoch(0))?;
+        self.require_member(&cmd.caller, cmd.conversation.get())?;
+        let latest = self.store.conv_seq(cmd.conversation.get())?.latest_seq;
         if let Some(bad) = cmd.seqs.iter().find(|s| **s == 0 || **s > latest) {
             return Err(CellError::invalid(
                 Reason::SeqOutOfRange,
@@ -193,12 +190,12 @@ impl MessageService {
         seqs.dedup();
         let mut m = Mutation::new();
         for seq in &seqs {
-            m.hide(ConversationId(cmd.conversation), cmd.caller.user, *seq);
+            m.hide(cmd.conversation, cmd.caller.user, *seq);
         }
         m.emit(&OutboxEvent {
             kind: OutboxKind::DeleteForMe as i32,
             tenant_id: cmd.caller.tenant.get(),
-            conversation_id: cmd.conversation,
+            conversation_id: cmd.conversation.get(),
             user_id: cmd.caller.user.get(),
             server_ts_ms: self.now_ms(),
             items: seqs.clone(),
@@ -212,26 +209,19 @@ impl MessageService {
 
     pub async fn mark_read(&self, cmd: MarkReadCommand) -> Result<MarkReadResponse> {
         self.check_call(&cmd.caller)?;
-        self.conversation(&cmd.caller, cmd.conversation)?;
-        self.ownership.check(
-            cmd.caller.tenant,
-            ConversationId(cmd.conversation),
-            Epoch(0),
-        )?;
-        self.require_member(&cmd.caller, cmd.conversation)?;
-        let latest = self.store.conv_seq(cmd.conversation)?.latest_seq;
+        self.conversation(&cmd.caller, cmd.conversation.get())?;
+        self.ownership
+            .check(cmd.caller.tenant, cmd.conversation, Epoch(0))?;
+        self.require_member(&cmd.caller, cmd.conversation.get())?;
+        let latest = self.store.conv_seq(cmd.conversation.get())?.latest_seq;
         let target = cmd.read_seq.min(latest);
-        if target
-            > self
-                .store
-                .read_seq(ConversationId(cmd.conversation), cmd.caller.user)?
-        {
+        if target > self.store.read_seq(cmd.conversation, cmd.caller.user)? {
             let mut m = Mutation::new();
-            m.raise_read_seq(ConversationId(cmd.conversation), cmd.caller.user, target);
+            m.raise_read_seq(cmd.conversation, cmd.caller.user, target);
             m.emit(&OutboxEvent {
                 kind: OutboxKind::Read as i32,
                 tenant_id: cmd.caller.tenant.get(),
-                conversation_id: cmd.conversation,
+                conversation_id: cmd.conversation.get(),
                 seq: target,
                 user_id: cmd.caller.user.get(),
                 server_ts_ms: self.now_ms(),
@@ -239,9 +229,7 @@ impl MessageService {
             });
             self.store.commit(m).await?;
         }
-        let read_seq = self
-            .store
-            .read_seq(ConversationId(cmd.conversation), cmd.caller.user)?;
+        let read_seq = self.store.read_seq(cmd.conversation, cmd.caller.user)?;
         Ok(MarkReadResponse {
             read_seq,
             latest_seq: latest,

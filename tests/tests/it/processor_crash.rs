@@ -175,7 +175,7 @@ async fn crash_between_apply_and_commit(kafka: Option<&Kafka>) {
 fn send_cmd(caller: Caller, conversation: u64, id: &str) -> SendCommand {
     SendCommand {
         caller,
-        conversation,
+        conversation: cellmesh_proto::ids::ConversationId(conversation),
         client_req_id: id.into(),
         kind: MessageType::Text,
         body: b"exactly once".to_vec(),
