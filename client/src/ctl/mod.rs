@@ -437,7 +437,7 @@ pub async fn run(mut args: CtlArgs) -> anyhow::Result<()> {
         } => table::route(&routes, &key, linearizable, json).await?,
         CtlCommand::Tenant {
             command: TenantCommand::Place { tenant, cell },
-        } => table::place_tenant(&routes, tenant, &cell).await?,
+        } => table::place_tenant(&routes, TenantId(tenant), &cell).await?,
         CtlCommand::Tenant {
             command: TenantCommand::Export { tenant, json },
         } => backup::export_tenant(&routes, &secret, tenant, json).await?,
@@ -458,7 +458,7 @@ pub async fn run(mut args: CtlArgs) -> anyhow::Result<()> {
                 round_messages,
                 ..MigrationOptions::default()
             };
-            let what = (tenant, conversation, to.as_str());
+            let what = (TenantId(tenant), ConversationId(conversation), to.as_str());
             moves::migrate_conversation(routes, secret, what, options).await?
         }
         CtlCommand::Migrate {

@@ -9,6 +9,7 @@ use std::time::Instant;
 use cellmesh_control_plane::migration::bulk::{BulkEvent, BulkReport};
 use cellmesh_control_plane::migration::tenant::TenantProgress;
 use cellmesh_control_plane::migration::{MigrationOptions, Migrator};
+use cellmesh_proto::ids::{ConversationId, TenantId};
 use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_route_client::client::RouteClient;
 use serde_json::json;
@@ -221,12 +222,12 @@ pub async fn failback(
 pub(super) async fn migrate_conversation(
     routes: RouteClient,
     secret: ClusterSecret,
-    (tenant, conversation, to): (u64, u64, &str),
+    (tenant, conversation, to): (TenantId, ConversationId, &str),
     options: MigrationOptions,
 ) -> anyhow::Result<()> {
     let migrator = Migrator::new(routes, secret, options);
     let report = migrator
-        .migrate_conversation(tenant, conversation, to, |p| {
+        .migrate_conversation(tenant.get(), conversation.get(), to, |p| {
             let pct = (p.copied_through * 100)
                 .checked_div(p.source_latest)
                 .unwrap_or(100)

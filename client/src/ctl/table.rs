@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use cellmesh_control_plane::failover::fail_fenced;
+use cellmesh_proto::ids::TenantId;
 use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::v1 as pb;
 use cellmesh_proto::v1::update_route::Transition;
@@ -95,11 +96,11 @@ pub(super) async fn route(
 /// `ctl tenant place`: a new tenant's entry on `cell`.
 pub(super) async fn place_tenant(
     routes: &RouteClient,
-    tenant: u64,
+    tenant: TenantId,
     cell: &str,
 ) -> anyhow::Result<()> {
     let r = routes
-        .apply(assign_tenant(tenant, cell, 0))
+        .apply(assign_tenant(tenant.get(), cell, 0))
         .await
         .map_err(|e| anyhow::anyhow!(describe(&e)))?;
     println!("tenant {tenant} placed on {cell} at epoch {}", r.index);

@@ -251,12 +251,29 @@ async fn upload(
     (a, std::fs::read(&path).unwrap())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_tenant_move_carries_uploads_made_after_its_first_copy_round() {
+/// Starts tenant 1's move to us-east/c1 and stops it once the tenant's
+/// history is copied (the move is resumed later).
+async fn move_tenant_until_copied(routes: &cellmesh_route_client::client::RouteClient) {
     use cellmesh_control_plane::migration::{
         MigrationError, MigrationOptions, Migrator, StopPoint,
     };
-    use cellmesh_proto::secret::ClusterSecret;
+    let stopping = Migrator::new(
+        routes.clone(),
+        cellmesh_proto::secret::ClusterSecret::new(cellmesh_tests::router::SECRET),
+        MigrationOptions {
+            stop_after: Some(StopPoint::Copied),
+            ..MigrationOptions::default()
+        },
+    );
+    let stopped = stopping.migrate_tenant(1, "us-east/c1", 4, |_| {}).await;
+    assert!(
+        matches!(stopped, Err(MigrationError::Stopped(StopPoint::Copied))),
+        "{stopped:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_move_carries_uploads_made_after_its_first_copy_round() {
     use cellmesh_tests::deploy::create_via_edge;
     let stores = tempfile::tempdir().unwrap();
     let root = stores.path().to_path_buf();
@@ -282,19 +299,7 @@ async fn a_tenant_move_carries_uploads_made_after_its_first_copy_round() {
 
     // The move stops after its first copy round; then one more file is
     // uploaded, with no new message in the conversation.
-    let stopping = Migrator::new(
-        routes.clone(),
-        ClusterSecret::new(cellmesh_tests::router::SECRET),
-        MigrationOptions {
-            stop_after: Some(StopPoint::Copied),
-            ..MigrationOptions::default()
-        },
-    );
-    let stopped = stopping.migrate_tenant(1, "us-east/c1", 4, |_| {}).await;
-    assert!(
-        matches!(stopped, Err(MigrationError::Stopped(StopPoint::Copied))),
-        "{stopped:?}"
-    );
+    move_tenant_until_copied(&routes).await;
     let late = upload(
         &endpoint,
         &alice,
@@ -333,13 +338,9 @@ async fn a_tenant_move_carries_uploads_made_after_its_first_copy_round() {
 /// are gone. The restarted source, no longer the owner, deletes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_source_killed_while_its_files_are_copied_loses_none() {
-    use cellmesh_control_plane::migration::{
-        MigrationError, MigrationOptions, Migrator, StopPoint,
-    };
-    use cellmesh_proto::secret::ClusterSecret;
     use cellmesh_tests::deploy::{Senders, busy_cell_config, create_via_edge, start_edge};
     use cellmesh_tests::process::CellProcess;
-    use cellmesh_tests::router::{RouterCluster, SECRET};
+    use cellmesh_tests::router::RouterCluster;
     const FILES: usize = 6;
     const SIZE: usize = 1 << 20;
     let stores = tempfile::tempdir().unwrap();
@@ -404,19 +405,7 @@ async fn a_source_killed_while_its_files_are_copied_loses_none() {
         .await;
 
     // The move copies the history and stops; the files keep copying.
-    let stopping = Migrator::new(
-        routes.clone(),
-        ClusterSecret::new(SECRET),
-        MigrationOptions {
-            stop_after: Some(StopPoint::Copied),
-            ..MigrationOptions::default()
-        },
-    );
-    let stopped = stopping.migrate_tenant(1, "us-east/c1", 4, |_| {}).await;
-    assert!(
-        matches!(stopped, Err(MigrationError::Stopped(StopPoint::Copied))),
-        "{stopped:?}"
-    );
+    move_tenant_until_copied(&routes).await;
     let copies = || target.cell.service.file_copies(1, 0).unwrap();
     assert!(
         cellmesh_tests::eventually(std::time::Duration::from_secs(20), || async {

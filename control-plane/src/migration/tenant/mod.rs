@@ -187,7 +187,7 @@ impl Migrator {
         });
         let mut run = TenantRun {
             key,
-            items: self.items(tenant, &from, to, parallel).await?,
+            items: self.items(TenantId(tenant), &from, to, parallel).await?,
             from: from.clone(),
             to,
             state: TenantProgress::default(),
@@ -394,7 +394,7 @@ impl Migrator {
     /// The tenant's items, copied from `from` to `to`.
     async fn items(
         &self,
-        tenant: u64,
+        tenant: TenantId,
         from: &str,
         to: &str,
         parallel: usize,
@@ -403,7 +403,7 @@ impl Migrator {
         let (target, _) = self.peer(to).await?;
         Ok(Items {
             migrator: self,
-            tenant,
+            tenant: tenant.get(),
             from: from.to_string(),
             to: to.to_string(),
             source,
@@ -419,9 +419,9 @@ impl Migrator {
         })
     }
 
-    /// Copy rounds until the tenant is close enough (or `first_only` says
-    /// to stop after this round), at most `max_catch_up_rounds`, holding
-    /// while an operator pauses the move.
+    /// Copy rounds until the tenant is close enough (or, with
+    /// [`Rounds::One`], after one round), at most `max_catch_up_rounds`,
+    /// holding while an operator pauses the move.
     async fn catch_up(
         &self,
         items: &mut Items<'_>,
