@@ -165,7 +165,7 @@ pub async fn run(args: MigrateArgs) -> anyhow::Result<()> {
         let t = Instant::now();
         let mut first_round = None;
         let report = migrator
-            .migrate_conversation(tenant, conv, &to, |p| {
+            .migrate_conversation(TenantId(tenant), ConversationId(conv), &to, |p| {
                 first_round.get_or_insert((t.elapsed(), p.copied_through));
             })
             .await?;

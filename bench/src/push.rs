@@ -7,6 +7,7 @@
 //! all with tokens; latency is also reported per (sender region, device
 //! region) pair — the cross-region push path.
 
+use cellmesh_proto::ids::{ConversationId, TenantId};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -117,7 +118,7 @@ pub async fn run(args: PushArgs) -> anyhow::Result<()> {
         let migrator = Migrator::new(d.routes().await?, d.secret(), MigrationOptions::default());
         for c in directs.iter().chain(groups.iter()) {
             migrator
-                .migrate_conversation(tenant, c.id, cell, |_| {})
+                .migrate_conversation(TenantId(tenant), ConversationId(c.id), cell, |_| {})
                 .await?;
         }
         println!(

@@ -107,7 +107,10 @@ async fn router_target(args: &RouterArgs, base: u64) -> anyhow::Result<Target> {
     // The read workloads look up tenants placed here.
     let mut last = 0;
     for k in 0..args.keys {
-        if let Ok(r) = client.apply(assign_tenant(base + k + 1, &cell, 0)).await {
+        if let Ok(r) = client
+            .apply(assign_tenant(TenantId(base + k + 1), &cell, 0))
+            .await
+        {
             last = r.index;
         }
     }
@@ -297,7 +300,7 @@ async fn one(
         Target::Router(client, cell) => {
             let result = match op {
                 Op::Write => client
-                    .apply(assign_tenant(write_id, cell, 0))
+                    .apply(assign_tenant(TenantId(write_id), cell, 0))
                     .await
                     .map(|_| ()),
                 Op::Cached => {

@@ -7,6 +7,7 @@
 //! message's ack to its first appearance in results. The report's own
 //! throughput and latency are those of the 1,000-conversation queries.
 
+use cellmesh_proto::ids::TenantId;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -169,7 +170,7 @@ pub async fn run(args: SearchArgs) -> anyhow::Result<()> {
     let conversations = create(&endpoint, args.conversations).await?;
     let docs = || -> u64 {
         (cell.service.search_indexes())
-            .and_then(|s| s.tenant(TENANT).ok())
+            .and_then(|s| s.tenant(TenantId(TENANT)).ok())
             .map_or(0, |i| i.num_docs())
     };
 

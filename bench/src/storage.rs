@@ -7,7 +7,7 @@
 //! fan-out lane, with no gRPC, no queue reads and no processor. What a send
 //! benchmark reaches is best read as a share of this.
 
-use cellmesh_proto::ids::{ConversationId, UserId};
+use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -162,7 +162,7 @@ fn send(conversation: u64, seq: u64, sender: u64, w: u64, n: u64, body: &[u8]) -
     let request = format!("w{w}-{n}");
     let mut m = Mutation::new();
     m.put_message(
-        conversation,
+        ConversationId(conversation),
         seq,
         &MessageRecord {
             msg_id,
@@ -176,7 +176,7 @@ fn send(conversation: u64, seq: u64, sender: u64, w: u64, n: u64, body: &[u8]) -
         },
     );
     m.put_conv_seq(
-        conversation,
+        ConversationId(conversation),
         &ConversationSeq {
             latest_seq: seq,
             ..Default::default()
@@ -219,7 +219,7 @@ fn fan_out(conversation: u64, seq: u64, members: u64, n: u64) -> Mutation {
     let now = now_ms();
     let mut m = Mutation::new();
     for member in 0..members {
-        let user = UserKey::new(TENANT, conversation * 100 + member);
+        let user = UserKey::new(TenantId(TENANT), UserId(conversation * 100 + member));
         let pts = seq;
         m.put_sync(
             user,
@@ -234,7 +234,7 @@ fn fan_out(conversation: u64, seq: u64, members: u64, n: u64) -> Mutation {
         );
         m.put_conv_list(
             user,
-            conversation,
+            ConversationId(conversation),
             &ConvListEntry {
                 last_seq: seq,
                 updated_at_ms: now,

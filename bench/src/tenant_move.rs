@@ -383,7 +383,7 @@ pub async fn run(args: TenantMoveArgs) -> anyhow::Result<()> {
     let mut switched_at = None;
     let move_started = Instant::now();
     let report = migrator
-        .migrate_tenant(tenant, &to, args.parallel, |p| {
+        .migrate_tenant(TenantId(tenant), &to, args.parallel, |p| {
             if p.phase == "files" {
                 switched_at.get_or_insert_with(Instant::now);
             }

@@ -2,6 +2,7 @@
 //! by [`CellConfig::validate`] at start so that a bad value fails with a
 //! message naming the field instead of misbehaving later.
 
+use cellmesh_proto::ids::TenantId;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
@@ -106,7 +107,7 @@ impl Default for ReplicationConfig {
 
 impl ReplicationConfig {
     /// The mode of `tenant`'s writes.
-    pub fn mode_of(&self, tenant: u64) -> ReplicationMode {
+    pub fn mode_of(&self, tenant: TenantId) -> ReplicationMode {
         self.tenants
             .get(&tenant.to_string())
             .copied()

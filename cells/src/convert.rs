@@ -3,7 +3,7 @@
 //! enum values; records convert into the wire view of a message or
 //! conversation.
 
-use cellmesh_proto::ids::ConversationId;
+use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
 use cellmesh_proto::reason::Reason;
 use cellmesh_proto::storage::v1::{ConversationRecord, ConversationSeq, MessageRecord, SeqJump};
 use cellmesh_proto::v1 as pb;
@@ -19,7 +19,9 @@ use crate::storage::ScanDirection;
 /// The caller of a request: tenant and user are required.
 pub fn caller(caller: Option<pb::Caller>) -> Result<Caller, CellError> {
     match caller {
-        Some(c) if c.tenant_id != 0 && c.user_id != 0 => Ok(Caller::new(c.tenant_id, c.user_id)),
+        Some(c) if c.tenant_id != 0 && c.user_id != 0 => {
+            Ok(Caller::new(TenantId(c.tenant_id), UserId(c.user_id)))
+        }
         _ => Err(CellError::Unauthenticated {
             message: "request carries no caller (tenant_id and user_id are required)".into(),
         }),
@@ -27,14 +29,14 @@ pub fn caller(caller: Option<pb::Caller>) -> Result<Caller, CellError> {
 }
 
 /// The conversation id of a request (required).
-pub fn conversation_id(id: u64) -> Result<u64, CellError> {
+pub fn conversation_id(id: u64) -> Result<ConversationId, CellError> {
     if id == 0 {
         return Err(CellError::invalid(
             Reason::MissingConversationId,
             "conversation_id is required",
         ));
     }
-    Ok(id)
+    Ok(ConversationId(id))
 }
 
 impl TryFrom<pb::SendRequest> for SendCommand {
@@ -52,7 +54,7 @@ impl TryFrom<pb::SendRequest> for SendCommand {
         };
         Ok(Self {
             caller: caller(r.caller)?,
-            conversation: ConversationId(conversation_id(r.conversation_id)?),
+            conversation: conversation_id(r.conversation_id)?,
             client_req_id: r.client_req_id,
             kind,
             body: r.body,
@@ -79,7 +81,7 @@ impl TryFrom<pb::PullRequest> for PullCommand {
         };
         Ok(Self {
             caller: caller(r.caller)?,
-            conversation: ConversationId(conversation_id(r.conversation_id)?),
+            conversation: conversation_id(r.conversation_id)?,
             since_seq: r.since_seq,
             direction,
             limit: r.limit,
@@ -134,7 +136,7 @@ impl TryFrom<pb::ChangeMembersRequest> for ChangeMembersCommand {
     fn try_from(r: pb::ChangeMembersRequest) -> Result<Self, CellError> {
         Ok(Self {
             caller: caller(r.caller)?,
-            conversation: ConversationId(conversation_id(r.conversation_id)?),
+            conversation: conversation_id(r.conversation_id)?,
             users: r.user_ids,
         })
     }
@@ -152,7 +154,7 @@ impl TryFrom<pb::SetMemberRoleRequest> for SetMemberRoleCommand {
         }
         Ok(Self {
             caller: caller(r.caller)?,
-            conversation: ConversationId(conversation_id(r.conversation_id)?),
+            conversation: conversation_id(r.conversation_id)?,
             user: r.user_id,
             admin: r.admin,
         })
@@ -165,7 +167,7 @@ impl TryFrom<pb::GetConversationRequest> for GetConversationCommand {
     fn try_from(r: pb::GetConversationRequest) -> Result<Self, CellError> {
         Ok(Self {
             caller: caller(r.caller)?,
-            conversation: ConversationId(conversation_id(r.conversation_id)?),
+            conversation: conversation_id(r.conversation_id)?,
             members_after: r.members_after,
             member_limit: r.member_limit,
         })
@@ -178,7 +180,7 @@ impl TryFrom<pb::MarkReadRequest> for MarkReadCommand {
     fn try_from(r: pb::MarkReadRequest) -> Result<Self, CellError> {
         Ok(Self {
             caller: caller(r.caller)?,
-            conversation: ConversationId(conversation_id(r.conversation_id)?),
+            conversation: conversation_id(r.conversation_id)?,
             read_seq: r.read_seq,
         })
     }
@@ -197,7 +199,7 @@ impl TryFrom<pb::RecallRequest> for RecallCommand {
     fn try_from(r: pb::RecallRequest) -> Result<Self, CellError> {
         Ok(Self {
             caller: caller(r.caller)?,
-            conversation: ConversationId(conversation_id(r.conversation_id)?),
+            conversation: conversation_id(r.conversation_id)?,
             seq: message_seq(r.seq)?,
         })
     }
@@ -209,7 +211,7 @@ impl TryFrom<pb::EditRequest> for EditCommand {
     fn try_from(r: pb::EditRequest) -> Result<Self, CellError> {
         Ok(Self {
             caller: caller(r.caller)?,
-            conversation: ConversationId(conversation_id(r.conversation_id)?),
+            conversation: conversation_id(r.conversation_id)?,
             seq: message_seq(r.seq)?,
             body: r.body,
         })
@@ -222,16 +224,16 @@ impl TryFrom<pb::DeleteForMeRequest> for DeleteForMeCommand {
     fn try_from(r: pb::DeleteForMeRequest) -> Result<Self, CellError> {
         Ok(Self {
             caller: caller(r.caller)?,
-            conversation: ConversationId(conversation_id(r.conversation_id)?),
+            conversation: conversation_id(r.conversation_id)?,
             seqs: r.seqs,
         })
     }
 }
 
 /// The wire view of a stored message.
-pub fn message_to_proto(conversation: u64, seq: u64, r: MessageRecord) -> pb::Message {
+pub fn message_to_proto(conversation: ConversationId, seq: u64, r: MessageRecord) -> pb::Message {
     pb::Message {
-        conversation_id: conversation,
+        conversation_id: conversation.get(),
         seq,
         msg_id: r.msg_id,
         sender_id: r.sender_id,
@@ -248,12 +250,12 @@ pub fn message_to_proto(conversation: u64, seq: u64, r: MessageRecord) -> pb::Me
 
 /// The wire view of a stored conversation.
 pub fn conversation_to_proto(
-    id: u64,
+    id: ConversationId,
     r: &ConversationRecord,
     seq: &ConversationSeq,
 ) -> pb::Conversation {
     pb::Conversation {
-        conversation_id: id,
+        conversation_id: id.get(),
         tenant_id: r.tenant_id,
         kind: r.kind,
         title: r.title.clone(),

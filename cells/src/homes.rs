@@ -99,6 +99,7 @@ impl Homes for StaticHomes {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cellmesh_proto::ids::UserId;
 
     #[test]
     fn static_homes_are_per_tenant() {
@@ -106,10 +107,10 @@ mod tests {
         config.remote.insert("1/3".into(), "http://a".into());
         let homes = StaticHomes::from_config(&config);
         assert_eq!(
-            homes.home(UserKey::new(1, 3)),
+            homes.home(UserKey::new(TenantId(1), UserId(3))),
             Home::Remote("http://a".into())
         );
-        assert_eq!(homes.home(UserKey::new(2, 3)), Home::Here);
+        assert_eq!(homes.home(UserKey::new(TenantId(2), UserId(3))), Home::Here);
         assert_eq!(UserKey::parse("3"), None);
         assert_eq!(UserKey::parse("0/3"), None);
         assert_eq!(UserKey::parse("1/x"), None);

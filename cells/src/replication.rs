@@ -15,6 +15,7 @@
 //! acknowledged unreplicated and the cell logs that it is degraded, unless
 //! `replication.require_standby` asks to refuse them.
 
+use cellmesh_proto::ids::{ConversationId, TenantId};
 use cellmesh_proto::reason::Reason;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -92,7 +93,7 @@ impl Replicator {
     }
 
     /// Whether `tenant`'s writes wait for the standbys.
-    pub fn is_sync(&self, tenant: u64) -> bool {
+    pub fn is_sync(&self, tenant: TenantId) -> bool {
         self.tx.is_some() && self.config.mode_of(tenant) == ReplicationMode::Sync
     }
 
@@ -288,7 +289,7 @@ impl Shipper {
                 if (all || !known.is_some_and(|k| k.contains(&conversation)))
                     && described.insert(conversation)
                 {
-                    w.meta = self.meta(conversation);
+                    w.meta = self.meta(ConversationId(conversation));
                 }
                 w
             })
@@ -300,7 +301,7 @@ impl Shipper {
     }
 
     /// The conversation's record and members as stored here.
-    fn meta(&self, conversation: u64) -> Option<ConversationMeta> {
+    fn meta(&self, conversation: ConversationId) -> Option<ConversationMeta> {
         let record = self.store.conversation(conversation).ok().flatten()?;
         let (members, _) = self.store.members(conversation, 0, usize::MAX).ok()?;
         Some(ConversationMeta {

@@ -274,15 +274,20 @@ impl Ownership for Routed {
         if conversation != 0 && route.entry.floor_margin > 0 {
             // Failed over here: above what the failed owner may have built
             // on, as this cell holds its mark.
-            let held = self.marks.held(tenant, conversation)?;
+            let held = self
+                .marks
+                .held(TenantId(tenant), ConversationId(conversation))?;
             seq_floor = seq_floor.max(held.saturating_add(route.entry.floor_margin));
             taken_over_mark = Some(held);
         }
         Ok(Fence {
             epoch: route.entry.epoch,
             seq_floor,
-            seq_limit: (conversation != 0)
-                .then(|| self.marks.acked(conversation).saturating_add(self.margin)),
+            seq_limit: (conversation != 0).then(|| {
+                self.marks
+                    .acked(ConversationId(conversation))
+                    .saturating_add(self.margin)
+            }),
             taken_over_mark,
         })
     }
@@ -293,7 +298,7 @@ impl Ownership for Routed {
         // A tenant creates where it lives, or on its migration's target.
         let moving = self.client.read(|t| {
             let route = t.resolve(&key)?;
-            let target = t.creation_cell(tenant)?;
+            let target = t.creation_cell(TenantId(tenant))?;
             (target.id != route.entry.cell)
                 .then(|| (target.id.clone(), target.address.clone(), route))
         });

@@ -16,25 +16,22 @@ pub struct UserKey {
 }
 
 impl UserKey {
-    pub const fn new(tenant: u64, user: u64) -> Self {
-        Self {
-            tenant: TenantId(tenant),
-            user: UserId(user),
-        }
+    pub const fn new(tenant: TenantId, user: UserId) -> Self {
+        Self { tenant, user }
     }
 
     /// `"TENANT/USER"`, both ids non-zero (as `homes.remote` names users).
     pub fn parse(key: &str) -> Option<Self> {
         let (tenant, user) = key.split_once('/')?;
-        let (tenant, user) = (tenant.parse().ok()?, user.parse().ok()?);
-        (tenant > 0 && user > 0).then_some(Self::new(tenant, user))
+        let (tenant, user): (u64, u64) = (tenant.parse().ok()?, user.parse().ok()?);
+        (tenant > 0 && user > 0).then_some(Self::new(TenantId(tenant), UserId(user)))
     }
 
     /// Another user of the same tenant.
-    pub const fn peer(&self, user: u64) -> Self {
+    pub const fn peer(&self, user: UserId) -> Self {
         Self {
             tenant: self.tenant,
-            user: UserId(user),
+            user,
         }
     }
 }

@@ -166,7 +166,8 @@ impl DevTarget {
                         .map(|e| e.cell.clone())
                 })
                 .ok_or_else(|| anyhow::anyhow!("the demo tenant is not placed"))?;
-            let command = cellmesh_route_client::commands::assign_tenant(tenant, &cell, 0);
+            let command =
+                cellmesh_route_client::commands::assign_tenant(TenantId(tenant), &cell, 0);
             routes.apply(command).await.map_err(|e| {
                 anyhow::anyhow!(
                     "placing tenant {tenant}: {}",

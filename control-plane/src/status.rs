@@ -6,6 +6,7 @@
 //! A [`Sampler`] remembers each cell's previous counters, so sends/s is the
 //! rate between two samples.
 
+use cellmesh_proto::ids::ConversationId;
 use cellmesh_proto::tls::Dial;
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
@@ -38,10 +39,14 @@ pub async fn stats(address: String, secret: ClusterSecret) -> Option<CellStats> 
     client.stats(r).await.ok().map(|r| r.into_inner())
 }
 
-async fn latest_seq(address: &str, secret: &ClusterSecret, conversation: u64) -> Option<u64> {
+async fn latest_seq(
+    address: &str,
+    secret: &ClusterSecret,
+    conversation: ConversationId,
+) -> Option<u64> {
     let mut client = peer(address).await?;
     let mut r = tonic::Request::new(DigestRequest {
-        conversation_id: conversation,
+        conversation_id: conversation.get(),
         ..Default::default()
     });
     secret.attach(&mut r);
@@ -195,8 +200,8 @@ async fn migrations(table: &RouteTable, secret: &ClusterSecret) -> Vec<Value> {
         };
         let progress = match entry.key.scope {
             Scope::Conversation(c) => {
-                let source = latest_seq(&address(&entry.cell), secret, c).await;
-                let target = latest_seq(&address(&to), secret, c).await;
+                let source = latest_seq(&address(&entry.cell), secret, ConversationId(c)).await;
+                let target = latest_seq(&address(&to), secret, ConversationId(c)).await;
                 match (source, target) {
                     (Some(s), Some(t)) if s > 0 => Some(((t * 100) / s).min(100)),
                     _ => None,

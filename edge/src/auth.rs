@@ -10,6 +10,7 @@
 //! the caller from it. JWTs of a tenant's own identity provider are
 //! verified by [`crate::oidc`] and then pass the same checks.
 
+use cellmesh_proto::ids::{TenantId, UserId};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -225,7 +226,7 @@ impl TokenKey {
             ));
         }
         if let Some(users) = &self.directory
-            && !users.admits(claims.tenant, claims.user)
+            && !users.admits(TenantId(claims.tenant), UserId(claims.user))
         {
             return Err(unauthenticated(
                 Reason::UnknownUser,

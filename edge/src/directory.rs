@@ -7,6 +7,7 @@
 //! most once a second, like the `[tls]` files); one that does not parse
 //! keeps the last good list in service.
 
+use cellmesh_proto::ids::{TenantId, UserId};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
@@ -57,10 +58,10 @@ impl Directory {
     }
 
     /// Whether `tenant` has `user`.
-    pub fn admits(&self, tenant: u64, user: u64) -> bool {
-        match self.tenants.get(&tenant) {
+    pub fn admits(&self, tenant: TenantId, user: UserId) -> bool {
+        match self.tenants.get(&tenant.get()) {
             Some(Admits::Everyone) => true,
-            Some(Admits::Users(users)) => users.contains(&user),
+            Some(Admits::Users(users)) => users.contains(&user.get()),
             None => false,
         }
     }
@@ -92,7 +93,7 @@ impl Users {
     }
 
     /// Whether `tenant` has `user`, as the file says now.
-    pub fn admits(&self, tenant: u64, user: u64) -> bool {
+    pub fn admits(&self, tenant: TenantId, user: UserId) -> bool {
         self.current.get().admits(tenant, user)
     }
 }
@@ -110,13 +111,16 @@ mod tests {
     #[test]
     fn listed_users_and_open_tenants_are_admitted_and_no_one_else() {
         let d = Directory::parse("# tenant user\n1 10\n1 11  # a comment\n\n2 *\n").unwrap();
-        assert!(d.admits(1, 10) && d.admits(1, 11));
-        assert!(!d.admits(1, 12), "an unlisted user");
-        assert!(d.admits(2, 999), "a tenant that admits everyone");
-        assert!(!d.admits(3, 10), "an unlisted tenant");
+        assert!(d.admits(TenantId(1), UserId(10)) && d.admits(TenantId(1), UserId(11)));
+        assert!(!d.admits(TenantId(1), UserId(12)), "an unlisted user");
+        assert!(
+            d.admits(TenantId(2), UserId(999)),
+            "a tenant that admits everyone"
+        );
+        assert!(!d.admits(TenantId(3), UserId(10)), "an unlisted tenant");
         // `*` wins whichever line comes first.
         let d = Directory::parse("4 *\n4 7\n").unwrap();
-        assert!(d.admits(4, 8));
+        assert!(d.admits(TenantId(4), UserId(8)));
     }
 
     #[test]
@@ -140,13 +144,16 @@ mod tests {
         let path = dir.path().join("users");
         std::fs::write(&path, "1 10\n").unwrap();
         let users = Users::load(path.to_str().unwrap()).unwrap();
-        assert!(users.admits(1, 10) && !users.admits(1, 11));
+        assert!(users.admits(TenantId(1), UserId(10)) && !users.admits(TenantId(1), UserId(11)));
         std::fs::write(&path, "1 10\n1 11\n").unwrap();
         users.current.check(true);
-        assert!(users.admits(1, 11));
+        assert!(users.admits(TenantId(1), UserId(11)));
         std::fs::write(&path, "1 eleven\n").unwrap();
         users.current.check(true);
-        assert!(users.admits(1, 11), "the last good list stays");
+        assert!(
+            users.admits(TenantId(1), UserId(11)),
+            "the last good list stays"
+        );
         assert!(Users::load("/nonexistent/users").is_err());
     }
 }

@@ -11,6 +11,7 @@
 //! Conversations are created on their tenant's cell, or on the target of
 //! the tenant's migration while it moves.
 
+use cellmesh_proto::ids::TenantId;
 use cellmesh_proto::reason::Reason;
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -207,7 +208,10 @@ impl Proxy {
             let address = match key.scope {
                 Scope::Tenant => self
                     .routes
-                    .read(|t| t.creation_cell(key.tenant).map(|c| c.address.clone()))
+                    .read(|t| {
+                        t.creation_cell(TenantId(key.tenant))
+                            .map(|c| c.address.clone())
+                    })
                     .unwrap_or_else(|| route.cell_address.clone()),
                 _ => route.cell_address.clone(),
             };

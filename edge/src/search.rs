@@ -40,11 +40,11 @@ fn bad_cursor(message: &str) -> Status {
 }
 
 /// A cursor: the caller it was issued to and where the next page starts.
-fn encode_cursor(tenant: u64, user: u64, before: u64) -> String {
+fn encode_cursor(tenant: TenantId, user: UserId, before: u64) -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(format!("s1.{tenant}.{user}.{before}"))
 }
 
-fn decode_cursor(cursor: &str, tenant: u64, user: u64) -> Result<Option<u64>, Status> {
+fn decode_cursor(cursor: &str, tenant: TenantId, user: UserId) -> Result<Option<u64>, Status> {
     if cursor.is_empty() {
         return Ok(None);
     }
@@ -59,7 +59,9 @@ fn decode_cursor(cursor: &str, tenant: u64, user: u64) -> Result<Option<u64>, St
     };
     let n = |s: &str| s.parse::<u64>().ok();
     match (version, n(t), n(u), n(before)) {
-        ("s1", Some(t), Some(u), Some(b)) if t == tenant && u == user && b > 0 => Ok(Some(b)),
+        ("s1", Some(t), Some(u), Some(b)) if t == tenant.get() && u == user.get() && b > 0 => {
+            Ok(Some(b))
+        }
         ("s1", Some(_), Some(_), Some(_)) => {
             Err(bad_cursor("the cursor was issued to another user"))
         }
@@ -75,7 +77,7 @@ pub async fn search(
     request: Request<SearchRequest>,
 ) -> Result<Response<SearchResponse>, Status> {
     let (claims, mut m) = proxy.authenticate(request).await?;
-    let before = decode_cursor(&m.cursor, claims.tenant, claims.user)?;
+    let before = decode_cursor(&m.cursor, TenantId(claims.tenant), UserId(claims.user))?;
     m.cursor.clear();
     m.before_msg_id = before.unwrap_or(0);
     m.conversation_ids.clear();
@@ -88,7 +90,7 @@ pub async fn search(
         let key = Key::conversation(TenantId(claims.tenant), ConversationId(m.conversation_id));
         vec![Ok(ask(proxy, key, m).await?)]
     } else {
-        let ids = conversations(proxy, claims.tenant, claims.user).await?;
+        let ids = conversations(proxy, TenantId(claims.tenant), UserId(claims.user)).await?;
         let mut by_cell: BTreeMap<String, Vec<u64>> = BTreeMap::new();
         let mut unrouted = Vec::new();
         for id in ids {
@@ -124,8 +126,8 @@ pub async fn search(
     Ok(Response::new(merge(
         answers,
         want,
-        claims.tenant,
-        claims.user,
+        TenantId(claims.tenant),
+        UserId(claims.user),
     )))
 }
 
@@ -139,11 +141,11 @@ async fn ask(proxy: &Proxy, key: Key, r: SearchRequest) -> Result<SearchResponse
 }
 
 /// The ids of the caller's conversations, from their home cell.
-async fn conversations(proxy: &Proxy, tenant: u64, user: u64) -> Result<Vec<u64>, Status> {
+async fn conversations(proxy: &Proxy, tenant: TenantId, user: UserId) -> Result<Vec<u64>, Status> {
     let request = ListConversationsRequest {
         caller: Some(Caller {
-            tenant_id: tenant,
-            user_id: user,
+            tenant_id: tenant.get(),
+            user_id: user.get(),
             ..Default::default()
         }),
         ids_only: true,
@@ -151,7 +153,7 @@ async fn conversations(proxy: &Proxy, tenant: u64, user: u64) -> Result<Vec<u64>
     };
     let response = proxy
         .call(
-            Key::user(TenantId(tenant), UserId(user)),
+            Key::user(tenant, user),
             request,
             Some(DEADLINE),
             |channel, r| async move { SyncClient::new(channel).list_conversations(r).await },
@@ -161,7 +163,7 @@ async fn conversations(proxy: &Proxy, tenant: u64, user: u64) -> Result<Vec<u64>
 }
 
 /// The cells' pages as one, newest first (see the module's paging note).
-fn merge(answers: Vec<CellAnswer>, want: usize, tenant: u64, user: u64) -> SearchResponse {
+fn merge(answers: Vec<CellAnswer>, want: usize, tenant: TenantId, user: UserId) -> SearchResponse {
     let mut out = SearchResponse::default();
     let mut bound = 0;
     let mut hits = Vec::new();
@@ -231,25 +233,46 @@ mod tests {
         let r = merge(
             vec![answer(&[90, 60, 50], 50), answer(&[70, 40, 10], 0)],
             5,
-            1,
-            2,
+            TenantId(1),
+            UserId(2),
         );
         assert_eq!(ids(&r), [90, 70, 60, 50]);
-        assert_eq!(decode_cursor(&r.next_cursor, 1, 2).unwrap(), Some(50));
+        assert_eq!(
+            decode_cursor(&r.next_cursor, TenantId(1), UserId(2)).unwrap(),
+            Some(50)
+        );
     }
 
     #[test]
     fn a_full_page_resumes_below_its_last_hit_and_the_end_has_no_cursor() {
-        let r = merge(vec![answer(&[9, 7], 0), answer(&[8, 6], 0)], 3, 1, 2);
+        let r = merge(
+            vec![answer(&[9, 7], 0), answer(&[8, 6], 0)],
+            3,
+            TenantId(1),
+            UserId(2),
+        );
         assert_eq!(ids(&r), [9, 8, 7]);
-        assert_eq!(decode_cursor(&r.next_cursor, 1, 2).unwrap(), Some(7));
-        let end = merge(vec![answer(&[5], 0), answer(&[], 0)], 3, 1, 2);
+        assert_eq!(
+            decode_cursor(&r.next_cursor, TenantId(1), UserId(2)).unwrap(),
+            Some(7)
+        );
+        let end = merge(
+            vec![answer(&[5], 0), answer(&[], 0)],
+            3,
+            TenantId(1),
+            UserId(2),
+        );
         assert!(end.next_cursor.is_empty());
     }
 
     #[test]
     fn a_cell_that_did_not_answer_makes_the_answer_partial() {
-        let r = merge(vec![answer(&[3], 0), Err(vec![44, 42])], 10, 1, 2);
+        let r = merge(
+            vec![answer(&[3], 0), Err(vec![44, 42])],
+            10,
+            TenantId(1),
+            UserId(2),
+        );
         assert!(r.partial);
         assert_eq!(r.unsearched, [42, 44]);
         assert_eq!(ids(&r), [3]);
@@ -257,15 +280,15 @@ mod tests {
 
     #[test]
     fn a_cursor_of_another_user_or_a_forged_one_is_refused() {
-        let c = encode_cursor(1, 2, 99);
-        assert_eq!(decode_cursor(&c, 1, 2).unwrap(), Some(99));
+        let c = encode_cursor(TenantId(1), UserId(2), 99);
+        assert_eq!(decode_cursor(&c, TenantId(1), UserId(2)).unwrap(), Some(99));
         for (cursor, tenant, user) in [
             (c.as_str(), 1, 3),
             (c.as_str(), 7, 2),
             ("!!", 1, 2),
             ("czEuMQ", 1, 2),
         ] {
-            let status = decode_cursor(cursor, tenant, user).unwrap_err();
+            let status = decode_cursor(cursor, TenantId(tenant), UserId(user)).unwrap_err();
             let detail = cellmesh_proto::status::error_detail(&status);
             assert_eq!(detail.reason, Reason::SearchCursorInvalid.as_str());
         }

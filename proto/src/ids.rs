@@ -23,6 +23,11 @@ macro_rules! id {
                 self.0
             }
 
+            /// Ids as a repeated wire field carries them.
+            pub fn many(ids: &[u64]) -> Vec<Self> {
+                ids.iter().copied().map(Self).collect()
+            }
+
             /// Big-endian, as keys sort.
             pub const fn to_be_bytes(self) -> [u8; 8] {
                 self.0.to_be_bytes()

@@ -1,6 +1,7 @@
 //! Builders for Routing API write messages, shared by the control plane,
 //! `cellmesh ctl` and tests.
 
+use cellmesh_proto::ids::TenantId;
 use cellmesh_proto::v1::{self as pb, route_command::Command, update_route::Transition};
 
 use crate::convert::key_to_pb;
@@ -46,10 +47,10 @@ pub fn set_cell_status(cell_id: &str, status: pb::CellStatus) -> pb::RouteComman
     }
 }
 
-pub fn assign_tenant(tenant: u64, cell_id: &str, expect_epoch: u64) -> pb::RouteCommand {
+pub fn assign_tenant(tenant: TenantId, cell_id: &str, expect_epoch: u64) -> pb::RouteCommand {
     pb::RouteCommand {
         command: Some(Command::AssignTenant(pb::AssignTenant {
-            tenant_id: tenant,
+            tenant_id: tenant.get(),
             cell_id: cell_id.into(),
             expect_epoch,
         })),

@@ -1,6 +1,7 @@
 //! Conversions between the Routing API's protobuf messages and the route
 //! table's types. Malformed requests become INVALID_ARGUMENT statuses here.
 
+use cellmesh_proto::ids::TenantId;
 use cellmesh_proto::v1 as pb;
 use cellmesh_proto::v1::route_key::Scope as PbScope;
 use cellmesh_proto::v1::{route_change, route_command, update_route};
@@ -276,7 +277,7 @@ pub fn command_to_pb(c: &Command) -> pb::RouteCommand {
             tenant,
             cell,
             expect_epoch,
-        } => crate::commands::assign_tenant(*tenant, cell, *expect_epoch),
+        } => crate::commands::assign_tenant(TenantId(*tenant), cell, *expect_epoch),
         Command::UpdateRoute {
             key,
             expect_epoch,

@@ -58,7 +58,7 @@ pub async fn deploy_with(
     }
     let client = cluster.client().await;
     client
-        .apply(assign_tenant(1, "eu-west/c1", 0))
+        .apply(assign_tenant(TenantId(1), "eu-west/c1", 0))
         .await
         .unwrap();
     // The edge reaches the route table through a link with added latency.

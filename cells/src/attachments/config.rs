@@ -3,6 +3,7 @@
 //! clients talk to directly), how big they may be, how long URLs and
 //! reservations last, and each tenant's quota and allowed content types.
 
+use cellmesh_proto::ids::TenantId;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -159,14 +160,14 @@ impl AttachmentsConfig {
     }
 
     /// The tenants with a quota.
-    pub fn quota_tenants(&self) -> Vec<u64> {
+    pub fn quota_tenants(&self) -> Vec<TenantId> {
         (self.tenants.iter())
             .filter(|(_, t)| t.quota_bytes > 0)
-            .filter_map(|(id, _)| id.parse().ok())
+            .filter_map(|(id, _)| id.parse().ok().map(TenantId))
             .collect()
     }
 
-    pub fn tenant(&self, tenant: u64) -> TenantAttachments {
+    pub fn tenant(&self, tenant: TenantId) -> TenantAttachments {
         self.tenants
             .get(&tenant.to_string())
             .cloned()
@@ -174,7 +175,7 @@ impl AttachmentsConfig {
     }
 
     /// Whether `tenant` may upload files of `content_type`.
-    pub fn allows(&self, tenant: u64, content_type: &str) -> bool {
+    pub fn allows(&self, tenant: TenantId, content_type: &str) -> bool {
         let own = self.tenant(tenant).content_types;
         let allowed = if own.is_empty() {
             &self.content_types
@@ -344,9 +345,9 @@ mod tests {
             content_types: vec!["image/*".into(), "application/pdf".into()],
             ..Default::default()
         };
-        assert!(config.allows(1, "image/png"));
-        assert!(config.allows(1, "application/pdf"));
-        assert!(!config.allows(1, "application/x-msdownload"));
+        assert!(config.allows(TenantId(1), "image/png"));
+        assert!(config.allows(TenantId(1), "application/pdf"));
+        assert!(!config.allows(TenantId(1), "application/x-msdownload"));
         config.tenants.insert(
             "2".into(),
             TenantAttachments {
@@ -354,8 +355,8 @@ mod tests {
                 content_types: vec!["text/plain".into()],
             },
         );
-        assert!(config.allows(2, "text/plain"));
-        assert!(!config.allows(2, "image/png"));
-        assert!(AttachmentsConfig::default().allows(1, "anything/at-all"));
+        assert!(config.allows(TenantId(2), "text/plain"));
+        assert!(!config.allows(TenantId(2), "image/png"));
+        assert!(AttachmentsConfig::default().allows(TenantId(1), "anything/at-all"));
     }
 }

@@ -14,6 +14,7 @@ pub mod sigv4;
 pub mod store;
 pub mod urls;
 
+use cellmesh_proto::ids::{ConversationId, TenantId};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -164,9 +165,14 @@ impl Attachments {
 
     /// Adds `delta` (may be negative) to `tenant`'s bytes, counting them
     /// from `store` first if this is the tenant's first use; the new count.
-    pub fn add_bytes(&self, store: &Store, tenant: u64, delta: i64) -> crate::storage::Result<u64> {
+    pub fn add_bytes(
+        &self,
+        store: &Store,
+        tenant: TenantId,
+        delta: i64,
+    ) -> crate::storage::Result<u64> {
         let mut bytes = self.bytes.lock().expect("bytes lock");
-        let count = match bytes.get(&tenant) {
+        let count = match bytes.get(&tenant.get()) {
             Some(count) => *count,
             None => store
                 .uploads_of(tenant)?
@@ -176,48 +182,52 @@ impl Attachments {
                 .sum(),
         };
         let count = count.saturating_add_signed(delta);
-        bytes.insert(tenant, count);
+        bytes.insert(tenant.get(), count);
         crate::metrics::metrics()
             .attachment_bytes
-            .get_or_create(&crate::metrics::TenantLabel { tenant })
+            .get_or_create(&crate::metrics::TenantLabel {
+                tenant: tenant.get(),
+            })
             .set(count as i64);
         Ok(count)
     }
 
     /// Adds `bytes` of records new on this cell to `tenant`'s count if it
     /// is counted already (if not, counting it will find them).
-    pub fn add_known_bytes(&self, tenant: u64, bytes: u64) {
+    pub fn add_known_bytes(&self, tenant: TenantId, bytes: u64) {
         let mut counts = self.bytes.lock().expect("bytes lock");
-        if let Some(count) = counts.get_mut(&tenant) {
+        if let Some(count) = counts.get_mut(&tenant.get()) {
             *count = count.saturating_add(bytes);
             crate::metrics::metrics()
                 .attachment_bytes
-                .get_or_create(&crate::metrics::TenantLabel { tenant })
+                .get_or_create(&crate::metrics::TenantLabel {
+                    tenant: tenant.get(),
+                })
                 .set(*count as i64);
         }
     }
 
     /// Drops `tenant`'s count after records changed: counted again on next
     /// use.
-    pub fn forget_bytes(&self, tenant: u64) {
-        self.bytes.lock().expect("bytes lock").remove(&tenant);
+    pub fn forget_bytes(&self, tenant: TenantId) {
+        self.bytes.lock().expect("bytes lock").remove(&tenant.get());
     }
 
     /// Limits copies of `tenant`'s files to `rate` bytes a second (0: no
     /// limit of the tenant's own) for the next 30 s.
-    pub fn set_copy_rate(&self, tenant: u64, rate: u64) {
+    pub fn set_copy_rate(&self, tenant: TenantId, rate: u64) {
         let mut rates = self.copy_rates.lock().expect("copy rates lock");
         match rate {
-            0 => rates.remove(&tenant),
-            rate => rates.insert(tenant, (rate, std::time::Instant::now())),
+            0 => rates.remove(&tenant.get()),
+            rate => rates.insert(tenant.get(), (rate, std::time::Instant::now())),
         };
     }
 
     /// Bytes a second a copy of `tenant`'s files may take (0: any): the
     /// lower of the cell's limit and the one a move asked for lately.
-    pub fn copy_rate(&self, tenant: u64) -> u64 {
+    pub fn copy_rate(&self, tenant: TenantId) -> u64 {
         let asked = (self.copy_rates.lock().expect("copy rates lock"))
-            .get(&tenant)
+            .get(&tenant.get())
             .filter(|(_, at)| at.elapsed() < COPY_RATE_HOLDS)
             .map_or(0, |(rate, _)| *rate);
         match (self.config.copy_bytes_per_sec, asked) {
@@ -237,7 +247,7 @@ impl Attachments {
 
 /// The object key of upload `id`: tenant, conversation and upload, so a key
 /// is never reused and a prefix lists a tenant's files.
-pub fn object_key(tenant: u64, conversation: u64, id: u64) -> String {
+pub fn object_key(tenant: TenantId, conversation: ConversationId, id: u64) -> String {
     format!("t{tenant}/c{conversation}/u{id}")
 }
 
@@ -256,20 +266,23 @@ mod tests {
         let att = Attachments::open(&config, dir.path(), "r1")
             .unwrap()
             .unwrap();
-        assert_eq!(att.copy_rate(7), 1_000);
-        att.set_copy_rate(7, 400);
-        assert_eq!((att.copy_rate(7), att.copy_rate(8)), (400, 1_000));
-        att.set_copy_rate(7, 5_000);
-        assert_eq!(att.copy_rate(7), 1_000);
-        att.set_copy_rate(7, 0);
-        assert_eq!(att.copy_rate(7), 1_000);
+        assert_eq!(att.copy_rate(TenantId(7)), 1_000);
+        att.set_copy_rate(TenantId(7), 400);
+        assert_eq!(
+            (att.copy_rate(TenantId(7)), att.copy_rate(TenantId(8))),
+            (400, 1_000)
+        );
+        att.set_copy_rate(TenantId(7), 5_000);
+        assert_eq!(att.copy_rate(TenantId(7)), 1_000);
+        att.set_copy_rate(TenantId(7), 0);
+        assert_eq!(att.copy_rate(TenantId(7)), 1_000);
 
         let config = AttachmentsConfig::default();
         let att = Attachments::open(&config, dir.path(), "r1")
             .unwrap()
             .unwrap();
-        assert_eq!(att.copy_rate(7), 0);
-        att.set_copy_rate(7, 400);
-        assert_eq!(att.copy_rate(7), 400);
+        assert_eq!(att.copy_rate(TenantId(7)), 0);
+        att.set_copy_rate(TenantId(7), 400);
+        assert_eq!(att.copy_rate(TenantId(7)), 400);
     }
 }

@@ -5,6 +5,7 @@
 //! what is reserved elsewhere meanwhile; a cell that does not answer keeps
 //! its last answer, so a quota is never loosened by a cell being away.
 
+use cellmesh_proto::ids::TenantId;
 use std::collections::HashMap;
 
 use cellmesh_proto::secret::ClusterSecret;
@@ -15,11 +16,11 @@ use super::Attachments;
 
 impl Attachments {
     /// `tenant`'s bytes on the other cells, as they last answered.
-    pub fn elsewhere(&self, tenant: u64) -> u64 {
+    pub fn elsewhere(&self, tenant: TenantId) -> u64 {
         let elsewhere = self.elsewhere.lock().expect("elsewhere lock");
         elsewhere
             .values()
-            .filter_map(|tenants| tenants.get(&tenant))
+            .filter_map(|tenants| tenants.get(&tenant.get()))
             .sum()
     }
 
@@ -43,7 +44,7 @@ impl Attachments {
             secret.attach(&mut request);
             let stats = client.stats(request).await.ok()?.into_inner();
             let bytes: HashMap<u64, u64> = (stats.files.iter())
-                .filter(|f| tenants.contains(&f.tenant_id))
+                .filter(|f| tenants.contains(&TenantId(f.tenant_id)))
                 .map(|f| (f.tenant_id, f.bytes))
                 .collect();
             Some((address.clone(), bytes))

@@ -12,7 +12,7 @@ use std::io::Write;
 use std::path::Path;
 
 use base64::Engine as _;
-use cellmesh_proto::ids::TenantId;
+use cellmesh_proto::ids::{ConversationId, TenantId};
 use cellmesh_proto::storage::v1::MessageRecord;
 use serde::{Deserialize, Serialize};
 
@@ -33,7 +33,11 @@ pub struct ExportManifest {
 }
 
 /// One message as an export line.
-pub fn message_line(conversation: u64, seq: u64, m: &MessageRecord) -> serde_json::Value {
+pub fn message_line(
+    conversation: ConversationId,
+    seq: u64,
+    m: &MessageRecord,
+) -> serde_json::Value {
     let mut line = serde_json::json!({
         "conversation": conversation, "seq": seq, "msg_id": m.msg_id, "sender": m.sender_id,
         "type": m.r#type, "ts_ms": m.server_ts_ms, "state": m.state,
@@ -122,11 +126,11 @@ impl Backups {
         let store = service.store();
         for conversation in service.exportable(tenant)? {
             let id = conversation.get();
-            let Some(record) = store.conversation(id)? else {
+            let Some(record) = store.conversation(ConversationId(id))? else {
                 continue;
             };
-            let (members, _) = store.members(id, 0, usize::MAX)?;
-            let seq = store.conv_seq(id)?;
+            let (members, _) = store.members(ConversationId(id), 0, usize::MAX)?;
+            let seq = store.conv_seq(ConversationId(id))?;
             let line = serde_json::json!({
                 "conversation": id, "tenant": tenant.get(), "kind": record.kind, "title": record.title,
                 "created_by": record.created_by, "created_at_ms": record.created_at_ms,
@@ -136,7 +140,10 @@ impl Backups {
             write_line(&mut conversations, &line)?;
             n_conversations += 1;
             for (seq, message) in service.whole_history(conversation).await? {
-                write_line(&mut messages, &message_line(id, seq, &message))?;
+                write_line(
+                    &mut messages,
+                    &message_line(ConversationId(id), seq, &message),
+                )?;
                 n_messages += 1;
             }
         }

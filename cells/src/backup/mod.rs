@@ -16,6 +16,7 @@ pub mod manifest;
 pub mod restore;
 pub mod routes;
 
+use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -465,7 +466,7 @@ fn marks(db: &Store) -> Result<(Vec<ConversationMark>, Vec<UserMark>)> {
     }
     let mut users = Vec::new();
     for (tenant, user, queue_id) in db.queues()? {
-        let pts = db.user_pts(UserKey::new(tenant, user))?;
+        let pts = db.user_pts(UserKey::new(TenantId(tenant), UserId(user)))?;
         users.push(UserMark {
             tenant,
             user,
@@ -485,7 +486,7 @@ async fn missing_segments(
 ) -> Result<Vec<String>> {
     let mut problems = Vec::new();
     for mark in &manifest.conversations {
-        for entry in db.segments(mark.conversation)? {
+        for entry in db.segments(ConversationId(mark.conversation))? {
             let stored = cold
                 .size_of(&entry.key)
                 .await
@@ -505,9 +506,13 @@ async fn missing_segments(
 fn check_marks(db: &Store, manifest: &Manifest) -> Result<Vec<String>> {
     let mut problems = Vec::new();
     for mark in &manifest.conversations {
-        let seq = db.conv_seq(mark.conversation)?;
+        let seq = db.conv_seq(ConversationId(mark.conversation))?;
         let has = seq.latest_seq.max(seq.seq_floor);
-        if db.conversation(mark.conversation)?.is_none() || has < mark.seq {
+        if db
+            .conversation(ConversationId(mark.conversation))?
+            .is_none()
+            || has < mark.seq
+        {
             problems.push(format!(
                 "conversation {} holds seq {has}, the manifest says {}",
                 mark.conversation, mark.seq
@@ -515,7 +520,7 @@ fn check_marks(db: &Store, manifest: &Manifest) -> Result<Vec<String>> {
         }
     }
     for mark in &manifest.users {
-        let pts = db.user_pts(UserKey::new(mark.tenant, mark.user))?;
+        let pts = db.user_pts(UserKey::new(TenantId(mark.tenant), UserId(mark.user)))?;
         if pts < mark.pts {
             problems.push(format!(
                 "user {} of tenant {} holds pts {pts}, the manifest says {}",

@@ -2,6 +2,7 @@
 //! stored (a local directory, the embedded default, or an S3 bucket), and
 //! each tenant's retention and legal hold.
 
+use cellmesh_proto::ids::TenantId;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -177,7 +178,7 @@ impl Default for TieringConfig {
 
 impl TieringConfig {
     /// The retention of `tenant` (none configured: keep forever).
-    pub fn retention_of(&self, tenant: u64) -> TenantRetention {
+    pub fn retention_of(&self, tenant: TenantId) -> TenantRetention {
         self.tenants
             .get(&tenant.to_string())
             .copied()

@@ -8,6 +8,7 @@
 //! the cell starts again. A cell without a coordination store
 //! (standalone) logs its deletions only.
 
+use cellmesh_proto::ids::TenantId;
 use std::sync::Arc;
 
 use cellmesh_coord::Coordination;
@@ -43,7 +44,7 @@ impl Journal {
     /// coordination store cannot take it (delete nothing then).
     pub async fn open(
         &self,
-        tenant: u64,
+        tenant: TenantId,
         retention_days: u32,
         plan: Plan,
     ) -> Result<Record, StoreError> {
@@ -51,7 +52,7 @@ impl Journal {
             return Ok(Record(None));
         };
         let spec = Spec::ExpireHistory {
-            tenant,
+            tenant: tenant.get(),
             cell: self.cell.clone(),
             retention_days,
         };

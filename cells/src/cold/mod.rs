@@ -9,6 +9,7 @@ pub mod config;
 pub mod journal;
 pub mod segment;
 
+use cellmesh_proto::ids::{ConversationId, TenantId};
 use std::collections::VecDeque;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -141,7 +142,7 @@ impl ColdTier {
     /// checksum (to hand to a cell with another bucket).
     pub async fn segment_bytes(
         &self,
-        conversation: u64,
+        conversation: ConversationId,
         entry: &SegmentEntry,
     ) -> Result<bytes::Bytes, ColdError> {
         let bytes = self.fetch(&entry.key).await?;
@@ -153,7 +154,7 @@ impl ColdTier {
     /// one `entry` names.
     pub async fn store_copy(
         &self,
-        conversation: u64,
+        conversation: ConversationId,
         entry: &SegmentEntry,
         bytes: Vec<u8>,
     ) -> Result<(), ColdError> {
@@ -165,7 +166,7 @@ impl ColdTier {
     /// checked against its checksum (a decoded segment is cached).
     pub async fn read(
         &self,
-        conversation: u64,
+        conversation: ConversationId,
         entry: &SegmentEntry,
     ) -> Result<Messages, ColdError> {
         if let Some(hit) = self.cached(&entry.key) {
@@ -183,7 +184,7 @@ impl ColdTier {
         &self,
         key: &str,
         checksum: &[u8],
-        conversation: u64,
+        conversation: ConversationId,
     ) -> Result<(), ColdError> {
         let bytes = self.fetch(key).await?;
         checked(key, &bytes, checksum, conversation).map(|_| ())
@@ -208,7 +209,7 @@ impl ColdTier {
 
     /// Every segment object under `segments/` (or, with a tenant, that
     /// tenant's).
-    pub async fn list(&self, tenant: Option<u64>) -> Result<Vec<StoredObject>, ColdError> {
+    pub async fn list(&self, tenant: Option<TenantId>) -> Result<Vec<StoredObject>, ColdError> {
         let under = match tenant {
             Some(t) => format!("segments/t{t}"),
             None => "segments".to_string(),
@@ -276,7 +277,7 @@ fn checked(
     key: &str,
     bytes: &[u8],
     checksum: &[u8],
-    conversation: u64,
+    conversation: ConversationId,
 ) -> Result<Vec<(u64, MessageRecord)>, ColdError> {
     segment::decode(bytes, checksum, conversation).map_err(|fault| {
         crate::metrics::metrics().segments_corrupt.inc();

@@ -3,6 +3,7 @@
 //! bytes, so a retried upload writes the same object and never overwrites
 //! a different one.
 
+use cellmesh_proto::ids::{ConversationId, TenantId};
 use cellmesh_proto::storage::v1::{MessageRecord, SegmentBody, SegmentMessage};
 use prost::Message as _;
 use sha2::{Digest, Sha256};
@@ -18,10 +19,14 @@ pub struct Encoded {
 }
 
 /// Encodes the messages of one conversation (ascending seq).
-pub fn encode(tenant: u64, conversation: u64, messages: &[(u64, MessageRecord)]) -> Encoded {
+pub fn encode(
+    tenant: TenantId,
+    conversation: ConversationId,
+    messages: &[(u64, MessageRecord)],
+) -> Encoded {
     let body = SegmentBody {
-        conversation_id: conversation,
-        tenant_id: tenant,
+        conversation_id: conversation.get(),
+        tenant_id: tenant.get(),
         messages: messages
             .iter()
             .map(|(seq, record)| SegmentMessage {
@@ -51,7 +56,7 @@ pub enum SegmentFault {
 pub fn decode(
     bytes: &[u8],
     checksum: &[u8],
-    conversation: u64,
+    conversation: ConversationId,
 ) -> Result<Vec<(u64, MessageRecord)>, SegmentFault> {
     if Sha256::digest(bytes).as_slice() != checksum {
         return Err(SegmentFault::Checksum);
@@ -63,9 +68,9 @@ pub fn decode(
         .map_err(|e| SegmentFault::Format(e.to_string()))?;
     let body =
         SegmentBody::decode(raw.as_slice()).map_err(|e| SegmentFault::Format(e.to_string()))?;
-    if body.conversation_id != conversation {
+    if body.conversation_id != conversation.get() {
         return Err(SegmentFault::WrongConversation {
-            expected: conversation,
+            expected: conversation.get(),
             found: body.conversation_id,
         });
     }
@@ -79,8 +84,8 @@ pub fn decode(
 /// The object key of a segment: grouped by tenant and conversation (so a
 /// tenant's objects list under one prefix), then seq range and content.
 pub fn object_key(
-    tenant: u64,
-    conversation: u64,
+    tenant: TenantId,
+    conversation: ConversationId,
     first: u64,
     last: u64,
     checksum: &[u8],
@@ -113,15 +118,15 @@ mod tests {
     #[test]
     fn a_segment_round_trips_and_is_named_by_its_content() {
         let messages: Vec<_> = (1..=50).map(message).collect();
-        let encoded = encode(3, 9, &messages);
+        let encoded = encode(TenantId(3), ConversationId(9), &messages);
         assert_eq!(
-            decode(&encoded.bytes, &encoded.checksum, 9).unwrap(),
+            decode(&encoded.bytes, &encoded.checksum, ConversationId(9)).unwrap(),
             messages
         );
-        let again = encode(3, 9, &messages);
+        let again = encode(TenantId(3), ConversationId(9), &messages);
         assert_eq!(again.bytes, encoded.bytes);
-        let other = encode(3, 9, &messages[..49]);
-        let key = |e: &Encoded| object_key(3, 9, 1, 50, &e.checksum);
+        let other = encode(TenantId(3), ConversationId(9), &messages[..49]);
+        let key = |e: &Encoded| object_key(TenantId(3), ConversationId(9), 1, 50, &e.checksum);
         assert_eq!(key(&again), key(&encoded));
         assert_ne!(key(&other), key(&encoded));
         assert!(key(&encoded).starts_with("segments/t3/c9/"));
@@ -129,22 +134,22 @@ mod tests {
 
     #[test]
     fn damaged_or_misplaced_bytes_are_refused() {
-        let encoded = encode(3, 9, &[message(1)]);
+        let encoded = encode(TenantId(3), ConversationId(9), &[message(1)]);
         let mut damaged = encoded.bytes.clone();
         let last = damaged.len() - 1;
         damaged[last] ^= 1;
         assert_eq!(
-            decode(&damaged, &encoded.checksum, 9),
+            decode(&damaged, &encoded.checksum, ConversationId(9)),
             Err(SegmentFault::Checksum)
         );
         assert!(matches!(
-            decode(&encoded.bytes, &encoded.checksum, 10),
+            decode(&encoded.bytes, &encoded.checksum, ConversationId(10)),
             Err(SegmentFault::WrongConversation { .. })
         ));
         let junk = b"not a segment".to_vec();
         let sum = Sha256::digest(&junk).to_vec();
         assert!(matches!(
-            decode(&junk, &sum, 9),
+            decode(&junk, &sum, ConversationId(9)),
             Err(SegmentFault::Format(_))
         ));
     }

@@ -28,7 +28,7 @@ impl Attachments for AttachmentsApi {
         let r = request.into_inner();
         let cmd = CreateUploadCommand {
             caller: caller(r.caller)?,
-            conversation: ConversationId(conversation_id(r.conversation_id)?),
+            conversation: conversation_id(r.conversation_id)?,
             name: r.name,
             content_type: r.content_type,
             size: r.size,
@@ -41,7 +41,10 @@ impl Attachments for AttachmentsApi {
 
     async fn get_upload(&self, request: Request<GetUploadRequest>) -> Reply<UploadResponse> {
         let r = request.into_inner();
-        let (who, conversation) = (caller(r.caller)?, conversation_id(r.conversation_id)?);
+        let (who, conversation) = (
+            caller(r.caller)?,
+            conversation_id((ConversationId(r.conversation_id)).get())?,
+        );
         let upload = self
             .service
             .get_upload(who, conversation, r.upload_id)
@@ -54,7 +57,10 @@ impl Attachments for AttachmentsApi {
         request: Request<CompleteUploadRequest>,
     ) -> Reply<CompleteUploadResponse> {
         let r = request.into_inner();
-        let (who, conversation) = (caller(r.caller)?, conversation_id(r.conversation_id)?);
+        let (who, conversation) = (
+            caller(r.caller)?,
+            conversation_id((ConversationId(r.conversation_id)).get())?,
+        );
         let attachment = to_end(&self.service, |s| async move {
             s.complete_upload(who, conversation, r.upload_id).await
         })
@@ -69,7 +75,10 @@ impl Attachments for AttachmentsApi {
         request: Request<GetDownloadUrlRequest>,
     ) -> Reply<GetDownloadUrlResponse> {
         let r = request.into_inner();
-        let (who, conversation) = (caller(r.caller)?, conversation_id(r.conversation_id)?);
+        let (who, conversation) = (
+            caller(r.caller)?,
+            conversation_id((ConversationId(r.conversation_id)).get())?,
+        );
         let url = (self.service)
             .download_url(who, conversation, r.seq, r.attachment_id, r.thumbnail)
             .await?;

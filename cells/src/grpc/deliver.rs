@@ -5,6 +5,7 @@
 //! keeps refusing a user it refused once, so an event never overtakes an
 //! earlier one for the same user.
 
+use cellmesh_proto::ids::{TenantId, UserId};
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -56,17 +57,16 @@ pub async fn deliver(
         && !(service.ownership())
             .await_route_index(r.route_index, STANDBY_ROUTE_WAIT)
             .await;
-    let (events, again): (Vec<_>, Vec<_>) = r
-        .events
-        .into_iter()
-        .partition(|e| for_standby(e) || !refused.contains(&UserKey::new(e.tenant_id, e.user_id)));
+    let (events, again): (Vec<_>, Vec<_>) = r.events.into_iter().partition(|e| {
+        for_standby(e) || !refused.contains(&UserKey::new(TenantId(e.tenant_id), UserId(e.user_id)))
+    });
     let delivered = inbound
         .deliver(r.source_cell, events, view_behind)
         .await
         .map_err(pipeline_unavailable)?;
     let mut users: Vec<UserKey> = again
         .iter()
-        .map(|e| UserKey::new(e.tenant_id, e.user_id))
+        .map(|e| UserKey::new(TenantId(e.tenant_id), UserId(e.user_id)))
         .collect();
     users.extend(delivered.refused_users.iter().copied());
     users.sort_by_key(|u| (u.tenant, u.user));

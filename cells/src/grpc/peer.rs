@@ -2,6 +2,7 @@
 //! replication, failover marks, and the move calls, which unwrap their
 //! requests into the cell's [`Mover`] (`crate::migration`).
 
+use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
 use cellmesh_proto::reason::Reason;
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -97,8 +98,8 @@ impl CellPeer for PeerApi {
         let r = request.into_inner();
         let limit = if r.limit == 0 { DEFAULT_CHUNK } else { r.limit } as usize;
         Ok(Response::new(self.service.export_conversation(
-            r.tenant_id,
-            r.conversation_id,
+            TenantId(r.tenant_id),
+            ConversationId(r.conversation_id),
             r.after_seq,
             limit,
         )?))
@@ -110,7 +111,11 @@ impl CellPeer for PeerApi {
     ) -> Result<Response<FetchSegmentResponse>, Status> {
         let r = request.into_inner();
         let data = (self.service)
-            .export_segment(r.tenant_id, r.conversation_id, &r.key)
+            .export_segment(
+                TenantId(r.tenant_id),
+                ConversationId(r.conversation_id),
+                &r.key,
+            )
             .await?;
         Ok(Response::new(FetchSegmentResponse { data }))
     }
@@ -122,13 +127,17 @@ impl CellPeer for PeerApi {
         let r = request.into_inner();
         let latest_seq = self
             .service
-            .seal_conversation(r.tenant_id, r.conversation_id, r.epoch)
+            .seal_conversation(
+                TenantId(r.tenant_id),
+                ConversationId(r.conversation_id),
+                r.epoch,
+            )
             .await?;
         let delta = match r.delta_limit {
             0 => None,
             limit => Some(self.service.export_conversation(
-                r.tenant_id,
-                r.conversation_id,
+                TenantId(r.tenant_id),
+                ConversationId(r.conversation_id),
                 r.delta_after_seq,
                 limit as usize,
             )?),
@@ -141,9 +150,11 @@ impl CellPeer for PeerApi {
         request: Request<DigestRequest>,
     ) -> Result<Response<DigestResponse>, Status> {
         let r = request.into_inner();
-        let d = self
-            .service
-            .digest_conversation(r.conversation_id, r.after_seq, r.through_seq)?;
+        let d = self.service.digest_conversation(
+            ConversationId(r.conversation_id),
+            r.after_seq,
+            r.through_seq,
+        )?;
         Ok(Response::new(DigestResponse {
             count: d.count,
             checksum: d.checksum,
@@ -160,7 +171,7 @@ impl CellPeer for PeerApi {
         let limit = if r.limit == 0 { DEFAULT_CHUNK } else { r.limit } as usize;
         let (conversation_ids, has_more) = self
             .service
-            .tenant_conversations(r.tenant_id, r.after_id, limit, r.epoch)
+            .tenant_conversations(TenantId(r.tenant_id), r.after_id, limit, r.epoch)
             .await?;
         Ok(Response::new(TenantConversationsResponse {
             conversation_ids,
@@ -175,7 +186,7 @@ impl CellPeer for PeerApi {
         let r = request.into_inner();
         let limit = if r.limit == 0 { DEFAULT_CHUNK } else { r.limit } as usize;
         Ok(Response::new(self.sync.export_user(
-            UserKey::new(r.tenant_id, r.user_id),
+            UserKey::new(TenantId(r.tenant_id), UserId(r.user_id)),
             r.after_pts,
             limit,
             r.with_state,
@@ -189,7 +200,11 @@ impl CellPeer for PeerApi {
         let r = request.into_inner();
         let latest_seq = self
             .sync
-            .seal_user(UserKey::new(r.tenant_id, r.user_id), r.epoch, &self.inbound)
+            .seal_user(
+                UserKey::new(TenantId(r.tenant_id), UserId(r.user_id)),
+                r.epoch,
+                &self.inbound,
+            )
             .await?;
         Ok(Response::new(SealResponse {
             latest_seq,
@@ -203,7 +218,7 @@ impl CellPeer for PeerApi {
     ) -> Result<Response<DigestResponse>, Status> {
         let r = request.into_inner();
         let d = self.sync.digest_user(
-            UserKey::new(r.tenant_id, r.user_id),
+            UserKey::new(TenantId(r.tenant_id), UserId(r.user_id)),
             r.after_seq,
             r.through_seq,
         )?;
@@ -316,7 +331,7 @@ impl CellPeer for PeerApi {
                     Ok(HighWaterMark {
                         tenant_id: r.tenant_id,
                         conversation_id: c,
-                        hwm: held.held(r.tenant_id, c)?,
+                        hwm: held.held(TenantId(r.tenant_id), ConversationId(c))?,
                     })
                 })
                 .collect::<Result<Vec<_>, CellError>>()
@@ -361,7 +376,9 @@ impl CellPeer for PeerApi {
         request: Request<FileCopiesRequest>,
     ) -> Result<Response<FileCopiesResponse>, Status> {
         let r = request.into_inner();
-        let copies = self.service.file_copies(r.tenant_id, r.bytes_per_sec)?;
+        let copies = self
+            .service
+            .file_copies(TenantId(r.tenant_id), r.bytes_per_sec)?;
         Ok(Response::new(copies))
     }
 

@@ -1,5 +1,6 @@
 //! gRPC handlers of the sync API.
 
+use cellmesh_proto::ids::{ConversationId, UserId};
 use std::sync::Arc;
 
 use cellmesh_proto::v1::sync_server::Sync;
@@ -52,7 +53,9 @@ impl Sync for SyncApi {
         let caller = caller(r.caller)?;
         if r.ids_only {
             return Ok(Response::new(ListConversationsResponse {
-                conversation_ids: self.service.conversation_ids(caller)?,
+                conversation_ids: (self.service.conversation_ids(caller)?.into_iter())
+                    .map(ConversationId::get)
+                    .collect(),
                 ..Default::default()
             }));
         }
@@ -62,7 +65,7 @@ impl Sync for SyncApi {
 
     async fn set_muted(&self, request: Request<SetMutedRequest>) -> Reply<SetMutedResponse> {
         let r = request.into_inner();
-        let conversation = conversation_id(r.conversation_id)?;
+        let conversation = conversation_id((ConversationId(r.conversation_id)).get())?;
         self.service
             .set_muted(caller(r.caller)?, conversation, r.muted)
             .await?;
@@ -81,12 +84,14 @@ impl Sync for SyncApi {
     ) -> Reply<GetPresenceResponse> {
         let r = request.into_inner();
         let caller = caller(r.caller)?;
-        Ok(Response::new(self.service.presence(caller, &r.user_ids)?))
+        Ok(Response::new(
+            self.service.presence(caller, &UserId::many(&r.user_ids))?,
+        ))
     }
 
     async fn typing(&self, request: Request<TypingRequest>) -> Reply<TypingResponse> {
         let r = request.into_inner();
-        let conversation = conversation_id(r.conversation_id)?;
+        let conversation = conversation_id((ConversationId(r.conversation_id)).get())?;
         self.service.typing(caller(r.caller)?, conversation)?;
         Ok(Response::new(TypingResponse {}))
     }

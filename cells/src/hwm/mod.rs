@@ -13,6 +13,7 @@
 
 pub mod round;
 
+use cellmesh_proto::ids::{ConversationId, TenantId};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -77,12 +78,14 @@ impl HighWaterMarks {
 
     /// Records that `conversation`'s seq reached `seq` here: a send, or
     /// history stored by a move.
-    pub fn note(&self, tenant: u64, conversation: u64, seq: u64) {
+    pub fn note(&self, tenant: TenantId, conversation: ConversationId, seq: u64) {
         if !self.tracking.load(Ordering::Relaxed) {
             return;
         }
         let mut written = self.written.lock().expect("marks lock");
-        let slot = written.entry(conversation).or_insert((tenant, 0));
+        let slot = written
+            .entry(conversation.get())
+            .or_insert((tenant.get(), 0));
         slot.1 = slot.1.max(seq);
     }
 
@@ -92,17 +95,17 @@ impl HighWaterMarks {
     }
 
     /// The mark every standby of this cell acknowledged for `conversation`.
-    pub fn acked(&self, conversation: u64) -> u64 {
+    pub fn acked(&self, conversation: ConversationId) -> u64 {
         self.acked
             .lock()
             .expect("marks lock")
-            .get(&conversation)
+            .get(&conversation.get())
             .copied()
             .unwrap_or(0)
     }
 
     /// The mark this cell holds for another cell's `conversation` (0: none).
-    pub fn held(&self, tenant: u64, conversation: u64) -> Result<u64> {
+    pub fn held(&self, tenant: TenantId, conversation: ConversationId) -> Result<u64> {
         self.store()?.high_water_mark(tenant, conversation)
     }
 
@@ -169,7 +172,7 @@ impl HighWaterMarks {
     /// Puts back marks a round could not deliver.
     fn restore(&self, marks: Vec<Mark>) {
         for (tenant, conversation, seq) in marks {
-            self.note(tenant, conversation, seq);
+            self.note(TenantId(tenant), ConversationId(conversation), seq);
         }
     }
 

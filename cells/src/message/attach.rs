@@ -60,7 +60,7 @@ impl MessageService {
         validate_upload(&cmd, &att.config)?;
         let (tenant, user) = (cmd.caller.tenant, cmd.caller.user);
         self.ownership.check(tenant, cmd.conversation, Epoch(0))?;
-        self.check_member(&cmd.caller, cmd.conversation.get())?;
+        self.check_member(&cmd.caller, cmd.conversation)?;
         let idem = (!cmd.client_req_id.is_empty()).then(|| IdemKey {
             kind: IdemKind::CreateUpload,
             tenant: tenant.get(),
@@ -71,15 +71,11 @@ impl MessageService {
             return Ok(first);
         }
         self.limits.check_upload(tenant, user)?;
-        let quota = att.config.tenant(tenant.get()).quota_bytes;
-        let total = att.add_bytes(&self.store, tenant.get(), cmd.size as i64)?;
-        let total = total.saturating_add(if quota > 0 {
-            att.elsewhere(tenant.get())
-        } else {
-            0
-        });
+        let quota = att.config.tenant(tenant).quota_bytes;
+        let total = att.add_bytes(&self.store, tenant, cmd.size as i64)?;
+        let total = total.saturating_add(if quota > 0 { att.elsewhere(tenant) } else { 0 });
         if quota > 0 && total > quota {
-            att.add_bytes(&self.store, tenant.get(), -(cmd.size as i64))?;
+            att.add_bytes(&self.store, tenant, -(cmd.size as i64))?;
             return Err(CellError::denied(
                 Reason::AttachmentQuotaExceeded,
                 format!("the tenant's files would take {total} bytes; its quota is {quota}"),
@@ -87,7 +83,7 @@ impl MessageService {
         }
         let now = self.now_ms();
         let id = self.next_id(now)?;
-        let key = object_key(tenant.get(), cmd.conversation.get(), id);
+        let key = object_key(tenant, cmd.conversation, id);
         let multipart_id = if cmd.size > att.config.part_bytes {
             att.files
                 .create_multipart(&key)
@@ -152,7 +148,7 @@ impl MessageService {
         };
         let same = self
             .store
-            .upload(cmd.caller.tenant.get(), answer.msg_id)?
+            .upload(cmd.caller.tenant, answer.msg_id)?
             .and_then(|r| r.attachment.map(|a| (r.conversation_id, a)))
             .is_some_and(|(conversation, a)| {
                 conversation == cmd.conversation.get()
@@ -166,18 +162,23 @@ impl MessageService {
             ));
         }
         let first = self
-            .get_upload(cmd.caller, cmd.conversation.get(), answer.msg_id)
+            .get_upload(cmd.caller, cmd.conversation, answer.msg_id)
             .await?;
         Ok(Some(first))
     }
 
     /// The caller's upload `id` into `conversation` (another user's, another
     /// conversation's or another tenant's answer as missing).
-    fn own_upload(&self, caller: &Caller, conversation: u64, id: u64) -> Result<UploadRecord> {
+    fn own_upload(
+        &self,
+        caller: &Caller,
+        conversation: ConversationId,
+        id: u64,
+    ) -> Result<UploadRecord> {
         self.check_member(caller, conversation)?;
-        match self.store.upload(caller.tenant.get(), id)? {
+        match self.store.upload(caller.tenant, id)? {
             Some(r)
-                if r.conversation_id == conversation
+                if r.conversation_id == conversation.get()
                     && r.uploader == caller.user.get()
                     && r.delete_after_ms == 0 =>
             {
@@ -189,10 +190,8 @@ impl MessageService {
 
     /// Whether `conversation` was taken over from a failed cell whose
     /// history has not been backfilled yet.
-    fn awaiting_backfill(&self, tenant: u64, conversation: u64) -> Result<bool> {
-        let fence =
-            self.ownership
-                .check(TenantId(tenant), ConversationId(conversation), Epoch(0))?;
+    fn awaiting_backfill(&self, tenant: TenantId, conversation: ConversationId) -> Result<bool> {
+        let fence = self.ownership.check(tenant, conversation, Epoch(0))?;
         Ok(fence.taken_over_mark.is_some() && !self.backfilled(conversation)?)
     }
 
@@ -209,13 +208,13 @@ impl MessageService {
     pub async fn get_upload(
         &self,
         caller: Caller,
-        conversation: u64,
+        conversation: ConversationId,
         id: u64,
     ) -> Result<UploadResponse> {
         let att = self.attachments()?;
         // Only the owner, and not under a move's freeze: the record moves.
         self.ownership
-            .check(caller.tenant, ConversationId(conversation), Epoch(0))?;
+            .check(caller.tenant, conversation, Epoch(0))?;
         let record = self.own_upload(&caller, conversation, id)?;
         self.expired(&record, id)?;
         let stored = if record.state == UploadState::Complete as i32 {
@@ -319,13 +318,13 @@ impl MessageService {
     pub async fn complete_upload(
         &self,
         caller: Caller,
-        conversation: u64,
+        conversation: ConversationId,
         id: u64,
     ) -> Result<AttachmentRef> {
         let att = self.attachments()?;
         // Only the owner, and not under a move's freeze: the record moves.
         self.ownership
-            .check(caller.tenant, ConversationId(conversation), Epoch(0))?;
+            .check(caller.tenant, conversation, Epoch(0))?;
         let mut record = self.own_upload(&caller, conversation, id)?;
         let a = record.attachment.clone().expect("an upload names its file");
         if record.state == UploadState::Complete as i32 {
@@ -492,7 +491,7 @@ impl MessageService {
                 let mut m = Mutation::new();
                 m.delete_upload(record, id);
                 self.store.commit(m).await?;
-                att.forget_bytes(record.tenant_id);
+                att.forget_bytes(TenantId(record.tenant_id));
                 Err(CellError::denied(
                     Reason::AttachmentInfected,
                     "the scanner found the file infected; it was deleted",
@@ -509,21 +508,20 @@ impl MessageService {
     pub async fn download_url(
         &self,
         caller: Caller,
-        conversation: u64,
+        conversation: ConversationId,
         seq: u64,
         attachment: u64,
         thumbnail: bool,
     ) -> Result<GetDownloadUrlResponse> {
         let att = self.attachments()?;
-        self.ownership
-            .check_read(caller.tenant, ConversationId(conversation))?;
+        self.ownership.check_read(caller.tenant, conversation)?;
         self.check_member(&caller, conversation)?;
         // Exactly what a Pull shows this caller: hidden, directed elsewhere
         // or missing all answer the same.
         let page = self
             .page(
                 conversation,
-                caller.user.get(),
+                caller.user,
                 seq.saturating_add(1),
                 ScanDirection::Backward,
                 1,
@@ -557,7 +555,7 @@ impl MessageService {
             })?;
         let now = self.now_ms();
         let ttl = att.config.download_url_secs;
-        let files = self.serving_store(att, caller.tenant.get(), &a)?;
+        let files = self.serving_store(att, caller.tenant, &a)?;
         let key = match thumbnail {
             false => &a.object_key,
             true if !a.thumbnail_key.is_empty() => &a.thumbnail_key,
@@ -581,7 +579,7 @@ impl MessageService {
     pub(super) fn attachment_refs(
         &self,
         caller: &Caller,
-        conversation: u64,
+        conversation: ConversationId,
         ids: &[u64],
         m: &mut Mutation,
     ) -> Result<Vec<AttachmentRef>> {
@@ -601,7 +599,7 @@ impl MessageService {
                 Err(CellError::InvalidArgument {
                     reason: Reason::AttachmentNotFound,
                     ..
-                }) if self.awaiting_backfill(caller.tenant.get(), conversation)? => {
+                }) if self.awaiting_backfill(caller.tenant, conversation)? => {
                     return Err(upload_on_failed_cell(id));
                 }
                 other => other?,
@@ -628,8 +626,8 @@ impl MessageService {
     /// period, or now for retention); the sweep deletes them.
     pub(super) fn forget_files(
         &self,
-        tenant: u64,
-        conversation: u64,
+        tenant: TenantId,
+        conversation: ConversationId,
         files: Vec<AttachmentRef>,
         delete_after_ms: u64,
         m: &mut Mutation,
@@ -641,8 +639,8 @@ impl MessageService {
             m.put_upload(
                 a.attachment_id,
                 &UploadRecord {
-                    tenant_id: tenant,
-                    conversation_id: conversation,
+                    tenant_id: tenant.get(),
+                    conversation_id: conversation.get(),
                     delete_after_ms,
                     attachment: Some(a),
                     ..Default::default()
@@ -708,7 +706,7 @@ impl MessageService {
             }
             let (mut forget, mut forgotten) = (Mutation::new(), std::collections::BTreeSet::new());
             for (id, r) in page {
-                tenants.insert(r.tenant_id);
+                tenants.insert(TenantId(r.tenant_id));
                 match self.record_here(&r, now) {
                     Here::Sweep => swept += self.sweep_record(att, now, id, r).await?,
                     Here::Wait => {}
@@ -720,7 +718,9 @@ impl MessageService {
             }
             if !forget.is_empty() {
                 self.store.commit(forget).await?;
-                forgotten.into_iter().for_each(|t| att.forget_bytes(t));
+                forgotten
+                    .into_iter()
+                    .for_each(|t| att.forget_bytes(TenantId(t)));
             }
         }
     }
@@ -756,7 +756,7 @@ impl MessageService {
         let mut m = Mutation::new();
         m.delete_upload(&r, id);
         self.store.commit(m).await?;
-        att.forget_bytes(r.tenant_id);
+        att.forget_bytes(TenantId(r.tenant_id));
         crate::metrics::metrics().uploads_swept.inc();
         Ok(swept + 1)
     }
@@ -892,7 +892,7 @@ fn validate_upload(
             ),
         ));
     }
-    if !config.allows(cmd.caller.tenant.get(), &cmd.content_type) {
+    if !config.allows(cmd.caller.tenant, &cmd.content_type) {
         return Err(CellError::denied(
             Reason::ContentTypeNotAllowed,
             format!("files of type {} are not allowed here", cmd.content_type),

@@ -34,8 +34,8 @@ impl MessageService {
     /// bytes). Adds to `noted` what it recorded.
     pub(super) fn note_files(
         &self,
-        tenant: u64,
-        conversation: u64,
+        tenant: TenantId,
+        conversation: ConversationId,
         message: &MessageRecord,
         m: &mut Mutation,
         noted: &mut Noted,
@@ -51,8 +51,8 @@ impl MessageService {
             m.put_upload(
                 a.attachment_id,
                 &UploadRecord {
-                    tenant_id: tenant,
-                    conversation_id: conversation,
+                    tenant_id: tenant.get(),
+                    conversation_id: conversation.get(),
                     // Only its uploader sends a file: they may name it again.
                     uploader: message.sender_id,
                     state: UploadState::Complete as i32,
@@ -74,7 +74,7 @@ impl MessageService {
 
     /// After `noted` records of `tenant` are committed: its bytes, and the
     /// copier if there are copy jobs.
-    pub(super) fn noted_files(&self, tenant: u64, noted: Noted) {
+    pub(super) fn noted_files(&self, tenant: TenantId, noted: Noted) {
         let Some(att) = &self.attachments else {
             return;
         };
@@ -131,7 +131,7 @@ impl MessageService {
     pub(super) fn serving_store<'a>(
         &self,
         att: &'a Attachments,
-        tenant: u64,
+        tenant: TenantId,
         a: &AttachmentRef,
     ) -> Result<&'a FileStore> {
         let here = a.region.is_empty()
@@ -157,7 +157,7 @@ impl MessageService {
     /// `tenant`'s files still to copy into this region and those copied
     /// (until their source copy is deleted); a tenant move polls it, asking
     /// for its copy rate each time.
-    pub fn file_copies(&self, tenant: u64, bytes_per_sec: u64) -> Result<FileCopiesResponse> {
+    pub fn file_copies(&self, tenant: TenantId, bytes_per_sec: u64) -> Result<FileCopiesResponse> {
         let mut out = FileCopiesResponse::default();
         let Some(att) = &self.attachments else {
             return Ok(out);
@@ -226,7 +226,7 @@ impl MessageService {
                     message: format!("copying file {id}: {e}"),
                     retry_after: std::time::Duration::from_secs(1),
                 };
-                let rate = att.copy_rate(record.tenant_id);
+                let rate = att.copy_rate(TenantId(record.tenant_id));
                 att.files
                     .copy_from(source, &a.object_key, rate)
                     .await
@@ -252,7 +252,7 @@ impl MessageService {
                 let mut m = Mutation::new();
                 m.put_upload(id, &record);
                 self.store.commit(m).await?;
-                att.forget_bytes(record.tenant_id);
+                att.forget_bytes(TenantId(record.tenant_id));
                 crate::metrics::metrics().files_copied_in.inc();
                 copied += 1;
             }

@@ -7,6 +7,7 @@
 //! assignment and commit), so only entries nobody holds are evicted: a
 //! reloaded entry then equals what storage has.
 
+use cellmesh_proto::ids::{ConversationId, TenantId};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -31,9 +32,9 @@ pub(crate) struct SeqState {
 }
 
 impl ConvEntry {
-    pub fn new(tenant: u64, kind: ConversationKind, seq: SeqState) -> Self {
+    pub fn new(tenant: TenantId, kind: ConversationKind, seq: SeqState) -> Self {
         Self {
-            tenant,
+            tenant: tenant.get(),
             kind,
             seq: Mutex::new(seq),
             admin: tokio::sync::Mutex::new(()),
@@ -60,13 +61,13 @@ impl ConvCache {
     /// stays locked while loading so two loads of one conversation cannot race.
     pub fn get_or_load<E>(
         &self,
-        id: u64,
+        id: ConversationId,
         load: impl FnOnce() -> Result<Option<ConvEntry>, E>,
     ) -> Result<Option<Arc<ConvEntry>>, E> {
-        let mut shard = self.shards[id as usize % SHARDS]
+        let mut shard = self.shards[id.get() as usize % SHARDS]
             .lock()
             .expect("cache shard");
-        if let Some(entry) = shard.get(&id) {
+        if let Some(entry) = shard.get(&id.get()) {
             return Ok(Some(entry.clone()));
         }
         let Some(entry) = load()? else {
@@ -77,17 +78,17 @@ impl ConvCache {
             shard.retain(|_, e| Arc::strong_count(e) > 1);
         }
         let entry = Arc::new(entry);
-        shard.insert(id, entry.clone());
+        shard.insert(id.get(), entry.clone());
         Ok(Some(entry))
     }
 
     /// Forgets an entry so the next use reloads it from storage (after its
     /// history was imported by a migration).
-    pub fn invalidate(&self, id: u64) {
-        self.shards[id as usize % SHARDS]
+    pub fn invalidate(&self, id: ConversationId) {
+        self.shards[id.get() as usize % SHARDS]
             .lock()
             .expect("cache shard")
-            .remove(&id);
+            .remove(&id.get());
     }
 
     #[cfg(test)]
@@ -105,7 +106,7 @@ mod tests {
 
     fn entry() -> Option<ConvEntry> {
         Some(ConvEntry::new(
-            1,
+            TenantId(1),
             ConversationKind::Group,
             SeqState::default(),
         ))
@@ -117,7 +118,7 @@ mod tests {
         let held: Vec<_> = (0..16u64)
             .map(|i| {
                 cache
-                    .get_or_load::<()>(i * SHARDS as u64, || Ok(entry()))
+                    .get_or_load::<()>(ConversationId(i * SHARDS as u64), || Ok(entry()))
                     .unwrap()
                     .unwrap()
             })
@@ -125,10 +126,12 @@ mod tests {
         held[3].seq.lock().unwrap().latest = 42;
         // Filling the shard past capacity evicts nothing that is held.
         cache
-            .get_or_load::<()>(99 * SHARDS as u64, || Ok(entry()))
+            .get_or_load::<()>(ConversationId(99 * SHARDS as u64), || Ok(entry()))
             .unwrap();
         let again = cache
-            .get_or_load::<()>(3 * SHARDS as u64, || panic!("must not reload"))
+            .get_or_load::<()>(ConversationId(3 * SHARDS as u64), || {
+                panic!("must not reload")
+            })
             .unwrap()
             .unwrap();
         assert_eq!(again.seq.lock().unwrap().latest, 42);
@@ -137,7 +140,12 @@ mod tests {
     #[test]
     fn unknown_conversations_are_not_cached() {
         let cache = ConvCache::new(1024);
-        assert!(cache.get_or_load::<()>(5, || Ok(None)).unwrap().is_none());
+        assert!(
+            cache
+                .get_or_load::<()>(ConversationId(5), || Ok(None))
+                .unwrap()
+                .is_none()
+        );
         assert_eq!(cache.len(), 0);
     }
 }

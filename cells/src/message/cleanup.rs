@@ -43,7 +43,7 @@ impl Handed {
 pub(crate) async fn mark_sealed(
     store: &Store,
     kind: u8,
-    tenant: u64,
+    tenant: TenantId,
     id: u64,
     now_ms: u64,
 ) -> Result<()> {
@@ -54,7 +54,7 @@ pub(crate) async fn mark_sealed(
 pub(crate) async fn mark_all_sealed(
     store: &Store,
     kind: u8,
-    tenant: u64,
+    tenant: TenantId,
     ids: &[u64],
     sealed_at_ms: u64,
 ) -> Result<()> {
@@ -64,7 +64,7 @@ pub(crate) async fn mark_all_sealed(
             kind,
             Moved {
                 id,
-                tenant,
+                tenant: tenant.get(),
                 sealed_at_ms,
             },
         );
@@ -95,7 +95,7 @@ pub(crate) async fn clean(
             }
             Handed::Away | Handed::Unsettled => continue,
         }
-        m.unmark_moved(kind, moved.tenant, moved.id);
+        m.unmark_moved(kind, TenantId(moved.tenant), moved.id);
         store.commit(m).await?;
     }
     Ok(dropped)
@@ -103,9 +103,20 @@ pub(crate) async fn clean(
 
 impl MessageService {
     /// Records that `conversation` was sealed here for a move.
-    pub(crate) async fn mark_sealed(&self, tenant: u64, conversation: u64) -> Result<()> {
+    pub(crate) async fn mark_sealed(
+        &self,
+        tenant: TenantId,
+        conversation: ConversationId,
+    ) -> Result<()> {
         let now = self.clock.now_ms();
-        mark_sealed(&self.store, moved::CONVERSATION, tenant, conversation, now).await
+        mark_sealed(
+            &self.store,
+            moved::CONVERSATION,
+            tenant,
+            (conversation).get(),
+            now,
+        )
+        .await
     }
 
     /// Drops the history of conversations owned elsewhere for `grace`;
@@ -132,12 +143,12 @@ impl MessageService {
                     conversation_id: moved.id,
                     ..Default::default()
                 });
-                Ok(self.store.drop_history(m, moved.id)?)
+                Ok(self.store.drop_history(m, ConversationId(moved.id))?)
             },
         )
         .await?;
         for moved in &dropped {
-            self.conversations.invalidate(moved.id);
+            self.conversations.invalidate(ConversationId(moved.id));
         }
         if !dropped.is_empty() {
             let dropped = dropped.len();

@@ -4,6 +4,7 @@
 //! delete-for-me rows applied, so a page reads the same before and after
 //! tiering.
 
+use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
 use cellmesh_proto::storage::v1::{MessageRecord, SegmentEntry};
 
 use super::MessageService;
@@ -23,8 +24,8 @@ impl MessageService {
     /// [`Store::scan_messages`](crate::storage::Store::scan_messages)).
     pub(crate) async fn page(
         &self,
-        conversation: u64,
-        viewer: u64,
+        conversation: ConversationId,
+        viewer: UserId,
         from: u64,
         direction: ScanDirection,
         limit: usize,
@@ -111,8 +112,8 @@ impl MessageService {
     async fn cold_page(
         &self,
         cold: &ColdTier,
-        conversation: u64,
-        viewer: u64,
+        conversation: ConversationId,
+        viewer: UserId,
         segments: &[SegmentEntry],
         from: u64,
         direction: ScanDirection,
@@ -164,7 +165,7 @@ impl MessageService {
     /// One message, hot or cold (`None`: neither tier has it).
     pub(crate) async fn any_tier_message(
         &self,
-        conversation: u64,
+        conversation: ConversationId,
         seq: u64,
     ) -> Result<Option<MessageRecord>> {
         if let Some(hot) = self.store.message(conversation, seq)? {
@@ -191,14 +192,14 @@ impl MessageService {
     /// its manifest here (source side of a copy to another bucket).
     pub async fn export_segment(
         &self,
-        tenant: u64,
-        conversation: u64,
+        tenant: TenantId,
+        conversation: ConversationId,
         key: &str,
     ) -> Result<Vec<u8>> {
         let owned = self
             .store
             .conversation(conversation)?
-            .is_some_and(|c| c.tenant_id == tenant);
+            .is_some_and(|c| c.tenant_id == tenant.get());
         let entry = match owned {
             true => self
                 .store
@@ -237,7 +238,7 @@ impl MessageService {
     /// Stores a segment copied from another cell.
     pub async fn store_segment_copy(
         &self,
-        conversation: u64,
+        conversation: ConversationId,
         entry: &SegmentEntry,
         bytes: Vec<u8>,
     ) -> Result<()> {
@@ -252,7 +253,7 @@ impl MessageService {
     /// that exchange history share the region's bucket.
     pub(crate) async fn adopt_segments(
         &self,
-        conversation: u64,
+        conversation: ConversationId,
         segments: &[SegmentEntry],
         through: u64,
     ) -> Result<()> {
@@ -291,7 +292,7 @@ impl MessageService {
     /// cold tier: [`adopt_segments`](Self::adopt_segments) refused those).
     pub(crate) async fn segment_messages(
         &self,
-        conversation: u64,
+        conversation: ConversationId,
         entry: &SegmentEntry,
     ) -> Result<crate::cold::Messages> {
         match &self.cold {
@@ -301,7 +302,11 @@ impl MessageService {
     }
 
     /// Whether `seq` of `conversation` is held in the cold tier.
-    pub(crate) fn is_cold(&self, conversation: u64, seq: u64) -> Result<bool, CellError> {
+    pub(crate) fn is_cold(
+        &self,
+        conversation: ConversationId,
+        seq: u64,
+    ) -> Result<bool, CellError> {
         Ok(self.cold.is_some() && seq > 0 && seq <= self.store.cold_through(conversation)?)
     }
 }

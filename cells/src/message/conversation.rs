@@ -110,13 +110,16 @@ impl MessageService {
             admins: Vec::new(),
         };
         let mut m = Mutation::new();
-        m.put_conversation(id, &record);
-        m.put_conv_seq(id, &ConversationSeq::default());
+        m.put_conversation(ConversationId(id), &record);
+        m.put_conv_seq(ConversationId(id), &ConversationSeq::default());
         // Created under a route with a failover floor: its history begins
         // here, so nothing below the floor is missing anywhere.
         let floor = self.ownership.floor(cmd.caller.tenant, ConversationId(id));
         if floor > 0 {
-            m.put_meta_u64(&crate::storage::keys::meta::backfilled(id), floor);
+            m.put_meta_u64(
+                &crate::storage::keys::meta::backfilled(ConversationId(id)),
+                floor,
+            );
         }
         for user in &members {
             m.put_member(
@@ -153,7 +156,7 @@ impl MessageService {
             "conversation created"
         );
         Ok(conversation_to_proto(
-            id,
+            ConversationId(id),
             &record,
             &ConversationSeq::default(),
         ))
@@ -226,11 +229,11 @@ impl MessageService {
             return Err(CellError::invalid(Reason::NoUsers, "user_ids is empty"));
         }
         let caller = cmd.caller;
-        self.change_group(&cmd.caller, cmd.conversation.get(), |record, now| {
+        self.change_group(&cmd.caller, cmd.conversation, |record, now| {
             let unique: BTreeSet<u64> = cmd.users.iter().copied().collect();
             if !add && let Some(other) = unique.iter().find(|u| **u != caller.user.get()) {
-                if !is_admin(record, caller.user.get()) {
-                    return Err(not_admin(record, caller.user.get(), "removes others"));
+                if !is_admin(record, caller.user) {
+                    return Err(not_admin(record, caller.user, "removes others"));
                 }
                 if unique.contains(&record.created_by) {
                     return Err(CellError::PermissionDenied {
@@ -294,9 +297,9 @@ impl MessageService {
         cmd: SetMemberRoleCommand,
     ) -> Result<ChangeMembersResponse> {
         let caller = cmd.caller;
-        self.change_group(&cmd.caller, cmd.conversation.get(), |record, _| {
-            if !is_admin(record, caller.user.get()) {
-                return Err(not_admin(record, caller.user.get(), "changes roles"));
+        self.change_group(&cmd.caller, cmd.conversation, |record, _| {
+            if !is_admin(record, caller.user) {
+                return Err(not_admin(record, caller.user, "changes roles"));
             }
             if cmd.user == record.created_by {
                 return Err(CellError::invalid(
@@ -342,16 +345,16 @@ impl MessageService {
     async fn change_group(
         &self,
         caller: &Caller,
-        conversation: u64,
+        conversation: ConversationId,
         change: impl FnOnce(
             &mut ConversationRecord,
             u64,
         ) -> Result<(Vec<u64>, Option<(Mutation, OutboxEvent)>)>,
     ) -> Result<ChangeMembersResponse> {
         self.check_call(caller)?;
-        let conv = self.conversation(caller, conversation)?;
+        let conv = self.conversation(caller, conversation.get())?;
         self.ownership
-            .check(caller.tenant, ConversationId(conversation), Epoch(0))?;
+            .check(caller.tenant, conversation, Epoch(0))?;
         if conv.kind != ConversationKind::Group {
             return Err(CellError::invalid(
                 Reason::NotAGroup,
@@ -362,15 +365,15 @@ impl MessageService {
         // Checked again where a tenant seal waits for it.
         let _writing = self.writing.read().await;
         self.ownership
-            .check(caller.tenant, ConversationId(conversation), Epoch(0))?;
+            .check(caller.tenant, conversation, Epoch(0))?;
         self.require_member(caller, conversation)?;
-        let mut record = self.stored_conversation(conversation)?;
+        let mut record = self.stored_conversation(conversation.get())?;
         let now = self.now_ms();
         let (changed, write) = change(&mut record, now)?;
         if let Some((mut m, mut event)) = write {
             m.put_conversation(conversation, &record);
             event.tenant_id = caller.tenant.get();
-            event.conversation_id = conversation;
+            event.conversation_id = conversation.get();
             event.user_id = caller.user.get();
             event.server_ts_ms = now;
             m.emit(&event);
@@ -387,19 +390,19 @@ impl MessageService {
         self.ownership
             .check_read(cmd.caller.tenant, cmd.conversation)?;
         self.conversation(&cmd.caller, cmd.conversation.get())?;
-        self.require_member(&cmd.caller, cmd.conversation.get())?;
+        self.require_member(&cmd.caller, cmd.conversation)?;
         let record = self.stored_conversation(cmd.conversation.get())?;
-        let seq = self.store.conv_seq(cmd.conversation.get())?;
+        let seq = self.store.conv_seq(cmd.conversation)?;
         let limit = match cmd.member_limit {
             0 => DEFAULT_MEMBER_PAGE,
             n => (n as usize).min(self.config.limits.max_members_per_request),
         };
         let (member_ids, members_truncated) =
             self.store
-                .members(cmd.conversation.get(), cmd.members_after, limit)?;
+                .members(cmd.conversation, cmd.members_after, limit)?;
         let read_seq = self.store.read_seq(cmd.conversation, cmd.caller.user)?;
         Ok(GetConversationResponse {
-            conversation: Some(conversation_to_proto(cmd.conversation.get(), &record, &seq)),
+            conversation: Some(conversation_to_proto(cmd.conversation, &record, &seq)),
             member_ids,
             members_truncated,
             read_seq,
@@ -411,26 +414,28 @@ impl MessageService {
         self.conversation(caller, id)?;
         let record = self.stored_conversation(id)?;
         Ok(conversation_to_proto(
-            id,
+            ConversationId(id),
             &record,
-            &self.store.conv_seq(id)?,
+            &self.store.conv_seq(ConversationId(id))?,
         ))
     }
 
     fn stored_conversation(&self, id: u64) -> Result<ConversationRecord> {
-        self.store.conversation(id)?.ok_or(CellError::NotFound {
-            what: "conversation",
-            id,
-        })
+        self.store
+            .conversation(ConversationId(id))?
+            .ok_or(CellError::NotFound {
+                what: "conversation",
+                id,
+            })
     }
 }
 
 /// Whether `user` is the group's creator or one of its admins.
-fn is_admin(record: &ConversationRecord, user: u64) -> bool {
-    record.created_by == user || record.admins.contains(&user)
+fn is_admin(record: &ConversationRecord, user: UserId) -> bool {
+    record.created_by == user.get() || record.admins.contains(&user.get())
 }
 
-fn not_admin(record: &ConversationRecord, user: u64, what: &str) -> CellError {
+fn not_admin(record: &ConversationRecord, user: UserId, what: &str) -> CellError {
     CellError::PermissionDenied {
         reason: Reason::NotConversationAdmin,
         message: format!(

@@ -17,10 +17,9 @@ impl MessageService {
     /// The conversations of `tenant` stored here whose route names this
     /// cell (not the copies a move left behind).
     pub fn exportable(&self, tenant: TenantId) -> Result<Vec<ConversationId>> {
-        let ids = self.tenant_conversation_ids(tenant.get())?;
+        let ids = self.tenant_conversation_ids(tenant)?;
         Ok(ids
             .into_iter()
-            .map(ConversationId)
             .filter(|&id| {
                 !matches!(
                     self.ownership.check(tenant, id, Epoch(0)),
@@ -38,17 +37,21 @@ impl MessageService {
         let conversation = conversation.get();
         let mut all = BTreeMap::new();
         if let Some(cold) = &self.cold {
-            for entry in self.store.segments(conversation)? {
-                for (seq, record) in cold.read(conversation, &entry).await?.iter() {
+            for entry in self.store.segments(ConversationId(conversation))? {
+                for (seq, record) in cold
+                    .read(ConversationId(conversation), &entry)
+                    .await?
+                    .iter()
+                {
                     all.insert(*seq, record.clone());
                 }
             }
         }
         let mut after = 0;
         loop {
-            let page = self
-                .store
-                .messages_after(conversation, after, PAGE, usize::MAX)?;
+            let page =
+                self.store
+                    .messages_after(ConversationId(conversation), after, PAGE, usize::MAX)?;
             let Some(&(last, _)) = page.last() else {
                 break;
             };

@@ -38,8 +38,8 @@ pub(super) struct Repairs {
 
 #[derive(Default)]
 struct RepairState {
-    fetching: HashSet<(u64, u64)>,
-    absent: HashMap<(u64, u64), Instant>,
+    fetching: HashSet<(TenantId, ConversationId)>,
+    absent: HashMap<(TenantId, ConversationId), Instant>,
 }
 
 /// What the failed cell answered.
@@ -53,10 +53,12 @@ impl MessageService {
     /// instead of "not found" while the route table gives it to this cell
     /// through a failover whose source may still hold it (a fetch of its
     /// meta starts in the background); `None` when "not found" is right.
-    pub(super) fn incomplete(&self, tenant: u64, conversation: u64) -> Option<CellError> {
-        let from = self
-            .ownership
-            .taken_over_from(TenantId(tenant), ConversationId(conversation))?;
+    pub(super) fn incomplete(
+        &self,
+        tenant: TenantId,
+        conversation: ConversationId,
+    ) -> Option<CellError> {
+        let from = self.ownership.taken_over_from(tenant, conversation)?;
         let key = (tenant, conversation);
         {
             let mut state = self.repairs.inner.lock().expect("repairs");
@@ -75,7 +77,7 @@ impl MessageService {
                     state.fetching.remove(&key);
                     match fetched {
                         Ok(Fetched::Stored) => {
-                            tracing::info!(conversation, %from, "fetched the meta of a conversation taken over without it");
+                            tracing::info!(%conversation, %from, "fetched the meta of a conversation taken over without it");
                         }
                         Ok(Fetched::Absent) => {
                             if state.absent.len() > MAX_ABSENT {
@@ -84,7 +86,7 @@ impl MessageService {
                             state.absent.insert(key, Instant::now());
                         }
                         Err(e) => {
-                            tracing::warn!(conversation, %from, error = %e, "cannot fetch the meta of a conversation taken over without it");
+                            tracing::warn!(%conversation, %from, error = %e, "cannot fetch the meta of a conversation taken over without it");
                         }
                     }
                 });
@@ -107,14 +109,14 @@ async fn fetch(
     store: &Store,
     config: &CellConfig,
     from: &str,
-    tenant: u64,
-    conversation: u64,
+    tenant: TenantId,
+    conversation: ConversationId,
 ) -> Result<Fetched, FetchError> {
     let mut client = config.routing.peers().cell(from)?;
     // No messages: the record, members and read positions only.
     let mut request = tonic::Request::new(ExportRequest {
-        tenant_id: tenant,
-        conversation_id: conversation,
+        tenant_id: tenant.get(),
+        conversation_id: conversation.get(),
         after_seq: u64::MAX - 1,
         limit: 1,
     });
@@ -132,16 +134,16 @@ async fn fetch(
         }
         Err(s) => return Err(FetchError::Refused(s)),
     };
-    let Some(record) = chunk.conversation.filter(|r| r.tenant_id == tenant) else {
+    let Some(record) = chunk.conversation.filter(|r| r.tenant_id == tenant.get()) else {
         return Ok(Fetched::Absent);
     };
     if store.conversation(conversation)?.is_some() {
         return Ok(Fetched::Stored);
     }
     let mut m = Mutation::new();
-    (store).stage_meta(&mut m, conversation, &record, &chunk.members)?;
+    (store).stage_meta(&mut m, conversation, &record, &UserId::many(&chunk.members))?;
     for p in &chunk.read_positions {
-        m.raise_read_seq(ConversationId(conversation), UserId(p.user_id), p.read_seq);
+        m.raise_read_seq(conversation, UserId(p.user_id), p.read_seq);
     }
     let mut seq = store.conv_seq(conversation)?;
     crate::convert::merge_jumps(&mut seq.jumps, &chunk.seq_jumps);

@@ -215,7 +215,7 @@ impl MessageService {
         };
         let Some(entry) = self.entry(id)? else {
             return Err(self
-                .incomplete(caller.tenant.get(), id)
+                .incomplete(caller.tenant, ConversationId(id))
                 .unwrap_or_else(not_found));
         };
         // Another tenant's conversation is answered as one that does not
@@ -229,37 +229,35 @@ impl MessageService {
     /// The conversation's in-memory state, loaded from storage on first
     /// use (`None`: not stored here).
     fn entry(&self, id: u64) -> Result<Option<Arc<ConvEntry>>> {
-        self.conversations.get_or_load(id, || -> Result<_> {
-            let Some(record) = self.store.conversation(id)? else {
-                return Ok(None);
-            };
-            let seq = self.store.conv_seq(id)?;
-            let kind =
-                ConversationKind::try_from(record.kind).unwrap_or(ConversationKind::Unspecified);
-            Ok(Some(ConvEntry::new(
-                record.tenant_id,
-                kind,
-                SeqState {
-                    latest: seq.latest_seq,
-                    floor: seq.seq_floor,
-                    jumps: seq.jumps,
-                },
-            )))
-        })
+        self.conversations
+            .get_or_load(ConversationId(id), || -> Result<_> {
+                let Some(record) = self.store.conversation(ConversationId(id))? else {
+                    return Ok(None);
+                };
+                let seq = self.store.conv_seq(ConversationId(id))?;
+                let kind = ConversationKind::try_from(record.kind)
+                    .unwrap_or(ConversationKind::Unspecified);
+                Ok(Some(ConvEntry::new(
+                    TenantId(record.tenant_id),
+                    kind,
+                    SeqState {
+                        latest: seq.latest_seq,
+                        floor: seq.seq_floor,
+                        jumps: seq.jumps,
+                    },
+                )))
+            })
     }
 
     /// Checks that `conversation` exists in the caller's tenant and that the
     /// caller is a member.
-    pub fn check_member(&self, caller: &Caller, conversation: u64) -> Result<()> {
-        self.conversation(caller, conversation)?;
+    pub fn check_member(&self, caller: &Caller, conversation: ConversationId) -> Result<()> {
+        self.conversation(caller, conversation.get())?;
         self.require_member(caller, conversation)
     }
 
-    fn require_member(&self, caller: &Caller, conversation: u64) -> Result<()> {
-        if self
-            .store
-            .is_member(ConversationId(conversation), caller.user)?
-        {
+    fn require_member(&self, caller: &Caller, conversation: ConversationId) -> Result<()> {
+        if self.store.is_member(conversation, caller.user)? {
             Ok(())
         } else {
             Err(CellError::denied(

@@ -34,12 +34,12 @@ impl MessageService {
             .ownership
             .check_read(cmd.caller.tenant, cmd.conversation)?;
         self.conversation(&cmd.caller, cmd.conversation.get())?;
-        self.require_member(&cmd.caller, cmd.conversation.get())?;
+        self.require_member(&cmd.caller, cmd.conversation)?;
         let limit = match cmd.limit {
             0 => DEFAULT_PULL_LIMIT,
             n => n.min(self.config.limits.max_pull_limit),
         } as usize;
-        let seq = self.store.conv_seq(cmd.conversation.get())?;
+        let seq = self.store.conv_seq(cmd.conversation)?;
         // The route's floor counts even before a send here stored it: a
         // quiet new owner after a failover holds backfilled history up to it.
         let floor = seq.seq_floor.max(route_floor);
@@ -49,15 +49,15 @@ impl MessageService {
         };
         let page = self
             .page(
-                cmd.conversation.get(),
-                cmd.caller.user.get(),
+                cmd.conversation,
+                cmd.caller.user,
                 from,
                 cmd.direction,
                 limit,
                 PAGE_BYTE_BUDGET,
             )
             .await?;
-        let unavailable_through = self.unavailable_through(cmd.conversation.get(), floor)?;
+        let unavailable_through = self.unavailable_through(cmd.conversation, floor)?;
         if unavailable_through > 0 {
             crate::metrics::metrics().pulls_unavailable.inc();
         }
@@ -82,7 +82,7 @@ impl MessageService {
             messages: page
                 .messages
                 .into_iter()
-                .map(|(s, record)| message_to_proto(cmd.conversation.get(), s, record))
+                .map(|(s, record)| message_to_proto(cmd.conversation, s, record))
                 .collect(),
             next_seq: page.last_seq.unwrap_or(cmd.since_seq),
             has_more: page.more,
@@ -94,7 +94,11 @@ impl MessageService {
     /// After a failover the history below the floor stays in the failed
     /// cell until it is backfilled: the last seq not held here (0: all of
     /// it is), so an answer says so instead of looking empty.
-    pub(crate) fn unavailable_through(&self, conversation: u64, floor: u64) -> Result<u64> {
+    pub(crate) fn unavailable_through(
+        &self,
+        conversation: ConversationId,
+        floor: u64,
+    ) -> Result<u64> {
         Ok(
             if floor == 0 || self.backfilled(conversation)? || self.is_cold(conversation, floor)? {
                 0

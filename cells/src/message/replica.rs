@@ -7,7 +7,7 @@
 //! holds no record of must carry its meta (record and members), so a
 //! promoted standby never holds history it cannot serve.
 
-use cellmesh_proto::ids::{ConversationId, TenantId};
+use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
 use cellmesh_proto::reason::Reason;
 use std::collections::HashMap;
 use std::time::Duration;
@@ -31,7 +31,7 @@ impl MessageService {
         meta: Option<&cellmesh_proto::v1::ConversationMeta>,
         described: &mut std::collections::HashSet<u64>,
     ) -> Result<()> {
-        match self.store.conversation(conversation)? {
+        match self.store.conversation(ConversationId(conversation))? {
             Some(stored) if stored.tenant_id != tenant => {
                 return Err(CellError::denied(
                     Reason::WrongTenant,
@@ -59,7 +59,12 @@ impl MessageService {
                     ));
                 }
                 let members = meta.map(|x| x.members.as_slice()).unwrap_or_default();
-                self.store.stage_meta(m, conversation, record, members)?;
+                self.store.stage_meta(
+                    m,
+                    ConversationId(conversation),
+                    record,
+                    &UserId::many(members),
+                )?;
                 described.insert(conversation);
             }
             None => {}
@@ -124,7 +129,10 @@ impl MessageService {
                 &mut described,
             )?;
             // A rewrite never goes back to an older version of the message.
-            let newer = match self.store.message(conversation, message.seq)? {
+            let newer = match self
+                .store
+                .message(ConversationId(conversation), message.seq)?
+            {
                 Some(old) => old.msg_id != record.msg_id || old.edit_version <= record.edit_version,
                 None => true,
             };
@@ -142,7 +150,7 @@ impl MessageService {
                     Some(first) => *first,
                     None => self
                         .store
-                        .meta_u64(&keys::meta::replica_from(conversation))?,
+                        .meta_u64(&keys::meta::replica_from(ConversationId(conversation)))?,
                 };
                 if first.is_none_or(|f| message.seq < f) {
                     from.insert(conversation, Some(message.seq));
@@ -151,12 +159,12 @@ impl MessageService {
             let seq = match seqs.entry(conversation) {
                 std::collections::hash_map::Entry::Occupied(seq) => seq.into_mut(),
                 std::collections::hash_map::Entry::Vacant(slot) => {
-                    slot.insert(self.store.conv_seq(conversation)?)
+                    slot.insert(self.store.conv_seq(ConversationId(conversation))?)
                 }
             };
             seq.latest_seq = seq.latest_seq.max(message.seq);
             if newer {
-                m.put_message(conversation, message.seq, &record);
+                m.put_message(ConversationId(conversation), message.seq, &record);
                 (imported
                     .entry(conversation)
                     .or_insert((tenant, Default::default()))
@@ -167,28 +175,31 @@ impl MessageService {
         }
         // A promoted standby answers searches from the moment it owns them.
         for (conversation, (tenant, seqs)) in &imported {
-            seqs.emit(*tenant, *conversation, &mut m);
+            seqs.emit(TenantId(*tenant), ConversationId(*conversation), &mut m);
         }
         for (conversation, seq) in &seqs {
-            m.put_conv_seq(*conversation, seq);
+            m.put_conv_seq(ConversationId(*conversation), seq);
         }
         for (conversation, first) in from {
             if let Some(first) = first {
-                m.put_meta_u64(&keys::meta::replica_from(conversation), first);
+                m.put_meta_u64(
+                    &keys::meta::replica_from(ConversationId(conversation)),
+                    first,
+                );
             }
         }
         if !m.is_empty() {
             self.store.commit(m).await?;
         }
         for conversation in described {
-            self.conversations.invalidate(conversation);
+            self.conversations.invalidate(ConversationId(conversation));
         }
         Ok(stored)
     }
 
     /// The seq from which this cell holds every acknowledged message of
     /// `conversation` it did not assign itself (replication mode `sync`).
-    pub fn replicated_from(&self, conversation: u64) -> Result<Option<u64>> {
+    pub fn replicated_from(&self, conversation: ConversationId) -> Result<Option<u64>> {
         Ok(self
             .store
             .meta_u64(&keys::meta::replica_from(conversation))?)

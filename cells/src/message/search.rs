@@ -5,7 +5,7 @@
 //! if `Pull` would show it with the text that matched — so a stale index
 //! entry can make a page shorter, never show what the caller may not see.
 
-use cellmesh_proto::ids::ConversationId;
+use cellmesh_proto::ids::{ConversationId, UserId};
 use cellmesh_proto::reason::Reason;
 use cellmesh_proto::v1::{HighlightRange, Message, SearchHit, SearchResponse};
 
@@ -92,7 +92,7 @@ impl MessageService {
             });
         };
         let tenant = cmd.caller.tenant;
-        if !search.config.searchable(tenant.get()) {
+        if !search.config.searchable(tenant) {
             return Err(CellError::denied(
                 Reason::SearchDisabled,
                 format!("tenant {tenant} encrypts end to end: the server holds no text to search"),
@@ -108,7 +108,7 @@ impl MessageService {
         if allowed.is_empty() {
             return Ok(out);
         }
-        let index = search.tenant(tenant.get()).map_err(unavailable)?;
+        let index = search.tenant(tenant).map_err(unavailable)?;
         let lookup = Lookup {
             text: &cmd.query,
             conversations: &allowed,
@@ -129,7 +129,10 @@ impl MessageService {
             let exhausted = candidates.len() < batch;
             offset += candidates.len();
             for (i, c) in candidates.iter().enumerate() {
-                if let Some(hit) = self.hit(&cmd, &prepared, c.conversation, c.seq).await? {
+                if let Some(hit) = self
+                    .hit(&cmd, &prepared, ConversationId(c.conversation), c.seq)
+                    .await?
+                {
                     out.hits.push(hit);
                 }
                 let last = i + 1 == candidates.len();
@@ -169,7 +172,7 @@ impl MessageService {
                 Err(e) => return Err(e),
             };
             // Not a member (or not this tenant's): nothing to find there.
-            match self.check_member(&cmd.caller, id) {
+            match self.check_member(&cmd.caller, ConversationId(id)) {
                 Ok(()) => allowed.push(id),
                 Err(CellError::NotFound { .. } | CellError::PermissionDenied { .. })
                     if single.is_none() =>
@@ -178,8 +181,12 @@ impl MessageService {
                 }
                 Err(e) => return Err(e),
             }
-            let floor = self.store.conv_seq(id)?.seq_floor.max(route_floor);
-            if self.unavailable_through(id, floor)? > 0 {
+            let floor = self
+                .store
+                .conv_seq(ConversationId(id))?
+                .seq_floor
+                .max(route_floor);
+            if self.unavailable_through(ConversationId(id), floor)? > 0 {
                 uncovered.push(id);
             }
         }
@@ -191,14 +198,14 @@ impl MessageService {
         &self,
         cmd: &SearchCommand,
         prepared: &Prepared,
-        conversation: u64,
+        conversation: ConversationId,
         seq: u64,
     ) -> Result<Option<SearchHit>> {
         let user = cmd.caller.user;
         let page = self
             .page(
                 conversation,
-                user.get(),
+                user,
                 seq - 1,
                 ScanDirection::Forward,
                 1,
@@ -231,11 +238,11 @@ impl MessageService {
         if cmd.context > 0 {
             let k = cmd.context as usize;
             hit.before = self
-                .context(conversation, user.get(), seq, ScanDirection::Backward, k)
+                .context(conversation, user, seq, ScanDirection::Backward, k)
                 .await?;
             hit.before.reverse();
             hit.after = self
-                .context(conversation, user.get(), seq, ScanDirection::Forward, k)
+                .context(conversation, user, seq, ScanDirection::Forward, k)
                 .await?;
         }
         Ok(Some(hit))
@@ -243,8 +250,8 @@ impl MessageService {
 
     async fn context(
         &self,
-        conversation: u64,
-        user: u64,
+        conversation: ConversationId,
+        user: UserId,
         seq: u64,
         direction: ScanDirection,
         k: usize,
@@ -263,14 +270,14 @@ impl MessageService {
     /// through `last`, whoever they are directed to (the indexer's read).
     pub(crate) async fn history_for_index(
         &self,
-        conversation: u64,
+        conversation: ConversationId,
         after: u64,
         last: u64,
     ) -> Result<Vec<(u64, cellmesh_proto::storage::v1::MessageRecord)>> {
         let page = self
             .page(
                 conversation,
-                crate::storage::EVERY_MESSAGE,
+                UserId(crate::storage::EVERY_MESSAGE),
                 after,
                 ScanDirection::Forward,
                 last.saturating_sub(after).min(500) as usize,

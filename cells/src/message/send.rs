@@ -3,7 +3,7 @@
 //! msg_id and queues one mutation (message, conversation seq, idempotency
 //! record, outbox event) for group commit; answers once it is durable.
 
-use cellmesh_proto::ids::{ConversationId, Epoch, UserId};
+use cellmesh_proto::ids::{ConversationId, Epoch, TenantId, UserId};
 use cellmesh_proto::reason::Reason;
 use cellmesh_proto::storage::v1::{
     ConversationSeq, IdempotencyRecord, MessageRecord, OutboxEvent, OutboxKind, SeqJump,
@@ -66,7 +66,7 @@ impl MessageService {
         self.ownership
             .check(cmd.caller.tenant, cmd.conversation, Epoch(cmd.route_epoch))?;
         let conv = self.conversation(&cmd.caller, cmd.conversation.get())?;
-        self.require_member(&cmd.caller, cmd.conversation.get())?;
+        self.require_member(&cmd.caller, cmd.conversation)?;
         let visible_to = self.recipients(&cmd)?;
 
         let key = IdemKey {
@@ -81,30 +81,25 @@ impl MessageService {
                     .wait()
                     .await
                     .ok_or_else(concurrent_attempt_failed)?;
-                return replay(&record, cmd.conversation.get());
+                return replay(&record, cmd.conversation);
             }
             Begin::Leader(leader) => leader,
         };
         if let Some(record) = self.store.idempotency(&key)?
             && record.expires_at_ms > self.now_ms()
         {
-            let response = replay(&record, cmd.conversation.get())?;
+            let response = replay(&record, cmd.conversation)?;
             // An answer given before its standbys had it (the call failed)
             // is given again only once they do.
-            self.replicate_sent(cmd.caller.tenant.get(), &record)
-                .await?;
+            self.replicate_sent(cmd.caller.tenant, &record).await?;
             leader.complete(record);
             return Ok(response);
         }
         // Checked after the replay: a re-send is answered as before even
         // where its uploads are not (another cell of the region after a move).
         let mut m = Mutation::new();
-        let attachments = self.attachment_refs(
-            &cmd.caller,
-            cmd.conversation.get(),
-            &cmd.attachments,
-            &mut m,
-        )?;
+        let attachments =
+            self.attachment_refs(&cmd.caller, cmd.conversation, &cmd.attachments, &mut m)?;
         // Only a new message takes from the budgets: a re-send of an
         // acknowledged one gets its answer above, limited or not.
         self.limits
@@ -126,7 +121,7 @@ impl MessageService {
             // Kept for the standbys only when they must have it first.
             let shipped = self
                 .replicator
-                .is_sync(cmd.caller.tenant.get())
+                .is_sync(cmd.caller.tenant)
                 .then_some(message);
             (slot.submit(m), record, shipped)
         };
@@ -136,11 +131,11 @@ impl MessageService {
         crate::metrics::metrics().messages_committed.inc();
         tracing::debug!(seq = record.seq, msg_id = record.msg_id, "message stored");
         self.marks
-            .note(cmd.caller.tenant.get(), cmd.conversation.get(), record.seq);
+            .note(cmd.caller.tenant, cmd.conversation, record.seq);
         if let Some(message) = shipped {
             self.replicate_message(
-                cmd.caller.tenant.get(),
-                record.conversation_id,
+                cmd.caller.tenant,
+                ConversationId(record.conversation_id),
                 record.seq,
                 message,
                 Some(record),
@@ -188,7 +183,7 @@ impl MessageService {
         {
             // The standbys get this conversation's mark in a round now.
             self.marks
-                .note(cmd.caller.tenant.get(), cmd.conversation.get(), seq - 1);
+                .note(cmd.caller.tenant, cmd.conversation, seq - 1);
             self.marks.wake();
             return Err(CellError::RetryLater {
                 reason: Reason::CheckpointBehind,
@@ -219,7 +214,7 @@ impl MessageService {
             client_req_id: cmd.client_req_id.clone(),
             attachments,
         };
-        m.put_message(cmd.conversation.get(), seq, &message);
+        m.put_message(cmd.conversation, seq, &message);
         if let Some(jump) = &jump {
             tracing::info!(
                 conversation = cmd.conversation.get(),
@@ -232,7 +227,7 @@ impl MessageService {
             state.jumps.push(*jump);
         }
         m.put_conv_seq(
-            cmd.conversation.get(),
+            cmd.conversation,
             &ConversationSeq {
                 latest_seq: seq,
                 seq_floor: floor,
@@ -263,14 +258,17 @@ impl MessageService {
     /// For a `sync` tenant: returns once the standbys stored the message
     /// `record` answers for, with the answer (a replayed answer, whose
     /// first attempt may have failed to reach them).
-    async fn replicate_sent(&self, tenant: u64, record: &IdempotencyRecord) -> Result<()> {
+    async fn replicate_sent(&self, tenant: TenantId, record: &IdempotencyRecord) -> Result<()> {
         if !self.replicator.is_sync(tenant) {
             return Ok(());
         }
         // The failed owner answered (its answer reached this cell ahead of
         // the message, which never did): the message is backfilled when
         // that cell returns; until then the outcome stays open.
-        let Some(message) = self.store.message(record.conversation_id, record.seq)? else {
+        let Some(message) = self
+            .store
+            .message(ConversationId(record.conversation_id), record.seq)?
+        else {
             return Err(CellError::RetryLater {
                 reason: Reason::AwaitingBackfill,
                 message: format!(
@@ -282,24 +280,30 @@ impl MessageService {
             });
         };
         let (conversation, seq) = (record.conversation_id, record.seq);
-        self.replicate_message(tenant, conversation, seq, message, Some(*record))
-            .await
+        self.replicate_message(
+            tenant,
+            ConversationId(conversation),
+            seq,
+            message,
+            Some(*record),
+        )
+        .await
     }
 
     /// Returns once the standbys stored `message` at `seq` (and, for a new
     /// message, its answer).
     pub(super) async fn replicate_message(
         &self,
-        tenant: u64,
-        conversation: u64,
+        tenant: TenantId,
+        conversation: ConversationId,
         seq: u64,
         message: MessageRecord,
         answer: Option<IdempotencyRecord>,
     ) -> Result<()> {
         self.replicator
             .replicate(ReplicatedWrite {
-                tenant_id: tenant,
-                conversation_id: conversation,
+                tenant_id: tenant.get(),
+                conversation_id: conversation.get(),
                 message: Some(StoredMessage {
                     seq,
                     record: Some(message),
@@ -393,8 +397,8 @@ pub(super) fn validate_body(body: &[u8], max: usize) -> Result<()> {
     Ok(())
 }
 
-fn replay(record: &IdempotencyRecord, conversation: u64) -> Result<SendResponse> {
-    if record.conversation_id != conversation {
+fn replay(record: &IdempotencyRecord, conversation: ConversationId) -> Result<SendResponse> {
+    if record.conversation_id != conversation.get() {
         return Err(CellError::invalid(
             Reason::ClientReqIdReused,
             format!(

@@ -5,7 +5,7 @@
 //! copies only the conversations that changed since its last round (the
 //! store's change log names them: nothing is listed under the freeze).
 
-use cellmesh_proto::ids::ConversationId;
+use cellmesh_proto::ids::{ConversationId, TenantId};
 use cellmesh_proto::v1::Mark;
 use std::time::Instant;
 
@@ -17,7 +17,11 @@ use crate::storage::moved;
 impl MessageService {
     /// Where each of `conversations` stands here; with `digest`, the count
     /// and checksum of all its history too.
-    pub fn conversation_marks(&self, conversations: &[u64], digest: bool) -> Result<Vec<Mark>> {
+    pub fn conversation_marks(
+        &self,
+        conversations: &[ConversationId],
+        digest: bool,
+    ) -> Result<Vec<Mark>> {
         let mut walk = self.store.walk();
         let mut sorted = conversations.to_vec();
         sorted.sort_unstable();
@@ -33,13 +37,13 @@ impl MessageService {
                     (walk.meta_u64(&rewrites)?.unwrap_or(0), 0, 0)
                 };
                 Ok(Mark {
-                    id,
+                    id: id.get(),
                     latest,
                     rewrites,
                     count,
                     checksum,
                     handed_over: false,
-                    uploads: (self.store).open_uploads_digest(ConversationId(id))?,
+                    uploads: (self.store).open_uploads_digest(id)?,
                 })
             })
             .collect()
@@ -47,13 +51,17 @@ impl MessageService {
 
     /// Those of `conversations` (changed ones, of any tenant) that belong
     /// to `tenant` here.
-    pub fn of_tenant(&self, tenant: u64, conversations: &[u64]) -> Result<Vec<u64>> {
+    pub fn of_tenant(
+        &self,
+        tenant: TenantId,
+        conversations: &[ConversationId],
+    ) -> Result<Vec<ConversationId>> {
         let mut ids = Vec::new();
         for &id in conversations {
             if self
                 .store
                 .conversation(id)?
-                .is_some_and(|r| r.tenant_id == tenant)
+                .is_some_and(|r| r.tenant_id == tenant.get())
             {
                 ids.push(id);
             }
@@ -77,8 +85,15 @@ impl MessageService {
     /// Records that `tenant` was sealed whole here: its conversations and
     /// homes are marked for cleanup one by one later, off the freeze (see
     /// `SyncService::expand_sealed_tenants`).
-    pub async fn mark_tenant_sealed(&self, tenant: u64) -> Result<()> {
+    pub async fn mark_tenant_sealed(&self, tenant: TenantId) -> Result<()> {
         let now = self.clock.now_ms();
-        super::cleanup::mark_sealed(&self.store, moved::TENANT, tenant, 0, now).await
+        super::cleanup::mark_sealed(
+            &self.store,
+            moved::TENANT,
+            tenant,
+            (ConversationId(0)).get(),
+            now,
+        )
+        .await
     }
 }

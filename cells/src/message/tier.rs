@@ -11,7 +11,7 @@
 //! pending note. A crash anywhere leaves the hot rows or a verified,
 //! committed segment.
 
-use cellmesh_proto::ids::{ConversationId, TenantId};
+use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -59,8 +59,9 @@ impl MessageService {
                 break;
             };
             for (id, record) in batch {
-                let (segments, messages) =
-                    self.tier_conversation(&cold, id, record.tenant_id).await?;
+                let (segments, messages) = self
+                    .tier_conversation(&cold, ConversationId(id), TenantId(record.tenant_id))
+                    .await?;
                 report.segments_written += segments;
                 report.messages_tiered += messages;
             }
@@ -75,16 +76,14 @@ impl MessageService {
     async fn tier_conversation(
         &self,
         cold: &ColdTier,
-        conversation: u64,
-        tenant: u64,
+        conversation: ConversationId,
+        tenant: TenantId,
     ) -> Result<(u64, u64)> {
         let seq = self.store.conv_seq(conversation)?;
         // Only history this cell owns and will not be handed more of: not
         // while a move copies it, nor below a failover floor that a
         // backfill may still fill in.
-        if !self
-            .ownership
-            .settled(TenantId(tenant), ConversationId(conversation))
+        if !self.ownership.settled(tenant, conversation)
             || (seq.seq_floor > 0 && !self.backfilled(conversation)?)
         {
             return Ok((0, 0));
@@ -139,8 +138,8 @@ impl MessageService {
     async fn tier_segment(
         &self,
         cold: &ColdTier,
-        conversation: u64,
-        tenant: u64,
+        conversation: ConversationId,
+        tenant: TenantId,
         after: u64,
         rows: &[(u64, MessageRecord)],
     ) -> Result<bool> {
@@ -154,7 +153,7 @@ impl MessageService {
         cold.verify(&key, &encoded.checksum, conversation).await?;
         self.failpoint_abort("tiering.uploaded");
         let entry = SegmentEntry {
-            tenant_id: tenant,
+            tenant_id: tenant.get(),
             seq_start: first,
             seq_end: last,
             first_ts_ms: rows.iter().map(|(_, m)| m.server_ts_ms).min().unwrap_or(0),
@@ -164,18 +163,14 @@ impl MessageService {
             size,
             count: rows.len() as u32,
         };
-        let conv = self.conversation(&Caller::new(tenant, 0), conversation)?;
+        let conv = self.conversation(&Caller::new(tenant, UserId(0)), conversation.get())?;
         {
             let _admin = conv.admin.lock().await;
             let _writing = self.writing.read().await;
             let now = self
                 .store
                 .messages_after(conversation, after, rows.len(), usize::MAX)?;
-            if now != rows
-                || !self
-                    .ownership
-                    .settled(TenantId(tenant), ConversationId(conversation))
-            {
+            if now != rows || !self.ownership.settled(tenant, conversation) {
                 return Ok(false);
             }
             let mut mutation = Mutation::new();
@@ -205,7 +200,7 @@ impl MessageService {
         let due = self.segments_past_retention(cold)?;
         let mut expired = 0;
         for (tenant, segments) in due {
-            let retention_days = cold.config.retention_of(tenant).retention_days;
+            let retention_days = cold.config.retention_of(TenantId(tenant)).retention_days;
             let mut plan = Plan {
                 segments: segments.len() as u64,
                 ..Plan::default()
@@ -218,7 +213,11 @@ impl MessageService {
                     plan.conversations += 1;
                 }
             }
-            let record = match cold.journal.open(tenant, retention_days, plan).await {
+            let record = match cold
+                .journal
+                .open(TenantId(tenant), retention_days, plan)
+                .await
+            {
                 Ok(record) => record,
                 Err(e) => {
                     tracing::warn!(tenant, error = %e, "retention: cannot record the deletion; deleting nothing this pass");
@@ -229,7 +228,7 @@ impl MessageService {
             let mut outcome = Ok(());
             for (conversation, entry) in segments {
                 if let Err(e) = self
-                    .expire_segment(cold, conversation, &entry, retention_days)
+                    .expire_segment(cold, ConversationId(conversation), &entry, retention_days)
                     .await
                 {
                     outcome = Err(e);
@@ -263,7 +262,7 @@ impl MessageService {
             };
             after = (*conversation, entry.seq_start);
             for (conversation, entry) in batch {
-                let retention = cold.config.retention_of(entry.tenant_id);
+                let retention = cold.config.retention_of(TenantId(entry.tenant_id));
                 let horizon = u64::from(retention.retention_days) * 86_400_000;
                 if retention.legal_hold
                     || horizon == 0
@@ -288,7 +287,7 @@ impl MessageService {
     async fn expire_segment(
         &self,
         cold: &ColdTier,
-        conversation: u64,
+        conversation: ConversationId,
         entry: &SegmentEntry,
         retention_days: u32,
     ) -> Result<()> {
@@ -300,11 +299,17 @@ impl MessageService {
             .flat_map(|(_, m)| m.attachments.iter().cloned())
             .collect();
         let now = self.now_ms();
-        self.forget_files(entry.tenant_id, conversation, files, now, &mut mutation);
+        self.forget_files(
+            TenantId(entry.tenant_id),
+            conversation,
+            files,
+            now,
+            &mut mutation,
+        );
         mutation.emit(&cellmesh_proto::storage::v1::OutboxEvent {
             kind: cellmesh_proto::storage::v1::OutboxKind::HistoryDropped as i32,
             tenant_id: entry.tenant_id,
-            conversation_id: conversation,
+            conversation_id: conversation.get(),
             items: vec![entry.seq_start, entry.seq_end],
             ..Default::default()
         });
@@ -313,7 +318,7 @@ impl MessageService {
         crate::metrics::metrics().segments_deleted.inc();
         tracing::warn!(
             tenant = entry.tenant_id,
-            conversation,
+            %conversation,
             seq_start = entry.seq_start,
             seq_end = entry.seq_end,
             object = %entry.key,
@@ -336,7 +341,7 @@ impl MessageService {
             }
             let committed = self
                 .store
-                .segments(pending.conversation)?
+                .segments(ConversationId(pending.conversation))?
                 .iter()
                 .any(|e| e.seq_start == pending.seq_start && e.key == pending.object);
             if !committed {

@@ -50,7 +50,7 @@ impl MessageService {
         let (tenant, conversation) = (cmd.caller.tenant, cmd.conversation);
         self.rewrite_message(
             cmd.caller,
-            cmd.conversation.get(),
+            cmd.conversation,
             cmd.seq,
             OutboxKind::Recall,
             |r, now, m| {
@@ -61,7 +61,7 @@ impl MessageService {
                 r.body.clear();
                 let files = std::mem::take(&mut r.attachments);
                 let at = self.recall_deletes_at(now);
-                self.forget_files(tenant.get(), conversation.get(), files, at, m);
+                self.forget_files(tenant, conversation, files, at, m);
                 r.edited_at_ms = now;
                 r.edit_version += 1;
                 Ok(true)
@@ -75,7 +75,7 @@ impl MessageService {
         let body = cmd.body;
         self.rewrite_message(
             cmd.caller,
-            cmd.conversation.get(),
+            cmd.conversation,
             cmd.seq,
             OutboxKind::Edit,
             |r, now, _| {
@@ -100,20 +100,20 @@ impl MessageService {
     async fn rewrite_message(
         &self,
         caller: Caller,
-        conversation: u64,
+        conversation: ConversationId,
         seq: u64,
         kind: OutboxKind,
         change: impl FnOnce(&mut MessageRecord, u64, &mut Mutation) -> Result<bool>,
     ) -> Result<Message> {
         self.check_call(&caller)?;
-        let conv = self.conversation(&caller, conversation)?;
+        let conv = self.conversation(&caller, conversation.get())?;
         self.require_member(&caller, conversation)?;
         // Ownership is checked under the lock a seal takes too, so no
         // rewrite lands after a migration sealed the conversation.
         let _admin = conv.admin.lock().await;
         let _writing = self.writing.read().await;
         self.ownership
-            .check(caller.tenant, ConversationId(conversation), Epoch(0))?;
+            .check(caller.tenant, conversation, Epoch(0))?;
         // A cold message's new state is stored as a hot overlay row.
         let mut record =
             self.any_tier_message(conversation, seq)
@@ -148,7 +148,7 @@ impl MessageService {
             m.emit(&OutboxEvent {
                 kind: kind as i32,
                 tenant_id: caller.tenant.get(),
-                conversation_id: conversation,
+                conversation_id: conversation.get(),
                 seq,
                 msg_id: record.msg_id,
                 user_id: caller.user.get(),
@@ -159,8 +159,8 @@ impl MessageService {
             self.store.commit(m).await?;
         }
         // Unchanged too: a retry of a rewrite whose replication failed.
-        if self.replicator.is_sync(caller.tenant.get()) {
-            self.replicate_message(caller.tenant.get(), conversation, seq, record.clone(), None)
+        if self.replicator.is_sync(caller.tenant) {
+            self.replicate_message(caller.tenant, conversation, seq, record.clone(), None)
                 .await?;
         }
         Ok(message_to_proto(conversation, seq, record))
@@ -177,8 +177,8 @@ impl MessageService {
         self.conversation(&cmd.caller, cmd.conversation.get())?;
         self.ownership
             .check(cmd.caller.tenant, cmd.conversation, Epoch(0))?;
-        self.require_member(&cmd.caller, cmd.conversation.get())?;
-        let latest = self.store.conv_seq(cmd.conversation.get())?.latest_seq;
+        self.require_member(&cmd.caller, cmd.conversation)?;
+        let latest = self.store.conv_seq(cmd.conversation)?.latest_seq;
         if let Some(bad) = cmd.seqs.iter().find(|s| **s == 0 || **s > latest) {
             return Err(CellError::invalid(
                 Reason::SeqOutOfRange,
@@ -212,8 +212,8 @@ impl MessageService {
         self.conversation(&cmd.caller, cmd.conversation.get())?;
         self.ownership
             .check(cmd.caller.tenant, cmd.conversation, Epoch(0))?;
-        self.require_member(&cmd.caller, cmd.conversation.get())?;
-        let latest = self.store.conv_seq(cmd.conversation.get())?.latest_seq;
+        self.require_member(&cmd.caller, cmd.conversation)?;
+        let latest = self.store.conv_seq(cmd.conversation)?.latest_seq;
         let target = cmd.read_seq.min(latest);
         if target > self.store.read_seq(cmd.conversation, cmd.caller.user)? {
             let mut m = Mutation::new();

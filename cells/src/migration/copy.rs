@@ -2,6 +2,7 @@
 //! with the next chunk fetched while this one is stored, many at a time in
 //! one call, or a chunk the caller pushes.
 
+use cellmesh_proto::ids::{ConversationId, TenantId};
 use cellmesh_proto::v1::*;
 use tonic::{Request, Status};
 
@@ -73,18 +74,27 @@ impl Mover {
                 &self.service,
                 &self.secret,
                 &mut segment_source,
-                r.tenant_id,
-                r.conversation_id,
+                TenantId(r.tenant_id),
+                ConversationId(r.conversation_id),
                 &exported.segments,
             )
             .await?;
             if r.backfill {
                 self.service
-                    .backfill_chunk(r.tenant_id, r.conversation_id, exported)
+                    .backfill_chunk(
+                        TenantId(r.tenant_id),
+                        ConversationId(r.conversation_id),
+                        exported,
+                    )
                     .await?;
             } else {
                 self.service
-                    .import_chunk(r.tenant_id, r.conversation_id, exported, first)
+                    .import_chunk(
+                        TenantId(r.tenant_id),
+                        ConversationId(r.conversation_id),
+                        exported,
+                        first,
+                    )
                     .await?;
             }
             copied += n;
@@ -96,7 +106,8 @@ impl Mover {
         }
         let _ = fetch.await;
         if r.backfill {
-            self.service.mark_backfilled(r.conversation_id, after)?;
+            self.service
+                .mark_backfilled(ConversationId(r.conversation_id), after)?;
         }
         Ok(CopyResponse {
             copied_through: after,
@@ -132,13 +143,13 @@ impl Mover {
                     service,
                     secret,
                     &mut source,
-                    r.tenant_id,
-                    id,
+                    TenantId(r.tenant_id),
+                    ConversationId(id),
                     &chunk.segments,
                 )
                 .await?;
                 self.service
-                    .import_chunk(r.tenant_id, id, chunk, true)
+                    .import_chunk(TenantId(r.tenant_id), ConversationId(id), chunk, true)
                     .await?;
                 Ok::<_, CellError>(Copied {
                     id,
@@ -168,7 +179,12 @@ impl Mover {
         let bytes = prost::Message::encoded_len(&chunk) as u64;
         let last = chunk.messages.last().map(|m| m.seq);
         self.service
-            .import_chunk(r.tenant_id, r.conversation_id, chunk, true)
+            .import_chunk(
+                TenantId(r.tenant_id),
+                ConversationId(r.conversation_id),
+                chunk,
+                true,
+            )
             .await?;
         self.stored_chunk();
         Ok(CopyResponse {

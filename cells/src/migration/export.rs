@@ -1,6 +1,7 @@
 //! Source side: many conversations' or homes' next chunks in one answer,
 //! read off the request threads.
 
+use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
 use cellmesh_proto::v1::*;
 use tonic::Status;
 
@@ -23,8 +24,8 @@ impl Mover {
                     break;
                 }
                 let chunk = service.export_conversation(
-                    r.tenant_id,
-                    item.conversation_id,
+                    TenantId(r.tenant_id),
+                    ConversationId(item.conversation_id),
                     item.after_seq,
                     limit,
                 )?;
@@ -47,7 +48,7 @@ impl Mover {
                 if bytes >= MAX_BYTES {
                     break;
                 }
-                let user = UserKey::new(r.tenant_id, item.user_id);
+                let user = UserKey::new(TenantId(r.tenant_id), UserId(item.user_id));
                 let mut chunk = sync.export_user(user, item.after_pts, limit, false)?;
                 chunk.state = sync.export_user(user, 0, 0, true)?.state;
                 bytes += prost::Message::encoded_len(&chunk);

@@ -1,6 +1,7 @@
 //! Target side: copying users' homes (sync queue, conversation list,
 //! cursors) from the source, checksummed chunk by chunk, one home or many.
 
+use cellmesh_proto::ids::{TenantId, UserId};
 use cellmesh_proto::storage::v1::SyncRecord;
 use cellmesh_proto::v1::*;
 use tonic::{Request, Status};
@@ -108,7 +109,7 @@ fn user_import(
     state: Option<UserState>,
 ) -> UserImport {
     UserImport {
-        user: UserKey::new(tenant, user),
+        user: UserKey::new(TenantId(tenant), UserId(user)),
         source: source.to_string(),
         reset,
         events,

@@ -2,6 +2,7 @@
 //! and home's latest position, and what changed since the last answer),
 //! and under the freeze its seal.
 
+use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
 use cellmesh_proto::v1::*;
 use tonic::Status;
 
@@ -30,7 +31,8 @@ impl Mover {
         let sealed = started.elapsed();
         // The cut comes before the reads: what is written after it is in
         // the next answer.
-        let cut = (!r.only_users).then(|| messages.store().changes().cut(tenant, r.since));
+        let cut =
+            (!r.only_users).then(|| messages.store().changes().cut(TenantId(tenant), r.since));
         let changed = cut.as_ref().and_then(|c| c.changed.clone());
         let (service, sync, incremental, users) = (
             self.service.clone(),
@@ -44,11 +46,17 @@ impl Mover {
                 Some(changed) => {
                     let mut extra = users;
                     extra.extend(changed.users);
-                    (service.of_tenant(tenant, &changed.conversations)?, extra)
+                    (
+                        service.of_tenant(
+                            TenantId(tenant),
+                            &ConversationId::many(&changed.conversations),
+                        )?,
+                        extra,
+                    )
                 }
-                None => (service.tenant_conversation_ids(tenant)?, users),
+                None => (service.tenant_conversation_ids(TenantId(tenant))?, users),
             };
-            let users = sync.tenant_user_ids(&conversations, &extra)?;
+            let users = sync.tenant_user_ids(&conversations, &UserId::many(&extra))?;
             Ok((conversations, users))
         })
         .await?;
@@ -56,10 +64,10 @@ impl Mover {
         if r.seal {
             if r.only_users {
                 (self.sync)
-                    .seal_tenant_users(tenant, &users, r.epoch, &self.inbound)
+                    .seal_tenant_users(TenantId(tenant), &users, r.epoch, &self.inbound)
                     .await?;
             } else {
-                messages.mark_tenant_sealed(tenant).await?;
+                messages.mark_tenant_sealed(TenantId(tenant)).await?;
                 let sync = self.sync.clone();
                 tokio::spawn(async move {
                     // Off the freeze: the switch comes first.
@@ -76,7 +84,7 @@ impl Mover {
         let (service, sync, digest) = (self.service.clone(), self.sync.clone(), r.with_digest);
         let (conversations, users) = tokio::try_join!(
             blocking(move || service.conversation_marks(&conversations, digest)),
-            blocking(move || sync.user_marks(tenant, &users, digest)),
+            blocking(move || sync.user_marks(TenantId(tenant), &users, digest)),
         )?;
         if r.seal {
             tracing::info!(

@@ -3,6 +3,7 @@
 //! its manifest names that its own tier lacks (checked against their
 //! checksums), so the handed-over manifest only names objects it can read.
 
+use cellmesh_proto::ids::{ConversationId, TenantId};
 use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::storage::v1::SegmentEntry;
 use cellmesh_proto::v1::FetchSegmentRequest;
@@ -21,14 +22,14 @@ pub(crate) async fn fetch_missing(
     service: &MessageService,
     secret: &ClusterSecret,
     source: &mut CellPeerClient<Channel>,
-    tenant: u64,
-    conversation: u64,
+    tenant: TenantId,
+    conversation: ConversationId,
     segments: &[SegmentEntry],
 ) -> Result<(), CellError> {
     for entry in service.segments_to_fetch(segments).await? {
         let mut request = Request::new(FetchSegmentRequest {
-            tenant_id: tenant,
-            conversation_id: conversation,
+            tenant_id: tenant.get(),
+            conversation_id: conversation.get(),
             key: entry.key.clone(),
         });
         secret.attach(&mut request);

@@ -4,6 +4,7 @@
 //! (the standbys' queue, and a cell of an earlier release that serves no
 //! streams).
 
+use cellmesh_proto::ids::{TenantId, UserId};
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
@@ -31,7 +32,7 @@ impl From<DeliverBatchResponse> for Answer {
     fn from(response: DeliverBatchResponse) -> Self {
         Answer {
             refused_users: (response.refused.iter())
-                .map(|u| UserKey::new(u.tenant_id, u.user_id))
+                .map(|u| UserKey::new(TenantId(u.tenant_id), UserId(u.user_id)))
                 .collect(),
             deferred: response.deferred_standby_events,
         }

@@ -14,6 +14,7 @@
 //! the one before it (a user's events keep their target until answered,
 //! and the stream keeps their order; see [`super::deliver_stream`]).
 
+use cellmesh_proto::ids::{TenantId, UserId};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
@@ -435,7 +436,7 @@ fn block_held(pass: &mut Pass, open: &Open) {
 
 /// The user a (non-meta) event is for.
 fn user_of(e: &PeerEvent) -> UserKey {
-    UserKey::new(e.tenant_id, e.user_id)
+    UserKey::new(TenantId(e.tenant_id), UserId(e.user_id))
 }
 
 /// Drops a delivered record, or keeps what is left of it, in order, in its

@@ -5,6 +5,7 @@
 //! standbys. The processor reads membership through a [`Members`] view,
 //! executes the plan (appends, forwards, pushes) and commits it.
 
+use cellmesh_proto::ids::UserId;
 use cellmesh_proto::storage::v1::{OutboxEvent, OutboxKind, SyncRecord};
 use cellmesh_proto::v1::{ConversationHint, SyncEventKind};
 
@@ -13,7 +14,7 @@ pub trait Members {
     type Error;
     /// Every member (ids ascending).
     fn all(&self) -> Result<Vec<u64>, Self::Error>;
-    fn contains(&self, user: u64) -> Result<bool, Self::Error>;
+    fn contains(&self, user: UserId) -> Result<bool, Self::Error>;
 }
 
 /// Where the event's effects go.
@@ -97,7 +98,7 @@ pub fn plan<M: Members>(
             targets.dedup();
             let mut users = Vec::with_capacity(targets.len());
             for user in targets {
-                if members.contains(user)? {
+                if members.contains(UserId(user))? {
                     users.push(user);
                 }
             }
@@ -124,7 +125,7 @@ pub fn plan<M: Members>(
             let mut records = Vec::with_capacity(event.items.len());
             for user in &event.items {
                 let mut record = record.clone();
-                if !members.contains(*user)? {
+                if !members.contains(UserId(*user))? {
                     record.kind = SyncEventKind::Left as i32;
                 }
                 records.push((*user, record));
@@ -152,8 +153,8 @@ mod tests {
         fn all(&self) -> Result<Vec<u64>, Infallible> {
             Ok(self.0.clone())
         }
-        fn contains(&self, user: u64) -> Result<bool, Infallible> {
-            Ok(self.0.contains(&user))
+        fn contains(&self, user: UserId) -> Result<bool, Infallible> {
+            Ok(self.0.contains(&user.get()))
         }
     }
 

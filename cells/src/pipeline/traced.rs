@@ -7,6 +7,7 @@
 //! it is durable and announced. A large group's event that no sampled send
 //! traces starts its own `fanout` trace, kept at the large-group ratio.
 
+use cellmesh_proto::ids::{ConversationId, UserId};
 use std::collections::HashMap;
 
 use cellmesh_telemetry::trace::{self, follow, sampler::LARGE_GROUP, traceparent};
@@ -59,7 +60,7 @@ impl BatchTrace {
 /// The `fanout` span of an event from this cell's queue.
 pub(super) fn fanout(
     parent: &str,
-    conversation: u64,
+    conversation: ConversationId,
     seq: u64,
     members: usize,
     large: bool,
@@ -69,7 +70,7 @@ pub(super) fn fanout(
     }
     let span = tracing::info_span!(
         "fanout",
-        conv_id = conversation,
+        conv_id = conversation.get(),
         seq,
         members,
         { LARGE_GROUP } = large
@@ -81,10 +82,20 @@ pub(super) fn fanout(
 }
 
 /// The `deliver` span of an event another cell forwarded here.
-pub(super) fn deliver(parent: &str, conversation: u64, seq: u64, user: u64) -> Option<Span> {
+pub(super) fn deliver(
+    parent: &str,
+    conversation: ConversationId,
+    seq: u64,
+    user: UserId,
+) -> Option<Span> {
     if parent.is_empty() || !trace::enabled() {
         return None;
     }
-    let span = tracing::info_span!("deliver", conv_id = conversation, seq, user_id = user);
+    let span = tracing::info_span!(
+        "deliver",
+        conv_id = conversation.get(),
+        seq,
+        user_id = user.get()
+    );
     follow(&span, parent).then_some(span)
 }

@@ -10,6 +10,7 @@ pub mod embedded;
 pub mod kafka;
 pub mod partitioned;
 
+use cellmesh_proto::ids::ConversationId;
 use std::time::Duration;
 
 use cellmesh_proto::storage::v1::QueuedEvent;
@@ -88,9 +89,9 @@ pub trait EventConsumer: Send {
 }
 
 /// The partition of a conversation's events.
-pub fn partition_of(conversation: u64, partitions: u32) -> u32 {
+pub fn partition_of(conversation: ConversationId, partitions: u32) -> u32 {
     // Fibonacci hashing spreads sequential ids evenly.
-    let h = conversation.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let h = conversation.get().wrapping_mul(0x9E37_79B9_7F4A_7C15);
     ((h >> 32) % u64::from(partitions.max(1))) as u32
 }
 

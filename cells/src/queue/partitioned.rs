@@ -10,6 +10,7 @@
 //! after the finalize reads the outbox in place ([`super::embedded`]),
 //! draining what is left here first.
 
+use cellmesh_proto::ids::ConversationId;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -67,7 +68,7 @@ impl EventQueue for PartitionedQueue {
             let mut m = Mutation::new();
             for event in &events {
                 let conversation = event.event.as_ref().map_or(0, |e| e.conversation_id);
-                let p = partition_of(conversation, self.partitions);
+                let p = partition_of(ConversationId(conversation), self.partitions);
                 last[p as usize] += 1;
                 m.put_queued(p, last[p as usize], event);
             }

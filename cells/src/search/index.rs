@@ -4,6 +4,7 @@
 //! what a query filters and sorts on; the text is analyzed, not stored —
 //! hits are read back from the cell's history, as `Pull` reads them.
 
+use cellmesh_proto::ids::ConversationId;
 use std::ops::Bound;
 use std::path::Path;
 use std::sync::Mutex;
@@ -57,7 +58,7 @@ fn schema(language: Language) -> (Schema, Fields) {
     (b.build(), fields)
 }
 
-fn key(conversation: u64, seq: u64) -> String {
+fn key(conversation: ConversationId, seq: u64) -> String {
     format!("{conversation}/{seq}")
 }
 
@@ -155,7 +156,7 @@ impl TenantIndex {
     pub fn upsert(&self, m: &IndexedMessage) -> Result<(), SearchError> {
         let f = self.fields;
         let mut doc = TantivyDocument::default();
-        doc.add_text(f.key, key(m.conversation, m.seq));
+        doc.add_text(f.key, key(ConversationId(m.conversation), m.seq));
         doc.add_u64(f.conversation, m.conversation);
         doc.add_u64(f.seq, m.seq);
         doc.add_u64(f.msg_id, m.msg_id);
@@ -163,13 +164,16 @@ impl TenantIndex {
         doc.add_u64(f.ts, m.ts_ms);
         doc.add_text(f.text, &m.text);
         let writer = self.writer();
-        writer.delete_term(Term::from_field_text(f.key, &key(m.conversation, m.seq)));
+        writer.delete_term(Term::from_field_text(
+            f.key,
+            &key(ConversationId(m.conversation), m.seq),
+        ));
         writer.add_document(doc)?;
         Ok(())
     }
 
     /// Removes the message at (conversation, seq), if indexed.
-    pub fn remove(&self, conversation: u64, seq: u64) {
+    pub fn remove(&self, conversation: ConversationId, seq: u64) {
         let term = Term::from_field_text(self.fields.key, &key(conversation, seq));
         self.writer().delete_term(term);
     }
@@ -177,11 +181,11 @@ impl TenantIndex {
     /// Removes the messages of `conversation` in `seqs` (all: `None`).
     pub fn remove_history(
         &self,
-        conversation: u64,
+        conversation: ConversationId,
         seqs: Option<(u64, u64)>,
     ) -> Result<(), SearchError> {
         let f = self.fields;
-        let term = Term::from_field_u64(f.conversation, conversation);
+        let term = Term::from_field_u64(f.conversation, conversation.get());
         let Some((first, last)) = seqs else {
             self.writer().delete_term(term);
             return Ok(());

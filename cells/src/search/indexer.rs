@@ -8,6 +8,7 @@
 //! the two redelivers events whose documents are already there — and
 //! replacing a document by its key adds nothing twice.
 
+use cellmesh_proto::ids::{ConversationId, TenantId};
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -118,16 +119,16 @@ async fn apply(
     messages: &MessageService,
     event: &OutboxEvent,
 ) -> Result<bool, PipelineError> {
-    if !search.config.searchable(event.tenant_id) {
+    if !search.config.searchable(TenantId(event.tenant_id)) {
         return Ok(false);
     }
     let kind = OutboxKind::try_from(event.kind).unwrap_or(OutboxKind::Unspecified);
-    let index = search.tenant(event.tenant_id)?;
+    let index = search.tenant(TenantId(event.tenant_id))?;
     let conversation = event.conversation_id;
     let (first, last) = match kind {
         OutboxKind::Message | OutboxKind::Edit => (event.seq, event.seq),
         OutboxKind::Recall => {
-            index.remove(conversation, event.seq);
+            index.remove(ConversationId(conversation), event.seq);
             return Ok(true);
         }
         OutboxKind::HistoryDropped => {
@@ -135,7 +136,7 @@ async fn apply(
                 [first, last] => Some((first, last)),
                 _ => None,
             };
-            index.remove_history(conversation, seqs)?;
+            index.remove_history(ConversationId(conversation), seqs)?;
             return Ok(true);
         }
         OutboxKind::HistoryImported => match event.items[..] {
@@ -144,10 +145,10 @@ async fn apply(
         },
         _ => return Ok(false),
     };
-    let after = index_range(&index, messages, conversation, first, last).await?;
+    let after = index_range(&index, messages, ConversationId(conversation), first, last).await?;
     // A single message no longer in the history (dropped since): out.
     if first == last && after < first {
-        index.remove(conversation, first);
+        index.remove(ConversationId(conversation), first);
     }
     Ok(true)
 }
@@ -157,7 +158,7 @@ async fn apply(
 async fn index_range(
     index: &TenantIndex,
     messages: &MessageService,
-    conversation: u64,
+    conversation: ConversationId,
     first: u64,
     last: u64,
 ) -> Result<u64, PipelineError> {
@@ -173,7 +174,7 @@ async fn index_range(
         for (seq, record) in page {
             match text_of(&record) {
                 Some(text) => index.upsert(&IndexedMessage {
-                    conversation,
+                    conversation: conversation.get(),
                     seq,
                     msg_id: record.msg_id,
                     sender: record.sender_id,
@@ -205,12 +206,12 @@ async fn build(search: &Search, messages: &MessageService) -> Result<(), Pipelin
         };
         let mut touched = HashSet::new();
         for (id, record) in page {
-            if !search.config.searchable(record.tenant_id) {
+            if !search.config.searchable(TenantId(record.tenant_id)) {
                 continue;
             }
-            let latest = store.conv_seq(id)?.latest_seq;
-            let index = search.tenant(record.tenant_id)?;
-            index_range(&index, messages, id, 1, latest).await?;
+            let latest = store.conv_seq(ConversationId(id))?.latest_seq;
+            let index = search.tenant(TenantId(record.tenant_id))?;
+            index_range(&index, messages, ConversationId(id), 1, latest).await?;
             touched.insert(record.tenant_id);
         }
         search.commit(touched)?;

@@ -8,6 +8,7 @@ pub mod analyzer;
 pub mod index;
 pub mod indexer;
 
+use cellmesh_proto::ids::TenantId;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -49,7 +50,7 @@ pub struct SearchConfig {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct TenantSearch {
-    pub tenant: u64,
+    pub tenant: TenantId,
     #[serde(default)]
     pub language: Option<Language>,
     /// The tenant's clients encrypt end to end: the server holds no
@@ -90,16 +91,16 @@ impl SearchConfig {
         Ok(())
     }
 
-    fn tenant(&self, tenant: u64) -> Option<&TenantSearch> {
+    fn tenant(&self, tenant: TenantId) -> Option<&TenantSearch> {
         self.tenants.iter().find(|t| t.tenant == tenant)
     }
 
     /// Whether `tenant`'s messages are indexed and searchable.
-    pub fn searchable(&self, tenant: u64) -> bool {
+    pub fn searchable(&self, tenant: TenantId) -> bool {
         self.enabled && !self.tenant(tenant).is_some_and(|t| t.end_to_end_encrypted)
     }
 
-    pub fn language(&self, tenant: u64) -> Language {
+    pub fn language(&self, tenant: TenantId) -> Language {
         self.tenant(tenant)
             .and_then(|t| t.language)
             .unwrap_or(self.language)
@@ -123,9 +124,9 @@ impl Search {
     }
 
     /// `tenant`'s index, opened (or created) now if it is not open.
-    pub fn tenant(&self, tenant: u64) -> Result<Arc<TenantIndex>, SearchError> {
+    pub fn tenant(&self, tenant: TenantId) -> Result<Arc<TenantIndex>, SearchError> {
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(index) = open.get(&tenant) {
+        if let Some(index) = open.get(&tenant.get()) {
             return Ok(index.clone());
         }
         let index = Arc::new(TenantIndex::open(
@@ -133,14 +134,14 @@ impl Search {
             self.config.language(tenant),
             self.config.writer_heap_mb as usize * 1024 * 1024,
         )?);
-        open.insert(tenant, index.clone());
+        open.insert(tenant.get(), index.clone());
         Ok(index)
     }
 
     /// Commits every open index that has pending changes.
     pub fn commit(&self, tenants: impl IntoIterator<Item = u64>) -> Result<(), SearchError> {
         for tenant in tenants {
-            self.tenant(tenant)?.commit()?;
+            self.tenant(TenantId(tenant))?.commit()?;
         }
         Ok(())
     }

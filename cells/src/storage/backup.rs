@@ -8,6 +8,7 @@
 //! they already passed), stored device cursors are forgotten and the
 //! search index is rebuilt.
 
+use cellmesh_proto::ids::ConversationId;
 use std::path::Path;
 
 use cellmesh_proto::storage::v1::{ConversationSeq, SeqJump};
@@ -57,7 +58,7 @@ impl Store {
     pub fn resume_restored(&self, floors: &[(u64, u64)], queues: &[Queue]) -> Result<()> {
         let mut batch = WriteBatch::default();
         for &(conversation, floor) in floors {
-            let mut seq = self.conv_seq(conversation)?;
+            let mut seq = self.conv_seq(ConversationId(conversation))?;
             let below = seq.latest_seq.max(seq.seq_floor);
             if floor <= below {
                 continue;

@@ -11,6 +11,7 @@
 //! [`WATCH_TTL`], does not know an older token, and the caller lists
 //! everything again.
 
+use cellmesh_proto::ids::{TenantId, UserId};
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -118,7 +119,7 @@ impl Changes {
     /// since `since` (0: nothing known, list everything). The answer's
     /// token covers every batch noted after this call; changes older than
     /// `since` are forgotten.
-    pub fn cut(&self, tenant: u64, since: u64) -> Cut {
+    pub fn cut(&self, tenant: TenantId, since: u64) -> Cut {
         let mut inner = self.inner.lock().expect("changes lock");
         let now = Instant::now();
         inner
@@ -128,7 +129,7 @@ impl Changes {
         inner.generation += 1;
         let generation = inner.generation;
         let from = (since >> 32 == u64::from(incarnation)).then_some(since as u32);
-        let watch = inner.watches.entry(tenant).or_insert(Watch {
+        let watch = inner.watches.entry(tenant.get()).or_insert(Watch {
             armed_at: generation,
             asked_from: generation,
             asked: now,
@@ -144,7 +145,7 @@ impl Changes {
                 .map(|(&id, _)| id)
                 .collect();
             let mut users: Vec<u64> = (inner.users.iter())
-                .filter(|&(u, &g)| u.tenant.get() == tenant && g >= from)
+                .filter(|&(u, &g)| u.tenant.get() == tenant.get() && g >= from)
                 .map(|(u, _)| u.user.get())
                 .collect();
             conversations.sort_unstable();
@@ -200,7 +201,7 @@ fn touched(name: &str, key: &[u8]) -> Option<Touched> {
         cf::SYNC | cf::CONV_LIST | cf::MUTED | cf::DEVICE_CURSOR | cf::QUEUE_ID => {
             let tenant = keys::first_u64(key)?;
             let user = keys::first_u64(key.get(8..)?)?;
-            Some(Touched::User(UserKey::new(tenant, user)))
+            Some(Touched::User(UserKey::new(TenantId(tenant), UserId(user))))
         }
         _ => None,
     }
@@ -220,37 +221,47 @@ mod tests {
         let changes = Changes::new();
         // Nothing is noted before a watch.
         changes.note(&[put(cf::MESSAGES, &keys::message(ConversationId(9), Seq(1)))]);
-        let first = changes.cut(1, 0);
+        let first = changes.cut(TenantId(1), 0);
         assert_eq!(first.changed, None, "no token: list everything");
         changes.note(&[
             put(cf::MESSAGES, &keys::message(ConversationId(5), Seq(1))),
-            put(cf::SYNC, &keys::user_item(UserKey::new(1, 7), 3)),
-            put(cf::SYNC, &keys::user_item(UserKey::new(2, 7), 3)),
-            put(cf::META, &keys::meta::rewrites(6)),
+            put(
+                cf::SYNC,
+                &keys::user_item(UserKey::new(TenantId(1), UserId(7)), 3),
+            ),
+            put(
+                cf::SYNC,
+                &keys::user_item(UserKey::new(TenantId(2), UserId(7)), 3),
+            ),
+            put(cf::META, &keys::meta::rewrites(ConversationId(6))),
             put(cf::META, &keys::meta::open_upload(ConversationId(8), 3)),
             put(cf::OUTBOX, &1u64.to_be_bytes()),
         ]);
-        let second = changes.cut(1, first.token);
+        let second = changes.cut(TenantId(1), first.token);
         let changed = second.changed.expect("a known token");
         assert_eq!(changed.conversations, vec![5, 6, 8]);
         assert_eq!(changed.users, vec![7], "only the watched tenant's homes");
         // Nothing since: nothing changed.
-        let third = changes.cut(1, second.token);
+        let third = changes.cut(TenantId(1), second.token);
         assert_eq!(third.changed, Some(Changed::default()));
         // Asking again from the older token still answers (a lost answer).
-        let again = changes.cut(1, second.token).changed.unwrap();
+        let again = changes.cut(TenantId(1), second.token).changed.unwrap();
         assert!(again.conversations.is_empty());
     }
 
     #[test]
     fn a_token_of_another_life_or_before_the_watch_lists_everything() {
         let (a, b) = (Changes::new(), Changes::new());
-        let token = a.cut(1, 0).token;
-        b.cut(1, 0);
-        assert_eq!(b.cut(1, token).changed, None, "another life's token");
+        let token = a.cut(TenantId(1), 0).token;
+        b.cut(TenantId(1), 0);
+        assert_eq!(
+            b.cut(TenantId(1), token).changed,
+            None,
+            "another life's token"
+        );
         // A token from before tenant 2 was watched does not cover it.
-        let early = a.cut(1, token).token;
-        a.cut(2, 0);
-        assert_eq!(a.cut(2, early).changed, None);
+        let early = a.cut(TenantId(1), token).token;
+        a.cut(TenantId(2), 0);
+        assert_eq!(a.cut(TenantId(2), early).changed, None);
     }
 }

@@ -7,6 +7,7 @@
 //! queue in proportion to the homes copied.
 
 use crate::user::UserKey;
+use cellmesh_proto::ids::ConversationId;
 
 use super::keys::{self, cf};
 use super::{Mutation, Op, Result, Store};
@@ -63,14 +64,14 @@ impl Store {
     /// cold manifest; the objects are the new owner's), read positions and
     /// hidden marks; its record and members stay (a standby's copy, tenant
     /// listings).
-    pub fn drop_history(&self, m: &mut Mutation, conversation: u64) -> Result<()> {
-        let (from, to) = keys::prefixed_by(conversation);
+    pub fn drop_history(&self, m: &mut Mutation, conversation: ConversationId) -> Result<()> {
+        let (from, to) = keys::prefixed_by(conversation.get());
         for name in [cf::MESSAGES, cf::READ_STATE, cf::HIDDEN, cf::MANIFEST] {
             self.delete_span(m, name, from.clone(), to.clone())?;
         }
         m.ops.push(Op::Delete(
             cf::CONV_SEQ,
-            keys::u64_key(conversation).to_vec(),
+            keys::u64_key(conversation.get()).to_vec(),
         ));
         Ok(())
     }
@@ -78,6 +79,7 @@ impl Store {
 
 #[cfg(test)]
 mod tests {
+    use cellmesh_proto::ids::{TenantId, UserId};
     use cellmesh_proto::storage::v1::{ConvListEntry, MessageRecord, SyncRecord};
 
     use super::super::testing::store;
@@ -97,8 +99,8 @@ mod tests {
         for pts in 1..=events {
             m.put_sync(user, pts, &SyncRecord::default());
         }
-        m.put_conv_list(user, 9, &ConvListEntry::default());
-        m.set_muted(user, 9, true);
+        m.put_conv_list(user, ConversationId(9), &ConvListEntry::default());
+        m.set_muted(user, ConversationId(9), true);
         m.raise_device_cursor(user, "phone", events);
         m.set_queue_id(user, 5);
         store.commit(m).await.unwrap();
@@ -107,7 +109,11 @@ mod tests {
     #[tokio::test]
     async fn a_small_home_is_cleared_key_by_key_and_a_large_one_by_range() {
         let (_dir, store) = store();
-        let (small, large, other) = (UserKey::new(1, 7), UserKey::new(1, 8), UserKey::new(2, 7));
+        let (small, large, other) = (
+            UserKey::new(TenantId(1), UserId(7)),
+            UserKey::new(TenantId(1), UserId(8)),
+            UserKey::new(TenantId(2), UserId(7)),
+        );
         fill_home(&store, small, 10).await;
         fill_home(&store, large, POINT_DELETES as u64 + 1).await;
         fill_home(&store, other, 3).await;
@@ -122,7 +128,7 @@ mod tests {
         for user in [small, large] {
             assert_eq!(store.user_pts(user).unwrap(), 0);
             assert!(store.conv_list(user).unwrap().is_empty());
-            assert!(!store.muted(user, 9).unwrap());
+            assert!(!store.muted(user, ConversationId(9)).unwrap());
             assert_eq!(store.queue_id(user).unwrap(), 0);
         }
         assert_eq!(
@@ -130,7 +136,7 @@ mod tests {
             3,
             "another tenant's user stays"
         );
-        assert!(store.muted(other, 9).unwrap());
+        assert!(store.muted(other, ConversationId(9)).unwrap());
     }
 
     #[tokio::test]
@@ -139,15 +145,22 @@ mod tests {
         let mut m = Mutation::new();
         for conversation in [41, 42, 43] {
             for seq in 1..=5 {
-                m.put_message(conversation, seq, &MessageRecord::default());
+                m.put_message(ConversationId(conversation), seq, &MessageRecord::default());
             }
         }
         store.commit(m).await.unwrap();
         let mut m = Mutation::new();
-        store.drop_history(&mut m, 42).unwrap();
+        store.drop_history(&mut m, ConversationId(42)).unwrap();
         assert_eq!(ranges(&m), 0);
         store.commit(m).await.unwrap();
         let left = |c| store.messages_after(c, 0, 100, usize::MAX).unwrap().len();
-        assert_eq!((left(41), left(42), left(43)), (5, 0, 5));
+        assert_eq!(
+            (
+                left(ConversationId(41)),
+                left(ConversationId(42)),
+                left(ConversationId(43))
+            ),
+            (5, 0, 5)
+        );
     }
 }

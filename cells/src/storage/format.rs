@@ -11,6 +11,7 @@
 //! A record that none of these attributes refuses the open with
 //! [`StorageError::Format`], naming the user, before anything is written.
 
+use cellmesh_proto::ids::{TenantId, UserId};
 use std::collections::{BTreeSet, HashMap};
 
 use cellmesh_proto::storage::v1::{ConversationRecord, SyncRecord};
@@ -89,19 +90,19 @@ impl Tenancy {
 
     /// The tenants a record of `user` belongs to: that of `conversation`
     /// when it is known here, else the user's or the store's only tenant.
-    fn of(&self, user: u64, conversation: Option<u64>) -> Result<Vec<u64>> {
+    fn of(&self, user: UserId, conversation: Option<u64>) -> Result<Vec<u64>> {
         if let Some(tenant) = conversation.and_then(|c| self.conversations.get(&c)) {
             return Ok(vec![*tenant]);
         }
         let only = |set: &BTreeSet<u64>| (set.len() == 1).then(|| set.iter().copied().collect());
         if conversation.is_none()
-            && let Some(known) = self.users.get(&user).filter(|s| !s.is_empty())
+            && let Some(known) = self.users.get(&user.get()).filter(|s| !s.is_empty())
         {
             // State of the user as a whole (cursors, queue id): every
             // tenant they have records in keeps a copy.
             return Ok(known.iter().copied().collect());
         }
-        if let Some(tenants) = self.users.get(&user).and_then(only) {
+        if let Some(tenants) = self.users.get(&user.get()).and_then(only) {
             return Ok(tenants);
         }
         if let Some(tenants) = only(&self.tenants) {
@@ -151,9 +152,9 @@ fn upgrade_v1(db: &DB, batch: &mut WriteBatch) -> Result<u64> {
                 }
                 _ => item,
             };
-            for tenant in tenancy.of(user, Some(conversation))? {
+            for tenant in tenancy.of(UserId(user), Some(conversation))? {
                 seen.entry(user).or_default().insert(tenant);
-                let new = keys::user_item(UserKey::new(tenant, user), item);
+                let new = keys::user_item(UserKey::new(TenantId(tenant), UserId(user)), item);
                 batch.put_cf(handle(db, name), new, &value);
             }
             batch.delete_cf(handle(db, name), &key);
@@ -163,7 +164,7 @@ fn upgrade_v1(db: &DB, batch: &mut WriteBatch) -> Result<u64> {
     let tenants_of = |user: u64| -> Result<Vec<u64>> {
         match seen.get(&user) {
             Some(tenants) => Ok(tenants.iter().copied().collect()),
-            None => tenancy.of(user, None),
+            None => tenancy.of(UserId(user), None),
         }
     };
     for item in db.iterator_cf(handle(db, cf::DEVICE_CURSOR), IteratorMode::Start) {
@@ -174,7 +175,7 @@ fn upgrade_v1(db: &DB, batch: &mut WriteBatch) -> Result<u64> {
             .ok_or_else(|| corrupt(cf::DEVICE_CURSOR, "format-1 key"))?;
         let device = String::from_utf8_lossy(device);
         for tenant in tenants_of(user)? {
-            let new = keys::device(UserKey::new(tenant, user), &device);
+            let new = keys::device(UserKey::new(TenantId(tenant), UserId(user)), &device);
             batch.put_cf(handle(db, cf::DEVICE_CURSOR), new, &value);
         }
         batch.delete_cf(handle(db, cf::DEVICE_CURSOR), &key);
@@ -184,7 +185,7 @@ fn upgrade_v1(db: &DB, batch: &mut WriteBatch) -> Result<u64> {
         let (key, value) = item?;
         let user = keys::decode_u64(&key).ok_or_else(|| corrupt(cf::QUEUE_ID, "format-1 key"))?;
         for tenant in tenants_of(user)? {
-            let new = keys::user(UserKey::new(tenant, user));
+            let new = keys::user(UserKey::new(TenantId(tenant), UserId(user)));
             batch.put_cf(handle(db, cf::QUEUE_ID), new, &value);
         }
         batch.delete_cf(handle(db, cf::QUEUE_ID), &key);
@@ -202,7 +203,7 @@ fn upgrade_v1(db: &DB, batch: &mut WriteBatch) -> Result<u64> {
         let tenant = keys::decode_u64(tenant).ok_or_else(bad)?;
         batch.put_cf(
             handle(db, cf::META),
-            keys::meta::moved(*kind, tenant, id),
+            keys::meta::moved(*kind, TenantId(tenant), id),
             at,
         );
         batch.delete_cf(handle(db, cf::META), &key);
@@ -249,6 +250,7 @@ mod tests {
     use super::*;
     use crate::storage::Store;
     use crate::storage::testing::config;
+    use cellmesh_proto::ids::ConversationId;
     use cellmesh_proto::storage::v1::ConvListEntry;
 
     /// Writes a format-1 database: conversation 100 of tenant 1 and 200 of
@@ -314,7 +316,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         write_v1(dir.path(), false);
         let store = Store::open(dir.path(), &config()).unwrap();
-        let (a, b) = (UserKey::new(1, 2), UserKey::new(2, 2));
+        let (a, b) = (
+            UserKey::new(TenantId(1), UserId(2)),
+            UserKey::new(TenantId(2), UserId(2)),
+        );
         let convs = |u| {
             store
                 .sync_after(u, 0, 10)
@@ -335,12 +340,17 @@ mod tests {
         };
         assert_eq!(list(a), vec![100]);
         assert_eq!(list(b), vec![200]);
-        assert!(!store.muted(a, 200).unwrap());
-        assert!(store.muted(b, 200).unwrap());
+        assert!(!store.muted(a, ConversationId(200)).unwrap());
+        assert!(store.muted(b, ConversationId(200)).unwrap());
         assert_eq!(store.device_cursor(a, "phone").unwrap(), 2);
         assert_eq!(store.device_cursor(b, "phone").unwrap(), 2);
         assert_eq!(store.queue_id(a).unwrap(), 77);
-        assert_eq!(store.queue_id(UserKey::new(3, 2)).unwrap(), 0);
+        assert_eq!(
+            store
+                .queue_id(UserKey::new(TenantId(3), UserId(2)))
+                .unwrap(),
+            0
+        );
         let moved = store.moved(super::super::moved::USER).unwrap();
         assert_eq!(moved.len(), 1);
         assert_eq!(

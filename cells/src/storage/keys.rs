@@ -83,7 +83,7 @@ pub mod cf {
 
 /// Keys of the `meta` column family.
 pub mod meta {
-    use cellmesh_proto::ids::ConversationId;
+    use cellmesh_proto::ids::{ConversationId, TenantId};
 
     /// Time (ms) up to which message ids may have been issued.
     pub const MSG_ID_RESERVED_UNTIL: &[u8] = b"msg_id_reserved_until_ms";
@@ -104,28 +104,28 @@ pub mod meta {
 
     /// A conversation whose history below its failover floor was copied
     /// back from the failed cell (value: the last seq copied).
-    pub fn backfilled(conversation: u64) -> Vec<u8> {
+    pub fn backfilled(conversation: ConversationId) -> Vec<u8> {
         [b"backfilled/".as_slice(), &conversation.to_be_bytes()].concat()
     }
 
     /// A conversation of another cell whose new messages this standby has
     /// stored synchronously since this seq (value), each before its owner
     /// acknowledged it (replication mode `sync`).
-    pub fn replica_from(conversation: u64) -> Vec<u8> {
+    pub fn replica_from(conversation: ConversationId) -> Vec<u8> {
         [b"replica_from/".as_slice(), &conversation.to_be_bytes()].concat()
     }
 
     /// A conversation (`b'c'`) or user home (`b'u'`) of `tenant` this cell
     /// handed over by a move: the value is when the source was sealed (ms),
     /// for cleanup after the grace period.
-    pub fn moved(kind: u8, tenant: u64, id: u64) -> Vec<u8> {
+    pub fn moved(kind: u8, tenant: TenantId, id: u64) -> Vec<u8> {
         [MOVED, &[kind], &tenant.to_be_bytes(), &id.to_be_bytes()].concat()
     }
 
     /// A segment object uploaded for `conversation` at `seq_start` whose
     /// manifest entry may not have committed (value: when, ms); the entry's
     /// commit removes it, the sweep deletes the object of one left behind.
-    pub fn tier_pending(conversation: u64, seq_start: u64, object: &str) -> Vec<u8> {
+    pub fn tier_pending(conversation: ConversationId, seq_start: u64, object: &str) -> Vec<u8> {
         [
             TIER_PENDING,
             &conversation.to_be_bytes(),
@@ -143,7 +143,7 @@ pub mod meta {
 
     /// How many times existing messages of a conversation were rewritten
     /// (recall, edit): a migration re-verifies old history only if it moved.
-    pub fn rewrites(conversation: u64) -> Vec<u8> {
+    pub fn rewrites(conversation: ConversationId) -> Vec<u8> {
         [REWRITES, &conversation.to_be_bytes()].concat()
     }
 
@@ -345,7 +345,10 @@ mod tests {
 
     #[test]
     fn user_keys_separate_tenants_with_the_same_user_id() {
-        let (a, b) = (UserKey::new(1, 2), UserKey::new(2, 2));
+        let (a, b) = (
+            UserKey::new(TenantId(1), UserId(2)),
+            UserKey::new(TenantId(2), UserId(2)),
+        );
         assert_ne!(user_item(a, 7), user_item(b, 7));
         assert_ne!(device(a, "phone"), device(b, "phone"));
         let (from, to) = user_items(a);
@@ -357,7 +360,7 @@ mod tests {
         let other = device(b, "phone");
         assert!(!(from <= other && other < to));
         // The next user of the same tenant is outside the range too.
-        let next = device(UserKey::new(1, 3), "");
+        let next = device(UserKey::new(TenantId(1), UserId(3)), "");
         assert!(next >= to);
         assert_eq!(device_of(&key), Some(b"phone".as_slice()));
     }

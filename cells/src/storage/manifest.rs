@@ -26,20 +26,16 @@ pub struct PendingUpload {
 impl Mutation {
     /// Commits a segment and removes the hot rows `(after, through]` it
     /// now holds.
-    pub fn tier_segment(&mut self, conversation: u64, entry: &SegmentEntry, after: u64) {
+    pub fn tier_segment(&mut self, conversation: ConversationId, entry: &SegmentEntry, after: u64) {
         self.put(
             cf::MANIFEST,
-            keys::message(ConversationId(conversation), Seq(entry.seq_start)),
+            keys::message(conversation, Seq(entry.seq_start)),
             entry.encode_to_vec(),
         );
         self.ops.push(Op::DeleteRange(
             cf::MESSAGES,
-            keys::message(ConversationId(conversation), Seq(after.saturating_add(1))).to_vec(),
-            keys::message(
-                ConversationId(conversation),
-                Seq(entry.seq_end.saturating_add(1)),
-            )
-            .to_vec(),
+            keys::message(conversation, Seq(after.saturating_add(1))).to_vec(),
+            keys::message(conversation, Seq(entry.seq_end.saturating_add(1))).to_vec(),
         ));
     }
 
@@ -50,39 +46,35 @@ impl Mutation {
 
     /// Adopts a segment another cell wrote (a move or backfill hands the
     /// manifest over; the object is shared).
-    pub fn put_segment(&mut self, conversation: u64, entry: &SegmentEntry) {
+    pub fn put_segment(&mut self, conversation: ConversationId, entry: &SegmentEntry) {
         self.put(
             cf::MANIFEST,
-            keys::message(ConversationId(conversation), Seq(entry.seq_start)),
+            keys::message(conversation, Seq(entry.seq_start)),
             entry.encode_to_vec(),
         );
     }
 
     /// Drops a segment from the manifest (retention), with any overlay
     /// rows in its range.
-    pub fn drop_segment(&mut self, conversation: u64, entry: &SegmentEntry) {
-        let key = keys::message(ConversationId(conversation), Seq(entry.seq_start)).to_vec();
+    pub fn drop_segment(&mut self, conversation: ConversationId, entry: &SegmentEntry) {
+        let key = keys::message(conversation, Seq(entry.seq_start)).to_vec();
         self.ops.push(Op::Delete(cf::MANIFEST, key));
         self.ops.push(Op::DeleteRange(
             cf::MESSAGES,
-            keys::message(ConversationId(conversation), Seq(entry.seq_start)).to_vec(),
-            keys::message(
-                ConversationId(conversation),
-                Seq(entry.seq_end.saturating_add(1)),
-            )
-            .to_vec(),
+            keys::message(conversation, Seq(entry.seq_start)).to_vec(),
+            keys::message(conversation, Seq(entry.seq_end.saturating_add(1))).to_vec(),
         ));
     }
 }
 
 impl Store {
     /// The manifest of `conversation`, ascending seq.
-    pub fn segments(&self, conversation: u64) -> Result<Vec<SegmentEntry>> {
+    pub fn segments(&self, conversation: ConversationId) -> Result<Vec<SegmentEntry>> {
         Ok(self
             .records(
                 cf::MANIFEST,
-                keys::message(ConversationId(conversation), Seq(0)).to_vec(),
-                keys::message(ConversationId(conversation), Seq(u64::MAX)).to_vec(),
+                keys::message(conversation, Seq(0)).to_vec(),
+                keys::message(conversation, Seq(u64::MAX)).to_vec(),
                 usize::MAX,
             )?
             .into_iter()
@@ -91,12 +83,12 @@ impl Store {
     }
 
     /// The highest seq held cold (0: none).
-    pub fn cold_through(&self, conversation: u64) -> Result<u64> {
+    pub fn cold_through(&self, conversation: ConversationId) -> Result<u64> {
         let mut it = self.bounded_iter(
             cf::MANIFEST,
             (
-                keys::message(ConversationId(conversation), Seq(0)).to_vec(),
-                keys::message(ConversationId(conversation), Seq(u64::MAX)).to_vec(),
+                keys::message(conversation, Seq(0)).to_vec(),
+                keys::message(conversation, Seq(u64::MAX)).to_vec(),
             ),
         );
         it.seek_to_last();
@@ -154,8 +146,13 @@ impl Store {
     }
 
     /// Whether `viewer` deleted `seq` of `conversation` for themselves.
-    pub fn is_hidden(&self, conversation: u64, viewer: u64, seq: u64) -> Result<bool> {
-        let key = keys::hidden(ConversationId(conversation), UserId(viewer), Seq(seq));
+    pub fn is_hidden(
+        &self,
+        conversation: ConversationId,
+        viewer: UserId,
+        seq: u64,
+    ) -> Result<bool> {
+        let key = keys::hidden(conversation, viewer, Seq(seq));
         Ok(self.db.get_pinned_cf(self.cf(cf::HIDDEN), key)?.is_some())
     }
 }

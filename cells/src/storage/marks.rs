@@ -3,6 +3,7 @@
 //! goes down whatever the order pushes arrive in, and the marks of this
 //! cell's own conversations (their latest seq), which it pushes.
 
+use cellmesh_proto::ids::{ConversationId, TenantId};
 use rocksdb::{IteratorMode, WriteBatch, WriteOptions};
 
 use super::keys::{self, cf};
@@ -31,10 +32,10 @@ impl Store {
     }
 
     /// The mark this cell holds for a conversation (0: none).
-    pub fn high_water_mark(&self, tenant: u64, conversation: u64) -> Result<u64> {
+    pub fn high_water_mark(&self, tenant: TenantId, conversation: ConversationId) -> Result<u64> {
         match self.db.get_pinned_cf(
             self.cf(cf::HIGH_WATER_MARKS),
-            keys::pair_key(tenant, conversation),
+            keys::pair_key(tenant.get(), conversation.get()),
         )? {
             None => Ok(0),
             Some(v) => {
@@ -66,7 +67,7 @@ impl Store {
     pub fn conversation_marks(&self, after: u64, limit: usize) -> Result<Vec<Mark>> {
         let mut out = Vec::with_capacity(limit.min(4096));
         for (id, record) in self.conversations_after(after, limit)? {
-            let seq = self.conv_seq(id)?;
+            let seq = self.conv_seq(ConversationId(id))?;
             out.push((record.tenant_id, id, seq.latest_seq.max(seq.seq_floor)));
         }
         Ok(out)

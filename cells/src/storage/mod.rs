@@ -123,12 +123,20 @@ impl Mutation {
         self.put(cf::META, key.to_vec(), value.to_be_bytes().to_vec());
     }
 
-    pub fn put_conversation(&mut self, id: u64, record: &ConversationRecord) {
-        self.put(cf::CONVERSATIONS, keys::u64_key(id), record.encode_to_vec());
+    pub fn put_conversation(&mut self, id: ConversationId, record: &ConversationRecord) {
+        self.put(
+            cf::CONVERSATIONS,
+            keys::u64_key(id.get()),
+            record.encode_to_vec(),
+        );
     }
 
-    pub fn put_conv_seq(&mut self, id: u64, record: &ConversationSeq) {
-        self.put(cf::CONV_SEQ, keys::u64_key(id), record.encode_to_vec());
+    pub fn put_conv_seq(&mut self, id: ConversationId, record: &ConversationSeq) {
+        self.put(
+            cf::CONV_SEQ,
+            keys::u64_key(id.get()),
+            record.encode_to_vec(),
+        );
     }
 
     pub fn put_member(
@@ -146,8 +154,8 @@ impl Mutation {
         self.ops.push(Op::Delete(cf::MEMBERS, key));
     }
 
-    pub fn put_message(&mut self, conversation: u64, seq: u64, record: &MessageRecord) {
-        let key = keys::message(ConversationId(conversation), Seq(seq));
+    pub fn put_message(&mut self, conversation: ConversationId, seq: u64, record: &MessageRecord) {
+        let key = keys::message(conversation, Seq(seq));
         self.put(cf::MESSAGES, key, record.encode_to_vec());
     }
 
@@ -291,8 +299,8 @@ impl Store {
         }
     }
 
-    pub fn conversation(&self, id: u64) -> Result<Option<ConversationRecord>> {
-        self.get_record(cf::CONVERSATIONS, &keys::u64_key(id))
+    pub fn conversation(&self, id: ConversationId) -> Result<Option<ConversationRecord>> {
+        self.get_record(cf::CONVERSATIONS, &keys::u64_key(id.get()))
     }
 
     /// Conversation records with ids above `after`, by id.
@@ -311,9 +319,9 @@ impl Store {
     }
 
     /// The conversation's seq state; zeroes for a conversation never written to.
-    pub fn conv_seq(&self, id: u64) -> Result<ConversationSeq> {
+    pub fn conv_seq(&self, id: ConversationId) -> Result<ConversationSeq> {
         Ok(self
-            .get_record(cf::CONV_SEQ, &keys::u64_key(id))?
+            .get_record(cf::CONV_SEQ, &keys::u64_key(id.get()))?
             .unwrap_or_default())
     }
 
@@ -323,15 +331,15 @@ impl Store {
     }
 
     /// Members with ids above `after`, at most `limit`; and whether more follow.
-    pub fn members(&self, conversation: u64, after: u64, limit: usize) -> Result<(Vec<u64>, bool)> {
+    pub fn members(
+        &self,
+        conversation: ConversationId,
+        after: u64,
+        limit: usize,
+    ) -> Result<(Vec<u64>, bool)> {
         let mut opts = ReadOptions::default();
-        opts.set_iterate_upper_bound(
-            keys::member(ConversationId(conversation), UserId(u64::MAX)).to_vec(),
-        );
-        let start = keys::member(
-            ConversationId(conversation),
-            UserId(after.saturating_add(1)),
-        );
+        opts.set_iterate_upper_bound(keys::member(conversation, UserId(u64::MAX)).to_vec());
+        let start = keys::member(conversation, UserId(after.saturating_add(1)));
         let iter = self.db.iterator_cf_opt(
             self.cf(cf::MEMBERS),
             opts,
@@ -354,19 +362,19 @@ impl Store {
     pub fn stage_meta(
         &self,
         m: &mut Mutation,
-        conversation: u64,
+        conversation: ConversationId,
         record: &ConversationRecord,
-        members: &[u64],
+        members: &[UserId],
     ) -> Result<()> {
         m.put_conversation(conversation, record);
         let (current, _) = self.members(conversation, 0, usize::MAX)?;
-        for user in current.iter().filter(|u| !members.contains(u)) {
-            m.delete_member(ConversationId(conversation), UserId(*user));
+        for user in current.iter().filter(|&&u| !members.contains(&UserId(u))) {
+            m.delete_member(conversation, UserId(*user));
         }
-        for user in members.iter().filter(|u| !current.contains(u)) {
+        for user in members.iter().filter(|u| !current.contains(&u.get())) {
             m.put_member(
-                ConversationId(conversation),
-                UserId(*user),
+                conversation,
+                *user,
                 &MemberRecord {
                     joined_at_ms: record.created_at_ms,
                 },
@@ -375,11 +383,8 @@ impl Store {
         Ok(())
     }
 
-    pub fn message(&self, conversation: u64, seq: u64) -> Result<Option<MessageRecord>> {
-        self.get_record(
-            cf::MESSAGES,
-            &keys::message(ConversationId(conversation), Seq(seq)),
-        )
+    pub fn message(&self, conversation: ConversationId, seq: u64) -> Result<Option<MessageRecord>> {
+        self.get_record(cf::MESSAGES, &keys::message(conversation, Seq(seq)))
     }
 
     pub fn idempotency(&self, key: &IdemKey) -> Result<Option<IdempotencyRecord>> {

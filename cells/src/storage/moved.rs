@@ -3,6 +3,7 @@
 
 use super::keys::{self, cf};
 use super::{Mutation, Op, Result, Store, corrupt};
+use cellmesh_proto::ids::TenantId;
 
 /// Marks of moved conversations.
 pub const CONVERSATION: u8 = b'c';
@@ -22,11 +23,11 @@ pub struct Moved {
 
 impl Mutation {
     pub fn mark_moved(&mut self, kind: u8, moved: Moved) {
-        let key = keys::meta::moved(kind, moved.tenant, moved.id);
+        let key = keys::meta::moved(kind, TenantId(moved.tenant), moved.id);
         self.put(cf::META, key, moved.sealed_at_ms.to_be_bytes().to_vec());
     }
 
-    pub fn unmark_moved(&mut self, kind: u8, tenant: u64, id: u64) {
+    pub fn unmark_moved(&mut self, kind: u8, tenant: TenantId, id: u64) {
         let key = keys::meta::moved(kind, tenant, id);
         self.ops.push(Op::Delete(cf::META, key));
     }
@@ -42,9 +43,9 @@ impl Store {
 
     /// The ids of `tenant`'s keys of `kind` this cell handed over and still
     /// holds a copy of (one range read).
-    pub fn moved_of_tenant(&self, kind: u8, tenant: u64) -> Result<Vec<u64>> {
+    pub fn moved_of_tenant(&self, kind: u8, tenant: TenantId) -> Result<Vec<u64>> {
         let lower = keys::meta::moved(kind, tenant, 0);
-        let upper = match tenant.checked_add(1) {
+        let upper = match tenant.get().checked_add(1).map(TenantId) {
             Some(next) => keys::meta::moved(kind, next, 0),
             None => [keys::meta::MOVED, &[kind + 1]].concat(),
         };

@@ -36,8 +36,8 @@ impl Store {
     #[allow(clippy::too_many_arguments)]
     pub fn scan_messages(
         &self,
-        conversation: u64,
-        viewer: u64,
+        conversation: ConversationId,
+        viewer: UserId,
         from: u64,
         above: u64,
         direction: ScanDirection,
@@ -52,9 +52,9 @@ impl Store {
             ScanDirection::Forward => from.saturating_add(1),
             ScanDirection::Backward => from.saturating_sub(1),
         });
-        let conversation_id = ConversationId(conversation);
+        let conversation_id = conversation;
         let message_key = keys::message(conversation_id, at);
-        let hidden_key = keys::hidden(conversation_id, UserId(viewer), at);
+        let hidden_key = keys::hidden(conversation_id, viewer, at);
         match direction {
             ScanDirection::Forward => {
                 messages.seek(message_key);
@@ -101,14 +101,13 @@ impl Store {
     /// stops early once they hold `max_bytes` (at least one is returned).
     pub fn messages_after(
         &self,
-        conversation: u64,
+        conversation: ConversationId,
         after: u64,
         limit: usize,
         max_bytes: usize,
     ) -> Result<Vec<(u64, MessageRecord)>> {
-        let lower =
-            keys::message(ConversationId(conversation), Seq(after.saturating_add(1))).to_vec();
-        let upper = keys::message(ConversationId(conversation), Seq(u64::MAX)).to_vec();
+        let lower = keys::message(conversation, Seq(after.saturating_add(1))).to_vec();
+        let upper = keys::message(conversation, Seq(u64::MAX)).to_vec();
         let mut it = self.bounded_iter(cf::MESSAGES, (lower, upper));
         it.seek_to_first();
         let (mut out, mut bytes) = (Vec::new(), 0usize);
@@ -143,11 +142,11 @@ impl Store {
 pub const EVERY_MESSAGE: u64 = u64::MAX;
 
 /// Whether `viewer` may see a message: everyone, unless it is directed.
-pub fn visible(record: &MessageRecord, viewer: u64) -> bool {
-    viewer == EVERY_MESSAGE
+pub fn visible(record: &MessageRecord, viewer: UserId) -> bool {
+    viewer == UserId(EVERY_MESSAGE)
         || record.visible_to.is_empty()
-        || record.sender_id == viewer
-        || record.visible_to.contains(&viewer)
+        || record.sender_id == viewer.get()
+        || record.visible_to.contains(&viewer.get())
 }
 
 /// Advances the overlay iterator up to `seq` and says whether `seq` is hidden.
@@ -165,16 +164,16 @@ fn is_hidden(hidden: &mut DBRawIterator<'_>, seq: u64, direction: ScanDirection)
     false
 }
 
-fn conversation_bounds(conversation: u64, above: u64) -> (Vec<u8>, Vec<u8>) {
+fn conversation_bounds(conversation: ConversationId, above: u64) -> (Vec<u8>, Vec<u8>) {
     (
-        keys::message(ConversationId(conversation), Seq(above.saturating_add(1))).to_vec(),
-        keys::message(ConversationId(conversation), Seq(u64::MAX)).to_vec(),
+        keys::message(conversation, Seq(above.saturating_add(1))).to_vec(),
+        keys::message(conversation, Seq(u64::MAX)).to_vec(),
     )
 }
 
-fn hidden_bounds(conversation: u64, viewer: u64) -> (Vec<u8>, Vec<u8>) {
+fn hidden_bounds(conversation: ConversationId, viewer: UserId) -> (Vec<u8>, Vec<u8>) {
     (
-        keys::hidden(ConversationId(conversation), UserId(viewer), Seq(0)).to_vec(),
-        keys::hidden(ConversationId(conversation), UserId(viewer), Seq(u64::MAX)).to_vec(),
+        keys::hidden(conversation, viewer, Seq(0)).to_vec(),
+        keys::hidden(conversation, viewer, Seq(u64::MAX)).to_vec(),
     )
 }

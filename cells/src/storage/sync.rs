@@ -2,6 +2,7 @@
 //! pts, device cursors, conversation lists, mute flags (all keyed by
 //! [`UserKey`]) and the notification and forward queues.
 
+use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
 use cellmesh_proto::storage::v1::{ConvListEntry, ForwardRecord, NotificationBatch, SyncRecord};
 use prost::Message as _;
 
@@ -14,13 +15,18 @@ impl Mutation {
         self.put(cf::SYNC, keys::user_item(user, pts), record.encode_to_vec());
     }
 
-    pub fn put_conv_list(&mut self, user: UserKey, conversation: u64, entry: &ConvListEntry) {
-        let key = keys::user_item(user, conversation);
+    pub fn put_conv_list(
+        &mut self,
+        user: UserKey,
+        conversation: ConversationId,
+        entry: &ConvListEntry,
+    ) {
+        let key = keys::user_item(user, conversation.get());
         self.put(cf::CONV_LIST, key, entry.encode_to_vec());
     }
 
-    pub fn set_muted(&mut self, user: UserKey, conversation: u64, muted: bool) {
-        let key = keys::user_item(user, conversation).to_vec();
+    pub fn set_muted(&mut self, user: UserKey, conversation: ConversationId, muted: bool) {
+        let key = keys::user_item(user, conversation.get()).to_vec();
         if muted {
             self.put(cf::MUTED, key, vec![1]);
         } else {
@@ -107,9 +113,9 @@ impl Store {
     pub fn conv_list_entry(
         &self,
         user: UserKey,
-        conversation: u64,
+        conversation: ConversationId,
     ) -> Result<Option<ConvListEntry>> {
-        self.get_record(cf::CONV_LIST, &keys::user_item(user, conversation))
+        self.get_record(cf::CONV_LIST, &keys::user_item(user, conversation.get()))
     }
 
     /// Every conversation-list entry of `user`.
@@ -118,8 +124,8 @@ impl Store {
         self.records(cf::CONV_LIST, lower.to_vec(), upper.to_vec(), usize::MAX)
     }
 
-    pub fn muted(&self, user: UserKey, conversation: u64) -> Result<bool> {
-        let key = keys::user_item(user, conversation);
+    pub fn muted(&self, user: UserKey, conversation: ConversationId) -> Result<bool> {
+        let key = keys::user_item(user, conversation.get());
         Ok(self.db.get_pinned_cf(self.cf(cf::MUTED), key)?.is_some())
     }
 
@@ -136,15 +142,18 @@ impl Store {
     }
 
     /// The users of `tenant` with a sync queue here.
-    pub fn homes_of_tenant(&self, tenant: u64) -> Result<Vec<u64>> {
-        let lower = keys::pair_key(tenant, 0).to_vec();
-        let upper = match tenant.checked_add(1) {
-            Some(next) => keys::pair_key(next, 0).to_vec(),
+    pub fn homes_of_tenant(&self, tenant: TenantId) -> Result<Vec<UserId>> {
+        let lower = keys::pair_key(tenant.get(), 0).to_vec();
+        let upper = match tenant.get().checked_add(1).map(TenantId) {
+            Some(next) => keys::pair_key(next.get(), 0).to_vec(),
             None => vec![0xff; 17],
         };
         self.range(cf::QUEUE_ID, lower, upper, usize::MAX)?
             .into_iter()
-            .map(|(k, _)| keys::last_u64(&k).ok_or_else(|| corrupt(cf::QUEUE_ID, "short key")))
+            .map(|(k, _)| {
+                let user = keys::last_u64(&k).ok_or_else(|| corrupt(cf::QUEUE_ID, "short key"))?;
+                Ok(UserId(user))
+            })
             .collect()
     }
 

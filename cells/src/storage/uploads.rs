@@ -37,21 +37,21 @@ pub fn is_open(record: &UploadRecord) -> bool {
 }
 
 impl Store {
-    pub fn upload(&self, tenant: u64, id: u64) -> Result<Option<UploadRecord>> {
-        self.get_record(cf::UPLOADS, &keys::upload(TenantId(tenant), id))
+    pub fn upload(&self, tenant: TenantId, id: u64) -> Result<Option<UploadRecord>> {
+        self.get_record(cf::UPLOADS, &keys::upload(tenant, id))
     }
 
     /// Upload records after (tenant, id), in key order, at most `limit`
     /// (see [`UploadWalk`]).
     fn uploads_after(
         &self,
-        tenant: u64,
+        tenant: TenantId,
         id: u64,
         limit: usize,
     ) -> Result<Vec<(u64, UploadRecord)>> {
         let lower = match id.checked_add(1) {
-            Some(next) => keys::upload(TenantId(tenant), next),
-            None => keys::upload(TenantId(tenant.saturating_add(1)), 0),
+            Some(next) => keys::upload(tenant, next),
+            None => keys::upload(TenantId(tenant.get().saturating_add(1)), 0),
         };
         self.records(cf::UPLOADS, lower.to_vec(), vec![0xff; 17], limit)
     }
@@ -77,7 +77,7 @@ impl Store {
     ) -> Result<Vec<(u64, UploadRecord)>> {
         let mut open = Vec::new();
         for (id, _) in self.open_upload_index(conversation)? {
-            if let Some(record) = self.upload(tenant.get(), id)?
+            if let Some(record) = self.upload(tenant, id)?
                 && record.conversation_id == conversation.get()
                 && is_open(&record)
             {
@@ -122,11 +122,11 @@ impl Store {
     }
 
     /// Every upload record of `tenant` (for its byte count).
-    pub fn uploads_of(&self, tenant: u64) -> Result<Vec<(u64, UploadRecord)>> {
+    pub fn uploads_of(&self, tenant: TenantId) -> Result<Vec<(u64, UploadRecord)>> {
         self.records(
             cf::UPLOADS,
-            keys::upload(TenantId(tenant), 0).to_vec(),
-            keys::upload(TenantId(tenant), u64::MAX).to_vec(),
+            keys::upload(tenant, 0).to_vec(),
+            keys::upload(tenant, u64::MAX).to_vec(),
             usize::MAX,
         )
     }
@@ -146,7 +146,7 @@ impl UploadWalk {
         if self.done {
             return Ok(Vec::new());
         }
-        let page = store.uploads_after(self.after.0, self.after.1, 500)?;
+        let page = store.uploads_after(TenantId(self.after.0), self.after.1, 500)?;
         match page.last() {
             Some((id, last)) => self.after = (last.tenant_id, *id),
             None => self.done = true,

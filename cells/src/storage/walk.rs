@@ -90,8 +90,8 @@ impl<'a> Walk<'a> {
             .get_cf_opt(self.store.cf(name), key, &options)?)
     }
 
-    pub fn conv_seq(&self, conversation: u64) -> Result<ConversationSeq> {
-        match self.get(cf::CONV_SEQ, &keys::u64_key(conversation))? {
+    pub fn conv_seq(&self, conversation: ConversationId) -> Result<ConversationSeq> {
+        match self.get(cf::CONV_SEQ, &keys::u64_key(conversation.get()))? {
             None => Ok(ConversationSeq::default()),
             Some(v) => ConversationSeq::decode(v.as_slice()).map_err(|e| corrupt(cf::CONV_SEQ, e)),
         }
@@ -125,21 +125,21 @@ impl<'a> Walk<'a> {
     /// to `f`, in order.
     pub fn messages(
         &mut self,
-        conversation: u64,
+        conversation: ConversationId,
         after: u64,
         through: u64,
         mut f: impl FnMut(u64, &MessageRecord),
     ) -> Result<()> {
-        let from = keys::message(ConversationId(conversation), Seq(after.saturating_add(1)));
-        let prefix = keys::u64_key(conversation);
+        let from = keys::message(conversation, Seq(after.saturating_add(1)));
+        let prefix = keys::u64_key(conversation.get());
         self.records(cf::MESSAGES, (&prefix, &from), through, |seq, m| f(seq, &m))
     }
 
     /// `conversation`'s cold-tier manifest.
-    pub fn segments(&mut self, conversation: u64) -> Result<Vec<SegmentEntry>> {
+    pub fn segments(&mut self, conversation: ConversationId) -> Result<Vec<SegmentEntry>> {
         let (from, prefix) = (
-            keys::message(ConversationId(conversation), Seq(0)),
-            keys::u64_key(conversation),
+            keys::message(conversation, Seq(0)),
+            keys::u64_key(conversation.get()),
         );
         let mut out = Vec::new();
         self.records(cf::MANIFEST, (&prefix, &from), u64::MAX, |_, s| out.push(s))?;
@@ -178,22 +178,27 @@ impl<'a> Walk<'a> {
 mod tests {
     use super::super::Mutation;
     use super::*;
+    use cellmesh_proto::ids::{TenantId, UserId};
 
     #[tokio::test]
     async fn a_walk_reads_each_item_alone_and_at_one_moment() {
         let (_dir, store) = super::super::testing::store();
-        let (a, b, c) = (UserKey::new(1, 1), UserKey::new(1, 2), UserKey::new(1, 3));
+        let (a, b, c) = (
+            UserKey::new(TenantId(1), UserId(1)),
+            UserKey::new(TenantId(1), UserId(2)),
+            UserKey::new(TenantId(1), UserId(3)),
+        );
         let mut m = Mutation::new();
         for seq in 1..=3 {
-            m.put_message(41, seq, &MessageRecord::default());
-            m.put_message(43, seq, &MessageRecord::default());
+            m.put_message(ConversationId(41), seq, &MessageRecord::default());
+            m.put_message(ConversationId(43), seq, &MessageRecord::default());
             m.put_sync(a, seq, &SyncRecord::default());
             m.put_sync(c, seq + 10, &SyncRecord::default());
         }
         store.commit(m).await.unwrap();
         let mut walk = store.walk();
         let mut late = Mutation::new();
-        late.put_message(41, 4, &MessageRecord::default());
+        late.put_message(ConversationId(41), 4, &MessageRecord::default());
         late.put_sync(b, 1, &SyncRecord::default());
         store.commit(late).await.unwrap();
         let seqs = |walk: &mut Walk<'_>, c, after, through| {
@@ -203,16 +208,16 @@ mod tests {
             out
         };
         assert_eq!(
-            seqs(&mut walk, 41, 0, u64::MAX),
+            seqs(&mut walk, ConversationId(41), 0, u64::MAX),
             vec![1, 2, 3],
             "the write after the walk began is not seen"
         );
         assert_eq!(
-            seqs(&mut walk, 42, 0, u64::MAX),
+            seqs(&mut walk, ConversationId(42), 0, u64::MAX),
             Vec::<u64>::new(),
             "no rows of the next conversation"
         );
-        assert_eq!(seqs(&mut walk, 43, 1, 2), vec![2]);
+        assert_eq!(seqs(&mut walk, ConversationId(43), 1, 2), vec![2]);
         assert_eq!(walk.user_pts(a).unwrap(), 3);
         assert_eq!(
             walk.user_pts(b).unwrap(),

@@ -230,9 +230,10 @@ impl Hub {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cellmesh_proto::ids::{TenantId, UserId};
 
-    const U1: UserKey = UserKey::new(1, 1);
-    const U2: UserKey = UserKey::new(1, 2);
+    const U1: UserKey = UserKey::new(TenantId(1), UserId(1));
+    const U2: UserKey = UserKey::new(TenantId(1), UserId(2));
 
     #[test]
     fn presence_follows_subscriptions_and_heartbeats() {
@@ -296,7 +297,10 @@ mod tests {
     #[tokio::test]
     async fn the_same_user_id_in_two_tenants_is_two_users() {
         let hub = Arc::new(Hub::new(1_000, 4));
-        let (a, b) = (UserKey::new(1, 2), UserKey::new(2, 2));
+        let (a, b) = (
+            UserKey::new(TenantId(1), UserId(2)),
+            UserKey::new(TenantId(2), UserId(2)),
+        );
         let mut sub_a = hub.subscribe(a, "phone").unwrap();
         let mut sub_b = hub.subscribe(b, "phone").unwrap();
         hub.notify_pts(a, 3);

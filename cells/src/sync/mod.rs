@@ -8,7 +8,7 @@ mod hub;
 pub mod moving;
 pub mod stream;
 
-use cellmesh_proto::ids::ConversationId;
+use cellmesh_proto::ids::{ConversationId, UserId};
 use cellmesh_proto::reason::Reason;
 use std::sync::Arc;
 
@@ -112,11 +112,11 @@ impl SyncService {
     }
 
     /// The ids of all the caller's conversations (those not left).
-    pub fn conversation_ids(&self, caller: Caller) -> Result<Vec<u64>> {
+    pub fn conversation_ids(&self, caller: Caller) -> Result<Vec<ConversationId>> {
         self.check_home(&caller, false)?;
         Ok((self.store.conv_list(caller)?.into_iter())
             .filter(|(_, entry)| !entry.left)
-            .map(|(id, _)| id)
+            .map(|(id, _)| ConversationId(id))
             .collect())
     }
 
@@ -138,18 +138,18 @@ impl SyncService {
             if entry.left {
                 continue;
             }
-            let Some(record) = self.store.conversation(id)? else {
+            let Some(record) = self.store.conversation(ConversationId(id))? else {
                 continue;
             };
             if record.tenant_id != caller.tenant.get() {
                 continue;
             }
-            let seq = self.store.conv_seq(id)?;
+            let seq = self.store.conv_seq(ConversationId(id))?;
             let last_message = self
                 .store
                 .scan_messages(
-                    id,
-                    caller.user.get(),
+                    ConversationId(id),
+                    caller.user,
                     seq.latest_seq.saturating_add(1),
                     0,
                     ScanDirection::Backward,
@@ -158,7 +158,7 @@ impl SyncService {
                 )?
                 .messages
                 .pop()
-                .map(|(s, m)| message_to_proto(id, s, m));
+                .map(|(s, m)| message_to_proto(ConversationId(id), s, m));
             let last_message = match last_message {
                 Some(m) if m.seq >= entry.last_seq => Some(m),
                 local => self.remote_last_message(caller, &entry)?.or(local),
@@ -172,11 +172,11 @@ impl SyncService {
                 .map_or(record.created_at_ms, |m| m.server_ts_ms)
                 .max(entry.updated_at_ms);
             out.push(ConversationSummary {
-                conversation: Some(conversation_to_proto(id, &record, &seq)),
+                conversation: Some(conversation_to_proto(ConversationId(id), &record, &seq)),
                 last_message,
                 read_seq,
                 unread: latest.saturating_sub(read_seq),
-                muted: self.store.muted(caller, id)?,
+                muted: self.store.muted(caller, ConversationId(id))?,
                 updated_at_ms,
             });
         }
@@ -203,7 +203,12 @@ impl SyncService {
             .and_then(|(_, record)| Message::decode(record.remote_message.as_slice()).ok()))
     }
 
-    pub async fn set_muted(&self, caller: Caller, conversation: u64, muted: bool) -> Result<()> {
+    pub async fn set_muted(
+        &self,
+        caller: Caller,
+        conversation: ConversationId,
+        muted: bool,
+    ) -> Result<()> {
         self.messages.check_call(&caller)?;
         let _writing = self.user_writes.read().await;
         self.check_home(&caller, true)?;
@@ -223,7 +228,7 @@ impl SyncService {
     }
 
     /// Presence of `users` of the caller's tenant (never another tenant's).
-    pub fn presence(&self, caller: Caller, users: &[u64]) -> Result<GetPresenceResponse> {
+    pub fn presence(&self, caller: Caller, users: &[UserId]) -> Result<GetPresenceResponse> {
         if users.len() > MAX_PRESENCE_QUERY {
             return Err(CellError::invalid(
                 Reason::TooManyUsers,
@@ -235,9 +240,10 @@ impl SyncService {
             users: users
                 .iter()
                 .map(|u| {
-                    let (online, last_seen_ms) = self.hub.presence(caller.peer(*u), now);
+                    let (online, last_seen_ms) =
+                        self.hub.presence(caller.peer(UserId((*u).get())), now);
                     UserPresence {
-                        user_id: *u,
+                        user_id: (*u).get(),
                         online,
                         last_seen_ms,
                     }
@@ -248,18 +254,18 @@ impl SyncService {
 
     /// Pushes a typing notice to the other members who are online; stores
     /// nothing.
-    pub fn typing(&self, caller: Caller, conversation: u64) -> Result<()> {
+    pub fn typing(&self, caller: Caller, conversation: ConversationId) -> Result<()> {
         self.messages.check_call(&caller)?;
         self.messages.check_member(&caller, conversation)?;
         let push = SyncPush {
             push: Some(sync_push::Push::Typing(TypingNotice {
-                conversation_id: conversation,
+                conversation_id: conversation.get(),
                 user_id: caller.user.get(),
             })),
         };
         let now = self.clock.now_ms();
         let (members, _) = self.store.members(conversation, 0, usize::MAX)?;
-        for user in members.into_iter().map(|u| caller.peer(u)) {
+        for user in members.into_iter().map(|u| caller.peer(UserId(u))) {
             if user != caller && self.hub.is_online(user, now) {
                 self.hub.push(user, push.clone());
             }

@@ -8,7 +8,7 @@
 //! the source's pts, so devices go on from their cursors after the switch.
 //! The source drops its copy once the grace period after the move is over.
 
-use cellmesh_proto::ids::{ConversationId, Epoch, TenantId};
+use cellmesh_proto::ids::{ConversationId, Epoch, TenantId, UserId};
 use cellmesh_proto::reason::Reason;
 use std::time::{Duration, Instant};
 
@@ -112,10 +112,13 @@ impl SyncService {
                     kind,
                     SyncEventKind::Message | SyncEventKind::Recall | SyncEventKind::Edit
                 )
-                && let Some(m) = self.store.message(record.conversation_id, record.seq)?
+                && let Some(m) = self
+                    .store
+                    .message(ConversationId(record.conversation_id), record.seq)?
             {
                 record.remote_message =
-                    message_to_proto(record.conversation_id, record.seq, m).encode_to_vec();
+                    message_to_proto(ConversationId(record.conversation_id), record.seq, m)
+                        .encode_to_vec();
             }
             events.push(PtsRecord {
                 pts,
@@ -133,17 +136,17 @@ impl SyncService {
     fn user_state(&self, user: UserKey) -> Result<UserState> {
         let mut conversations = Vec::new();
         for (id, entry) in self.store.conv_list(user)? {
-            let meta = match self.store.conversation(id)? {
+            let meta = match self.store.conversation(ConversationId(id))? {
                 Some(record) => Some(ConversationMeta {
                     record: Some(record),
-                    members: self.store.members(id, 0, usize::MAX)?.0,
+                    members: self.store.members(ConversationId(id), 0, usize::MAX)?.0,
                 }),
                 None => None,
             };
             conversations.push(ConvListItem {
                 conversation_id: id,
                 entry: Some(entry),
-                muted: self.store.muted(user, id)?,
+                muted: self.store.muted(user, ConversationId(id))?,
                 meta,
             });
         }
@@ -197,8 +200,8 @@ impl SyncService {
         cleanup::mark_sealed(
             &self.store,
             moved::USER,
-            user.tenant.get(),
-            user.user.get(),
+            user.tenant,
+            (user.user).get(),
             now,
         )
         .await?;
@@ -208,7 +211,11 @@ impl SyncService {
     /// The users of `tenant` whose homes a move takes along: the members of
     /// its `conversations` here and `extra` (members of its conversations
     /// elsewhere), in order.
-    pub fn tenant_user_ids(&self, conversations: &[u64], extra: &[u64]) -> Result<Vec<u64>> {
+    pub fn tenant_user_ids(
+        &self,
+        conversations: &[ConversationId],
+        extra: &[UserId],
+    ) -> Result<Vec<UserId>> {
         let mut users = self.messages.members_of(conversations, 0)?;
         users.extend_from_slice(extra);
         users.sort_unstable();
@@ -218,7 +225,12 @@ impl SyncService {
 
     /// Where the queue of each of `users` of `tenant` stands here; with
     /// `digest`, the count and checksum of all of it too.
-    pub fn user_marks(&self, tenant: u64, users: &[u64], digest: bool) -> Result<Vec<Mark>> {
+    pub fn user_marks(
+        &self,
+        tenant: TenantId,
+        users: &[UserId],
+        digest: bool,
+    ) -> Result<Vec<Mark>> {
         let handed: std::collections::HashSet<u64> = self
             .store
             .moved_of_tenant(moved::USER, tenant)?
@@ -244,12 +256,12 @@ impl SyncService {
                     (0, 0)
                 };
                 Ok(Mark {
-                    id,
+                    id: id.get(),
                     latest,
                     rewrites: 0,
                     count,
                     checksum,
-                    handed_over: tenant_sealed || handed.contains(&id),
+                    handed_over: tenant_sealed || handed.contains(&id.get()),
                     uploads: 0,
                 })
             })
@@ -261,8 +273,8 @@ impl SyncService {
     /// marked for cleanup.
     pub async fn seal_tenant_users(
         &self,
-        tenant: u64,
-        users: &[u64],
+        tenant: TenantId,
+        users: &[UserId],
         epoch: u64,
         processor: &dyn ProcessorBarrier,
     ) -> Result<u64> {
@@ -279,6 +291,7 @@ impl SyncService {
                     })
                 )
             })
+            .map(UserId::get)
             .collect();
         let now = self.clock.now_ms();
         cleanup::mark_all_sealed(&self.store, moved::USER, tenant, &frozen, now).await?;
@@ -324,27 +337,24 @@ impl SyncService {
         let mut all = Vec::new();
         for t in self.store.moved(moved::TENANT)? {
             let tenant = t.tenant;
-            let conversations = self.messages.tenant_conversation_ids(tenant)?;
-            let homes = self.store.homes_of_tenant(tenant)?;
+            let conversations = self.messages.tenant_conversation_ids(TenantId(tenant))?;
+            let homes = self.store.homes_of_tenant(TenantId(tenant))?;
             let users = self.tenant_user_ids(&conversations, &homes)?;
             let mut m = crate::storage::Mutation::new();
             for id in conversations {
-                if handed(Handed::of(ownership.check(
-                    TenantId(tenant),
-                    ConversationId(id),
-                    Epoch(0),
-                ))) {
-                    m.mark_moved(moved::CONVERSATION, Moved { id, ..t });
+                if handed(Handed::of(ownership.check(TenantId(tenant), id, Epoch(0)))) {
+                    m.mark_moved(moved::CONVERSATION, Moved { id: id.get(), ..t });
                 }
             }
             for id in users {
                 if handed(Handed::of(
-                    self.homes.check_home(UserKey::new(tenant, id), true),
+                    self.homes
+                        .check_home(UserKey::new(TenantId(tenant), id), true),
                 )) {
-                    m.mark_moved(moved::USER, Moved { id, ..t });
+                    m.mark_moved(moved::USER, Moved { id: id.get(), ..t });
                 }
             }
-            m.unmark_moved(moved::TENANT, tenant, 0);
+            m.unmark_moved(moved::TENANT, TenantId(tenant), 0);
             all.push(m);
         }
         Ok(all)
@@ -371,12 +381,16 @@ impl SyncService {
     /// `grace`; how many.
     pub async fn clean_moved_users(&self, grace: Duration) -> Result<u64> {
         let now = self.clock.now_ms();
-        let handed =
-            |m: &Moved| Handed::of(self.homes.check_home(UserKey::new(m.tenant, m.id), true));
+        let handed = |m: &Moved| {
+            Handed::of(
+                self.homes
+                    .check_home(UserKey::new(TenantId(m.tenant), UserId(m.id)), true),
+            )
+        };
         let dropped = cleanup::clean(&self.store, moved::USER, now, grace, handed, |m, moved| {
             Ok(self
                 .store
-                .clear_user(m, UserKey::new(moved.tenant, moved.id))?)
+                .clear_user(m, UserKey::new(TenantId(moved.tenant), UserId(moved.id)))?)
         })
         .await?
         .len();

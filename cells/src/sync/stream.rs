@@ -6,6 +6,7 @@
 //! subscription, a bare wake-up past the cursor) is read from storage by
 //! pts, so delivery is never reordered or dropped.
 
+use cellmesh_proto::ids::ConversationId;
 use std::sync::Arc;
 
 use cellmesh_proto::storage::v1::SyncRecord;
@@ -230,8 +231,8 @@ pub fn event_message(store: &Store, record: &SyncRecord) -> Result<Option<Messag
     }
     Ok(match SyncEventKind::try_from(record.kind) {
         Ok(SyncEventKind::Message | SyncEventKind::Recall | SyncEventKind::Edit) => store
-            .message(record.conversation_id, record.seq)?
-            .map(|m| message_to_proto(record.conversation_id, record.seq, m)),
+            .message(ConversationId(record.conversation_id), record.seq)?
+            .map(|m| message_to_proto(ConversationId(record.conversation_id), record.seq, m)),
         _ => None,
     })
 }

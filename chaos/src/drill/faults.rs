@@ -215,7 +215,7 @@ impl Injector {
                     self.dev.secret(),
                     MigrationOptions::default(),
                 )
-                .migrate_conversation(self.dev.tenant, c, cell, |_| {})
+                .migrate_conversation(TenantId(self.dev.tenant), ConversationId(c), cell, |_| {})
                 .await?;
             }
         }
@@ -300,7 +300,12 @@ impl Injector {
             let owner = self.owner(conversation).await?;
             let to = self.other_cell(&owner).await?;
             let report = Migrator::new(self.dev.routes().await?, self.dev.secret(), options)
-                .migrate_conversation(self.dev.tenant, conversation, &to, |_| {})
+                .migrate_conversation(
+                    TenantId(self.dev.tenant),
+                    ConversationId(conversation),
+                    &to,
+                    |_| {},
+                )
                 .await?;
             Ok::<_, anyhow::Error>(report)
         };
@@ -344,7 +349,12 @@ impl Injector {
                 }
             };
             match Migrator::new(routes, self.dev.secret(), MigrationOptions::default())
-                .migrate_conversation(self.dev.tenant, conversation, to, |_| {})
+                .migrate_conversation(
+                    TenantId(self.dev.tenant),
+                    ConversationId(conversation),
+                    to,
+                    |_| {},
+                )
                 .await
             {
                 Ok(r) => {

@@ -163,7 +163,12 @@ impl Injector {
             tokio::spawn(async move {
                 let routes = dev.routes().await?;
                 Migrator::new(routes, dev.secret(), options)
-                    .migrate_conversation(dev.tenant, conversation, &to, |_| {})
+                    .migrate_conversation(
+                        TenantId(dev.tenant),
+                        ConversationId(conversation),
+                        &to,
+                        |_| {},
+                    )
                     .await
                     .map_err(anyhow::Error::from)
             })
@@ -200,7 +205,12 @@ impl Injector {
         tokio::time::sleep(Duration::from_millis(300)).await;
         let routes = self.dev.routes().await?;
         let first = Migrator::new(routes, self.dev.secret(), MigrationOptions::default())
-            .migrate_conversation(self.dev.tenant, conversation, &to, |_| {})
+            .migrate_conversation(
+                TenantId(self.dev.tenant),
+                ConversationId(conversation),
+                &to,
+                |_| {},
+            )
             .await;
         std::fs::remove_file(&file).ok();
         let first = match first {
@@ -276,7 +286,12 @@ impl Injector {
                 ..MigrationOptions::default()
             },
         )
-        .migrate_conversation(self.dev.tenant, conversation, &to, |_| {})
+        .migrate_conversation(
+            TenantId(self.dev.tenant),
+            ConversationId(conversation),
+            &to,
+            |_| {},
+        )
         .await;
         let leader = self.control_plane_leader().await;
         let killed = match &leader {

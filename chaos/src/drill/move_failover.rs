@@ -38,7 +38,12 @@ impl Injector {
                 MigrationOptions::default(),
             );
             match migrator
-                .migrate_conversation(self.dev.tenant, conversation, &to, |_| {})
+                .migrate_conversation(
+                    TenantId(self.dev.tenant),
+                    ConversationId(conversation),
+                    &to,
+                    |_| {},
+                )
                 .await
             {
                 Ok(report) => {

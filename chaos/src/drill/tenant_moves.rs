@@ -56,7 +56,11 @@ impl Injector {
             let (dev, to) = (self.dev.clone(), to.clone());
             tokio::spawn(async move {
                 let migrator = Migrator::new(dev.routes().await?, dev.secret(), options);
-                Ok::<_, anyhow::Error>(migrator.migrate_tenant(tenant, &to, 8, |_| {}).await?)
+                Ok::<_, anyhow::Error>(
+                    migrator
+                        .migrate_tenant(TenantId(tenant), &to, 8, |_| {})
+                        .await?,
+                )
             })
         };
         let mut detail = String::new();
@@ -110,7 +114,7 @@ impl Injector {
                 let migrator =
                     Migrator::new(routes, self.dev.secret(), MigrationOptions::default());
                 match migrator
-                    .migrate_tenant(self.dev.tenant, to, 8, |_| {})
+                    .migrate_tenant(TenantId(self.dev.tenant), to, 8, |_| {})
                     .await
                 {
                     Ok(report) => return Ok(report),

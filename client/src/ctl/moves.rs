@@ -9,7 +9,7 @@ use std::time::Instant;
 use cellmesh_control_plane::migration::bulk::{BulkEvent, BulkReport};
 use cellmesh_control_plane::migration::tenant::TenantProgress;
 use cellmesh_control_plane::migration::{MigrationOptions, Migrator};
-use cellmesh_proto::ids::{ConversationId, TenantId};
+use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
 use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_route_client::client::RouteClient;
 use serde_json::json;
@@ -75,7 +75,7 @@ pub async fn migrate_tenant(
     };
     let migrator = Migrator::new(routes, secret, options);
     let report = migrator
-        .migrate_tenant(tenant, to, parallel, tenant_progress(tenant))
+        .migrate_tenant(TenantId(tenant), to, parallel, tenant_progress(tenant))
         .await?;
     if json {
         println!(
@@ -126,7 +126,7 @@ pub async fn migrate_user(
 ) -> anyhow::Result<()> {
     let migrator = Migrator::new(routes, secret, MigrationOptions::default());
     let report = migrator
-        .migrate_user(tenant, user, to, |p| {
+        .migrate_user(TenantId(tenant), UserId(user), to, |p| {
             if !json {
                 println!(
                     "user {user} {:<9} pts {}/{}",
@@ -227,7 +227,7 @@ pub(super) async fn migrate_conversation(
 ) -> anyhow::Result<()> {
     let migrator = Migrator::new(routes, secret, options);
     let report = migrator
-        .migrate_conversation(tenant.get(), conversation.get(), to, |p| {
+        .migrate_conversation(tenant, conversation, to, |p| {
             let pct = (p.copied_through * 100)
                 .checked_div(p.source_latest)
                 .unwrap_or(100)

@@ -100,7 +100,7 @@ pub(super) async fn place_tenant(
     cell: &str,
 ) -> anyhow::Result<()> {
     let r = routes
-        .apply(assign_tenant(tenant.get(), cell, 0))
+        .apply(assign_tenant(tenant, cell, 0))
         .await
         .map_err(|e| anyhow::anyhow!(describe(&e)))?;
     println!("tenant {tenant} placed on {cell} at epoch {}", r.index);

@@ -42,7 +42,9 @@ pub async fn backfill(
     // those conversations lives now.
     let mut work: Vec<(u64, u64, String)> = Vec::new();
     for tenant in tenants {
-        let conversations = match stored_conversations(peers, &source, secret, tenant).await {
+        let conversations = match stored_conversations(peers, &source, secret, TenantId(tenant))
+            .await
+        {
             Ok(ids) => ids,
             Err(e) => {
                 tracing::warn!(tenant, error = %e.message(), "backfill cannot list the returned cell");
@@ -97,14 +99,14 @@ async fn stored_conversations(
     peers: &Peers,
     address: &str,
     secret: &ClusterSecret,
-    tenant: u64,
+    tenant: TenantId,
 ) -> Result<Vec<u64>, tonic::Status> {
     let mut client =
         (peers.cell(address)).map_err(|e| tonic::Status::invalid_argument(e.to_string()))?;
     let (mut out, mut after) = (Vec::new(), 0);
     loop {
         let mut request = tonic::Request::new(TenantConversationsRequest {
-            tenant_id: tenant,
+            tenant_id: tenant.get(),
             after_id: after,
             limit: 10_000,
             epoch: 0,

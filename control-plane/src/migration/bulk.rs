@@ -67,7 +67,7 @@ impl Migrator {
         for &tenant in &selection.tenants {
             let key = Key::tenant(TenantId(tenant));
             match self
-                .migrate_tenant(tenant, to, parallel, |p| {
+                .migrate_tenant(TenantId(tenant), to, parallel, |p| {
                     events(BulkEvent::Tenant(tenant, p))
                 })
                 .await
@@ -101,11 +101,11 @@ impl Migrator {
             }
             let moved = match key.scope {
                 Scope::User(user) => self
-                    .migrate_user(key.tenant, user, to, |_| {})
+                    .migrate_user(TenantId(key.tenant), UserId(user), to, |_| {})
                     .await
                     .map(|_| 0),
                 Scope::Conversation(c) => self
-                    .migrate_conversation(key.tenant, c, to, |_| {})
+                    .migrate_conversation(TenantId(key.tenant), ConversationId(c), to, |_| {})
                     .await
                     .map(|_| 1),
                 Scope::Tenant => continue,

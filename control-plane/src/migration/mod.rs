@@ -439,27 +439,27 @@ impl Migrator {
     /// was interrupted. `progress` sees every copy round.
     pub async fn migrate_conversation(
         &self,
-        tenant: u64,
-        conversation: u64,
+        tenant: TenantId,
+        conversation: ConversationId,
         to: &str,
         mut progress: impl FnMut(&Progress),
     ) -> Result<MigrationReport, MigrationError> {
         let started = Instant::now();
-        let key = Key::conversation(TenantId(tenant), ConversationId(conversation));
+        let key = Key::conversation(tenant, conversation);
         let (state, start, ends) = self.open_move(&key, to).await?;
         let from = ends.from.clone();
         let mut subject = ConversationMove {
             migrator: self,
-            tenant,
-            conversation,
+            tenant: tenant.get(),
+            conversation: conversation.get(),
             ends,
         };
         let moved = self
             .run_move(&key, &state, start, &mut subject, to, &mut progress)
             .await?;
         Ok(MigrationReport {
-            tenant,
-            conversation,
+            tenant: tenant.get(),
+            conversation: conversation.get(),
             from,
             to: to.to_string(),
             final_seq: moved.final_position,

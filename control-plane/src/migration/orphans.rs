@@ -7,7 +7,7 @@
 //! stop when it loses the lead). A paused move is left to its operator. For a
 //! tenant, any route change of the tenant's keys counts as progress.
 
-use cellmesh_proto::ids::{TenantId, UserId};
+use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -136,15 +136,15 @@ async fn resume(
 ) -> Result<(), MigrationError> {
     match key.scope {
         Scope::Conversation(c) => migrator
-            .migrate_conversation(key.tenant, c, to, |_| {})
+            .migrate_conversation(TenantId(key.tenant), ConversationId(c), to, |_| {})
             .await
             .map(|_| ()),
         Scope::User(u) => migrator
-            .migrate_user(key.tenant, u, to, |_| {})
+            .migrate_user(TenantId(key.tenant), UserId(u), to, |_| {})
             .await
             .map(|_| ()),
         Scope::Tenant => migrator
-            .migrate_tenant(key.tenant, to, parallel, |_| {})
+            .migrate_tenant(TenantId(key.tenant), to, parallel, |_| {})
             .await
             .map(|_| ()),
     }

@@ -35,19 +35,19 @@ impl Migrator {
     /// that was interrupted.
     pub async fn migrate_user(
         &self,
-        tenant: u64,
-        user: u64,
+        tenant: TenantId,
+        user: UserId,
         to: &str,
         mut progress: impl FnMut(&Progress),
     ) -> Result<UserMoveReport, MigrationError> {
         let started = Instant::now();
-        let key = Key::user(TenantId(tenant), UserId(user));
+        let key = Key::user(tenant, user);
         let (state, start, ends) = self.open_move(&key, to).await?;
         let from = ends.from.clone();
         let mut subject = UserMove {
             migrator: self,
-            tenant,
-            user,
+            tenant: tenant.get(),
+            user: user.get(),
             ends,
             reset: false,
         };
@@ -55,8 +55,8 @@ impl Migrator {
             .run_move(&key, &state, start, &mut subject, to, &mut progress)
             .await?;
         Ok(UserMoveReport {
-            tenant,
-            user,
+            tenant: tenant.get(),
+            user: user.get(),
             from,
             to: to.to_string(),
             final_pts: moved.final_position,

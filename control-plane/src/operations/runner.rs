@@ -9,6 +9,7 @@
 //! never overwritten. Dropping the runner's future — leadership lost — stops
 //! every operation it runs.
 
+use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -245,7 +246,7 @@ async fn execute(
             conversation,
             to,
         } => migrator
-            .migrate_conversation(*tenant, *conversation, to, |p| {
+            .migrate_conversation(TenantId(*tenant), ConversationId(*conversation), to, |p| {
                 set(p.phase, p.copied_through, p.source_latest)
             })
             .await
@@ -257,7 +258,7 @@ async fn execute(
             })
             .map_err(|e| e.to_string()),
         Spec::MoveUser { tenant, user, to } => migrator
-            .migrate_user(*tenant, *user, to, |p| {
+            .migrate_user(TenantId(*tenant), UserId(*user), to, |p| {
                 set(p.phase, p.copied_through, p.source_latest)
             })
             .await
@@ -327,7 +328,7 @@ async fn move_tenant(
         ..migrator.options.clone()
     });
     migrator
-                .migrate_tenant(tenant, to, parallel.max(1), |p| {
+                .migrate_tenant(TenantId(tenant), to, parallel.max(1), |p| {
                     *live.lock().expect("progress") = Live {
                         phase: p.phase.to_string(),
                         done: p.moved,

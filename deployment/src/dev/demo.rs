@@ -118,7 +118,7 @@ pub async fn prepare(
         Err(_) => {
             if routes.resolve(&Key::tenant(TenantId(TENANT))).is_none() {
                 routes
-                    .apply(assign_tenant(TENANT, &topo.cell_id(0, 0), 0))
+                    .apply(assign_tenant(TenantId(TENANT), &topo.cell_id(0, 0), 0))
                     .await
                     .map_err(|e| {
                         anyhow::anyhow!(
@@ -151,7 +151,12 @@ pub async fn prepare(
                 MigrationOptions::default(),
             );
             migrator
-                .migrate_conversation(TENANT, general, &topo.cell_id(1, 0), |_| {})
+                .migrate_conversation(
+                    TenantId(TENANT),
+                    ConversationId(general),
+                    &topo.cell_id(1, 0),
+                    |_| {},
+                )
                 .await
                 .context("moving the demo group to us-east")?;
             let demo = Demo {

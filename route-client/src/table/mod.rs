@@ -240,8 +240,8 @@ impl RouteTable {
     /// Where new conversations of `tenant` are created: its owner, or the
     /// target while the tenant migrates (the new conversation's override is
     /// placed there first, see [`Transition::Place`]).
-    pub fn creation_cell(&self, tenant: u64) -> Option<&CellInfo> {
-        let entry = self.entry(&Key::tenant(TenantId(tenant)))?;
+    pub fn creation_cell(&self, tenant: TenantId) -> Option<&CellInfo> {
+        let entry = self.entry(&Key::tenant(tenant))?;
         match &entry.state {
             RouteState::Active => self.cells.get(&entry.cell),
             RouteState::Migrating { to, .. } | RouteState::Frozen { to } => self.cells.get(to),

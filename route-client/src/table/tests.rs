@@ -259,7 +259,7 @@ fn a_moving_tenant_creates_on_its_target_and_its_conversations_move_alone() {
         Transition::BeginMigration { to: "eu/c2".into() },
     )
     .unwrap();
-    assert_eq!(t.creation_cell(1).unwrap().id, "eu/c2");
+    assert_eq!(t.creation_cell(TenantId(1)).unwrap().id, "eu/c2");
     // Only on the target, only for a conversation without an override.
     assert!(update(&mut t, i + 2, conv, i + 1, place_on("us/c1")).is_err());
     update(&mut t, i + 2, conv, i + 1, place_on("eu/c2")).unwrap();

@@ -4,6 +4,7 @@
 //! later forgets its records without taking the files the new owner's
 //! messages carry.
 
+use cellmesh_proto::ids::{ConversationId, TenantId};
 use std::sync::Arc;
 
 use cellmesh_cell::clock::{Clock, ManualClock, SystemClock};
@@ -45,7 +46,9 @@ async fn open_uploads_move_with_their_conversation_and_finish_at_the_new_owner()
     let routes = d.cluster.client().await;
     routes
         .apply(cellmesh_route_client::commands::assign_tenant(
-            TENANT, SOURCE, 0,
+            TenantId(TENANT),
+            SOURCE,
+            0,
         ))
         .await
         .unwrap();
@@ -125,7 +128,12 @@ async fn open_uploads_move_with_their_conversation_and_finish_at_the_new_owner()
     }
 
     migrator(&routes)
-        .migrate_conversation(TENANT, conversation, TARGET, |_| {})
+        .migrate_conversation(
+            TenantId(TENANT),
+            ConversationId(conversation),
+            TARGET,
+            |_| {},
+        )
         .await
         .expect("the conversation moves");
 
@@ -172,7 +180,11 @@ async fn open_uploads_move_with_their_conversation_and_finish_at_the_new_owner()
     source_service.sweep_uploads().await.unwrap();
     for id in [early.attachment_id, a.attachment_id, b.attachment_id] {
         assert!(
-            source_service.store().upload(TENANT, id).unwrap().is_none(),
+            source_service
+                .store()
+                .upload(TenantId(TENANT), id)
+                .unwrap()
+                .is_none(),
             "the source forgot upload {id}"
         );
     }
@@ -265,7 +277,9 @@ async fn move_tenant_until_copied(routes: &cellmesh_route_client::client::RouteC
             ..MigrationOptions::default()
         },
     );
-    let stopped = stopping.migrate_tenant(1, "us-east/c1", 4, |_| {}).await;
+    let stopped = stopping
+        .migrate_tenant(TenantId(1), "us-east/c1", 4, |_| {})
+        .await;
     assert!(
         matches!(stopped, Err(MigrationError::Stopped(StopPoint::Copied))),
         "{stopped:?}"
@@ -310,7 +324,7 @@ async fn a_tenant_move_carries_uploads_made_after_its_first_copy_round() {
     )
     .await;
     let report = migrator(&routes)
-        .migrate_tenant(1, "us-east/c1", 4, |_| {})
+        .migrate_tenant(TenantId(1), "us-east/c1", 4, |_| {})
         .await
         .expect("the move finishes");
     assert_eq!(
@@ -371,7 +385,7 @@ async fn a_source_killed_while_its_files_are_copied_loses_none() {
     let routes = cluster.client().await;
     routes
         .apply(cellmesh_route_client::commands::assign_tenant(
-            1,
+            TenantId(1),
             "eu-west/c1",
             0,
         ))
@@ -406,7 +420,7 @@ async fn a_source_killed_while_its_files_are_copied_loses_none() {
 
     // The move copies the history and stops; the files keep copying.
     move_tenant_until_copied(&routes).await;
-    let copies = || target.cell.service.file_copies(1, 0).unwrap();
+    let copies = || target.cell.service.file_copies(TenantId(1), 0).unwrap();
     assert!(
         cellmesh_tests::eventually(std::time::Duration::from_secs(20), || async {
             copies().files_copied >= 1
@@ -424,7 +438,7 @@ async fn a_source_killed_while_its_files_are_copied_loses_none() {
     let source = CellProcess::start_configured(source_dir.path(), &config).await;
 
     let report = migrator(&routes)
-        .migrate_tenant(1, "us-east/c1", 4, |_| {})
+        .migrate_tenant(TenantId(1), "us-east/c1", 4, |_| {})
         .await
         .expect("the move resumes and finishes");
     assert_eq!(report.files.files_pending, 0, "{:?}", report.files);

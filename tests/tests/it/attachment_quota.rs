@@ -2,6 +2,7 @@
 //! two cells, each cell measures a reservation against its own bytes of the
 //! tenant plus what the other last reported.
 
+use cellmesh_proto::ids::{ConversationId, TenantId};
 use cellmesh_proto::reason::Reason;
 use cellmesh_proto::v1::{CreateUploadRequest, ErrorCode};
 use cellmesh_tests::deploy::{
@@ -70,7 +71,7 @@ async fn a_tenants_quota_counts_its_files_on_every_cell() {
         .unwrap();
     let there = create_via_edge(&mut m, &alice, vec![11]).await;
     migrator(&routes)
-        .migrate_conversation(1, there, "us-east/c1", |_| {})
+        .migrate_conversation(TenantId(1), ConversationId(there), "us-east/c1", |_| {})
         .await
         .unwrap();
     let (eu_west, us_east) = (&d.cells[0].cell.service, &d.cells[1].cell.service);

@@ -5,6 +5,7 @@
 //! interrupted multipart upload resumes; every bad input is refused with
 //! its reason and nothing stays half-way; recall and the sweep delete.
 
+use cellmesh_proto::ids::TenantId;
 use cellmesh_proto::reason::Reason;
 use std::path::Path;
 use std::sync::Arc;
@@ -941,7 +942,7 @@ async fn a_tenant_moved_to_another_region_takes_its_files_along() {
     });
     let mut seen = Vec::new();
     let report = mover
-        .migrate_tenant(TENANT, "us-east/c1", 4, |p| {
+        .migrate_tenant(TenantId(TENANT), "us-east/c1", 4, |p| {
             if p.phase == "files" {
                 seen.push((p.files_copied, p.files_total, p.file_bytes_total));
             }
@@ -1278,7 +1279,7 @@ async fn a_copy_cut_off_by_a_restart_of_the_target_resumes_and_ends_intact() {
     let (phase_tx, mut phase_rx) = tokio::sync::watch::channel("");
     let mover = tokio::spawn(async move {
         migrator(&routes)
-            .migrate_tenant(TENANT, "us-east/c1", 4, |p| {
+            .migrate_tenant(TenantId(TENANT), "us-east/c1", 4, |p| {
                 phase_tx.send_replace(p.phase);
             })
             .await

@@ -5,6 +5,7 @@
 //! uploads only what changed; `verify` passes a good backup and catches a
 //! damaged object; delete keeps files a remaining backup shares.
 
+use cellmesh_proto::ids::TenantId;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -440,7 +441,7 @@ async fn verify_names_cold_history_the_tier_no_longer_holds() {
     assert!(ok.problems.is_empty(), "{:?}", ok.problems);
     // A segment object goes missing (a tier on a lost disk).
     let cold = cell.cell.service.cold().unwrap();
-    let objects = cold.list(Some(T)).await.unwrap();
+    let objects = cold.list(Some(TenantId(T))).await.unwrap();
     assert!(!objects.is_empty());
     cold.delete(&objects[0].key).await.unwrap();
     let bad = admin

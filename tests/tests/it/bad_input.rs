@@ -1,6 +1,7 @@
 //! Bad input gets a clear error with a stable code and reason, and the
 //! server keeps serving (and its data stays intact) afterwards.
 
+use cellmesh_proto::ids::ConversationId;
 use cellmesh_proto::reason::Reason;
 use cellmesh_proto::status::{error_code, error_detail};
 use cellmesh_proto::v1::*;
@@ -647,7 +648,7 @@ async fn a_chunk_for_a_conversation_not_moving_here_is_refused_and_changes_nothi
         .cell
         .service
         .store()
-        .members(conv, 0, 100)
+        .members(ConversationId(conv), 0, 100)
         .unwrap()
         .0;
     assert_eq!(members, vec![10, 11], "the owner's members are unchanged");
@@ -655,7 +656,7 @@ async fn a_chunk_for_a_conversation_not_moving_here_is_refused_and_changes_nothi
         .cell
         .service
         .store()
-        .conversation(conv)
+        .conversation(ConversationId(conv))
         .unwrap()
         .unwrap();
     assert_eq!(held.tenant_id, 1);
@@ -664,7 +665,7 @@ async fn a_chunk_for_a_conversation_not_moving_here_is_refused_and_changes_nothi
         .cell
         .service
         .store()
-        .members(conv, 0, 100)
+        .members(ConversationId(conv), 0, 100)
         .unwrap()
         .0;
     assert!(!replica.contains(&99), "{replica:?}");
@@ -686,7 +687,7 @@ async fn replicated_meta_from_a_cell_that_does_not_own_the_conversation_is_refus
             .cell
             .service
             .store()
-            .members(conv, 0, 100)
+            .members(ConversationId(conv), 0, 100)
             .unwrap()
             .0
     };
@@ -702,7 +703,7 @@ async fn replicated_meta_from_a_cell_that_does_not_own_the_conversation_is_refus
         .cell
         .service
         .store()
-        .conversation(conv)
+        .conversation(ConversationId(conv))
         .unwrap()
         .unwrap();
     let forged_meta = |tenant_id| PeerEvent {

@@ -61,20 +61,20 @@ async fn a_tenant_move_hands_cold_history_over_by_its_manifest() {
     let routes = d.cluster.client().await;
     let migrator = migrator(&routes);
     migrator
-        .migrate_tenant(1, TARGET, 4, |_| {})
+        .migrate_tenant(TenantId(1), TARGET, 4, |_| {})
         .await
         .expect("tenant move succeeds");
     let target = d.cells[1].cell.service.store();
     assert_eq!(
-        target.segments(conv).unwrap().len(),
+        target.segments(ConversationId(conv)).unwrap().len(),
         2,
         "the manifest moved"
     );
     assert!(
-        target.message(conv, 1).unwrap().is_none(),
+        target.message(ConversationId(conv), 1).unwrap().is_none(),
         "cold messages are not copied into the target's hot tier"
     );
-    assert!(target.message(conv, 60).unwrap().is_some());
+    assert!(target.message(ConversationId(conv), 60).unwrap().is_some());
     let mut m = messaging(&d.edge).await;
     assert_eq!(history_via_edge(&mut m, &token(1, 10), conv).await, before);
     // A re-send of a request whose message is cold gets its first answer.
@@ -97,7 +97,7 @@ async fn a_move_between_buckets_copies_the_segments() {
     let routes = d.cluster.client().await;
     let migrator = migrator(&routes);
     migrator
-        .migrate_tenant(1, TARGET, 4, |_| {})
+        .migrate_tenant(TenantId(1), TARGET, 4, |_| {})
         .await
         .expect("tenant move succeeds");
     let target_dir = d.cells[1].dir.path().join("cold");
@@ -125,7 +125,7 @@ async fn a_conversation_move_keeps_the_answers_of_requests_whose_messages_are_co
     let routes = d.cluster.client().await;
     let migrator = migrator(&routes);
     migrator
-        .migrate_conversation(1, conv, TARGET, |_| {})
+        .migrate_conversation(TenantId(1), ConversationId(conv), TARGET, |_| {})
         .await
         .expect("conversation move succeeds");
     assert_eq!(
@@ -133,7 +133,7 @@ async fn a_conversation_move_keeps_the_answers_of_requests_whose_messages_are_co
             .cell
             .service
             .store()
-            .segments(conv)
+            .segments(ConversationId(conv))
             .unwrap()
             .len(),
         2
@@ -177,11 +177,11 @@ async fn a_failover_backfill_adopts_the_failed_cells_cold_history() {
     wait_for_backfill(&cp, SOURCE, Duration::from_secs(30)).await;
     let owner = d.cells[0].cell.service.store();
     assert_eq!(
-        owner.segments(conv).unwrap().len(),
+        owner.segments(ConversationId(conv)).unwrap().len(),
         2,
         "the manifest came over"
     );
-    assert!(owner.message(conv, 1).unwrap().is_none());
+    assert!(owner.message(ConversationId(conv), 1).unwrap().is_none());
     let mut m = messaging(&d.edge).await;
     let page = pull_via_edge(&mut m, &token(1, 10), conv).await;
     assert_eq!(page.unavailable_through, 0, "history is complete again");

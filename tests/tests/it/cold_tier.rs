@@ -7,6 +7,7 @@
 //! does; a cell killed between upload, manifest commit and hot delete
 //! loses and duplicates nothing.
 
+use cellmesh_proto::ids::TenantId;
 use cellmesh_proto::reason::Reason;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -336,10 +337,15 @@ async fn retention_deletes_only_past_its_horizon_and_legal_hold_keeps_all() {
     let search = cell.cell.service.search_indexes().unwrap();
     let docs = |t| search.tenant(t).unwrap().num_docs();
     let forgot = eventually(Duration::from_secs(10), || async {
-        (docs(T), docs(HELD)) == (5, 35)
+        (docs(TenantId(T)), docs(TenantId(HELD))) == (5, 35)
     })
     .await;
-    assert!(forgot, "indexed: {} and {}", docs(T), docs(HELD));
+    assert!(
+        forgot,
+        "indexed: {} and {}",
+        docs(TenantId(T)),
+        docs(TenantId(HELD))
+    );
 }
 
 #[tokio::test]
@@ -366,7 +372,7 @@ async fn an_s3_bucket_serves_as_the_cold_tier() {
         .service
         .cold()
         .unwrap()
-        .list(Some(T))
+        .list(Some(TenantId(T)))
         .await
         .unwrap();
     assert_eq!(objects.len(), 2, "{objects:?}");

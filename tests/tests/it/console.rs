@@ -3,6 +3,7 @@
 //! running migration's progress moves between two loads; and the bytes of
 //! files each tenant keeps.
 
+use cellmesh_proto::ids::{ConversationId, TenantId};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -76,7 +77,7 @@ async fn the_console_shows_every_cell_and_a_migration_moving() {
     );
     let moving = tokio::spawn(async move {
         migrator
-            .migrate_conversation(1, conv, "us-east/c1", |_| {})
+            .migrate_conversation(TenantId(1), ConversationId(conv), "us-east/c1", |_| {})
             .await
     });
     let key = format!("conversation {conv} of tenant 1");

@@ -3,6 +3,7 @@
 //! not serve the call (an earlier release) is told apart, so the
 //! forwarder falls back to one call at a time.
 
+use cellmesh_proto::ids::{TenantId, UserId};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -47,7 +48,7 @@ async fn batches_sent_back_to_back_are_applied_and_answered_in_order() {
         .cell
         .service
         .store()
-        .sync_after(cellmesh_cell::UserKey::new(T, 3), 0, 100)
+        .sync_after(cellmesh_cell::UserKey::new(TenantId(T), UserId(3)), 0, 100)
         .unwrap();
     let seqs: Vec<u64> = queue.iter().map(|(_, r)| r.seq).collect();
     assert_eq!(seqs, (1..=20).collect::<Vec<_>>());

@@ -195,7 +195,7 @@ async fn the_edge_rejects_missing_expired_forged_and_cross_tenant_requests() {
     d.cluster
         .client()
         .await
-        .apply(assign_tenant(2, "us-east/c1", 0))
+        .apply(assign_tenant(TenantId(2), "us-east/c1", 0))
         .await
         .unwrap();
     let r = m.send(authed(send(conv, "f", "x"), &mallory)).await;
@@ -229,7 +229,7 @@ async fn a_request_routed_by_a_stale_edge_reaches_the_new_owner() {
     let routes = d.cluster.client().await;
     let carol = token(3, 30);
     let placed = routes
-        .apply(assign_tenant(3, "eu-west/c1", 0))
+        .apply(assign_tenant(TenantId(3), "eu-west/c1", 0))
         .await
         .unwrap();
     assert!(
@@ -248,7 +248,10 @@ async fn a_request_routed_by_a_stale_edge_reaches_the_new_owner() {
         let epoch = routes
             .read(|t| t.entry(&Key::tenant(TenantId(3))).map(|e| e.epoch))
             .unwrap_or(placed.index);
-        match routes.apply(assign_tenant(3, "us-east/c1", epoch)).await {
+        match routes
+            .apply(assign_tenant(TenantId(3), "us-east/c1", epoch))
+            .await
+        {
             Ok(applied) => {
                 moved = Some(applied);
                 break;

@@ -3,6 +3,7 @@
 //! left there first, in order, then reads the outbox; processed events are
 //! trimmed, and ids are never issued twice across a restart.
 
+use cellmesh_proto::ids::ConversationId;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -56,7 +57,7 @@ async fn an_upgraded_cell_drains_the_old_log_before_the_outbox() {
     let mut m = Mutation::new();
     let mut offsets = [0u64; 4];
     for (id, e) in &relayed {
-        let p = partition_of(e.conversation_id, 4);
+        let p = partition_of(ConversationId(e.conversation_id), 4);
         offsets[p as usize] += 1;
         let queued = QueuedEvent {
             id: *id,
@@ -68,7 +69,7 @@ async fn an_upgraded_cell_drains_the_old_log_before_the_outbox() {
     for p in 0..4 {
         let first = relayed
             .iter()
-            .filter(|(_, e)| partition_of(e.conversation_id, 4) == p)
+            .filter(|(_, e)| partition_of(ConversationId(e.conversation_id), 4) == p)
             .take_while(|(id, _)| *id <= 2)
             .count();
         m.put_queue_offset("processor", p, first as u64);

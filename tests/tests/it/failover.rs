@@ -231,7 +231,7 @@ pub(crate) async fn tenant_on_c1(
     let routes = cluster.client().await;
     routes
         .apply(cellmesh_route_client::commands::assign_tenant(
-            1,
+            TenantId(1),
             "eu-west/c1",
             0,
         ))

@@ -4,6 +4,7 @@
 //! region, a busy disk — must not hold up the pushes of members homed
 //! elsewhere: each kind has its own queue and forwarder.
 
+use cellmesh_proto::ids::{ConversationId, TenantId};
 use std::time::{Duration, Instant};
 
 use cellmesh_proto::v1::sync_client::SyncClient;
@@ -23,7 +24,7 @@ async fn far_conversation(
 ) -> (u64, tonic::Streaming<cellmesh_proto::v1::SyncPush>) {
     let conv = create_via_edge(m, alice, vec![11]).await;
     migrator(routes)
-        .migrate_conversation(1, conv, "us-east/c1", |_| {})
+        .migrate_conversation(TenantId(1), ConversationId(conv), "us-east/c1", |_| {})
         .await
         .expect("the move finishes");
     let channel = tonic::transport::Channel::from_shared(edge.endpoint())
@@ -111,7 +112,7 @@ async fn events_for_a_far_home_go_out_without_waiting_for_each_others_answers() 
     let routes = cluster.client().await;
     routes
         .apply(cellmesh_route_client::commands::assign_tenant(
-            1,
+            TenantId(1),
             "eu-west/c1",
             0,
         ))

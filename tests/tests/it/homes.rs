@@ -2,6 +2,7 @@
 //! their home cell, arrive there in order with the message, are applied
 //! once, and wait durably while the home cell is down.
 
+use cellmesh_proto::ids::{TenantId, UserId};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -58,7 +59,7 @@ async fn remote_members_get_their_events_through_their_home_cell() {
             .cell
             .service
             .store()
-            .sync_after(cellmesh_cell::UserKey::new(T, 3), 0, 10)
+            .sync_after(cellmesh_cell::UserKey::new(TenantId(T), UserId(3)), 0, 10)
             .unwrap()
             .is_empty()
     );

@@ -3,6 +3,7 @@
 //! through the target's link to the source, so a cut link holds the move
 //! and a healed one lets it finish.
 
+use cellmesh_proto::ids::{ConversationId, TenantId};
 use std::time::Duration;
 
 use cellmesh_control_plane::migration::{MigrationOptions, Migrator};
@@ -42,7 +43,7 @@ async fn a_moves_copy_goes_through_the_targets_link_to_the_source() {
     link.partition(true, true);
     let cut = tokio::time::timeout(
         Duration::from_secs(5),
-        migrator.migrate_conversation(1, conv, "eu-west/c2", |_| {}),
+        migrator.migrate_conversation(TenantId(1), ConversationId(conv), "eu-west/c2", |_| {}),
     )
     .await;
     assert!(
@@ -52,7 +53,7 @@ async fn a_moves_copy_goes_through_the_targets_link_to_the_source() {
 
     link.heal();
     let report = migrator
-        .migrate_conversation(1, conv, "eu-west/c2", |_| {})
+        .migrate_conversation(TenantId(1), ConversationId(conv), "eu-west/c2", |_| {})
         .await
         .expect("the move finishes once the link is back");
     assert!(report.final_seq >= 20, "{report:?}");

@@ -147,7 +147,9 @@ async fn move_under_load(history: u64, chunk: u32) {
     );
     let mut phases = Vec::new();
     let report = migrator
-        .migrate_conversation(1, conv, "us-east/c1", |p| phases.push(p.phase))
+        .migrate_conversation(TenantId(1), ConversationId(conv), "us-east/c1", |p| {
+            phases.push(p.phase)
+        })
         .await
         .expect("migration succeeds");
     let switch_ms = senders.now_ms();
@@ -260,7 +262,7 @@ async fn a_migration_interrupted_in_any_phase_resumes_and_finishes() {
                 ..MigrationOptions::default()
             },
         )
-        .migrate_conversation(1, conv, "us-east/c1", |_| {})
+        .migrate_conversation(TenantId(1), ConversationId(conv), "us-east/c1", |_| {})
         .await;
         assert!(
             matches!(interrupted, Err(MigrationError::Stopped(p)) if p == point),
@@ -272,7 +274,7 @@ async fn a_migration_interrupted_in_any_phase_resumes_and_finishes() {
             ClusterSecret::new(SECRET),
             MigrationOptions::default(),
         )
-        .migrate_conversation(1, conv, "us-east/c1", |_| {})
+        .migrate_conversation(TenantId(1), ConversationId(conv), "us-east/c1", |_| {})
         .await
         .unwrap_or_else(|e| panic!("resume after {point:?}: {e}"));
         // They send for 1.5 s from the start, whenever the move ends.
@@ -342,7 +344,7 @@ async fn a_recall_made_after_the_copy_is_never_lost_by_the_move() {
         )
     };
     let stopped = migrator(Some(StopPoint::Copied))
-        .migrate_conversation(1, conv, "us-east/c1", |_| {})
+        .migrate_conversation(TenantId(1), ConversationId(conv), "us-east/c1", |_| {})
         .await;
     assert!(
         matches!(stopped, Err(MigrationError::Stopped(_))),
@@ -361,7 +363,7 @@ async fn a_recall_made_after_the_copy_is_never_lost_by_the_move() {
     .await
     .unwrap();
     let resumed = migrator(None)
-        .migrate_conversation(1, conv, "us-east/c1", |_| {})
+        .migrate_conversation(TenantId(1), ConversationId(conv), "us-east/c1", |_| {})
         .await;
     let owner = routes
         .resolve(&cellmesh_route_client::table::Key::conversation(
@@ -422,7 +424,7 @@ async fn a_paused_migration_copies_nothing_until_resumed() {
         let phases = phases.clone();
         async move {
             migrator
-                .migrate_conversation(1, conv, "us-east/c1", |p| {
+                .migrate_conversation(TenantId(1), ConversationId(conv), "us-east/c1", |p| {
                     phases.lock().unwrap().push(p.phase)
                 })
                 .await

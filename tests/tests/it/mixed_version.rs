@@ -10,6 +10,7 @@
 //! again, its users' events pushed each time; the old router is upgraded;
 //! then the finalize is taken, and the history is whole, in order, once.
 
+use cellmesh_proto::ids::{ConversationId, TenantId};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -199,7 +200,7 @@ async fn this_release_runs_beside_the_previous_one_and_upgrades_it_in_place() {
         let routes = routes.clone();
         async move {
             routes
-                .apply(assign_tenant(1, "eu-west/c1", 0))
+                .apply(assign_tenant(TenantId(1), "eu-west/c1", 0))
                 .await
                 .is_ok()
         }
@@ -218,7 +219,7 @@ async fn this_release_runs_beside_the_previous_one_and_upgrades_it_in_place() {
 
     // Moved onto this release's cell by this release's migrator.
     migrator(&routes)
-        .migrate_conversation(1, conv, "us-east/c1", |_| {})
+        .migrate_conversation(TenantId(1), ConversationId(conv), "us-east/c1", |_| {})
         .await
         .expect("the conversation moves from the previous release's cell");
     seq = send_n(&mut m, conv, "new", 10, seq, &mut sent).await;

@@ -51,7 +51,7 @@ async fn move_then_fail_over(mode: ReplicationMode) {
     .await;
     let routes = cluster.client().await;
     routes
-        .apply(assign_tenant(1, "eu-west/c1", 0))
+        .apply(assign_tenant(TenantId(1), "eu-west/c1", 0))
         .await
         .unwrap();
     let edge = start_edge(routers.clone()).await;
@@ -64,7 +64,7 @@ async fn move_then_fail_over(mode: ReplicationMode) {
     senders.until_acked(20, Duration::from_secs(10)).await;
     // Within a second of its creation the conversation moves.
     let report = migrator(&routes)
-        .migrate_conversation(1, conv, "us-east/c1", |_| {})
+        .migrate_conversation(TenantId(1), ConversationId(conv), "us-east/c1", |_| {})
         .await
         .expect("the move finishes");
     assert_eq!(report.to, "us-east/c1");
@@ -156,7 +156,7 @@ async fn a_target_failing_back_to_the_moves_source_loses_nothing_it_acknowledged
     let process = CellProcess::start_configured(dir.path(), &config).await;
     let routes = cluster.client().await;
     routes
-        .apply(assign_tenant(1, "us-east/c2", 0))
+        .apply(assign_tenant(TenantId(1), "us-east/c2", 0))
         .await
         .unwrap();
     let edge = start_edge(routers.clone()).await;
@@ -199,7 +199,7 @@ async fn a_target_failing_back_to_the_moves_source_loses_nothing_it_acknowledged
         .unwrap();
     assert!(moved_at > 70, "more history than the margin: {moved_at}");
     migrator(&routes)
-        .migrate_conversation(1, conv, "us-east/c1", |_| {})
+        .migrate_conversation(TenantId(1), ConversationId(conv), "us-east/c1", |_| {})
         .await
         .expect("the move finishes");
     // A few sends on the new owner, then it hangs and fails back.

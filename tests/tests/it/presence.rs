@@ -1,5 +1,6 @@
 //! Presence, typing notices and notifications for offline users.
 
+use cellmesh_proto::ids::{TenantId, UserId};
 use cellmesh_proto::reason::Reason;
 use std::sync::Arc;
 use std::time::Duration;
@@ -68,7 +69,7 @@ async fn presence_and_typing_reach_only_online_members() {
     // Typing is never stored: it is not in anyone's sync queue.
     let store = cell.cell.service.store();
     let kinds: Vec<i32> = store
-        .sync_after(cellmesh_cell::UserKey::new(T, 2), 0, 100)
+        .sync_after(cellmesh_cell::UserKey::new(TenantId(T), UserId(2)), 0, 100)
         .unwrap()
         .iter()
         .map(|(_, r)| r.kind)

@@ -8,6 +8,7 @@
 //! up to the last before the kill, with no answer shipped after the ack,
 //! and the new owner serves the whole history before the backfill.
 
+use cellmesh_proto::ids::TenantId;
 use std::time::Duration;
 
 use cellmesh_cell::config::ReplicationMode;
@@ -62,7 +63,7 @@ async fn fail_over_under_sends(fault: Fault, mode: ReplicationMode) {
     .await;
     let routes = cluster.client().await;
     routes
-        .apply(assign_tenant(1, "eu-west/c1", 0))
+        .apply(assign_tenant(TenantId(1), "eu-west/c1", 0))
         .await
         .unwrap();
     let edge = start_edge(routers.clone()).await;

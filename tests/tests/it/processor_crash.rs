@@ -2,6 +2,7 @@
 //! committing its queue positions: the restarted processor gets the batch
 //! again and every member still ends up with the message exactly once.
 
+use cellmesh_proto::ids::{TenantId, UserId};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -44,7 +45,7 @@ async fn crash_between_apply_and_commit(kafka: Option<&Kafka>) {
         Some(_) => Arc::new(KafkaQueue::connect(&config).await.unwrap()),
     };
 
-    let creator = Caller::new(T, 1);
+    let creator = Caller::new(TenantId(T), UserId(1));
     let conv = messages
         .create_conversation(CreateCommand {
             caller: creator,
@@ -127,7 +128,11 @@ async fn crash_between_apply_and_commit(kafka: Option<&Kafka>) {
 
     for user in [1, 2, 3, 4] {
         let queue = store
-            .sync_after(cellmesh_cell::UserKey::new(T, user), 0, 100)
+            .sync_after(
+                cellmesh_cell::UserKey::new(TenantId(T), UserId(user)),
+                0,
+                100,
+            )
             .unwrap();
         let message_events: Vec<_> = queue
             .iter()
@@ -146,7 +151,7 @@ async fn crash_between_apply_and_commit(kafka: Option<&Kafka>) {
         assert_eq!(joined, 1, "user {user} joined once");
         assert_eq!(
             store
-                .user_pts(cellmesh_cell::UserKey::new(T, user))
+                .user_pts(cellmesh_cell::UserKey::new(TenantId(T), UserId(user)))
                 .unwrap(),
             2
         );

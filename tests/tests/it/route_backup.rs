@@ -36,7 +36,7 @@ async fn a_route_table_backup_brings_up_a_new_group_with_the_same_routes() {
     let routes = d.cluster.client().await;
     let routers = d.cluster.endpoints();
     routes
-        .apply(assign_tenant(2, "us-east/c1", 0))
+        .apply(assign_tenant(TenantId(2), "us-east/c1", 0))
         .await
         .unwrap();
     let store = tempfile::tempdir().unwrap();
@@ -65,7 +65,7 @@ async fn a_route_table_backup_brings_up_a_new_group_with_the_same_routes() {
     });
     // Written after the backup: not in the restored group.
     routes
-        .apply(assign_tenant(3, "us-east/c1", 0))
+        .apply(assign_tenant(TenantId(3), "us-east/c1", 0))
         .await
         .unwrap();
 
@@ -94,7 +94,9 @@ async fn a_route_table_backup_brings_up_a_new_group_with_the_same_routes() {
         let connected =
             RouteClient::connect(vec![endpoint.clone()], ClusterSecret::new(SECRET)).await;
         if let Ok(c) = connected
-            && c.apply(assign_tenant(4, "eu-west/c1", 0)).await.is_ok()
+            && c.apply(assign_tenant(TenantId(4), "eu-west/c1", 0))
+                .await
+                .is_ok()
         {
             break c;
         }

@@ -36,7 +36,7 @@ async fn a_killed_leader_is_replaced_and_writes_continue() {
     seed(&client).await;
     for t in 1..=20 {
         client
-            .apply(assign_tenant(t, "eu-west/c1", 0))
+            .apply(assign_tenant(TenantId(t), "eu-west/c1", 0))
             .await
             .unwrap();
     }
@@ -46,7 +46,10 @@ async fn a_killed_leader_is_replaced_and_writes_continue() {
     // Writes fail over to the new leader through the same client.
     let mut t = 21;
     let first_ok = loop {
-        match client.apply(assign_tenant(t, "eu-west/c2", 0)).await {
+        match client
+            .apply(assign_tenant(TenantId(t), "eu-west/c2", 0))
+            .await
+        {
             Ok(_) => break killed_at.elapsed(),
             // Unavailable, or the outcome is unknown (connection closed).
             Err(e) => assert!(
@@ -66,7 +69,7 @@ async fn a_killed_leader_is_replaced_and_writes_continue() {
     assert_ne!(new, old);
     for t in 100..110 {
         client
-            .apply(assign_tenant(t, "us-east/c1", 0))
+            .apply(assign_tenant(TenantId(t), "us-east/c1", 0))
             .await
             .unwrap();
     }
@@ -103,7 +106,7 @@ async fn a_replica_that_missed_purged_log_catches_up_by_snapshot() {
     cluster.stop(lagging).await;
     for t in 1..=150 {
         client
-            .apply(assign_tenant(t, "eu-west/c1", 0))
+            .apply(assign_tenant(TenantId(t), "eu-west/c1", 0))
             .await
             .unwrap();
     }
@@ -160,7 +163,7 @@ async fn a_linearizable_read_on_a_follower_sees_a_write_made_elsewhere() {
     let mut on_follower = cluster.api(follower).await;
     for t in 1..=20u64 {
         on_leader
-            .apply(assign_tenant(t, "us-east/c1", 0))
+            .apply(assign_tenant(TenantId(t), "us-east/c1", 0))
             .await
             .unwrap();
         let r = on_follower
@@ -178,7 +181,7 @@ async fn a_linearizable_read_on_a_follower_sees_a_write_made_elsewhere() {
     }
     // A write sent to a follower is forwarded to the leader.
     let applied = on_follower
-        .apply(assign_tenant(500, "eu-west/c2", 0))
+        .apply(assign_tenant(TenantId(500), "eu-west/c2", 0))
         .await
         .unwrap()
         .into_inner();
@@ -204,19 +207,19 @@ async fn the_watch_delivers_every_change_once_in_order_across_a_reconnect() {
     seed(&writer).await;
     for t in 1..=30 {
         writer
-            .apply(assign_tenant(t, "eu-west/c1", 0))
+            .apply(assign_tenant(TenantId(t), "eu-west/c1", 0))
             .await
             .unwrap();
     }
     cluster.stop(watched).await;
     for t in 31..=60 {
         writer
-            .apply(assign_tenant(t, "eu-west/c2", 0))
+            .apply(assign_tenant(TenantId(t), "eu-west/c2", 0))
             .await
             .unwrap();
     }
     let last = writer
-        .apply(assign_tenant(61, "us-east/c1", 0))
+        .apply(assign_tenant(TenantId(61), "us-east/c1", 0))
         .await
         .unwrap()
         .index;
@@ -250,7 +253,7 @@ async fn membership_grows_and_shrinks_and_a_restart_keeps_state() {
     let client = cluster.client().await;
     seed(&client).await;
     client
-        .apply(assign_tenant(1, "eu-west/c1", 0))
+        .apply(assign_tenant(TenantId(1), "eu-west/c1", 0))
         .await
         .unwrap();
     // A fourth replica joins as a learner, is promoted, and one is removed.
@@ -331,7 +334,7 @@ async fn concurrent_writes_share_log_entries_and_each_gets_its_own_answer() {
             (
                 i,
                 tenant,
-                client.apply(assign_tenant(tenant, cell, 0)).await,
+                client.apply(assign_tenant(TenantId(tenant), cell, 0)).await,
             )
         }
     });
@@ -386,7 +389,7 @@ async fn invalid_writes_get_stable_codes_and_calls_need_the_secret() {
     let client = cluster.client().await;
     seed(&client).await;
     let e = client
-        .apply(assign_tenant(1, "eu-west/c9", 0))
+        .apply(assign_tenant(TenantId(1), "eu-west/c9", 0))
         .await
         .unwrap_err();
     let d = error_detail(&e);
@@ -395,11 +398,11 @@ async fn invalid_writes_get_stable_codes_and_calls_need_the_secret() {
         (ErrorCode::NotFound as i32, Reason::UnknownCell.as_str())
     );
     let placed = client
-        .apply(assign_tenant(1, "eu-west/c1", 0))
+        .apply(assign_tenant(TenantId(1), "eu-west/c1", 0))
         .await
         .unwrap();
     let e = client
-        .apply(assign_tenant(1, "eu-west/c2", placed.index - 1))
+        .apply(assign_tenant(TenantId(1), "eu-west/c2", placed.index - 1))
         .await
         .unwrap_err();
     assert_eq!(error_detail(&e).reason, Reason::StaleEpoch.as_str());
@@ -447,7 +450,7 @@ async fn a_lookup_passes_over_a_replica_that_does_not_answer() {
     let setup = cluster.client().await;
     seed(&setup).await;
     setup
-        .apply(assign_tenant(1, "eu-west/c1", 0))
+        .apply(assign_tenant(TenantId(1), "eu-west/c1", 0))
         .await
         .unwrap();
     // The client reaches the leader through a link that can hang.

@@ -6,6 +6,7 @@
 //! duplicates; cold history stays searchable; through the edge a caller's
 //! conversations on two cells are searched and paged as one, after a move.
 
+use cellmesh_proto::ids::{ConversationId, TenantId};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -271,7 +272,7 @@ async fn bad_queries_get_stable_reasons() {
     let e2e = TestCell::start_with(
         |c| {
             c.search.tenants.push(cellmesh_cell::search::TenantSearch {
-                tenant: T,
+                tenant: TenantId(T),
                 language: None,
                 end_to_end_encrypted: true,
             })
@@ -380,7 +381,7 @@ async fn through_the_edge_a_callers_conversations_on_two_cells_page_as_one() {
     }
     let routes = d.cluster.client().await;
     migrator(&routes)
-        .migrate_conversation(1, moves, "us-east/c1", |_| {})
+        .migrate_conversation(TenantId(1), ConversationId(moves), "us-east/c1", |_| {})
         .await
         .expect("the conversation moves");
     // Bob's six hits: three from each cell, found on the target after the
@@ -444,7 +445,11 @@ async fn through_the_edge_a_callers_conversations_on_two_cells_page_as_one() {
     // too: only the conversation that stayed is left there.
     let source = &d.cells[0].cell.service;
     assert_eq!(source.clean_moved(Duration::ZERO).await.unwrap(), 1);
-    let index = source.search_indexes().unwrap().tenant(1).unwrap();
+    let index = source
+        .search_indexes()
+        .unwrap()
+        .tenant(TenantId(1))
+        .unwrap();
     let dropped = eventually(Duration::from_secs(10), || {
         let index = index.clone();
         async move { index.num_docs() == 3 }
@@ -463,7 +468,7 @@ async fn through_the_edge_a_callers_conversations_on_two_cells_page_as_one() {
 
     // The whole tenant moves (with Bob's home): all six found on the target.
     migrator(&routes)
-        .migrate_tenant(1, "us-east/c1", 4, |_| {})
+        .migrate_tenant(TenantId(1), "us-east/c1", 4, |_| {})
         .await
         .expect("the tenant moves");
     let moved = eventually(Duration::from_secs(15), || {

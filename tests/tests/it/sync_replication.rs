@@ -51,10 +51,16 @@ async fn in_sync_mode_a_failover_keeps_every_acknowledged_message_and_answer() {
             .unwrap()
             .unwrap_or_else(|| panic!("the standby holds the answer to before-{i}"));
         assert_eq!((held.seq, held.msg_id), (answer.seq, answer.msg_id));
-        let message = standby.message(conv, answer.seq).unwrap().unwrap();
+        let message = standby
+            .message(ConversationId(conv), answer.seq)
+            .unwrap()
+            .unwrap();
         assert_eq!(message.msg_id, answer.msg_id);
     }
-    let recalled = standby.message(conv, answers[4].seq).unwrap().unwrap();
+    let recalled = standby
+        .message(ConversationId(conv), answers[4].seq)
+        .unwrap()
+        .unwrap();
     assert_eq!(recalled.state, MessageState::Recalled as i32);
     wait_for_checkpoint(&routes, conv, answers[19].seq, Duration::from_secs(10)).await;
 
@@ -173,7 +179,12 @@ async fn in_sync_mode_a_write_the_standby_did_not_store_is_not_acknowledged() {
         .into_inner();
     assert_eq!(second.seq, first.seq + 1);
     assert!(second.duplicate, "answered from the stored attempt");
-    let held = back.cell.service.store().message(conv, second.seq).unwrap();
+    let held = back
+        .cell
+        .service
+        .store()
+        .message(ConversationId(conv), second.seq)
+        .unwrap();
     assert_eq!(held.map(|h| h.msg_id), Some(second.msg_id));
 }
 

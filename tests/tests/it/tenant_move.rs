@@ -110,7 +110,7 @@ async fn a_tenant_of_1000_conversations_moves_under_load_with_one_freeze_and_one
 
     let migrator = migrator(&routes);
     let report = migrator
-        .migrate_tenant(1, TARGET, 8, |_| {})
+        .migrate_tenant(TenantId(1), TARGET, 8, |_| {})
         .await
         .expect("tenant move succeeds");
     println!(
@@ -149,7 +149,7 @@ async fn a_tenant_of_1000_conversations_moves_under_load_with_one_freeze_and_one
             cell.cell
                 .service
                 .store()
-                .user_pts(cellmesh_cell::UserKey::new(1, user))
+                .user_pts(cellmesh_cell::UserKey::new(TenantId(1), UserId(user)))
                 .unwrap()
         };
         let (source, target) = (pts(&d.cells[0]), pts(&d.cells[1]));
@@ -340,7 +340,12 @@ async fn a_failed_over_cell_takes_its_tenant_back_and_is_then_drained() {
     );
     // A draining cell takes no new placements.
     let refused = migrator
-        .migrate_conversation(1, conversations[1], SOURCE, |_| {})
+        .migrate_conversation(
+            TenantId(1),
+            ConversationId(conversations[1]),
+            SOURCE,
+            |_| {},
+        )
         .await;
     assert!(refused.is_err(), "{refused:?}");
 
@@ -409,7 +414,9 @@ async fn stop_then_finish(point: cellmesh_control_plane::migration::StopPoint, c
                 ..MigrationOptions::default()
             },
         );
-        let stopped = stopping.migrate_tenant(1, TARGET, 4, |_| {}).await;
+        let stopped = stopping
+            .migrate_tenant(TenantId(1), TARGET, 4, |_| {})
+            .await;
         assert!(
             matches!(stopped, Err(MigrationError::Stopped(p)) if p == point),
             "{point:?}: {stopped:?}"
@@ -468,7 +475,7 @@ async fn stop_then_finish(point: cellmesh_control_plane::migration::StopPoint, c
 
         // Moved again: it finishes, and everything is on the target.
         let report = migrator(&routes)
-            .migrate_tenant(1, TARGET, 4, |_| {})
+            .migrate_tenant(TenantId(1), TARGET, 4, |_| {})
             .await
             .unwrap_or_else(|e| panic!("{point:?}: {e}"));
         assert_eq!(report.route_writes, writes, "{point:?} cancel {cancel}");
@@ -521,7 +528,11 @@ async fn a_tenant_marks_round_answers_only_what_changed_since_its_token() {
     let d = deploy(None).await;
     let routes = d.cluster.client().await;
     routes
-        .apply(cellmesh_route_client::commands::assign_tenant(2, SOURCE, 0))
+        .apply(cellmesh_route_client::commands::assign_tenant(
+            TenantId(2),
+            SOURCE,
+            0,
+        ))
         .await
         .unwrap();
     let (alice, bob) = (token(1, 10), token(2, 10));
@@ -601,22 +612,32 @@ async fn the_source_of_a_tenant_move_drops_its_copy_after_the_grace_period() {
     let mut m = messaging(&d.edge).await;
     let conversations = create_seeded(&mut m, &alice, 3, 2).await;
     let source = d.cells[0].cell.service.store().clone();
-    let user = |u| cellmesh_cell::UserKey::new(1, u);
-    assert!(!source.sync_after(user(11), 0, 10).unwrap().is_empty());
+    let user = |u| cellmesh_cell::UserKey::new(TenantId(1), u);
+    assert!(
+        !source
+            .sync_after(user(UserId(11)), 0, 10)
+            .unwrap()
+            .is_empty()
+    );
     let migrator = migrator(&routes);
     migrator
-        .migrate_tenant(1, TARGET, 4, |_| {})
+        .migrate_tenant(TenantId(1), TARGET, 4, |_| {})
         .await
         .expect("the move succeeds");
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let held = conversations
             .iter()
-            .filter(|&&c| source.message(c, 1).unwrap().is_some())
+            .filter(|&&c| source.message(ConversationId(c), 1).unwrap().is_some())
             .count();
         let homes = [10, 11]
             .iter()
-            .filter(|&&u| !source.sync_after(user(u), 0, 10).unwrap().is_empty())
+            .filter(|&&u| {
+                !source
+                    .sync_after(user(UserId(u)), 0, 10)
+                    .unwrap()
+                    .is_empty()
+            })
             .count();
         let marks: usize = [moved::TENANT, moved::CONVERSATION, moved::USER]
             .iter()

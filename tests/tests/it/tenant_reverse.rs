@@ -5,7 +5,7 @@
 //! sending; nothing acknowledged is lost, duplicated or reordered, and the
 //! old cell goes on after the last seq and pts.
 
-use cellmesh_proto::ids::{ConversationId, TenantId};
+use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
 use std::time::Duration;
 
 use cellmesh_chaos::history::History;
@@ -28,7 +28,7 @@ async fn a_tenant_moved_back_within_the_grace_period_copies_only_what_changed() 
     let migrator = migrator(&routes);
 
     let there = migrator
-        .migrate_tenant(1, TARGET, 4, |_| {})
+        .migrate_tenant(TenantId(1), TARGET, 4, |_| {})
         .await
         .expect("the move succeeds");
     // Written on the target after the switch: what the move back copies.
@@ -42,7 +42,7 @@ async fn a_tenant_moved_back_within_the_grace_period_copies_only_what_changed() 
     }
     senders.until_acked(30, Duration::from_secs(10)).await;
     let back = migrator
-        .migrate_tenant(1, SOURCE, 4, |_| {})
+        .migrate_tenant(TenantId(1), SOURCE, 4, |_| {})
         .await
         .expect("the move back succeeds");
     println!(
@@ -94,7 +94,7 @@ async fn a_tenant_moved_back_within_the_grace_period_copies_only_what_changed() 
             cell.cell
                 .service
                 .store()
-                .user_pts(cellmesh_cell::UserKey::new(1, user))
+                .user_pts(cellmesh_cell::UserKey::new(TenantId(1), UserId(user)))
                 .unwrap()
         };
         let (source, target) = (pts(&d.cells[0]), pts(&d.cells[1]));

@@ -6,6 +6,7 @@
 //! cleaning up after it) leaves the other tenant's user of the same id
 //! untouched.
 
+use cellmesh_proto::ids::{TenantId, UserId};
 use cellmesh_proto::reason::Reason;
 use std::collections::HashSet;
 use std::time::Duration;
@@ -41,7 +42,10 @@ async fn clients(d: &Deployment) -> Clients {
 /// created by its user 1; the two conversation ids.
 async fn two_tenants(d: &Deployment, c: &mut Clients) -> (u64, u64) {
     let routes = d.cluster.client().await;
-    routes.apply(assign_tenant(2, CELL, 0)).await.unwrap();
+    routes
+        .apply(assign_tenant(TenantId(2), CELL, 0))
+        .await
+        .unwrap();
     let one = create_via_edge(&mut c.m, &token(1, 1), vec![2, 3, 4, 5]).await;
     let two = create_via_edge(&mut c.m, &token(2, 1), vec![2, 3, 4, 5]).await;
     (one, two)
@@ -284,7 +288,10 @@ async fn moving_and_cleaning_up_a_user_home_leaves_the_other_tenants_user_alone(
     send_in_each(&mut c, [(1, one), (2, two)], 5).await;
     let source = d.cells[0].cell.service.store().clone();
     let target = d.cells[1].cell.service.store().clone();
-    let (one_2, two_2) = (UserKey::new(1, 2), UserKey::new(2, 2));
+    let (one_2, two_2) = (
+        UserKey::new(TenantId(1), UserId(2)),
+        UserKey::new(TenantId(2), UserId(2)),
+    );
     let filled = cellmesh_tests::eventually(WAIT, || {
         let source = source.clone();
         async move { source.user_pts(one_2).unwrap() == 6 && source.user_pts(two_2).unwrap() == 6 }
@@ -296,7 +303,7 @@ async fn moving_and_cleaning_up_a_user_home_leaves_the_other_tenants_user_alone(
     let routes = d.cluster.client().await;
     let migrator = migrator(&routes);
     let report = migrator
-        .migrate_user(1, 2, OTHER_CELL, |_| {})
+        .migrate_user(TenantId(1), UserId(2), OTHER_CELL, |_| {})
         .await
         .unwrap();
     assert_eq!(report.final_pts, 6, "only tenant 1's events moved");

@@ -120,7 +120,7 @@ async fn last_message_seq(edge: &str, conversation: u64) -> u64 {
 async fn move_home(routes: &cellmesh_route_client::client::RouteClient, to: &str) -> u64 {
     let migrator = migrator(routes);
     let report = migrator
-        .migrate_user(1, BOB, to, |p| {
+        .migrate_user(TenantId(1), UserId(BOB), to, |p| {
             println!(
                 "move to {to}: {} {}/{}",
                 p.phase, p.copied_through, p.source_latest
@@ -272,19 +272,22 @@ async fn moved_copies_are_dropped_after_the_grace_period() {
     let target = d.cells[1].cell.service.store().clone();
     let has_history = |store: &cellmesh_cell::storage::Store| {
         !store
-            .messages_after(conversation, 0, 1, usize::MAX)
+            .messages_after(ConversationId(conversation), 0, 1, usize::MAX)
             .unwrap()
             .is_empty()
     };
     let has_queue = |store: &cellmesh_cell::storage::Store| {
-        store.user_pts(cellmesh_cell::UserKey::new(1, BOB)).unwrap() > 0
+        store
+            .user_pts(cellmesh_cell::UserKey::new(TenantId(1), UserId(BOB)))
+            .unwrap()
+            > 0
     };
     assert!(
         cellmesh_tests::eventually(Duration::from_secs(10), || {
             let source = source.clone();
             async move {
                 source
-                    .user_pts(cellmesh_cell::UserKey::new(1, BOB))
+                    .user_pts(cellmesh_cell::UserKey::new(TenantId(1), UserId(BOB)))
                     .unwrap()
                     >= 21
             }
@@ -292,13 +295,13 @@ async fn moved_copies_are_dropped_after_the_grace_period() {
         .await
     );
     let pts = source
-        .user_pts(cellmesh_cell::UserKey::new(1, BOB))
+        .user_pts(cellmesh_cell::UserKey::new(TenantId(1), UserId(BOB)))
         .unwrap();
 
     let routes = d.cluster.client().await;
     let migrator = migrator(&routes);
     migrator
-        .migrate_conversation(1, conversation, TARGET, |_| {})
+        .migrate_conversation(TenantId(1), ConversationId(conversation), TARGET, |_| {})
         .await
         .unwrap();
     move_home(&routes, TARGET).await;
@@ -314,7 +317,7 @@ async fn moved_copies_are_dropped_after_the_grace_period() {
     assert!(has_history(&target));
     assert_eq!(
         target
-            .user_pts(cellmesh_cell::UserKey::new(1, BOB))
+            .user_pts(cellmesh_cell::UserKey::new(TenantId(1), UserId(BOB)))
             .unwrap(),
         pts
     );
@@ -351,11 +354,11 @@ async fn the_control_plane_finishes_moves_nobody_drives() {
         )
     };
     let frozen = dying(StopPoint::Frozen)
-        .migrate_conversation(1, conversation, TARGET, |_| {})
+        .migrate_conversation(TenantId(1), ConversationId(conversation), TARGET, |_| {})
         .await;
     assert!(frozen.is_err(), "the migrator stops once frozen");
     let planned = dying(StopPoint::Planned)
-        .migrate_user(1, BOB, TARGET, |_| {})
+        .migrate_user(TenantId(1), UserId(BOB), TARGET, |_| {})
         .await;
     assert!(planned.is_err(), "the migrator stops once planned");
     let state =

@@ -6,6 +6,7 @@
 //! fails its new cell over, when the browser test asks (a file in a shared
 //! directory).
 
+use cellmesh_proto::ids::TenantId;
 use std::path::Path;
 use std::time::Duration;
 
@@ -79,7 +80,7 @@ async fn operate(d: &mut Deployment, control: &Path, conv: u64) {
     let routes = d.cluster.client().await;
     asked(control, "move").await;
     migrator(&routes)
-        .migrate_tenant(1, "us-east/c1", 4, |_| {})
+        .migrate_tenant(TenantId(1), "us-east/c1", 4, |_| {})
         .await
         .expect("the tenant moves");
     std::fs::write(control.join("moved"), "").unwrap();

@@ -3,6 +3,7 @@
 //! floor with their request ids reconciled against the answers given here.
 
 use super::*;
+use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
 
 impl MessageService {
     /// Stores the messages of a chunk from a returned failed cell: history
@@ -29,16 +30,26 @@ impl MessageService {
                 client_req_id: r.client_req_id.clone(),
             };
             let accepted = self.store.idempotency(&key)?;
-            match reconcile(conversation, seq, floor, accepted.as_ref()) {
+            match reconcile(ConversationId(conversation), seq, floor, accepted.as_ref()) {
                 Reconcile::Keep => {}
                 Reconcile::Answer => {
                     let expires_at_ms = self.idempotency_expiry(r.server_ts_ms);
                     if expires_at_ms > now {
-                        m.put_idempotency(&key, &answer(conversation, seq, &r, expires_at_ms));
+                        m.put_idempotency(
+                            &key,
+                            &answer(ConversationId(conversation), seq, &r, expires_at_ms),
+                        );
                     }
                 }
                 Reconcile::LaterAnswerStands => {
-                    self.mark_duplicate(m, tenant, conversation, seq, &mut r, now)?;
+                    self.mark_duplicate(
+                        m,
+                        TenantId(tenant),
+                        ConversationId(conversation),
+                        seq,
+                        &mut r,
+                        now,
+                    )?;
                 }
             }
         }
@@ -46,30 +57,31 @@ impl MessageService {
         // since (a recall or edit served here after the failover).
         if self
             .store
-            .message(conversation, seq)?
+            .message(ConversationId(conversation), seq)?
             .is_some_and(|here| here.msg_id == r.msg_id && here.edit_version >= r.edit_version)
         {
             return Ok(());
         }
-        m.put_message(conversation, seq, &r);
+        m.put_message(ConversationId(conversation), seq, &r);
         Ok(())
     }
 
     pub async fn backfill_chunk(
         &self,
-        tenant: u64,
-        conversation: u64,
+        tenant: TenantId,
+        conversation: ConversationId,
         mut chunk: ExportChunk,
     ) -> Result<()> {
         let jumps = std::mem::take(&mut chunk.seq_jumps);
-        let floor = self.store.conv_seq(conversation)?.seq_floor.max(
-            self.ownership
-                .floor(TenantId(tenant), ConversationId(conversation)),
-        );
+        let floor = self
+            .store
+            .conv_seq(conversation)?
+            .seq_floor
+            .max(self.ownership.floor(tenant, conversation));
         if chunk
             .conversation
             .as_ref()
-            .is_some_and(|c| c.tenant_id != tenant)
+            .is_some_and(|c| c.tenant_id != tenant.get())
         {
             return Err(CellError::denied(
                 Reason::WrongTenant,
@@ -84,9 +96,9 @@ impl MessageService {
         if let Some(record) = &chunk.conversation
             && self.store.conversation(conversation)?.is_none()
         {
-            (self.store).stage_meta(&mut m, conversation, record, &chunk.members)?;
+            (self.store).stage_meta(&mut m, conversation, record, &UserId::many(&chunk.members))?;
             for p in &chunk.read_positions {
-                m.raise_read_seq(ConversationId(conversation), UserId(p.user_id), p.read_seq);
+                m.raise_read_seq(conversation, UserId(p.user_id), p.read_seq);
             }
             // No send here has loaded it: its seq record takes the jumps.
             let mut seq = self.store.conv_seq(conversation)?;
@@ -103,7 +115,7 @@ impl MessageService {
         // Uploads the failed cell held open are resumed or sent here.
         let carried = std::mem::take(&mut chunk.uploads);
         let mut files = crate::message::attach_copy::Noted::default();
-        let at = (TenantId(tenant), ConversationId(conversation));
+        let at = (tenant, conversation);
         self.stage_carried_uploads(at, carried, &chunk.messages, &mut m, &mut files)?;
         let mut imported = Imported::default();
         for segment in &below {
@@ -119,14 +131,20 @@ impl MessageService {
                 continue;
             }
             imported.add(message.seq, message.seq);
-            self.reference_files(TenantId(tenant), &r, &mut m)?;
-            self.backfill_message(&mut m, (tenant, conversation), (floor, now), message.seq, r)?;
+            self.reference_files(tenant, &r, &mut m)?;
+            self.backfill_message(
+                &mut m,
+                (tenant.get(), conversation.get()),
+                (floor, now),
+                message.seq,
+                r,
+            )?;
         }
         imported.emit(tenant, conversation, &mut m);
         // The failed cell's floor jumps (an earlier failover's) join this
         // cell's, written in seq order with its sends.
         if !jumps.is_empty()
-            && let Some(conv) = self.entry(conversation)?
+            && let Some(conv) = self.entry(conversation.get())?
         {
             let slot = self.store.reserve().await?;
             let ticket = {
@@ -160,8 +178,8 @@ impl MessageService {
     pub(super) fn mark_duplicate(
         &self,
         m: &mut Mutation,
-        tenant: u64,
-        conversation: u64,
+        tenant: TenantId,
+        conversation: ConversationId,
         seq: u64,
         copy: &mut MessageRecord,
         now: u64,
@@ -178,8 +196,8 @@ impl MessageService {
         m.put_meta_u64(&rewrites, count + 1);
         m.emit(&OutboxEvent {
             kind: OutboxKind::Recall as i32,
-            tenant_id: tenant,
-            conversation_id: conversation,
+            tenant_id: tenant.get(),
+            conversation_id: conversation.get(),
             seq,
             msg_id: copy.msg_id,
             user_id: copy.sender_id,
@@ -188,7 +206,7 @@ impl MessageService {
             ..Default::default()
         });
         tracing::info!(
-            conversation,
+            %conversation,
             seq,
             "a backfilled message is the duplicate of a re-send answered during the failover"
         );
@@ -196,7 +214,7 @@ impl MessageService {
     }
 
     /// Records that the history below the floor is back.
-    pub fn mark_backfilled(&self, conversation: u64, through: u64) -> Result<()> {
+    pub fn mark_backfilled(&self, conversation: ConversationId, through: u64) -> Result<()> {
         self.store.put_meta_u64_sync(
             &crate::storage::keys::meta::backfilled(conversation),
             through.max(1),
@@ -204,7 +222,7 @@ impl MessageService {
         Ok(())
     }
 
-    pub fn backfilled(&self, conversation: u64) -> Result<bool> {
+    pub fn backfilled(&self, conversation: ConversationId) -> Result<bool> {
         Ok(self
             .store
             .meta_u64(&crate::storage::keys::meta::backfilled(conversation))?
@@ -229,14 +247,14 @@ enum Reconcile {
 }
 
 fn reconcile(
-    conversation: u64,
+    conversation: ConversationId,
     seq: u64,
     floor: u64,
     accepted: Option<&IdempotencyRecord>,
 ) -> Reconcile {
     match accepted {
         None => Reconcile::Answer,
-        Some(a) if a.conversation_id != conversation || a.seq == seq => Reconcile::Keep,
+        Some(a) if a.conversation_id != conversation.get() || a.seq == seq => Reconcile::Keep,
         Some(a) if a.seq > floor => Reconcile::LaterAnswerStands,
         // Two copies below the floor cannot come from one request: keep
         // the answer the client was given.
@@ -259,18 +277,24 @@ mod reconcile_tests {
     #[test]
     fn a_request_id_keeps_the_answer_last_given() {
         // Backfill first: the answer is rebuilt from the original.
-        assert_eq!(reconcile(7, 3, 100, None), Reconcile::Answer);
+        assert_eq!(
+            reconcile(ConversationId(7), 3, 100, None),
+            Reconcile::Answer
+        );
         // The answer already is the original (replicated to the standby).
-        assert_eq!(reconcile(7, 3, 100, Some(&accepted(7, 3))), Reconcile::Keep);
+        assert_eq!(
+            reconcile(ConversationId(7), 3, 100, Some(&accepted(7, 3))),
+            Reconcile::Keep
+        );
         // A re-send reached the new owner first (inside the replication
         // window): the answer it got stands.
         assert_eq!(
-            reconcile(7, 3, 100, Some(&accepted(7, 101))),
+            reconcile(ConversationId(7), 3, 100, Some(&accepted(7, 101))),
             Reconcile::LaterAnswerStands
         );
         // The same request id in another conversation is another request.
         assert_eq!(
-            reconcile(7, 3, 100, Some(&accepted(8, 101))),
+            reconcile(ConversationId(7), 3, 100, Some(&accepted(8, 101))),
             Reconcile::Keep
         );
     }

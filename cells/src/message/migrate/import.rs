@@ -4,18 +4,20 @@
 
 use super::*;
 use crate::message::attach_copy::Noted;
+use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
 
 impl MessageService {
     /// Copied history is stored only while the route table moves the
     /// conversation here. The mover commits that before it asks for a
     /// copy, so a view that does not show it yet is given a moment to
     /// catch up; then the chunk is refused for good.
-    pub(super) async fn await_moving_here(&self, tenant: u64, conversation: u64) -> Result<()> {
+    pub(super) async fn await_moving_here(
+        &self,
+        tenant: TenantId,
+        conversation: ConversationId,
+    ) -> Result<()> {
         let deadline = Instant::now() + MOVING_HERE_WAIT;
-        while !self
-            .ownership
-            .moving_here(TenantId(tenant), ConversationId(conversation))
-        {
+        while !self.ownership.moving_here(tenant, conversation) {
             if Instant::now() >= deadline {
                 return Err(CellError::invalid(
                     Reason::NotMovingHere,
@@ -40,14 +42,14 @@ impl MessageService {
     /// that id is held here, and the messages match their checksum.
     pub(super) async fn checked_chunk(
         &self,
-        tenant: u64,
-        conversation: u64,
+        tenant: TenantId,
+        conversation: ConversationId,
         chunk: &mut ExportChunk,
     ) -> Result<cellmesh_proto::storage::v1::ConversationRecord> {
         let record = chunk.conversation.take().ok_or_else(|| {
             CellError::invalid(Reason::EmptyChunk, "the chunk has no conversation")
         })?;
-        if record.tenant_id != tenant {
+        if record.tenant_id != tenant.get() {
             return Err(CellError::denied(
                 Reason::WrongTenant,
                 "the source answered for another tenant",
@@ -55,7 +57,7 @@ impl MessageService {
         }
         self.await_moving_here(tenant, conversation).await?;
         if let Some(held) = self.store.conversation(conversation)?
-            && held.tenant_id != tenant
+            && held.tenant_id != tenant.get()
         {
             return Err(CellError::denied(
                 Reason::WrongTenant,
@@ -78,8 +80,8 @@ impl MessageService {
 
     pub async fn import_chunk(
         &self,
-        tenant: u64,
-        conversation: u64,
+        tenant: TenantId,
+        conversation: ConversationId,
         mut chunk: ExportChunk,
         describe: bool,
     ) -> Result<u64> {
@@ -96,21 +98,21 @@ impl MessageService {
         if changed || describe {
             m.emit(&OutboxEvent {
                 kind: OutboxKind::MetaSync as i32,
-                tenant_id: tenant,
-                conversation_id: conversation,
+                tenant_id: tenant.get(),
+                conversation_id: conversation.get(),
                 ..Default::default()
             });
         }
         m.put_conversation(conversation, &record);
         for user in &chunk.members {
             m.put_member(
-                ConversationId(conversation),
+                conversation,
                 UserId(*user),
                 &MemberRecord { joined_at_ms: 0 },
             );
         }
         for p in &chunk.read_positions {
-            m.raise_read_seq(ConversationId(conversation), UserId(p.user_id), p.read_seq);
+            m.raise_read_seq(conversation, UserId(p.user_id), p.read_seq);
         }
         count_rows("in", chunk.messages.len());
         self.adopt_segments(conversation, &chunk.segments, u64::MAX)
@@ -121,7 +123,7 @@ impl MessageService {
             if !r.client_req_id.is_empty() && expires > now {
                 let key = IdemKey {
                     kind: IdemKind::Send,
-                    tenant,
+                    tenant: tenant.get(),
                     user: r.sender_id,
                     client_req_id: r.client_req_id.clone(),
                 };
@@ -136,7 +138,7 @@ impl MessageService {
         let mut answered = Vec::new();
         let carried = std::mem::take(&mut chunk.uploads);
         let mut files = Noted::default();
-        let at = (TenantId(tenant), ConversationId(conversation));
+        let at = (tenant, conversation);
         self.stage_carried_uploads(at, carried, &chunk.messages, &mut m, &mut files)?;
         let mut imported = Imported::default();
         for segment in &chunk.segments {
@@ -161,15 +163,15 @@ impl MessageService {
                 answered.push(message.seq);
             }
             self.note_files(tenant, conversation, &r, &mut m, &mut files)?;
-            self.reference_files(TenantId(tenant), &r, &mut m)?;
+            self.reference_files(tenant, &r, &mut m)?;
             m.put_message(conversation, message.seq, &r);
         }
         imported.emit(tenant, conversation, &mut m);
         if !answered.is_empty() {
             m.emit(&OutboxEvent {
                 kind: OutboxKind::AnswerSync as i32,
-                tenant_id: tenant,
-                conversation_id: conversation,
+                tenant_id: tenant.get(),
+                conversation_id: conversation.get(),
                 items: answered,
                 ..Default::default()
             });
@@ -206,12 +208,12 @@ impl Imported {
     }
 
     /// Tells the indexer (through the outbox) what was stored, if anything.
-    pub(crate) fn emit(&self, tenant: u64, conversation: u64, m: &mut Mutation) {
+    pub(crate) fn emit(&self, tenant: TenantId, conversation: ConversationId, m: &mut Mutation) {
         if let Some((first, last)) = self.0 {
             m.emit(&OutboxEvent {
                 kind: OutboxKind::HistoryImported as i32,
-                tenant_id: tenant,
-                conversation_id: conversation,
+                tenant_id: tenant.get(),
+                conversation_id: conversation.get(),
                 items: vec![first, last],
                 ..Default::default()
             });

@@ -56,7 +56,7 @@ pub fn message_checksum(seq: u64, m: &MessageRecord) -> u64 {
 /// conversations read in a row).
 pub(crate) fn digest_conversation(
     walk: &mut Walk<'_>,
-    conversation: u64,
+    conversation: ConversationId,
     after_seq: u64,
     through_seq: u64,
 ) -> Result<ConversationDigest> {
@@ -116,8 +116,8 @@ impl MessageService {
     /// A chunk of `conversation` after `after_seq` (source side).
     pub fn export_conversation(
         &self,
-        tenant: u64,
-        conversation: u64,
+        tenant: TenantId,
+        conversation: ConversationId,
         after_seq: u64,
         limit: usize,
     ) -> Result<ExportChunk> {
@@ -126,9 +126,9 @@ impl MessageService {
             .conversation(conversation)?
             .ok_or(CellError::NotFound {
                 what: "conversation",
-                id: conversation,
+                id: conversation.get(),
             })?;
-        if record.tenant_id != tenant {
+        if record.tenant_id != tenant.get() {
             return Err(CellError::denied(
                 Reason::WrongTenant,
                 "conversation belongs to another tenant",
@@ -138,9 +138,7 @@ impl MessageService {
         let (members, _) = self.store.members(conversation, 0, usize::MAX)?;
         let mut read_positions = Vec::new();
         for user in &members {
-            let read_seq = self
-                .store
-                .read_seq(ConversationId(conversation), UserId(*user))?;
+            let read_seq = self.store.read_seq(conversation, UserId(*user))?;
             if read_seq > 0 {
                 read_positions.push(ReadPosition {
                     user_id: *user,
@@ -178,7 +176,7 @@ impl MessageService {
                 .into_iter()
                 .filter(|s| s.seq_end > after_seq)
                 .collect(),
-            uploads: self.carried_uploads(TenantId(tenant), ConversationId(conversation))?,
+            uploads: self.carried_uploads(tenant, conversation)?,
         })
     }
 
@@ -187,8 +185,8 @@ impl MessageService {
     /// latest seq (source side).
     pub async fn seal_conversation(
         &self,
-        tenant: u64,
-        conversation: u64,
+        tenant: TenantId,
+        conversation: ConversationId,
         epoch: u64,
     ) -> Result<u64> {
         let latest = self.quiesce(tenant, conversation, epoch).await?;
@@ -198,21 +196,22 @@ impl MessageService {
 
     /// [`MessageService::seal_conversation`] without recording the seal:
     /// the final latest seq once nothing more is assigned or in flight.
-    pub(crate) async fn quiesce(&self, tenant: u64, conversation: u64, epoch: u64) -> Result<u64> {
+    pub(crate) async fn quiesce(
+        &self,
+        tenant: TenantId,
+        conversation: ConversationId,
+        epoch: u64,
+    ) -> Result<u64> {
         let deadline = Instant::now() + SEAL_TIMEOUT;
         self.await_route_epoch(epoch, deadline).await?;
-        if self
-            .ownership
-            .check(TenantId(tenant), ConversationId(conversation), Epoch(0))
-            .is_ok()
-        {
+        if self.ownership.check(tenant, conversation, Epoch(0)).is_ok() {
             return Err(CellError::invalid(
                 Reason::NotFrozen,
                 format!("conversation {conversation} is not frozen here at epoch {epoch}"),
             ));
         }
-        let caller = crate::message::Caller::new(tenant, 0);
-        let entry = self.conversation(&caller, conversation)?;
+        let caller = crate::message::Caller::new(tenant, UserId(0));
+        let entry = self.conversation(&caller, conversation.get())?;
         // Sends check ownership under this lock, so none assigns after it.
         let latest = entry.seq.lock().expect("sequencer lock").latest;
         // Rewrites (recall, edit) check it under this one: wait out any in
@@ -241,7 +240,7 @@ impl MessageService {
     /// has reached it and no creation checked before then is in flight.
     pub async fn tenant_conversations(
         &self,
-        tenant: u64,
+        tenant: TenantId,
         after: u64,
         limit: usize,
         epoch: u64,
@@ -264,10 +263,10 @@ impl MessageService {
     }
 
     /// Every conversation of `tenant` stored here, in id order.
-    pub fn tenant_conversation_ids(&self, tenant: u64) -> Result<Vec<u64>> {
+    pub fn tenant_conversation_ids(&self, tenant: TenantId) -> Result<Vec<ConversationId>> {
         let mut ids = Vec::new();
         self.scan_tenant(tenant, 0, |id| {
-            ids.push(id);
+            ids.push(ConversationId(id));
             true
         })?;
         Ok(ids)
@@ -277,7 +276,7 @@ impl MessageService {
     /// in order until it says stop; whether it did.
     fn scan_tenant(
         &self,
-        tenant: u64,
+        tenant: TenantId,
         after: u64,
         mut take: impl FnMut(u64) -> bool,
     ) -> Result<bool> {
@@ -289,7 +288,7 @@ impl MessageService {
                 return Ok(false);
             };
             for (id, record) in page.iter() {
-                if record.tenant_id == tenant && !take(*id) {
+                if record.tenant_id == tenant.get() && !take(*id) {
                     return Ok(true);
                 }
             }
@@ -301,11 +300,11 @@ impl MessageService {
     }
 
     /// The members above `after` of any of `conversations`, in order.
-    pub fn members_of(&self, conversations: &[u64], after: u64) -> Result<Vec<u64>> {
+    pub fn members_of(&self, conversations: &[ConversationId], after: u64) -> Result<Vec<UserId>> {
         let mut users = std::collections::BTreeSet::new();
         for &id in conversations {
             let (members, _) = self.store.members(id, after, usize::MAX)?;
-            users.extend(members);
+            users.extend(members.into_iter().map(UserId));
         }
         Ok(users.into_iter().collect())
     }
@@ -316,7 +315,7 @@ impl MessageService {
     /// the conversation has seen.
     pub fn digest_conversation(
         &self,
-        conversation: u64,
+        conversation: ConversationId,
         after_seq: u64,
         through_seq: u64,
     ) -> Result<ConversationDigest> {
@@ -325,9 +324,14 @@ impl MessageService {
 }
 
 /// The answer to a request id, rebuilt from its message.
-fn answer(conversation: u64, seq: u64, r: &MessageRecord, expires_at_ms: u64) -> IdempotencyRecord {
+fn answer(
+    conversation: ConversationId,
+    seq: u64,
+    r: &MessageRecord,
+    expires_at_ms: u64,
+) -> IdempotencyRecord {
     IdempotencyRecord {
-        conversation_id: conversation,
+        conversation_id: conversation.get(),
         msg_id: r.msg_id,
         seq,
         server_ts_ms: r.server_ts_ms,

@@ -5,6 +5,7 @@
 //! message stored here that names a file marks its record referenced, so
 //! the sweeper never takes a file a message carries for an orphan.
 
+use cellmesh_proto::ids::{ConversationId, TenantId};
 use std::collections::HashSet;
 
 use cellmesh_proto::storage::v1::MessageRecord;
@@ -63,7 +64,7 @@ impl MessageService {
                 continue;
             }
             let complete = record.state == UploadState::Complete as i32;
-            let held = self.store.upload(tenant.get(), upload_id)?;
+            let held = self.store.upload(tenant, upload_id)?;
             if let Some(held) = &held
                 && (held.conversation_id != conversation.get()
                     || !is_open(held)
@@ -99,7 +100,7 @@ impl MessageService {
             return Ok(());
         }
         for a in &message.attachments {
-            if let Some(mut record) = self.store.upload(tenant.get(), a.attachment_id)?
+            if let Some(mut record) = self.store.upload(tenant, a.attachment_id)?
                 && is_open(&record)
             {
                 record.referenced = true;

@@ -58,13 +58,16 @@ impl plan::Members for StoredMembers<'_> {
     type Error = PipelineError;
 
     fn all(&self) -> Result<Vec<u64>, PipelineError> {
-        Ok(self.store.members(self.conversation, 0, usize::MAX)?.0)
-    }
-
-    fn contains(&self, user: u64) -> Result<bool, PipelineError> {
         Ok(self
             .store
-            .is_member(ConversationId(self.conversation), UserId(user))?)
+            .members(ConversationId(self.conversation), 0, usize::MAX)?
+            .0)
+    }
+
+    fn contains(&self, user: UserId) -> Result<bool, PipelineError> {
+        Ok(self
+            .store
+            .is_member(ConversationId(self.conversation), user)?)
     }
 }
 
@@ -255,12 +258,12 @@ struct Origin {
 
 impl Origin {
     /// User `user` of the event's tenant.
-    fn user(&self, user: u64) -> UserKey {
-        UserKey::new(self.tenant, user)
+    fn user(&self, user: UserId) -> UserKey {
+        UserKey::new(TenantId(self.tenant), user)
     }
 
     fn sender(&self) -> UserKey {
-        self.user(self.sender)
+        self.user(UserId(self.sender))
     }
 }
 
@@ -411,7 +414,9 @@ impl Processor {
             std::mem::take(&mut batch.standby_forward),
         );
         for ((user, conversation), entry) in &batch.entries {
-            batch.mutation.put_conv_list(*user, *conversation, entry);
+            batch
+                .mutation
+                .put_conv_list(*user, ConversationId(*conversation), entry);
         }
         // Ids are issued from memory; storage learns the high mark once.
         let notified = !batch.notifications.is_empty();
@@ -485,13 +490,13 @@ impl Processor {
         };
         batch.trace.event(traced::fanout(
             &event.traceparent,
-            event.conversation_id,
+            ConversationId(event.conversation_id),
             event.seq,
             count,
             large,
         ));
         if plan.replicate_meta {
-            self.replicate_meta(batch, id, event)?;
+            self.replicate_meta(batch, ConversationId(id), event)?;
         }
         if plan.replicate_answer {
             self.replicate_answer(batch, id, event);
@@ -507,14 +512,14 @@ impl Processor {
             Fanout::None => {}
             Fanout::Records(records) => {
                 for (user, record) in records {
-                    self.deliver(batch, origin.user(user), id, &record, origin)?;
+                    self.deliver(batch, origin.user(UserId(user)), id, &record, origin)?;
                 }
             }
             Fanout::Hint { members, hint } => {
                 let now = self.clock.now_ms();
                 let online = members
                     .into_iter()
-                    .map(|u| origin.user(u))
+                    .map(|u| origin.user(UserId(u)))
                     .filter(|u| self.hub.is_online(*u, now))
                     .collect();
                 batch.hints.push((online, hint));
@@ -546,7 +551,7 @@ fn queued_users(store: &Store) -> Result<HashSet<UserKey>, PipelineError> {
                     .iter()
                     .filter_map(|e| PeerEvent::decode(e.as_slice()).ok())
                     .filter(|e| !super::for_standby(e))
-                    .map(|e| UserKey::new(e.tenant_id, e.user_id)),
+                    .map(|e| UserKey::new(TenantId(e.tenant_id), UserId(e.user_id))),
             );
         }
     }

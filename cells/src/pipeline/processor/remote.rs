@@ -5,6 +5,7 @@
 
 use super::*;
 use crate::pipeline::Purpose;
+use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
 
 impl Processor {
     /// Applies events another cell delivered for users homed here; says
@@ -59,7 +60,7 @@ impl Processor {
             }
             match purpose {
                 Purpose::Meta(meta) => {
-                    self.apply_meta(&mut batch, e.conversation_id, meta)?;
+                    self.apply_meta(&mut batch, ConversationId(e.conversation_id), meta)?;
                     continue;
                 }
                 Purpose::Answer(answer) => {
@@ -68,7 +69,7 @@ impl Processor {
                 }
                 Purpose::User | Purpose::Malformed => {}
             }
-            let user = UserKey::new(e.tenant_id, e.user_id);
+            let user = UserKey::new(TenantId(e.tenant_id), UserId(e.user_id));
             if refused.contains(&user) {
                 continue;
             }
@@ -78,9 +79,9 @@ impl Processor {
             }
             batch.trace.event(traced::deliver(
                 &e.traceparent,
-                e.conversation_id,
+                ConversationId(e.conversation_id),
                 e.seq,
-                e.user_id,
+                UserId(e.user_id),
             ));
             let record = SyncRecord {
                 kind: e.kind,
@@ -126,7 +127,11 @@ impl Processor {
         if source.is_empty() {
             return Ok(());
         }
-        let held = self.store.conversation(e.conversation_id).ok().flatten();
+        let held = self
+            .store
+            .conversation(ConversationId(e.conversation_id))
+            .ok()
+            .flatten();
         let replicated = crate::pipeline::standby::Replicated {
             source,
             tenant: e.tenant_id,
@@ -185,13 +190,20 @@ impl Processor {
             } else if entry.last_event_source == self.cell_id {
                 entry.last_event_source.clear();
             }
-            batch.mutation.put_conv_list(user, conversation, &entry);
-            batch.mutation.set_muted(user, conversation, item.muted);
+            batch
+                .mutation
+                .put_conv_list(user, ConversationId(conversation), &entry);
+            batch
+                .mutation
+                .set_muted(user, ConversationId(conversation), item.muted);
             // A conversation this cell holds itself keeps its own record.
             if let Some(meta) = &item.meta
-                && self.store.conversation(conversation)?.is_none()
+                && self
+                    .store
+                    .conversation(ConversationId(conversation))?
+                    .is_none()
             {
-                self.apply_meta(batch, conversation, meta)?;
+                self.apply_meta(batch, ConversationId(conversation), meta)?;
             }
         }
         for cursor in import.state.iter().flat_map(|s| &s.cursors) {
@@ -231,13 +243,18 @@ impl Processor {
     pub(super) fn apply_meta(
         &mut self,
         batch: &mut Batch,
-        conversation: u64,
+        conversation: ConversationId,
         meta: &ConversationMeta,
     ) -> Result<(), PipelineError> {
         let Some(record) = &meta.record else {
             return Ok(());
         };
-        (self.store).stage_meta(&mut batch.mutation, conversation, record, &meta.members)?;
+        (self.store).stage_meta(
+            &mut batch.mutation,
+            conversation,
+            record,
+            &UserId::many(&meta.members),
+        )?;
         batch.applied += 1;
         Ok(())
     }

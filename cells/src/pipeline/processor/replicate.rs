@@ -3,6 +3,7 @@
 //! as this cell did.
 
 use super::*;
+use cellmesh_proto::ids::ConversationId;
 
 impl Processor {
     /// This cell's standbys for `batch` (looked up once per batch); a
@@ -74,7 +75,7 @@ impl Processor {
         let standbys = self.standbys(batch);
         let conversation = event.conversation_id;
         for &seq in &event.items {
-            let Some(r) = self.store.message(conversation, seq)? else {
+            let Some(r) = self.store.message(ConversationId(conversation), seq)? else {
                 continue;
             };
             let key = IdemKey {
@@ -113,19 +114,24 @@ impl Processor {
     pub(super) fn replicate_meta(
         &mut self,
         batch: &mut Batch,
-        id: u64,
+        id: ConversationId,
         event: &OutboxEvent,
     ) -> Result<(), PipelineError> {
         let standbys = self.standbys(batch);
         if standbys.is_empty() {
             return Ok(());
         }
-        let Some(record) = self.store.conversation(event.conversation_id)? else {
+        let Some(record) = self
+            .store
+            .conversation(ConversationId(event.conversation_id))?
+        else {
             return Ok(());
         };
-        let (members, _) = self.store.members(event.conversation_id, 0, usize::MAX)?;
+        let (members, _) =
+            self.store
+                .members(ConversationId(event.conversation_id), 0, usize::MAX)?;
         let meta = PeerEvent {
-            event_id: id,
+            event_id: id.get(),
             tenant_id: event.tenant_id,
             conversation_id: event.conversation_id,
             meta: Some(ConversationMeta {

@@ -3,6 +3,7 @@
 //! cell; live pushes to online devices and notifications for offline ones.
 
 use super::*;
+use cellmesh_proto::ids::ConversationId;
 
 impl Processor {
     /// Delivers one event to `user`: appended here, or queued for the
@@ -30,8 +31,10 @@ impl Processor {
             let message = match SyncEventKind::try_from(record.kind) {
                 Ok(SyncEventKind::Message | SyncEventKind::Recall | SyncEventKind::Edit) => self
                     .store
-                    .message(record.conversation_id, record.seq)?
-                    .map(|m| message_to_proto(record.conversation_id, record.seq, m)),
+                    .message(ConversationId(record.conversation_id), record.seq)?
+                    .map(|m| {
+                        message_to_proto(ConversationId(record.conversation_id), record.seq, m)
+                    }),
                 _ => None,
             };
             batch.forward.entry(endpoint).or_default().push(PeerEvent {
@@ -99,7 +102,7 @@ impl Processor {
             Some(entry) => entry,
             None => self
                 .store
-                .conv_list_entry(user, record.conversation_id)?
+                .conv_list_entry(user, ConversationId(record.conversation_id))?
                 .unwrap_or_default(),
         };
         if source == entry.last_event_source && id <= entry.last_event_id {
@@ -201,7 +204,11 @@ impl Processor {
         origin: Origin,
     ) -> Result<(), PipelineError> {
         let now = self.clock.now_ms();
-        if self.hub.is_online(user, now) || self.store.muted(user, record.conversation_id)? {
+        if self.hub.is_online(user, now)
+            || self
+                .store
+                .muted(user, ConversationId(record.conversation_id))?
+        {
             return Ok(());
         }
         batch.notifications.push(NotificationRecord {

@@ -7,6 +7,7 @@
 //! `file_copy_stall` ends the wait: the target keeps copying in the
 //! background and downloads are signed against the source until then.
 
+use cellmesh_proto::ids::TenantId;
 use std::time::{Duration, Instant};
 
 use cellmesh_proto::v1::FileCopiesRequest;
@@ -31,7 +32,7 @@ impl Migrator {
     /// `state`'s file counts; what it copied.
     pub(super) async fn await_file_copies(
         &self,
-        tenant: u64,
+        tenant: TenantId,
         to: &str,
         state: &mut TenantProgress,
         progress: &mut impl FnMut(&TenantProgress),
@@ -40,7 +41,7 @@ impl Migrator {
         let mut target = None;
         loop {
             let request = self.request(FileCopiesRequest {
-                tenant_id: tenant,
+                tenant_id: tenant.get(),
                 bytes_per_sec: self.options.file_rate,
             });
             // Dialled again after a failed call: a target that restarts
@@ -58,7 +59,7 @@ impl Migrator {
                 // The target is down or busy: it copies once it is back.
                 Err(status) if last_progress.0.elapsed() < self.options.file_copy_stall => {
                     target = None;
-                    tracing::debug!(tenant, %status, "asking the target for its file copies");
+                    tracing::debug!(%tenant, %status, "asking the target for its file copies");
                     tokio::time::sleep(POLL).await;
                     continue;
                 }
@@ -92,7 +93,7 @@ impl Migrator {
                 last_progress = (Instant::now(), copies.bytes_pending);
             } else if last_progress.0.elapsed() >= self.options.file_copy_stall {
                 tracing::warn!(
-                    tenant,
+                    %tenant,
                     pending = copies.files_pending,
                     "file copies make no progress; the target goes on copying in the background"
                 );

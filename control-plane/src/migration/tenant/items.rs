@@ -4,7 +4,7 @@
 //! digests and their comparison are done here for all items at once,
 //! several calls in flight; the workflow in [`super`] decides when.
 
-use cellmesh_proto::ids::TenantId;
+use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
 use std::collections::BTreeMap;
 
 use cellmesh_proto::v1::{
@@ -345,11 +345,11 @@ impl Items<'_> {
             match job.as_slice() {
                 [(Item::User(u), p)] if !small(p) => Ok(vec![(
                     Item::User(*u),
-                    this.copy_user(*u, p.copied, p.reset).await?,
+                    this.copy_user(UserId(*u), p.copied, p.reset).await?,
                 )]),
                 [(Item::Conversation(c), p)] if !small(p) => Ok(vec![(
                     Item::Conversation(*c),
-                    this.copy_conversation(*c, p.copied).await?,
+                    this.copy_conversation(ConversationId(*c), p.copied).await?,
                 )]),
                 many => this.copy_batch(many).await,
             }
@@ -468,14 +468,14 @@ impl Items<'_> {
 
     async fn copy_conversation(
         &self,
-        conversation: u64,
+        conversation: ConversationId,
         after: u64,
     ) -> Result<CopyResponse, MigrationError> {
         let options = &self.migrator.options;
         let copy = CopyRequest {
             source_address: self.source_address.clone(),
             tenant_id: self.tenant,
-            conversation_id: conversation,
+            conversation_id: conversation.get(),
             after_seq: after,
             max_messages: options.round_messages,
             chunk: options.chunk,
@@ -491,14 +491,14 @@ impl Items<'_> {
 
     async fn copy_user(
         &self,
-        user: u64,
+        user: UserId,
         after: u64,
         reset: bool,
     ) -> Result<CopyResponse, MigrationError> {
         let copy = CopyUserRequest {
             source_address: self.source_address.clone(),
             tenant_id: self.tenant,
-            user_id: user,
+            user_id: user.get(),
             after_pts: if reset { 0 } else { after },
             chunk: self.migrator.options.chunk,
             reset,

@@ -162,13 +162,13 @@ impl Migrator {
     /// `parallel` copies at a time; resumes an interrupted move.
     pub async fn migrate_tenant(
         &self,
-        tenant: u64,
+        tenant: TenantId,
         to: &str,
         parallel: usize,
         mut progress: impl FnMut(&TenantProgress),
     ) -> Result<TenantMoveReport, MigrationError> {
         let started = Instant::now();
-        let key = Key::tenant(TenantId(tenant));
+        let key = Key::tenant(tenant);
         let entry = self.current_entry(&key).await?;
         let from = entry.cell.clone();
         let start = self.begin_or_resume(&key, &entry, to).await?;
@@ -187,7 +187,7 @@ impl Migrator {
         });
         let mut run = TenantRun {
             key,
-            items: self.items(TenantId(tenant), &from, to, parallel).await?,
+            items: self.items(tenant, &from, to, parallel).await?,
             from: from.clone(),
             to,
             state: TenantProgress::default(),
@@ -228,7 +228,7 @@ impl Migrator {
         let overrides_removed = self.drop_agreeing_overrides(tenant, to).await;
         let files = (self.await_file_copies(tenant, to, &mut state, &mut progress)).await?;
         Ok(TenantMoveReport {
-            tenant,
+            tenant: tenant.get(),
             from,
             to: to.to_string(),
             conversations_moved: state.conversations,
@@ -263,7 +263,8 @@ impl Migrator {
             Action::MoveOverrides => {
                 let from = run.from.as_str();
                 run.writes +=
-                    (self.move_overrides(tenant, from, to, parallel, &mut run.state)).await?;
+                    (self.move_overrides(TenantId(tenant), from, to, parallel, &mut run.state))
+                        .await?;
                 Observation::Done
             }
             Action::HoldIfPaused { epoch } => {
@@ -494,7 +495,7 @@ impl Migrator {
     /// writes that took.
     async fn move_overrides(
         &self,
-        tenant: u64,
+        tenant: TenantId,
         from: &str,
         to: &str,
         parallel: usize,
@@ -503,8 +504,8 @@ impl Migrator {
         let keys: Vec<Key> = self.routes.read(|t| {
             t.routes
                 .range(
-                    Key::conversation(TenantId(tenant), ConversationId(0))
-                        ..=Key::user(TenantId(tenant), UserId(u64::MAX)),
+                    Key::conversation(tenant, ConversationId(0))
+                        ..=Key::user(tenant, UserId(u64::MAX)),
                 )
                 .filter(|(k, e)| k.scope != Scope::Tenant && e.cell == from)
                 .map(|(k, _)| *k)
@@ -513,10 +514,13 @@ impl Migrator {
         let moves = keys.clone().into_iter().map(|key| async move {
             match key.scope {
                 Scope::Conversation(c) => self
-                    .migrate_conversation(tenant, c, to, |_| {})
+                    .migrate_conversation(tenant, ConversationId(c), to, |_| {})
                     .await
                     .map(|_| ()),
-                Scope::User(u) => self.migrate_user(tenant, u, to, |_| {}).await.map(|_| ()),
+                Scope::User(u) => self
+                    .migrate_user(tenant, UserId(u), to, |_| {})
+                    .await
+                    .map(|_| ()),
                 Scope::Tenant => Ok(()),
             }
         });
@@ -535,12 +539,12 @@ impl Migrator {
 
     /// Removes the conversation and user-home overrides of `tenant` that
     /// agree with its route on `to` and carry no failover floor; how many.
-    async fn drop_agreeing_overrides(&self, tenant: u64, to: &str) -> u64 {
+    async fn drop_agreeing_overrides(&self, tenant: TenantId, to: &str) -> u64 {
         let agreeing: Vec<(Key, u64)> = self.routes.read(|t| {
             t.routes
                 .range(
-                    Key::conversation(TenantId(tenant), ConversationId(0))
-                        ..=Key::user(TenantId(tenant), UserId(u64::MAX)),
+                    Key::conversation(tenant, ConversationId(0))
+                        ..=Key::user(tenant, UserId(u64::MAX)),
                 )
                 .filter(|(k, e)| {
                     k.scope != Scope::Tenant
