@@ -183,8 +183,8 @@ fn send(conversation: u64, seq: u64, sender: u64, w: u64, n: u64, body: &[u8]) -
         },
     );
     let key = IdemKey {
-        tenant: TENANT,
-        user: sender,
+        tenant: TenantId(TENANT),
+        user: UserId(sender),
         kind: IdemKind::Send,
         client_req_id: request.clone(),
     };

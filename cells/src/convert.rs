@@ -103,9 +103,9 @@ impl TryFrom<pb::SearchRequest> for crate::message::SearchCommand {
         Ok(Self {
             caller,
             query: r.query,
-            conversation: some(r.conversation_id),
-            conversations: r.conversation_ids,
-            sender: some(r.sender_id),
+            conversation: some(r.conversation_id).map(ConversationId),
+            conversations: ConversationId::many(&r.conversation_ids),
+            sender: some(r.sender_id).map(UserId),
             from_ms: some(r.from_ms),
             to_ms: some(r.to_ms),
             page_size: r.page_size,
@@ -155,7 +155,7 @@ impl TryFrom<pb::SetMemberRoleRequest> for SetMemberRoleCommand {
         Ok(Self {
             caller: caller(r.caller)?,
             conversation: conversation_id(r.conversation_id)?,
-            user: r.user_id,
+            user: UserId(r.user_id),
             admin: r.admin,
         })
     }

@@ -3,7 +3,7 @@
 //! deployment secret from `DATA_DIR/dev.json`, and client tokens for any user
 //! signed with the token secret from `DATA_DIR/secrets.json`.
 
-use cellmesh_proto::ids::TenantId;
+use cellmesh_proto::ids::{TenantId, UserId};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -193,8 +193,8 @@ impl DevTarget {
     /// their own, such as file uploads).
     pub fn token(&self, tenant: u64, user: u64, device: &str) -> String {
         self.key.issue(&Claims {
-            tenant,
-            user,
+            tenant: TenantId(tenant),
+            user: UserId(user),
             device: device.into(),
             exp: now_secs() + TOKEN_TTL_SECS,
             ..Default::default()

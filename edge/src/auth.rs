@@ -33,8 +33,8 @@ const PREFIX: &str = "cm1";
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Claims {
-    pub tenant: u64,
-    pub user: u64,
+    pub tenant: TenantId,
+    pub user: UserId,
     pub device: String,
     /// Expiry, seconds since the Unix epoch.
     pub exp: u64,
@@ -219,14 +219,17 @@ impl TokenKey {
             ));
         }
         // u64::MAX is reserved: the cell's indexer reads as it.
-        if claims.tenant == 0 || claims.user == 0 || claims.user == u64::MAX {
+        if claims.tenant == TenantId(0)
+            || claims.user == UserId(0)
+            || claims.user == UserId(u64::MAX)
+        {
             return Err(unauthenticated(
                 Reason::MalformedToken,
                 "the token names no tenant or user (or a reserved user id)",
             ));
         }
         if let Some(users) = &self.directory
-            && !users.admits(TenantId(claims.tenant), UserId(claims.user))
+            && !users.admits(claims.tenant, claims.user)
         {
             return Err(unauthenticated(
                 Reason::UnknownUser,
@@ -294,8 +297,8 @@ mod tests {
 
     fn claims(exp: u64) -> Claims {
         Claims {
-            tenant: 7,
-            user: 42,
+            tenant: TenantId(7),
+            user: UserId(42),
             device: "phone".into(),
             exp,
             ..Claims::default()
@@ -307,7 +310,10 @@ mod tests {
         let key = TokenKey::new("k1");
         let token = key.issue(&claims(1_000));
         let issued = TokenKey::peek(&token).unwrap();
-        assert_eq!((issued.tenant, issued.user, issued.exp), (7, 42, 1_000));
+        assert_eq!(
+            (issued.tenant, issued.user, issued.exp),
+            (TenantId(7), UserId(42), 1_000)
+        );
         assert_eq!(issued.jti.len(), 16);
         assert_eq!(key.verify(&token, 999).unwrap(), issued);
         let reason = |r: Result<Claims, Status>| error_detail(&r.unwrap_err()).reason;
@@ -320,7 +326,7 @@ mod tests {
         let parts: Vec<&str> = token.split('.').collect();
         let forged_body = B64.encode(
             serde_json::to_vec(&Claims {
-                tenant: 8,
+                tenant: TenantId(8),
                 ..claims(1_000)
             })
             .unwrap(),

@@ -8,6 +8,7 @@
 //! have. A `kid` the set lacks makes the edge read the set again, at most
 //! once a minute per issuer, so a provider's key rotation needs no restart.
 
+use cellmesh_proto::ids::{TenantId, UserId};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -29,7 +30,7 @@ const REREAD_EVERY: Duration = Duration::from_secs(60);
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OidcProvider {
-    pub tenant: u64,
+    pub tenant: TenantId,
     /// The `iss` the provider's tokens carry.
     pub issuer: String,
     /// The `aud` a token must name.
@@ -62,7 +63,7 @@ impl OidcProvider {
             field: "oidc",
             message,
         };
-        if self.tenant == 0 || self.issuer.is_empty() || self.audience.is_empty() {
+        if self.tenant == TenantId(0) || self.issuer.is_empty() || self.audience.is_empty() {
             return Err(invalid(
                 "each [[oidc]] entry needs a tenant, an issuer and an audience".into(),
             ));
@@ -89,8 +90,8 @@ impl OidcProvider {
 /// Who a valid OIDC token says the caller is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Identity {
-    pub tenant: u64,
-    pub user: u64,
+    pub tenant: TenantId,
+    pub user: UserId,
     /// Expiry and issue time, seconds since the epoch.
     pub exp: u64,
     pub iat: u64,
@@ -165,7 +166,7 @@ impl Oidc {
         };
         for p in &oidc.providers {
             if let Err(e) = oidc.reread(p).await {
-                tracing::warn!(tenant = p.config.tenant, error = %e, "cannot read the OIDC key set yet");
+                tracing::warn!(tenant = %p.config.tenant, error = %e, "cannot read the OIDC key set yet");
             }
         }
         oidc
@@ -212,7 +213,7 @@ impl Oidc {
                 .is_none_or(|at| at.elapsed() >= self.reread_every)
         };
         if due && let Err(e) = self.reread(p).await {
-            tracing::warn!(tenant = p.config.tenant, error = %e, "cannot read the OIDC key set");
+            tracing::warn!(tenant = %p.config.tenant, error = %e, "cannot read the OIDC key set");
             // Not again for a minute, even when it failed.
             p.keys.lock().unwrap_or_else(|e| e.into_inner()).read_at = Some(Instant::now());
         }
@@ -333,7 +334,7 @@ impl Oidc {
         .ok_or_else(|| malformed(&format!("claim {:?} holds no user id", p.config.user_claim)))?;
         Ok(Identity {
             tenant: p.config.tenant,
-            user,
+            user: UserId(user),
             exp,
             iat: claims.get("iat").and_then(Value::as_u64).unwrap_or(0),
             jti: claims

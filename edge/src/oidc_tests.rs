@@ -1,6 +1,7 @@
 //! OIDC verification against keys made here: ES256 (ring) and RS256
 //! (openssl), a JWKS file and a JWKS URL on loopback, and every refusal.
 
+use cellmesh_proto::ids::{TenantId, UserId};
 use std::io::Write;
 use std::time::Duration;
 
@@ -120,7 +121,7 @@ fn jwks_file(keys: &[Value]) -> tempfile::NamedTempFile {
 
 fn provider(jwks_file: &str, jwks_url: &str) -> OidcProvider {
     OidcProvider {
-        tenant: 7,
+        tenant: TenantId(7),
         issuer: ISSUER.into(),
         audience: AUDIENCE.into(),
         jwks_file: jwks_file.into(),
@@ -145,7 +146,11 @@ async fn tokens_of_a_trusted_issuer_name_their_tenant_and_user_and_nothing_else_
             .verify(&signer.token(kid, claims()), NOW)
             .await
             .unwrap();
-        assert_eq!((c.tenant, c.user, c.exp), (7, 4242, NOW + 600), "{kid}");
+        assert_eq!(
+            (c.tenant, c.user, c.exp),
+            (TenantId(7), UserId(4242), NOW + 600),
+            "{kid}"
+        );
     }
     // A numeric claim, and an audience list naming ours.
     let list = with(
@@ -158,7 +163,7 @@ async fn tokens_of_a_trusted_issuer_name_their_tenant_and_user_and_nothing_else_
             .await
             .unwrap()
             .user,
-        77
+        UserId(77)
     );
 
     let refused = |token: String, want: Reason| {
@@ -259,7 +264,7 @@ async fn a_rotated_key_is_read_again_at_most_once_per_interval() {
     assert!(eager.verify(&new.token("k2", claims()), NOW).await.is_err());
     rotated();
     let c = eager.verify(&new.token("k2", claims()), NOW).await.unwrap();
-    assert_eq!(c.user, 4242);
+    assert_eq!(c.user, UserId(4242));
 }
 
 #[tokio::test]
@@ -282,7 +287,7 @@ async fn a_key_set_is_fetched_from_its_url() {
     });
     let oidc = Oidc::load(&[provider("", &url)]).await;
     let c = oidc.verify(&es.token("k1", claims()), NOW).await.unwrap();
-    assert_eq!((c.tenant, c.user), (7, 4242));
+    assert_eq!((c.tenant, c.user), (TenantId(7), UserId(4242)));
 }
 
 #[test]

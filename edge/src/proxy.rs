@@ -11,7 +11,6 @@
 //! Conversations are created on their tenant's cell, or on the target of
 //! the tenant's migration while it moves.
 
-use cellmesh_proto::ids::TenantId;
 use cellmesh_proto::reason::Reason;
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -130,7 +129,7 @@ impl Proxy {
         let mut message = request.into_inner();
         let caller = message.caller_mut();
         if let Some(c) = caller.as_ref() {
-            if c.tenant_id != 0 && c.tenant_id != claims.tenant {
+            if c.tenant_id != 0 && c.tenant_id != claims.tenant.get() {
                 return Err(to_status(
                     ErrorCode::PermissionDenied,
                     Reason::CrossTenant,
@@ -142,7 +141,7 @@ impl Proxy {
                     None,
                 ));
             }
-            if c.user_id != 0 && c.user_id != claims.user {
+            if c.user_id != 0 && c.user_id != claims.user.get() {
                 return Err(to_status(
                     ErrorCode::PermissionDenied,
                     Reason::CallerMismatch,
@@ -153,8 +152,8 @@ impl Proxy {
             }
         }
         *caller = Some(pb::Caller {
-            tenant_id: claims.tenant,
-            user_id: claims.user,
+            tenant_id: claims.tenant.get(),
+            user_id: claims.user.get(),
             device_id: claims.device.clone(),
         });
         Ok((claims, message))
@@ -208,10 +207,7 @@ impl Proxy {
             let address = match key.scope {
                 Scope::Tenant => self
                     .routes
-                    .read(|t| {
-                        t.creation_cell(TenantId(key.tenant))
-                            .map(|c| c.address.clone())
-                    })
+                    .read(|t| t.creation_cell(key.tenant).map(|c| c.address.clone()))
                     .unwrap_or_else(|| route.cell_address.clone()),
                 _ => route.cell_address.clone(),
             };

@@ -77,7 +77,7 @@ pub async fn search(
     request: Request<SearchRequest>,
 ) -> Result<Response<SearchResponse>, Status> {
     let (claims, mut m) = proxy.authenticate(request).await?;
-    let before = decode_cursor(&m.cursor, TenantId(claims.tenant), UserId(claims.user))?;
+    let before = decode_cursor(&m.cursor, claims.tenant, claims.user)?;
     m.cursor.clear();
     m.before_msg_id = before.unwrap_or(0);
     m.conversation_ids.clear();
@@ -87,17 +87,17 @@ pub async fn search(
     };
     let answers: Vec<CellAnswer> = if m.conversation_id != 0 {
         // One conversation: its owner answers, errors and all.
-        let key = Key::conversation(TenantId(claims.tenant), ConversationId(m.conversation_id));
+        let key = Key::conversation(claims.tenant, ConversationId(m.conversation_id));
         vec![Ok(ask(proxy, key, m).await?)]
     } else {
-        let ids = conversations(proxy, TenantId(claims.tenant), UserId(claims.user)).await?;
+        let ids = conversations(proxy, claims.tenant, claims.user).await?;
         let mut by_cell: BTreeMap<String, Vec<u64>> = BTreeMap::new();
         let mut unrouted = Vec::new();
         for id in ids {
-            match proxy.routes.resolve(&Key::conversation(
-                TenantId(claims.tenant),
-                ConversationId(id),
-            )) {
+            match proxy
+                .routes
+                .resolve(&Key::conversation(claims.tenant, ConversationId(id)))
+            {
                 Some(route) => by_cell.entry(route.cell_address).or_default().push(id),
                 None => unrouted.push(id),
             }
@@ -105,7 +105,7 @@ pub async fn search(
         let calls = by_cell.into_values().map(|ids| {
             let mut r = m.clone();
             r.conversation_ids = ids.clone();
-            let key = Key::conversation(TenantId(claims.tenant), ConversationId(ids[0]));
+            let key = Key::conversation(claims.tenant, ConversationId(ids[0]));
             async move {
                 match tokio::time::timeout(DEADLINE, ask(proxy, key, r)).await {
                     Ok(Ok(answer)) => Ok(answer),
@@ -126,8 +126,8 @@ pub async fn search(
     Ok(Response::new(merge(
         answers,
         want,
-        TenantId(claims.tenant),
-        UserId(claims.user),
+        claims.tenant,
+        claims.user,
     )))
 }
 

@@ -4,7 +4,7 @@
 //! proxies to that cell. A sync stream that breaks at the owner's end ends
 //! with `OWNER_UNREACHABLE` and the route, like a unary call.
 
-use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
+use cellmesh_proto::ids::ConversationId;
 use std::pin::Pin;
 use std::sync::Arc;
 
@@ -67,7 +67,7 @@ impl Messaging for EdgeApi {
             request,
             MessagingClient,
             create_conversation,
-            |c, m| Key::tenant(TenantId(c.tenant))
+            |c, m| Key::tenant(c.tenant)
         )
     }
     async fn add_members(
@@ -75,7 +75,7 @@ impl Messaging for EdgeApi {
         request: Request<ChangeMembersRequest>,
     ) -> Result<Response<ChangeMembersResponse>, Status> {
         proxied!(self, request, MessagingClient, add_members, |c, m| {
-            Key::conversation(TenantId(c.tenant), ConversationId(m.conversation_id))
+            Key::conversation(c.tenant, ConversationId(m.conversation_id))
         })
     }
     async fn remove_members(
@@ -83,7 +83,7 @@ impl Messaging for EdgeApi {
         request: Request<ChangeMembersRequest>,
     ) -> Result<Response<ChangeMembersResponse>, Status> {
         proxied!(self, request, MessagingClient, remove_members, |c, m| {
-            Key::conversation(TenantId(c.tenant), ConversationId(m.conversation_id))
+            Key::conversation(c.tenant, ConversationId(m.conversation_id))
         })
     }
     async fn set_member_role(
@@ -91,7 +91,7 @@ impl Messaging for EdgeApi {
         request: Request<SetMemberRoleRequest>,
     ) -> Result<Response<ChangeMembersResponse>, Status> {
         proxied!(self, request, MessagingClient, set_member_role, |c, m| {
-            Key::conversation(TenantId(c.tenant), ConversationId(m.conversation_id))
+            Key::conversation(c.tenant, ConversationId(m.conversation_id))
         })
     }
     async fn get_conversation(
@@ -99,18 +99,23 @@ impl Messaging for EdgeApi {
         request: Request<GetConversationRequest>,
     ) -> Result<Response<GetConversationResponse>, Status> {
         proxied!(self, request, MessagingClient, get_conversation, |c, m| {
-            Key::conversation(TenantId(c.tenant), ConversationId(m.conversation_id))
+            Key::conversation(c.tenant, ConversationId(m.conversation_id))
         })
     }
     async fn send(&self, request: Request<SendRequest>) -> Result<Response<SendResponse>, Status> {
         proxied!(self, request, MessagingClient, send, |c, m| {
-            record_call(c.tenant, m.conversation_id, c.user, &m.client_req_id);
-            Key::conversation(TenantId(c.tenant), ConversationId(m.conversation_id))
+            record_call(
+                c.tenant.get(),
+                m.conversation_id,
+                c.user.get(),
+                &m.client_req_id,
+            );
+            Key::conversation(c.tenant, ConversationId(m.conversation_id))
         })
     }
     async fn pull(&self, request: Request<PullRequest>) -> Result<Response<PullResponse>, Status> {
         proxied!(self, request, MessagingClient, pull, |c, m| {
-            Key::conversation(TenantId(c.tenant), ConversationId(m.conversation_id))
+            Key::conversation(c.tenant, ConversationId(m.conversation_id))
         })
     }
     async fn mark_read(
@@ -118,7 +123,7 @@ impl Messaging for EdgeApi {
         request: Request<MarkReadRequest>,
     ) -> Result<Response<MarkReadResponse>, Status> {
         proxied!(self, request, MessagingClient, mark_read, |c, m| {
-            Key::conversation(TenantId(c.tenant), ConversationId(m.conversation_id))
+            Key::conversation(c.tenant, ConversationId(m.conversation_id))
         })
     }
     async fn recall(
@@ -126,7 +131,7 @@ impl Messaging for EdgeApi {
         request: Request<RecallRequest>,
     ) -> Result<Response<MessageUpdateResponse>, Status> {
         proxied!(self, request, MessagingClient, recall, |c, m| {
-            Key::conversation(TenantId(c.tenant), ConversationId(m.conversation_id))
+            Key::conversation(c.tenant, ConversationId(m.conversation_id))
         })
     }
     async fn edit(
@@ -134,7 +139,7 @@ impl Messaging for EdgeApi {
         request: Request<EditRequest>,
     ) -> Result<Response<MessageUpdateResponse>, Status> {
         proxied!(self, request, MessagingClient, edit, |c, m| {
-            Key::conversation(TenantId(c.tenant), ConversationId(m.conversation_id))
+            Key::conversation(c.tenant, ConversationId(m.conversation_id))
         })
     }
     async fn delete_for_me(
@@ -142,7 +147,7 @@ impl Messaging for EdgeApi {
         request: Request<DeleteForMeRequest>,
     ) -> Result<Response<DeleteForMeResponse>, Status> {
         proxied!(self, request, MessagingClient, delete_for_me, |c, m| {
-            Key::conversation(TenantId(c.tenant), ConversationId(m.conversation_id))
+            Key::conversation(c.tenant, ConversationId(m.conversation_id))
         })
     }
     async fn search(
@@ -169,7 +174,7 @@ impl Attachments for EdgeApi {
             AttachmentsClient,
             create_upload,
             Some(std::time::Duration::from_secs(10)),
-            |c, m| Key::conversation(TenantId(c.tenant), ConversationId(m.conversation_id))
+            |c, m| Key::conversation(c.tenant, ConversationId(m.conversation_id))
         )
     }
     async fn get_upload(
@@ -182,7 +187,7 @@ impl Attachments for EdgeApi {
             AttachmentsClient,
             get_upload,
             Some(std::time::Duration::from_secs(10)),
-            |c, m| Key::conversation(TenantId(c.tenant), ConversationId(m.conversation_id))
+            |c, m| Key::conversation(c.tenant, ConversationId(m.conversation_id))
         )
     }
     async fn complete_upload(
@@ -195,7 +200,7 @@ impl Attachments for EdgeApi {
             AttachmentsClient,
             complete_upload,
             Some(COMPLETE_TIMEOUT),
-            |c, m| Key::conversation(TenantId(c.tenant), ConversationId(m.conversation_id))
+            |c, m| Key::conversation(c.tenant, ConversationId(m.conversation_id))
         )
     }
     async fn get_download_url(
@@ -207,7 +212,7 @@ impl Attachments for EdgeApi {
             request,
             AttachmentsClient,
             get_download_url,
-            |c, m| { Key::conversation(TenantId(c.tenant), ConversationId(m.conversation_id)) }
+            |c, m| { Key::conversation(c.tenant, ConversationId(m.conversation_id)) }
         )
     }
 }
@@ -255,7 +260,7 @@ impl Sync for EdgeApi {
     ) -> Result<Response<PushStream>, Status> {
         // A stream lives long: no attempt timeout.
         let (claims, m) = self.proxy.authenticate(request).await?;
-        let key = Key::user(TenantId(claims.tenant), UserId(claims.user));
+        let key = Key::user(claims.tenant, claims.user);
         let response = (self.proxy)
             .call(key, m, None, |channel, r| async move {
                 SyncClient::new(channel).subscribe(r).await
@@ -281,8 +286,7 @@ impl Sync for EdgeApi {
     }
     async fn ack(&self, request: Request<AckRequest>) -> Result<Response<AckResponse>, Status> {
         proxied!(self, request, SyncClient, ack, |c, m| Key::user(
-            TenantId(c.tenant),
-            UserId(c.user)
+            c.tenant, c.user
         ))
     }
     async fn list_conversations(
@@ -290,7 +294,7 @@ impl Sync for EdgeApi {
         request: Request<ListConversationsRequest>,
     ) -> Result<Response<ListConversationsResponse>, Status> {
         proxied!(self, request, SyncClient, list_conversations, |c, m| {
-            Key::user(TenantId(c.tenant), UserId(c.user))
+            Key::user(c.tenant, c.user)
         })
     }
     async fn set_muted(
@@ -298,8 +302,7 @@ impl Sync for EdgeApi {
         request: Request<SetMutedRequest>,
     ) -> Result<Response<SetMutedResponse>, Status> {
         proxied!(self, request, SyncClient, set_muted, |c, m| Key::user(
-            TenantId(c.tenant),
-            UserId(c.user)
+            c.tenant, c.user
         ))
     }
     async fn heartbeat(
@@ -307,8 +310,7 @@ impl Sync for EdgeApi {
         request: Request<HeartbeatRequest>,
     ) -> Result<Response<HeartbeatResponse>, Status> {
         proxied!(self, request, SyncClient, heartbeat, |c, m| Key::user(
-            TenantId(c.tenant),
-            UserId(c.user)
+            c.tenant, c.user
         ))
     }
     async fn get_presence(
@@ -316,8 +318,7 @@ impl Sync for EdgeApi {
         request: Request<GetPresenceRequest>,
     ) -> Result<Response<GetPresenceResponse>, Status> {
         proxied!(self, request, SyncClient, get_presence, |c, m| Key::user(
-            TenantId(c.tenant),
-            UserId(c.user)
+            c.tenant, c.user
         ))
     }
     async fn typing(
@@ -325,7 +326,7 @@ impl Sync for EdgeApi {
         request: Request<TypingRequest>,
     ) -> Result<Response<TypingResponse>, Status> {
         proxied!(self, request, SyncClient, typing, |c, m| Key::conversation(
-            TenantId(c.tenant),
+            c.tenant,
             ConversationId(m.conversation_id)
         ))
     }

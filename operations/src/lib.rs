@@ -309,9 +309,7 @@ pub fn drives<'a>(ops: impl IntoIterator<Item = &'a Operation>, key: &Key) -> bo
     ops.into_iter()
         .filter(|op| !op.state.is_final() && !op.spec.runs_in_cell())
         .any(|op| match op.spec.key() {
-            Some(k) => {
-                k == *key || (k == Key::tenant(TenantId(key.tenant)) && op.spec.is_tenant_move())
-            }
+            Some(k) => k == *key || (k == Key::tenant(key.tenant) && op.spec.is_tenant_move()),
             None => true,
         })
 }

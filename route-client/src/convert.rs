@@ -27,14 +27,14 @@ pub fn key_from_pb(key: Option<pb::RouteKey>) -> Result<Key, Status> {
         return Err(RouteError::invalid("key.tenant_id", "must not be 0").to_status());
     }
     Ok(Key {
-        tenant: key.tenant_id,
+        tenant: TenantId(key.tenant_id),
         scope,
     })
 }
 
 pub fn key_to_pb(key: &Key) -> pb::RouteKey {
     pb::RouteKey {
-        tenant_id: key.tenant,
+        tenant_id: key.tenant.get(),
         scope: Some(match key.scope {
             Scope::Tenant => PbScope::Tenant(true),
             Scope::Conversation(c) => PbScope::ConversationId(c),

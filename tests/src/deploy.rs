@@ -3,7 +3,7 @@
 //! edge — optionally reaching the routers through a slow link — plus client
 //! token helpers.
 
-use cellmesh_proto::ids::{ConversationId, TenantId};
+use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -226,8 +226,8 @@ impl Senders {
 
 pub fn token(tenant: u64, user: u64) -> String {
     TokenKey::new(TOKEN_SECRET).issue(&Claims {
-        tenant,
-        user,
+        tenant: TenantId(tenant),
+        user: UserId(user),
         device: "phone".into(),
         exp: now_secs() + 3600,
         ..Default::default()

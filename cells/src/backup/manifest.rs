@@ -4,6 +4,7 @@
 //! and sync queue). Written last: a backup without its manifest does not
 //! exist, and its objects are swept as orphans.
 
+use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -20,8 +21,8 @@ pub struct FileEntry {
 /// A conversation at the snapshot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ConversationMark {
-    pub tenant: u64,
-    pub conversation: u64,
+    pub tenant: TenantId,
+    pub conversation: ConversationId,
     /// Its latest seq (or floor, if higher).
     pub seq: u64,
 }
@@ -29,8 +30,8 @@ pub struct ConversationMark {
 /// A user's sync queue at the snapshot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UserMark {
-    pub tenant: u64,
-    pub user: u64,
+    pub tenant: TenantId,
+    pub user: UserId,
     pub pts: u64,
     pub queue_id: u64,
 }

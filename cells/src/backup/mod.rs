@@ -458,8 +458,8 @@ fn marks(db: &Store) -> Result<(Vec<ConversationMark>, Vec<UserMark>)> {
         after = last;
         conversations.extend(page.into_iter().map(|(tenant, conversation, seq)| {
             ConversationMark {
-                tenant,
-                conversation,
+                tenant: TenantId(tenant),
+                conversation: ConversationId(conversation),
                 seq,
             }
         }));
@@ -468,8 +468,8 @@ fn marks(db: &Store) -> Result<(Vec<ConversationMark>, Vec<UserMark>)> {
     for (tenant, user, queue_id) in db.queues()? {
         let pts = db.user_pts(UserKey::new(TenantId(tenant), UserId(user)))?;
         users.push(UserMark {
-            tenant,
-            user,
+            tenant: TenantId(tenant),
+            user: UserId(user),
             pts,
             queue_id,
         });
@@ -486,7 +486,7 @@ async fn missing_segments(
 ) -> Result<Vec<String>> {
     let mut problems = Vec::new();
     for mark in &manifest.conversations {
-        for entry in db.segments(ConversationId(mark.conversation))? {
+        for entry in db.segments(mark.conversation)? {
             let stored = cold
                 .size_of(&entry.key)
                 .await
@@ -506,13 +506,9 @@ async fn missing_segments(
 fn check_marks(db: &Store, manifest: &Manifest) -> Result<Vec<String>> {
     let mut problems = Vec::new();
     for mark in &manifest.conversations {
-        let seq = db.conv_seq(ConversationId(mark.conversation))?;
+        let seq = db.conv_seq(mark.conversation)?;
         let has = seq.latest_seq.max(seq.seq_floor);
-        if db
-            .conversation(ConversationId(mark.conversation))?
-            .is_none()
-            || has < mark.seq
-        {
+        if db.conversation(mark.conversation)?.is_none() || has < mark.seq {
             problems.push(format!(
                 "conversation {} holds seq {has}, the manifest says {}",
                 mark.conversation, mark.seq
@@ -520,7 +516,7 @@ fn check_marks(db: &Store, manifest: &Manifest) -> Result<Vec<String>> {
         }
     }
     for mark in &manifest.users {
-        let pts = db.user_pts(UserKey::new(TenantId(mark.tenant), UserId(mark.user)))?;
+        let pts = db.user_pts(UserKey::new(mark.tenant, mark.user))?;
         if pts < mark.pts {
             problems.push(format!(
                 "user {} of tenant {} holds pts {pts}, the manifest says {}",

@@ -63,8 +63,8 @@ impl MessageService {
         self.check_member(&cmd.caller, cmd.conversation)?;
         let idem = (!cmd.client_req_id.is_empty()).then(|| IdemKey {
             kind: IdemKind::CreateUpload,
-            tenant: tenant.get(),
-            user: user.get(),
+            tenant,
+            user,
             client_req_id: cmd.client_req_id.clone(),
         });
         if let Some(first) = self.first_upload(idem.as_ref(), &cmd).await? {

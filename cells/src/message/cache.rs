@@ -15,7 +15,7 @@ use cellmesh_proto::storage::v1::SeqJump;
 use cellmesh_proto::v1::ConversationKind;
 
 pub(crate) struct ConvEntry {
-    pub tenant: u64,
+    pub tenant: TenantId,
     pub kind: ConversationKind,
     pub seq: Mutex<SeqState>,
     pub admin: tokio::sync::Mutex<()>,
@@ -34,7 +34,7 @@ pub(crate) struct SeqState {
 impl ConvEntry {
     pub fn new(tenant: TenantId, kind: ConversationKind, seq: SeqState) -> Self {
         Self {
-            tenant: tenant.get(),
+            tenant,
             kind,
             seq: Mutex::new(seq),
             admin: tokio::sync::Mutex::new(()),

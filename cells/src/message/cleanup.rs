@@ -64,7 +64,7 @@ pub(crate) async fn mark_all_sealed(
             kind,
             Moved {
                 id,
-                tenant: tenant.get(),
+                tenant,
                 sealed_at_ms,
             },
         );
@@ -95,7 +95,7 @@ pub(crate) async fn clean(
             }
             Handed::Away | Handed::Unsettled => continue,
         }
-        m.unmark_moved(kind, TenantId(moved.tenant), moved.id);
+        m.unmark_moved(kind, moved.tenant, moved.id);
         store.commit(m).await?;
     }
     Ok(dropped)
@@ -126,7 +126,7 @@ impl MessageService {
         let handed = |m: &Moved| {
             Handed::of(
                 self.ownership
-                    .check(TenantId(m.tenant), ConversationId(m.id), Epoch(0)),
+                    .check(m.tenant, ConversationId(m.id), Epoch(0)),
             )
         };
         let dropped = clean(
@@ -139,7 +139,7 @@ impl MessageService {
                 // The search index forgets it too.
                 m.emit(&cellmesh_proto::storage::v1::OutboxEvent {
                     kind: cellmesh_proto::storage::v1::OutboxKind::HistoryDropped as i32,
-                    tenant_id: moved.tenant,
+                    tenant_id: moved.tenant.get(),
                     conversation_id: moved.id,
                     ..Default::default()
                 });

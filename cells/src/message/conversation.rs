@@ -43,7 +43,7 @@ pub struct ChangeMembersCommand {
 pub struct SetMemberRoleCommand {
     pub caller: Caller,
     pub conversation: ConversationId,
-    pub user: u64,
+    pub user: UserId,
     pub admin: bool,
 }
 
@@ -68,8 +68,8 @@ impl MessageService {
         let creation = self.ownership.check_create(cmd.caller.tenant)?;
         let key = (!cmd.client_req_id.is_empty()).then(|| IdemKey {
             kind: IdemKind::CreateConversation,
-            tenant: cmd.caller.tenant.get(),
-            user: cmd.caller.user.get(),
+            tenant: cmd.caller.tenant,
+            user: cmd.caller.user,
             client_req_id: cmd.client_req_id.clone(),
         });
         let leader = match key.as_ref().map(|k| self.inflight.begin(k.clone())) {
@@ -301,19 +301,19 @@ impl MessageService {
             if !is_admin(record, caller.user) {
                 return Err(not_admin(record, caller.user, "changes roles"));
             }
-            if cmd.user == record.created_by {
+            if cmd.user == UserId(record.created_by) {
                 return Err(CellError::invalid(
                     Reason::IllegalTransition,
                     "the group's creator is always an admin",
                 ));
             }
-            if !self.store.is_member(cmd.conversation, UserId(cmd.user))? {
+            if !self.store.is_member(cmd.conversation, cmd.user)? {
                 return Err(CellError::invalid(
                     Reason::RecipientNotAMember,
                     format!("user {} is not a member", cmd.user),
                 ));
             }
-            if record.admins.contains(&cmd.user) == cmd.admin {
+            if record.admins.contains(&cmd.user.get()) == cmd.admin {
                 return Ok((Vec::new(), None));
             }
             if cmd.admin {
@@ -323,17 +323,17 @@ impl MessageService {
                         format!("a group has at most {MAX_ADMINS} admins besides its creator"),
                     ));
                 }
-                record.admins.push(cmd.user);
+                record.admins.push(cmd.user.get());
                 record.admins.sort_unstable();
             } else {
-                record.admins.retain(|a| *a != cmd.user);
+                record.admins.retain(|a| *a != cmd.user.get());
             }
             // Standbys receive the record with the role.
             let event = OutboxEvent {
                 kind: OutboxKind::MetaSync as i32,
                 ..Default::default()
             };
-            Ok((vec![cmd.user], Some((Mutation::new(), event))))
+            Ok((vec![cmd.user.get()], Some((Mutation::new(), event))))
         })
         .await
     }

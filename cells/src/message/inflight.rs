@@ -113,12 +113,13 @@ impl Follower {
 mod tests {
     use super::*;
     use crate::storage::IdemKind;
+    use cellmesh_proto::ids::{TenantId, UserId};
 
     fn key(id: &str) -> IdemKey {
         IdemKey {
             kind: IdemKind::Send,
-            tenant: 1,
-            user: 2,
+            tenant: TenantId(1),
+            user: UserId(2),
             client_req_id: id.into(),
         }
     }

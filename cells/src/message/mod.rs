@@ -220,7 +220,7 @@ impl MessageService {
         };
         // Another tenant's conversation is answered as one that does not
         // exist: the answer must not reveal that the id is taken.
-        if entry.tenant != caller.tenant.get() {
+        if entry.tenant != caller.tenant {
             return Err(not_found());
         }
         Ok(entry)

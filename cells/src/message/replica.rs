@@ -9,7 +9,8 @@
 
 use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
 use cellmesh_proto::reason::Reason;
-use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use cellmesh_proto::v1::ReplicatedWrite;
@@ -18,21 +19,67 @@ use super::MessageService;
 use crate::error::{CellError, Result};
 use crate::storage::{IdemKey, IdemKind, Mutation, keys};
 
+/// What one batch of replicated writes stages, per conversation.
+#[derive(Default)]
+struct Staged {
+    m: Mutation,
+    /// The conversation's seq record (latest seq raised).
+    seqs: HashMap<ConversationId, cellmesh_proto::storage::v1::ConversationSeq>,
+    /// The first replicated seq, where it moves down.
+    from: HashMap<ConversationId, Option<u64>>,
+    /// Conversations whose meta this batch stores.
+    described: HashSet<ConversationId>,
+    /// Its tenant and the seqs stored, for the search index.
+    imported: HashMap<ConversationId, (TenantId, super::migrate::Imported)>,
+    stored: u32,
+}
+
+/// The ids, seq and record of a replicated write, or why it is malformed.
+fn parts(
+    write: &mut ReplicatedWrite,
+) -> Result<(
+    TenantId,
+    ConversationId,
+    u64,
+    cellmesh_proto::storage::v1::MessageRecord,
+)> {
+    let Some(message) = write.message.take() else {
+        return Err(CellError::invalid(
+            Reason::NoMessage,
+            "a replicated write carries its message",
+        ));
+    };
+    let Some(record) = message.record else {
+        return Err(CellError::invalid(
+            Reason::NoMessage,
+            "a replicated message carries its record",
+        ));
+    };
+    if write.tenant_id == 0 || write.conversation_id == 0 || message.seq == 0 {
+        return Err(CellError::invalid(
+            Reason::BadReplicatedWrite,
+            "tenant, conversation and seq are required",
+        ));
+    }
+    let ids = (
+        TenantId(write.tenant_id),
+        ConversationId(write.conversation_id),
+    );
+    Ok((ids.0, ids.1, message.seq, record))
+}
+
 impl MessageService {
-    /// Stores `writes` from the owner `source`; returns how many messages
-    /// it stored. Refuses (`NOT_A_STANDBY`) a conversation this cell owns.
     /// Checks a replicated write's conversation against what this standby
-    /// holds, staging in `m` the meta sent with it when the conversation is
-    /// new here (and noting it in `described`).
+    /// holds, staging the meta sent with it when the conversation is new
+    /// here (and noting it in `described`).
     fn stage_standby_meta(
         &self,
-        m: &mut Mutation,
-        (tenant, conversation): (u64, u64),
+        staged: &mut Staged,
+        (tenant, conversation): (TenantId, ConversationId),
         meta: Option<&cellmesh_proto::v1::ConversationMeta>,
-        described: &mut std::collections::HashSet<u64>,
     ) -> Result<()> {
-        match self.store.conversation(ConversationId(conversation))? {
-            Some(stored) if stored.tenant_id != tenant => {
+        match self.store.conversation(conversation)? {
+            Some(stored) if stored.tenant_id != tenant.get() => {
                 return Err(CellError::denied(
                     Reason::WrongTenant,
                     "conversation belongs to another tenant",
@@ -41,7 +88,7 @@ impl MessageService {
             Some(_) => {}
             // A message is stored here only with its conversation: a
             // failover must find the conversation, not just its history.
-            None if !described.contains(&conversation) => {
+            None if !staged.described.contains(&conversation) => {
                 let Some(record) = meta.and_then(|m| m.record.as_ref()) else {
                     return Err(CellError::RetryLater {
                         reason: Reason::StandbyLacksMeta,
@@ -52,26 +99,28 @@ impl MessageService {
                         retry_after: Duration::ZERO,
                     });
                 };
-                if record.tenant_id != tenant {
+                if record.tenant_id != tenant.get() {
                     return Err(CellError::denied(
                         Reason::WrongTenant,
                         "the replicated record names another tenant",
                     ));
                 }
                 let members = meta.map(|x| x.members.as_slice()).unwrap_or_default();
-                self.store.stage_meta(
-                    m,
-                    ConversationId(conversation),
+                (self.store).stage_meta(
+                    &mut staged.m,
+                    conversation,
                     record,
                     &UserId::many(members),
                 )?;
-                described.insert(conversation);
+                staged.described.insert(conversation);
             }
             None => {}
         }
         Ok(())
     }
 
+    /// Stores `writes` from the owner `source`; returns how many messages
+    /// it stored. Refuses (`NOT_A_STANDBY`) a conversation this cell owns.
     pub async fn store_replicated(
         &self,
         source: &str,
@@ -83,56 +132,18 @@ impl MessageService {
                 "source_cell is required",
             ));
         }
-        let mut m = Mutation::new();
-        // Per conversation: (latest seq, floor) and the first replicated seq.
-        let mut seqs = HashMap::new();
-        let mut from: HashMap<u64, Option<u64>> = HashMap::new();
-        let mut stored = 0;
-        // Conversations whose meta this batch stores.
-        let mut described = std::collections::HashSet::new();
-        // Per conversation: its tenant and the seqs stored, for the index.
-        let mut imported: HashMap<u64, (u64, super::migrate::Imported)> = HashMap::new();
-        for write in writes {
-            let (tenant, conversation) = (write.tenant_id, write.conversation_id);
-            let Some(message) = write.message else {
-                return Err(CellError::invalid(
-                    Reason::NoMessage,
-                    "a replicated write carries its message",
-                ));
-            };
-            let Some(record) = message.record else {
-                return Err(CellError::invalid(
-                    Reason::NoMessage,
-                    "a replicated message carries its record",
-                ));
-            };
-            if tenant == 0 || conversation == 0 || message.seq == 0 {
-                return Err(CellError::invalid(
-                    Reason::BadReplicatedWrite,
-                    "tenant, conversation and seq are required",
-                ));
-            }
-            if self
-                .ownership
-                .check_read(TenantId(tenant), ConversationId(conversation))
-                .is_ok()
-            {
+        let mut staged = Staged::default();
+        for mut write in writes {
+            let (tenant, conversation, seq, record) = parts(&mut write)?;
+            if self.ownership.check_read(tenant, conversation).is_ok() {
                 return Err(CellError::denied(
                     Reason::NotAStandby,
                     format!("conversation {conversation} is owned here, not by {source}"),
                 ));
             }
-            self.stage_standby_meta(
-                &mut m,
-                (tenant, conversation),
-                write.meta.as_ref(),
-                &mut described,
-            )?;
+            self.stage_standby_meta(&mut staged, (tenant, conversation), write.meta.as_ref())?;
             // A rewrite never goes back to an older version of the message.
-            let newer = match self
-                .store
-                .message(ConversationId(conversation), message.seq)?
-            {
+            let newer = match self.store.message(conversation, seq)? {
                 Some(old) => old.msg_id != record.msg_id || old.edit_version <= record.edit_version,
                 None => true,
             };
@@ -140,61 +151,60 @@ impl MessageService {
                 let key = IdemKey {
                     kind: IdemKind::Send,
                     tenant,
-                    user: record.sender_id,
+                    user: UserId(record.sender_id),
                     client_req_id: record.client_req_id.clone(),
                 };
                 if !key.client_req_id.is_empty() && self.store.idempotency(&key)?.is_none() {
-                    m.put_idempotency(&key, answer);
+                    staged.m.put_idempotency(&key, answer);
                 }
-                let first = match from.get(&conversation) {
+                let first = match staged.from.get(&conversation) {
                     Some(first) => *first,
-                    None => self
-                        .store
-                        .meta_u64(&keys::meta::replica_from(ConversationId(conversation)))?,
+                    None => (self.store).meta_u64(&keys::meta::replica_from(conversation))?,
                 };
-                if first.is_none_or(|f| message.seq < f) {
-                    from.insert(conversation, Some(message.seq));
+                if first.is_none_or(|f| seq < f) {
+                    staged.from.insert(conversation, Some(seq));
                 }
             }
-            let seq = match seqs.entry(conversation) {
-                std::collections::hash_map::Entry::Occupied(seq) => seq.into_mut(),
-                std::collections::hash_map::Entry::Vacant(slot) => {
-                    slot.insert(self.store.conv_seq(ConversationId(conversation))?)
-                }
+            let latest = match staged.seqs.entry(conversation) {
+                Entry::Occupied(latest) => latest.into_mut(),
+                Entry::Vacant(slot) => slot.insert(self.store.conv_seq(conversation)?),
             };
-            seq.latest_seq = seq.latest_seq.max(message.seq);
+            latest.latest_seq = latest.latest_seq.max(seq);
             if newer {
-                m.put_message(ConversationId(conversation), message.seq, &record);
-                (imported
-                    .entry(conversation)
+                staged.m.put_message(conversation, seq, &record);
+                let imported = staged.imported.entry(conversation);
+                imported
                     .or_insert((tenant, Default::default()))
-                    .1)
-                    .add(message.seq, message.seq);
-                stored += 1;
+                    .1
+                    .add(seq, seq);
+                staged.stored += 1;
             }
         }
+        self.commit_replicated(staged).await
+    }
+
+    /// Commits what [`Self::store_replicated`] staged.
+    async fn commit_replicated(&self, mut staged: Staged) -> Result<u32> {
+        let m = &mut staged.m;
         // A promoted standby answers searches from the moment it owns them.
-        for (conversation, (tenant, seqs)) in &imported {
-            seqs.emit(TenantId(*tenant), ConversationId(*conversation), &mut m);
+        for (conversation, (tenant, seqs)) in &staged.imported {
+            seqs.emit(*tenant, *conversation, m);
         }
-        for (conversation, seq) in &seqs {
-            m.put_conv_seq(ConversationId(*conversation), seq);
+        for (conversation, seq) in &staged.seqs {
+            m.put_conv_seq(*conversation, seq);
         }
-        for (conversation, first) in from {
+        for (conversation, first) in staged.from {
             if let Some(first) = first {
-                m.put_meta_u64(
-                    &keys::meta::replica_from(ConversationId(conversation)),
-                    first,
-                );
+                m.put_meta_u64(&keys::meta::replica_from(conversation), first);
             }
         }
         if !m.is_empty() {
-            self.store.commit(m).await?;
+            self.store.commit(staged.m).await?;
         }
-        for conversation in described {
-            self.conversations.invalidate(ConversationId(conversation));
+        for conversation in staged.described {
+            self.conversations.invalidate(conversation);
         }
-        Ok(stored)
+        Ok(staged.stored)
     }
 
     /// The seq from which this cell holds every acknowledged message of

@@ -31,10 +31,10 @@ pub struct SearchCommand {
     pub caller: Caller,
     pub query: String,
     /// One conversation the caller named (errors as `Pull`'s), or none.
-    pub conversation: Option<u64>,
+    pub conversation: Option<ConversationId>,
     /// The caller's conversations to look in (those not here are skipped).
-    pub conversations: Vec<u64>,
-    pub sender: Option<u64>,
+    pub conversations: Vec<ConversationId>,
+    pub sender: Option<UserId>,
     pub from_ms: Option<u64>,
     pub to_ms: Option<u64>,
     pub page_size: u32,
@@ -102,7 +102,7 @@ impl MessageService {
         let (allowed, unsearched) = self.searchable_conversations(&cmd)?;
         let mut out = SearchResponse {
             partial: !unsearched.is_empty(),
-            unsearched,
+            unsearched: unsearched.into_iter().map(ConversationId::get).collect(),
             ..Default::default()
         };
         if allowed.is_empty() {
@@ -129,10 +129,7 @@ impl MessageService {
             let exhausted = candidates.len() < batch;
             offset += candidates.len();
             for (i, c) in candidates.iter().enumerate() {
-                if let Some(hit) = self
-                    .hit(&cmd, &prepared, ConversationId(c.conversation), c.seq)
-                    .await?
-                {
+                if let Some(hit) = self.hit(&cmd, &prepared, c.conversation, c.seq).await? {
                     out.hits.push(hit);
                 }
                 let last = i + 1 == candidates.len();
@@ -154,14 +151,14 @@ impl MessageService {
     /// fully cover: owned by another cell, or taken over by a failover
     /// whose history below the floor has not come back yet (searched for
     /// what is here).
-    fn searchable_conversations(&self, cmd: &SearchCommand) -> Result<(Vec<u64>, Vec<u64>)> {
+    fn searchable_conversations(
+        &self,
+        cmd: &SearchCommand,
+    ) -> Result<(Vec<ConversationId>, Vec<ConversationId>)> {
         let (mut allowed, mut uncovered) = (Vec::new(), Vec::new());
         let single = cmd.conversation.map(|id| vec![id]);
         for &id in single.as_ref().unwrap_or(&cmd.conversations) {
-            let route_floor = match self
-                .ownership
-                .check_read(cmd.caller.tenant, ConversationId(id))
-            {
+            let route_floor = match self.ownership.check_read(cmd.caller.tenant, id) {
                 Ok(floor) => floor,
                 Err(CellError::WrongCell { .. } | CellError::RetryLater { .. })
                     if single.is_none() =>
@@ -172,7 +169,7 @@ impl MessageService {
                 Err(e) => return Err(e),
             };
             // Not a member (or not this tenant's): nothing to find there.
-            match self.check_member(&cmd.caller, ConversationId(id)) {
+            match self.check_member(&cmd.caller, id) {
                 Ok(()) => allowed.push(id),
                 Err(CellError::NotFound { .. } | CellError::PermissionDenied { .. })
                     if single.is_none() =>
@@ -181,12 +178,8 @@ impl MessageService {
                 }
                 Err(e) => return Err(e),
             }
-            let floor = self
-                .store
-                .conv_seq(ConversationId(id))?
-                .seq_floor
-                .max(route_floor);
-            if self.unavailable_through(ConversationId(id), floor)? > 0 {
+            let floor = self.store.conv_seq(id)?.seq_floor.max(route_floor);
+            if self.unavailable_through(id, floor)? > 0 {
                 uncovered.push(id);
             }
         }

@@ -71,8 +71,8 @@ impl MessageService {
 
         let key = IdemKey {
             kind: IdemKind::Send,
-            tenant: cmd.caller.tenant.get(),
-            user: cmd.caller.user.get(),
+            tenant: cmd.caller.tenant,
+            user: cmd.caller.user,
             client_req_id: cmd.client_req_id.clone(),
         };
         let leader = match self.inflight.begin(key.clone()) {

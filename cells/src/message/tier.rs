@@ -341,7 +341,7 @@ impl MessageService {
             }
             let committed = self
                 .store
-                .segments(ConversationId(pending.conversation))?
+                .segments(pending.conversation)?
                 .iter()
                 .any(|e| e.seq_start == pending.seq_start && e.key == pending.object);
             if !committed {

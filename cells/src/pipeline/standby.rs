@@ -16,6 +16,7 @@
 //! pick it at once, and it must answer re-sends of what was acknowledged
 //! while it was no standby.
 
+use cellmesh_proto::ids::TenantId;
 use std::collections::VecDeque;
 
 use cellmesh_proto::v1::PeerEvent;
@@ -27,7 +28,7 @@ pub struct Replicated<'a> {
     /// The replicating cell.
     pub source: &'a str,
     /// The tenant the event names.
-    pub tenant: u64,
+    pub tenant: TenantId,
     /// The tenant its conversation record names (meta only).
     pub claimed_tenant: Option<u64>,
     /// The tenant of the conversation as stored here, if it is.
@@ -49,13 +50,13 @@ pub enum Refusal {
 
 /// `Ok` to store the event on `this_cell`, or why it is refused.
 pub fn verdict(this_cell: &str, e: &Replicated, owner: Option<&Owner>) -> Result<(), Refusal> {
-    if let Some(claimed) = e.claimed_tenant.filter(|t| *t != e.tenant) {
+    if let Some(claimed) = e.claimed_tenant.filter(|t| *t != e.tenant.get()) {
         return Err(Refusal::OtherTenantsRecord {
             claimed,
-            event: e.tenant,
+            event: e.tenant.get(),
         });
     }
-    if let Some(held) = e.held_tenant.filter(|t| *t != e.tenant) {
+    if let Some(held) = e.held_tenant.filter(|t| *t != e.tenant.get()) {
         return Err(Refusal::HeldForOtherTenant(held));
     }
     match owner {
@@ -143,7 +144,7 @@ mod tests {
     fn event(source: &str) -> Replicated<'_> {
         Replicated {
             source,
-            tenant: 1,
+            tenant: TenantId(1),
             claimed_tenant: Some(1),
             held_tenant: None,
         }

@@ -4,7 +4,7 @@
 //! what a query filters and sorts on; the text is analyzed, not stored —
 //! hits are read back from the cell's history, as `Pull` reads them.
 
-use cellmesh_proto::ids::ConversationId;
+use cellmesh_proto::ids::{ConversationId, UserId};
 use std::ops::Bound;
 use std::path::Path;
 use std::sync::Mutex;
@@ -65,10 +65,10 @@ fn key(conversation: ConversationId, seq: u64) -> String {
 /// A message as the index holds it.
 #[derive(Debug, Clone)]
 pub struct IndexedMessage {
-    pub conversation: u64,
+    pub conversation: ConversationId,
     pub seq: u64,
     pub msg_id: u64,
-    pub sender: u64,
+    pub sender: UserId,
     pub ts_ms: u64,
     pub text: String,
 }
@@ -78,8 +78,8 @@ pub struct IndexedMessage {
 pub struct Lookup<'a> {
     pub text: &'a str,
     /// Only these conversations (never empty: an empty list finds nothing).
-    pub conversations: &'a [u64],
-    pub sender: Option<u64>,
+    pub conversations: &'a [ConversationId],
+    pub sender: Option<UserId>,
     /// Inclusive bounds on the server time (ms).
     pub from_ms: Option<u64>,
     pub to_ms: Option<u64>,
@@ -90,7 +90,7 @@ pub struct Lookup<'a> {
 /// A matching message, newest first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Candidate {
-    pub conversation: u64,
+    pub conversation: ConversationId,
     pub seq: u64,
     pub msg_id: u64,
 }
@@ -156,18 +156,15 @@ impl TenantIndex {
     pub fn upsert(&self, m: &IndexedMessage) -> Result<(), SearchError> {
         let f = self.fields;
         let mut doc = TantivyDocument::default();
-        doc.add_text(f.key, key(ConversationId(m.conversation), m.seq));
-        doc.add_u64(f.conversation, m.conversation);
+        doc.add_text(f.key, key(m.conversation, m.seq));
+        doc.add_u64(f.conversation, m.conversation.get());
         doc.add_u64(f.seq, m.seq);
         doc.add_u64(f.msg_id, m.msg_id);
-        doc.add_u64(f.sender, m.sender);
+        doc.add_u64(f.sender, m.sender.get());
         doc.add_u64(f.ts, m.ts_ms);
         doc.add_text(f.text, &m.text);
         let writer = self.writer();
-        writer.delete_term(Term::from_field_text(
-            f.key,
-            &key(ConversationId(m.conversation), m.seq),
-        ));
+        writer.delete_term(Term::from_field_text(f.key, &key(m.conversation, m.seq)));
         writer.add_document(doc)?;
         Ok(())
     }
@@ -247,13 +244,13 @@ impl TenantIndex {
         let conversations = lookup
             .conversations
             .iter()
-            .map(|&c| Term::from_field_u64(f.conversation, c));
+            .map(|&c| Term::from_field_u64(f.conversation, c.get()));
         let mut clauses: Vec<(Occur, Box<dyn Query>)> = vec![
             (Occur::Must, text),
             (Occur::Must, Box::new(TermSetQuery::new(conversations))),
         ];
         if let Some(sender) = lookup.sender {
-            let term = Term::from_field_u64(f.sender, sender);
+            let term = Term::from_field_u64(f.sender, sender.get());
             clauses.push((
                 Occur::Must,
                 Box::new(TermQuery::new(term, IndexRecordOption::Basic)),
@@ -295,7 +292,7 @@ impl TenantIndex {
                 let doc: TantivyDocument = p.searcher.doc(address)?;
                 let get = |field| doc.get_first(field).and_then(|v| v.as_u64()).unwrap_or(0);
                 Ok(Candidate {
-                    conversation: get(f.conversation),
+                    conversation: ConversationId(get(f.conversation)),
                     seq: get(f.seq),
                     msg_id: get(f.msg_id),
                 })

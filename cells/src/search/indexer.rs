@@ -8,7 +8,7 @@
 //! the two redelivers events whose documents are already there — and
 //! replacing a document by its key adds nothing twice.
 
-use cellmesh_proto::ids::{ConversationId, TenantId};
+use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -174,10 +174,10 @@ async fn index_range(
         for (seq, record) in page {
             match text_of(&record) {
                 Some(text) => index.upsert(&IndexedMessage {
-                    conversation: conversation.get(),
+                    conversation,
                     seq,
                     msg_id: record.msg_id,
-                    sender: record.sender_id,
+                    sender: UserId(record.sender_id),
                     ts_ms: record.server_ts_ms,
                     text,
                 })?,

@@ -355,7 +355,7 @@ mod tests {
         assert_eq!(moved.len(), 1);
         assert_eq!(
             (moved[0].tenant, moved[0].id, moved[0].sealed_at_ms),
-            (1, 5, 1234)
+            (TenantId(1), 5, 1234)
         );
         // Opening again finds format 2 and changes nothing.
         store.close();

@@ -17,7 +17,7 @@ use super::{Mutation, Op, Result, Store};
 #[derive(Debug, Clone)]
 pub struct PendingUpload {
     pub meta_key: Vec<u8>,
-    pub conversation: u64,
+    pub conversation: ConversationId,
     pub seq_start: u64,
     pub object: String,
     pub at_ms: u64,
@@ -136,7 +136,7 @@ impl Store {
                 let object = String::from_utf8(rest[16..].to_vec()).map_err(|_| bad())?;
                 Ok(PendingUpload {
                     meta_key: k.to_vec(),
-                    conversation,
+                    conversation: ConversationId(conversation),
                     seq_start,
                     object,
                     at_ms: keys::decode_u64(&v).unwrap_or(0),

@@ -68,19 +68,14 @@ type KeyValue = (Box<[u8]>, Box<[u8]>);
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct IdemKey {
     pub kind: IdemKind,
-    pub tenant: u64,
-    pub user: u64,
+    pub tenant: TenantId,
+    pub user: UserId,
     pub client_req_id: String,
 }
 
 impl IdemKey {
     fn encode(&self) -> Vec<u8> {
-        keys::idempotency(
-            self.kind,
-            TenantId(self.tenant),
-            UserId(self.user),
-            &self.client_req_id,
-        )
+        keys::idempotency(self.kind, self.tenant, self.user, &self.client_req_id)
     }
 }
 

@@ -17,13 +17,13 @@ pub const TENANT: u8 = b't';
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Moved {
     pub id: u64,
-    pub tenant: u64,
+    pub tenant: TenantId,
     pub sealed_at_ms: u64,
 }
 
 impl Mutation {
     pub fn mark_moved(&mut self, kind: u8, moved: Moved) {
-        let key = keys::meta::moved(kind, TenantId(moved.tenant), moved.id);
+        let key = keys::meta::moved(kind, moved.tenant, moved.id);
         self.put(cf::META, key, moved.sealed_at_ms.to_be_bytes().to_vec());
     }
 
@@ -65,7 +65,7 @@ impl Store {
                 let (tenant, id) = ids.split_at_checked(8).ok_or_else(bad)?;
                 Ok(Moved {
                     id: keys::decode_u64(id).ok_or_else(bad)?,
-                    tenant: keys::decode_u64(tenant).ok_or_else(bad)?,
+                    tenant: TenantId(keys::decode_u64(tenant).ok_or_else(bad)?),
                     sealed_at_ms: keys::decode_u64(&v).ok_or_else(bad)?,
                 })
             })

@@ -337,24 +337,23 @@ impl SyncService {
         let mut all = Vec::new();
         for t in self.store.moved(moved::TENANT)? {
             let tenant = t.tenant;
-            let conversations = self.messages.tenant_conversation_ids(TenantId(tenant))?;
-            let homes = self.store.homes_of_tenant(TenantId(tenant))?;
+            let conversations = self.messages.tenant_conversation_ids(tenant)?;
+            let homes = self.store.homes_of_tenant(tenant)?;
             let users = self.tenant_user_ids(&conversations, &homes)?;
             let mut m = crate::storage::Mutation::new();
             for id in conversations {
-                if handed(Handed::of(ownership.check(TenantId(tenant), id, Epoch(0)))) {
+                if handed(Handed::of(ownership.check(tenant, id, Epoch(0)))) {
                     m.mark_moved(moved::CONVERSATION, Moved { id: id.get(), ..t });
                 }
             }
             for id in users {
                 if handed(Handed::of(
-                    self.homes
-                        .check_home(UserKey::new(TenantId(tenant), id), true),
+                    self.homes.check_home(UserKey::new(tenant, id), true),
                 )) {
                     m.mark_moved(moved::USER, Moved { id: id.get(), ..t });
                 }
             }
-            m.unmark_moved(moved::TENANT, TenantId(tenant), 0);
+            m.unmark_moved(moved::TENANT, tenant, 0);
             all.push(m);
         }
         Ok(all)
@@ -384,13 +383,13 @@ impl SyncService {
         let handed = |m: &Moved| {
             Handed::of(
                 self.homes
-                    .check_home(UserKey::new(TenantId(m.tenant), UserId(m.id)), true),
+                    .check_home(UserKey::new(m.tenant, UserId(m.id)), true),
             )
         };
         let dropped = cleanup::clean(&self.store, moved::USER, now, grace, handed, |m, moved| {
             Ok(self
                 .store
-                .clear_user(m, UserKey::new(TenantId(moved.tenant), UserId(moved.id)))?)
+                .clear_user(m, UserKey::new(moved.tenant, UserId(moved.id)))?)
         })
         .await?
         .len();

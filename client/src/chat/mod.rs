@@ -142,7 +142,7 @@ pub async fn run(args: ChatArgs) -> anyhow::Result<()> {
         (Some(token), _) => {
             let claims = cellmesh_edge::auth::TokenKey::peek(token)
                 .ok_or_else(|| anyhow::anyhow!("the token is not a cellmesh token"))?;
-            (claims.tenant, claims.user)
+            (claims.tenant.get(), claims.user.get())
         }
         (None, Some(user)) => (args.tenant, user),
         (None, None) => anyhow::bail!("--user or --token is required"),

@@ -6,6 +6,7 @@
 //! backed-up cell's standbys for their high-water marks (so that no seq is
 //! reused), and gives every user's sync queue a new identity.
 
+use cellmesh_proto::ids::TenantId;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -367,9 +368,9 @@ async fn held_marks(
     let mut by_tenant: HashMap<u64, Vec<u64>> = HashMap::new();
     for mark in &manifest.conversations {
         by_tenant
-            .entry(mark.tenant)
+            .entry(mark.tenant.get())
             .or_default()
-            .push(mark.conversation);
+            .push(mark.conversation.get());
     }
     let peers = Peers::default();
     let mut out: Option<HashMap<u64, u64>> = None;
@@ -425,7 +426,7 @@ pub async fn export_tenant(
         let owners: std::collections::BTreeSet<&str> = t
             .routes
             .iter()
-            .filter(|(k, _)| k.tenant == tenant)
+            .filter(|(k, _)| k.tenant == TenantId(tenant))
             .map(|(_, e)| e.cell.as_str())
             .collect();
         owners

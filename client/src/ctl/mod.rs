@@ -537,8 +537,8 @@ fn print_token(token: &TokenArgs) -> anyhow::Result<()> {
         "--token-secret must be at least 16 bytes"
     );
     let claims = Claims {
-        tenant: *tenant,
-        user: *user,
+        tenant: TenantId(*tenant),
+        user: UserId(*user),
         device: device.clone(),
         exp: now_secs() + Duration::from(*ttl).as_secs(),
         ..Default::default()

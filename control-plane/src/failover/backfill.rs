@@ -34,7 +34,7 @@ pub async fn backfill(
             .routes
             .values()
             .filter(|e| e.failed_from.is_some())
-            .map(|e| e.key.tenant)
+            .map(|e| e.key.tenant.get())
             .collect();
         (source, tenants)
     });

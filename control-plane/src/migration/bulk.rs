@@ -44,9 +44,9 @@ impl Migrator {
             let mut s = Selection::default();
             for e in t.routes.values().filter(|e| pick(e)) {
                 match e.key.scope {
-                    Scope::Tenant => s.tenants.push(e.key.tenant),
-                    Scope::Conversation(c) => s.conversations.push((e.key.tenant, c)),
-                    Scope::User(u) => s.users.push((e.key.tenant, u)),
+                    Scope::Tenant => s.tenants.push(e.key.tenant.get()),
+                    Scope::Conversation(c) => s.conversations.push((e.key.tenant.get(), c)),
+                    Scope::User(u) => s.users.push((e.key.tenant.get(), u)),
                 }
             }
             s
@@ -101,11 +101,11 @@ impl Migrator {
             }
             let moved = match key.scope {
                 Scope::User(user) => self
-                    .migrate_user(TenantId(key.tenant), UserId(user), to, |_| {})
+                    .migrate_user(key.tenant, UserId(user), to, |_| {})
                     .await
                     .map(|_| 0),
                 Scope::Conversation(c) => self
-                    .migrate_conversation(TenantId(key.tenant), ConversationId(c), to, |_| {})
+                    .migrate_conversation(key.tenant, ConversationId(c), to, |_| {})
                     .await
                     .map(|_| 1),
                 Scope::Tenant => continue,

@@ -7,7 +7,7 @@
 //! stop when it loses the lead). A paused move is left to its operator. For a
 //! tenant, any route change of the tenant's keys counts as progress.
 
-use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
+use cellmesh_proto::ids::{ConversationId, UserId};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -64,8 +64,8 @@ pub async fn resume_orphans(
                         Scope::Tenant => t
                             .routes
                             .range(
-                                Key::tenant(TenantId(e.key.tenant))
-                                    ..=Key::user(TenantId(e.key.tenant), UserId(u64::MAX)),
+                                Key::tenant(e.key.tenant)
+                                    ..=Key::user(e.key.tenant, UserId(u64::MAX)),
                             )
                             .map(|(_, e)| e.epoch)
                             .max()
@@ -136,15 +136,15 @@ async fn resume(
 ) -> Result<(), MigrationError> {
     match key.scope {
         Scope::Conversation(c) => migrator
-            .migrate_conversation(TenantId(key.tenant), ConversationId(c), to, |_| {})
+            .migrate_conversation(key.tenant, ConversationId(c), to, |_| {})
             .await
             .map(|_| ()),
         Scope::User(u) => migrator
-            .migrate_user(TenantId(key.tenant), UserId(u), to, |_| {})
+            .migrate_user(key.tenant, UserId(u), to, |_| {})
             .await
             .map(|_| ()),
         Scope::Tenant => migrator
-            .migrate_tenant(TenantId(key.tenant), to, parallel, |_| {})
+            .migrate_tenant(key.tenant, to, parallel, |_| {})
             .await
             .map(|_| ()),
     }

@@ -18,7 +18,7 @@ use super::{Ends, MigrationError, Migrator, Progress, Start, both, call};
 
 #[derive(Debug, Clone)]
 pub struct UserMoveReport {
-    pub tenant: u64,
+    pub tenant: TenantId,
     pub user: u64,
     pub from: String,
     pub to: String,
@@ -55,7 +55,7 @@ impl Migrator {
             .run_move(&key, &state, start, &mut subject, to, &mut progress)
             .await?;
         Ok(UserMoveReport {
-            tenant: tenant.get(),
+            tenant,
             user: user.get(),
             from,
             to: to.to_string(),

@@ -3,7 +3,7 @@
 //! owner is in another region than its members' home) and a 1:1 one.
 //! Created once and remembered in `DATA_DIR/demo.json`.
 
-use cellmesh_proto::ids::{ConversationId, TenantId};
+use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
 use std::path::Path;
 use std::time::Duration;
 
@@ -103,8 +103,8 @@ pub async fn prepare(
         .iter()
         .map(|&user| {
             let claims = Claims {
-                tenant: TENANT,
-                user,
+                tenant: TenantId(TENANT),
+                user: UserId(user),
                 device: "dev".into(),
                 exp: now_secs() + TOKEN_TTL_SECS,
                 ..Default::default()

@@ -183,7 +183,7 @@ fn update_route(
     transition: &Transition,
     index: u64,
 ) -> Result<Vec<Change>, RouteError> {
-    nonzero("tenant_id", key.tenant)?;
+    nonzero("tenant_id", key.tenant.get())?;
     match key.scope {
         Scope::Conversation(id) => nonzero("conversation_id", id)?,
         Scope::User(id) => nonzero("user_id", id)?,

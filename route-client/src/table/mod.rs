@@ -28,7 +28,7 @@ pub enum Scope {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Key {
-    pub tenant: u64,
+    pub tenant: TenantId,
     pub scope: Scope,
 }
 
@@ -36,27 +36,27 @@ impl Key {
     /// A tenant's placement (the default of its conversations and users).
     pub fn tenant(tenant: TenantId) -> Self {
         Self {
-            tenant: tenant.get(),
+            tenant,
             scope: Scope::Tenant,
         }
     }
     /// A conversation's own route (an override of its tenant's).
     pub fn conversation(tenant: TenantId, conversation: ConversationId) -> Self {
         Self {
-            tenant: tenant.get(),
+            tenant,
             scope: Scope::Conversation(conversation.get()),
         }
     }
     /// A user's home (an override of its tenant's).
     pub fn user(tenant: TenantId, user: UserId) -> Self {
         Self {
-            tenant: tenant.get(),
+            tenant,
             scope: Scope::User(user.get()),
         }
     }
     /// The tenant default this key falls back to.
     pub fn tenant_key(&self) -> Self {
-        Self::tenant(TenantId(self.tenant))
+        Self::tenant(self.tenant)
     }
     pub fn is_override(&self) -> bool {
         self.scope != Scope::Tenant

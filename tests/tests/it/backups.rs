@@ -5,7 +5,7 @@
 //! uploads only what changed; `verify` passes a good backup and catches a
 //! damaged object; delete keeps files a remaining backup shares.
 
-use cellmesh_proto::ids::TenantId;
+use cellmesh_proto::ids::{ConversationId, TenantId};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -183,7 +183,7 @@ async fn a_backup_under_load_restores_into_a_new_cell_that_never_reuses_a_seq() 
     let mark = manifest
         .conversations
         .iter()
-        .find(|m| m.conversation == conv)
+        .find(|m| m.conversation == ConversationId(conv))
         .unwrap()
         .seq;
     assert_eq!(

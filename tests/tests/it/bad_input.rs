@@ -1,7 +1,7 @@
 //! Bad input gets a clear error with a stable code and reason, and the
 //! server keeps serving (and its data stays intact) afterwards.
 
-use cellmesh_proto::ids::ConversationId;
+use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
 use cellmesh_proto::reason::Reason;
 use cellmesh_proto::status::{error_code, error_detail};
 use cellmesh_proto::v1::*;
@@ -810,8 +810,8 @@ async fn replicated_meta_from_a_cell_that_does_not_own_the_conversation_is_refus
     assert_eq!(members(1), vec![10, 11], "the standby's members");
     let key = cellmesh_cell::storage::IdemKey {
         kind: cellmesh_cell::storage::IdemKind::Send,
-        tenant: 1,
-        user: 10,
+        tenant: TenantId(1),
+        user: UserId(10),
         client_req_id: "forged".into(),
     };
     assert!(

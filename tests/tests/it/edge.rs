@@ -3,7 +3,7 @@
 //! seen yet), cells refuse what they do not own with WRONG_CELL and refuse
 //! callers without the deployment secret.
 
-use cellmesh_proto::ids::TenantId;
+use cellmesh_proto::ids::{TenantId, UserId};
 use cellmesh_proto::reason::Reason;
 use std::time::Duration;
 
@@ -128,8 +128,8 @@ async fn the_edge_rejects_missing_expired_forged_and_cross_tenant_requests() {
         )
     );
     let expired = TokenKey::new(TOKEN_SECRET).issue(&Claims {
-        tenant: 1,
-        user: 10,
+        tenant: TenantId(1),
+        user: UserId(10),
         device: "d".into(),
         exp: now_secs() - 1,
         ..Default::default()
@@ -143,8 +143,8 @@ async fn the_edge_rejects_missing_expired_forged_and_cross_tenant_requests() {
         )
     );
     let forged = TokenKey::new("another-deployment-secret").issue(&Claims {
-        tenant: 1,
-        user: 10,
+        tenant: TenantId(1),
+        user: UserId(10),
         device: "d".into(),
         exp: now_secs() + 60,
         ..Default::default()
@@ -323,8 +323,8 @@ async fn the_edge_takes_rotated_keys_and_refuses_revoked_and_overlong_tokens() {
         .with_keys(&keys)
         .issuing_with("k2");
     let claims = |exp| Claims {
-        tenant: 1,
-        user: 10,
+        tenant: TenantId(1),
+        user: UserId(10),
         device: "d".into(),
         exp,
         ..Default::default()
@@ -477,8 +477,8 @@ async fn clients_reach_an_edge_over_tls() {
         .expect("a TLS connection to the edge");
     let mut m = MessagingClient::new(channel.clone());
     let token = TokenKey::new(TOKEN_SECRET).issue(&Claims {
-        tenant: 1,
-        user: 10,
+        tenant: TenantId(1),
+        user: UserId(10),
         device: "d".into(),
         exp: now_secs() + 600,
         ..Default::default()

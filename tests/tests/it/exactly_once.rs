@@ -8,7 +8,7 @@
 //! cannot reach with a stable code, and the route table shows the floors
 //! the failover set.
 
-use cellmesh_proto::ids::{ConversationId, TenantId};
+use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
 use cellmesh_proto::reason::Reason;
 use std::time::Duration;
 
@@ -57,8 +57,8 @@ pub(crate) async fn resend(
 pub(crate) fn answer_key(tag: &str) -> IdemKey {
     IdemKey {
         kind: IdemKind::Send,
-        tenant: 1,
-        user: 10,
+        tenant: TenantId(1),
+        user: UserId(10),
         client_req_id: tag.into(),
     }
 }

@@ -209,7 +209,7 @@ async fn a_tenant_of_1000_conversations_moves_under_load_with_one_freeze_and_one
             .count(),
             t.routes
                 .keys()
-                .filter(|k| k.tenant == 1 && k.is_override())
+                .filter(|k| k.tenant == TenantId(1) && k.is_override())
                 .count(),
         )
     });

@@ -3,6 +3,7 @@
 //! answers only the listed origins, and a tenant's OIDC tokens accepted
 //! beside cellmesh's own.
 
+use cellmesh_proto::ids::TenantId;
 use std::time::Duration;
 
 use base64::Engine;
@@ -266,7 +267,7 @@ async fn a_tenants_oidc_tokens_are_taken_beside_cellmesh_tokens() {
 
     let d = cellmesh_tests::deploy::deploy(None).await;
     let provider = OidcProvider {
-        tenant: 1,
+        tenant: TenantId(1),
         issuer: "https://idp.test".into(),
         audience: "cellmesh".into(),
         jwks_file: jwks_file.display().to_string(),

@@ -103,7 +103,7 @@ async fn the_web_app_works_in_a_real_browser() {
     let dir = tempfile::tempdir().unwrap();
     let jwks = dir.path().join("jwks.json");
     let provider = OidcProvider {
-        tenant: 1,
+        tenant: TenantId(1),
         issuer: ISSUER.into(),
         audience: "cellmesh".into(),
         jwks_file: String::new(),

@@ -25,8 +25,8 @@ impl MessageService {
         if !r.client_req_id.is_empty() {
             let key = IdemKey {
                 kind: IdemKind::Send,
-                tenant,
-                user: r.sender_id,
+                tenant: TenantId(tenant),
+                user: UserId(r.sender_id),
                 client_req_id: r.client_req_id.clone(),
             };
             let accepted = self.store.idempotency(&key)?;

@@ -123,8 +123,8 @@ impl MessageService {
             if !r.client_req_id.is_empty() && expires > now {
                 let key = IdemKey {
                     kind: IdemKind::Send,
-                    tenant: tenant.get(),
-                    user: r.sender_id,
+                    tenant,
+                    user: UserId(r.sender_id),
                     client_req_id: r.client_req_id.clone(),
                 };
                 m.put_idempotency(&key, &answer(conversation, seq, r, expires));

@@ -134,7 +134,7 @@ impl Processor {
             .flatten();
         let replicated = crate::pipeline::standby::Replicated {
             source,
-            tenant: e.tenant_id,
+            tenant: TenantId(e.tenant_id),
             claimed_tenant: (e.meta.as_ref())
                 .and_then(|m| m.record.as_ref())
                 .map(|r| r.tenant_id),
@@ -227,8 +227,8 @@ impl Processor {
     ) -> Result<(), PipelineError> {
         let key = IdemKey {
             kind: IdemKind::Send,
-            tenant: e.tenant_id,
-            user: e.sender_id,
+            tenant: TenantId(e.tenant_id),
+            user: UserId(e.sender_id),
             client_req_id: e.client_req_id.clone(),
         };
         if !key.client_req_id.is_empty() && self.store.idempotency(&key)?.is_none() {

@@ -3,7 +3,7 @@
 //! as this cell did.
 
 use super::*;
-use cellmesh_proto::ids::ConversationId;
+use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
 
 impl Processor {
     /// This cell's standbys for `batch` (looked up once per batch); a
@@ -80,8 +80,8 @@ impl Processor {
             };
             let key = IdemKey {
                 kind: IdemKind::Send,
-                tenant: event.tenant_id,
-                user: r.sender_id,
+                tenant: TenantId(event.tenant_id),
+                user: UserId(r.sender_id),
                 client_req_id: r.client_req_id,
             };
             let Some(answer) = self.store.idempotency(&key)? else {

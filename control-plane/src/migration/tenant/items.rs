@@ -72,7 +72,7 @@ pub(super) struct Position {
 /// The two cells and every item between them.
 pub(super) struct Items<'a> {
     pub migrator: &'a Migrator,
-    pub tenant: u64,
+    pub tenant: TenantId,
     pub from: String,
     pub to: String,
     pub source: Peer,
@@ -128,7 +128,7 @@ impl Items<'_> {
     /// [`Items::refresh_target_users`]).
     async fn target_changes(&self) -> Result<TenantMarksResponse, MigrationError> {
         let request = self.migrator.request(TenantMarksRequest {
-            tenant_id: self.tenant,
+            tenant_id: self.tenant.get(),
             since: self.target_token,
             ..TenantMarksRequest::default()
         });
@@ -175,7 +175,7 @@ impl Items<'_> {
             .collect();
         if !unnamed.is_empty() {
             let request = self.migrator.request(TenantMarksRequest {
-                tenant_id: self.tenant,
+                tenant_id: self.tenant.get(),
                 seal: true,
                 epoch,
                 with_digest: false,
@@ -219,7 +219,7 @@ impl Items<'_> {
                 .collect()
         };
         let request = self.migrator.request(TenantMarksRequest {
-            tenant_id: self.tenant,
+            tenant_id: self.tenant.get(),
             seal: seal_epoch.is_some(),
             epoch: seal_epoch.unwrap_or(0),
             with_digest,
@@ -390,7 +390,7 @@ impl Items<'_> {
     /// `Migrating/Paused`) before the next copy starts; nothing holds a
     /// frozen tenant.
     pub async fn hold(&self) -> Result<(), MigrationError> {
-        let key = Key::tenant(TenantId(self.tenant));
+        let key = Key::tenant(self.tenant);
         let migrating = self.migrator.routes.read(|t| {
             t.entry(&key).is_some_and(
                 |e| matches!(&e.state, RouteState::Migrating { to, .. } if *to == self.to),
@@ -426,7 +426,7 @@ impl Items<'_> {
                     .collect();
                 let copy = CopyUsersRequest {
                     source_address: self.source_address.clone(),
-                    tenant_id: self.tenant,
+                    tenant_id: self.tenant.get(),
                     items,
                     limit: BATCH_MESSAGES as u32,
                     source_cell: self.from.clone(),
@@ -447,7 +447,7 @@ impl Items<'_> {
                     .collect();
                 let copy = CopyManyRequest {
                     source_address: self.source_address.clone(),
-                    tenant_id: self.tenant,
+                    tenant_id: self.tenant.get(),
                     items,
                     limit: BATCH_MESSAGES as u32,
                 };
@@ -474,7 +474,7 @@ impl Items<'_> {
         let options = &self.migrator.options;
         let copy = CopyRequest {
             source_address: self.source_address.clone(),
-            tenant_id: self.tenant,
+            tenant_id: self.tenant.get(),
             conversation_id: conversation.get(),
             after_seq: after,
             max_messages: options.round_messages,
@@ -497,7 +497,7 @@ impl Items<'_> {
     ) -> Result<CopyResponse, MigrationError> {
         let copy = CopyUserRequest {
             source_address: self.source_address.clone(),
-            tenant_id: self.tenant,
+            tenant_id: self.tenant.get(),
             user_id: user.get(),
             after_pts: if reset { 0 } else { after },
             chunk: self.migrator.options.chunk,
@@ -609,7 +609,7 @@ impl Items<'_> {
             }
             Item::User(u) => {
                 let d = UserDigestRequest {
-                    tenant_id: self.tenant,
+                    tenant_id: self.tenant.get(),
                     user_id: u,
                     after_seq: after,
                     through_seq: through,

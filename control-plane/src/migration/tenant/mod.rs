@@ -98,7 +98,7 @@ impl TenantProgress {
 
 #[derive(Debug, Clone)]
 pub struct TenantMoveReport {
-    pub tenant: u64,
+    pub tenant: TenantId,
     pub from: String,
     pub to: String,
     pub conversations_moved: u64,
@@ -228,7 +228,7 @@ impl Migrator {
         let overrides_removed = self.drop_agreeing_overrides(tenant, to).await;
         let files = (self.await_file_copies(tenant, to, &mut state, &mut progress)).await?;
         Ok(TenantMoveReport {
-            tenant: tenant.get(),
+            tenant,
             from,
             to: to.to_string(),
             conversations_moved: state.conversations,
@@ -263,8 +263,7 @@ impl Migrator {
             Action::MoveOverrides => {
                 let from = run.from.as_str();
                 run.writes +=
-                    (self.move_overrides(TenantId(tenant), from, to, parallel, &mut run.state))
-                        .await?;
+                    (self.move_overrides(tenant, from, to, parallel, &mut run.state)).await?;
                 Observation::Done
             }
             Action::HoldIfPaused { epoch } => {
@@ -290,7 +289,7 @@ impl Migrator {
             Action::Verify => {
                 let disagree = run.items.verify_copied().await?;
                 if disagree > 0 {
-                    tracing::warn!(tenant, disagree, "copied items differ");
+                    tracing::warn!(%tenant, disagree, "copied items differ");
                 }
                 Observation::Disagree(disagree)
             }
@@ -337,7 +336,7 @@ impl Migrator {
                 self.transition(&key, epoch, Transition::Cancel(true))
                     .await
                     .ok();
-                tracing::error!(tenant, "move cancelled");
+                tracing::error!(%tenant, "move cancelled");
                 return Err(MigrationError::Mismatch {
                     source_count: mismatch.source_count,
                     source_sum: mismatch.source_sum,
@@ -383,7 +382,7 @@ impl Migrator {
             flushed?;
             return Ok(None);
         };
-        tracing::error!(tenant, ?item, "the tenant's copy differs under the freeze");
+        tracing::error!(%tenant, ?item, "the tenant's copy differs under the freeze");
         Ok(Some(Mismatch {
             source_count: a.count,
             source_sum: a.checksum,
@@ -404,7 +403,7 @@ impl Migrator {
         let (target, _) = self.peer(to).await?;
         Ok(Items {
             migrator: self,
-            tenant: tenant.get(),
+            tenant,
             from: from.to_string(),
             to: to.to_string(),
             source,
@@ -469,8 +468,8 @@ impl Migrator {
         self.routes.read(|t| {
             items.note_source(marks, |item| {
                 let key = match item {
-                    Item::Conversation(c) => Key::conversation(TenantId(tenant), ConversationId(c)),
-                    Item::User(u) => Key::user(TenantId(tenant), UserId(u)),
+                    Item::Conversation(c) => Key::conversation(tenant, ConversationId(c)),
+                    Item::User(u) => Key::user(tenant, UserId(u)),
                 };
                 t.entry(&key).is_none()
             })
