@@ -108,6 +108,7 @@ impl SendLimits {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cellmesh_proto::reason::Reason;
     use cellmesh_proto::v1::ErrorCode;
 
     fn limits(user: u32, conv: u32) -> SendLimits {
@@ -132,7 +133,7 @@ mod tests {
             .check(TenantId(1), UserId(1), ConversationId(10))
             .unwrap_err();
         assert_eq!(err.code(), ErrorCode::RateLimited);
-        assert_eq!(err.reason(), "USER_RATE_LIMITED");
+        assert_eq!(err.reason(), Reason::UserRateLimited);
         match err {
             CellError::RateLimited { retry_after, .. } => {
                 assert!(retry_after > Duration::ZERO && retry_after <= Duration::from_millis(200))
@@ -153,7 +154,7 @@ mod tests {
         let err = l
             .check(TenantId(1), UserId(99), ConversationId(77))
             .unwrap_err();
-        assert_eq!(err.reason(), "CONVERSATION_RATE_LIMITED");
+        assert_eq!(err.reason(), Reason::ConversationRateLimited);
         l.check(TenantId(1), UserId(99), ConversationId(78))
             .unwrap();
     }
@@ -164,7 +165,7 @@ mod tests {
         l.check_call(TenantId(1), UserId(1)).unwrap();
         l.check_call(TenantId(1), UserId(1)).unwrap();
         let err = l.check_call(TenantId(1), UserId(1)).unwrap_err();
-        assert_eq!(err.reason(), "USER_RATE_LIMITED");
+        assert_eq!(err.reason(), Reason::UserRateLimited);
         assert!(err.to_string().contains("user_calls"), "{err}");
         l.check_call(TenantId(1), UserId(2)).unwrap();
         l.check_call(TenantId(2), UserId(1)).unwrap();

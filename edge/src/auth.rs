@@ -317,7 +317,7 @@ mod tests {
         assert_eq!(issued.jti.len(), 16);
         assert_eq!(key.verify(&token, 999).unwrap(), issued);
         let reason = |r: Result<Claims, Status>| error_detail(&r.unwrap_err()).reason;
-        assert_eq!(reason(key.verify(&token, 1_000)), "TOKEN_EXPIRED");
+        assert_eq!(reason(key.verify(&token, 1_000)), Reason::TokenExpired);
         assert_eq!(
             reason(TokenKey::new("k2").verify(&token, 1)),
             "BAD_SIGNATURE"
@@ -332,9 +332,9 @@ mod tests {
             .unwrap(),
         );
         let forged = format!("{}.{}.{}", parts[0], forged_body, parts[2]);
-        assert_eq!(reason(key.verify(&forged, 1)), "BAD_SIGNATURE");
+        assert_eq!(reason(key.verify(&forged, 1)), Reason::BadSignature);
         for bad in ["", "cm1", "cm1.a.b.c", "xx.a.b", "cm1.a.!!"] {
-            assert_eq!(reason(key.verify(bad, 1)), "MALFORMED_TOKEN", "{bad}");
+            assert_eq!(reason(key.verify(bad, 1)), Reason::MalformedToken, "{bad}");
         }
     }
 
@@ -353,14 +353,17 @@ mod tests {
         // The edge with both keys takes both; the old edge not the new key's.
         assert!(rotated.verify(&by_old, now).is_ok());
         assert!(rotated.verify(&by_new, now).is_ok());
-        assert_eq!(reason(old.verify(&by_new, now)), "BAD_SIGNATURE");
+        assert_eq!(reason(old.verify(&by_new, now)), Reason::BadSignature);
         // A lifetime over the limit, and a revoked id.
         let strict = rotated
             .clone()
             .limited(3600, &[TokenKey::peek(&by_new).unwrap().jti]);
         let long = rotated.issue(&claims(now + 7200));
-        assert_eq!(reason(strict.verify(&long, now)), "TOKEN_LIFETIME_TOO_LONG");
-        assert_eq!(reason(strict.verify(&by_new, now)), "TOKEN_REVOKED");
+        assert_eq!(
+            reason(strict.verify(&long, now)),
+            Reason::TokenLifetimeTooLong
+        );
+        assert_eq!(reason(strict.verify(&by_new, now)), Reason::TokenRevoked);
         assert!(strict.verify(&by_old, now).is_ok());
     }
 }

@@ -180,6 +180,19 @@ impl PartialEq<&str> for Reason {
     }
 }
 
+/// A wire reason (an `ErrorInfo`'s `reason`) compared with one of ours.
+impl PartialEq<Reason> for String {
+    fn eq(&self, other: &Reason) -> bool {
+        self == other.as_str()
+    }
+}
+
+impl PartialEq<Reason> for &str {
+    fn eq(&self, other: &Reason) -> bool {
+        *self == other.as_str()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::Reason;

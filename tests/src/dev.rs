@@ -40,30 +40,7 @@ impl Drop for Dev {
     }
 }
 
-/// A fixed port base of this test process's own, below the kernel's
-/// ephemeral range (32768+) where the port-0 servers and client sockets of
-/// concurrent tests cannot take its ports. Each of the 90 bases is claimed
-/// by a lock on a file (held until the process exits), so two concurrent
-/// tests never share one.
-pub fn port_base() -> u16 {
-    use std::os::fd::AsRawFd as _;
-    static CLAIMED: std::sync::OnceLock<(u16, std::fs::File)> = std::sync::OnceLock::new();
-    let (base, _lock) = CLAIMED.get_or_init(|| {
-        let dir = std::env::temp_dir().join("cellmesh-dev-port-bases");
-        std::fs::create_dir_all(&dir).expect("a directory for port-base locks");
-        let first = std::process::id() % 90;
-        for slot in (0..90).map(|i| (first + i) % 90) {
-            let file =
-                std::fs::File::create(dir.join(format!("{slot}.lock"))).expect("a lock file");
-            // SAFETY: flock on a descriptor this function owns.
-            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-                return (20_000 + slot as u16 * 130, file);
-            }
-        }
-        panic!("all 90 dev port bases are claimed by other test processes");
-    });
-    *base
-}
+pub use crate::ports::dev_base as port_base;
 
 /// Starts `cellmesh dev` over `dir` on ports from `base`, with `extra`
 /// arguments.

@@ -272,14 +272,7 @@ where
     false
 }
 
-/// A loopback port free right now (for a process that must be told its
-/// port up front).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
+pub use ports::free_port;
 
 /// The `cellmesh` binary: `$CELLMESH_BIN`, or the one built next to this
 /// test executable (`cargo build --bins` builds it).
@@ -310,6 +303,7 @@ pub mod dev;
 pub mod etcd;
 pub mod http;
 pub mod moto;
+pub mod ports;
 pub mod router;
 pub mod web;
 

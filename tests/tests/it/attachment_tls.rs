@@ -18,11 +18,7 @@ async fn the_file_listener_serves_its_signed_urls_over_tls() {
     let issued = pki.issue(&Peer::new(Role::Cell, "files")).unwrap();
     // The certificate names SERVER_NAME: the URLs do too, on a port
     // picked here.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = cellmesh_tests::free_port();
     let cell = TestCell::start_with(
         |c| {
             c.attachments.http_listen = format!("127.0.0.1:{port}");

@@ -9,6 +9,7 @@
 use std::process::Command;
 use std::time::Duration;
 
+use cellmesh_proto::reason::Reason;
 use cellmesh_proto::version::BINARY;
 use cellmesh_route_client::commands::register_cell_at;
 use cellmesh_tests::deploy::deploy;
@@ -150,5 +151,5 @@ async fn every_process_reports_its_release_and_finalize_waits_for_all() {
         .await
         .unwrap_err();
     let detail = cellmesh_proto::status::error_detail(&refused);
-    assert_eq!(detail.reason, "VERSION_BEHIND", "{refused:?}");
+    assert_eq!(detail.reason, Reason::VersionBehind, "{refused:?}");
 }

@@ -162,6 +162,28 @@ pub struct Signals {
     pub processed: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
+/// Where a forwarded user event is addressed when it is queued. The
+/// forwarder sends every user event to the home it finds when it reaches
+/// the record; the address groups a batch's events into records.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Via {
+    /// A cell's endpoint: the home known now, or a standby.
+    Cell(String),
+    /// No cell yet: the home is frozen for a move, or the user's earlier
+    /// events are still queued (this one follows them).
+    Resolve,
+}
+
+impl Via {
+    /// The record's `endpoint` ("" for [`Via::Resolve`]).
+    fn endpoint(self) -> String {
+        match self {
+            Via::Cell(endpoint) => endpoint,
+            Via::Resolve => String::new(),
+        }
+    }
+}
+
 /// One forward queue as the processor fills it: ids are issued from
 /// memory, storage learns the high mark once per batch.
 struct ForwardLane {
@@ -183,14 +205,14 @@ impl ForwardLane {
         })
     }
 
-    /// Queues one record per endpoint; whether any was queued.
-    fn stage(&mut self, m: &mut Mutation, records: HashMap<String, Vec<PeerEvent>>) -> bool {
+    /// Queues one record per address; whether any was queued.
+    fn stage(&mut self, m: &mut Mutation, records: HashMap<Via, Vec<PeerEvent>>) -> bool {
         if records.is_empty() {
             return false;
         }
-        for (endpoint, events) in records {
+        for (via, events) in records {
             let record = ForwardRecord {
-                endpoint,
+                endpoint: via.endpoint(),
                 events: events.iter().map(|e| e.encode_to_vec()).collect(),
                 attempts: 0,
             };
@@ -215,9 +237,8 @@ struct Batch {
     hints: Vec<(Vec<UserKey>, ConversationHint)>,
     /// Notifications for members with no online device: one record.
     notifications: Vec<NotificationRecord>,
-    /// Events for users homed elsewhere (by home endpoint; "" while the
-    /// home is frozen for a move, or behind queued events).
-    forward: HashMap<String, Vec<PeerEvent>>,
+    /// Events for users homed elsewhere, by where they are addressed.
+    forward: HashMap<Via, Vec<PeerEvent>>,
     /// Conversation meta and answers for standbys (by standby endpoint).
     standby_forward: HashMap<String, Vec<PeerEvent>>,
     /// The users with events in `forward`.
@@ -409,10 +430,9 @@ impl Processor {
     async fn finish(&mut self, mut batch: Batch) -> Result<(), PipelineError> {
         let to_homes =
             (self.homes_queue).stage(&mut batch.mutation, std::mem::take(&mut batch.forward));
-        let to_standbys = (self.standbys_queue).stage(
-            &mut batch.mutation,
-            std::mem::take(&mut batch.standby_forward),
-        );
+        let standbys = std::mem::take(&mut batch.standby_forward).into_iter();
+        let standbys = standbys.map(|(endpoint, events)| (Via::Cell(endpoint), events));
+        let to_standbys = (self.standbys_queue).stage(&mut batch.mutation, standbys.collect());
         for ((user, conversation), entry) in &batch.entries {
             batch
                 .mutation

@@ -20,10 +20,10 @@ impl Processor {
         let endpoint = match self.homes.home(user) {
             // Events queued for the user before their home came here go
             // first: this one follows them through the queue.
-            Home::Here if self.still_queued(batch, user)? => Some(String::new()),
+            Home::Here if self.still_queued(batch, user)? => Some(Via::Resolve),
             Home::Here => None,
-            Home::Remote(endpoint) => Some(endpoint),
-            Home::Moving => Some(String::new()),
+            Home::Remote(endpoint) => Some(Via::Cell(endpoint)),
+            Home::Moving => Some(Via::Resolve),
         };
         if let Some(endpoint) = endpoint {
             self.queued_for.insert(user);
