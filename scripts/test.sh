@@ -41,7 +41,8 @@ echo "== terraform: validate, mocked plans, rendered configs, apply against moto
 scripts/test-terraform.sh "$CARGO_TARGET_DIR/debug/cellmesh"
 
 # Starts `cellmesh dev` with the arguments before `--`, runs the drills
-# after it ("scenario duration", seed 7) against it, and stops it.
+# after it ("scenario duration [chaos run arguments]", seed 7) against it,
+# and stops it.
 run_drills() {
   local extra=()
   while [ "$1" != "--" ]; do extra+=("$1"); shift; done
@@ -53,7 +54,7 @@ run_drills() {
   for drill in "$@"; do
     set -- $drill
     echo "== chaos drill: $1 for $2 (seed 7)"
-    if ! "$bin" chaos run "$1" --dev "$drill_dir" --duration "$2" --seed 7 --report "$drill_dir/$1.json"; then
+    if ! "$bin" chaos run "$1" --dev "$drill_dir" --duration "$2" --seed 7 --report "$drill_dir/$1.json" "${@:3}"; then
       echo "report: $drill_dir/$1.json"; failed=1; break
     fi
   done
@@ -71,4 +72,7 @@ if [ -z "${CELLMESH_SKIP_DRILL:-}" ]; then
   run_drills --kafka mock -- "broker-outage 8s"
   echo "== chaos drills with mutual TLS on every internal link and synchronous replication (cellmesh dev --tls --replication sync)"
   run_drills --tls --replication sync -- "mixed 10s" "move-then-fail-over 12s"
+  echo "== rolling upgrade under load: a deployment of the previous release moved to this one process by process"
+  # --tls: a plaintext config of this release says insecure_plaintext, which 0.2.0 refuses.
+  run_drills --tls --process-binary "$CELLMESH_PREVIOUS_BIN" -- "rolling-upgrade 60s --previous $CELLMESH_PREVIOUS_BIN"
 fi

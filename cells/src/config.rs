@@ -38,7 +38,7 @@ pub struct CellConfig {
     /// forgeable by anyone on the network path. A config file must say so
     /// (`insecure_plaintext = true`) or configure `[tls]`; one that does
     /// neither is refused. `cellmesh dev` without `--tls` sets it.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "cellmesh_proto::config::is_off")]
     pub insecure_plaintext: bool,
     pub limits: LimitsConfig,
     pub rate_limit: RateLimitConfig,
@@ -739,6 +739,32 @@ mod tests {
         let documented = CellConfig::from_toml(include_str!("../../config/cell.toml")).unwrap();
         let as_toml = |c: &CellConfig| toml::to_string(c).unwrap();
         assert_eq!(as_toml(&documented), as_toml(&CellConfig::default()));
+    }
+
+    #[test]
+    fn a_lean_config_leaves_out_defaults_and_reads_back_the_same() {
+        let mut config = CellConfig {
+            cell_id: "eu-west/c1".into(),
+            ..CellConfig::default()
+        };
+        config.attachments.quota_sync_secs = 30;
+        let text = cellmesh_proto::config::to_toml_lean(&config).unwrap();
+        let back: CellConfig = toml::from_str(&text).unwrap();
+        assert_eq!(
+            toml::to_string(&back).unwrap(),
+            toml::to_string(&config).unwrap()
+        );
+        // Settings at their defaults, which an earlier release may not
+        // know, are left out; those set are written, and so is one whose
+        // absence reads otherwise (a file must say it runs without TLS).
+        assert!(text.contains("insecure_plaintext = true"), "{text}");
+        assert!(!text.contains("[backup]"), "{text}");
+        assert!(text.contains("cell_id = \"eu-west/c1\""), "{text}");
+        assert!(text.contains("quota_sync_secs = 30"), "{text}");
+        config.attachments.quota_sync_secs =
+            crate::attachments::AttachmentsConfig::default().quota_sync_secs;
+        let text = cellmesh_proto::config::to_toml_lean(&config).unwrap();
+        assert!(!text.contains("quota_sync_secs"), "{text}");
     }
 
     #[test]

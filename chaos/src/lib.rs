@@ -12,6 +12,7 @@ pub mod history;
 pub mod invariants;
 pub mod proxy;
 pub mod target;
+pub mod upgrade;
 
 pub use history::History;
 pub use invariants::{Verdict, Violation, check_all};

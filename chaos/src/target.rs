@@ -69,7 +69,19 @@ fn strings(v: &Value) -> Vec<String> {
         .collect()
 }
 
+/// Sends `sig` to a process of the dev deployment.
+pub fn signal(pid: i32, sig: libc::c_int) {
+    // SAFETY: kill(2) on a process of the dev deployment under drill.
+    unsafe { libc::kill(pid, sig) };
+}
+
 impl DevTarget {
+    /// dev.json as it is now (the supervisor rewrites it when a child
+    /// restarts).
+    pub fn info(&self) -> anyhow::Result<Value> {
+        read(&self.dir, "dev.json")
+    }
+
     /// The deployment `cellmesh dev` runs in `dir`. When it runs with
     /// `--tls`, this process takes the operator's certificate for its calls
     /// to routers and cells (the edges take plaintext clients).

@@ -77,7 +77,7 @@ pub struct ControlPlaneConfig {
     /// forgeable by anyone on the network path. A config file must say so
     /// (`insecure_plaintext = true`) or configure `[tls]`; one that does
     /// neither is refused. `cellmesh dev` without `--tls` sets it.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "cellmesh_proto::config::is_off")]
     pub insecure_plaintext: bool,
     /// Addresses reached through a proxy: target → the address to dial.
     pub links: std::collections::BTreeMap<String, String>,

@@ -83,7 +83,7 @@ pub struct EdgeConfig {
     /// forgeable by anyone on the network path. A config file must say so
     /// (`insecure_plaintext = true`) or configure `[tls]`; one that does
     /// neither is refused. `cellmesh dev` without `--tls` sets it.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "cellmesh_proto::config::is_off")]
     pub insecure_plaintext: bool,
     /// TLS for clients (`[client_tls]`: the certificate and key clients
     /// see, reloaded when renewed); none set: clients speak plaintext.

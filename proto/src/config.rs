@@ -50,6 +50,73 @@ pub fn load_toml<T: DeserializeOwned>(
     Ok(config)
 }
 
+/// `config` as TOML without the settings that equal `T::default()`'s, so
+/// that a release that predates a setting (and refuses it as unknown) reads
+/// a config written by a later one while the setting is at its default:
+/// `cellmesh dev` writes this way, and a rolling upgrade can run the
+/// previous release on its configs. A setting whose absence would read
+/// back as another value (its serde default is not its `Default`) is
+/// written; the text always parses back to `config`.
+pub fn to_toml_lean<T>(config: &T) -> Result<String, toml::ser::Error>
+where
+    T: serde::Serialize + DeserializeOwned + Default,
+{
+    let full = toml::Table::try_from(config)?;
+    let mut lean = full.clone();
+    if let Ok(defaults) = toml::Table::try_from(T::default()) {
+        prune(&mut lean, &defaults);
+    }
+    for _ in 0..4 {
+        let back = toml::from_str::<T>(&toml::to_string(&lean)?)
+            .ok()
+            .and_then(|back| toml::Table::try_from(back).ok());
+        match back {
+            Some(back) if back == full => return toml::to_string(&lean),
+            Some(back) => restore(&mut lean, &full, &back),
+            None => break,
+        }
+    }
+    toml::to_string(&full)
+}
+
+/// Removes from `table` what equals `defaults` (tables left empty too).
+fn prune(table: &mut toml::Table, defaults: &toml::Table) {
+    table.retain(|key, value| match (value, defaults.get(key)) {
+        (toml::Value::Table(inner), Some(toml::Value::Table(default))) => {
+            prune(inner, default);
+            !inner.is_empty()
+        }
+        (value, Some(default)) => value != default,
+        (_, None) => true,
+    });
+}
+
+/// Puts back into `lean` the settings of `full` that read back otherwise.
+fn restore(lean: &mut toml::Table, full: &toml::Table, back: &toml::Table) {
+    for (key, value) in full {
+        match (value, back.get(key)) {
+            (_, Some(read)) if read == value => {}
+            (toml::Value::Table(inner), Some(toml::Value::Table(read))) => {
+                let entry = lean
+                    .entry(key.clone())
+                    .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+                if let toml::Value::Table(entry) = entry {
+                    restore(entry, inner, read);
+                }
+            }
+            _ => {
+                lean.insert(key.clone(), value.clone());
+            }
+        }
+    }
+}
+
+/// For `skip_serializing_if`: a flag left out of a written config while
+/// off, so that a release that does not know it still reads the file.
+pub fn is_off(flag: &bool) -> bool {
+    !*flag
+}
+
 /// `Ok` when `ok`, else an error naming `field`.
 pub fn check(field: &'static str, ok: bool, message: &str) -> Result<(), ConfigError> {
     if ok {

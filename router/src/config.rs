@@ -37,7 +37,7 @@ pub struct RouterConfig {
     /// forgeable by anyone on the network path. A config file must say so
     /// (`insecure_plaintext = true`) or configure `[tls]`; one that does
     /// neither is refused. `cellmesh dev` without `--tls` sets it.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "cellmesh_proto::config::is_off")]
     pub insecure_plaintext: bool,
     pub raft: RaftConfig,
     pub cluster: ClusterConfig,

@@ -107,10 +107,7 @@ pub(super) fn needs_failpoints() -> anyhow::Result<()> {
     Ok(())
 }
 
-pub(super) fn signal(pid: i32, sig: libc::c_int) {
-    // SAFETY: kill(2) on a process of the dev deployment under drill.
-    unsafe { libc::kill(pid, sig) };
-}
+pub(super) use crate::target::signal;
 
 impl Injector {
     /// An injector over the drill's `conversations`, its choices drawn
@@ -126,16 +123,20 @@ impl Injector {
         }
     }
 
-    pub async fn inject(&mut self, kind: FaultKind) -> anyhow::Result<Fault> {
-        let at_ms = now_ms(self.epoch);
-        let mut fault = Fault {
-            at_ms,
+    /// A fault injected now, to be described.
+    pub(super) fn fault(&self) -> Fault {
+        Fault {
+            at_ms: now_ms(self.epoch),
             kind: String::new(),
             target: String::new(),
             detail: String::new(),
             affected: Vec::new(),
             recovered_ms: None,
-        };
+        }
+    }
+
+    pub async fn inject(&mut self, kind: FaultKind) -> anyhow::Result<Fault> {
+        let mut fault = self.fault();
         match kind {
             FaultKind::CellKill | FaultKind::CellHang => self.cell_fault(&mut fault, kind).await?,
             FaultKind::Migrate => {

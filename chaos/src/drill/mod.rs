@@ -15,6 +15,7 @@ mod files;
 mod inject;
 mod move_failover;
 mod report;
+mod rolling;
 mod tenant_moves;
 mod workload;
 
@@ -98,6 +99,11 @@ enum Scenario {
     BrokerOutage,
     /// Kills, hangs and router-leader kills, chosen from the seed.
     Mixed,
+    /// A deployment started on the previous release (`cellmesh dev
+    /// --process-binary PREVIOUS`) moved to this binary one component at a
+    /// time, one cell and one router rolled back and forward again, then
+    /// the cluster version finalized (needs `--previous`).
+    RollingUpgrade,
 }
 
 #[derive(Args)]
@@ -118,6 +124,9 @@ struct RunArgs {
     /// Write the report here as JSON.
     #[arg(long)]
     report: Option<PathBuf>,
+    /// The previous release's binary (`rolling-upgrade`).
+    #[arg(long)]
+    previous: Option<PathBuf>,
 }
 
 pub async fn run(args: ChaosArgs) -> anyhow::Result<()> {
@@ -191,6 +200,7 @@ fn next_fault(
             spec: "queue.publish=error",
             hold: period / 2,
         },
+        Scenario::RollingUpgrade => unreachable!("a rolling upgrade follows its plan"),
         Scenario::Mixed => match rng.random_range(0..5) {
             0 | 1 => FaultKind::CellKill,
             2 | 3 => FaultKind::CellHang,
@@ -279,10 +289,7 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
         inside_region(&dev, &mut injector, &mut workload, region).await?;
     }
 
-    let follower = workload.senders[1..]
-        .first()
-        .copied()
-        .unwrap_or(workload.senders[0]);
+    let follower = *workload.senders.get(1).unwrap_or(&workload.senders[0]);
     let warm = devices::wait_for_fan_out(
         &dev,
         &workload.channels[0],
@@ -324,6 +331,7 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
         stop,
         region,
         resend_seed: seed ^ RESEND_SEED,
+        previous: args.previous.clone(),
     };
     let (faults, resends) = schedule.run(&mut injector, &workload, &ops).await?;
     for w in workers {
@@ -386,6 +394,7 @@ struct Schedule {
     stop: Instant,
     region: &'static str,
     resend_seed: u64,
+    previous: Option<PathBuf>,
 }
 
 /// Re-sends of acknowledged requests: when, and the task answering them.
@@ -405,13 +414,7 @@ impl Schedule {
     ) -> anyhow::Result<(Vec<faults::Fault>, Resends)> {
         let (mut faults, mut resends) = (Vec::new(), Vec::new());
         let mut resend_rng = StdRng::seed_from_u64(self.resend_seed);
-        while Instant::now() + self.period < self.stop {
-            tokio::time::sleep(self.period).await;
-            let kind = next_fault(self.scenario, &mut injector.rng, self.period, self.region);
-            let fault = injector
-                .inject(kind)
-                .instrument(tracing::info_span!("fault"))
-                .await?;
+        let mut after = |injector: &Injector, fault: &faults::Fault| {
             println!(
                 "  {:>6} ms  {} {} {}",
                 fault.at_ms, fault.kind, fault.target, fault.detail
@@ -426,6 +429,26 @@ impl Schedule {
             for op in sample {
                 resends.push((workload::now_ms(injector.epoch), workload.resend(op)));
             }
+        };
+        if let Scenario::RollingUpgrade = self.scenario {
+            let previous = (self.previous.as_deref())
+                .ok_or_else(|| anyhow::anyhow!("rolling-upgrade needs --previous PATH"))?;
+            let steps = rolling::plan(injector, previous).await?;
+            let faults = rolling::run(injector, steps, after).await?;
+            anyhow::ensure!(
+                Instant::now() < self.stop,
+                "the upgrade outlasted the senders: raise --duration"
+            );
+            return Ok((faults, resends));
+        }
+        while Instant::now() + self.period < self.stop {
+            tokio::time::sleep(self.period).await;
+            let kind = next_fault(self.scenario, &mut injector.rng, self.period, self.region);
+            let fault = injector
+                .inject(kind)
+                .instrument(tracing::info_span!("fault"))
+                .await?;
+            after(injector, &fault);
             faults.push(fault);
         }
         Ok((faults, resends))

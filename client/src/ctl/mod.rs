@@ -386,14 +386,7 @@ pub async fn run(mut args: CtlArgs) -> anyhow::Result<()> {
     if let Some(dir) = args.dev.clone() {
         fill_from_dev(&mut args, &dir)?;
     }
-    cellmesh_proto::tls::install(&cellmesh_proto::tls::TlsConfig {
-        ca_file: args.tls_ca.clone(),
-        cert_file: args.tls_cert.clone(),
-        key_file: args.tls_key.clone(),
-        ..Default::default()
-    })
-    .map_err(anyhow::Error::msg)?;
-    let secret = ClusterSecret::new(&args.secret);
+    let secret = install_credentials(&args)?;
     match args.command {
         CtlCommand::Ops { command } => {
             return ops::run(&args.control_plane, &secret, command).await;
@@ -405,6 +398,9 @@ pub async fn run(mut args: CtlArgs) -> anyhow::Result<()> {
             command: command @ backup::BackupCommand::RestoreRoutes { .. },
         } => return backup::run_restore_routes(command).await,
         CtlCommand::Token(token) => return print_token(&token),
+        CtlCommand::Upgrade {
+            command: command @ upgrade::UpgradeCommand::Process { .. },
+        } => return upgrade::run_process(command, args.dev.as_deref()).await,
         _ => {}
     }
     if !args.here
@@ -501,6 +497,19 @@ pub async fn run(mut args: CtlArgs) -> anyhow::Result<()> {
         CtlCommand::Routers { json } => table::routers(&args.routers, &secret, json).await?,
     }
     Ok(())
+}
+
+/// The operator's certificate for this process's calls (when given), and
+/// the cluster secret.
+fn install_credentials(args: &CtlArgs) -> anyhow::Result<ClusterSecret> {
+    cellmesh_proto::tls::install(&cellmesh_proto::tls::TlsConfig {
+        ca_file: args.tls_ca.clone(),
+        cert_file: args.tls_cert.clone(),
+        key_file: args.tls_key.clone(),
+        ..Default::default()
+    })
+    .map_err(anyhow::Error::msg)?;
+    Ok(ClusterSecret::new(&args.secret))
 }
 
 /// `--dev DIR`: the routers, secret, etcd, control plane and TLS files of

@@ -34,6 +34,53 @@ pub enum UpgradeCommand {
         #[arg(long)]
         version: Option<String>,
     },
+    /// Move a component of a running `cellmesh dev` (`ctl --dev DIR`) to
+    /// another binary: stop it, let the supervisor start it on `--binary`,
+    /// wait until it reports that release. `all`: every component, one at
+    /// a time, routers first and edges last.
+    Process {
+        /// A dev process (`router-eu-west`, `eu-west-c1`,
+        /// `control-plane-1`, `edge-eu-west`), or `all`.
+        name: String,
+        #[arg(long)]
+        binary: std::path::PathBuf,
+        /// How long one component may take to come back.
+        #[arg(long, default_value_t = 120)]
+        wait_secs: u64,
+    },
+}
+
+/// `upgrade process`: one component or all of them, in order.
+pub async fn run_process(
+    command: UpgradeCommand,
+    dev: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
+    let UpgradeCommand::Process {
+        name,
+        binary,
+        wait_secs,
+    } = command
+    else {
+        bail!("not an `upgrade process` command");
+    };
+    let dev =
+        dev.context("`upgrade process` moves a component of `cellmesh dev`: pass --dev DIR")?;
+    let target = cellmesh_chaos::target::DevTarget::load(dev)?;
+    let names = match name.as_str() {
+        "all" => cellmesh_chaos::upgrade::rolling_order(&target.process_names()?),
+        _ => vec![name],
+    };
+    let wait = std::time::Duration::from_secs(wait_secs);
+    for name in names {
+        let moved = target.move_process(&name, &binary, wait).await?;
+        println!(
+            "{}: runs {} (back in {:.1} s)",
+            moved.name,
+            moved.release,
+            moved.took.as_secs_f64()
+        );
+    }
+    Ok(())
 }
 
 /// One process as the upgrade sees it.
@@ -175,6 +222,7 @@ pub async fn run(
                 );
             }
         }
+        UpgradeCommand::Process { .. } => unreachable!("`ctl` runs it before reading the table"),
         UpgradeCommand::Finalize { version } => {
             let target = version.as_deref().unwrap_or(version::BINARY);
             let target = Version::parse(target).map_err(anyhow::Error::msg)?;

@@ -85,6 +85,11 @@ pub struct DevArgs {
     /// plaintext.
     #[arg(long)]
     tls: bool,
+    /// The binary every component runs (default: this one), e.g. the
+    /// previous release for a rolling-upgrade drill. `cellmesh ctl upgrade
+    /// process` moves one component to another.
+    #[arg(long, value_name = "PATH")]
+    process_binary: Option<PathBuf>,
 }
 
 fn parse_mode(text: &str) -> Result<ReplicationMode, String> {
@@ -123,9 +128,15 @@ fn secrets(data_dir: &Path) -> anyhow::Result<Secrets> {
     Ok(s)
 }
 
-fn write_config<T: Serialize>(dir: &Path, name: &str, config: &T) -> anyhow::Result<String> {
+/// Writes a component's config, leaving out settings at their defaults
+/// (a previous release then reads it: see `to_toml_lean`).
+fn write_config<T>(dir: &Path, name: &str, config: &T) -> anyhow::Result<String>
+where
+    T: Serialize + serde::de::DeserializeOwned + Default,
+{
     let path = dir.join(format!("{name}.toml"));
-    write_private(&path, toml::to_string(config)?.as_bytes())?;
+    let text = cellmesh_proto::config::to_toml_lean(config)?;
+    write_private(&path, text.as_bytes())?;
     Ok(path.to_string_lossy().into_owned())
 }
 
@@ -185,7 +196,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         Some(mock) => Some(mock.bootstrap_servers()),
         None => args.kafka.clone(),
     };
-    let mut sup = Supervisor::new(data)?;
+    let mut sup = Supervisor::new(data, args.process_binary.clone())?;
     let etcd_endpoints = match args.etcd {
         true => vec![start_etcd(&mut sup, data, &topo)?],
         false => Vec::new(),

@@ -1,12 +1,16 @@
 //! Child processes of `cellmesh dev`: started from the same binary with a
 //! role and a config file, logging to `DATA_DIR/logs/NAME.log`, restarted
 //! (with a report) when they die unexpectedly, and stopped cleanly — SIGTERM,
-//! then SIGKILL after a grace period — in reverse start order.
+//! then SIGKILL after a grace period — in reverse start order. A child runs
+//! another binary from its next start when `DATA_DIR/binaries/NAME` names
+//! one ([`binary_file`]): a rolling upgrade writes it and stops the child.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use cellmesh_chaos::upgrade::binary_file;
 
 pub struct Spec {
     pub name: String,
@@ -27,24 +31,39 @@ struct Running {
 }
 
 pub struct Supervisor {
+    /// The binary children run unless told otherwise.
     exe: PathBuf,
+    data_dir: PathBuf,
     logs: PathBuf,
     children: Vec<Running>,
 }
 
 impl Supervisor {
-    pub fn new(data_dir: &Path) -> anyhow::Result<Self> {
+    /// Children run `exe` (default: this binary) unless their
+    /// [`binary_file`] names another.
+    pub fn new(data_dir: &Path, exe: Option<PathBuf>) -> anyhow::Result<Self> {
         let logs = data_dir.join("logs");
         std::fs::create_dir_all(&logs)?;
+        std::fs::create_dir_all(data_dir.join("binaries"))?;
+        let exe = match exe {
+            Some(exe) => std::fs::canonicalize(&exe)
+                .map_err(|e| anyhow::anyhow!("--process-binary {}: {e}", exe.display()))?,
+            None => std::env::current_exe()?,
+        };
         Ok(Self {
-            exe: std::env::current_exe()?,
+            exe,
+            data_dir: data_dir.to_path_buf(),
             logs,
             children: Vec::new(),
         })
     }
 
     fn spawn(&self, spec: &Spec) -> anyhow::Result<Child> {
-        spawn(&self.exe, &self.logs, spec)
+        spawn(
+            &exe_of(&self.exe, &self.data_dir, &spec.name),
+            &self.logs,
+            spec,
+        )
     }
 
     pub fn start(&mut self, spec: Spec) -> anyhow::Result<()> {
@@ -98,10 +117,10 @@ impl Supervisor {
                     running.spec.name,
                     running.spec.name.replace('/', "-")
                 ));
-                let exe = running
-                    .program
-                    .as_ref()
-                    .map_or(self.exe.clone(), |p| PathBuf::from(&p.program));
+                let exe = match &running.program {
+                    Some(p) => PathBuf::from(&p.program),
+                    None => exe_of(&self.exe, &self.data_dir, &running.spec.name),
+                };
                 match spawn(&exe, &self.logs, &running.spec) {
                     Ok(child) => {
                         running.child = child;
@@ -145,6 +164,15 @@ impl Supervisor {
             }
         }
         self.children.clear();
+    }
+}
+
+/// The binary child `name` runs when it starts now: its [`binary_file`]'s,
+/// else `default`.
+fn exe_of(default: &Path, data_dir: &Path, name: &str) -> PathBuf {
+    match std::fs::read_to_string(binary_file(data_dir, name)) {
+        Ok(path) if !path.trim().is_empty() => PathBuf::from(path.trim()),
+        _ => default.to_path_buf(),
     }
 }
 
