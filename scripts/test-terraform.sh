@@ -85,6 +85,9 @@ import json, sys
 work = sys.argv[1]
 for role, texts in json.load(open(f"{work}/configs.json")).items():
     for i, text in enumerate(texts):
+        # Every process serves /metrics; traces go where a collector is set.
+        assert 'metrics_listen = "0.0.0.0:' in text, (role, i, text)
+        assert ("[telemetry]" in text) == ("otlp" in text or "collector" in text), (role, i, text)
         open(f"{work}/{role}.{i}.toml", "w").write(text)
 PY
 for file in "$work"/*.toml; do

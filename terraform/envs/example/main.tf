@@ -63,6 +63,8 @@ module "eu_west_1" {
   token_secret     = var.token_secret
   ami_id           = var.ami_id
   cellmesh_url     = var.cellmesh_url
+  telemetry        = var.telemetry
+  monitoring_cidrs = var.monitoring_cidrs
 }
 
 module "eu_central_1" {
@@ -82,6 +84,8 @@ module "eu_central_1" {
   token_secret     = var.token_secret
   ami_id           = var.ami_id
   cellmesh_url     = var.cellmesh_url
+  telemetry        = var.telemetry
+  monitoring_cidrs = var.monitoring_cidrs
 }
 
 module "us_east_1" {
@@ -101,6 +105,8 @@ module "us_east_1" {
   token_secret     = var.token_secret
   ami_id           = var.ami_id
   cellmesh_url     = var.cellmesh_url
+  telemetry        = var.telemetry
+  monitoring_cidrs = var.monitoring_cidrs
 }
 
 module "us_west_2" {
@@ -120,6 +126,8 @@ module "us_west_2" {
   token_secret     = var.token_secret
   ami_id           = var.ami_id
   cellmesh_url     = var.cellmesh_url
+  telemetry        = var.telemetry
+  monitoring_cidrs = var.monitoring_cidrs
 }
 
 module "ap_southeast_1" {
@@ -139,6 +147,8 @@ module "ap_southeast_1" {
   token_secret     = var.token_secret
   ami_id           = var.ami_id
   cellmesh_url     = var.cellmesh_url
+  telemetry        = var.telemetry
+  monitoring_cidrs = var.monitoring_cidrs
 }
 
 module "ap_northeast_1" {
@@ -158,6 +168,8 @@ module "ap_northeast_1" {
   token_secret     = var.token_secret
   ami_id           = var.ami_id
   cellmesh_url     = var.cellmesh_url
+  telemetry        = var.telemetry
+  monitoring_cidrs = var.monitoring_cidrs
 }
 
 locals {
@@ -222,7 +234,8 @@ module "control_plane" {
   zone_id            = local.primary.zone_id
   zone_name          = local.primary.zone_name
   subnet_ids         = local.primary.private_subnet_ids
-  security_group_ids = [local.primary.internal_security_group_id]
+  security_group_ids = [local.primary.internal_security_group_id, local.primary.metrics_security_group_id]
+  telemetry          = var.telemetry
   ami_id             = var.ami_id
   cellmesh_url       = var.cellmesh_url
 }

@@ -94,3 +94,35 @@ variable "cellmesh_url" {
   type        = string
   default     = "https://downloads.example.com/cellmesh/latest/cellmesh-linux-amd64"
 }
+
+variable "telemetry" {
+  description = "Every process's `/metrics` port (scraped from monitoring_cidrs only) and where its traces go: an OTLP/gRPC collector (`http://collector.example:4317`; empty: no traces) with the share of traces sampled."
+  type = object({
+    metrics_port  = optional(number, 9464)
+    otlp_endpoint = optional(string, "")
+    sample_ratio  = optional(number, 0.05)
+  })
+  default = {}
+  validation {
+    condition     = var.telemetry.metrics_port >= 1024 && var.telemetry.metrics_port < 32768
+    error_message = "telemetry.metrics_port must be between 1024 and 32767 (below the kernel's ephemeral range)."
+  }
+  validation {
+    condition     = var.telemetry.sample_ratio >= 0 && var.telemetry.sample_ratio <= 1
+    error_message = "telemetry.sample_ratio must be between 0 and 1."
+  }
+  validation {
+    condition     = var.telemetry.otlp_endpoint == "" || can(regex("^https?://[^/]+:[0-9]+$", var.telemetry.otlp_endpoint))
+    error_message = "telemetry.otlp_endpoint must be empty or http(s)://host:port."
+  }
+}
+
+variable "monitoring_cidrs" {
+  description = "The monitoring subnets (Prometheus) allowed to scrape every process's metrics port. Empty: nobody can."
+  type        = list(string)
+  default     = []
+  validation {
+    condition     = alltrue([for c in var.monitoring_cidrs : can(cidrhost(c, 0)) && c != "0.0.0.0/0"])
+    error_message = "monitoring_cidrs must be CIDR blocks, and not 0.0.0.0/0."
+  }
+}

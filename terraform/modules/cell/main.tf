@@ -15,8 +15,9 @@ locals {
 }
 
 module "config" {
-  source = "../config"
-  role   = "cell"
+  source    = "../config"
+  role      = "cell"
+  telemetry = var.telemetry
   vars = {
     cell_id          = "${var.region}/${var.name}"
     instance_id      = var.instance_id

@@ -89,3 +89,9 @@ variable "data_volume_gib" {
 variable "cellmesh_url" {
   type = string
 }
+
+variable "telemetry" {
+  description = "Metrics port, OTLP endpoint and sample ratio (see ../config)."
+  type        = any
+  default     = {}
+}

@@ -16,7 +16,17 @@ variable "vars" {
   type        = any
 }
 
+variable "telemetry" {
+  description = "Metrics and traces: the port `/metrics` listens on (scraped from the monitoring CIDRs only, see the network module), the OTLP/gRPC collector traces go to (empty: none) and the share of traces sampled."
+  type = object({
+    metrics_port  = optional(number, 9464)
+    otlp_endpoint = optional(string, "")
+    sample_ratio  = optional(number, 0.05)
+  })
+  default = {}
+}
+
 output "toml" {
-  value     = templatefile("${path.module}/${var.role}.toml.tftpl", var.vars)
+  value     = templatefile("${path.module}/${var.role}.toml.tftpl", merge(var.vars, { telemetry = var.telemetry }))
   sensitive = true
 }

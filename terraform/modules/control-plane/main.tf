@@ -9,9 +9,10 @@ terraform {
 }
 
 module "config" {
-  count  = var.replicas
-  source = "../config"
-  role   = "control-plane"
+  count     = var.replicas
+  source    = "../config"
+  role      = "control-plane"
+  telemetry = var.telemetry
   vars = {
     routers        = var.routers
     cluster_secret = var.cluster_secret

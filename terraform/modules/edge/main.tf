@@ -13,8 +13,9 @@ locals {
 }
 
 module "config" {
-  source = "../config"
-  role   = "edge"
+  source    = "../config"
+  role      = "edge"
+  telemetry = var.telemetry
   vars = {
     port           = var.port
     region         = var.region

@@ -84,3 +84,9 @@ variable "ami_id" {
 variable "cellmesh_url" {
   type = string
 }
+
+variable "telemetry" {
+  description = "Metrics port, OTLP endpoint and sample ratio (see ../config)."
+  type        = any
+  default     = {}
+}

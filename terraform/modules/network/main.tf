@@ -115,6 +115,24 @@ resource "aws_security_group" "internal" {
   }
 }
 
+# Only the monitoring subnets scrape the metrics port (not even the other
+# components: the internal group does not open it).
+resource "aws_security_group" "metrics" {
+  name        = "${var.name}-metrics"
+  description = "Prometheus scraping cellmesh processes"
+  vpc_id      = aws_vpc.this.id
+  dynamic "ingress" {
+    for_each = length(var.monitoring_cidrs) > 0 ? [var.metrics_port] : []
+    content {
+      description = "metrics scrape from the monitoring subnets"
+      from_port   = ingress.value
+      to_port     = ingress.value
+      protocol    = "tcp"
+      cidr_blocks = var.monitoring_cidrs
+    }
+  }
+}
+
 # Clients reach only the edge's port.
 resource "aws_security_group" "edge" {
   name        = "${var.name}-edge"

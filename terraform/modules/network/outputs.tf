@@ -10,6 +10,10 @@ output "private_subnet_ids" {
   value = aws_subnet.private[*].id
 }
 
+output "metrics_security_group_id" {
+  value = aws_security_group.metrics.id
+}
+
 output "internal_security_group_id" {
   value = aws_security_group.internal.id
 }

@@ -22,6 +22,18 @@ variable "internal_cidrs" {
   type        = list(string)
 }
 
+variable "metrics_port" {
+  description = "The port every process serves `/metrics` on."
+  type        = number
+  default     = 9464
+}
+
+variable "monitoring_cidrs" {
+  description = "The monitoring subnets allowed to scrape `/metrics` (none: nobody)."
+  type        = list(string)
+  default     = []
+}
+
 variable "internal_domain" {
   description = "Private DNS suffix: names are <process>.<region>.<internal_domain>."
   type        = string

@@ -8,12 +8,14 @@ terraform {
 }
 
 module "network" {
-  source          = "../network"
-  name            = var.deployment
-  region          = var.region
-  cidr            = var.cidr
-  internal_cidrs  = var.internal_cidrs
-  internal_domain = var.internal_domain
+  source           = "../network"
+  name             = var.deployment
+  region           = var.region
+  cidr             = var.cidr
+  internal_cidrs   = var.internal_cidrs
+  internal_domain  = var.internal_domain
+  metrics_port     = try(var.telemetry.metrics_port, 9464)
+  monitoring_cidrs = var.monitoring_cidrs
 }
 
 module "kafka" {
@@ -42,7 +44,8 @@ module "cell" {
   instance_type      = var.spec.cell_instance_type
   ami_id             = var.ami_id
   subnet_id          = module.network.private_subnet_ids[count.index % 2]
-  security_group_ids = [module.network.internal_security_group_id]
+  security_group_ids = [module.network.internal_security_group_id, module.network.metrics_security_group_id]
+  telemetry          = var.telemetry
   data_volume_gib    = var.spec.data_volume_gib
   cellmesh_url       = var.cellmesh_url
 }
@@ -56,7 +59,8 @@ module "routers" {
   zone_id            = module.network.zone_id
   ami_id             = var.ami_id
   subnet_ids         = module.network.private_subnet_ids
-  security_group_ids = [module.network.internal_security_group_id]
+  security_group_ids = [module.network.internal_security_group_id, module.network.metrics_security_group_id]
+  telemetry          = var.telemetry
   cellmesh_url       = var.cellmesh_url
 }
 
@@ -72,7 +76,8 @@ module "edge" {
   vpc_id             = module.network.vpc_id
   public_subnet_ids  = module.network.public_subnet_ids
   private_subnet_ids = module.network.private_subnet_ids
-  security_group_ids = [module.network.edge_security_group_id, module.network.internal_security_group_id]
+  security_group_ids = [module.network.edge_security_group_id, module.network.internal_security_group_id, module.network.metrics_security_group_id]
+  telemetry          = var.telemetry
   ami_id             = var.ami_id
   cellmesh_url       = var.cellmesh_url
 }

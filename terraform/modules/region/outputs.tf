@@ -22,6 +22,10 @@ output "private_subnet_ids" {
   value = module.network.private_subnet_ids
 }
 
+output "metrics_security_group_id" {
+  value = module.network.metrics_security_group_id
+}
+
 output "internal_security_group_id" {
   value = module.network.internal_security_group_id
 }

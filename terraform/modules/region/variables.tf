@@ -65,3 +65,15 @@ variable "ami_id" {
 variable "cellmesh_url" {
   type = string
 }
+
+variable "telemetry" {
+  description = "Metrics port, OTLP endpoint and sample ratio of every process (see ../config)."
+  type        = any
+  default     = {}
+}
+
+variable "monitoring_cidrs" {
+  description = "The monitoring subnets allowed to scrape `/metrics`."
+  type        = list(string)
+  default     = []
+}

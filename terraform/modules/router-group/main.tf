@@ -16,9 +16,10 @@ locals {
 }
 
 module "config" {
-  for_each = local.here
-  source   = "../config"
-  role     = "router"
+  for_each  = local.here
+  source    = "../config"
+  role      = "router"
+  telemetry = var.telemetry
   vars = {
     node_id        = each.value.node_id
     region         = each.value.region

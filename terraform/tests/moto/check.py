@@ -27,6 +27,9 @@ ranges = sorted((p["FromPort"], p["ToPort"]) for p in internal)
 assert ranges == [(2379, 2380), (7100, 7101), (7200, 7200), (7300, 7301), (7400, 7400)], ranges
 for p in internal:
     assert {r["CidrIp"] for r in p["IpRanges"]} == {"10.10.0.0/16", "10.11.0.0/16"}, p
+metrics = groups["moto-metrics"]["IpPermissions"]
+assert [(p["FromPort"], p["ToPort"]) for p in metrics] == [(9464, 9464)], metrics
+assert [r["CidrIp"] for r in metrics[0]["IpRanges"]] == ["10.10.200.0/24"], metrics
 nats = ec2.describe_nat_gateways(Filters=[{"Name": "vpc-id", "Values": [vpc]}])["NatGateways"]
 assert len(nats) == 1, nats
 public = [s for s in subnets if s["MapPublicIpOnLaunch"]]
@@ -40,5 +43,5 @@ assert len(checks) >= 2, checks
 names = [z["Name"] for z in r53.list_hosted_zones()["HostedZones"]]
 assert any(n.startswith("eu-west-1.cellmesh.internal") for n in names), names
 print(f"applied: VPC {vpc} with 4 subnets (no public addresses), a NAT gateway, "
-      f"2 security groups (internal: 5 port ranges); "
+      f"3 security groups (internal: 5 port ranges; metrics from the monitoring subnet only); "
       f"{len(latency)} latency records with health checks; the private zone")

@@ -34,6 +34,8 @@ module "network" {
   region         = "eu-west-1"
   cidr           = "10.10.0.0/16"
   internal_cidrs = ["10.10.0.0/16", "10.11.0.0/16"]
+  # Prometheus scrapes from here only.
+  monitoring_cidrs = ["10.10.200.0/24"]
 }
 
 module "global_dns" {

@@ -11,6 +11,10 @@ locals {
 module "cell_embedded" {
   source = "../../modules/config"
   role   = "cell"
+  telemetry = {
+    otlp_endpoint = "http://collector.eu-west-1.cellmesh.internal:4317"
+    sample_ratio  = 0.1
+  }
   vars = {
     cell_id          = "eu-west-1/c1"
     instance_id      = 0
@@ -58,6 +62,10 @@ module "router" {
 module "edge" {
   source = "../../modules/config"
   role   = "edge"
+  telemetry = {
+    metrics_port  = 9465
+    otlp_endpoint = "http://collector.us-east-1.cellmesh.internal:4317"
+  }
   vars = {
     port           = 7200
     region         = "us-east-1"

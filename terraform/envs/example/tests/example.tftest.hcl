@@ -114,3 +114,31 @@ run "the_primary_region_must_be_deployed" {
   }
   expect_failures = [var.primary_region]
 }
+
+run "telemetry_with_a_collector_and_a_monitoring_subnet_plans" {
+  command = plan
+  variables {
+    telemetry        = { otlp_endpoint = "http://collector.eu-west-1.example:4317", sample_ratio = 0.2 }
+    monitoring_cidrs = ["10.250.0.0/24"]
+  }
+  assert {
+    condition     = length(output.cells) == 7
+    error_message = "telemetry changes no placement"
+  }
+}
+
+run "scraping_from_anywhere_is_refused" {
+  command = plan
+  variables {
+    monitoring_cidrs = ["0.0.0.0/0"]
+  }
+  expect_failures = [var.monitoring_cidrs]
+}
+
+run "a_metrics_port_in_the_ephemeral_range_is_refused" {
+  command = plan
+  variables {
+    telemetry = { metrics_port = 40000 }
+  }
+  expect_failures = [var.telemetry]
+}
