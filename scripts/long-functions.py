@@ -5,9 +5,11 @@ Walks the workspace's crates (not `target/`, not test files or `#[cfg(test)]`
 modules, not `#[test]` functions) and counts each function from its `fn`
 line to its closing brace. Exits 1 if one is over the limit and not in the
 allow file (`path::name` per line, with `#` comments): functions known to
-be too long, to be split; the file only ever shrinks.
+be too long, to be split; the file only ever shrinks. With `--tests`, the
+test functions (`#[test]`, `#[tokio::test]`) everywhere instead.
 
     scripts/long-functions.py [--limit 120] [--allow scripts/long-functions.allow]
+    scripts/long-functions.py --tests --limit 110 --allow scripts/long-tests.allow
 """
 import argparse
 import os
@@ -65,6 +67,30 @@ def strip(source):
     return "".join(out)
 
 
+def test_functions(path):
+    """(name, first line, length) of each test function in `path`."""
+    with open(path, encoding="utf-8") as f:
+        lines = strip(f.read()).split("\n")
+    found, depth, pending, open_fns = [], 0, False, []
+    for number, line in enumerate(lines, 1):
+        if re.match(r"^\s*#\[(?:[a-z_]+::)?test\b", line):
+            pending = True
+        m = FN.match(line)
+        if m:
+            if pending:
+                open_fns.append((m.group(1), number, depth))
+            pending = False
+        for c in line:
+            if c == "{":
+                depth += 1
+            elif c == "}":
+                depth -= 1
+                while open_fns and depth == open_fns[-1][2]:
+                    name, start, _ = open_fns.pop()
+                    found.append((name, start, number - start + 1))
+    return found
+
+
 def functions(path):
     """(name, first line, length) of each non-test function in `path`."""
     with open(path, encoding="utf-8") as f:
@@ -102,6 +128,7 @@ def functions(path):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--limit", type=int, default=120)
+    parser.add_argument("--tests", action="store_true")
     parser.add_argument("--allow", default=os.path.join(os.path.dirname(__file__), "long-functions.allow"))
     args = parser.parse_args()
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -113,12 +140,12 @@ def main():
     for top, dirs, files in os.walk(root):
         rel = os.path.relpath(top, root)
         dirs[:] = [d for d in dirs if d not in ("target", "node_modules") and not d.startswith(".")
-                   and not (d == "tests" and rel != ".")]
+                   and (args.tests or not (d == "tests" and rel != "."))]
         for name in sorted(files):
-            if not name.endswith(".rs") or name == "tests.rs":
+            if not name.endswith(".rs") or (name == "tests.rs" and not args.tests):
                 continue
             path = os.path.join(top, name)
-            for fn, line, length in functions(path):
+            for fn, line, length in (test_functions if args.tests else functions)(path):
                 if length > args.limit:
                     key = f"{os.path.relpath(path, root)}::{fn}"
                     if key in allowed:
@@ -134,7 +161,8 @@ def main():
         print(f"no longer too long, drop it from the allow file: {key}")
     if over or stale:
         sys.exit(1)
-    print(f"no new function over {args.limit} lines ({len(listed)} allowed for now)")
+    kind = "test function" if args.tests else "function"
+    print(f"no new {kind} over {args.limit} lines ({len(listed)} allowed for now)")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use cellmesh_cell::clock::{Clock, ManualClock, SystemClock};
+use cellmesh_client::connect::Authed;
 use cellmesh_client::files::{Files, sha256_file};
+use cellmesh_proto::v1::attachments_client::AttachmentsClient;
 use cellmesh_proto::v1::{
     CompleteUploadRequest, CreateUploadRequest, Direction, ErrorCode, GetDownloadUrlRequest,
     GetUploadRequest, Message, PullRequest, RecallRequest, UploadState,
@@ -389,6 +391,218 @@ fn reserve(
     }
 }
 
+/// Reservations refused before anything is stored, each with its reason:
+/// (conversation offset, user, name, content type, size, digest, code,
+/// reason).
+async fn refused_reservations(files: &mut Files, conversation: u64, sha: &str) {
+    let octets = "application/octet-stream";
+    let cases = [
+        (
+            0,
+            1,
+            "a.bin",
+            octets,
+            2_000_000,
+            sha,
+            ErrorCode::InvalidArgument,
+            Reason::AttachmentTooLarge,
+        ),
+        (
+            0,
+            1,
+            "a.bin",
+            octets,
+            0,
+            sha,
+            ErrorCode::InvalidArgument,
+            Reason::AttachmentTooLarge,
+        ),
+        (
+            0,
+            1,
+            "a.bin",
+            octets,
+            10,
+            "xyz",
+            ErrorCode::InvalidArgument,
+            Reason::BadDigest,
+        ),
+        (
+            0,
+            1,
+            "../etc/passwd",
+            octets,
+            10,
+            sha,
+            ErrorCode::InvalidArgument,
+            Reason::BadAttachmentName,
+        ),
+        (
+            0,
+            1,
+            "a.exe",
+            "application/x-msdownload",
+            10,
+            sha,
+            ErrorCode::PermissionDenied,
+            Reason::ContentTypeNotAllowed,
+        ),
+        (
+            0,
+            3,
+            "a.png",
+            "image/png",
+            10,
+            sha,
+            ErrorCode::PermissionDenied,
+            Reason::NotAMember,
+        ),
+        (
+            1,
+            1,
+            "a.png",
+            "image/png",
+            10,
+            sha,
+            ErrorCode::NotFound,
+            Reason::ConversationNotFound,
+        ),
+    ];
+    for (offset, user, name, content_type, size, digest, code, reason) in cases {
+        let request = reserve(
+            conversation + offset,
+            user,
+            name,
+            content_type,
+            size,
+            digest,
+        );
+        let err = files.client.create_upload(request).await.unwrap_err();
+        assert_reason(&err, code, reason.as_str());
+    }
+}
+
+/// Sends naming a reservation not completed, an unknown id, another
+/// user's upload: refused.
+async fn sends_naming_unusable_uploads(client: &mut Client, conversation: u64, upload: u64) {
+    let mut send = text(TENANT, 1, conversation, "early", "x");
+    send.attachment_ids = vec![upload];
+    let err = client.send(send.clone()).await.unwrap_err();
+    assert_reason(
+        &err,
+        ErrorCode::InvalidArgument,
+        Reason::AttachmentNotComplete.as_str(),
+    );
+    send.attachment_ids = vec![upload + 1];
+    let err = client.send(send.clone()).await.unwrap_err();
+    assert_reason(
+        &err,
+        ErrorCode::InvalidArgument,
+        Reason::AttachmentNotFound.as_str(),
+    );
+    let mut bobs = text(TENANT, 2, conversation, "bob", "x");
+    bobs.attachment_ids = vec![upload];
+    let err = client.send(bobs).await.unwrap_err();
+    assert_reason(
+        &err,
+        ErrorCode::InvalidArgument,
+        Reason::AttachmentNotFound.as_str(),
+    );
+}
+
+/// The signed URL: too many bytes, a forged signature.
+async fn bent_urls_are_refused(http: &reqwest::Client, url: &str) {
+    let too_long = http.put(url).body(vec![0u8; 900_001]).send().await.unwrap();
+    assert_eq!(too_long.status().as_u16(), 413);
+    assert!(
+        too_long
+            .text()
+            .await
+            .unwrap()
+            .contains(Reason::AttachmentSizeMismatch.as_str())
+    );
+    let forged = url.replace("&sig=", "&sig=00");
+    let answer = http
+        .put(&forged)
+        .body(vec![0u8; 900_000])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status().as_u16(), 403);
+    assert!(
+        answer
+            .text()
+            .await
+            .unwrap()
+            .contains(Reason::BadSignature.as_str())
+    );
+}
+
+/// After its URL expires, a reservation gets a fresh one; unfinished
+/// past its expiry, it is swept with its bytes and frees its quota.
+async fn expiries(
+    cell: &TestCell,
+    clock: &ManualClock,
+    c: &mut AttachmentsClient<Authed>,
+    (conversation, upload_id, url): (u64, u64, &str),
+    sha: &str,
+) {
+    let http = reqwest::Client::new();
+    // Expired: refused; GetUpload issues a fresh URL.
+    clock.advance_ms(2 * 3_600_000);
+    let answer = http.put(url).body(vec![0u8; 900_000]).send().await.unwrap();
+    assert_eq!(answer.status().as_u16(), 403);
+    assert!(
+        answer
+            .text()
+            .await
+            .unwrap()
+            .contains(Reason::SignatureExpired.as_str())
+    );
+    let fresh = c
+        .get_upload(GetUploadRequest {
+            caller: caller(TENANT, 1),
+            conversation_id: conversation,
+            upload_id,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(fresh.state, UploadState::Reserved as i32);
+    assert_ne!(&fresh.parts[0].url, url);
+    assert!(
+        http.put(&fresh.parts[0].url)
+            .body(vec![0u8; 900_000])
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .is_success()
+    );
+
+    // An unfinished reservation expires and is swept with its bytes.
+    clock.advance_ms(25 * 3_600_000);
+    let err = c
+        .complete_upload(CompleteUploadRequest {
+            caller: caller(TENANT, 1),
+            conversation_id: conversation,
+            upload_id,
+        })
+        .await
+        .unwrap_err();
+    assert_reason(
+        &err,
+        ErrorCode::InvalidArgument,
+        Reason::UploadExpired.as_str(),
+    );
+    assert_eq!(cell.cell.service.sweep_uploads().await.unwrap(), 1);
+    assert_eq!(walk(&cell.dir.path().join("attachments/objects")), 0);
+    // Its quota is free again.
+    c.create_upload(reserve(conversation, 1, "c.png", "image/png", 900_000, sha))
+        .await
+        .unwrap();
+}
+
 #[tokio::test]
 async fn bad_uploads_are_refused_with_their_reason_and_leave_nothing_behind() {
     let clock = Arc::new(ManualClock::new(SystemClock.now_ms()));
@@ -415,101 +629,8 @@ async fn bad_uploads_are_refused_with_their_reason_and_leave_nothing_behind() {
         r.map(|_: tonic::Response<cellmesh_proto::v1::UploadResponse>| ())
             .unwrap_err()
     };
+    refused_reservations(&mut alice, conversation, &sha).await;
     let c = &mut alice.client;
-    let err = refused(
-        c.create_upload(reserve(
-            conversation,
-            1,
-            "a.bin",
-            "application/octet-stream",
-            2_000_000,
-            &sha,
-        ))
-        .await,
-    );
-    assert_reason(
-        &err,
-        ErrorCode::InvalidArgument,
-        Reason::AttachmentTooLarge.as_str(),
-    );
-    let err = refused(
-        c.create_upload(reserve(
-            conversation,
-            1,
-            "a.bin",
-            "application/octet-stream",
-            0,
-            &sha,
-        ))
-        .await,
-    );
-    assert_reason(
-        &err,
-        ErrorCode::InvalidArgument,
-        Reason::AttachmentTooLarge.as_str(),
-    );
-    let err = refused(
-        c.create_upload(reserve(
-            conversation,
-            1,
-            "a.bin",
-            "application/octet-stream",
-            10,
-            "xyz",
-        ))
-        .await,
-    );
-    assert_reason(&err, ErrorCode::InvalidArgument, Reason::BadDigest.as_str());
-    let err = refused(
-        c.create_upload(reserve(
-            conversation,
-            1,
-            "../etc/passwd",
-            "application/octet-stream",
-            10,
-            &sha,
-        ))
-        .await,
-    );
-    assert_reason(
-        &err,
-        ErrorCode::InvalidArgument,
-        Reason::BadAttachmentName.as_str(),
-    );
-    let err = refused(
-        c.create_upload(reserve(
-            conversation,
-            1,
-            "a.exe",
-            "application/x-msdownload",
-            10,
-            &sha,
-        ))
-        .await,
-    );
-    assert_reason(
-        &err,
-        ErrorCode::PermissionDenied,
-        Reason::ContentTypeNotAllowed.as_str(),
-    );
-    let err = refused(
-        c.create_upload(reserve(conversation, 3, "a.png", "image/png", 10, &sha))
-            .await,
-    );
-    assert_reason(
-        &err,
-        ErrorCode::PermissionDenied,
-        Reason::NotAMember.as_str(),
-    );
-    let err = refused(
-        c.create_upload(reserve(conversation + 1, 1, "a.png", "image/png", 10, &sha))
-            .await,
-    );
-    assert_reason(
-        &err,
-        ErrorCode::NotFound,
-        Reason::ConversationNotFound.as_str(),
-    );
 
     // Quota: 1.5 MB; a 900 kB reservation fits, a second does not. A
     // retry of the first (its answer lost) gets the same upload and counts
@@ -536,48 +657,15 @@ async fn bad_uploads_are_refused_with_their_reason_and_leave_nothing_behind() {
         ErrorCode::InvalidArgument,
         Reason::ClientReqIdReused.as_str(),
     );
-    let err = refused(
-        c.create_upload(reserve(
-            conversation,
-            1,
-            "b.png",
-            "image/png",
-            900_000,
-            &sha,
-        ))
-        .await,
-    );
+    let second = reserve(conversation, 1, "b.png", "image/png", 900_000, &sha);
+    let err = refused(c.create_upload(second).await);
     assert_reason(
         &err,
         ErrorCode::PermissionDenied,
         Reason::AttachmentQuotaExceeded.as_str(),
     );
 
-    // Sending with a reservation not completed, an unknown id, another
-    // user's upload.
-    let mut send = text(TENANT, 1, conversation, "early", "x");
-    send.attachment_ids = vec![first.upload_id];
-    let err = client.send(send.clone()).await.unwrap_err();
-    assert_reason(
-        &err,
-        ErrorCode::InvalidArgument,
-        Reason::AttachmentNotComplete.as_str(),
-    );
-    send.attachment_ids = vec![first.upload_id + 1];
-    let err = client.send(send.clone()).await.unwrap_err();
-    assert_reason(
-        &err,
-        ErrorCode::InvalidArgument,
-        Reason::AttachmentNotFound.as_str(),
-    );
-    let mut bobs = text(TENANT, 2, conversation, "bob", "x");
-    bobs.attachment_ids = vec![first.upload_id];
-    let err = client.send(bobs).await.unwrap_err();
-    assert_reason(
-        &err,
-        ErrorCode::InvalidArgument,
-        Reason::AttachmentNotFound.as_str(),
-    );
+    sends_naming_unusable_uploads(&mut client, conversation, first.upload_id).await;
 
     // Bytes that do not hash to the declared digest: refused at completion
     // and deleted; the reservation stays for a correct attempt.
@@ -619,91 +707,9 @@ async fn bad_uploads_are_refused_with_their_reason_and_leave_nothing_behind() {
     );
     assert_eq!(walk(&cell.dir.path().join("attachments/objects")), 0);
 
-    // The signed URL: too many bytes, a forged signature, a bent part.
-    let too_long = http.put(url).body(vec![0u8; 900_001]).send().await.unwrap();
-    assert_eq!(too_long.status().as_u16(), 413);
-    assert!(
-        too_long
-            .text()
-            .await
-            .unwrap()
-            .contains(Reason::AttachmentSizeMismatch.as_str())
-    );
-    let forged = url.replace("&sig=", "&sig=00");
-    let answer = http
-        .put(&forged)
-        .body(vec![0u8; 900_000])
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(answer.status().as_u16(), 403);
-    assert!(
-        answer
-            .text()
-            .await
-            .unwrap()
-            .contains(Reason::BadSignature.as_str())
-    );
-    // Expired: refused; GetUpload issues a fresh URL.
-    clock.advance_ms(2 * 3_600_000);
-    let answer = http.put(url).body(vec![0u8; 900_000]).send().await.unwrap();
-    assert_eq!(answer.status().as_u16(), 403);
-    assert!(
-        answer
-            .text()
-            .await
-            .unwrap()
-            .contains(Reason::SignatureExpired.as_str())
-    );
-    let fresh = c
-        .get_upload(GetUploadRequest {
-            caller: caller(TENANT, 1),
-            conversation_id: conversation,
-            upload_id: first.upload_id,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(fresh.state, UploadState::Reserved as i32);
-    assert_ne!(&fresh.parts[0].url, url);
-    assert!(
-        http.put(&fresh.parts[0].url)
-            .body(vec![0u8; 900_000])
-            .send()
-            .await
-            .unwrap()
-            .status()
-            .is_success()
-    );
-
-    // An unfinished reservation expires and is swept with its bytes.
-    clock.advance_ms(25 * 3_600_000);
-    let err = c
-        .complete_upload(CompleteUploadRequest {
-            caller: caller(TENANT, 1),
-            conversation_id: conversation,
-            upload_id: first.upload_id,
-        })
-        .await
-        .unwrap_err();
-    assert_reason(
-        &err,
-        ErrorCode::InvalidArgument,
-        Reason::UploadExpired.as_str(),
-    );
-    assert_eq!(cell.cell.service.sweep_uploads().await.unwrap(), 1);
-    assert_eq!(walk(&cell.dir.path().join("attachments/objects")), 0);
-    // Its quota is free again.
-    c.create_upload(reserve(
-        conversation,
-        1,
-        "c.png",
-        "image/png",
-        900_000,
-        &sha,
-    ))
-    .await
-    .unwrap();
+    bent_urls_are_refused(&http, url).await;
+    let upload = (conversation, first.upload_id, url.as_str());
+    expiries(&cell, &clock, c, upload, &sha).await;
 }
 
 #[tokio::test]
