@@ -147,7 +147,7 @@ impl Injector {
                     .migrate(conversation, MigrationOptions::default())
                     .await;
             }
-            FaultKind::TenantMove => self.tenant_move(&mut fault, None).await?,
+            FaultKind::TenantMove => self.tenant_move(&mut fault, None, None).await?,
             FaultKind::MoveThenFailOver => self.move_then_fail_over(&mut fault).await?,
             FaultKind::TenantMoveKill => {
                 let end = if self.move_kills.is_multiple_of(2) {
@@ -156,7 +156,7 @@ impl Injector {
                     MoveEnd::Target
                 };
                 self.move_kills += 1;
-                self.tenant_move(&mut fault, Some(end)).await?
+                self.tenant_move(&mut fault, Some(end), None).await?
             }
             FaultKind::RouterLeaderKill => self.router_leader_kill(&mut fault).await?,
             FaultKind::RouterLeaderHang { hold } => {

@@ -101,8 +101,9 @@ enum Scenario {
     Mixed,
     /// A deployment started on the previous release (`cellmesh dev
     /// --process-binary PREVIOUS`) moved to this binary one component at a
-    /// time, one cell and one router rolled back and forward again, then
-    /// the cluster version finalized (needs `--previous`).
+    /// time, the drill tenant moved onto the first cell upgraded (a
+    /// canary), that cell and one router rolled back and forward again,
+    /// then the cluster version finalized (needs `--previous`).
     RollingUpgrade,
 }
 

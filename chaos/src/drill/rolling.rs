@@ -10,8 +10,10 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use cellmesh_proto::ids::TenantId;
 use cellmesh_proto::version::BINARY;
 use cellmesh_route_client::commands::set_cluster_version;
+use cellmesh_route_client::table::Key;
 use rand::Rng;
 
 use super::faults::{Fault, Injector};
@@ -25,73 +27,93 @@ const BETWEEN: Duration = Duration::from_secs(1);
 /// How long the finalize may wait for every process's report.
 const FINALIZE_WAIT: Duration = Duration::from_secs(60);
 
-/// One step: a component and the binary it moves to.
-pub(super) struct Step {
-    name: String,
-    binary: PathBuf,
-    back: bool,
+/// One step: a component moved to a binary, or the canary move.
+pub(super) enum Step {
+    Move {
+        name: String,
+        binary: PathBuf,
+        back: bool,
+    },
+    /// The drill tenant moved onto this cell (an id), just upgraded.
+    Canary(String),
 }
 
-/// Every component to this binary in rolling order; then one cell (owning
-/// drill conversations when one does) and one router back to `previous`
-/// and forward again.
+/// Every component to this binary in rolling order, the first cell
+/// upgraded being a canary the drill tenant then moves onto; then that
+/// cell and one router back to `previous` and forward again.
 pub(super) async fn plan(injector: &mut Injector, previous: &Path) -> anyhow::Result<Vec<Step>> {
     let current = std::env::current_exe()?;
-    let names = rolling_order(&injector.dev.process_names()?);
+    let mut names = rolling_order(&injector.dev.process_names()?);
     anyhow::ensure!(!names.is_empty(), "dev.json lists no processes");
-    let mut steps: Vec<Step> = (names.iter())
-        .map(|name| Step {
-            name: name.clone(),
-            binary: current.clone(),
-            back: false,
-        })
-        .collect();
-    let mut owner = String::new();
-    if let Some(&c) = injector.conversations.first() {
-        owner = injector.owner(c).await?.replace('/', "-");
-    }
-    let cell = match names.iter().find(|n| **n == owner) {
-        Some(cell) => cell.clone(),
-        None => names
-            .iter()
-            .find(|n| is_cell(n))
-            .cloned()
-            .unwrap_or_default(),
+    let tenant = Key::tenant(TenantId(injector.dev.tenant));
+    let routes = injector.dev.routes().await?;
+    let home = (routes
+        .resolve(&tenant)
+        .map(|r| r.entry.cell.replace('/', "-")))
+    .unwrap_or_default();
+    // The canary goes first among the cells.
+    let first = names.iter().position(|n| is_cell(n));
+    let canary = names.iter().position(|n| is_cell(n) && *n != home);
+    let canary = match (first, canary) {
+        (Some(first), Some(canary)) => {
+            names.swap(first, canary);
+            Some(names[first].clone())
+        }
+        _ => None,
     };
+    let moved = |name: &String, binary: &Path, back| Step::Move {
+        name: name.clone(),
+        binary: binary.to_path_buf(),
+        back,
+    };
+    let mut steps = Vec::new();
+    for name in &names {
+        steps.push(moved(name, &current, false));
+        if Some(name) == canary.as_ref() {
+            steps.push(Step::Canary(cell_id(name)));
+        }
+    }
     let routers: Vec<&String> = names.iter().filter(|n| n.starts_with("router-")).collect();
-    let mut back = vec![cell];
+    let mut back: Vec<String> = canary.into_iter().collect();
     if !routers.is_empty() {
         back.push(routers[injector.rng.random_range(0..routers.len())].clone());
     }
-    for name in back.into_iter().filter(|n| !n.is_empty()) {
-        for (binary, back) in [(previous.to_path_buf(), true), (current.clone(), false)] {
-            steps.push(Step {
-                name: name.clone(),
-                binary,
-                back,
-            });
-        }
+    for name in &back {
+        steps.push(moved(name, previous, true));
+        steps.push(moved(name, &current, false));
     }
     Ok(steps)
+}
+
+/// The cell id of dev process `name` (`eu-west-c1` → `eu-west/c1`).
+fn cell_id(name: &str) -> String {
+    match name.rsplit_once('-') {
+        Some((region, cell)) => format!("{region}/{cell}"),
+        None => name.to_string(),
+    }
 }
 
 impl Injector {
     /// Carries out one step, as a fault of the report.
     pub(super) async fn upgrade_step(&mut self, step: &Step) -> anyhow::Result<Fault> {
         let mut fault = self.fault();
-        let cell_id = step.name.rsplit_once('-').map(|(r, c)| format!("{r}/{c}"));
-        if let Some(id) = cell_id.filter(|_| is_cell(&step.name)) {
-            fault.affected = self.owned_by(&id).await?;
+        let (name, binary, back) = match step {
+            Step::Move { name, binary, back } => (name, binary, *back),
+            Step::Canary(cell) => {
+                self.tenant_move(&mut fault, None, Some(cell)).await?;
+                fault.kind = format!("canary: {}", fault.kind);
+                return Ok(fault);
+            }
+        };
+        if is_cell(name) {
+            fault.affected = self.owned_by(&cell_id(name)).await?;
         }
-        let moved = self
-            .dev
-            .move_process(&step.name, &step.binary, STEP_WAIT)
-            .await?;
-        fault.kind = match step.back {
+        let moved = self.dev.move_process(name, binary, STEP_WAIT).await?;
+        fault.kind = match back {
             true => format!("roll back to {}", moved.release),
             false => format!("upgrade to {}", moved.release),
         };
-        fault.target = step.name.clone();
+        fault.target = name.clone();
         fault.recovered_ms = Some(now_ms(self.epoch));
         fault.detail = format!("serving again after {} ms", moved.took.as_millis());
         Ok(fault)

@@ -22,6 +22,7 @@ impl Injector {
         &mut self,
         fault: &mut Fault,
         kill: Option<MoveEnd>,
+        to: Option<&str>,
     ) -> anyhow::Result<()> {
         let tenant = self.dev.tenant;
         let routes = self.dev.routes().await?;
@@ -29,7 +30,10 @@ impl Injector {
             .resolve(&Key::tenant(TenantId(tenant)))
             .map(|r| r.entry.cell)
             .unwrap_or_default();
-        let to = self.other_cell(&from).await?;
+        let to = match to {
+            Some(to) => to.to_string(),
+            None => self.other_cell(&from).await?,
+        };
         // The drill's conversations that follow the tenant's entry.
         let moving: Vec<u64> = routes.read(|t| {
             self.conversations
