@@ -38,6 +38,312 @@ async fn send_garbage(endpoint: &str) -> tonic::Status {
     .unwrap_err()
 }
 
+/// A call refused as expected: its name, what it got, the code and reason
+/// it should get.
+type Case = (
+    &'static str,
+    Result<(), tonic::Status>,
+    ErrorCode,
+    &'static str,
+);
+
+macro_rules! case {
+    ($cases:ident, $name:expr, $call:expr, $code:expr, $reason:expr) => {
+        $cases.push(($name, $call.await.map(|_| ()), $code, $reason));
+    };
+}
+
+/// Malformed and refused sends into `conv` (a group of 1 and 2; `direct`
+/// is theirs too).
+async fn send_cases(c: &mut Client, conv: u64, direct: u64, cases: &mut Vec<Case>) {
+    use ErrorCode::*;
+    let max_body = cellmesh_cell::CellConfig::default().limits.max_body_bytes;
+    let with = |f: fn(&mut SendRequest)| {
+        let mut r = text(T, 1, conv, "bad", "x");
+        f(&mut r);
+        r
+    };
+    case!(
+        cases,
+        "no caller",
+        c.send(with(|r| r.caller = None)),
+        Unauthenticated,
+        Reason::NoCaller.as_str()
+    );
+    case!(
+        cases,
+        "zero user",
+        c.send(with(|r| r.caller = caller(T, 0))),
+        Unauthenticated,
+        Reason::NoCaller.as_str()
+    );
+    case!(
+        cases,
+        "no conversation",
+        c.send(with(|r| r.conversation_id = 0)),
+        InvalidArgument,
+        Reason::MissingConversationId.as_str()
+    );
+    case!(
+        cases,
+        "unknown conversation",
+        c.send(with(|r| r.conversation_id = 424242)),
+        NotFound,
+        Reason::ConversationNotFound.as_str()
+    );
+    case!(
+        cases,
+        "empty body",
+        c.send(with(|r| r.body.clear())),
+        InvalidArgument,
+        Reason::EmptyBody.as_str()
+    );
+    let mut big = text(T, 1, conv, "big", "");
+    big.body = vec![b'a'; max_body + 1];
+    case!(
+        cases,
+        "oversize body",
+        c.send(big),
+        InvalidArgument,
+        Reason::BodyTooLarge.as_str()
+    );
+    let mut huge = text(T, 1, conv, "huge", "");
+    huge.body = vec![b'a'; 8 * 1024 * 1024];
+    case!(
+        cases,
+        "body over the transport limit",
+        c.send(huge),
+        InvalidArgument,
+        "GRPC_OUTOFRANGE"
+    );
+    case!(
+        cases,
+        "unknown type",
+        c.send(with(|r| r.r#type = 99)),
+        InvalidArgument,
+        Reason::UnknownMessageType.as_str()
+    );
+    case!(
+        cases,
+        "unspecified type",
+        c.send(with(|r| r.r#type = 0)),
+        InvalidArgument,
+        Reason::UnknownMessageType.as_str()
+    );
+    case!(
+        cases,
+        "no client_req_id",
+        c.send(with(|r| r.client_req_id.clear())),
+        InvalidArgument,
+        Reason::MissingClientReqId.as_str()
+    );
+    case!(
+        cases,
+        "long client_req_id",
+        c.send(with(|r| r.client_req_id = "x".repeat(500))),
+        InvalidArgument,
+        Reason::ClientReqIdTooLong.as_str()
+    );
+    // Another tenant's conversation is answered as one that does not exist.
+    case!(
+        cases,
+        "wrong tenant",
+        c.send(with(|r| r.caller = caller(T + 1, 1))),
+        NotFound,
+        Reason::ConversationNotFound.as_str()
+    );
+    case!(
+        cases,
+        "not a member",
+        c.send(with(|r| r.caller = caller(T, 99))),
+        PermissionDenied,
+        Reason::NotAMember.as_str()
+    );
+    case!(
+        cases,
+        "req id reused elsewhere",
+        c.send(text(T, 1, direct, "ok-1", "x")),
+        InvalidArgument,
+        Reason::ClientReqIdReused.as_str()
+    );
+}
+
+/// Malformed and refused calls other than sends; `seq` is a message of
+/// user 1 in `conv`.
+async fn other_call_cases(c: &mut Client, conv: u64, direct: u64, seq: u64, cases: &mut Vec<Case>) {
+    use ErrorCode::*;
+    case!(
+        cases,
+        "unknown direction",
+        c.pull(PullRequest {
+            caller: caller(T, 1),
+            conversation_id: conv,
+            direction: 7,
+            ..Default::default()
+        }),
+        InvalidArgument,
+        Reason::UnknownDirection.as_str()
+    );
+    case!(
+        cases,
+        "pull by non-member",
+        c.pull(PullRequest {
+            caller: caller(T, 50),
+            conversation_id: conv,
+            ..Default::default()
+        }),
+        PermissionDenied,
+        Reason::NotAMember.as_str()
+    );
+    case!(
+        cases,
+        "direct with three",
+        c.create_conversation(CreateConversationRequest {
+            caller: caller(T, 1),
+            kind: ConversationKind::Direct as i32,
+            member_ids: vec![2, 3],
+            ..Default::default()
+        }),
+        InvalidArgument,
+        Reason::DirectNeedsTwoMembers.as_str()
+    );
+    case!(
+        cases,
+        "no kind",
+        c.create_conversation(CreateConversationRequest {
+            caller: caller(T, 1),
+            member_ids: vec![2],
+            ..Default::default()
+        }),
+        InvalidArgument,
+        Reason::UnknownConversationKind.as_str()
+    );
+    case!(
+        cases,
+        "user id zero",
+        c.create_conversation(CreateConversationRequest {
+            caller: caller(T, 1),
+            kind: ConversationKind::Group as i32,
+            member_ids: vec![0],
+            ..Default::default()
+        }),
+        InvalidArgument,
+        Reason::InvalidUserId.as_str()
+    );
+    case!(
+        cases,
+        "recall by another user",
+        c.recall(RecallRequest {
+            caller: caller(T, 2),
+            conversation_id: conv,
+            seq
+        }),
+        PermissionDenied,
+        Reason::NotSender.as_str()
+    );
+    case!(
+        cases,
+        "recall unknown seq",
+        c.recall(RecallRequest {
+            caller: caller(T, 1),
+            conversation_id: conv,
+            seq: 999
+        }),
+        NotFound,
+        Reason::MessageNotFound.as_str()
+    );
+    case!(
+        cases,
+        "edit seq zero",
+        c.edit(EditRequest {
+            caller: caller(T, 1),
+            conversation_id: conv,
+            seq: 0,
+            body: b"e".to_vec()
+        }),
+        InvalidArgument,
+        Reason::MissingSeq.as_str()
+    );
+    case!(
+        cases,
+        "edit to empty",
+        c.edit(EditRequest {
+            caller: caller(T, 1),
+            conversation_id: conv,
+            seq,
+            body: vec![]
+        }),
+        InvalidArgument,
+        Reason::EmptyBody.as_str()
+    );
+    case!(
+        cases,
+        "delete beyond latest",
+        c.delete_for_me(DeleteForMeRequest {
+            caller: caller(T, 1),
+            conversation_id: conv,
+            seqs: vec![5]
+        }),
+        InvalidArgument,
+        Reason::SeqOutOfRange.as_str()
+    );
+    case!(
+        cases,
+        "delete nothing",
+        c.delete_for_me(DeleteForMeRequest {
+            caller: caller(T, 1),
+            conversation_id: conv,
+            seqs: vec![]
+        }),
+        InvalidArgument,
+        Reason::BadSeqList.as_str()
+    );
+    case!(
+        cases,
+        "members of a direct",
+        c.add_members(ChangeMembersRequest {
+            caller: caller(T, 1),
+            conversation_id: direct,
+            user_ids: vec![3]
+        }),
+        InvalidArgument,
+        Reason::NotAGroup.as_str()
+    );
+    case!(
+        cases,
+        "members by outsider",
+        c.add_members(ChangeMembersRequest {
+            caller: caller(T, 77),
+            conversation_id: conv,
+            user_ids: vec![3]
+        }),
+        PermissionDenied,
+        Reason::NotAMember.as_str()
+    );
+}
+
+/// Every case that did not get its code and reason, in one failure.
+fn judge(cases: Vec<Case>) {
+    let mut failures = Vec::new();
+    for (name, result, code, reason) in cases {
+        match result {
+            Ok(()) => failures.push(format!("{name}: succeeded")),
+            Err(status) => {
+                let detail = error_detail(&status);
+                if error_code(&status) != code || (!reason.is_empty() && detail.reason != reason) {
+                    failures.push(format!(
+                        "{name}: expected {code:?}/{reason}, got {:?}/{} ({})",
+                        error_code(&status),
+                        detail.reason,
+                        detail.message
+                    ));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 #[tokio::test]
 async fn malformed_requests_get_stable_codes_and_the_server_keeps_serving() {
     let cell = TestCell::start().await;
@@ -61,269 +367,18 @@ async fn malformed_requests_get_stable_codes_and_the_server_keeps_serving() {
         .await
         .unwrap()
         .into_inner();
-    let max_body = cellmesh_cell::CellConfig::default().limits.max_body_bytes;
 
-    let with = |f: fn(&mut SendRequest)| {
-        let mut r = text(T, 1, conv, "bad", "x");
-        f(&mut r);
-        r
-    };
-    let mut cases: Vec<(&str, Result<(), tonic::Status>, ErrorCode, &str)> = Vec::new();
-    macro_rules! case {
-        ($name:expr, $call:expr, $code:expr, $reason:expr) => {
-            cases.push(($name, $call.await.map(|_| ()), $code, $reason));
-        };
-    }
-    use ErrorCode::*;
-    case!(
-        "no caller",
-        c.send(with(|r| r.caller = None)),
-        Unauthenticated,
-        Reason::NoCaller.as_str()
-    );
-    case!(
-        "zero user",
-        c.send(with(|r| r.caller = caller(T, 0))),
-        Unauthenticated,
-        Reason::NoCaller.as_str()
-    );
-    case!(
-        "no conversation",
-        c.send(with(|r| r.conversation_id = 0)),
-        InvalidArgument,
-        Reason::MissingConversationId.as_str()
-    );
-    case!(
-        "unknown conversation",
-        c.send(with(|r| r.conversation_id = 424242)),
-        NotFound,
-        Reason::ConversationNotFound.as_str()
-    );
-    case!(
-        "empty body",
-        c.send(with(|r| r.body.clear())),
-        InvalidArgument,
-        Reason::EmptyBody.as_str()
-    );
-    let mut big = text(T, 1, conv, "big", "");
-    big.body = vec![b'a'; max_body + 1];
-    case!(
-        "oversize body",
-        c.send(big),
-        InvalidArgument,
-        Reason::BodyTooLarge.as_str()
-    );
-    let mut huge = text(T, 1, conv, "huge", "");
-    huge.body = vec![b'a'; 8 * 1024 * 1024];
-    case!(
-        "body over the transport limit",
-        c.send(huge),
-        InvalidArgument,
-        "GRPC_OUTOFRANGE"
-    );
-    case!(
-        "unknown type",
-        c.send(with(|r| r.r#type = 99)),
-        InvalidArgument,
-        Reason::UnknownMessageType.as_str()
-    );
-    case!(
-        "unspecified type",
-        c.send(with(|r| r.r#type = 0)),
-        InvalidArgument,
-        Reason::UnknownMessageType.as_str()
-    );
-    case!(
-        "no client_req_id",
-        c.send(with(|r| r.client_req_id.clear())),
-        InvalidArgument,
-        Reason::MissingClientReqId.as_str()
-    );
-    case!(
-        "long client_req_id",
-        c.send(with(|r| r.client_req_id = "x".repeat(500))),
-        InvalidArgument,
-        Reason::ClientReqIdTooLong.as_str()
-    );
-    // Another tenant's conversation is answered as one that does not exist.
-    case!(
-        "wrong tenant",
-        c.send(with(|r| r.caller = caller(T + 1, 1))),
-        NotFound,
-        Reason::ConversationNotFound.as_str()
-    );
-    case!(
-        "not a member",
-        c.send(with(|r| r.caller = caller(T, 99))),
-        PermissionDenied,
-        Reason::NotAMember.as_str()
-    );
-    case!(
-        "req id reused elsewhere",
-        c.send(text(T, 1, direct, "ok-1", "x")),
-        InvalidArgument,
-        Reason::ClientReqIdReused.as_str()
-    );
-    case!(
-        "unknown direction",
-        c.pull(PullRequest {
-            caller: caller(T, 1),
-            conversation_id: conv,
-            direction: 7,
-            ..Default::default()
-        }),
-        InvalidArgument,
-        Reason::UnknownDirection.as_str()
-    );
-    case!(
-        "pull by non-member",
-        c.pull(PullRequest {
-            caller: caller(T, 50),
-            conversation_id: conv,
-            ..Default::default()
-        }),
-        PermissionDenied,
-        Reason::NotAMember.as_str()
-    );
-    case!(
-        "direct with three",
-        c.create_conversation(CreateConversationRequest {
-            caller: caller(T, 1),
-            kind: ConversationKind::Direct as i32,
-            member_ids: vec![2, 3],
-            ..Default::default()
-        }),
-        InvalidArgument,
-        Reason::DirectNeedsTwoMembers.as_str()
-    );
-    case!(
-        "no kind",
-        c.create_conversation(CreateConversationRequest {
-            caller: caller(T, 1),
-            member_ids: vec![2],
-            ..Default::default()
-        }),
-        InvalidArgument,
-        Reason::UnknownConversationKind.as_str()
-    );
-    case!(
-        "user id zero",
-        c.create_conversation(CreateConversationRequest {
-            caller: caller(T, 1),
-            kind: ConversationKind::Group as i32,
-            member_ids: vec![0],
-            ..Default::default()
-        }),
-        InvalidArgument,
-        Reason::InvalidUserId.as_str()
-    );
-    case!(
-        "recall by another user",
-        c.recall(RecallRequest {
-            caller: caller(T, 2),
-            conversation_id: conv,
-            seq: ok.seq
-        }),
-        PermissionDenied,
-        Reason::NotSender.as_str()
-    );
-    case!(
-        "recall unknown seq",
-        c.recall(RecallRequest {
-            caller: caller(T, 1),
-            conversation_id: conv,
-            seq: 999
-        }),
-        NotFound,
-        Reason::MessageNotFound.as_str()
-    );
-    case!(
-        "edit seq zero",
-        c.edit(EditRequest {
-            caller: caller(T, 1),
-            conversation_id: conv,
-            seq: 0,
-            body: b"e".to_vec()
-        }),
-        InvalidArgument,
-        Reason::MissingSeq.as_str()
-    );
-    case!(
-        "edit to empty",
-        c.edit(EditRequest {
-            caller: caller(T, 1),
-            conversation_id: conv,
-            seq: ok.seq,
-            body: vec![]
-        }),
-        InvalidArgument,
-        Reason::EmptyBody.as_str()
-    );
-    case!(
-        "delete beyond latest",
-        c.delete_for_me(DeleteForMeRequest {
-            caller: caller(T, 1),
-            conversation_id: conv,
-            seqs: vec![5]
-        }),
-        InvalidArgument,
-        Reason::SeqOutOfRange.as_str()
-    );
-    case!(
-        "delete nothing",
-        c.delete_for_me(DeleteForMeRequest {
-            caller: caller(T, 1),
-            conversation_id: conv,
-            seqs: vec![]
-        }),
-        InvalidArgument,
-        Reason::BadSeqList.as_str()
-    );
-    case!(
-        "members of a direct",
-        c.add_members(ChangeMembersRequest {
-            caller: caller(T, 1),
-            conversation_id: direct,
-            user_ids: vec![3]
-        }),
-        InvalidArgument,
-        Reason::NotAGroup.as_str()
-    );
-    case!(
-        "members by outsider",
-        c.add_members(ChangeMembersRequest {
-            caller: caller(T, 77),
-            conversation_id: conv,
-            user_ids: vec![3]
-        }),
-        PermissionDenied,
-        Reason::NotAMember.as_str()
-    );
+    let mut cases = Vec::new();
+    send_cases(&mut c, conv, direct, &mut cases).await;
+    other_call_cases(&mut c, conv, direct, ok.seq, &mut cases).await;
     cases.push((
         "malformed protobuf",
         Err(send_garbage(&cell.endpoint).await),
-        InvalidArgument,
+        ErrorCode::InvalidArgument,
         Reason::MalformedRequest.as_str(),
     ));
 
-    let mut failures = Vec::new();
-    for (name, result, code, reason) in cases {
-        match result {
-            Ok(()) => failures.push(format!("{name}: succeeded")),
-            Err(status) => {
-                let detail = error_detail(&status);
-                if error_code(&status) != code || (!reason.is_empty() && detail.reason != reason) {
-                    failures.push(format!(
-                        "{name}: expected {code:?}/{reason}, got {:?}/{} ({})",
-                        error_code(&status),
-                        detail.reason,
-                        detail.message
-                    ));
-                }
-            }
-        }
-    }
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    judge(cases);
 
     // Still serving, and nothing bad was stored.
     let next = c

@@ -118,35 +118,7 @@ async fn with_mutual_tls_each_role_calls_only_what_it_may() {
 
     let cell = &info["cells"]["eu-west/c1"];
     let router = &info["routers"][0];
-    // Plaintext, even with the deployment secret: no answer.
-    let plain = Channel::from_shared(cell.as_str().unwrap().to_string())
-        .unwrap()
-        .connect()
-        .await;
-    if let Ok(channel) = plain {
-        let mut peer = CellPeerClient::with_interceptor(
-            channel,
-            SecretInterceptor(ClusterSecret::new(&secret)),
-        );
-        assert!(
-            peer.stats(StatsRequest {}).await.is_err(),
-            "plaintext answered"
-        );
-    }
-    // A certificate another CA signed: the handshake fails.
-    let other = dir.path().join("other-ca");
-    let rogue = cellmesh_deployment::dev::pki::Pki::create(&other).unwrap();
-    rogue.issue(&Peer::new(Role::Operator, "admin")).unwrap();
-    // (TLS 1.3: the client may finish its side before the server refuses.)
-    if let Ok(channel) = dial(cell.as_str().unwrap(), &other, "operator-admin", &tls).await {
-        assert!(
-            CellPeerClient::new(channel)
-                .stats(StatsRequest {})
-                .await
-                .is_err(),
-            "a foreign certificate answered"
-        );
-    }
+    strangers_get_no_answer(cell, dir.path(), &tls, &secret).await;
 
     // An edge: no route writes, no peer API, no Raft.
     let mut routes = client(router, &tls, "edge-eu-west", &secret, RoutingClient::new).await;
@@ -190,6 +162,57 @@ async fn with_mutual_tls_each_role_calls_only_what_it_may() {
         .await
         .unwrap_err();
     assert_eq!(refused(&e), denied(), "a cell delivers as another: {e:?}");
+    raft_peers_speak_only_for_themselves(router, &tls, &secret).await;
+    // The operator reads and writes.
+    let mut routes = client(router, &tls, "operator-admin", &secret, RoutingClient::new).await;
+    let table = routes
+        .get_table(GetTableRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(table.cells.len(), 6);
+
+    a_renewed_certificate_is_served_without_a_restart(cell, &tls, &secret).await;
+
+    a_revoked_certificate_is_refused_everywhere(router, cell, &tls, &secret).await;
+    assert!(routes.get_table(GetTableRequest::default()).await.is_ok());
+}
+
+/// Plaintext, even with the deployment secret, and a certificate another
+/// CA signed get no answer from a cell.
+async fn strangers_get_no_answer(cell: &Value, dir: &Path, tls: &Path, secret: &str) {
+    let plain = Channel::from_shared(cell.as_str().unwrap().to_string())
+        .unwrap()
+        .connect()
+        .await;
+    if let Ok(channel) = plain {
+        let mut peer = CellPeerClient::with_interceptor(
+            channel,
+            SecretInterceptor(ClusterSecret::new(secret)),
+        );
+        assert!(
+            peer.stats(StatsRequest {}).await.is_err(),
+            "plaintext answered"
+        );
+    }
+    // A certificate another CA signed: the handshake fails.
+    let other = dir.join("other-ca");
+    let rogue = cellmesh_deployment::dev::pki::Pki::create(&other).unwrap();
+    rogue.issue(&Peer::new(Role::Operator, "admin")).unwrap();
+    // (TLS 1.3: the client may finish its side before the server refuses.)
+    if let Ok(channel) = dial(cell.as_str().unwrap(), &other, "operator-admin", tls).await {
+        assert!(
+            CellPeerClient::new(channel)
+                .stats(StatsRequest {})
+                .await
+                .is_err(),
+            "a foreign certificate answered"
+        );
+    }
+}
+
+/// A cell may not vote in the routers' Raft; a router votes only as itself.
+async fn raft_peers_speak_only_for_themselves(router: &Value, tls: &Path, secret: &str) {
     let raft_addr = raft_address(router.as_str().unwrap());
     let vote = |node_id| raft::VoteRequest {
         vote: Some(raft::Vote {
@@ -201,9 +224,9 @@ async fn with_mutual_tls_each_role_calls_only_what_it_may() {
     };
     let mut as_cell = client(
         &Value::String(raft_addr.clone()),
-        &tls,
+        tls,
         "cell-eu-west-c1",
-        &secret,
+        secret,
         raft::raft_peer_client::RaftPeerClient::new,
     )
     .await;
@@ -212,9 +235,9 @@ async fn with_mutual_tls_each_role_calls_only_what_it_may() {
     // A router speaks only for itself.
     let mut as_router = client(
         &Value::String(raft_addr),
-        &tls,
+        tls,
         "router-2",
-        &secret,
+        secret,
         raft::raft_peer_client::RaftPeerClient::new,
     )
     .await;
@@ -224,42 +247,43 @@ async fn with_mutual_tls_each_role_calls_only_what_it_may() {
         as_router.vote(vote(2)).await.is_ok(),
         "router 2's own (stale) vote is answered"
     );
-    // The operator reads and writes.
-    let mut routes = client(router, &tls, "operator-admin", &secret, RoutingClient::new).await;
-    let table = routes
-        .get_table(GetTableRequest::default())
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(table.cells.len(), 6);
+}
 
-    // Renewed in place: the cell presents its new certificate from the
-    // next handshake on, without a restart, and keeps serving.
+/// Renewed in place: the cell presents its new certificate from the next
+/// handshake on, without a restart, and keeps serving.
+async fn a_renewed_certificate_is_served_without_a_restart(cell: &Value, tls: &Path, secret: &str) {
     let cell_url = cell.as_str().unwrap();
-    let before = served_serial(cell_url, &tls).await;
-    pki(&tls, &["issue", "--role", "cell", "--id", "eu-west/c1"]);
+    let before = served_serial(cell_url, tls).await;
+    pki(tls, &["issue", "--role", "cell", "--id", "eu-west/c1"]);
     let renewed = cellmesh_proto::tls::serial_of(&first_der(&tls.join("cell-eu-west-c1.pem")))
         .unwrap()
         .to_vec();
     assert_ne!(before, renewed);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while served_serial(cell_url, &tls).await != renewed {
+    while served_serial(cell_url, tls).await != renewed {
         assert!(
             std::time::Instant::now() < deadline,
             "the cell still presents its old certificate"
         );
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
-    let mut peer = client(cell, &tls, "operator-admin", &secret, CellPeerClient::new).await;
+    let mut peer = client(cell, tls, "operator-admin", secret, CellPeerClient::new).await;
     assert!(
         peer.stats(StatsRequest {}).await.is_ok(),
         "renewed cell serves"
     );
+}
 
-    // Revoked: the edge's certificate is refused by every server, on new
-    // connections (the handshake) and on open ones (each call); the
-    // operator's still works.
-    let mut edge_open = client(router, &tls, "edge-eu-west", &secret, RoutingClient::new).await;
+/// Revoked: the edge's certificate is refused by every server, on new
+/// connections (the handshake) and on open ones (each call).
+async fn a_revoked_certificate_is_refused_everywhere(
+    router: &Value,
+    cell: &Value,
+    tls: &Path,
+    secret: &str,
+) {
+    let cell_url = cell.as_str().unwrap();
+    let mut edge_open = client(router, tls, "edge-eu-west", secret, RoutingClient::new).await;
     assert!(
         edge_open
             .get_table(GetTableRequest::default())
@@ -267,7 +291,7 @@ async fn with_mutual_tls_each_role_calls_only_what_it_may() {
             .is_ok()
     );
     pki(
-        &tls,
+        tls,
         &[
             "revoke",
             "--cert",
@@ -293,7 +317,7 @@ async fn with_mutual_tls_each_role_calls_only_what_it_may() {
         ),
         "{e:?}"
     );
-    if let Ok(channel) = dial(cell_url, &tls, "edge-eu-west", &tls).await {
+    if let Ok(channel) = dial(cell_url, tls, "edge-eu-west", tls).await {
         let mut messaging = MessagingClient::new(channel);
         assert!(
             messaging
@@ -303,7 +327,6 @@ async fn with_mutual_tls_each_role_calls_only_what_it_may() {
             "a revoked certificate completed a handshake and a call"
         );
     }
-    assert!(routes.get_table(GetTableRequest::default()).await.is_ok());
 }
 
 /// Runs `cellmesh pki --dir <tls> <args>`.
