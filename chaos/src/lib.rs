@@ -3,8 +3,9 @@
 //! (processes, storage, queue, links through the TCP fault [`proxy`]) and
 //! record what every client saw ([`history`]); and the checker, one
 //! function per invariant of DESIGN.md §7 over that record
-//! ([`invariants`]), returning counterexamples; and the failover floors
-//! that explain gaps, as the owners see them ([`floors`]).
+//! ([`invariants`]), returning counterexamples; the failover floors
+//! that explain gaps, as the owners see them ([`floors`]); and moving a
+//! running `cellmesh dev`'s components to another binary ([`upgrade`]).
 
 pub mod drill;
 pub mod floors;
