@@ -241,13 +241,13 @@ impl DevTarget {
     /// Whether the deployment's queue is the mock Kafka cluster of
     /// `cellmesh dev --kafka mock` (its brokers can be taken down).
     pub fn kafka_mock(&self) -> bool {
-        read(&self.dir, "dev.json").is_ok_and(|info| info["kafka"] == "mock")
+        self.info().is_ok_and(|info| info["kafka"] == "mock")
     }
 
     /// The current process id of the dev child `name` (e.g.
     /// `router-eu-west`, `control-plane-1`).
     pub fn pid(&self, name: &str) -> anyhow::Result<i32> {
-        let info = read(&self.dir, "dev.json")?;
+        let info = self.info()?;
         info["processes"][name]
             .as_i64()
             .map(|p| p as i32)
@@ -257,7 +257,7 @@ impl DevTarget {
     /// The cells' current process ids (dev.json is rewritten when the
     /// supervisor restarts one), by cell id.
     pub fn cell_pids(&self) -> anyhow::Result<Vec<(String, i32)>> {
-        let info = read(&self.dir, "dev.json")?;
+        let info = self.info()?;
         let processes = &info["processes"];
         Ok(info["cells"]
             .as_object()

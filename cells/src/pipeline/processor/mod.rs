@@ -167,7 +167,7 @@ pub struct Signals {
 /// the record; the address groups a batch's events into records.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 enum Via {
-    /// A cell's endpoint: the home known now, or a standby.
+    /// The home cell known now.
     Cell(String),
     /// No cell yet: the home is frozen for a move, or the user's earlier
     /// events are still queued (this one follows them).
@@ -205,14 +205,18 @@ impl ForwardLane {
         })
     }
 
-    /// Queues one record per address; whether any was queued.
-    fn stage(&mut self, m: &mut Mutation, records: HashMap<Via, Vec<PeerEvent>>) -> bool {
-        if records.is_empty() {
+    /// Queues one record per endpoint; whether any was queued.
+    fn stage(
+        &mut self,
+        m: &mut Mutation,
+        records: impl ExactSizeIterator<Item = (String, Vec<PeerEvent>)>,
+    ) -> bool {
+        if records.len() == 0 {
             return false;
         }
-        for (via, events) in records {
+        for (endpoint, events) in records {
             let record = ForwardRecord {
-                endpoint: via.endpoint(),
+                endpoint,
                 events: events.iter().map(|e| e.encode_to_vec()).collect(),
                 attempts: 0,
             };
@@ -428,11 +432,11 @@ impl Processor {
 
     /// Commits a batch's effects, then announces them.
     async fn finish(&mut self, mut batch: Batch) -> Result<(), PipelineError> {
-        let to_homes =
-            (self.homes_queue).stage(&mut batch.mutation, std::mem::take(&mut batch.forward));
+        let homes = std::mem::take(&mut batch.forward).into_iter();
+        let homes = homes.map(|(via, events)| (via.endpoint(), events));
+        let to_homes = (self.homes_queue).stage(&mut batch.mutation, homes);
         let standbys = std::mem::take(&mut batch.standby_forward).into_iter();
-        let standbys = standbys.map(|(endpoint, events)| (Via::Cell(endpoint), events));
-        let to_standbys = (self.standbys_queue).stage(&mut batch.mutation, standbys.collect());
+        let to_standbys = (self.standbys_queue).stage(&mut batch.mutation, standbys);
         for ((user, conversation), entry) in &batch.entries {
             batch
                 .mutation
