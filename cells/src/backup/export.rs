@@ -5,17 +5,15 @@
 //! backup store, with a manifest written last:
 //! `exports/tenant-<T>/<id>/{conversations,messages}.jsonl` and
 //! `manifest.json`. One line per conversation and per message, in
-//! conversation and seq order; bodies as UTF-8 text, or base64 when they
-//! are not.
+//! conversation and seq order (see [`super::lines`]).
 
 use std::io::Write;
 use std::path::Path;
 
-use base64::Engine as _;
 use cellmesh_proto::ids::{ConversationId, TenantId};
-use cellmesh_proto::storage::v1::MessageRecord;
 use serde::{Deserialize, Serialize};
 
+use super::lines::{ConversationLine, MessageLine};
 use super::manifest::FileEntry;
 use super::{BackupError, Backups, Result, files};
 use crate::message::MessageService;
@@ -32,34 +30,7 @@ pub struct ExportManifest {
     pub files: Vec<FileEntry>,
 }
 
-/// One message as an export line.
-pub fn message_line(
-    conversation: ConversationId,
-    seq: u64,
-    m: &MessageRecord,
-) -> serde_json::Value {
-    let mut line = serde_json::json!({
-        "conversation": conversation, "seq": seq, "msg_id": m.msg_id, "sender": m.sender_id,
-        "type": m.r#type, "ts_ms": m.server_ts_ms, "state": m.state,
-        "edited_at_ms": m.edited_at_ms, "edit_version": m.edit_version,
-        "visible_to": m.visible_to, "client_req_id": m.client_req_id,
-        "attachments": m.attachments.iter().map(|a| serde_json::json!({
-            "id": a.attachment_id, "name": a.name, "content_type": a.content_type,
-            "size": a.size, "sha256": a.sha256, "object_key": a.object_key,
-        })).collect::<Vec<_>>(),
-    });
-    match std::str::from_utf8(&m.body) {
-        Ok(text) => line["body"] = text.into(),
-        Err(_) => {
-            line["body_base64"] = base64::engine::general_purpose::STANDARD
-                .encode(&m.body)
-                .into()
-        }
-    }
-    line
-}
-
-fn write_line(out: &mut impl Write, line: &serde_json::Value) -> Result<()> {
+fn write_line(out: &mut impl Write, line: &impl Serialize) -> Result<()> {
     serde_json::to_writer(&mut *out, line).map_err(|e| BackupError::Io(e.to_string()))?;
     out.write_all(b"\n")
         .map_err(|e| BackupError::Io(e.to_string()))
@@ -131,19 +102,11 @@ impl Backups {
             };
             let (members, _) = store.members(ConversationId(id), 0, usize::MAX)?;
             let seq = store.conv_seq(ConversationId(id))?;
-            let line = serde_json::json!({
-                "conversation": id, "tenant": tenant.get(), "kind": record.kind, "title": record.title,
-                "created_by": record.created_by, "created_at_ms": record.created_at_ms,
-                "admins": record.admins, "members": members,
-                "latest_seq": seq.latest_seq, "seq_floor": seq.seq_floor,
-            });
+            let line = ConversationLine::new(id, &record, members, &seq);
             write_line(&mut conversations, &line)?;
             n_conversations += 1;
             for (seq, message) in service.whole_history(conversation).await? {
-                write_line(
-                    &mut messages,
-                    &message_line(ConversationId(id), seq, &message),
-                )?;
+                write_line(&mut messages, &MessageLine::new(id, seq, &message))?;
                 n_messages += 1;
             }
         }
@@ -185,12 +148,12 @@ impl Backups {
 
     /// The lines of export `id` of `tenant`'s file `name`, checked against
     /// the manifest.
-    pub async fn export_lines(
+    pub async fn export_lines<T: serde::de::DeserializeOwned>(
         &self,
         tenant: TenantId,
         id: &str,
         name: &str,
-    ) -> Result<Vec<serde_json::Value>> {
+    ) -> Result<Vec<T>> {
         let root = self.export_root(tenant);
         let read = |key: String| async move {
             match self.store.get(&key.as_str().into()).await {

@@ -12,6 +12,8 @@
 pub mod config;
 pub mod export;
 mod files;
+pub mod import;
+pub mod lines;
 pub mod manifest;
 pub mod restore;
 pub mod routes;

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use cellmesh_proto::ids::{ConversationId, TenantId};
 use cellmesh_proto::reason::Reason;
 use cellmesh_proto::status::to_status;
 use cellmesh_proto::v1::backups_server::Backups as BackupsService;
@@ -25,6 +26,10 @@ impl BackupsApi {
 }
 
 fn status(e: BackupError) -> Status {
+    let e = match e {
+        BackupError::Cell(e) => return Status::from(*e),
+        e => e,
+    };
     let (code, reason) = match &e {
         BackupError::NotFound(_) => (ErrorCode::NotFound, Reason::BackupNotFound),
         BackupError::Running => (ErrorCode::RetryLater, Reason::BackupRunning),
@@ -36,6 +41,16 @@ fn status(e: BackupError) -> Status {
         0
     };
     to_status(code, reason, e.to_string(), retry_ms, None)
+}
+
+fn missing(what: &str) -> Status {
+    to_status(
+        ErrorCode::InvalidArgument,
+        Reason::MissingId,
+        format!("name the {what}"),
+        0,
+        None,
+    )
 }
 
 fn list(manifests: Vec<crate::backup::Manifest>) -> ListBackupsResponse {
@@ -94,13 +109,7 @@ impl BackupsService for BackupsApi {
     async fn export_tenant(&self, request: Request<ExportTenantRequest>) -> Reply<ExportInfo> {
         let tenant = request.into_inner().tenant_id;
         if tenant == 0 {
-            return Err(to_status(
-                ErrorCode::InvalidArgument,
-                Reason::MissingId,
-                "name the tenant to export".into(),
-                0,
-                None,
-            ));
+            return Err(missing("tenant to export"));
         }
         let (backups, service) = (self.backups.clone(), self.service.clone());
         let m = tokio::spawn(async move {
@@ -127,17 +136,56 @@ impl BackupsService for BackupsApi {
     async fn delete(&self, request: Request<BackupRequest>) -> Reply<ListBackupsResponse> {
         let id = request.into_inner().id;
         if id.is_empty() {
-            return Err(to_status(
-                ErrorCode::InvalidArgument,
-                Reason::MissingId,
-                "name the backup to delete".into(),
-                0,
-                None,
-            ));
+            return Err(missing("backup to delete"));
         }
         self.backups.delete(&id).await.map_err(status)?;
         Ok(Response::new(list(
             self.backups.list().await.map_err(status)?,
         )))
+    }
+
+    async fn restore_export(
+        &self,
+        request: Request<RestoreExportRequest>,
+    ) -> Reply<RestoreExportResponse> {
+        let r = request.into_inner();
+        if r.tenant_id == 0 || r.export_id.is_empty() {
+            return Err(missing("tenant and the export to restore"));
+        }
+        let from = TenantId(r.tenant_id);
+        let into = TenantId(if r.into_tenant_id == 0 {
+            r.tenant_id
+        } else {
+            r.into_tenant_id
+        });
+        let only = (r.conversation_id != 0).then_some(ConversationId(r.conversation_id));
+        let (backups, service) = (self.backups.clone(), self.service.clone());
+        // Runs to its end even if the caller goes away.
+        let restored = tokio::spawn(async move {
+            backups
+                .restore_export(&service, from, &r.export_id, into, only)
+                .await
+        })
+        .await
+        .map_err(|e| Status::internal(format!("restore task: {e}")))?
+        .map_err(status)?;
+        tracing::info!(
+            tenant = from.get(),
+            into = into.get(),
+            conversations = restored.len(),
+            "export restored"
+        );
+        Ok(Response::new(RestoreExportResponse {
+            cell_id: self.service.config().cell_id.clone(),
+            into_tenant_id: into.get(),
+            conversations: restored
+                .into_iter()
+                .map(|c| RestoredConversation {
+                    from_conversation_id: c.from.get(),
+                    to_conversation_id: c.to.get(),
+                    messages: c.messages,
+                })
+                .collect(),
+        }))
     }
 }

@@ -17,6 +17,7 @@ mod inflight;
 mod migrate;
 mod pull;
 mod replica;
+mod restore;
 mod search;
 mod send;
 mod tenant;
@@ -34,6 +35,7 @@ pub use conversation::{
     ChangeMembersCommand, CreateCommand, GetConversationCommand, SetMemberRoleCommand,
 };
 pub use pull::PullCommand;
+pub use restore::RestoredCopy;
 pub use search::SearchCommand;
 pub use send::SendCommand;
 pub use tier::{TierReport, run as run_tierer};

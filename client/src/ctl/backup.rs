@@ -17,6 +17,7 @@ use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::v1 as pb;
 use cellmesh_route_client::client::RouteClient;
 use cellmesh_route_client::peers::Peers;
+use cellmesh_route_client::table::Key;
 use clap::Subcommand;
 
 use crate::connect::describe;
@@ -459,6 +460,48 @@ pub async fn export_tenant(
     }
     if json {
         println!("{}", serde_json::Value::Array(out));
+    }
+    Ok(())
+}
+
+/// `ctl tenant restore`: the cell that owns the tenant restored into
+/// restores the export from its backup store.
+pub async fn restore_export(
+    routes: &RouteClient,
+    secret: &ClusterSecret,
+    body: pb::RestoreExportRequest,
+    json: bool,
+) -> anyhow::Result<()> {
+    let into = TenantId(body.into_tenant_id);
+    let route = routes
+        .resolve(&Key::tenant(into))
+        .ok_or_else(|| anyhow::anyhow!("tenant {into} has no placement: place it first"))?;
+    let cell = route.entry.cell.clone();
+    let info = Peers::default()
+        .backups(&route.cell_address)?
+        .restore_export(request(secret, body, Duration::from_secs(6 * 3600)))
+        .await
+        .map_err(|e| anyhow::anyhow!("{cell}: {}", describe(&e)))?
+        .into_inner();
+    if json {
+        let restored: Vec<_> = info
+            .conversations
+            .iter()
+            .map(|c| serde_json::json!({
+                "from": c.from_conversation_id, "to": c.to_conversation_id, "messages": c.messages,
+            }))
+            .collect();
+        println!(
+            "{}",
+            serde_json::json!({"cell": cell, "tenant": info.into_tenant_id, "conversations": restored})
+        );
+        return Ok(());
+    }
+    for c in &info.conversations {
+        println!(
+            "{cell}: conversation {} restored as {} of tenant {} ({} messages)",
+            c.from_conversation_id, c.to_conversation_id, info.into_tenant_id, c.messages
+        );
     }
     Ok(())
 }

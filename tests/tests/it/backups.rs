@@ -321,102 +321,9 @@ async fn verify_catches_a_damaged_object_and_delete_keeps_shared_files() {
     assert!(!new_dir.path().join("db").exists(), "nothing half restored");
 }
 
-/// A cell that tiers everything beyond a conversation's newest 10
-/// messages, in segments of at most 25, when asked.
-async fn tiered_cell() -> TestCell {
-    TestCell::start_with(
-        |c| {
-            let t = &mut c.tiering;
-            t.enabled = true;
-            t.hot_messages_per_conversation = 10;
-            t.segment_max_messages = 25;
-        },
-        Arc::new(SystemClock),
-    )
-    .await
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
-}
-
-#[tokio::test]
-async fn a_tenant_export_holds_every_message_hot_and_cold_and_nothing_of_other_tenants() {
-    let cell = tiered_cell().await;
-    let mut c = cell.client().await;
-    let conv = create_group(&mut c, T, 1, &[2]).await;
-    let other = create_group(&mut c, T + 1, 1, &[2]).await;
-    for i in 1..=60 {
-        c.send(text(T, 1, conv, &format!("x-{i}"), &format!("message {i}")))
-            .await
-            .unwrap();
-    }
-    c.send(text(T + 1, 1, other, "o-1", "not this tenant's"))
-        .await
-        .unwrap();
-    let tiered = cell.cell.service.tier_once().await.unwrap();
-    assert!(tiered.messages_tiered >= 50, "{tiered:?}");
-    // A recall of a cold message: the export shows the overlay.
-    c.recall(RecallRequest {
-        caller: caller(T, 1),
-        conversation_id: conv,
-        seq: 5,
-    })
-    .await
-    .unwrap();
-
-    let mut admin = backups_client(&cell.endpoint).await;
-    let info = admin
-        .export_tenant(ExportTenantRequest { tenant_id: T })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!((info.conversations, info.messages), (1, 60), "{info:?}");
-    let missing = admin
-        .export_tenant(ExportTenantRequest { tenant_id: 0 })
-        .await
-        .unwrap_err();
-    assert_eq!(missing.code(), tonic::Code::InvalidArgument);
-
-    let config = cell.cell.service.config().clone();
-    let backups = Backups::open(&config.backup, &config.cell_id, &config.data_dir).unwrap();
-    let conversations = backups
-        .export_lines(
-            cellmesh_proto::ids::TenantId(T),
-            &info.id,
-            "conversations.jsonl",
-        )
-        .await
-        .unwrap();
-    assert_eq!(conversations.len(), 1);
-    assert_eq!(conversations[0]["conversation"], conv);
-    assert_eq!(conversations[0]["members"], serde_json::json!([1, 2]));
-    let lines = backups
-        .export_lines(cellmesh_proto::ids::TenantId(T), &info.id, "messages.jsonl")
-        .await
-        .unwrap();
-    let seqs: Vec<u64> = lines.iter().map(|l| l["seq"].as_u64().unwrap()).collect();
-    assert_eq!(seqs, (1..=60).collect::<Vec<_>>());
-    let pulled = pull_all(&mut c, T, 2, conv).await;
-    for (line, message) in lines.iter().zip(&pulled) {
-        assert_eq!(line["msg_id"], message.msg_id);
-        assert_eq!(line["state"], message.state);
-        if message.seq != 5 {
-            assert_eq!(
-                line["body"],
-                String::from_utf8_lossy(&message.body).as_ref()
-            );
-        }
-    }
-    assert_eq!(lines[4]["state"], MessageState::Recalled as i32);
-}
-
 #[tokio::test]
 async fn verify_names_cold_history_the_tier_no_longer_holds() {
-    let cell = tiered_cell().await;
+    let cell = crate::export_restore::tiered_cell().await;
     let mut c = cell.client().await;
     let conv = create_group(&mut c, T, 1, &[2]).await;
     for i in 1..=40 {
@@ -456,4 +363,11 @@ async fn verify_names_cold_history_the_tier_no_longer_holds() {
         "{:?}",
         bad.problems
     );
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
 }

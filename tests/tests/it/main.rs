@@ -23,6 +23,7 @@ mod durability;
 mod edge;
 mod embedded_log;
 mod exactly_once;
+mod export_restore;
 mod failover;
 mod floor_jumps;
 mod forward_lanes;
