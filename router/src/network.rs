@@ -87,6 +87,12 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     }
 }
 
+/// The metadata naming the node a Raft RPC is for: a replica that is
+/// another node (a new member on a lost member's address) refuses it, so
+/// the sender treats the lost member as unreachable instead of taking the
+/// newcomer's empty log for that member's.
+pub const ADDRESSEE: &str = "cellmesh-raft-to";
+
 pub struct PeerClient {
     target: NodeId,
     client: Result<RaftPeerClient<Channel>, String>,
@@ -105,6 +111,9 @@ impl PeerClient {
         let mut request = tonic::Request::new(message);
         request.set_timeout(option.hard_ttl());
         self.secret.attach(&mut request);
+        request
+            .metadata_mut()
+            .insert(ADDRESSEE, self.target.to_string().parse().expect("digits"));
         request
     }
 }

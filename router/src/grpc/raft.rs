@@ -5,6 +5,8 @@
 //! and snapshots are taken only from the group's members (voters and
 //! learners of the membership this replica knows); a replica that knows no
 //! membership yet (one being added) takes them from whoever sends first.
+//! An RPC addressed to another node id ([`ADDRESSEE`]) is refused: this
+//! replica may be a new member listening where a lost one did.
 
 use cellmesh_proto::raft::v1 as pb;
 use cellmesh_proto::raft::v1::raft_peer_server::RaftPeer;
@@ -12,6 +14,7 @@ use openraft::Vote;
 use openraft::error::{InstallSnapshotError, RaftError};
 use tonic::{Request, Response, Status};
 
+use crate::network::ADDRESSEE;
 use crate::types::{NodeId, Raft};
 use crate::wire;
 
@@ -21,6 +24,21 @@ pub struct RaftPeerService {
 
 fn malformed(e: wire::Malformed) -> Status {
     Status::invalid_argument(e.to_string())
+}
+
+/// Refuses an RPC its sender addressed to another node id (a sender
+/// that names none is an older release: taken).
+fn addressed_here<T>(raft: &Raft, request: &Request<T>) -> Result<(), Status> {
+    let Some(to) = request.metadata().get(ADDRESSEE) else {
+        return Ok(());
+    };
+    let me = raft.metrics().borrow().id;
+    match to.to_str().ok().and_then(|t| t.parse::<NodeId>().ok()) {
+        Some(to) if to == me => Ok(()),
+        _ => Err(Status::failed_precondition(format!(
+            "raft: this replica is node {me}, not node {to:?}"
+        ))),
+    }
 }
 
 /// Refuses an RPC whose sender (the candidate or leader named in `vote`)
@@ -49,6 +67,7 @@ impl RaftPeer for RaftPeerService {
         &self,
         request: Request<pb::AppendEntriesRequest>,
     ) -> Result<Response<pb::AppendEntriesResponse>, Status> {
+        addressed_here(&self.raft, &request)?;
         let peer = cellmesh_proto::tls::caller(&request).cloned();
         let rpc = wire::append_request_from_pb(request.into_inner()).map_err(malformed)?;
         super::authorize::is_router(peer.as_ref(), rpc.vote.leader_id.node_id)?;
@@ -61,6 +80,7 @@ impl RaftPeer for RaftPeerService {
         &self,
         request: Request<pb::VoteRequest>,
     ) -> Result<Response<pb::VoteResponse>, Status> {
+        addressed_here(&self.raft, &request)?;
         let peer = cellmesh_proto::tls::caller(&request).cloned();
         let rpc = wire::vote_request_from_pb(request.into_inner()).map_err(malformed)?;
         super::authorize::is_router(peer.as_ref(), rpc.vote.leader_id.node_id)?;
@@ -73,6 +93,7 @@ impl RaftPeer for RaftPeerService {
         &self,
         request: Request<pb::InstallSnapshotRequest>,
     ) -> Result<Response<pb::InstallSnapshotResponse>, Status> {
+        addressed_here(&self.raft, &request)?;
         let peer = cellmesh_proto::tls::caller(&request).cloned();
         let rpc = wire::snapshot_request_from_pb(request.into_inner()).map_err(malformed)?;
         super::authorize::is_router(peer.as_ref(), rpc.vote.leader_id.node_id)?;

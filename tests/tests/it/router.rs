@@ -609,3 +609,88 @@ async fn raft_messages_from_a_node_outside_the_group_are_refused() {
     assert_eq!(after.current_leader, before.current_leader);
     assert_eq!(cluster.leader().await, leader, "the leader stays");
 }
+
+/// A replica lost with its disk comes back as a new member on the old
+/// member's address: the leader must neither take the newcomer's empty log
+/// for the lost member's (it would panic on the "reverted" log, or count
+/// entries the lost member acknowledged as gone) nor stop serving; the new
+/// member joins as a learner and replaces the lost one among the voters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_member_on_a_lost_members_address_is_not_taken_for_it() {
+    let mut cluster = RouterCluster::start(3, |_| {}).await;
+    let client = cluster.client().await;
+    seed(&client).await;
+    for t in 1..=10 {
+        client
+            .apply(assign_tenant(TenantId(t), "eu-west/c1", 0))
+            .await
+            .unwrap();
+    }
+    let leader = cluster.leader().await;
+    let lost = (leader + 1) % 3;
+    let lost_id = cluster.running(lost).node_id;
+    let address = cluster.replicas[lost].config.raft_listen;
+    cluster.stop(lost).await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = router_config(4, REGIONS[lost], dir.path());
+    config.raft_listen = address;
+    let mut newcomer = None;
+    for _ in 0..100 {
+        match cellmesh_router::node::start(config.clone()).await {
+            Ok(r) => {
+                newcomer = Some(r);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    let newcomer = newcomer.expect("the new member binds the lost one's address");
+    // The leader keeps replicating to the lost member's address for a while.
+    for t in 11..=20 {
+        client
+            .apply(assign_tenant(TenantId(t), "eu-west/c1", 0))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(newcomer.store.table().routes.is_empty(), "not fed as the lost member");
+
+    let mut api = cluster.api(leader).await;
+    api.add_learner(pb::AddLearnerRequest {
+        node: Some(pb::RouterNode {
+            node_id: 4,
+            region: REGIONS[lost].into(),
+            raft_address: newcomer.node.raft_addr.clone(),
+            api_address: newcomer.node.api_addr.clone(),
+        }),
+    })
+    .await
+    .unwrap();
+    let voters: Vec<u64> = (1..=3).filter(|id| *id != lost_id).chain([4]).collect();
+    api.change_membership(pb::ChangeMembershipRequest {
+        voters: voters.clone(),
+    })
+    .await
+    .unwrap();
+    client
+        .apply(assign_tenant(TenantId(21), "eu-west/c1", 0))
+        .await
+        .unwrap();
+    let store = newcomer.store.clone();
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let ok = store.table().routes.len() == 21;
+            async move { ok }
+        })
+        .await,
+        "the new member holds every route"
+    );
+    let status = api
+        .status(pb::RouterStatusRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let got: BTreeSet<u64> = status.voters.iter().map(|n| n.node_id).collect();
+    assert_eq!(got, voters.into_iter().collect());
+}
