@@ -12,6 +12,7 @@ use anyhow::Context;
 use cellmesh_edge::auth::{Claims, TokenKey, now_secs};
 use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_route_client::client::RouteClient;
+use cellmesh_route_client::table::Key;
 use serde_json::Value;
 use tonic::metadata::{Ascii, MetadataValue};
 
@@ -23,6 +24,12 @@ pub const PARTITION_FILE: &str = "partition.json";
 /// The file drills write to take the mock Kafka cluster's brokers down
 /// (`{"down": [broker ids]}`).
 pub const KAFKA_FILE: &str = "kafka.json";
+
+/// The file under a dev data dir that keeps child `name` down: the
+/// supervisor does not restart it while the file exists.
+pub fn held_file(data_dir: &Path, name: &str) -> PathBuf {
+    data_dir.join("held").join(name.replace('/', "-"))
+}
 
 /// How long the tokens a tool mints stay valid.
 const TOKEN_TTL_SECS: u64 = 3600;
@@ -167,26 +174,40 @@ impl DevTarget {
 
     /// Places `tenant` on the demo tenant's cell unless the route table
     /// places it already (a neighbour tenant for drills, a second tenant
-    /// for benches), and waits until the edges know it.
+    /// for benches).
     pub async fn place_beside_demo(&self, tenant: u64) -> anyhow::Result<()> {
-        use cellmesh_route_client::table::Key;
         let routes = self.routes().await?;
-        if routes.read(|t| t.entry(&Key::tenant(TenantId(tenant))).is_none()) {
-            let cell = routes
-                .read(|t| {
-                    t.entry(&Key::tenant(TenantId(self.tenant)))
-                        .map(|e| e.cell.clone())
-                })
-                .ok_or_else(|| anyhow::anyhow!("the demo tenant is not placed"))?;
-            let command =
-                cellmesh_route_client::commands::assign_tenant(TenantId(tenant), &cell, 0);
-            routes.apply(command).await.map_err(|e| {
-                anyhow::anyhow!(
-                    "placing tenant {tenant}: {}",
-                    cellmesh_proto::status::describe(&e)
-                )
-            })?;
+        if routes.read(|t| t.entry(&Key::tenant(TenantId(tenant))).is_some()) {
+            return Ok(());
         }
+        let cell = routes
+            .read(|t| {
+                t.entry(&Key::tenant(TenantId(self.tenant)))
+                    .map(|e| e.cell.clone())
+            })
+            .ok_or_else(|| anyhow::anyhow!("the demo tenant is not placed"))?;
+        self.place_on(tenant, &cell).await
+    }
+
+    /// Places `tenant` on `cell` unless the route table places it already;
+    /// refuses when it places it on another cell.
+    pub async fn place_on(&self, tenant: u64, cell: &str) -> anyhow::Result<()> {
+        let routes = self.routes().await?;
+        match routes.read(|t| {
+            t.entry(&Key::tenant(TenantId(tenant)))
+                .map(|e| e.cell.clone())
+        }) {
+            Some(placed) if placed == cell => return Ok(()),
+            Some(placed) => anyhow::bail!("tenant {tenant} is placed on {placed}, not {cell}"),
+            None => {}
+        }
+        let command = cellmesh_route_client::commands::assign_tenant(TenantId(tenant), cell, 0);
+        routes.apply(command).await.map_err(|e| {
+            anyhow::anyhow!(
+                "placing tenant {tenant}: {}",
+                cellmesh_proto::status::describe(&e)
+            )
+        })?;
         Ok(())
     }
 

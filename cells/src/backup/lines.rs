@@ -173,9 +173,7 @@ impl MessageLine {
     pub fn record(&self) -> Option<MessageRecord> {
         let body = match (&self.body, &self.body_base64) {
             (Some(text), _) => text.clone().into_bytes(),
-            (None, Some(b64)) => base64::engine::general_purpose::STANDARD
-                .decode(b64)
-                .ok()?,
+            (None, Some(b64)) => base64::engine::general_purpose::STANDARD.decode(b64).ok()?,
             (None, None) => Vec::new(),
         };
         Some(MessageRecord {

@@ -378,15 +378,7 @@ impl Injector {
 
     /// The region of the route table's leader.
     pub(super) async fn router_leader(&self) -> anyhow::Result<String> {
-        let secret = self.dev.secret();
-        for endpoint in &self.dev.routers {
-            if let Ok(s) = cellmesh_control_plane::status::router_status(endpoint, &secret).await
-                && s.role == "Leader"
-            {
-                return Ok(s.region);
-            }
-        }
-        anyhow::bail!("no router reports itself leader")
+        Ok(self.dev.router_leader().await?.1.region)
     }
 
     pub(super) async fn control_plane_leader(&self) -> Option<String> {

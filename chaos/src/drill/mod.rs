@@ -14,6 +14,7 @@ mod faults;
 mod files;
 mod inject;
 mod move_failover;
+mod region_loss;
 mod report;
 mod rolling;
 mod tenant_moves;
@@ -105,6 +106,13 @@ enum Scenario {
     /// canary), that cell and one router rolled back and forward again,
     /// then the cluster version finalized (needs `--previous`).
     RollingUpgrade,
+    /// Back up the cells of a region (us-east or ap-south, from the seed),
+    /// then kill every process of it and delete their data; the cells fail
+    /// over to standbys in other regions; then rebuild the region (router
+    /// from its peers, cells from their backups) and fail back. Reports RTO
+    /// and RPO for a sync tenant (the drill's) and an async one (needs
+    /// `cellmesh dev --replication sync --other-mode-tenants 9002`).
+    RegionLoss,
 }
 
 #[derive(Args)]
@@ -201,7 +209,9 @@ fn next_fault(
             spec: "queue.publish=error",
             hold: period / 2,
         },
-        Scenario::RollingUpgrade => unreachable!("a rolling upgrade follows its plan"),
+        Scenario::RollingUpgrade | Scenario::RegionLoss => {
+            unreachable!("a rolling upgrade and a region loss follow their plans")
+        }
         Scenario::Mixed => match rng.random_range(0..5) {
             0 | 1 => FaultKind::CellKill,
             2 | 3 => FaultKind::CellHang,
@@ -258,10 +268,20 @@ async fn neighbour(dev: &Arc<DevTarget>, senders: u64) -> anyhow::Result<Workloa
         "the demo tenant is the neighbour's id"
     );
     dev.place_beside_demo(NEIGHBOUR_TENANT).await?;
-    // The edges learn the new tenant from the route table's watch.
+    placed_workload(dev, NEIGHBOUR_TENANT, senders, 1).await
+}
+
+/// A workload of a tenant just placed: the edges learn it from the route
+/// table's watch, so its creation is retried for a while.
+async fn placed_workload(
+    dev: &Arc<DevTarget>,
+    tenant: u64,
+    senders: u64,
+    conversations: u64,
+) -> anyhow::Result<Workload> {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        match Workload::create(dev.clone(), NEIGHBOUR_TENANT, senders, 1).await {
+        match Workload::create(dev.clone(), tenant, senders, conversations).await {
             Ok(workload) => return Ok(workload),
             Err(e) if Instant::now() >= deadline => return Err(e),
             Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
@@ -289,6 +309,12 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
     if let Scenario::RegionPartition = args.scenario {
         inside_region(&dev, &mut injector, &mut workload, region).await?;
     }
+    let probe = match args.scenario {
+        Scenario::RegionLoss => {
+            Some(region_loss::prepare(&dev, &mut injector, region, args.senders.min(2)).await?)
+        }
+        _ => None,
+    };
 
     let follower = *workload.senders.get(1).unwrap_or(&workload.senders[0]);
     let warm = devices::wait_for_fan_out(
@@ -309,6 +335,9 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
     let ops = Arc::new(Mutex::new(Vec::new()));
     let mut workers = workload.start(epoch, stop, ops.clone());
     workers.extend(neighbour.start(epoch, stop, ops.clone()));
+    if let Some(probe) = &probe {
+        workers.extend(probe.workload.start(epoch, stop, probe.ops.clone()));
+    }
     // Devices follow a member until they have caught up after the read-back.
     let device_log = Arc::new(Mutex::new(devices::DeviceLog::default()));
     let devices_stop = Arc::new(AtomicBool::new(false));
@@ -334,7 +363,7 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
         resend_seed: seed ^ RESEND_SEED,
         previous: args.previous.clone(),
     };
-    let (faults, resends) = schedule.run(&mut injector, &workload, &ops).await?;
+    let (faults, resends, region_loss) = schedule.run(&mut injector, &workload, &ops).await?;
     for w in workers {
         w.await?;
     }
@@ -378,12 +407,20 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
     history.devices = log.devices;
 
     let unknown_by_reason = Workload::unknown_reasons(&[&workload, &neighbour]);
+    let region_loss = match (region_loss, probe) {
+        (Some(measured), Some(probe)) => {
+            let drill = (workload.tenant, &workload.conversations[..]);
+            Some(region_loss::measure(&measured, &history, drill, probe).await?)
+        }
+        _ => None,
+    };
     let facts = RunFacts {
         seed,
         end_ms,
         caught_up_ms,
         idle_resubscribes,
         unknown_by_reason,
+        region_loss,
     };
     judge(&args, &history, &faults, facts)
 }
@@ -412,7 +449,7 @@ impl Schedule {
         injector: &mut Injector,
         workload: &Workload,
         ops: &Mutex<Vec<crate::history::SendOp>>,
-    ) -> anyhow::Result<(Vec<faults::Fault>, Resends)> {
+    ) -> anyhow::Result<(Vec<faults::Fault>, Resends, Option<region_loss::Measured>)> {
         let (mut faults, mut resends) = (Vec::new(), Vec::new());
         let mut resend_rng = StdRng::seed_from_u64(self.resend_seed);
         let mut after = |injector: &Injector, fault: &faults::Fault| {
@@ -440,7 +477,15 @@ impl Schedule {
                 Instant::now() < self.stop,
                 "the upgrade outlasted the senders: raise --duration"
             );
-            return Ok((faults, resends));
+            return Ok((faults, resends, None));
+        }
+        if let Scenario::RegionLoss = self.scenario {
+            let (faults, measured) = region_loss::run(injector, self.region, after).await?;
+            anyhow::ensure!(
+                Instant::now() < self.stop,
+                "the region loss and rebuild outlasted the senders: raise --duration"
+            );
+            return Ok((faults, resends, Some(measured)));
         }
         while Instant::now() + self.period < self.stop {
             tokio::time::sleep(self.period).await;
@@ -452,7 +497,7 @@ impl Schedule {
             after(injector, &fault);
             faults.push(fault);
         }
-        Ok((faults, resends))
+        Ok((faults, resends, None))
     }
 }
 
@@ -489,6 +534,8 @@ struct RunFacts {
     caught_up_ms: Option<u64>,
     idle_resubscribes: usize,
     unknown_by_reason: std::collections::BTreeMap<String, u64>,
+    /// The region-loss drill's RTO and RPO.
+    region_loss: Option<serde_json::Value>,
 }
 
 /// Checks every invariant over the history, prints the report (and
@@ -505,6 +552,7 @@ fn judge(
         caught_up_ms,
         idle_resubscribes,
         unknown_by_reason,
+        region_loss,
     } = facts;
     let verdicts = check_all(history);
     let ok = verdicts.iter().all(|v| v.holds);
@@ -533,6 +581,7 @@ fn judge(
             "caught_up_at_ms": caught_up_ms, "ack_to_device_ms": summary.delivery_lag_ms,
             "idle_resubscribes": idle_resubscribes},
         "moves_checked": summary.moves,
+        "region_loss": region_loss,
         "verdicts": verdicts,
         "ok": ok,
     });

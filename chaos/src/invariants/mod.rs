@@ -8,7 +8,7 @@ mod device_complete;
 mod device_order;
 mod duplicates;
 mod files;
-mod lost_acked;
+pub mod lost_acked;
 mod migration;
 mod not_found;
 mod resends;

@@ -4,12 +4,16 @@
 //! then SIGKILL after a grace period — in reverse start order. A child runs
 //! another binary from its next start when `DATA_DIR/binaries/NAME` names
 //! one ([`binary_file`]): a rolling upgrade writes it and stops the child.
+//! A child whose [`held_file`] exists is not restarted while it does: a
+//! drill that loses a region holds its processes down, deletes their data,
+//! and releases them once it has rebuilt it.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use cellmesh_chaos::target::held_file;
 use cellmesh_chaos::upgrade::binary_file;
 
 pub struct Spec {
@@ -28,6 +32,8 @@ struct Running {
     child: Child,
     restarts: u32,
     started: Instant,
+    /// Reported as held down (once per hold).
+    held: bool,
 }
 
 pub struct Supervisor {
@@ -74,6 +80,7 @@ impl Supervisor {
             child,
             restarts: 0,
             started: Instant::now(),
+            held: false,
         });
         Ok(())
     }
@@ -99,6 +106,7 @@ impl Supervisor {
             child,
             restarts: 0,
             started: Instant::now(),
+            held: false,
         });
         Ok(())
     }
@@ -108,6 +116,17 @@ impl Supervisor {
         let mut report = Vec::new();
         for running in &mut self.children {
             if let Ok(Some(status)) = running.child.try_wait() {
+                if held_file(&self.data_dir, &running.spec.name).exists() {
+                    if !running.held {
+                        running.held = true;
+                        report.push(format!(
+                            "{} exited ({status}); held down",
+                            running.spec.name
+                        ));
+                    }
+                    continue;
+                }
+                running.held = false;
                 // Back off a child that keeps dying right after start.
                 if running.started.elapsed() < Duration::from_secs(2) && running.restarts > 3 {
                     continue;

@@ -117,10 +117,8 @@ async fn a_tenant_export_holds_every_message_hot_and_cold_and_nothing_of_other_t
     assert_eq!(lines[4]["state"], MessageState::Recalled as i32);
 }
 
-
 #[tokio::test]
-async fn an_export_restores_into_a_new_tenant_identical_and_one_conversation_beside_the_live_one()
-{
+async fn an_export_restores_into_a_new_tenant_identical_and_one_conversation_beside_the_live_one() {
     let cell = tiered_cell().await;
     let (conv, info) = exported(&cell).await;
     let mut c = cell.client().await;
