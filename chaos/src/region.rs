@@ -142,9 +142,13 @@ impl DevTarget {
             raft_address: format!("http://{}", me.raft_listen),
             api_address: format!("http://{}", me.api_listen),
         };
-        api.add_learner(call(pb::AddLearnerRequest { node: Some(node) }, &secret, wait))
-            .await
-            .map_err(|e| anyhow::anyhow!("adding node {new_id} as a learner: {}", e.message()))?;
+        api.add_learner(call(
+            pb::AddLearnerRequest { node: Some(node) },
+            &secret,
+            wait,
+        ))
+        .await
+        .map_err(|e| anyhow::anyhow!("adding node {new_id} as a learner: {}", e.message()))?;
         let voters: Vec<u64> = (status.voters.iter())
             .map(|n| n.node_id)
             .filter(|id| *id != me.node_id)

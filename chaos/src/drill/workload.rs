@@ -298,8 +298,17 @@ impl Workload {
     /// cell's part, not yet backfilled) is waited for, up to
     /// [`BACKFILL_WAIT`]; what is still missing after that counts as lost.
     pub async fn read_back(&self, history: &mut History) -> anyhow::Result<()> {
+        self.read_back_waiting(history, BACKFILL_WAIT).await
+    }
+
+    /// [`Self::read_back`], waiting up to `wait` for unavailable history.
+    pub async fn read_back_waiting(
+        &self,
+        history: &mut History,
+        wait: Duration,
+    ) -> anyhow::Result<()> {
         history.files_sent.extend(self.files.sent());
-        let deadline = tokio::time::Instant::now() + BACKFILL_WAIT;
+        let deadline = tokio::time::Instant::now() + wait;
         for &conversation in &self.conversations {
             history.tenants.insert(conversation, self.tenant);
             let read = loop {

@@ -191,8 +191,35 @@ async fn fail_over_and_back(send_after: bool) {
     let page = pull_via_edge(&mut m, &alice, fresh).await;
     assert!(page.seq_floor > 0, "created under a failover floor");
     assert_eq!(page.unavailable_through, 0);
+    fail_back_whole(&d, &mut m, &alice, conv, 20 + usize::from(send_after)).await;
     drop(returned);
     cp.stop();
+}
+
+/// The returned cell takes its tenant back: it holds the conversation's
+/// whole history again (`len` messages) and says so — the backfill the
+/// new owner had taken moves back with it.
+async fn fail_back_whole(
+    d: &Deployment,
+    m: &mut cellmesh_proto::v1::messaging_client::MessagingClient<tonic::transport::Channel>,
+    alice: &str,
+    conv: u64,
+    len: usize,
+) {
+    use cellmesh_control_plane::migration::{MigrationOptions, Migrator};
+    let migrator = Migrator::new(
+        d.cluster.client().await,
+        ClusterSecret::new(SECRET),
+        MigrationOptions::default(),
+    );
+    let back = migrator.failback("eu-west/c1", 4, |_| {}).await.unwrap();
+    assert!(back.failures.is_empty(), "{:?}", back.failures);
+    let page = pull_via_edge(m, alice, conv).await;
+    assert_eq!(
+        page.unavailable_through, 0,
+        "the returned owner holds it all"
+    );
+    assert_eq!(stored(&page.messages).len(), len);
 }
 
 /// A routed cell's background tasks must not keep its storage open after

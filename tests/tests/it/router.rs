@@ -654,7 +654,10 @@ async fn a_new_member_on_a_lost_members_address_is_not_taken_for_it() {
             .unwrap();
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(newcomer.store.table().routes.is_empty(), "not fed as the lost member");
+    assert!(
+        newcomer.store.table().routes.is_empty(),
+        "not fed as the lost member"
+    );
 
     let mut api = cluster.api(leader).await;
     api.add_learner(pb::AddLearnerRequest {

@@ -176,6 +176,11 @@ impl MessageService {
                 ..Default::default()
             });
         }
+        if chunk.complete {
+            // Whole at the source: nothing here waits for a backfill.
+            let key = crate::storage::keys::meta::backfilled(conversation);
+            m.put_meta_u64(&key, latest.max(1));
+        }
         let mut jumps = stored.jumps;
         crate::convert::merge_jumps(&mut jumps, &chunk.seq_jumps);
         m.put_conv_seq(

@@ -177,6 +177,9 @@ impl MessageService {
                 .filter(|s| s.seq_end > after_seq)
                 .collect(),
             uploads: self.carried_uploads(tenant, conversation)?,
+            complete: self
+                .unavailable_through(conversation, self.ownership.floor(tenant, conversation))?
+                == 0,
         })
     }
 
