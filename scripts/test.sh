@@ -74,6 +74,8 @@ if [ -z "${CELLMESH_SKIP_DRILL:-}" ]; then
   run_drills --kafka mock -- "broker-outage 8s"
   echo "== chaos drills with mutual TLS on every internal link and synchronous replication (cellmesh dev --tls --replication sync)"
   run_drills --tls --replication sync -- "mixed 10s" "move-then-fail-over 12s"
+  echo "== the loss of a region: backups, failover to other regions, rebuild from backups, failback (a sync and an async tenant)"
+  run_drills --replication sync --other-mode-tenants 9002 -- "region-loss 40s"
   echo "== rolling upgrade under load: a deployment of the previous release moved to this one process by process"
   # --tls: a plaintext config of this release says insecure_plaintext, which 0.2.0 refuses.
   run_drills --tls --process-binary "$CELLMESH_PREVIOUS_BIN" -- "rolling-upgrade 60s --previous $CELLMESH_PREVIOUS_BIN"

@@ -306,15 +306,7 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
 
     let mut injector = Injector::new(dev.clone(), workload.conversations.clone(), seed);
     let region = partitioned_region(&mut StdRng::seed_from_u64(seed));
-    if let Scenario::RegionPartition = args.scenario {
-        inside_region(&dev, &mut injector, &mut workload, region).await?;
-    }
-    let probe = match args.scenario {
-        Scenario::RegionLoss => {
-            Some(region_loss::prepare(&dev, &mut injector, region, args.senders.min(2)).await?)
-        }
-        _ => None,
-    };
+    let probe = place_for(&args, &mut injector, &mut workload, region).await?;
 
     let follower = *workload.senders.get(1).unwrap_or(&workload.senders[0]);
     let warm = devices::wait_for_fan_out(
@@ -376,16 +368,7 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
     collect_resends(resends, &mut history).await?;
     // Read every conversation back once the deployment has settled.
     tokio::time::sleep(SETTLE).await;
-    workload.read_back(&mut history).await?;
-    neighbour.read_back(&mut history).await?;
-    let intact = (history.files_read.iter())
-        .filter(|f| f.error.is_empty())
-        .count();
-    println!(
-        "  {} sends named a file; {intact} of {} files on stored messages downloaded",
-        history.files_sent.len(),
-        history.files_read.len()
-    );
+    read_back(&[&workload, &neighbour], &mut history).await?;
     let caught_up_ms = devices::wait_caught_up(&history, &device_log).await;
     devices_stop.store(true, Ordering::Relaxed);
     if let Some(at) = caught_up_ms {
@@ -408,10 +391,7 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
 
     let unknown_by_reason = Workload::unknown_reasons(&[&workload, &neighbour]);
     let region_loss = match (region_loss, probe) {
-        (Some(measured), Some(probe)) => {
-            let drill = (workload.tenant, &workload.conversations[..]);
-            Some(region_loss::measure(&measured, &history, drill, probe).await?)
-        }
+        (Some(measured), Some(probe)) => Some(measured.report(&history, &workload, probe).await?),
         _ => None,
     };
     let facts = RunFacts {
@@ -423,6 +403,23 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
         region_loss,
     };
     judge(&args, &history, &faults, facts)
+}
+
+/// Every conversation of `loads` read back into `history`, and what
+/// became of the files sends named.
+async fn read_back(loads: &[&Workload], history: &mut History) -> anyhow::Result<()> {
+    for load in loads {
+        load.read_back(history).await?;
+    }
+    let intact = (history.files_read.iter())
+        .filter(|f| f.error.is_empty())
+        .count();
+    println!(
+        "  {} sends named a file; {intact} of {} files on stored messages downloaded",
+        history.files_sent.len(),
+        history.files_read.len()
+    );
+    Ok(())
 }
 
 /// When faults come and what follows each.
@@ -617,6 +614,31 @@ async fn collect_resends(resends: Resends, history: &mut History) -> anyhow::Res
         history.resends.len()
     );
     Ok(())
+}
+
+/// Where the scenario wants the drill's conversations before the load:
+/// inside the region a partition cuts off, or on the cells a region loss
+/// takes (with the asynchronous tenant's load, returned).
+async fn place_for(
+    args: &RunArgs,
+    injector: &mut Injector,
+    workload: &mut Workload,
+    region: &'static str,
+) -> anyhow::Result<Option<region_loss::Probe>> {
+    let dev = injector.dev.clone();
+    match args.scenario {
+        Scenario::RegionPartition => {
+            inside_region(&dev, injector, workload, region).await?;
+            Ok(None)
+        }
+        Scenario::RegionLoss => {
+            let senders = args.senders.min(2);
+            Ok(Some(
+                region_loss::prepare(&dev, injector, region, senders).await?,
+            ))
+        }
+        _ => Ok(None),
+    }
 }
 
 /// The conversations live in the region to be cut off, and senders

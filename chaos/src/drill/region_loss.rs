@@ -53,7 +53,8 @@ pub(super) struct Probe {
 /// What the steps measured, for the report.
 #[derive(Default)]
 pub(super) struct Measured {
-    /// When the backups were stored and when the region was lost.
+    /// When the backups were stored and when the region's last process
+    /// was gone.
     backed_up_ms: u64,
     lost_ms: u64,
     failed_over_after_ms: Option<u64>,
@@ -145,14 +146,23 @@ impl Injector {
 
     /// Kills every process of the region and deletes their data; waits
     /// until the route table gives the cells' routes to others.
-    async fn lose_region(&mut self, names: &[String], cells: &[String]) -> anyhow::Result<Fault> {
+    /// The fault, and when the last process was gone.
+    async fn lose_region(
+        &mut self,
+        names: &[String],
+        cells: &[String],
+    ) -> anyhow::Result<(Fault, u64)> {
         let mut fault = self.fault();
         fault.kind = "lose the region (SIGKILL, data deleted)".into();
         fault.target = names.join(" ");
         for cell in cells {
             fault.affected.extend(self.owned_by(cell).await?);
         }
+        fault.at_ms = now_ms(self.epoch);
         let deleted = self.dev.lose(names).await?;
+        // Every process of the region is gone from here: what is
+        // acknowledged after, the other regions acknowledged.
+        let gone_ms = now_ms(self.epoch);
         let routes = self.dev.routes().await?;
         let deadline = Instant::now() + STEP_WAIT;
         loop {
@@ -179,7 +189,7 @@ impl Injector {
                     deleted.len(),
                     owners.into_iter().collect::<Vec<_>>().join(", ")
                 );
-                return Ok(fault);
+                return Ok((fault, gone_ms));
             }
             anyhow::ensure!(
                 Instant::now() < deadline,
@@ -307,14 +317,16 @@ pub(super) async fn run(
     measured.backed_up_ms = fault.recovered_ms.unwrap_or(fault.at_ms);
     step(injector, fault, &mut faults);
     tokio::time::sleep(BETWEEN).await;
-    let fault = injector.lose_region(&names, &cells).await?;
-    measured.lost_ms = fault.at_ms;
-    measured.failed_over_after_ms = fault.recovered_ms.map(|r| r - fault.at_ms);
+    let (fault, gone_ms) = injector.lose_region(&names, &cells).await?;
+    measured.lost_ms = gone_ms;
+    measured.failed_over_after_ms = fault.recovered_ms.map(|r| r.saturating_sub(gone_ms));
     step(injector, fault, &mut faults);
     tokio::time::sleep(BETWEEN).await;
     let (fault, restores) = injector.rebuild(&names, &cells).await?;
     measured.restore_ms = restores;
-    measured.rebuilt_after_ms = fault.recovered_ms.map(|r| r - measured.lost_ms);
+    measured.rebuilt_after_ms = fault
+        .recovered_ms
+        .map(|r| r.saturating_sub(measured.lost_ms));
     step(injector, fault, &mut faults);
     let fault = injector.fail_back(&cells).await?;
     step(injector, fault, &mut faults);
@@ -339,7 +351,26 @@ fn first_acks(sends: &[SendOp], conversations: &[u64], at_ms: u64) -> BTreeMap<u
 
 /// RTO and RPO of both tenants: the drill tenant's from the judged history,
 /// the asynchronous tenant's from its own read back now.
-pub(super) async fn measure(
+impl Measured {
+    /// The report of the drill `workload` (judged in `history`) and the
+    /// asynchronous tenant's `probe`.
+    pub(super) async fn report(
+        &self,
+        history: &History,
+        workload: &Workload,
+        probe: Probe,
+    ) -> anyhow::Result<Value> {
+        measure(
+            self,
+            history,
+            (workload.tenant, &workload.conversations),
+            probe,
+        )
+        .await
+    }
+}
+
+async fn measure(
     measured: &Measured,
     history: &History,
     (drill_tenant, drill_conversations): (u64, &[u64]),

@@ -464,14 +464,42 @@ pub async fn export_tenant(
     Ok(())
 }
 
+/// `ctl tenant restore`.
+#[derive(clap::Args, Debug)]
+pub struct RestoreExportArgs {
+    #[arg(long)]
+    tenant: u64,
+    /// The export's id (`ctl tenant export` prints it).
+    #[arg(long)]
+    export: String,
+    #[arg(long)]
+    into: Option<u64>,
+    #[arg(long)]
+    conversation: Option<u64>,
+    #[arg(long)]
+    json: bool,
+}
+
 /// `ctl tenant restore`: the cell that owns the tenant restored into
 /// restores the export from its backup store.
 pub async fn restore_export(
     routes: &RouteClient,
     secret: &ClusterSecret,
-    body: pb::RestoreExportRequest,
-    json: bool,
+    args: RestoreExportArgs,
 ) -> anyhow::Result<()> {
+    let RestoreExportArgs {
+        tenant,
+        export,
+        into,
+        conversation,
+        json,
+    } = args;
+    let body = pb::RestoreExportRequest {
+        tenant_id: tenant,
+        export_id: export,
+        into_tenant_id: into.unwrap_or(tenant),
+        conversation_id: conversation.unwrap_or(0),
+    };
     let into = TenantId(body.into_tenant_id);
     let route = routes
         .resolve(&Key::tenant(into))

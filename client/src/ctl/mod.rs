@@ -312,19 +312,7 @@ enum TenantCommand {
     /// Restore an export beside the live data: each conversation (or the
     /// one named) becomes a new conversation of `--into` (default: the
     /// exported tenant), on the cell that owns that tenant.
-    Restore {
-        #[arg(long)]
-        tenant: u64,
-        /// The export's id (`ctl tenant export` prints it).
-        #[arg(long)]
-        export: String,
-        #[arg(long)]
-        into: Option<u64>,
-        #[arg(long)]
-        conversation: Option<u64>,
-        #[arg(long)]
-        json: bool,
-    },
+    Restore(backup::RestoreExportArgs),
 }
 
 /// The operation a move, drain or failback command asks the control plane
@@ -454,23 +442,8 @@ pub async fn run(mut args: CtlArgs) -> anyhow::Result<()> {
             command: TenantCommand::Export { tenant, json },
         } => backup::export_tenant(&routes, &secret, tenant, json).await?,
         CtlCommand::Tenant {
-            command:
-                TenantCommand::Restore {
-                    tenant,
-                    export,
-                    into,
-                    conversation,
-                    json,
-                },
-        } => {
-            let body = cellmesh_proto::v1::RestoreExportRequest {
-                tenant_id: tenant,
-                export_id: export,
-                into_tenant_id: into.unwrap_or(tenant),
-                conversation_id: conversation.unwrap_or(0),
-            };
-            backup::restore_export(&routes, &secret, body, json).await?
-        }
+            command: TenantCommand::Restore(args),
+        } => backup::restore_export(&routes, &secret, args).await?,
         CtlCommand::Migrate {
             command:
                 MigrateCommand::Conversation {
