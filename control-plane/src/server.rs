@@ -731,6 +731,13 @@ async fn fail_over(
         }
     };
     tracing::warn!(cell = %cell, fallback = %plan.fallback, entries = plan.moved_entries, "failing over");
+    if !plan.stranded.is_empty() {
+        tracing::error!(
+            cell = %cell,
+            stranded = ?plan.stranded,
+            "no healthy holder of the cell's marks lies in these tenants' regions: their routes stay on it"
+        );
+    }
     let span = tracing::info_span!(
         "failover",
         cell = %cell,

@@ -117,6 +117,9 @@ reasons! {
     RaftFatal => "RAFT_FATAL",
     RaftUnavailable => "RAFT_UNAVAILABLE",
     RecipientNotAMember => "RECIPIENT_NOT_A_MEMBER",
+    // A tenant bound to regions: a placement, move or failover of one of
+    // its routes to a cell outside them.
+    ResidencyViolation => "RESIDENCY_VIOLATION",
     RetryLater => "RETRY_LATER",
     RoleNotAllowed => "ROLE_NOT_ALLOWED",
     RouteBehind => "ROUTE_BEHIND",

@@ -29,6 +29,10 @@ pub const OUTBOX_QUEUE: Version = Version::new(0, 2, 0);
 /// releases before cannot read a record of that kind.
 pub const BACKUP_OPERATIONS: Version = Version::new(0, 3, 0);
 
+/// Tenants bound to regions (`SetTenantRegions`, `RouteEntry.regions`):
+/// the releases before cannot decode that route command.
+pub const RESIDENCY: Version = Version::new(0, 3, 0);
+
 /// `MAJOR.MINOR.PATCH`, ordered numerically.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Version {

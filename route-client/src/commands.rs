@@ -47,6 +47,21 @@ pub fn set_cell_status(cell_id: &str, status: pb::CellStatus) -> pb::RouteComman
     }
 }
 
+/// Binds `tenant` to `regions` (empty: unbinds it).
+pub fn set_tenant_regions(
+    tenant: TenantId,
+    regions: &[String],
+    expect_epoch: u64,
+) -> pb::RouteCommand {
+    pb::RouteCommand {
+        command: Some(Command::SetTenantRegions(pb::SetTenantRegions {
+            tenant_id: tenant.get(),
+            regions: regions.to_vec(),
+            expect_epoch,
+        })),
+    }
+}
+
 pub fn assign_tenant(tenant: TenantId, cell_id: &str, expect_epoch: u64) -> pb::RouteCommand {
     pb::RouteCommand {
         command: Some(Command::AssignTenant(pb::AssignTenant {

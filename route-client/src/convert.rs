@@ -131,6 +131,7 @@ pub fn entry_to_pb(e: &Entry) -> pb::RouteEntry {
         seq_floor: e.seq_floor,
         floor_margin: e.floor_margin,
         failed_from: e.failed_from.clone().unwrap_or_default(),
+        regions: e.regions.clone(),
     }
 }
 
@@ -152,6 +153,7 @@ pub fn entry_from_pb(e: pb::RouteEntry) -> Result<Entry, Status> {
         seq_floor: e.seq_floor,
         floor_margin: e.floor_margin,
         failed_from: (!e.failed_from.is_empty()).then_some(e.failed_from),
+        regions: e.regions,
     })
 }
 
@@ -258,6 +260,11 @@ pub fn command_from_pb(c: pb::RouteCommand) -> Result<Command, Status> {
             holders: h.holders,
             expect_epoch: h.expect_epoch,
         },
+        route_command::Command::SetTenantRegions(r) => Command::SetTenantRegions {
+            tenant: r.tenant_id,
+            regions: r.regions,
+            expect_epoch: r.expect_epoch,
+        },
     })
 }
 
@@ -315,5 +322,10 @@ pub fn command_to_pb(c: &Command) -> pb::RouteCommand {
             holders,
             expect_epoch,
         } => crate::commands::set_mark_holders(cell, holders.clone(), *expect_epoch),
+        Command::SetTenantRegions {
+            tenant,
+            regions,
+            expect_epoch,
+        } => crate::commands::set_tenant_regions(TenantId(*tenant), regions, *expect_epoch),
     }
 }

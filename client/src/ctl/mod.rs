@@ -295,11 +295,23 @@ enum RoutesCommand {
 
 #[derive(Subcommand)]
 enum TenantCommand {
-    /// Place a new tenant on a cell.
+    /// Place a new tenant on a cell (and bind it to regions).
     Place {
         tenant: u64,
         #[arg(long)]
         cell: String,
+        /// The regions its data may live in (comma-separated; none: any).
+        #[arg(long, value_delimiter = ',')]
+        regions: Vec<String>,
+    },
+    /// Show the regions a tenant's data may live in; `--regions a,b` binds
+    /// it to those (refused while it lives elsewhere), `--any` unbinds it.
+    Residency {
+        tenant: u64,
+        #[arg(long, value_delimiter = ',', conflicts_with = "any")]
+        regions: Vec<String>,
+        #[arg(long)]
+        any: bool,
     },
     /// Export a tenant's conversations, members and messages (hot and cold)
     /// as JSON lines into each owning cell's backup store.
@@ -436,8 +448,24 @@ pub async fn run(mut args: CtlArgs) -> anyhow::Result<()> {
                 },
         } => table::route(&routes, &key, linearizable, json).await?,
         CtlCommand::Tenant {
-            command: TenantCommand::Place { tenant, cell },
-        } => table::place_tenant(&routes, TenantId(tenant), &cell).await?,
+            command:
+                TenantCommand::Place {
+                    tenant,
+                    cell,
+                    regions,
+                },
+        } => table::place_tenant(&routes, TenantId(tenant), &cell, &regions).await?,
+        CtlCommand::Tenant {
+            command:
+                TenantCommand::Residency {
+                    tenant,
+                    regions,
+                    any,
+                },
+        } => {
+            let bind = (any || !regions.is_empty()).then_some(regions.as_slice());
+            table::residency(&routes, TenantId(tenant), bind).await?
+        }
         CtlCommand::Tenant {
             command: TenantCommand::Export { tenant, json },
         } => backup::export_tenant(&routes, &secret, tenant, json).await?,

@@ -98,12 +98,51 @@ pub(super) async fn place_tenant(
     routes: &RouteClient,
     tenant: TenantId,
     cell: &str,
+    regions: &[String],
 ) -> anyhow::Result<()> {
     let r = routes
         .apply(assign_tenant(tenant, cell, 0))
         .await
         .map_err(|e| anyhow::anyhow!(describe(&e)))?;
     println!("tenant {tenant} placed on {cell} at epoch {}", r.index);
+    if !regions.is_empty() {
+        residency(routes, tenant, Some(regions)).await?;
+    }
+    Ok(())
+}
+
+/// `ctl tenant residency`: the regions `tenant` is bound to, after binding
+/// it to `regions` when given (empty: unbinding it).
+pub(super) async fn residency(
+    routes: &RouteClient,
+    tenant: TenantId,
+    regions: Option<&[String]>,
+) -> anyhow::Result<()> {
+    let key = cellmesh_route_client::table::Key::tenant(tenant);
+    let fail = |e: tonic::Status| anyhow::anyhow!(describe(&e));
+    // The epoch a write expects must be the latest: read through the leader.
+    routes.catch_up().await.map_err(fail)?;
+    if let Some(regions) = regions {
+        let epoch = routes
+            .resolve(&key)
+            .with_context(|| format!("tenant {tenant} is not placed"))?
+            .entry
+            .epoch;
+        let command = cellmesh_route_client::commands::set_tenant_regions(tenant, regions, epoch);
+        let r = routes.apply(command).await.map_err(fail)?;
+        routes.refresh(r.index).await.map_err(fail)?;
+    }
+    let route = routes
+        .resolve(&key)
+        .with_context(|| format!("tenant {tenant} is not placed"))?;
+    match route.entry.regions.as_slice() {
+        [] => println!("tenant {tenant}: any region (on {})", route.entry.cell),
+        regions => println!(
+            "tenant {tenant}: only in {} (on {})",
+            regions.join(", "),
+            route.entry.cell
+        ),
+    }
     Ok(())
 }
 
@@ -127,6 +166,9 @@ pub(super) async fn fail(
         "{cell} is Down; {} routes moved to {} (floors: checkpoint + {margin})",
         plan.moved_entries, plan.fallback
     );
+    for key in &plan.stranded {
+        println!("{key}: stays on {cell}: no healthy holder of its marks lies in its regions");
+    }
     Ok(())
 }
 

@@ -7,7 +7,7 @@
 
 use cellmesh_proto::v1::{self as pb, update_route::Transition};
 use cellmesh_route_client::commands::{failover, set_cell_status, set_mark_holders, update_route};
-use cellmesh_route_client::table::{RouteState, RouteTable};
+use cellmesh_route_client::table::{CellStatus, RouteState, RouteTable};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct FailoverPlan {
@@ -16,6 +16,10 @@ pub struct FailoverPlan {
     /// Marks the cell Down, then moves every entry it owns.
     pub commands: Vec<pb::RouteCommand>,
     pub moved_entries: usize,
+    /// Routes of tenants bound to regions in which no healthy holder of
+    /// the failed cell's marks lies: left where they are (their writes
+    /// wait for the cell to return, or for an operator).
+    pub stranded: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -41,45 +45,89 @@ pub fn plan_failover(
         .ok_or_else(|| PlanError::NoFallback(failed.to_string()))?;
     let fallback = target.id.clone();
     let mut commands = vec![set_cell_status(failed, pb::CellStatus::Down)];
-    // The new owner's own holders lack the floors it takes over until it
-    // pushes them: only those that also hold the failed cell's marks stay.
-    let holders_of_failed = &table.cell(failed).expect("checked").mark_holders;
-    let kept: Vec<String> = target
-        .mark_holders
-        .iter()
-        .filter(|h| holders_of_failed.contains(h))
-        .cloned()
-        .collect();
-    if kept != target.mark_holders {
-        commands.push(set_mark_holders(&fallback, kept, target.epoch));
-    }
-    let mut moved = 0;
+    let mut routes = Vec::new();
+    let mut targets = std::collections::BTreeSet::new();
+    let mut stranded = Vec::new();
     for entry in table.routes.values() {
         if entry.cell == failed {
-            commands.push(failover(
+            // A tenant bound to regions goes to a holder inside them.
+            let Some(to) = target_for(table, failed, &fallback, entry.key.tenant) else {
+                stranded.push(entry.key.to_string());
+                continue;
+            };
+            routes.push(failover(
                 &entry.key,
                 entry.epoch,
-                &fallback,
+                &to,
                 entry.seq_floor,
                 margin,
             ));
-            moved += 1;
+            targets.insert(to);
         } else if matches!(&entry.state, RouteState::Migrating { to, .. } | RouteState::Frozen { to } if to == failed)
         {
             // A move towards the failed cell is rolled back.
-            commands.push(update_route(
+            routes.push(update_route(
                 &entry.key,
                 entry.epoch,
                 Transition::Cancel(true),
             ));
         }
     }
+    // A new owner's own holders lack the floors it takes over until it
+    // pushes them: only those that also hold the failed cell's marks stay.
+    let holders_of_failed = &table.cell(failed).expect("checked").mark_holders;
+    for id in &targets {
+        let target = table.cell(id).expect("a holder is a known cell");
+        let kept: Vec<String> = (target.mark_holders.iter())
+            .filter(|h| holders_of_failed.contains(h))
+            .cloned()
+            .collect();
+        if kept != target.mark_holders {
+            commands.push(set_mark_holders(id, kept, target.epoch));
+        }
+    }
+    let moved_entries = routes.iter().filter(|c| is_failover(c)).count();
+    commands.extend(routes);
     Ok(FailoverPlan {
         failed: failed.to_string(),
         fallback,
         commands,
-        moved_entries: moved,
+        moved_entries,
+        stranded,
     })
+}
+
+/// Where a route of `tenant` on `failed` goes: the fallback, or for a
+/// tenant bound to regions outside it, an Up holder of the failed cell's
+/// marks inside them (same region as the failed cell first); `None` when
+/// there is none.
+fn target_for(
+    table: &RouteTable,
+    failed: &str,
+    fallback: &str,
+    tenant: cellmesh_proto::ids::TenantId,
+) -> Option<String> {
+    if table.allows(tenant, fallback) {
+        return Some(fallback.to_string());
+    }
+    let cell = table.cell(failed)?;
+    let holders = || {
+        (cell.mark_holders.iter())
+            .filter_map(|id| table.cell(id))
+            .filter(|c| c.status == CellStatus::Up && table.allows(tenant, &c.id))
+    };
+    holders()
+        .find(|c| c.region == cell.region)
+        .or_else(|| holders().next())
+        .map(|c| c.id.clone())
+}
+
+fn is_failover(command: &pb::RouteCommand) -> bool {
+    matches!(
+        &command.command,
+        Some(pb::route_command::Command::UpdateRoute(u))
+            if matches!(u.transition, Some(Transition::Failover(_)))
+    )
 }
 
 #[cfg(test)]
@@ -220,5 +268,152 @@ mod tests {
             plan_failover(&t, "xx/c9", 1),
             Err(PlanError::UnknownCell("xx/c9".into()))
         );
+    }
+
+    /// Binds tenant 1 (on eu/c1) to `regions`.
+    fn bound(t: &mut RouteTable, regions: &[&str]) {
+        let epoch = t.entry(&Key::tenant(TenantId(1))).unwrap().epoch;
+        t.apply(
+            &Command::SetTenantRegions {
+                tenant: 1,
+                regions: regions.iter().map(|r| r.to_string()).collect(),
+                expect_epoch: epoch,
+            },
+            50,
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn a_tenant_bound_to_regions_fails_over_only_inside_them() {
+        // Bound to us: not the eu fallback, but the holder in us.
+        let mut t = table();
+        bound(&mut t, &["eu", "us"]);
+        let epoch = t.entry(&Key::tenant(TenantId(1))).unwrap().epoch;
+        t.apply(
+            &Command::AssignTenant {
+                tenant: 1,
+                cell: "eu/c1".into(),
+                expect_epoch: epoch,
+            },
+            51,
+        )
+        .unwrap();
+        let mut us_only = t.clone();
+        let epoch = us_only.entry(&Key::tenant(TenantId(1))).unwrap().epoch;
+        // Not while the tenant still lives in eu.
+        let refused = us_only
+            .apply(
+                &Command::SetTenantRegions {
+                    tenant: 1,
+                    regions: vec!["us".into()],
+                    expect_epoch: epoch,
+                },
+                52,
+            )
+            .unwrap_err();
+        assert_eq!(
+            refused.code().1,
+            cellmesh_proto::reason::Reason::ResidencyViolation
+        );
+        // Bound to eu only, and eu/c2 down: nowhere to go, and it says so.
+        bound(&mut us_only, &["eu"]);
+        us_only
+            .apply(
+                &Command::SetCellStatus {
+                    id: "eu/c2".into(),
+                    status: CellStatus::Down,
+                },
+                53,
+            )
+            .unwrap();
+        let plan = plan_failover(&us_only, "eu/c1", 100).unwrap();
+        assert_eq!(plan.fallback, "us/c1");
+        assert_eq!(plan.stranded, vec![Key::tenant(TenantId(1)).to_string()]);
+        let mut after = us_only.clone();
+        for (n, c) in plan.commands.iter().enumerate() {
+            let cmd = cellmesh_route_client::convert::command_from_pb(c.clone()).unwrap();
+            after.apply(&cmd, 100 + n as u64).unwrap();
+        }
+        assert_eq!(
+            after.entry(&Key::tenant(TenantId(1))).unwrap().cell,
+            "eu/c1"
+        );
+        // The unbound override of tenant 2 still moves to us/c1.
+        let r = after
+            .resolve(&Key::conversation(TenantId(2), ConversationId(9)))
+            .unwrap();
+        assert_eq!(r.entry.cell, "us/c1");
+        // A failover written by hand outside the regions is refused too.
+        let epoch = after.entry(&Key::tenant(TenantId(1))).unwrap().epoch;
+        let refused = after
+            .apply(
+                &Command::UpdateRoute {
+                    key: Key::tenant(TenantId(1)),
+                    expect_epoch: epoch,
+                    transition: T::Failover {
+                        to: "us/c1".into(),
+                        seq_floor: 0,
+                        floor_margin: 0,
+                    },
+                },
+                200,
+            )
+            .unwrap_err();
+        assert_eq!(
+            refused.code().1,
+            cellmesh_proto::reason::Reason::ResidencyViolation
+        );
+    }
+
+    #[test]
+    fn a_bound_tenant_goes_to_a_holder_inside_its_regions_when_the_fallback_is_outside() {
+        let mut t = table();
+        let apply = |t: &mut RouteTable, c: Command, i: u64| t.apply(&c, i).unwrap();
+        apply(
+            &mut t,
+            Command::RegisterCell {
+                id: "ap/c1".into(),
+                region: "ap".into(),
+                address: "http://ap/c1".into(),
+                version: "0.2.0".into(),
+            },
+            60,
+        );
+        let epoch = t.cell("eu/c1").unwrap().epoch;
+        let holders = ["eu/c2", "us/c1", "ap/c1"].map(String::from).to_vec();
+        apply(
+            &mut t,
+            Command::SetMarkHolders {
+                cell: "eu/c1".into(),
+                holders,
+                expect_epoch: epoch,
+            },
+            61,
+        );
+        let down = Command::SetCellStatus {
+            id: "eu/c2".into(),
+            status: CellStatus::Down,
+        };
+        apply(&mut t, down, 62);
+        bound(&mut t, &["eu", "us"]);
+        let plan = plan_failover(&t, "eu/c1", 100).unwrap();
+        // The first holder up is ap/c1: the unbound routes go there, the
+        // bound tenant to us/c1.
+        assert_eq!(plan.fallback, "ap/c1");
+        assert!(plan.stranded.is_empty());
+        let mut after = t.clone();
+        for (n, c) in plan.commands.iter().enumerate() {
+            let cmd = cellmesh_route_client::convert::command_from_pb(c.clone()).unwrap();
+            after.apply(&cmd, 100 + n as u64).unwrap();
+        }
+        assert_eq!(
+            after.entry(&Key::tenant(TenantId(1))).unwrap().cell,
+            "us/c1"
+        );
+        let r = after
+            .resolve(&Key::conversation(TenantId(2), ConversationId(9)))
+            .unwrap();
+        assert_eq!(r.entry.cell, "ap/c1");
     }
 }

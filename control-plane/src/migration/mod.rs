@@ -640,6 +640,7 @@ mod tests {
             seq_floor: 0,
             floor_margin: 0,
             failed_from: None,
+            regions: Vec::new(),
         }
     }
 

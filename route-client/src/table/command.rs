@@ -81,6 +81,13 @@ pub enum Command {
         expect_epoch: u64,
         transition: Transition,
     },
+    /// Binds `tenant` to `regions` (empty: unbinds it); refused while a
+    /// route of the tenant lives outside them.
+    SetTenantRegions {
+        tenant: u64,
+        regions: Vec<String>,
+        expect_epoch: u64,
+    },
     /// The cells that hold a complete copy of `cell`'s high-water marks.
     SetMarkHolders {
         cell: String,
@@ -112,6 +119,7 @@ impl Command {
             } => {
                 nonzero("tenant_id", *tenant)?;
                 usable_cell(table, cell)?;
+                super::residency::check(table, TenantId(*tenant), cell)?;
                 let key = Key::tenant(TenantId(*tenant));
                 let entry = match table.entry(&key) {
                     None if *expect_epoch == 0 => Entry {
@@ -122,6 +130,7 @@ impl Command {
                         seq_floor: 0,
                         floor_margin: 0,
                         failed_from: None,
+                        regions: Vec::new(),
                     },
                     None => return Err(RouteError::NoRoute(key.to_string())),
                     Some(current) => {
@@ -143,6 +152,11 @@ impl Command {
                 expect_epoch,
                 transition,
             } => update_route(table, *key, *expect_epoch, transition, index),
+            Command::SetTenantRegions {
+                tenant,
+                regions,
+                expect_epoch,
+            } => super::residency::bind(table, TenantId(*tenant), regions, *expect_epoch, index),
             Command::SetMarkHolders {
                 cell,
                 holders,
@@ -214,10 +228,16 @@ fn update_route(
         epoch: index,
         ..current.clone()
     };
+    if key.is_override() {
+        // An override starting as a copy of its tenant's: the tenant's
+        // entry alone says where the tenant may live.
+        next.regions.clear();
+    }
     let refuse = || illegal(current, transition.name());
     match (transition, &current.state) {
         (Transition::BeginMigration { to }, RouteState::Active) => {
             usable_cell(table, to)?;
+            super::residency::check(table, key.tenant, to)?;
             if *to == current.cell {
                 return Err(RouteError::invalid("to", "is the current owner"));
             }
@@ -259,6 +279,7 @@ fn update_route(
             if *to == current.cell {
                 return Err(RouteError::invalid("to", "is the current owner"));
             }
+            super::residency::check(table, key.tenant, to)?;
             next.cell = to.clone();
             next.state = RouteState::Active;
             next.seq_floor = current.seq_floor.max(*seq_floor);
@@ -311,6 +332,7 @@ fn place(
         _ => return Err(illegal(tenant, "place a new conversation")),
     }
     usable_cell(table, cell)?;
+    super::residency::check(table, key.tenant, cell)?;
     Ok(vec![Change::Route(Entry {
         key,
         cell: cell.to_string(),
@@ -319,6 +341,7 @@ fn place(
         seq_floor: 0,
         floor_margin: 0,
         failed_from: None,
+        regions: Vec::new(),
     })])
 }
 
@@ -364,14 +387,14 @@ fn usable_cell(table: &RouteTable, id: &str) -> Result<(), RouteError> {
     }
 }
 
-fn nonzero(field: &str, value: u64) -> Result<(), RouteError> {
+pub(super) fn nonzero(field: &str, value: u64) -> Result<(), RouteError> {
     if value == 0 {
         return Err(RouteError::invalid(field, "must not be 0"));
     }
     Ok(())
 }
 
-fn check_epoch(current: &Entry, expected: u64) -> Result<(), RouteError> {
+pub(super) fn check_epoch(current: &Entry, expected: u64) -> Result<(), RouteError> {
     if current.epoch != expected {
         return Err(RouteError::StaleEpoch {
             key: current.key.to_string(),

@@ -30,6 +30,9 @@ pub enum RouteError {
     /// process is not ready for.
     #[error("{0}")]
     VersionBehind(String),
+    /// A route of a tenant bound to regions, towards a cell outside them.
+    #[error("{0}")]
+    Residency(String),
 }
 
 impl RouteError {
@@ -51,6 +54,7 @@ impl RouteError {
                 (ErrorCode::InvalidArgument, Reason::IllegalTransition)
             }
             RouteError::VersionBehind(_) => (ErrorCode::InvalidArgument, Reason::VersionBehind),
+            RouteError::Residency(_) => (ErrorCode::PermissionDenied, Reason::ResidencyViolation),
         }
     }
 

@@ -8,6 +8,7 @@
 
 mod command;
 mod error;
+mod residency;
 
 use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
 use std::collections::BTreeMap;
@@ -145,6 +146,10 @@ pub struct Entry {
     /// failovers); a failback moves it there again. A migration clears it.
     #[serde(default)]
     pub failed_from: Option<String>,
+    /// A tenant's entry: the regions its data may live in (empty: any).
+    /// Overrides carry none; their tenant's entry says.
+    #[serde(default)]
+    pub regions: Vec<String>,
 }
 
 /// One effect of an applied command; the watch stream carries these.

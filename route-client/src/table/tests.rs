@@ -498,3 +498,76 @@ fn finalize_waits_for_every_live_cell_and_never_goes_back() {
     assert_eq!(rebuilt.cluster_version, "0.2.0");
     assert_eq!(rebuilt.cell("us/c1").unwrap().version, "0.3.0");
 }
+
+#[test]
+fn a_tenant_bound_to_regions_is_never_placed_or_moved_outside_them() {
+    use cellmesh_proto::reason::Reason;
+    let (mut t, i) = table_with_cells();
+    place(&mut t, 1, "eu/c1", i);
+    let epoch = |t: &RouteTable, key: &Key| t.effective(key).unwrap().epoch;
+    let tenant = Key::tenant(TenantId(1));
+    let bind = |regions: &[&str], expect_epoch| Command::SetTenantRegions {
+        tenant: 1,
+        regions: regions.iter().map(|r| r.to_string()).collect(),
+        expect_epoch,
+    };
+    // Refused while the tenant lives outside; then bound to eu.
+    let e = t
+        .apply(&bind(&["us"], epoch(&t, &tenant)), i + 1)
+        .unwrap_err();
+    assert_eq!(e.code().1, Reason::ResidencyViolation);
+    t.apply(&bind(&["eu", "eu"], epoch(&t, &tenant)), i + 2)
+        .unwrap();
+    assert_eq!(t.regions_of(TenantId(1)), ["eu".to_string()]);
+    let residency = |r: Result<Vec<Change>, RouteError>| {
+        assert_eq!(r.unwrap_err().code().1, Reason::ResidencyViolation);
+    };
+    // A move of the tenant, of one conversation or of a user home to us.
+    residency(t.apply(
+        &Command::AssignTenant {
+            tenant: 1,
+            cell: "us/c1".into(),
+            expect_epoch: epoch(&t, &tenant),
+        },
+        i + 3,
+    ));
+    for key in [
+        Key::conversation(TenantId(1), ConversationId(5)),
+        Key::user(TenantId(1), UserId(7)),
+    ] {
+        residency(t.apply(
+            &Command::UpdateRoute {
+                key,
+                expect_epoch: epoch(&t, &key),
+                transition: Transition::BeginMigration { to: "us/c1".into() },
+            },
+            i + 4,
+        ));
+    }
+    // Inside the regions it moves; the override carries no regions of its own.
+    let conv = Key::conversation(TenantId(1), ConversationId(5));
+    t.apply(
+        &Command::UpdateRoute {
+            key: conv,
+            expect_epoch: epoch(&t, &tenant),
+            transition: Transition::BeginMigration { to: "eu/c2".into() },
+        },
+        i + 5,
+    )
+    .unwrap();
+    assert!(t.entry(&conv).unwrap().regions.is_empty());
+    // A new conversation of a tenant moving to us is not placed there
+    // either: the tenant's own move was refused above, so unbind, start it,
+    // bind again is refused while it moves outside.
+    t.apply(&bind(&[], epoch(&t, &tenant)), i + 6).unwrap();
+    t.apply(
+        &Command::UpdateRoute {
+            key: tenant,
+            expect_epoch: epoch(&t, &tenant),
+            transition: Transition::BeginMigration { to: "us/c1".into() },
+        },
+        i + 7,
+    )
+    .unwrap();
+    residency(t.apply(&bind(&["eu"], epoch(&t, &tenant)), i + 8));
+}

@@ -102,6 +102,24 @@ impl RoutingService {
         status
     }
 
+    /// Refuses a command the cluster version does not allow yet: a replica
+    /// of an older release could not decode its log entry.
+    fn gate(&self, command: &crate::table::Command) -> Result<(), Status> {
+        use cellmesh_proto::version::{RESIDENCY, Version};
+        if !matches!(command, crate::table::Command::SetTenantRegions { .. }) {
+            return Ok(());
+        }
+        let version = self.store()?.table().cluster_version.clone();
+        if Version::reported(&version).is_some_and(|v| v >= RESIDENCY) {
+            return Ok(());
+        }
+        Err(crate::table::RouteError::VersionBehind(format!(
+            "binding a tenant to regions needs cluster version {RESIDENCY} (it is {version:?}): \
+             finalize the upgrade first"
+        ))
+        .to_status())
+    }
+
     fn store(&self) -> Result<Arc<RouteStore>, Status> {
         self.store.upgrade().ok_or_else(stopped)
     }
@@ -270,6 +288,7 @@ impl Routing for RoutingService {
         let fwd = forwarded(&request);
         let req = request.into_inner();
         let command = command_from_pb(req.clone())?;
+        self.gate(&command)?;
         match self.proposer.propose(command).await {
             Ok(written) => write_response(written),
             Err(e) => {

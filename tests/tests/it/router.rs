@@ -697,3 +697,59 @@ async fn a_new_member_on_a_lost_members_address_is_not_taken_for_it() {
     let got: BTreeSet<u64> = status.voters.iter().map(|n| n.node_id).collect();
     assert_eq!(got, voters.into_iter().collect());
 }
+
+/// A tenant bound to a region over the API: the binding is in its route,
+/// a placement elsewhere is refused with `RESIDENCY_VIOLATION` on every
+/// replica's answer, and unbinding lifts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_bound_to_a_region_is_refused_a_cell_outside_it() {
+    let cluster = RouterCluster::start(3, |_| {}).await;
+    let client = cluster.client().await;
+    seed(&client).await;
+    // A cluster this release forms writes its version after its first
+    // election: binding waits for it.
+    assert_eq!(
+        client.cluster_version(Duration::from_secs(10)).await,
+        cellmesh_proto::version::BINARY
+    );
+    let tenant = TenantId(7);
+    let placed = client
+        .apply(assign_tenant(tenant, "eu-west/c1", 0))
+        .await
+        .unwrap();
+    let bound = client
+        .apply(set_tenant_regions(
+            tenant,
+            &["eu-west".into()],
+            placed.index,
+        ))
+        .await
+        .unwrap();
+    assert!(
+        client
+            .wait_applied(bound.index, Duration::from_secs(5))
+            .await
+    );
+    let route = client.resolve(&Key::tenant(tenant)).unwrap();
+    assert_eq!(route.entry.regions, ["eu-west".to_string()]);
+    let refused = client
+        .apply(assign_tenant(tenant, "us-east/c1", bound.index))
+        .await
+        .unwrap_err();
+    let detail = error_detail(&refused);
+    assert_eq!(detail.reason, Reason::ResidencyViolation, "{refused:?}");
+    assert_eq!(detail.code, ErrorCode::PermissionDenied as i32);
+    // Within the region it moves; unbound, anywhere.
+    let moved = client
+        .apply(assign_tenant(tenant, "eu-west/c2", bound.index))
+        .await
+        .unwrap();
+    let unbound = client
+        .apply(set_tenant_regions(tenant, &[], moved.index))
+        .await
+        .unwrap();
+    client
+        .apply(assign_tenant(tenant, "us-east/c1", unbound.index))
+        .await
+        .unwrap();
+}
