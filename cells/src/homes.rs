@@ -56,6 +56,12 @@ pub trait Homes: Send + Sync + 'static {
         Vec::new()
     }
 
+    /// Whether the standby at `endpoint` may hold `tenant`'s data: a
+    /// tenant bound to regions gets no copy on a standby outside them.
+    fn may_hold(&self, _tenant: TenantId, _endpoint: &str) -> bool {
+        true
+    }
+
     /// Who holds `conversation` in the route table (`None`: no table, or no
     /// route yet).
     fn conversation_owner(

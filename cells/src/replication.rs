@@ -208,31 +208,50 @@ impl Shipper {
             tracing::info!(?standbys, "a standby is up again: sync writes replicate");
             self.degraded = false;
         }
-        let calls: Vec<_> = standbys
-            .iter()
+        // Each standby gets the writes of the tenants whose data may live
+        // there (a tenant bound to regions: the standbys inside them).
+        let held_somewhere = |w: &ReplicatedWrite| {
+            (standbys.iter()).any(|e| self.homes.may_hold(TenantId(w.tenant_id), e))
+        };
+        if self.require_standby && !writes.iter().all(held_somewhere) {
+            return Err(Shipped::NoStandby);
+        }
+        let shares: Vec<(String, Vec<ReplicatedWrite>)> = standbys
+            .into_iter()
             .map(|endpoint| {
-                let request = self.request(endpoint, &writes, false);
+                let share = (writes.iter())
+                    .filter(|w| self.homes.may_hold(TenantId(w.tenant_id), &endpoint))
+                    .cloned()
+                    .collect();
+                (endpoint, share)
+            })
+            .filter(|(_, share): &(String, Vec<ReplicatedWrite>)| !share.is_empty())
+            .collect();
+        let calls: Vec<_> = shares
+            .iter()
+            .map(|(endpoint, share)| {
+                let request = self.request(endpoint, share, false);
                 self.call(endpoint, request)
             })
             .collect();
         let mut outcomes = futures::future::join_all(calls).await;
         // A standby that lost (or never had) a conversation's meta gets the
         // writes once more, each conversation's with it.
-        for (endpoint, outcome) in &mut outcomes {
+        for ((endpoint, outcome), (_, share)) in outcomes.iter_mut().zip(&shares) {
             if matches!(outcome, Err(Shipped::LacksMeta { .. })) {
-                let request = self.request(endpoint, &writes, true);
+                let request = self.request(endpoint, share, true);
                 *outcome = self.call(endpoint, request).await.1;
             }
         }
         let mut first_error = None;
-        for (endpoint, outcome) in outcomes {
+        for ((endpoint, outcome), (_, share)) in outcomes.into_iter().zip(&shares) {
             match outcome {
                 Ok(()) => {
                     let described = self.described.entry(endpoint).or_default();
                     if described.len() > MAX_DESCRIBED {
                         described.clear();
                     }
-                    described.extend(writes.iter().map(|w| w.conversation_id));
+                    described.extend(share.iter().map(|w| w.conversation_id));
                 }
                 Err(why) => {
                     first_error.get_or_insert(why);

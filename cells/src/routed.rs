@@ -436,6 +436,15 @@ impl Homes for Routed {
                 .collect()
         })
     }
+
+    fn may_hold(&self, tenant: TenantId, endpoint: &str) -> bool {
+        self.client.read(|t| {
+            t.regions_of(tenant).is_empty()
+                || (t.cells.values())
+                    .find(|c| c.address == endpoint)
+                    .is_some_and(|c| t.allows(tenant, &c.id))
+        })
+    }
 }
 
 /// Whether a key (a user's home, a conversation) is frozen for a move: of

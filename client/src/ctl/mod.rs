@@ -327,6 +327,34 @@ enum TenantCommand {
     Restore(backup::RestoreExportArgs),
 }
 
+/// `ctl tenant ...`.
+async fn tenant(
+    routes: &RouteClient,
+    secret: &ClusterSecret,
+    command: TenantCommand,
+) -> anyhow::Result<()> {
+    match command {
+        TenantCommand::Place {
+            tenant,
+            cell,
+            regions,
+        } => table::place_tenant(routes, TenantId(tenant), &cell, &regions).await?,
+        TenantCommand::Residency {
+            tenant,
+            regions,
+            any,
+        } => {
+            let bind = (any || !regions.is_empty()).then_some(regions.as_slice());
+            table::residency(routes, TenantId(tenant), bind).await?
+        }
+        TenantCommand::Export { tenant, json } => {
+            backup::export_tenant(routes, secret, tenant, json).await?
+        }
+        TenantCommand::Restore(args) => backup::restore_export(routes, secret, args).await?,
+    }
+    Ok(())
+}
+
 /// The operation a move, drain or failback command asks the control plane
 /// for; `None` for the other commands.
 fn as_operation(command: &CtlCommand) -> anyhow::Result<Option<ops::StartCommand>> {
@@ -447,31 +475,7 @@ pub async fn run(mut args: CtlArgs) -> anyhow::Result<()> {
                     json,
                 },
         } => table::route(&routes, &key, linearizable, json).await?,
-        CtlCommand::Tenant {
-            command:
-                TenantCommand::Place {
-                    tenant,
-                    cell,
-                    regions,
-                },
-        } => table::place_tenant(&routes, TenantId(tenant), &cell, &regions).await?,
-        CtlCommand::Tenant {
-            command:
-                TenantCommand::Residency {
-                    tenant,
-                    regions,
-                    any,
-                },
-        } => {
-            let bind = (any || !regions.is_empty()).then_some(regions.as_slice());
-            table::residency(&routes, TenantId(tenant), bind).await?
-        }
-        CtlCommand::Tenant {
-            command: TenantCommand::Export { tenant, json },
-        } => backup::export_tenant(&routes, &secret, tenant, json).await?,
-        CtlCommand::Tenant {
-            command: TenantCommand::Restore(args),
-        } => backup::restore_export(&routes, &secret, args).await?,
+        CtlCommand::Tenant { command } => tenant(&routes, &secret, command).await?,
         CtlCommand::Migrate {
             command:
                 MigrateCommand::Conversation {

@@ -228,9 +228,8 @@ fn update_route(
         epoch: index,
         ..current.clone()
     };
+    // Regions live on the tenant's entry alone.
     if key.is_override() {
-        // An override starting as a copy of its tenant's: the tenant's
-        // entry alone says where the tenant may live.
         next.regions.clear();
     }
     let refuse = || illegal(current, transition.name());

@@ -21,10 +21,7 @@ impl RouteTable {
     /// region is unknown: only an unbound tenant may).
     pub fn allows(&self, tenant: TenantId, cell: &str) -> bool {
         let regions = self.regions_of(tenant);
-        regions.is_empty()
-            || self
-                .cell(cell)
-                .is_some_and(|c| regions.iter().any(|r| *r == c.region))
+        regions.is_empty() || self.cell(cell).is_some_and(|c| regions.contains(&c.region))
     }
 }
 
@@ -69,7 +66,7 @@ pub(super) fn bind(
         let inside = |cell: &str| {
             table
                 .cell(cell)
-                .is_some_and(|c| regions.iter().any(|r| *r == c.region))
+                .is_some_and(|c| regions.contains(&c.region))
         };
         for entry in table.routes.values().filter(|e| e.key.tenant == tenant) {
             let moving_to = match &entry.state {

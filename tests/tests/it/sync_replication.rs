@@ -326,3 +326,59 @@ async fn in_sync_mode_an_answer_whose_message_never_arrived_waits_for_the_backfi
     assert_eq!((again.seq, again.duplicate), (answers[3].seq, true));
     cp.stop();
 }
+
+/// A tenant bound to its cell's region gets no copy on the standby in the
+/// other region — its sync writes are acknowledged with no standby inside
+/// its regions — while an unbound tenant's writes reach that standby.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_bound_to_a_region_is_not_replicated_outside_it() {
+    use cellmesh_route_client::commands::{assign_tenant, set_tenant_regions};
+    let d = deploy_with(None, sync_mode).await;
+    let routes = d.cluster.client().await;
+    assert!(
+        !routes
+            .cluster_version(Duration::from_secs(10))
+            .await
+            .is_empty()
+    );
+    routes.catch_up().await.unwrap();
+    let epoch = routes
+        .resolve(&Key::tenant(TenantId(1)))
+        .unwrap()
+        .entry
+        .epoch;
+    let bound = routes
+        .apply(set_tenant_regions(TenantId(1), &["eu-west".into()], epoch))
+        .await
+        .unwrap();
+    let placed = routes
+        .apply(assign_tenant(TenantId(2), FAILED, 0))
+        .await
+        .unwrap();
+    assert!(
+        routes
+            .wait_applied(placed.index.max(bound.index), Duration::from_secs(5))
+            .await
+    );
+    // The cells and the edge follow the table's watch.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut m = messaging(&d.edge).await;
+    let standby = d.cells[1].cell.service.store();
+    for (tenant, replicated) in [(1, false), (2, true)] {
+        let caller = token(tenant, 10);
+        let conv = create_via_edge(&mut m, &caller, vec![11]).await;
+        let sent = m
+            .send(authed(text(conv, "where is it"), &caller))
+            .await
+            .unwrap()
+            .into_inner();
+        let held = standby.message(ConversationId(conv), sent.seq).unwrap();
+        assert_eq!(held.is_some(), replicated, "tenant {tenant}");
+        let meta = standby.conversation(ConversationId(conv)).unwrap();
+        assert_eq!(
+            meta.is_some(),
+            replicated,
+            "tenant {tenant}'s conversation record"
+        );
+    }
+}

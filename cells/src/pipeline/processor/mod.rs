@@ -264,9 +264,11 @@ impl Batch {
             .clone()
     }
 
-    /// Queues `event` for each of `standbys`.
-    fn queue_for_standbys(&mut self, standbys: &[String], event: PeerEvent) {
-        for endpoint in standbys {
+    /// Queues `event` for each of `standbys` its tenant's data may live on
+    /// (see [`Homes::may_hold`]).
+    fn queue_for_standbys(&mut self, homes: &dyn Homes, standbys: &[String], event: PeerEvent) {
+        let tenant = cellmesh_proto::ids::TenantId(event.tenant_id);
+        for endpoint in standbys.iter().filter(|e| homes.may_hold(tenant, e)) {
             let queued = self.standby_forward.entry(endpoint.clone()).or_default();
             queued.push(event.clone());
         }

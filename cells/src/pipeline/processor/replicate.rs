@@ -17,9 +17,8 @@ impl Processor {
         let (joined, replay) = self.recent.joined(&standbys);
         if !replay.is_empty() {
             tracing::info!(standbys = ?joined, answers = replay.len(), "new standbys get the answers shipped lately");
-            for endpoint in &joined {
-                let queued = batch.standby_forward.entry(endpoint.clone()).or_default();
-                queued.extend(replay.iter().cloned());
+            for answer in replay {
+                batch.queue_for_standbys(self.homes.as_ref(), &joined, answer);
             }
         }
         standbys
@@ -55,7 +54,7 @@ impl Processor {
             ..Default::default()
         };
         self.recent.shipped(&answer);
-        batch.queue_for_standbys(&standbys, answer);
+        batch.queue_for_standbys(self.homes.as_ref(), &standbys, answer);
     }
 
     /// Queues for this cell's standbys the answers a move copied here with
@@ -104,7 +103,7 @@ impl Processor {
                 ..Default::default()
             };
             self.recent.shipped(&copy);
-            batch.queue_for_standbys(&standbys, copy);
+            batch.queue_for_standbys(self.homes.as_ref(), &standbys, copy);
         }
         Ok(())
     }
@@ -141,7 +140,7 @@ impl Processor {
             role: PeerEventRole::StandbyMeta as i32,
             ..Default::default()
         };
-        batch.queue_for_standbys(&standbys, meta);
+        batch.queue_for_standbys(self.homes.as_ref(), &standbys, meta);
         Ok(())
     }
 }
