@@ -470,6 +470,15 @@ impl Default for StorageConfig {
 /// precise error.
 pub const REQUEST_OVERHEAD_BYTES: usize = 64 * 1024;
 
+/// A cell's region: the part of its id before `/` (a standalone cell,
+/// with no region in its id, is "local").
+pub fn region_of(cell_id: &str) -> &str {
+    match cell_id.split_once('/') {
+        Some((region, _)) if !region.is_empty() => region,
+        _ => "local",
+    }
+}
+
 impl CellConfig {
     /// The Kafka topic of this cell's events.
     pub fn kafka_topic(&self) -> String {

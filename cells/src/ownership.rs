@@ -123,6 +123,13 @@ pub trait Ownership: Send + Sync + 'static {
         Box::pin(async { Ok(false) })
     }
 
+    /// The tenants bound to regions whose data this cell may hold (their
+    /// regions include its own) that `store_region` lies outside: none of
+    /// their bytes may be written there. A standalone cell binds none.
+    fn residency_conflicts(&self, _store_region: &str) -> Vec<(TenantId, Vec<String>)> {
+        Vec::new()
+    }
+
     /// The addresses of the other cells in the route table (a standalone
     /// cell knows none).
     fn other_cells(&self) -> Vec<String> {

@@ -131,6 +131,18 @@ impl Routed {
 }
 
 impl Ownership for Routed {
+    fn residency_conflicts(&self, store_region: &str) -> Vec<(TenantId, Vec<String>)> {
+        let mine = crate::config::region_of(&self.cell_id);
+        self.client.read(|t| {
+            (t.routes.values())
+                .filter(|e| !e.key.is_override() && !e.regions.is_empty())
+                .filter(|e| e.regions.iter().any(|r| r == mine))
+                .filter(|e| !e.regions.iter().any(|r| r == store_region))
+                .map(|e| (e.key.tenant, e.regions.clone()))
+                .collect()
+        })
+    }
+
     fn owns(&self, tenant: TenantId, conversation: ConversationId) -> bool {
         self.client.read(|t| {
             t.resolve(&Key::conversation(tenant, conversation))

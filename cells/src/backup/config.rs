@@ -19,6 +19,10 @@ pub struct BackupConfig {
     /// deployment puts them in a bucket).
     pub local_dir: PathBuf,
     pub s3: S3Config,
+    /// The region (as the route table names regions) the store lies in;
+    /// empty: this cell's own. A tenant bound to regions that exclude it
+    /// refuses this cell's backups (`RESIDENCY_VIOLATION`).
+    pub region: String,
     /// Bytes uploaded (and read back by `verify` and restores) per second
     /// at most; 0: no limit.
     pub rate_bytes_per_sec: u64,
@@ -30,6 +34,7 @@ impl Default for BackupConfig {
             store: TierStore::Local,
             local_dir: PathBuf::new(),
             s3: S3Config::default(),
+            region: String::new(),
             rate_bytes_per_sec: 64 * 1024 * 1024,
         }
     }

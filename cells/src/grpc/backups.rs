@@ -43,6 +43,34 @@ fn status(e: BackupError) -> Status {
     to_status(code, reason, e.to_string(), retry_ms, None)
 }
 
+impl BackupsApi {
+    /// Refuses a backup into a store outside the regions of a tenant bound
+    /// to them whose data this cell may hold.
+    fn resident(&self) -> Result<(), Status> {
+        let config = self.service.config();
+        let store_region = match config.backup.region.as_str() {
+            "" => crate::config::region_of(&config.cell_id),
+            region => region,
+        };
+        let conflicts = self.service.ownership().residency_conflicts(store_region);
+        let Some((tenant, regions)) = conflicts.first() else {
+            return Ok(());
+        };
+        Err(to_status(
+            ErrorCode::PermissionDenied,
+            Reason::ResidencyViolation,
+            format!(
+                "tenant {tenant} may live only in {}: this cell's backups go to {store_region} \
+                 (backup.region); {} tenant(s) bound so",
+                regions.join(", "),
+                conflicts.len()
+            ),
+            0,
+            None,
+        ))
+    }
+}
+
 fn missing(what: &str) -> Status {
     to_status(
         ErrorCode::InvalidArgument,
@@ -63,6 +91,7 @@ fn list(manifests: Vec<crate::backup::Manifest>) -> ListBackupsResponse {
 impl BackupsService for BackupsApi {
     async fn create(&self, request: Request<CreateBackupRequest>) -> Reply<BackupInfo> {
         let keep = request.into_inner().keep as usize;
+        self.resident()?;
         let (backups, service) = (self.backups.clone(), self.service.clone());
         // Runs to its end even if the caller goes away.
         let taken = tokio::spawn(async move {

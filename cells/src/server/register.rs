@@ -15,13 +15,9 @@ use crate::config::CellConfig;
 use crate::hwm::HighWaterMarks;
 use crate::message::MessageService;
 
-/// The cell's region: the part of its id before `/` (a standalone cell,
-/// with no region in its id, is "local").
+/// The cell's region (see [`crate::config::region_of`]).
 pub(super) fn region(config: &CellConfig) -> &str {
-    match config.cell_id.split_once('/') {
-        Some((region, _)) if !region.is_empty() => region,
-        _ => "local",
-    }
+    crate::config::region_of(&config.cell_id)
 }
 
 /// Registers the cell serving on `addr` and starts its mark rounds; the

@@ -42,6 +42,7 @@ mod process_failover;
 mod processor_crash;
 mod queue_wake;
 mod reflection;
+mod residency;
 mod route_backup;
 mod router;
 mod search;
