@@ -176,11 +176,12 @@ locals {
   supported = ["eu-west-1", "eu-central-1", "us-east-1", "us-west-2", "ap-southeast-1", "ap-northeast-1"]
   specs = {
     for r in local.supported : r => {
-      cells              = try(var.regions[r].cells, 0)
-      router_replicas    = try(var.regions[r].router_replicas, 0)
-      data_volume_gib    = try(var.regions[r].data_volume_gib, 100)
-      kafka_partitions   = var.kafka ? try(var.regions[r].kafka_partitions, 0) : 0
-      cell_instance_type = try(var.regions[r].cell_instance_type, "m6i.large")
+      cells                = try(var.regions[r].cells, 0)
+      router_replicas      = try(var.regions[r].router_replicas, 0)
+      data_volume_gib      = try(var.regions[r].data_volume_gib, 100)
+      kafka_partitions     = var.kafka ? try(var.regions[r].kafka_partitions, 0) : 0
+      cell_instance_type   = try(var.regions[r].cell_instance_type, "m6i.large")
+      edge_certificate_arn = try(var.regions[r].edge_certificate_arn, "")
     }
   }
   cidrs          = { for i, r in local.supported : r => "10.${10 + i}.0.0/16" }

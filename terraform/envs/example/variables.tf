@@ -12,6 +12,9 @@ variable "regions" {
     data_volume_gib    = optional(number, 100)
     kafka_partitions   = optional(number, 0)
     cell_instance_type = optional(string, "m6i.large")
+    # An ACM certificate: the edges' load balancer terminates client TLS
+    # with it (empty: it passes TCP through to edges that terminate TLS).
+    edge_certificate_arn = optional(string, "")
   }))
   validation {
     condition     = length(var.regions) > 0
@@ -20,6 +23,10 @@ variable "regions" {
   validation {
     condition     = alltrue([for r in keys(var.regions) : contains(["eu-west-1", "eu-central-1", "us-east-1", "us-west-2", "ap-southeast-1", "ap-northeast-1"], r)])
     error_message = "regions: an unknown region; supported are eu-west-1, eu-central-1, us-east-1, us-west-2, ap-southeast-1, ap-northeast-1."
+  }
+  validation {
+    condition     = alltrue([for r in values(var.regions) : r.edge_certificate_arn == "" || can(regex("^arn:aws[a-z-]*:acm:[a-z0-9-]+:[0-9]{12}:certificate/", r.edge_certificate_arn))])
+    error_message = "regions: edge_certificate_arn must be an ACM certificate ARN (or empty)."
   }
   validation {
     condition     = alltrue([for r in values(var.regions) : r.cells >= 1 && r.cells <= 100])

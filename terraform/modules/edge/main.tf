@@ -69,7 +69,10 @@ resource "aws_lb_target_group_attachment" "this" {
 resource "aws_lb_listener" "this" {
   load_balancer_arn = aws_lb.this.arn
   port              = var.port
-  protocol          = "TCP"
+  protocol          = var.tls_certificate_arn == "" ? "TCP" : "TLS"
+  certificate_arn   = var.tls_certificate_arn == "" ? null : var.tls_certificate_arn
+  ssl_policy        = var.tls_certificate_arn == "" ? null : "ELBSecurityPolicy-TLS13-1-2-2021-06"
+  alpn_policy       = var.tls_certificate_arn == "" ? null : "HTTP2Preferred"
   default_action {
     type             = "forward"
     target_group_arn = aws_lb_target_group.this.arn

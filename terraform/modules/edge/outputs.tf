@@ -14,3 +14,8 @@ output "config" {
   value     = local.config
   sensitive = true
 }
+
+output "listener_protocol" {
+  description = "TLS when the load balancer terminates client TLS, TCP when the edges do."
+  value       = aws_lb_listener.this.protocol
+}

@@ -15,6 +15,12 @@ variable "instances" {
   }
 }
 
+variable "tls_certificate_arn" {
+  description = "An ACM certificate the load balancer terminates client TLS with (HTTP/2 offered by ALPN, for gRPC and gRPC-Web); empty: the listener passes TCP through to edges that terminate TLS themselves."
+  type        = string
+  default     = ""
+}
+
 variable "port" {
   type    = number
   default = 7200

@@ -65,19 +65,20 @@ module "routers" {
 }
 
 module "edge" {
-  source             = "../edge"
-  deployment         = var.deployment
-  region             = var.region
-  routers            = var.routers
-  cluster_secret     = var.cluster_secret
-  token_secret       = var.token_secret
-  zone_id            = module.network.zone_id
-  zone_name          = module.network.zone_name
-  vpc_id             = module.network.vpc_id
-  public_subnet_ids  = module.network.public_subnet_ids
-  private_subnet_ids = module.network.private_subnet_ids
-  security_group_ids = [module.network.edge_security_group_id, module.network.internal_security_group_id, module.network.metrics_security_group_id]
-  telemetry          = var.telemetry
-  ami_id             = var.ami_id
-  cellmesh_url       = var.cellmesh_url
+  source              = "../edge"
+  deployment          = var.deployment
+  region              = var.region
+  routers             = var.routers
+  cluster_secret      = var.cluster_secret
+  token_secret        = var.token_secret
+  zone_id             = module.network.zone_id
+  zone_name           = module.network.zone_name
+  vpc_id              = module.network.vpc_id
+  public_subnet_ids   = module.network.public_subnet_ids
+  private_subnet_ids  = module.network.private_subnet_ids
+  security_group_ids  = [module.network.edge_security_group_id, module.network.internal_security_group_id, module.network.metrics_security_group_id]
+  telemetry           = var.telemetry
+  ami_id              = var.ami_id
+  cellmesh_url        = var.cellmesh_url
+  tls_certificate_arn = var.spec.edge_certificate_arn
 }

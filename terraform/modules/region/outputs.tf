@@ -40,3 +40,7 @@ output "peer" {
     zone_id        = module.network.zone_id
   }
 }
+
+output "edge_listener_protocol" {
+  value = module.edge.listener_protocol
+}

@@ -9,11 +9,12 @@ variable "region" {
 variable "spec" {
   description = "This region's size (see envs/example variable regions)."
   type = object({
-    cells              = number
-    router_replicas    = number
-    data_volume_gib    = number
-    kafka_partitions   = number
-    cell_instance_type = string
+    cells                = number
+    router_replicas      = number
+    data_volume_gib      = number
+    kafka_partitions     = number
+    cell_instance_type   = string
+    edge_certificate_arn = optional(string, "")
   })
 }
 

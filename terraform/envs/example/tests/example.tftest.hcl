@@ -142,3 +142,34 @@ run "a_metrics_port_in_the_ephemeral_range_is_refused" {
   }
   expect_failures = [var.telemetry]
 }
+
+run "an_edge_load_balancer_terminating_tls_listens_with_tls" {
+  command = plan
+  variables {
+    regions = {
+      "eu-west-1"      = { cells = 2, router_replicas = 1, edge_certificate_arn = "arn:aws:acm:eu-west-1:123456789012:certificate/0f1e2d3c" }
+      "us-east-1"      = { cells = 3, router_replicas = 1 }
+      "ap-southeast-1" = { cells = 2, router_replicas = 1 }
+    }
+  }
+  assert {
+    condition     = module.eu_west_1[0].edge_listener_protocol == "TLS"
+    error_message = "a region with a certificate terminates TLS at the load balancer"
+  }
+  assert {
+    condition     = module.us_east_1[0].edge_listener_protocol == "TCP"
+    error_message = "a region without one passes TCP through to its edges"
+  }
+}
+
+run "an_edge_certificate_that_is_not_an_acm_arn_is_refused" {
+  command = plan
+  variables {
+    regions = {
+      "eu-west-1"      = { cells = 2, router_replicas = 1, edge_certificate_arn = "my-cert.pem" }
+      "us-east-1"      = { cells = 3, router_replicas = 1 }
+      "ap-southeast-1" = { cells = 2, router_replicas = 1 }
+    }
+  }
+  expect_failures = [var.regions]
+}
