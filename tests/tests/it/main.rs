@@ -31,6 +31,7 @@ mod graceful_stop;
 mod history;
 mod homes;
 mod kafka_queue;
+mod kafka_restore;
 mod links;
 mod metrics;
 mod migration;
