@@ -17,6 +17,7 @@ import re
 import sys
 
 FN = re.compile(r"^\s*(?:pub(?:\([^)]*\))?\s+)?(?:const\s+)?(?:async\s+)?(?:unsafe\s+)?(?:extern\s+\"[^\"]*\"\s+)?fn\s+([A-Za-z_][A-Za-z0-9_]*)")
+TEST_FN = re.compile(r"^\s*#\[(?:[a-z_]+::)?test\b")
 TEST_ATTR = re.compile(r"^\s*#\[(?:[a-z_]+::)?test\b|^\s*#\[cfg\(test\)\]")
 
 
@@ -67,49 +68,28 @@ def strip(source):
     return "".join(out)
 
 
-def test_functions(path):
-    """(name, first line, length) of each test function in `path`."""
+def functions(path, tests=False):
+    """(name, first line, length) of each function in `path`: with `tests`
+    the test functions (`#[test]`, `#[tokio::test]`), else every function
+    outside them and outside `#[cfg(test)]` modules."""
     with open(path, encoding="utf-8") as f:
         lines = strip(f.read()).split("\n")
-    found, depth, pending, open_fns = [], 0, False, []
-    for number, line in enumerate(lines, 1):
-        if re.match(r"^\s*#\[(?:[a-z_]+::)?test\b", line):
-            pending = True
-        m = FN.match(line)
-        if m:
-            if pending:
-                open_fns.append((m.group(1), number, depth))
-            pending = False
-        for c in line:
-            if c == "{":
-                depth += 1
-            elif c == "}":
-                depth -= 1
-                while open_fns and depth == open_fns[-1][2]:
-                    name, start, _ = open_fns.pop()
-                    found.append((name, start, number - start + 1))
-    return found
-
-
-def functions(path):
-    """(name, first line, length) of each non-test function in `path`."""
-    with open(path, encoding="utf-8") as f:
-        lines = strip(f.read()).split("\n")
-    found, skip_depth, depth, pending_test = [], None, 0, False
+    marker = TEST_FN if tests else TEST_ATTR
+    found, skip_depth, depth, pending = [], None, 0, False
     open_fns = []  # (name, line, depth at which its body opened)
     for number, line in enumerate(lines, 1):
-        if TEST_ATTR.match(line):
-            pending_test = True
+        if marker.match(line):
+            pending = True
         m = FN.match(line)
         if m and skip_depth is None:
-            if pending_test:
-                skip_depth = depth
-            else:
+            if pending == tests:
                 open_fns.append((m.group(1), number, depth))
-            pending_test = False
-        elif pending_test and re.match(r"^\s*(pub\s+)?mod\s", line) and skip_depth is None:
-            skip_depth = depth
-            pending_test = False
+            elif not tests:
+                skip_depth = depth  # a test function: not counted
+            pending = False
+        elif not tests and pending and re.match(r"^\s*(pub\s+)?mod\s", line) and skip_depth is None:
+            skip_depth = depth  # a #[cfg(test)] module
+            pending = False
         for c in line:
             if c == "{":
                 depth += 1
@@ -145,7 +125,7 @@ def main():
             if not name.endswith(".rs") or (name == "tests.rs" and not args.tests):
                 continue
             path = os.path.join(top, name)
-            for fn, line, length in (test_functions if args.tests else functions)(path):
+            for fn, line, length in functions(path, args.tests):
                 if length > args.limit:
                     key = f"{os.path.relpath(path, root)}::{fn}"
                     if key in allowed:
