@@ -344,8 +344,10 @@ export class CellmeshClient {
     } finally {
       timers.forEach(clearInterval);
       signal.removeEventListener("abort", stop);
+      // What arrived is stored: so is its cursor, also when stopping (a
+      // reload then resumes after it instead of replaying events).
+      await ack().catch(() => {});
     }
-    await ack();
   }
 
   /** Polling: Ack says how far the queue has gone; when it moved, the

@@ -108,88 +108,73 @@ async fn clients_talk_through_the_edge_and_cells_refuse_what_they_do_not_own() {
     let _ = d.cluster;
 }
 
+/// A token of user 10 of tenant 1, signed with `secret`, expiring at `exp`.
+fn token_signed(secret: &str, exp: u64) -> String {
+    TokenKey::new(secret).issue(&Claims {
+        tenant: TenantId(1),
+        user: UserId(10),
+        device: "d".into(),
+        exp,
+        ..Default::default()
+    })
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_edge_rejects_missing_expired_forged_and_cross_tenant_requests() {
     let d = deploy(None).await;
     let (mut m, _) = edge_clients(&d.edge).await;
     let alice = token(1, 10);
     let conv = create_via_edge(&mut m, &alice, vec![11]).await;
-    let reason = |r: Result<tonic::Response<SendResponse>, tonic::Status>| {
-        let e = r.unwrap_err();
-        let d = error_detail(&e);
-        (ErrorCode::try_from(d.code).unwrap(), d.reason)
+    let expired = token_signed(TOKEN_SECRET, now_secs() - 1);
+    let forged = token_signed("another-deployment-secret", now_secs() + 60);
+    let as_caller = |tenant, user, tag| SendRequest {
+        caller: caller(tenant, user),
+        ..send(conv, tag, "x")
     };
-    let missing = m.send(tonic::Request::new(send(conv, "a", "x"))).await;
-    assert_eq!(
-        reason(missing),
+    let cases = [
+        // No token, an expired one, one signed with another secret.
         (
+            None,
+            send(conv, "a", "x"),
             ErrorCode::Unauthenticated,
-            Reason::MissingToken.as_str().into()
-        )
-    );
-    let expired = TokenKey::new(TOKEN_SECRET).issue(&Claims {
-        tenant: TenantId(1),
-        user: UserId(10),
-        device: "d".into(),
-        exp: now_secs() - 1,
-        ..Default::default()
-    });
-    let r = m.send(authed(send(conv, "b", "x"), &expired)).await;
-    assert_eq!(
-        reason(r),
+            Reason::MissingToken,
+        ),
         (
+            Some(&expired),
+            send(conv, "b", "x"),
             ErrorCode::Unauthenticated,
-            Reason::TokenExpired.as_str().into()
-        )
-    );
-    let forged = TokenKey::new("another-deployment-secret").issue(&Claims {
-        tenant: TenantId(1),
-        user: UserId(10),
-        device: "d".into(),
-        exp: now_secs() + 60,
-        ..Default::default()
-    });
-    let r = m.send(authed(send(conv, "c", "x"), &forged)).await;
-    assert_eq!(
-        reason(r),
+            Reason::TokenExpired,
+        ),
         (
+            Some(&forged),
+            send(conv, "c", "x"),
             ErrorCode::Unauthenticated,
-            Reason::BadSignature.as_str().into()
-        )
-    );
-    // A token of tenant 1 cannot act for tenant 2, nor as another user.
-    let r = m
-        .send(authed(
-            SendRequest {
-                caller: caller(2, 10),
-                ..send(conv, "d", "x")
-            },
-            &alice,
-        ))
-        .await;
-    assert_eq!(
-        reason(r),
+            Reason::BadSignature,
+        ),
+        // A token of tenant 1 cannot act for tenant 2, nor as another user.
         (
+            Some(&alice),
+            as_caller(2, 10, "d"),
             ErrorCode::PermissionDenied,
-            Reason::CrossTenant.as_str().into()
-        )
-    );
-    let r = m
-        .send(authed(
-            SendRequest {
-                caller: caller(1, 99),
-                ..send(conv, "e", "x")
-            },
-            &alice,
-        ))
-        .await;
-    assert_eq!(
-        reason(r),
+            Reason::CrossTenant,
+        ),
         (
+            Some(&alice),
+            as_caller(1, 99, "e"),
             ErrorCode::PermissionDenied,
-            Reason::CallerMismatch.as_str().into()
-        )
-    );
+            Reason::CallerMismatch,
+        ),
+    ];
+    for (token, request, code, reason) in cases {
+        let request = match token {
+            Some(token) => authed(request, token),
+            None => tonic::Request::new(request),
+        };
+        let e = m.send(request).await.unwrap_err();
+        let d = error_detail(&e);
+        assert_eq!(ErrorCode::try_from(d.code).unwrap(), code, "{e:?}");
+        assert_eq!(d.reason, reason, "{e:?}");
+    }
     // A user of another tenant cannot reach tenant 1's conversation.
     let mallory = token(2, 10);
     d.cluster
