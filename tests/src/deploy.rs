@@ -623,3 +623,23 @@ pub fn stored(messages: &[Message]) -> Vec<Stored> {
         })
         .collect()
 }
+
+/// Binds `tenant` to `regions` (empty: unbinds it) once the cluster has
+/// written its version (binding is gated on it), and gives the cells and
+/// edges a moment to follow the table's watch.
+pub async fn bind_regions(routes: &RouteClient, tenant: TenantId, regions: &[&str]) {
+    assert!(
+        !routes
+            .cluster_version(Duration::from_secs(10))
+            .await
+            .is_empty()
+    );
+    routes.catch_up().await.unwrap();
+    let key = cellmesh_route_client::table::Key::tenant(tenant);
+    let epoch = routes.resolve(&key).unwrap().entry.epoch;
+    let regions: Vec<String> = regions.iter().map(|r| r.to_string()).collect();
+    let command = cellmesh_route_client::commands::set_tenant_regions(tenant, &regions, epoch);
+    let r = routes.apply(command).await.unwrap();
+    assert!(routes.wait_applied(r.index, Duration::from_secs(5)).await);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+}

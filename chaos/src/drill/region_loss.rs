@@ -104,11 +104,7 @@ pub(super) async fn prepare(
 /// The cell id of dev process `name` (`us-east-c1` → `us-east/c1`), if it
 /// is a cell.
 fn cell_of(name: &str) -> Option<String> {
-    if name.starts_with("router-") || name.starts_with("edge-") {
-        return None;
-    }
-    let (region, cell) = name.rsplit_once('-')?;
-    Some(format!("{region}/{cell}"))
+    super::rolling::is_cell(name).then(|| super::rolling::cell_id(name))
 }
 
 impl Injector {

@@ -86,7 +86,7 @@ pub(super) async fn plan(injector: &mut Injector, previous: &Path) -> anyhow::Re
 }
 
 /// The cell id of dev process `name` (`eu-west-c1` → `eu-west/c1`).
-fn cell_id(name: &str) -> String {
+pub(super) fn cell_id(name: &str) -> String {
     match name.rsplit_once('-') {
         Some((region, cell)) => format!("{region}/{cell}"),
         None => name.to_string(),
@@ -142,7 +142,7 @@ impl Injector {
 }
 
 /// Whether dev process `name` is a cell (`REGION-cN`).
-fn is_cell(name: &str) -> bool {
+pub(super) fn is_cell(name: &str) -> bool {
     !(name.starts_with("router-") || name.starts_with("edge-") || name.starts_with("control-"))
 }
 

@@ -5,14 +5,11 @@
 
 use cellmesh_proto::ids::TenantId;
 use cellmesh_proto::reason::Reason;
-use std::time::Duration;
 
 use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::status::error_detail;
 use cellmesh_proto::v1::backups_client::BackupsClient;
 use cellmesh_proto::v1::{CreateBackupRequest, ErrorCode};
-use cellmesh_route_client::commands::set_tenant_regions;
-use cellmesh_route_client::table::Key;
 use cellmesh_tests::deploy::*;
 use cellmesh_tests::router::SECRET;
 
@@ -32,31 +29,7 @@ async fn a_cell_does_not_back_up_a_bound_tenant_into_another_region() {
     })
     .await;
     let routes = d.cluster.client().await;
-    assert!(
-        !routes
-            .cluster_version(Duration::from_secs(10))
-            .await
-            .is_empty()
-    );
-    let bind = |regions: Vec<String>| {
-        let routes = &routes;
-        async move {
-            routes.catch_up().await.unwrap();
-            let epoch = routes
-                .resolve(&Key::tenant(TenantId(1)))
-                .unwrap()
-                .entry
-                .epoch;
-            let r = routes
-                .apply(set_tenant_regions(TenantId(1), &regions, epoch))
-                .await
-                .unwrap();
-            assert!(routes.wait_applied(r.index, Duration::from_secs(5)).await);
-            // The cells follow the table's watch.
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
-    };
-    bind(vec!["eu-west".into()]).await;
+    bind_regions(&routes, TenantId(1), &["eu-west"]).await;
     let (eu, us) = (&d.cells[0].endpoint, &d.cells[1].endpoint);
     let refused = back_up(eu).await.unwrap_err();
     let detail = error_detail(&refused);
@@ -64,6 +37,6 @@ async fn a_cell_does_not_back_up_a_bound_tenant_into_another_region() {
     assert_eq!(detail.code, ErrorCode::PermissionDenied as i32);
     // us-east/c1 may hold nothing of tenant 1: its backups go on.
     back_up(us).await.unwrap();
-    bind(Vec::new()).await;
+    bind_regions(&routes, TenantId(1), &[]).await;
     back_up(eu).await.unwrap();
 }

@@ -332,32 +332,17 @@ async fn in_sync_mode_an_answer_whose_message_never_arrived_waits_for_the_backfi
 /// its regions — while an unbound tenant's writes reach that standby.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_bound_to_a_region_is_not_replicated_outside_it() {
-    use cellmesh_route_client::commands::{assign_tenant, set_tenant_regions};
+    use cellmesh_route_client::commands::assign_tenant;
     let d = deploy_with(None, sync_mode).await;
     let routes = d.cluster.client().await;
-    assert!(
-        !routes
-            .cluster_version(Duration::from_secs(10))
-            .await
-            .is_empty()
-    );
-    routes.catch_up().await.unwrap();
-    let epoch = routes
-        .resolve(&Key::tenant(TenantId(1)))
-        .unwrap()
-        .entry
-        .epoch;
-    let bound = routes
-        .apply(set_tenant_regions(TenantId(1), &["eu-west".into()], epoch))
-        .await
-        .unwrap();
+    bind_regions(&routes, TenantId(1), &["eu-west"]).await;
     let placed = routes
         .apply(assign_tenant(TenantId(2), FAILED, 0))
         .await
         .unwrap();
     assert!(
         routes
-            .wait_applied(placed.index.max(bound.index), Duration::from_secs(5))
+            .wait_applied(placed.index, Duration::from_secs(5))
             .await
     );
     // The cells and the edge follow the table's watch.
