@@ -520,7 +520,11 @@ impl CellConfig {
     }
 
     fn validate_fields(&self) -> Result<(), ConfigError> {
-        cellmesh_proto::config::check_tls(&self.tls)?;
+        cellmesh_proto::config::check_tls(
+            &self.tls,
+            cellmesh_proto::tls::Role::Cell,
+            Some(&self.cell_id),
+        )?;
         validate_cell_id(&self.cell_id)?;
         check(
             "instance_id",

@@ -204,7 +204,11 @@ impl ControlPlaneConfig {
     }
 
     fn validate_fields(&self) -> Result<(), ConfigError> {
-        cellmesh_proto::config::check_tls(&self.tls)?;
+        cellmesh_proto::config::check_tls(
+            &self.tls,
+            cellmesh_proto::tls::Role::ControlPlane,
+            None,
+        )?;
         check(
             "routers",
             !self.routers.is_empty(),

@@ -174,7 +174,11 @@ impl EdgeConfig {
     }
 
     fn validate_fields(&self) -> Result<(), ConfigError> {
-        cellmesh_proto::config::check_tls(&self.tls)?;
+        cellmesh_proto::config::check_tls(
+            &self.tls,
+            cellmesh_proto::tls::Role::Edge,
+            Some(&self.region),
+        )?;
         self.client_tls
             .validate()
             .map_err(|message| ConfigError::Invalid {

@@ -130,14 +130,36 @@ pub fn check(field: &'static str, ok: bool, message: &str) -> Result<(), ConfigE
 }
 
 /// `[tls]`: none, or all three files readable with an identity in the
-/// certificate.
-pub fn check_tls(tls: &crate::tls::TlsConfig) -> Result<(), ConfigError> {
+/// certificate, and that identity this process's: its role, and its id
+/// where the config names one (a cell's `cell_id`, a router's `node_id`,
+/// an edge's `region`). A node handed another node's bundle is refused
+/// before it starts, not by its peers afterwards.
+pub fn check_tls(
+    tls: &crate::tls::TlsConfig,
+    role: crate::tls::Role,
+    id: Option<&str>,
+) -> Result<(), ConfigError> {
     if !tls.enabled() {
         return Ok(());
     }
-    tls.load()
-        .map(|_| ())
-        .map_err(|(field, message)| ConfigError::Invalid { field, message })
+    let material = tls
+        .load()
+        .map_err(|(field, message)| ConfigError::Invalid { field, message })?;
+    let me = &material.me;
+    check(
+        "tls.cert_file",
+        me.role == role && id.is_none_or(|id| me.id == id),
+        &format!(
+            "{} names {}, not this {} ({})",
+            tls.cert_file,
+            me.uri(),
+            role.as_str(),
+            id.map_or_else(
+                || "any id".to_string(),
+                |id| format!("cellmesh:{}/{id}", role.as_str())
+            )
+        ),
+    )
 }
 
 /// Refuses to run the internal links in plaintext unless the config says

@@ -136,7 +136,11 @@ impl RouterConfig {
     }
 
     fn validate_fields(&self) -> Result<(), ConfigError> {
-        cellmesh_proto::config::check_tls(&self.tls)?;
+        cellmesh_proto::config::check_tls(
+            &self.tls,
+            cellmesh_proto::tls::Role::Router,
+            Some(&self.node_id.to_string()),
+        )?;
         cellmesh_proto::config::check(
             "cluster.restore_from",
             self.cluster.restore_from.is_empty() || !self.cluster.bootstrap,

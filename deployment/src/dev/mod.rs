@@ -7,6 +7,7 @@
 //! directory persists across runs; Ctrl-C stops every child cleanly.
 
 mod demo;
+pub mod issue_all;
 pub mod kafka;
 pub mod pki;
 mod prometheus;
@@ -163,7 +164,12 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let configs = data.join("config");
     std::fs::create_dir_all(&configs)
         .with_context(|| format!("cannot create {}", configs.display()))?;
-    let secrets = secrets(data)?;
+    let mut secrets = secrets(data)?;
+    if args.tls {
+        // Certificates authenticate every internal call: like a Terraform
+        // deployment, this one renders no shared secret.
+        secrets.cluster.clear();
+    }
     let pki = match args.tls {
         true => Some(pki::Pki::create(&data.join("tls"))?),
         false => None,

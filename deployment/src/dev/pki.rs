@@ -92,6 +92,31 @@ impl Pki {
         })
     }
 
+    /// A new CA in `dir` for a deployment of its own; refused when `dir`
+    /// already holds one (its certificates would no longer chain).
+    pub fn init(dir: &Path) -> anyhow::Result<Self> {
+        if dir.join(CA_KEY).exists() {
+            bail!(
+                "{} already holds a CA (ca.key): issue from it, or choose another --dir",
+                dir.display()
+            );
+        }
+        Self::create(dir)
+    }
+
+    /// The file stem of `peer`'s certificate and key (`cell-eu-west-1-c1`).
+    fn stem(peer: &Peer) -> String {
+        format!("{}-{}", peer.role.as_str(), peer.id.replace('/', "-"))
+    }
+
+    /// Whether `peer` has a certificate and key here.
+    pub fn holds(&self, peer: &Peer) -> bool {
+        let stem = Self::stem(peer);
+        ["pem", "key"]
+            .iter()
+            .all(|ext| self.dir.join(format!("{stem}.{ext}")).exists())
+    }
+
     /// A certificate and key for `peer` (replacing any earlier one: a
     /// renewal), and the `[tls]` that uses them.
     pub fn issue(&self, peer: &Peer) -> anyhow::Result<TlsConfig> {
@@ -108,7 +133,7 @@ impl Pki {
             ExtendedKeyUsagePurpose::ClientAuth,
         ];
         let cert = params.signed_by(&key, &self.ca, &self.ca_key)?;
-        let name = format!("{}-{}", peer.role.as_str(), peer.id.replace('/', "-"));
+        let name = Self::stem(peer);
         let cert_file = self.dir.join(format!("{name}.pem"));
         let key_file = self.dir.join(format!("{name}.key"));
         // The key first: until the certificate follows, readers keep the
@@ -188,7 +213,8 @@ impl Pki {
 }
 
 /// `cellmesh pki`: certificates of a deployment whose CA is in `--dir`
-/// (`<data dir>/tls` of `cellmesh dev --tls`).
+/// (`<data dir>/tls` of `cellmesh dev --tls`, or one `pki init` made for
+/// a Terraform deployment).
 #[derive(clap::Args, Debug)]
 pub struct PkiArgs {
     /// The folder holding ca.pem, ca.key and crl.pem.
@@ -200,6 +226,20 @@ pub struct PkiArgs {
 
 #[derive(clap::Subcommand, Debug)]
 pub enum PkiCommand {
+    /// Creates the deployment's CA in `--dir` (refused if one is there).
+    Init,
+    /// Issues every certificate the Terraform variables call for
+    /// (`terraform.tfvars.json`): routers, cells, edges, control plane and
+    /// `operator/admin`. Keeps those already issued unless `--renew`.
+    IssueAll {
+        /// The example env's variables as JSON (`cellmesh plan --tfvars`
+        /// writes them).
+        #[arg(long)]
+        tfvars: PathBuf,
+        /// Issue every certificate anew (a rotation).
+        #[arg(long)]
+        renew: bool,
+    },
     /// Issues (or renews in place) the certificate of `<role>/<id>`; a
     /// running process picks the new one up within seconds.
     Issue {
@@ -220,19 +260,33 @@ pub enum PkiCommand {
 }
 
 pub fn run(args: PkiArgs) -> anyhow::Result<()> {
-    let pki = Pki::open(&args.dir)?;
+    let open = || Pki::open(&args.dir);
     match args.command {
+        PkiCommand::Init => {
+            Pki::init(&args.dir)?;
+            println!(
+                "a new CA in {}: ca.pem, ca.key (keep it offline), crl.pem",
+                args.dir.display()
+            );
+        }
+        PkiCommand::IssueAll { tfvars, renew } => {
+            let (issued, kept) = super::issue_all::issue_all(&open()?, &tfvars, renew)?;
+            println!(
+                "{issued} issued, {kept} kept in {} (Terraform's tls_dir)",
+                args.dir.display()
+            );
+        }
         PkiCommand::Issue { role, id } => {
             let Some(peer) = Peer::parse(&format!("cellmesh:{role}/{id}")) else {
                 bail!(
                     "unknown role {role:?} or empty id (roles: router, cell, edge, control-plane, operator)"
                 );
             };
-            let config = pki.issue(&peer)?;
+            let config = open()?.issue(&peer)?;
             println!("issued {peer}: {} {}", config.cert_file, config.key_file);
         }
         PkiCommand::Revoke { cert } => {
-            let serial = pki.revoke(&cert)?;
+            let serial = open()?.revoke(&cert)?;
             println!("revoked serial {serial}: {}", args.dir.join(CRL).display());
         }
     }
@@ -294,6 +348,25 @@ mod tests {
             refused.to_string().to_lowercase().contains("revoked"),
             "{refused}"
         );
+    }
+
+    /// A process handed another node's bundle is refused at its config
+    /// check, naming whose certificate it holds.
+    #[test]
+    fn a_config_with_another_nodes_certificate_is_refused() {
+        use cellmesh_proto::config::{ConfigError, check_tls};
+        let dir = tempfile::tempdir().unwrap();
+        let pki = Pki::create(dir.path()).unwrap();
+        let cell = pki.issue(&Peer::new(Role::Cell, "eu-west-1/c1")).unwrap();
+        assert!(check_tls(&cell, Role::Cell, Some("eu-west-1/c1")).is_ok());
+        for (role, id) in [(Role::Cell, Some("eu-west-1/c2")), (Role::Edge, None)] {
+            let Err(ConfigError::Invalid { field, message }) = check_tls(&cell, role, id) else {
+                panic!("{role:?} {id:?} accepted a cell's certificate");
+            };
+            assert_eq!(field, "tls.cert_file");
+            assert!(message.contains("cellmesh:cell/eu-west-1/c1"), "{message}");
+        }
+        assert!(Pki::init(dir.path()).is_err(), "a second CA over the first");
     }
 
     #[test]

@@ -59,7 +59,7 @@ module "eu_west_1" {
   routers          = local.router_endpoints
   router_members   = local.router_members
   etcd_endpoints   = local.etcd_endpoints
-  cluster_secret   = var.cluster_secret
+  tls              = local.tls
   token_secret     = var.token_secret
   ami_id           = var.ami_id
   cellmesh_url     = var.cellmesh_url
@@ -80,7 +80,7 @@ module "eu_central_1" {
   routers          = local.router_endpoints
   router_members   = local.router_members
   etcd_endpoints   = local.etcd_endpoints
-  cluster_secret   = var.cluster_secret
+  tls              = local.tls
   token_secret     = var.token_secret
   ami_id           = var.ami_id
   cellmesh_url     = var.cellmesh_url
@@ -101,7 +101,7 @@ module "us_east_1" {
   routers          = local.router_endpoints
   router_members   = local.router_members
   etcd_endpoints   = local.etcd_endpoints
-  cluster_secret   = var.cluster_secret
+  tls              = local.tls
   token_secret     = var.token_secret
   ami_id           = var.ami_id
   cellmesh_url     = var.cellmesh_url
@@ -122,7 +122,7 @@ module "us_west_2" {
   routers          = local.router_endpoints
   router_members   = local.router_members
   etcd_endpoints   = local.etcd_endpoints
-  cluster_secret   = var.cluster_secret
+  tls              = local.tls
   token_secret     = var.token_secret
   ami_id           = var.ami_id
   cellmesh_url     = var.cellmesh_url
@@ -143,7 +143,7 @@ module "ap_southeast_1" {
   routers          = local.router_endpoints
   router_members   = local.router_members
   etcd_endpoints   = local.etcd_endpoints
-  cluster_secret   = var.cluster_secret
+  tls              = local.tls
   token_secret     = var.token_secret
   ami_id           = var.ami_id
   cellmesh_url     = var.cellmesh_url
@@ -164,7 +164,7 @@ module "ap_northeast_1" {
   routers          = local.router_endpoints
   router_members   = local.router_members
   etcd_endpoints   = local.etcd_endpoints
-  cluster_secret   = var.cluster_secret
+  tls              = local.tls
   token_secret     = var.token_secret
   ami_id           = var.ami_id
   cellmesh_url     = var.cellmesh_url
@@ -210,6 +210,16 @@ locals {
     "ap-northeast-1" = one(module.ap_northeast_1)
   }
   primary = local.outputs[var.primary_region]
+  tls     = { dir = var.tls_dir, recovery_days = var.secret_recovery_days }
+  # The file stem of every node's certificate in tls_dir, named as
+  # `cellmesh pki issue-all` names them from the same variables.
+  tls_stems = concat(
+    [for m in local.router_members : "router-${m.node_id}"],
+    [for r in local.names : "edge-${r}"],
+    flatten([for r in local.names : [for c in range(var.regions[r].cells) : "cell-${r}-c${c + 1}"]]),
+    [for i in range(var.control_plane_replicas) : "control-plane-${i + 1}"],
+  )
+  tls_missing = [for stem in local.tls_stems : stem if !fileexists("${var.tls_dir}/${stem}.pem") || !fileexists("${var.tls_dir}/${stem}.key")]
 }
 
 module "etcd" {
@@ -230,7 +240,8 @@ module "control_plane" {
   region             = var.primary_region
   routers            = local.router_endpoints
   etcd_endpoints     = local.etcd_endpoints
-  cluster_secret     = var.cluster_secret
+  replicas           = var.control_plane_replicas
+  tls                = merge(local.tls, { kms_key_arn = local.primary.kms_key_arn })
   console_token      = var.console_token
   zone_id            = local.primary.zone_id
   zone_name          = local.primary.zone_name

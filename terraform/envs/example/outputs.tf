@@ -34,3 +34,12 @@ output "peerings" {
     module.peering_ap_southeast_1_ap_northeast_1
   ]))
 }
+
+output "tls_identities" {
+  description = "The certificate (file stem in tls_dir) each node's secret holds."
+  value       = local.tls_stems
+  precondition {
+    condition     = length(local.tls_missing) == 0
+    error_message = "tls_dir lacks the certificates of ${join(", ", local.tls_missing)}: run `cellmesh pki issue-all --dir ${var.tls_dir} --tfvars terraform.tfvars.json` with these variables."
+  }
+}

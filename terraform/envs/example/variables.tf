@@ -71,10 +71,25 @@ variable "internal_domain" {
   default = "cellmesh.internal"
 }
 
-variable "cluster_secret" {
-  type      = string
-  sensitive = true
-  default   = "change-me-cluster-secret"
+variable "tls_dir" {
+  description = "The folder of the deployment's CA and every node's certificate: `cellmesh pki init --dir DIR`, then `cellmesh pki issue-all --dir DIR --tfvars terraform.tfvars.json`. Each node's bundle goes into its own Secrets Manager secret (and so through this state: keep it encrypted, see terraform/README.md). ca.key is not read."
+  type        = string
+  validation {
+    condition     = fileexists("${var.tls_dir}/ca.pem") && fileexists("${var.tls_dir}/crl.pem")
+    error_message = "tls_dir holds no CA (ca.pem, crl.pem): run `cellmesh pki init --dir DIR` and `cellmesh pki issue-all --dir DIR --tfvars terraform.tfvars.json`."
+  }
+}
+
+variable "secret_recovery_days" {
+  description = "How long a destroyed node's certificate secret can still be recovered (0: deleted at once; else 7 to 30)."
+  type        = number
+  default     = 7
+}
+
+variable "control_plane_replicas" {
+  description = "Control-plane replicas in primary_region (one active; `cellmesh pki issue-all` reads this too)."
+  type        = number
+  default     = 2
 }
 
 variable "console_token" {

@@ -25,7 +25,6 @@ module "config" {
     advertise_host   = local.host
     routers          = var.routers
     etcd_endpoints   = var.etcd_endpoints
-    cluster_secret   = var.cluster_secret
     kafka_brokers    = var.kafka_brokers
     kafka_partitions = var.kafka_partitions
   }
@@ -44,4 +43,5 @@ module "node" {
   security_group_ids = var.security_group_ids
   data_volume_gib    = var.data_volume_gib
   cellmesh_url       = var.cellmesh_url
+  tls                = merge(var.tls, { stem = "cell-${var.region}-${var.name}" })
 }

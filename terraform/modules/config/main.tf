@@ -1,5 +1,6 @@
 # The TOML config of one cellmesh role, rendered from its template here
-# (cell, router, edge, control-plane). No resources: the role modules use
+# (cell, router, edge, control-plane), with the `[tls]` every role's
+# internal links use. No resources: the role modules use
 # it, and scripts/test-terraform.sh renders every template through it and
 # runs `cellmesh <role> --check-config` on the result.
 
@@ -26,7 +27,30 @@ variable "telemetry" {
   default = {}
 }
 
+variable "tls" {
+  description = "Where the process finds its certificate bundle: the files cloud-init writes from its secret (see ../node/tls.tf)."
+  type = object({
+    ca_file   = optional(string, "/etc/cellmesh/tls/ca.pem")
+    cert_file = optional(string, "/etc/cellmesh/tls/node.pem")
+    key_file  = optional(string, "/etc/cellmesh/tls/node.key")
+    crl_file  = optional(string, "/etc/cellmesh/tls/crl.pem")
+  })
+  default = {}
+}
+
+locals {
+  # Every internal link is mutual TLS: no shared secret, no plaintext.
+  tls_section = <<-TOML
+
+    [tls]
+    ca_file = "${var.tls.ca_file}"
+    cert_file = "${var.tls.cert_file}"
+    key_file = "${var.tls.key_file}"
+    crl_file = "${var.tls.crl_file}"
+  TOML
+}
+
 output "toml" {
-  value     = templatefile("${path.module}/${var.role}.toml.tftpl", merge(var.vars, { telemetry = var.telemetry }))
+  value     = "${templatefile("${path.module}/${var.role}.toml.tftpl", merge(var.vars, { telemetry = var.telemetry }))}${local.tls_section}"
   sensitive = true
 }

@@ -15,7 +15,6 @@ module "config" {
   telemetry = var.telemetry
   vars = {
     routers        = var.routers
-    cluster_secret = var.cluster_secret
     console_token  = var.console_token
     etcd_endpoints = var.etcd_endpoints
     console_port   = var.console_port
@@ -37,4 +36,5 @@ module "node" {
   subnet_id          = var.subnet_ids[count.index % length(var.subnet_ids)]
   security_group_ids = var.security_group_ids
   cellmesh_url       = var.cellmesh_url
+  tls                = merge(var.tls, { stem = "control-plane-${count.index + 1}" })
 }

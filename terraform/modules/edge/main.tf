@@ -17,11 +17,10 @@ module "config" {
   role      = "edge"
   telemetry = var.telemetry
   vars = {
-    port           = var.port
-    region         = var.region
-    routers        = var.routers
-    cluster_secret = var.cluster_secret
-    token_secret   = var.token_secret
+    port         = var.port
+    region       = var.region
+    routers      = var.routers
+    token_secret = var.token_secret
   }
 }
 
@@ -38,6 +37,7 @@ module "node" {
   subnet_id          = var.private_subnet_ids[count.index % length(var.private_subnet_ids)]
   security_group_ids = var.security_group_ids
   cellmesh_url       = var.cellmesh_url
+  tls                = merge(var.tls, { stem = "edge-${var.region}" })
 }
 
 resource "aws_lb" "this" {

@@ -30,9 +30,13 @@ variable "routers" {
   type = list(string)
 }
 
-variable "cluster_secret" {
-  type      = string
-  sensitive = true
+variable "tls" {
+  description = "The certificate bundles: the folder `cellmesh pki issue-all` wrote, the KMS key secrets are encrypted with, and the recovery window of a deleted secret (days; 0: none)."
+  type = object({
+    dir           = string
+    kms_key_arn   = string
+    recovery_days = optional(number, 7)
+  })
 }
 
 variable "token_secret" {

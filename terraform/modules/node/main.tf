@@ -1,4 +1,5 @@
-# One cellmesh process on one instance: an instance profile, the instance
+# One cellmesh process on one instance: an instance profile (allowed to
+# read this process's certificate bundle only, see tls.tf), the instance
 # with cloud-init that installs the binary and the config rendered for it,
 # a gp3 data volume (RocksDB, etcd), and a stable private DNS name.
 
@@ -48,6 +49,8 @@ resource "aws_instance" "this" {
     config       = var.config
     cellmesh_url = var.cellmesh_url
     data_device  = var.data_volume_gib > 0 ? "/dev/nvme1n1" : ""
+    tls_secret   = var.tls == null ? "" : aws_secretsmanager_secret.tls[0].arn
+    aws_region   = data.aws_region.current.name
   })
   user_data_replace_on_change = true
   root_block_device {
@@ -59,6 +62,8 @@ resource "aws_instance" "this" {
     http_tokens = "required"
   }
   tags = { Name = var.name, "cellmesh:role" = var.role }
+  # The bundle and the right to read it exist before the first boot.
+  depends_on = [aws_secretsmanager_secret_version.tls, aws_iam_role_policy.tls]
 }
 
 resource "aws_ebs_volume" "data" {

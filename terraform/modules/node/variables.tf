@@ -65,3 +65,18 @@ variable "cellmesh_url" {
   description = "Where instances download the cellmesh binary."
   type        = string
 }
+
+variable "tls" {
+  description = "This process's certificate bundle (etcd: none): the folder `cellmesh pki init` and `issue-all` wrote (`dir`), the file stem of its certificate (`cell-eu-west-1-c1`), the KMS key its secret is encrypted with, and how many days a deleted secret can be recovered (0: at once)."
+  type = object({
+    dir           = string
+    stem          = string
+    kms_key_arn   = string
+    recovery_days = optional(number, 7)
+  })
+  default = null
+  validation {
+    condition     = var.tls == null || try(var.tls.recovery_days == 0 || (var.tls.recovery_days >= 7 && var.tls.recovery_days <= 30), false)
+    error_message = "tls.recovery_days must be 0 or between 7 and 30 (Secrets Manager's limits)."
+  }
+}

@@ -1,10 +1,41 @@
 # Everything cellmesh runs in one region: its network, its cells, the
-# router replicas placed here, its edge, and optionally its Kafka cluster.
+# router replicas placed here, its edge, optionally its Kafka cluster, and
+# the KMS key its nodes' certificate bundles are encrypted with.
 
 terraform {
   required_providers {
     aws = { source = "hashicorp/aws", version = ">= 5.0" }
   }
+}
+
+locals {
+  tls = merge(var.tls, { kms_key_arn = aws_kms_key.secrets.arn })
+}
+
+data "aws_caller_identity" "current" {}
+
+# The key the region's certificate bundles are encrypted with. The key
+# policy leaves access to IAM; each instance role may decrypt only
+# through Secrets Manager, and only its own secret (see ../node/tls.tf).
+resource "aws_kms_key" "secrets" {
+  description             = "${var.deployment} ${var.region}: cellmesh certificate bundles"
+  enable_key_rotation     = true
+  deletion_window_in_days = 30
+  policy = jsonencode({
+    Version = "2012-10-17"
+    Statement = [{
+      Sid       = "AccountAdministersThroughIam"
+      Effect    = "Allow"
+      Principal = { AWS = "arn:aws:iam::${data.aws_caller_identity.current.account_id}:root" }
+      Action    = "kms:*"
+      Resource  = "*"
+    }]
+  })
+}
+
+resource "aws_kms_alias" "secrets" {
+  name          = "alias/${var.deployment}-${var.region}-tls"
+  target_key_id = aws_kms_key.secrets.key_id
 }
 
 module "network" {
@@ -36,7 +67,6 @@ module "cell" {
   instance_id        = var.instance_id_base + count.index
   routers            = var.routers
   etcd_endpoints     = var.etcd_endpoints
-  cluster_secret     = var.cluster_secret
   kafka_brokers      = module.kafka.bootstrap_brokers
   kafka_partitions   = max(var.spec.kafka_partitions, 1)
   zone_id            = module.network.zone_id
@@ -48,6 +78,7 @@ module "cell" {
   telemetry          = var.telemetry
   data_volume_gib    = var.spec.data_volume_gib
   cellmesh_url       = var.cellmesh_url
+  tls                = local.tls
 }
 
 module "routers" {
@@ -55,13 +86,13 @@ module "routers" {
   deployment         = var.deployment
   region             = var.region
   members            = var.router_members
-  cluster_secret     = var.cluster_secret
   zone_id            = module.network.zone_id
   ami_id             = var.ami_id
   subnet_ids         = module.network.private_subnet_ids
   security_group_ids = [module.network.internal_security_group_id, module.network.metrics_security_group_id]
   telemetry          = var.telemetry
   cellmesh_url       = var.cellmesh_url
+  tls                = local.tls
 }
 
 module "edge" {
@@ -69,7 +100,6 @@ module "edge" {
   deployment          = var.deployment
   region              = var.region
   routers             = var.routers
-  cluster_secret      = var.cluster_secret
   token_secret        = var.token_secret
   zone_id             = module.network.zone_id
   zone_name           = module.network.zone_name
@@ -80,5 +110,6 @@ module "edge" {
   telemetry           = var.telemetry
   ami_id              = var.ami_id
   cellmesh_url        = var.cellmesh_url
+  tls                 = local.tls
   tls_certificate_arn = var.spec.edge_certificate_arn
 }

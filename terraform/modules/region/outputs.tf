@@ -44,3 +44,8 @@ output "peer" {
 output "edge_listener_protocol" {
   value = module.edge.listener_protocol
 }
+
+output "kms_key_arn" {
+  description = "The key this region's certificate bundles are encrypted with."
+  value       = aws_kms_key.secrets.arn
+}

@@ -48,9 +48,12 @@ variable "etcd_endpoints" {
   type = list(string)
 }
 
-variable "cluster_secret" {
-  type      = string
-  sensitive = true
+variable "tls" {
+  description = "The certificate bundles: the folder `cellmesh pki issue-all` wrote, and the recovery window of a deleted secret (days; 0: none). The region's own KMS key encrypts them."
+  type = object({
+    dir           = string
+    recovery_days = optional(number, 7)
+  })
 }
 
 variable "token_secret" {

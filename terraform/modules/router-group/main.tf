@@ -21,14 +21,13 @@ module "config" {
   role      = "router"
   telemetry = var.telemetry
   vars = {
-    node_id        = each.value.node_id
-    region         = each.value.region
-    host           = each.value.host
-    api_port       = var.api_port
-    raft_port      = var.raft_port
-    cluster_secret = var.cluster_secret
-    bootstrap      = each.value.node_id == local.bootstrap_id
-    members        = var.members
+    node_id   = each.value.node_id
+    region    = each.value.region
+    host      = each.value.host
+    api_port  = var.api_port
+    raft_port = var.raft_port
+    bootstrap = each.value.node_id == local.bootstrap_id
+    members   = var.members
   }
 }
 
@@ -46,4 +45,5 @@ module "node" {
   security_group_ids = var.security_group_ids
   data_volume_gib    = var.data_volume_gib
   cellmesh_url       = var.cellmesh_url
+  tls                = merge(var.tls, { stem = "router-${each.key}" })
 }

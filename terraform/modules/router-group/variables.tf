@@ -29,9 +29,13 @@ variable "raft_port" {
   default = 7301
 }
 
-variable "cluster_secret" {
-  type      = string
-  sensitive = true
+variable "tls" {
+  description = "The certificate bundles: the folder `cellmesh pki issue-all` wrote, the KMS key secrets are encrypted with, and the recovery window of a deleted secret (days; 0: none)."
+  type = object({
+    dir           = string
+    kms_key_arn   = string
+    recovery_days = optional(number, 7)
+  })
 }
 
 variable "zone_id" {

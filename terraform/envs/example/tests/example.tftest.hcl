@@ -34,13 +34,9 @@ mock_provider "aws" {
   source = "./tests/aws"
 }
 
-variables {
-  regions = {
-    "eu-west-1"      = { cells = 2, router_replicas = 1 }
-    "us-east-1"      = { cells = 3, router_replicas = 1 }
-    "ap-southeast-1" = { cells = 2, router_replicas = 1 }
-  }
-}
+# The variables are tests/example.tfvars.json (scripts/test-terraform.sh
+# passes it with -var-file, and tls_dir with the certificates `cellmesh pki
+# issue-all` issued from the same file).
 
 run "three_regions_plan_cells_routers_and_dns" {
   command = plan
@@ -64,6 +60,10 @@ run "three_regions_plan_cells_routers_and_dns" {
   assert {
     condition     = output.peerings == 3
     error_message = "every pair of the three regions is peered"
+  }
+  assert {
+    condition     = length(output.tls_identities) == 15 && contains(output.tls_identities, "cell-us-east-1-c3") && contains(output.tls_identities, "control-plane-2")
+    error_message = "every router, cell, edge and control-plane replica has a certificate of its own"
   }
   assert {
     condition     = length(module.etcd.endpoints) == 3

@@ -1,0 +1,155 @@
+//! `cellmesh pki issue-all`: every certificate a Terraform deployment
+//! needs, read from its variables file (`terraform.tfvars.json`, the
+//! format `cellmesh plan --tfvars` writes). The identities are the ones
+//! `terraform/` gives its nodes: routers `1..=N` over all regions, cells
+//! `<region>/c<k>`, one edge per region named by the region, the control
+//! plane's replicas `1..=M` — and `operator/admin` for the operator's
+//! tools, which stays here. Terraform then reads the files
+//! (`tls_dir`) into one secret per node; a certificate missing there
+//! fails its plan and names this command.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::{Context, bail};
+use cellmesh_proto::tls::{Peer, Role};
+use serde::Deserialize;
+
+/// The control plane's replicas when the variables do not say
+/// (`control_plane_replicas` in terraform/envs/example).
+const CONTROL_PLANE_REPLICAS: u32 = 2;
+
+/// The part of the example env's variables that names nodes.
+#[derive(Debug, Deserialize)]
+struct Variables {
+    regions: BTreeMap<String, RegionVars>,
+    #[serde(default)]
+    control_plane_replicas: Option<u32>,
+}
+
+#[derive(Debug, Deserialize)]
+struct RegionVars {
+    cells: u32,
+    router_replicas: u32,
+}
+
+/// Every identity the variables in `text` call for, in a stable order.
+pub fn identities(text: &str) -> anyhow::Result<Vec<Peer>> {
+    let vars: Variables = serde_json::from_str(text).context(
+        "not the JSON variables of terraform/envs/example (write them as terraform.tfvars.json; `cellmesh plan --tfvars` does)",
+    )?;
+    if vars.regions.is_empty() {
+        bail!("regions: name at least one region");
+    }
+    let routers: u32 = vars.regions.values().map(|r| r.router_replicas).sum();
+    let control_planes = vars
+        .control_plane_replicas
+        .unwrap_or(CONTROL_PLANE_REPLICAS);
+    let mut peers: Vec<Peer> = (1..=routers)
+        .map(|n| Peer::new(Role::Router, &n.to_string()))
+        .collect();
+    for (region, spec) in &vars.regions {
+        peers.extend((1..=spec.cells).map(|c| Peer::new(Role::Cell, &format!("{region}/c{c}"))));
+        peers.push(Peer::new(Role::Edge, region));
+    }
+    peers.extend((1..=control_planes).map(|n| Peer::new(Role::ControlPlane, &n.to_string())));
+    peers.push(Peer::new(Role::Operator, "admin"));
+    Ok(peers)
+}
+
+/// Issues what `tfvars` calls for into the CA's folder: only the
+/// certificates missing there, or all of them with `renew`. Returns how
+/// many were issued and how many were kept.
+pub fn issue_all(
+    pki: &super::pki::Pki,
+    tfvars: &Path,
+    renew: bool,
+) -> anyhow::Result<(usize, usize)> {
+    let text = std::fs::read_to_string(tfvars)
+        .with_context(|| format!("cannot read {}", tfvars.display()))?;
+    let (mut issued, mut kept) = (0, 0);
+    for peer in identities(&text).with_context(|| tfvars.display().to_string())? {
+        if !renew && pki.holds(&peer) {
+            kept += 1;
+            continue;
+        }
+        let files = pki.issue(&peer)?;
+        println!("issued {peer}: {}", files.cert_file);
+        issued += 1;
+    }
+    Ok((issued, kept))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_identities_follow_terraforms_names() {
+        let text = r#"{"regions": {"us-east-1": {"cells": 1, "router_replicas": 1},
+            "eu-west-1": {"cells": 2, "router_replicas": 2, "data_volume_gib": 50}},
+            "kafka": true}"#;
+        let uris: Vec<String> = identities(text).unwrap().iter().map(Peer::uri).collect();
+        assert_eq!(
+            uris,
+            [
+                "cellmesh:router/1",
+                "cellmesh:router/2",
+                "cellmesh:router/3",
+                "cellmesh:cell/eu-west-1/c1",
+                "cellmesh:cell/eu-west-1/c2",
+                "cellmesh:edge/eu-west-1",
+                "cellmesh:cell/us-east-1/c1",
+                "cellmesh:edge/us-east-1",
+                "cellmesh:control-plane/1",
+                "cellmesh:control-plane/2",
+                "cellmesh:operator/admin",
+            ]
+        );
+        let three = r#"{"regions": {"eu-west-1": {"cells": 1, "router_replicas": 3}},
+            "control_plane_replicas": 3}"#;
+        assert_eq!(
+            identities(three)
+                .unwrap()
+                .iter()
+                .filter(|p| p.role == Role::ControlPlane)
+                .count(),
+            3
+        );
+    }
+
+    #[test]
+    fn hcl_and_missing_regions_are_refused_with_the_reason() {
+        let hcl = identities("regions = { \"eu-west-1\" = { cells = 1 } }").unwrap_err();
+        assert!(
+            format!("{hcl:#}").contains("terraform.tfvars.json"),
+            "{hcl:#}"
+        );
+        let none = identities(r#"{"regions": {}}"#).unwrap_err();
+        assert!(none.to_string().contains("at least one region"), "{none}");
+        let missing = identities(r#"{"regions": {"eu-west-1": {"cells": 1}}}"#).unwrap_err();
+        assert!(
+            format!("{missing:#}").contains("router_replicas"),
+            "{missing:#}"
+        );
+    }
+
+    #[test]
+    fn issuing_again_keeps_what_exists_unless_renewing() {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = super::super::pki::Pki::create(dir.path()).unwrap();
+        let vars = dir.path().join("terraform.tfvars.json");
+        std::fs::write(
+            &vars,
+            r#"{"regions": {"eu-west-1": {"cells": 1, "router_replicas": 3}}}"#,
+        )
+        .unwrap();
+        assert_eq!(issue_all(&pki, &vars, false).unwrap(), (8, 0));
+        let cell = dir.path().join("cell-eu-west-1-c1.pem");
+        let first = std::fs::read(&cell).unwrap();
+        assert_eq!(issue_all(&pki, &vars, false).unwrap(), (0, 8));
+        assert_eq!(std::fs::read(&cell).unwrap(), first);
+        assert_eq!(issue_all(&pki, &vars, true).unwrap(), (8, 0));
+        assert_ne!(std::fs::read(&cell).unwrap(), first);
+    }
+}

@@ -1,0 +1,5 @@
+# moto has no detailed monitoring (MonitorInstances is not implemented):
+# the applied copy turns it off.
+resource "aws_instance" "this" {
+  monitoring = false
+}
