@@ -114,18 +114,29 @@ fn random_secret() -> String {
         .collect()
 }
 
-fn secrets(data_dir: &Path) -> anyhow::Result<Secrets> {
+/// The deployment's secrets, kept across runs. With `tls`, certificates
+/// authenticate every internal call: like a Terraform deployment, it
+/// renders no shared cluster secret.
+fn secrets(data_dir: &Path, tls: bool) -> anyhow::Result<Secrets> {
     let path = data_dir.join("secrets.json");
-    if let Ok(text) = std::fs::read_to_string(&path) {
-        use std::os::unix::fs::PermissionsExt as _;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
-        return Ok(serde_json::from_str(&text)?);
-    }
-    let s = Secrets {
-        cluster: random_secret(),
-        token: random_secret(),
+    let mut s = match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            use std::os::unix::fs::PermissionsExt as _;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+            serde_json::from_str(&text)?
+        }
+        Err(_) => {
+            let s = Secrets {
+                cluster: random_secret(),
+                token: random_secret(),
+            };
+            write_private(&path, serde_json::to_string_pretty(&s)?.as_bytes())?;
+            s
+        }
     };
-    write_private(&path, serde_json::to_string_pretty(&s)?.as_bytes())?;
+    if tls {
+        s.cluster.clear();
+    }
     Ok(s)
 }
 
@@ -164,12 +175,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let configs = data.join("config");
     std::fs::create_dir_all(&configs)
         .with_context(|| format!("cannot create {}", configs.display()))?;
-    let mut secrets = secrets(data)?;
-    if args.tls {
-        // Certificates authenticate every internal call: like a Terraform
-        // deployment, this one renders no shared secret.
-        secrets.cluster.clear();
-    }
+    let secrets = secrets(data, args.tls)?;
     let pki = match args.tls {
         true => Some(pki::Pki::create(&data.join("tls"))?),
         false => None,
