@@ -470,6 +470,15 @@ impl Default for StorageConfig {
 /// precise error.
 pub const REQUEST_OVERHEAD_BYTES: usize = 64 * 1024;
 
+/// The region a store lies in: `configured` (a `region` setting of
+/// `[backup]`, `[tiering]` or `[attachments]`), or else the cell's own.
+pub fn store_region<'a>(configured: &'a str, cell_id: &'a str) -> &'a str {
+    match configured {
+        "" => region_of(cell_id),
+        region => region,
+    }
+}
+
 /// A cell's region: the part of its id before `/` (a standalone cell,
 /// with no region in its id, is "local").
 pub fn region_of(cell_id: &str) -> &str {

@@ -130,6 +130,13 @@ pub trait Ownership: Send + Sync + 'static {
         Vec::new()
     }
 
+    /// Whether `tenant`'s bytes may be written to a store in `region`: its
+    /// regions, when it is bound to some, include it. A standalone cell
+    /// binds none.
+    fn may_store_in(&self, _tenant: TenantId, _region: &str) -> bool {
+        true
+    }
+
     /// The addresses of the other cells in the route table (a standalone
     /// cell knows none).
     fn other_cells(&self) -> Vec<String> {

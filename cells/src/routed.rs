@@ -143,6 +143,13 @@ impl Ownership for Routed {
         })
     }
 
+    fn may_store_in(&self, tenant: TenantId, region: &str) -> bool {
+        self.client.read(|t| {
+            let regions = t.regions_of(tenant);
+            regions.is_empty() || regions.iter().any(|r| r == region)
+        })
+    }
+
     fn owns(&self, tenant: TenantId, conversation: ConversationId) -> bool {
         self.client.read(|t| {
             t.resolve(&Key::conversation(tenant, conversation))

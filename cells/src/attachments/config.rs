@@ -24,6 +24,10 @@ pub struct AttachmentsConfig {
     /// move within the region.
     pub local_dir: PathBuf,
     pub s3: S3Config,
+    /// The region (as the route table names regions) the store lies in;
+    /// empty: this cell's own. A tenant bound to regions that exclude it
+    /// gets no upload here (`RESIDENCY_VIOLATION`).
+    pub region: String,
     /// Where the cell serves signed URLs of the local store (HTTP,
     /// `host:port`; port 0 picks one).
     pub http_listen: String,
@@ -112,6 +116,7 @@ impl Default for AttachmentsConfig {
             store: TierStore::Local,
             local_dir: PathBuf::new(),
             s3: S3Config::default(),
+            region: String::new(),
             http_listen: "127.0.0.1:0".into(),
             public_url: String::new(),
             tls: Default::default(),

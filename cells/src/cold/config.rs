@@ -48,6 +48,11 @@ pub struct TieringConfig {
     /// that share it hand segments over on a move without copying them.
     pub local_dir: PathBuf,
     pub s3: S3Config,
+    /// The region (as the route table names regions) the store lies in;
+    /// empty: this cell's own. The history of a tenant bound to regions
+    /// that exclude it stays hot (a `RESIDENCY_VIOLATION` warning each
+    /// pass, counted in the pass's report).
+    pub region: String,
     /// Tenant id (as a string) → its retention and legal hold.
     pub tenants: BTreeMap<String, TenantRetention>,
 }
@@ -171,6 +176,7 @@ impl Default for TieringConfig {
             store: TierStore::Local,
             local_dir: PathBuf::new(),
             s3: S3Config::default(),
+            region: String::new(),
             tenants: BTreeMap::new(),
         }
     }

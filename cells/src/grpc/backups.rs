@@ -48,10 +48,7 @@ impl BackupsApi {
     /// to them whose data this cell may hold.
     fn resident(&self) -> Result<(), Status> {
         let config = self.service.config();
-        let store_region = match config.backup.region.as_str() {
-            "" => crate::config::region_of(&config.cell_id),
-            region => region,
-        };
+        let store_region = crate::config::store_region(&config.backup.region, &config.cell_id);
         let conflicts = self.service.ownership().residency_conflicts(store_region);
         let Some((tenant, regions)) = conflicts.first() else {
             return Ok(());

@@ -61,6 +61,15 @@ impl MessageService {
         let (tenant, user) = (cmd.caller.tenant, cmd.caller.user);
         self.ownership.check(tenant, cmd.conversation, Epoch(0))?;
         self.check_member(&cmd.caller, cmd.conversation)?;
+        let region = crate::config::store_region(&att.config.region, &self.config.cell_id);
+        if !self.ownership.may_store_in(tenant, region) {
+            return Err(CellError::denied(
+                Reason::ResidencyViolation,
+                format!(
+                    "tenant {tenant} may not keep files in {region}, where this cell's file store lies (attachments.region)"
+                ),
+            ));
+        }
         let idem = (!cmd.client_req_id.is_empty()).then(|| IdemKey {
             kind: IdemKind::CreateUpload,
             tenant,

@@ -32,6 +32,9 @@ pub struct TierReport {
     pub messages_tiered: u64,
     pub segments_expired: u64,
     pub orphans_swept: u64,
+    /// Conversations left hot because their tenant may not keep bytes in
+    /// the cold store's region.
+    pub held_for_residency: u64,
 }
 
 /// Conversations read per batch while scanning for history to tier.
@@ -52,6 +55,7 @@ impl MessageService {
             return Ok(report);
         };
         report.orphans_swept = self.sweep_orphans(&cold, false).await?;
+        let region = crate::config::store_region(&cold.config.region, &self.config.cell_id);
         let mut after = 0;
         loop {
             let batch = self.store.conversations_after(after, SCAN_BATCH)?;
@@ -59,13 +63,26 @@ impl MessageService {
                 break;
             };
             for (id, record) in batch {
+                let tenant = TenantId(record.tenant_id);
+                if !self.ownership.may_store_in(tenant, region) {
+                    report.held_for_residency += 1;
+                    continue;
+                }
                 let (segments, messages) = self
-                    .tier_conversation(&cold, ConversationId(id), TenantId(record.tenant_id))
+                    .tier_conversation(&cold, ConversationId(id), tenant)
                     .await?;
                 report.segments_written += segments;
                 report.messages_tiered += messages;
             }
             after = last;
+        }
+        if report.held_for_residency > 0 {
+            tracing::warn!(
+                reason = %cellmesh_proto::reason::Reason::ResidencyViolation,
+                conversations = report.held_for_residency,
+                region,
+                "history left hot: its tenant may not keep bytes in the cold store's region (tiering.region)"
+            );
         }
         report.segments_expired = self.expire_segments(&cold).await?;
         Ok(report)

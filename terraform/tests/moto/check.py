@@ -99,6 +99,14 @@ def check_present(tls_dir, variables):
         assert listeners[0]["Protocol"] == want, (region, listeners[0])
         if want == "TLS":
             assert listeners[0]["Certificates"][0]["CertificateArn"] == spec["edge_certificate_arn"]
+        groups = {g["GroupName"]: g["IpPermissions"] for g in ec2.describe_security_groups()["SecurityGroups"]}
+        edge = groups[f"{deployment}-edge"]
+        assert [(p["FromPort"], p["ToPort"]) for p in edge] == [(7200, 7200)], edge
+        metrics = groups[f"{deployment}-metrics"]
+        assert [(p["FromPort"], p["ToPort"]) for p in metrics] == [(9464, 9464)], metrics
+        assert [r["CidrIp"] for r in metrics[0]["IpRanges"]] == variables["monitoring_cidrs"], metrics
+        internal = groups[f"{deployment}-internal"]
+        assert all(p["FromPort"] != 9464 for p in internal), internal
         subnets = ec2.describe_subnets()["Subnets"]
         assert not [s for s in subnets if s["MapPublicIpOnLaunch"] and not s.get("DefaultForAz")], region
     routers = sum(s["router_replicas"] for s in variables["regions"].values())
@@ -115,6 +123,7 @@ def check_present(tls_dir, variables):
           f"{len(roles)} instance roles, each reading only its own certificate secret (KMS through "
           f"Secrets Manager only), the bundle the one issued for that node; no key or shared secret "
           f"in user data; edge listeners TLS where a certificate is given, TCP elsewhere; "
+          f"metrics scraped from the monitoring subnet only; "
           f"{len(latency)} latency records")
 
 

@@ -1,7 +1,9 @@
 //! Data residency beyond routes: a cell whose backups go to a region
 //! outside the regions of a tenant bound to its own region refuses to back
 //! up (`RESIDENCY_VIOLATION`), while a cell that may hold nothing of that
-//! tenant backs up as before, and unbinding lifts the refusal.
+//! tenant backs up as before, and unbinding lifts the refusal. Likewise a
+//! cell whose file store or cold tier lies outside a bound tenant's regions
+//! takes no upload of it and leaves its history hot.
 
 use cellmesh_proto::ids::TenantId;
 use cellmesh_proto::reason::Reason;
@@ -12,6 +14,8 @@ use cellmesh_proto::v1::backups_client::BackupsClient;
 use cellmesh_proto::v1::{CreateBackupRequest, ErrorCode};
 use cellmesh_tests::deploy::*;
 use cellmesh_tests::router::SECRET;
+
+use crate::attachments::{edge_files, no_progress, write_file};
 
 async fn back_up(endpoint: &str) -> Result<(), tonic::Status> {
     let mut client = BackupsClient::connect(endpoint.to_string()).await.unwrap();
@@ -39,4 +43,55 @@ async fn a_cell_does_not_back_up_a_bound_tenant_into_another_region() {
     back_up(us).await.unwrap();
     bind_regions(&routes, TenantId(1), &[]).await;
     back_up(eu).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bound_tenants_files_and_cold_history_stay_out_of_other_regions_stores() {
+    let d = deploy_with(None, |c| {
+        if c.cell_id == "eu-west/c1" {
+            c.attachments.enabled = true;
+            c.attachments.region = "us-east".into();
+            c.tiering.enabled = true;
+            c.tiering.region = "us-east".into();
+            c.tiering.hot_messages_per_conversation = 2;
+        }
+    })
+    .await;
+    let routes = d.cluster.client().await;
+    bind_regions(&routes, TenantId(1), &["eu-west"]).await;
+    let (mut m, alice) = (messaging(&d.edge).await, token(1, 10));
+    let conversation = create_seeded(&mut m, &alice, 1, 6).await[0];
+    let dir = tempfile::tempdir().unwrap();
+    let file = write_file(dir.path(), "report.bin", 10_000, 3);
+    let endpoint = d.edge.endpoint();
+    let upload = || async {
+        edge_files(&endpoint, &alice)
+            .await
+            .upload(
+                conversation,
+                &file,
+                "application/octet-stream",
+                None,
+                &mut no_progress(),
+            )
+            .await
+    };
+    let refused = upload().await.unwrap_err();
+    assert!(
+        format!("{refused:#}").contains("RESIDENCY_VIOLATION"),
+        "{refused:#}"
+    );
+    let service = &d.cells[0].cell.service;
+    let held = service.tier_once().await.unwrap();
+    assert_eq!(
+        (held.held_for_residency, held.messages_tiered),
+        (1, 0),
+        "{held:?}"
+    );
+    // Unbound, the same tenant's files and history may go there.
+    bind_regions(&routes, TenantId(1), &[]).await;
+    upload().await.unwrap();
+    let tiered = service.tier_once().await.unwrap();
+    assert_eq!(tiered.held_for_residency, 0, "{tiered:?}");
+    assert!(tiered.messages_tiered >= 4, "{tiered:?}");
 }
