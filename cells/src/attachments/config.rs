@@ -27,6 +27,8 @@ pub struct AttachmentsConfig {
     /// The region (as the route table names regions) the store lies in;
     /// empty: this cell's own. A tenant bound to regions that exclude it
     /// gets no upload here (`RESIDENCY_VIOLATION`).
+    /// Left out of a written config when empty, which 0.2.0 then reads.
+    #[serde(skip_serializing_if = "String::is_empty")]
     pub region: String,
     /// Where the cell serves signed URLs of the local store (HTTP,
     /// `host:port`; port 0 picks one).

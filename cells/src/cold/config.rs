@@ -52,6 +52,8 @@ pub struct TieringConfig {
     /// empty: this cell's own. The history of a tenant bound to regions
     /// that exclude it stays hot (a `RESIDENCY_VIOLATION` warning each
     /// pass, counted in the pass's report).
+    /// Left out of a written config when empty, which 0.2.0 then reads.
+    #[serde(skip_serializing_if = "String::is_empty")]
     pub region: String,
     /// Tenant id (as a string) → its retention and legal hold.
     pub tenants: BTreeMap<String, TenantRetention>,

@@ -170,6 +170,43 @@ impl BackupsService for BackupsApi {
         )))
     }
 
+    async fn audit(&self, request: Request<AuditRequest>) -> Reply<AuditResponse> {
+        let AuditRequest { tenant_id, needle } = request.into_inner();
+        if !(6..=256).contains(&needle.len()) {
+            return Err(to_status(
+                ErrorCode::InvalidArgument,
+                Reason::MalformedRequest,
+                format!("the needle must be 6 to 256 bytes, not {}", needle.len()),
+                0,
+                None,
+            ));
+        }
+        let store = self.service.store().clone();
+        let rows = tokio::task::spawn_blocking(move || store.rows_containing(&needle))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .map_err(|e| status(BackupError::from(crate::error::CellError::from(e))))?;
+        let cold_segments = match (self.service.cold(), tenant_id) {
+            (Some(cold), tenant @ 1..) => cold
+                .list(Some(TenantId(tenant)))
+                .await
+                .map_err(|e| Status::unavailable(e.to_string()))?
+                .len() as u64,
+            _ => 0,
+        };
+        Ok(Response::new(AuditResponse {
+            rows: rows
+                .into_iter()
+                .map(|(column_family, rows)| AuditRows {
+                    column_family: column_family.into(),
+                    rows,
+                })
+                .collect(),
+            cold_segments,
+            cell_id: self.service.config().cell_id.clone(),
+        }))
+    }
+
     async fn restore_export(
         &self,
         request: Request<RestoreExportRequest>,

@@ -3,6 +3,7 @@
 //! domain methods of [`Store`] and writes by building a [`Mutation`] that the
 //! group committer ([`commit`]) applies atomically with the WAL synced.
 
+mod audit;
 mod backup;
 pub mod changes;
 mod clear;

@@ -284,10 +284,12 @@ impl Injector {
     /// A random Up cell other than `cell`.
     pub(super) async fn other_cell(&mut self, cell: &str) -> anyhow::Result<String> {
         let routes = self.dev.routes().await?;
+        // Inside the drill tenant's regions when it is bound to some.
+        let tenant = TenantId(self.dev.tenant);
         let targets: Vec<String> = routes.read(|t| {
             t.cells
                 .values()
-                .filter(|c| c.id != cell && c.status == CellStatus::Up)
+                .filter(|c| c.id != cell && c.status == CellStatus::Up && t.allows(tenant, &c.id))
                 .map(|c| c.id.clone())
                 .collect()
         });

@@ -16,6 +16,7 @@ mod inject;
 mod move_failover;
 mod region_loss;
 mod report;
+mod residency;
 mod rolling;
 mod tenant_moves;
 mod workload;
@@ -136,6 +137,11 @@ struct RunArgs {
     /// The previous release's binary (`rolling-upgrade`).
     #[arg(long)]
     previous: Option<PathBuf>,
+    /// Binds the drill tenant to these regions for the drill (its moves
+    /// stay inside them), then audits that no cell outside them holds a
+    /// byte of the drill's messages or a cold segment of the tenant.
+    #[arg(long, value_delimiter = ',')]
+    pin_regions: Vec<String>,
 }
 
 pub async fn run(args: ChaosArgs) -> anyhow::Result<()> {
@@ -292,6 +298,7 @@ async fn placed_workload(
 async fn drill(args: RunArgs) -> anyhow::Result<()> {
     let dev = Arc::new(DevTarget::load(&args.dev)?);
     let seed = args.seed.unwrap_or_else(|| rand::rng().random());
+    residency::pin(&dev, &args.pin_regions).await?;
     let mut workload =
         Workload::create(dev.clone(), dev.tenant, args.senders, args.conversations).await?;
     let neighbour = neighbour(&dev, args.senders.min(2)).await?;
@@ -389,6 +396,7 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
     history.cursor_acks = log.cursor_acks;
     history.devices = log.devices;
 
+    let residency = residency::audit_and_unpin(&dev, &args.pin_regions, &workload.tags()).await?;
     let unknown_by_reason = Workload::unknown_reasons(&[&workload, &neighbour]);
     let region_loss = match (region_loss, probe) {
         (Some(measured), Some(probe)) => Some(measured.report(&history, &workload, probe).await?),
@@ -401,6 +409,7 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
         idle_resubscribes,
         unknown_by_reason,
         region_loss,
+        residency,
     };
     judge(&args, &history, &faults, facts)
 }
@@ -533,6 +542,8 @@ struct RunFacts {
     unknown_by_reason: std::collections::BTreeMap<String, u64>,
     /// The region-loss drill's RTO and RPO.
     region_loss: Option<serde_json::Value>,
+    /// With `--pin-regions`: what the audit found, and whether it held.
+    residency: Option<serde_json::Value>,
 }
 
 /// Checks every invariant over the history, prints the report (and
@@ -550,9 +561,11 @@ fn judge(
         idle_resubscribes,
         unknown_by_reason,
         region_loss,
+        residency,
     } = facts;
     let verdicts = check_all(history);
-    let ok = verdicts.iter().all(|v| v.holds);
+    let resident = residency.as_ref().is_none_or(|r| r["holds"] == true);
+    let ok = verdicts.iter().all(|v| v.holds) && resident;
     let summary = report::summarize(history);
     let mut fault_records = Vec::new();
     for (i, fault) in faults.iter().enumerate() {
@@ -579,6 +592,7 @@ fn judge(
             "idle_resubscribes": idle_resubscribes},
         "moves_checked": summary.moves,
         "region_loss": region_loss,
+        "residency": residency,
         "verdicts": verdicts,
         "ok": ok,
     });
@@ -586,6 +600,10 @@ fn judge(
     if let Some(path) = &args.report {
         std::fs::write(path, serde_json::to_string_pretty(&out)? + "\n")?;
     }
+    anyhow::ensure!(
+        resident,
+        "the residency audit failed (seed {seed}): bytes outside the pinned regions, or none inside"
+    );
     anyhow::ensure!(
         ok,
         "the drill found violations (seed {seed}); see the report"

@@ -115,6 +115,15 @@ pub struct Workload {
 }
 
 impl Workload {
+    /// Byte strings only this run's sends and conversations carry: the
+    /// prefix of every message body (its tag) and of every title.
+    pub fn tags(&self) -> Vec<String> {
+        vec![
+            format!("d{}-{}-", self.run_id, self.tenant),
+            format!("drill {} ", self.run_id),
+        ]
+    }
+
     /// Group conversations among the drill's senders, in `tenant`. The
     /// senders' user ids are the same in every tenant.
     pub async fn create(

@@ -11,7 +11,7 @@ use cellmesh_proto::reason::Reason;
 use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::status::error_detail;
 use cellmesh_proto::v1::backups_client::BackupsClient;
-use cellmesh_proto::v1::{CreateBackupRequest, ErrorCode};
+use cellmesh_proto::v1::{AuditRequest, CreateBackupRequest, ErrorCode};
 use cellmesh_tests::deploy::*;
 use cellmesh_tests::router::SECRET;
 
@@ -94,4 +94,66 @@ async fn a_bound_tenants_files_and_cold_history_stay_out_of_other_regions_stores
     let tiered = service.tier_once().await.unwrap();
     assert_eq!(tiered.held_for_residency, 0, "{tiered:?}");
     assert!(tiered.messages_tiered >= 4, "{tiered:?}");
+}
+
+async fn audit(endpoint: &str, needle: &[u8]) -> Result<Vec<(String, u64)>, tonic::Status> {
+    let mut client = BackupsClient::connect(endpoint.to_string()).await.unwrap();
+    let mut request = tonic::Request::new(AuditRequest {
+        tenant_id: 1,
+        needle: needle.to_vec(),
+    });
+    ClusterSecret::new(SECRET).attach(&mut request);
+    let answer = client.audit(request).await?.into_inner();
+    Ok(answer
+        .rows
+        .into_iter()
+        .map(|r| (r.column_family, r.rows))
+        .collect())
+}
+
+/// The audit a residency drill asks of every cell: the owner finds a
+/// message's body in its store and the other region's cell does not; that
+/// cell, a standby, finds the request id of an unbound tenant's send (its
+/// answer is copied there) and not that of a send made once the tenant is
+/// bound to the owner's region. A needle too short to mean anything is
+/// refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_audit_finds_a_tenants_bytes_only_where_they_are() {
+    let d = deploy(None).await;
+    let (mut m, alice) = (messaging(&d.edge).await, token(1, 10));
+    let conversation = create_via_edge(&mut m, &alice, vec![11]).await;
+    let send = |request_id: &str| {
+        let mut send = text(conversation, "audit-body-7f3e");
+        send.client_req_id = request_id.into();
+        authed(send, &alice)
+    };
+    m.send(send("audit-request-1")).await.unwrap();
+    let (eu, us) = (&d.cells[0].endpoint, &d.cells[1].endpoint);
+    let found = audit(eu, b"audit-body-7f3e").await.unwrap();
+    assert!(
+        found.iter().any(|(cf, n)| cf == "messages" && *n == 1),
+        "{found:?}"
+    );
+    assert_eq!(audit(us, b"audit-body-7f3e").await.unwrap(), vec![]);
+    assert_eq!(audit(eu, b"never-written-9c").await.unwrap(), vec![]);
+    let standby = || async {
+        let mut found = Vec::new();
+        for _ in 0..50 {
+            found = audit(us, b"audit-request-").await.unwrap();
+            if !found.is_empty() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        found
+    };
+    assert_eq!(standby().await, vec![("idempotency".to_string(), 1)]);
+    let routes = d.cluster.client().await;
+    bind_regions(&routes, TenantId(1), &["eu-west"]).await;
+    m.send(send("audit-request-2")).await.unwrap();
+    m.send(send("audit-request-3")).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(1_500)).await;
+    assert_eq!(standby().await, vec![("idempotency".to_string(), 1)]);
+    let refused = audit(eu, b"short").await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
 }
