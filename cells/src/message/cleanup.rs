@@ -69,28 +69,41 @@ pub(crate) async fn mark_all_sealed(
             },
         );
     }
-    Ok(store.commit(m).await?)
+    store.commit(m).await?;
+    store.note_handover();
+    Ok(())
+}
+
+/// What [`clean`] does with a key that came back (`back`) and with the copy
+/// of one owned elsewhere for the grace period (`drop`).
+pub(crate) struct Cleanup<B, D> {
+    pub back: B,
+    pub drop: D,
 }
 
 /// Goes through the keys of `kind` this cell handed over: forgets those
-/// `handed` says came back, and drops (with `drop`) the copy of those owned
-/// elsewhere for `grace`; the keys dropped.
-pub(crate) async fn clean(
+/// `handed` says came back (after `back`), and drops (with `drop`) the copy
+/// of those owned elsewhere for `grace`; the keys dropped.
+pub(crate) async fn clean<B, D>(
     store: &Store,
     kind: u8,
     now_ms: u64,
     grace: Duration,
     handed: impl Fn(&Moved) -> Handed,
-    drop: impl Fn(&mut Mutation, &Moved) -> Result<()>,
-) -> Result<Vec<Moved>> {
+    on: Cleanup<B, D>,
+) -> Result<Vec<Moved>>
+where
+    B: Fn(&mut Mutation, &Moved) -> Result<()>,
+    D: Fn(&mut Mutation, &Moved) -> Result<()>,
+{
     let mut dropped = Vec::new();
     for moved in store.moved(kind)? {
         let expired = now_ms >= moved.sealed_at_ms + grace.as_millis() as u64;
         let mut m = Mutation::new();
         match handed(&moved) {
-            Handed::Back => {}
+            Handed::Back => (on.back)(&mut m, &moved)?,
             Handed::Away if expired => {
-                drop(&mut m, &moved)?;
+                (on.drop)(&mut m, &moved)?;
                 dropped.push(moved);
             }
             Handed::Away | Handed::Unsettled => continue,
@@ -135,15 +148,18 @@ impl MessageService {
             now,
             grace,
             handed,
-            |m, moved| {
-                // The search index forgets it too.
-                m.emit(&cellmesh_proto::storage::v1::OutboxEvent {
-                    kind: cellmesh_proto::storage::v1::OutboxKind::HistoryDropped as i32,
-                    tenant_id: moved.tenant.get(),
-                    conversation_id: moved.id,
-                    ..Default::default()
-                });
-                Ok(self.store.drop_history(m, ConversationId(moved.id))?)
+            Cleanup {
+                back: |_: &mut Mutation, _: &Moved| Ok(()),
+                drop: |m: &mut Mutation, moved: &Moved| {
+                    // The search index forgets it too.
+                    m.emit(&cellmesh_proto::storage::v1::OutboxEvent {
+                        kind: cellmesh_proto::storage::v1::OutboxKind::HistoryDropped as i32,
+                        tenant_id: moved.tenant.get(),
+                        conversation_id: moved.id,
+                        ..Default::default()
+                    });
+                    Ok(self.store.drop_history(m, ConversationId(moved.id))?)
+                },
             },
         )
         .await?;

@@ -38,6 +38,7 @@ pub use commit::{CommitSlot, CommitStats, CommitTicket, Written};
 pub use keys::IdemKind;
 pub use manifest::PendingUpload;
 pub use marks::Mark;
+pub use sync::new_queue_id;
 pub use scan::{EVERY_MESSAGE, ScanDirection, ScanPage, visible};
 pub use sync::ForwardQueue;
 pub use uploads::UploadWalk;
@@ -186,6 +187,9 @@ pub struct Store {
     committer: commit::Committer,
     failpoints: Arc<FailPoints>,
     changes: Arc<changes::Changes>,
+    /// Counts seals of keys handed over by a move (see [`moved`]): what a
+    /// cache of per-user state must drop when it changes.
+    handovers: std::sync::atomic::AtomicU64,
 }
 
 impl Store {
@@ -204,7 +208,18 @@ impl Store {
             committer,
             failpoints,
             changes,
+            handovers: Default::default(),
         }))
+    }
+
+    /// How many times keys were sealed here for a move, so far.
+    pub fn handovers(&self) -> u64 {
+        self.handovers.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Records that keys were just sealed here for a move.
+    pub fn note_handover(&self) {
+        (self.handovers).fetch_add(1, std::sync::atomic::Ordering::AcqRel);
     }
 
     /// What changed, for the rounds of a tenant move.

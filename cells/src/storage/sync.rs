@@ -10,6 +10,11 @@ use super::keys::{self, cf};
 use super::{Mutation, Op, Result, Store, corrupt};
 use crate::user::UserKey;
 
+/// A fresh, non-zero queue identity.
+pub fn new_queue_id() -> u64 {
+    rand::random::<u64>().max(1)
+}
+
 impl Mutation {
     pub fn put_sync(&mut self, user: UserKey, pts: u64, record: &SyncRecord) {
         self.put(cf::SYNC, keys::user_item(user, pts), record.encode_to_vec());

@@ -347,10 +347,14 @@ impl SyncService {
                 }
             }
             for id in users {
-                if handed(Handed::of(
-                    self.homes.check_home(UserKey::new(tenant, id), true),
-                )) {
-                    m.mark_moved(moved::USER, Moved { id: id.get(), ..t });
+                let user = UserKey::new(tenant, id);
+                match Handed::of(self.homes.check_home(user, true)) {
+                    // Home here again, and not by a move back: a new queue.
+                    Handed::Back if self.store.home_is_stale(user)? => {
+                        m.restart_queue(user, self.clock.now_ms())
+                    }
+                    Handed::Back => {}
+                    _ => m.mark_moved(moved::USER, Moved { id: id.get(), ..t }),
                 }
             }
             m.unmark_moved(moved::TENANT, tenant, 0);
@@ -386,13 +390,26 @@ impl SyncService {
                     .check_home(UserKey::new(m.tenant, UserId(m.id)), true),
             )
         };
-        let dropped = cleanup::clean(&self.store, moved::USER, now, grace, handed, |m, moved| {
-            Ok(self
-                .store
-                .clear_user(m, UserKey::new(moved.tenant, UserId(moved.id)))?)
-        })
-        .await?
-        .len();
+        let on = cleanup::Cleanup {
+            // Back without a move (a move back imports the home and clears
+            // the mark): the copy lacks what the home appended meanwhile.
+            back: |m: &mut crate::storage::Mutation, moved: &Moved| {
+                let user = UserKey::new(moved.tenant, UserId(moved.id));
+                if self.store.home_is_stale(user)? {
+                    m.restart_queue(user, now);
+                }
+                Ok(())
+            },
+            drop: |m: &mut crate::storage::Mutation, moved: &Moved| {
+                m.unmark_moved(moved::CURRENT, moved.tenant, moved.id);
+                Ok(self
+                    .store
+                    .clear_user(m, UserKey::new(moved.tenant, UserId(moved.id)))?)
+            },
+        };
+        let dropped = cleanup::clean(&self.store, moved::USER, now, grace, handed, on)
+            .await?
+            .len();
         if dropped > 0 {
             tracing::info!(
                 dropped,

@@ -405,3 +405,69 @@ async fn the_control_plane_finishes_moves_nobody_drives() {
     let history = history_via_edge(&mut m, &alice, conversation).await;
     assert_eq!(history.len(), 31);
 }
+
+/// The first push of a subscription through the edge resuming `queue_id`
+/// at `from_pts`: (queue id, latest pts) of an event or a rebase.
+async fn resume(edge: &str, from_pts: u64, queue_id: u64) -> (u64, u64, bool) {
+    let mut sync = SyncClient::connect(edge.to_string()).await.unwrap();
+    let request = SubscribeRequest {
+        caller: None,
+        from_pts,
+        queue_id,
+    };
+    let mut stream = sync
+        .subscribe(authed(request, &token(1, BOB)))
+        .await
+        .unwrap()
+        .into_inner();
+    let push = tokio::time::timeout(Duration::from_secs(10), stream.message())
+        .await
+        .expect("a push within 10 s")
+        .unwrap()
+        .expect("a push");
+    match push.push {
+        Some(sync_push::Push::Event(e)) => (e.queue_id, e.pts, false),
+        Some(sync_push::Push::Rebase(r)) => (r.queue_id, r.latest_pts, true),
+        other => panic!("unexpected push {other:?}"),
+    }
+}
+
+/// A home that moved away and then failed back onto the cell it left (its
+/// new home hung) does not resume the copy left behind, which lacks what
+/// arrived since the move: the queue starts anew under a new id, so a
+/// device resuming the queue it followed is told to rebase, and no pts is
+/// handed out twice under one queue id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_home_failed_back_onto_the_copy_it_left_starts_a_new_queue() {
+    let d = deploy(None).await;
+    let (alice, edge) = (token(1, 10), d.edge.endpoint());
+    let mut m = messaging(&d.edge).await;
+    let conversation = create_via_edge(&mut m, &alice, vec![BOB]).await;
+    let send = |n: usize| authed(text(conversation, &format!("m-{n}")), &alice);
+    for n in 0..3 {
+        m.send(send(n)).await.unwrap();
+    }
+    // Asked beyond anything there, a home answers its queue and latest pts.
+    let latest = |queue| resume(&edge, 1 << 40, queue);
+    let (queue, left_at, _) = latest(0).await;
+    let routes = d.cluster.client().await;
+    move_home(&routes, TARGET).await;
+    for n in 3..13 {
+        m.send(send(n)).await.unwrap();
+    }
+    let followed = eventually(Duration::from_secs(10), || async {
+        latest(queue).await.1 >= left_at + 10
+    })
+    .await;
+    assert!(followed, "the new home appends to the moved queue");
+    let (moved_queue, last_pts, _) = latest(queue).await;
+    assert_eq!(moved_queue, queue, "a move keeps the queue");
+    assert_eq!(fail_over(&routes, TARGET, 1_000).await, SOURCE);
+    m.send(send(13)).await.unwrap();
+    let (now_queue, latest, rebased) = resume(&edge, last_pts, queue).await;
+    assert!(rebased, "a device beyond the failed-back queue is rebased");
+    assert_ne!(
+        now_queue, queue,
+        "the copy left behind was resumed under the old queue id (latest pts {latest}, the device had {last_pts})"
+    );
+}

@@ -132,6 +132,9 @@ pub struct Processor {
     large_group_threshold: usize,
     /// Latest durable pts per user.
     pts: HashMap<UserKey, u64>,
+    /// [`Store::handovers`] when `pts` was last cleared: a home sealed for
+    /// a move may come back stale, and must be looked at again.
+    handovers_seen: u64,
     next_notification: u64,
     notifications: Arc<Notify>,
     /// See [`Signals::processed`].
@@ -315,6 +318,7 @@ impl Processor {
             clock,
             large_group_threshold,
             pts: HashMap::new(),
+            handovers_seen: 0,
             queued_for,
             next_notification,
             notifications: signals.notifications,
@@ -553,11 +557,6 @@ impl Processor {
         }
         Ok(())
     }
-}
-
-/// A fresh, non-zero queue identity.
-fn new_queue_id() -> u64 {
-    rand::random::<u64>().max(1)
 }
 
 /// The users whose events wait in the forward queue.

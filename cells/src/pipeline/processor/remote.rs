@@ -179,6 +179,9 @@ impl Processor {
         if import.reset {
             self.store.clear_user(&mut batch.mutation, user)?;
         }
+        // Moved here (back, maybe): this is the home's current state, not
+        // a copy left behind.
+        batch.mutation.home_current(user, self.clock.now_ms());
         for (pts, record) in &import.events {
             batch.mutation.put_sync(user, *pts, record);
         }

@@ -3,6 +3,7 @@
 //! cell; live pushes to online devices and notifications for offline ones.
 
 use super::*;
+use crate::storage::new_queue_id;
 use cellmesh_proto::ids::ConversationId;
 
 impl Processor {
@@ -183,11 +184,23 @@ impl Processor {
         if let Some(pts) = batch.pts.get(&user) {
             return Ok(*pts);
         }
+        let handovers = self.store.handovers();
+        if handovers != self.handovers_seen {
+            self.pts.clear();
+            self.handovers_seen = handovers;
+        }
         if let Some(pts) = self.pts.get(&user) {
             return Ok(*pts);
         }
-        // A queue gets its identity with its first event here.
-        if self.store.queue_id(user)? == 0 {
+        // A queue gets its identity with its first event here. A copy this
+        // cell handed over by a move, home here again other than by a move
+        // (a failover onto the cell it left), lacks what the home appended
+        // since: it goes on as a new queue, so devices rebase instead of
+        // getting a pts twice.
+        if self.store.home_is_stale(user)? {
+            tracing::info!(tenant = %user.tenant, user = %user.user, "a home came back without a move: its queue starts anew");
+            batch.mutation.restart_queue(user, self.clock.now_ms());
+        } else if self.store.queue_id(user)? == 0 {
             batch.mutation.set_queue_id(user, new_queue_id());
         }
         let pts = self.store.user_pts(user)?;
