@@ -534,6 +534,11 @@ impl CellConfig {
             cellmesh_proto::tls::Role::Cell,
             Some(&self.cell_id),
         )?;
+        cellmesh_proto::config::check_etcd(
+            "routing.etcd_endpoints",
+            &self.routing.etcd_endpoints,
+            &self.tls,
+        )?;
         validate_cell_id(&self.cell_id)?;
         check(
             "instance_id",
@@ -823,6 +828,10 @@ mod tests {
                 "replication.tenants",
             ),
             ("[replication]\ntimeout_ms = 0", "replication.timeout_ms"),
+            (
+                "[routing]\netcd_endpoints = [\"https://etcd-1:2379\"]",
+                "routing.etcd_endpoints",
+            ),
             // Sizes that would overflow once scaled, or size a channel or a
             // buffer beyond reason, are refused, not a panic later.
             (

@@ -260,6 +260,11 @@ impl ControlPlaneConfig {
                 || !self.coordination.etcd_endpoints.is_empty(),
             "must name etcd endpoints for the etcd backend",
         )?;
+        cellmesh_proto::config::check_etcd(
+            "coordination.etcd_endpoints",
+            &self.coordination.etcd_endpoints,
+            &self.tls,
+        )?;
         check(
             "coordination.dir",
             self.coordination.backend != CoordinationBackend::Local

@@ -1,10 +1,15 @@
 //! The etcd backend: a lease per registration or campaign, kept alive at a
 //! third of its TTL; registrations are keys bound to the lease; elections use
-//! etcd's election service. Dropping the [`Lease`] revokes it.
+//! etcd's election service. Dropping the [`Lease`] revokes it. `https://`
+//! endpoints are reached over mutual TLS with the process's own `[tls]`
+//! (the deployment's CA, its certificate and key; the server verified as
+//! [`SERVER_NAME`], which the etcd members' certificates carry beside their
+//! host names).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use cellmesh_proto::tls::SERVER_NAME;
 use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
 use tokio::sync::{oneshot, watch};
 
@@ -18,12 +23,61 @@ pub struct EtcdCoordination {
     client: Client,
 }
 
+/// Client options for `endpoints`: mutual TLS with this process's
+/// installed `[tls]` when they are `https://` (refused without it, or when
+/// only some are). The files are read here: a renewed certificate is
+/// presented to etcd from the next connect.
+pub fn options(endpoints: &[String]) -> Result<etcd_client::ConnectOptions, CoordError> {
+    let options = etcd_client::ConnectOptions::new()
+        .with_connect_timeout(Duration::from_secs(2))
+        .with_timeout(Duration::from_secs(5));
+    let secure = endpoints.iter().filter(|e| e.starts_with("https://")).count();
+    if secure == 0 {
+        return Ok(options);
+    }
+    let installed = cellmesh_proto::tls::installed();
+    let Some(tls) = installed.map(|i| &i.config).filter(|_| secure == endpoints.len()) else {
+        return Err(CoordError::Store(
+            "https:// etcd endpoints need [tls] (this process's certificate), and all of them https://"
+                .into(),
+        ));
+    };
+    let read = |path: &str| {
+        std::fs::read(path).map_err(|e| CoordError::Store(format!("cannot read {path}: {e}")))
+    };
+    let tls = etcd_client::TlsOptions::new()
+        .domain_name(SERVER_NAME)
+        .ca_certificate(etcd_client::Certificate::from_pem(read(&tls.ca_file)?))
+        .identity(etcd_client::Identity::from_pem(
+            read(&tls.cert_file)?,
+            read(&tls.key_file)?,
+        ));
+    Ok(options.with_tls(tls))
+}
+
+/// The flags that make an etcd member serve clients over mutual TLS with
+/// `server` (its certificate and key, the CA clients must chain to, and the
+/// CA's revocation list when there is one).
+pub fn server_tls_args(server: &cellmesh_proto::tls::TlsConfig) -> Vec<String> {
+    let mut args = vec!["--client-cert-auth".to_string()];
+    for (flag, file) in [
+        ("--cert-file", &server.cert_file),
+        ("--key-file", &server.key_file),
+        ("--trusted-ca-file", &server.ca_file),
+        ("--client-crl-file", &server.crl_file),
+    ] {
+        if !file.is_empty() {
+            args.extend([flag.to_string(), file.clone()]);
+        }
+    }
+    args
+}
+
 impl EtcdCoordination {
+    /// A client of `endpoints`, over mutual TLS when they are `https://`
+    /// (see [`options`]).
     pub async fn connect(endpoints: &[String]) -> Result<Self, CoordError> {
-        let options = etcd_client::ConnectOptions::new()
-            .with_connect_timeout(Duration::from_secs(2))
-            .with_timeout(Duration::from_secs(5));
-        let client = Client::connect(endpoints, Some(options))
+        let client = Client::connect(endpoints, Some(options(endpoints)?))
             .await
             .map_err(store)?;
         Ok(Self { client })

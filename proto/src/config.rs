@@ -162,6 +162,21 @@ pub fn check_tls(
     )
 }
 
+/// etcd endpoints: none, all `http://`, or all `https://` — which this
+/// process reaches over mutual TLS with its `[tls]`, so it must have one.
+pub fn check_etcd(
+    field: &'static str,
+    endpoints: &[String],
+    tls: &crate::tls::TlsConfig,
+) -> Result<(), ConfigError> {
+    let secure = endpoints.iter().filter(|e| e.starts_with("https://")).count();
+    check(
+        field,
+        secure == 0 || (secure == endpoints.len() && tls.enabled()),
+        "https:// etcd endpoints are reached with this process's [tls] certificate: configure [tls], and make them all https://",
+    )
+}
+
 /// Refuses to run the internal links in plaintext unless the config says
 /// so (`insecure_plaintext = true`); with `[tls]` set, `Ok`.
 pub fn check_transport(

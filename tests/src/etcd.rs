@@ -17,10 +17,28 @@ pub struct Etcd {
     _dir: TempDir,
 }
 
+/// What an etcd serving mutual TLS is given: the CA, its certificate and
+/// key (naming 127.0.0.1), and the CA's revocation list; and what a
+/// client presents to it.
+pub struct EtcdTls {
+    pub server: cellmesh_proto::tls::TlsConfig,
+    pub client: cellmesh_proto::tls::TlsConfig,
+}
+
 impl Etcd {
     pub async fn start() -> Self {
+        Self::start_with(None).await
+    }
+
+    /// An etcd on `https://` that takes only clients presenting a
+    /// certificate its CA signed.
+    pub async fn start_tls(tls: &EtcdTls) -> Self {
+        Self::start_with(Some(tls)).await
+    }
+
+    async fn start_with(tls: Option<&EtcdTls>) -> Self {
         for _ in 0..3 {
-            if let Some(etcd) = Self::try_start().await {
+            if let Some(etcd) = Self::try_start(tls).await {
                 return etcd;
             }
         }
@@ -28,12 +46,17 @@ impl Etcd {
     }
 
     /// One try on fresh ports; `None` when etcd exits before it answers.
-    async fn try_start() -> Option<Self> {
+    async fn try_start(tls: Option<&EtcdTls>) -> Option<Self> {
         let dir = tempfile::tempdir().expect("temp dir");
         let (client, peer) = (free_port(), free_port());
-        let endpoint = format!("http://127.0.0.1:{client}");
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let endpoint = format!("{scheme}://127.0.0.1:{client}");
         let peer_url = format!("http://127.0.0.1:{peer}");
+        let tls_args = tls.map_or_else(Vec::new, |t| {
+            cellmesh_coord::etcd::server_tls_args(&t.server)
+        });
         let child = Command::new("etcd")
+            .args(tls_args)
             .args([
                 "--name",
                 "test",
@@ -66,7 +89,8 @@ impl Etcd {
             if !matches!(etcd.child.try_wait(), Ok(None)) {
                 return None;
             }
-            if let Ok(mut c) = etcd_client::Client::connect([etcd.endpoint.clone()], None).await
+            let options = tls.map(|t| client_options(&t.client));
+            if let Ok(mut c) = etcd_client::Client::connect([etcd.endpoint.clone()], options).await
                 && c.status().await.is_ok()
             {
                 return Some(etcd);
@@ -82,4 +106,19 @@ impl Drop for Etcd {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Options of a client presenting `tls`'s certificate to an etcd whose
+/// certificate names 127.0.0.1.
+pub fn client_options(tls: &cellmesh_proto::tls::TlsConfig) -> etcd_client::ConnectOptions {
+    let read = |path: &str| std::fs::read(path).expect("a certificate file");
+    etcd_client::ConnectOptions::new().with_tls(
+        etcd_client::TlsOptions::new()
+            .domain_name(cellmesh_proto::tls::SERVER_NAME)
+            .ca_certificate(etcd_client::Certificate::from_pem(read(&tls.ca_file)))
+            .identity(etcd_client::Identity::from_pem(
+                read(&tls.cert_file),
+                read(&tls.key_file),
+            )),
+    )
 }

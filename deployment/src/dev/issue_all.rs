@@ -4,7 +4,9 @@
 //! `terraform/` gives its nodes: routers `1..=N` over all regions, cells
 //! `<region>/c<k>`, one edge per region named by the region, the control
 //! plane's replicas `1..=M` — and `operator/admin` for the operator's
-//! tools, which stays here. Terraform then reads the files
+//! tools, which stays here — and a server certificate for each etcd member
+//! (`etcd-<n>`, naming its host `etcd-<n>.<primary_region>.<internal_domain>`).
+//! Terraform then reads the files
 //! (`tls_dir`) into one secret per node; a certificate missing there
 //! fails its plan and names this command.
 
@@ -19,12 +21,38 @@ use serde::Deserialize;
 /// (`control_plane_replicas` in terraform/envs/example).
 const CONTROL_PLANE_REPLICAS: u32 = 2;
 
+/// etcd members in `primary_region` (terraform/modules/etcd).
+const ETCD_MEMBERS: u32 = 3;
+
 /// The part of the example env's variables that names nodes.
 #[derive(Debug, Deserialize)]
 struct Variables {
     regions: BTreeMap<String, RegionVars>,
     #[serde(default)]
     control_plane_replicas: Option<u32>,
+    #[serde(default = "primary_region")]
+    primary_region: String,
+    #[serde(default = "internal_domain")]
+    internal_domain: String,
+}
+
+fn primary_region() -> String {
+    "eu-west-1".into()
+}
+
+fn internal_domain() -> String {
+    "cellmesh.internal".into()
+}
+
+/// The etcd members' certificate stems and host names.
+pub fn etcd_members(text: &str) -> anyhow::Result<Vec<(String, String)>> {
+    let vars: Variables = serde_json::from_str(text)?;
+    Ok((1..=ETCD_MEMBERS)
+        .map(|n| {
+            let host = format!("etcd-{n}.{}.{}", vars.primary_region, vars.internal_domain);
+            (format!("etcd-{n}"), host)
+        })
+        .collect())
 }
 
 #[derive(Debug, Deserialize)]
@@ -69,12 +97,21 @@ pub fn issue_all(
         .with_context(|| format!("cannot read {}", tfvars.display()))?;
     let (mut issued, mut kept) = (0, 0);
     for peer in identities(&text).with_context(|| tfvars.display().to_string())? {
-        if !renew && pki.holds(&peer) {
+        if !renew && pki.holds(&super::pki::Pki::stem(&peer)) {
             kept += 1;
             continue;
         }
         let files = pki.issue(&peer)?;
         println!("issued {peer}: {}", files.cert_file);
+        issued += 1;
+    }
+    for (stem, host) in etcd_members(&text)? {
+        if !renew && pki.holds(&stem) {
+            kept += 1;
+            continue;
+        }
+        let files = pki.issue_server(&stem, std::slice::from_ref(&host))?;
+        println!("issued etcd member {host}: {}", files.cert_file);
         issued += 1;
     }
     Ok((issued, kept))
@@ -119,6 +156,20 @@ mod tests {
     }
 
     #[test]
+    fn etcd_members_are_named_by_the_primary_region_and_internal_domain() {
+        let text = r#"{"regions": {"us-east-1": {"cells": 1, "router_replicas": 3}},
+            "primary_region": "us-east-1", "internal_domain": "corp.internal"}"#;
+        let members = etcd_members(text).unwrap();
+        assert_eq!(members.len(), 3);
+        assert_eq!(
+            members[2],
+            ("etcd-3".into(), "etcd-3.us-east-1.corp.internal".into())
+        );
+        let default = etcd_members(r#"{"regions": {}}"#).unwrap();
+        assert_eq!(default[0].1, "etcd-1.eu-west-1.cellmesh.internal");
+    }
+
+    #[test]
     fn hcl_and_missing_regions_are_refused_with_the_reason() {
         let hcl = identities("regions = { \"eu-west-1\" = { cells = 1 } }").unwrap_err();
         assert!(
@@ -144,12 +195,12 @@ mod tests {
             r#"{"regions": {"eu-west-1": {"cells": 1, "router_replicas": 3}}}"#,
         )
         .unwrap();
-        assert_eq!(issue_all(&pki, &vars, false).unwrap(), (8, 0));
+        assert_eq!(issue_all(&pki, &vars, false).unwrap(), (11, 0));
         let cell = dir.path().join("cell-eu-west-1-c1.pem");
         let first = std::fs::read(&cell).unwrap();
-        assert_eq!(issue_all(&pki, &vars, false).unwrap(), (0, 8));
+        assert_eq!(issue_all(&pki, &vars, false).unwrap(), (0, 11));
         assert_eq!(std::fs::read(&cell).unwrap(), first);
-        assert_eq!(issue_all(&pki, &vars, true).unwrap(), (8, 0));
+        assert_eq!(issue_all(&pki, &vars, true).unwrap(), (11, 0));
         assert_ne!(std::fs::read(&cell).unwrap(), first);
     }
 }

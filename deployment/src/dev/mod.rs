@@ -210,7 +210,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     };
     let mut sup = Supervisor::new(data, args.process_binary.clone())?;
     let etcd_endpoints = match args.etcd {
-        true => vec![start_etcd(&mut sup, data, &topo)?],
+        true => vec![start_etcd(&mut sup, data, &topo, pki.as_ref())?],
         false => Vec::new(),
     };
     let plan = start::Plan {
@@ -388,16 +388,30 @@ fn apply_partition(
     *current = wanted;
 }
 
-/// A local etcd on the topology's ports; its client URL.
-fn start_etcd(sup: &mut Supervisor, data: &Path, topo: &Topology) -> anyhow::Result<String> {
+/// A local etcd on the topology's ports; its client URL. With `pki`
+/// (`--tls`), it serves clients over mutual TLS with a certificate of its
+/// own (`etcd-dev`, naming 127.0.0.1) and takes only clients the CA signed.
+fn start_etcd(
+    sup: &mut Supervisor,
+    data: &Path,
+    topo: &Topology,
+    pki: Option<&pki::Pki>,
+) -> anyhow::Result<String> {
     let (client, peer) = topo.etcd_ports();
     let dir = data.join("etcd");
-    let client_url = format!("http://127.0.0.1:{client}");
+    let scheme = if pki.is_some() { "https" } else { "http" };
+    let client_url = format!("{scheme}://127.0.0.1:{client}");
     let peer_url = format!("http://127.0.0.1:{peer}");
+    let tls = match pki {
+        Some(pki) => cellmesh_coord::etcd::server_tls_args(
+            &pki.issue_server("etcd-dev", &["127.0.0.1".to_string()])?,
+        ),
+        None => Vec::new(),
+    };
     sup.start_command(
         "etcd",
         "etcd",
-        vec![
+        tls.into_iter().chain([
             "--name".into(),
             "dev".into(),
             "--data-dir".into(),
@@ -412,9 +426,10 @@ fn start_etcd(sup: &mut Supervisor, data: &Path, topo: &Topology) -> anyhow::Res
             peer_url.clone(),
             "--initial-cluster".into(),
             format!("dev={peer_url}"),
-        ],
+        ])
+        .collect(),
     )?;
-    Ok(format!("http://127.0.0.1:{client}"))
+    Ok(format!("{scheme}://127.0.0.1:{client}"))
 }
 
 async fn connect_routes(topo: &Topology, secret: &str) -> anyhow::Result<RouteClient> {

@@ -105,13 +105,12 @@ impl Pki {
     }
 
     /// The file stem of `peer`'s certificate and key (`cell-eu-west-1-c1`).
-    fn stem(peer: &Peer) -> String {
+    pub fn stem(peer: &Peer) -> String {
         format!("{}-{}", peer.role.as_str(), peer.id.replace('/', "-"))
     }
 
-    /// Whether `peer` has a certificate and key here.
-    pub fn holds(&self, peer: &Peer) -> bool {
-        let stem = Self::stem(peer);
+    /// Whether `stem` has a certificate and key here.
+    pub fn holds(&self, stem: &str) -> bool {
         ["pem", "key"]
             .iter()
             .all(|ext| self.dir.join(format!("{stem}.{ext}")).exists())
@@ -120,22 +119,42 @@ impl Pki {
     /// A certificate and key for `peer` (replacing any earlier one: a
     /// renewal), and the `[tls]` that uses them.
     pub fn issue(&self, peer: &Peer) -> anyhow::Result<TlsConfig> {
+        let uri = SanType::URI(peer.uri().try_into()?);
+        self.sign(&Self::stem(peer), &peer.to_string(), vec![uri])
+    }
+
+    /// A certificate for a process that is no cellmesh role — an etcd
+    /// member — named `stem`: it carries [`SERVER_NAME`] (what cellmesh
+    /// clients verify) and `names` (its host names or IP addresses, which
+    /// its peers verify), and no `cellmesh:` identity, so it may call no
+    /// cellmesh service.
+    pub fn issue_server(&self, stem: &str, names: &[String]) -> anyhow::Result<TlsConfig> {
+        let sans = names
+            .iter()
+            .map(|n| match n.parse::<std::net::IpAddr>() {
+                Ok(ip) => Ok(SanType::IpAddress(ip)),
+                Err(_) => Ok(SanType::DnsName(n.as_str().try_into()?)),
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        self.sign(stem, stem, sans)
+    }
+
+    /// Signs a new key's certificate for [`SERVER_NAME`] and `sans`, both
+    /// server and client, into `<stem>.pem` and `<stem>.key`.
+    fn sign(&self, stem: &str, common_name: &str, sans: Vec<SanType>) -> anyhow::Result<TlsConfig> {
         let key = KeyPair::generate()?;
         let mut params = CertificateParams::new(vec![SERVER_NAME.to_string()])?;
-        params
-            .subject_alt_names
-            .push(SanType::URI(peer.uri().try_into()?));
+        params.subject_alt_names.extend(sans);
         params
             .distinguished_name
-            .push(DnType::CommonName, peer.to_string());
+            .push(DnType::CommonName, common_name);
         params.extended_key_usages = vec![
             ExtendedKeyUsagePurpose::ServerAuth,
             ExtendedKeyUsagePurpose::ClientAuth,
         ];
         let cert = params.signed_by(&key, &self.ca, &self.ca_key)?;
-        let name = Self::stem(peer);
-        let cert_file = self.dir.join(format!("{name}.pem"));
-        let key_file = self.dir.join(format!("{name}.key"));
+        let cert_file = self.dir.join(format!("{stem}.pem"));
+        let key_file = self.dir.join(format!("{stem}.key"));
         // The key first: until the certificate follows, readers keep the
         // pair they have (a key without its certificate does not load).
         replace(&key_file, key.serialize_pem().as_bytes())?;

@@ -172,6 +172,8 @@ impl Material {
 pub struct Installed {
     /// Who this process is (a renewed certificate must name the same).
     pub me: Peer,
+    /// The files it came from (clients that read them themselves: etcd's).
+    pub config: TlsConfig,
     material: files::Watched<Material>,
 }
 
@@ -286,6 +288,7 @@ pub fn install(config: &TlsConfig) -> Result<Option<&'static Peer>, String> {
     )?;
     let installed = INSTALLED.get_or_init(|| Installed {
         me: material.get().me.clone(),
+        config: config.clone(),
         material,
     });
     Ok(Some(&installed.me))

@@ -200,7 +200,7 @@ locals {
   router_endpoints = [for m in local.router_members : "http://${m.host}:7300"]
   # Known before anything exists (module etcd creates these names), so the
   # regions do not wait on etcd.
-  etcd_endpoints = [for i in range(3) : "http://etcd-${i + 1}.${var.primary_region}.${var.internal_domain}:2379"]
+  etcd_endpoints = [for i in range(3) : "https://etcd-${i + 1}.${var.primary_region}.${var.internal_domain}:2379"]
   outputs = {
     "eu-west-1"      = one(module.eu_west_1)
     "eu-central-1"   = one(module.eu_central_1)
@@ -218,12 +218,14 @@ locals {
     [for r in local.names : "edge-${r}"],
     flatten([for r in local.names : [for c in range(var.regions[r].cells) : "cell-${r}-c${c + 1}"]]),
     [for i in range(var.control_plane_replicas) : "control-plane-${i + 1}"],
+    [for i in range(3) : "etcd-${i + 1}"],
   )
   tls_missing = [for stem in local.tls_stems : stem if !fileexists("${var.tls_dir}/${stem}.pem") || !fileexists("${var.tls_dir}/${stem}.key")]
 }
 
 module "etcd" {
   source             = "../../modules/etcd"
+  tls                = merge(local.tls, { kms_key_arn = local.primary.kms_key_arn })
   deployment         = var.deployment
   region             = var.primary_region
   zone_id            = local.primary.zone_id

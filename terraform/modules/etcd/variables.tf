@@ -59,3 +59,12 @@ variable "data_volume_gib" {
 variable "cellmesh_url" {
   type = string
 }
+
+variable "tls" {
+  description = "The certificate bundles: the folder `cellmesh pki issue-all` wrote, the KMS key secrets are encrypted with, and the recovery window of a deleted secret (days; 0: none)."
+  type = object({
+    dir           = string
+    kms_key_arn   = string
+    recovery_days = optional(number, 7)
+  })
+}

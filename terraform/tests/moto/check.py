@@ -34,7 +34,8 @@ def stem(name, deployment, region, role):
     """The certificate file stem `cellmesh pki issue-all` gives a node."""
     rest = name[len(f"{deployment}-{region}-{role}-"):]
     return {"cell": f"cell-{region}-{rest}", "router": f"router-{rest}",
-            "edge": f"edge-{region}", "control-plane": f"control-plane-{rest}"}[role]
+            "edge": f"edge-{region}", "control-plane": f"control-plane-{rest}",
+            "etcd": f"etcd-{rest}"}[role]
 
 
 def own_secret_only(iam, instance, secret_arn):
@@ -80,10 +81,9 @@ def check_present(tls_dir, variables):
             assert "PRIVATE KEY" not in user_data and "cluster_secret" not in user_data, name
             secret = secrets.get(f"{name}/tls")
             if role == "etcd":
-                assert secret is None, name
-                own_secret_only(iam, instance, None)
-                continue
-            assert "\n[tls]\n" in user_data and "insecure_plaintext" not in user_data, name
+                assert "ETCD_CLIENT_CERT_AUTH=true" in user_data and "http://" not in user_data, name
+            else:
+                assert "\n[tls]\n" in user_data and "insecure_plaintext" not in user_data, name
             assert secret and secret["KmsKeyId"].split("/")[-1] in keys, (name, secret)
             roles.add(own_secret_only(iam, instance, secret["ARN"]))
             bundle = json.loads(sm.get_secret_value(SecretId=secret["ARN"])["SecretString"])
@@ -111,7 +111,7 @@ def check_present(tls_dir, variables):
         assert not [s for s in subnets if s["MapPublicIpOnLaunch"] and not s.get("DefaultForAz")], region
     routers = sum(s["router_replicas"] for s in variables["regions"].values())
     cells = sum(s["cells"] for s in variables["regions"].values())
-    expected = routers + cells + 2 * len(variables["regions"]) + 2
+    expected = routers + cells + 2 * len(variables["regions"]) + 2 + 3
     assert nodes == expected and len(roles) == expected, (nodes, len(roles), expected)
     r53 = client("route53", "us-east-1")
     zones = {z["Name"]: z["Id"] for z in r53.list_hosted_zones()["HostedZones"]}
@@ -119,7 +119,7 @@ def check_present(tls_dir, variables):
     records = r53.list_resource_record_sets(HostedZoneId=public)["ResourceRecordSets"]
     latency = [r for r in records if r["Type"] == "CNAME" and r.get("Region")]
     assert sorted(r["Region"] for r in latency) == sorted(variables["regions"]), latency
-    print(f"applied: {nodes} cellmesh instances and 3 etcd members, none with a public address; "
+    print(f"applied: {nodes} instances (3 of them etcd members), none with a public address; "
           f"{len(roles)} instance roles, each reading only its own certificate secret (KMS through "
           f"Secrets Manager only), the bundle the one issued for that node; no key or shared secret "
           f"in user data; edge listeners TLS where a certificate is given, TCP elsewhere; "

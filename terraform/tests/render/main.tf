@@ -16,7 +16,7 @@ locals {
     crl_file  = "${var.tls_dir}/crl.pem"
   } }
   routers = ["http://router-1.eu-west-1.cellmesh.internal:7300", "http://router-2.us-east-1.cellmesh.internal:7300", "http://router-3.ap-southeast-1.cellmesh.internal:7300"]
-  etcd    = ["http://etcd-1.eu-west-1.cellmesh.internal:2379", "http://etcd-2.eu-west-1.cellmesh.internal:2379", "http://etcd-3.eu-west-1.cellmesh.internal:2379"]
+  etcd    = ["https://etcd-1.eu-west-1.cellmesh.internal:2379", "https://etcd-2.eu-west-1.cellmesh.internal:2379", "https://etcd-3.eu-west-1.cellmesh.internal:2379"]
   members = [for i, r in ["eu-west-1", "us-east-1", "ap-southeast-1"] : { node_id = i + 1, region = r, host = "router-${i + 1}.${r}.cellmesh.internal" }]
 }
 

@@ -192,3 +192,54 @@ async fn compare_and_put_holds_on_etcd_lock_files_and_in_process() {
     )
     .await;
 }
+
+/// etcd over mutual TLS, as Terraform deploys it: a process with `[tls]`
+/// reaches `https://` endpoints presenting its own certificate and
+/// registers under a lease; a client without a certificate, or with one
+/// the CA revoked, gets nothing; and `https://` endpoints without `[tls]`
+/// are refused before any connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_over_mutual_tls_takes_only_certified_clients() {
+    use cellmesh_deployment::dev::pki::Pki;
+    use cellmesh_proto::tls::{Peer, Role};
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::create(dir.path()).unwrap();
+    let revoked = pki.issue(&Peer::new(Role::Edge, "eu-west")).unwrap();
+    pki.revoke(std::path::Path::new(&revoked.cert_file)).unwrap();
+    let tls = cellmesh_tests::etcd::EtcdTls {
+        server: pki
+            .issue_server("etcd-1", &["127.0.0.1".to_string()])
+            .unwrap(),
+        client: pki.issue(&Peer::new(Role::Cell, "eu-west/c1")).unwrap(),
+    };
+    let etcd = Etcd::start_tls(&tls).await;
+    let endpoints = std::slice::from_ref(&etcd.endpoint);
+    let refused = EtcdCoordination::connect(endpoints).await.err();
+    assert!(
+        refused.is_some_and(|e| e.to_string().contains("need [tls]")),
+        "https:// endpoints without [tls]"
+    );
+    let anonymous = etcd_client::ConnectOptions::new()
+        .with_connect_timeout(Duration::from_secs(2))
+        .with_tls(
+            etcd_client::TlsOptions::new()
+                .domain_name(cellmesh_proto::tls::SERVER_NAME)
+                .ca_certificate(etcd_client::Certificate::from_pem(
+                    std::fs::read(&tls.client.ca_file).unwrap(),
+                )),
+        );
+    for options in [anonymous, cellmesh_tests::etcd::client_options(&revoked)] {
+        let answered = match etcd_client::Client::connect(endpoints, Some(options)).await {
+            Ok(mut client) => client.status().await.is_ok(),
+            Err(_) => false,
+        };
+        assert!(!answered, "etcd answered a client without a valid certificate");
+    }
+    cellmesh_proto::tls::install(&tls.client).unwrap();
+    let c = EtcdCoordination::connect(endpoints).await.unwrap();
+    let _lease = c
+        .register("cellmesh/cells/eu-west/c1", "http://a", Duration::from_secs(2))
+        .await
+        .unwrap();
+    assert_eq!(c.list(CELLS_PREFIX).await.unwrap().len(), 1);
+}
