@@ -31,12 +31,18 @@ pub fn options(endpoints: &[String]) -> Result<etcd_client::ConnectOptions, Coor
     let options = etcd_client::ConnectOptions::new()
         .with_connect_timeout(Duration::from_secs(2))
         .with_timeout(Duration::from_secs(5));
-    let secure = endpoints.iter().filter(|e| e.starts_with("https://")).count();
+    let secure = endpoints
+        .iter()
+        .filter(|e| e.starts_with("https://"))
+        .count();
     if secure == 0 {
         return Ok(options);
     }
     let installed = cellmesh_proto::tls::installed();
-    let Some(tls) = installed.map(|i| &i.config).filter(|_| secure == endpoints.len()) else {
+    let Some(tls) = installed
+        .map(|i| &i.config)
+        .filter(|_| secure == endpoints.len())
+    else {
         return Err(CoordError::Store(
             "https:// etcd endpoints need [tls] (this process's certificate), and all of them https://"
                 .into(),

@@ -169,7 +169,10 @@ pub fn check_etcd(
     endpoints: &[String],
     tls: &crate::tls::TlsConfig,
 ) -> Result<(), ConfigError> {
-    let secure = endpoints.iter().filter(|e| e.starts_with("https://")).count();
+    let secure = endpoints
+        .iter()
+        .filter(|e| e.starts_with("https://"))
+        .count();
     check(
         field,
         secure == 0 || (secure == endpoints.len() && tls.enabled()),

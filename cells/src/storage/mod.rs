@@ -38,9 +38,9 @@ pub use commit::{CommitSlot, CommitStats, CommitTicket, Written};
 pub use keys::IdemKind;
 pub use manifest::PendingUpload;
 pub use marks::Mark;
-pub use sync::new_queue_id;
 pub use scan::{EVERY_MESSAGE, ScanDirection, ScanPage, visible};
 pub use sync::ForwardQueue;
+pub use sync::new_queue_id;
 pub use uploads::UploadWalk;
 
 use crate::config::StorageConfig;

@@ -411,23 +411,24 @@ fn start_etcd(
     sup.start_command(
         "etcd",
         "etcd",
-        tls.into_iter().chain([
-            "--name".into(),
-            "dev".into(),
-            "--data-dir".into(),
-            dir.to_string_lossy().into_owned(),
-            "--listen-client-urls".into(),
-            client_url.clone(),
-            "--advertise-client-urls".into(),
-            client_url,
-            "--listen-peer-urls".into(),
-            peer_url.clone(),
-            "--initial-advertise-peer-urls".into(),
-            peer_url.clone(),
-            "--initial-cluster".into(),
-            format!("dev={peer_url}"),
-        ])
-        .collect(),
+        tls.into_iter()
+            .chain([
+                "--name".into(),
+                "dev".into(),
+                "--data-dir".into(),
+                dir.to_string_lossy().into_owned(),
+                "--listen-client-urls".into(),
+                client_url.clone(),
+                "--advertise-client-urls".into(),
+                client_url,
+                "--listen-peer-urls".into(),
+                peer_url.clone(),
+                "--initial-advertise-peer-urls".into(),
+                peer_url.clone(),
+                "--initial-cluster".into(),
+                format!("dev={peer_url}"),
+            ])
+            .collect(),
     )?;
     Ok(format!("{scheme}://127.0.0.1:{client}"))
 }

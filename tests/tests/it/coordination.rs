@@ -205,7 +205,8 @@ async fn etcd_over_mutual_tls_takes_only_certified_clients() {
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::create(dir.path()).unwrap();
     let revoked = pki.issue(&Peer::new(Role::Edge, "eu-west")).unwrap();
-    pki.revoke(std::path::Path::new(&revoked.cert_file)).unwrap();
+    pki.revoke(std::path::Path::new(&revoked.cert_file))
+        .unwrap();
     let tls = cellmesh_tests::etcd::EtcdTls {
         server: pki
             .issue_server("etcd-1", &["127.0.0.1".to_string()])
@@ -233,12 +234,19 @@ async fn etcd_over_mutual_tls_takes_only_certified_clients() {
             Ok(mut client) => client.status().await.is_ok(),
             Err(_) => false,
         };
-        assert!(!answered, "etcd answered a client without a valid certificate");
+        assert!(
+            !answered,
+            "etcd answered a client without a valid certificate"
+        );
     }
     cellmesh_proto::tls::install(&tls.client).unwrap();
     let c = EtcdCoordination::connect(endpoints).await.unwrap();
     let _lease = c
-        .register("cellmesh/cells/eu-west/c1", "http://a", Duration::from_secs(2))
+        .register(
+            "cellmesh/cells/eu-west/c1",
+            "http://a",
+            Duration::from_secs(2),
+        )
         .await
         .unwrap();
     assert_eq!(c.list(CELLS_PREFIX).await.unwrap().len(), 1);
