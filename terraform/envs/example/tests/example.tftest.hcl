@@ -62,8 +62,8 @@ run "three_regions_plan_cells_routers_and_dns" {
     error_message = "every pair of the three regions is peered"
   }
   assert {
-    condition     = length(output.tls_identities) == 15 && contains(output.tls_identities, "cell-us-east-1-c3") && contains(output.tls_identities, "control-plane-2")
-    error_message = "every router, cell, edge and control-plane replica has a certificate of its own"
+    condition     = length(output.tls_identities) == 18 && contains(output.tls_identities, "cell-us-east-1-c3") && contains(output.tls_identities, "control-plane-2") && contains(output.tls_identities, "etcd-3")
+    error_message = "every router, cell, edge, control-plane replica and etcd member has a certificate of its own"
   }
   assert {
     condition     = length(module.etcd.endpoints) == 3
