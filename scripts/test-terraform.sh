@@ -73,10 +73,15 @@ skipped=$(grep -oE '^\| CKV[0-9A-Z_, ]+' terraform/README.md | tr -d '| ' | past
 "$checkov" -d terraform --framework terraform --compact --quiet --skip-download --skip-check "$skipped" \
   --skip-path tests/moto/overrides
 
+# A new CA in DIR and every certificate the variables in TFVARS call for.
+issue_certificates() {
+  "$bin" pki --dir "$1" init >/dev/null
+  "$bin" pki --dir "$1" issue-all --tfvars "$2" | tail -1
+}
+
 echo "== cellmesh pki: a CA and every node's certificate for the test's variables"
 example_vars=tests/example.tfvars.json
-"$bin" pki --dir "$work/tls" init >/dev/null
-"$bin" pki --dir "$work/tls" issue-all --tfvars "terraform/envs/example/$example_vars" | tail -1
+issue_certificates "$work/tls" "terraform/envs/example/$example_vars"
 
 echo "== terraform test: three regions, and the variables refused"
 tf terraform/envs/example test -no-color -filter=tests/example.tftest.hcl \
@@ -95,8 +100,7 @@ tr -s ' \n' ' ' <"$work/partial.log" | grep -q 'lacks the certificates of cell-u
 echo "== cellmesh plan: 100M DAU over five regions, planned by the example env"
 "$bin" plan --dau 100000000 --regions eu-west-1,eu-central-1,us-east-1,us-west-2,ap-southeast-1 \
   --kafka --tfvars "$work/plan.tfvars.json"
-"$bin" pki --dir "$work/tls-sized" init >/dev/null
-"$bin" pki --dir "$work/tls-sized" issue-all --tfvars "$work/plan.tfvars.json" | tail -1
+issue_certificates "$work/tls-sized" "$work/plan.tfvars.json"
 tf terraform/envs/example test -no-color -filter=tests/sized.tftest.hcl -var-file="$work/plan.tfvars.json" \
   -var "tls_dir=$work/tls-sized"
 
@@ -129,8 +133,7 @@ moto_pid=$!
 endpoint="http://127.0.0.1:$port"
 for _ in $(seq 50); do curl -sf "$endpoint/moto-api/" >/dev/null && break; sleep 0.2; done
 moto=terraform/tests/moto
-"$bin" pki --dir "$work/tls-moto" init >/dev/null
-"$bin" pki --dir "$work/tls-moto" issue-all --tfvars "$moto/moto.tfvars.json" | tail -1
+issue_certificates "$work/tls-moto" "$moto/moto.tfvars.json"
 # eu-west-1's load balancer terminates client TLS with an imported ACM
 # certificate; us-east-1's passes TCP through.
 acm=$(python3 "$moto/check.py" "$endpoint" acm "$work/tls-moto")

@@ -31,34 +31,32 @@ pub fn options(endpoints: &[String]) -> Result<etcd_client::ConnectOptions, Coor
     let options = etcd_client::ConnectOptions::new()
         .with_connect_timeout(Duration::from_secs(2))
         .with_timeout(Duration::from_secs(5));
-    let secure = endpoints
-        .iter()
-        .filter(|e| e.starts_with("https://"))
-        .count();
-    if secure == 0 {
-        return Ok(options);
-    }
-    let installed = cellmesh_proto::tls::installed();
-    let Some(tls) = installed
-        .map(|i| &i.config)
-        .filter(|_| secure == endpoints.len())
-    else {
-        return Err(CoordError::Store(
+    let installed = cellmesh_proto::tls::installed().map(|i| &i.config);
+    match (cellmesh_proto::config::etcd_over_tls(endpoints), installed) {
+        (Some(false), _) => Ok(options),
+        (Some(true), Some(tls)) => Ok(options.with_tls(tls_options(tls)?)),
+        _ => Err(CoordError::Store(
             "https:// etcd endpoints need [tls] (this process's certificate), and all of them https://"
                 .into(),
-        ));
-    };
+        )),
+    }
+}
+
+/// A client's TLS presenting `tls`'s certificate to etcd members, whose
+/// certificates it verifies against `tls`'s CA as [`SERVER_NAME`].
+pub fn tls_options(
+    tls: &cellmesh_proto::tls::TlsConfig,
+) -> Result<etcd_client::TlsOptions, CoordError> {
     let read = |path: &str| {
         std::fs::read(path).map_err(|e| CoordError::Store(format!("cannot read {path}: {e}")))
     };
-    let tls = etcd_client::TlsOptions::new()
+    Ok(etcd_client::TlsOptions::new()
         .domain_name(SERVER_NAME)
         .ca_certificate(etcd_client::Certificate::from_pem(read(&tls.ca_file)?))
         .identity(etcd_client::Identity::from_pem(
             read(&tls.cert_file)?,
             read(&tls.key_file)?,
-        ));
-    Ok(options.with_tls(tls))
+        )))
 }
 
 /// The flags that make an etcd member serve clients over mutual TLS with

@@ -162,6 +162,20 @@ pub fn check_tls(
     )
 }
 
+/// Whether etcd `endpoints` are reached over TLS: `Some(true)` when all
+/// are `https://`, `Some(false)` when none is, `None` when they mix.
+pub fn etcd_over_tls(endpoints: &[String]) -> Option<bool> {
+    let secure = endpoints
+        .iter()
+        .filter(|e| e.starts_with("https://"))
+        .count();
+    match secure {
+        0 => Some(false),
+        n if n == endpoints.len() => Some(true),
+        _ => None,
+    }
+}
+
 /// etcd endpoints: none, all `http://`, or all `https://` — which this
 /// process reaches over mutual TLS with its `[tls]`, so it must have one.
 pub fn check_etcd(
@@ -169,13 +183,12 @@ pub fn check_etcd(
     endpoints: &[String],
     tls: &crate::tls::TlsConfig,
 ) -> Result<(), ConfigError> {
-    let secure = endpoints
-        .iter()
-        .filter(|e| e.starts_with("https://"))
-        .count();
     check(
         field,
-        secure == 0 || (secure == endpoints.len() && tls.enabled()),
+        match etcd_over_tls(endpoints) {
+            Some(secure) => !secure || tls.enabled(),
+            None => false,
+        },
         "https:// etcd endpoints are reached with this process's [tls] certificate: configure [tls], and make them all https://",
     )
 }

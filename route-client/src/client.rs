@@ -164,6 +164,25 @@ impl RouteClient {
         Ok(())
     }
 
+    /// Binds `tenant` to `regions` (empty: unbinds it), expecting its
+    /// entry's latest epoch (read through the leader), and waits until this
+    /// cache has applied the binding.
+    pub async fn bind_regions(
+        &self,
+        tenant: cellmesh_proto::ids::TenantId,
+        regions: &[String],
+    ) -> Result<(), Status> {
+        self.catch_up().await?;
+        let epoch = self
+            .resolve(&Key::tenant(tenant))
+            .ok_or_else(|| Status::not_found(format!("tenant {tenant} is not placed")))?
+            .entry
+            .epoch;
+        let command = crate::commands::set_tenant_regions(tenant, regions, epoch);
+        let applied = self.apply(command).await?;
+        self.refresh(applied.index).await
+    }
+
     /// A linearizable lookup on the leader.
     pub async fn resolve_linearizable(&self, key: &Key) -> Result<pb::ResolveResponse, Status> {
         let request = pb::ResolveRequest {

@@ -634,12 +634,7 @@ pub async fn bind_regions(routes: &RouteClient, tenant: TenantId, regions: &[&st
             .await
             .is_empty()
     );
-    routes.catch_up().await.unwrap();
-    let key = cellmesh_route_client::table::Key::tenant(tenant);
-    let epoch = routes.resolve(&key).unwrap().entry.epoch;
     let regions: Vec<String> = regions.iter().map(|r| r.to_string()).collect();
-    let command = cellmesh_route_client::commands::set_tenant_regions(tenant, &regions, epoch);
-    let r = routes.apply(command).await.unwrap();
-    assert!(routes.wait_applied(r.index, Duration::from_secs(5)).await);
+    routes.bind_regions(tenant, &regions).await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
 }

@@ -109,16 +109,8 @@ impl Drop for Etcd {
 }
 
 /// Options of a client presenting `tls`'s certificate to an etcd whose
-/// certificate names 127.0.0.1.
+/// certificate its CA signed.
 pub fn client_options(tls: &cellmesh_proto::tls::TlsConfig) -> etcd_client::ConnectOptions {
-    let read = |path: &str| std::fs::read(path).expect("a certificate file");
-    etcd_client::ConnectOptions::new().with_tls(
-        etcd_client::TlsOptions::new()
-            .domain_name(cellmesh_proto::tls::SERVER_NAME)
-            .ca_certificate(etcd_client::Certificate::from_pem(read(&tls.ca_file)))
-            .identity(etcd_client::Identity::from_pem(
-                read(&tls.cert_file),
-                read(&tls.key_file),
-            )),
-    )
+    let tls = cellmesh_coord::etcd::tls_options(tls).expect("the certificate files");
+    etcd_client::ConnectOptions::new().with_tls(tls)
 }

@@ -171,21 +171,26 @@ impl BackupsService for BackupsApi {
     }
 
     async fn audit(&self, request: Request<AuditRequest>) -> Reply<AuditResponse> {
-        let AuditRequest { tenant_id, needle } = request.into_inner();
-        if !(6..=256).contains(&needle.len()) {
+        let AuditRequest { tenant_id, needles } = request.into_inner();
+        let bad = needles.iter().find(|n| !(6..=256).contains(&n.len()));
+        if needles.is_empty() || needles.len() > 16 || bad.is_some() {
             return Err(to_status(
                 ErrorCode::InvalidArgument,
                 Reason::MalformedRequest,
-                format!("the needle must be 6 to 256 bytes, not {}", needle.len()),
+                format!(
+                    "name 1 to 16 needles of 6 to 256 bytes each, not {} (shortest {})",
+                    needles.len(),
+                    needles.iter().map(Vec::len).min().unwrap_or(0)
+                ),
                 0,
                 None,
             ));
         }
         let store = self.service.store().clone();
-        let rows = tokio::task::spawn_blocking(move || store.rows_containing(&needle))
+        let rows = tokio::task::spawn_blocking(move || store.rows_containing(&needles))
             .await
             .map_err(|e| Status::internal(e.to_string()))?
-            .map_err(|e| status(BackupError::from(crate::error::CellError::from(e))))?;
+            .map_err(|e| Status::from(crate::error::CellError::from(e)))?;
         let cold_segments = match (self.service.cold(), tenant_id) {
             (Some(cold), tenant @ 1..) => cold
                 .list(Some(TenantId(tenant)))

@@ -1,4 +1,4 @@
-//! Where a byte string lies in this store: every column family, keys and
+//! Where byte strings lie in this store: every column family, keys and
 //! values as RocksDB hands them back (decompressed), counted per family.
 //! What a residency audit asks of a cell that must hold nothing of a
 //! tenant.
@@ -7,16 +7,16 @@ use super::keys::cf;
 use super::{Result, Store};
 
 impl Store {
-    /// Per column family, the rows whose key or value contains `needle`
-    /// (families with none left out). Reads the whole store.
-    pub fn rows_containing(&self, needle: &[u8]) -> Result<Vec<(&'static str, u64)>> {
+    /// Per column family, the rows whose key or value contains any of
+    /// `needles` (families with none left out). Reads the whole store once.
+    pub fn rows_containing(&self, needles: &[Vec<u8>]) -> Result<Vec<(&'static str, u64)>> {
         let mut found = Vec::new();
         for name in cf::ALL {
             let mut it = self.db.raw_iterator_cf(self.cf(name));
             it.seek_to_first();
             let mut rows = 0;
             while let (Some(key), Some(value)) = (it.key(), it.value()) {
-                if contains(key, needle) || contains(value, needle) {
+                if (needles.iter()).any(|n| contains(key, n) || contains(value, n)) {
                     rows += 1;
                 }
                 it.next();

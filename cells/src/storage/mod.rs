@@ -187,8 +187,10 @@ pub struct Store {
     committer: commit::Committer,
     failpoints: Arc<FailPoints>,
     changes: Arc<changes::Changes>,
-    /// Counts seals of keys handed over by a move (see [`moved`]): what a
-    /// cache of per-user state must drop when it changes.
+    /// Counts seals of keys handed over by a move (see [`moved`]), from 1
+    /// when the store opened holding handed-over homes: what a cache of
+    /// per-user state must drop when it changes, and 0 while no home here
+    /// can be a stale copy.
     handovers: std::sync::atomic::AtomicU64,
 }
 
@@ -203,16 +205,21 @@ impl Store {
         let changes = Arc::new(changes::Changes::new());
         let committer =
             commit::Committer::start(db.clone(), config, failpoints.clone(), changes.clone())?;
-        Ok(Arc::new(Self {
+        let store = Arc::new(Self {
             db,
             committer,
             failpoints,
             changes,
             handovers: Default::default(),
-        }))
+        });
+        if store.holds_handed_over_homes()? {
+            store.note_handover();
+        }
+        Ok(store)
     }
 
-    /// How many times keys were sealed here for a move, so far.
+    /// How many times keys were sealed here for a move, so far (see the
+    /// field).
     pub fn handovers(&self) -> u64 {
         self.handovers.load(std::sync::atomic::Ordering::Acquire)
     }

@@ -84,8 +84,23 @@ impl Store {
         .into_iter()
         .flatten()
         .max();
-        let since = self.moved_at(CURRENT, tenant, id)?.unwrap_or(0);
-        Ok(sealed.is_some_and(|sealed| sealed > since))
+        let Some(sealed) = sealed else {
+            return Ok(false);
+        };
+        Ok(sealed > self.moved_at(CURRENT, tenant, id)?.unwrap_or(0))
+    }
+
+    /// Whether this cell holds any handed-over user home or tenant (what
+    /// [`Store::home_is_stale`] could find), at open.
+    pub(super) fn holds_handed_over_homes(&self) -> Result<bool> {
+        for kind in [USER, TENANT] {
+            let lower = [keys::meta::MOVED, &[kind]].concat();
+            let upper = [keys::meta::MOVED, &[kind + 1]].concat();
+            if !self.range(cf::META, lower, upper, 1)?.is_empty() {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     /// The keys of `kind` this cell handed over and still holds a copy of.

@@ -5,12 +5,9 @@
 //! no other run writes). At least one cell inside must hold them, or the
 //! audit proves nothing. The binding is lifted afterwards.
 
-use std::time::Duration;
-
 use cellmesh_proto::ids::TenantId;
 use cellmesh_proto::v1::AuditRequest;
 use cellmesh_route_client::peers::Peers;
-use cellmesh_route_client::table::Key;
 use serde_json::{Value, json};
 
 use crate::target::DevTarget;
@@ -20,7 +17,7 @@ pub(super) async fn pin(dev: &DevTarget, regions: &[String]) -> anyhow::Result<(
     if regions.is_empty() {
         return Ok(());
     }
-    bind(dev, dev.tenant, regions).await?;
+    bind(dev, TenantId(dev.tenant), regions).await?;
     println!("tenant {} bound to {}", dev.tenant, regions.join(","));
     Ok(())
 }
@@ -35,36 +32,24 @@ pub(super) async fn audit_and_unpin(
     if regions.is_empty() {
         return Ok(None);
     }
-    let found = audit(dev, dev.tenant, regions, tags).await?;
-    bind(dev, dev.tenant, &[]).await?;
+    let found = audit(dev, TenantId(dev.tenant), regions, tags).await?;
+    bind(dev, TenantId(dev.tenant), &[]).await?;
     Ok(Some(found))
 }
 
 /// Binds `tenant` to `regions` (an empty list lifts the binding).
-async fn bind(dev: &DevTarget, tenant: u64, regions: &[String]) -> anyhow::Result<()> {
-    let routes = dev.routes().await?;
-    routes.catch_up().await?;
-    let epoch = routes
-        .resolve(&Key::tenant(TenantId(tenant)))
-        .map(|r| r.entry.epoch)
-        .ok_or_else(|| anyhow::anyhow!("tenant {tenant} is not placed"))?;
-    let command =
-        cellmesh_route_client::commands::set_tenant_regions(TenantId(tenant), regions, epoch);
-    let applied = routes
-        .apply(command)
+async fn bind(dev: &DevTarget, tenant: TenantId, regions: &[String]) -> anyhow::Result<()> {
+    (dev.routes().await?)
+        .bind_regions(tenant, regions)
         .await
-        .map_err(|e| anyhow::anyhow!("binding tenant {tenant} to {regions:?}: {}", e.message()))?;
-    routes
-        .wait_applied(applied.index, Duration::from_secs(5))
-        .await;
-    Ok(())
+        .map_err(|e| anyhow::anyhow!("binding tenant {tenant} to {regions:?}: {}", e.message()))
 }
 
 /// Asks every cell whether it holds `needles` or cold segments of
 /// `tenant`; the findings, `holds` saying whether the audit passed.
 async fn audit(
     dev: &DevTarget,
-    tenant: u64,
+    tenant: TenantId,
     regions: &[String],
     needles: &[String],
 ) -> anyhow::Result<Value> {
@@ -78,23 +63,21 @@ async fn audit(
     let (peers, secret) = (Peers::default(), dev.secret());
     let (mut outside, mut inside_rows, mut findings) = (0u64, 0u64, Vec::new());
     for (cell, region, address) in cells {
-        let mut rows = Vec::new();
-        let mut cold = 0;
-        for needle in needles {
-            let mut request = tonic::Request::new(AuditRequest {
-                tenant_id: tenant,
-                needle: needle.as_bytes().to_vec(),
-            });
-            secret.attach(&mut request);
-            let answer = peers
-                .backups(&address)?
-                .audit(request)
-                .await
-                .map_err(|e| anyhow::anyhow!("audit of {cell}: {}", e.message()))?
-                .into_inner();
-            rows.extend(answer.rows.into_iter().map(|r| (r.column_family, r.rows)));
-            cold = answer.cold_segments;
-        }
+        let mut request = tonic::Request::new(AuditRequest {
+            tenant_id: tenant.get(),
+            needles: needles.iter().map(|n| n.as_bytes().to_vec()).collect(),
+        });
+        secret.attach(&mut request);
+        let answer = peers
+            .backups(&address)?
+            .audit(request)
+            .await
+            .map_err(|e| anyhow::anyhow!("audit of {cell}: {}", e.message()))?
+            .into_inner();
+        let rows: Vec<(String, u64)> = (answer.rows.into_iter())
+            .map(|r| (r.column_family, r.rows))
+            .collect();
+        let cold = answer.cold_segments;
         let held: u64 = rows.iter().map(|(_, n)| n).sum::<u64>() + cold;
         let pinned = regions.contains(&region);
         match pinned {

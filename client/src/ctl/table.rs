@@ -120,18 +120,12 @@ pub(super) async fn residency(
 ) -> anyhow::Result<()> {
     let key = cellmesh_route_client::table::Key::tenant(tenant);
     let fail = |e: tonic::Status| anyhow::anyhow!(describe(&e));
-    // The epoch a write expects must be the latest: read through the leader.
-    routes.catch_up().await.map_err(fail)?;
-    if let Some(regions) = regions {
-        let epoch = routes
-            .resolve(&key)
-            .with_context(|| format!("tenant {tenant} is not placed"))?
-            .entry
-            .epoch;
-        let command = cellmesh_route_client::commands::set_tenant_regions(tenant, regions, epoch);
-        let r = routes.apply(command).await.map_err(fail)?;
-        routes.refresh(r.index).await.map_err(fail)?;
+    match regions {
+        Some(regions) => routes.bind_regions(tenant, regions).await,
+        // What the leader holds now.
+        None => routes.catch_up().await,
     }
+    .map_err(fail)?;
     let route = routes
         .resolve(&key)
         .with_context(|| format!("tenant {tenant} is not placed"))?;

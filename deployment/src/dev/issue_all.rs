@@ -44,31 +44,25 @@ fn internal_domain() -> String {
     "cellmesh.internal".into()
 }
 
-/// The etcd members' certificate stems and host names.
-pub fn etcd_members(text: &str) -> anyhow::Result<Vec<(String, String)>> {
-    let vars: Variables = serde_json::from_str(text)?;
-    Ok((1..=ETCD_MEMBERS)
-        .map(|n| {
-            let host = format!("etcd-{n}.{}.{}", vars.primary_region, vars.internal_domain);
-            (format!("etcd-{n}"), host)
-        })
-        .collect())
-}
-
 #[derive(Debug, Deserialize)]
 struct RegionVars {
     cells: u32,
     router_replicas: u32,
 }
 
-/// Every identity the variables in `text` call for, in a stable order.
-pub fn identities(text: &str) -> anyhow::Result<Vec<Peer>> {
+/// The variables in `text`.
+fn variables(text: &str) -> anyhow::Result<Variables> {
     let vars: Variables = serde_json::from_str(text).context(
         "not the JSON variables of terraform/envs/example (write them as terraform.tfvars.json; `cellmesh plan --tfvars` does)",
     )?;
     if vars.regions.is_empty() {
         bail!("regions: name at least one region");
     }
+    Ok(vars)
+}
+
+/// Every node identity `vars` call for, in a stable order.
+fn nodes(vars: &Variables) -> Vec<Peer> {
     let routers: u32 = vars.regions.values().map(|r| r.router_replicas).sum();
     let control_planes = vars
         .control_plane_replicas
@@ -82,7 +76,41 @@ pub fn identities(text: &str) -> anyhow::Result<Vec<Peer>> {
     }
     peers.extend((1..=control_planes).map(|n| Peer::new(Role::ControlPlane, &n.to_string())));
     peers.push(Peer::new(Role::Operator, "admin"));
-    Ok(peers)
+    peers
+}
+
+/// The etcd members' certificate stems and host names.
+fn etcd_members(vars: &Variables) -> Vec<(String, String)> {
+    (1..=ETCD_MEMBERS)
+        .map(|n| {
+            let host = format!("etcd-{n}.{}.{}", vars.primary_region, vars.internal_domain);
+            (format!("etcd-{n}"), host)
+        })
+        .collect()
+}
+
+/// A certificate to issue: a node's, or an etcd member's (named by host).
+enum Subject {
+    Node(Peer),
+    Etcd { stem: String, host: String },
+}
+
+impl Subject {
+    fn stem(&self) -> String {
+        match self {
+            Self::Node(peer) => super::pki::Pki::stem(peer),
+            Self::Etcd { stem, .. } => stem.clone(),
+        }
+    }
+}
+
+impl std::fmt::Display for Subject {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Node(peer) => write!(f, "{peer}"),
+            Self::Etcd { host, .. } => write!(f, "etcd member {host}"),
+        }
+    }
 }
 
 /// Issues what `tfvars` calls for into the CA's folder: only the
@@ -95,23 +123,20 @@ pub fn issue_all(
 ) -> anyhow::Result<(usize, usize)> {
     let text = std::fs::read_to_string(tfvars)
         .with_context(|| format!("cannot read {}", tfvars.display()))?;
+    let vars = variables(&text).with_context(|| tfvars.display().to_string())?;
+    let subjects = (nodes(&vars).into_iter().map(Subject::Node))
+        .chain((etcd_members(&vars).into_iter()).map(|(stem, host)| Subject::Etcd { stem, host }));
     let (mut issued, mut kept) = (0, 0);
-    for peer in identities(&text).with_context(|| tfvars.display().to_string())? {
-        if !renew && pki.holds(&super::pki::Pki::stem(&peer)) {
+    for subject in subjects {
+        if !renew && pki.holds(&subject.stem()) {
             kept += 1;
             continue;
         }
-        let files = pki.issue(&peer)?;
-        println!("issued {peer}: {}", files.cert_file);
-        issued += 1;
-    }
-    for (stem, host) in etcd_members(&text)? {
-        if !renew && pki.holds(&stem) {
-            kept += 1;
-            continue;
-        }
-        let files = pki.issue_server(&stem, std::slice::from_ref(&host))?;
-        println!("issued etcd member {host}: {}", files.cert_file);
+        let files = match &subject {
+            Subject::Node(peer) => pki.issue(peer)?,
+            Subject::Etcd { stem, host } => pki.issue_server(stem, std::slice::from_ref(host))?,
+        };
+        println!("issued {subject}: {}", files.cert_file);
         issued += 1;
     }
     Ok((issued, kept))
@@ -126,7 +151,10 @@ mod tests {
         let text = r#"{"regions": {"us-east-1": {"cells": 1, "router_replicas": 1},
             "eu-west-1": {"cells": 2, "router_replicas": 2, "data_volume_gib": 50}},
             "kafka": true}"#;
-        let uris: Vec<String> = identities(text).unwrap().iter().map(Peer::uri).collect();
+        let uris: Vec<String> = nodes(&variables(text).unwrap())
+            .iter()
+            .map(Peer::uri)
+            .collect();
         assert_eq!(
             uris,
             [
@@ -146,8 +174,7 @@ mod tests {
         let three = r#"{"regions": {"eu-west-1": {"cells": 1, "router_replicas": 3}},
             "control_plane_replicas": 3}"#;
         assert_eq!(
-            identities(three)
-                .unwrap()
+            nodes(&variables(three).unwrap())
                 .iter()
                 .filter(|p| p.role == Role::ControlPlane)
                 .count(),
@@ -159,26 +186,29 @@ mod tests {
     fn etcd_members_are_named_by_the_primary_region_and_internal_domain() {
         let text = r#"{"regions": {"us-east-1": {"cells": 1, "router_replicas": 3}},
             "primary_region": "us-east-1", "internal_domain": "corp.internal"}"#;
-        let members = etcd_members(text).unwrap();
+        let members = etcd_members(&variables(text).unwrap());
         assert_eq!(members.len(), 3);
         assert_eq!(
             members[2],
             ("etcd-3".into(), "etcd-3.us-east-1.corp.internal".into())
         );
-        let default = etcd_members(r#"{"regions": {}}"#).unwrap();
+        let default = etcd_members(
+            &variables(r#"{"regions": {"eu-west-1": {"cells": 1, "router_replicas": 3}}}"#)
+                .unwrap(),
+        );
         assert_eq!(default[0].1, "etcd-1.eu-west-1.cellmesh.internal");
     }
 
     #[test]
     fn hcl_and_missing_regions_are_refused_with_the_reason() {
-        let hcl = identities("regions = { \"eu-west-1\" = { cells = 1 } }").unwrap_err();
+        let hcl = variables("regions = { \"eu-west-1\" = { cells = 1 } }").unwrap_err();
         assert!(
             format!("{hcl:#}").contains("terraform.tfvars.json"),
             "{hcl:#}"
         );
-        let none = identities(r#"{"regions": {}}"#).unwrap_err();
+        let none = variables(r#"{"regions": {}}"#).unwrap_err();
         assert!(none.to_string().contains("at least one region"), "{none}");
-        let missing = identities(r#"{"regions": {"eu-west-1": {"cells": 1}}}"#).unwrap_err();
+        let missing = variables(r#"{"regions": {"eu-west-1": {"cells": 1}}}"#).unwrap_err();
         assert!(
             format!("{missing:#}").contains("router_replicas"),
             "{missing:#}"

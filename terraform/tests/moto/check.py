@@ -60,7 +60,7 @@ def own_secret_only(iam, instance, secret_arn):
             if any(a.startswith("kms:") for a in actions):
                 assert actions == ["kms:Decrypt"], (role, st)
                 assert "kms:ViaService" in json.dumps(st.get("Condition", {})), (role, st)
-    assert readable == ([secret_arn] if secret_arn else []), (role, readable, secret_arn)
+    assert readable == [secret_arn], (role, readable, secret_arn)
     return role
 
 

@@ -100,7 +100,7 @@ async fn audit(endpoint: &str, needle: &[u8]) -> Result<Vec<(String, u64)>, toni
     let mut client = BackupsClient::connect(endpoint.to_string()).await.unwrap();
     let mut request = tonic::Request::new(AuditRequest {
         tenant_id: 1,
-        needle: needle.to_vec(),
+        needles: vec![needle.to_vec()],
     });
     ClusterSecret::new(SECRET).attach(&mut request);
     let answer = client.audit(request).await?.into_inner();

@@ -196,8 +196,9 @@ impl Processor {
         // cell handed over by a move, home here again other than by a move
         // (a failover onto the cell it left), lacks what the home appended
         // since: it goes on as a new queue, so devices rebase instead of
-        // getting a pts twice.
-        if self.store.home_is_stale(user)? {
+        // getting a pts twice. (No lookup while this cell never handed a
+        // home over.)
+        if handovers > 0 && self.store.home_is_stale(user)? {
             tracing::info!(tenant = %user.tenant, user = %user.user, "a home came back without a move: its queue starts anew");
             batch.mutation.restart_queue(user, self.clock.now_ms());
         } else if self.store.queue_id(user)? == 0 {
