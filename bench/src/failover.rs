@@ -41,15 +41,14 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
     let routes = dev.routes().await?;
     let mut client = MessagingClient::new(Channel::from_shared(dev.edge.clone())?.connect().await?);
     let mut times = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3)?;
+    let mut switches = Vec::new();
     let run = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     for round in 0..args.rounds {
+        let key = Key::conversation(TenantId(dev.tenant), ConversationId(conv));
         let owner = routes
-            .resolve(&Key::conversation(
-                TenantId(dev.tenant),
-                ConversationId(conv),
-            ))
+            .resolve(&key)
             .map(|r| r.entry.cell)
             .ok_or_else(|| anyhow::anyhow!("conversation {conv} has no route"))?;
         let pid = dev
@@ -62,6 +61,16 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
             libc::kill(pid, libc::SIGSTOP);
         }
         let fault = Instant::now();
+        // When this process's copy of the route table shows the new owner.
+        let switched = {
+            let (routes, owner) = (routes.clone(), owner.clone());
+            tokio::spawn(async move {
+                while routes.resolve(&key).is_none_or(|r| r.entry.cell == owner) {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                fault.elapsed()
+            })
+        };
         let mut n = 0;
         let took = loop {
             n += 1;
@@ -90,14 +99,15 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
             libc::kill(pid, libc::SIGCONT);
         }
         let now_owner = routes
-            .resolve(&Key::conversation(
-                TenantId(dev.tenant),
-                ConversationId(conv),
-            ))
+            .resolve(&key)
             .map(|r| r.entry.cell)
             .unwrap_or_default();
+        let switch = tokio::time::timeout(Duration::from_secs(5), switched)
+            .await
+            .map_or(0, |s| s.map_or(0, |d| d.as_millis() as u64));
+        switches.push(switch);
         println!(
-            "round {round}: {owner} hung; first send accepted on {now_owner} after {} ms",
+            "round {round}: {owner} hung; route switched after {switch} ms, first send accepted on {now_owner} after {} ms",
             took.as_millis()
         );
         let _ = times.record(took.as_micros() as u64);
@@ -114,7 +124,8 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
     .param(
         "latency_is",
         "fault (SIGSTOP of the owning cell) to first accepted send",
-    );
+    )
+    .param("route_switched_ms", switches);
     report.print();
     if let Some(path) = &args.json {
         report.write_json(path)?;

@@ -176,7 +176,7 @@ impl Default for RoutingConfig {
             advertise: String::new(),
             cluster_secret: String::new(),
             checkpoint_interval_ms: 1000,
-            owner_lease_ms: 2000,
+            owner_lease_ms: 1500,
             etcd_endpoints: Vec::new(),
             lease_ttl_ms: 3000,
             coordination_dir: String::new(),

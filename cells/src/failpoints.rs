@@ -18,7 +18,11 @@
 //! - `tiering.uploaded=abort` — the process dies after a cold segment is
 //!   uploaded and read back, before its manifest entry commits;
 //! - `tiering.committed=abort` — it dies right after the manifest entry
-//!   (and the hot rows' deletion) committed.
+//!   (and the hot rows' deletion) committed;
+//! - `fanout.read=abort` — the fan-out processor dies with a batch of
+//!   events read from the queue, before any of their effects commit;
+//! - `fanout.committed=abort` — it dies right after a batch's effects and
+//!   queue positions committed, before it announces them to devices.
 //!
 //! Removing a line (or the file) clears the point.
 
@@ -88,6 +92,15 @@ mod active {
             points.iter().find(|(n, _)| n == name).map(|(_, a)| *a)
         }
 
+        /// Ends the process at once (as a crash would) when `name` says
+        /// `abort`.
+        pub fn abort_at(&self, name: &str) {
+            if self.hit(name) == Some(Action::Abort) {
+                tracing::error!("fail point {name}: aborting");
+                std::process::abort();
+            }
+        }
+
         /// Follows `path` until the process ends.
         pub fn watch(self: std::sync::Arc<Self>, path: PathBuf) {
             tokio::spawn(async move {
@@ -124,6 +137,9 @@ mod active {
         pub fn hit(&self, _name: &str) -> Option<Action> {
             None
         }
+
+        #[inline(always)]
+        pub fn abort_at(&self, _name: &str) {}
 
         pub fn watch(self: std::sync::Arc<Self>, _path: std::path::PathBuf) {}
     }

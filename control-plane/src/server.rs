@@ -145,9 +145,11 @@ pub struct FailoverConfig {
     pub conversation_per_sec: u64,
     pub conversation_burst: u64,
     pub checkpoint_interval_ms: u64,
-    /// The cells' `routing.owner_lease_ms`: a cell is failed over only once
-    /// this long (plus a tenth for clock drift) has passed since it was
-    /// first seen failing, so it has stopped writing by then.
+    /// The owner lease assumed for a cell that announced none (a release
+    /// before 0.3.0): at least such cells' `routing.owner_lease_ms`. A cell
+    /// is failed over only once its lease (the one it announced when it
+    /// registered, else this; plus a tenth for clock drift) has passed since
+    /// it was first seen failing, so it has stopped writing by then.
     pub owner_lease_ms: u64,
 }
 
@@ -156,8 +158,8 @@ impl Default for ControlPlaneConfig {
         Self {
             routers: vec!["http://127.0.0.1:7300".into()],
             cluster_secret: String::new(),
-            probe_interval_ms: 500,
-            probe_timeout_ms: 400,
+            probe_interval_ms: 250,
+            probe_timeout_ms: 250,
             down_after: 3,
             up_after: 3,
             failover: FailoverConfig::default(),
@@ -700,8 +702,8 @@ async fn run(
         }
         // Fail over every failed cell that still owns something (again after
         // a lost compare-and-set).
-        let lease = Duration::from_millis(config.failover.owner_lease_ms * 11 / 10);
         for cell in &cells {
+            let lease = trigger::owner_lease(cell.owner_lease_ms, config.failover.owner_lease_ms);
             let (owns, marked_down) = routes.read(|t| {
                 (
                     t.routes.values().any(|e| e.cell == cell.id),

@@ -287,8 +287,8 @@ impl RouteClient {
     /// for it at `address`: a leader of an earlier release, which does not
     /// know the field, dropped it from the registration. The cluster
     /// version waits for every cell's.
-    pub fn keep_cell_release(&self, cell_id: &str, region: &str, address: &str) {
-        let command = crate::commands::register_cell(cell_id, region, address);
+    pub fn keep_cell_release(&self, cell_id: &str, region: &str, address: &str, lease_ms: u64) {
+        let command = crate::commands::register_leased_cell(cell_id, region, address, lease_ms);
         let (cell_id, address) = (cell_id.to_string(), address.to_string());
         let inner = Arc::downgrade(&self.inner);
         tokio::spawn(async move {
@@ -298,7 +298,9 @@ impl RouteClient {
                 let client = Self { inner: live };
                 let current = client.read(|t| {
                     t.cell(&cell_id).is_some_and(|c| {
-                        c.version == cellmesh_proto::version::BINARY || c.address != address
+                        (c.version == cellmesh_proto::version::BINARY
+                            && c.owner_lease_ms == lease_ms)
+                            || c.address != address
                     })
                 });
                 if !current && let Err(e) = client.apply(command.clone()).await {

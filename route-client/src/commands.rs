@@ -7,9 +7,22 @@ use cellmesh_proto::v1::{self as pb, route_command::Command, update_route::Trans
 use crate::convert::key_to_pb;
 use crate::table::Key;
 
-/// Registers a cell running this build's release.
+/// Registers a cell running this build's release, announcing no owner
+/// lease.
 pub fn register_cell(cell_id: &str, region: &str, address: &str) -> pb::RouteCommand {
-    register_cell_at(cell_id, region, address, cellmesh_proto::version::BINARY)
+    register_leased_cell(cell_id, region, address, 0)
+}
+
+/// Registers a cell running this build's release that writes at most
+/// `owner_lease_ms` after its last confirmation from the table.
+pub fn register_leased_cell(
+    cell_id: &str,
+    region: &str,
+    address: &str,
+    owner_lease_ms: u64,
+) -> pb::RouteCommand {
+    let version = cellmesh_proto::version::BINARY;
+    register_cell_at(cell_id, region, address, version, owner_lease_ms)
 }
 
 /// Registers a cell running release `version`.
@@ -18,6 +31,7 @@ pub fn register_cell_at(
     region: &str,
     address: &str,
     version: &str,
+    owner_lease_ms: u64,
 ) -> pb::RouteCommand {
     pb::RouteCommand {
         command: Some(Command::RegisterCell(pb::RegisterCell {
@@ -25,6 +39,7 @@ pub fn register_cell_at(
             region: region.into(),
             address: address.into(),
             version: version.into(),
+            owner_lease_ms,
         })),
     }
 }

@@ -71,6 +71,7 @@ pub fn cell_to_pb(c: &CellInfo) -> pb::CellInfo {
         epoch: c.epoch,
         mark_holders: c.mark_holders.clone(),
         version: c.version.clone(),
+        owner_lease_ms: c.owner_lease_ms,
     }
 }
 
@@ -83,6 +84,7 @@ pub fn cell_from_pb(c: pb::CellInfo) -> Result<CellInfo, Status> {
         epoch: c.epoch,
         mark_holders: c.mark_holders,
         version: c.version,
+        owner_lease_ms: c.owner_lease_ms,
     })
 }
 
@@ -222,6 +224,7 @@ pub fn command_from_pb(c: pb::RouteCommand) -> Result<Command, Status> {
             region: r.region,
             address: r.address,
             version: r.version,
+            owner_lease_ms: r.owner_lease_ms,
         },
         route_command::Command::SetClusterVersion(v) => {
             Command::SetClusterVersion { version: v.version }
@@ -275,7 +278,8 @@ pub fn command_to_pb(c: &Command) -> pb::RouteCommand {
             region,
             address,
             version,
-        } => crate::commands::register_cell_at(id, region, address, version),
+            owner_lease_ms,
+        } => crate::commands::register_cell_at(id, region, address, version, *owner_lease_ms),
         Command::SetClusterVersion { version } => crate::commands::set_cluster_version(version),
         Command::SetCellStatus { id, status } => {
             crate::commands::set_cell_status(id, cell_status_to_pb(*status))

@@ -22,7 +22,6 @@ use super::{Caller, MessageService};
 use crate::cold::journal::Plan;
 use crate::cold::{ColdTier, segment};
 use crate::error::Result;
-use crate::failpoints::Action;
 use crate::storage::{Mutation, keys};
 
 /// What one pass did.
@@ -168,7 +167,7 @@ impl MessageService {
         let size = encoded.bytes.len() as u64;
         cold.put(&key, encoded.bytes).await?;
         cold.verify(&key, &encoded.checksum, conversation).await?;
-        self.failpoint_abort("tiering.uploaded");
+        self.store.failpoints().abort_at("tiering.uploaded");
         let entry = SegmentEntry {
             tenant_id: tenant.get(),
             seq_start: first,
@@ -195,7 +194,7 @@ impl MessageService {
             mutation.clear_pending_upload(pending);
             self.store.commit(mutation).await?;
         }
-        self.failpoint_abort("tiering.committed");
+        self.store.failpoints().abort_at("tiering.committed");
         let metrics = crate::metrics::metrics();
         metrics.segments_written.inc();
         metrics.messages_tiered.inc_by(rows.len() as u64);
@@ -372,13 +371,6 @@ impl MessageService {
             self.store.commit(mutation).await?;
         }
         Ok(swept)
-    }
-
-    fn failpoint_abort(&self, name: &str) {
-        if self.failpoint(name) == Some(Action::Abort) {
-            tracing::error!("fail point {name}: aborting");
-            std::process::abort();
-        }
     }
 }
 

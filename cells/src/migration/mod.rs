@@ -20,7 +20,6 @@ use cellmesh_proto::v1::cell_peer_client::CellPeerClient;
 use cellmesh_telemetry::trace::grpc::Channel;
 
 use crate::error::CellError;
-use crate::failpoints::Action;
 use crate::message::MessageService;
 use crate::pipeline::{PeerInbound, UserImport};
 use crate::sync::SyncService;
@@ -72,10 +71,10 @@ impl Mover {
     /// After a migration chunk is stored: the drills' fail point for a
     /// target that crashes before it answers.
     fn stored_chunk(&self) {
-        if self.service.failpoint("migration.copy_stored") == Some(Action::Abort) {
-            tracing::error!("fail point migration.copy_stored: aborting");
-            std::process::abort();
-        }
+        self.service
+            .store()
+            .failpoints()
+            .abort_at("migration.copy_stored");
     }
 
     /// Stores copied parts of moving homes (distinct users) from cell

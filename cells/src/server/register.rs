@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cellmesh_route_client::client::RouteClient;
-use cellmesh_route_client::commands::register_cell;
+use cellmesh_route_client::commands::register_leased_cell;
 
 use super::StartError;
 use crate::config::CellConfig;
@@ -36,12 +36,20 @@ pub(super) async fn register(
         config.routing.advertise.clone()
     };
     let region = region(config);
+    // The control plane waits out the lease announced here before it
+    // fails the cell over.
+    let lease = config.routing.owner_lease_ms;
     routes
-        .apply(register_cell(&config.cell_id, region, &advertise))
+        .apply(register_leased_cell(
+            &config.cell_id,
+            region,
+            &advertise,
+            lease,
+        ))
         .await
         .map_err(|e| StartError::Routing(format!("cannot register: {}", e.message())))?;
     routes.report_process("cell", &config.cell_id, &advertise);
-    routes.keep_cell_release(&config.cell_id, region, &advertise);
+    routes.keep_cell_release(&config.cell_id, region, &advertise, lease);
     let mut registration = None;
     if let Some(etcd) = coordination.filter(|_| !config.routing.etcd_endpoints.is_empty()) {
         use cellmesh_coord::CELLS_PREFIX;

@@ -10,6 +10,7 @@
 //! makes the command fail.
 
 mod devices;
+mod failovers;
 mod faults;
 mod files;
 mod inject;
@@ -330,6 +331,7 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
 
     let epoch = Instant::now();
     injector.epoch = epoch;
+    let failovers = failovers::FailoverWatch::start(dev.routes().await?, epoch);
     let stop = epoch + Duration::from(args.duration);
     let ops = Arc::new(Mutex::new(Vec::new()));
     let mut workers = workload.start(epoch, stop, ops.clone());
@@ -366,6 +368,7 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
     for w in workers {
         w.await?;
     }
+    let failovers = failovers.finish(&faults);
     // Recovery is judged over the time the senders ran.
     let end_ms = workload::now_ms(epoch).min(Duration::from(args.duration).as_millis() as u64);
     let mut history = History {
@@ -405,6 +408,7 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
     let facts = RunFacts {
         seed,
         end_ms,
+        failovers,
         caught_up_ms,
         idle_resubscribes,
         unknown_by_reason,
@@ -537,6 +541,8 @@ struct RunFacts {
     seed: u64,
     /// When the senders stopped.
     end_ms: u64,
+    /// The failovers seen (JSON) and how many no fault explains.
+    failovers: (serde_json::Value, usize),
     caught_up_ms: Option<u64>,
     idle_resubscribes: usize,
     unknown_by_reason: std::collections::BTreeMap<String, u64>,
@@ -557,6 +563,7 @@ fn judge(
     let RunFacts {
         seed,
         end_ms,
+        failovers: (failovers, unexplained),
         caught_up_ms,
         idle_resubscribes,
         unknown_by_reason,
@@ -579,6 +586,10 @@ fn judge(
     if !unknown_by_reason.is_empty() {
         println!("refusals and unknown outcomes by reason: {unknown_by_reason:?}");
     }
+    let seen = failovers["seen"].as_array().map_or(0, Vec::len);
+    println!(
+        "  failovers: {seen}, of which {unexplained} without a fault on the cell or its region"
+    );
     let out = json!({
         "scenario": format!("{:?}", args.scenario),
         "seed": seed,
@@ -591,6 +602,7 @@ fn judge(
             "caught_up_at_ms": caught_up_ms, "ack_to_device_ms": summary.delivery_lag_ms,
             "idle_resubscribes": idle_resubscribes},
         "moves_checked": summary.moves,
+        "failovers": failovers,
         "region_loss": region_loss,
         "residency": residency,
         "verdicts": verdicts,

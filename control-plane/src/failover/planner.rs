@@ -151,6 +151,7 @@ mod tests {
                     region: region.into(),
                     address: format!("http://{id}"),
                     version: "0.2.0".into(),
+                    owner_lease_ms: 0,
                 },
             );
         }
@@ -377,6 +378,7 @@ mod tests {
                 region: "ap".into(),
                 address: "http://ap/c1".into(),
                 version: "0.2.0".into(),
+                owner_lease_ms: 0,
             },
             60,
         );

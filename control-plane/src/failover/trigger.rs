@@ -17,6 +17,18 @@ pub struct CellNow {
     pub failing_for: Option<Duration>,
 }
 
+/// How long to wait, from a cell's first failed probe, before failing it
+/// over: the owner lease it announced (`announced_ms`; 0 for releases that
+/// announced none, which get `assumed_ms`), plus a tenth for clock drift.
+pub fn owner_lease(announced_ms: u64, assumed_ms: u64) -> Duration {
+    let lease = if announced_ms > 0 {
+        announced_ms
+    } else {
+        assumed_ms
+    };
+    Duration::from_millis(lease * 11 / 10)
+}
+
 /// Whether to fail the cell over now. A failed cell is failed over once
 /// its owner lease has run out (after that it writes nothing more), at
 /// once when the table already marks it down (a failover that lost a
@@ -48,6 +60,13 @@ mod tests {
         assert!(!due(cell(Some(1_999)), LEASE));
         assert!(due(cell(Some(2_000)), LEASE));
         assert!(!due(cell(None), LEASE), "no failure recorded yet");
+    }
+
+    #[test]
+    fn the_wait_is_the_lease_the_cell_announced_else_the_assumed_one() {
+        assert_eq!(owner_lease(1_500, 2_000), Duration::from_millis(1_650));
+        assert_eq!(owner_lease(5_000, 2_000), Duration::from_millis(5_500));
+        assert_eq!(owner_lease(0, 2_000), Duration::from_millis(2_200));
     }
 
     #[test]

@@ -60,6 +60,8 @@ pub enum Command {
         address: String,
         /// The release the cell runs ("" before releases were reported).
         version: String,
+        /// The cell's owner lease (0: not announced).
+        owner_lease_ms: u64,
     },
     /// Raises the cluster version; never lowers it, and refused while a
     /// cell that is not Down registered an older release.
@@ -104,7 +106,14 @@ impl Command {
                 region,
                 address,
                 version,
-            } => register_cell(table, id, region, address, version, index),
+                owner_lease_ms,
+            } => register_cell(
+                table,
+                id,
+                (region, address),
+                (version, *owner_lease_ms),
+                index,
+            ),
             Command::SetClusterVersion { version } => raise_cluster_version(table, version),
             Command::SetCellStatus { id, status } => {
                 let mut cell = known_cell(table, id)?.clone();
@@ -414,12 +423,13 @@ fn illegal(current: &Entry, transition: &str) -> RouteError {
 
 /// A cell's (re-)registration: its address and release; a release older
 /// than the cluster version is refused.
+/// Registers cell `id` at (`region`, `address`), running (`version`, with
+/// owner lease `owner_lease_ms`).
 fn register_cell(
     table: &RouteTable,
     id: &str,
-    region: &str,
-    address: &str,
-    version: &str,
+    (region, address): (&str, &str),
+    (version, owner_lease_ms): (&str, u64),
     index: u64,
 ) -> Result<Vec<Change>, RouteError> {
     validate_cell_id(id, region)?;
@@ -444,6 +454,7 @@ fn register_cell(
         epoch: index,
         mark_holders: known.map(|c| c.mark_holders.clone()).unwrap_or_default(),
         version: version.to_string(),
+        owner_lease_ms,
     })])
 }
 

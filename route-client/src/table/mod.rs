@@ -97,6 +97,10 @@ pub struct CellInfo {
     /// reported).
     #[serde(default)]
     pub version: String,
+    /// How long the cell writes after its last confirmation from the
+    /// table (0: not announced, as by releases before 0.3.0).
+    #[serde(default)]
+    pub owner_lease_ms: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]

@@ -11,6 +11,7 @@ fn table_with_cells() -> (RouteTable, u64) {
                 region,
                 address: format!("http://127.0.0.1:{}", 7000 + i),
                 version: "0.2.0".into(),
+                owner_lease_ms: 0,
             },
             i as u64 + 1,
         )
@@ -200,6 +201,7 @@ fn unknown_and_unusable_cells_are_refused() {
             region: region.into(),
             address: "http://x".into(),
             version: "0.2.0".into(),
+            owner_lease_ms: 0,
         };
         assert!(t.apply(&cmd, i + 3).is_err(), "{id} in {region}");
     }
@@ -367,6 +369,7 @@ fn mark_holders_are_compare_and_set_on_the_cell_and_survive_re_registration() {
             region: "eu".into(),
             address: "http://127.0.0.1:9999".into(),
             version: "0.2.0".into(),
+            owner_lease_ms: 0,
         },
         i + 5,
     )
@@ -434,6 +437,7 @@ fn register(
             region: id.split('/').next().unwrap().into(),
             address: format!("http://{id}"),
             version: version.into(),
+            owner_lease_ms: 1_500,
         },
         index,
     )
@@ -497,6 +501,12 @@ fn finalize_waits_for_every_live_cell_and_never_goes_back() {
     }
     assert_eq!(rebuilt.cluster_version, "0.2.0");
     assert_eq!(rebuilt.cell("us/c1").unwrap().version, "0.3.0");
+    // So does the owner lease the cell announced, through the protobuf
+    // form snapshots and the watch carry.
+    let cell = rebuilt.cell("us/c1").unwrap();
+    assert_eq!(cell.owner_lease_ms, 1_500);
+    let carried = crate::convert::cell_from_pb(crate::convert::cell_to_pb(cell)).unwrap();
+    assert_eq!(carried.owner_lease_ms, 1_500);
 }
 
 #[test]

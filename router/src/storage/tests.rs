@@ -41,6 +41,7 @@ async fn the_table_and_its_history_survive_a_reopen_and_move_through_snapshots()
             region: "eu".into(),
             address: "http://127.0.0.1:1".into(),
             version: "0.2.0".into(),
+            owner_lease_ms: 0,
         },
         Command::AssignTenant {
             tenant: 3,

@@ -100,6 +100,47 @@ async fn fan_out_goes_on_after_a_sigkill() {
     send_then_read(&mut client, &restarted.endpoint, conv, "after", 5).await;
 }
 
+/// A cell that dies in the middle of fanning out — with a batch of events
+/// read and none of their effects committed, or right after a batch's
+/// effects and queue positions committed but before it announced them —
+/// hands every event to the members' queues exactly once, in order, after
+/// its restart.
+#[tokio::test]
+async fn a_fan_out_killed_mid_batch_hands_every_event_over_once() {
+    for point in ["fanout.read", "fanout.committed"] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cell = CellProcess::start(dir.path()).await;
+        let mut client = connect(&cell.endpoint).await;
+        let conv = create_group(&mut client, TENANT, 1, &[2]).await;
+        send_then_read(&mut client, &cell.endpoint, conv, "before", 5).await;
+        std::fs::write(dir.path().join("failpoints"), format!("{point}=abort\n")).unwrap();
+        // The cell reads its fail point file every 100 ms.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        // The first send's event is read (and the process dies) as soon
+        // as it is committed, maybe before its answer leaves.
+        for i in 0..20 {
+            let sent = client.send(text(TENANT, 1, conv, &format!("{point}-{i}"), "mid"));
+            if sent.await.is_err() {
+                break;
+            }
+        }
+        let died = eventually(Duration::from_secs(20), || {
+            let exited = cell.exited();
+            async move { exited }
+        })
+        .await;
+        assert!(died, "the cell did not reach fail point {point}");
+        std::fs::remove_file(dir.path().join("failpoints")).unwrap();
+        drop(client);
+
+        let restarted = CellProcess::start(dir.path()).await;
+        let mut client = connect(&restarted.endpoint).await;
+        // Every message — before, at and after the crash — reaches the
+        // device once, in order.
+        send_then_read(&mut client, &restarted.endpoint, conv, "after", 5).await;
+    }
+}
+
 /// Sends `n` more messages from user 1 into `conv`, then reads user 2's
 /// queue from the start and checks it holds exactly seq 1 to the latest.
 async fn send_then_read(client: &mut Client, endpoint: &str, conv: u64, tag: &str, n: usize) {

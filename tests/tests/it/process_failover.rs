@@ -30,7 +30,9 @@ async fn a_sigkilled_sync_mode_cell_process_loses_no_answer_and_no_history() {
 }
 
 /// A hung process (SIGSTOP for 5 s) is failed over like a dead one; once
-/// it resumes it is behind the new owner's floor and is backfilled.
+/// it resumes it is behind the new owner's floor and is backfilled. Its
+/// owner lease (2.5 s) is longer than the one the control plane assumes
+/// (2 s): the control plane waits out the lease the cell announced.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_cell_process_fails_over_and_resends_keep_their_first_answer() {
     fail_over_under_sends(Fault::Hang, ReplicationMode::Async).await;
@@ -48,7 +50,10 @@ async fn fail_over_under_sends(fault: Fault, mode: ReplicationMode) {
     let cluster = RouterCluster::start(1, |_| {}).await;
     let routers = cluster.endpoints();
     let dir = tempfile::tempdir().unwrap();
-    let config = busy_cell_config(dir.path(), "eu-west/c1", &routers, mode);
+    let mut config = busy_cell_config(dir.path(), "eu-west/c1", &routers, mode);
+    if fault == Fault::Hang {
+        config.routing.owner_lease_ms = 2_500;
+    }
     if mode == ReplicationMode::Sync {
         // Only the synchronous copy reaches the standby.
         std::fs::write(config.data_dir.join("failpoints"), "standby.answers=error").unwrap();
@@ -96,6 +101,18 @@ async fn fail_over_under_sends(fault: Fault, mode: ReplicationMode) {
         "no failover: {:?}",
         cp.events()
     );
+    if fault == Fault::Hang {
+        let announced = routes.read(|t| t.cell("eu-west/c1").map(|c| c.owner_lease_ms));
+        assert_eq!(announced, Some(2_500), "the cell announced its lease");
+        let took = cp.events().iter().find_map(|e| match e {
+            Event::FailedOver { cell, took, .. } if cell == "eu-west/c1" => Some(*took),
+            _ => None,
+        });
+        assert!(
+            took.is_some_and(|t| t >= Duration::from_millis(2_750)),
+            "failed over {took:?} after the first failed probe, inside the cell's lease"
+        );
+    }
     // Sends go on at the fallback for a while.
     let ops = senders.finish(Duration::from_millis(1500)).await;
     // Clients that lost answers from before the kill send again: each gets

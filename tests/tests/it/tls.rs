@@ -74,6 +74,7 @@ fn register(cell: &str, address: &str) -> RouteCommand {
             region: "eu-west".into(),
             address: address.into(),
             version: cellmesh_proto::version::BINARY.into(),
+            owner_lease_ms: 0,
         })),
     }
 }

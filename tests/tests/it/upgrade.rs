@@ -147,6 +147,7 @@ async fn every_process_reports_its_release_and_finalize_waits_for_all() {
             "eu-west",
             "http://127.0.0.1:1",
             "0.1.9",
+            0,
         ))
         .await
         .unwrap_err();

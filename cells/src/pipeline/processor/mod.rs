@@ -421,6 +421,7 @@ impl Processor {
         metrics
             .fanout_batch_entries
             .observe(batch.entries.len() as f64);
+        self.store.failpoints().abort_at("fanout.read");
         let staged = match consumer {
             Some(consumer) => consumer.stage_commit(deliveries, &mut batch.mutation)?,
             None => false,
@@ -466,6 +467,7 @@ impl Processor {
                 self.pts.clear();
                 return Err(e.into());
             }
+            self.store.failpoints().abort_at("fanout.committed");
         }
         if self.pts.len() > PTS_CACHE {
             self.pts.clear();
