@@ -5,6 +5,7 @@
 mod attachments;
 mod backup;
 mod failover;
+mod group;
 mod migrate;
 mod pull;
 mod push;
@@ -165,6 +166,10 @@ enum Scenario {
     /// Online devices receive pushes while senders send into 1:1 and group
     /// conversations; measures send→push latency and deliveries per second.
     Push(push::PushArgs),
+    /// One group of 100,000 members, 1,000 online: send and hint latency,
+    /// `ListConversations` for a member of 500 groups (unread checked),
+    /// and the p99 of other conversations on the cell with and without it.
+    Group(group::GroupArgs),
     /// History pages from the hot or the cold tier of a cell it starts:
     /// page latency and the cell's disk before and after tiering.
     Pull(pull::PullArgs),
@@ -231,6 +236,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         Scenario::Push(args) => push::run(args).await,
         Scenario::Pull(args) => pull::run(args).await,
         Scenario::Search(args) => search::run(args).await,
+        Scenario::Group(args) => group::run(args).await,
         Scenario::Attachments(args) => attachments::run(args).await,
         Scenario::Router(args) => router::run(args).await,
         Scenario::Backup(args) => backup::run(args).await,

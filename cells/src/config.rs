@@ -421,7 +421,7 @@ impl Default for LimitsConfig {
     fn default() -> Self {
         Self {
             max_body_bytes: 64 * 1024,
-            max_group_members: 10_000,
+            max_group_members: 100_000,
             max_members_per_request: 1_000,
             max_pull_limit: 1_000,
             max_client_req_id_bytes: 128,

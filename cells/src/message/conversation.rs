@@ -272,9 +272,13 @@ impl MessageService {
             // A member who leaves is no longer an admin.
             record.admins.retain(|a| add || !changed.contains(a));
             let mut m = Mutation::new();
+            // A member who joins has read what came before: unread counts
+            // from the join on.
+            let latest = self.store.conv_seq(cmd.conversation)?.latest_seq;
             for user in &changed {
                 if add {
                     m.put_member(cmd.conversation, UserId(*user), &MemberRecord { joined_at_ms: now });
+                    m.raise_read_seq(cmd.conversation, UserId(*user), latest);
                 } else {
                     m.delete_member(cmd.conversation, UserId(*user));
                 }

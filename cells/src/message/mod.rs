@@ -99,11 +99,6 @@ pub struct MessageService {
 }
 
 impl MessageService {
-    /// The action of fail point `name` on this cell, if set.
-    pub fn failpoint(&self, name: &str) -> Option<crate::failpoints::Action> {
-        self.store.failpoints().hit(name)
-    }
-
     pub fn new(
         store: Arc<Store>,
         config: Arc<CellConfig>,

@@ -14,6 +14,8 @@ pub trait Members {
     type Error;
     /// Every member (ids ascending).
     fn all(&self) -> Result<Vec<u64>, Self::Error>;
+    /// How many members there are (without reading them).
+    fn count(&self) -> Result<usize, Self::Error>;
     fn contains(&self, user: UserId) -> Result<bool, Self::Error>;
 }
 
@@ -24,11 +26,9 @@ pub enum Fanout {
     None,
     /// One sync record per user (user ids of the event's tenant).
     Records(Vec<(u64, SyncRecord)>),
-    /// Read diffusion: a hint to whichever of these members is online.
-    Hint {
-        members: Vec<u64>,
-        hint: ConversationHint,
-    },
+    /// Read diffusion: a hint to whichever members are online (found from
+    /// who is online, not by reading every member).
+    Hint { hint: ConversationHint },
 }
 
 /// The effects of one event.
@@ -105,10 +105,8 @@ pub fn plan<M: Members>(
             Fanout::Records(to(users))
         }
         OutboxKind::Message | OutboxKind::Recall | OutboxKind::Edit => {
-            let all = members.all()?;
-            if all.len() > large_group_threshold {
+            if members.count()? > large_group_threshold {
                 Fanout::Hint {
-                    members: all,
                     hint: ConversationHint {
                         conversation_id: event.conversation_id,
                         latest_seq: event.seq,
@@ -116,7 +114,7 @@ pub fn plan<M: Members>(
                     },
                 }
             } else {
-                Fanout::Records(to(all))
+                Fanout::Records(to(members.all()?))
             }
         }
         OutboxKind::DeleteForMe | OutboxKind::Read => Fanout::Records(to(vec![event.user_id])),
@@ -152,6 +150,9 @@ mod tests {
         type Error = Infallible;
         fn all(&self) -> Result<Vec<u64>, Infallible> {
             Ok(self.0.clone())
+        }
+        fn count(&self) -> Result<usize, Infallible> {
+            Ok(self.0.len())
         }
         fn contains(&self, user: UserId) -> Result<bool, Infallible> {
             Ok(self.0.contains(&user.get()))
@@ -225,16 +226,10 @@ mod tests {
     #[test]
     fn a_large_group_gets_a_hint_instead_of_records() {
         let members: Vec<u64> = (1..=11).collect();
-        let p = plan(
-            &event(OutboxKind::Edit, 1, vec![]),
-            &Set(members.clone()),
-            10,
-        )
-        .unwrap();
+        let p = plan(&event(OutboxKind::Edit, 1, vec![]), &Set(members), 10).unwrap();
         assert_eq!(
             p.fanout,
             Fanout::Hint {
-                members,
                 hint: ConversationHint {
                     conversation_id: 9,
                     latest_seq: 5,

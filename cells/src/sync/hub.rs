@@ -12,6 +12,7 @@ use cellmesh_proto::v1::{Message, SyncPush};
 use tokio::sync::{broadcast, oneshot};
 
 use crate::user::UserKey;
+use cellmesh_proto::ids::{TenantId, UserId};
 
 /// What a subscription is told.
 #[derive(Debug, Clone)]
@@ -202,6 +203,10 @@ impl Hub {
         let Some(state) = users.get(&user) else {
             return (false, 0);
         };
+        self.presence_of(state, now_ms)
+    }
+
+    fn presence_of(&self, state: &UserState, now_ms: u64) -> (bool, u64) {
         let last_seen = state.heartbeats.values().copied().max().unwrap_or(0);
         let subscribed = state.tx.as_ref().is_some_and(|tx| tx.receiver_count() > 0);
         let recent = now_ms.saturating_sub(last_seen) <= self.presence_window_ms && last_seen > 0;
@@ -210,6 +215,17 @@ impl Hub {
 
     pub fn is_online(&self, user: UserKey, now_ms: u64) -> bool {
         self.presence(user, now_ms).0
+    }
+
+    /// The users of `tenant` online now, in one pass under one lock: what
+    /// a hint to a large group starts from (far fewer than its members).
+    pub fn online(&self, tenant: TenantId, now_ms: u64) -> Vec<UserId> {
+        let users = self.users.lock().expect("hub lock");
+        users
+            .iter()
+            .filter(|(key, state)| key.tenant == tenant && self.presence_of(state, now_ms).0)
+            .map(|(key, _)| key.user)
+            .collect()
     }
 
     /// Forgets users with no subscription and no recent heartbeat.

@@ -32,6 +32,7 @@ mod history;
 mod homes;
 mod kafka_queue;
 mod kafka_restore;
+mod large_groups;
 mod links;
 mod metrics;
 mod migration;

@@ -69,6 +69,40 @@ impl plan::Members for StoredMembers<'_> {
             .store
             .is_member(ConversationId(self.conversation), user)?)
     }
+
+    fn count(&self) -> Result<usize, PipelineError> {
+        Ok(self
+            .store
+            .conversation(ConversationId(self.conversation))?
+            .map_or(0, |c| c.member_count as usize))
+    }
+}
+
+impl StoredMembers<'_> {
+    /// The members of `tenant` among `online`: each checked for
+    /// membership when few are online, else picked from a read of every
+    /// member.
+    fn among(&self, tenant: TenantId, online: Vec<UserId>) -> Result<Vec<UserKey>, PipelineError> {
+        use plan::Members as _;
+        let key = |user| UserKey::new(tenant, user);
+        if online.len().saturating_mul(8) < self.count()? {
+            let mut out = Vec::with_capacity(online.len());
+            for user in online {
+                if self.contains(user)? {
+                    out.push(key(user));
+                }
+            }
+            return Ok(out);
+        }
+        let online: HashSet<UserId> = online.into_iter().collect();
+        Ok(self
+            .all()?
+            .into_iter()
+            .map(UserId)
+            .filter(|u| online.contains(u))
+            .map(key)
+            .collect())
+    }
 }
 
 /// What other tasks hand the processor, the only writer of sync queues.
@@ -515,10 +549,18 @@ impl Processor {
             conversation: event.conversation_id,
         };
         let plan = plan::plan(event, &members, self.large_group_threshold)?;
+        // A large group's hint goes to its members online now.
+        let hinted = match &plan.fanout {
+            Fanout::Hint { .. } => {
+                let tenant = TenantId(event.tenant_id);
+                members.among(tenant, self.hub.online(tenant, self.clock.now_ms()))?
+            }
+            _ => Vec::new(),
+        };
         let (count, large) = match &plan.fanout {
             Fanout::None => (0, false),
             Fanout::Records(records) => (records.len(), false),
-            Fanout::Hint { members, .. } => (members.len(), true),
+            Fanout::Hint { .. } => (hinted.len(), true),
         };
         batch.trace.event(traced::fanout(
             &event.traceparent,
@@ -547,15 +589,7 @@ impl Processor {
                     self.deliver(batch, origin.user(UserId(user)), id, &record, origin)?;
                 }
             }
-            Fanout::Hint { members, hint } => {
-                let now = self.clock.now_ms();
-                let online = members
-                    .into_iter()
-                    .map(|u| origin.user(UserId(u)))
-                    .filter(|u| self.hub.is_online(*u, now))
-                    .collect();
-                batch.hints.push((online, hint));
-            }
+            Fanout::Hint { hint } => batch.hints.push((hinted, hint)),
         }
         Ok(())
     }

@@ -1,0 +1,446 @@
+//! `cellmesh bench group`: one group of `--members` (100,000) on a cell,
+//! `--online` (1,000) of them subscribed. It reports:
+//! - how long adding the members took (1,000 per `AddMembers`);
+//! - send latency into the group at `--rate`, and the latency of the
+//!   `latest_seq` hints its online members receive (send → hint);
+//! - `ListConversations` latency (first screen of 100) for a member of
+//!   `--member-of` (500) groups, each summary's unread count checked
+//!   against what was sent;
+//! - the p99 of sends into `--neighbours` 1:1 conversations on the same
+//!   cell, first alone, then while the group is hot.
+//!
+//! Without `--endpoint` it starts its own cell in a temporary directory.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cellmesh_proto::v1::GetConversationRequest;
+
+use cellmesh_client::connect::{call_error, caller, connect};
+use cellmesh_proto::v1::sync_client::SyncClient;
+use cellmesh_proto::v1::{
+    ChangeMembersRequest, ConversationKind, CreateConversationRequest, ListConversationsRequest,
+    MessageType, SubscribeRequest, sync_push,
+};
+use clap::Args;
+use hdrhistogram::Histogram;
+use rand::Rng;
+use tonic::transport::Channel;
+
+use crate::send::Client;
+use crate::{Report, count_error, send_request};
+
+#[derive(Args)]
+pub struct GroupArgs {
+    /// gRPC endpoint of a standalone cell (default: a cell of its own).
+    #[arg(long)]
+    endpoint: Option<String>,
+    #[arg(long, default_value_t = 100_000)]
+    members: u64,
+    /// Members subscribed (users 1..=online).
+    #[arg(long, default_value_t = 1_000)]
+    online: u64,
+    /// Sends per second into the group.
+    #[arg(long, default_value_t = 20)]
+    rate: u64,
+    /// How long the group is hot (and, before it, how long the neighbours
+    /// are measured alone).
+    #[arg(long, default_value = "20s", value_parser = humantime::parse_duration)]
+    duration: Duration,
+    /// Groups the listing member belongs to.
+    #[arg(long, default_value_t = 500)]
+    member_of: u64,
+    /// 1:1 conversations on the same cell.
+    #[arg(long, default_value_t = 32)]
+    neighbours: u64,
+    /// Sends per second into them.
+    #[arg(long, default_value_t = 500)]
+    neighbour_rate: u64,
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+/// Users above the group's members: the listing member's partners and the
+/// neighbours' pairs.
+const OTHERS: u64 = 10_000_000;
+const ADD_PER_CALL: u64 = 1_000;
+
+pub async fn run(args: GroupArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.members >= 2 && args.online <= args.members,
+        "--online ≤ --members"
+    );
+    let temp = tempfile::tempdir()?;
+    let (endpoint, _cell) = match &args.endpoint {
+        Some(e) => (e.clone(), None),
+        None => {
+            let cell = cellmesh_cell::start(
+                crate::unlimited_cell(temp.path().to_path_buf()),
+                Arc::new(cellmesh_cell::ownership::OwnAll),
+                Arc::new(cellmesh_cell::clock::SystemClock),
+            )
+            .await?;
+            (format!("http://{}", cell.addr), Some(cell))
+        }
+    };
+    let tenant = rand::rng().random_range(1_000_000..u32::MAX as u64);
+    let mut client = connect(&endpoint).await?;
+    let started = Instant::now();
+    let group = big_group(&mut client, tenant, args.members).await?;
+    let joined = started.elapsed();
+    println!(
+        "group {group}: {} members added in {:.1} s",
+        args.members,
+        joined.as_secs_f64()
+    );
+    let listed = listing_member(&mut client, tenant, args.member_of).await?;
+    let neighbours = neighbours(&mut client, tenant, args.neighbours).await?;
+
+    let epoch = Instant::now();
+    let hints = Arc::new(Mutex::new(Vec::new()));
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let devices = subscribe(
+        &endpoint,
+        tenant,
+        args.online,
+        group,
+        epoch,
+        &hints,
+        &stopped,
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let pace = |rate: u64| Pace {
+        every: Duration::from_secs_f64(1.0 / rate.max(1) as f64),
+        duration: args.duration,
+        epoch,
+    };
+    let alone = send_paced(&client, tenant, &neighbours, pace(args.neighbour_rate));
+    let (alone, _, _) = alone.await?;
+    let hot = send_paced(&client, tenant, &neighbours, pace(args.neighbour_rate));
+    // User 2 sends: user 1, who lists, has every one unread.
+    let into_group = [(group, 2)];
+    let group_sends = send_paced(&client, tenant, &into_group, pace(args.rate));
+    let ((beside, _, _), (sent, sent_at, errors)) = tokio::try_join!(hot, group_sends)?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let _ = stop.send(true);
+    for d in devices {
+        let _ = d.await;
+    }
+    let hint_latency = hint_latency(&hints.lock().expect("hints"), &sent_at)?;
+    let (list, mismatches) = list_latency(&endpoint, &mut client, tenant, listed).await?;
+
+    let p99 = |h: &Histogram<u64>| h.value_at_quantile(0.99) as f64 / 1000.0;
+    let report = Report::new(
+        "group",
+        hint_latency.len(),
+        errors,
+        args.duration,
+        &hint_latency,
+    )
+    .param(
+        "latency_is",
+        "send → latest_seq hint on an online member's device",
+    )
+    .param("members", args.members)
+    .param("online", args.online)
+    .param("members_added_s", joined.as_secs_f64())
+    .param("group_sends", sent_at.len())
+    .param(
+        "group_send_p50_ms",
+        sent.value_at_quantile(0.5) as f64 / 1000.0,
+    )
+    .param("group_send_p99_ms", p99(&sent))
+    .param("hints_expected", sent_at.len() as u64 * args.online)
+    .param(
+        "list_conversations_p50_ms",
+        list.value_at_quantile(0.5) as f64 / 1000.0,
+    )
+    .param("list_conversations_p99_ms", p99(&list))
+    .param("member_of", args.member_of + 1)
+    .param("unread_mismatches", mismatches)
+    .param("neighbour_p99_ms_alone", p99(&alone))
+    .param("neighbour_p99_ms_beside_the_group", p99(&beside))
+    .param("neighbour_sends_beside", beside.len());
+    report.print();
+    if let Some(path) = &args.json {
+        report.write_json(path)?;
+    }
+    anyhow::ensure!(mismatches == 0, "{mismatches} unread counts were wrong");
+    Ok(())
+}
+
+/// A group of user 1 with users 2..=members, added 1,000 per call.
+async fn big_group(client: &mut Client, tenant: u64, members: u64) -> anyhow::Result<u64> {
+    let created = client
+        .create_conversation(CreateConversationRequest {
+            caller: caller(tenant, 1),
+            kind: ConversationKind::Group as i32,
+            member_ids: vec![2],
+            title: "hot group".into(),
+            client_req_id: "hot".into(),
+        })
+        .await
+        .map_err(call_error)?
+        .into_inner();
+    let group = created.conversation.map_or(0, |c| c.conversation_id);
+    let mut next = 3;
+    while next <= members {
+        let upto = (next + ADD_PER_CALL - 1).min(members);
+        client
+            .add_members(ChangeMembersRequest {
+                caller: caller(tenant, 1),
+                conversation_id: group,
+                user_ids: (next..=upto).collect(),
+            })
+            .await
+            .map_err(call_error)?;
+        next = upto + 1;
+    }
+    Ok(group)
+}
+
+/// User 1 in `n` more groups of three, each with one message from another
+/// member: user 1's unread is 1 in each.
+async fn listing_member(client: &mut Client, tenant: u64, n: u64) -> anyhow::Result<u64> {
+    for i in 0..n {
+        let other = OTHERS + 2 * i;
+        let created = client
+            .create_conversation(CreateConversationRequest {
+                caller: caller(tenant, 1),
+                kind: ConversationKind::Group as i32,
+                member_ids: vec![other, other + 1],
+                title: format!("g{i}"),
+                client_req_id: format!("g{i}"),
+            })
+            .await
+            .map_err(call_error)?
+            .into_inner();
+        let id = created.conversation.map_or(0, |c| c.conversation_id);
+        let req = send_request(
+            tenant,
+            other,
+            id,
+            format!("g{i}-1"),
+            MessageType::Text,
+            b"hi".to_vec(),
+        );
+        client.send(req).await.map_err(call_error)?;
+    }
+    Ok(1)
+}
+
+/// `n` 1:1 conversations of users no group holds: (conversation, sender).
+async fn neighbours(client: &mut Client, tenant: u64, n: u64) -> anyhow::Result<Vec<(u64, u64)>> {
+    let mut out = Vec::new();
+    for i in 0..n {
+        let user = OTHERS * 2 + 2 * i;
+        let created = client
+            .create_conversation(CreateConversationRequest {
+                caller: caller(tenant, user),
+                kind: ConversationKind::Direct as i32,
+                member_ids: vec![user + 1],
+                title: String::new(),
+                client_req_id: format!("n{i}"),
+            })
+            .await
+            .map_err(call_error)?
+            .into_inner();
+        out.push((created.conversation.map_or(0, |c| c.conversation_id), user));
+    }
+    Ok(out)
+}
+
+/// Hints received: (seq, µs since the epoch).
+type Hints = Arc<Mutex<Vec<(u64, u64)>>>;
+
+/// Users 1..=online subscribed; each records the hints of `group`.
+async fn subscribe(
+    endpoint: &str,
+    tenant: u64,
+    online: u64,
+    group: u64,
+    epoch: Instant,
+    hints: &Hints,
+    stopped: &tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
+    let mut channels = Vec::new();
+    for _ in 0..8 {
+        channels.push(
+            Channel::from_shared(endpoint.to_string())?
+                .connect()
+                .await?,
+        );
+    }
+    let mut tasks = Vec::new();
+    for user in 1..=online {
+        let mut sync = SyncClient::new(channels[user as usize % channels.len()].clone());
+        let mut stream = sync
+            .subscribe(SubscribeRequest {
+                caller: caller(tenant, user),
+                from_pts: 0,
+                queue_id: 0,
+            })
+            .await
+            .map_err(call_error)?
+            .into_inner();
+        let (hints, mut stop) = (hints.clone(), stopped.clone());
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let push = tokio::select! {
+                    _ = stop.changed() => return,
+                    push = stream.message() => push,
+                };
+                let Ok(Some(push)) = push else { return };
+                if let Some(sync_push::Push::Hint(h)) = push.push
+                    && h.conversation_id == group
+                {
+                    let at = epoch.elapsed().as_micros() as u64;
+                    hints.lock().expect("hints").push((h.latest_seq, at));
+                }
+            }
+        }));
+    }
+    Ok(tasks)
+}
+
+/// A sending pace: one send per `every` for `duration`; times are
+/// µs since `epoch`.
+#[derive(Clone, Copy)]
+struct Pace {
+    every: Duration,
+    duration: Duration,
+    epoch: Instant,
+}
+
+/// What paced sends saw: ack latency (µs), each acked seq's send start
+/// (µs since the epoch), errors by code.
+type Sent = (Histogram<u64>, HashMap<u64, u64>, BTreeMap<String, u64>);
+
+/// Sends at `pace`, round-robin over (conversation, sender), each in its
+/// own task (a slow answer does not hold the next send back).
+async fn send_paced(
+    client: &Client,
+    tenant: u64,
+    into: &[(u64, u64)],
+    pace: Pace,
+) -> anyhow::Result<Sent> {
+    let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    let (mut starts, mut errors) = (HashMap::new(), BTreeMap::new());
+    let run = rand::rng().random::<u32>();
+    let mut tick = tokio::time::interval(pace.every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let deadline = Instant::now() + pace.duration;
+    let epoch = pace.epoch;
+    let mut inflight = tokio::task::JoinSet::new();
+    let mut n = 0usize;
+    while Instant::now() < deadline {
+        tick.tick().await;
+        let (conv, user) = into[n % into.len()];
+        n += 1;
+        let mut c = client.clone();
+        let req = send_request(
+            tenant,
+            user,
+            conv,
+            format!("b{run}-{n}"),
+            MessageType::Text,
+            b"x".to_vec(),
+        );
+        inflight.spawn(async move {
+            let at = Instant::now();
+            let answer = c.send(req).await.map(|r| r.into_inner().seq);
+            (at, at.duration_since(epoch).as_micros() as u64, answer)
+        });
+        while let Some(done) = inflight.try_join_next() {
+            record(done?, &mut latency, &mut starts, &mut errors);
+        }
+    }
+    while let Some(done) = inflight.join_next().await {
+        record(done?, &mut latency, &mut starts, &mut errors);
+    }
+    Ok((latency, starts, errors))
+}
+
+fn record(
+    (at, at_us, answer): (Instant, u64, Result<u64, tonic::Status>),
+    latency: &mut Histogram<u64>,
+    starts: &mut HashMap<u64, u64>,
+    errors: &mut BTreeMap<String, u64>,
+) {
+    match answer {
+        Ok(seq) => {
+            let _ = latency.record((at.elapsed().as_micros() as u64).max(1));
+            starts.insert(seq, at_us);
+        }
+        Err(status) => count_error(errors, &status),
+    }
+}
+
+/// Send → hint latency (µs) of every hint of an acknowledged send.
+fn hint_latency(hints: &[(u64, u64)], sent: &HashMap<u64, u64>) -> anyhow::Result<Histogram<u64>> {
+    let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    for (seq, at) in hints {
+        if let Some(start) = sent.get(seq) {
+            h.record(at.saturating_sub(*start).max(1))?;
+        }
+    }
+    Ok(h)
+}
+
+/// `ListConversations` (first screen of 100) as `user`, 200 times:
+/// latency (µs), and how many summaries disagreed with the conversation's
+/// own unread count (`GetConversation`) in the last listing.
+async fn list_latency(
+    endpoint: &str,
+    client: &mut Client,
+    tenant: u64,
+    user: u64,
+) -> anyhow::Result<(Histogram<u64>, u64)> {
+    let mut sync = SyncClient::new(
+        Channel::from_shared(endpoint.to_string())?
+            .connect()
+            .await?,
+    );
+    let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    let request = || ListConversationsRequest {
+        caller: caller(tenant, user),
+        limit: 100,
+        ids_only: false,
+    };
+    let mut last = Vec::new();
+    for _ in 0..200 {
+        let at = Instant::now();
+        last = sync
+            .list_conversations(request())
+            .await
+            .map_err(call_error)?
+            .into_inner()
+            .conversations;
+        h.record((at.elapsed().as_micros() as u64).max(1))?;
+    }
+    let mut wrong = 0;
+    for summary in &last {
+        let id = summary
+            .conversation
+            .as_ref()
+            .map_or(0, |c| c.conversation_id);
+        let own = client
+            .get_conversation(GetConversationRequest {
+                caller: caller(tenant, user),
+                conversation_id: id,
+                members_after: 0,
+                member_limit: 1,
+            })
+            .await
+            .map_err(call_error)?
+            .into_inner();
+        if own.unread != summary.unread || summary.unread == 0 {
+            wrong += 1;
+        }
+    }
+    Ok((h, wrong))
+}

@@ -1,0 +1,148 @@
+//! Groups above `fanout.large_group_threshold` are fanned out by a
+//! `latest_seq` hint to their members online, found from who is online:
+//! members joining, leaving and muting during sends get hints exactly while
+//! they are members, and their unread counts follow.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use cellmesh_cell::clock::SystemClock;
+use cellmesh_client::connect::caller;
+use cellmesh_proto::v1::{
+    ChangeMembersRequest, ListConversationsRequest, SetMutedRequest, SyncPush, sync_push,
+};
+use cellmesh_tests::sync::{Sync, connect_sync, next_push, subscribe};
+use cellmesh_tests::{Client, TestCell, create_group, text};
+use tonic::Streaming;
+
+const T: u64 = 8;
+
+/// The `latest_seq` of every hint about `conv` on `stream` until it has
+/// been quiet for half a second.
+async fn hints(stream: &mut Streaming<SyncPush>, conv: u64) -> BTreeSet<u64> {
+    let mut seqs = BTreeSet::new();
+    while let Some(push) = next_push(stream, Duration::from_millis(500)).await {
+        if let Some(sync_push::Push::Hint(h)) = push.push
+            && h.conversation_id == conv
+        {
+            seqs.insert(h.latest_seq);
+        }
+    }
+    seqs
+}
+
+async fn send(c: &mut Client, conv: u64, tag: &str) -> u64 {
+    let sent = c.send(text(T, 1, conv, tag, tag)).await.unwrap();
+    sent.into_inner().seq
+}
+
+/// (unread, muted) of `conv` in `user`'s list, if it is listed.
+async fn listed(s: &mut Sync, user: u64, conv: u64) -> Option<(u64, bool)> {
+    let list = ListConversationsRequest {
+        caller: caller(T, user),
+        limit: 0,
+        ids_only: false,
+    };
+    let l = s.list_conversations(list).await.unwrap().into_inner();
+    l.conversations
+        .iter()
+        .find(|c| {
+            c.conversation
+                .as_ref()
+                .is_some_and(|c| c.conversation_id == conv)
+        })
+        .map(|c| (c.unread, c.muted))
+}
+
+#[tokio::test]
+async fn hints_and_unread_follow_joins_leaves_and_mutes_during_sends() {
+    let cell = TestCell::start_with(
+        |c| c.fanout.large_group_threshold = 5,
+        Arc::new(SystemClock),
+    )
+    .await;
+    let mut c = cell.client().await;
+    // Users 1..=8: above the threshold.
+    let conv = create_group(&mut c, T, 1, &[2, 3, 4, 5, 6, 7, 8]).await;
+    let mut s = connect_sync(&cell.endpoint).await;
+    // Online: 2 stays, 3 leaves, 4 mutes, 9 joins, 20 is never a member.
+    let mut streams = BTreeMap::new();
+    for user in [2, 3, 4, 9, 20] {
+        streams.insert(user, subscribe(&mut s, T, user, "phone", 0).await);
+    }
+    for stream in streams.values_mut() {
+        hints(stream, conv).await;
+    }
+
+    let first: BTreeSet<u64> =
+        [send(&mut c, conv, "a").await, send(&mut c, conv, "b").await].into();
+    let mut got = BTreeMap::new();
+    for (user, stream) in streams.iter_mut() {
+        got.insert(*user, hints(stream, conv).await);
+    }
+    for user in [2, 3, 4] {
+        assert_eq!(got[&user], first, "member {user}");
+    }
+    assert!(got[&9].is_empty() && got[&20].is_empty(), "{got:?}");
+
+    // During sends: 3 leaves, 9 joins, 4 mutes.
+    let sending = {
+        let mut c = c.clone();
+        tokio::spawn(async move {
+            let mut seqs = Vec::new();
+            for i in 0..20 {
+                seqs.push(send(&mut c, conv, &format!("during-{i}")).await);
+            }
+            seqs
+        })
+    };
+    let change = |user, who| ChangeMembersRequest {
+        caller: caller(T, who),
+        conversation_id: conv,
+        user_ids: vec![user],
+    };
+    c.remove_members(change(3, 3)).await.unwrap();
+    c.add_members(change(9, 1)).await.unwrap();
+    s.set_muted(SetMutedRequest {
+        caller: caller(T, 4),
+        conversation_id: conv,
+        muted: true,
+    })
+    .await
+    .unwrap();
+    let during = sending.await.unwrap();
+    // After the changes: every member online gets every hint.
+    let after: BTreeSet<u64> =
+        [send(&mut c, conv, "c").await, send(&mut c, conv, "d").await].into();
+    let mut got = BTreeMap::new();
+    for (user, stream) in streams.iter_mut() {
+        got.insert(*user, hints(stream, conv).await);
+    }
+    let all_during: BTreeSet<u64> = during.iter().copied().collect();
+    assert_eq!(got[&2], &all_during | &after, "a member throughout");
+    assert_eq!(
+        got[&4],
+        &all_during | &after,
+        "muting mutes notifications, not sync"
+    );
+    assert!(got[&9].is_superset(&after), "the new member: {:?}", got[&9]);
+    assert!(
+        got[&3].is_disjoint(&after),
+        "the member who left: {:?}",
+        got[&3]
+    );
+    assert!(got[&20].is_empty(), "never a member: {:?}", got[&20]);
+
+    // Unread: 2 and 4 have read nothing (4 is listed muted); 3 no longer
+    // lists the group; 9 counts from its join on.
+    let latest = *after.iter().max().unwrap();
+    assert_eq!(listed(&mut s, 2, conv).await, Some((latest, false)));
+    assert_eq!(listed(&mut s, 4, conv).await, Some((latest, true)));
+    assert_eq!(listed(&mut s, 3, conv).await, None, "left");
+    let (unread, _) = listed(&mut s, 9, conv).await.expect("9 lists the group");
+    assert!(
+        unread >= after.len() as u64 && unread < latest,
+        "the joiner's unread {unread} counts from its join (latest seq {latest})"
+    );
+}
