@@ -21,8 +21,8 @@ use cellmesh_proto::v1::GetConversationRequest;
 use cellmesh_client::connect::{call_error, caller, connect};
 use cellmesh_proto::v1::sync_client::SyncClient;
 use cellmesh_proto::v1::{
-    ChangeMembersRequest, ConversationKind, CreateConversationRequest, ListConversationsRequest,
-    MessageType, SubscribeRequest, sync_push,
+    Caller, ChangeMembersRequest, ConversationKind, CreateConversationRequest,
+    ListConversationsRequest, MessageType, SubscribeRequest, sync_push,
 };
 use clap::Args;
 use hdrhistogram::Histogram;
@@ -95,6 +95,12 @@ pub async fn run(args: GroupArgs) -> anyhow::Result<()> {
         args.members,
         joined.as_secs_f64()
     );
+    let (burst, burst_took) = join_burst(&client, tenant, group, args.members).await?;
+    println!(
+        "a burst of {JOINS} joins, one user each, 64 at a time: {:.2} s, p99 {:.1} ms",
+        burst_took.as_secs_f64(),
+        burst.value_at_quantile(0.99) as f64 / 1000.0
+    );
     let listed = listing_member(&mut client, tenant, args.member_of).await?;
     let neighbours = neighbours(&mut client, tenant, args.neighbours).await?;
 
@@ -148,6 +154,9 @@ pub async fn run(args: GroupArgs) -> anyhow::Result<()> {
     .param("members", args.members)
     .param("online", args.online)
     .param("members_added_s", joined.as_secs_f64())
+    .param("join_burst", JOINS)
+    .param("join_burst_s", burst_took.as_secs_f64())
+    .param("join_p99_ms", p99(&burst))
     .param("group_sends", sent_at.len())
     .param(
         "group_send_p50_ms",
@@ -201,6 +210,45 @@ async fn big_group(client: &mut Client, tenant: u64, members: u64) -> anyhow::Re
         next = upto + 1;
     }
     Ok(group)
+}
+
+/// Joins in the burst.
+const JOINS: u64 = 1_000;
+
+/// `JOINS` users above the members join `group` one per call, 64 calls at
+/// a time: each call's latency (µs) and the burst's length.
+async fn join_burst(
+    client: &Client,
+    tenant: u64,
+    group: u64,
+    members: u64,
+) -> anyhow::Result<(Histogram<u64>, Duration)> {
+    let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    let started = Instant::now();
+    let mut joins = tokio::task::JoinSet::new();
+    for user in members + 1..=members + JOINS {
+        if joins.len() >= 64
+            && let Some(done) = joins.join_next().await
+        {
+            latency.record(done??)?;
+        }
+        let mut c = client.clone();
+        joins.spawn(async move {
+            let at = Instant::now();
+            c.add_members(ChangeMembersRequest {
+                caller: caller(tenant, 1),
+                conversation_id: group,
+                user_ids: vec![user],
+            })
+            .await
+            .map_err(call_error)?;
+            anyhow::Ok((at.elapsed().as_micros() as u64).max(1))
+        });
+    }
+    while let Some(done) = joins.join_next().await {
+        latency.record(done??)?;
+    }
+    Ok((latency, started.elapsed()))
 }
 
 /// User 1 in `n` more groups of three, each with one message from another
@@ -280,7 +328,11 @@ async fn subscribe(
         let mut sync = SyncClient::new(channels[user as usize % channels.len()].clone());
         let mut stream = sync
             .subscribe(SubscribeRequest {
-                caller: caller(tenant, user),
+                caller: Some(Caller {
+                    tenant_id: tenant,
+                    user_id: user,
+                    device_id: format!("bench-{user}"),
+                }),
                 from_pts: 0,
                 queue_id: 0,
             })
@@ -353,7 +405,8 @@ async fn send_paced(
         inflight.spawn(async move {
             let at = Instant::now();
             let answer = c.send(req).await.map(|r| r.into_inner().seq);
-            (at, at.duration_since(epoch).as_micros() as u64, answer)
+            let took = at.elapsed().as_micros() as u64;
+            (took, at.duration_since(epoch).as_micros() as u64, answer)
         });
         while let Some(done) = inflight.try_join_next() {
             record(done?, &mut latency, &mut starts, &mut errors);
@@ -366,14 +419,14 @@ async fn send_paced(
 }
 
 fn record(
-    (at, at_us, answer): (Instant, u64, Result<u64, tonic::Status>),
+    (took, at_us, answer): (u64, u64, Result<u64, tonic::Status>),
     latency: &mut Histogram<u64>,
     starts: &mut HashMap<u64, u64>,
     errors: &mut BTreeMap<String, u64>,
 ) {
     match answer {
         Ok(seq) => {
-            let _ = latency.record((at.elapsed().as_micros() as u64).max(1));
+            let _ = latency.record(took.max(1));
             starts.insert(seq, at_us);
         }
         Err(status) => count_error(errors, &status),
