@@ -191,6 +191,7 @@ pub fn spawn(
     });
     let threshold = config.fanout.large_group_threshold as usize;
     let batch = config.fanout.batch;
+    let log = notify::direct_log(&config.notifications);
     let processor = {
         let (store, queue, hub, clock, homes, signals) = (
             store.clone(),
@@ -201,6 +202,7 @@ pub fn spawn(
             signals.clone(),
         );
         let (cell_id, wake) = (config.cell_id.clone(), wake.clone());
+        let log = log.clone();
         supervise("processor", move || {
             let (store, queue, hub, clock, homes, signals, group, inbound, cell_id) = (
                 store.clone(),
@@ -214,10 +216,12 @@ pub fn spawn(
                 cell_id.clone(),
             );
             let wake = wake.clone();
+            let log = log.clone();
             async move {
                 let consumer = queue.consumer(&group).await?;
                 let mut inbound = inbound.lock().await;
                 Processor::new(store, hub, clock, threshold, homes, signals, cell_id)?
+                    .notifying_the_log(log)
                     .run(consumer, batch, &mut inbound, &wake)
                     .await
             }

@@ -1,8 +1,10 @@
-//! Notifications for users with no online device: the processor queues them
-//! durably, one record per fan-out batch (`notify_batch` column family);
-//! this worker hands them to a sink — an HTTP webhook (JSON POST, retried
-//! with backoff) or the log — and deletes a batch once each of its
-//! notifications is delivered or past its last attempt.
+//! Notifications for users with no online device. With a webhook the
+//! processor queues them durably, one record per fan-out batch
+//! (`notify_batch` column family); this worker hands them to a sink — the
+//! HTTP webhook (JSON POST, retried with backoff) — and deletes a batch
+//! once each of its notifications is delivered or past its last attempt.
+//! Without one the processor writes them to the log as it makes them
+//! ([`direct_log`]): there is nothing to retry, so nothing to store.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -56,9 +58,9 @@ pub struct LogSink {
 
 const LOG_SUMMARY_EVERY: Duration = Duration::from_secs(10);
 
-#[tonic::async_trait]
-impl NotificationSink for LogSink {
-    async fn deliver(&self, n: &NotificationRecord) -> Result<(), NotifyError> {
+impl LogSink {
+    /// Logs `n` (never fails).
+    pub fn write(&self, n: &NotificationRecord) {
         tracing::debug!(
             user = n.user_id,
             tenant = n.tenant_id,
@@ -77,8 +79,24 @@ impl NotificationSink for LogSink {
             );
             *summary = (0, Some(now));
         }
+    }
+}
+
+#[tonic::async_trait]
+impl NotificationSink for LogSink {
+    async fn deliver(&self, n: &NotificationRecord) -> Result<(), NotifyError> {
+        self.write(n);
         Ok(())
     }
+}
+
+/// The log the processor writes notifications to itself when no webhook
+/// is configured (none: they are queued for the webhook).
+pub fn direct_log(config: &NotificationsConfig) -> Option<Arc<LogSink>> {
+    config
+        .webhook_url
+        .is_none()
+        .then(|| Arc::new(LogSink::default()))
 }
 
 /// POSTs each notification as JSON to a URL; any 2xx is delivered.

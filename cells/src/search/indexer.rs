@@ -162,6 +162,13 @@ async fn index_range(
     first: u64,
     last: u64,
 ) -> Result<u64, PipelineError> {
+    // A new message is in the hot history: one point read, not a page.
+    if first == last
+        && let Some(record) = messages.store().message(conversation, first)?
+    {
+        index_one(index, conversation, first, &record)?;
+        return Ok(first);
+    }
     let mut after = first.saturating_sub(1);
     while after < last {
         let page = messages
@@ -172,21 +179,33 @@ async fn index_range(
             break;
         };
         for (seq, record) in page {
-            match text_of(&record) {
-                Some(text) => index.upsert(&IndexedMessage {
-                    conversation,
-                    seq,
-                    msg_id: record.msg_id,
-                    sender: UserId(record.sender_id),
-                    ts_ms: record.server_ts_ms,
-                    text,
-                })?,
-                None => index.remove(conversation, seq),
-            }
+            index_one(index, conversation, seq, &record)?;
         }
         after = end;
     }
     Ok(after)
+}
+
+/// Indexes the message at `seq` (or drops it from the index when it has
+/// no text any more).
+fn index_one(
+    index: &TenantIndex,
+    conversation: ConversationId,
+    seq: u64,
+    record: &MessageRecord,
+) -> Result<(), PipelineError> {
+    match text_of(record) {
+        Some(text) => index.upsert(&IndexedMessage {
+            conversation,
+            seq,
+            msg_id: record.msg_id,
+            sender: UserId(record.sender_id),
+            ts_ms: record.server_ts_ms,
+            text,
+        })?,
+        None => index.remove(conversation, seq),
+    }
+    Ok(())
 }
 
 /// Indexes every conversation stored here once, when search is first

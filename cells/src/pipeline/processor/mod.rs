@@ -171,6 +171,9 @@ pub struct Processor {
     handovers_seen: u64,
     next_notification: u64,
     notifications: Arc<Notify>,
+    /// With no webhook: notifications go to this log as they are made,
+    /// not through the durable queue (nothing is delivered to retry).
+    notification_log: Option<Arc<super::notify::LogSink>>,
     /// See [`Signals::processed`].
     processed: Arc<tokio::sync::watch::Sender<u64>>,
     homes: Arc<dyn Homes>,
@@ -356,6 +359,7 @@ impl Processor {
             queued_for,
             next_notification,
             notifications: signals.notifications,
+            notification_log: None,
             processed: signals.processed,
             homes,
             homes_queue,
@@ -363,6 +367,13 @@ impl Processor {
             recent: RecentAnswers::new(RECENT_ANSWERS),
             cell_id,
         })
+    }
+
+    /// Writes notifications to `log` instead of queueing them for a
+    /// sink (the cell has no webhook).
+    pub fn notifying_the_log(mut self, log: Option<Arc<super::notify::LogSink>>) -> Self {
+        self.notification_log = log;
+        self
     }
 
     /// Consumes until an error; the caller restarts with a fresh consumer,

@@ -225,7 +225,7 @@ impl Processor {
         {
             return Ok(());
         }
-        batch.notifications.push(NotificationRecord {
+        let notification = NotificationRecord {
             user_id: user.user.get(),
             tenant_id: user.tenant.get(),
             conversation_id: record.conversation_id,
@@ -234,7 +234,11 @@ impl Processor {
             sender_id: origin.sender,
             created_at_ms: now,
             attempts: 0,
-        });
+        };
+        match &self.notification_log {
+            Some(log) => log.write(&notification),
+            None => batch.notifications.push(notification),
+        }
         Ok(())
     }
 }
