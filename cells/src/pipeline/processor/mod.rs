@@ -158,6 +158,8 @@ const RECENT_ANSWERS: usize = 100_000;
 
 /// Users whose pts stay cached.
 const PTS_CACHE: usize = 1 << 20;
+/// Conversation-list entries kept (about 100 bytes each).
+const ENTRY_CACHE: usize = 1 << 18;
 
 pub struct Processor {
     store: Arc<Store>,
@@ -166,6 +168,10 @@ pub struct Processor {
     large_group_threshold: usize,
     /// Latest durable pts per user.
     pts: HashMap<UserKey, u64>,
+    /// Durable conversation-list entries by (user, conversation), as this
+    /// processor (their only writer while the home is here) last wrote or
+    /// read them; dropped with `pts`.
+    entries: HashMap<(UserKey, u64), ConvListEntry>,
     /// [`Store::handovers`] when `pts` was last cleared: a home sealed for
     /// a move may come back stale, and must be looked at again.
     handovers_seen: u64,
@@ -355,6 +361,7 @@ impl Processor {
             clock,
             large_group_threshold,
             pts: HashMap::new(),
+            entries: HashMap::new(),
             handovers_seen: 0,
             queued_for,
             next_notification,
@@ -508,15 +515,16 @@ impl Processor {
         if !batch.mutation.is_empty() {
             let mutation = std::mem::take(&mut batch.mutation);
             if let Err(e) = self.store.commit_fan_out(mutation).await {
-                // The cached pts may now be ahead of storage.
-                self.pts.clear();
+                // The cached pts and entries may now be ahead of storage.
+                self.forget_cached();
                 return Err(e.into());
             }
             self.store.failpoints().abort_at("fanout.committed");
         }
-        if self.pts.len() > PTS_CACHE {
-            self.pts.clear();
+        if self.pts.len() > PTS_CACHE || self.entries.len() > ENTRY_CACHE {
+            self.forget_cached();
         }
+        self.entries.extend(batch.entries);
         let mut messages = HashMap::new();
         for (user, pts) in batch.pts {
             let _push = batch.trace.push(user);

@@ -161,6 +161,8 @@ impl Processor {
         for import in &imports {
             self.pts.remove(&import.user);
         }
+        // Their conversation-list entries were replaced (rare: drop all).
+        self.entries.clear();
         result?;
         for import in &imports {
             let pts = self.store.user_pts(import.user)?;

@@ -99,12 +99,16 @@ impl Processor {
         record: &SyncRecord,
     ) -> Result<bool, PipelineError> {
         let key = (user, record.conversation_id);
+        self.notice_handovers();
         let mut entry = match batch.entries.remove(&key) {
             Some(entry) => entry,
-            None => self
-                .store
-                .conv_list_entry(user, ConversationId(record.conversation_id))?
-                .unwrap_or_default(),
+            None => match self.entries.get(&key) {
+                Some(entry) => entry.clone(),
+                None => self
+                    .store
+                    .conv_list_entry(user, ConversationId(record.conversation_id))?
+                    .unwrap_or_default(),
+            },
         };
         if source == entry.last_event_source && id <= entry.last_event_id {
             batch.entries.insert(key, entry);
@@ -184,11 +188,7 @@ impl Processor {
         if let Some(pts) = batch.pts.get(&user) {
             return Ok(*pts);
         }
-        let handovers = self.store.handovers();
-        if handovers != self.handovers_seen {
-            self.pts.clear();
-            self.handovers_seen = handovers;
-        }
+        self.notice_handovers();
         if let Some(pts) = self.pts.get(&user) {
             return Ok(*pts);
         }
@@ -198,7 +198,7 @@ impl Processor {
         // since: it goes on as a new queue, so devices rebase instead of
         // getting a pts twice. (No lookup while this cell never handed a
         // home over.)
-        if handovers > 0 && self.store.home_is_stale(user)? {
+        if self.handovers_seen > 0 && self.store.home_is_stale(user)? {
             tracing::info!(tenant = %user.tenant, user = %user.user, "a home came back without a move: its queue starts anew");
             batch.mutation.restart_queue(user, self.clock.now_ms());
         } else if self.store.queue_id(user)? == 0 {
@@ -207,6 +207,23 @@ impl Processor {
         let pts = self.store.user_pts(user)?;
         self.pts.insert(user, pts);
         Ok(pts)
+    }
+
+    /// Drops what is cached of users' queues once keys were sealed here
+    /// (a home handed over may come back stale and must be read again).
+    pub(super) fn notice_handovers(&mut self) {
+        let handovers = self.store.handovers();
+        if handovers != self.handovers_seen {
+            self.forget_cached();
+            self.handovers_seen = handovers;
+        }
+    }
+
+    /// Forgets cached pts and conversation-list entries: storage is read
+    /// again.
+    pub(super) fn forget_cached(&mut self) {
+        self.pts.clear();
+        self.entries.clear();
     }
 
     /// Queues a notification for a member with no online device.
