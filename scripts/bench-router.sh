@@ -12,6 +12,7 @@
 #
 #   scripts/bench-router.sh [DURATION=10s] [CONCURRENCY=32] [OUT=data/bench-router]
 #   PROFILE=release scripts/bench-router.sh   # optimised build
+#   BIN=/path/to/cellmesh scripts/bench-router.sh   # another build
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/common.sh
@@ -20,7 +21,9 @@ setup
 duration="${1:-10s}"
 concurrency="${2:-32}"
 out="${3:-data/bench-router}"
-build_bin
+if [ -z "${BIN:-}" ]; then
+  build_bin
+fi
 bin="$BIN"
 
 rm -rf "$out" && mkdir -p "$out"

@@ -69,8 +69,8 @@ const ADD_PER_CALL: u64 = 1_000;
 
 pub async fn run(args: GroupArgs) -> anyhow::Result<()> {
     anyhow::ensure!(
-        args.members >= 2 && args.online <= args.members,
-        "--online ≤ --members"
+        args.members > JOINS + 2 && args.online <= args.members - JOINS,
+        "--members above {JOINS} + 2, --online at most --members - {JOINS}"
     );
     let temp = tempfile::tempdir()?;
     let (endpoint, _cell) = match &args.endpoint {
@@ -88,11 +88,12 @@ pub async fn run(args: GroupArgs) -> anyhow::Result<()> {
     let tenant = rand::rng().random_range(1_000_000..u32::MAX as u64);
     let mut client = connect(&endpoint).await?;
     let started = Instant::now();
-    let group = big_group(&mut client, tenant, args.members).await?;
+    // The last JOINS members join one by one below.
+    let group = big_group(&mut client, tenant, args.members - JOINS).await?;
     let joined = started.elapsed();
     println!(
         "group {group}: {} members added in {:.1} s",
-        args.members,
+        args.members - JOINS,
         joined.as_secs_f64()
     );
     let (burst, burst_took) = join_burst(&client, tenant, group, args.members).await?;
@@ -215,7 +216,7 @@ async fn big_group(client: &mut Client, tenant: u64, members: u64) -> anyhow::Re
 /// Joins in the burst.
 const JOINS: u64 = 1_000;
 
-/// `JOINS` users above the members join `group` one per call, 64 calls at
+/// The last `JOINS` of `members` join `group` one per call, 64 calls at
 /// a time: each call's latency (µs) and the burst's length.
 async fn join_burst(
     client: &Client,
@@ -226,7 +227,7 @@ async fn join_burst(
     let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
     let started = Instant::now();
     let mut joins = tokio::task::JoinSet::new();
-    for user in members + 1..=members + JOINS {
+    for user in members - JOINS + 1..=members {
         if joins.len() >= 64
             && let Some(done) = joins.join_next().await
         {

@@ -7,6 +7,7 @@
 #![allow(clippy::result_large_err)]
 
 mod log;
+mod recent;
 mod record;
 mod seed;
 mod state;

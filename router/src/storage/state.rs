@@ -37,6 +37,8 @@ pub struct RouteStore {
     inner: RwLock<Meta>,
     applied: watch::Sender<u64>,
     watch_history: u64,
+    /// The newest watch batches, served without reading storage.
+    recent: super::recent::Recent,
 }
 
 struct Meta {
@@ -73,6 +75,9 @@ impl RouteStore {
 
     /// Up to `limit` change batches with index ≥ `from`, in order.
     pub fn changes_from(&self, from: u64, limit: usize) -> Result<Vec<WatchBatch>, StorageError> {
+        if let Some(batches) = self.recent.since(from, limit) {
+            return Ok(batches);
+        }
         let start = index_key(from);
         let mut out = Vec::new();
         for item in self.db.iterator_cf(
@@ -149,6 +154,7 @@ impl StateMachine {
             table.apply_change(&decode::<Change>(&bytes)?);
         }
         table.applied = last_applied.map_or(0, |l| l.index);
+        let table_applied = table.applied;
         let (applied, _) = watch::channel(table.applied);
         Ok(Self {
             store: Arc::new(RouteStore {
@@ -159,6 +165,7 @@ impl StateMachine {
                     membership,
                     compacted_through,
                 }),
+                recent: super::recent::Recent::new(table_applied + 1),
                 applied,
                 watch_history,
             }),
@@ -252,6 +259,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let mut meta = self.store.inner.write().expect("meta lock");
         let mut batch = WriteBatch::default();
         let mut responses = Vec::new();
+        let mut watched = Vec::new();
         for entry in entries {
             let index = entry.log_id.index;
             let results: Vec<_> = match &entry.payload {
@@ -277,6 +285,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     put_change(db, &mut batch, change)?;
                 }
                 batch.put_cf(cf(db, CF_CHANGES), index_key(index), encode(&changes));
+                watched.push((index, changes));
             }
             meta.last_applied = Some(entry.log_id);
             responses.push(Applied { index, results });
@@ -287,6 +296,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         // loss only rewinds the state machine to a point the (synced) log
         // replays from. Snapshots sync the WAL before the log is purged.
         db.write(batch).map_err(write_err)?;
+        self.store.recent.push(watched);
         let applied = table.applied;
         drop(meta);
         drop(table);
@@ -346,6 +356,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let mut m = self.store.inner.write().expect("meta lock");
         db.write_opt(batch, &synced()).map_err(write_err)?;
         let applied = table.applied;
+        // The batches it kept describe another history now.
+        self.store.recent.reset(applied + 1);
         *current = table;
         m.last_applied = meta.last_log_id;
         m.membership = meta.last_membership.clone();
