@@ -368,7 +368,6 @@ async fn drill(args: RunArgs) -> anyhow::Result<()> {
     for w in workers {
         w.await?;
     }
-    let failovers = failovers.finish(&faults);
     // Recovery is judged over the time the senders ran.
     let end_ms = workload::now_ms(epoch).min(Duration::from(args.duration).as_millis() as u64);
     let mut history = History {
@@ -541,8 +540,8 @@ struct RunFacts {
     seed: u64,
     /// When the senders stopped.
     end_ms: u64,
-    /// The failovers seen (JSON) and how many no fault explains.
-    failovers: (serde_json::Value, usize),
+    /// Watching for failovers since the faults began.
+    failovers: failovers::FailoverWatch,
     caught_up_ms: Option<u64>,
     idle_resubscribes: usize,
     unknown_by_reason: std::collections::BTreeMap<String, u64>,
@@ -563,13 +562,14 @@ fn judge(
     let RunFacts {
         seed,
         end_ms,
-        failovers: (failovers, unexplained),
+        failovers,
         caught_up_ms,
         idle_resubscribes,
         unknown_by_reason,
         region_loss,
         residency,
     } = facts;
+    let (failovers, unexplained) = failovers.finish(faults);
     let verdicts = check_all(history);
     let resident = residency.as_ref().is_none_or(|r| r["holds"] == true);
     let ok = verdicts.iter().all(|v| v.holds) && resident;
