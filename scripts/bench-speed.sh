@@ -34,17 +34,7 @@ trap 'stop_cell; stop_dev' EXIT
 start_cell() {
   local dir="$out/cell-$1"
   mkdir -p "$dir"
-  cat > "$dir.toml" <<TOML
-cell_id = "bench/c1"
-listen = "127.0.0.1:$port"
-data_dir = "$dir"
-insecure_plaintext = true
-[rate_limit]
-user_per_sec = 1000000
-user_burst = 1000000
-conversation_per_sec = 1000000
-conversation_burst = 1000000
-TOML
+  bench_cell_config "$dir.toml" "$dir" "$port" < /dev/null
   RUST_LOG=warn "$bin" cell --config "$dir.toml" 2>>"$out/cell.log" &
   cell_pid=$!
   for _ in $(seq 100); do [ -s "$dir/cell.addr" ] && return 0; sleep 0.1; done

@@ -34,19 +34,10 @@ trap 'stop_cell; kill $sink_pid 2>/dev/null || true' EXIT
 run() {
   local mode="$1" i="$2" listen="" endpoint=""
   [ "$mode" = on ] && listen="127.0.0.1:$metrics_port" endpoint="http://127.0.0.1:$otlp_port"
-  cat > "$out/cell-$mode.toml" <<TOML
-cell_id = "bench/c1"
-listen = "127.0.0.1:$port"
-data_dir = "$out/cell"
+  bench_cell_config "$out/cell-$mode.toml" "$out/cell" "$port" <<TOML
 metrics_listen = "$listen"
-insecure_plaintext = true
 [telemetry]
 endpoint = "$endpoint"
-[rate_limit]
-user_per_sec = 1000000
-user_burst = 1000000
-conversation_per_sec = 1000000
-conversation_burst = 1000000
 TOML
   RUST_LOG=warn "$bin" cell --config "$out/cell-$mode.toml" 2>>"$out/cell.log" &
   cell_pid=$!

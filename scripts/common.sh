@@ -97,6 +97,20 @@ start_test_broker() {
   echo "setup: tansu broker on $CELLMESH_TEST_KAFKA_BROKERS"
 }
 
+# Writes FILE: the config of a standalone bench cell on 127.0.0.1:PORT over
+# DATA_DIR with rate limits out of the way; lines on standard input (keys,
+# then sections) go in before the limits.
+bench_cell_config() {
+  local file="$1" dir="$2" port="$3"
+  {
+    printf 'cell_id = "bench/c1"\nlisten = "127.0.0.1:%s"\ndata_dir = "%s"\ninsecure_plaintext = true\n' \
+      "$port" "$dir"
+    cat
+    printf '[rate_limit]\nuser_per_sec = 1000000\nuser_burst = 1000000\n'
+    printf 'conversation_per_sec = 1000000\nconversation_burst = 1000000\n'
+  } > "$file"
+}
+
 # Builds the binaries with profile $PROFILE (default debug) and sets BIN to
 # the `cellmesh` binary.
 build_bin() {

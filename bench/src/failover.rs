@@ -62,7 +62,7 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
         }
         let fault = Instant::now();
         // When this process's copy of the route table shows the new owner.
-        let switched = {
+        let mut switched = {
             let (routes, owner) = (routes.clone(), owner.clone());
             tokio::spawn(async move {
                 while routes.resolve(&key).is_none_or(|r| r.entry.cell == owner) {
@@ -102,9 +102,11 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
             .resolve(&key)
             .map(|r| r.entry.cell)
             .unwrap_or_default();
-        let switch = tokio::time::timeout(Duration::from_secs(5), switched)
+        // 0: this process never saw the route move (within 5 s more).
+        let switch = tokio::time::timeout(Duration::from_secs(5), &mut switched)
             .await
             .map_or(0, |s| s.map_or(0, |d| d.as_millis() as u64));
+        switched.abort();
         switches.push(switch);
         println!(
             "round {round}: {owner} hung; route switched after {switch} ms, first send accepted on {now_owner} after {} ms",

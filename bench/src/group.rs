@@ -4,8 +4,9 @@
 //! - send latency into the group at `--rate`, and the latency of the
 //!   `latest_seq` hints its online members receive (send → hint);
 //! - `ListConversations` latency (first screen of 100) for a member of
-//!   `--member-of` (500) groups, each summary's unread count checked
-//!   against what was sent;
+//!   `--member-of` (500) more groups, each summary's unread count checked
+//!   against the conversation's own (`GetConversation`), and nonzero: the
+//!   member has read nothing;
 //! - the p99 of sends into `--neighbours` 1:1 conversations on the same
 //!   cell, first alone, then while the group is hot.
 //!
@@ -16,13 +17,11 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cellmesh_proto::v1::GetConversationRequest;
-
 use cellmesh_client::connect::{call_error, caller, connect};
+use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
 use cellmesh_proto::v1::sync_client::SyncClient;
 use cellmesh_proto::v1::{
-    Caller, ChangeMembersRequest, ConversationKind, CreateConversationRequest,
-    ListConversationsRequest, MessageType, SubscribeRequest, sync_push,
+    ChangeMembersRequest, GetConversationRequest, ListConversationsRequest, MessageType, sync_push,
 };
 use clap::Args;
 use hdrhistogram::Histogram;
@@ -30,7 +29,7 @@ use rand::Rng;
 use tonic::transport::Channel;
 
 use crate::send::Client;
-use crate::{Report, count_error, send_request};
+use crate::{Create, Report, count_error, create, device_subscription, histogram, send_request};
 
 #[derive(Args)]
 pub struct GroupArgs {
@@ -65,6 +64,8 @@ pub struct GroupArgs {
 /// Users above the group's members: the listing member's partners and the
 /// neighbours' pairs.
 const OTHERS: u64 = 10_000_000;
+/// The group's creator, who also lists conversations.
+const CREATOR: UserId = UserId(1);
 const ADD_PER_CALL: u64 = 1_000;
 
 pub async fn run(args: GroupArgs) -> anyhow::Result<()> {
@@ -85,7 +86,7 @@ pub async fn run(args: GroupArgs) -> anyhow::Result<()> {
             (format!("http://{}", cell.addr), Some(cell))
         }
     };
-    let tenant = rand::rng().random_range(1_000_000..u32::MAX as u64);
+    let tenant = TenantId(rand::rng().random_range(1_000_000..u32::MAX as u64));
     let mut client = connect(&endpoint).await?;
     let started = Instant::now();
     // The last JOINS members join one by one below.
@@ -102,7 +103,7 @@ pub async fn run(args: GroupArgs) -> anyhow::Result<()> {
         burst_took.as_secs_f64(),
         burst.value_at_quantile(0.99) as f64 / 1000.0
     );
-    let listed = listing_member(&mut client, tenant, args.member_of).await?;
+    listing_member(&mut client, tenant, args.member_of).await?;
     let neighbours = neighbours(&mut client, tenant, args.neighbours).await?;
 
     let epoch = Instant::now();
@@ -129,7 +130,7 @@ pub async fn run(args: GroupArgs) -> anyhow::Result<()> {
     let (alone, _, _) = alone.await?;
     let hot = send_paced(&client, tenant, &neighbours, pace(args.neighbour_rate));
     // User 2 sends: user 1, who lists, has every one unread.
-    let into_group = [(group, 2)];
+    let into_group = [(group, UserId(2))];
     let group_sends = send_paced(&client, tenant, &into_group, pace(args.rate));
     let ((beside, _, _), (sent, sent_at, errors)) = tokio::try_join!(hot, group_sends)?;
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -138,7 +139,7 @@ pub async fn run(args: GroupArgs) -> anyhow::Result<()> {
         let _ = d.await;
     }
     let hint_latency = hint_latency(&hints.lock().expect("hints"), &sent_at)?;
-    let (list, mismatches) = list_latency(&endpoint, &mut client, tenant, listed).await?;
+    let (list, mismatches) = list_latency(&endpoint, &mut client, tenant).await?;
 
     let p99 = |h: &Histogram<u64>| h.value_at_quantile(0.99) as f64 / 1000.0;
     let report = Report::new(
@@ -183,29 +184,29 @@ pub async fn run(args: GroupArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A group of user 1 with users 2..=members, added 1,000 per call.
-async fn big_group(client: &mut Client, tenant: u64, members: u64) -> anyhow::Result<u64> {
-    let created = client
-        .create_conversation(CreateConversationRequest {
-            caller: caller(tenant, 1),
-            kind: ConversationKind::Group as i32,
-            member_ids: vec![2],
-            title: "hot group".into(),
-            client_req_id: "hot".into(),
-        })
-        .await
-        .map_err(call_error)?
-        .into_inner();
-    let group = created.conversation.map_or(0, |c| c.conversation_id);
+/// Adds `users` to `group` as its creator.
+fn add(tenant: TenantId, group: ConversationId, users: Vec<u64>) -> ChangeMembersRequest {
+    ChangeMembersRequest {
+        caller: caller(tenant.get(), CREATOR.get()),
+        conversation_id: group.get(),
+        user_ids: users,
+    }
+}
+
+/// A group of the creator with users 2..=members, added 1,000 per call.
+async fn big_group(
+    client: &mut Client,
+    tenant: TenantId,
+    members: u64,
+) -> anyhow::Result<ConversationId> {
+    let hot = Create::group(vec![2], "hot group".into());
+    let group = create(client, tenant, CREATOR, hot).await?;
     let mut next = 3;
     while next <= members {
         let upto = (next + ADD_PER_CALL - 1).min(members);
+        let users = (next..=upto).collect();
         client
-            .add_members(ChangeMembersRequest {
-                caller: caller(tenant, 1),
-                conversation_id: group,
-                user_ids: (next..=upto).collect(),
-            })
+            .add_members(add(tenant, group, users))
             .await
             .map_err(call_error)?;
         next = upto + 1;
@@ -220,11 +221,11 @@ const JOINS: u64 = 1_000;
 /// a time: each call's latency (µs) and the burst's length.
 async fn join_burst(
     client: &Client,
-    tenant: u64,
-    group: u64,
+    tenant: TenantId,
+    group: ConversationId,
     members: u64,
 ) -> anyhow::Result<(Histogram<u64>, Duration)> {
-    let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    let mut latency = histogram();
     let started = Instant::now();
     let mut joins = tokio::task::JoinSet::new();
     for user in members - JOINS + 1..=members {
@@ -236,13 +237,9 @@ async fn join_burst(
         let mut c = client.clone();
         joins.spawn(async move {
             let at = Instant::now();
-            c.add_members(ChangeMembersRequest {
-                caller: caller(tenant, 1),
-                conversation_id: group,
-                user_ids: vec![user],
-            })
-            .await
-            .map_err(call_error)?;
+            c.add_members(add(tenant, group, vec![user]))
+                .await
+                .map_err(call_error)?;
             anyhow::Ok((at.elapsed().as_micros() as u64).max(1))
         });
     }
@@ -252,53 +249,37 @@ async fn join_burst(
     Ok((latency, started.elapsed()))
 }
 
-/// User 1 in `n` more groups of three, each with one message from another
-/// member: user 1's unread is 1 in each.
-async fn listing_member(client: &mut Client, tenant: u64, n: u64) -> anyhow::Result<u64> {
+/// The creator in `n` more groups of three, each with one message from
+/// another member: the creator's unread is 1 in each.
+async fn listing_member(client: &mut Client, tenant: TenantId, n: u64) -> anyhow::Result<()> {
     for i in 0..n {
         let other = OTHERS + 2 * i;
-        let created = client
-            .create_conversation(CreateConversationRequest {
-                caller: caller(tenant, 1),
-                kind: ConversationKind::Group as i32,
-                member_ids: vec![other, other + 1],
-                title: format!("g{i}"),
-                client_req_id: format!("g{i}"),
-            })
-            .await
-            .map_err(call_error)?
-            .into_inner();
-        let id = created.conversation.map_or(0, |c| c.conversation_id);
+        let group = Create::group(vec![other, other + 1], format!("g{i}"));
+        let id = create(client, tenant, CREATOR, group).await?;
         let req = send_request(
-            tenant,
+            tenant.get(),
             other,
-            id,
+            id.get(),
             format!("g{i}-1"),
             MessageType::Text,
             b"hi".to_vec(),
         );
         client.send(req).await.map_err(call_error)?;
     }
-    Ok(1)
+    Ok(())
 }
 
 /// `n` 1:1 conversations of users no group holds: (conversation, sender).
-async fn neighbours(client: &mut Client, tenant: u64, n: u64) -> anyhow::Result<Vec<(u64, u64)>> {
+async fn neighbours(
+    client: &mut Client,
+    tenant: TenantId,
+    n: u64,
+) -> anyhow::Result<Vec<(ConversationId, UserId)>> {
     let mut out = Vec::new();
     for i in 0..n {
-        let user = OTHERS * 2 + 2 * i;
-        let created = client
-            .create_conversation(CreateConversationRequest {
-                caller: caller(tenant, user),
-                kind: ConversationKind::Direct as i32,
-                member_ids: vec![user + 1],
-                title: String::new(),
-                client_req_id: format!("n{i}"),
-            })
-            .await
-            .map_err(call_error)?
-            .into_inner();
-        out.push((created.conversation.map_or(0, |c| c.conversation_id), user));
+        let user = UserId(OTHERS * 2 + 2 * i);
+        let direct = Create::direct(UserId(user.get() + 1), format!("n{i}"));
+        out.push((create(client, tenant, user, direct).await?, user));
     }
     Ok(out)
 }
@@ -309,9 +290,9 @@ type Hints = Arc<Mutex<Vec<(u64, u64)>>>;
 /// Users 1..=online subscribed; each records the hints of `group`.
 async fn subscribe(
     endpoint: &str,
-    tenant: u64,
+    tenant: TenantId,
     online: u64,
-    group: u64,
+    group: ConversationId,
     epoch: Instant,
     hints: &Hints,
     stopped: &tokio::sync::watch::Receiver<bool>,
@@ -328,15 +309,7 @@ async fn subscribe(
     for user in 1..=online {
         let mut sync = SyncClient::new(channels[user as usize % channels.len()].clone());
         let mut stream = sync
-            .subscribe(SubscribeRequest {
-                caller: Some(Caller {
-                    tenant_id: tenant,
-                    user_id: user,
-                    device_id: format!("bench-{user}"),
-                }),
-                from_pts: 0,
-                queue_id: 0,
-            })
+            .subscribe(device_subscription(tenant.get(), user))
             .await
             .map_err(call_error)?
             .into_inner();
@@ -349,7 +322,7 @@ async fn subscribe(
                 };
                 let Ok(Some(push)) = push else { return };
                 if let Some(sync_push::Push::Hint(h)) = push.push
-                    && h.conversation_id == group
+                    && h.conversation_id == group.get()
                 {
                     let at = epoch.elapsed().as_micros() as u64;
                     hints.lock().expect("hints").push((h.latest_seq, at));
@@ -377,11 +350,11 @@ type Sent = (Histogram<u64>, HashMap<u64, u64>, BTreeMap<String, u64>);
 /// own task (a slow answer does not hold the next send back).
 async fn send_paced(
     client: &Client,
-    tenant: u64,
-    into: &[(u64, u64)],
+    tenant: TenantId,
+    into: &[(ConversationId, UserId)],
     pace: Pace,
 ) -> anyhow::Result<Sent> {
-    let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    let mut latency = histogram();
     let (mut starts, mut errors) = (HashMap::new(), BTreeMap::new());
     let run = rand::rng().random::<u32>();
     let mut tick = tokio::time::interval(pace.every);
@@ -396,9 +369,9 @@ async fn send_paced(
         n += 1;
         let mut c = client.clone();
         let req = send_request(
-            tenant,
-            user,
-            conv,
+            tenant.get(),
+            user.get(),
+            conv.get(),
             format!("b{run}-{n}"),
             MessageType::Text,
             b"x".to_vec(),
@@ -436,7 +409,7 @@ fn record(
 
 /// Send → hint latency (µs) of every hint of an acknowledged send.
 fn hint_latency(hints: &[(u64, u64)], sent: &HashMap<u64, u64>) -> anyhow::Result<Histogram<u64>> {
-    let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    let mut h = histogram();
     for (seq, at) in hints {
         if let Some(start) = sent.get(seq) {
             h.record(at.saturating_sub(*start).max(1))?;
@@ -445,23 +418,24 @@ fn hint_latency(hints: &[(u64, u64)], sent: &HashMap<u64, u64>) -> anyhow::Resul
     Ok(h)
 }
 
-/// `ListConversations` (first screen of 100) as `user`, 200 times:
-/// latency (µs), and how many summaries disagreed with the conversation's
-/// own unread count (`GetConversation`) in the last listing.
+/// `ListConversations` (first screen of 100) as the creator, 200 times:
+/// latency (µs), and how many summaries of the last listing disagreed with
+/// the conversation's own unread count (`GetConversation`) or had none
+/// (the creator has read nothing another member sent).
 async fn list_latency(
     endpoint: &str,
     client: &mut Client,
-    tenant: u64,
-    user: u64,
+    tenant: TenantId,
 ) -> anyhow::Result<(Histogram<u64>, u64)> {
+    let caller = || caller(tenant.get(), CREATOR.get());
     let mut sync = SyncClient::new(
         Channel::from_shared(endpoint.to_string())?
             .connect()
             .await?,
     );
-    let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    let mut h = histogram();
     let request = || ListConversationsRequest {
-        caller: caller(tenant, user),
+        caller: caller(),
         limit: 100,
         ids_only: false,
     };
@@ -484,7 +458,7 @@ async fn list_latency(
             .map_or(0, |c| c.conversation_id);
         let own = client
             .get_conversation(GetConversationRequest {
-                caller: caller(tenant, user),
+                caller: caller(),
                 conversation_id: id,
                 members_after: 0,
                 member_limit: 1,

@@ -19,8 +19,11 @@ mod tenant_move;
 
 use std::collections::BTreeMap;
 
+use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
 use cellmesh_proto::status::error_code;
-use cellmesh_proto::v1::{MessageType, SendRequest};
+use cellmesh_proto::v1::{
+    Caller, ConversationKind, CreateConversationRequest, MessageType, SendRequest, SubscribeRequest,
+};
 use clap::{Args, Subcommand};
 
 pub use report::Report;
@@ -83,23 +86,84 @@ pub fn unlimited_cell(data_dir: std::path::PathBuf) -> cellmesh_cell::CellConfig
 
 /// `n` groups of user 1 of `tenant` with users 2 and 3, named `bench {i}`.
 pub async fn create_groups(endpoint: &str, tenant: u64, n: u64) -> anyhow::Result<Vec<u64>> {
-    use cellmesh_proto::v1::{ConversationKind, CreateConversationRequest};
     let mut client = cellmesh_client::connect::connect(endpoint).await?;
     let mut out = Vec::new();
     for i in 0..n {
-        let created = client
-            .create_conversation(CreateConversationRequest {
-                caller: caller(tenant, 1),
-                kind: ConversationKind::Group as i32,
-                member_ids: vec![2, 3],
-                title: format!("bench {i}"),
-                client_req_id: format!("create-{i}"),
-            })
-            .await?
-            .into_inner();
-        out.push(created.conversation.map_or(0, |c| c.conversation_id));
+        let group = Create::group(vec![2, 3], format!("create-{i}"));
+        let created = create(&mut client, TenantId(tenant), UserId(1), group).await?;
+        out.push(created.get());
     }
     Ok(out)
+}
+
+/// A conversation to create: its kind, the members besides its creator,
+/// and its request id (also its title).
+pub struct Create {
+    kind: ConversationKind,
+    members: Vec<u64>,
+    req_id: String,
+}
+
+impl Create {
+    pub fn group(members: Vec<u64>, req_id: String) -> Self {
+        let kind = ConversationKind::Group;
+        Self {
+            kind,
+            members,
+            req_id,
+        }
+    }
+
+    pub fn direct(with: UserId, req_id: String) -> Self {
+        let kind = ConversationKind::Direct;
+        Self {
+            kind,
+            members: vec![with.get()],
+            req_id,
+        }
+    }
+}
+
+/// Creates `conversation` in `tenant` as `creator`; its id.
+pub async fn create(
+    client: &mut send::Client,
+    tenant: TenantId,
+    creator: UserId,
+    conversation: Create,
+) -> anyhow::Result<ConversationId> {
+    let created = client
+        .create_conversation(CreateConversationRequest {
+            caller: caller(tenant.get(), creator.get()),
+            kind: conversation.kind as i32,
+            member_ids: conversation.members,
+            title: conversation.req_id.clone(),
+            client_req_id: conversation.req_id,
+        })
+        .await
+        .map_err(cellmesh_client::connect::call_error)?
+        .into_inner();
+    let id = created.conversation.map(|c| c.conversation_id);
+    Ok(ConversationId(id.ok_or_else(|| {
+        anyhow::anyhow!("created, without an id")
+    })?))
+}
+
+/// What a bench device sends to follow `user`'s sync queue from the start.
+pub fn device_subscription(tenant: u64, user: u64) -> SubscribeRequest {
+    SubscribeRequest {
+        caller: Some(Caller {
+            tenant_id: tenant,
+            user_id: user,
+            device_id: format!("bench-{user}"),
+        }),
+        from_pts: 0,
+        queue_id: 0,
+    }
+}
+
+/// A latency histogram in µs, up to 10 minutes.
+pub fn histogram() -> hdrhistogram::Histogram<u64> {
+    hdrhistogram::Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).expect("histogram bounds")
 }
 
 /// Bytes of the files under `dir`.

@@ -15,15 +15,14 @@ use std::time::{Duration, Instant};
 
 use cellmesh_proto::v1::sync_client::SyncClient;
 use cellmesh_proto::v1::{
-    Caller, ConversationKind, CreateConversationRequest, MessageType, SubscribeRequest,
-    SyncEventKind, sync_push,
+    ConversationKind, CreateConversationRequest, MessageType, SyncEventKind, sync_push,
 };
 use clap::Args;
 use hdrhistogram::Histogram;
 use rand::Rng;
 use tonic::transport::Channel;
 
-use crate::{Report, authed, count_error, send_request};
+use crate::{Report, authed, count_error, histogram, send_request};
 use cellmesh_chaos::target::DevTarget;
 use cellmesh_client::connect::{call_error, caller, connect};
 use cellmesh_control_plane::migration::{MigrationOptions, Migrator};
@@ -262,15 +261,7 @@ async fn subscribe_devices(
     for user in base + 1..=base + args.devices {
         let (channel, region) = channels[user as usize % channels.len()].clone();
         let mut sync = SyncClient::new(channel);
-        let request = SubscribeRequest {
-            caller: Some(Caller {
-                tenant_id: tenant,
-                user_id: user,
-                device_id: format!("bench-{user}"),
-            }),
-            from_pts: 0,
-            queue_id: 0,
-        };
+        let request = crate::device_subscription(tenant, user);
         let stream = sync
             .subscribe(authed(dev, user, request))
             .await
@@ -330,10 +321,6 @@ fn by_region_pair(pairs: &Pairs, edges: &[(String, String)]) -> anyhow::Result<s
         by_pair.insert(name, entry);
     }
     Ok(serde_json::Value::Object(by_pair))
-}
-
-fn histogram() -> Histogram<u64> {
-    Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).expect("histogram bounds")
 }
 
 /// Bench devices' users in a dev deployment start above this (clear of the

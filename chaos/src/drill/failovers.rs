@@ -86,10 +86,8 @@ impl FailoverWatch {
 /// before `cell` was marked down at `at_ms`.
 fn explains(fault: &Fault, cell: &str, at_ms: u64) -> bool {
     let region = cell.split('/').next().unwrap_or(cell);
-    let on_it = fault.target == cell
-        || fault.target == region
-        || fault.target.contains(cell)
-        || fault.detail.contains(cell);
+    let on_it =
+        fault.target == region || fault.target.contains(cell) || fault.detail.contains(cell);
     let when = fault.at_ms <= at_ms && at_ms - fault.at_ms <= EXPLAINED_WITHIN.as_millis() as u64;
     on_it && when
 }
