@@ -166,7 +166,11 @@ async fn pump(
     let writer = async move {
         let mut faults = faults;
         while let Some((at, chunk)) = rx.recv().await {
-            tokio::time::sleep_until(at).await;
+            // A timer rounds up to the next millisecond: a chunk already
+            // due (no latency set) goes at once.
+            if at > Instant::now() {
+                tokio::time::sleep_until(at).await;
+            }
             loop {
                 let f = faults.borrow().clone();
                 let stalled = match way {

@@ -1,11 +1,14 @@
 //! The replica's Raft state as Prometheus gauges and counters, kept current
 //! from openraft's metrics channel: term, last log and applied index, the
-//! snapshot, whether this replica leads, and how often the leader changed.
-//! RPC counts and latencies come from the servers' layer.
+//! snapshot, whether this replica leads, and how often the leader changed;
+//! and where a route write's time goes, phase by phase ([`phases`]). RPC
+//! counts and latencies come from the servers' layer.
 
 use std::sync::LazyLock;
 
-use cellmesh_telemetry::{Counter, Gauge, counter, gauge};
+use cellmesh_telemetry::{
+    Counter, Gauge, Histogram, Unit, counter, gauge, histogram, latency_buckets, size_buckets,
+};
 
 use crate::types::Raft;
 
@@ -41,6 +44,68 @@ static METRICS: LazyLock<RaftMetrics> = LazyLock::new(|| RaftMetrics {
         "Times this replica saw the Raft leader change (including to none).",
     ),
 });
+
+/// A route write's phases on the leader, and the replicas' disk work.
+pub struct WritePhases {
+    /// From a write's arrival to its entry being proposed (waiting for one
+    /// of the entries in flight to commit).
+    pub queued: Histogram,
+    /// From an entry's proposal to its being applied here: append, fsync,
+    /// replication to a quorum, commit and apply.
+    pub committed: Histogram,
+    /// Writes proposed together as one entry.
+    pub entry_commands: Histogram,
+    /// One group fsync of the log's WAL.
+    pub log_sync: Histogram,
+    /// Applying committed entries to the table (one RocksDB write).
+    pub apply: Histogram,
+    /// An AppendEntries round trip to one follower, seen from the leader.
+    pub append_rpc: Histogram,
+}
+
+static PHASES: LazyLock<WritePhases> = LazyLock::new(|| WritePhases {
+    queued: histogram(
+        "cellmesh_route_write_queued",
+        "Time a route write waited on the leader before its entry was proposed.",
+        Some(Unit::Seconds),
+        latency_buckets(),
+    ),
+    committed: histogram(
+        "cellmesh_route_write_committed",
+        "Time from a route-write entry's proposal to its being applied on the leader.",
+        Some(Unit::Seconds),
+        latency_buckets(),
+    ),
+    entry_commands: histogram(
+        "cellmesh_route_write_entry_commands",
+        "Route writes proposed together as one log entry.",
+        None,
+        size_buckets(),
+    ),
+    log_sync: histogram(
+        "cellmesh_raft_log_sync",
+        "Time of one group fsync of the route log's WAL.",
+        Some(Unit::Seconds),
+        latency_buckets(),
+    ),
+    apply: histogram(
+        "cellmesh_raft_apply",
+        "Time to apply committed route-log entries to the table.",
+        Some(Unit::Seconds),
+        latency_buckets(),
+    ),
+    append_rpc: histogram(
+        "cellmesh_raft_append_rpc",
+        "AppendEntries round trip to a follower, from the leader (replication through any link).",
+        Some(Unit::Seconds),
+        latency_buckets(),
+    ),
+});
+
+/// The write-phase histograms.
+pub fn phases() -> &'static WritePhases {
+    &PHASES
+}
 
 /// Follows `raft`'s metrics until it shuts down.
 pub async fn follow(raft: Raft) {

@@ -140,11 +140,15 @@ impl RaftNetwork<TypeConfig> for PeerClient {
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, RouterNode, RaftError<NodeId>>>
     {
         let request = self.request(wire::append_request_to_pb(&rpc), &option);
+        let sent = std::time::Instant::now();
         let reply = self
             .client()
             .map_err(unreachable)?
             .append_entries(request)
             .await;
+        crate::metrics::phases()
+            .append_rpc
+            .observe(sent.elapsed().as_secs_f64());
         wire::append_response_from_pb(reply.map_err(unreachable)?.into_inner()).map_err(garbled)
     }
 

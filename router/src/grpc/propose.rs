@@ -9,6 +9,8 @@
 #![allow(clippy::result_large_err)]
 
 use openraft::error::{ClientWriteError, Fatal, RaftError};
+use std::time::Instant;
+
 use tokio::sync::{mpsc, oneshot};
 
 use crate::table::{Change, Command, RouteError};
@@ -27,7 +29,7 @@ const MAX_BATCH: usize = 256;
 
 #[derive(Clone)]
 pub struct Proposer {
-    requests: mpsc::UnboundedSender<(Command, Reply)>,
+    requests: mpsc::UnboundedSender<(Command, Reply, Instant)>,
 }
 
 impl Proposer {
@@ -44,7 +46,9 @@ impl Proposer {
     pub async fn propose(&self, command: Command) -> Result<Written, WriteError> {
         let (tx, rx) = oneshot::channel();
         let stopped = || RaftError::Fatal(Fatal::Stopped);
-        self.requests.send((command, tx)).map_err(|_| stopped())?;
+        self.requests
+            .send((command, tx, Instant::now()))
+            .map_err(|_| stopped())?;
         // A dropped answer: the replica is stopping (the command may or may
         // not be committed; the writer's epoch check makes a retry safe).
         rx.await.unwrap_or_else(|_| Err(stopped()))
@@ -52,9 +56,22 @@ impl Proposer {
 }
 
 /// Proposes `batch` as one entry and answers each command.
-async fn commit(raft: Raft, batch: Vec<(Command, Reply)>) {
-    let (commands, replies): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
-    match raft.client_write(Commands(commands)).await {
+async fn commit(raft: Raft, batch: Vec<(Command, Reply, Instant)>) {
+    let phases = crate::metrics::phases();
+    let proposed = Instant::now();
+    phases.entry_commands.observe(batch.len() as f64);
+    let mut commands = Vec::with_capacity(batch.len());
+    let mut replies = Vec::with_capacity(batch.len());
+    for (command, reply, arrived) in batch {
+        phases
+            .queued
+            .observe(proposed.duration_since(arrived).as_secs_f64());
+        commands.push(command);
+        replies.push(reply);
+    }
+    let written = raft.client_write(Commands(commands)).await;
+    phases.committed.observe(proposed.elapsed().as_secs_f64());
+    match written {
         Ok(resp) => {
             let index = resp.data.index;
             for (reply, result) in replies.into_iter().zip(resp.data.results) {

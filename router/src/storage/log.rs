@@ -66,10 +66,14 @@ impl Flusher {
                         std::mem::take(&mut *pending)
                     };
                     drop(f);
+                    let started = std::time::Instant::now();
                     let result = match db.upgrade() {
                         Some(db) => db.flush_wal(true).map_err(|e| e.to_string()),
                         None => Err("the log store is closed".to_string()),
                     };
+                    crate::metrics::phases()
+                        .log_sync
+                        .observe(started.elapsed().as_secs_f64());
                     for callback in waiting {
                         callback.log_io_completed(result.clone().map_err(std::io::Error::other));
                     }

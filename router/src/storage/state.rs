@@ -254,6 +254,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
+        let started = std::time::Instant::now();
         let db = &self.store.db;
         let mut table = self.store.table.write().expect("route table lock");
         let mut meta = self.store.inner.write().expect("meta lock");
@@ -301,6 +302,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         drop(meta);
         drop(table);
         self.store.applied.send_replace(applied);
+        crate::metrics::phases()
+            .apply
+            .observe(started.elapsed().as_secs_f64());
         Ok(responses)
     }
 

@@ -78,6 +78,13 @@ async fn prom_value(prometheus: SocketAddr, query: &str, at_ms: u64) -> Option<f
     v["data"]["result"][0]["value"][1].as_str()?.parse().ok()
 }
 
+/// A route write's phases on the Raft leader.
+const LEADER_PHASES: [&str; 3] = [
+    "cellmesh_route_write_queued",
+    "cellmesh_route_write_committed",
+    "cellmesh_raft_append_rpc",
+];
+
 /// The sum of a metric's samples (with `filter` in its labels) in a
 /// Prometheus text exposition.
 fn sample_sum(text: &str, metric: &str, filter: &str) -> f64 {
@@ -154,6 +161,8 @@ async fn processes_expose_valid_metrics_and_prometheus_sees_the_send_rate() {
     // Every process's exposition is valid, and the counters saw the sends.
     let mut committed = 0.0;
     let mut edge_sends = 0.0;
+    // Route writes seen by the leader's phases, and its replication RPCs.
+    let mut route_write_phases = [0.0; LEADER_PHASES.len()];
     let metrics = info["metrics"].as_object().unwrap();
     assert_eq!(metrics.len(), 14, "{metrics:?}");
     for (name, url) in metrics {
@@ -180,6 +189,15 @@ async fn processes_expose_valid_metrics_and_prometheus_sees_the_send_rate() {
                 sample_sum(&text, "cellmesh_raft_applied_index", "") > 0.0,
                 "{name}"
             );
+            // Each replica syncs its log and applies; the leader's writes
+            // show each phase.
+            for phase in ["cellmesh_raft_log_sync", "cellmesh_raft_apply"] {
+                let count = sample_sum(&text, &format!("{phase}_seconds_count"), "");
+                assert!(count > 0.0, "{name}: {phase}");
+            }
+            for (seen, phase) in route_write_phases.iter_mut().zip(LEADER_PHASES) {
+                *seen += sample_sum(&text, &format!("{phase}_seconds_count"), "");
+            }
         } else {
             // Everything else keeps a copy of the route table.
             assert!(
@@ -188,6 +206,10 @@ async fn processes_expose_valid_metrics_and_prometheus_sees_the_send_rate() {
             );
         }
     }
+    assert!(
+        route_write_phases.iter().all(|count| *count > 0.0),
+        "{LEADER_PHASES:?}: {route_write_phases:?}"
+    );
     // Each send is one edge call and one owner-cell call (plus the demo's).
     assert!(
         committed >= acked.len() as f64,
