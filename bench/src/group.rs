@@ -8,7 +8,9 @@
 //!   against the conversation's own (`GetConversation`), and nonzero: the
 //!   member has read nothing;
 //! - the p99 of sends into `--neighbours` 1:1 conversations on the same
-//!   cell, first alone, then while the group is hot.
+//!   cell, first alone, then while the group is hot;
+//! - `ReadCount` latency for the group's newest ten messages, each count
+//!   checked: only their sender has read them, out of every member.
 //!
 //! Without `--endpoint` it starts its own cell in a temporary directory.
 
@@ -21,7 +23,8 @@ use cellmesh_client::connect::{call_error, caller, connect};
 use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
 use cellmesh_proto::v1::sync_client::SyncClient;
 use cellmesh_proto::v1::{
-    ChangeMembersRequest, GetConversationRequest, ListConversationsRequest, MessageType, sync_push,
+    ChangeMembersRequest, GetConversationRequest, ListConversationsRequest, MessageType,
+    ReadCountRequest, sync_push,
 };
 use clap::Args;
 use hdrhistogram::Histogram;
@@ -140,6 +143,11 @@ pub async fn run(args: GroupArgs) -> anyhow::Result<()> {
     }
     let hint_latency = hint_latency(&hints.lock().expect("hints"), &sent_at)?;
     let (list, mismatches) = list_latency(&endpoint, &mut client, tenant).await?;
+    let mut newest: Vec<u64> = sent_at.keys().copied().collect();
+    newest.sort_unstable();
+    newest.drain(..newest.len().saturating_sub(10));
+    let (receipts, wrong_receipts) =
+        receipt_latency(&mut client, tenant, group, &newest, args.members).await?;
 
     let p99 = |h: &Histogram<u64>| h.value_at_quantile(0.99) as f64 / 1000.0;
     let report = Report::new(
@@ -175,12 +183,22 @@ pub async fn run(args: GroupArgs) -> anyhow::Result<()> {
     .param("unread_mismatches", mismatches)
     .param("neighbour_p99_ms_alone", p99(&alone))
     .param("neighbour_p99_ms_beside_the_group", p99(&beside))
-    .param("neighbour_sends_beside", beside.len());
+    .param("neighbour_sends_beside", beside.len())
+    .param(
+        "read_count_p50_ms",
+        receipts.value_at_quantile(0.5) as f64 / 1000.0,
+    )
+    .param("read_count_p99_ms", p99(&receipts))
+    .param("read_count_mismatches", wrong_receipts);
     report.print();
     if let Some(path) = &args.json {
         report.write_json(path)?;
     }
     anyhow::ensure!(mismatches == 0, "{mismatches} unread counts were wrong");
+    anyhow::ensure!(
+        wrong_receipts == 0,
+        "{wrong_receipts} read counts were wrong"
+    );
     Ok(())
 }
 
@@ -467,6 +485,37 @@ async fn list_latency(
             .map_err(call_error)?
             .into_inner();
         if own.unread != summary.unread || summary.unread == 0 {
+            wrong += 1;
+        }
+    }
+    Ok((h, wrong))
+}
+
+/// `ReadCount` for `seqs` (sent by one member, read by nobody else) 100
+/// times: the latency, and how many answers were not one reader out of
+/// `members`.
+async fn receipt_latency(
+    client: &mut Client,
+    tenant: TenantId,
+    group: ConversationId,
+    seqs: &[u64],
+    members: u64,
+) -> anyhow::Result<(Histogram<u64>, u64)> {
+    let mut h = histogram();
+    let mut wrong = 0;
+    for _ in 0..100 {
+        let at = Instant::now();
+        let counts = client
+            .read_count(ReadCountRequest {
+                caller: caller(tenant.get(), CREATOR.get()),
+                conversation_id: group.get(),
+                seqs: seqs.to_vec(),
+            })
+            .await
+            .map_err(call_error)?
+            .into_inner();
+        h.record((at.elapsed().as_micros() as u64).max(1))?;
+        if u64::from(counts.member_count) != members || counts.read.iter().any(|r| *r != 1) {
             wrong += 1;
         }
     }

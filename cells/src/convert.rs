@@ -11,8 +11,8 @@ use cellmesh_proto::v1 as pb;
 use crate::error::CellError;
 use crate::message::{
     Caller, ChangeMembersCommand, CreateCommand, DeleteForMeCommand, EditCommand,
-    GetConversationCommand, MarkReadCommand, PullCommand, RecallCommand, SendCommand,
-    SetMemberRoleCommand,
+    GetConversationCommand, MarkReadCommand, PullCommand, ReadCountCommand, RecallCommand,
+    SendCommand, SetMemberRoleCommand,
 };
 use crate::storage::ScanDirection;
 
@@ -214,6 +214,18 @@ impl TryFrom<pb::EditRequest> for EditCommand {
             conversation: conversation_id(r.conversation_id)?,
             seq: message_seq(r.seq)?,
             body: r.body,
+        })
+    }
+}
+
+impl TryFrom<pb::ReadCountRequest> for ReadCountCommand {
+    type Error = CellError;
+
+    fn try_from(r: pb::ReadCountRequest) -> Result<Self, CellError> {
+        Ok(Self {
+            caller: caller(r.caller)?,
+            conversation: conversation_id(r.conversation_id)?,
+            seqs: r.seqs,
         })
     }
 }

@@ -59,6 +59,7 @@ has_caller!(
     pb::GetConversationRequest,
     pb::PullRequest,
     pb::MarkReadRequest,
+    pb::ReadCountRequest,
     pb::RecallRequest,
     pb::EditRequest,
     pb::DeleteForMeRequest,

@@ -126,6 +126,14 @@ impl Messaging for EdgeApi {
             Key::conversation(c.tenant, ConversationId(m.conversation_id))
         })
     }
+    async fn read_count(
+        &self,
+        request: Request<ReadCountRequest>,
+    ) -> Result<Response<ReadCountResponse>, Status> {
+        proxied!(self, request, MessagingClient, read_count, |c, m| {
+            Key::conversation(c.tenant, ConversationId(m.conversation_id))
+        })
+    }
     async fn recall(
         &self,
         request: Request<RecallRequest>,

@@ -144,7 +144,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let cell = cell();
-    match which % 16 {
+    match which % 17 {
         0 => call!(cell, bytes, MessagingClient, send, SendRequest),
         1 => call!(
             cell,
@@ -174,6 +174,7 @@ fuzz_target!(|data: &[u8]| {
         ),
         13 => call!(cell, bytes, SyncClient, set_muted, SetMutedRequest),
         14 => call!(cell, bytes, SyncClient, heartbeat, HeartbeatRequest, no_conversation),
+        15 => call!(cell, bytes, MessagingClient, read_count, ReadCountRequest),
         _ => call!(cell, bytes, SyncClient, typing, TypingRequest),
     }
 });

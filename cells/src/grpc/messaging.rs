@@ -119,6 +119,14 @@ impl Messaging for MessagingApi {
         ))
     }
 
+    async fn read_count(&self, request: Request<ReadCountRequest>) -> Reply<ReadCountResponse> {
+        let cmd = request.into_inner().try_into()?;
+        Ok(Response::new(
+            self.to_end(|s| async move { s.read_count(cmd).await })
+                .await?,
+        ))
+    }
+
     async fn recall(&self, request: Request<RecallRequest>) -> Reply<MessageUpdateResponse> {
         let cmd = request.into_inner().try_into()?;
         let message = self.to_end(|s| async move { s.recall(cmd).await }).await?;

@@ -16,6 +16,7 @@ mod incomplete;
 mod inflight;
 mod migrate;
 mod pull;
+mod receipts;
 mod replica;
 mod restore;
 mod search;
@@ -35,6 +36,7 @@ pub use conversation::{
     ChangeMembersCommand, CreateCommand, GetConversationCommand, SetMemberRoleCommand,
 };
 pub use pull::PullCommand;
+pub use receipts::ReadCountCommand;
 pub use restore::RestoredCopy;
 pub use search::SearchCommand;
 pub use send::SendCommand;
@@ -96,6 +98,8 @@ pub struct MessageService {
     attachments: Option<Arc<crate::attachments::Attachments>>,
     /// The tenants' search indexes (`[search]` off: none).
     search: Option<Arc<crate::search::Search>>,
+    /// Large groups' read positions, reused briefly by `ReadCount`.
+    read_positions: receipts::ReadPositions,
 }
 
 impl MessageService {
@@ -129,6 +133,7 @@ impl MessageService {
             repairs: incomplete::Repairs::new(),
             attachments: None,
             search: None,
+            read_positions: Default::default(),
         })
     }
 

@@ -15,6 +15,7 @@ mod marks;
 pub mod moved;
 mod options;
 mod queue;
+mod receipts;
 mod scan;
 mod sync;
 pub(crate) mod uploads;

@@ -43,6 +43,7 @@ mod presence;
 mod process_failover;
 mod processor_crash;
 mod queue_wake;
+mod receipts;
 mod reflection;
 mod residency;
 mod route_backup;
