@@ -26,10 +26,13 @@ const FRESH_FOR: Duration = Duration::from_secs(1);
 /// Large groups whose positions are kept at once.
 const MAX_KEPT: usize = 256;
 
-/// The sorted read positions of large groups, each with when it was read.
+/// A group's sorted read positions and when they were read.
+type Kept = (Instant, Arc<Vec<u64>>);
+
+/// The read positions of large groups.
 #[derive(Default)]
 pub(crate) struct ReadPositions {
-    kept: Mutex<HashMap<ConversationId, (Instant, Arc<Vec<u64>>)>>,
+    kept: Mutex<HashMap<ConversationId, Kept>>,
 }
 
 impl ReadPositions {
