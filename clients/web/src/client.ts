@@ -213,6 +213,15 @@ export class CellmeshClient {
     return wrap(this.messaging.markRead({ conversationId: conversation, readSeq: BigInt(seq) }));
   }
 
+  /**
+   * Read receipts as counts: how many members have read each of `seqs` (1 to
+   * 100), and how many members were counted.
+   */
+  async readCount(conversation: bigint, seqs: number[]): Promise<{ read: number[]; members: number }> {
+    const r = await wrap(this.messaging.readCount({ conversationId: conversation, seqs: seqs.map(BigInt) }));
+    return { read: r.read, members: r.memberCount };
+  }
+
   /** Replaces the text of the caller's message `seq` (and the stored copy). */
   async edit(conversation: bigint, seq: number, text: string): Promise<StoredMessage> {
     const r = await wrap(this.messaging.edit({ conversationId: conversation, seq: BigInt(seq), body: new TextEncoder().encode(text) }));

@@ -3,8 +3,8 @@
 // passes CELLMESH_EDGE, CELLMESH_TOKEN_A/B/OUTSIDER and
 // CELLMESH_CONVERSATION): catch-up after being offline with no gap and no
 // duplicate, a reload served from IndexedDB that resumes from its cursor,
-// an offline send delivered exactly once, stable error reasons, and a gap
-// in the stream filled from history.
+// an offline send delivered exactly once, read receipts as counts, stable
+// error reasons, and a gap in the stream filled from history.
 
 import "fake-indexeddb/auto";
 import assert from "node:assert/strict";
@@ -82,6 +82,21 @@ test("a send made offline is delivered exactly once after reconnecting", async (
   assert.equal(screen.filter((m) => m.body === "once").length, 1);
   assert.ok(first.seq > 0n);
   store.close();
+});
+
+test("read receipts come as counts, and a read counts at once", async () => {
+  const alice = new CellmeshClient({ edge, token: tokenA, store: new MemoryStore() });
+  const bob = new CellmeshClient({ edge, token: tokenB, store: new MemoryStore() });
+  const seq = Number((await alice.send(conversation, "was this read?")).seq);
+  const before = await alice.readCount(conversation, [seq]);
+  assert.equal(before.read[0], 1, "only the sender has read it");
+  await bob.markRead(conversation, seq);
+  const after = await alice.readCount(conversation, [seq, seq + 1]);
+  assert.deepEqual(after.read, [2, 0]);
+  assert.equal(after.members, before.members);
+  const stranger = new CellmeshClient({ edge, token: outsider, store: new MemoryStore() });
+  const e = await stranger.readCount(conversation, [seq]).catch((e) => e);
+  assert.equal(e.reason, "NOT_A_MEMBER");
 });
 
 test("errors carry the platform's stable reason", async () => {

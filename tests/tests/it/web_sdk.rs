@@ -33,6 +33,6 @@ async fn the_typescript_sdk_passes_its_tests_against_a_live_edge() {
         ],
     )
     .await;
-    assert!(report.contains("# pass 5"), "{report}");
+    assert!(report.contains("# pass 6"), "{report}");
     edge.stop().await;
 }
