@@ -104,7 +104,7 @@ pub async fn run(args: GroupArgs) -> anyhow::Result<()> {
     println!(
         "a burst of {JOINS} joins, one user each, 64 at a time: {:.2} s, p99 {:.1} ms",
         burst_took.as_secs_f64(),
-        burst.value_at_quantile(0.99) as f64 / 1000.0
+        ms(&burst, 0.99)
     );
     listing_member(&mut client, tenant, args.member_of).await?;
     let neighbours = neighbours(&mut client, tenant, args.neighbours).await?;
@@ -143,13 +143,10 @@ pub async fn run(args: GroupArgs) -> anyhow::Result<()> {
     }
     let hint_latency = hint_latency(&hints.lock().expect("hints"), &sent_at)?;
     let (list, mismatches) = list_latency(&endpoint, &mut client, tenant).await?;
-    let mut newest: Vec<u64> = sent_at.keys().copied().collect();
-    newest.sort_unstable();
-    newest.drain(..newest.len().saturating_sub(10));
     let (receipts, wrong_receipts) =
-        receipt_latency(&mut client, tenant, group, &newest, args.members).await?;
+        receipt_latency(&mut client, tenant, group, &sent_at, args.members).await?;
 
-    let p99 = |h: &Histogram<u64>| h.value_at_quantile(0.99) as f64 / 1000.0;
+    let p99 = |h: &Histogram<u64>| ms(h, 0.99);
     let report = Report::new(
         "group",
         hint_latency.len(),
@@ -168,26 +165,17 @@ pub async fn run(args: GroupArgs) -> anyhow::Result<()> {
     .param("join_burst_s", burst_took.as_secs_f64())
     .param("join_p99_ms", p99(&burst))
     .param("group_sends", sent_at.len())
-    .param(
-        "group_send_p50_ms",
-        sent.value_at_quantile(0.5) as f64 / 1000.0,
-    )
+    .param("group_send_p50_ms", ms(&sent, 0.5))
     .param("group_send_p99_ms", p99(&sent))
     .param("hints_expected", sent_at.len() as u64 * args.online)
-    .param(
-        "list_conversations_p50_ms",
-        list.value_at_quantile(0.5) as f64 / 1000.0,
-    )
+    .param("list_conversations_p50_ms", ms(&list, 0.5))
     .param("list_conversations_p99_ms", p99(&list))
     .param("member_of", args.member_of + 1)
     .param("unread_mismatches", mismatches)
     .param("neighbour_p99_ms_alone", p99(&alone))
     .param("neighbour_p99_ms_beside_the_group", p99(&beside))
     .param("neighbour_sends_beside", beside.len())
-    .param(
-        "read_count_p50_ms",
-        receipts.value_at_quantile(0.5) as f64 / 1000.0,
-    )
+    .param("read_count_p50_ms", ms(&receipts, 0.5))
     .param("read_count_p99_ms", p99(&receipts))
     .param("read_count_mismatches", wrong_receipts);
     report.print();
@@ -491,16 +479,24 @@ async fn list_latency(
     Ok((h, wrong))
 }
 
-/// `ReadCount` for `seqs` (sent by one member, read by nobody else) 100
-/// times: the latency, and how many answers were not one reader out of
-/// `members`.
+/// A quantile of `h` (µs) in ms.
+fn ms(h: &Histogram<u64>, quantile: f64) -> f64 {
+    h.value_at_quantile(quantile) as f64 / 1000.0
+}
+
+/// `ReadCount` for the newest ten of `sent` (seqs sent by one member, read
+/// by nobody else) 100 times: the latency, and how many answers were not
+/// one reader out of `members`.
 async fn receipt_latency(
     client: &mut Client,
     tenant: TenantId,
     group: ConversationId,
-    seqs: &[u64],
+    sent: &HashMap<u64, u64>,
     members: u64,
 ) -> anyhow::Result<(Histogram<u64>, u64)> {
+    let mut seqs: Vec<u64> = sent.keys().copied().collect();
+    seqs.sort_unstable();
+    seqs.drain(..seqs.len().saturating_sub(10));
     let mut h = histogram();
     let mut wrong = 0;
     for _ in 0..100 {
@@ -509,7 +505,7 @@ async fn receipt_latency(
             .read_count(ReadCountRequest {
                 caller: caller(tenant.get(), CREATOR.get()),
                 conversation_id: group.get(),
-                seqs: seqs.to_vec(),
+                seqs: seqs.clone(),
             })
             .await
             .map_err(call_error)?
