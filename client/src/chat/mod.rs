@@ -4,7 +4,7 @@
 use cellmesh_proto::v1::{
     Caller, ChangeMembersRequest, ConversationKind, CreateConversationRequest, Direction,
     GetConversationRequest, MarkReadRequest, Message, MessageState, MessageType, PullRequest,
-    RecallRequest, SendRequest,
+    ReadCountRequest, RecallRequest, SendRequest,
 };
 use clap::{Args, Subcommand};
 
@@ -95,6 +95,13 @@ enum ChatCommand {
         conversation: u64,
         #[arg(long, default_value_t = u64::MAX)]
         seq: u64,
+    },
+    /// How many members have read each of the messages --seq names.
+    Receipts {
+        #[arg(long, short)]
+        conversation: u64,
+        #[arg(long, required = true, num_args = 1..)]
+        seq: Vec<u64>,
     },
     /// Recall one of your messages.
     Recall {
@@ -219,6 +226,9 @@ pub async fn run(args: ChatArgs) -> anyhow::Result<()> {
         } => history(&mut client, me, conversation, limit, before).await?,
         ChatCommand::Info { conversation } => info(&mut client, me, conversation).await?,
         ChatCommand::Read { conversation, seq } => read(&mut client, me, conversation, seq).await?,
+        ChatCommand::Receipts { conversation, seq } => {
+            receipts(&mut client, me, conversation, seq).await?
+        }
         ChatCommand::Recall { conversation, seq } => {
             client
                 .recall(RecallRequest {
@@ -260,6 +270,28 @@ async fn read(
         "read up to {} of {}; unread {}",
         r.read_seq, r.latest_seq, r.unread
     );
+    Ok(())
+}
+
+/// `chat receipts`: how many members have read each of `seqs`.
+async fn receipts(
+    client: &mut Client,
+    me: Option<Caller>,
+    conversation: u64,
+    seqs: Vec<u64>,
+) -> anyhow::Result<()> {
+    let r = client
+        .read_count(ReadCountRequest {
+            caller: me,
+            conversation_id: conversation,
+            seqs: seqs.clone(),
+        })
+        .await
+        .map_err(call_error)?
+        .into_inner();
+    for (seq, read) in seqs.iter().zip(r.read) {
+        println!("seq {seq}: read by {read} of {}", r.member_count);
+    }
     Ok(())
 }
 

@@ -90,6 +90,11 @@ async fn a_person_can_create_send_and_tail() {
     assert!(list.contains("pair") && list.contains("unread 1"), "{list}");
     let read = chat(&endpoint, 2, &["read", "-c", &conv]).await;
     assert!(read.contains("unread 0"), "{read}");
+    let receipts = chat(&endpoint, 1, &["receipts", "-c", &conv, "--seq", "1", "2"]).await;
+    assert!(
+        receipts.contains("seq 1: read by 2 of 2") && receipts.contains("seq 2: read by 0 of 2"),
+        "{receipts}"
+    );
     // Search finds it once indexed, the match in brackets.
     let mut found = String::new();
     for _ in 0..40 {
