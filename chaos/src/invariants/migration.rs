@@ -1,6 +1,10 @@
 //! Invariant 4: after a migration the target's history begins with exactly
 //! the source's history (same seqs, same messages), and the source accepts
-//! no write after the switch.
+//! no write after the switch. A source that took the conversation over in a
+//! failover and had not yet backfilled what the failed cell acknowledged
+//! holds its history from its floor on: the target is compared from the
+//! source's first seq (what lies below is the backfill's, and every
+//! acknowledged message being stored somewhere is invariant 1's).
 
 use super::Violation;
 use crate::history::History;
@@ -11,17 +15,19 @@ pub fn check(h: &History) -> Vec<Violation> {
     let mut out = Vec::new();
     for m in &h.migrations {
         let n = m.source_history.len();
-        if m.target_history.len() < n || m.target_history[..n] != m.source_history[..] {
+        let first = m.source_history.first().map_or(0, |s| s.seq);
+        let target = &m.target_history[m.target_history.partition_point(|t| t.seq < first)..];
+        if target.len() < n || target[..n] != m.source_history[..] {
             let differs = m
                 .source_history
                 .iter()
-                .zip(&m.target_history)
+                .zip(target)
                 .position(|(a, b)| a != b)
-                .unwrap_or(m.target_history.len().min(n));
+                .unwrap_or(target.len().min(n));
             out.push(Violation::new(
                 NAME,
                 format!(
-                    "conversation {} moved {} → {}: target differs from the source at position {differs} ({} source messages, {} on the target)",
+                    "conversation {} moved {} → {}: target differs from the source at position {differs} ({} source messages from seq {first}, {} on the target)",
                     m.conversation,
                     m.source,
                     m.target,
@@ -81,6 +87,24 @@ mod tests {
         let v = check(&h);
         assert_eq!(v.len(), 1);
         assert!(v[0].detail.contains("position 1"));
+    }
+
+    #[test]
+    fn a_source_copy_from_its_failover_floor_is_compared_from_there() {
+        let mut h = good();
+        let mut m = moved(&h);
+        // The source holds the history from its second message on.
+        m.source_history.remove(0);
+        h.migrations.push(m.clone());
+        assert!(check(&h).is_empty(), "{:?}", check(&h));
+        // What it does hold must still match.
+        m.target_history.remove(1);
+        h.migrations = vec![m];
+        assert!(
+            check(&h)[0].detail.contains("position 0"),
+            "{:?}",
+            check(&h)
+        );
     }
 
     #[test]
