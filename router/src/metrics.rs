@@ -64,17 +64,13 @@ pub struct WritePhases {
 }
 
 static PHASES: LazyLock<WritePhases> = LazyLock::new(|| WritePhases {
-    queued: histogram(
+    queued: seconds(
         "cellmesh_route_write_queued",
         "Time a route write waited on the leader before its entry was proposed.",
-        Some(Unit::Seconds),
-        latency_buckets(),
     ),
-    committed: histogram(
+    committed: seconds(
         "cellmesh_route_write_committed",
         "Time from a route-write entry's proposal to its being applied on the leader.",
-        Some(Unit::Seconds),
-        latency_buckets(),
     ),
     entry_commands: histogram(
         "cellmesh_route_write_entry_commands",
@@ -82,25 +78,24 @@ static PHASES: LazyLock<WritePhases> = LazyLock::new(|| WritePhases {
         None,
         size_buckets(),
     ),
-    log_sync: histogram(
+    log_sync: seconds(
         "cellmesh_raft_log_sync",
         "Time of one group fsync of the route log's WAL.",
-        Some(Unit::Seconds),
-        latency_buckets(),
     ),
-    apply: histogram(
+    apply: seconds(
         "cellmesh_raft_apply",
         "Time to apply committed route-log entries to the table.",
-        Some(Unit::Seconds),
-        latency_buckets(),
     ),
-    append_rpc: histogram(
+    append_rpc: seconds(
         "cellmesh_raft_append_rpc",
         "AppendEntries round trip to a follower, from the leader (replication through any link).",
-        Some(Unit::Seconds),
-        latency_buckets(),
     ),
 });
+
+/// A latency histogram in seconds.
+fn seconds(name: &str, help: &str) -> Histogram {
+    histogram(name, help, Some(Unit::Seconds), latency_buckets())
+}
 
 /// The write-phase histograms.
 pub fn phases() -> &'static WritePhases {

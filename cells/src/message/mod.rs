@@ -258,6 +258,28 @@ impl MessageService {
         self.require_member(caller, conversation)
     }
 
+    /// Checks a member's call about `conversation`: the caller may call,
+    /// the conversation exists in its tenant, this cell owns it, and the
+    /// caller is a member.
+    fn check_member_call(&self, caller: &Caller, conversation: ConversationId) -> Result<()> {
+        self.check_call(caller)?;
+        self.conversation(caller, conversation.get())?;
+        self.ownership
+            .check(caller.tenant, conversation, cellmesh_proto::ids::Epoch(0))?;
+        self.require_member(caller, conversation)
+    }
+
+    /// Refuses a list of seqs that is empty or longer than `max`.
+    fn check_seq_list(seqs: &[u64], max: usize) -> Result<()> {
+        if seqs.is_empty() || seqs.len() > max {
+            return Err(CellError::invalid(
+                Reason::BadSeqList,
+                format!("name between 1 and {max} seqs"),
+            ));
+        }
+        Ok(())
+    }
+
     fn require_member(&self, caller: &Caller, conversation: ConversationId) -> Result<()> {
         if self.store.is_member(conversation, caller.user)? {
             Ok(())

@@ -12,12 +12,12 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cellmesh_proto::ids::{ConversationId, Epoch};
-use cellmesh_proto::reason::Reason;
+use cellmesh_proto::ids::ConversationId;
 use cellmesh_proto::v1::ReadCountResponse;
 
 use super::{Caller, MessageService};
-use crate::error::{CellError, Result};
+use crate::error::Result;
+use crate::storage::StorageError;
 
 /// Most seqs one request may ask about.
 pub const MAX_READ_COUNT_SEQS: usize = 100;
@@ -62,21 +62,12 @@ pub struct ReadCountCommand {
 
 impl MessageService {
     pub async fn read_count(&self, cmd: ReadCountCommand) -> Result<ReadCountResponse> {
-        if cmd.seqs.is_empty() || cmd.seqs.len() > MAX_READ_COUNT_SEQS {
-            return Err(CellError::invalid(
-                Reason::BadSeqList,
-                format!("name between 1 and {MAX_READ_COUNT_SEQS} seqs"),
-            ));
-        }
-        self.check_call(&cmd.caller)?;
-        self.conversation(&cmd.caller, cmd.conversation.get())?;
-        self.ownership
-            .check(cmd.caller.tenant, cmd.conversation, Epoch(0))?;
-        self.require_member(&cmd.caller, cmd.conversation)?;
+        Self::check_seq_list(&cmd.seqs, MAX_READ_COUNT_SEQS)?;
+        self.check_member_call(&cmd.caller, cmd.conversation)?;
         let positions = match self.read_positions.fresh(cmd.conversation) {
             Some(kept) => kept,
             None => {
-                let positions = Arc::new(self.store.member_read_positions(cmd.conversation)?);
+                let positions = Arc::new(self.walk_read_positions(cmd.conversation).await?);
                 let large = self.config.fanout.large_group_threshold as usize;
                 if positions.len() >= large {
                     self.read_positions
@@ -93,6 +84,18 @@ impl MessageService {
                 .collect(),
             member_count: positions.len() as u32,
         })
+    }
+
+    /// The members' read positions, walked off the async workers (a group
+    /// of 100,000 takes tens of milliseconds).
+    async fn walk_read_positions(&self, conversation: ConversationId) -> Result<Vec<u64>> {
+        let store = self.store.clone();
+        match tokio::task::spawn_blocking(move || store.member_read_positions(conversation)).await {
+            Ok(walked) => Ok(walked?),
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            // Cancelled: the runtime is shutting down, and the store with it.
+            Err(_) => Err(StorageError::Closed.into()),
+        }
     }
 }
 

@@ -167,17 +167,8 @@ impl MessageService {
     }
 
     pub async fn delete_for_me(&self, cmd: DeleteForMeCommand) -> Result<DeleteForMeResponse> {
-        if cmd.seqs.is_empty() || cmd.seqs.len() > MAX_DELETE_BATCH {
-            return Err(CellError::invalid(
-                Reason::BadSeqList,
-                format!("name between 1 and {MAX_DELETE_BATCH} seqs"),
-            ));
-        }
-        self.check_call(&cmd.caller)?;
-        self.conversation(&cmd.caller, cmd.conversation.get())?;
-        self.ownership
-            .check(cmd.caller.tenant, cmd.conversation, Epoch(0))?;
-        self.require_member(&cmd.caller, cmd.conversation)?;
+        Self::check_seq_list(&cmd.seqs, MAX_DELETE_BATCH)?;
+        self.check_member_call(&cmd.caller, cmd.conversation)?;
         let latest = self.store.conv_seq(cmd.conversation)?.latest_seq;
         if let Some(bad) = cmd.seqs.iter().find(|s| **s == 0 || **s > latest) {
             return Err(CellError::invalid(
@@ -208,11 +199,7 @@ impl MessageService {
     }
 
     pub async fn mark_read(&self, cmd: MarkReadCommand) -> Result<MarkReadResponse> {
-        self.check_call(&cmd.caller)?;
-        self.conversation(&cmd.caller, cmd.conversation.get())?;
-        self.ownership
-            .check(cmd.caller.tenant, cmd.conversation, Epoch(0))?;
-        self.require_member(&cmd.caller, cmd.conversation)?;
+        self.check_member_call(&cmd.caller, cmd.conversation)?;
         let latest = self.store.conv_seq(cmd.conversation)?.latest_seq;
         let target = cmd.read_seq.min(latest);
         if target > self.store.read_seq(cmd.conversation, cmd.caller.user)? {
