@@ -8,7 +8,6 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cellmesh_cell::cold::TierStore;
@@ -150,12 +149,7 @@ async fn start_cell(
             .send()
             .await;
     }
-    Ok(cellmesh_cell::start(
-        config,
-        Arc::new(cellmesh_cell::ownership::OwnAll),
-        Arc::new(cellmesh_cell::clock::SystemClock),
-    )
-    .await?)
+    crate::own_cell(config).await
 }
 
 /// One file size's uploads, sends and downloads.

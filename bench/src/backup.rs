@@ -71,12 +71,7 @@ pub async fn run(args: BackupArgs) -> anyhow::Result<()> {
     let mut config = crate::unlimited_cell(dir.path().join("cell"));
     config.tiering.enabled = false;
     config.backup = backup_config(&args, dir.path());
-    let cell = cellmesh_cell::start(
-        config.clone(),
-        Arc::new(cellmesh_cell::ownership::OwnAll),
-        Arc::new(cellmesh_cell::clock::SystemClock),
-    )
-    .await?;
+    let cell = crate::own_cell(config.clone()).await?;
     let endpoint = format!("http://{}", cell.addr);
     let conversations = crate::create_groups(&endpoint, TENANT, args.conversations).await?;
     let per_message = args.body_bytes as u64 + 64;

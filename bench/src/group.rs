@@ -1,6 +1,8 @@
 //! `cellmesh bench group`: one group of `--members` (100,000) on a cell,
 //! `--online` (1,000) of them subscribed. It reports:
-//! - how long adding the members took (1,000 per `AddMembers`);
+//! - how long adding the members took (1,000 per `AddMembers`), and a
+//!   burst of single joins: how long, and how many `MembersChanged`
+//!   events it was merged into (a cell of its own only);
 //! - send latency into the group at `--rate`, and the latency of the
 //!   `latest_seq` hints its online members receive (send → hint);
 //! - `ListConversations` latency (first screen of 100) for a member of
@@ -80,12 +82,7 @@ pub async fn run(args: GroupArgs) -> anyhow::Result<()> {
     let (endpoint, _cell) = match &args.endpoint {
         Some(e) => (e.clone(), None),
         None => {
-            let cell = cellmesh_cell::start(
-                crate::unlimited_cell(temp.path().to_path_buf()),
-                Arc::new(cellmesh_cell::ownership::OwnAll),
-                Arc::new(cellmesh_cell::clock::SystemClock),
-            )
-            .await?;
+            let cell = crate::own_cell(crate::unlimited_cell(temp.path().to_path_buf())).await?;
             (format!("http://{}", cell.addr), Some(cell))
         }
     };
@@ -100,12 +97,14 @@ pub async fn run(args: GroupArgs) -> anyhow::Result<()> {
         args.members - JOINS,
         joined.as_secs_f64()
     );
-    let (burst, burst_took) = join_burst(&client, tenant, group, args.members).await?;
-    println!(
-        "a burst of {JOINS} joins, one user each, 64 at a time: {:.2} s, p99 {:.1} ms",
-        burst_took.as_secs_f64(),
-        ms(&burst, 0.99)
-    );
+    let (burst, burst_took, burst_events) = join_burst(
+        &client,
+        tenant,
+        group,
+        args.members,
+        args.endpoint.is_none(),
+    )
+    .await?;
     listing_member(&mut client, tenant, args.member_of).await?;
     let neighbours = neighbours(&mut client, tenant, args.neighbours).await?;
 
@@ -164,6 +163,7 @@ pub async fn run(args: GroupArgs) -> anyhow::Result<()> {
     .param("join_burst", JOINS)
     .param("join_burst_s", burst_took.as_secs_f64())
     .param("join_p99_ms", p99(&burst))
+    .param("join_burst_events", burst_events)
     .param("group_sends", sent_at.len())
     .param("group_send_p50_ms", ms(&sent, 0.5))
     .param("group_send_p99_ms", p99(&sent))
@@ -224,13 +224,18 @@ async fn big_group(
 const JOINS: u64 = 1_000;
 
 /// The last `JOINS` of `members` join `group` one per call, 64 calls at
-/// a time: each call's latency (µs) and the burst's length.
+/// a time: each call's latency (µs), the burst's length and, in a cell of
+/// this process (`own_cell`), the `MembersChanged` events it was merged
+/// into.
 async fn join_burst(
     client: &Client,
     tenant: TenantId,
     group: ConversationId,
     members: u64,
-) -> anyhow::Result<(Histogram<u64>, Duration)> {
+    own_cell: bool,
+) -> anyhow::Result<(Histogram<u64>, Duration, Option<u64>)> {
+    let events = || cellmesh_cell::metrics::metrics().member_change_events.get();
+    let events_before = events();
     let mut latency = histogram();
     let started = Instant::now();
     let mut joins = tokio::task::JoinSet::new();
@@ -252,7 +257,15 @@ async fn join_burst(
     while let Some(done) = joins.join_next().await {
         latency.record(done??)?;
     }
-    Ok((latency, started.elapsed()))
+    let took = started.elapsed();
+    let merged = own_cell.then(|| events() - events_before);
+    println!(
+        "a burst of {JOINS} joins, one user each, 64 at a time: {:.2} s, p99 {:.1} ms, {} MembersChanged events",
+        took.as_secs_f64(),
+        ms(&latency, 0.99),
+        merged.map_or("?".to_string(), |e| e.to_string())
+    );
+    Ok((latency, took, merged))
 }
 
 /// The creator in `n` more groups of three, each with one message from

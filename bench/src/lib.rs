@@ -69,6 +69,18 @@ pub fn s3_bucket(endpoint: &str, bucket: &str) -> cellmesh_cell::cold::S3Config 
     s3
 }
 
+/// A cell of the benchmark's own, owning everything, on the system clock.
+pub async fn own_cell(
+    config: cellmesh_cell::CellConfig,
+) -> anyhow::Result<cellmesh_cell::RunningCell> {
+    Ok(cellmesh_cell::start(
+        config,
+        std::sync::Arc::new(cellmesh_cell::ownership::OwnAll),
+        std::sync::Arc::new(cellmesh_cell::clock::SystemClock),
+    )
+    .await?)
+}
+
 /// A config for a cell a benchmark starts itself, over `data_dir` on a
 /// free port, with rate limits out of the way.
 pub fn unlimited_cell(data_dir: std::path::PathBuf) -> cellmesh_cell::CellConfig {

@@ -8,7 +8,6 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cellmesh_cell::cold::TierStore;
@@ -84,12 +83,7 @@ pub async fn run(args: PullArgs) -> anyhow::Result<()> {
     } else {
         "local"
     };
-    let cell = cellmesh_cell::start(
-        config,
-        Arc::new(cellmesh_cell::ownership::OwnAll),
-        Arc::new(cellmesh_cell::clock::SystemClock),
-    )
-    .await?;
+    let cell = crate::own_cell(config).await?;
     let endpoint = format!("http://{}", cell.addr);
     let conversations = fill(&endpoint, &args).await?;
     let db = dir.path().join("db");

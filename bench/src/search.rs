@@ -9,7 +9,6 @@
 
 use cellmesh_proto::ids::TenantId;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cellmesh_proto::v1::{ConversationKind, CreateConversationRequest, MessageType, SearchRequest};
@@ -160,12 +159,7 @@ pub async fn run(args: SearchArgs) -> anyhow::Result<()> {
         "zh" => cellmesh_cell::search::Language::Zh,
         _ => cellmesh_cell::search::Language::Standard,
     };
-    let cell = cellmesh_cell::start(
-        config,
-        Arc::new(cellmesh_cell::ownership::OwnAll),
-        Arc::new(cellmesh_cell::clock::SystemClock),
-    )
-    .await?;
+    let cell = crate::own_cell(config).await?;
     let endpoint = format!("http://{}", cell.addr);
     let conversations = create(&endpoint, args.conversations).await?;
     let docs = || -> u64 {

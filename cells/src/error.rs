@@ -10,7 +10,7 @@ use cellmesh_proto::v1::ErrorCode;
 use crate::cold::ColdError;
 use crate::storage::StorageError;
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum CellError {
     #[error("{message}")]
     InvalidArgument { reason: Reason, message: String },

@@ -49,6 +49,8 @@ pub struct CellMetrics {
     pub idempotent_replays: Counter,
     pub rate_limited: Family<ScopeLabel, Counter>,
     pub messages_committed: Counter,
+    pub member_change_calls: Counter,
+    pub member_change_events: Counter,
     pub migration_rows: Family<DirectionLabel, Counter>,
     pub segments_written: Counter,
     pub messages_tiered: Counter,
@@ -182,6 +184,14 @@ static METRICS: LazyLock<CellMetrics> = LazyLock::new(|| CellMetrics {
     messages_committed: counter(
         "cellmesh_messages_committed",
         "Messages made durable and acknowledged by this cell as owner.",
+    ),
+    member_change_calls: counter(
+        "cellmesh_member_change_calls",
+        "AddMembers and RemoveMembers calls applied (calls queued together share one commit).",
+    ),
+    member_change_events: counter(
+        "cellmesh_member_change_events",
+        "MembersChanged events written: one per caller and direction per commit of merged membership changes.",
     ),
     migration_rows: counter_family(
         "cellmesh_migration_rows",

@@ -25,7 +25,7 @@ use segment::SegmentFault;
 /// Decoded messages of one segment, ascending seq.
 pub type Messages = Arc<Vec<(u64, MessageRecord)>>;
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum ColdError {
     /// The object is not the segment its manifest entry names: never
     /// served.

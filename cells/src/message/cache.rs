@@ -1,7 +1,8 @@
 //! In-memory state of the conversations being written to: the sequencer
 //! state (latest assigned seq, floor) that must be read and bumped under one
 //! lock, and a lock serialising the rare read-modify-write operations
-//! (membership changes, recall, edit).
+//! (membership changes, recall, edit), with the membership changes queued
+//! for it.
 //!
 //! An entry may run ahead of storage only while a send holds it (between seq
 //! assignment and commit), so only entries nobody holds are evicted: a
@@ -19,6 +20,8 @@ pub(crate) struct ConvEntry {
     pub kind: ConversationKind,
     pub seq: Mutex<SeqState>,
     pub admin: tokio::sync::Mutex<()>,
+    /// Membership changes waiting for `admin`, applied together.
+    pub member_changes: Mutex<Vec<super::members::PendingChange>>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -38,6 +41,7 @@ impl ConvEntry {
             kind,
             seq: Mutex::new(seq),
             admin: tokio::sync::Mutex::new(()),
+            member_changes: Mutex::new(Vec::new()),
         }
     }
 }

@@ -1,9 +1,11 @@
 //! Conversations: creation (idempotent when the client names a request id),
-//! membership changes and the conversation view with the caller's unread count.
+//! roles (membership changes are in `members`) and the conversation view
+//! with the caller's unread count.
 
 use cellmesh_proto::ids::{ConversationId, Epoch, UserId};
 use cellmesh_proto::reason::Reason;
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use cellmesh_proto::storage::v1::{
     ConversationRecord, ConversationSeq, IdempotencyRecord, MemberRecord, OutboxEvent, OutboxKind,
@@ -12,6 +14,7 @@ use cellmesh_proto::v1::{
     ChangeMembersResponse, Conversation, ConversationKind, GetConversationResponse,
 };
 
+use super::cache::ConvEntry;
 use super::inflight::Begin;
 use super::send::concurrent_attempt_failed;
 use super::{Caller, MessageService};
@@ -198,101 +201,6 @@ impl MessageService {
         }
     }
 
-    fn validate_member_list(&self, users: &[u64]) -> Result<()> {
-        let max = self.config.limits.max_members_per_request;
-        if users.len() > max {
-            return Err(CellError::invalid(
-                Reason::TooManyMembersInRequest,
-                format!("at most {max} member ids per request"),
-            ));
-        }
-        if users.contains(&0) {
-            return Err(CellError::invalid(
-                Reason::InvalidUserId,
-                "user id 0 is not valid",
-            ));
-        }
-        Ok(())
-    }
-
-    /// Adds (`add = true`) or removes members of a group. Any member adds
-    /// and leaves; the creator and admins remove others (the creator
-    /// only leaves).
-    #[tracing::instrument(skip_all, fields(tenant = cmd.caller.tenant.get(), conversation = cmd.conversation.get(), user = cmd.caller.user.get(), add))]
-    pub async fn change_members(
-        &self,
-        cmd: ChangeMembersCommand,
-        add: bool,
-    ) -> Result<ChangeMembersResponse> {
-        self.validate_member_list(&cmd.users)?;
-        if cmd.users.is_empty() {
-            return Err(CellError::invalid(Reason::NoUsers, "user_ids is empty"));
-        }
-        let caller = cmd.caller;
-        self.change_group(&cmd.caller, cmd.conversation, |record, now| {
-            let unique: BTreeSet<u64> = cmd.users.iter().copied().collect();
-            if !add && let Some(other) = unique.iter().find(|u| **u != caller.user.get()) {
-                if !is_admin(record, caller.user) {
-                    return Err(not_admin(record, caller.user, "removes others"));
-                }
-                if unique.contains(&record.created_by) {
-                    return Err(CellError::PermissionDenied {
-                        reason: Reason::NotConversationAdmin,
-                        message: format!(
-                            "the group's creator (user {}) leaves but is not removed (by user {}, removing {other})",
-                            record.created_by, caller.user
-                        ),
-                    });
-                }
-            }
-            let mut changed = Vec::new();
-            for user in unique {
-                if self.store.is_member(cmd.conversation, UserId(user))? != add {
-                    changed.push(user);
-                }
-            }
-            let count = if add {
-                record.member_count as usize + changed.len()
-            } else {
-                (record.member_count as usize).saturating_sub(changed.len())
-            };
-            if count > self.config.limits.max_group_members as usize {
-                return Err(CellError::invalid(
-                    Reason::TooManyMembers,
-                    format!(
-                        "a group has at most {} members",
-                        self.config.limits.max_group_members
-                    ),
-                ));
-            }
-            if changed.is_empty() {
-                return Ok((changed, None));
-            }
-            record.member_count = count as u32;
-            // A member who leaves is no longer an admin.
-            record.admins.retain(|a| add || !changed.contains(a));
-            let mut m = Mutation::new();
-            // A member who joins has read what came before: unread counts
-            // from the join on.
-            let latest = self.store.conv_seq(cmd.conversation)?.latest_seq;
-            for user in &changed {
-                if add {
-                    m.put_member(cmd.conversation, UserId(*user), &MemberRecord { joined_at_ms: now });
-                    m.raise_read_seq(cmd.conversation, UserId(*user), latest);
-                } else {
-                    m.delete_member(cmd.conversation, UserId(*user));
-                }
-            }
-            let event = OutboxEvent {
-                kind: OutboxKind::MembersChanged as i32,
-                items: changed.clone(),
-                ..Default::default()
-            };
-            Ok((changed, Some((m, event))))
-        })
-        .await
-    }
-
     /// Makes a member of a group an admin, or no longer one: the creator
     /// and admins may. The creator stays an admin.
     #[tracing::instrument(skip_all, fields(tenant = cmd.caller.tenant.get(), conversation = cmd.conversation.get(), user = cmd.caller.user.get(), admin = cmd.admin))]
@@ -342,6 +250,26 @@ impl MessageService {
         .await
     }
 
+    /// A group of the caller's tenant owned here, for a change of its
+    /// membership or roles.
+    pub(super) fn group_entry(
+        &self,
+        caller: &Caller,
+        conversation: ConversationId,
+    ) -> Result<Arc<ConvEntry>> {
+        self.check_call(caller)?;
+        let conv = self.conversation(caller, conversation.get())?;
+        self.ownership
+            .check(caller.tenant, conversation, Epoch(0))?;
+        if conv.kind != ConversationKind::Group {
+            return Err(CellError::invalid(
+                Reason::NotAGroup,
+                "members of a direct conversation cannot change",
+            ));
+        }
+        Ok(conv)
+    }
+
     /// The common path of a group's membership and roles: owned here, a
     /// group, the caller a member, one change at a time; `change` edits the
     /// record and says who changed and what to write (with the record and
@@ -355,16 +283,7 @@ impl MessageService {
             u64,
         ) -> Result<(Vec<u64>, Option<(Mutation, OutboxEvent)>)>,
     ) -> Result<ChangeMembersResponse> {
-        self.check_call(caller)?;
-        let conv = self.conversation(caller, conversation.get())?;
-        self.ownership
-            .check(caller.tenant, conversation, Epoch(0))?;
-        if conv.kind != ConversationKind::Group {
-            return Err(CellError::invalid(
-                Reason::NotAGroup,
-                "members of a direct conversation cannot change",
-            ));
-        }
+        let conv = self.group_entry(caller, conversation)?;
         let _admin = conv.admin.lock().await;
         // Checked again where a tenant seal waits for it.
         let _writing = self.writing.read().await;
@@ -424,7 +343,7 @@ impl MessageService {
         ))
     }
 
-    fn stored_conversation(&self, id: u64) -> Result<ConversationRecord> {
+    pub(super) fn stored_conversation(&self, id: u64) -> Result<ConversationRecord> {
         self.store
             .conversation(ConversationId(id))?
             .ok_or(CellError::NotFound {
@@ -435,11 +354,11 @@ impl MessageService {
 }
 
 /// Whether `user` is the group's creator or one of its admins.
-fn is_admin(record: &ConversationRecord, user: UserId) -> bool {
+pub(super) fn is_admin(record: &ConversationRecord, user: UserId) -> bool {
     record.created_by == user.get() || record.admins.contains(&user.get())
 }
 
-fn not_admin(record: &ConversationRecord, user: UserId, what: &str) -> CellError {
+pub(super) fn not_admin(record: &ConversationRecord, user: UserId, what: &str) -> CellError {
     CellError::PermissionDenied {
         reason: Reason::NotConversationAdmin,
         message: format!(

@@ -14,6 +14,7 @@ mod conversation;
 mod export;
 mod incomplete;
 mod inflight;
+mod members;
 mod migrate;
 mod pull;
 mod receipts;
@@ -25,7 +26,7 @@ mod tenant;
 mod tier;
 mod update;
 
-use cellmesh_proto::ids::{ConversationId, TenantId};
+use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
 use cellmesh_proto::reason::Reason;
 use std::sync::Arc;
 
@@ -284,13 +285,7 @@ impl MessageService {
         if self.store.is_member(conversation, caller.user)? {
             Ok(())
         } else {
-            Err(CellError::denied(
-                Reason::NotAMember,
-                format!(
-                    "user {} is not a member of conversation {conversation}",
-                    caller.user
-                ),
-            ))
+            Err(not_a_member(caller.user, conversation))
         }
     }
 
@@ -363,4 +358,11 @@ impl MessageService {
     fn idempotency_expiry(&self, now_ms: u64) -> u64 {
         now_ms + self.config.idempotency.ttl_secs * 1000
     }
+}
+
+fn not_a_member(user: UserId, conversation: ConversationId) -> CellError {
+    CellError::denied(
+        Reason::NotAMember,
+        format!("user {user} is not a member of conversation {conversation}"),
+    )
 }

@@ -34,6 +34,7 @@ mod kafka_queue;
 mod kafka_restore;
 mod large_groups;
 mod links;
+mod member_bursts;
 mod metrics;
 mod migration;
 mod mixed_version;
