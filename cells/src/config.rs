@@ -255,6 +255,10 @@ pub struct FanoutConfig {
     /// Conversations with more members than this use read diffusion: the
     /// message is stored once and members get only a hint.
     pub large_group_threshold: u32,
+    /// A large group's hints about one conversation go at most once per
+    /// this many ms (merged to the newest: see `sync::hints`); 0 sends
+    /// every hint as it comes.
+    pub hint_interval_ms: u64,
     /// Most queue events applied in one batch.
     pub batch: usize,
     /// How long a graceful stop waits, at most, for everything already
@@ -401,6 +405,7 @@ impl Default for FanoutConfig {
     fn default() -> Self {
         Self {
             large_group_threshold: 500,
+            hint_interval_ms: 100,
             batch: 512,
             drain_on_stop_ms: 5000,
         }
@@ -562,6 +567,12 @@ impl CellConfig {
         self.storage.validate()?;
         self.queue.validate()?;
         check_range("fanout.batch", self.fanout.batch, 1, 65_536)?;
+        check_range(
+            "fanout.hint_interval_ms",
+            self.fanout.hint_interval_ms,
+            0,
+            10_000,
+        )?;
         check_range(
             "fanout.large_group_threshold",
             self.fanout.large_group_threshold,

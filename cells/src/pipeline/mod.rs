@@ -192,6 +192,10 @@ pub fn spawn(
     let threshold = config.fanout.large_group_threshold as usize;
     let batch = config.fanout.batch;
     let log = notify::direct_log(&config.notifications);
+    let hints = crate::sync::HintPacer::start(
+        hub.clone(),
+        Duration::from_millis(config.fanout.hint_interval_ms),
+    );
     let processor = {
         let (store, queue, hub, clock, homes, signals) = (
             store.clone(),
@@ -204,6 +208,7 @@ pub fn spawn(
         let (cell_id, wake) = (config.cell_id.clone(), wake.clone());
         let log = log.clone();
         supervise("processor", move || {
+            let hints = hints.clone();
             let (store, queue, hub, clock, homes, signals, group, inbound, cell_id) = (
                 store.clone(),
                 queue.clone(),
@@ -222,6 +227,7 @@ pub fn spawn(
                 let mut inbound = inbound.lock().await;
                 Processor::new(store, hub, clock, threshold, homes, signals, cell_id)?
                     .notifying_the_log(log)
+                    .pacing_hints(hints)
                     .run(consumer, batch, &mut inbound, &wake)
                     .await
             }

@@ -4,6 +4,7 @@
 //! counts, presence and typing notices. The queue itself is written by the
 //! fan-out processor; this module only reads it and pushes.
 
+mod hints;
 mod hub;
 pub mod moving;
 pub mod stream;
@@ -19,6 +20,7 @@ use cellmesh_proto::v1::{
 };
 use prost::Message as _;
 
+pub use hints::HintPacer;
 pub use hub::{Hub, HubEvent, LiveEvent, Subscription};
 pub use stream::event_message;
 

@@ -57,8 +57,13 @@ async fn listed(s: &mut Sync, user: u64, conv: u64) -> Option<(u64, bool)> {
 
 #[tokio::test]
 async fn hints_and_unread_follow_joins_leaves_and_mutes_during_sends() {
+    // Every hint as it comes: which seqs each member is hinted shows
+    // exactly when it was a member.
     let cell = TestCell::start_with(
-        |c| c.fanout.large_group_threshold = 5,
+        |c| {
+            c.fanout.large_group_threshold = 5;
+            c.fanout.hint_interval_ms = 0;
+        },
         Arc::new(SystemClock),
     )
     .await;
@@ -145,4 +150,35 @@ async fn hints_and_unread_follow_joins_leaves_and_mutes_during_sends() {
         unread >= after.len() as u64 && unread < latest,
         "the joiner's unread {unread} counts from its join (latest seq {latest})"
     );
+}
+
+#[tokio::test]
+async fn a_hot_groups_hints_are_merged_to_the_newest_per_interval() {
+    let cell = TestCell::start_with(
+        |c| {
+            c.fanout.large_group_threshold = 5;
+            c.fanout.hint_interval_ms = 200;
+        },
+        Arc::new(SystemClock),
+    )
+    .await;
+    let mut c = cell.client().await;
+    let conv = create_group(&mut c, T, 1, &[2, 3, 4, 5, 6, 7, 8]).await;
+    let mut s = connect_sync(&cell.endpoint).await;
+    let mut stream = subscribe(&mut s, T, 2, "phone", 0).await;
+    hints(&mut stream, conv).await;
+    let mut sent = Vec::new();
+    for i in 0..30 {
+        sent.push(send(&mut c, conv, &format!("hot-{i}")).await);
+    }
+    let got = hints(&mut stream, conv).await;
+    let newest = *sent.iter().max().unwrap();
+    assert_eq!(got.last(), Some(&newest), "the newest is hinted: {got:?}");
+    assert!(
+        got.len() < sent.len() / 2,
+        "{} sends hinted {} times: not merged",
+        sent.len(),
+        got.len()
+    );
+    assert!(got.iter().all(|seq| sent.contains(seq)), "{got:?}");
 }

@@ -25,8 +25,7 @@ use cellmesh_proto::storage::v1::{
     OutboxEvent, OutboxKind, SyncRecord,
 };
 use cellmesh_proto::v1::{
-    ConversationHint, ConversationMeta, Message, PeerEvent, PeerEventRole, SyncEventKind, SyncPush,
-    UserState, sync_push,
+    ConversationHint, ConversationMeta, Message, PeerEvent, PeerEventRole, SyncEventKind, UserState,
 };
 use prost::Message as _;
 use tokio::sync::{Notify, mpsc, oneshot};
@@ -45,7 +44,7 @@ use crate::failpoints::Action;
 use crate::homes::{Home, Homes};
 use crate::queue::{Delivery, EventConsumer};
 use crate::storage::{ForwardQueue, IdemKey, IdemKind, Mutation, Store};
-use crate::sync::{Hub, LiveEvent, event_message};
+use crate::sync::{HintPacer, Hub, LiveEvent, event_message};
 use crate::user::UserKey;
 
 /// Membership as the fan-out plan reads it: this cell's store.
@@ -166,6 +165,8 @@ pub struct Processor {
     hub: Arc<Hub>,
     clock: Arc<dyn Clock>,
     large_group_threshold: usize,
+    /// Where a large group's hints go (paced).
+    hints: Arc<HintPacer>,
     /// Latest durable pts per user.
     pts: HashMap<UserKey, u64>,
     /// Durable conversation-list entries by (user, conversation), as this
@@ -356,6 +357,7 @@ impl Processor {
             ForwardLane::open(&store, ForwardQueue::Standbys, signals.standby_forwards)?;
         let queued_for = queued_users(&store)?;
         Ok(Self {
+            hints: HintPacer::start(hub.clone(), Duration::ZERO),
             store,
             hub,
             clock,
@@ -380,6 +382,12 @@ impl Processor {
     /// sink (the cell has no webhook).
     pub fn notifying_the_log(mut self, log: Option<Arc<super::notify::LogSink>>) -> Self {
         self.notification_log = log;
+        self
+    }
+
+    /// Sends large groups' hints through `pacer` (by default, each at once).
+    pub fn pacing_hints(mut self, pacer: Arc<HintPacer>) -> Self {
+        self.hints = pacer;
         self
     }
 
@@ -538,12 +546,7 @@ impl Processor {
             }
         }
         for (members, hint) in batch.hints {
-            let push = SyncPush {
-                push: Some(sync_push::Push::Hint(hint)),
-            };
-            for user in members {
-                self.hub.push(user, push.clone());
-            }
+            self.hints.hint(members, hint);
         }
         if notified {
             self.notifications.notify_one();

@@ -1,0 +1,205 @@
+//! A large group's `latest_seq` hints, paced: the first hint about a
+//! conversation goes out at once; hints about it within the next
+//! `fanout.hint_interval_ms` are merged into one (the newest `latest_seq`,
+//! to its members online as of the newest) that goes when the interval
+//! ends. However hot a group is, its hints cost at most one push per online
+//! member per interval, which keeps its pushes from crowding out the other
+//! conversations on the cell. A hint is a nudge to pull, so merging loses
+//! nothing: the newest carries every seq before it. Interval 0 sends every
+//! hint as it comes.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use cellmesh_proto::v1::{ConversationHint, SyncPush, sync_push};
+use tokio::time::Instant;
+
+use super::Hub;
+use crate::user::UserKey;
+
+pub struct HintPacer {
+    hub: Arc<Hub>,
+    interval: Duration,
+    state: Mutex<Paced>,
+}
+
+#[derive(Default)]
+struct Paced {
+    /// Per conversation: until when a hint waits.
+    held_until: HashMap<u64, Instant>,
+    /// Per conversation: the merged hint waiting, and to whom it goes.
+    waiting: HashMap<u64, (Vec<UserKey>, ConversationHint)>,
+}
+
+impl HintPacer {
+    /// A pacer over `hub`; with a nonzero interval, it flushes on a task
+    /// that ends when the pacer is dropped.
+    pub fn start(hub: Arc<Hub>, interval: Duration) -> Arc<Self> {
+        let pacer = Arc::new(Self {
+            hub,
+            interval,
+            state: Mutex::new(Paced::default()),
+        });
+        if !interval.is_zero() {
+            tokio::spawn(flush_until_dropped(Arc::downgrade(&pacer), interval));
+        }
+        pacer
+    }
+
+    /// Hints `to` about a conversation now, or merges it into the one
+    /// waiting for the end of the conversation's interval.
+    pub fn hint(&self, to: Vec<UserKey>, hint: ConversationHint) {
+        if !self.interval.is_zero() {
+            let now = Instant::now();
+            let mut paced = self.state.lock().expect("hint pacer");
+            let conversation = hint.conversation_id;
+            if paced
+                .held_until
+                .get(&conversation)
+                .is_some_and(|t| *t > now)
+            {
+                let newer = match paced.waiting.get(&conversation) {
+                    Some((_, waiting)) => hint.latest_seq >= waiting.latest_seq,
+                    None => true,
+                };
+                if newer {
+                    paced.waiting.insert(conversation, (to, hint));
+                }
+                return;
+            }
+            paced.held_until.insert(conversation, now + self.interval);
+        }
+        self.push(to, hint);
+    }
+
+    fn push(&self, to: Vec<UserKey>, hint: ConversationHint) {
+        let push = SyncPush {
+            push: Some(sync_push::Push::Hint(hint)),
+        };
+        for user in to {
+            self.hub.push(user, push.clone());
+        }
+    }
+
+    /// Sends the merged hints whose interval has ended; forgets
+    /// conversations quiet for a whole interval.
+    fn flush(&self) {
+        let now = Instant::now();
+        let due: Vec<_> = {
+            let mut paced = self.state.lock().expect("hint pacer");
+            let Paced {
+                held_until,
+                waiting,
+            } = &mut *paced;
+            held_until
+                .retain(|conversation, until| *until > now || waiting.contains_key(conversation));
+            let due: Vec<u64> = waiting
+                .keys()
+                .filter(|c| held_until.get(c).is_none_or(|t| *t <= now))
+                .copied()
+                .collect();
+            due.into_iter()
+                .filter_map(|c| {
+                    held_until.insert(c, now + self.interval);
+                    waiting.remove(&c)
+                })
+                .collect()
+        };
+        for (to, hint) in due {
+            self.push(to, hint);
+        }
+    }
+}
+
+/// Flushes a quarter interval apart while the pacer lives.
+async fn flush_until_dropped(pacer: Weak<HintPacer>, interval: Duration) {
+    let mut tick = tokio::time::interval((interval / 4).max(Duration::from_millis(1)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(pacer) = pacer.upgrade() else {
+            return;
+        };
+        pacer.flush();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sync::HubEvent;
+    use cellmesh_proto::ids::{TenantId, UserId};
+
+    const U1: UserKey = UserKey::new(TenantId(1), UserId(1));
+
+    fn hint(conversation: u64, seq: u64) -> ConversationHint {
+        ConversationHint {
+            conversation_id: conversation,
+            latest_seq: seq,
+            msg_id: seq,
+        }
+    }
+
+    /// The `latest_seq`s of the hints received so far.
+    fn received(rx: &mut tokio::sync::broadcast::Receiver<HubEvent>) -> Vec<u64> {
+        let mut seqs = Vec::new();
+        while let Ok(event) = rx.try_recv() {
+            if let HubEvent::Push(SyncPush {
+                push: Some(sync_push::Push::Hint(h)),
+            }) = event
+            {
+                seqs.push(h.latest_seq);
+            }
+        }
+        seqs
+    }
+
+    /// Waits up to two seconds for a hint: its `latest_seq`s.
+    async fn next_hints(rx: &mut tokio::sync::broadcast::Receiver<HubEvent>) -> Vec<u64> {
+        for _ in 0..200 {
+            let got = received(rx);
+            if !got.is_empty() {
+                return got;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Vec::new()
+    }
+
+    #[tokio::test]
+    async fn a_hot_conversations_hints_merge_to_one_per_interval() {
+        let hub = Arc::new(Hub::new(60_000, 4));
+        let mut sub = hub.subscribe(U1, "phone").unwrap();
+        let interval = Duration::from_millis(100);
+        let pacer = HintPacer::start(hub.clone(), interval);
+        pacer.hint(vec![U1], hint(7, 1));
+        assert_eq!(received(&mut sub.rx), vec![1], "the first goes at once");
+        let held = Instant::now();
+        for seq in [3, 2, 4] {
+            pacer.hint(vec![U1], hint(7, seq));
+        }
+        assert!(received(&mut sub.rx).is_empty(), "the rest wait");
+        assert_eq!(next_hints(&mut sub.rx).await, vec![4], "merged: the newest");
+        assert!(held.elapsed() >= interval * 9 / 10, "{:?}", held.elapsed());
+        // Another conversation is paced on its own.
+        pacer.hint(vec![U1], hint(8, 1));
+        assert_eq!(received(&mut sub.rx), vec![1]);
+        tokio::time::sleep(interval * 3).await;
+        assert!(received(&mut sub.rx).is_empty(), "nothing more");
+        // Quiet for an interval: the next goes at once again.
+        pacer.hint(vec![U1], hint(7, 5));
+        assert_eq!(received(&mut sub.rx), vec![5]);
+    }
+
+    #[tokio::test]
+    async fn interval_zero_sends_every_hint() {
+        let hub = Arc::new(Hub::new(60_000, 4));
+        let mut sub = hub.subscribe(U1, "phone").unwrap();
+        let pacer = HintPacer::start(hub.clone(), Duration::ZERO);
+        for seq in 1..=3 {
+            pacer.hint(vec![U1], hint(7, seq));
+        }
+        assert_eq!(received(&mut sub.rx), vec![1, 2, 3]);
+    }
+}
