@@ -4,7 +4,8 @@
 //!   burst of single joins: how long, and how many `MembersChanged`
 //!   events it was merged into (a cell of its own only);
 //! - send latency into the group at `--rate`, and the latency of the
-//!   `latest_seq` hints its online members receive (send → hint);
+//!   `latest_seq` hints its online members receive (send → the first hint
+//!   on a device whose `latest_seq` covers it: hints are merged);
 //! - `ListConversations` latency (first screen of 100) for a member of
 //!   `--member-of` (500) more groups, each summary's unread count checked
 //!   against the conversation's own (`GetConversation`), and nonzero: the
@@ -155,7 +156,7 @@ pub async fn run(args: GroupArgs) -> anyhow::Result<()> {
     )
     .param(
         "latency_is",
-        "send → latest_seq hint on an online member's device",
+        "send → the first latest_seq hint covering it on an online member's device",
     )
     .param("members", args.members)
     .param("online", args.online)
@@ -303,8 +304,8 @@ async fn neighbours(
     Ok(out)
 }
 
-/// Hints received: (seq, µs since the epoch).
-type Hints = Arc<Mutex<Vec<(u64, u64)>>>;
+/// (device, latest_seq, µs since the epoch) of every hint received.
+type Hints = Arc<Mutex<Vec<(u64, u64, u64)>>>;
 
 /// Users 1..=online subscribed; each records the hints of `group`.
 async fn subscribe(
@@ -344,7 +345,7 @@ async fn subscribe(
                     && h.conversation_id == group.get()
                 {
                     let at = epoch.elapsed().as_micros() as u64;
-                    hints.lock().expect("hints").push((h.latest_seq, at));
+                    hints.lock().expect("hints").push((user, h.latest_seq, at));
                 }
             }
         }));
@@ -427,12 +428,27 @@ fn record(
 }
 
 /// Send → hint latency (µs) of every hint of an acknowledged send.
-fn hint_latency(hints: &[(u64, u64)], sent: &HashMap<u64, u64>) -> anyhow::Result<Histogram<u64>> {
+fn hint_latency(
+    hints: &[(u64, u64, u64)],
+    sent: &HashMap<u64, u64>,
+) -> anyhow::Result<Histogram<u64>> {
     let mut h = histogram();
-    for (seq, at) in hints {
-        if let Some(start) = sent.get(seq) {
-            h.record(at.saturating_sub(*start).max(1))?;
+    let mut seqs: Vec<u64> = sent.keys().copied().collect();
+    seqs.sort_unstable();
+    let mut covered: HashMap<u64, u64> = HashMap::new();
+    // A hint covers every send up to its latest_seq (hints are merged):
+    // each send's latency on a device is to the first hint covering it.
+    for (device, latest, at) in hints {
+        let below = covered.entry(*device).or_default();
+        if *latest <= *below {
+            continue;
         }
+        let from = seqs.partition_point(|s| s <= below);
+        let to = seqs.partition_point(|s| s <= latest);
+        for seq in &seqs[from..to] {
+            h.record(at.saturating_sub(sent[seq]).max(1))?;
+        }
+        *below = *latest;
     }
     Ok(h)
 }

@@ -405,7 +405,7 @@ impl Default for FanoutConfig {
     fn default() -> Self {
         Self {
             large_group_threshold: 500,
-            hint_interval_ms: 100,
+            hint_interval_ms: 50,
             batch: 512,
             drain_on_stop_ms: 5000,
         }

@@ -1,28 +1,36 @@
-//! A large group's `latest_seq` hints, paced: the first hint about a
-//! conversation goes out at once; hints about it within the next
+//! A large group's `latest_seq` hints, paced and spread. The first hint
+//! about a conversation goes out at once; hints about it within the next
 //! `fanout.hint_interval_ms` are merged into one (the newest `latest_seq`,
 //! to its members online as of the newest) that goes when the interval
-//! ends. However hot a group is, its hints cost at most one push per online
-//! member per interval, which keeps its pushes from crowding out the other
-//! conversations on the cell. A hint is a nudge to pull, so merging loses
-//! nothing: the newest carries every seq before it. Interval 0 sends every
-//! hint as it comes.
+//! ends, so however hot a group is, its hints cost at most one push per
+//! online member per interval. A hint is a nudge to pull: merging loses
+//! nothing, the newest covers every seq before it. Interval 0 sends every
+//! hint as it comes. Either way a hint reaches its devices a slice at a
+//! time, a millisecond apart unless more hints wait, so pushing to a
+//! thousand devices does not hold every worker while the cell's other
+//! conversations wait to be served.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use cellmesh_proto::v1::{ConversationHint, SyncPush, sync_push};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::Hub;
 use crate::user::UserKey;
 
 pub struct HintPacer {
-    hub: Arc<Hub>,
     interval: Duration,
     state: Mutex<Paced>,
+    /// To the task that pushes, a slice of devices at a time.
+    outgoing: mpsc::UnboundedSender<(Vec<UserKey>, ConversationHint)>,
 }
+
+/// Devices one slice of a hint goes to; slices are a millisecond apart,
+/// so a hint to thousands of devices does not hold every worker at once.
+const SLICE: usize = 64;
 
 #[derive(Default)]
 struct Paced {
@@ -36,10 +44,12 @@ impl HintPacer {
     /// A pacer over `hub`; with a nonzero interval, it flushes on a task
     /// that ends when the pacer is dropped.
     pub fn start(hub: Arc<Hub>, interval: Duration) -> Arc<Self> {
+        let (outgoing, queued) = mpsc::unbounded_channel();
+        tokio::spawn(push_in_slices(hub, queued));
         let pacer = Arc::new(Self {
-            hub,
             interval,
             state: Mutex::new(Paced::default()),
+            outgoing,
         });
         if !interval.is_zero() {
             tokio::spawn(flush_until_dropped(Arc::downgrade(&pacer), interval));
@@ -74,12 +84,7 @@ impl HintPacer {
     }
 
     fn push(&self, to: Vec<UserKey>, hint: ConversationHint) {
-        let push = SyncPush {
-            push: Some(sync_push::Push::Hint(hint)),
-        };
-        for user in to {
-            self.hub.push(user, push.clone());
-        }
+        let _ = self.outgoing.send((to, hint));
     }
 
     /// Sends the merged hints whose interval has ended; forgets
@@ -108,6 +113,28 @@ impl HintPacer {
         };
         for (to, hint) in due {
             self.push(to, hint);
+        }
+    }
+}
+
+/// Pushes each hint, `SLICE` devices at a time, until the pacer is
+/// dropped.
+async fn push_in_slices(
+    hub: Arc<Hub>,
+    mut queued: mpsc::UnboundedReceiver<(Vec<UserKey>, ConversationHint)>,
+) {
+    while let Some((to, hint)) = queued.recv().await {
+        let push = SyncPush {
+            push: Some(sync_push::Push::Hint(hint)),
+        };
+        for (i, slice) in to.chunks(SLICE).enumerate() {
+            // Behind (hints waiting): no pause.
+            if i > 0 && queued.is_empty() {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            for user in slice {
+                hub.push(*user, push.clone());
+            }
         }
     }
 }
@@ -171,35 +198,56 @@ mod tests {
     async fn a_hot_conversations_hints_merge_to_one_per_interval() {
         let hub = Arc::new(Hub::new(60_000, 4));
         let mut sub = hub.subscribe(U1, "phone").unwrap();
-        let interval = Duration::from_millis(100);
+        let interval = Duration::from_millis(300);
         let pacer = HintPacer::start(hub.clone(), interval);
+        let first = Instant::now();
         pacer.hint(vec![U1], hint(7, 1));
-        assert_eq!(received(&mut sub.rx), vec![1], "the first goes at once");
-        let held = Instant::now();
+        assert_eq!(next_hints(&mut sub.rx).await, vec![1]);
+        assert!(first.elapsed() < interval, "the first goes at once");
         for seq in [3, 2, 4] {
             pacer.hint(vec![U1], hint(7, seq));
         }
-        assert!(received(&mut sub.rx).is_empty(), "the rest wait");
-        assert_eq!(next_hints(&mut sub.rx).await, vec![4], "merged: the newest");
-        assert!(held.elapsed() >= interval * 9 / 10, "{:?}", held.elapsed());
         // Another conversation is paced on its own.
         pacer.hint(vec![U1], hint(8, 1));
-        assert_eq!(received(&mut sub.rx), vec![1]);
-        tokio::time::sleep(interval * 3).await;
+        assert_eq!(next_hints(&mut sub.rx).await, vec![1]);
+        assert!(first.elapsed() < interval, "the rest of 7 wait");
+        assert_eq!(next_hints(&mut sub.rx).await, vec![4], "merged: the newest");
+        assert!(
+            first.elapsed() >= interval * 9 / 10,
+            "{:?}",
+            first.elapsed()
+        );
+        tokio::time::sleep(interval * 2).await;
         assert!(received(&mut sub.rx).is_empty(), "nothing more");
         // Quiet for an interval: the next goes at once again.
+        let quiet = Instant::now();
         pacer.hint(vec![U1], hint(7, 5));
-        assert_eq!(received(&mut sub.rx), vec![5]);
+        assert_eq!(next_hints(&mut sub.rx).await, vec![5]);
+        assert!(quiet.elapsed() < interval);
     }
 
     #[tokio::test]
-    async fn interval_zero_sends_every_hint() {
+    async fn interval_zero_sends_every_hint_to_every_device_in_slices() {
         let hub = Arc::new(Hub::new(60_000, 4));
-        let mut sub = hub.subscribe(U1, "phone").unwrap();
+        let users: Vec<UserKey> = (1..=3 * SLICE as u64)
+            .map(|u| UserKey::new(TenantId(1), UserId(u)))
+            .collect();
+        let mut subs: Vec<_> = users
+            .iter()
+            .map(|u| hub.subscribe(*u, "phone").unwrap())
+            .collect();
         let pacer = HintPacer::start(hub.clone(), Duration::ZERO);
         for seq in 1..=3 {
-            pacer.hint(vec![U1], hint(7, seq));
+            pacer.hint(users.clone(), hint(7, seq));
         }
-        assert_eq!(received(&mut sub.rx), vec![1, 2, 3]);
+        for sub in &mut subs {
+            let mut got = next_hints(&mut sub.rx).await;
+            while got.len() < 3 {
+                let more = next_hints(&mut sub.rx).await;
+                assert!(!more.is_empty(), "{got:?}");
+                got.extend(more);
+            }
+            assert_eq!(got, vec![1, 2, 3]);
+        }
     }
 }
