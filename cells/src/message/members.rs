@@ -113,11 +113,11 @@ impl MessageService {
                 }
             }
         }
-        metrics().member_change_calls.inc_by(applied.len() as u64);
         let record = match batch.commit().await {
             Ok(record) => record,
             Err(e) => return answer_all(applied.into_iter().map(|(r, _)| r), &e),
         };
+        metrics().member_change_calls.inc_by(applied.len() as u64);
         let seq = match self.store.conv_seq(conversation) {
             Ok(seq) => seq,
             Err(e) => return answer_all(applied.into_iter().map(|(r, _)| r), &e.into()),
