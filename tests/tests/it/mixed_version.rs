@@ -79,9 +79,14 @@ fn router_configs(dirs: &[TempDir]) -> Vec<RouterConfig> {
 /// what it does not know).
 const NEWER_FIELDS: &[&str] = &["insecure_plaintext"];
 
+/// Settings 0.3.0 added inside a cell config's tables: (table, field).
+const NEWER_TABLE_FIELDS: &[(&str, &str)] = &[
+    ("attachments", "quota_sync_secs"),
+    ("fanout", "hint_interval_ms"),
+];
+
 /// A cell config as TOML; for the previous release, without the settings
-/// it does not know (0.3.0 added `[backup]` and
-/// `attachments.quota_sync_secs` to cells).
+/// it does not know (0.3.0 added `[backup]` and the fields above to cells).
 fn cell_toml(dir: &Path, cell_id: &str, routers: &[String], previous: bool) -> String {
     let mut config = test_config(dir);
     config.cell_id = cell_id.into();
@@ -92,9 +97,10 @@ fn cell_toml(dir: &Path, cell_id: &str, routers: &[String], previous: bool) -> S
         for field in NEWER_FIELDS.iter().chain(&["backup"]) {
             table.remove(*field);
         }
-        // 0.3.0 added the quota's sync to [attachments].
-        if let Some(toml::Value::Table(attachments)) = table.get_mut("attachments") {
-            attachments.remove("quota_sync_secs");
+        for (name, field) in NEWER_TABLE_FIELDS {
+            if let Some(toml::Value::Table(inner)) = table.get_mut(*name) {
+                inner.remove(*field);
+            }
         }
     }
     toml::to_string(&table).unwrap()
