@@ -35,7 +35,7 @@ struct Batch<'a> {
     tenant: TenantId,
     conversation: ConversationId,
     record: ConversationRecord,
-    decided: HashMap<u64, bool>,
+    decided: HashMap<UserId, bool>,
     latest_seq: u64,
     now: u64,
     mutation: Mutation,
@@ -99,11 +99,10 @@ impl MessageService {
     async fn apply_member_changes(&self, calls: Vec<PendingChange>) {
         let _writing = self.writing.read().await;
         let (tenant, conversation) = (calls[0].cmd.caller.tenant, calls[0].cmd.conversation);
-        let batch = match Batch::start(self, tenant, conversation) {
+        let mut batch = match Batch::start(self, tenant, conversation) {
             Ok(batch) => batch,
             Err(e) => return answer_all(calls.into_iter().map(|c| c.reply), &e),
         };
-        let mut batch = batch;
         let mut applied = Vec::with_capacity(calls.len());
         for call in calls {
             match batch.apply(&call.cmd, call.add) {
@@ -159,13 +158,10 @@ impl<'a> Batch<'a> {
         })
     }
 
-    fn is_member(&self, user: u64) -> Result<bool> {
+    fn is_member(&self, user: UserId) -> Result<bool> {
         match self.decided.get(&user) {
             Some(member) => Ok(*member),
-            None => Ok(self
-                .service
-                .store
-                .is_member(self.conversation, UserId(user))?),
+            None => Ok(self.service.store.is_member(self.conversation, user)?),
         }
     }
 
@@ -176,7 +172,7 @@ impl<'a> Batch<'a> {
         self.service
             .ownership
             .check(caller.tenant, self.conversation, Epoch(0))?;
-        if !self.is_member(caller.user.get())? {
+        if !self.is_member(caller.user)? {
             return Err(not_a_member(caller.user, self.conversation));
         }
         let mut unique = cmd.users.clone();
@@ -187,7 +183,7 @@ impl<'a> Batch<'a> {
         }
         let mut changed = Vec::new();
         for user in unique {
-            if self.is_member(user)? != add {
+            if self.is_member(UserId(user))? != add {
                 changed.push(user);
             }
         }
@@ -210,7 +206,7 @@ impl<'a> Batch<'a> {
         // A member who leaves is no longer an admin.
         self.record.admins.retain(|a| add || !changed.contains(a));
         for user in &changed {
-            self.decided.insert(*user, add);
+            self.decided.insert(UserId(*user), add);
             if add {
                 // A member who joins has read what came before: unread
                 // counts from the join on.
