@@ -12,10 +12,14 @@
 //!   member has read nothing;
 //! - the p99 of sends into `--neighbours` 1:1 conversations on the same
 //!   cell, first alone, then while the group is hot;
-//! - `ReadCount` latency for the group's newest ten messages, each count
-//!   checked: only their sender has read them, out of every member.
+//! - `ReadCount` latency for the group's newest ten messages while members
+//!   mark them read one by one, each count checked against the readers so
+//!   far, out of every member (and the first call's alone: it walks the
+//!   group).
 //!
-//! Without `--endpoint` it starts its own cell in a temporary directory.
+//! Without `--endpoint` it starts its own cell in a temporary directory, on
+//! a tokio runtime of its own (the bench's 1,000 devices stand for remote
+//! clients: they do not run on the cell's workers).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -26,8 +30,8 @@ use cellmesh_client::connect::{call_error, caller, connect};
 use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
 use cellmesh_proto::v1::sync_client::SyncClient;
 use cellmesh_proto::v1::{
-    ChangeMembersRequest, GetConversationRequest, ListConversationsRequest, MessageType,
-    ReadCountRequest, sync_push,
+    ChangeMembersRequest, GetConversationRequest, ListConversationsRequest, MarkReadRequest,
+    MessageType, ReadCountRequest, sync_push,
 };
 use clap::Args;
 use hdrhistogram::Histogram;
@@ -83,7 +87,8 @@ pub async fn run(args: GroupArgs) -> anyhow::Result<()> {
     let (endpoint, _cell) = match &args.endpoint {
         Some(e) => (e.clone(), None),
         None => {
-            let cell = crate::own_cell(crate::unlimited_cell(temp.path().to_path_buf())).await?;
+            let config = crate::unlimited_cell(temp.path().to_path_buf());
+            let cell = crate::CellApart::start(config).await?;
             (format!("http://{}", cell.addr), Some(cell))
         }
     };
@@ -143,7 +148,7 @@ pub async fn run(args: GroupArgs) -> anyhow::Result<()> {
     }
     let hint_latency = hint_latency(&hints.lock().expect("hints"), &sent_at)?;
     let (list, mismatches) = list_latency(&endpoint, &mut client, tenant).await?;
-    let (receipts, wrong_receipts) =
+    let (receipts, first_receipt, wrong_receipts) =
         receipt_latency(&mut client, tenant, group, &sent_at, args.members).await?;
 
     let p99 = |h: &Histogram<u64>| ms(h, 0.99);
@@ -178,6 +183,7 @@ pub async fn run(args: GroupArgs) -> anyhow::Result<()> {
     .param("neighbour_sends_beside", beside.len())
     .param("read_count_p50_ms", ms(&receipts, 0.5))
     .param("read_count_p99_ms", p99(&receipts))
+    .param("read_count_first_ms", first_receipt.as_secs_f64() * 1000.0)
     .param("read_count_mismatches", wrong_receipts);
     report.print();
     if let Some(path) = &args.json {
@@ -514,21 +520,36 @@ fn ms(h: &Histogram<u64>, quantile: f64) -> f64 {
 }
 
 /// `ReadCount` for the newest ten of `sent` (seqs sent by one member, read
-/// by nobody else) 100 times: the latency, and how many answers were not
-/// one reader out of `members`.
+/// by nobody else) 100 times, one more member marking them all read before
+/// each but the first: the latency, the first call's (it walks the group),
+/// and how many answers were not the expected readers out of `members`.
 async fn receipt_latency(
     client: &mut Client,
     tenant: TenantId,
     group: ConversationId,
     sent: &HashMap<u64, u64>,
     members: u64,
-) -> anyhow::Result<(Histogram<u64>, u64)> {
+) -> anyhow::Result<(Histogram<u64>, Duration, u64)> {
     let mut seqs: Vec<u64> = sent.keys().copied().collect();
     seqs.sort_unstable();
     seqs.drain(..seqs.len().saturating_sub(10));
+    let newest = seqs.last().copied().unwrap_or(0);
     let mut h = histogram();
+    let mut first = Duration::ZERO;
     let mut wrong = 0;
-    for _ in 0..100 {
+    for readers in 1..=100u32 {
+        if readers > 1 {
+            // Members 3, 4, … (2 sent them) read everything.
+            let reader = u64::from(readers) + 1;
+            client
+                .mark_read(MarkReadRequest {
+                    caller: caller(tenant.get(), reader),
+                    conversation_id: group.get(),
+                    read_seq: newest,
+                })
+                .await
+                .map_err(call_error)?;
+        }
         let at = Instant::now();
         let counts = client
             .read_count(ReadCountRequest {
@@ -539,10 +560,14 @@ async fn receipt_latency(
             .await
             .map_err(call_error)?
             .into_inner();
-        h.record((at.elapsed().as_micros() as u64).max(1))?;
-        if u64::from(counts.member_count) != members || counts.read.iter().any(|r| *r != 1) {
+        let took = at.elapsed();
+        h.record((took.as_micros() as u64).max(1))?;
+        if readers == 1 {
+            first = took;
+        }
+        if u64::from(counts.member_count) != members || counts.read.iter().any(|r| *r != readers) {
             wrong += 1;
         }
     }
-    Ok((h, wrong))
+    Ok((h, first, wrong))
 }

@@ -81,6 +81,46 @@ pub async fn own_cell(
     .await?)
 }
 
+/// A cell of the benchmark's own ([`own_cell`]) on a tokio runtime of its
+/// own, as if in a process of its own: the benchmark's devices and senders,
+/// which stand for remote clients, do not run on the cell's workers (the
+/// two still share the machine's cores).
+pub struct CellApart {
+    pub addr: std::net::SocketAddr,
+    cell: Option<cellmesh_cell::RunningCell>,
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl CellApart {
+    pub async fn start(config: cellmesh_cell::CellConfig) -> anyhow::Result<Self> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .thread_name("cell")
+            .enable_all()
+            .build()?;
+        let cell = runtime.spawn(own_cell(config)).await??;
+        Ok(Self {
+            addr: cell.addr,
+            cell: Some(cell),
+            runtime: Some(runtime),
+        })
+    }
+}
+
+impl Drop for CellApart {
+    fn drop(&mut self) {
+        let (Some(cell), Some(runtime)) = (self.cell.take(), self.runtime.take()) else {
+            return;
+        };
+        // Stopped on its own runtime; this may be inside another one.
+        let stopped = runtime.spawn(async move { cell.shutdown().await });
+        let _ = std::thread::spawn(move || {
+            let _ = runtime.block_on(stopped);
+            runtime.shutdown_timeout(std::time::Duration::from_secs(5));
+        })
+        .join();
+    }
+}
+
 /// A config for a cell a benchmark starts itself, over `data_dir` on a
 /// free port, with rate limits out of the way.
 pub fn unlimited_cell(data_dir: std::path::PathBuf) -> cellmesh_cell::CellConfig {

@@ -99,8 +99,6 @@ pub struct MessageService {
     attachments: Option<Arc<crate::attachments::Attachments>>,
     /// The tenants' search indexes (`[search]` off: none).
     search: Option<Arc<crate::search::Search>>,
-    /// Large groups' read positions, reused briefly by `ReadCount`.
-    read_positions: receipts::ReadPositions,
 }
 
 impl MessageService {
@@ -134,7 +132,6 @@ impl MessageService {
             repairs: incomplete::Repairs::new(),
             attachments: None,
             search: None,
-            read_positions: Default::default(),
         })
     }
 

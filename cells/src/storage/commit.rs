@@ -26,6 +26,7 @@ use rocksdb::{DB, IteratorMode, WriteBatch, WriteOptions};
 use tokio::sync::{Notify, mpsc, oneshot, watch};
 
 use super::changes::Changes;
+use super::tally::ReadTallies;
 use super::keys::{self, cf};
 use super::{Mutation, Op, Result, StorageError};
 use crate::config::StorageConfig;
@@ -130,6 +131,7 @@ impl Committer {
         config: &StorageConfig,
         failpoints: Arc<FailPoints>,
         changes: Arc<Changes>,
+        tallies: Arc<ReadTallies>,
     ) -> Result<Self> {
         let stats = Arc::new(CommitStats::default());
         let failed = Arc::new(Mutex::new(None));
@@ -156,6 +158,7 @@ impl Committer {
                 failed: failed.clone(),
                 failpoints: failpoints.clone(),
                 changes: changes.clone(),
+                tallies: tallies.clone(),
                 lane: crate::metrics::LaneLabel { lane: label },
             };
             let thread = std::thread::Builder::new()
@@ -261,6 +264,7 @@ struct Writer {
     outbox_written: Arc<watch::Sender<u64>>,
     failpoints: Arc<FailPoints>,
     changes: Arc<Changes>,
+    tallies: Arc<ReadTallies>,
     lane: crate::metrics::LaneLabel,
 }
 
@@ -342,6 +346,7 @@ impl Writer {
                 // Before the writers hear it is durable: a seal that waits
                 // for them finds their keys noted.
                 (self.changes).note(jobs.iter().flat_map(|j| &j.mutation.ops));
+                (self.tallies).note(jobs.iter().flat_map(|j| &j.mutation.ops));
                 self.stats.keys.fetch_add(written, Ordering::Relaxed);
                 self.stats.batches.fetch_add(1, Ordering::Relaxed);
                 self.stats

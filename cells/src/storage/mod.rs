@@ -18,6 +18,7 @@ mod queue;
 mod receipts;
 mod scan;
 mod sync;
+pub mod tally;
 pub(crate) mod uploads;
 pub mod walk;
 
@@ -188,6 +189,8 @@ pub struct Store {
     committer: commit::Committer,
     failpoints: Arc<FailPoints>,
     changes: Arc<changes::Changes>,
+    /// Read counts of conversations asked about, kept up by every commit.
+    tallies: Arc<tally::ReadTallies>,
     /// Counts seals of keys handed over by a move (see [`moved`]), from 1
     /// when the store opened holding handed-over homes: what a cache of
     /// per-user state must drop when it changes, and 0 while no home here
@@ -204,13 +207,20 @@ impl Store {
         let db = Arc::new(db);
         let failpoints = Arc::new(FailPoints::default());
         let changes = Arc::new(changes::Changes::new());
-        let committer =
-            commit::Committer::start(db.clone(), config, failpoints.clone(), changes.clone())?;
+        let tallies = Arc::new(tally::ReadTallies::default());
+        let committer = commit::Committer::start(
+            db.clone(),
+            config,
+            failpoints.clone(),
+            changes.clone(),
+            tallies.clone(),
+        )?;
         let store = Arc::new(Self {
             db,
             committer,
             failpoints,
             changes,
+            tallies,
             handovers: Default::default(),
         });
         if store.holds_handed_over_homes()? {
@@ -233,6 +243,11 @@ impl Store {
     /// What changed, for the rounds of a tenant move.
     pub fn changes(&self) -> &changes::Changes {
         &self.changes
+    }
+
+    /// Read counts kept up to date (see [`tally`]).
+    pub fn read_tallies(&self) -> &tally::ReadTallies {
+        &self.tallies
     }
 
     /// This cell's fault-injection points (inert without the `failpoints`

@@ -1,17 +1,42 @@
-//! Read receipts as counts: the read positions of a conversation's current
-//! members, found by walking its member keys and its read-state keys side by
-//! side (both are conversation | user, in the same order) in one snapshot.
-//! Read state left by former members is skipped.
+//! Read receipts as counts: a conversation's members and read positions,
+//! found by walking its member keys and its read-state keys side by side
+//! (both are conversation | user, in the same order) in one snapshot, and
+//! kept up afterwards for a large group (see [`super::tally`]).
 
 use cellmesh_proto::ids::{ConversationId, UserId};
 use rocksdb::{Direction, IteratorMode, ReadOptions};
 
+use super::tally::Tally;
 use super::{Result, Store, cf, corrupt, keys};
 
 impl Store {
-    /// The read position of every current member of `conversation`, in
-    /// ascending order (0 for a member who has read nothing).
-    pub fn member_read_positions(&self, conversation: ConversationId) -> Result<Vec<u64>> {
+    /// For each of `seqs`, how many current members of `conversation` have
+    /// read it, and how many members it has. From the kept tally when
+    /// there is one; otherwise walked, and kept if the conversation has at
+    /// least `keep_from` members. Blocks (a walk of 100,000 members takes
+    /// tens of milliseconds, and a caller may wait for another's walk).
+    pub fn read_counts(
+        &self,
+        conversation: ConversationId,
+        seqs: &[u64],
+        keep_from: u32,
+    ) -> Result<(Vec<u32>, u32)> {
+        let tallies = self.read_tallies();
+        loop {
+            if let Some(counted) = tallies.counts(conversation.get(), seqs) {
+                return Ok(counted);
+            }
+            // Registered before the walk's snapshot is taken.
+            if let Some(build) = tallies.begin(conversation.get()) {
+                let walked = self.walk_read_state(conversation)?;
+                let keep = walked.members() >= keep_from;
+                return Ok(build.finish(walked, keep, seqs));
+            }
+        }
+    }
+
+    /// Every user with a member key or a read position in `conversation`.
+    fn walk_read_state(&self, conversation: ConversationId) -> Result<Tally> {
         let lower = keys::member(conversation, UserId(0));
         let upper = keys::member(conversation, UserId(u64::MAX));
         let snapshot = self.db.snapshot();
@@ -19,30 +44,118 @@ impl Store {
             let mut opts = ReadOptions::default();
             opts.set_iterate_upper_bound(upper.to_vec());
             opts.set_snapshot(&snapshot);
-            self.db.iterator_cf_opt(
-                self.cf(name),
-                opts,
-                IteratorMode::From(&lower, Direction::Forward),
-            )
+            self.db
+                .iterator_cf_opt(
+                    self.cf(name),
+                    opts,
+                    IteratorMode::From(&lower, Direction::Forward),
+                )
+                .map(move |item| -> Result<(u64, Box<[u8]>)> {
+                    let (key, value) = item?;
+                    let user = keys::last_u64(&key).ok_or_else(|| corrupt(name, "short key"))?;
+                    Ok((user, value))
+                })
         };
-        let mut reads = walk(cf::READ_STATE);
-        let mut read = reads.next().transpose()?;
-        let mut positions = Vec::new();
-        for member in walk(cf::MEMBERS) {
-            let (member, _) = member?;
-            // Skip read state of users who are no longer members.
-            while read.as_ref().is_some_and(|(k, _)| k[..] < member[..]) {
-                read = reads.next().transpose()?;
-            }
-            let position = match &read {
-                Some((k, v)) if k[..] == member[..] => {
-                    keys::decode_u64(v).ok_or_else(|| corrupt(cf::READ_STATE, "bad length"))?
-                }
-                _ => 0,
-            };
-            positions.push(position);
+        let members = walk(cf::MEMBERS)
+            .map(|item| item.map(|(user, _)| user))
+            .collect::<Result<Vec<u64>>>()?;
+        let reads = walk(cf::READ_STATE)
+            .map(|item| {
+                let (user, value) = item?;
+                let read = keys::decode_u64(&value)
+                    .ok_or_else(|| corrupt(cf::READ_STATE, "bad length"))?;
+                Ok((user, read))
+            })
+            .collect::<Result<Vec<(u64, u64)>>>()?;
+        Ok(Tally::walked(&members, &reads))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use cellmesh_proto::storage::v1::MemberRecord;
+    use rand::{Rng, SeedableRng, rngs::StdRng};
+
+    use super::super::Mutation;
+    use super::super::testing::store;
+    use super::*;
+
+    const C: ConversationId = ConversationId(42);
+    const SEQS: [u64; 6] = [0, 1, 10, 25, 40, 50];
+
+    /// A random join, leave or read by one of 200 users, through either
+    /// commit lane.
+    async fn random_change(store: &Store, rng: &mut StdRng) {
+        let user = UserId(rng.random_range(1..=200));
+        let mut m = Mutation::new();
+        match rng.random_range(0..4) {
+            0 => m.put_member(C, user, &MemberRecord::default()),
+            1 => m.delete_member(C, user),
+            _ => m.raise_read_seq(C, user, rng.random_range(0..=50)),
         }
-        positions.sort_unstable();
-        Ok(positions)
+        if rng.random_bool(0.5) {
+            store.commit(m).await.unwrap();
+        } else {
+            store.commit_fan_out(m).await.unwrap();
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn kept_counts_equal_a_fresh_walk_through_concurrent_changes() {
+        let (_dir, store) = store();
+        let mut rng = StdRng::seed_from_u64(7);
+        for _ in 0..2_000 {
+            random_change(&store, &mut rng).await;
+        }
+        // Writers on both lanes while the tally is built and afterwards.
+        let writers: Vec<_> = (0..4)
+            .map(|i| {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    let mut rng = StdRng::seed_from_u64(100 + i);
+                    for _ in 0..1_500 {
+                        random_change(&store, &mut rng).await;
+                    }
+                })
+            })
+            .collect();
+        let mut kept_during = 0;
+        for _ in 0..20 {
+            let asked = store.clone();
+            let (_, members) =
+                tokio::task::spawn_blocking(move || asked.read_counts(C, &SEQS, 1).unwrap())
+                    .await
+                    .unwrap();
+            kept_during += usize::from(members > 0 && store.read_tallies().kept() == 1);
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        for writer in writers {
+            writer.await.unwrap();
+        }
+        assert!(kept_during > 0, "the tally was kept while writers ran");
+        let fresh = store.walk_read_state(C).unwrap();
+        let kept = store.read_tallies().kept_counts(C.get(), &SEQS);
+        assert_eq!(kept, Some((fresh.counts(&SEQS), fresh.members())));
+        assert!(fresh.members() > 0 && fresh.counts(&[25])[0] > 0);
+    }
+
+    #[tokio::test]
+    async fn a_small_conversation_is_walked_each_time() {
+        let (_dir, store) = store();
+        let mut m = Mutation::new();
+        for user in 1..=3 {
+            m.put_member(C, UserId(user), &MemberRecord::default());
+            m.raise_read_seq(C, UserId(user), user);
+        }
+        // A read position left by a former member does not count.
+        m.raise_read_seq(C, UserId(9), 3);
+        store.commit(m).await.unwrap();
+        let store = Arc::clone(&store);
+        assert_eq!(store.read_counts(C, &[1, 3, 4], 4).unwrap(), (vec![3, 1, 0], 3));
+        assert_eq!(store.read_tallies().kept(), 0);
+        assert_eq!(store.read_counts(C, &[2], 3).unwrap(), (vec![2], 3));
+        assert_eq!(store.read_tallies().kept(), 1, "three members, kept from three");
     }
 }
