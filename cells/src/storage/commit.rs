@@ -26,8 +26,8 @@ use rocksdb::{DB, IteratorMode, WriteBatch, WriteOptions};
 use tokio::sync::{Notify, mpsc, oneshot, watch};
 
 use super::changes::Changes;
-use super::tally::ReadTallies;
 use super::keys::{self, cf};
+use super::tally::ReadTallies;
 use super::{Mutation, Op, Result, StorageError};
 use crate::config::StorageConfig;
 

@@ -153,9 +153,16 @@ mod tests {
         m.raise_read_seq(C, UserId(9), 3);
         store.commit(m).await.unwrap();
         let store = Arc::clone(&store);
-        assert_eq!(store.read_counts(C, &[1, 3, 4], 4).unwrap(), (vec![3, 1, 0], 3));
+        assert_eq!(
+            store.read_counts(C, &[1, 3, 4], 4).unwrap(),
+            (vec![3, 1, 0], 3)
+        );
         assert_eq!(store.read_tallies().kept(), 0);
         assert_eq!(store.read_counts(C, &[2], 3).unwrap(), (vec![2], 3));
-        assert_eq!(store.read_tallies().kept(), 1, "three members, kept from three");
+        assert_eq!(
+            store.read_tallies().kept(),
+            1,
+            "three members, kept from three"
+        );
     }
 }

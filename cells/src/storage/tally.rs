@@ -158,8 +158,14 @@ fn touch(op: &Op) -> Option<(u64, Touch)> {
 
 enum Slot {
     /// A walk is under way; the ops noted since it registered.
-    Building { noted: Vec<Touch>, forgotten: bool },
-    Kept { tally: Tally, asked: Instant },
+    Building {
+        noted: Vec<Touch>,
+        forgotten: bool,
+    },
+    Kept {
+        tally: Tally,
+        asked: Instant,
+    },
 }
 
 /// The tallies of one store.
@@ -392,7 +398,14 @@ mod tests {
         assert_eq!(tallies.counts(C.get(), &[5]), Some((vec![2], 3)));
         // Another conversation's keys change nothing here.
         let other = keys::member(ConversationId(8), UserId(3)).to_vec();
-        tallies.note([Op::Merge(cf::READ_STATE, other, 9u64.to_be_bytes().to_vec())].iter());
+        tallies.note(
+            [Op::Merge(
+                cf::READ_STATE,
+                other,
+                9u64.to_be_bytes().to_vec(),
+            )]
+            .iter(),
+        );
         assert_eq!(tallies.counts(C.get(), &[9]), Some((vec![0], 3)));
     }
 
@@ -411,7 +424,10 @@ mod tests {
         tallies.note([Op::DeleteRange(cf::READ_STATE, from, to)].iter());
         assert_eq!(tallies.counts(C.get(), &[1]), None);
 
-        tallies.begin(C.get()).unwrap().finish(Tally::default(), false, &[1]);
+        tallies
+            .begin(C.get())
+            .unwrap()
+            .finish(Tally::default(), false, &[1]);
         drop(tallies.begin(C.get()).unwrap());
         assert_eq!(tallies.counts(C.get(), &[1]), None, "nothing kept");
         assert!(!tallies.active.load(Ordering::Acquire));
@@ -421,7 +437,10 @@ mod tests {
     fn the_least_recently_asked_makes_room() {
         let tallies = ReadTallies::default();
         for c in 0..MAX_KEPT as u64 + 1 {
-            tallies.begin(c).unwrap().finish(Tally::default(), true, &[1]);
+            tallies
+                .begin(c)
+                .unwrap()
+                .finish(Tally::default(), true, &[1]);
             // Conversation 0 stays the most recently asked.
             tallies.counts(0, &[1]);
         }
