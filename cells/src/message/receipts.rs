@@ -29,7 +29,7 @@ impl MessageService {
     pub async fn read_count(&self, cmd: ReadCountCommand) -> Result<ReadCountResponse> {
         Self::check_seq_list(&cmd.seqs, MAX_READ_COUNT_SEQS)?;
         self.check_member_call(&cmd.caller, cmd.conversation)?;
-        let kept = (self.store.read_tallies()).kept_counts(cmd.conversation.get(), &cmd.seqs);
+        let kept = (self.store.read_tallies()).kept_counts(cmd.conversation, &cmd.seqs);
         if let Some((read, member_count)) = kept {
             return Ok(ReadCountResponse { read, member_count });
         }

@@ -23,11 +23,11 @@ impl Store {
     ) -> Result<(Vec<u32>, u32)> {
         let tallies = self.read_tallies();
         loop {
-            if let Some(counted) = tallies.counts(conversation.get(), seqs) {
+            if let Some(counted) = tallies.counts(conversation, seqs) {
                 return Ok(counted);
             }
             // Registered before the walk's snapshot is taken.
-            if let Some(build) = tallies.begin(conversation.get()) {
+            if let Some(build) = tallies.begin(conversation) {
                 let walked = self.walk_read_state(conversation)?;
                 let keep = walked.members() >= keep_from;
                 return Ok(build.finish(walked, keep, seqs));
@@ -50,15 +50,15 @@ impl Store {
                     opts,
                     IteratorMode::From(&lower, Direction::Forward),
                 )
-                .map(move |item| -> Result<(u64, Box<[u8]>)> {
+                .map(move |item| -> Result<(UserId, Box<[u8]>)> {
                     let (key, value) = item?;
                     let user = keys::last_u64(&key).ok_or_else(|| corrupt(name, "short key"))?;
-                    Ok((user, value))
+                    Ok((UserId(user), value))
                 })
         };
         let members = walk(cf::MEMBERS)
             .map(|item| item.map(|(user, _)| user))
-            .collect::<Result<Vec<u64>>>()?;
+            .collect::<Result<Vec<UserId>>>()?;
         let reads = walk(cf::READ_STATE)
             .map(|item| {
                 let (user, value) = item?;
@@ -66,7 +66,7 @@ impl Store {
                     .ok_or_else(|| corrupt(cf::READ_STATE, "bad length"))?;
                 Ok((user, read))
             })
-            .collect::<Result<Vec<(u64, u64)>>>()?;
+            .collect::<Result<Vec<(UserId, u64)>>>()?;
         Ok(Tally::walked(&members, &reads))
     }
 }
@@ -136,7 +136,7 @@ mod tests {
         }
         assert!(kept_during > 0, "the tally was kept while writers ran");
         let fresh = store.walk_read_state(C).unwrap();
-        let kept = store.read_tallies().kept_counts(C.get(), &SEQS);
+        let kept = store.read_tallies().kept_counts(C, &SEQS);
         assert_eq!(kept, Some((fresh.counts(&SEQS), fresh.members())));
         assert!(fresh.members() > 0 && fresh.counts(&[25])[0] > 0);
     }

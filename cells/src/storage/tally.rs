@@ -20,6 +20,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
+use cellmesh_proto::ids::{ConversationId, UserId};
+
 use super::Op;
 use super::keys::{self, cf};
 
@@ -37,7 +39,7 @@ pub struct UserRead {
 /// One conversation's members and read positions.
 #[derive(Debug, Default)]
 pub struct Tally {
-    users: HashMap<u64, UserRead>,
+    users: HashMap<UserId, UserRead>,
     /// Members per read position.
     positions: BTreeMap<u64, u32>,
     members: u32,
@@ -49,14 +51,14 @@ impl Tally {
     fn new(users: impl IntoIterator<Item = (u64, UserRead)>) -> Self {
         let mut tally = Self::default();
         for (user, state) in users {
-            tally.change(user, |s| *s = state);
+            tally.change(UserId(user), |s| *s = state);
         }
         tally
     }
 
     /// A tally of what a walk found: the member keys' users, and each
     /// read-state key's user and position.
-    pub fn walked(members: &[u64], reads: &[(u64, u64)]) -> Self {
+    pub fn walked(members: &[UserId], reads: &[(UserId, u64)]) -> Self {
         let mut tally = Self::default();
         for user in members {
             tally.change(*user, |s| s.member = true);
@@ -88,7 +90,7 @@ impl Tally {
         counts
     }
 
-    fn change(&mut self, user: u64, f: impl FnOnce(&mut UserRead)) {
+    fn change(&mut self, user: UserId, f: impl FnOnce(&mut UserRead)) {
         let state = self.users.entry(user).or_default();
         let before = *state;
         f(state);
@@ -124,27 +126,27 @@ impl Tally {
 /// One op on a conversation's member or read-state keys.
 #[derive(Debug, Clone, Copy)]
 enum Touch {
-    Member(u64, bool),
-    Raise(u64, u64),
-    Set(u64, u64),
+    Member(UserId, bool),
+    Raise(UserId, u64),
+    Set(UserId, u64),
     /// A range delete: the tally is no longer known.
     Forget,
 }
 
 /// The conversation an op touches and how, if it is one a tally mirrors.
-fn touch(op: &Op) -> Option<(u64, Touch)> {
+fn touch(op: &Op) -> Option<(ConversationId, Touch)> {
     let (name, key) = match op {
         Op::Put(name, key, _) | Op::Delete(name, key) | Op::Merge(name, key, _) => (*name, key),
         Op::DeleteRange(name, from, _) if *name == cf::MEMBERS || *name == cf::READ_STATE => {
-            return Some((keys::first_u64(from)?, Touch::Forget));
+            return Some((ConversationId(keys::first_u64(from)?), Touch::Forget));
         }
         Op::DeleteRange(..) => return None,
     };
     if name != cf::MEMBERS && name != cf::READ_STATE {
         return None;
     }
-    let conversation = keys::first_u64(key)?;
-    let user = keys::last_u64(key)?;
+    let conversation = ConversationId(keys::first_u64(key)?);
+    let user = UserId(keys::last_u64(key)?);
     let seq = |v: &[u8]| keys::decode_u64(v).unwrap_or(0);
     let touch = match (name == cf::MEMBERS, op) {
         (true, Op::Delete(..)) => Touch::Member(user, false),
@@ -173,7 +175,7 @@ enum Slot {
 pub struct ReadTallies {
     /// Whether any slot exists: the commit lanes skip their ops otherwise.
     active: AtomicBool,
-    slots: Mutex<HashMap<u64, Slot>>,
+    slots: Mutex<HashMap<ConversationId, Slot>>,
     /// Signalled when a build ends.
     built: Condvar,
 }
@@ -182,28 +184,37 @@ pub struct ReadTallies {
 /// lets the next caller build.
 pub struct Building<'a> {
     tallies: &'a ReadTallies,
-    conversation: u64,
+    conversation: ConversationId,
     done: bool,
 }
 
 impl ReadTallies {
-    fn lock(&self) -> MutexGuard<'_, HashMap<u64, Slot>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<ConversationId, Slot>> {
         self.slots.lock().expect("read tallies")
     }
 
     /// Counts from a kept tally (and the member count), waiting for a
     /// build under way; `None` when there is none: [`begin`](Self::begin)
     /// one.
-    pub fn counts(&self, conversation: u64, seqs: &[u64]) -> Option<(Vec<u32>, u32)> {
+    pub fn counts(&self, conversation: ConversationId, seqs: &[u64]) -> Option<(Vec<u32>, u32)> {
         self.counted(conversation, seqs, true)
     }
 
     /// Counts from a kept tally, without waiting for a build.
-    pub fn kept_counts(&self, conversation: u64, seqs: &[u64]) -> Option<(Vec<u32>, u32)> {
+    pub fn kept_counts(
+        &self,
+        conversation: ConversationId,
+        seqs: &[u64],
+    ) -> Option<(Vec<u32>, u32)> {
         self.counted(conversation, seqs, false)
     }
 
-    fn counted(&self, conversation: u64, seqs: &[u64], wait: bool) -> Option<(Vec<u32>, u32)> {
+    fn counted(
+        &self,
+        conversation: ConversationId,
+        seqs: &[u64],
+        wait: bool,
+    ) -> Option<(Vec<u32>, u32)> {
         let mut slots = self.lock();
         loop {
             match slots.get_mut(&conversation) {
@@ -222,7 +233,7 @@ impl ReadTallies {
 
     /// Registers a build of `conversation`'s tally; its walk must start
     /// after this returns. `None`: another build or tally came first.
-    pub fn begin(&self, conversation: u64) -> Option<Building<'_>> {
+    pub fn begin(&self, conversation: ConversationId) -> Option<Building<'_>> {
         let mut slots = self.lock();
         if slots.contains_key(&conversation) {
             return None;
@@ -322,7 +333,7 @@ impl Drop for Building<'_> {
     }
 }
 
-fn evict_least_asked(slots: &mut HashMap<u64, Slot>) {
+fn evict_least_asked(slots: &mut HashMap<ConversationId, Slot>) {
     let oldest = slots
         .iter()
         .filter_map(|(c, s)| match s {
@@ -338,7 +349,6 @@ fn evict_least_asked(slots: &mut HashMap<u64, Slot>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cellmesh_proto::ids::{ConversationId, UserId};
 
     const C: ConversationId = ConversationId(7);
 
@@ -381,8 +391,8 @@ mod tests {
     #[test]
     fn a_kept_tally_follows_reads_joins_and_leaves() {
         let tallies = ReadTallies::default();
-        let build = tallies.begin(C.get()).unwrap();
-        assert!(tallies.begin(C.get()).is_none(), "one build at a time");
+        let build = tallies.begin(C).unwrap();
+        assert!(tallies.begin(C).is_none(), "one build at a time");
         // Noted during the walk: 2 reads to 4 (already in the walk's
         // snapshot too), 3 joins.
         tallies.note([raise(2, 4), member(3, true)].iter());
@@ -392,10 +402,10 @@ mod tests {
 
         // A leaver's reads stop counting; a member's reads only go up.
         tallies.note([member(1, false), raise(2, 6), raise(2, 2)].iter());
-        assert_eq!(tallies.counts(C.get(), &[1, 6]), Some((vec![1, 1], 2)));
+        assert_eq!(tallies.counts(C, &[1, 6]), Some((vec![1, 1], 2)));
         // Coming back, its read state counts again.
         tallies.note([member(1, true)].iter());
-        assert_eq!(tallies.counts(C.get(), &[5]), Some((vec![2], 3)));
+        assert_eq!(tallies.counts(C, &[5]), Some((vec![2], 3)));
         // Another conversation's keys change nothing here.
         let other = keys::member(ConversationId(8), UserId(3)).to_vec();
         tallies.note(
@@ -406,30 +416,30 @@ mod tests {
             )]
             .iter(),
         );
-        assert_eq!(tallies.counts(C.get(), &[9]), Some((vec![0], 3)));
+        assert_eq!(tallies.counts(C, &[9]), Some((vec![0], 3)));
     }
 
     #[test]
     fn a_range_delete_forgets_and_an_unkept_build_leaves_nothing() {
         let tallies = ReadTallies::default();
-        let build = tallies.begin(C.get()).unwrap();
+        let build = tallies.begin(C).unwrap();
         let (from, to) = keys::prefixed_by(C.get());
         tallies.note([Op::DeleteRange(cf::READ_STATE, from.clone(), to.clone())].iter());
         build.finish(Tally::default(), true, &[1]);
         assert_eq!(tallies.kept(), 0, "forgotten during its build");
 
-        let build = tallies.begin(C.get()).unwrap();
+        let build = tallies.begin(C).unwrap();
         build.finish(Tally::default(), true, &[1]);
         assert_eq!(tallies.kept(), 1);
         tallies.note([Op::DeleteRange(cf::READ_STATE, from, to)].iter());
-        assert_eq!(tallies.counts(C.get(), &[1]), None);
+        assert_eq!(tallies.counts(C, &[1]), None);
 
         tallies
-            .begin(C.get())
+            .begin(C)
             .unwrap()
             .finish(Tally::default(), false, &[1]);
-        drop(tallies.begin(C.get()).unwrap());
-        assert_eq!(tallies.counts(C.get(), &[1]), None, "nothing kept");
+        drop(tallies.begin(C).unwrap());
+        assert_eq!(tallies.counts(C, &[1]), None, "nothing kept");
         assert!(!tallies.active.load(Ordering::Acquire));
     }
 
@@ -438,14 +448,15 @@ mod tests {
         let tallies = ReadTallies::default();
         for c in 0..MAX_KEPT as u64 + 1 {
             tallies
-                .begin(c)
+                .begin(ConversationId(c))
                 .unwrap()
                 .finish(Tally::default(), true, &[1]);
             // Conversation 0 stays the most recently asked.
-            tallies.counts(0, &[1]);
+            tallies.counts(ConversationId(0), &[1]);
         }
         assert_eq!(tallies.kept(), MAX_KEPT);
-        assert!(tallies.counts(0, &[1]).is_some());
-        assert!(tallies.counts(1, &[1]).is_none(), "asked least recently");
+        assert!(tallies.counts(ConversationId(0), &[1]).is_some());
+        let least = tallies.counts(ConversationId(1), &[1]);
+        assert!(least.is_none(), "asked least recently");
     }
 }
