@@ -15,7 +15,10 @@
 //! - `ReadCount` latency for the group's newest ten messages while members
 //!   mark them read one by one, each count checked against the readers so
 //!   far, out of every member (and the first call's alone: it walks the
-//!   group).
+//!   group);
+//! - the first screen: 16 members at a time pulling the group's newest 50
+//!   messages (kept in memory), beside the same for a 1:1 neighbour (read
+//!   from storage); see [`crate::first_screen`].
 //!
 //! Without `--endpoint` it starts its own cell in a temporary directory, on
 //! a tokio runtime of its own (the bench's 1,000 devices stand for remote
@@ -38,6 +41,7 @@ use hdrhistogram::Histogram;
 use rand::Rng;
 use tonic::transport::Channel;
 
+use crate::first_screen;
 use crate::send::Client;
 use crate::{Create, Report, count_error, create, device_subscription, histogram, send_request};
 
@@ -150,6 +154,8 @@ pub async fn run(args: GroupArgs) -> anyhow::Result<()> {
     let (list, mismatches) = list_latency(&endpoint, &mut client, tenant).await?;
     let (receipts, first_receipt, wrong_receipts) =
         receipt_latency(&mut client, tenant, group, &sent_at, args.members).await?;
+    let hot = (group, args.members, sent_at.keys().max().copied());
+    let screens = first_screen::measure(&client, tenant, hot, neighbours[0]).await?;
 
     let p99 = |h: &Histogram<u64>| ms(h, 0.99);
     let report = Report::new(
@@ -185,14 +191,14 @@ pub async fn run(args: GroupArgs) -> anyhow::Result<()> {
     .param("read_count_p99_ms", p99(&receipts))
     .param("read_count_first_ms", first_receipt.as_secs_f64() * 1000.0)
     .param("read_count_mismatches", wrong_receipts);
+    let report = screens.params(report);
     report.print();
     if let Some(path) = &args.json {
         report.write_json(path)?;
     }
-    anyhow::ensure!(mismatches == 0, "{mismatches} unread counts were wrong");
     anyhow::ensure!(
-        wrong_receipts == 0,
-        "{wrong_receipts} read counts were wrong"
+        mismatches == 0 && wrong_receipts == 0,
+        "{mismatches} unread counts and {wrong_receipts} read counts were wrong"
     );
     Ok(())
 }
@@ -515,7 +521,7 @@ async fn list_latency(
 }
 
 /// A quantile of `h` (µs) in ms.
-fn ms(h: &Histogram<u64>, quantile: f64) -> f64 {
+pub(crate) fn ms(h: &Histogram<u64>, quantile: f64) -> f64 {
     h.value_at_quantile(quantile) as f64 / 1000.0
 }
 

@@ -5,6 +5,7 @@
 mod attachments;
 mod backup;
 mod failover;
+mod first_screen;
 mod group;
 mod migrate;
 mod pull;

@@ -57,6 +57,7 @@ pub struct CellMetrics {
     pub segments_deleted: Counter,
     pub segments_corrupt: Counter,
     pub cold_pulls: Counter,
+    pub screen_pages: Counter,
     pub uploads_reserved: Counter,
     pub uploads_completed: Counter,
     pub uploads_swept: Counter,
@@ -151,6 +152,10 @@ static METRICS: LazyLock<CellMetrics> = LazyLock::new(|| CellMetrics {
     cold_pulls: counter(
         "cellmesh_cold_pulls",
         "History pages that read cold segments.",
+    ),
+    screen_pages: counter(
+        "cellmesh_screen_pages",
+        "History pages of large groups answered from their newest messages kept in memory.",
     ),
     uploads_reserved: counter(
         "cellmesh_uploads_reserved",

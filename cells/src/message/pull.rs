@@ -4,7 +4,7 @@
 //! client can detect gaps.
 
 use cellmesh_proto::ids::ConversationId;
-use cellmesh_proto::v1::PullResponse;
+use cellmesh_proto::v1::{ConversationKind, PullResponse};
 
 use super::{Caller, MessageService};
 use crate::convert::message_to_proto;
@@ -33,8 +33,11 @@ impl MessageService {
         let route_floor = self
             .ownership
             .check_read(cmd.caller.tenant, cmd.conversation)?;
-        self.conversation(&cmd.caller, cmd.conversation.get())?;
+        let entry = self.conversation(&cmd.caller, cmd.conversation.get())?;
         self.require_member(&cmd.caller, cmd.conversation)?;
+        if entry.kind == ConversationKind::Group {
+            self.keep_first_screen(cmd.conversation)?;
+        }
         let limit = match cmd.limit {
             0 => DEFAULT_PULL_LIMIT,
             n => n.min(self.config.limits.max_pull_limit),
@@ -89,6 +92,22 @@ impl MessageService {
             latest_seq: seq.latest_seq,
             seq_floor: floor,
         })
+    }
+
+    /// A group of at least `fanout.large_group_threshold` members keeps
+    /// its newest messages in memory from its first pull on (see
+    /// [`crate::storage::screen`]): its members' pulls after a hint, or on
+    /// opening it, then read no history from storage.
+    fn keep_first_screen(&self, conversation: ConversationId) -> Result<()> {
+        if self.store.has_screen(conversation) {
+            return Ok(());
+        }
+        let threshold = self.config.fanout.large_group_threshold;
+        let record = self.store.conversation(conversation)?;
+        if record.is_some_and(|c| c.member_count >= threshold) {
+            self.store.keep_screen(conversation)?;
+        }
+        Ok(())
     }
 
     /// After a failover the history below the floor stays in the failed

@@ -27,7 +27,7 @@ use tokio::sync::{Notify, mpsc, oneshot, watch};
 
 use super::changes::Changes;
 use super::keys::{self, cf};
-use super::tally::ReadTallies;
+use super::mirror::Views;
 use super::{Mutation, Op, Result, StorageError};
 use crate::config::StorageConfig;
 
@@ -131,7 +131,7 @@ impl Committer {
         config: &StorageConfig,
         failpoints: Arc<FailPoints>,
         changes: Arc<Changes>,
-        tallies: Arc<ReadTallies>,
+        views: Arc<Views>,
     ) -> Result<Self> {
         let stats = Arc::new(CommitStats::default());
         let failed = Arc::new(Mutex::new(None));
@@ -158,7 +158,7 @@ impl Committer {
                 failed: failed.clone(),
                 failpoints: failpoints.clone(),
                 changes: changes.clone(),
-                tallies: tallies.clone(),
+                views: views.clone(),
                 lane: crate::metrics::LaneLabel { lane: label },
             };
             let thread = std::thread::Builder::new()
@@ -264,7 +264,7 @@ struct Writer {
     outbox_written: Arc<watch::Sender<u64>>,
     failpoints: Arc<FailPoints>,
     changes: Arc<Changes>,
-    tallies: Arc<ReadTallies>,
+    views: Arc<Views>,
     lane: crate::metrics::LaneLabel,
 }
 
@@ -325,6 +325,7 @@ impl Writer {
         match written_batch {
             Ok(()) => {
                 let seconds = started.elapsed().as_secs_f64();
+                (self.views).note(jobs.iter().flat_map(|j| &j.mutation.ops));
                 let metrics = crate::metrics::metrics();
                 metrics
                     .commit_write_seconds
@@ -346,7 +347,6 @@ impl Writer {
                 // Before the writers hear it is durable: a seal that waits
                 // for them finds their keys noted.
                 (self.changes).note(jobs.iter().flat_map(|j| &j.mutation.ops));
-                (self.tallies).note(jobs.iter().flat_map(|j| &j.mutation.ops));
                 self.stats.keys.fetch_add(written, Ordering::Relaxed);
                 self.stats.batches.fetch_add(1, Ordering::Relaxed);
                 self.stats

@@ -12,11 +12,13 @@ mod format;
 pub mod keys;
 mod manifest;
 mod marks;
+mod mirror;
 pub mod moved;
 mod options;
 mod queue;
 mod receipts;
 mod scan;
+pub mod screen;
 mod sync;
 pub mod tally;
 pub(crate) mod uploads;
@@ -92,7 +94,7 @@ pub struct Mutation {
 }
 
 #[derive(Debug)]
-enum Op {
+pub(crate) enum Op {
     Put(&'static str, Vec<u8>, Vec<u8>),
     Delete(&'static str, Vec<u8>),
     Merge(&'static str, Vec<u8>, Vec<u8>),
@@ -189,8 +191,8 @@ pub struct Store {
     committer: commit::Committer,
     failpoints: Arc<FailPoints>,
     changes: Arc<changes::Changes>,
-    /// Read counts of conversations asked about, kept up by every commit.
-    tallies: Arc<tally::ReadTallies>,
+    /// Read counts and first screens, kept up by every commit.
+    views: Arc<mirror::Views>,
     /// Counts seals of keys handed over by a move (see [`moved`]), from 1
     /// when the store opened holding handed-over homes: what a cache of
     /// per-user state must drop when it changes, and 0 while no home here
@@ -207,20 +209,20 @@ impl Store {
         let db = Arc::new(db);
         let failpoints = Arc::new(FailPoints::default());
         let changes = Arc::new(changes::Changes::new());
-        let tallies = Arc::new(tally::ReadTallies::default());
+        let views = Arc::new(mirror::Views::default());
         let committer = commit::Committer::start(
             db.clone(),
             config,
             failpoints.clone(),
             changes.clone(),
-            tallies.clone(),
+            views.clone(),
         )?;
         let store = Arc::new(Self {
             db,
             committer,
             failpoints,
             changes,
-            tallies,
+            views,
             handovers: Default::default(),
         });
         if store.holds_handed_over_homes()? {
@@ -246,8 +248,8 @@ impl Store {
     }
 
     /// Read counts kept up to date (see [`tally`]).
-    pub fn read_tallies(&self) -> &tally::ReadTallies {
-        &self.tallies
+    pub(crate) fn read_tallies(&self) -> &tally::ReadTallies {
+        &self.views.tallies
     }
 
     /// This cell's fault-injection points (inert without the `failpoints`

@@ -30,7 +30,7 @@ impl Store {
             if let Some(build) = tallies.begin(conversation) {
                 let walked = self.walk_read_state(conversation)?;
                 let keep = walked.members() >= keep_from;
-                return Ok(build.finish(walked, keep, seqs));
+                return Ok(build.finish(walked, keep, |t| t.answer(seqs)));
             }
         }
     }

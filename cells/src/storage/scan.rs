@@ -44,56 +44,111 @@ impl Store {
         limit: usize,
         byte_budget: usize,
     ) -> Result<ScanPage> {
+        if direction == ScanDirection::Backward && from == 0 {
+            return Ok(ScanPage::default());
+        }
+        let window = self.views.screens.read(conversation, false, |screen| {
+            let take = limit.saturating_mul(2).max(limit.saturating_add(1));
+            screen.window(from, above, direction, take)
+        });
+        // The message lane notes its batches in order: a screen that has
+        // heard of the latest seq holds every row up to it.
+        if let Some(Some(window)) = window
+            && window.top >= self.conv_seq(conversation)?.latest_seq
+        {
+            let mut pager = self.pager(conversation, viewer, from, direction, limit, byte_budget);
+            for (seq, record) in window.rows {
+                if pager.full() {
+                    pager.page.more = true;
+                    crate::metrics::metrics().screen_pages.inc();
+                    return Ok(pager.page);
+                }
+                pager.take(seq, || Ok(record.as_ref().clone()))?;
+            }
+            if window.covered {
+                crate::metrics::metrics().screen_pages.inc();
+                return Ok(pager.page);
+            }
+        }
+        self.scan_stored(
+            conversation,
+            viewer,
+            from,
+            above,
+            direction,
+            limit,
+            byte_budget,
+        )
+    }
+
+    /// [`scan_messages`](Self::scan_messages) from storage.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn scan_stored(
+        &self,
+        conversation: ConversationId,
+        viewer: UserId,
+        from: u64,
+        above: u64,
+        direction: ScanDirection,
+        limit: usize,
+        byte_budget: usize,
+    ) -> Result<ScanPage> {
+        let mut pager = self.pager(conversation, viewer, from, direction, limit, byte_budget);
         let mut messages =
             self.bounded_iter(cf::MESSAGES, conversation_bounds(conversation, above));
-        let mut hidden = self.bounded_iter(cf::HIDDEN, hidden_bounds(conversation, viewer));
-        // The first seq after `from` in the scan's direction.
-        let at = Seq(match direction {
-            ScanDirection::Forward => from.saturating_add(1),
-            ScanDirection::Backward => from.saturating_sub(1),
-        });
-        let conversation_id = conversation;
-        let message_key = keys::message(conversation_id, at);
-        let hidden_key = keys::hidden(conversation_id, viewer, at);
+        let at = Seq(first_after(from, direction));
+        let message_key = keys::message(conversation, at);
         match direction {
-            ScanDirection::Forward => {
-                messages.seek(message_key);
-                hidden.seek(hidden_key);
-            }
-            ScanDirection::Backward => {
-                messages.seek_for_prev(message_key);
-                hidden.seek_for_prev(hidden_key);
-            }
-        }
-        let mut page = ScanPage::default();
-        let mut bytes = 0;
-        if direction == ScanDirection::Backward && from == 0 {
-            return Ok(page);
+            ScanDirection::Forward => messages.seek(message_key),
+            ScanDirection::Backward => messages.seek_for_prev(message_key),
         }
         while messages.valid() {
-            if page.messages.len() == limit || bytes >= byte_budget {
-                page.more = true;
+            if pager.full() {
+                pager.page.more = true;
                 break;
             }
             let key = messages.key().unwrap_or_default();
             let seq = keys::last_u64(key).ok_or_else(|| corrupt(cf::MESSAGES, "short key"))?;
-            page.last_seq = Some(seq);
-            if !is_hidden(&mut hidden, seq, direction) {
+            pager.take(seq, || {
                 let value = messages.value().unwrap_or_default();
-                let record = MessageRecord::decode(value).map_err(|e| corrupt(cf::MESSAGES, e))?;
-                if visible(&record, viewer) {
-                    bytes += record.body.len();
-                    page.messages.push((seq, record));
-                }
-            }
+                MessageRecord::decode(value).map_err(|e| corrupt(cf::MESSAGES, e))
+            })?;
             match direction {
                 ScanDirection::Forward => messages.next(),
                 ScanDirection::Backward => messages.prev(),
             }
         }
         messages.status()?;
-        hidden.status()?;
-        Ok(page)
+        pager.hidden.status()?;
+        Ok(pager.page)
+    }
+
+    /// A page under way for `viewer`, its delete-for-me rows positioned at
+    /// the first seq beyond `from`.
+    fn pager(
+        &self,
+        conversation: ConversationId,
+        viewer: UserId,
+        from: u64,
+        direction: ScanDirection,
+        limit: usize,
+        byte_budget: usize,
+    ) -> Pager<'_> {
+        let mut hidden = self.bounded_iter(cf::HIDDEN, hidden_bounds(conversation, viewer));
+        let hidden_key = keys::hidden(conversation, viewer, Seq(first_after(from, direction)));
+        match direction {
+            ScanDirection::Forward => hidden.seek(hidden_key),
+            ScanDirection::Backward => hidden.seek_for_prev(hidden_key),
+        }
+        Pager {
+            hidden,
+            viewer,
+            direction,
+            limit,
+            byte_budget,
+            bytes: 0,
+            page: ScanPage::default(),
+        }
     }
 
     /// Up to `limit` stored messages of `conversation` with seq > `after`,
@@ -134,6 +189,45 @@ impl Store {
         opts.set_iterate_lower_bound(lower);
         opts.set_iterate_upper_bound(upper);
         self.db.raw_iterator_cf_opt(self.cf(name), opts)
+    }
+}
+
+/// A page being filled, row by row in scan order.
+struct Pager<'a> {
+    hidden: DBRawIterator<'a>,
+    viewer: UserId,
+    direction: ScanDirection,
+    limit: usize,
+    byte_budget: usize,
+    bytes: usize,
+    page: ScanPage,
+}
+
+impl Pager<'_> {
+    fn full(&self) -> bool {
+        self.page.messages.len() == self.limit || self.bytes >= self.byte_budget
+    }
+
+    /// Examines the row at `seq`: the page takes its record (read only
+    /// then) unless the viewer deleted it or may not see it.
+    fn take(&mut self, seq: u64, record: impl FnOnce() -> Result<MessageRecord>) -> Result<()> {
+        self.page.last_seq = Some(seq);
+        if !is_hidden(&mut self.hidden, seq, self.direction) {
+            let record = record()?;
+            if visible(&record, self.viewer) {
+                self.bytes += record.body.len();
+                self.page.messages.push((seq, record));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The first seq after `from` in a scan's direction.
+fn first_after(from: u64, direction: ScanDirection) -> u64 {
+    match direction {
+        ScanDirection::Forward => from.saturating_add(1),
+        ScanDirection::Backward => from.saturating_sub(1),
     }
 }
 

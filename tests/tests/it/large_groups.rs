@@ -1,7 +1,8 @@
 //! Groups above `fanout.large_group_threshold` are fanned out by a
 //! `latest_seq` hint to their members online, found from who is online:
 //! members joining, leaving and muting during sends get hints exactly while
-//! they are members, and their unread counts follow.
+//! they are members, and their unread counts follow. Their newest pages
+//! are read from memory, and show every change as soon as it is made.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -10,10 +11,11 @@ use std::time::Duration;
 use cellmesh_cell::clock::SystemClock;
 use cellmesh_client::connect::caller;
 use cellmesh_proto::v1::{
-    ChangeMembersRequest, ListConversationsRequest, SetMutedRequest, SyncPush, sync_push,
+    ChangeMembersRequest, DeleteForMeRequest, Direction, EditRequest, ListConversationsRequest,
+    RecallRequest, SetMutedRequest, SyncPush, sync_push,
 };
 use cellmesh_tests::sync::{Sync, connect_sync, next_push, subscribe};
-use cellmesh_tests::{Client, TestCell, create_group, text};
+use cellmesh_tests::{Client, TestCell, create_group, pull_pages, text};
 use tonic::Streaming;
 
 const T: u64 = 8;
@@ -181,4 +183,89 @@ async fn a_hot_groups_hints_are_merged_to_the_newest_per_interval() {
         got.len()
     );
     assert!(got.iter().all(|seq| sent.contains(seq)), "{got:?}");
+}
+
+/// What `user` sees of `conv` paging in `direction` by `limit`: seq,
+/// body, state and edit version.
+async fn seen(
+    c: &mut Client,
+    user: u64,
+    conv: u64,
+    direction: Direction,
+    limit: u32,
+) -> Vec<(u64, Vec<u8>, i32, u32)> {
+    let pages = pull_pages(c, T, user, conv, direction, limit).await;
+    (pages.into_iter())
+        .map(|m| (m.seq, m.body, m.state, m.edit_version))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_large_groups_pages_come_from_memory_and_show_every_change_at_once() {
+    let cell = TestCell::start_with(
+        |c| c.fanout.large_group_threshold = 4,
+        Arc::new(SystemClock),
+    )
+    .await;
+    let mut c = cell.client().await;
+    // The same history in a group at the threshold and in one below it,
+    // whose pages are read from storage.
+    let large = create_group(&mut c, T, 1, &[2, 3, 4]).await;
+    let small = create_group(&mut c, T, 1, &[2]).await;
+    let pages = || cellmesh_cell::metrics::metrics().screen_pages.get();
+    let before = pages();
+    for step in 0..12 {
+        for conv in [large, small] {
+            let edit = |seq: u64| EditRequest {
+                caller: caller(T, 1),
+                conversation_id: conv,
+                seq,
+                body: format!("edited {step}").into_bytes(),
+            };
+            match step {
+                6 => drop(c.recall(recall(conv, 2)).await.unwrap()),
+                7 => drop(c.edit(edit(5)).await.unwrap()),
+                8 => drop(c.delete_for_me(hide(conv, &[4, 6])).await.unwrap()),
+                10 => drop(c.edit(edit(7)).await.unwrap()),
+                _ => {
+                    let (id, body) = (format!("m{step}-{conv}"), format!("m{step}"));
+                    c.send(text(T, 1, conv, &id, &body)).await.unwrap();
+                }
+            }
+        }
+        // Right after each change, every page of the large group shows it.
+        for user in [1, 2] {
+            for (direction, limit) in [
+                (Direction::Backward, 3),
+                (Direction::Backward, 50),
+                (Direction::Forward, 4),
+            ] {
+                assert_eq!(
+                    seen(&mut c, user, large, direction, limit).await,
+                    seen(&mut c, user, small, direction, limit).await,
+                    "step {step}, user {user}, {direction:?} by {limit}"
+                );
+            }
+        }
+    }
+    // Every page of the large group but none of the small one's.
+    let large_pages = pages() - before;
+    assert!(large_pages >= 12 * 2 * 3, "{large_pages} pages from memory");
+    cell.stop().await;
+}
+
+fn recall(conv: u64, seq: u64) -> RecallRequest {
+    RecallRequest {
+        caller: caller(T, 1),
+        conversation_id: conv,
+        seq,
+    }
+}
+
+fn hide(conv: u64, seqs: &[u64]) -> DeleteForMeRequest {
+    DeleteForMeRequest {
+        caller: caller(T, 2),
+        conversation_id: conv,
+        seqs: seqs.to_vec(),
+    }
 }
