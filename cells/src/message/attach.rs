@@ -201,7 +201,8 @@ impl MessageService {
     /// history has not been backfilled yet.
     fn awaiting_backfill(&self, tenant: TenantId, conversation: ConversationId) -> Result<bool> {
         let fence = self.ownership.check(tenant, conversation, Epoch(0))?;
-        Ok(fence.taken_over_mark.is_some() && !self.backfilled(conversation)?)
+        let floor = (fence.seq_floor).max(self.store.conv_seq(conversation)?.seq_floor);
+        Ok(fence.taken_over_mark.is_some() && !self.backfilled(conversation, floor)?)
     }
 
     fn expired(&self, record: &UploadRecord, id: u64) -> Result<()> {

@@ -119,10 +119,7 @@ impl MessageService {
         // here, so nothing below the floor is missing anywhere.
         let floor = self.ownership.floor(cmd.caller.tenant, ConversationId(id));
         if floor > 0 {
-            m.put_meta_u64(
-                &crate::storage::keys::meta::backfilled(ConversationId(id)),
-                floor,
-            );
+            super::migrate::put_backfilled(&mut m, ConversationId(id), floor, floor);
         }
         for user in &members {
             m.put_member(

@@ -119,7 +119,10 @@ impl MessageService {
         floor: u64,
     ) -> Result<u64> {
         Ok(
-            if floor == 0 || self.backfilled(conversation)? || self.is_cold(conversation, floor)? {
+            if floor == 0
+                || self.backfilled(conversation, floor)?
+                || self.is_cold(conversation, floor)?
+            {
                 0
             } else if let Some(from) = self.replicated_from(conversation)? {
                 // A `sync` standby holds every acknowledged message from here.

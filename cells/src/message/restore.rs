@@ -72,7 +72,7 @@ impl MessageService {
         }
         let floor = self.ownership.floor(tenant, id);
         if floor > 0 {
-            m.put_meta_u64(&crate::storage::keys::meta::backfilled(id), floor);
+            super::migrate::put_backfilled(&mut m, id, floor, floor);
         }
         m.emit(&OutboxEvent {
             kind: if announce {

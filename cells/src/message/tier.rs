@@ -100,7 +100,7 @@ impl MessageService {
         // while a move copies it, nor below a failover floor that a
         // backfill may still fill in.
         if !self.ownership.settled(tenant, conversation)
-            || (seq.seq_floor > 0 && !self.backfilled(conversation)?)
+            || (seq.seq_floor > 0 && !self.backfilled(conversation, seq.seq_floor)?)
         {
             return Ok((0, 0));
         }

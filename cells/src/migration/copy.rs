@@ -107,7 +107,12 @@ impl Mover {
         let _ = fetch.await;
         if r.backfill {
             self.service
-                .mark_backfilled(ConversationId(r.conversation_id), after)?;
+                .mark_backfilled(
+                    TenantId(r.tenant_id),
+                    ConversationId(r.conversation_id),
+                    after,
+                )
+                .await?;
         }
         Ok(CopyResponse {
             copied_through: after,

@@ -108,6 +108,13 @@ pub mod meta {
         [b"backfilled/".as_slice(), &conversation.to_be_bytes()].concat()
     }
 
+    /// The failover floor a conversation's history below it is whole to
+    /// (value): a takeover at a higher floor waits for its own backfill.
+    /// Written beside [`backfilled`], which releases before 0.3.0 read.
+    pub fn backfilled_floor(conversation: ConversationId) -> Vec<u8> {
+        [b"backfilled-floor/".as_slice(), &conversation.to_be_bytes()].concat()
+    }
+
     /// A conversation of another cell whose new messages this standby has
     /// stored synchronously since this seq (value), each before its owner
     /// acknowledged it (replication mode `sync`).

@@ -88,6 +88,23 @@ pub(crate) async fn edge_files(endpoint: &str, token: &str) -> Files {
     Files::new(client, None)
 }
 
+/// Uploads the file at `path` into `conversation` through the edge at
+/// `endpoint` as `token`'s user: its attachment id.
+pub(crate) async fn upload_via_edge(
+    endpoint: &str,
+    token: &str,
+    conversation: u64,
+    path: &Path,
+) -> u64 {
+    let kind = "application/octet-stream";
+    edge_files(endpoint, token)
+        .await
+        .upload(conversation, path, kind, None, &mut no_progress())
+        .await
+        .expect("uploaded through the edge")
+        .attachment_id
+}
+
 /// Upload, send, download by another member, verified; then a
 /// non-member, another tenant and a recalled message get no URL, and the
 /// recalled file is gone after its grace.
@@ -1325,19 +1342,9 @@ async fn a_resend_naming_an_upload_on_the_failed_cell_waits_for_the_backfill() {
     d.cells[0].cell.service.store().failpoints().set(points);
     let dir = tempfile::tempdir().unwrap();
     let path = write_file(dir.path(), "late.bin", 9_000, 3);
-    let a = edge_files(&d.edge.endpoint(), &alice)
-        .await
-        .upload(
-            conversation,
-            &path,
-            "application/octet-stream",
-            None,
-            &mut no_progress(),
-        )
-        .await
-        .unwrap();
+    let a = upload_via_edge(&d.edge.endpoint(), &alice, conversation, &path).await;
     let mut send = cellmesh_tests::deploy::text(conversation, "with-late-file");
-    send.attachment_ids = vec![a.attachment_id];
+    send.attachment_ids = vec![a];
     let first = m
         .send(authed(send.clone(), &alice))
         .await

@@ -50,6 +50,7 @@ mod residency;
 mod route_backup;
 mod router;
 mod search;
+mod second_failover;
 mod send;
 mod standard_errors;
 mod sync;

@@ -73,11 +73,7 @@ impl MessageService {
         mut chunk: ExportChunk,
     ) -> Result<()> {
         let jumps = std::mem::take(&mut chunk.seq_jumps);
-        let floor = self
-            .store
-            .conv_seq(conversation)?
-            .seq_floor
-            .max(self.ownership.floor(tenant, conversation));
+        let floor = self.failover_floor(tenant, conversation)?;
         if chunk
             .conversation
             .as_ref()
@@ -213,21 +209,64 @@ impl MessageService {
         Ok(())
     }
 
-    /// Records that the history below the floor is back.
-    pub fn mark_backfilled(&self, conversation: ConversationId, through: u64) -> Result<()> {
-        self.store.put_meta_u64_sync(
-            &crate::storage::keys::meta::backfilled(conversation),
-            through.max(1),
-        )?;
+    /// Records that the history below the current floor is back (copied
+    /// through `through`).
+    pub async fn mark_backfilled(
+        &self,
+        tenant: TenantId,
+        conversation: ConversationId,
+        through: u64,
+    ) -> Result<()> {
+        let floor = self.failover_floor(tenant, conversation)?;
+        let mut m = Mutation::new();
+        put_backfilled(&mut m, conversation, through, floor);
+        self.store.commit(m).await?;
         Ok(())
     }
 
-    pub fn backfilled(&self, conversation: ConversationId) -> Result<bool> {
-        Ok(self
-            .store
-            .meta_u64(&crate::storage::keys::meta::backfilled(conversation))?
-            .is_some())
+    /// The floor of `conversation` here: stored, or set by its route.
+    pub(crate) fn failover_floor(
+        &self,
+        tenant: TenantId,
+        conversation: ConversationId,
+    ) -> Result<u64> {
+        Ok((self.store.conv_seq(conversation)?.seq_floor)
+            .max(self.ownership.floor(tenant, conversation)))
     }
+
+    /// Whether the history of `conversation` below its failover `floor` is
+    /// all here: backfilled from the cell it was taken over from, or begun,
+    /// restored or moved in whole at that floor or above. A backfill of an
+    /// earlier takeover, at a lower floor, is no answer for this one.
+    pub fn backfilled(&self, conversation: ConversationId, floor: u64) -> Result<bool> {
+        let meta = |key: Vec<u8>| self.store.meta_u64(&key);
+        Ok(
+            match meta(crate::storage::keys::meta::backfilled_floor(conversation))? {
+                Some(whole_to) => whole_to >= floor,
+                // Recorded by an earlier release: for the takeover then.
+                None => meta(crate::storage::keys::meta::backfilled(conversation))?.is_some(),
+            },
+        )
+    }
+}
+
+/// Stages the record that `conversation`'s history is whole below `floor`
+/// (copied through `through`): the floor, and for releases before 0.3.0
+/// the seq.
+pub(crate) fn put_backfilled(
+    m: &mut Mutation,
+    conversation: ConversationId,
+    through: u64,
+    floor: u64,
+) {
+    m.put_meta_u64(
+        &crate::storage::keys::meta::backfilled(conversation),
+        through.max(1),
+    );
+    m.put_meta_u64(
+        &crate::storage::keys::meta::backfilled_floor(conversation),
+        floor.max(through).max(1),
+    );
 }
 
 /// What a backfilled message (at `seq`, below the failover `floor`) does

@@ -178,8 +178,8 @@ impl MessageService {
         }
         if chunk.complete {
             // Whole at the source: nothing here waits for a backfill.
-            let key = crate::storage::keys::meta::backfilled(conversation);
-            m.put_meta_u64(&key, latest.max(1));
+            let floor = self.failover_floor(tenant, conversation)?;
+            put_backfilled(&mut m, conversation, latest, floor.max(chunk.seq_floor));
         }
         let mut jumps = stored.jumps;
         crate::convert::merge_jumps(&mut jumps, &chunk.seq_jumps);

@@ -21,6 +21,7 @@ mod backfill;
 mod import;
 mod uploads;
 
+pub(crate) use backfill::put_backfilled;
 pub(crate) use import::Imported;
 
 use super::MessageService;
