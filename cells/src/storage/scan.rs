@@ -57,15 +57,20 @@ impl Store {
             && window.top >= self.conv_seq(conversation)?.latest_seq
         {
             let mut pager = self.pager(conversation, viewer, from, direction, limit, byte_budget);
-            for (seq, record) in window.rows {
+            let mut rows = window.rows.into_iter();
+            // Answered: the page filled before a row left, or no row lies
+            // beyond the last one.
+            let answered = loop {
+                let Some((seq, record)) = rows.next() else {
+                    break window.covered;
+                };
                 if pager.full() {
                     pager.page.more = true;
-                    crate::metrics::metrics().screen_pages.inc();
-                    return Ok(pager.page);
+                    break true;
                 }
                 pager.take(seq, || Ok(record.as_ref().clone()))?;
-            }
-            if window.covered {
+            };
+            if answered {
                 crate::metrics::metrics().screen_pages.inc();
                 return Ok(pager.page);
             }
