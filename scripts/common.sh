@@ -108,6 +108,7 @@ bench_cell_config() {
     cat
     printf '[rate_limit]\nuser_per_sec = 1000000\nuser_burst = 1000000\n'
     printf 'conversation_per_sec = 1000000\nconversation_burst = 1000000\n'
+    printf 'user_calls_per_sec = 1000000\nuser_calls_burst = 1000000\n'
   } > "$file"
 }
 

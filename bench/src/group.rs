@@ -11,7 +11,8 @@
 //!   against the conversation's own (`GetConversation`), and nonzero: the
 //!   member has read nothing;
 //! - the p99 of sends into `--neighbours` 1:1 conversations on the same
-//!   cell, first alone, then while the group is hot;
+//!   cell while the group is quiet and while it is hot, in turns of two
+//!   seconds (see [`crate::paced`]);
 //! - `ReadCount` latency for the group's newest ten messages while members
 //!   mark them read one by one, each count checked against the readers so
 //!   far, out of every member (and the first call's alone: it walks the
@@ -24,7 +25,7 @@
 //! a tokio runtime of its own (the bench's 1,000 devices stand for remote
 //! clients: they do not run on the cell's workers).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -42,8 +43,9 @@ use rand::Rng;
 use tonic::transport::Channel;
 
 use crate::first_screen;
+use crate::paced::{Pace, Windows, send_paced};
 use crate::send::Client;
-use crate::{Create, Report, count_error, create, device_subscription, histogram, send_request};
+use crate::{Create, Report, create, device_subscription, histogram, send_request};
 
 #[derive(Args)]
 pub struct GroupArgs {
@@ -58,8 +60,8 @@ pub struct GroupArgs {
     /// Sends per second into the group.
     #[arg(long, default_value_t = 20)]
     rate: u64,
-    /// How long the group is hot (and, before it, how long the neighbours
-    /// are measured alone).
+    /// How long the group is hot in all, in turns of two seconds with as
+    /// long quiet (the neighbours send throughout).
     #[arg(long, default_value = "20s", value_parser = humantime::parse_duration)]
     duration: Duration,
     /// Groups the listing member belongs to.
@@ -121,35 +123,33 @@ pub async fn run(args: GroupArgs) -> anyhow::Result<()> {
     let epoch = Instant::now();
     let hints = Arc::new(Mutex::new(Vec::new()));
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let devices = subscribe(
-        &endpoint,
-        tenant,
-        args.online,
-        group,
-        epoch,
-        &hints,
-        &stopped,
-    )
-    .await?;
+    let far = far_devices()?;
+    let devices = {
+        let (endpoint, hints, stopped) = (endpoint.clone(), hints.clone(), stopped.clone());
+        far.spawn(async move {
+            subscribe(
+                &endpoint,
+                tenant,
+                args.online,
+                group,
+                epoch,
+                &hints,
+                &stopped,
+            )
+            .await
+        })
+        .await??
+    };
     tokio::time::sleep(Duration::from_secs(1)).await;
 
-    let pace = |rate: u64| Pace {
-        every: Duration::from_secs_f64(1.0 / rate.max(1) as f64),
-        duration: args.duration,
-        epoch,
-    };
-    let alone = send_paced(&client, tenant, &neighbours, pace(args.neighbour_rate));
-    let (alone, _, _) = alone.await?;
-    let hot = send_paced(&client, tenant, &neighbours, pace(args.neighbour_rate));
-    // User 2 sends: user 1, who lists, has every one unread.
-    let into_group = [(group, UserId(2))];
-    let group_sends = send_paced(&client, tenant, &into_group, pace(args.rate));
-    let ((beside, _, _), (sent, sent_at, errors)) = tokio::try_join!(hot, group_sends)?;
+    let (alone, beside, g) = in_turns(&client, tenant, &neighbours, group, &args, epoch).await?;
+    let (sent, sent_at, errors) = (g.latency, g.starts, g.errors);
     tokio::time::sleep(Duration::from_secs(2)).await;
     let _ = stop.send(true);
     for d in devices {
         let _ = d.await;
     }
+    far.shutdown_background();
     let hint_latency = hint_latency(&hints.lock().expect("hints"), &sent_at)?;
     let (list, mismatches) = list_latency(&endpoint, &mut client, tenant).await?;
     let (receipts, first_receipt, wrong_receipts) =
@@ -187,6 +187,8 @@ pub async fn run(args: GroupArgs) -> anyhow::Result<()> {
     .param("neighbour_p99_ms_alone", p99(&alone))
     .param("neighbour_p99_ms_beside_the_group", p99(&beside))
     .param("neighbour_sends_beside", beside.len())
+    .param("neighbour_sends_alone", alone.len())
+    .param("hot_and_quiet_windows_s", WINDOW.as_secs_f64())
     .param("read_count_p50_ms", ms(&receipts, 0.5))
     .param("read_count_p99_ms", p99(&receipts))
     .param("read_count_first_ms", first_receipt.as_secs_f64() * 1000.0)
@@ -232,6 +234,40 @@ async fn big_group(
     }
     Ok(group)
 }
+
+/// The neighbours send throughout `2 × --duration`, the group only in
+/// every other window: the neighbours' latencies while the group is quiet
+/// and while it is hot, and what the group's sends saw.
+async fn in_turns(
+    client: &Client,
+    tenant: TenantId,
+    neighbours: &[(ConversationId, UserId)],
+    group: ConversationId,
+    args: &GroupArgs,
+    epoch: Instant,
+) -> anyhow::Result<(Histogram<u64>, Histogram<u64>, crate::paced::Sent)> {
+    let windows = Windows {
+        from_us: epoch.elapsed().as_micros() as u64,
+        each: WINDOW,
+    };
+    let pace = |rate: u64, only| Pace {
+        every: Duration::from_secs_f64(1.0 / rate.max(1) as f64),
+        duration: args.duration * 2,
+        epoch,
+        only,
+    };
+    let throughout = send_paced(client, tenant, neighbours, pace(args.neighbour_rate, None));
+    // User 2 sends: user 1, who lists, has every one unread.
+    let into_group = [(group, UserId(2))];
+    let group_sends = send_paced(client, tenant, &into_group, pace(args.rate, Some(windows)));
+    let (throughout, into_group) = tokio::try_join!(throughout, group_sends)?;
+    let (alone, beside) = windows.split(&throughout.samples)?;
+    Ok((alone, beside, into_group))
+}
+
+/// How long the group is hot, then quiet, in turns, while the
+/// neighbours send.
+const WINDOW: Duration = Duration::from_secs(2);
 
 /// Joins in the burst.
 const JOINS: u64 = 1_000;
@@ -316,6 +352,24 @@ async fn neighbours(
     Ok(out)
 }
 
+/// A runtime for the online devices, which stand for clients on other
+/// machines: one worker at the lowest OS priority, so that decoding their
+/// pushes takes only cores nothing else wants (the cell and the measured
+/// senders go first).
+fn far_devices() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("far-devices")
+        .on_thread_start(|| {
+            // SAFETY: setpriority on this thread's own id; no memory is shared.
+            unsafe {
+                libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19);
+            }
+        })
+        .enable_all()
+        .build()?)
+}
+
 /// (device, latest_seq, µs since the epoch) of every hint received.
 type Hints = Arc<Mutex<Vec<(u64, u64, u64)>>>;
 
@@ -363,80 +417,6 @@ async fn subscribe(
         }));
     }
     Ok(tasks)
-}
-
-/// A sending pace: one send per `every` for `duration`; times are
-/// µs since `epoch`.
-#[derive(Clone, Copy)]
-struct Pace {
-    every: Duration,
-    duration: Duration,
-    epoch: Instant,
-}
-
-/// What paced sends saw: ack latency (µs), each acked seq's send start
-/// (µs since the epoch), errors by code.
-type Sent = (Histogram<u64>, HashMap<u64, u64>, BTreeMap<String, u64>);
-
-/// Sends at `pace`, round-robin over (conversation, sender), each in its
-/// own task (a slow answer does not hold the next send back).
-async fn send_paced(
-    client: &Client,
-    tenant: TenantId,
-    into: &[(ConversationId, UserId)],
-    pace: Pace,
-) -> anyhow::Result<Sent> {
-    let mut latency = histogram();
-    let (mut starts, mut errors) = (HashMap::new(), BTreeMap::new());
-    let run = rand::rng().random::<u32>();
-    let mut tick = tokio::time::interval(pace.every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    let deadline = Instant::now() + pace.duration;
-    let epoch = pace.epoch;
-    let mut inflight = tokio::task::JoinSet::new();
-    let mut n = 0usize;
-    while Instant::now() < deadline {
-        tick.tick().await;
-        let (conv, user) = into[n % into.len()];
-        n += 1;
-        let mut c = client.clone();
-        let req = send_request(
-            tenant.get(),
-            user.get(),
-            conv.get(),
-            format!("b{run}-{n}"),
-            MessageType::Text,
-            b"x".to_vec(),
-        );
-        inflight.spawn(async move {
-            let at = Instant::now();
-            let answer = c.send(req).await.map(|r| r.into_inner().seq);
-            let took = at.elapsed().as_micros() as u64;
-            (took, at.duration_since(epoch).as_micros() as u64, answer)
-        });
-        while let Some(done) = inflight.try_join_next() {
-            record(done?, &mut latency, &mut starts, &mut errors);
-        }
-    }
-    while let Some(done) = inflight.join_next().await {
-        record(done?, &mut latency, &mut starts, &mut errors);
-    }
-    Ok((latency, starts, errors))
-}
-
-fn record(
-    (took, at_us, answer): (u64, u64, Result<u64, tonic::Status>),
-    latency: &mut Histogram<u64>,
-    starts: &mut HashMap<u64, u64>,
-    errors: &mut BTreeMap<String, u64>,
-) {
-    match answer {
-        Ok(seq) => {
-            let _ = latency.record(took.max(1));
-            starts.insert(seq, at_us);
-        }
-        Err(status) => count_error(errors, &status),
-    }
 }
 
 /// Send → hint latency (µs) of every hint of an acknowledged send.

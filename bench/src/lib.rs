@@ -8,6 +8,7 @@ mod failover;
 mod first_screen;
 mod group;
 mod migrate;
+mod paced;
 mod pull;
 mod push;
 mod report;

@@ -58,6 +58,7 @@ pub struct CellMetrics {
     pub segments_corrupt: Counter,
     pub cold_pulls: Counter,
     pub screen_pages: Counter,
+    pub pushes_dropped: Counter,
     pub uploads_reserved: Counter,
     pub uploads_completed: Counter,
     pub uploads_swept: Counter,
@@ -156,6 +157,10 @@ static METRICS: LazyLock<CellMetrics> = LazyLock::new(|| CellMetrics {
     screen_pages: counter(
         "cellmesh_screen_pages",
         "History pages of large groups answered from their newest messages kept in memory.",
+    ),
+    pushes_dropped: counter(
+        "cellmesh_pushes_dropped",
+        "Transient pushes (hints, typing notices) a device missed: its stream was full.",
     ),
     uploads_reserved: counter(
         "cellmesh_uploads_reserved",

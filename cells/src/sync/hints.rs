@@ -8,7 +8,9 @@
 //! hint as it comes. Either way a hint reaches its devices a slice at a
 //! time, a millisecond apart unless more hints wait, so pushing to a
 //! thousand devices does not hold every worker while the cell's other
-//! conversations wait to be served.
+//! conversations wait to be served. With an interval, the slices are as
+//! small as lets a hint reach all its devices within three quarters of it:
+//! the pushes come evenly, not in one burst per interval.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -28,9 +30,22 @@ pub struct HintPacer {
     outgoing: mpsc::UnboundedSender<(Vec<UserKey>, ConversationHint)>,
 }
 
-/// Devices one slice of a hint goes to; slices are a millisecond apart,
-/// so a hint to thousands of devices does not hold every worker at once.
+/// Most devices one slice of a hint goes to; slices are a millisecond
+/// apart, so a hint to thousands of devices does not hold every worker at
+/// once.
 const SLICE: usize = 64;
+/// Fewest devices a slice goes to.
+const MIN_SLICE: usize = 8;
+
+/// Devices per slice for a hint to `devices`: spread over three quarters
+/// of `interval`, a slice a millisecond (`SLICE` without an interval).
+fn slice_for(devices: usize, interval: Duration) -> usize {
+    if interval.is_zero() {
+        return SLICE;
+    }
+    let spread_ms = (interval.as_millis() as usize * 3 / 4).max(1);
+    devices.div_ceil(spread_ms).clamp(MIN_SLICE, SLICE)
+}
 
 #[derive(Default)]
 struct Paced {
@@ -45,7 +60,7 @@ impl HintPacer {
     /// that ends when the pacer is dropped.
     pub fn start(hub: Arc<Hub>, interval: Duration) -> Arc<Self> {
         let (outgoing, queued) = mpsc::unbounded_channel();
-        tokio::spawn(push_in_slices(hub, queued));
+        tokio::spawn(push_in_slices(hub, queued, interval));
         let pacer = Arc::new(Self {
             interval,
             state: Mutex::new(Paced::default()),
@@ -117,24 +132,25 @@ impl HintPacer {
     }
 }
 
-/// Pushes each hint, `SLICE` devices at a time, until the pacer is
-/// dropped.
+/// Pushes each hint a slice of devices at a time ([`slice_for`]), until
+/// the pacer is dropped.
 async fn push_in_slices(
     hub: Arc<Hub>,
     mut queued: mpsc::UnboundedReceiver<(Vec<UserKey>, ConversationHint)>,
+    interval: Duration,
 ) {
+    let mut tick = tokio::time::interval(Duration::from_millis(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     while let Some((to, hint)) = queued.recv().await {
         let push = SyncPush {
             push: Some(sync_push::Push::Hint(hint)),
         };
-        for (i, slice) in to.chunks(SLICE).enumerate() {
+        for slice in to.chunks(slice_for(to.len(), interval)) {
             // Behind (hints waiting): no pause.
-            if i > 0 && queued.is_empty() {
-                tokio::time::sleep(Duration::from_millis(1)).await;
+            if queued.is_empty() {
+                tick.tick().await;
             }
-            for user in slice {
-                hub.push(*user, push.clone());
-            }
+            hub.push(slice, &push);
         }
     }
 }
@@ -155,7 +171,8 @@ async fn flush_until_dropped(pacer: Weak<HintPacer>, interval: Duration) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sync::HubEvent;
+    use crate::sync::Subscription;
+    use crate::sync::stream::PushResult;
     use cellmesh_proto::ids::{TenantId, UserId};
 
     const U1: UserKey = UserKey::new(TenantId(1), UserId(1));
@@ -168,13 +185,21 @@ mod tests {
         }
     }
 
+    /// A device of `user` streaming: its subscription, and what it is pushed.
+    fn device(hub: &Arc<Hub>, user: UserKey) -> (Subscription, mpsc::Receiver<PushResult>) {
+        let sub = hub.subscribe(user, "phone").unwrap();
+        let (tx, rx) = mpsc::channel(256);
+        sub.take_pushes(tx);
+        (sub, rx)
+    }
+
     /// The `latest_seq`s of the hints received so far.
-    fn received(rx: &mut tokio::sync::broadcast::Receiver<HubEvent>) -> Vec<u64> {
+    fn received(rx: &mut mpsc::Receiver<PushResult>) -> Vec<u64> {
         let mut seqs = Vec::new();
-        while let Ok(event) = rx.try_recv() {
-            if let HubEvent::Push(SyncPush {
+        while let Ok(push) = rx.try_recv() {
+            if let Ok(SyncPush {
                 push: Some(sync_push::Push::Hint(h)),
-            }) = event
+            }) = push
             {
                 seqs.push(h.latest_seq);
             }
@@ -183,7 +208,7 @@ mod tests {
     }
 
     /// Waits up to two seconds for a hint: its `latest_seq`s.
-    async fn next_hints(rx: &mut tokio::sync::broadcast::Receiver<HubEvent>) -> Vec<u64> {
+    async fn next_hints(rx: &mut mpsc::Receiver<PushResult>) -> Vec<u64> {
         for _ in 0..200 {
             let got = received(rx);
             if !got.is_empty() {
@@ -197,32 +222,32 @@ mod tests {
     #[tokio::test]
     async fn a_hot_conversations_hints_merge_to_one_per_interval() {
         let hub = Arc::new(Hub::new(60_000, 4));
-        let mut sub = hub.subscribe(U1, "phone").unwrap();
+        let (_sub, mut rx) = device(&hub, U1);
         let interval = Duration::from_millis(300);
         let pacer = HintPacer::start(hub.clone(), interval);
         let first = Instant::now();
         pacer.hint(vec![U1], hint(7, 1));
-        assert_eq!(next_hints(&mut sub.rx).await, vec![1]);
+        assert_eq!(next_hints(&mut rx).await, vec![1]);
         assert!(first.elapsed() < interval, "the first goes at once");
         for seq in [3, 2, 4] {
             pacer.hint(vec![U1], hint(7, seq));
         }
         // Another conversation is paced on its own.
         pacer.hint(vec![U1], hint(8, 1));
-        assert_eq!(next_hints(&mut sub.rx).await, vec![1]);
+        assert_eq!(next_hints(&mut rx).await, vec![1]);
         assert!(first.elapsed() < interval, "the rest of 7 wait");
-        assert_eq!(next_hints(&mut sub.rx).await, vec![4], "merged: the newest");
+        assert_eq!(next_hints(&mut rx).await, vec![4], "merged: the newest");
         assert!(
             first.elapsed() >= interval * 9 / 10,
             "{:?}",
             first.elapsed()
         );
         tokio::time::sleep(interval * 2).await;
-        assert!(received(&mut sub.rx).is_empty(), "nothing more");
+        assert!(received(&mut rx).is_empty(), "nothing more");
         // Quiet for an interval: the next goes at once again.
         let quiet = Instant::now();
         pacer.hint(vec![U1], hint(7, 5));
-        assert_eq!(next_hints(&mut sub.rx).await, vec![5]);
+        assert_eq!(next_hints(&mut rx).await, vec![5]);
         assert!(quiet.elapsed() < interval);
     }
 
@@ -232,18 +257,15 @@ mod tests {
         let users: Vec<UserKey> = (1..=3 * SLICE as u64)
             .map(|u| UserKey::new(TenantId(1), UserId(u)))
             .collect();
-        let mut subs: Vec<_> = users
-            .iter()
-            .map(|u| hub.subscribe(*u, "phone").unwrap())
-            .collect();
+        let mut devices: Vec<_> = users.iter().map(|u| device(&hub, *u)).collect();
         let pacer = HintPacer::start(hub.clone(), Duration::ZERO);
         for seq in 1..=3 {
             pacer.hint(users.clone(), hint(7, seq));
         }
-        for sub in &mut subs {
-            let mut got = next_hints(&mut sub.rx).await;
+        for (_, rx) in &mut devices {
+            let mut got = next_hints(rx).await;
             while got.len() < 3 {
-                let more = next_hints(&mut sub.rx).await;
+                let more = next_hints(rx).await;
                 assert!(!more.is_empty(), "{got:?}");
                 got.extend(more);
             }

@@ -1,16 +1,21 @@
 //! Who is online, in memory, per [`UserKey`]: the live subscriptions of each user's devices
-//! (woken when the user's sync queue grows, or handed transient pushes such
-//! as typing notices and large-group hints) and device heartbeats. A device
+//! (woken when the user's sync queue grows) and device heartbeats. A device
 //! streams once (a new stream of it supersedes the older, which ends), and
 //! a user streams from at most `max_streams_per_user` devices at a time.
+//! Transient pushes (typing notices, large-group hints) go straight into
+//! each device's outgoing stream, not through the task that streams its
+//! queue: a hint to a thousand devices wakes no task per device. They are
+//! not ordered with sync events, and one to a device whose stream is full
+//! is dropped (counted): a later hint covers it.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 
 use cellmesh_proto::storage::v1::SyncRecord;
 use cellmesh_proto::v1::{Message, SyncPush};
-use tokio::sync::{broadcast, oneshot};
+use tokio::sync::{broadcast, mpsc, oneshot};
 
+use super::stream::PushResult;
 use crate::user::UserKey;
 use cellmesh_proto::ids::{TenantId, UserId};
 
@@ -23,8 +28,6 @@ pub enum HubEvent {
     /// pts, durable): a stream whose cursor is just before the first one
     /// pushes them without reading storage.
     Appended(Arc<Vec<LiveEvent>>),
-    /// Deliver as is; not stored.
-    Push(SyncPush),
 }
 
 /// A sync event as the processor appended it, with its message read once
@@ -45,8 +48,18 @@ struct UserState {
     tx: Option<broadcast::Sender<HubEvent>>,
     /// device → last heartbeat (Unix ms).
     heartbeats: HashMap<String, u64>,
-    /// device → its stream (id, and the signal that supersedes it).
-    streams: HashMap<String, (u64, oneshot::Sender<()>)>,
+    /// device → its stream.
+    streams: HashMap<String, DeviceStream>,
+}
+
+/// One device's live stream, as the hub holds it.
+struct DeviceStream {
+    id: u64,
+    /// Fired when a newer stream of the device supersedes this one.
+    superseded: oneshot::Sender<()>,
+    /// Where transient pushes go, once the stream has queued what must
+    /// come first ([`Subscription::take_pushes`]).
+    pushes: Option<mpsc::Sender<PushResult>>,
 }
 
 pub struct Hub {
@@ -83,9 +96,28 @@ impl Drop for Slot {
             && state
                 .streams
                 .get(&self.device)
-                .is_some_and(|(id, _)| *id == self.id)
+                .is_some_and(|s| s.id == self.id)
         {
             state.streams.remove(&self.device);
+        }
+    }
+}
+
+impl Subscription {
+    /// From now on, transient pushes to this device go into `pushes`
+    /// (unless a newer stream superseded it, or the hub closed).
+    pub fn take_pushes(&self, pushes: mpsc::Sender<PushResult>) {
+        let slot = &self._slot;
+        let Some(hub) = slot.hub.upgrade() else {
+            return;
+        };
+        let mut users = hub.users.lock().expect("hub lock");
+        if let Some(stream) = users
+            .get_mut(&slot.user)
+            .and_then(|s| s.streams.get_mut(&slot.device))
+            .filter(|s| s.id == slot.id && !hub.closed.load(std::sync::atomic::Ordering::SeqCst))
+        {
+            stream.pushes = Some(pushes);
         }
     }
 }
@@ -112,6 +144,9 @@ impl Hub {
         let mut users = self.users.lock().expect("hub lock");
         for state in users.values_mut() {
             state.tx = None;
+            for stream in state.streams.values_mut() {
+                stream.pushes = None;
+            }
         }
     }
 
@@ -146,8 +181,13 @@ impl Hub {
         if others >= self.max_streams_per_user {
             return Err(TooManyStreams(self.max_streams_per_user));
         }
-        if let Some((_, older)) = state.streams.insert(device.to_string(), (id, signal)) {
-            let _ = older.send(());
+        let stream = DeviceStream {
+            id,
+            superseded: signal,
+            pushes: None,
+        };
+        if let Some(older) = state.streams.insert(device.to_string(), stream) {
+            let _ = older.superseded.send(());
         }
         let tx = state
             .tx
@@ -183,8 +223,20 @@ impl Hub {
         self.send(user, HubEvent::Appended(Arc::new(events)));
     }
 
-    pub fn push(&self, user: UserKey, push: SyncPush) {
-        self.send(user, HubEvent::Push(push));
+    /// Hands `push` to every device of each of `users` streaming now, under
+    /// one lock; a device whose stream is full misses it.
+    pub fn push(&self, users: &[UserKey], push: &SyncPush) {
+        let users_now = self.users.lock().expect("hub lock");
+        for user in users {
+            let Some(state) = users_now.get(user) else {
+                continue;
+            };
+            for pushes in state.streams.values().filter_map(|s| s.pushes.as_ref()) {
+                if let Err(mpsc::error::TrySendError::Full(_)) = pushes.try_send(Ok(push.clone())) {
+                    crate::metrics::metrics().pushes_dropped.inc();
+                }
+            }
+        }
     }
 
     pub fn heartbeat(&self, user: UserKey, device: &str, now_ms: u64) {
@@ -308,6 +360,68 @@ mod tests {
         let _tablet = hub.subscribe(U1, "tablet").unwrap();
         drop(second);
         assert!(hub.is_online(U1, 0), "the tablet streams");
+    }
+
+    /// A transient push: a typing notice by `user`.
+    fn typing(user: u64) -> SyncPush {
+        SyncPush {
+            push: Some(cellmesh_proto::v1::sync_push::Push::Typing(
+                cellmesh_proto::v1::TypingNotice {
+                    conversation_id: 7,
+                    user_id: user,
+                },
+            )),
+        }
+    }
+
+    /// The typing notices waiting in `rx`: who typed.
+    fn typed(rx: &mut mpsc::Receiver<PushResult>) -> Vec<u64> {
+        let mut who = Vec::new();
+        while let Ok(Ok(push)) = rx.try_recv() {
+            if let Some(cellmesh_proto::v1::sync_push::Push::Typing(t)) = push.push {
+                who.push(t.user_id);
+            }
+        }
+        who
+    }
+
+    #[tokio::test]
+    async fn pushes_go_to_the_current_stream_of_each_device_and_a_full_one_misses_them() {
+        let hub = Arc::new(Hub::new(1_000, 4));
+        let (old, new, laptop) = (mpsc::channel(4), mpsc::channel(4), mpsc::channel(1));
+        let (phone_tx, mut phone_rx) = old;
+        let phone = hub.subscribe(U1, "phone").unwrap();
+        phone.take_pushes(phone_tx);
+        let laptop_sub = hub.subscribe(U1, "laptop").unwrap();
+        let (laptop_tx, mut laptop_rx) = laptop;
+        laptop_sub.take_pushes(laptop_tx);
+        hub.push(&[U1, U2], &typing(2));
+        assert_eq!(typed(&mut phone_rx), vec![2]);
+        // The laptop does not read: its stream of one is full.
+        let dropped = crate::metrics::metrics().pushes_dropped.get();
+        hub.push(&[U1], &typing(3));
+        assert_eq!(typed(&mut phone_rx), vec![3]);
+        assert!(crate::metrics::metrics().pushes_dropped.get() > dropped);
+        assert_eq!(typed(&mut laptop_rx), vec![2]);
+        // A newer stream of the phone supersedes the older: only it is pushed,
+        // and the older's stream ends once its task lets go.
+        let (new_tx, mut new_rx) = new;
+        let phone_again = hub.subscribe(U1, "phone").unwrap();
+        phone_again.take_pushes(new_tx);
+        phone.take_pushes(mpsc::channel(4).0);
+        hub.push(&[U1], &typing(4));
+        assert_eq!(typed(&mut new_rx), vec![4]);
+        assert_eq!(typed(&mut laptop_rx), vec![4], "read again, pushed again");
+        drop(phone);
+        assert!(
+            phone_rx.recv().await.is_none(),
+            "the hub let the old stream go"
+        );
+        // Closing lets every stream go.
+        hub.close();
+        drop((phone_again, laptop_sub));
+        assert!(new_rx.recv().await.is_none());
+        assert!(laptop_rx.recv().await.is_none());
     }
 
     #[tokio::test]

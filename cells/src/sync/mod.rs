@@ -267,11 +267,12 @@ impl SyncService {
         };
         let now = self.clock.now_ms();
         let (members, _) = self.store.members(conversation, 0, usize::MAX)?;
-        for user in members.into_iter().map(|u| caller.peer(UserId(u))) {
-            if user != caller && self.hub.is_online(user, now) {
-                self.hub.push(user, push.clone());
-            }
-        }
+        let online: Vec<_> = members
+            .into_iter()
+            .map(|u| caller.peer(UserId(u)))
+            .filter(|user| *user != caller && self.hub.is_online(*user, now))
+            .collect();
+        self.hub.push(&online, &push);
         Ok(())
     }
 }

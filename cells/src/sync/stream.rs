@@ -55,7 +55,6 @@ impl SyncService {
         };
         let mut cursor = asked.min(latest);
         let (tx, rx) = mpsc::channel(PUSH_BUFFER);
-        let mut first = None;
         // A cursor of another queue (the user's home was failed over and
         // started afresh), or past this queue's end (a device that does not
         // name its queue), means nothing here: the device starts over from
@@ -64,22 +63,20 @@ impl SyncService {
         let current = self.store.queue_id(user)?;
         let foreign = queue_id != 0 && current != 0 && queue_id != current;
         if foreign || asked > latest || latest - cursor > self.config.sync.rebase_threshold {
-            first = Some(SyncPush {
+            let rebase = SyncPush {
                 push: Some(sync_push::Push::Rebase(Rebase {
                     latest_pts: latest,
                     queue_id: current,
                 })),
-            });
+            };
+            // The channel is new and empty: the rebase goes first.
+            let _ = tx.try_send(Ok(rebase));
             cursor = latest;
         }
+        subscription.take_pushes(tx.clone());
         let service = self.clone();
         tokio::spawn(async move {
             let _online = OnlineDevice::count();
-            if let Some(push) = first
-                && tx.send(Ok(push)).await.is_err()
-            {
-                return;
-            }
             if let Err(e) = service.stream(&device, cursor, subscription, &tx).await {
                 let _ = tx.send(Err(e.into())).await;
             }
@@ -157,11 +154,6 @@ impl SyncService {
                         None => {}
                     },
                     Err(broadcast::error::RecvError::Lagged(_)) => behind = true,
-                    Ok(HubEvent::Push(push)) => {
-                        if tx.send(Ok(push)).await.is_err() {
-                            return Ok(());
-                        }
-                    }
                     // The cell is stopping: push what the device has not
                     // had yet, then end.
                     Err(broadcast::error::RecvError::Closed) => {
