@@ -254,8 +254,8 @@ impl SyncService {
         })
     }
 
-    /// Pushes a typing notice to the other members who are online; stores
-    /// nothing.
+    /// Pushes a typing notice to the other members' streaming devices
+    /// (the hub skips members with none); stores nothing.
     pub fn typing(&self, caller: Caller, conversation: ConversationId) -> Result<()> {
         self.messages.check_call(&caller)?;
         self.messages.check_member(&caller, conversation)?;
@@ -265,14 +265,13 @@ impl SyncService {
                 user_id: caller.user.get(),
             })),
         };
-        let now = self.clock.now_ms();
         let (members, _) = self.store.members(conversation, 0, usize::MAX)?;
-        let online: Vec<_> = members
+        let others: Vec<_> = members
             .into_iter()
             .map(|u| caller.peer(UserId(u)))
-            .filter(|user| *user != caller && self.hub.is_online(*user, now))
+            .filter(|user| *user != caller)
             .collect();
-        self.hub.push(&online, &push);
+        self.hub.push(&others, &push);
         Ok(())
     }
 }
