@@ -605,21 +605,21 @@ impl MessageService {
         }
         let mut refs = Vec::with_capacity(ids.len());
         for &id in ids {
-            let mut record = match self.own_upload(caller, conversation, id) {
+            // Before a failover's backfill this cell may hold no record of
+            // the upload, or a stale one from before a move (reserved here,
+            // completed on the failed cell), while the failed cell may have
+            // stored this very send: the outcome stays open.
+            let checked =
+                (self.own_upload(caller, conversation, id)).and_then(|r| completed(r, id));
+            let mut record = match checked {
                 Err(CellError::InvalidArgument {
-                    reason: Reason::AttachmentNotFound,
+                    reason: Reason::AttachmentNotFound | Reason::AttachmentNotComplete,
                     ..
                 }) if self.awaiting_backfill(caller.tenant, conversation)? => {
                     return Err(upload_on_failed_cell(id));
                 }
                 other => other?,
             };
-            if record.state != UploadState::Complete as i32 {
-                return Err(CellError::invalid(
-                    Reason::AttachmentNotComplete,
-                    format!("upload {id} is not completed"),
-                ));
-            }
             if refs.iter().any(|r: &AttachmentRef| r.attachment_id == id) {
                 continue;
             }
@@ -822,6 +822,17 @@ enum Here {
 /// (and perhaps this very send, answered there) may be on that cell, so
 /// the outcome stays open until the backfill instead of a refusal the
 /// backfilled message would contradict.
+/// `record` of upload `id`, if it was completed.
+fn completed(record: UploadRecord, id: u64) -> Result<UploadRecord> {
+    if record.state != UploadState::Complete as i32 {
+        return Err(CellError::invalid(
+            Reason::AttachmentNotComplete,
+            format!("upload {id} is not completed"),
+        ));
+    }
+    Ok(record)
+}
+
 fn upload_on_failed_cell(id: u64) -> CellError {
     CellError::RetryLater {
         reason: Reason::AwaitingBackfill,

@@ -1,6 +1,7 @@
 //! Every cross-crate integration test, in one binary (one link of RocksDB
 //! instead of one per file). Each module is one area of behaviour.
 
+mod attachment_failover;
 mod attachment_moves;
 mod attachment_quota;
 mod attachment_recall;
