@@ -605,10 +605,6 @@ impl MessageService {
         }
         let mut refs = Vec::with_capacity(ids.len());
         for &id in ids {
-            // Before a failover's backfill this cell may hold no record of
-            // the upload, or a stale one from before a move (reserved here,
-            // completed on the failed cell), while the failed cell may have
-            // stored this very send: the outcome stays open.
             let checked =
                 (self.own_upload(caller, conversation, id)).and_then(|r| completed(r, id));
             let mut record = match checked {
@@ -817,11 +813,6 @@ enum Here {
     Forget,
 }
 
-/// A send naming an upload this cell does not hold, in a conversation
-/// taken over from a failed cell whose history is not back: the upload
-/// (and perhaps this very send, answered there) may be on that cell, so
-/// the outcome stays open until the backfill instead of a refusal the
-/// backfilled message would contradict.
 /// `record` of upload `id`, if it was completed.
 fn completed(record: UploadRecord, id: u64) -> Result<UploadRecord> {
     if record.state != UploadState::Complete as i32 {
@@ -833,6 +824,12 @@ fn completed(record: UploadRecord, id: u64) -> Result<UploadRecord> {
     Ok(record)
 }
 
+/// A send naming an upload this cell does not hold, or holds unfinished
+/// (a reservation from before a move, completed elsewhere since), in a
+/// conversation taken over from a failed cell whose history is not back:
+/// the upload (and perhaps this very send, answered there) may be on that
+/// cell, so the outcome stays open until the backfill instead of a refusal
+/// the backfilled message would contradict.
 fn upload_on_failed_cell(id: u64) -> CellError {
     CellError::RetryLater {
         reason: Reason::AwaitingBackfill,
