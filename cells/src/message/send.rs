@@ -425,13 +425,14 @@ pub(super) fn concurrent_attempt_failed() -> CellError {
 }
 
 /// The seqs a send at `floor + 1` skips on purpose, if it is the first
-/// above a floor the conversation's history does not reach: above what
-/// this cell holds (its latest seq, and after a failover the failed
-/// owner's checkpointed mark), up to the floor.
+/// above a floor the conversation's history here does not reach: above the
+/// latest seq this cell holds, up to the floor. Not above the failed
+/// owner's mark: that may itself be a floor no message reached (an owner
+/// that failed before its first send), and the seqs between are only ever
+/// the failed owners' own, backfilled.
 fn floor_jump(state: &SeqState, floor: u64, fence: &Fence) -> Option<SeqJump> {
-    let below = state.latest.max(fence.taken_over_mark.unwrap_or(0));
-    (floor > below && !state.jumps.iter().any(|j| j.last == floor)).then(|| SeqJump {
-        first: below + 1,
+    (floor > state.latest && !state.jumps.iter().any(|j| j.last == floor)).then(|| SeqJump {
+        first: state.latest + 1,
         last: floor,
         epoch: fence.epoch,
         reason: match fence.taken_over_mark {
@@ -457,10 +458,14 @@ mod tests {
     #[test]
     fn the_first_send_above_a_failover_floor_records_the_skipped_range() {
         // The failed owner's mark is 2380, the margin took the floor to 9905;
-        // this cell holds nothing of the conversation yet.
-        let state = SeqState::default();
+        // this cell holds the history up to 2000. Above it only the failed
+        // owners' messages can come (backfilled).
+        let state = SeqState {
+            latest: 2000,
+            ..SeqState::default()
+        };
         let jump = floor_jump(&state, 9905, &fence(9905, Some(2380))).unwrap();
-        assert_eq!((jump.first, jump.last, jump.epoch), (2381, 9905, 9));
+        assert_eq!((jump.first, jump.last, jump.epoch), (2001, 9905, 9));
         assert_eq!(jump.reason, SkipReason::Failover as i32);
         // Once recorded, later sends above the same floor record nothing.
         let state = SeqState {
