@@ -160,6 +160,8 @@ impl CellPeer for PeerApi {
             checksum: d.checksum,
             latest_seq: d.latest_seq,
             rewrites: d.rewrites,
+            awaiting_backfill: (self.service)
+                .history_awaits_backfill(ConversationId(r.conversation_id))?,
         }))
     }
 
@@ -226,7 +228,7 @@ impl CellPeer for PeerApi {
             count: d.count,
             checksum: d.checksum,
             latest_seq: d.latest_pts,
-            rewrites: 0,
+            ..Default::default()
         }))
     }
 

@@ -31,7 +31,7 @@ use cellmesh_proto::v1::{
 use cellmesh_route_client::client::RouteClient;
 use cellmesh_route_client::commands::update_route;
 use cellmesh_route_client::peers::Peers;
-use cellmesh_route_client::table::{Key, Phase, RouteState};
+use cellmesh_route_client::table::{Key, Phase, RouteState, Scope};
 use cellmesh_telemetry::trace::grpc::Channel;
 
 pub mod bulk;
@@ -347,11 +347,21 @@ impl Migrator {
             // whatever the tenant as a whole is doing.
             entry.state = RouteState::Active;
         }
+        let (mut source, source_address) = self.peer(&entry.cell).await?;
+        // A failback is exempt: its target holds what the source lacks.
+        if let Scope::Conversation(conversation) = key.scope
+            && entry.state == RouteState::Active
+            && entry.cell != to
+            && entry.floor_margin > 0
+            && entry.failed_from.as_deref() != Some(to)
+        {
+            self.refuse_unbackfilled(key, conversation, &entry, &mut source)
+                .await?;
+        }
         let start = self.begin_or_resume(key, &entry, to).await?;
         if start.began {
             self.stop_at(StopPoint::Planned)?;
         }
-        let (source, source_address) = self.peer(&entry.cell).await?;
         let (target, _) = self.peer(to).await?;
         let ends = Ends {
             from: entry.cell,
@@ -360,6 +370,39 @@ impl Migrator {
             target,
         };
         Ok((entry.state, start, ends))
+    }
+
+    /// Refuses to begin moving a conversation a failover gave its owner
+    /// to a third cell while history the failed cell acknowledged has not
+    /// been backfilled into it: the backfill goes to the owner the failover
+    /// made, and the move would leave that history behind for good (or
+    /// race it into the source behind the copy).
+    async fn refuse_unbackfilled(
+        &self,
+        key: &Key,
+        conversation: u64,
+        entry: &cellmesh_route_client::table::Entry,
+        source: &mut Peer,
+    ) -> Result<(), MigrationError> {
+        // Past every seq: no message is read, only the answer's flags.
+        let probe = DigestRequest {
+            conversation_id: conversation,
+            after_seq: u64::MAX,
+            through_seq: u64::MAX,
+        };
+        let digest = source
+            .conversation_digest(self.request(probe))
+            .await
+            .map_err(call("source digest"))?
+            .into_inner();
+        if digest.awaiting_backfill {
+            let failed = entry.failed_from.as_deref().unwrap_or("the failed cell");
+            return Err(MigrationError::Refused(format!(
+                "{key} awaits the backfill of the history {failed} acknowledged before it failed over to {}; move it once that cell has returned and been backfilled",
+                entry.cell
+            )));
+        }
+        Ok(())
     }
 
     /// The entry deciding `key`, read through the route table's leader.

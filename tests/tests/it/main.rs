@@ -26,6 +26,7 @@ mod embedded_log;
 mod exactly_once;
 mod export_restore;
 mod failover;
+mod failover_then_move;
 mod floor_jumps;
 mod forward_lanes;
 mod graceful_stop;

@@ -178,9 +178,7 @@ impl MessageService {
                 .filter(|s| s.seq_end > after_seq)
                 .collect(),
             uploads: self.carried_uploads(tenant, conversation)?,
-            complete: self
-                .unavailable_through(conversation, self.ownership.floor(tenant, conversation))?
-                == 0,
+            complete: !self.incomplete_below_floor(tenant, conversation)?,
         })
     }
 
@@ -324,6 +322,25 @@ impl MessageService {
         through_seq: u64,
     ) -> Result<ConversationDigest> {
         digest_conversation(&mut self.store.walk(), conversation, after_seq, through_seq)
+    }
+
+    /// Whether history of `conversation` below this cell's failover floor
+    /// still awaits the backfill from the cell it was taken over from (a
+    /// conversation whose record is not here awaits nothing here).
+    pub fn history_awaits_backfill(&self, conversation: ConversationId) -> Result<bool> {
+        match self.store.conversation(conversation)? {
+            Some(record) => self.incomplete_below_floor(TenantId(record.tenant_id), conversation),
+            None => Ok(false),
+        }
+    }
+
+    fn incomplete_below_floor(
+        &self,
+        tenant: TenantId,
+        conversation: ConversationId,
+    ) -> Result<bool> {
+        let floor = self.ownership.floor(tenant, conversation);
+        Ok(self.unavailable_through(conversation, floor)? > 0)
     }
 }
 
