@@ -12,6 +12,8 @@
 //!   outage); acknowledged sends wait in the outbox;
 //! - `standby.answers=error` — answers to sends are not replicated to the
 //!   standbys (a failover inside the replication lag);
+//! - `backfill.copy=error` — a backfill copy into this cell fails at once
+//!   (an owner that cannot take it now);
 //! - `migration.copy_stored=abort` — the process dies right after a copied
 //!   chunk is stored, before answering (a crash between two steps of a
 //!   migration's copy phase).

@@ -10,6 +10,7 @@ use super::*;
 
 impl Mover {
     pub async fn copy_conversation(&self, r: CopyRequest) -> Result<CopyResponse, Status> {
+        self.refused_backfill(&r)?;
         let mut source = self.source(&r.source_address).await?;
         let mut segment_source = source.clone();
         let chunk = if r.chunk == 0 { DEFAULT_CHUNK } else { r.chunk };

@@ -68,6 +68,19 @@ impl Mover {
             .map_err(|e| CellError::invalid(Reason::BadSourceAddress, e.to_string()))
     }
 
+    /// The fail point for an owner that cannot take a backfill copy now.
+    fn refused_backfill(&self, r: &cellmesh_proto::v1::CopyRequest) -> Result<(), CellError> {
+        let points = self.service.store().failpoints();
+        if r.backfill && points.hit("backfill.copy") == Some(crate::failpoints::Action::Error) {
+            return Err(CellError::RetryLater {
+                reason: Reason::AwaitingBackfill,
+                message: "fail point backfill.copy".into(),
+                retry_after: Duration::from_millis(100),
+            });
+        }
+        Ok(())
+    }
+
     /// After a migration chunk is stored: the drills' fail point for a
     /// target that crashes before it answers.
     fn stored_chunk(&self) {

@@ -3,7 +3,7 @@
 //! seqs below the failover floor) copied into its current owner, which then
 //! stops reporting that history as unavailable. The copy carries the
 //! conversation's meta (for an owner that never received it) and its floor
-//! jumps.
+//! jumps. A copy that fails is tried again for a while.
 
 use cellmesh_proto::ids::{ConversationId, TenantId};
 use std::time::Duration;
@@ -38,60 +38,101 @@ pub async fn backfill(
             .collect();
         (source, tenants)
     });
-    // What the returned cell holds of those tenants, and where each of
-    // those conversations lives now.
-    let mut work: Vec<(u64, u64, String)> = Vec::new();
+    // What the returned cell holds of those tenants.
+    let mut held: Vec<(u64, u64)> = Vec::new();
     for tenant in tenants {
-        let conversations = match stored_conversations(peers, &source, secret, TenantId(tenant))
-            .await
-        {
-            Ok(ids) => ids,
+        match stored_conversations(peers, &source, secret, TenantId(tenant)).await {
+            Ok(ids) => held.extend(ids.into_iter().map(|c| (tenant, c))),
             Err(e) => {
                 tracing::warn!(tenant, error = %e.message(), "backfill cannot list the returned cell");
-                continue;
             }
-        };
-        routes.read(|t| {
-            for conversation in conversations {
-                let Some(r) = t.resolve(&Key::conversation(
-                    TenantId(tenant),
-                    ConversationId(conversation),
-                )) else {
-                    continue;
-                };
-                if r.entry.cell != returned && r.entry.floor_margin > 0 {
-                    work.push((tenant, conversation, r.cell_address));
-                }
-            }
-        });
-    }
-    let (mut done, mut messages) = (0, 0);
-    for (tenant, conversation, owner) in work {
-        let Ok(mut client) = peers.cell(&owner) else {
-            continue;
-        };
-        let mut request = tonic::Request::new(CopyRequest {
-            source_address: source.clone(),
-            tenant_id: tenant,
-            conversation_id: conversation,
-            after_seq: 0,
-            max_messages: 0,
-            chunk: 1000,
-            backfill: true,
-        });
-        secret.attach(&mut request);
-        request.set_timeout(Duration::from_secs(60));
-        match client.copy_conversation(request).await {
-            Ok(r) => {
-                done += 1;
-                messages += r.into_inner().messages;
-            }
-            // The returned cell never had it: nothing to copy back.
-            Err(e) if e.code() == tonic::Code::NotFound => {}
-            Err(e) => tracing::warn!(conversation, error = %e.message(), "backfill failed"),
         }
     }
+    let (mut done, mut messages) = (0, 0);
+    // A copy that fails (an owner busy or restarting, a link cut) is tried
+    // again, each time at the conversation's owner then: the history it
+    // brings is nowhere else.
+    for attempt in 0..=RETRIES {
+        if attempt > 0 {
+            tokio::time::sleep(retry_after(attempt)).await;
+        }
+        let mut failed = Vec::new();
+        for (tenant, conversation, owner) in owners(routes, returned, &held) {
+            match copy_back(peers, secret, &source, (tenant, conversation), &owner).await {
+                Ok(n) => {
+                    done += 1;
+                    messages += n;
+                }
+                // The returned cell never had it: nothing to copy back.
+                Err(e) if e.code() == tonic::Code::NotFound => {}
+                Err(e) => {
+                    tracing::warn!(conversation, attempt, error = %e.message(), "backfill failed");
+                    failed.push((tenant, conversation));
+                }
+            }
+        }
+        if failed.is_empty() {
+            break;
+        }
+        held = failed;
+    }
     (done, messages)
+}
+
+/// How many times a failed copy is tried again (over about 15 s).
+const RETRIES: u32 = 5;
+
+/// The wait before try `attempt` (0.5, 1, 2, 4, 8 s).
+fn retry_after(attempt: u32) -> Duration {
+    Duration::from_millis(500 << (attempt - 1).min(4))
+}
+
+/// Of `held` (tenant, conversation), those failed over away from
+/// `returned`, with their owner's address now.
+fn owners(routes: &RouteClient, returned: &str, held: &[(u64, u64)]) -> Vec<(u64, u64, String)> {
+    routes.read(|t| {
+        held.iter()
+            .filter_map(|&(tenant, conversation)| {
+                let r = t.resolve(&Key::conversation(
+                    TenantId(tenant),
+                    ConversationId(conversation),
+                ))?;
+                (r.entry.cell != returned && r.entry.floor_margin > 0).then_some((
+                    tenant,
+                    conversation,
+                    r.cell_address,
+                ))
+            })
+            .collect()
+    })
+}
+
+/// Has the owner at `owner` copy `conversation`'s history back from the
+/// returned cell at `source`; the messages copied.
+async fn copy_back(
+    peers: &Peers,
+    secret: &ClusterSecret,
+    source: &str,
+    (tenant, conversation): (u64, u64),
+    owner: &str,
+) -> Result<u64, tonic::Status> {
+    let mut client = (peers.cell(owner)).map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+    let mut request = tonic::Request::new(CopyRequest {
+        source_address: source.to_string(),
+        tenant_id: tenant,
+        conversation_id: conversation,
+        after_seq: 0,
+        max_messages: 0,
+        chunk: 1000,
+        backfill: true,
+    });
+    secret.attach(&mut request);
+    request.set_timeout(Duration::from_secs(60));
+    Ok(client
+        .copy_conversation(request)
+        .await?
+        .into_inner()
+        .messages)
 }
 
 /// The ids of `tenant`'s conversations stored on the cell at `address`.

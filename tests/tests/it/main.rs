@@ -7,6 +7,7 @@ mod attachment_quota;
 mod attachment_recall;
 mod attachment_tls;
 mod attachments;
+mod backfill_retry;
 mod backup_restore;
 mod backups;
 mod bad_input;
