@@ -39,10 +39,13 @@ pub async fn backfill(
         (source, tenants)
     });
     // What the returned cell holds of those tenants.
-    let mut held: Vec<(u64, u64)> = Vec::new();
+    let mut held: Vec<(TenantId, ConversationId)> = Vec::new();
     for tenant in tenants {
         match stored_conversations(peers, &source, secret, TenantId(tenant)).await {
-            Ok(ids) => held.extend(ids.into_iter().map(|c| (tenant, c))),
+            Ok(ids) => held.extend(
+                ids.into_iter()
+                    .map(|c| (TenantId(tenant), ConversationId(c))),
+            ),
             Err(e) => {
                 tracing::warn!(tenant, error = %e.message(), "backfill cannot list the returned cell");
             }
@@ -66,7 +69,7 @@ pub async fn backfill(
                 // The returned cell never had it: nothing to copy back.
                 Err(e) if e.code() == tonic::Code::NotFound => {}
                 Err(e) => {
-                    tracing::warn!(conversation, attempt, error = %e.message(), "backfill failed");
+                    tracing::warn!(conversation = conversation.get(), attempt, error = %e.message(), "backfill failed");
                     failed.push((tenant, conversation));
                 }
             }
@@ -89,14 +92,15 @@ fn retry_after(attempt: u32) -> Duration {
 
 /// Of `held` (tenant, conversation), those failed over away from
 /// `returned`, with their owner's address now.
-fn owners(routes: &RouteClient, returned: &str, held: &[(u64, u64)]) -> Vec<(u64, u64, String)> {
+fn owners(
+    routes: &RouteClient,
+    returned: &str,
+    held: &[(TenantId, ConversationId)],
+) -> Vec<(TenantId, ConversationId, String)> {
     routes.read(|t| {
         held.iter()
             .filter_map(|&(tenant, conversation)| {
-                let r = t.resolve(&Key::conversation(
-                    TenantId(tenant),
-                    ConversationId(conversation),
-                ))?;
+                let r = t.resolve(&Key::conversation(tenant, conversation))?;
                 (r.entry.cell != returned && r.entry.floor_margin > 0).then_some((
                     tenant,
                     conversation,
@@ -113,14 +117,14 @@ async fn copy_back(
     peers: &Peers,
     secret: &ClusterSecret,
     source: &str,
-    (tenant, conversation): (u64, u64),
+    (tenant, conversation): (TenantId, ConversationId),
     owner: &str,
 ) -> Result<u64, tonic::Status> {
     let mut client = (peers.cell(owner)).map_err(|e| tonic::Status::unavailable(e.to_string()))?;
     let mut request = tonic::Request::new(CopyRequest {
         source_address: source.to_string(),
-        tenant_id: tenant,
-        conversation_id: conversation,
+        tenant_id: tenant.get(),
+        conversation_id: conversation.get(),
         after_seq: 0,
         max_messages: 0,
         chunk: 1000,

@@ -355,7 +355,7 @@ impl Migrator {
             && entry.floor_margin > 0
             && entry.failed_from.as_deref() != Some(to)
         {
-            self.refuse_unbackfilled(key, conversation, &entry, &mut source)
+            self.refuse_unbackfilled(key, ConversationId(conversation), &entry, &mut source)
                 .await?;
         }
         let start = self.begin_or_resume(key, &entry, to).await?;
@@ -380,13 +380,13 @@ impl Migrator {
     async fn refuse_unbackfilled(
         &self,
         key: &Key,
-        conversation: u64,
+        conversation: ConversationId,
         entry: &cellmesh_route_client::table::Entry,
         source: &mut Peer,
     ) -> Result<(), MigrationError> {
         // Past every seq: no message is read, only the answer's flags.
         let probe = DigestRequest {
-            conversation_id: conversation,
+            conversation_id: conversation.get(),
             after_seq: u64::MAX,
             through_seq: u64::MAX,
         };
