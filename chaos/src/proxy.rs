@@ -5,6 +5,7 @@
 //! bytes wait, as in a real network, until it heals), a bandwidth cap, and
 //! cutting every open connection.
 
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -12,7 +13,7 @@ use rand::Rng;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -132,70 +133,114 @@ async fn connect(client: TcpStream, server: TcpStream, faults: watch::Receiver<F
     }
 }
 
-/// Copies one direction: a reader stamps each chunk with when it may be
-/// delivered; a writer holds it until then (and while stalled).
+/// Chunks one direction holds at most (16 KiB each) before it stops
+/// reading: the sender then waits, as on a congested link.
+const HELD_CHUNKS: usize = 1024;
+
+impl Faults {
+    /// Whether bytes going `way` pass untouched: no latency, stall or cap.
+    fn clean(&self, way: Way) -> bool {
+        let stalled = match way {
+            Way::ToUpstream => self.stall_to_upstream,
+            Way::FromUpstream => self.stall_from_upstream,
+        };
+        self.latency.is_zero()
+            && self.jitter.is_zero()
+            && !stalled
+            && self.bandwidth.is_none_or(|b| b == 0)
+    }
+}
+
+/// Copies one direction. With no fault in force and nothing held, a
+/// chunk is written as soon as it is read; otherwise it is stamped with
+/// when it may be delivered and held until then (and while stalled),
+/// reading on meanwhile, so order is kept whatever the faults do.
 async fn pump(
     mut from: OwnedReadHalf,
     mut to: OwnedWriteHalf,
-    faults: watch::Receiver<Faults>,
+    mut faults: watch::Receiver<Faults>,
     way: Way,
 ) {
-    let (tx, mut rx) = mpsc::channel::<(Instant, Vec<u8>)>(1024);
-    let reader_faults = faults.clone();
-    let reader = async move {
-        let mut buf = vec![0u8; 16 * 1024];
-        let mut last = Instant::now();
-        loop {
-            let n = match from.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => n,
-            };
-            let f = reader_faults.borrow().clone();
-            let jitter = if f.jitter.is_zero() {
-                Duration::ZERO
+    let mut held: VecDeque<(Instant, Vec<u8>)> = VecDeque::new();
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut last = Instant::now();
+    loop {
+        let front = held.front().map(|(at, _)| *at);
+        let full = held.len() >= HELD_CHUNKS;
+        let read = async {
+            if full {
+                std::future::pending().await
             } else {
-                rand::rng().random_range(Duration::ZERO..f.jitter)
-            };
-            // Never before an earlier chunk: order is kept.
-            last = last.max(Instant::now() + f.latency + jitter);
-            if tx.send((last, buf[..n].to_vec())).await.is_err() {
-                return;
+                from.read(&mut buf).await
             }
-        }
-    };
-    let writer = async move {
-        let mut faults = faults;
-        while let Some((at, chunk)) = rx.recv().await {
-            // A timer rounds up to the next millisecond: a chunk already
-            // due (no latency set) goes at once.
-            if at > Instant::now() {
-                tokio::time::sleep_until(at).await;
-            }
-            loop {
-                let f = faults.borrow().clone();
-                let stalled = match way {
-                    Way::ToUpstream => f.stall_to_upstream,
-                    Way::FromUpstream => f.stall_from_upstream,
+        };
+        tokio::select! {
+            n = read => {
+                let n = match n {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => n,
                 };
-                if !stalled {
-                    if let Some(bps) = f.bandwidth.filter(|b| *b > 0) {
-                        tokio::time::sleep(Duration::from_secs_f64(
-                            chunk.len() as f64 / bps as f64,
-                        ))
-                        .await;
+                let f = faults.borrow().clone();
+                if held.is_empty() && f.clean(way) {
+                    if to.write_all(&buf[..n]).await.is_err() {
+                        return;
                     }
-                    break;
+                    continue;
                 }
-                if faults.changed().await.is_err() {
+                let jitter = if f.jitter.is_zero() {
+                    Duration::ZERO
+                } else {
+                    rand::rng().random_range(Duration::ZERO..f.jitter)
+                };
+                // Never before an earlier chunk: order is kept.
+                last = last.max(Instant::now() + f.latency + jitter);
+                held.push_back((last, buf[..n].to_vec()));
+            }
+            due = due(front, &mut faults, way) => {
+                if !due {
+                    return;
+                }
+                let Some((_, chunk)) = held.pop_front() else { continue };
+                let bandwidth = faults.borrow().bandwidth.filter(|b| *b > 0);
+                if let Some(bps) = bandwidth {
+                    let pause = Duration::from_secs_f64(chunk.len() as f64 / bps as f64);
+                    tokio::time::sleep(pause).await;
+                }
+                if to.write_all(&chunk).await.is_err() {
                     return;
                 }
             }
-            if to.write_all(&chunk).await.is_err() {
-                return;
-            }
         }
+    }
+}
+
+/// Waits until the held chunk stamped `at` may go: its time has come and
+/// its direction is not stalled (never, with nothing held). False when
+/// the faults' sender is gone.
+async fn due(at: Option<Instant>, faults: &mut watch::Receiver<Faults>, way: Way) -> bool {
+    let Some(at) = at else {
+        return std::future::pending().await;
     };
-    tokio::join!(reader, writer);
+    // A timer rounds up to the next millisecond: a chunk already due goes
+    // at once.
+    if at > Instant::now() {
+        tokio::time::sleep_until(at).await;
+    }
+    loop {
+        let stalled = {
+            let f = faults.borrow_and_update();
+            match way {
+                Way::ToUpstream => f.stall_to_upstream,
+                Way::FromUpstream => f.stall_from_upstream,
+            }
+        };
+        if !stalled {
+            return true;
+        }
+        if faults.changed().await.is_err() {
+            return false;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -254,6 +299,29 @@ mod tests {
         let mut got = vec![0u8; msg.len()];
         s.read_exact(&mut got).await.unwrap();
         assert_eq!(got, msg);
+    }
+
+    #[tokio::test]
+    async fn bytes_held_by_a_lifted_fault_still_go_before_newer_ones() {
+        let proxy = FaultProxy::start("127.0.0.1:0".parse().unwrap(), echo_server().await)
+            .await
+            .unwrap();
+        let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+        round_trip(&mut s, b"hi", Duration::from_secs(5))
+            .await
+            .unwrap();
+        proxy.set_latency(Duration::from_millis(200), Duration::ZERO);
+        s.write_all(b"first-").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // Clean again while "first-" is held: "second" must wait for it.
+        proxy.set_latency(Duration::ZERO, Duration::ZERO);
+        s.write_all(b"second").await.unwrap();
+        let mut got = [0u8; 12];
+        tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut got))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(&got, b"first-second");
     }
 
     #[tokio::test]
