@@ -130,9 +130,12 @@ mod active {
 mod active {
     use super::Action;
 
-    /// Without the `failpoints` feature: nothing is ever injected.
+    /// Without the `failpoints` feature: nothing is ever injected. (A
+    /// field, so both builds construct it alike: `FailPoints::default()`.)
     #[derive(Debug, Default)]
-    pub struct FailPoints;
+    pub struct FailPoints {
+        _none: (),
+    }
 
     impl FailPoints {
         #[inline(always)]

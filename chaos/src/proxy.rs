@@ -138,15 +138,18 @@ async fn connect(client: TcpStream, server: TcpStream, faults: watch::Receiver<F
 const HELD_CHUNKS: usize = 1024;
 
 impl Faults {
-    /// Whether bytes going `way` pass untouched: no latency, stall or cap.
-    fn clean(&self, way: Way) -> bool {
-        let stalled = match way {
+    fn stalled(&self, way: Way) -> bool {
+        match way {
             Way::ToUpstream => self.stall_to_upstream,
             Way::FromUpstream => self.stall_from_upstream,
-        };
+        }
+    }
+
+    /// Whether bytes going `way` pass untouched: no latency, stall or cap.
+    fn clean(&self, way: Way) -> bool {
         self.latency.is_zero()
             && self.jitter.is_zero()
-            && !stalled
+            && !self.stalled(way)
             && self.bandwidth.is_none_or(|b| b == 0)
     }
 }
@@ -227,13 +230,7 @@ async fn due(at: Option<Instant>, faults: &mut watch::Receiver<Faults>, way: Way
         tokio::time::sleep_until(at).await;
     }
     loop {
-        let stalled = {
-            let f = faults.borrow_and_update();
-            match way {
-                Way::ToUpstream => f.stall_to_upstream,
-                Way::FromUpstream => f.stall_from_upstream,
-            }
-        };
+        let stalled = faults.borrow_and_update().stalled(way);
         if !stalled {
             return true;
         }
