@@ -50,6 +50,7 @@ pub mod search;
 pub mod server;
 pub mod storage;
 pub mod sync;
+pub mod takeover;
 pub mod user;
 
 pub use config::CellConfig;

@@ -18,6 +18,7 @@ use crate::error::CellError;
 use crate::homes::{Home, Homes, Owner};
 use crate::hwm::HighWaterMarks;
 use crate::ownership::{Creation, Fence, Ownership};
+use crate::takeover::Takeovers;
 use crate::user::UserKey;
 use futures::future::BoxFuture;
 
@@ -39,6 +40,8 @@ pub struct Routed {
     lease: Option<Duration>,
     /// When the last confirmation was asked for.
     confirmed: std::sync::Mutex<Option<Instant>>,
+    /// Routes a failover moved here, and when this cell learned of each.
+    takeovers: Arc<Takeovers>,
 }
 
 impl Routed {
@@ -56,7 +59,23 @@ impl Routed {
             marks,
             lease,
             confirmed: std::sync::Mutex::new(None),
+            takeovers: Default::default(),
         }
+    }
+
+    /// Notes the routes a failover moves here as the cache applies them,
+    /// until `routed` is dropped.
+    pub async fn watch_takeovers(routed: std::sync::Weak<Self>) {
+        let Some((takeovers, changes, cell)) = routed.upgrade().map(|r| {
+            (
+                Arc::downgrade(&r.takeovers),
+                r.client.changes(),
+                r.cell_id.clone(),
+            )
+        }) else {
+            return;
+        };
+        Takeovers::watch(takeovers, changes, cell).await;
     }
 
     /// Renews the owner lease until `self` is dropped: a linearizable
@@ -107,6 +126,85 @@ impl Routed {
             let pause = if confirmed { lease / 4 } else { RENEW_RETRY };
             tokio::time::sleep(pause).await;
         }
+    }
+
+    /// Whether this cell owns `conversation` (0: the tenant) now, and the
+    /// bounds its writes keep there; `write`: for a write, which a route
+    /// failed over here also waits for (see [`Takeovers::check`]).
+    fn fence(
+        &self,
+        tenant: TenantId,
+        conversation: ConversationId,
+        caller_epoch: Epoch,
+        write: bool,
+    ) -> Result<Fence, CellError> {
+        let (tenant, conversation, caller_epoch) =
+            (tenant.get(), conversation.get(), caller_epoch.get());
+        let key = if conversation == 0 {
+            Key::tenant(TenantId(tenant))
+        } else {
+            Key::conversation(TenantId(tenant), ConversationId(conversation))
+        };
+        let route = self.client.read(|t| t.resolve(&key));
+        let Some(route) = route else {
+            return Err(CellError::RetryLater {
+                reason: Reason::NoRoute,
+                message: format!("tenant {tenant} has no placement in the route table"),
+                retry_after: Duration::from_millis(500),
+            });
+        };
+        if route.entry.cell != self.cell_id {
+            return Err(wrong_cell(&key, &route));
+        }
+        if caller_epoch > route.entry.epoch && caller_epoch > self.client.applied() {
+            return Err(CellError::RetryLater {
+                reason: Reason::RouteBehind,
+                message: format!(
+                    "the caller routed at epoch {caller_epoch}; this cell has seen {}",
+                    self.client.applied()
+                ),
+                retry_after: Duration::from_millis(50),
+            });
+        }
+        self.lease_check()?;
+        if write && let Some(lease) = self.lease {
+            let announced = self.client.read(|t| {
+                (t.cells.values())
+                    .map(|c| c.owner_lease_ms)
+                    .max()
+                    .unwrap_or(0)
+            });
+            let longest = Duration::from_millis(announced).max(lease);
+            (self.takeovers).check(&self.cell_id, &route.entry, longest)?;
+        }
+        if matches!(route.entry.state, RouteState::Frozen { .. }) {
+            return Err(CellError::RetryLater {
+                reason: Reason::Frozen,
+                message: format!("{key} is frozen for a migration"),
+                retry_after: Duration::from_millis(100),
+            });
+        }
+        let mut seq_floor = route.seq_floor;
+        let mut taken_over_mark = None;
+        if conversation != 0 && route.entry.floor_margin > 0 {
+            // Failed over here: above what the failed owner may have built
+            // on, as this cell holds its mark.
+            let held = self
+                .marks
+                .held(TenantId(tenant), ConversationId(conversation))?;
+            seq_floor = seq_floor.max(held.saturating_add(route.entry.floor_margin));
+            taken_over_mark = Some(held);
+        }
+        Ok(Fence {
+            epoch: route.entry.epoch,
+            seq_floor,
+            seq_limit: (conversation != 0).then(|| {
+                self.marks
+                    .acked(ConversationId(conversation))
+                    .saturating_add(self.margin)
+            }),
+            taken_over_mark,
+        })
     }
 
     fn lease_check(&self) -> Result<(), CellError> {
@@ -237,7 +335,7 @@ impl Ownership for Routed {
     }
 
     fn check_read(&self, tenant: TenantId, conversation: ConversationId) -> Result<u64, CellError> {
-        match self.check(tenant, conversation, Epoch(0)) {
+        match self.fence(tenant, conversation, Epoch(0), false) {
             Err(CellError::RetryLater {
                 reason: Reason::Frozen,
                 ..
@@ -252,63 +350,7 @@ impl Ownership for Routed {
         conversation: ConversationId,
         caller_epoch: Epoch,
     ) -> Result<Fence, CellError> {
-        let (tenant, conversation, caller_epoch) =
-            (tenant.get(), conversation.get(), caller_epoch.get());
-        let key = if conversation == 0 {
-            Key::tenant(TenantId(tenant))
-        } else {
-            Key::conversation(TenantId(tenant), ConversationId(conversation))
-        };
-        let route = self.client.read(|t| t.resolve(&key));
-        let Some(route) = route else {
-            return Err(CellError::RetryLater {
-                reason: Reason::NoRoute,
-                message: format!("tenant {tenant} has no placement in the route table"),
-                retry_after: Duration::from_millis(500),
-            });
-        };
-        if route.entry.cell != self.cell_id {
-            return Err(wrong_cell(&key, &route));
-        }
-        if caller_epoch > route.entry.epoch && caller_epoch > self.client.applied() {
-            return Err(CellError::RetryLater {
-                reason: Reason::RouteBehind,
-                message: format!(
-                    "the caller routed at epoch {caller_epoch}; this cell has seen {}",
-                    self.client.applied()
-                ),
-                retry_after: Duration::from_millis(50),
-            });
-        }
-        self.lease_check()?;
-        if matches!(route.entry.state, RouteState::Frozen { .. }) {
-            return Err(CellError::RetryLater {
-                reason: Reason::Frozen,
-                message: format!("{key} is frozen for a migration"),
-                retry_after: Duration::from_millis(100),
-            });
-        }
-        let mut seq_floor = route.seq_floor;
-        let mut taken_over_mark = None;
-        if conversation != 0 && route.entry.floor_margin > 0 {
-            // Failed over here: above what the failed owner may have built
-            // on, as this cell holds its mark.
-            let held = self
-                .marks
-                .held(TenantId(tenant), ConversationId(conversation))?;
-            seq_floor = seq_floor.max(held.saturating_add(route.entry.floor_margin));
-            taken_over_mark = Some(held);
-        }
-        Ok(Fence {
-            epoch: route.entry.epoch,
-            seq_floor,
-            seq_limit: (conversation != 0).then(|| {
-                self.marks
-                    .acked(ConversationId(conversation))
-                    .saturating_add(self.margin)
-            }),
-            taken_over_mark,
-        })
+        self.fence(tenant, conversation, caller_epoch, true)
     }
 
     fn check_create(&self, typed: TenantId) -> Result<Creation, CellError> {

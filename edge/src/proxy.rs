@@ -28,11 +28,12 @@ use cellmesh_route_client::peers::Peers;
 use cellmesh_route_client::table::{Key, Resolved, Scope};
 
 /// Reasons of RETRY_LATER answers the edge retries itself.
-const RETRIED_REASONS: [Reason; 4] = [
+const RETRIED_REASONS: [Reason; 5] = [
     Reason::Frozen,
     Reason::RouteBehind,
     Reason::NoRoute,
     Reason::OwnerLeaseExpired,
+    Reason::PreviousOwnerLease,
 ];
 
 /// A request that names its caller.
@@ -236,6 +237,7 @@ impl Proxy {
                         Some(Reason::Frozen) => "frozen",
                         Some(Reason::RouteBehind) => "route_behind",
                         Some(Reason::OwnerLeaseExpired) => "owner_lease_expired",
+                        Some(Reason::PreviousOwnerLease) => "previous_owner_lease",
                         _ => "no_route",
                     });
                     let wait = Duration::from_millis(detail.retry_after_ms)

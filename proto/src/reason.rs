@@ -113,6 +113,7 @@ reasons! {
     PipelineBusy => "PIPELINE_BUSY",
     PipelineUnavailable => "PIPELINE_UNAVAILABLE",
     PlacementFailed => "PLACEMENT_FAILED",
+    PreviousOwnerLease => "PREVIOUS_OWNER_LEASE",
     PtsAhead => "PTS_AHEAD",
     RaftFatal => "RAFT_FATAL",
     RaftUnavailable => "RAFT_UNAVAILABLE",

@@ -119,6 +119,7 @@ impl Placement {
             marks.clone(),
         ));
         tokio::spawn(Routed::keep_lease(Arc::downgrade(&routed)));
+        tokio::spawn(Routed::watch_takeovers(Arc::downgrade(&routed)));
         Ok(Self {
             ownership: routed.clone(),
             homes: routed,

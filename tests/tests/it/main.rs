@@ -44,6 +44,7 @@ mod mixed_version;
 mod move_failover;
 mod operations;
 mod presence;
+mod previous_owner;
 mod process_failover;
 mod processor_crash;
 mod queue_wake;

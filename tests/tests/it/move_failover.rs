@@ -98,7 +98,8 @@ async fn move_then_fail_over(mode: ReplicationMode) {
         page.seq_floor > moved_at || page.latest_seq > moved_at,
         "the standby knows the conversation: {page:?}"
     );
-    let ops = senders.finish(Duration::from_millis(1500)).await;
+    // The standby writes once the hung cell's lease has surely run out.
+    let ops = senders.finish(Duration::from_millis(4_000)).await;
     let after_failover = ops
         .iter()
         .filter(|o| o.invoked_ms > stopped_ms && matches!(o.outcome, Outcome::Ok { .. }))

@@ -113,8 +113,9 @@ async fn fail_over_under_sends(fault: Fault, mode: ReplicationMode) {
             "failed over {took:?} after the first failed probe, inside the cell's lease"
         );
     }
-    // Sends go on at the fallback for a while.
-    let ops = senders.finish(Duration::from_millis(1500)).await;
+    // Sends go on at the fallback for a while: it writes once the failed
+    // cell's lease (2.5 s, a tenth more) has surely run out.
+    let ops = senders.finish(Duration::from_millis(5_000)).await;
     // Clients that lost answers from before the kill send again: each gets
     // the answer the killed process gave (its answers reached the standby).
     // Async: those acknowledged well before (their answers had time to
