@@ -275,10 +275,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         "demo": demo,
         "processes": sup.pids().into_iter().collect::<BTreeMap<_, _>>(),
     });
-    std::fs::write(
-        data.join("dev.json"),
-        serde_json::to_string_pretty(&info)? + "\n",
-    )?;
+    write_info(data, &info)?;
     print_summary(&info, data);
 
     supervise(data, (&links, &proxies), mock_kafka, &mut sup, &mut info).await?;
@@ -329,7 +326,7 @@ async fn supervise(
                 if !report.is_empty() {
                     // Keep dev.json's pids current for tools that signal them.
                     info["processes"] = serde_json::json!(sup.pids().into_iter().collect::<BTreeMap<_, _>>());
-                    let _ = std::fs::write(data.join("dev.json"), serde_json::to_string_pretty(&info)? + "\n");
+                    let _ = write_info(data, info);
                 }
             }
         }
@@ -358,6 +355,17 @@ async fn demo(
 }
 
 pub use cellmesh_chaos::target::PARTITION_FILE;
+
+/// Writes `dev.json` whole or not at all (a temporary file renamed over
+/// it): the tools and drills that read it while a restarted component's
+/// pid is written never see it empty or half written.
+fn write_info(data: &Path, info: &serde_json::Value) -> anyhow::Result<()> {
+    let path = data.join("dev.json");
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, serde_json::to_string_pretty(info)? + "\n")?;
+    std::fs::rename(tmp, path)?;
+    Ok(())
+}
 
 fn apply_partition(
     data: &Path,
