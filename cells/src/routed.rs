@@ -168,13 +168,17 @@ impl Routed {
         }
         self.lease_check()?;
         if write && let Some(lease) = self.lease {
-            let announced = self.client.read(|t| {
-                (t.cells.values())
-                    .map(|c| c.owner_lease_ms)
-                    .max()
-                    .unwrap_or(0)
-            });
-            let longest = Duration::from_millis(announced).max(lease);
+            // Every cell's announced lease is read only for a route taken
+            // over, not on every send.
+            let longest = || {
+                let announced = self.client.read(|t| {
+                    (t.cells.values())
+                        .map(|c| c.owner_lease_ms)
+                        .max()
+                        .unwrap_or(0)
+                });
+                Duration::from_millis(announced).max(lease)
+            };
             (self.takeovers).check(&self.cell_id, &route.entry, longest)?;
         }
         if matches!(route.entry.state, RouteState::Frozen { .. }) {

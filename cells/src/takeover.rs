@@ -59,13 +59,20 @@ impl Takeovers {
         }
     }
 
-    /// Whether `cell` may write `entry` now, the longest owner lease being
-    /// `lease`: `PREVIOUS_OWNER_LEASE` while a failover's predecessor may
-    /// still write it.
-    pub fn check(&self, cell: &str, entry: &Entry, lease: Duration) -> Result<(), CellError> {
+    /// Whether `cell` may write `entry` now, `longest_lease` giving the
+    /// longest owner lease (asked only for a route taken over):
+    /// `PREVIOUS_OWNER_LEASE` while a failover's predecessor may still
+    /// write it.
+    pub fn check(
+        &self,
+        cell: &str,
+        entry: &Entry,
+        longest_lease: impl FnOnce() -> Duration,
+    ) -> Result<(), CellError> {
         if !taken_over(cell, entry) {
             return Ok(());
         }
+        let lease = longest_lease();
         let wait = lease + lease / 10;
         let learned = note(
             &mut self.seen.lock().expect("takeovers"),

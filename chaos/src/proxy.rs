@@ -262,6 +262,15 @@ mod tests {
         addr
     }
 
+    /// A proxy in front of an echo server, and a client connected to it.
+    async fn proxied_echo() -> (FaultProxy, TcpStream) {
+        let proxy = FaultProxy::start("127.0.0.1:0".parse().unwrap(), echo_server().await)
+            .await
+            .unwrap();
+        let client = TcpStream::connect(proxy.addr()).await.unwrap();
+        (proxy, client)
+    }
+
     async fn round_trip(s: &mut TcpStream, msg: &[u8], wait: Duration) -> Option<Duration> {
         let started = Instant::now();
         s.write_all(msg).await.ok()?;
@@ -276,10 +285,7 @@ mod tests {
 
     #[tokio::test]
     async fn latency_applies_both_ways_and_keeps_order() {
-        let proxy = FaultProxy::start("127.0.0.1:0".parse().unwrap(), echo_server().await)
-            .await
-            .unwrap();
-        let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+        let (proxy, mut s) = proxied_echo().await;
         let fast = round_trip(&mut s, b"ping", Duration::from_secs(5))
             .await
             .unwrap();
@@ -300,10 +306,7 @@ mod tests {
 
     #[tokio::test]
     async fn bytes_held_by_a_lifted_fault_still_go_before_newer_ones() {
-        let proxy = FaultProxy::start("127.0.0.1:0".parse().unwrap(), echo_server().await)
-            .await
-            .unwrap();
-        let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+        let (proxy, mut s) = proxied_echo().await;
         round_trip(&mut s, b"hi", Duration::from_secs(5))
             .await
             .unwrap();
@@ -323,10 +326,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_partition_stalls_until_healed() {
-        let proxy = FaultProxy::start("127.0.0.1:0".parse().unwrap(), echo_server().await)
-            .await
-            .unwrap();
-        let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+        let (proxy, mut s) = proxied_echo().await;
         proxy.partition(false, true);
         assert!(
             round_trip(&mut s, b"lost?", Duration::from_millis(300))
@@ -345,10 +345,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_cut_closes_open_connections_and_new_ones_work() {
-        let proxy = FaultProxy::start("127.0.0.1:0".parse().unwrap(), echo_server().await)
-            .await
-            .unwrap();
-        let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+        let (proxy, mut s) = proxied_echo().await;
         round_trip(&mut s, b"hi", Duration::from_secs(5))
             .await
             .unwrap();
@@ -369,10 +366,7 @@ mod tests {
 
     #[tokio::test]
     async fn bandwidth_caps_throughput() {
-        let proxy = FaultProxy::start("127.0.0.1:0".parse().unwrap(), echo_server().await)
-            .await
-            .unwrap();
-        let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+        let (proxy, mut s) = proxied_echo().await;
         proxy.set_bandwidth(Some(100_000));
         let took = round_trip(&mut s, &vec![7u8; 20_000], Duration::from_secs(10))
             .await
