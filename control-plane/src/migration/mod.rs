@@ -31,7 +31,7 @@ use cellmesh_proto::v1::{
 use cellmesh_route_client::client::RouteClient;
 use cellmesh_route_client::commands::update_route;
 use cellmesh_route_client::peers::Peers;
-use cellmesh_route_client::table::{Key, Phase, RouteState, Scope};
+use cellmesh_route_client::table::{Entry, Key, Phase, RouteState, Scope};
 use cellmesh_telemetry::trace::grpc::Channel;
 
 pub mod bulk;
@@ -166,6 +166,10 @@ pub struct Migrator {
 }
 
 type Peer = CellPeerClient<Channel>;
+
+/// How often the entry a refused write left is read before the refusal
+/// is taken for a conflict (200 ms, doubled each time: about 3 s).
+const LOST_ANSWER_READS: u32 = 4;
 
 fn call(what: &str) -> impl FnOnce(tonic::Status) -> MigrationError + '_ {
     move |status| MigrationError::Call {
@@ -303,7 +307,7 @@ impl Migrator {
     async fn begin_or_resume(
         &self,
         key: &Key,
-        entry: &cellmesh_route_client::table::Entry,
+        entry: &Entry,
         to: &str,
     ) -> Result<Start, MigrationError> {
         let resumed = |target: &str, frozen| {
@@ -381,7 +385,7 @@ impl Migrator {
         &self,
         key: &Key,
         conversation: ConversationId,
-        entry: &cellmesh_route_client::table::Entry,
+        entry: &Entry,
         source: &mut Peer,
     ) -> Result<(), MigrationError> {
         // Past every seq: no message is read, only the answer's flags.
@@ -406,10 +410,7 @@ impl Migrator {
     }
 
     /// The entry deciding `key`, read through the route table's leader.
-    async fn current_entry(
-        &self,
-        key: &Key,
-    ) -> Result<cellmesh_route_client::table::Entry, MigrationError> {
+    async fn current_entry(&self, key: &Key) -> Result<Entry, MigrationError> {
         let resolved = self
             .routes
             .resolve_linearizable(key)
@@ -448,10 +449,35 @@ impl Migrator {
         expect_epoch: u64,
         t: Transition,
     ) -> Result<u64, MigrationError> {
-        let answer = self
-            .routes
-            .apply(update_route(key, expect_epoch, t.clone()))
-            .await;
+        let own = |entry: &Entry| reached(key, entry, &t);
+        self.commit_recognised(key, expect_epoch, t.clone(), own)
+            .await
+    }
+
+    /// Switches `key`, frozen at `expect_epoch` on its way to `to`, with
+    /// seq floor `seq_floor`; the switch's epoch.
+    async fn commit_switch(
+        &self,
+        key: &Key,
+        expect_epoch: u64,
+        seq_floor: u64,
+        to: &str,
+    ) -> Result<u64, MigrationError> {
+        let own = |entry: &Entry| switched(key, entry, to, seq_floor);
+        self.commit_recognised(key, expect_epoch, Transition::SwitchFloor(seq_floor), own)
+            .await
+    }
+
+    /// [`Self::commit`], taking an entry past `expect_epoch` for which `own`
+    /// holds as this very write committed.
+    async fn commit_recognised(
+        &self,
+        key: &Key,
+        expect_epoch: u64,
+        t: Transition,
+        own: impl Fn(&Entry) -> bool,
+    ) -> Result<u64, MigrationError> {
+        let answer = self.routes.apply(update_route(key, expect_epoch, t)).await;
         let status = match answer {
             Ok(applied) => return Ok(applied.index),
             Err(status) => status,
@@ -468,12 +494,20 @@ impl Migrator {
         }
         // The route client tries a write again when an attempt is not
         // answered in time; if that attempt committed, the retry finds the
-        // epoch moved on by this very write.
-        if let Ok(entry) = self.current_entry(key).await
-            && entry.epoch > expect_epoch
-            && reached(key, &entry, &t)
-        {
-            return Ok(entry.epoch);
+        // epoch moved on by this very write. The read that tells is tried
+        // again too: under the load that delayed the write it may time out
+        // as well, and a move given up on for that is left half done.
+        for attempt in 0..LOST_ANSWER_READS {
+            match self.current_entry(key).await {
+                Ok(entry) if entry.epoch > expect_epoch && own(&entry) => {
+                    return Ok(entry.epoch);
+                }
+                Ok(_) => break,
+                Err(e) => {
+                    tracing::warn!(%key, error = %e, "reading the route a write left: trying again");
+                    tokio::time::sleep(Duration::from_millis(200 << attempt)).await;
+                }
+            }
         }
         Err(MigrationError::Conflict(d.message))
     }
@@ -652,7 +686,19 @@ impl Subject for ConversationMove<'_> {
 /// Whether `entry` is the state transition `t` of `key` leads to, for the
 /// transitions whose result names itself (a switch and a cancel both end
 /// Active, and are not told apart here).
-fn reached(key: &Key, entry: &cellmesh_route_client::table::Entry, t: &Transition) -> bool {
+/// Whether `entry` is what a switch of `key` to `to` with `seq_floor`
+/// left: Active on `to`, the floor at least `seq_floor`, no failover's
+/// mark. A cancel leaves the key on its source, a failover its mark.
+fn switched(key: &Key, entry: &Entry, to: &str, seq_floor: u64) -> bool {
+    entry.key == *key
+        && entry.state == RouteState::Active
+        && entry.cell == to
+        && entry.seq_floor >= seq_floor
+        && entry.floor_margin == 0
+        && entry.failed_from.is_none()
+}
+
+fn reached(key: &Key, entry: &Entry, t: &Transition) -> bool {
     if entry.key != *key {
         return false;
     }
@@ -672,7 +718,6 @@ fn reached(key: &Key, entry: &cellmesh_route_client::table::Entry, t: &Transitio
 mod tests {
     use super::*;
     use cellmesh_proto::v1::MigrationPhase;
-    use cellmesh_route_client::table::Entry;
 
     fn entry(key: Key, state: RouteState) -> Entry {
         Entry {
@@ -740,16 +785,45 @@ mod tests {
             &entry(conv, RouteState::Active),
             &Transition::Freeze(true)
         ));
-        // A switch and a cancel both end Active: never taken as ours.
-        assert!(!reached(
-            &conv,
-            &entry(conv, RouteState::Active),
-            &Transition::SwitchFloor(0)
-        ));
+        // A cancel ends Active: never taken as ours.
         assert!(!reached(
             &conv,
             &entry(conv, RouteState::Active),
             &Transition::Cancel(true)
         ));
+    }
+
+    #[test]
+    fn a_switch_whose_answer_was_lost_is_recognised_by_its_owner_and_floor() {
+        let conv = Key::conversation(TenantId(1), ConversationId(7));
+        let on = |cell: &str, floor| Entry {
+            cell: cell.into(),
+            seq_floor: floor,
+            ..entry(conv, RouteState::Active)
+        };
+        assert!(switched(&conv, &on("us-east/c1", 40), "us-east/c1", 40));
+        assert!(switched(&conv, &on("us-east/c1", 90), "us-east/c1", 40));
+        // A cancel leaves the key on its source.
+        assert!(!switched(&conv, &on("eu-west/c1", 40), "us-east/c1", 40));
+        // Below the floor, still moving, failed over, or another key's entry.
+        assert!(!switched(&conv, &on("us-east/c1", 39), "us-east/c1", 40));
+        let frozen = Entry {
+            state: RouteState::Frozen {
+                to: "us-east/c1".into(),
+            },
+            ..on("us-east/c1", 40)
+        };
+        assert!(!switched(&conv, &frozen, "us-east/c1", 40));
+        let failed_over = Entry {
+            floor_margin: 1_000,
+            failed_from: Some("eu-west/c1".into()),
+            ..on("us-east/c1", 40)
+        };
+        assert!(!switched(&conv, &failed_over, "us-east/c1", 40));
+        let tenant = Entry {
+            key: Key::tenant(TenantId(1)),
+            ..on("us-east/c1", 40)
+        };
+        assert!(!switched(&conv, &tenant, "us-east/c1", 40));
     }
 }

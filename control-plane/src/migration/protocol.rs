@@ -137,9 +137,9 @@ impl Migrator {
                     epoch,
                     final_position,
                 } => {
-                    let floor = Transition::SwitchFloor(subject.switch_floor(final_position));
+                    let floor = subject.switch_floor(final_position);
                     self.flush_marks(to).await?;
-                    let switch_epoch = self.commit(key, epoch, floor).await?;
+                    let switch_epoch = self.commit_switch(key, epoch, floor, to).await?;
                     self.follow(switch_epoch).await;
                     Observation::Epoch(switch_epoch)
                 }

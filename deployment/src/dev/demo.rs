@@ -24,6 +24,8 @@ use super::topology::Topology;
 pub const TENANT: u64 = 1;
 const USERS: [u64; 4] = [1, 2, 3, 4];
 const TOKEN_TTL_SECS: u64 = 30 * 24 * 3600;
+/// How often the demo group's move is tried before `cellmesh dev` fails.
+const MOVE_ATTEMPTS: u32 = 3;
 
 #[derive(Serialize, Deserialize)]
 pub struct DemoConversation {
@@ -91,6 +93,40 @@ async fn create(
     }
 }
 
+/// Moves demo conversation `conversation` to cell `to`. A move that
+/// failed part way (a write not answered in time on a loaded machine) is
+/// resumed from where the route table says it is, as the control plane
+/// would later.
+async fn move_live(
+    migrator: &Migrator,
+    conversation: ConversationId,
+    to: &str,
+) -> anyhow::Result<()> {
+    let key = Key::conversation(TenantId(TENANT), conversation);
+    let mut attempt = 1;
+    loop {
+        let error =
+            match (migrator.migrate_conversation(TenantId(TENANT), conversation, to, |_| {})).await
+            {
+                Ok(_) => return Ok(()),
+                Err(e) => e,
+            };
+        migrator.routes().catch_up().await.ok();
+        let moved = migrator.routes().resolve(&key).is_some_and(|r| {
+            r.entry.cell == to && r.entry.state == cellmesh_route_client::table::RouteState::Active
+        });
+        if moved {
+            return Ok(());
+        }
+        if attempt == MOVE_ATTEMPTS {
+            return Err(error.into());
+        }
+        tracing::warn!(%key, %error, attempt, "the demo move failed: resuming it");
+        attempt += 1;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 pub async fn prepare(
     data: &Path,
     routes: &RouteClient,
@@ -155,13 +191,7 @@ pub async fn prepare(
                 ClusterSecret::new(cluster_secret),
                 MigrationOptions::default(),
             );
-            migrator
-                .migrate_conversation(
-                    TenantId(TENANT),
-                    ConversationId(general),
-                    &topo.cell_id(1, 0),
-                    |_| {},
-                )
+            move_live(&migrator, ConversationId(general), &topo.cell_id(1, 0))
                 .await
                 .context("moving the demo group to us-east")?;
             let demo = Demo {

@@ -345,7 +345,7 @@ impl Migrator {
                 });
             }
             Action::Switch { epoch } => {
-                let epoch = self.commit(&key, epoch, Transition::SwitchFloor(0)).await?;
+                let epoch = self.commit_switch(&key, epoch, 0, to).await?;
                 run.writes += 1;
                 Observation::Epoch(epoch)
             }
