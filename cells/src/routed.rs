@@ -75,7 +75,13 @@ impl Routed {
         }) else {
             return;
         };
-        Takeovers::watch(takeovers, changes, cell).await;
+        // Weak: the watch must not keep the route client alive.
+        let snapshot = move || {
+            (routed.upgrade())
+                .map(|r| r.client.read(|t| t.as_changes()))
+                .unwrap_or_default()
+        };
+        Takeovers::watch(takeovers, changes, cell, snapshot).await;
     }
 
     /// Renews the owner lease until `self` is dropped: a linearizable
@@ -108,9 +114,13 @@ impl Routed {
                             let index = r.applied_index;
                             // The watch lags (a replica it follows may
                             // hang): copy the table from the leader.
-                            this.client.wait_applied(index, lease / 8).await
+                            let caught_up = this.client.wait_applied(index, lease / 8).await
                                 || (this.client.catch_up().await.is_ok()
-                                    && this.client.wait_applied(index, lease / 8).await)
+                                    && this.client.wait_applied(index, lease / 8).await);
+                            // Marked Degraded or Down (fenced): no renewal
+                            // answered after the mark counts, so one lease
+                            // after it this cell writes no more.
+                            caught_up && !this.fenced()
                         }
                         _ => false,
                     }
@@ -209,6 +219,13 @@ impl Routed {
             }),
             taken_over_mark,
         })
+    }
+
+    /// Whether the table (as far as this cell has applied it) fences this
+    /// cell: marks it Degraded or Down.
+    fn fenced(&self) -> bool {
+        self.client
+            .read(|t| t.cell(&self.cell_id).is_some_and(|c| c.status.fenced()))
     }
 
     fn lease_check(&self) -> Result<(), CellError> {

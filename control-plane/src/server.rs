@@ -18,7 +18,7 @@ use cellmesh_proto::v1::CellStatus as PbCellStatus;
 use cellmesh_route_client::client::RouteClient;
 use cellmesh_route_client::commands::set_cell_status;
 use cellmesh_route_client::peers::Peers;
-use cellmesh_route_client::table::CellStatus;
+use cellmesh_route_client::table::{CellInfo, CellStatus};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -26,10 +26,10 @@ use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
-use crate::failover::detector::{Detector, Verdict};
+use crate::failover::detector::Detector;
 use crate::failover::execute;
 use crate::failover::planner::{plan_failover, safety_margin};
-use crate::failover::trigger::{self, CellNow};
+use crate::failover::trigger::{self, CellNow, Step};
 use crate::operations::OperationStore;
 use crate::operations::api::OperationsApi;
 use crate::operations::runner::run_operations;
@@ -638,28 +638,142 @@ async fn run(
     let leases = config.coordination.backend == CoordinationBackend::Etcd;
     let mut detector = Detector::new(config.down_after, config.up_after);
     let mut first_failure: std::collections::HashMap<String, Instant> = Default::default();
+    // Cells the table fences, since when this replica knows it.
+    let mut fenced_at: std::collections::HashMap<String, Instant> = Default::default();
     let timeout = Duration::from_millis(config.probe_timeout_ms);
     // One pool for the backfills of every cell that comes back.
     let peers = Peers::new(config.links.clone());
     let mut tick = tokio::time::interval(Duration::from_millis(config.probe_interval_ms));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut next_due: Option<Instant> = None;
     loop {
-        tick.tick().await;
+        // A failover falls due between probes: it is not held for the next
+        // tick, nor for the failed cell's probe to time out.
+        let due = async {
+            match next_due {
+                Some(at) => tokio::time::sleep_until(at.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        let probe_now = tokio::select! {
+            _ = tick.tick() => true,
+            _ = due => false,
+        };
         let cells: Vec<_> = routes.read(|t| t.cells.values().cloned().collect());
+        if probe_now {
+            let probed = Probed {
+                config: &config,
+                routes: &routes,
+                events: &events,
+                peers: &peers,
+            };
+            let registered = if leases {
+                coordination.list(CELLS_PREFIX).await.ok()
+            } else {
+                None
+            };
+            probed
+                .observe(
+                    &cells,
+                    registered,
+                    &mut detector,
+                    &mut first_failure,
+                    timeout,
+                )
+                .await;
+        }
+        next_due = None;
+        // Fence, then fail over, every failed cell that still owns
+        // something (again after a lost compare-and-set).
+        for cell in &cells {
+            let lease = trigger::owner_lease(cell.owner_lease_ms, config.failover.owner_lease_ms);
+            let (owns, status) = routes.read(|t| {
+                (
+                    t.routes.values().any(|e| e.cell == cell.id),
+                    t.cell(&cell.id).map_or(CellStatus::Up, |c| c.status),
+                )
+            });
+            if status.fenced() {
+                fenced_at
+                    .entry(cell.id.clone())
+                    .or_insert_with(Instant::now);
+            } else {
+                fenced_at.remove(&cell.id);
+            }
+            let now = CellNow {
+                failed: detector.is_failed(&cell.id),
+                owns,
+                fenced: status.fenced(),
+                marked_down: status == CellStatus::Down,
+                fenced_for: fenced_at.get(&cell.id).map(|t| t.elapsed()),
+            };
+            match trigger::step(now, lease) {
+                Step::Wait => {}
+                Step::Fence => {
+                    let fence = set_cell_status(&cell.id, PbCellStatus::Degraded);
+                    match routes.apply(fence).await {
+                        Ok(_) => {
+                            tracing::warn!(cell = %cell.id, "fenced: marked Degraded, failing over after its owner lease");
+                            fenced_at.insert(cell.id.clone(), Instant::now());
+                        }
+                        Err(e) => {
+                            tracing::warn!(cell = %cell.id, error = %e.message(), "fence not written")
+                        }
+                    }
+                }
+                Step::FailOver => {
+                    let since = first_failure.get(&cell.id).copied();
+                    fail_over(&config, &routes, &cell.id, since, &events).await;
+                }
+            }
+            let now = CellNow {
+                fenced: true,
+                fenced_for: Some(
+                    fenced_at
+                        .get(&cell.id)
+                        .map_or(Duration::ZERO, |t| t.elapsed()),
+                ),
+                ..now
+            };
+            if let Some(left) = trigger::due_in(now, lease).filter(|l| !l.is_zero()) {
+                let at = Instant::now() + left;
+                next_due = Some(next_due.map_or(at, |n| n.min(at)));
+            }
+        }
+    }
+}
+
+/// What one round of probes acts on.
+struct Probed<'a> {
+    config: &'a ControlPlaneConfig,
+    routes: &'a RouteClient,
+    events: &'a Arc<Mutex<Vec<Event>>>,
+    peers: &'a Peers,
+}
+
+impl Probed<'_> {
+    /// Probes every cell once, feeds `detector`, and marks Up a fenced
+    /// cell that passes its probes again (backfilling one that was failed
+    /// over). `registered`: the cells whose coordination lease lives
+    /// (`None`: no leases).
+    async fn observe(
+        &self,
+        cells: &[CellInfo],
+        registered: Option<std::collections::BTreeMap<String, String>>,
+        detector: &mut Detector,
+        first_failure: &mut std::collections::HashMap<String, Instant>,
+        timeout: Duration,
+    ) {
         let probes: Vec<_> = cells
             .iter()
             .map(|c| {
-                let address = cellmesh_proto::config::via(&config.links, &c.address).to_string();
+                let address =
+                    cellmesh_proto::config::via(&self.config.links, &c.address).to_string();
                 tokio::spawn(probe(address, timeout))
             })
             .collect();
-        // With etcd, a cell whose lease expired is dead whatever it answers.
-        let registered = if leases {
-            coordination.list(CELLS_PREFIX).await.ok()
-        } else {
-            None
-        };
         for (cell, probe) in cells.iter().zip(probes) {
+            // With etcd, a cell whose lease expired is dead whatever it answers.
             let live = registered
                 .as_ref()
                 .is_none_or(|r| r.contains_key(&format!("{CELLS_PREFIX}{}", cell.id)));
@@ -671,57 +785,52 @@ async fn run(
             } else if !detector.is_failed(&cell.id) {
                 first_failure.remove(&cell.id);
             }
-            if cell.status == CellStatus::Down && !detector.is_failed(&cell.id) && !healthy {
+            if cell.status.fenced() && !detector.is_failed(&cell.id) && !healthy {
                 detector.mark_failed(&cell.id);
             }
-            if detector.observe(&cell.id, healthy) == Some(Verdict::Recovered)
-                && cell.status == CellStatus::Down
-                && routes
-                    .apply(set_cell_status(&cell.id, PbCellStatus::Up))
-                    .await
-                    .is_ok()
-            {
-                tracing::info!(cell = %cell.id, "cell recovered; it owns nothing until failed back");
+            detector.observe(&cell.id, healthy);
+            if cell.status.fenced() && !detector.is_failed(&cell.id) {
+                self.recovered(cell).await;
                 first_failure.remove(&cell.id);
-                events.lock().expect("events").push(Event::Recovered {
-                    cell: cell.id.clone(),
-                });
-                let (routes, events, id) = (routes.clone(), events.clone(), cell.id.clone());
-                let (secret, peers) = (ClusterSecret::new(&config.cluster_secret), peers.clone());
-                tokio::spawn(async move {
-                    let (conversations, messages) =
-                        crate::failover::backfill::backfill(&routes, &peers, &secret, &id).await;
-                    tracing::info!(cell = %id, conversations, messages, "backfilled");
-                    events.lock().expect("events").push(Event::Backfilled {
-                        cell: id,
-                        conversations,
-                        messages,
-                    });
-                });
             }
         }
-        // Fail over every failed cell that still owns something (again after
-        // a lost compare-and-set).
-        for cell in &cells {
-            let lease = trigger::owner_lease(cell.owner_lease_ms, config.failover.owner_lease_ms);
-            let (owns, marked_down) = routes.read(|t| {
-                (
-                    t.routes.values().any(|e| e.cell == cell.id),
-                    t.cell(&cell.id)
-                        .is_some_and(|c| c.status == CellStatus::Down),
-                )
+    }
+
+    /// Marks `cell`, fenced, Up again: it passes its probes. One that was
+    /// failed over owns nothing until failed back; what it acknowledged is
+    /// backfilled into its routes' new owners.
+    async fn recovered(&self, cell: &CellInfo) {
+        if self
+            .routes
+            .apply(set_cell_status(&cell.id, PbCellStatus::Up))
+            .await
+            .is_err()
+        {
+            return;
+        }
+        if cell.status != CellStatus::Down {
+            tracing::info!(cell = %cell.id, "cell passes its probes again before its failover: fence lifted");
+            return;
+        }
+        tracing::info!(cell = %cell.id, "cell recovered; it owns nothing until failed back");
+        self.events.lock().expect("events").push(Event::Recovered {
+            cell: cell.id.clone(),
+        });
+        let (routes, events, id) = (self.routes.clone(), self.events.clone(), cell.id.clone());
+        let (secret, peers) = (
+            ClusterSecret::new(&self.config.cluster_secret),
+            self.peers.clone(),
+        );
+        tokio::spawn(async move {
+            let (conversations, messages) =
+                crate::failover::backfill::backfill(&routes, &peers, &secret, &id).await;
+            tracing::info!(cell = %id, conversations, messages, "backfilled");
+            events.lock().expect("events").push(Event::Backfilled {
+                cell: id,
+                conversations,
+                messages,
             });
-            let since = first_failure.get(&cell.id).copied();
-            let now = CellNow {
-                failed: detector.is_failed(&cell.id),
-                owns,
-                marked_down,
-                failing_for: since.map(|t| t.elapsed()),
-            };
-            if trigger::due(now, lease) {
-                fail_over(&config, &routes, &cell.id, since, &events).await;
-            }
-        }
+        });
     }
 }
 

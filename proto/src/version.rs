@@ -33,6 +33,12 @@ pub const BACKUP_OPERATIONS: Version = Version::new(0, 3, 0);
 /// the releases before cannot decode that route command.
 pub const RESIDENCY: Version = Version::new(0, 3, 0);
 
+/// Fenced leases: a cell the route table marks Degraded or Down renews no
+/// owner lease, so one lease after the mark it has stopped writing. A
+/// failover's new owner trusts the mark of a cell of this release or
+/// later; a cell of a release before may go on renewing.
+pub const FENCED_LEASE: Version = Version::new(0, 3, 0);
+
 /// `MAJOR.MINOR.PATCH`, ordered numerically.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Version {

@@ -1,6 +1,12 @@
-//! When a failed cell is failed over: the rule the control plane's probe
-//! loop applies to each cell on every tick, as a pure function beside the
-//! planner.
+//! When a failed cell is fenced and when it is failed over: the rule the
+//! control plane's probe loop applies to each cell on every tick, as a pure
+//! function beside the planner.
+//!
+//! A cell the detector calls failed is first fenced: marked Degraded in the
+//! route table, after which it renews no owner lease, so one lease later it
+//! writes nothing more even if the table still answers it. Its routes move
+//! only then, and their new owner may write them at once. A cell that
+//! passes its probes again before that is simply marked Up.
 
 use std::time::Duration;
 
@@ -11,15 +17,27 @@ pub struct CellNow {
     pub failed: bool,
     /// A route still places something on it.
     pub owns: bool,
-    /// The route table marks it down (a failover was written before).
+    /// The route table marks it Degraded or Down.
+    pub fenced: bool,
+    /// The route table marks it Down (a failover was written before).
     pub marked_down: bool,
-    /// How long it has failed its probes (`None`: it passes them).
-    pub failing_for: Option<Duration>,
+    /// How long this control plane has known it fenced.
+    pub fenced_for: Option<Duration>,
 }
 
-/// How long to wait, from a cell's first failed probe, before failing it
-/// over: the owner lease it announced (`announced_ms`; 0 for releases that
-/// announced none, which get `assumed_ms`), plus a tenth for clock drift.
+/// What to do about one cell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    Wait,
+    /// Mark it Degraded.
+    Fence,
+    /// Move what it owns (and mark it Down).
+    FailOver,
+}
+
+/// The owner lease a cell announced (`announced_ms`; 0 for releases that
+/// announced none, which get `assumed_ms`), plus a tenth for clock drift:
+/// how long after its fence a failed cell may still write.
 pub fn owner_lease(announced_ms: u64, assumed_ms: u64) -> Duration {
     let lease = if announced_ms > 0 {
         announced_ms
@@ -29,15 +47,34 @@ pub fn owner_lease(announced_ms: u64, assumed_ms: u64) -> Duration {
     Duration::from_millis(lease * 11 / 10)
 }
 
-/// Whether to fail the cell over now. A failed cell is failed over once
-/// its owner lease has run out (after that it writes nothing more), at
-/// once when the table already marks it down (a failover that lost a
-/// compare-and-set), and not at all once it owns nothing and is marked.
-pub fn due(cell: CellNow, owner_lease: Duration) -> bool {
-    if !cell.failed || (!cell.owns && cell.marked_down) {
-        return false;
+/// What to do about `cell` now. A failed cell is fenced first, and failed
+/// over once its owner lease has run out since the fence (counted from
+/// when this control plane wrote or first saw it: a replica that takes
+/// the lead over a fenced cell waits one lease more). A cell marked Down
+/// that owns nothing any more is left alone.
+pub fn step(cell: CellNow, owner_lease: Duration) -> Step {
+    if !cell.failed {
+        return Step::Wait;
     }
-    cell.marked_down || cell.failing_for.is_some_and(|d| d >= owner_lease)
+    if !cell.fenced {
+        return Step::Fence;
+    }
+    if !cell.owns && cell.marked_down {
+        return Step::Wait;
+    }
+    match due_in(cell, owner_lease) {
+        Some(left) if left.is_zero() => Step::FailOver,
+        _ => Step::Wait,
+    }
+}
+
+/// How long until a fenced, failed cell is due for its failover (`None`:
+/// it is not waiting for one).
+pub fn due_in(cell: CellNow, owner_lease: Duration) -> Option<Duration> {
+    if !cell.failed || !cell.fenced || (!cell.owns && cell.marked_down) {
+        return None;
+    }
+    cell.fenced_for.map(|d| owner_lease.saturating_sub(d))
 }
 
 #[cfg(test)]
@@ -46,20 +83,30 @@ mod tests {
 
     const LEASE: Duration = Duration::from_secs(2);
 
-    fn cell(failing_for: Option<u64>) -> CellNow {
+    fn fenced(fenced_for: u64) -> CellNow {
         CellNow {
             failed: true,
             owns: true,
+            fenced: true,
             marked_down: false,
-            failing_for: failing_for.map(Duration::from_millis),
+            fenced_for: Some(Duration::from_millis(fenced_for)),
         }
     }
 
     #[test]
-    fn a_failed_owner_waits_for_its_lease_to_run_out() {
-        assert!(!due(cell(Some(1_999)), LEASE));
-        assert!(due(cell(Some(2_000)), LEASE));
-        assert!(!due(cell(None), LEASE), "no failure recorded yet");
+    fn a_failed_cell_is_fenced_first_and_failed_over_a_lease_after_the_fence() {
+        let unfenced = CellNow {
+            fenced: false,
+            fenced_for: None,
+            ..fenced(0)
+        };
+        assert_eq!(step(unfenced, LEASE), Step::Fence);
+        assert_eq!(step(fenced(1_999), LEASE), Step::Wait);
+        assert_eq!(
+            due_in(fenced(1_500), LEASE),
+            Some(Duration::from_millis(500))
+        );
+        assert_eq!(step(fenced(2_000), LEASE), Step::FailOver);
     }
 
     #[test]
@@ -70,30 +117,35 @@ mod tests {
     }
 
     #[test]
-    fn a_cell_the_detector_does_not_call_failed_stays() {
+    fn a_cell_the_detector_does_not_call_failed_is_left_alone() {
         let c = CellNow {
             failed: false,
-            ..cell(Some(60_000))
+            ..fenced(60_000)
         };
-        assert!(!due(c, LEASE));
+        assert_eq!(step(c, LEASE), Step::Wait);
+        assert_eq!(due_in(c, LEASE), None);
     }
 
     #[test]
-    fn a_marked_cell_is_failed_over_again_at_once_while_it_owns_something() {
+    fn a_marked_cell_is_failed_over_again_while_it_owns_something() {
         let marked = CellNow {
             marked_down: true,
-            ..cell(None)
+            ..fenced(5_000)
         };
-        assert!(due(marked, LEASE));
+        assert_eq!(step(marked, LEASE), Step::FailOver);
         let empty = CellNow {
             owns: false,
             ..marked
         };
-        assert!(!due(empty, LEASE), "nothing left to move");
-        let unmarked_empty = CellNow {
+        assert_eq!(step(empty, LEASE), Step::Wait, "nothing left to move");
+        let degraded_empty = CellNow {
             owns: false,
-            ..cell(Some(5_000))
+            ..fenced(5_000)
         };
-        assert!(due(unmarked_empty, LEASE), "it is still to be marked down");
+        assert_eq!(
+            step(degraded_empty, LEASE),
+            Step::FailOver,
+            "it is still to be marked down"
+        );
     }
 }

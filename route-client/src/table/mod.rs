@@ -82,6 +82,16 @@ pub enum CellStatus {
     Draining,
 }
 
+impl CellStatus {
+    /// Whether a cell so marked is fenced: it renews no owner lease (from
+    /// release `FENCED_LEASE` on), so one lease after the mark it writes no
+    /// more. The control plane fences a failed cell (Degraded) a lease
+    /// before it fails it over (Down).
+    pub fn fenced(self) -> bool {
+        matches!(self, CellStatus::Degraded | CellStatus::Down)
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CellInfo {
     pub id: String,
