@@ -701,6 +701,7 @@ async fn run(
                 fenced_at.remove(&cell.id);
             }
             let now = CellNow {
+                failing: first_failure.contains_key(&cell.id),
                 failed: detector.is_failed(&cell.id),
                 owns,
                 fenced: status.fenced(),
@@ -713,7 +714,7 @@ async fn run(
                     let fence = set_cell_status(&cell.id, PbCellStatus::Degraded);
                     match routes.apply(fence).await {
                         Ok(_) => {
-                            tracing::warn!(cell = %cell.id, "fenced: marked Degraded, failing over after its owner lease");
+                            tracing::warn!(cell = %cell.id, "fenced: marked Degraded until it passes a probe");
                             fenced_at.insert(cell.id.clone(), Instant::now());
                         }
                         Err(e) => {
@@ -753,8 +754,9 @@ struct Probed<'a> {
 
 impl Probed<'_> {
     /// Probes every cell once, feeds `detector`, and marks Up a fenced
-    /// cell that passes its probes again (backfilling one that was failed
-    /// over). `registered`: the cells whose coordination lease lives
+    /// cell that passes its probes again: at once if it was not called
+    /// failed, else once the detector calls it recovered (backfilling one
+    /// that was failed over). `registered`: the cells whose coordination lease lives
     /// (`None`: no leases).
     async fn observe(
         &self,
@@ -785,11 +787,11 @@ impl Probed<'_> {
             } else if !detector.is_failed(&cell.id) {
                 first_failure.remove(&cell.id);
             }
-            if cell.status.fenced() && !detector.is_failed(&cell.id) && !healthy {
+            if cell.status == CellStatus::Down && !detector.is_failed(&cell.id) && !healthy {
                 detector.mark_failed(&cell.id);
             }
             detector.observe(&cell.id, healthy);
-            if cell.status.fenced() && !detector.is_failed(&cell.id) {
+            if cell.status.fenced() && healthy && !detector.is_failed(&cell.id) {
                 self.recovered(cell).await;
                 first_failure.remove(&cell.id);
             }

@@ -2,17 +2,22 @@
 //! control plane's probe loop applies to each cell on every tick, as a pure
 //! function beside the planner.
 //!
-//! A cell the detector calls failed is first fenced: marked Degraded in the
-//! route table, after which it renews no owner lease, so one lease later it
-//! writes nothing more even if the table still answers it. Its routes move
-//! only then, and their new owner may write them at once. A cell that
-//! passes its probes again before that is simply marked Up.
+//! A cell that owns something is fenced at its first failed probe: marked
+//! Degraded in the route table, after which it renews no owner lease, so
+//! one lease later it writes nothing more even if the table still answers
+//! it. Its routes move once the detector calls it failed and that lease
+//! has run out, and their new owner may write them at once. A cell that
+//! passes a probe again before it is called failed is marked Up at once:
+//! the lease it holds outlasts a short fence, so one slow probe costs two
+//! route writes and no refused send.
 
 use std::time::Duration;
 
 /// What the loop knows of one cell now.
 #[derive(Debug, Clone, Copy)]
 pub struct CellNow {
+    /// Its last probe failed.
+    pub failing: bool,
     /// The detector calls it failed.
     pub failed: bool,
     /// A route still places something on it.
@@ -47,17 +52,19 @@ pub fn owner_lease(announced_ms: u64, assumed_ms: u64) -> Duration {
     Duration::from_millis(lease * 11 / 10)
 }
 
-/// What to do about `cell` now. A failed cell is fenced first, and failed
-/// over once its owner lease has run out since the fence (counted from
-/// when this control plane wrote or first saw it: a replica that takes
-/// the lead over a fenced cell waits one lease more). A cell marked Down
-/// that owns nothing any more is left alone.
+/// What to do about `cell` now. A failing cell that owns something, or a
+/// failed one, is fenced first; a failed one is failed over once its owner
+/// lease has run out since the fence (counted from when this control plane
+/// wrote or first saw it: a replica that takes the lead over a fenced cell
+/// waits one lease more). A cell marked Down that owns nothing any more is
+/// left alone.
 pub fn step(cell: CellNow, owner_lease: Duration) -> Step {
+    if !cell.fenced {
+        let fence = cell.failed || (cell.failing && cell.owns);
+        return if fence { Step::Fence } else { Step::Wait };
+    }
     if !cell.failed {
         return Step::Wait;
-    }
-    if !cell.fenced {
-        return Step::Fence;
     }
     if !cell.owns && cell.marked_down {
         return Step::Wait;
@@ -85,6 +92,7 @@ mod tests {
 
     fn fenced(fenced_for: u64) -> CellNow {
         CellNow {
+            failing: true,
             failed: true,
             owns: true,
             fenced: true,
@@ -94,13 +102,42 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_cell_is_fenced_first_and_failed_over_a_lease_after_the_fence() {
+    fn a_failing_cell_is_fenced_first_and_failed_over_a_lease_after_the_fence() {
         let unfenced = CellNow {
+            failed: false,
             fenced: false,
             fenced_for: None,
             ..fenced(0)
         };
-        assert_eq!(step(unfenced, LEASE), Step::Fence);
+        assert_eq!(
+            step(unfenced, LEASE),
+            Step::Fence,
+            "at its first failed probe"
+        );
+        let idle = CellNow {
+            owns: false,
+            ..unfenced
+        };
+        assert_eq!(step(idle, LEASE), Step::Wait, "nothing to fence yet");
+        let idle_failed = CellNow {
+            failed: true,
+            ..idle
+        };
+        assert_eq!(step(idle_failed, LEASE), Step::Fence, "to be marked down");
+        let passing = CellNow {
+            failing: false,
+            ..unfenced
+        };
+        assert_eq!(step(passing, LEASE), Step::Wait);
+        let not_yet_failed = CellNow {
+            failed: false,
+            ..fenced(5_000)
+        };
+        assert_eq!(
+            step(not_yet_failed, LEASE),
+            Step::Wait,
+            "fenced, not failed"
+        );
         assert_eq!(step(fenced(1_999), LEASE), Step::Wait);
         assert_eq!(
             due_in(fenced(1_500), LEASE),

@@ -28,6 +28,7 @@ mod exactly_once;
 mod export_restore;
 mod failover;
 mod failover_then_move;
+mod fencing;
 mod floor_jumps;
 mod forward_lanes;
 mod graceful_stop;
