@@ -727,13 +727,10 @@ async fn run(
                     fail_over(&config, &routes, &cell.id, since, &events).await;
                 }
             }
+            // As it stands after this step (a fence just written counts).
             let now = CellNow {
-                fenced: true,
-                fenced_for: Some(
-                    fenced_at
-                        .get(&cell.id)
-                        .map_or(Duration::ZERO, |t| t.elapsed()),
-                ),
+                fenced: fenced_at.contains_key(&cell.id),
+                fenced_for: fenced_at.get(&cell.id).map(|t| t.elapsed()),
                 ..now
             };
             if let Some(left) = trigger::due_in(now, lease).filter(|l| !l.is_zero()) {

@@ -498,23 +498,14 @@ pub async fn busy_control_plane(routers: Vec<String>) -> RunningControlPlane {
 /// Fails `cell` over as the control plane would, with floor `margin`, and
 /// returns the cell its routes went to.
 pub async fn fail_over(routes: &RouteClient, cell: &str, margin: u64) -> String {
-    // Planned again when the cell's entry changed in between (it records
-    // its mark holders now and then), as the control plane does.
-    let mut attempts = 0;
-    loop {
-        let plan = routes
-            .read(|t| cellmesh_control_plane::failover::planner::plan_failover(t, cell, margin))
-            .unwrap();
-        match cellmesh_control_plane::failover::execute(routes, &plan.commands).await {
-            Ok(_) => return plan.fallback,
-            Err(e) if attempts < 5 => {
-                attempts += 1;
-                eprintln!("failover of {cell} planned again: {}", e.message());
-                routes.catch_up().await.ok();
-            }
-            Err(e) => panic!("failover of {cell}: {e}"),
-        }
-    }
+    // No fence: the cell is marked Down and its routes move at once
+    // (planned again when its entry changed in between, as the control
+    // plane does).
+    let plan =
+        cellmesh_control_plane::failover::fail_fenced(routes, cell, margin, Duration::ZERO, |_| {})
+            .await;
+    plan.unwrap_or_else(|e| panic!("failover of {cell}: {e}"))
+        .fallback
 }
 
 /// Waits until every cell the route table lists as holding the owner's

@@ -683,9 +683,6 @@ impl Subject for ConversationMove<'_> {
     }
 }
 
-/// Whether `entry` is the state transition `t` of `key` leads to, for the
-/// transitions whose result names itself (a switch and a cancel both end
-/// Active, and are not told apart here).
 /// Whether `entry` is what a switch of `key` to `to` with `seq_floor`
 /// left: Active on `to`, the floor at least `seq_floor`, no failover's
 /// mark. A cancel leaves the key on its source, a failover its mark.
@@ -698,6 +695,9 @@ fn switched(key: &Key, entry: &Entry, to: &str, seq_floor: u64) -> bool {
         && entry.failed_from.is_none()
 }
 
+/// Whether `entry` is the state transition `t` of `key` leads to, for the
+/// transitions whose result names itself (a switch and a cancel both end
+/// Active: a switch is told by [`switched`]).
 fn reached(key: &Key, entry: &Entry, t: &Transition) -> bool {
     if entry.key != *key {
         return false;

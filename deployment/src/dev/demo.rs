@@ -15,7 +15,7 @@ use cellmesh_proto::v1::messaging_client::MessagingClient;
 use cellmesh_proto::v1::{ConversationKind, CreateConversationRequest};
 use cellmesh_route_client::client::RouteClient;
 use cellmesh_route_client::commands::assign_tenant;
-use cellmesh_route_client::table::Key;
+use cellmesh_route_client::table::{Key, RouteState};
 use serde::{Deserialize, Serialize};
 use tonic::metadata::MetadataValue;
 
@@ -112,9 +112,10 @@ async fn move_live(
                 Err(e) => e,
             };
         migrator.routes().catch_up().await.ok();
-        let moved = migrator.routes().resolve(&key).is_some_and(|r| {
-            r.entry.cell == to && r.entry.state == cellmesh_route_client::table::RouteState::Active
-        });
+        let moved = migrator
+            .routes()
+            .resolve(&key)
+            .is_some_and(|r| r.entry.cell == to && r.entry.state == RouteState::Active);
         if moved {
             return Ok(());
         }

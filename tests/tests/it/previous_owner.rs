@@ -16,6 +16,37 @@ use cellmesh_tests::deploy::*;
 use cellmesh_tests::router::SECRET;
 use std::time::{Duration, Instant};
 
+/// A deployment with one conversation on eu-west/c1, five messages in it,
+/// their marks held by its standbys.
+struct Conversation {
+    d: Deployment,
+    routes: cellmesh_route_client::client::RouteClient,
+    alice: String,
+    m: cellmesh_proto::v1::messaging_client::MessagingClient<tonic::transport::Channel>,
+    conv: u64,
+}
+
+async fn conversation_on_eu_west() -> Conversation {
+    let d = deploy(None).await;
+    let routes = d.cluster.client().await;
+    let alice = token(1, 10);
+    let mut m = messaging(&d.edge).await;
+    let conv = create_via_edge(&mut m, &alice, vec![11]).await;
+    for i in 0..5 {
+        m.send(authed(text(conv, &format!("before-{i}")), &alice))
+            .await
+            .unwrap();
+    }
+    wait_for_checkpoint(&routes, conv, 5, Duration::from_secs(10)).await;
+    Conversation {
+        d,
+        routes,
+        alice,
+        m,
+        conv,
+    }
+}
+
 fn direct_send(conv: u64, tag: &str) -> tonic::Request<cellmesh_proto::v1::SendRequest> {
     let mut r = tonic::Request::new(cellmesh_tests::text(1, 10, conv, tag, "x"));
     ClusterSecret::new(SECRET).attach(&mut r);
@@ -24,16 +55,13 @@ fn direct_send(conv: u64, tag: &str) -> tonic::Request<cellmesh_proto::v1::SendR
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_over_route_is_written_once_the_cell_it_left_can_write_no_more() {
-    let d = deploy(None).await;
-    let routes = d.cluster.client().await;
-    let alice = token(1, 10);
-    let mut m = messaging(&d.edge).await;
-    let conv = create_via_edge(&mut m, &alice, vec![11]).await;
-    for i in 0..5 {
-        let tag = format!("before-{i}");
-        m.send(authed(text(conv, &tag), &alice)).await.unwrap();
-    }
-    wait_for_checkpoint(&routes, conv, 5, Duration::from_secs(10)).await;
+    let Conversation {
+        d,
+        routes,
+        alice,
+        m,
+        conv,
+    } = conversation_on_eu_west().await;
 
     // eu-west/c1 still runs and renews its lease: only the route moves.
     let fallback = fail_over(&routes, "eu-west/c1", 1_000).await;
@@ -102,17 +130,13 @@ async fn a_failed_over_route_is_written_once_the_cell_it_left_can_write_no_more(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cell_fenced_a_lease_before_its_failover_stops_writing_and_its_successor_writes_at_once()
 {
-    let d = deploy(None).await;
-    let routes = d.cluster.client().await;
-    let alice = token(1, 10);
-    let mut m = messaging(&d.edge).await;
-    let conv = create_via_edge(&mut m, &alice, vec![11]).await;
-    for i in 0..5 {
-        m.send(authed(text(conv, &format!("before-{i}")), &alice))
-            .await
-            .unwrap();
-    }
-    wait_for_checkpoint(&routes, conv, 5, Duration::from_secs(10)).await;
+    let Conversation {
+        d,
+        routes,
+        alice,
+        mut m,
+        conv,
+    } = conversation_on_eu_west().await;
 
     // The table fences eu-west/c1, which still runs and hears the table.
     let fence = cellmesh_route_client::commands::set_cell_status(
