@@ -93,7 +93,9 @@ impl Store {
         batch.delete_cf(self.cf(cf::META), meta::SEARCH_BUILT_THROUGH);
         let mut opts = WriteOptions::default();
         opts.set_sync(true);
-        self.db.write_opt(batch, &opts)?;
+        let written = self.db.write_opt(batch, &opts);
+        self.views.queue_ids.forget();
+        written?;
         Ok(())
     }
 }

@@ -275,6 +275,7 @@ fn evict_least_asked<V: Mirror>(slots: &mut HashMap<ConversationId, Slot<V>>) {
 pub(crate) struct Views {
     pub tallies: super::tally::ReadTallies,
     pub screens: super::screen::Screens,
+    pub queue_ids: super::queue_ids::QueueIds,
 }
 
 impl Views {
@@ -282,6 +283,7 @@ impl Views {
     /// anyone hears of the batch (its writers, the relay of its outbox).
     pub(super) fn note<'a>(&self, ops: impl Iterator<Item = &'a Op> + Clone) {
         self.tallies.note(ops.clone());
+        self.queue_ids.note(ops.clone());
         self.screens.note(ops);
     }
 }

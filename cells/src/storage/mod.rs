@@ -16,6 +16,7 @@ mod mirror;
 pub mod moved;
 mod options;
 mod queue;
+mod queue_ids;
 mod receipts;
 mod scan;
 pub mod screen;

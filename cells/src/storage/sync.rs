@@ -143,7 +143,8 @@ impl Store {
     /// (a user-home move) keeps it: a cursor is only meaningful in the
     /// queue it came from.
     pub fn queue_id(&self, user: UserKey) -> Result<u64> {
-        self.get_u64(cf::QUEUE_ID, &keys::user(user))
+        let key = keys::user(user);
+        (self.views.queue_ids).get(key, || self.get_u64(cf::QUEUE_ID, &key))
     }
 
     /// The users of `tenant` with a sync queue here.

@@ -63,7 +63,8 @@ struct DeviceStream {
 }
 
 pub struct Hub {
-    users: Mutex<HashMap<UserKey, UserState>>,
+    /// By user: ids, hashed fast.
+    users: Mutex<rustc_hash::FxHashMap<UserKey, UserState>>,
     presence_window_ms: u64,
     max_streams_per_user: usize,
     next_stream: std::sync::atomic::AtomicU64,
@@ -129,7 +130,7 @@ pub struct TooManyStreams(pub usize);
 impl Hub {
     pub fn new(presence_window_ms: u64, max_streams_per_user: usize) -> Self {
         Self {
-            users: Mutex::new(HashMap::new()),
+            users: Mutex::new(Default::default()),
             presence_window_ms,
             max_streams_per_user: max_streams_per_user.max(1),
             next_stream: std::sync::atomic::AtomicU64::new(1),

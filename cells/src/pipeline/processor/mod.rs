@@ -15,7 +15,8 @@
 //! queues (or queues them for their home cells); [`replicate`] ships copies
 //! to this cell's standbys; [`remote`] applies what other cells hand in.
 
-use std::collections::{HashMap, HashSet};
+// Keys here are ids, not attacker-chosen strings: a fast hash suffices.
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -362,8 +363,8 @@ impl Processor {
             hub,
             clock,
             large_group_threshold,
-            pts: HashMap::new(),
-            entries: HashMap::new(),
+            pts: HashMap::default(),
+            entries: HashMap::default(),
             handovers_seen: 0,
             queued_for,
             next_notification,
@@ -533,7 +534,7 @@ impl Processor {
             self.forget_cached();
         }
         self.entries.extend(batch.entries);
-        let mut messages = HashMap::new();
+        let mut messages = HashMap::default();
         for (user, pts) in batch.pts {
             let _push = batch.trace.push(user);
             self.pts.insert(user, pts);
@@ -619,7 +620,7 @@ impl Processor {
 
 /// The users whose events wait in the forward queue.
 fn queued_users(store: &Store) -> Result<HashSet<UserKey>, PipelineError> {
-    let mut users = HashSet::new();
+    let mut users = HashSet::default();
     let mut after = 0;
     loop {
         let page = store.forwards(ForwardQueue::Homes, after, 1_024)?;
