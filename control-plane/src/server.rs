@@ -17,6 +17,7 @@ use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::v1::CellStatus as PbCellStatus;
 use cellmesh_route_client::client::RouteClient;
 use cellmesh_route_client::commands::set_cell_status;
+use cellmesh_route_client::convert::cell_status_to_pb;
 use cellmesh_route_client::peers::Peers;
 use cellmesh_route_client::table::{CellInfo, CellStatus};
 use serde::{Deserialize, Serialize};
@@ -638,8 +639,9 @@ async fn run(
     let leases = config.coordination.backend == CoordinationBackend::Etcd;
     let mut detector = Detector::new(config.down_after, config.up_after);
     let mut first_failure: std::collections::HashMap<String, Instant> = Default::default();
-    // Cells the table fences, since when this replica knows it.
-    let mut fenced_at: std::collections::HashMap<String, Instant> = Default::default();
+    // Cells the table fences: since when this replica knows it, and the
+    // status the fence replaced.
+    let mut fences: std::collections::HashMap<String, Fence> = Default::default();
     let timeout = Duration::from_millis(config.probe_timeout_ms);
     // One pool for the backfills of every cell that comes back.
     let peers = Peers::new(config.links.clone());
@@ -678,6 +680,7 @@ async fn run(
                     registered,
                     &mut detector,
                     &mut first_failure,
+                    &fences,
                     timeout,
                 )
                 .await;
@@ -694,11 +697,10 @@ async fn run(
                 )
             });
             if status.fenced() {
-                fenced_at
-                    .entry(cell.id.clone())
-                    .or_insert_with(Instant::now);
+                // Fenced by another replica: what it replaced is not known.
+                (fences.entry(cell.id.clone())).or_insert_with(|| Fence::new(CellStatus::Up));
             } else {
-                fenced_at.remove(&cell.id);
+                fences.remove(&cell.id);
             }
             let now = CellNow {
                 failing: first_failure.contains_key(&cell.id),
@@ -706,7 +708,7 @@ async fn run(
                 owns,
                 fenced: status.fenced(),
                 marked_down: status == CellStatus::Down,
-                fenced_for: fenced_at.get(&cell.id).map(|t| t.elapsed()),
+                fenced_for: fences.get(&cell.id).map(|f| f.since.elapsed()),
             };
             match trigger::step(now, lease) {
                 Step::Wait => {}
@@ -715,7 +717,7 @@ async fn run(
                     match routes.apply(fence).await {
                         Ok(_) => {
                             tracing::warn!(cell = %cell.id, "fenced: marked Degraded until it passes a probe");
-                            fenced_at.insert(cell.id.clone(), Instant::now());
+                            fences.insert(cell.id.clone(), Fence::new(status));
                         }
                         Err(e) => {
                             tracing::warn!(cell = %cell.id, error = %e.message(), "fence not written")
@@ -729,14 +731,31 @@ async fn run(
             }
             // As it stands after this step (a fence just written counts).
             let now = CellNow {
-                fenced: fenced_at.contains_key(&cell.id),
-                fenced_for: fenced_at.get(&cell.id).map(|t| t.elapsed()),
+                fenced: fences.contains_key(&cell.id),
+                fenced_for: fences.get(&cell.id).map(|f| f.since.elapsed()),
                 ..now
             };
             if let Some(left) = trigger::due_in(now, lease).filter(|l| !l.is_zero()) {
                 let at = Instant::now() + left;
                 next_due = Some(next_due.map_or(at, |n| n.min(at)));
             }
+        }
+    }
+}
+
+/// A fence this control plane knows of.
+struct Fence {
+    since: Instant,
+    /// The status it replaced (Up, or Draining: a cell being emptied
+    /// stays so once the fence is lifted).
+    before: CellStatus,
+}
+
+impl Fence {
+    fn new(before: CellStatus) -> Self {
+        Self {
+            since: Instant::now(),
+            before,
         }
     }
 }
@@ -750,10 +769,11 @@ struct Probed<'a> {
 }
 
 impl Probed<'_> {
-    /// Probes every cell once, feeds `detector`, and marks Up a fenced
-    /// cell that passes its probes again: at once if it was not called
-    /// failed, else once the detector calls it recovered (backfilling one
-    /// that was failed over). `registered`: the cells whose coordination lease lives
+    /// Probes every cell once, feeds `detector`, and lifts the fence of a
+    /// cell that passes its probes again (its status before the fence, as
+    /// `fences` knows it): at once if it was not called failed, else once
+    /// the detector calls it recovered (backfilling one that was failed
+    /// over). `registered`: the cells whose coordination lease lives
     /// (`None`: no leases).
     async fn observe(
         &self,
@@ -761,6 +781,7 @@ impl Probed<'_> {
         registered: Option<std::collections::BTreeMap<String, String>>,
         detector: &mut Detector,
         first_failure: &mut std::collections::HashMap<String, Instant>,
+        fences: &std::collections::HashMap<String, Fence>,
         timeout: Duration,
     ) {
         let probes: Vec<_> = cells
@@ -789,19 +810,21 @@ impl Probed<'_> {
             }
             detector.observe(&cell.id, healthy);
             if cell.status.fenced() && healthy && !detector.is_failed(&cell.id) {
-                self.recovered(cell).await;
+                let before = fences.get(&cell.id).map_or(CellStatus::Up, |f| f.before);
+                self.recovered(cell, before).await;
                 first_failure.remove(&cell.id);
             }
         }
     }
 
-    /// Marks `cell`, fenced, Up again: it passes its probes. One that was
-    /// failed over owns nothing until failed back; what it acknowledged is
-    /// backfilled into its routes' new owners.
-    async fn recovered(&self, cell: &CellInfo) {
+    /// Gives `cell`, fenced, back the status `before` the fence (Up, or
+    /// Draining): it passes its probes. One that was failed over owns
+    /// nothing until failed back; what it acknowledged is backfilled into
+    /// its routes' new owners.
+    async fn recovered(&self, cell: &CellInfo, before: CellStatus) {
         if self
             .routes
-            .apply(set_cell_status(&cell.id, PbCellStatus::Up))
+            .apply(set_cell_status(&cell.id, cell_status_to_pb(before)))
             .await
             .is_err()
         {

@@ -7,9 +7,9 @@
 //! one lease later it writes nothing more even if the table still answers
 //! it. Its routes move once the detector calls it failed and that lease
 //! has run out, and their new owner may write them at once. A cell that
-//! passes a probe again before it is called failed is marked Up at once:
-//! the lease it holds outlasts a short fence, so one slow probe costs two
-//! route writes and no refused send.
+//! passes a probe again before it is called failed gets its status back
+//! (Up, or Draining) at once: the lease it holds outlasts a short fence,
+//! so one slow probe costs two route writes and no refused send.
 
 use std::time::Duration;
 
