@@ -276,6 +276,7 @@ pub(crate) struct Views {
     pub tallies: super::tally::ReadTallies,
     pub screens: super::screen::Screens,
     pub queue_ids: super::queue_ids::QueueIds,
+    pub member_lists: super::member_lists::MemberLists,
 }
 
 impl Views {
@@ -284,6 +285,7 @@ impl Views {
     pub(super) fn note<'a>(&self, ops: impl Iterator<Item = &'a Op> + Clone) {
         self.tallies.note(ops.clone());
         self.queue_ids.note(ops.clone());
+        self.member_lists.note(ops.clone());
         self.screens.note(ops);
     }
 }

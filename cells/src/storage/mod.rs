@@ -12,6 +12,7 @@ mod format;
 pub mod keys;
 mod manifest;
 mod marks;
+mod member_lists;
 mod mirror;
 pub mod moved;
 mod options;
@@ -363,8 +364,20 @@ impl Store {
     }
 
     pub fn is_member(&self, conversation: ConversationId, user: UserId) -> Result<bool> {
+        if let Some(list) = self.views.member_lists.peek(conversation.get()) {
+            return Ok(list.binary_search(&user.get()).is_ok());
+        }
         let key = keys::member(conversation, user);
         Ok(self.db.get_pinned_cf(self.cf(cf::MEMBERS), key)?.is_some())
+    }
+
+    /// Every member of `conversation`, ascending: from memory for a
+    /// conversation of at most [`member_lists::MAX_LIST`] members read
+    /// before (kept exact by the commit lanes), else from storage.
+    pub fn member_list(&self, conversation: ConversationId) -> Result<Arc<[u64]>> {
+        (self.views.member_lists).get(conversation.get(), || {
+            Ok(self.members(conversation, 0, usize::MAX)?.0)
+        })
     }
 
     /// Members with ids above `after`, at most `limit`; and whether more follow.

@@ -58,10 +58,8 @@ impl plan::Members for StoredMembers<'_> {
     type Error = PipelineError;
 
     fn all(&self) -> Result<Vec<u64>, PipelineError> {
-        Ok(self
-            .store
-            .members(ConversationId(self.conversation), 0, usize::MAX)?
-            .0)
+        let list = self.store.member_list(ConversationId(self.conversation))?;
+        Ok(list.to_vec())
     }
 
     fn contains(&self, user: UserId) -> Result<bool, PipelineError> {
