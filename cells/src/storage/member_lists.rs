@@ -13,6 +13,7 @@
 
 use std::sync::{Arc, Mutex};
 
+use cellmesh_proto::ids::ConversationId;
 use rustc_hash::FxHashMap;
 
 use super::Op;
@@ -31,8 +32,8 @@ pub(crate) struct MemberLists {
 
 #[derive(Default)]
 struct Kept {
-    /// By conversation id: its members, ascending.
-    lists: FxHashMap<u64, Arc<[u64]>>,
+    /// By conversation: its members, ascending.
+    lists: FxHashMap<ConversationId, Arc<[u64]>>,
     /// Ids held in `lists`.
     ids: usize,
     /// Moves with every member write noted.
@@ -45,7 +46,7 @@ impl MemberLists {
     /// the read.
     pub fn get<E>(
         &self,
-        conversation: u64,
+        conversation: ConversationId,
         read: impl FnOnce() -> Result<Vec<u64>, E>,
     ) -> Result<Arc<[u64]>, E> {
         let generation = {
@@ -71,7 +72,7 @@ impl MemberLists {
     }
 
     /// The kept list of `conversation`, if any (storage is not read).
-    pub fn peek(&self, conversation: u64) -> Option<Arc<[u64]>> {
+    pub fn peek(&self, conversation: ConversationId) -> Option<Arc<[u64]>> {
         self.lock().lists.get(&conversation).cloned()
     }
 
@@ -90,7 +91,7 @@ impl MemberLists {
             };
             let kept = locked.get_or_insert_with(|| self.lock());
             kept.generation += 1;
-            match key.and_then(|k| keys::first_u64(k)) {
+            match key.and_then(|k| keys::first_u64(k)).map(ConversationId) {
                 Some(conversation) => {
                     if let Some(list) = kept.lists.remove(&conversation) {
                         kept.ids -= list.len();
@@ -113,6 +114,9 @@ impl MemberLists {
 mod tests {
     use super::*;
 
+    const A: ConversationId = ConversationId(1);
+    const B: ConversationId = ConversationId(2);
+
     fn member(conversation: u64, user: u64) -> Vec<u8> {
         keys::pair_key(conversation, user).to_vec()
     }
@@ -124,34 +128,34 @@ mod tests {
     #[test]
     fn a_member_written_or_removed_forgets_its_conversation_only() {
         let lists = MemberLists::default();
-        assert_eq!(&*lists.get(1, read(&[5, 6])).unwrap(), &[5, 6]);
-        assert_eq!(&*lists.get(2, read(&[7])).unwrap(), &[7]);
-        assert_eq!(&*lists.get(1, || Err(())).unwrap(), &[5, 6], "kept");
+        assert_eq!(&*lists.get(A, read(&[5, 6])).unwrap(), &[5, 6]);
+        assert_eq!(&*lists.get(B, read(&[7])).unwrap(), &[7]);
+        assert_eq!(&*lists.get(A, || Err(())).unwrap(), &[5, 6], "kept");
         lists.note([Op::Put(cf::MEMBERS, member(1, 8), Vec::new())].iter());
-        assert_eq!(lists.peek(1), None, "read again");
-        assert_eq!(&*lists.get(1, read(&[5, 6, 8])).unwrap(), &[5, 6, 8]);
-        assert_eq!(&*lists.get(2, || Err(())).unwrap(), &[7], "another kept");
+        assert_eq!(lists.peek(A), None, "read again");
+        assert_eq!(&*lists.get(A, read(&[5, 6, 8])).unwrap(), &[5, 6, 8]);
+        assert_eq!(&*lists.get(B, || Err(())).unwrap(), &[7], "another kept");
         lists.note([Op::Delete(cf::MEMBERS, member(2, 7))].iter());
-        assert_eq!(lists.peek(2), None);
+        assert_eq!(lists.peek(B), None);
         let other = Op::Put(cf::SYNC, member(1, 9), Vec::new());
         lists.note([other].iter());
-        assert!(lists.peek(1).is_some(), "another family changes nothing");
+        assert!(lists.peek(A).is_some(), "another family changes nothing");
         lists.note([Op::DeleteRange(cf::MEMBERS, member(0, 0), member(9, 0))].iter());
-        assert_eq!(lists.peek(1), None, "a range delete forgets all");
+        assert_eq!(lists.peek(A), None, "a range delete forgets all");
     }
 
     #[test]
     fn a_read_that_raced_a_member_write_is_not_kept() {
         let lists = MemberLists::default();
-        let raced = lists.get(1, || {
+        let raced = lists.get(A, || {
             lists.note([Op::Put(cf::MEMBERS, member(1, 8), Vec::new())].iter());
             Ok::<_, ()>(vec![5])
         });
         assert_eq!(&*raced.unwrap(), &[5], "the caller gets what it read");
-        assert_eq!(lists.peek(1), None);
-        lists.get(1, read(&[5, 8])).unwrap();
+        assert_eq!(lists.peek(A), None);
+        lists.get(A, read(&[5, 8])).unwrap();
         assert_eq!(
-            lists.peek(1).as_deref(),
+            lists.peek(A).as_deref(),
             Some(&[5, 8][..]),
             "read alone: kept"
         );
@@ -161,11 +165,13 @@ mod tests {
     fn a_long_list_is_not_kept_and_the_ids_kept_are_bounded() {
         let lists = MemberLists::default();
         let long: Vec<u64> = (0..=MAX_LIST as u64).collect();
-        assert_eq!(lists.get(1, read(&long)).unwrap().len(), MAX_LIST + 1);
-        assert_eq!(lists.peek(1), None);
+        assert_eq!(lists.get(A, read(&long)).unwrap().len(), MAX_LIST + 1);
+        assert_eq!(lists.peek(A), None);
         let full: Vec<u64> = (0..MAX_LIST as u64).collect();
         for conversation in 0..(MAX_IDS / MAX_LIST) as u64 + 2 {
-            lists.get(conversation, read(&full)).unwrap();
+            lists
+                .get(ConversationId(conversation), read(&full))
+                .unwrap();
         }
         let kept = lists.lock();
         assert!(kept.ids <= MAX_IDS);

@@ -364,7 +364,7 @@ impl Store {
     }
 
     pub fn is_member(&self, conversation: ConversationId, user: UserId) -> Result<bool> {
-        if let Some(list) = self.views.member_lists.peek(conversation.get()) {
+        if let Some(list) = self.views.member_lists.peek(conversation) {
             return Ok(list.binary_search(&user.get()).is_ok());
         }
         let key = keys::member(conversation, user);
@@ -375,7 +375,7 @@ impl Store {
     /// conversation of at most [`member_lists::MAX_LIST`] members read
     /// before (kept exact by the commit lanes), else from storage.
     pub fn member_list(&self, conversation: ConversationId) -> Result<Arc<[u64]>> {
-        (self.views.member_lists).get(conversation.get(), || {
+        (self.views.member_lists).get(conversation, || {
             Ok(self.members(conversation, 0, usize::MAX)?.0)
         })
     }

@@ -173,32 +173,36 @@ async fn the_message_after_a_membership_change_goes_to_the_members_after_it() {
     let mut c = cell.client().await;
     let mut s = connect_sync(&cell.endpoint).await;
     let conv = create_group(&mut c, T, 1, &[2, 3]).await;
-    let mut streams = Vec::new();
-    for user in [2, 3, 4] {
-        streams.push(subscribe(&mut s, T, user, "phone", 0).await);
-    }
-    let [two, three, four] = &mut streams[..] else {
-        unreachable!()
-    };
-    for stream in [&mut *two, &mut *three] {
+    let mut two = subscribe(&mut s, T, 2, "phone", 0).await;
+    let mut three = subscribe(&mut s, T, 3, "phone", 0).await;
+    let mut four = subscribe(&mut s, T, 4, "phone", 0).await;
+    for stream in [&mut two, &mut three] {
         assert_eq!(one_event(stream, conv).await, SyncEventKind::Joined as i32);
     }
     let send = |user: u64, tag: &str| cellmesh_tests::text(T, user, conv, tag, tag);
     c.send(send(1, "before")).await.unwrap();
     // Fanned out to both: the processor has read the members.
-    for stream in [&mut *two, &mut *three] {
+    for stream in [&mut two, &mut three] {
         assert_eq!(one_event(stream, conv).await, SyncEventKind::Message as i32);
     }
     c.remove_members(change(1, conv, vec![3])).await.unwrap();
     c.add_members(change(1, conv, vec![4])).await.unwrap();
-    assert_eq!(one_event(three, conv).await, SyncEventKind::Left as i32);
-    assert_eq!(one_event(four, conv).await, SyncEventKind::Joined as i32);
+    assert_eq!(
+        one_event(&mut three, conv).await,
+        SyncEventKind::Left as i32
+    );
+    assert_eq!(
+        one_event(&mut four, conv).await,
+        SyncEventKind::Joined as i32
+    );
     c.send(send(2, "after")).await.unwrap();
-    for stream in [&mut *two, &mut *four] {
+    for stream in [&mut two, &mut four] {
         assert_eq!(one_event(stream, conv).await, SyncEventKind::Message as i32);
     }
     assert!(
-        next_push(three, Duration::from_millis(500)).await.is_none(),
+        next_push(&mut three, Duration::from_millis(500))
+            .await
+            .is_none(),
         "the removed member gets nothing more"
     );
     let refused = c.send(send(3, "outside")).await.unwrap_err();
