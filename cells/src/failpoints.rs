@@ -25,6 +25,9 @@
 //!   events read from the queue, before any of their effects commit;
 //! - `fanout.committed=abort` — it dies right after a batch's effects and
 //!   queue positions committed, before it announces them to devices.
+//! - `search.indexed=error` — the search indexer fails right after its
+//!   index commit, before its queue position commits (its events come
+//!   again).
 //!
 //! Removing a line (or the file) clears the point.
 

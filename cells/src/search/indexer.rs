@@ -6,7 +6,10 @@
 //! and replaces its document, and removes what left. It commits the touched
 //! tenants' indexes first and its queue position after, so a crash between
 //! the two redelivers events whose documents are already there — and
-//! replacing a document by its key adds nothing twice.
+//! replacing a document by its key adds nothing twice. A message sent
+//! after the indexer started, and never handed to it before, cannot be in
+//! the index: it is added without the replace, whose delete every segment
+//! would otherwise look up.
 
 use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
 use std::collections::HashSet;
@@ -17,9 +20,10 @@ use cellmesh_proto::storage::v1::{MessageRecord, OutboxEvent, OutboxKind};
 use cellmesh_proto::v1::{MessageState, MessageType};
 
 use super::{IndexedMessage, Search, TenantIndex};
+use crate::failpoints::Action;
 use crate::message::MessageService;
 use crate::pipeline::PipelineError;
-use crate::queue::{Delivery, EventQueue};
+use crate::queue::{Delivery, EventQueue, QueueError};
 use crate::storage::keys;
 
 /// Events taken from the queue per poll.
@@ -72,6 +76,10 @@ pub async fn run(
 ) -> Result<(), PipelineError> {
     let mut consumer = queue.consumer(&group).await?;
     build(&search, &messages).await?;
+    // Outbox ids above this were never handed to the index: every event an
+    // earlier run, or the build, may have indexed was written by now; and
+    // within this run an id at or below the highest seen is a redelivery.
+    let mut handed = messages.store().outbox_settled().await?;
     let interval = Duration::from_millis(search.config.commit_interval_ms);
     let mut pending: Vec<Delivery> = Vec::new();
     let mut touched = HashSet::new();
@@ -84,8 +92,10 @@ pub async fn run(
         });
         let batch = consumer.poll(POLL, wait).await?;
         for d in &batch {
+            let new = d.event.id > handed;
+            handed = handed.max(d.event.id);
             if let Some(event) = &d.event.event
-                && apply(&search, &messages, event).await?
+                && apply(&search, &messages, event, new).await?
             {
                 touched.insert(event.tenant_id);
                 if event.kind == OutboxKind::Message as i32 && event.server_ts_ms > 0 {
@@ -100,6 +110,11 @@ pub async fn run(
         }
         if since.is_some_and(|t| t.elapsed() >= interval) {
             search.commit(touched.drain())?;
+            if messages.store().failpoints().hit("search.indexed") == Some(Action::Error) {
+                return Err(PipelineError::Queue(QueueError::Unavailable(
+                    "position not committed (fail point search.indexed)".into(),
+                )));
+            }
             consumer.commit(&pending).await?;
             let metrics = crate::metrics::metrics();
             metrics.search_indexed.inc_by(pending.len() as u64);
@@ -114,10 +129,12 @@ pub async fn run(
 }
 
 /// Brings the index in line with one event; `true` when it changed.
+/// `new`: the event was never handed to the index before.
 async fn apply(
     search: &Search,
     messages: &MessageService,
     event: &OutboxEvent,
+    new: bool,
 ) -> Result<bool, PipelineError> {
     if !search.config.searchable(TenantId(event.tenant_id)) {
         return Ok(false);
@@ -126,6 +143,13 @@ async fn apply(
     let index = search.tenant(TenantId(event.tenant_id))?;
     let conversation = event.conversation_id;
     let (first, last) = match kind {
+        OutboxKind::Message if new => {
+            let conversation = ConversationId(conversation);
+            return match messages.store().message(conversation, event.seq)? {
+                Some(record) => index_new(&index, conversation, event.seq, &record),
+                None => Ok(false),
+            };
+        }
         OutboxKind::Message | OutboxKind::Edit => (event.seq, event.seq),
         OutboxKind::Recall => {
             index.remove(ConversationId(conversation), event.seq);
@@ -186,6 +210,21 @@ async fn index_range(
     Ok(after)
 }
 
+/// Indexes a message the index cannot hold yet (see [`TenantIndex::add_new`]);
+/// `true` when it has text to find.
+fn index_new(
+    index: &TenantIndex,
+    conversation: ConversationId,
+    seq: u64,
+    record: &MessageRecord,
+) -> Result<bool, PipelineError> {
+    let Some(indexed) = indexed(conversation, seq, record) else {
+        return Ok(false);
+    };
+    index.add_new(&indexed)?;
+    Ok(true)
+}
+
 /// Indexes the message at `seq` (or drops it from the index when it has
 /// no text any more).
 fn index_one(
@@ -194,18 +233,27 @@ fn index_one(
     seq: u64,
     record: &MessageRecord,
 ) -> Result<(), PipelineError> {
-    match text_of(record) {
-        Some(text) => index.upsert(&IndexedMessage {
-            conversation,
-            seq,
-            msg_id: record.msg_id,
-            sender: UserId(record.sender_id),
-            ts_ms: record.server_ts_ms,
-            text,
-        })?,
+    match indexed(conversation, seq, record) {
+        Some(indexed) => index.upsert(&indexed)?,
         None => index.remove(conversation, seq),
     }
     Ok(())
+}
+
+/// The document of the message at `seq`; `None`: nothing to find in it.
+fn indexed(
+    conversation: ConversationId,
+    seq: u64,
+    record: &MessageRecord,
+) -> Option<IndexedMessage> {
+    Some(IndexedMessage {
+        conversation,
+        seq,
+        msg_id: record.msg_id,
+        sender: UserId(record.sender_id),
+        ts_ms: record.server_ts_ms,
+        text: text_of(record)?,
+    })
 }
 
 /// Indexes every conversation stored here once, when search is first

@@ -277,6 +277,7 @@ pub(crate) struct Views {
     pub screens: super::screen::Screens,
     pub queue_ids: super::queue_ids::QueueIds,
     pub member_lists: super::member_lists::MemberLists,
+    pub recent: super::recent::RecentMessages,
 }
 
 impl Views {
@@ -286,6 +287,7 @@ impl Views {
         self.tallies.note(ops.clone());
         self.queue_ids.note(ops.clone());
         self.member_lists.note(ops.clone());
+        self.recent.note(ops.clone());
         self.screens.note(ops);
     }
 }

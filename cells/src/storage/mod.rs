@@ -19,6 +19,7 @@ mod options;
 mod queue;
 mod queue_ids;
 mod receipts;
+mod recent;
 mod scan;
 pub mod screen;
 mod sync;
@@ -102,6 +103,16 @@ pub(crate) enum Op {
     Merge(&'static str, Vec<u8>, Vec<u8>),
     /// Deletes keys in [from, to).
     DeleteRange(&'static str, Vec<u8>, Vec<u8>),
+}
+
+impl Op {
+    /// The column family written.
+    pub fn family(&self) -> &'static str {
+        match self {
+            Op::Put(name, ..) | Op::Delete(name, _) | Op::Merge(name, ..) => name,
+            Op::DeleteRange(name, ..) => name,
+        }
+    }
 }
 
 impl Mutation {
@@ -300,9 +311,11 @@ impl Store {
 
     /// Applies the fan-out processor's `mutation` durably, in its own lane
     /// (see [`commit`](self::commit)); one with outbox events goes through the message
-    /// lane, which numbers them.
+    /// lane, which numbers them, and so does one that writes message rows
+    /// (the rows held in memory follow one lane's order of writes).
     pub async fn commit_fan_out(&self, mutation: Mutation) -> Result<()> {
-        let lane = if mutation.outbox.is_empty() {
+        let writes_messages = (mutation.ops.iter()).any(|op| op.family() == cf::MESSAGES);
+        let lane = if mutation.outbox.is_empty() && !writes_messages {
             Lane::FanOut
         } else {
             Lane::Message
@@ -434,7 +447,13 @@ impl Store {
     }
 
     pub fn message(&self, conversation: ConversationId, seq: u64) -> Result<Option<MessageRecord>> {
-        self.get_record(cf::MESSAGES, &keys::message(conversation, Seq(seq)))
+        let key = keys::message(conversation, Seq(seq));
+        match self.views.recent.get(&key) {
+            Some(row) => MessageRecord::decode(&row[..])
+                .map(Some)
+                .map_err(|e| corrupt(cf::MESSAGES, e)),
+            None => self.get_record(cf::MESSAGES, &key),
+        }
     }
 
     pub fn idempotency(&self, key: &IdemKey) -> Result<Option<IdempotencyRecord>> {
@@ -460,6 +479,14 @@ impl Store {
     /// receiver sees each change, so any number of consumers can wait on it.
     pub fn outbox_written(&self) -> tokio::sync::watch::Receiver<u64> {
         self.committer.outbox_written()
+    }
+
+    /// The id of the last outbox event made durable, counting every event
+    /// a reader can already see: an empty commit through the message lane
+    /// (which numbers the events) waits out the batches before it.
+    pub async fn outbox_settled(&self) -> Result<u64> {
+        self.commit(Mutation::new()).await?;
+        Ok(*self.committer.outbox_written().borrow())
     }
 
     fn get_u64(&self, name: &'static str, key: &[u8]) -> Result<u64> {

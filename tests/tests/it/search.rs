@@ -295,6 +295,34 @@ async fn a_restart_mid_indexing_neither_loses_nor_duplicates_hits() {
     restart_mid_indexing(|_| {}, true).await;
 }
 
+/// The indexer fails between its index commit and its queue position (a
+/// crash between the two): the same events come again, and each message
+/// is found once, those sent after it recovered too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_that_come_again_after_the_index_committed_are_found_once() {
+    let fast = |c: &mut cellmesh_cell::CellConfig| c.search.commit_interval_ms = 100;
+    let cell = TestCell::start_with(fast, Arc::new(SystemClock)).await;
+    let store = cell.cell.service.store();
+    let points = cellmesh_cell::failpoints::parse("search.indexed=error").unwrap();
+    store.failpoints().set(points);
+    let mut c = cell.client().await;
+    let a = create_group(&mut c, T, 10, &[11]).await;
+    for i in 0..40 {
+        send(&mut c, 10, a, &format!("b{i}"), &format!("bravo {i}")).await;
+    }
+    // Committed to the index (and so found), never to the queue.
+    until_found(&mut c, query(T, 11, &[a], "bravo"), 40).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    store.failpoints().set(Vec::new());
+    for i in 40..60 {
+        send(&mut c, 10, a, &format!("b{i}"), &format!("bravo {i}")).await;
+    }
+    until_found(&mut c, query(T, 11, &[a], "bravo"), 60).await;
+    let hits = search_all(&mut c, query(T, 11, &[a], "bravo")).await;
+    let seqs: Vec<u64> = hits.iter().map(|m| m.seq).collect();
+    assert_eq!(seqs, (1..=60).rev().collect::<Vec<_>>(), "each once");
+}
+
 /// On Kafka the indexer is a consumer group of its own beside the
 /// processor's. (Without the restart: librdkafka's mock cluster aborts on
 /// a restarted process rejoining two classic groups.)
