@@ -465,7 +465,7 @@ impl Default for StorageConfig {
             group_commit_max_batch: 1_024,
             commit_queue_depth: 8_192,
             block_cache_mb: 256,
-            write_buffer_mb: 8,
+            write_buffer_mb: 64,
         }
     }
 }
