@@ -141,18 +141,11 @@ async fn apply(
     }
     let kind = OutboxKind::try_from(event.kind).unwrap_or(OutboxKind::Unspecified);
     let index = search.tenant(TenantId(event.tenant_id))?;
-    let conversation = event.conversation_id;
+    let conversation = ConversationId(event.conversation_id);
     let (first, last) = match kind {
-        OutboxKind::Message if new => {
-            let conversation = ConversationId(conversation);
-            return match messages.store().message(conversation, event.seq)? {
-                Some(record) => index_new(&index, conversation, event.seq, &record),
-                None => Ok(false),
-            };
-        }
         OutboxKind::Message | OutboxKind::Edit => (event.seq, event.seq),
         OutboxKind::Recall => {
-            index.remove(ConversationId(conversation), event.seq);
+            index.remove(conversation, event.seq);
             return Ok(true);
         }
         OutboxKind::HistoryDropped => {
@@ -160,7 +153,7 @@ async fn apply(
                 [first, last] => Some((first, last)),
                 _ => None,
             };
-            index.remove_history(ConversationId(conversation), seqs)?;
+            index.remove_history(conversation, seqs)?;
             return Ok(true);
         }
         OutboxKind::HistoryImported => match event.items[..] {
@@ -169,28 +162,30 @@ async fn apply(
         },
         _ => return Ok(false),
     };
-    let after = index_range(&index, messages, ConversationId(conversation), first, last).await?;
+    let new = new && kind == OutboxKind::Message;
+    let after = index_range(&index, messages, conversation, (first, last), new).await?;
     // A single message no longer in the history (dropped since): out.
-    if first == last && after < first {
-        index.remove(ConversationId(conversation), first);
+    if first == last && after < first && !new {
+        index.remove(conversation, first);
     }
     Ok(true)
 }
 
 /// Re-indexes `first..=last` of `conversation` from the history; returns
-/// the last seq it found.
+/// the last seq it found. `new`: a single message the index cannot hold
+/// yet (see [`TenantIndex::add_new`]).
 async fn index_range(
     index: &TenantIndex,
     messages: &MessageService,
     conversation: ConversationId,
-    first: u64,
-    last: u64,
+    (first, last): (u64, u64),
+    new: bool,
 ) -> Result<u64, PipelineError> {
     // A new message is in the hot history: one point read, not a page.
     if first == last
         && let Some(record) = messages.store().message(conversation, first)?
     {
-        index_one(index, conversation, first, &record)?;
+        index_one(index, conversation, first, &record, new)?;
         return Ok(first);
     }
     let mut after = first.saturating_sub(1);
@@ -203,38 +198,26 @@ async fn index_range(
             break;
         };
         for (seq, record) in page {
-            index_one(index, conversation, seq, &record)?;
+            index_one(index, conversation, seq, &record, false)?;
         }
         after = end;
     }
     Ok(after)
 }
 
-/// Indexes a message the index cannot hold yet (see [`TenantIndex::add_new`]);
-/// `true` when it has text to find.
-fn index_new(
-    index: &TenantIndex,
-    conversation: ConversationId,
-    seq: u64,
-    record: &MessageRecord,
-) -> Result<bool, PipelineError> {
-    let Some(indexed) = indexed(conversation, seq, record) else {
-        return Ok(false);
-    };
-    index.add_new(&indexed)?;
-    Ok(true)
-}
-
 /// Indexes the message at `seq` (or drops it from the index when it has
-/// no text any more).
+/// no text any more); a `new` one is added without the replace.
 fn index_one(
     index: &TenantIndex,
     conversation: ConversationId,
     seq: u64,
     record: &MessageRecord,
+    new: bool,
 ) -> Result<(), PipelineError> {
     match indexed(conversation, seq, record) {
+        Some(indexed) if new => index.add_new(&indexed)?,
         Some(indexed) => index.upsert(&indexed)?,
+        None if new => {}
         None => index.remove(conversation, seq),
     }
     Ok(())
@@ -278,7 +261,7 @@ async fn build(search: &Search, messages: &MessageService) -> Result<(), Pipelin
             }
             let latest = store.conv_seq(ConversationId(id))?.latest_seq;
             let index = search.tenant(TenantId(record.tenant_id))?;
-            index_range(&index, messages, ConversationId(id), 1, latest).await?;
+            index_range(&index, messages, ConversationId(id), (1, latest), false).await?;
             touched.insert(record.tenant_id);
         }
         search.commit(touched)?;

@@ -344,9 +344,7 @@ impl Store {
     ) -> Result<Option<T>> {
         match self.db.get_pinned_cf(self.cf(name), key)? {
             None => Ok(None),
-            Some(bytes) => T::decode(bytes.as_ref())
-                .map(Some)
-                .map_err(|e| corrupt(name, e)),
+            Some(bytes) => decode_record(name, &bytes).map(Some),
         }
     }
 
@@ -449,9 +447,7 @@ impl Store {
     pub fn message(&self, conversation: ConversationId, seq: u64) -> Result<Option<MessageRecord>> {
         let key = keys::message(conversation, Seq(seq));
         match self.views.recent.get(&key) {
-            Some(row) => MessageRecord::decode(&row[..])
-                .map(Some)
-                .map_err(|e| corrupt(cf::MESSAGES, e)),
+            Some(row) => decode_record(cf::MESSAGES, &row).map(Some),
             None => self.get_record(cf::MESSAGES, &key),
         }
     }
@@ -551,6 +547,11 @@ impl Store {
             .put_cf_opt(self.cf(cf::META), key, value.to_be_bytes(), &opts)?;
         Ok(())
     }
+}
+
+/// A stored record of family `name`, decoded.
+fn decode_record<T: prost::Message + Default>(name: &'static str, bytes: &[u8]) -> Result<T> {
+    T::decode(bytes).map_err(|e| corrupt(name, e))
 }
 
 fn corrupt(cf: &'static str, detail: impl ToString) -> StorageError {
