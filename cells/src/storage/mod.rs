@@ -109,8 +109,10 @@ impl Op {
     /// The column family written.
     pub fn family(&self) -> &'static str {
         match self {
-            Op::Put(name, ..) | Op::Delete(name, _) | Op::Merge(name, ..) => name,
-            Op::DeleteRange(name, ..) => name,
+            Op::Put(name, ..)
+            | Op::Delete(name, _)
+            | Op::Merge(name, ..)
+            | Op::DeleteRange(name, ..) => name,
         }
     }
 }
