@@ -5,12 +5,11 @@ use std::sync::Arc;
 
 use cellmesh_proto::v1::sync_server::Sync;
 use cellmesh_proto::v1::*;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use crate::convert::{caller, conversation_id, device};
 use crate::sync::SyncService;
-use crate::sync::stream::PushResult;
+use crate::sync::stream::PushStream;
 
 pub struct SyncApi {
     service: Arc<SyncService>,
@@ -26,14 +25,14 @@ type Reply<T> = Result<Response<T>, Status>;
 
 #[tonic::async_trait]
 impl Sync for SyncApi {
-    type SubscribeStream = ReceiverStream<PushResult>;
+    type SubscribeStream = PushStream;
 
     async fn subscribe(&self, request: Request<SubscribeRequest>) -> Reply<Self::SubscribeStream> {
         let r = request.into_inner();
-        let rx = self
+        let pushes = self
             .service
             .subscribe(device(r.caller)?, r.from_pts, r.queue_id)?;
-        Ok(Response::new(ReceiverStream::new(rx)))
+        Ok(Response::new(pushes))
     }
 
     async fn ack(&self, request: Request<AckRequest>) -> Reply<AckResponse> {

@@ -76,11 +76,11 @@ pub struct Subscription {
     pub rx: broadcast::Receiver<HubEvent>,
     /// Fires when a newer stream of the same device supersedes this one.
     pub superseded: oneshot::Receiver<()>,
-    _slot: Slot,
+    pub(super) _slot: Slot,
 }
 
 /// A device's place among its user's streams, given up on drop.
-struct Slot {
+pub(super) struct Slot {
     hub: Weak<Hub>,
     user: UserKey,
     device: String,

@@ -5,23 +5,33 @@
 //! when they follow the cursor exactly; anything else (a gap, a lagging
 //! subscription, a bare wake-up past the cursor) is read from storage by
 //! pts, so delivery is never reordered or dropped.
+//!
+//! The subscription is the response stream itself ([`PushStream`]): the
+//! connection polls it when it can send, so a push wakes no task of its own
+//! and waits in no channel, and a device that reads slowly is not read for
+//! (backpressure is the connection's flow control).
 
 use cellmesh_proto::ids::ConversationId;
+use std::collections::VecDeque;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use cellmesh_proto::storage::v1::SyncRecord;
 use cellmesh_proto::v1::{Message, Rebase, SyncEvent, SyncEventKind, SyncPush, sync_push};
+use futures::Stream;
 use prost::Message as _;
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::BroadcastStream;
+use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 
 use super::{Device, HubEvent, Subscription, SyncService};
 use crate::convert::message_to_proto;
 use crate::error::{CellError, Result};
 use crate::storage::Store;
-use crate::user::UserKey;
 use cellmesh_proto::reason::Reason;
 
-/// Pushes buffered per subscription before the stream applies backpressure.
+/// Transient pushes (typing, hints) buffered per stream; more are dropped.
 const PUSH_BUFFER: usize = 256;
 /// Sync events read from storage at a time.
 const READ_PAGE: usize = 256;
@@ -38,7 +48,7 @@ impl SyncService {
         device: Device,
         from_pts: u64,
         queue_id: u64,
-    ) -> Result<mpsc::Receiver<PushResult>> {
+    ) -> Result<PushStream> {
         self.check_home(&device.caller, false)?;
         let user = device.caller;
         let subscription =
@@ -54,7 +64,7 @@ impl SyncService {
             pts => pts,
         };
         let mut cursor = asked.min(latest);
-        let (tx, rx) = mpsc::channel(PUSH_BUFFER);
+        let mut out = VecDeque::new();
         // A cursor of another queue (the user's home was failed over and
         // started afresh), or past this queue's end (a device that does not
         // name its queue), means nothing here: the device starts over from
@@ -63,138 +73,209 @@ impl SyncService {
         let current = self.store.queue_id(user)?;
         let foreign = queue_id != 0 && current != 0 && queue_id != current;
         if foreign || asked > latest || latest - cursor > self.config.sync.rebase_threshold {
-            let rebase = SyncPush {
-                push: Some(sync_push::Push::Rebase(Rebase {
-                    latest_pts: latest,
-                    queue_id: current,
-                })),
-            };
-            // The channel is new and empty: the rebase goes first.
-            let _ = tx.try_send(Ok(rebase));
+            out.push_back(Pending {
+                push: SyncPush {
+                    push: Some(sync_push::Push::Rebase(Rebase {
+                        latest_pts: latest,
+                        queue_id: current,
+                    })),
+                },
+                live_ms: 0,
+            });
             cursor = latest;
         }
-        subscription.take_pushes(tx.clone());
-        let service = self.clone();
-        tokio::spawn(async move {
-            let _online = OnlineDevice::count();
-            if let Err(e) = service.stream(&device, cursor, subscription, &tx).await {
-                let _ = tx.send(Err(e.into())).await;
-            }
-        });
-        Ok(rx)
-    }
-
-    /// Streams until the device goes away; ends with `WRONG_CELL` once the
-    /// user's home has moved to another cell (the device reconnects there
-    /// and goes on from its cursor), and with `STREAM_SUPERSEDED` once the
-    /// same device opened a newer stream.
-    async fn stream(
-        &self,
-        device: &Device,
-        mut cursor: u64,
-        subscription: Subscription,
-        tx: &mpsc::Sender<PushResult>,
-    ) -> Result<()> {
+        // Transient pushes go out after what is queued here (the rebase).
+        let (pushes, transient) = mpsc::channel(PUSH_BUFFER);
+        subscription.take_pushes(pushes);
         let Subscription {
-            rx: mut wake,
-            mut superseded,
-            ..
+            rx,
+            superseded,
+            _slot,
         } = subscription;
-        let user = device.caller;
         let mut home_check = tokio::time::interval(HOME_CHECK);
-        let mut behind = true;
-        let mut closing = false;
+        home_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Ok(PushStream {
+            service: self.clone(),
+            device,
+            cursor,
+            behind: true,
+            closing: false,
+            done: false,
+            out,
+            wake: BroadcastStream::new(rx),
+            superseded: Some(superseded),
+            transient: Some(transient),
+            home_check,
+            _slot,
+            _online: OnlineDevice::count(),
+        })
+    }
+}
+
+/// A push ready to go, with its send time when it was pushed live (its
+/// latency is measured; a catch-up from storage is not).
+struct Pending {
+    push: SyncPush,
+    live_ms: u64,
+}
+
+/// One device's stream of pushes. Ends with `WRONG_CELL` once the user's
+/// home has moved to another cell (the device reconnects there and goes on
+/// from its cursor), with `STREAM_SUPERSEDED` once the same device opened a
+/// newer stream, and without an error once the cell stops (after pushing
+/// what the device had not had yet).
+pub struct PushStream {
+    service: Arc<SyncService>,
+    device: Device,
+    /// The last pts queued for the device.
+    cursor: u64,
+    /// The queue may hold events past the cursor: read storage.
+    behind: bool,
+    /// The cell is stopping: catch up, then end.
+    closing: bool,
+    done: bool,
+    out: VecDeque<Pending>,
+    wake: BroadcastStream<HubEvent>,
+    superseded: Option<oneshot::Receiver<()>>,
+    transient: Option<mpsc::Receiver<PushResult>>,
+    home_check: tokio::time::Interval,
+    _slot: super::hub::Slot,
+    _online: OnlineDevice,
+}
+
+impl Stream for PushStream {
+    type Item = PushResult;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<PushResult>> {
+        let this = self.get_mut();
+        let next = this.poll_push(cx);
+        if let Poll::Ready(Some(Err(_))) = &next {
+            // An error ends the stream.
+            this.done = true;
+            this.out.clear();
+        }
+        next
+    }
+}
+
+impl PushStream {
+    fn poll_push(&mut self, cx: &mut Context<'_>) -> Poll<Option<PushResult>> {
         loop {
-            while behind {
-                // Only the user's home pushes: a cell the home moved away
-                // from (or is moving to, importing the queue) ends the
-                // stream instead of pushing what it holds.
-                self.check_home(&device.caller, false)?;
-                let page = self.store.sync_after(user, cursor, READ_PAGE)?;
-                behind = !page.is_empty();
-                let mut events = Vec::with_capacity(page.len());
-                for (pts, record) in page {
-                    let message = event_message(&self.store, &record)?;
-                    events.push((pts, record, message));
+            if let Some(Pending { push, live_ms }) = self.out.pop_front() {
+                if live_ms > 0 {
+                    let latency = self.service.clock.now_ms().saturating_sub(live_ms);
+                    crate::metrics::metrics()
+                        .push_latency_seconds
+                        .observe(latency as f64 / 1000.0);
                 }
-                if !self
-                    .send_all(user, events.into_iter(), &mut cursor, tx, false)
-                    .await?
-                {
-                    return Ok(());
-                }
+                return Poll::Ready(Some(Ok(push)));
             }
-            if closing {
-                return Ok(());
+            if self.done {
+                return Poll::Ready(None);
             }
-            tokio::select! {
-                _ = tx.closed() => return Ok(()),
-                Ok(()) = &mut superseded => {
-                    return Err(CellError::invalid(
+            if self.behind {
+                self.catch_up()?;
+                continue;
+            }
+            if self.closing {
+                self.done = true;
+                continue;
+            }
+            if let Some(superseded) = &mut self.superseded
+                && let Poll::Ready(fired) = Pin::new(superseded).poll(cx)
+            {
+                self.superseded = None;
+                if fired.is_ok() {
+                    return Poll::Ready(Some(Err(CellError::invalid(
                         Reason::StreamSuperseded,
-                        format!("device {:?} opened a newer stream", device.device),
-                    ));
+                        format!("device {:?} opened a newer stream", self.device.device),
+                    )
+                    .into())));
                 }
-                _ = home_check.tick() => self.check_home(&device.caller, false)?,
-                event = wake.recv() => match event {
-                    Ok(HubEvent::Pts(pts)) => behind = pts > cursor,
-                    Ok(HubEvent::Appended(events)) => match events.first() {
-                        // Just what follows the cursor: no storage read.
-                        Some(first) if first.pts == cursor + 1 => {
-                            self.check_home(&device.caller, false)?;
-                            let events = events.iter().map(|e| {
-                                let message = e.message.as_deref().cloned();
-                                (e.pts, e.record.clone(), message)
-                            });
-                            if !self.send_all(user, events, &mut cursor, tx, true).await? {
-                                return Ok(());
-                            }
-                        }
-                        Some(_) => behind = events.last().is_some_and(|e| e.pts > cursor),
-                        None => {}
-                    },
-                    Err(broadcast::error::RecvError::Lagged(_)) => behind = true,
-                    // The cell is stopping: push what the device has not
-                    // had yet, then end.
-                    Err(broadcast::error::RecvError::Closed) => {
-                        closing = true;
-                        behind = true;
-                    }
-                },
+            }
+            if let Some(transient) = &mut self.transient {
+                match transient.poll_recv(cx) {
+                    Poll::Ready(Some(push)) => return Poll::Ready(Some(push)),
+                    Poll::Ready(None) => self.transient = None,
+                    Poll::Pending => {}
+                }
+            }
+            if self.home_check.poll_tick(cx).is_ready() {
+                self.service.check_home(&self.device.caller, false)?;
+                // Polled again at once, so the next tick wakes the stream.
+                continue;
+            }
+            match Pin::new(&mut self.wake).poll_next(cx) {
+                Poll::Ready(Some(Ok(event))) => self.woken(event)?,
+                Poll::Ready(Some(Err(BroadcastStreamRecvError::Lagged(_)))) => self.behind = true,
+                // The cell is stopping: push what the device has not had
+                // yet, then end.
+                Poll::Ready(None) => {
+                    self.closing = true;
+                    self.behind = true;
+                }
+                Poll::Pending => return Poll::Pending,
             }
         }
     }
 
-    /// Pushes sync events in pts order, moving `cursor` along; false once
-    /// the device has gone away. `live`: events just appended (their push
-    /// latency is measured; a catch-up from storage is not).
-    async fn send_all(
-        &self,
-        user: UserKey,
-        events: impl ExactSizeIterator<Item = (u64, SyncRecord, Option<Message>)>,
-        cursor: &mut u64,
-        tx: &mpsc::Sender<PushResult>,
+    /// Reads the next page of the queue after the cursor into `out`.
+    /// Only the user's home pushes: a cell the home moved away from (or is
+    /// moving to, importing the queue) ends the stream instead of pushing
+    /// what it holds.
+    fn catch_up(&mut self) -> Result<()> {
+        let service = self.service.clone();
+        service.check_home(&self.device.caller, false)?;
+        let user = self.device.caller;
+        let page = service.store.sync_after(user, self.cursor, READ_PAGE)?;
+        self.behind = !page.is_empty();
+        if page.is_empty() {
+            return Ok(());
+        }
+        let queue_id = service.store.queue_id(user)?;
+        for (pts, record) in page {
+            let message = event_message(&service.store, &record)?;
+            self.queue(queue_id, pts, record, message, false);
+        }
+        Ok(())
+    }
+
+    /// What the hub said: live events that follow the cursor exactly are
+    /// queued as they are; anything else sends the stream to storage.
+    fn woken(&mut self, event: HubEvent) -> Result<()> {
+        match event {
+            HubEvent::Pts(pts) => self.behind = pts > self.cursor,
+            HubEvent::Appended(events) => match events.first() {
+                Some(first) if first.pts == self.cursor + 1 => {
+                    let service = &self.service;
+                    service.check_home(&self.device.caller, false)?;
+                    let queue_id = service.store.queue_id(self.device.caller)?;
+                    for e in events.iter() {
+                        let message = e.message.as_deref().cloned();
+                        self.queue(queue_id, e.pts, e.record.clone(), message, true);
+                    }
+                }
+                Some(_) => self.behind = events.last().is_some_and(|e| e.pts > self.cursor),
+                None => {}
+            },
+        }
+        Ok(())
+    }
+
+    fn queue(
+        &mut self,
+        queue_id: u64,
+        pts: u64,
+        record: SyncRecord,
+        message: Option<Message>,
         live: bool,
-    ) -> Result<bool> {
-        if events.len() == 0 {
-            return Ok(true);
-        }
-        let queue_id = self.store.queue_id(user)?;
-        for (pts, record, message) in events {
-            let sent_ms = record.server_ts_ms;
-            let push = hydrate(queue_id, pts, record, message);
-            if tx.send(Ok(push)).await.is_err() {
-                return Ok(false);
-            }
-            if live && sent_ms > 0 {
-                let latency = self.clock.now_ms().saturating_sub(sent_ms);
-                crate::metrics::metrics()
-                    .push_latency_seconds
-                    .observe(latency as f64 / 1000.0);
-            }
-            *cursor = pts;
-        }
-        Ok(true)
+    ) {
+        let live_ms = if live { record.server_ts_ms } else { 0 };
+        self.out.push_back(Pending {
+            push: hydrate(queue_id, pts, record, message),
+            live_ms,
+        });
+        self.cursor = pts;
     }
 }
 
