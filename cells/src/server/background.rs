@@ -1,7 +1,8 @@
 //! The cell's background work beside serving: the minute's maintenance,
-//! the tierer, the upload sweeper (with foreign file copies and quota
-//! syncs), the clean-up of what moved away, and the watch that reports a
-//! failed store to health probes. Started together, aborted together.
+//! the second's check of the streaming users' homes, the tierer, the
+//! upload sweeper (with foreign file copies and quota syncs), the clean-up
+//! of what moved away, and the watch that reports a failed store to health
+//! probes. Started together, aborted together.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,6 +28,7 @@ impl Background {
     ) -> Self {
         Self(vec![
             tokio::spawn(maintain(service.clone(), hub.clone(), clock)),
+            tokio::spawn(recheck_homes(Arc::downgrade(sync))),
             tokio::spawn(crate::message::run_tierer(Arc::downgrade(service))),
             tokio::spawn(sweep_uploads(
                 Arc::downgrade(service),
@@ -119,6 +121,18 @@ async fn maintain(service: Arc<MessageService>, hub: Arc<Hub>, clock: Arc<dyn Cl
         tick.tick().await;
         service.maintain();
         hub.prune(clock.now_ms());
+    }
+}
+
+/// Ends the streams of users whose home moved away, within a second.
+async fn recheck_homes(sync: std::sync::Weak<SyncService>) {
+    let mut tick = tokio::time::interval(crate::sync::stream::HOME_CHECK);
+    loop {
+        tick.tick().await;
+        let Some(sync) = sync.upgrade() else {
+            return;
+        };
+        sync.recheck_homes();
     }
 }
 

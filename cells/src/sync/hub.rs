@@ -28,6 +28,9 @@ pub enum HubEvent {
     /// pts, durable): a stream whose cursor is just before the first one
     /// pushes them without reading storage.
     Appended(Arc<Vec<LiveEvent>>),
+    /// The user's home no longer checks out here (the cell's sweep of
+    /// streaming users found it): each stream checks it and ends.
+    Recheck,
 }
 
 /// A sync event as the processor appended it, with its message read once
@@ -218,6 +221,20 @@ impl Hub {
             .get(&user)
             .and_then(|s| s.tx.as_ref())
             .is_some_and(|tx| tx.receiver_count() > 0)
+    }
+
+    /// The users with a device streaming from this cell now.
+    pub fn streaming_users(&self) -> Vec<UserKey> {
+        let users = self.users.lock().expect("hub lock");
+        (users.iter())
+            .filter(|(_, state)| !state.streams.is_empty())
+            .map(|(user, _)| *user)
+            .collect()
+    }
+
+    /// Tells `user`'s streams to check the user's home again.
+    pub fn recheck(&self, user: UserKey) {
+        self.send(user, HubEvent::Recheck);
     }
 
     pub fn appended(&self, user: UserKey, events: Vec<LiveEvent>) {

@@ -35,8 +35,8 @@ use cellmesh_proto::reason::Reason;
 const PUSH_BUFFER: usize = 256;
 /// Sync events read from storage at a time.
 const READ_PAGE: usize = 256;
-/// How often a live stream checks that its user still lives here.
-const HOME_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
+/// How often the streaming users' homes are checked ([`SyncService::recheck_homes`]).
+pub const HOME_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
 
 pub type PushResult = std::result::Result<SyncPush, tonic::Status>;
 
@@ -92,8 +92,6 @@ impl SyncService {
             superseded,
             _slot,
         } = subscription;
-        let mut home_check = tokio::time::interval(HOME_CHECK);
-        home_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         Ok(PushStream {
             service: self.clone(),
             device,
@@ -105,10 +103,23 @@ impl SyncService {
             wake: BroadcastStream::new(rx),
             superseded: Some(superseded),
             transient: Some(transient),
-            home_check,
             _slot,
             _online: OnlineDevice::count(),
         })
+    }
+}
+
+impl SyncService {
+    /// Checks the home of every user streaming from this cell, and tells
+    /// the streams of those whose home moved away (or is moving in) to end:
+    /// a stream with nothing to push would not notice otherwise. One pass
+    /// every [`HOME_CHECK`] instead of a timer per stream.
+    pub fn recheck_homes(&self) {
+        for user in self.hub.streaming_users() {
+            if self.homes.check_home(user, false).is_err() {
+                self.hub.recheck(user);
+            }
+        }
     }
 }
 
@@ -138,7 +149,6 @@ pub struct PushStream {
     wake: BroadcastStream<HubEvent>,
     superseded: Option<oneshot::Receiver<()>>,
     transient: Option<mpsc::Receiver<PushResult>>,
-    home_check: tokio::time::Interval,
     _slot: super::hub::Slot,
     _online: OnlineDevice,
 }
@@ -200,11 +210,6 @@ impl PushStream {
                     Poll::Pending => {}
                 }
             }
-            if self.home_check.poll_tick(cx).is_ready() {
-                self.service.check_home(&self.device.caller, false)?;
-                // Polled again at once, so the next tick wakes the stream.
-                continue;
-            }
             match Pin::new(&mut self.wake).poll_next(cx) {
                 Poll::Ready(Some(Ok(event))) => self.woken(event)?,
                 Poll::Ready(Some(Err(BroadcastStreamRecvError::Lagged(_)))) => self.behind = true,
@@ -245,6 +250,7 @@ impl PushStream {
     fn woken(&mut self, event: HubEvent) -> Result<()> {
         match event {
             HubEvent::Pts(pts) => self.behind = pts > self.cursor,
+            HubEvent::Recheck => self.service.check_home(&self.device.caller, false)?,
             HubEvent::Appended(events) => match events.first() {
                 Some(first) if first.pts == self.cursor + 1 => {
                     let service = &self.service;

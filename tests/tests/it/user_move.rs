@@ -471,3 +471,52 @@ async fn a_home_failed_back_onto_the_copy_it_left_starts_a_new_queue() {
         "the copy left behind was resumed under the old queue id (latest pts {latest}, the device had {last_pts})"
     );
 }
+
+/// A device streaming from Bob's home with nothing to push is still told
+/// once the home moved away: the cell's sweep of its streaming users ends
+/// the stream with `WRONG_CELL` within a couple of seconds, so the device
+/// reconnects to the new home instead of waiting on a cell that will never
+/// push to it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_stream_ends_soon_after_its_users_home_moved_away() {
+    let d = deploy(None).await;
+    let alice = token(1, 10);
+    let mut m = messaging(&d.edge).await;
+    let conversation = create_via_edge(&mut m, &alice, vec![BOB]).await;
+    m.send(authed(text(conversation, "hello"), &alice))
+        .await
+        .unwrap();
+    let mut sync = SyncClient::connect(d.cells[0].endpoint.clone())
+        .await
+        .unwrap();
+    let mut request = tonic::Request::new(SubscribeRequest {
+        caller: cellmesh_tests::sync::device(1, BOB, "phone"),
+        from_pts: 0,
+        queue_id: 0,
+    });
+    ClusterSecret::new(SECRET).attach(&mut request);
+    let mut stream = sync.subscribe(request).await.unwrap().into_inner();
+    // The backlog first; then the stream has nothing to push.
+    let first = tokio::time::timeout(Duration::from_secs(5), stream.message()).await;
+    assert!(matches!(first, Ok(Ok(Some(_)))), "no backlog: {first:?}");
+    while let Ok(Ok(Some(_))) =
+        tokio::time::timeout(Duration::from_millis(300), stream.message()).await
+    {}
+
+    let routes = d.cluster.client().await;
+    move_home(&routes, TARGET).await;
+    let moved = std::time::Instant::now();
+    let end = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match stream.message().await {
+                Ok(Some(push)) => println!("pushed after the move: {push:?}"),
+                other => return other,
+            }
+        }
+    })
+    .await
+    .expect("the idle stream still open 5 s after the move");
+    let e = end.expect_err("the stream ended without an error");
+    assert_eq!(error_detail(&e).code, ErrorCode::WrongCell as i32, "{e}");
+    println!("the idle stream ended {:?} after the move", moved.elapsed());
+}
