@@ -18,6 +18,13 @@ use crate::eventually;
 
 pub const SECRET: &str = "test-cluster-secret";
 
+/// `message` with the deployment secret, as one cell calls another.
+pub fn with_secret<T>(message: T) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(message);
+    ClusterSecret::new(SECRET).attach(&mut r);
+    r
+}
+
 pub struct Replica {
     pub config: RouterConfig,
     pub running: Option<RunningRouter>,

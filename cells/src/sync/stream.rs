@@ -107,9 +107,7 @@ impl SyncService {
             _online: OnlineDevice::count(),
         })
     }
-}
 
-impl SyncService {
     /// Checks the home of every user streaming from this cell, and tells
     /// the streams of those whose home moved away (or is moving in) to end:
     /// a stream with nothing to push would not notice otherwise. One pass

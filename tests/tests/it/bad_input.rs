@@ -5,6 +5,7 @@ use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
 use cellmesh_proto::reason::Reason;
 use cellmesh_proto::status::{error_code, error_detail};
 use cellmesh_proto::v1::*;
+use cellmesh_tests::router::with_secret;
 use cellmesh_tests::*;
 use tonic::codegen::http::uri::PathAndQuery;
 
@@ -469,13 +470,6 @@ async fn bad_migration_chunks_are_refused_and_store_nothing() {
         .unwrap()
         .into_inner();
     assert_eq!((stored.copied_through, stored.messages), (3, 3));
-}
-
-/// `message` with the deployment secret, as one cell calls another.
-fn with_secret<T>(message: T) -> tonic::Request<T> {
-    let mut r = tonic::Request::new(message);
-    cellmesh_proto::secret::ClusterSecret::new(cellmesh_tests::router::SECRET).attach(&mut r);
-    r
 }
 
 /// A copy pulls only from a cell the route table names: a caller-supplied

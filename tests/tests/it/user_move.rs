@@ -20,7 +20,7 @@ use cellmesh_proto::v1::*;
 use cellmesh_route_client::table::{Key, RouteState};
 use cellmesh_tests::deploy::*;
 use cellmesh_tests::eventually;
-use cellmesh_tests::router::SECRET;
+use cellmesh_tests::router::{SECRET, with_secret};
 
 const SOURCE: &str = "eu-west/c1";
 const TARGET: &str = "us-east/c1";
@@ -245,12 +245,11 @@ async fn a_user_home_moves_under_load_and_the_device_goes_on_from_its_cursor() {
     let mut away = SyncClient::connect(d.cells[1].endpoint.clone())
         .await
         .unwrap();
-    let mut r = tonic::Request::new(AckRequest {
+    let r = with_secret(AckRequest {
         caller: cellmesh_tests::sync::device(1, BOB, "phone"),
         pts: 1,
         queue_id: 0,
     });
-    ClusterSecret::new(SECRET).attach(&mut r);
     let e = away.ack(r).await.unwrap_err();
     assert_eq!(error_detail(&e).code, ErrorCode::WrongCell as i32);
 }
@@ -489,12 +488,11 @@ async fn an_idle_stream_ends_soon_after_its_users_home_moved_away() {
     let mut sync = SyncClient::connect(d.cells[0].endpoint.clone())
         .await
         .unwrap();
-    let mut request = tonic::Request::new(SubscribeRequest {
+    let request = with_secret(SubscribeRequest {
         caller: cellmesh_tests::sync::device(1, BOB, "phone"),
         from_pts: 0,
         queue_id: 0,
     });
-    ClusterSecret::new(SECRET).attach(&mut request);
     let mut stream = sync.subscribe(request).await.unwrap().into_inner();
     // The backlog first; then the stream has nothing to push.
     let first = tokio::time::timeout(Duration::from_secs(5), stream.message()).await;
