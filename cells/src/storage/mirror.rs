@@ -3,8 +3,10 @@
 //! commit lanes report every durable batch's ops here, after the write and
 //! before the writers hear it is durable (as they do to
 //! [`super::changes`]), and each op on a mirrored column family changes
-//! the view of its conversation. A view then answers from memory, exact
-//! as of the last durable write. The views: read counts ([`super::tally`])
+//! the view of its conversation. Keys a view applies in order (member
+//! keys, message rows) are written by one lane only (`ONE_LANE` in the
+//! store), so their notes come in the order RocksDB wrote them. A view
+//! then answers from memory, exact as of the last durable write. The views: read counts ([`super::tally`])
 //! and a large group's newest messages ([`super::screen`]).
 //!
 //! A view applies an op twice as once (a key set or deleted, a read

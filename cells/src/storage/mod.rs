@@ -105,6 +105,13 @@ pub(crate) enum Op {
     DeleteRange(&'static str, Vec<u8>, Vec<u8>),
 }
 
+/// Families written through the message lane only: the views in memory
+/// apply their writes in the order the lanes report them, and two lanes
+/// writing the same key at once may report in the other order than
+/// RocksDB wrote (message rows, member keys, queue ids; read positions
+/// only ever rise by merge, in any order).
+const ONE_LANE: [&str; 3] = [cf::MESSAGES, cf::MEMBERS, cf::QUEUE_ID];
+
 impl Op {
     /// The column family written.
     pub fn family(&self) -> &'static str {
@@ -313,11 +320,11 @@ impl Store {
 
     /// Applies the fan-out processor's `mutation` durably, in its own lane
     /// (see [`commit`](self::commit)); one with outbox events goes through the message
-    /// lane, which numbers them, and so does one that writes message rows
-    /// (the rows held in memory follow one lane's order of writes).
+    /// lane, which numbers them, and so does one that writes a family of
+    /// [`ONE_LANE`].
     pub async fn commit_fan_out(&self, mutation: Mutation) -> Result<()> {
-        let writes_messages = (mutation.ops.iter()).any(|op| op.family() == cf::MESSAGES);
-        let lane = if mutation.outbox.is_empty() && !writes_messages {
+        let one_lane = (mutation.ops.iter()).any(|op| ONE_LANE.contains(&op.family()));
+        let lane = if mutation.outbox.is_empty() && !one_lane {
             Lane::FanOut
         } else {
             Lane::Message

@@ -3,7 +3,8 @@
 //! noticeable share of a busy cell's time. Values read from storage are
 //! kept, and both commit lanes report every durable batch's ops here
 //! before its writers hear of it (as they do to [`super::mirror`]): a
-//! queue id written is kept as written; a delete of one (a home cleared
+//! queue id written is kept as written (they are written by one lane, so
+//! the notes come in the order of the writes); a delete of one (a home cleared
 //! after a move) forgets them all. A read that raced a write is not kept:
 //! each write moves a generation, and a value read from storage is kept
 //! only if the generation did not move while it was read. So an answer

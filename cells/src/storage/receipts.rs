@@ -141,6 +141,38 @@ mod tests {
         assert!(fresh.members() > 0 && fresh.counts(&[25])[0] > 0);
     }
 
+    /// One lane joins a user while the other removes them, over and over:
+    /// whichever RocksDB wrote last, the kept tally agrees with storage.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_join_and_a_leave_racing_in_both_lanes_leave_the_tally_as_stored() {
+        let (_dir, store) = store();
+        let user = UserId(3);
+        let asked = store.clone();
+        tokio::task::spawn_blocking(move || asked.read_counts(C, &SEQS, 0).unwrap())
+            .await
+            .unwrap();
+        for round in 0..300 {
+            let (mut join, mut leave) = (Mutation::new(), Mutation::new());
+            join.put_member(C, user, &MemberRecord::default());
+            leave.delete_member(C, user);
+            let (one, other) = if round % 2 == 0 {
+                (join, leave)
+            } else {
+                (leave, join)
+            };
+            let (a, b) = tokio::join!(store.commit(one), store.commit_fan_out(other));
+            a.unwrap();
+            b.unwrap();
+            let stored = store.is_member(C, user).unwrap();
+            let kept = store.read_tallies().kept_counts(C, &[0]);
+            assert_eq!(
+                kept,
+                Some((vec![u32::from(stored)], u32::from(stored))),
+                "round {round}"
+            );
+        }
+    }
+
     #[tokio::test]
     async fn a_small_conversation_is_walked_each_time() {
         let (_dir, store) = store();
