@@ -122,7 +122,7 @@ impl TokenKey {
         if claims.exp <= now_secs {
             return Err(unauthenticated(Reason::TokenExpired, "the token expired"));
         }
-        self.admit(claims.clone()).map(|_| ())
+        self.admit(claims)
     }
 
     /// Refuses tokens for users `users` does not list (`UNKNOWN_USER`).
@@ -205,13 +205,14 @@ impl TokenKey {
                 "the token lives longer than this edge allows",
             ));
         }
-        self.admit(claims)
+        self.admit(&claims)?;
+        Ok(claims)
     }
 
     /// The checks every token passes, ours or an identity provider's: not
     /// revoked, a tenant and a user that are not reserved, and (with a
     /// directory) a user the tenant has.
-    fn admit(&self, claims: Claims) -> Result<Claims, Status> {
+    fn admit(&self, claims: &Claims) -> Result<(), Status> {
         if !claims.jti.is_empty() && self.revoked.contains(&claims.jti) {
             return Err(unauthenticated(
                 Reason::TokenRevoked,
@@ -236,7 +237,7 @@ impl TokenKey {
                 &format!("tenant {} has no user {}", claims.tenant, claims.user),
             ));
         }
-        Ok(claims)
+        Ok(())
     }
 
     /// The claims a token states, unverified (a client showing whom it acts
@@ -275,7 +276,7 @@ impl TokenKey {
         match &self.oidc {
             Some(oidc) if crate::oidc::is_jwt(token) => {
                 let id = oidc.verify(token, now_secs()).await?;
-                self.admit(Claims {
+                let claims = Claims {
                     tenant: id.tenant,
                     user: id.user,
                     device: String::new(),
@@ -283,7 +284,9 @@ impl TokenKey {
                     iat: id.iat,
                     jti: id.jti,
                     kid: id.kid,
-                })
+                };
+                self.admit(&claims)?;
+                Ok(claims)
             }
             _ => self.verify(token, now_secs()),
         }

@@ -7,6 +7,7 @@ pub mod auth;
 pub mod directory;
 mod metrics;
 pub mod oidc;
+mod open_streams;
 pub mod proxy;
 pub mod revoked;
 mod search;
@@ -324,7 +325,11 @@ pub async fn start(config: EdgeConfig) -> Result<RunningEdge, EdgeError> {
         config.retry_attempts,
         config.links.clone(),
     ));
-    let api = EdgeApi { proxy };
+    let streams = Arc::new(open_streams::OpenStreams::default());
+    let tokens = proxy.clone();
+    let sweeper = streams
+        .spawn_sweeper(move |claims| (tokens.tokens()).still_admits(claims, auth::now_secs()));
+    let api = EdgeApi { proxy, streams };
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(|source| EdgeError::Bind {
@@ -393,6 +398,7 @@ pub async fn start(config: EdgeConfig) -> Result<RunningEdge, EdgeError> {
         if let Some((_, server)) = metrics {
             server.abort();
         }
+        sweeper.abort();
         if let Err(e) = result {
             tracing::error!(error = %e, "edge server stopped");
         }

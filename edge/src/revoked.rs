@@ -3,7 +3,7 @@
 //! read again when it changes (at most once a second, like the directory;
 //! one that cannot be read keeps the last list in service). A token on the
 //! list is refused (`TOKEN_REVOKED`), and an open sync stream of one ends
-//! (see `services::cut_when_refused`).
+//! (see `open_streams`).
 
 use std::collections::HashSet;
 

@@ -5,7 +5,6 @@
 //! with `OWNER_UNREACHABLE` and the route, like a unary call.
 
 use cellmesh_proto::ids::ConversationId;
-use std::pin::Pin;
 use std::sync::Arc;
 
 use cellmesh_proto::v1::attachments_client::AttachmentsClient;
@@ -15,11 +14,12 @@ use cellmesh_proto::v1::messaging_server::Messaging;
 use cellmesh_proto::v1::sync_client::SyncClient;
 use cellmesh_proto::v1::sync_server::Sync;
 use cellmesh_proto::v1::*;
-use tokio_stream::{Stream, StreamExt};
+use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status};
 
 use cellmesh_telemetry::trace::grpc::record_call;
 
+use super::open_streams::{OpenStreams, PushStream};
 use super::proxy::{Proxy, is_transport_failure, owner_unreachable};
 use cellmesh_route_client::table::Key;
 
@@ -30,6 +30,9 @@ const ATTEMPT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
 #[derive(Clone)]
 pub struct EdgeApi {
     pub proxy: Arc<Proxy>,
+    /// The sync streams open through this edge, their tokens checked by
+    /// one sweep.
+    pub streams: Arc<OpenStreams>,
 }
 
 /// One proxied unary call: authenticate, resolve by `$key`, call `$method`.
@@ -225,39 +228,6 @@ impl Attachments for EdgeApi {
     }
 }
 
-type PushStream = Pin<Box<dyn Stream<Item = Result<SyncPush, Status>> + Send>>;
-
-/// How often an open sync stream checks that its token still passes.
-const RECHECK: std::time::Duration = std::time::Duration::from_millis(250);
-
-/// `inner`, ended with `check`'s refusal once its token no longer passes
-/// (revoked, expired, or its user gone from the directory): what a token
-/// allowed when a stream opened is not allowed for ever.
-fn cut_when_refused(
-    inner: PushStream,
-    check: impl Fn() -> Result<(), Status> + Send + 'static,
-) -> PushStream {
-    let tick = tokio::time::interval(RECHECK);
-    Box::pin(futures::stream::unfold(
-        (Some(inner), tick, check),
-        |(inner, mut tick, check)| async move {
-            let mut inner = inner?;
-            loop {
-                tokio::select! {
-                    item = inner.next() => {
-                        return item.map(|item| (item, (Some(inner), tick, check)));
-                    }
-                    _ = tick.tick() => {
-                        if let Err(refused) = check() {
-                            return Some((Err(refused), (None, tick, check)));
-                        }
-                    }
-                }
-            }
-        },
-    ))
-}
-
 #[tonic::async_trait]
 impl Sync for EdgeApi {
     type SubscribeStream = PushStream;
@@ -284,13 +254,9 @@ impl Sync for EdgeApi {
                 _ => status,
             })
         });
-        let proxy = self.proxy.clone();
-        let still = move || {
-            proxy
-                .tokens()
-                .still_admits(&claims, crate::auth::now_secs())
-        };
-        Ok(Response::new(cut_when_refused(Box::pin(stream), still)))
+        Ok(Response::new(
+            self.streams.cut_when_refused(Box::pin(stream), claims),
+        ))
     }
     async fn ack(&self, request: Request<AckRequest>) -> Result<Response<AckResponse>, Status> {
         proxied!(self, request, SyncClient, ack, |c, m| Key::user(
