@@ -575,7 +575,7 @@ fn corrupt(cf: &'static str, detail: impl ToString) -> StorageError {
 pub(crate) mod testing {
     use std::sync::Arc;
 
-    use super::Store;
+    use super::{Mutation, Store};
     use crate::config::StorageConfig;
 
     pub fn config() -> StorageConfig {
@@ -591,5 +591,18 @@ pub(crate) mod testing {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path(), &config()).unwrap();
         (dir, store)
+    }
+
+    /// Commits `one` and `other` at once, one in each lane (which lane
+    /// gets which alternates with `round`).
+    pub async fn commit_racing(store: &Store, one: Mutation, other: Mutation, round: usize) {
+        let (message, fan_out) = if round % 2 == 0 {
+            (one, other)
+        } else {
+            (other, one)
+        };
+        let (a, b) = tokio::join!(store.commit(message), store.commit_fan_out(fan_out));
+        a.unwrap();
+        b.unwrap();
     }
 }

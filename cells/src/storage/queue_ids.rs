@@ -98,6 +98,27 @@ impl QueueIds {
 mod tests {
     use super::*;
 
+    /// Two lanes naming one user's queue at once: whichever RocksDB wrote
+    /// last, the id kept is the id stored.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn queue_ids_written_in_both_lanes_at_once_are_kept_as_stored() {
+        use super::super::testing::{commit_racing, store};
+        use super::super::{Mutation, keys};
+        use crate::user::UserKey;
+        use cellmesh_proto::ids::{TenantId, UserId};
+
+        let (_dir, store) = store();
+        let user = UserKey::new(TenantId(1), UserId(3));
+        for round in 0..1_000 {
+            let (mut one, mut other) = (Mutation::new(), Mutation::new());
+            one.set_queue_id(user, 2 * round as u64 + 1);
+            other.set_queue_id(user, 2 * round as u64 + 2);
+            commit_racing(&store, one, other, round).await;
+            let stored = store.get_u64(cf::QUEUE_ID, &keys::user(user)).unwrap();
+            assert_eq!(store.queue_id(user).unwrap(), stored, "round {round}");
+        }
+    }
+
     fn put(key: [u8; 16], id: u64) -> Op {
         Op::Put(cf::QUEUE_ID, key.to_vec(), id.to_be_bytes().to_vec())
     }

@@ -79,7 +79,7 @@ mod tests {
     use rand::{Rng, SeedableRng, rngs::StdRng};
 
     use super::super::Mutation;
-    use super::super::testing::store;
+    use super::super::testing::{commit_racing, store};
     use super::*;
 
     const C: ConversationId = ConversationId(42);
@@ -155,14 +155,7 @@ mod tests {
             let (mut join, mut leave) = (Mutation::new(), Mutation::new());
             join.put_member(C, user, &MemberRecord::default());
             leave.delete_member(C, user);
-            let (one, other) = if round % 2 == 0 {
-                (join, leave)
-            } else {
-                (leave, join)
-            };
-            let (a, b) = tokio::join!(store.commit(one), store.commit_fan_out(other));
-            a.unwrap();
-            b.unwrap();
+            commit_racing(&store, join, leave, round).await;
             let stored = store.is_member(C, user).unwrap();
             let kept = store.read_tallies().kept_counts(C, &[0]);
             assert_eq!(
