@@ -596,7 +596,7 @@ pub(crate) mod testing {
     /// Commits `one` and `other` at once, one in each lane (which lane
     /// gets which alternates with `round`).
     pub async fn commit_racing(store: &Store, one: Mutation, other: Mutation, round: usize) {
-        let (message, fan_out) = if round % 2 == 0 {
+        let (message, fan_out) = if round.is_multiple_of(2) {
             (one, other)
         } else {
             (other, one)
