@@ -25,11 +25,10 @@ use std::thread::JoinHandle;
 use rocksdb::{DB, IteratorMode, WriteBatch, WriteOptions};
 use tokio::sync::{Notify, mpsc, oneshot, watch};
 
-use super::batch_order;
 use super::changes::Changes;
 use super::keys::{self, cf};
 use super::mirror::Views;
-use super::{Mutation, Result, StorageError};
+use super::{Mutation, Op, Result, StorageError};
 use crate::config::StorageConfig;
 
 /// Counters of the commit path.
@@ -292,20 +291,27 @@ impl Writer {
             return Err(StorageError::Failed(reason));
         }
         let mut batch = WriteBatch::default();
-        let written: u64 = jobs.iter().map(|j| j.mutation.len() as u64).sum();
-        let outbox_id = batch_order::fill(
-            &mut batch,
-            jobs.iter()
-                .map(|j| (&j.mutation.ops[..], &j.mutation.outbox[..])),
-            |name| self.handle(name),
-            self.handle(cf::OUTBOX),
-            self.next_outbox_id,
-        );
+        let mut outbox_id = self.next_outbox_id;
+        let mut written = 0;
+        for job in jobs {
+            written += job.mutation.len() as u64;
+            for op in &job.mutation.ops {
+                match op {
+                    Op::Put(name, k, v) => batch.put_cf(self.handle(name), k, v),
+                    Op::Delete(name, k) => batch.delete_cf(self.handle(name), k),
+                    Op::Merge(name, k, v) => batch.merge_cf(self.handle(name), k, v),
+                    Op::DeleteRange(name, from, to) => {
+                        batch.delete_range_cf(self.handle(name), from, to)
+                    }
+                }
+            }
+            for event in &job.mutation.outbox {
+                batch.put_cf(self.handle(cf::OUTBOX), outbox_id.to_be_bytes(), event);
+                outbox_id += 1;
+            }
+        }
         let mut opts = WriteOptions::default();
         opts.set_sync(self.sync);
-        // The batch is in key order: each memtable's inserts start where
-        // the one before ended (see `batch_order`).
-        opts.set_memtable_insert_hint_per_batch(true);
         if let Some(Action::Delay(d)) = self.failpoints.hit("storage.slow_write") {
             std::thread::sleep(d);
         }

@@ -5,7 +5,6 @@
 
 mod audit;
 mod backup;
-mod batch_order;
 pub mod changes;
 mod clear;
 mod commit;
@@ -121,16 +120,6 @@ impl Op {
             | Op::Delete(name, _)
             | Op::Merge(name, ..)
             | Op::DeleteRange(name, ..) => name,
-        }
-    }
-
-    /// The key written (a range's first).
-    pub fn key(&self) -> &[u8] {
-        match self {
-            Op::Put(_, key, _)
-            | Op::Delete(_, key)
-            | Op::Merge(_, key, _)
-            | Op::DeleteRange(_, key, _) => key,
         }
     }
 }
