@@ -15,9 +15,11 @@ pub mod plan;
 pub mod processor;
 pub mod relay;
 mod standby;
+mod supervise;
 mod traced;
 
-use std::future::Future;
+pub(crate) use supervise::{supervise, supervise_alone};
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -207,7 +209,7 @@ pub fn spawn(
         );
         let (cell_id, wake) = (config.cell_id.clone(), wake.clone());
         let log = log.clone();
-        supervise("processor", move || {
+        supervise_alone("processor", move || {
             let hints = hints.clone();
             let (store, queue, hub, clock, homes, signals, group, inbound, cell_id) = (
                 store.clone(),
@@ -278,35 +280,6 @@ pub fn spawn(
         inbound,
         drain,
     }
-}
-
-/// A worker that ran this long before failing starts its backoff afresh.
-const HEALTHY_RUN: Duration = Duration::from_secs(30);
-
-/// Runs `make()` again whenever it fails, with capped backoff; a failure
-/// after a long healthy run waits the shortest backoff again.
-pub(crate) fn supervise<F, Fut>(name: &'static str, make: F) -> JoinHandle<()>
-where
-    F: Fn() -> Fut + Send + 'static,
-    Fut: Future<Output = Result<(), PipelineError>> + Send,
-{
-    tokio::spawn(async move {
-        let mut backoff = Duration::from_millis(50);
-        loop {
-            let started = tokio::time::Instant::now();
-            match make().await {
-                Ok(()) => return,
-                Err(e) => {
-                    if started.elapsed() >= HEALTHY_RUN {
-                        backoff = Duration::from_millis(50);
-                    }
-                    tracing::warn!(worker = name, error = %e, "pipeline worker failed; restarting");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
-                }
-            }
-        }
-    })
 }
 
 #[cfg(test)]

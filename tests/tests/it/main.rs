@@ -48,6 +48,7 @@ mod presence;
 mod previous_owner;
 mod process_failover;
 mod processor_crash;
+mod processor_thread;
 mod queue_wake;
 mod receipts;
 mod reflection;

@@ -1,0 +1,47 @@
+//! The fan-out processor runs on a thread of its own, beside the cell's
+//! runtime (so it does not queue behind the cell's stream tasks): pushes
+//! still reach devices through it, and stopping the cell ends that thread,
+//! so a process that starts and stops cells keeps no thread per cell.
+//! (Threads are counted per process: the test runner gives each test one.)
+
+use std::time::Duration;
+
+use cellmesh_tests::sync::{connect_sync, messages, subscribe};
+use cellmesh_tests::{TestCell, create_group, eventually, send_direct, text};
+
+/// Threads of this process named like the processor's (the kernel keeps
+/// 15 bytes of a name: `cellmesh-processor` reads `cellmesh-proces`).
+fn processor_threads() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .expect("the process's threads")
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|name| name.trim() == "cellmesh-proces")
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_processor_runs_on_a_thread_of_its_own_that_ends_with_the_cell() {
+    assert_eq!(processor_threads(), 0);
+    let cell = TestCell::start().await;
+    assert_eq!(processor_threads(), 1, "one processor thread per cell");
+
+    let mut client = cell.client().await;
+    let conv = create_group(&mut client, 1, 1, &[2, 3]).await;
+    let mut sync = connect_sync(&cell.endpoint).await;
+    let mut stream = subscribe(&mut sync, 1, 3, "phone", 0).await;
+    send_direct(&mut client, text(1, 1, conv, "r1", "through the processor")).await;
+    let events = messages(&mut stream, 1, Duration::from_secs(10)).await;
+    let bodies: Vec<_> = (events.iter())
+        .filter_map(|e| e.message.as_ref())
+        .map(|m| String::from_utf8_lossy(&m.body).into_owned())
+        .collect();
+    assert_eq!(bodies, ["through the processor"]);
+
+    drop((stream, sync, client));
+    let _dir = cell.stop().await;
+    let ended = eventually(Duration::from_secs(5), || async {
+        processor_threads() == 0
+    })
+    .await;
+    assert!(ended, "stopping the cell ends its processor's thread");
+}
