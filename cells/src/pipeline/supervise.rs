@@ -45,18 +45,19 @@ where
         }
     };
     let (ended, end) = oneshot::channel::<()>();
-    let task = runtime.spawn(async move {
-        // Dropped when the worker ends or is aborted: the thread then ends.
-        let _ended = ended;
-        restarting(name, make).await
-    });
+    let handle = runtime.handle().clone();
     let thread = std::thread::Builder::new()
         .name(format!("cellmesh-{name}"))
         .spawn(move || runtime.block_on(async move { _ = end.await }));
     if let Err(e) = thread {
-        tracing::error!(worker = name, error = %e, "could not start the worker's thread");
+        tracing::warn!(worker = name, error = %e, "no thread of its own; on the cell's runtime");
+        return supervise(name, make);
     }
-    task
+    handle.spawn(async move {
+        // Dropped when the worker ends or is aborted: the thread then ends.
+        let _ended = ended;
+        restarting(name, make).await
+    })
 }
 
 /// Runs the worker `make` builds until it returns, building it afresh
