@@ -28,7 +28,10 @@ where
 /// serial stage every push waits for (the fan-out processor) is scheduled
 /// by the OS beside the cell's runtime instead of queueing behind the
 /// thousands of stream tasks on it. Aborting the handle stops the worker
-/// and ends the thread.
+/// and ends the thread; so does the shutdown of the runtime this is called
+/// on (as a task on it would be dropped), which waits for the thread: a
+/// process that returns from `main` leaves no worker using the store while
+/// it exits.
 pub(crate) fn supervise_alone<F, Fut>(name: &'static str, make: F) -> JoinHandle<()>
 where
     F: Fn() -> Fut + Send + 'static,
@@ -45,19 +48,56 @@ where
         }
     };
     let (ended, end) = oneshot::channel::<()>();
+    let (gone, thread_gone) = oneshot::channel::<()>();
     let handle = runtime.handle().clone();
     let thread = std::thread::Builder::new()
         .name(format!("cellmesh-{name}"))
-        .spawn(move || runtime.block_on(async move { _ = end.await }));
-    if let Err(e) = thread {
-        tracing::warn!(worker = name, error = %e, "no thread of its own; on the cell's runtime");
-        return supervise(name, make);
-    }
-    handle.spawn(async move {
+        .spawn(move || {
+            runtime.block_on(async move { _ = end.await });
+            drop(runtime);
+            let _ = gone.send(());
+        });
+    let thread = match thread {
+        Ok(thread) => thread,
+        Err(e) => {
+            tracing::warn!(worker = name, error = %e, "no thread of its own; on the cell's runtime");
+            return supervise(name, make);
+        }
+    };
+    let task = handle.spawn(async move {
         // Dropped when the worker ends or is aborted: the thread then ends.
         let _ended = ended;
         restarting(name, make).await
-    })
+    });
+    let mut stop = StopOnDrop {
+        worker: task.abort_handle(),
+        thread: Some(thread),
+    };
+    // Lives as long as the thread: dropped by the caller's runtime shutting
+    // down, it stops the worker and waits for the thread.
+    tokio::spawn(async move {
+        let _ = thread_gone.await;
+        stop.thread.take();
+    });
+    task
+}
+
+/// Stops a worker running alone and waits for its thread to end.
+struct StopOnDrop {
+    worker: tokio::task::AbortHandle,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        let Some(thread) = self.thread.take() else {
+            return;
+        };
+        self.worker.abort();
+        if thread.join().is_err() {
+            tracing::error!("a pipeline worker's thread panicked");
+        }
+    }
 }
 
 /// Runs the worker `make` builds until it returns, building it afresh

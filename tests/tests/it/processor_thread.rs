@@ -1,7 +1,8 @@
 //! The fan-out processor runs on a thread of its own, beside the cell's
 //! runtime (so it does not queue behind the cell's stream tasks): pushes
 //! still reach devices through it, and stopping the cell ends that thread,
-//! so a process that starts and stops cells keeps no thread per cell.
+//! so a process that starts and stops cells keeps no thread per cell, and
+//! so does the shutdown of the runtime the cell was started on.
 //! (Threads are counted per process: the test runner gives each test one.)
 
 use std::time::Duration;
@@ -44,4 +45,27 @@ async fn the_processor_runs_on_a_thread_of_its_own_that_ends_with_the_cell() {
     })
     .await;
     assert!(ended, "stopping the cell ends its processor's thread");
+}
+
+/// A cell never stopped, whose runtime shuts down (a test that ends, a
+/// `main` that returns): its processor's thread has ended by the time the
+/// shutdown returns, so nothing uses the store while the process exits.
+#[test]
+fn the_processor_thread_ends_when_its_cells_runtime_shuts_down() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let cell = runtime.block_on(async {
+        let cell = TestCell::start().await;
+        let mut client = cell.client().await;
+        let conv = create_group(&mut client, 1, 1, &[2]).await;
+        send_direct(&mut client, text(1, 1, conv, "r1", "before the shutdown")).await;
+        cell
+    });
+    assert_eq!(processor_threads(), 1);
+    drop(runtime);
+    assert_eq!(processor_threads(), 0, "the shutdown waited for the thread");
+    drop(cell);
 }
