@@ -18,7 +18,8 @@ mod standby;
 mod supervise;
 mod traced;
 
-pub(crate) use supervise::{supervise, supervise_alone};
+pub(crate) use supervise::supervise;
+use supervise::supervise_alone;
 
 use std::sync::Arc;
 use std::time::Duration;
