@@ -2,8 +2,9 @@
 //! and Raft appends, must not wait for delayed ACKs), closed once idle
 //! ([`Guarded`]), and on a TLS server handshaken off the accept loop (a
 //! slow or silent client holds up no one; one that has not finished within
-//! [`HANDSHAKE`] is dropped). Each request learns its connection's
-//! [`ConnInfo`]: the remote address, and who the client certificate names.
+//! [`HANDSHAKE`] is dropped), writes gathered into fewer system calls
+//! ([`Coalesced`]). Each request learns its connection's [`ConnInfo`]: the
+//! remote address, and who the client certificate names.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -19,6 +20,7 @@ use tokio::time::{Instant, Sleep};
 use tokio_stream::Stream;
 use tonic::transport::server::Connected;
 
+use super::coalesce::Coalesced;
 use crate::tls::Peer;
 
 /// A TLS handshake not done in this long is dropped.
@@ -80,7 +82,7 @@ async fn accept(
         let io = Guarded::new(io, idle);
         let Some(tls) = &tls else {
             let conn = Conn {
-                io: Io::Plain(io),
+                io: Coalesced::new(Io::Plain(io)),
                 info: ConnInfo {
                     remote: Some(remote),
                     peer: None,
@@ -108,7 +110,7 @@ async fn accept(
                             peer: cert.and_then(|cert| Peer::of_certificate(cert.as_ref())),
                             serial: cert.and_then(|cert| crate::tls::serial_of(cert.as_ref())),
                         },
-                        io: Io::Tls(Box::new(stream)),
+                        io: Coalesced::new(Io::Tls(Box::new(stream))),
                     };
                     let _ = tx.send(Ok(conn)).await;
                 }
@@ -121,7 +123,7 @@ async fn accept(
 
 /// An accepted connection, plaintext or TLS.
 pub struct Conn {
-    io: Io,
+    io: Coalesced<Io>,
     info: ConnInfo,
 }
 
@@ -144,10 +146,7 @@ impl AsyncRead for Conn {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        match &mut self.io {
-            Io::Plain(io) => Pin::new(io).poll_read(cx, buf),
-            Io::Tls(io) => Pin::new(io.as_mut()).poll_read(cx, buf),
-        }
+        Pin::new(&mut self.io).poll_read(cx, buf)
     }
 }
 
@@ -157,10 +156,7 @@ impl AsyncWrite for Conn {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        match &mut self.io {
-            Io::Plain(io) => Pin::new(io).poll_write(cx, buf),
-            Io::Tls(io) => Pin::new(io.as_mut()).poll_write(cx, buf),
-        }
+        Pin::new(&mut self.io).poll_write(cx, buf)
     }
 
     fn poll_write_vectored(
@@ -168,28 +164,74 @@ impl AsyncWrite for Conn {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        match &mut self.io {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+impl AsyncRead for Io {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Io::Plain(io) => Pin::new(io).poll_read(cx, buf),
+            Io::Tls(io) => Pin::new(io.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Io {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Io::Plain(io) => Pin::new(io).poll_write(cx, buf),
+            Io::Tls(io) => Pin::new(io.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
             Io::Plain(io) => Pin::new(io).poll_write_vectored(cx, bufs),
             Io::Tls(io) => Pin::new(io.as_mut()).poll_write_vectored(cx, bufs),
         }
     }
 
     fn is_write_vectored(&self) -> bool {
-        match &self.io {
+        match self {
             Io::Plain(io) => io.is_write_vectored(),
             Io::Tls(io) => io.is_write_vectored(),
         }
     }
 
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        match &mut self.io {
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
             Io::Plain(io) => Pin::new(io).poll_flush(cx),
             Io::Tls(io) => Pin::new(io.as_mut()).poll_flush(cx),
         }
     }
 
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        match &mut self.io {
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
             Io::Plain(io) => Pin::new(io).poll_shutdown(cx),
             Io::Tls(io) => Pin::new(io.as_mut()).poll_shutdown(cx),
         }

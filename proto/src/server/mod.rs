@@ -12,6 +12,7 @@ use tokio_stream::Stream;
 use tonic::server::NamedService;
 use tonic_health::server::{HealthReporter, health_reporter};
 
+mod coalesce;
 mod conn;
 pub use conn::{Conn, ConnInfo, HANDSHAKE, TlsSource, incoming_with};
 pub use tonic_health::server::HealthReporter as Reporter;
