@@ -12,74 +12,128 @@
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
-use tokio::io::{AsyncRead, AsyncWrite, BufWriter, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-/// Buffered bytes at most; a larger write goes straight through.
-const CAPACITY: usize = 64 * 1024;
-/// A flush with this much buffered writes at once instead of yielding.
+/// A flush with this much buffered writes at once instead of yielding, and
+/// a write this large with nothing buffered goes straight through.
 const FLUSH_AT: usize = 16 * 1024;
+/// Buffered bytes at most: a write that would pass this drains the buffer
+/// first.
+const CAPACITY: usize = 4 * FLUSH_AT;
 
 /// An I/O object whose writes are buffered and whose flushes yield once.
+/// The buffer grows with what is written and is given back after a burst
+/// larger than [`FLUSH_AT`]: an edge holds many idle device connections.
 pub struct Coalesced<T> {
-    inner: BufWriter<T>,
+    io: T,
+    buf: Vec<u8>,
+    /// How much of `buf` has been written out already.
+    written: usize,
     /// This buffer's flush has yielded already: the next one writes.
     yielded: bool,
 }
 
-impl<T: AsyncWrite> Coalesced<T> {
+impl<T: AsyncWrite + Unpin> Coalesced<T> {
     pub fn new(io: T) -> Self {
         Self {
-            inner: BufWriter::with_capacity(CAPACITY, io),
+            io,
+            buf: Vec::new(),
+            written: 0,
             yielded: false,
         }
     }
+
+    /// Writes out everything buffered.
+    fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        while self.written < self.buf.len() {
+            let n = ready!(Pin::new(&mut self.io).poll_write(cx, &self.buf[self.written..]))?;
+            if n == 0 {
+                return Poll::Ready(Err(std::io::ErrorKind::WriteZero.into()));
+            }
+            self.written += n;
+        }
+        self.written = 0;
+        if self.buf.capacity() > FLUSH_AT {
+            self.buf = Vec::new();
+        } else {
+            self.buf.clear();
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// Makes room for `len` more bytes: `Ready(true)` when they are to be
+    /// buffered, `Ready(false)` when they go straight to the connection.
+    fn poll_room(&mut self, cx: &mut Context<'_>, len: usize) -> Poll<std::io::Result<bool>> {
+        if self.buf.len() + len > CAPACITY {
+            ready!(self.poll_drain(cx))?;
+        }
+        Poll::Ready(Ok(!(self.buf.is_empty() && len >= FLUSH_AT)))
+    }
 }
 
-impl<T: AsyncRead + AsyncWrite + Unpin> AsyncRead for Coalesced<T> {
+impl<T: AsyncRead + Unpin> AsyncRead for Coalesced<T> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_read(cx, buf)
+        Pin::new(&mut self.io).poll_read(cx, buf)
     }
 }
 
 impl<T: AsyncWrite + Unpin> AsyncWrite for Coalesced<T> {
     fn poll_write(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-        buf: &[u8],
+        data: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
+        let this = self.get_mut();
+        if ready!(this.poll_room(cx, data.len()))? {
+            this.buf.extend_from_slice(data);
+            Poll::Ready(Ok(data.len()))
+        } else {
+            Pin::new(&mut this.io).poll_write(cx, data)
+        }
     }
 
     fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        let len = bufs.iter().map(|b| b.len()).sum();
+        if ready!(this.poll_room(cx, len))? {
+            for b in bufs {
+                this.buf.extend_from_slice(b);
+            }
+            Poll::Ready(Ok(len))
+        } else {
+            Pin::new(&mut this.io).poll_write_vectored(cx, bufs)
+        }
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
+        true
     }
 
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        let buffered = self.inner.buffer().len();
-        if buffered > 0 && buffered < FLUSH_AT && !self.yielded {
-            self.yielded = true;
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let buffered = this.buf.len() - this.written;
+        if buffered > 0 && buffered < FLUSH_AT && !this.yielded {
+            this.yielded = true;
             cx.waker().wake_by_ref();
             return Poll::Pending;
         }
-        ready!(Pin::new(&mut self.inner).poll_flush(cx))?;
-        self.yielded = false;
-        Poll::Ready(Ok(()))
+        ready!(this.poll_drain(cx))?;
+        this.yielded = false;
+        Pin::new(&mut this.io).poll_flush(cx)
     }
 
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        ready!(this.poll_drain(cx))?;
+        Pin::new(&mut this.io).poll_shutdown(cx)
     }
 }
 
@@ -142,6 +196,24 @@ mod tests {
         assert!(poll_flush(&mut io).is_pending());
         assert!(poll_flush(&mut io).is_ready());
         assert_eq!(writes.0.lock().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn a_large_write_goes_straight_through_and_a_burst_gives_its_buffer_back() {
+        let writes = Writes::default();
+        let mut io = Coalesced::new(writes.clone());
+        poll_write(&mut io, &vec![1u8; 4 * FLUSH_AT]);
+        assert_eq!(writes.0.lock().unwrap().len(), 1);
+        assert_eq!(io.buf.capacity(), 0);
+        for _ in 0..3 {
+            poll_write(&mut io, &vec![2u8; FLUSH_AT - 1]);
+        }
+        assert!(poll_flush(&mut io).is_ready());
+        assert_eq!(
+            writes.0.lock().unwrap().concat().len(),
+            4 * FLUSH_AT + 3 * (FLUSH_AT - 1)
+        );
+        assert_eq!(io.buf.capacity(), 0, "the burst's buffer is kept");
     }
 
     #[test]
