@@ -71,6 +71,38 @@ impl Windows {
         }
         Ok((quiet, hot))
     }
+
+    /// The median over windows of each window's `quantile` (ms), quiet
+    /// windows and hot ones: a stall of the machine decides the p99 of
+    /// the window it falls in, not of the whole run.
+    pub fn median_of_windows(
+        &self,
+        samples: &[(u64, u64)],
+        quantile: f64,
+    ) -> anyhow::Result<(f64, f64)> {
+        let each = (self.each.as_micros() as u64).max(1);
+        let mut windows: BTreeMap<u64, Histogram<u64>> = BTreeMap::new();
+        for (at, took) in samples {
+            if self.counted(*at).is_some() {
+                let window = at.saturating_sub(self.from_us) / each;
+                windows.entry(window).or_insert_with(histogram).record(*took)?;
+            }
+        }
+        let median = |hot: u64| {
+            let mut q: Vec<f64> = windows
+                .iter()
+                .filter(|(w, _)| *w % 2 == hot)
+                .map(|(_, h)| h.value_at_quantile(quantile) as f64 / 1000.0)
+                .collect();
+            q.sort_by(f64::total_cmp);
+            match q.len() {
+                0 => 0.0,
+                n if n % 2 == 1 => q[n / 2],
+                n => (q[n / 2 - 1] + q[n / 2]) / 2.0,
+            }
+        };
+        Ok((median(0), median(1)))
+    }
 }
 
 /// What paced sends saw.
@@ -176,5 +208,31 @@ mod tests {
         assert_eq!((quiet.len(), quiet.max()), (1, 10));
         assert_eq!((hot.len(), hot.min(), hot.max()), (3, 20, 40));
         assert!(!w.hot(0) && !w.hot(2_999_999) && w.hot(3_000_000));
+    }
+
+    #[test]
+    fn one_stalled_window_does_not_decide_the_median_of_the_windows() {
+        let w = Windows {
+            from_us: 0,
+            each: Duration::from_secs(1),
+        };
+        let settle = SETTLE.as_micros() as u64;
+        let mut samples = Vec::new();
+        // Windows 0..6: quiet ones answer in 1 ms, hot ones in 2 ms, and
+        // quiet window 2 holds one stall of 500 ms.
+        for window in 0..6u64 {
+            for i in 0..100 {
+                let took = if window % 2 == 1 { 2_000 } else { 1_000 };
+                samples.push((window * 1_000_000 + settle + i * 1_000, took));
+            }
+        }
+        samples.push((2_000_000 + settle + 500_000, 500_000));
+        // A settling sample counts nowhere.
+        samples.push((4_000_000 + 1, 900_000));
+        let (quiet, hot) = w.median_of_windows(&samples, 1.0).unwrap();
+        assert!((quiet - 1.0).abs() < 0.01, "{quiet}");
+        assert!((hot - 2.0).abs() < 0.01, "{hot}");
+        let (all_quiet, _) = w.split(&samples).unwrap();
+        assert_eq!(all_quiet.max() / 1000, 500);
     }
 }
