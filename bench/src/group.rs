@@ -145,11 +145,6 @@ pub async fn run(args: GroupArgs) -> anyhow::Result<()> {
     tokio::time::sleep(Duration::from_secs(1)).await;
 
     let (turns, g) = in_turns(&client, tenant, &neighbours, group, &args, epoch).await?;
-    let Turns {
-        alone,
-        beside,
-        medians,
-    } = turns;
     let (sent, sent_at, errors) = (g.latency, g.starts, g.errors);
     tokio::time::sleep(Duration::from_secs(2)).await;
     let _ = stop.send(true);
@@ -191,18 +186,11 @@ pub async fn run(args: GroupArgs) -> anyhow::Result<()> {
     .param("list_conversations_p99_ms", p99(&list))
     .param("member_of", args.member_of + 1)
     .param("unread_mismatches", mismatches)
-    .param("neighbour_p99_ms_alone", p99(&alone))
-    .param("neighbour_p99_ms_beside_the_group", p99(&beside))
-    .param("neighbour_p99_ms_alone_median_of_windows", medians.0)
-    .param("neighbour_p99_ms_beside_median_of_windows", medians.1)
-    .param("neighbour_sends_beside", beside.len())
-    .param("neighbour_sends_alone", alone.len())
-    .param("hot_and_quiet_windows_s", WINDOW.as_secs_f64())
     .param("read_count_p50_ms", ms(&receipts, 0.5))
     .param("read_count_p99_ms", p99(&receipts))
     .param("read_count_first_ms", first_receipt.as_secs_f64() * 1000.0)
     .param("read_count_mismatches", wrong_receipts);
-    let report = screens.params(report);
+    let report = turns.params(screens.params(report));
     report.print();
     if let Some(path) = &args.json {
         report.write_json(path)?;
@@ -272,7 +260,14 @@ async fn in_turns(
     let (throughout, into_group) = tokio::try_join!(throughout, group_sends)?;
     let (alone, beside) = windows.split(&throughout.samples)?;
     let medians = windows.median_of_windows(&throughout.samples, 0.99)?;
-    Ok((Turns { alone, beside, medians }, into_group))
+    Ok((
+        Turns {
+            alone,
+            beside,
+            medians,
+        },
+        into_group,
+    ))
 }
 
 /// The neighbours' latencies in the quiet windows and in the hot ones,
@@ -281,6 +276,20 @@ struct Turns {
     alone: Histogram<u64>,
     beside: Histogram<u64>,
     medians: (f64, f64),
+}
+
+impl Turns {
+    fn params(&self, report: Report) -> Report {
+        let p99 = |h: &Histogram<u64>| ms(h, 0.99);
+        report
+            .param("neighbour_p99_ms_alone", p99(&self.alone))
+            .param("neighbour_p99_ms_beside_the_group", p99(&self.beside))
+            .param("neighbour_p99_ms_alone_median_of_windows", self.medians.0)
+            .param("neighbour_p99_ms_beside_median_of_windows", self.medians.1)
+            .param("neighbour_sends_beside", self.beside.len())
+            .param("neighbour_sends_alone", self.alone.len())
+            .param("hot_and_quiet_windows_s", WINDOW.as_secs_f64())
+    }
 }
 
 /// How long the group is hot, then quiet, in turns, while the

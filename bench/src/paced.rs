@@ -85,7 +85,10 @@ impl Windows {
         for (at, took) in samples {
             if self.counted(*at).is_some() {
                 let window = at.saturating_sub(self.from_us) / each;
-                windows.entry(window).or_insert_with(histogram).record(*took)?;
+                windows
+                    .entry(window)
+                    .or_insert_with(histogram)
+                    .record(*took)?;
             }
         }
         let median = |hot: u64| {
