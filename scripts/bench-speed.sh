@@ -90,7 +90,9 @@ for name in ["storage", "send", "push-1000", "push-10000", "group", "failover"]:
     params = r.get("params", {})
     extra = {k: params[k] for k in ["sends_per_s", "group_send_p99_ms", "list_conversations_p99_ms",
                                     "unread_mismatches", "neighbour_p99_ms_alone",
-                                    "neighbour_p99_ms_beside_the_group", "join_burst_s",
+                                    "neighbour_p99_ms_beside_the_group",
+                                    "neighbour_p99_ms_alone_median_of_windows",
+                                    "neighbour_p99_ms_beside_median_of_windows", "join_burst_s",
                                     "route_switched_ms"] if k in params}
     if extra:
         print(" " * 13 + ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}"
