@@ -31,7 +31,8 @@ impl Sync for SyncApi {
         let r = request.into_inner();
         let pushes = self
             .service
-            .subscribe(device(r.caller)?, r.from_pts, r.queue_id)?;
+            .subscribe(device(r.caller)?, r.from_pts, r.queue_id)
+            .await?;
         Ok(Response::new(pushes))
     }
 

@@ -83,6 +83,7 @@ impl SyncService {
     /// Raises the device's cursor to `pts` of queue `queue_id` (0: this
     /// one); a pts of another queue changes nothing.
     pub async fn ack(&self, device: Device, pts: u64, queue_id: u64) -> Result<AckResponse> {
+        self.settle_home(device.caller).await?;
         let _writing = self.user_writes.read().await;
         self.check_home(&device.caller, true)?;
         let user = device.caller;

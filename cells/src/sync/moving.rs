@@ -329,6 +329,29 @@ impl SyncService {
         Ok(tenants)
     }
 
+    /// Starts `user`'s queue anew before a device is answered from it, if
+    /// its home is here again other than by a move back (a failover onto
+    /// the cell it had moved away from): the copy left here lacks what the
+    /// home appended elsewhere, and its old queue id must not be handed to
+    /// a device with an older latest pts. The processor does the same with
+    /// the user's next event; whichever comes first restarts the queue,
+    /// the other finds it current. Nothing is read while this cell never
+    /// handed a home over.
+    pub(super) async fn settle_home(&self, user: UserKey) -> Result<()> {
+        if self.store.handovers() == 0 || !self.store.home_is_stale(user)? {
+            return Ok(());
+        }
+        let _writing = self.user_writes.read().await;
+        if self.homes.check_home(user, true).is_err() || !self.store.home_is_stale(user)? {
+            return Ok(());
+        }
+        tracing::info!(tenant = %user.tenant, user = %user.user, "a device came to a home back without a move: its queue starts anew");
+        let mut m = crate::storage::Mutation::new();
+        m.restart_queue(user, self.clock.now_ms());
+        self.store.commit(m).await?;
+        Ok(())
+    }
+
     /// For each tenant sealed whole here, the marks of its keys this cell
     /// no longer owns or sees frozen, and the removal of the tenant's mark.
     fn sealed_tenant_marks(&self) -> Result<Vec<crate::storage::Mutation>> {

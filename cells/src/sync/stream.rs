@@ -43,7 +43,17 @@ pub type PushResult = std::result::Result<SyncPush, tonic::Status>;
 impl SyncService {
     /// Starts streaming `device`'s sync queue after `from_pts` (0 = the
     /// device's stored cursor) of queue `queue_id` (0 = this one).
-    pub fn subscribe(
+    pub async fn subscribe(
+        self: &Arc<Self>,
+        device: Device,
+        from_pts: u64,
+        queue_id: u64,
+    ) -> Result<PushStream> {
+        self.settle_home(device.caller).await?;
+        self.open_stream(device, from_pts, queue_id)
+    }
+
+    fn open_stream(
         self: &Arc<Self>,
         device: Device,
         from_pts: u64,

@@ -462,6 +462,14 @@ async fn a_home_failed_back_onto_the_copy_it_left_starts_a_new_queue() {
     let (moved_queue, last_pts, _) = latest(queue).await;
     assert_eq!(moved_queue, queue, "a move keeps the queue");
     assert_eq!(fail_over(&routes, TARGET, 1_000).await, SOURCE);
+    // A device back before any new event for Bob: the copy is not handed
+    // out under the queue id the device followed elsewhere.
+    let (first_queue, latest, rebased) = resume(&edge, last_pts, queue).await;
+    assert!(rebased, "a device beyond the failed-back queue is rebased");
+    assert_ne!(
+        first_queue, queue,
+        "the copy left behind was answered under the old queue id (latest pts {latest}, the device had {last_pts})"
+    );
     m.send(send(13)).await.unwrap();
     let (now_queue, latest, rebased) = resume(&edge, last_pts, queue).await;
     assert!(rebased, "a device beyond the failed-back queue is rebased");
@@ -469,6 +477,7 @@ async fn a_home_failed_back_onto_the_copy_it_left_starts_a_new_queue() {
         now_queue, queue,
         "the copy left behind was resumed under the old queue id (latest pts {latest}, the device had {last_pts})"
     );
+    assert_eq!(now_queue, first_queue, "the queue starts anew once");
 }
 
 /// A device streaming from Bob's home with nothing to push is still told
