@@ -95,7 +95,7 @@ impl Windows {
             let mut q: Vec<f64> = windows
                 .iter()
                 .filter(|(w, _)| *w % 2 == hot)
-                .map(|(_, h)| h.value_at_quantile(quantile) as f64 / 1000.0)
+                .map(|(_, h)| crate::group::ms(h, quantile))
                 .collect();
             q.sort_by(f64::total_cmp);
             match q.len() {

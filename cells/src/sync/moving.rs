@@ -345,7 +345,7 @@ impl SyncService {
         if self.homes.check_home(user, true).is_err() || !self.store.home_is_stale(user)? {
             return Ok(());
         }
-        tracing::info!(tenant = %user.tenant, user = %user.user, "a device came to a home back without a move: its queue starts anew");
+        tracing::info!(tenant = %user.tenant, user = %user.user, "a home back without a move: its queue starts anew before a device is answered");
         let mut m = crate::storage::Mutation::new();
         m.restart_queue(user, self.clock.now_ms());
         self.store.commit(m).await?;
