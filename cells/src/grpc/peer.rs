@@ -187,8 +187,12 @@ impl CellPeer for PeerApi {
     ) -> Result<Response<UserChunk>, Status> {
         let r = request.into_inner();
         let limit = if r.limit == 0 { DEFAULT_CHUNK } else { r.limit } as usize;
+        let user = UserKey::new(TenantId(r.tenant_id), UserId(r.user_id));
+        if r.with_state {
+            self.sync.settle_home(user).await?;
+        }
         Ok(Response::new(self.sync.export_user(
-            UserKey::new(TenantId(r.tenant_id), UserId(r.user_id)),
+            user,
             r.after_pts,
             limit,
             r.with_state,

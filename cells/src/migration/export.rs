@@ -42,6 +42,10 @@ impl Mover {
         const MAX_BYTES: usize = 16 << 20;
         let limit = if r.limit == 0 { DEFAULT_CHUNK } else { r.limit } as usize;
         let sync = self.sync.clone();
+        for item in &r.items {
+            let user = UserKey::new(TenantId(r.tenant_id), UserId(item.user_id));
+            sync.settle_home(user).await?;
+        }
         let chunks = blocking(move || {
             let (mut chunks, mut bytes) = (Vec::new(), 0usize);
             for item in &r.items {

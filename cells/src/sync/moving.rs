@@ -335,9 +335,10 @@ impl SyncService {
     /// home appended elsewhere, and its old queue id must not be handed to
     /// a device with an older latest pts. The processor does the same with
     /// the user's next event; whichever comes first restarts the queue,
-    /// the other finds it current. Nothing is read while this cell never
-    /// handed a home over.
-    pub(super) async fn settle_home(&self, user: UserKey) -> Result<()> {
+    /// the other finds it current. A move exports the home's state only
+    /// after this, so the old id does not travel on either. Nothing is read
+    /// while this cell never handed a home over.
+    pub(crate) async fn settle_home(&self, user: UserKey) -> Result<()> {
         if self.store.handovers() == 0 || !self.store.home_is_stale(user)? {
             return Ok(());
         }

@@ -431,17 +431,13 @@ async fn resume(edge: &str, from_pts: u64, queue_id: u64) -> (u64, u64, bool) {
     }
 }
 
-/// A home that moved away and then failed back onto the cell it left (its
-/// new home hung) does not resume the copy left behind, which lacks what
-/// arrived since the move: the queue starts anew under a new id, so a
-/// device resuming the queue it followed is told to rebase, and no pts is
-/// handed out twice under one queue id.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_home_failed_back_onto_the_copy_it_left_starts_a_new_queue() {
-    let d = deploy(None).await;
+/// Bob's home, with three events, moved to `TARGET`, where ten more
+/// arrive, then failed back onto `SOURCE` (its new home hung), where the
+/// copy the move left behind lacks those ten. Answers the queue id the
+/// device followed and the latest pts it saw.
+async fn moved_then_failed_back(d: &Deployment, conversation: u64) -> (u64, u64) {
     let (alice, edge) = (token(1, 10), d.edge.endpoint());
     let mut m = messaging(&d.edge).await;
-    let conversation = create_via_edge(&mut m, &alice, vec![BOB]).await;
     let send = |n: usize| authed(text(conversation, &format!("m-{n}")), &alice);
     for n in 0..3 {
         m.send(send(n)).await.unwrap();
@@ -462,6 +458,20 @@ async fn a_home_failed_back_onto_the_copy_it_left_starts_a_new_queue() {
     let (moved_queue, last_pts, _) = latest(queue).await;
     assert_eq!(moved_queue, queue, "a move keeps the queue");
     assert_eq!(fail_over(&routes, TARGET, 1_000).await, SOURCE);
+    (queue, last_pts)
+}
+
+/// A home that moved away and then failed back onto the cell it left does
+/// not resume the copy left behind: the queue starts anew under a new id,
+/// so a device resuming the queue it followed is told to rebase, and no pts
+/// is handed out twice under one queue id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_home_failed_back_onto_the_copy_it_left_starts_a_new_queue() {
+    let d = deploy(None).await;
+    let (alice, edge) = (token(1, 10), d.edge.endpoint());
+    let mut m = messaging(&d.edge).await;
+    let conversation = create_via_edge(&mut m, &alice, vec![BOB]).await;
+    let (queue, last_pts) = moved_then_failed_back(&d, conversation).await;
     // A device back before any new event for Bob: the copy is not handed
     // out under the queue id the device followed elsewhere.
     let (first_queue, latest, rebased) = resume(&edge, last_pts, queue).await;
@@ -470,7 +480,9 @@ async fn a_home_failed_back_onto_the_copy_it_left_starts_a_new_queue() {
         first_queue, queue,
         "the copy left behind was answered under the old queue id (latest pts {latest}, the device had {last_pts})"
     );
-    m.send(send(13)).await.unwrap();
+    m.send(authed(text(conversation, "m-13"), &alice))
+        .await
+        .unwrap();
     let (now_queue, latest, rebased) = resume(&edge, last_pts, queue).await;
     assert!(rebased, "a device beyond the failed-back queue is rebased");
     assert_ne!(
@@ -478,6 +490,28 @@ async fn a_home_failed_back_onto_the_copy_it_left_starts_a_new_queue() {
         "the copy left behind was resumed under the old queue id (latest pts {latest}, the device had {last_pts})"
     );
     assert_eq!(now_queue, first_queue, "the queue starts anew once");
+}
+
+/// A home failed back onto the copy it left and then moved on, before any
+/// device or event reached it, does not carry the old queue id to its next
+/// home: a device resuming there is rebased onto a new queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_back_home_moved_on_does_not_take_the_old_queue_id_along() {
+    let d = deploy(None).await;
+    let (alice, edge) = (token(1, 10), d.edge.endpoint());
+    let mut m = messaging(&d.edge).await;
+    let conversation = create_via_edge(&mut m, &alice, vec![BOB]).await;
+    let (queue, last_pts) = moved_then_failed_back(&d, conversation).await;
+    let routes = d.cluster.client().await;
+    let up = cellmesh_route_client::commands::set_cell_status(TARGET, CellStatus::Up);
+    routes.apply(up).await.unwrap();
+    move_home(&routes, TARGET).await;
+    let (now_queue, latest, rebased) = resume(&edge, last_pts, queue).await;
+    assert!(rebased, "a device beyond the moved copy is rebased");
+    assert_ne!(
+        now_queue, queue,
+        "the copy left behind moved on under the old queue id (latest pts {latest}, the device had {last_pts})"
+    );
 }
 
 /// A device streaming from Bob's home with nothing to push is still told
