@@ -185,18 +185,25 @@ mod tests {
         }
         let (dropped_tx, dropped) = oneshot::channel();
         let guard = std::sync::Mutex::new(Some(dropped_tx));
-        let handle = supervise_alone("sv-aborted", move || {
-            let guard = Dropped(guard.lock().unwrap().take());
-            async move {
-                let _guard = guard;
-                std::future::pending::<Result<(), PipelineError>>().await
+        let made = Arc::new(AtomicUsize::new(0));
+        let handle = supervise_alone("sv-aborted", {
+            let made = made.clone();
+            move || {
+                let guard = Dropped(guard.lock().unwrap().take());
+                made.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    let _guard = guard;
+                    std::future::pending::<Result<(), PipelineError>>().await
+                }
             }
         });
         let started = std::time::Instant::now();
-        while threads_named("cellmesh-sv-abo").is_empty() {
+        // Aborted only once the worker exists (its thread may be up before
+        // its runtime first polls the task that builds it).
+        while threads_named("cellmesh-sv-abo").is_empty() || made.load(Ordering::SeqCst) == 0 {
             assert!(
                 started.elapsed() < Duration::from_secs(5),
-                "its thread starts"
+                "its thread starts and builds the worker"
             );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
