@@ -405,32 +405,6 @@ async fn the_control_plane_finishes_moves_nobody_drives() {
     assert_eq!(history.len(), 31);
 }
 
-/// The first push of a subscription through the edge resuming `queue_id`
-/// at `from_pts`: (queue id, latest pts) of an event or a rebase.
-async fn resume(edge: &str, from_pts: u64, queue_id: u64) -> (u64, u64, bool) {
-    let mut sync = SyncClient::connect(edge.to_string()).await.unwrap();
-    let request = SubscribeRequest {
-        caller: None,
-        from_pts,
-        queue_id,
-    };
-    let mut stream = sync
-        .subscribe(authed(request, &token(1, BOB)))
-        .await
-        .unwrap()
-        .into_inner();
-    let push = tokio::time::timeout(Duration::from_secs(10), stream.message())
-        .await
-        .expect("a push within 10 s")
-        .unwrap()
-        .expect("a push");
-    match push.push {
-        Some(sync_push::Push::Event(e)) => (e.queue_id, e.pts, false),
-        Some(sync_push::Push::Rebase(r)) => (r.queue_id, r.latest_pts, true),
-        other => panic!("unexpected push {other:?}"),
-    }
-}
-
 /// Bob's home, with three events, moved to `TARGET`, where ten more
 /// arrive, then failed back onto `SOURCE` (its new home hung), where the
 /// copy the move left behind lacks those ten. Answers the queue id the
@@ -443,7 +417,7 @@ async fn moved_then_failed_back(d: &Deployment, conversation: u64) -> (u64, u64)
         m.send(send(n)).await.unwrap();
     }
     // Asked beyond anything there, a home answers its queue and latest pts.
-    let latest = |queue| resume(&edge, 1 << 40, queue);
+    let latest = |queue| first_push(&edge, BOB, 1 << 40, queue);
     let (queue, left_at, _) = latest(0).await;
     let routes = d.cluster.client().await;
     move_home(&routes, TARGET).await;
@@ -474,7 +448,7 @@ async fn a_home_failed_back_onto_the_copy_it_left_starts_a_new_queue() {
     let (queue, last_pts) = moved_then_failed_back(&d, conversation).await;
     // A device back before any new event for Bob: the copy is not handed
     // out under the queue id the device followed elsewhere.
-    let (first_queue, latest, rebased) = resume(&edge, last_pts, queue).await;
+    let (first_queue, latest, rebased) = first_push(&edge, BOB, last_pts, queue).await;
     assert!(rebased, "a device beyond the failed-back queue is rebased");
     assert_ne!(
         first_queue, queue,
@@ -483,7 +457,7 @@ async fn a_home_failed_back_onto_the_copy_it_left_starts_a_new_queue() {
     m.send(authed(text(conversation, "m-13"), &alice))
         .await
         .unwrap();
-    let (now_queue, latest, rebased) = resume(&edge, last_pts, queue).await;
+    let (now_queue, latest, rebased) = first_push(&edge, BOB, last_pts, queue).await;
     assert!(rebased, "a device beyond the failed-back queue is rebased");
     assert_ne!(
         now_queue, queue,
@@ -506,7 +480,7 @@ async fn a_failed_back_home_moved_on_does_not_take_the_old_queue_id_along() {
     let up = cellmesh_route_client::commands::set_cell_status(TARGET, CellStatus::Up);
     routes.apply(up).await.unwrap();
     move_home(&routes, TARGET).await;
-    let (now_queue, latest, rebased) = resume(&edge, last_pts, queue).await;
+    let (now_queue, latest, rebased) = first_push(&edge, BOB, last_pts, queue).await;
     assert!(rebased, "a device beyond the moved copy is rebased");
     assert_ne!(
         now_queue, queue,
