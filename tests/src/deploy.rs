@@ -495,35 +495,6 @@ pub async fn busy_control_plane(routers: Vec<String>) -> RunningControlPlane {
     .await
 }
 
-/// The first push of user `user`'s (tenant 1) subscription through `edge`
-/// resuming `queue_id` at `from_pts`: (queue id, pts) of an event, or
-/// (queue id, latest pts) of a rebase, and whether it was a rebase.
-pub async fn first_push(edge: &str, user: u64, from_pts: u64, queue_id: u64) -> (u64, u64, bool) {
-    use cellmesh_proto::v1::sync_client::SyncClient;
-    use cellmesh_proto::v1::{SubscribeRequest, sync_push};
-    let mut sync = SyncClient::connect(edge.to_string()).await.unwrap();
-    let request = SubscribeRequest {
-        caller: None,
-        from_pts,
-        queue_id,
-    };
-    let mut stream = sync
-        .subscribe(authed(request, &token(1, user)))
-        .await
-        .unwrap()
-        .into_inner();
-    let push = tokio::time::timeout(Duration::from_secs(10), stream.message())
-        .await
-        .expect("a push within 10 s")
-        .unwrap()
-        .expect("a push");
-    match push.push {
-        Some(sync_push::Push::Event(e)) => (e.queue_id, e.pts, false),
-        Some(sync_push::Push::Rebase(r)) => (r.queue_id, r.latest_pts, true),
-        other => panic!("unexpected push {other:?}"),
-    }
-}
-
 /// Fails `cell` over as the control plane would, with floor `margin`, and
 /// returns the cell its routes went to.
 pub async fn fail_over(routes: &RouteClient, cell: &str, margin: u64) -> String {

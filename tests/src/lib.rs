@@ -301,6 +301,7 @@ pub mod browser;
 pub mod deploy;
 pub mod dev;
 pub mod etcd;
+pub mod homes;
 pub mod http;
 pub mod moto;
 pub mod ports;

@@ -15,6 +15,7 @@ use cellmesh_control_plane::migration::{MigrationOptions, Migrator};
 use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::status::error_detail;
 use cellmesh_proto::v1::*;
+use cellmesh_route_client::client::RouteClient;
 use cellmesh_route_client::table::{Change, Key, RouteState, Scope};
 use cellmesh_tests::deploy::*;
 use cellmesh_tests::router::SECRET;
@@ -665,38 +666,22 @@ async fn the_source_of_a_tenant_move_drops_its_copy_after_the_grace_period() {
 /// resuming at the new home is rebased onto a new queue.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_failed_back_and_moved_on_does_not_take_its_homes_old_queue_ids_along() {
-    use cellmesh_route_client::commands::set_cell_status;
+    use cellmesh_tests::homes::{first_push, mark_up, moved_then_failed_back};
     let d = deploy(None).await;
-    let (routes, edge) = (d.cluster.client().await, d.edge.endpoint());
-    let alice = token(1, 10);
-    let mut m = messaging(&d.edge).await;
-    let conversation = create_via_edge(&mut m, &alice, vec![11]).await;
-    let send = |n: usize| authed(text(conversation, &format!("m-{n}")), &alice);
-    for n in 0..3 {
-        m.send(send(n)).await.unwrap();
-    }
-    // Asked beyond anything there, a home answers its queue and latest pts.
-    let latest = |queue| first_push(&edge, 11, 1 << 40, queue);
-    let (queue, left_at, _) = latest(0).await;
-    let migrator = migrator(&routes);
-    let move_to = |to| migrator.migrate_tenant(TenantId(1), to, 4, |_| {});
-    move_to(TARGET).await.expect("the first move");
-    for n in 3..13 {
-        m.send(send(n)).await.unwrap();
-    }
-    let followed = cellmesh_tests::eventually(Duration::from_secs(10), || async {
-        latest(queue).await.1 >= left_at + 10
-    })
-    .await;
-    assert!(followed, "the new home appends to the moved queue");
-    let (_, last_pts, _) = latest(queue).await;
-    assert_eq!(fail_over(&routes, TARGET, 1_000).await, SOURCE);
-    let up = routes.apply(set_cell_status(TARGET, CellStatus::Up));
-    routes
-        .wait_applied(up.await.unwrap().index, Duration::from_secs(5))
-        .await;
-    move_to(TARGET).await.expect("the move on");
-    let (now_queue, latest, rebased) = first_push(&edge, 11, last_pts, queue).await;
+    let move_tenant = async |routes: &RouteClient| {
+        let migrator = migrator(routes);
+        let moved = migrator
+            .migrate_tenant(TenantId(1), TARGET, 4, |_| {})
+            .await;
+        moved.expect("the tenant moves");
+    };
+    let back = moved_then_failed_back(&d, UserId(11), (SOURCE, TARGET), move_tenant).await;
+    let routes = d.cluster.client().await;
+    mark_up(&routes, TARGET).await;
+    move_tenant(&routes).await;
+    let (queue, last_pts) = (back.queue, back.last_pts);
+    let resumed = first_push(&d.edge.endpoint(), UserId(11), last_pts, queue).await;
+    let (now_queue, latest, rebased) = resumed;
     assert!(rebased, "a device beyond the moved copy is rebased");
     assert_ne!(
         now_queue, queue,

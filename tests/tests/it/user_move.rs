@@ -17,9 +17,11 @@ use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::status::error_detail;
 use cellmesh_proto::v1::sync_client::SyncClient;
 use cellmesh_proto::v1::*;
+use cellmesh_route_client::client::RouteClient;
 use cellmesh_route_client::table::{Key, RouteState};
 use cellmesh_tests::deploy::*;
 use cellmesh_tests::eventually;
+use cellmesh_tests::homes::{FailedBack, first_push, mark_up, moved_then_failed_back};
 use cellmesh_tests::router::{SECRET, with_secret};
 
 const SOURCE: &str = "eu-west/c1";
@@ -117,7 +119,7 @@ async fn last_message_seq(edge: &str, conversation: u64) -> u64 {
     last.seq
 }
 
-async fn move_home(routes: &cellmesh_route_client::client::RouteClient, to: &str) -> u64 {
+async fn move_home(routes: &RouteClient, to: &str) -> u64 {
     let migrator = migrator(routes);
     let report = migrator
         .migrate_user(TenantId(1), UserId(BOB), to, |p| {
@@ -405,34 +407,13 @@ async fn the_control_plane_finishes_moves_nobody_drives() {
     assert_eq!(history.len(), 31);
 }
 
-/// Bob's home, with three events, moved to `TARGET`, where ten more
-/// arrive, then failed back onto `SOURCE` (its new home hung), where the
-/// copy the move left behind lacks those ten. Answers the queue id the
-/// device followed and the latest pts it saw.
-async fn moved_then_failed_back(d: &Deployment, conversation: u64) -> (u64, u64) {
-    let (alice, edge) = (token(1, 10), d.edge.endpoint());
-    let mut m = messaging(&d.edge).await;
-    let send = |n: usize| authed(text(conversation, &format!("m-{n}")), &alice);
-    for n in 0..3 {
-        m.send(send(n)).await.unwrap();
-    }
-    // Asked beyond anything there, a home answers its queue and latest pts.
-    let latest = |queue| first_push(&edge, BOB, 1 << 40, queue);
-    let (queue, left_at, _) = latest(0).await;
-    let routes = d.cluster.client().await;
-    move_home(&routes, TARGET).await;
-    for n in 3..13 {
-        m.send(send(n)).await.unwrap();
-    }
-    let followed = eventually(Duration::from_secs(10), || async {
-        latest(queue).await.1 >= left_at + 10
-    })
-    .await;
-    assert!(followed, "the new home appends to the moved queue");
-    let (moved_queue, last_pts, _) = latest(queue).await;
-    assert_eq!(moved_queue, queue, "a move keeps the queue");
-    assert_eq!(fail_over(&routes, TARGET, 1_000).await, SOURCE);
-    (queue, last_pts)
+/// Bob's home moved to `TARGET` and failed back onto `SOURCE` (see
+/// [`moved_then_failed_back`]).
+async fn bob_failed_back(d: &Deployment) -> FailedBack {
+    let move_away = async |routes: &RouteClient| {
+        move_home(routes, TARGET).await;
+    };
+    moved_then_failed_back(d, UserId(BOB), (SOURCE, TARGET), move_away).await
 }
 
 /// A home that moved away and then failed back onto the cell it left does
@@ -442,22 +423,21 @@ async fn moved_then_failed_back(d: &Deployment, conversation: u64) -> (u64, u64)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_home_failed_back_onto_the_copy_it_left_starts_a_new_queue() {
     let d = deploy(None).await;
-    let (alice, edge) = (token(1, 10), d.edge.endpoint());
-    let mut m = messaging(&d.edge).await;
-    let conversation = create_via_edge(&mut m, &alice, vec![BOB]).await;
-    let (queue, last_pts) = moved_then_failed_back(&d, conversation).await;
+    let edge = d.edge.endpoint();
+    let back = bob_failed_back(&d).await;
+    let (queue, last_pts) = (back.queue, back.last_pts);
     // A device back before any new event for Bob: the copy is not handed
     // out under the queue id the device followed elsewhere.
-    let (first_queue, latest, rebased) = first_push(&edge, BOB, last_pts, queue).await;
+    let (first_queue, latest, rebased) = first_push(&edge, UserId(BOB), last_pts, queue).await;
     assert!(rebased, "a device beyond the failed-back queue is rebased");
     assert_ne!(
         first_queue, queue,
         "the copy left behind was answered under the old queue id (latest pts {latest}, the device had {last_pts})"
     );
-    m.send(authed(text(conversation, "m-13"), &alice))
-        .await
-        .unwrap();
-    let (now_queue, latest, rebased) = first_push(&edge, BOB, last_pts, queue).await;
+    let mut m = messaging(&d.edge).await;
+    let send = authed(text(back.conversation, "m-13"), &token(1, 10));
+    m.send(send).await.unwrap();
+    let (now_queue, latest, rebased) = first_push(&edge, UserId(BOB), last_pts, queue).await;
     assert!(rebased, "a device beyond the failed-back queue is rebased");
     assert_ne!(
         now_queue, queue,
@@ -472,15 +452,13 @@ async fn a_home_failed_back_onto_the_copy_it_left_starts_a_new_queue() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_back_home_moved_on_does_not_take_the_old_queue_id_along() {
     let d = deploy(None).await;
-    let (alice, edge) = (token(1, 10), d.edge.endpoint());
-    let mut m = messaging(&d.edge).await;
-    let conversation = create_via_edge(&mut m, &alice, vec![BOB]).await;
-    let (queue, last_pts) = moved_then_failed_back(&d, conversation).await;
+    let back = bob_failed_back(&d).await;
     let routes = d.cluster.client().await;
-    let up = cellmesh_route_client::commands::set_cell_status(TARGET, CellStatus::Up);
-    routes.apply(up).await.unwrap();
+    mark_up(&routes, TARGET).await;
     move_home(&routes, TARGET).await;
-    let (now_queue, latest, rebased) = first_push(&edge, BOB, last_pts, queue).await;
+    let (queue, last_pts) = (back.queue, back.last_pts);
+    let resumed = first_push(&d.edge.endpoint(), UserId(BOB), last_pts, queue).await;
+    let (now_queue, latest, rebased) = resumed;
     assert!(rebased, "a device beyond the moved copy is rebased");
     assert_ne!(
         now_queue, queue,
