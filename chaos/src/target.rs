@@ -201,13 +201,15 @@ impl DevTarget {
             Some(placed) => anyhow::bail!("tenant {tenant} is placed on {placed}, not {cell}"),
             None => {}
         }
-        let command = cellmesh_route_client::commands::assign_tenant(TenantId(tenant), cell, 0);
-        routes.apply(command).await.map_err(|e| {
-            anyhow::anyhow!(
-                "placing tenant {tenant}: {}",
-                cellmesh_proto::status::describe(&e)
-            )
-        })?;
+        routes
+            .place_tenant(TenantId(tenant), cell)
+            .await
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "placing tenant {tenant}: {}",
+                    cellmesh_proto::status::describe(&e)
+                )
+            })?;
         Ok(())
     }
 

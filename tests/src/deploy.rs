@@ -24,7 +24,6 @@ use cellmesh_proto::v1::{
     PullRequest, PullResponse, SendRequest,
 };
 use cellmesh_route_client::client::RouteClient;
-use cellmesh_route_client::commands::assign_tenant;
 use tonic::metadata::MetadataValue;
 use tonic::transport::Channel;
 
@@ -58,7 +57,7 @@ pub async fn deploy_with(
     }
     let client = cluster.client().await;
     client
-        .apply(assign_tenant(TenantId(1), "eu-west/c1", 0))
+        .place_tenant(TenantId(1), "eu-west/c1")
         .await
         .unwrap();
     // The edge reaches the route table through a link with added latency.

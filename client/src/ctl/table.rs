@@ -11,7 +11,7 @@ use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::v1 as pb;
 use cellmesh_proto::v1::update_route::Transition;
 use cellmesh_route_client::client::RouteClient;
-use cellmesh_route_client::commands::{assign_tenant, update_route};
+use cellmesh_route_client::commands::update_route;
 use cellmesh_route_client::convert::{entry_to_pb, route_to_pb};
 use cellmesh_route_client::table::RouteState;
 use serde_json::json;
@@ -100,11 +100,11 @@ pub(super) async fn place_tenant(
     cell: &str,
     regions: &[String],
 ) -> anyhow::Result<()> {
-    let r = routes
-        .apply(assign_tenant(tenant, cell, 0))
+    let epoch = routes
+        .place_tenant(tenant, cell)
         .await
         .map_err(|e| anyhow::anyhow!(describe(&e)))?;
-    println!("tenant {tenant} placed on {cell} at epoch {}", r.index);
+    println!("tenant {tenant} placed on {cell} at epoch {epoch}");
     if !regions.is_empty() {
         residency(routes, tenant, Some(regions)).await?;
     }

@@ -167,10 +167,6 @@ pub struct Migrator {
 
 type Peer = CellPeerClient<Channel>;
 
-/// How often the entry a refused write left is read before the refusal
-/// is taken for a conflict (200 ms, doubled each time: about 3 s).
-const LOST_ANSWER_READS: u32 = 4;
-
 fn call(what: &str) -> impl FnOnce(tonic::Status) -> MigrationError + '_ {
     move |status| MigrationError::Call {
         what: what.to_string(),
@@ -469,7 +465,8 @@ impl Migrator {
     }
 
     /// [`Self::commit`], taking an entry past `expect_epoch` for which `own`
-    /// holds as this very write committed.
+    /// holds as this very write committed (its answer lost, the route
+    /// client's retry refused).
     async fn commit_recognised(
         &self,
         key: &Key,
@@ -477,39 +474,26 @@ impl Migrator {
         t: Transition,
         own: impl Fn(&Entry) -> bool,
     ) -> Result<u64, MigrationError> {
-        let answer = self.routes.apply(update_route(key, expect_epoch, t)).await;
-        let status = match answer {
-            Ok(applied) => return Ok(applied.index),
+        let command = update_route(key, expect_epoch, t);
+        let status = match self
+            .routes
+            .apply_recognised(command, key, expect_epoch, own)
+            .await
+        {
+            Ok(epoch) => return Ok(epoch),
             Err(status) => status,
         };
         let d = cellmesh_proto::status::error_detail(&status);
-        if !matches!(
+        if matches!(
             d.known_reason(),
             Some(Reason::StaleEpoch | Reason::IllegalTransition)
         ) {
-            return Err(MigrationError::Call {
-                what: "route write".into(),
-                status,
-            });
+            return Err(MigrationError::Conflict(d.message));
         }
-        // The route client tries a write again when an attempt is not
-        // answered in time; if that attempt committed, the retry finds the
-        // epoch moved on by this very write. The read that tells is tried
-        // again too: under the load that delayed the write it may time out
-        // as well, and a move given up on for that is left half done.
-        for attempt in 0..LOST_ANSWER_READS {
-            match self.current_entry(key).await {
-                Ok(entry) if entry.epoch > expect_epoch && own(&entry) => {
-                    return Ok(entry.epoch);
-                }
-                Ok(_) => break,
-                Err(e) => {
-                    tracing::warn!(%key, error = %e, "reading the route a write left: trying again");
-                    tokio::time::sleep(Duration::from_millis(200 << attempt)).await;
-                }
-            }
-        }
-        Err(MigrationError::Conflict(d.message))
+        Err(MigrationError::Call {
+            what: "route write".into(),
+            status,
+        })
     }
 
     /// Moves `conversation` of `tenant` to cell `to`, or resumes a move that

@@ -14,7 +14,6 @@ use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::v1::messaging_client::MessagingClient;
 use cellmesh_proto::v1::{ConversationKind, CreateConversationRequest};
 use cellmesh_route_client::client::RouteClient;
-use cellmesh_route_client::commands::assign_tenant;
 use cellmesh_route_client::table::{Key, RouteState};
 use serde::{Deserialize, Serialize};
 use tonic::metadata::MetadataValue;
@@ -154,20 +153,15 @@ pub async fn prepare(
         Ok(text) => serde_json::from_str::<Demo>(&text).context("demo.json")?,
         Err(_) => {
             if routes.resolve(&Key::tenant(TenantId(TENANT))).is_none() {
-                let placed = routes
-                    .apply(assign_tenant(TenantId(TENANT), &topo.cell_id(0, 0), 0))
-                    .await;
-                if let Err(e) = placed {
-                    // An attempt that timed out may have gone through: a
-                    // tenant placed by then is placed.
-                    routes.catch_up().await.ok();
-                    if routes.resolve(&Key::tenant(TenantId(TENANT))).is_none() {
-                        anyhow::bail!(
+                routes
+                    .place_tenant(TenantId(TENANT), &topo.cell_id(0, 0))
+                    .await
+                    .map_err(|e| {
+                        anyhow::anyhow!(
                             "placing the demo tenant: {}",
                             cellmesh_proto::status::describe(&e)
-                        );
-                    }
-                }
+                        )
+                    })?;
             }
             let edge = topo.edge(0);
             let general = create(

@@ -38,6 +38,7 @@ mod kafka_queue;
 mod kafka_restore;
 mod large_groups;
 mod links;
+mod lost_answers;
 mod member_bursts;
 mod metrics;
 mod migration;
