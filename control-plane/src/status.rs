@@ -16,7 +16,7 @@ use cellmesh_proto::v1 as pb;
 use cellmesh_proto::v1::cell_peer_client::CellPeerClient;
 use cellmesh_proto::v1::{CellStats, DigestRequest, StatsRequest};
 use cellmesh_route_client::client::RouteClient;
-use cellmesh_route_client::table::{RouteState, RouteTable, Scope};
+use cellmesh_route_client::table::{CellInfo, Key, RouteState, RouteTable, Scope};
 use serde_json::{Value, json};
 use tonic::transport::Channel;
 
@@ -96,9 +96,9 @@ impl Sampler {
     /// The status now; `control_plane` is whatever the caller knows about
     /// the control plane's leader.
     pub async fn sample(&mut self, routes: &RouteClient, control_plane: Value) -> Value {
-        let table = routes.read(|t| t.clone());
+        let table = routes.read(TableView::of);
         let mut calls = Vec::new();
-        for cell in table.cells.values() {
+        for cell in &table.cells {
             let call = tokio::spawn(stats(cell.address.clone(), self.secret.clone()));
             calls.push((cell.clone(), call));
         }
@@ -140,21 +140,15 @@ impl Sampler {
                     self.previous.remove(&cell.id);
                 }
             }
-            let owned = |scope: fn(&Scope) -> bool| {
-                table
-                    .routes
-                    .values()
-                    .filter(|e| e.cell == cell.id && scope(&e.key.scope))
-                    .count()
-            };
+            let (tenants, overrides) = table.owned.get(&cell.id).copied().unwrap_or_default();
             regions.entry(cell.region.clone()).or_default().push(json!({
                 "cell_id": cell.id,
                 "region": cell.region,
                 "address": cell.address,
                 "status": format!("{:?}", cell.status),
                 "health": if now.is_some() { "serving" } else { "unreachable" },
-                "tenants": owned(|s| matches!(s, Scope::Tenant)),
-                "overrides": owned(|s| !matches!(s, Scope::Tenant)),
+                "tenants": tenants,
+                "overrides": overrides,
                 "sends_per_s": (rate * 10.0).round() / 10.0,
                 "queue_lag": now.as_ref().map(|s| s.queue_lag),
                 "uptime_ms": now.as_ref().map(|s| s.uptime_ms),
@@ -182,26 +176,75 @@ impl Sampler {
     }
 }
 
-/// Entries on their way to another cell, with how far the target has
-/// caught up (conversations: target's latest seq over the source's).
-async fn migrations(table: &RouteTable, secret: &ClusterSecret) -> Vec<Value> {
-    let address = |id: &str| {
-        table
-            .cell(id)
+/// What the status needs of the route table, taken in one pass under the
+/// cache's read lock: a copy of the whole table each second cost a
+/// control plane more than anything else it does while routes are
+/// written fast, and grows with the table.
+struct TableView {
+    cells: Vec<CellInfo>,
+    /// Per cell: the tenants and the overrides it owns.
+    owned: HashMap<String, (usize, usize)>,
+    /// Entries on their way to another cell.
+    moving: Vec<Moving>,
+    applied: u64,
+}
+
+struct Moving {
+    key: Key,
+    from: String,
+    to: String,
+    phase: String,
+}
+
+impl TableView {
+    fn of(table: &RouteTable) -> Self {
+        let mut owned: HashMap<String, (usize, usize)> = HashMap::new();
+        let mut moving = Vec::new();
+        for entry in table.routes.values() {
+            let counts = match owned.get_mut(&entry.cell) {
+                Some(counts) => counts,
+                None => owned.entry(entry.cell.clone()).or_default(),
+            };
+            match entry.key.scope {
+                Scope::Tenant => counts.0 += 1,
+                _ => counts.1 += 1,
+            }
+            let (to, phase) = match &entry.state {
+                RouteState::Migrating { to, phase } => (to.clone(), format!("{phase:?}")),
+                RouteState::Frozen { to } => (to.clone(), "Frozen".into()),
+                RouteState::Active => continue,
+            };
+            moving.push(Moving {
+                key: entry.key,
+                from: entry.cell.clone(),
+                to,
+                phase,
+            });
+        }
+        Self {
+            cells: table.cells.values().cloned().collect(),
+            owned,
+            moving,
+            applied: table.applied,
+        }
+    }
+
+    fn address(&self, id: &str) -> String {
+        (self.cells.iter().find(|c| c.id == id))
             .map(|c| c.address.clone())
             .unwrap_or_default()
-    };
+    }
+}
+
+/// Entries on their way to another cell, with how far the target has
+/// caught up (conversations: target's latest seq over the source's).
+async fn migrations(table: &TableView, secret: &ClusterSecret) -> Vec<Value> {
     let mut out = Vec::new();
-    for entry in table.routes.values() {
-        let (to, phase) = match &entry.state {
-            RouteState::Migrating { to, phase } => (to.clone(), format!("{phase:?}")),
-            RouteState::Frozen { to } => (to.clone(), "Frozen".into()),
-            RouteState::Active => continue,
-        };
-        let progress = match entry.key.scope {
+    for m in &table.moving {
+        let progress = match m.key.scope {
             Scope::Conversation(c) => {
-                let source = latest_seq(&address(&entry.cell), secret, ConversationId(c)).await;
-                let target = latest_seq(&address(&to), secret, ConversationId(c)).await;
+                let source = latest_seq(&table.address(&m.from), secret, ConversationId(c)).await;
+                let target = latest_seq(&table.address(&m.to), secret, ConversationId(c)).await;
                 match (source, target) {
                     (Some(s), Some(t)) if s > 0 => Some(((t * 100) / s).min(100)),
                     _ => None,
@@ -209,10 +252,73 @@ async fn migrations(table: &RouteTable, secret: &ClusterSecret) -> Vec<Value> {
             }
             _ => None,
         };
-        out.push(
-            json!({"key": entry.key.to_string(), "from": entry.cell, "to": to,
-            "phase": phase, "progress_pct": progress}),
-        );
+        out.push(json!({"key": m.key.to_string(), "from": m.from, "to": m.to,
+            "phase": m.phase, "progress_pct": progress}));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cellmesh_proto::ids::TenantId;
+    use cellmesh_route_client::table::{Entry, Phase};
+
+    fn entry(key: Key, cell: &str, state: RouteState) -> Entry {
+        Entry {
+            key,
+            cell: cell.into(),
+            epoch: 3,
+            state,
+            seq_floor: 0,
+            floor_margin: 0,
+            failed_from: None,
+            regions: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_view_counts_what_each_cell_owns_and_lists_what_moves() {
+        let mut table = RouteTable {
+            applied: 41,
+            ..Default::default()
+        };
+        let conv = |t, c| Key::conversation(TenantId(t), ConversationId(c));
+        let entries = [
+            entry(Key::tenant(TenantId(1)), "eu/c1", RouteState::Active),
+            entry(Key::tenant(TenantId(2)), "eu/c1", RouteState::Active),
+            entry(Key::tenant(TenantId(3)), "us/c1", RouteState::Active),
+            entry(conv(1, 7), "us/c1", RouteState::Active),
+            entry(
+                conv(1, 8),
+                "eu/c1",
+                RouteState::Migrating {
+                    to: "us/c1".into(),
+                    phase: Phase::CatchUp,
+                },
+            ),
+            entry(
+                conv(2, 9),
+                "us/c1",
+                RouteState::Frozen { to: "eu/c1".into() },
+            ),
+        ];
+        for e in entries {
+            table.routes.insert(e.key, e);
+        }
+        let view = TableView::of(&table);
+        assert_eq!(view.applied, 41);
+        assert_eq!(view.owned["eu/c1"], (2, 1));
+        assert_eq!(view.owned["us/c1"], (1, 2));
+        let moving: Vec<_> = (view.moving.iter())
+            .map(|m| (m.key, m.from.as_str(), m.to.as_str(), m.phase.as_str()))
+            .collect();
+        assert_eq!(
+            moving,
+            [
+                (conv(1, 8), "eu/c1", "us/c1", "CatchUp"),
+                (conv(2, 9), "us/c1", "eu/c1", "Frozen"),
+            ]
+        );
+    }
 }
