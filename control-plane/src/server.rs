@@ -690,9 +690,14 @@ async fn run(
         // something (again after a lost compare-and-set).
         for cell in &cells {
             let lease = trigger::owner_lease(cell.owner_lease_ms, config.failover.owner_lease_ms);
+            let failing = first_failure.contains_key(&cell.id);
+            let failed = detector.is_failed(&cell.id);
+            // Whether the cell owns anything matters only once it fails;
+            // the scan of every route is not made for healthy cells at
+            // every probe.
             let (owns, status) = routes.read(|t| {
                 (
-                    t.routes.values().any(|e| e.cell == cell.id),
+                    (failing || failed) && t.routes.values().any(|e| e.cell == cell.id),
                     t.cell(&cell.id).map_or(CellStatus::Up, |c| c.status),
                 )
             });
@@ -703,8 +708,8 @@ async fn run(
                 fences.remove(&cell.id);
             }
             let now = CellNow {
-                failing: first_failure.contains_key(&cell.id),
-                failed: detector.is_failed(&cell.id),
+                failing,
+                failed,
                 owns,
                 fenced: status.fenced(),
                 marked_down: status == CellStatus::Down,

@@ -185,4 +185,27 @@ mod tests {
             "it is still to be marked down"
         );
     }
+
+    #[test]
+    fn what_a_cell_owns_matters_only_once_it_fails() {
+        // The loop scans the routes for a cell only when it fails.
+        for (fenced, marked_down) in [(false, false), (true, false), (true, true)] {
+            for fenced_for in [None, Some(0), Some(60_000)] {
+                let healthy = CellNow {
+                    failing: false,
+                    failed: false,
+                    owns: true,
+                    fenced,
+                    marked_down,
+                    fenced_for: fenced_for.map(Duration::from_millis),
+                };
+                let empty = CellNow {
+                    owns: false,
+                    ..healthy
+                };
+                assert_eq!(step(healthy, LEASE), step(empty, LEASE), "{healthy:?}");
+                assert_eq!(due_in(healthy, LEASE), due_in(empty, LEASE));
+            }
+        }
+    }
 }
