@@ -31,7 +31,7 @@ use cellmesh_proto::v1::{
 use cellmesh_route_client::client::RouteClient;
 use cellmesh_route_client::commands::update_route;
 use cellmesh_route_client::peers::Peers;
-use cellmesh_route_client::table::{Entry, Key, Phase, RouteState, Scope};
+use cellmesh_route_client::table::{Entry, Key, Phase, RouteError, RouteState, Scope};
 use cellmesh_telemetry::trace::grpc::Channel;
 
 pub mod bulk;
@@ -407,13 +407,11 @@ impl Migrator {
 
     /// The entry deciding `key`, read through the route table's leader.
     async fn current_entry(&self, key: &Key) -> Result<Entry, MigrationError> {
-        let resolved = self
-            .routes
-            .resolve_linearizable(key)
-            .await
-            .map_err(call("route lookup"))?;
-        cellmesh_route_client::convert::entry_from_pb(resolved.entry.unwrap_or_default())
-            .map_err(call("route entry"))
+        let entry = self.routes.current_entry(key).await;
+        let no_route = || RouteError::NoRoute(key.to_string()).to_status();
+        entry
+            .and_then(|e| e.ok_or_else(no_route))
+            .map_err(call("route lookup"))
     }
 
     /// Applies one transition and waits until this migrator's view of the
