@@ -10,7 +10,7 @@ use cellmesh_proto::reason::Reason;
 use cellmesh_proto::v1::RouteState as PbRouteState;
 use cellmesh_route_client::client::RouteClient;
 use cellmesh_route_client::convert::route_to_pb;
-use cellmesh_route_client::table::{Key, RouteState};
+use cellmesh_route_client::table::{Entry, Key, RouteState};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -426,16 +426,25 @@ impl Ownership for Routed {
                 if state == RouteState::Active && cell == self.cell_id {
                     return Ok(());
                 }
+                let placed = Key::conversation(tenant, conversation);
                 let command = cellmesh_route_client::commands::update_route(
-                    &Key::conversation(tenant, conversation),
+                    &placed,
                     epoch,
                     cellmesh_proto::v1::update_route::Transition::Place(self.cell_id.clone()),
                 );
-                match self.client.apply(command).await {
-                    Ok(applied) => {
+                // A retry of a write that committed with its answer lost
+                // finds the conversation's own route here: that is this
+                // write's.
+                let here = |e: &Entry| e.cell == self.cell_id;
+                match self
+                    .client
+                    .apply_recognised(command, &placed, epoch, here)
+                    .await
+                {
+                    Ok(index) => {
                         // This cell's own view must cover the new route.
                         self.client
-                            .wait_applied(applied.index, Duration::from_secs(5))
+                            .wait_applied(index, Duration::from_secs(5))
                             .await;
                         return Ok(());
                     }

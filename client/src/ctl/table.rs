@@ -13,7 +13,7 @@ use cellmesh_proto::v1::update_route::Transition;
 use cellmesh_route_client::client::RouteClient;
 use cellmesh_route_client::commands::update_route;
 use cellmesh_route_client::convert::{entry_to_pb, route_to_pb};
-use cellmesh_route_client::table::RouteState;
+use cellmesh_route_client::table::{Entry, Phase, RouteState};
 use serde_json::json;
 
 use super::{KeyArgs, MigrationsCommand};
@@ -180,13 +180,17 @@ pub(super) async fn migrations(
                 .resolve(&key)
                 .with_context(|| format!("no route for {key}"))?
                 .entry;
-            let r = routes
-                .apply(update_route(&key, entry.epoch, Transition::Cancel(true)))
+            let command = update_route(&key, entry.epoch, Transition::Cancel(true));
+            // A retry of a cancel whose answer was lost finds the route
+            // back on its source.
+            let cancelled = |e: &Entry| e.state == RouteState::Active && e.cell == entry.cell;
+            let epoch = routes
+                .apply_recognised(command, &key, entry.epoch, cancelled)
                 .await
                 .map_err(|e| anyhow::anyhow!(describe(&e)))?;
             println!(
-                "{key}: migration cancelled, active on {} at epoch {}",
-                entry.cell, r.index
+                "{key}: migration cancelled, active on {} at epoch {epoch}",
+                entry.cell
             );
         }
         Some(MigrationsCommand::Pause(ref moving) | MigrationsCommand::Resume(ref moving)) => {
@@ -196,23 +200,21 @@ pub(super) async fn migrations(
                 .resolve(&key)
                 .with_context(|| format!("no route for {key}"))?
                 .entry;
-            let phase = if pause {
-                pb::MigrationPhase::Paused
+            let (phase, wanted) = if pause {
+                (pb::MigrationPhase::Paused, Phase::Paused)
             } else {
-                pb::MigrationPhase::CatchUp
+                (pb::MigrationPhase::CatchUp, Phase::CatchUp)
             };
-            let r = routes
-                .apply(update_route(
-                    &key,
-                    entry.epoch,
-                    Transition::SetPhase(phase as i32),
-                ))
+            let command = update_route(&key, entry.epoch, Transition::SetPhase(phase as i32));
+            // A retry of a write whose answer was lost finds the phase set.
+            let set = |e: &Entry| matches!(&e.state, RouteState::Migrating { phase, .. } if *phase == wanted);
+            let epoch = routes
+                .apply_recognised(command, &key, entry.epoch, set)
                 .await
                 .map_err(|e| anyhow::anyhow!(describe(&e)))?;
             println!(
-                "{key}: migration {} at epoch {}",
+                "{key}: migration {} at epoch {epoch}",
                 if pause { "paused" } else { "resumed" },
-                r.index
             );
         }
         None => {

@@ -2,14 +2,22 @@
 //! held past the attempt's deadline, and the route client's retry on
 //! another replica finds the entry moved on by that very write. The write
 //! is recognised by the entry it left; someone else's write is not.
+//! Placing a tenant and placing a conversation created on a moving
+//! tenant's target are both recognised.
 
+use std::sync::Arc;
+
+use cellmesh_cell::hwm::HighWaterMarks;
+use cellmesh_cell::ownership::Ownership;
+use cellmesh_cell::routed::Routed;
 use cellmesh_chaos::proxy::FaultProxy;
-use cellmesh_proto::ids::TenantId;
+use cellmesh_proto::ids::{ConversationId, TenantId};
 use cellmesh_proto::reason::Reason;
 use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::status::error_detail;
+use cellmesh_proto::v1::update_route::Transition;
 use cellmesh_route_client::client::RouteClient;
-use cellmesh_route_client::commands::{assign_tenant, register_cell};
+use cellmesh_route_client::commands::{assign_tenant, register_cell, update_route};
 use cellmesh_route_client::table::Key;
 use cellmesh_tests::router::{RouterCluster, SECRET};
 
@@ -84,4 +92,58 @@ async fn a_placement_whose_answer_was_lost_is_recognised_and_another_is_not() {
     );
     let again = direct.place_tenant(TenantId(1), "eu-west/c1").await;
     assert_eq!(again.ok(), Some(first_epoch));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conversation_placed_on_a_moving_tenants_target_is_placed_though_its_answer_was_lost() {
+    let cluster = RouterCluster::start(1, |_| {}).await;
+    let direct = cluster.client().await;
+    for cell in ["eu-west/c1", "eu-west/c2"] {
+        let address = format!("http://{cell}.invalid");
+        let registered = direct.apply(register_cell(cell, "eu-west", &address)).await;
+        registered.expect("register cell");
+    }
+    let tenant = Key::tenant(TenantId(1));
+    let epoch = direct
+        .place_tenant(TenantId(1), "eu-west/c1")
+        .await
+        .unwrap();
+    let moving = update_route(
+        &tenant,
+        epoch,
+        Transition::BeginMigration("eu-west/c2".into()),
+    );
+    let moving = direct
+        .apply(moving)
+        .await
+        .expect("the tenant starts moving");
+
+    // The target cell's route client reaches the replica through a link
+    // that holds every answer: the placement commits, its answer does not
+    // come back, and the retry goes straight to the replica.
+    let upstream = cluster.replicas[0].config.api_listen;
+    let link = FaultProxy::start("127.0.0.1:0".parse().unwrap(), upstream)
+        .await
+        .unwrap();
+    let client = through(&link, &cluster).await;
+    assert!(
+        client
+            .wait_applied(moving.index, std::time::Duration::from_secs(10))
+            .await
+    );
+    let marks = Arc::new(HighWaterMarks::default());
+    let target = Routed::new(client, "eu-west/c2".into(), 0, None, marks);
+    link.partition(false, true);
+    target
+        .place(TenantId(1), ConversationId(7))
+        .await
+        .expect("the placement whose answer was lost is taken as done");
+    let placed = Key::conversation(TenantId(1), ConversationId(7));
+    let entry = direct
+        .current_entry(&placed)
+        .await
+        .unwrap()
+        .expect("routed");
+    assert_eq!((entry.key, entry.cell.as_str()), (placed, "eu-west/c2"));
+    assert!(entry.epoch > moving.index, "written by the placement");
 }
