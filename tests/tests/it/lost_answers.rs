@@ -30,24 +30,26 @@ async fn through(link: &FaultProxy, cluster: &RouterCluster) -> RouteClient {
         .expect("route client connects")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_placement_whose_answer_was_lost_is_recognised_and_another_is_not() {
+/// One replica with cells `eu-west/c1` and `eu-west/c2` registered: the
+/// cluster, a client reaching it directly, and a link in front of it.
+async fn two_cells() -> (RouterCluster, RouteClient, FaultProxy) {
     let cluster = RouterCluster::start(1, |_| {}).await;
     let direct = cluster.client().await;
     for cell in ["eu-west/c1", "eu-west/c2"] {
-        direct
-            .apply(register_cell(
-                cell,
-                "eu-west",
-                &format!("http://{cell}.invalid"),
-            ))
-            .await
-            .expect("register cell");
+        let address = format!("http://{cell}.invalid");
+        let registered = direct.apply(register_cell(cell, "eu-west", &address)).await;
+        registered.expect("register cell");
     }
     let upstream = cluster.replicas[0].config.api_listen;
     let link = FaultProxy::start("127.0.0.1:0".parse().unwrap(), upstream)
         .await
         .unwrap();
+    (cluster, direct, link)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_placement_whose_answer_was_lost_is_recognised_and_another_is_not() {
+    let (cluster, direct, link) = two_cells().await;
 
     // A plain write: the retry is refused although the first attempt
     // placed the tenant where it was asked to.
@@ -96,13 +98,7 @@ async fn a_placement_whose_answer_was_lost_is_recognised_and_another_is_not() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_conversation_placed_on_a_moving_tenants_target_is_placed_though_its_answer_was_lost() {
-    let cluster = RouterCluster::start(1, |_| {}).await;
-    let direct = cluster.client().await;
-    for cell in ["eu-west/c1", "eu-west/c2"] {
-        let address = format!("http://{cell}.invalid");
-        let registered = direct.apply(register_cell(cell, "eu-west", &address)).await;
-        registered.expect("register cell");
-    }
+    let (cluster, direct, link) = two_cells().await;
     let tenant = Key::tenant(TenantId(1));
     let epoch = direct
         .place_tenant(TenantId(1), "eu-west/c1")
@@ -121,10 +117,6 @@ async fn a_conversation_placed_on_a_moving_tenants_target_is_placed_though_its_a
     // The target cell's route client reaches the replica through a link
     // that holds every answer: the placement commits, its answer does not
     // come back, and the retry goes straight to the replica.
-    let upstream = cluster.replicas[0].config.api_listen;
-    let link = FaultProxy::start("127.0.0.1:0".parse().unwrap(), upstream)
-        .await
-        .unwrap();
     let client = through(&link, &cluster).await;
     assert!(
         client
