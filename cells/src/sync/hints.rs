@@ -172,7 +172,7 @@ async fn flush_until_dropped(pacer: Weak<HintPacer>, interval: Duration) {
 mod tests {
     use super::*;
     use crate::sync::Subscription;
-    use crate::sync::stream::PushResult;
+    use crate::sync::inbox::Next;
     use cellmesh_proto::ids::{TenantId, UserId};
 
     const U1: UserKey = UserKey::new(TenantId(1), UserId(1));
@@ -185,21 +185,18 @@ mod tests {
         }
     }
 
-    /// A device of `user` streaming: its subscription, and what it is pushed.
-    fn device(hub: &Arc<Hub>, user: UserKey) -> (Subscription, mpsc::Receiver<PushResult>) {
-        let sub = hub.subscribe(user, "phone").unwrap();
-        let (tx, rx) = mpsc::channel(256);
-        sub.take_pushes(tx);
-        (sub, rx)
+    /// A device of `user` streaming: its subscription, where it is pushed.
+    fn device(hub: &Arc<Hub>, user: UserKey) -> Subscription {
+        hub.subscribe(user, "phone").unwrap()
     }
 
     /// The `latest_seq`s of the hints received so far.
-    fn received(rx: &mut mpsc::Receiver<PushResult>) -> Vec<u64> {
+    fn received(rx: &mut Subscription) -> Vec<u64> {
         let mut seqs = Vec::new();
-        while let Ok(push) = rx.try_recv() {
-            if let Ok(SyncPush {
+        while let Some(next) = rx.inbox.try_next() {
+            if let Next::Push(SyncPush {
                 push: Some(sync_push::Push::Hint(h)),
-            }) = push
+            }) = next
             {
                 seqs.push(h.latest_seq);
             }
@@ -208,7 +205,7 @@ mod tests {
     }
 
     /// Waits up to two seconds for a hint: its `latest_seq`s.
-    async fn next_hints(rx: &mut mpsc::Receiver<PushResult>) -> Vec<u64> {
+    async fn next_hints(rx: &mut Subscription) -> Vec<u64> {
         for _ in 0..200 {
             let got = received(rx);
             if !got.is_empty() {
@@ -222,7 +219,7 @@ mod tests {
     #[tokio::test]
     async fn a_hot_conversations_hints_merge_to_one_per_interval() {
         let hub = Arc::new(Hub::new(60_000, 4));
-        let (_sub, mut rx) = device(&hub, U1);
+        let mut rx = device(&hub, U1);
         let interval = Duration::from_millis(300);
         let pacer = HintPacer::start(hub.clone(), interval);
         let first = Instant::now();
@@ -262,7 +259,7 @@ mod tests {
         for seq in 1..=3 {
             pacer.hint(users.clone(), hint(7, seq));
         }
-        for (_, rx) in &mut devices {
+        for rx in &mut devices {
             let mut got = next_hints(rx).await;
             while got.len() < 3 {
                 let more = next_hints(rx).await;

@@ -2,10 +2,11 @@
 //! (woken when the user's sync queue grows) and device heartbeats. A device
 //! streams once (a new stream of it supersedes the older, which ends), and
 //! a user streams from at most `max_streams_per_user` devices at a time.
-//! Transient pushes (typing notices, large-group hints) go straight into
-//! each device's outgoing stream, not through the task that streams its
-//! queue: a hint to a thousand devices wakes no task per device. They are
-//! not ordered with sync events, and one to a device whose stream is full
+//! Each device stream has an [`Inbox`]: the user's hub events, transient
+//! pushes (typing notices, large-group hints) and the stream's end go
+//! there, and the stream, polled by its connection, takes them out: a hint
+//! to a thousand devices wakes no task per device. Transient pushes are
+//! not ordered with sync events, and one to a device whose inbox is full
 //! is dropped (counted): a later hint covers it.
 
 use std::collections::HashMap;
@@ -13,9 +14,8 @@ use std::sync::{Arc, Mutex, Weak};
 
 use cellmesh_proto::storage::v1::SyncRecord;
 use cellmesh_proto::v1::{Message, SyncPush};
-use tokio::sync::{broadcast, mpsc, oneshot};
 
-use super::stream::PushResult;
+use super::inbox::Inbox;
 use crate::user::UserKey;
 use cellmesh_proto::ids::{TenantId, UserId};
 
@@ -42,13 +42,8 @@ pub struct LiveEvent {
     pub message: Option<Arc<Message>>,
 }
 
-/// Pending hub events per subscription before it counts as lagging (a
-/// lagging subscription rereads its queue from storage).
-const CHANNEL_DEPTH: usize = 256;
-
 #[derive(Default)]
 struct UserState {
-    tx: Option<broadcast::Sender<HubEvent>>,
     /// device → last heartbeat (Unix ms).
     heartbeats: HashMap<String, u64>,
     /// device → its stream.
@@ -58,11 +53,7 @@ struct UserState {
 /// One device's live stream, as the hub holds it.
 struct DeviceStream {
     id: u64,
-    /// Fired when a newer stream of the device supersedes this one.
-    superseded: oneshot::Sender<()>,
-    /// Where transient pushes go, once the stream has queued what must
-    /// come first ([`Subscription::take_pushes`]).
-    pushes: Option<mpsc::Sender<PushResult>>,
+    inbox: Arc<Inbox>,
 }
 
 pub struct Hub {
@@ -76,9 +67,7 @@ pub struct Hub {
 
 /// Keeps a device's subscription alive; dropping it unsubscribes.
 pub struct Subscription {
-    pub rx: broadcast::Receiver<HubEvent>,
-    /// Fires when a newer stream of the same device supersedes this one.
-    pub superseded: oneshot::Receiver<()>,
+    pub inbox: Arc<Inbox>,
     pub(super) _slot: Slot,
 }
 
@@ -107,25 +96,6 @@ impl Drop for Slot {
     }
 }
 
-impl Subscription {
-    /// From now on, transient pushes to this device go into `pushes`
-    /// (unless a newer stream superseded it, or the hub closed).
-    pub fn take_pushes(&self, pushes: mpsc::Sender<PushResult>) {
-        let slot = &self._slot;
-        let Some(hub) = slot.hub.upgrade() else {
-            return;
-        };
-        let mut users = hub.users.lock().expect("hub lock");
-        if let Some(stream) = users
-            .get_mut(&slot.user)
-            .and_then(|s| s.streams.get_mut(&slot.device))
-            .filter(|s| s.id == slot.id && !hub.closed.load(std::sync::atomic::Ordering::SeqCst))
-        {
-            stream.pushes = Some(pushes);
-        }
-    }
-}
-
 /// The user already streams from `max_streams_per_user` other devices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TooManyStreams(pub usize);
@@ -147,9 +117,8 @@ impl Hub {
         self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
         let mut users = self.users.lock().expect("hub lock");
         for state in users.values_mut() {
-            state.tx = None;
-            for stream in state.streams.values_mut() {
-                stream.pushes = None;
+            for (_, stream) in state.streams.drain() {
+                stream.inbox.close();
             }
         }
     }
@@ -165,7 +134,6 @@ impl Hub {
         let id = self
             .next_stream
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let (signal, superseded) = oneshot::channel();
         let slot = Slot {
             hub: Arc::downgrade(self),
             user,
@@ -175,8 +143,7 @@ impl Hub {
         let mut users = self.users.lock().expect("hub lock");
         if self.closed.load(std::sync::atomic::Ordering::SeqCst) {
             return Ok(Subscription {
-                rx: broadcast::channel(1).1,
-                superseded,
+                inbox: Arc::new(Inbox::closed()),
                 _slot: slot,
             });
         }
@@ -185,28 +152,23 @@ impl Hub {
         if others >= self.max_streams_per_user {
             return Err(TooManyStreams(self.max_streams_per_user));
         }
+        let inbox = Arc::new(Inbox::default());
         let stream = DeviceStream {
             id,
-            superseded: signal,
-            pushes: None,
+            inbox: inbox.clone(),
         };
         if let Some(older) = state.streams.insert(device.to_string(), stream) {
-            let _ = older.superseded.send(());
+            older.inbox.supersede();
         }
-        let tx = state
-            .tx
-            .get_or_insert_with(|| broadcast::channel(CHANNEL_DEPTH).0);
-        Ok(Subscription {
-            rx: tx.subscribe(),
-            superseded,
-            _slot: slot,
-        })
+        Ok(Subscription { inbox, _slot: slot })
     }
 
     fn send(&self, user: UserKey, event: HubEvent) {
         let users = self.users.lock().expect("hub lock");
-        if let Some(tx) = users.get(&user).and_then(|s| s.tx.as_ref()) {
-            let _ = tx.send(event);
+        if let Some(state) = users.get(&user) {
+            for stream in state.streams.values() {
+                stream.inbox.event(event.clone());
+            }
         }
     }
 
@@ -217,10 +179,7 @@ impl Hub {
     /// Whether any device of `user` streams from this cell right now.
     pub fn is_subscribed(&self, user: UserKey) -> bool {
         let users = self.users.lock().expect("hub lock");
-        users
-            .get(&user)
-            .and_then(|s| s.tx.as_ref())
-            .is_some_and(|tx| tx.receiver_count() > 0)
+        users.get(&user).is_some_and(|s| !s.streams.is_empty())
     }
 
     /// The users with a device streaming from this cell now.
@@ -249,8 +208,8 @@ impl Hub {
             let Some(state) = users_now.get(user) else {
                 continue;
             };
-            for pushes in state.streams.values().filter_map(|s| s.pushes.as_ref()) {
-                if let Err(mpsc::error::TrySendError::Full(_)) = pushes.try_send(Ok(push.clone())) {
+            for stream in state.streams.values() {
+                if !stream.inbox.push(push) {
                     crate::metrics::metrics().pushes_dropped.inc();
                 }
             }
@@ -278,7 +237,7 @@ impl Hub {
 
     fn presence_of(&self, state: &UserState, now_ms: u64) -> (bool, u64) {
         let last_seen = state.heartbeats.values().copied().max().unwrap_or(0);
-        let subscribed = state.tx.as_ref().is_some_and(|tx| tx.receiver_count() > 0);
+        let subscribed = !state.streams.is_empty();
         let recent = now_ms.saturating_sub(last_seen) <= self.presence_window_ms && last_seen > 0;
         (subscribed || recent, last_seen)
     }
@@ -305,10 +264,7 @@ impl Hub {
         users.retain(|_, s| {
             s.heartbeats
                 .retain(|_, seen| now_ms.saturating_sub(*seen) <= window);
-            if s.tx.as_ref().is_some_and(|tx| tx.receiver_count() == 0) {
-                s.tx = None;
-            }
-            s.tx.is_some() || !s.heartbeats.is_empty() || !s.streams.is_empty()
+            !s.heartbeats.is_empty() || !s.streams.is_empty()
         });
     }
 }
@@ -316,6 +272,7 @@ impl Hub {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sync::inbox::{Next, PUSH_DEPTH};
     use cellmesh_proto::ids::{TenantId, UserId};
 
     const U1: UserKey = UserKey::new(TenantId(1), UserId(1));
@@ -336,42 +293,43 @@ mod tests {
         assert_eq!(hub.presence(U1, 11_500), (false, 0));
     }
 
-    #[tokio::test]
-    async fn closing_ends_every_subscription() {
+    #[test]
+    fn closing_ends_every_subscription() {
         let hub = Arc::new(Hub::new(1_000, 4));
-        let mut a = hub.subscribe(U1, "phone").unwrap();
+        let a = hub.subscribe(U1, "phone").unwrap();
         hub.close();
-        assert!(matches!(
-            a.rx.recv().await,
-            Err(broadcast::error::RecvError::Closed)
-        ));
-        let mut late = hub.subscribe(U2, "phone").unwrap();
-        assert!(matches!(
-            late.rx.recv().await,
-            Err(broadcast::error::RecvError::Closed)
-        ));
+        assert!(matches!(a.inbox.try_next(), Some(Next::Closed)));
+        assert!(!hub.is_subscribed(U1));
+        let late = hub.subscribe(U2, "phone").unwrap();
+        assert!(matches!(late.inbox.try_next(), Some(Next::Closed)));
     }
 
-    #[tokio::test]
-    async fn only_subscribers_of_a_user_are_woken() {
+    #[test]
+    fn only_subscribers_of_a_user_are_woken() {
         let hub = Arc::new(Hub::new(1_000, 4));
-        let mut a = hub.subscribe(U1, "phone").unwrap();
-        let mut b = hub.subscribe(U2, "phone").unwrap();
+        let a = hub.subscribe(U1, "phone").unwrap();
+        let b = hub.subscribe(U2, "phone").unwrap();
         hub.notify_pts(U1, 5);
-        assert!(matches!(a.rx.recv().await.unwrap(), HubEvent::Pts(5)));
-        assert!(b.rx.try_recv().is_err());
+        assert!(matches!(
+            a.inbox.try_next(),
+            Some(Next::Event(HubEvent::Pts(5)))
+        ));
+        assert!(b.inbox.try_next().is_none());
     }
 
-    #[tokio::test]
-    async fn a_device_streams_once_and_a_user_from_so_many_devices() {
+    #[test]
+    fn a_device_streams_once_and_a_user_from_so_many_devices() {
         let hub = Arc::new(Hub::new(1_000, 2));
-        let mut first = hub.subscribe(U1, "phone").unwrap();
+        let first = hub.subscribe(U1, "phone").unwrap();
         let laptop = hub.subscribe(U1, "laptop").unwrap();
         assert_eq!(hub.subscribe(U1, "tablet").err(), Some(TooManyStreams(2)));
         assert!(hub.subscribe(U2, "tablet").is_ok(), "another user");
         // The same device again supersedes its older stream.
         let second = hub.subscribe(U1, "phone").unwrap();
-        first.superseded.try_recv().expect("superseded");
+        assert!(matches!(first.inbox.try_next(), Some(Next::Superseded)));
+        hub.notify_pts(U1, 1);
+        assert!(matches!(first.inbox.try_next(), Some(Next::Superseded)));
+        assert!(matches!(second.inbox.try_next(), Some(Next::Event(_))));
         drop(first);
         assert_eq!(hub.subscribe(U1, "tablet").err(), Some(TooManyStreams(2)));
         drop(laptop);
@@ -392,10 +350,10 @@ mod tests {
         }
     }
 
-    /// The typing notices waiting in `rx`: who typed.
-    fn typed(rx: &mut mpsc::Receiver<PushResult>) -> Vec<u64> {
+    /// The typing notices waiting for `sub`: who typed.
+    fn typed(sub: &Subscription) -> Vec<u64> {
         let mut who = Vec::new();
-        while let Ok(Ok(push)) = rx.try_recv() {
+        while let Some(Next::Push(push)) = sub.inbox.try_next() {
             if let Some(cellmesh_proto::v1::sync_push::Push::Typing(t)) = push.push {
                 who.push(t.user_id);
             }
@@ -403,57 +361,53 @@ mod tests {
         who
     }
 
-    #[tokio::test]
-    async fn pushes_go_to_the_current_stream_of_each_device_and_a_full_one_misses_them() {
+    #[test]
+    fn pushes_go_to_the_current_stream_of_each_device_and_a_full_one_misses_them() {
         let hub = Arc::new(Hub::new(1_000, 4));
-        let (old, new, laptop) = (mpsc::channel(4), mpsc::channel(4), mpsc::channel(1));
-        let (phone_tx, mut phone_rx) = old;
         let phone = hub.subscribe(U1, "phone").unwrap();
-        phone.take_pushes(phone_tx);
-        let laptop_sub = hub.subscribe(U1, "laptop").unwrap();
-        let (laptop_tx, mut laptop_rx) = laptop;
-        laptop_sub.take_pushes(laptop_tx);
+        let laptop = hub.subscribe(U1, "laptop").unwrap();
         hub.push(&[U1, U2], &typing(2));
-        assert_eq!(typed(&mut phone_rx), vec![2]);
-        // The laptop does not read: its stream of one is full.
+        assert_eq!(typed(&phone), vec![2]);
+        // The laptop does not read: its inbox fills up.
+        for _ in 1..PUSH_DEPTH {
+            hub.push(&[U1], &typing(2));
+        }
+        assert_eq!(typed(&phone).len(), PUSH_DEPTH - 1);
         let dropped = crate::metrics::metrics().pushes_dropped.get();
         hub.push(&[U1], &typing(3));
-        assert_eq!(typed(&mut phone_rx), vec![3]);
+        assert_eq!(typed(&phone), vec![3]);
         assert!(crate::metrics::metrics().pushes_dropped.get() > dropped);
-        assert_eq!(typed(&mut laptop_rx), vec![2]);
-        // A newer stream of the phone supersedes the older: only it is pushed,
-        // and the older's stream ends once its task lets go.
-        let (new_tx, mut new_rx) = new;
+        let laptops = typed(&laptop);
+        assert_eq!(laptops.len(), PUSH_DEPTH);
+        assert!(laptops.iter().all(|u| *u == 2), "the last one missed");
+        // A newer stream of the phone supersedes the older: only it is pushed.
         let phone_again = hub.subscribe(U1, "phone").unwrap();
-        phone_again.take_pushes(new_tx);
-        phone.take_pushes(mpsc::channel(4).0);
         hub.push(&[U1], &typing(4));
-        assert_eq!(typed(&mut new_rx), vec![4]);
-        assert_eq!(typed(&mut laptop_rx), vec![4], "read again, pushed again");
-        drop(phone);
-        assert!(
-            phone_rx.recv().await.is_none(),
-            "the hub let the old stream go"
-        );
-        // Closing lets every stream go.
+        assert_eq!(typed(&phone_again), vec![4]);
+        assert!(matches!(phone.inbox.try_next(), Some(Next::Superseded)));
+        assert_eq!(typed(&laptop), vec![4], "read again, pushed again");
+        // Closing ends every stream.
         hub.close();
-        drop((phone_again, laptop_sub));
-        assert!(new_rx.recv().await.is_none());
-        assert!(laptop_rx.recv().await.is_none());
+        hub.push(&[U1], &typing(5));
+        assert!(matches!(phone_again.inbox.try_next(), Some(Next::Closed)));
+        assert!(matches!(laptop.inbox.try_next(), Some(Next::Closed)));
     }
 
-    #[tokio::test]
-    async fn the_same_user_id_in_two_tenants_is_two_users() {
+    #[test]
+    fn the_same_user_id_in_two_tenants_is_two_users() {
         let hub = Arc::new(Hub::new(1_000, 4));
         let (a, b) = (
             UserKey::new(TenantId(1), UserId(2)),
             UserKey::new(TenantId(2), UserId(2)),
         );
-        let mut sub_a = hub.subscribe(a, "phone").unwrap();
-        let mut sub_b = hub.subscribe(b, "phone").unwrap();
+        let sub_a = hub.subscribe(a, "phone").unwrap();
+        let sub_b = hub.subscribe(b, "phone").unwrap();
         hub.notify_pts(a, 3);
-        assert!(matches!(sub_a.rx.recv().await.unwrap(), HubEvent::Pts(3)));
-        assert!(sub_b.rx.try_recv().is_err());
+        assert!(matches!(
+            sub_a.inbox.try_next(),
+            Some(Next::Event(HubEvent::Pts(3)))
+        ));
+        assert!(sub_b.inbox.try_next().is_none());
         drop(sub_b);
         hub.heartbeat(a, "phone", 10_000);
         assert!(hub.is_online(a, 10_000));

@@ -6,6 +6,7 @@
 
 mod hints;
 mod hub;
+mod inbox;
 pub mod moving;
 pub mod stream;
 

@@ -7,9 +7,9 @@
 //! pts, so delivery is never reordered or dropped.
 //!
 //! The subscription is the response stream itself ([`PushStream`]): the
-//! connection polls it when it can send, so a push wakes no task of its own
-//! and waits in no channel, and a device that reads slowly is not read for
-//! (backpressure is the connection's flow control).
+//! connection polls it when it can send, and it takes what the hub left in
+//! its inbox, so a push wakes no task of its own, and a device that reads
+//! slowly is not read for (backpressure is the connection's flow control).
 
 use cellmesh_proto::ids::ConversationId;
 use std::collections::VecDeque;
@@ -17,22 +17,17 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use cellmesh_proto::storage::v1::SyncRecord;
-use cellmesh_proto::v1::{Message, Rebase, SyncEvent, SyncEventKind, SyncPush, sync_push};
-use futures::Stream;
-use prost::Message as _;
-use tokio::sync::{mpsc, oneshot};
-use tokio_stream::wrappers::BroadcastStream;
-use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
-
+use super::inbox::{Inbox, Next};
 use super::{Device, HubEvent, Subscription, SyncService};
 use crate::convert::message_to_proto;
 use crate::error::{CellError, Result};
 use crate::storage::Store;
 use cellmesh_proto::reason::Reason;
+use cellmesh_proto::storage::v1::SyncRecord;
+use cellmesh_proto::v1::{Message, Rebase, SyncEvent, SyncEventKind, SyncPush, sync_push};
+use futures::Stream;
+use prost::Message as _;
 
-/// Transient pushes (typing, hints) buffered per stream; more are dropped.
-const PUSH_BUFFER: usize = 256;
 /// Sync events read from storage at a time.
 const READ_PAGE: usize = 256;
 /// How often the streaming users' homes are checked ([`SyncService::recheck_homes`]).
@@ -95,13 +90,7 @@ impl SyncService {
             cursor = latest;
         }
         // Transient pushes go out after what is queued here (the rebase).
-        let (pushes, transient) = mpsc::channel(PUSH_BUFFER);
-        subscription.take_pushes(pushes);
-        let Subscription {
-            rx,
-            superseded,
-            _slot,
-        } = subscription;
+        let Subscription { inbox, _slot } = subscription;
         Ok(PushStream {
             service: self.clone(),
             device,
@@ -110,9 +99,7 @@ impl SyncService {
             closing: false,
             done: false,
             out,
-            wake: BroadcastStream::new(rx),
-            superseded: Some(superseded),
-            transient: Some(transient),
+            inbox,
             _slot,
             _online: OnlineDevice::count(),
         })
@@ -154,9 +141,7 @@ pub struct PushStream {
     closing: bool,
     done: bool,
     out: VecDeque<Pending>,
-    wake: BroadcastStream<HubEvent>,
-    superseded: Option<oneshot::Receiver<()>>,
-    transient: Option<mpsc::Receiver<PushResult>>,
+    inbox: Arc<Inbox>,
     _slot: super::hub::Slot,
     _online: OnlineDevice,
 }
@@ -199,31 +184,20 @@ impl PushStream {
                 self.done = true;
                 continue;
             }
-            if let Some(superseded) = &mut self.superseded
-                && let Poll::Ready(fired) = Pin::new(superseded).poll(cx)
-            {
-                self.superseded = None;
-                if fired.is_ok() {
+            match self.inbox.poll_next(cx) {
+                Poll::Ready(Next::Superseded) => {
                     return Poll::Ready(Some(Err(CellError::invalid(
                         Reason::StreamSuperseded,
                         format!("device {:?} opened a newer stream", self.device.device),
                     )
                     .into())));
                 }
-            }
-            if let Some(transient) = &mut self.transient {
-                match transient.poll_recv(cx) {
-                    Poll::Ready(Some(push)) => return Poll::Ready(Some(push)),
-                    Poll::Ready(None) => self.transient = None,
-                    Poll::Pending => {}
-                }
-            }
-            match Pin::new(&mut self.wake).poll_next(cx) {
-                Poll::Ready(Some(Ok(event))) => self.woken(event)?,
-                Poll::Ready(Some(Err(BroadcastStreamRecvError::Lagged(_)))) => self.behind = true,
+                Poll::Ready(Next::Push(push)) => return Poll::Ready(Some(Ok(push))),
+                Poll::Ready(Next::Lagged) => self.behind = true,
+                Poll::Ready(Next::Event(event)) => self.woken(event)?,
                 // The cell is stopping: push what the device has not had
                 // yet, then end.
-                Poll::Ready(None) => {
+                Poll::Ready(Next::Closed) => {
                     self.closing = true;
                     self.behind = true;
                 }
