@@ -2,9 +2,11 @@
 # The speed figures of the README's table in one run, each JSON file under
 # OUT: the storage ceiling (`bench storage`), sends into groups of 8 against
 # one standalone cell (`bench send --ceiling`), pushes to 1,000 and to 10,000
-# online devices, a group of 100,000 members (`bench group`) and the failover
-# of a hung cell in a `cellmesh dev` deployment (`bench failover`). Route
-# writes against etcd are `scripts/bench-router.sh`.
+# online devices (each beside its ceiling, `bench push --ceiling`: the same
+# bench against a server with nothing behind its gRPC services), a group of
+# 100,000 members (`bench group`) and the failover of a hung cell in a
+# `cellmesh dev` deployment (`bench failover`). Route writes against etcd
+# are `scripts/bench-router.sh`.
 #
 #   scripts/bench-speed.sh [DURATION=30s] [OUT=data/bench-speed]
 #   PROFILE=release scripts/bench-speed.sh          # optimised build (the table's)
@@ -60,6 +62,9 @@ for devices in 1000 10000; do
   "$bin" bench push --endpoint "$endpoint" --devices "$devices" --rate 5000 \
     --duration "$duration" --json "$out/push-$devices.json"
   stop_cell
+  echo "== ceiling of a push: the same bench against a server with nothing behind gRPC, $devices devices"
+  "$bin" bench push --ceiling --devices "$devices" --rate 5000 \
+    --duration "$duration" --json "$out/push-ceiling-$devices.json"
 done
 
 if "$bin" bench group --help >/dev/null 2>&1; then
@@ -79,13 +84,14 @@ out = sys.argv[1]
 def load(name):
     path = os.path.join(out, name + ".json")
     return json.load(open(path)) if os.path.exists(path) else None
-for name in ["storage", "send", "push-1000", "push-10000", "group", "failover"]:
+for name in ["storage", "send", "push-1000", "push-ceiling-1000", "push-10000",
+             "push-ceiling-10000", "group", "failover"]:
     r = load(name)
     if r is None:
         continue
     lat = r.get("latency_ms", {})
     share = f", {100 * r['share_of_ceiling']:.0f}% of the ceiling" if "share_of_ceiling" in r else ""
-    print(f"{name:>11}: {r.get('throughput_per_s', 0):>10,.0f}/s  p50 {lat.get('p50', 0):.1f} ms"
+    print(f"{name:>18}: {r.get('throughput_per_s', 0):>10,.0f}/s  p50 {lat.get('p50', 0):.1f} ms"
           f"  p99 {lat.get('p99', 0):.1f} ms{share}")
     params = r.get("params", {})
     extra = {k: params[k] for k in ["sends_per_s", "group_send_p99_ms", "list_conversations_p99_ms",
@@ -95,6 +101,6 @@ for name in ["storage", "send", "push-1000", "push-10000", "group", "failover"]:
                                     "neighbour_p99_ms_beside_median_of_windows", "join_burst_s",
                                     "route_switched_ms"] if k in params}
     if extra:
-        print(" " * 13 + ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}"
+        print(" " * 20 + ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}"
                                    for k, v in extra.items()))
 PY

@@ -11,6 +11,7 @@ mod migrate;
 mod paced;
 mod pull;
 mod push;
+mod push_ceiling;
 mod report;
 mod router;
 mod search;

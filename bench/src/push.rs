@@ -5,7 +5,9 @@
 //! send→push latency. With `--dev` the devices follow through every
 //! region's edge and the senders send through every region's edge in turn,
 //! all with tokens; latency is also reported per (sender region, device
-//! region) pair — the cross-region push path.
+//! region) pair — the cross-region push path. With `--ceiling` the same
+//! devices and senders use a server with nothing behind its services
+//! ([`crate::push_ceiling`]): the most this machine can push.
 
 use cellmesh_proto::ids::{ConversationId, TenantId};
 use std::collections::BTreeMap;
@@ -22,6 +24,7 @@ use hdrhistogram::Histogram;
 use rand::Rng;
 use tonic::transport::Channel;
 
+use crate::push_ceiling::CeilingServer;
 use crate::{Report, authed, count_error, histogram, send_request};
 use cellmesh_chaos::target::DevTarget;
 use cellmesh_client::connect::{call_error, caller, connect};
@@ -30,8 +33,13 @@ use cellmesh_control_plane::migration::{MigrationOptions, Migrator};
 #[derive(Args)]
 pub struct PushArgs {
     /// gRPC endpoint of a standalone cell.
-    #[arg(long, required_unless_present = "dev")]
+    #[arg(long, required_unless_present_any = ["dev", "ceiling"])]
     endpoint: Option<String>,
+    /// Push through a server in this process that has nothing behind its
+    /// gRPC services (the ceiling of a push on this machine; see
+    /// `push_ceiling`) instead of a cell.
+    #[arg(long, conflicts_with_all = ["endpoint", "dev"])]
+    ceiling: bool,
     /// Drive a running `cellmesh dev` (its data dir) through its edges.
     #[arg(long, conflicts_with = "endpoint")]
     dev: Option<PathBuf>,
@@ -87,6 +95,7 @@ pub async fn run(args: PushArgs) -> anyhow::Result<()> {
         .map(DevTarget::load)
         .transpose()?
         .map(Arc::new);
+    let ceiling = args.ceiling.then(CeilingServer::start).transpose()?;
     // (region, edge) pairs: the dev deployment's regions, or the one cell.
     let (tenant, edges, base) = match &dev {
         Some(d) => (
@@ -98,7 +107,10 @@ pub async fn run(args: PushArgs) -> anyhow::Result<()> {
             DEV_USER_BASE,
         ),
         None => {
-            let endpoint = args.endpoint.clone().unwrap_or_default();
+            let endpoint = match &ceiling {
+                Some(server) => server.endpoint.clone(),
+                None => args.endpoint.clone().unwrap_or_default(),
+            };
             let tenant = args
                 .tenant
                 .unwrap_or_else(|| rand::rng().random_range(1_000_000..u32::MAX as u64));
@@ -171,6 +183,7 @@ pub async fn run(args: PushArgs) -> anyhow::Result<()> {
         .param("sends_acked", acked)
         .param("sends_per_s", acked as f64 / send_elapsed.as_secs_f64())
         .param("group_size", args.group_size)
+        .param("ceiling", ceiling.is_some())
         .param("direct_share", args.direct_share)
         .param(
             "conversations_on",
@@ -179,7 +192,12 @@ pub async fn run(args: PushArgs) -> anyhow::Result<()> {
     if dev.is_some() {
         report = report.param("latency_ms_by_region_pair", by_region_pair(&pairs, &edges)?);
     }
-    report.scenario = "push".into();
+    report.scenario = if ceiling.is_some() {
+        "push-ceiling"
+    } else {
+        "push"
+    }
+    .into();
     println!("(acked = pushes delivered to devices; throughput = deliveries/s)");
     report.print();
     if let Some(path) = &args.json {

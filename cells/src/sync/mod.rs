@@ -23,6 +23,7 @@ use prost::Message as _;
 
 pub use hints::HintPacer;
 pub use hub::{Hub, HubEvent, LiveEvent, Subscription};
+pub use inbox::{Inbox, Next};
 pub use stream::event_message;
 
 use crate::clock::Clock;
