@@ -96,27 +96,7 @@ pub async fn run(args: PushArgs) -> anyhow::Result<()> {
         .transpose()?
         .map(Arc::new);
     let ceiling = args.ceiling.then(CeilingServer::start).transpose()?;
-    // (region, edge) pairs: the dev deployment's regions, or the one cell.
-    let (tenant, edges, base) = match &dev {
-        Some(d) => (
-            d.tenant,
-            d.edge_by_region
-                .iter()
-                .map(|(r, e)| (r.clone(), e.clone()))
-                .collect::<Vec<_>>(),
-            DEV_USER_BASE,
-        ),
-        None => {
-            let endpoint = match &ceiling {
-                Some(server) => server.endpoint.clone(),
-                None => args.endpoint.clone().unwrap_or_default(),
-            };
-            let tenant = args
-                .tenant
-                .unwrap_or_else(|| rand::rng().random_range(1_000_000..u32::MAX as u64));
-            (tenant, vec![("cell".to_string(), endpoint)], 0)
-        }
-    };
+    let (tenant, edges, base) = targets(&args, dev.as_deref(), ceiling.as_ref());
     anyhow::ensure!(!edges.is_empty(), "no edge to send through");
     let mut client = connect(&edges[0].1).await?;
     let users = Users {
@@ -204,6 +184,35 @@ pub async fn run(args: PushArgs) -> anyhow::Result<()> {
         report.write_json(path)?;
     }
     Ok(())
+}
+
+/// The tenant, the (region, edge) pairs to drive and the first user id:
+/// the dev deployment's regions, or the one cell (or ceiling server).
+fn targets(
+    args: &PushArgs,
+    dev: Option<&DevTarget>,
+    ceiling: Option<&CeilingServer>,
+) -> (u64, Vec<(String, String)>, u64) {
+    match dev {
+        Some(d) => (
+            d.tenant,
+            d.edge_by_region
+                .iter()
+                .map(|(r, e)| (r.clone(), e.clone()))
+                .collect::<Vec<_>>(),
+            DEV_USER_BASE,
+        ),
+        None => {
+            let endpoint = match ceiling {
+                Some(server) => server.endpoint.clone(),
+                None => args.endpoint.clone().unwrap_or_default(),
+            };
+            let tenant = args
+                .tenant
+                .unwrap_or_else(|| rand::rng().random_range(1_000_000..u32::MAX as u64));
+            (tenant, vec![("cell".to_string(), endpoint)], 0)
+        }
+    }
 }
 
 /// `--senders` senders spread over the edges' `clients`, writing at
