@@ -90,10 +90,11 @@ for name in ["storage", "send", "push-1000", "push-ceiling-1000", "push-10000",
     if r is None:
         continue
     lat = r.get("latency_ms", {})
-    share = f", {100 * r['share_of_ceiling']:.0f}% of the ceiling" if "share_of_ceiling" in r else ""
+    params = r.get("params", {})
+    share = (f", {100 * params['share_of_ceiling']:.0f}% of the ceiling"
+             if "share_of_ceiling" in params else "")
     print(f"{name:>18}: {r.get('throughput_per_s', 0):>10,.0f}/s  p50 {lat.get('p50', 0):.1f} ms"
           f"  p99 {lat.get('p99', 0):.1f} ms{share}")
-    params = r.get("params", {})
     extra = {k: params[k] for k in ["sends_per_s", "group_send_p99_ms", "list_conversations_p99_ms",
                                     "unread_mismatches", "neighbour_p99_ms_alone",
                                     "neighbour_p99_ms_beside_the_group",
