@@ -82,12 +82,17 @@ impl FailoverWatch {
     }
 }
 
-/// Whether `fault` (on the cell, its region, or every cell) came shortly
-/// before `cell` was marked down at `at_ms`.
+/// Whether `fault` (on the cell, its region, its dev process, or every
+/// cell) came shortly before `cell` was marked down at `at_ms`.
 fn explains(fault: &Fault, cell: &str, at_ms: u64) -> bool {
     let region = cell.split('/').next().unwrap_or(cell);
-    let on_it =
-        fault.target == region || fault.target.contains(cell) || fault.detail.contains(cell);
+    // A rolling upgrade's steps name the process (`eu-west-c1`).
+    let its_process =
+        super::rolling::is_cell(&fault.target) && super::rolling::cell_id(&fault.target) == cell;
+    let on_it = fault.target == region
+        || fault.target.contains(cell)
+        || fault.detail.contains(cell)
+        || its_process;
     let when = fault.at_ms <= at_ms && at_ms - fault.at_ms <= EXPLAINED_WITHIN.as_millis() as u64;
     on_it && when
 }
@@ -114,5 +119,14 @@ mod tests {
         assert!(!explains(&fault(1_000, "eu-west/c1"), "eu-west/c2", 4_000));
         assert!(!explains(&fault(1_000, "eu-west/c1"), "eu-west/c1", 40_000));
         assert!(!explains(&fault(5_000, "eu-west/c1"), "eu-west/c1", 4_000));
+    }
+
+    #[test]
+    fn a_rolling_upgrade_step_explains_a_failover_of_the_cell_it_restarted() {
+        let restarted = |process: &str, cell: &str| explains(&fault(1_000, process), cell, 4_000);
+        assert!(restarted("ap-south-c1", "ap-south/c1"));
+        assert!(!restarted("ap-south-c1", "ap-south/c2"));
+        assert!(!restarted("edge-ap-south", "ap-south/c1"));
+        assert!(!restarted("router-eu-west", "eu-west/c1"));
     }
 }
