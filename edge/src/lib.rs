@@ -329,7 +329,10 @@ pub async fn start(config: EdgeConfig) -> Result<RunningEdge, EdgeError> {
     let tokens = proxy.clone();
     let sweeper = streams
         .spawn_sweeper(move |claims| (tokens.tokens()).still_admits(claims, auth::now_secs()));
-    let api = EdgeApi { proxy, streams };
+    let api = EdgeApi {
+        proxy,
+        streams: streams.clone(),
+    };
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(|source| EdgeError::Bind {
@@ -390,8 +393,12 @@ pub async fn start(config: EdgeConfig) -> Result<RunningEdge, EdgeError> {
                     cellmesh_proto::server::IDLE,
                     client_tls,
                 ),
-                async {
+                async move {
                     let _ = rx.await;
+                    // Device streams never end on their own: ended here,
+                    // the stop waits only for calls in flight, and each
+                    // device reconnects at once.
+                    streams.end_all(open_streams::stopping());
                 },
             )
             .await;

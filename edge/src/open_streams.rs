@@ -80,6 +80,11 @@ impl OpenStreams {
         refused.len()
     }
 
+    /// Ends every open stream with `status`: the edge is stopping.
+    pub fn end_all(&self, status: Status) -> usize {
+        self.sweep(|_| Err(status.clone()))
+    }
+
     /// Streams open now.
     #[cfg(test)]
     fn len(&self) -> usize {
@@ -118,6 +123,18 @@ impl Drop for Registered {
             streams.lock().streams.remove(&self.id);
         }
     }
+}
+
+/// What a device's stream ends with when its edge stops: try again (on
+/// this edge once it is back, or another).
+pub fn stopping() -> Status {
+    cellmesh_proto::status::to_status(
+        cellmesh_proto::v1::ErrorCode::RetryLater,
+        cellmesh_proto::reason::Reason::Stopping,
+        "the edge is stopping; subscribe again".into(),
+        100,
+        None,
+    )
 }
 
 /// An open stream: its pushes until a sweep refuses its token, then the

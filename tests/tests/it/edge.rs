@@ -612,3 +612,39 @@ async fn an_open_stream_ends_when_its_token_is_revoked_or_its_user_leaves_the_di
         .unwrap_err();
     assert_eq!(error_detail(&refused).reason, Reason::TokenRevoked.as_str());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_edge_ends_its_open_streams_at_once_with_a_code_to_subscribe_again() {
+    let d = deploy(None).await;
+    let (mut m, mut sync) = edge_clients(&d.edge).await;
+    let alice = token(1, 10);
+    let conv = create_via_edge(&mut m, &alice, vec![11]).await;
+    let mut stream = sync
+        .subscribe(authed(SubscribeRequest::default(), &alice))
+        .await
+        .unwrap()
+        .into_inner();
+    m.send(authed(send(conv, "r-1", "hello"), &alice))
+        .await
+        .unwrap();
+    assert!(
+        stream.message().await.unwrap().is_some(),
+        "the stream is live"
+    );
+
+    // The stop does not wait for the device to hang up: the stream ends
+    // with STOPPING (retry later) and the edge is down soon after.
+    let asked = std::time::Instant::now();
+    let stopped = tokio::spawn(d.edge.stop());
+    let (status, _) = ends_with(&mut stream, Duration::from_secs(4)).await;
+    assert_eq!(
+        (status.code(), error_detail(&status).reason.as_str()),
+        (tonic::Code::Unavailable, Reason::Stopping.as_str())
+    );
+    stopped.await.unwrap();
+    assert!(
+        asked.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        asked.elapsed()
+    );
+}
