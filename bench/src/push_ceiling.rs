@@ -16,7 +16,7 @@ use std::task::{Context, Poll};
 
 use cellmesh_cell::UserKey;
 use cellmesh_cell::sync::{Hub, Next, Subscription};
-use cellmesh_proto::ids::{TenantId, UserId};
+use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
 use cellmesh_proto::v1 as pb;
 use cellmesh_proto::v1::messaging_server::{Messaging, MessagingServer};
 use cellmesh_proto::v1::sync_server::{Sync as SyncService, SyncServer};
@@ -90,7 +90,7 @@ struct Ceiling {
 #[derive(Default)]
 struct Table {
     /// conversation → (members, its latest seq)
-    conversations: HashMap<u64, (Vec<UserKey>, u64)>,
+    conversations: HashMap<ConversationId, (Vec<UserKey>, u64)>,
     /// user → the pts of their latest event
     pts: HashMap<UserKey, u64>,
 }
@@ -115,11 +115,11 @@ impl Ceiling {
         let mut members = vec![creator];
         members.extend((r.member_ids.iter()).map(|&u| UserKey::new(creator.tenant, UserId(u))));
         let mut table = self.table.lock().expect("ceiling table");
-        let id = table.conversations.len() as u64 + 1;
+        let id = ConversationId(table.conversations.len() as u64 + 1);
         let member_count = members.len() as u32;
         table.conversations.insert(id, (members, 0));
         Ok(pb::Conversation {
-            conversation_id: id,
+            conversation_id: id.get(),
             tenant_id: creator.tenant.get(),
             kind: r.kind,
             created_by: creator.user.get(),
@@ -135,7 +135,7 @@ impl Ceiling {
         let server_ts_ms = now_ms();
         let mut table = self.table.lock().expect("ceiling table");
         let Table { conversations, pts } = &mut *table;
-        let (members, latest) = (conversations.get_mut(&r.conversation_id))
+        let (members, latest) = (conversations.get_mut(&ConversationId(r.conversation_id)))
             .filter(|(members, _)| members.contains(&sender))
             .ok_or_else(|| Status::not_found("no such conversation for this caller"))?;
         *latest += 1;

@@ -530,6 +530,15 @@ async fn clients_reach_an_edge_over_tls() {
     assert!(e.contains("client_tls"), "{e}");
 }
 
+/// A sync stream opened through the edge with `token`.
+async fn open(sync: &SyncClient<Channel>, token: &str) -> tonic::Streaming<SyncPush> {
+    (sync.clone())
+        .subscribe(authed(SubscribeRequest::default(), token))
+        .await
+        .expect("subscribe")
+        .into_inner()
+}
+
 /// Reads `stream` until it ends with an error (panics after `within`): the
 /// error and when it came.
 async fn ends_with(
@@ -568,16 +577,7 @@ async fn an_open_stream_ends_when_its_token_is_revoked_or_its_user_leaves_the_di
     let (mut m, sync) = edge_clients(&edge).await;
     let (alice, bob) = (token(1, 10), token(1, 11));
     let conv = create_via_edge(&mut m, &alice, vec![11]).await;
-    let open = |token: String| {
-        let mut sync = sync.clone();
-        async move {
-            sync.subscribe(authed(SubscribeRequest::default(), &token))
-                .await
-                .expect("subscribe")
-                .into_inner()
-        }
-    };
-    let (mut alices, mut bobs) = (open(alice.clone()).await, open(bob.clone()).await);
+    let (mut alices, mut bobs) = (open(&sync, &alice).await, open(&sync, &bob).await);
     m.send(authed(send(conv, "r-1", "hello"), &alice))
         .await
         .unwrap();
@@ -616,14 +616,10 @@ async fn an_open_stream_ends_when_its_token_is_revoked_or_its_user_leaves_the_di
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopping_edge_ends_its_open_streams_at_once_with_a_code_to_subscribe_again() {
     let d = deploy(None).await;
-    let (mut m, mut sync) = edge_clients(&d.edge).await;
+    let (mut m, sync) = edge_clients(&d.edge).await;
     let alice = token(1, 10);
     let conv = create_via_edge(&mut m, &alice, vec![11]).await;
-    let mut stream = sync
-        .subscribe(authed(SubscribeRequest::default(), &alice))
-        .await
-        .unwrap()
-        .into_inner();
+    let mut stream = open(&sync, &alice).await;
     m.send(authed(send(conv, "r-1", "hello"), &alice))
         .await
         .unwrap();
