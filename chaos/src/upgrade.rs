@@ -4,7 +4,8 @@
 //! [`binary_file`] names; a move writes that file, stops the child
 //! gracefully (SIGTERM: a cell drains, a router hands its work over) and
 //! waits until the supervisor has restarted it and its `/metrics` reports
-//! the new release (`cellmesh_build_info{version}`).
+//! the new release (`cellmesh_build_info{version}`). A cell's failover is
+//! held meanwhile (a planned restart), and released once it serves again.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -49,6 +50,22 @@ pub fn rolling_order(processes: &[String]) -> Vec<String> {
     order
 }
 
+/// Whether dev process `name` is a cell (`REGION-cN`).
+pub fn is_cell(name: &str) -> bool {
+    !(name.starts_with("router-") || name.starts_with("edge-") || name.starts_with("control-"))
+}
+
+/// The cell id of dev process `name` (`eu-west-c1` → `eu-west/c1`).
+pub fn cell_id(name: &str) -> String {
+    match name.rsplit_once('-') {
+        Some((region, cell)) => format!("{region}/{cell}"),
+        None => name.to_string(),
+    }
+}
+
+/// How much longer than the wait for its restart a cell's failover is held.
+const HOLD_MARGIN: Duration = Duration::from_secs(30);
+
 /// How one process moved.
 #[derive(Debug, Clone)]
 pub struct Moved {
@@ -78,6 +95,59 @@ impl DevTarget {
         let binary = std::fs::canonicalize(binary)
             .with_context(|| format!("no binary at {}", binary.display()))?;
         let release = release_of(&binary)?;
+        let held = match is_cell(name) {
+            true => {
+                self.hold(&cell_id(name), wait + HOLD_MARGIN, &release)
+                    .await
+            }
+            false => None,
+        };
+        let moved = self.restart_on(name, &binary, release, wait).await;
+        if let Some(cell) = held {
+            // Released whether it came back or not: one that did not is
+            // failed over now.
+            self.hold(&cell, Duration::ZERO, "").await;
+        }
+        moved
+    }
+
+    /// Holds (or releases, `length` zero) the failover of `cell` for its
+    /// planned restart; the cell held. A control plane that cannot (an
+    /// older release, or none answering) is said so, and the restart goes
+    /// on: a slow one may then be failed over.
+    async fn hold(&self, cell: &str, length: Duration, release: &str) -> Option<String> {
+        let secret = cellmesh_proto::secret::ClusterSecret::new(&self.cluster_secret);
+        let reason = format!("restart on {release}");
+        match cellmesh_control_plane::failover::holds::request(
+            &self.admin,
+            &secret,
+            cell,
+            length,
+            &reason,
+        )
+        .await
+        {
+            Ok(_) => Some(cell.to_string()),
+            Err(e) => {
+                eprintln!(
+                    "{cell}: failover not held ({}: {}); a slow restart may be failed over",
+                    e.code(),
+                    e.message()
+                );
+                None
+            }
+        }
+    }
+
+    /// Points dev child `name` at `binary`, stops it and waits until it
+    /// serves `release`.
+    async fn restart_on(
+        &self,
+        name: &str,
+        binary: &Path,
+        release: String,
+        wait: Duration,
+    ) -> anyhow::Result<Moved> {
         let info = self.info()?;
         let metrics = info["metrics"][name]
             .as_str()

@@ -29,6 +29,7 @@ use tonic_health::pb::health_client::HealthClient;
 
 use crate::failover::detector::Detector;
 use crate::failover::execute;
+use crate::failover::holds::{Holds, Watched};
 use crate::failover::planner::{plan_failover, safety_margin};
 use crate::failover::trigger::{self, CellNow, Step};
 use crate::operations::OperationStore;
@@ -482,7 +483,11 @@ async fn serve_admin(
     let listener = tokio::net::TcpListener::bind(listen).await?;
     let addr = listener.local_addr()?;
     let secret = ClusterSecret::new(&config.cluster_secret);
-    let api = OperationsApi::new(OperationStore::new(coordination), routes);
+    let api = OperationsApi::new(
+        OperationStore::new(coordination.clone()),
+        Holds::new(coordination),
+        routes,
+    );
     let service = tonic::service::interceptor::InterceptedService::new(
         OperationsServer::new(api),
         move |r| secret.check(r),
@@ -645,6 +650,7 @@ async fn run(
     let timeout = Duration::from_millis(config.probe_timeout_ms);
     // One pool for the backfills of every cell that comes back.
     let peers = Peers::new(config.links.clone());
+    let mut holds = Watched::new(Holds::new(coordination.clone()));
     let mut tick = tokio::time::interval(Duration::from_millis(config.probe_interval_ms));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut next_due: Option<Instant> = None;
@@ -674,13 +680,17 @@ async fn run(
             } else {
                 None
             };
+            holds.refresh().await;
             probed
                 .observe(
                     &cells,
                     registered,
-                    &mut detector,
-                    &mut first_failure,
-                    &fences,
+                    Judged {
+                        detector: &mut detector,
+                        first_failure: &mut first_failure,
+                        fences: &fences,
+                        holds: &holds,
+                    },
                     timeout,
                 )
                 .await;
@@ -707,28 +717,19 @@ async fn run(
             } else {
                 fences.remove(&cell.id);
             }
-            let now = CellNow {
+            let mut now = CellNow {
                 failing,
                 failed,
                 owns,
                 fenced: status.fenced(),
                 marked_down: status == CellStatus::Down,
                 fenced_for: fences.get(&cell.id).map(|f| f.since.elapsed()),
+                held: false,
             };
+            now.held = holds.keeps(&cell.id, trigger::step(now, lease) != Step::Wait);
             match trigger::step(now, lease) {
                 Step::Wait => {}
-                Step::Fence => {
-                    let fence = set_cell_status(&cell.id, PbCellStatus::Degraded);
-                    match routes.apply(fence).await {
-                        Ok(_) => {
-                            tracing::warn!(cell = %cell.id, "fenced: marked Degraded until it passes a probe");
-                            fences.insert(cell.id.clone(), Fence::new(status));
-                        }
-                        Err(e) => {
-                            tracing::warn!(cell = %cell.id, error = %e.message(), "fence not written")
-                        }
-                    }
-                }
+                Step::Fence => fence(&routes, &cell.id, status, &mut fences).await,
                 Step::FailOver => {
                     let since = first_failure.get(&cell.id).copied();
                     fail_over(&config, &routes, &cell.id, since, &events).await;
@@ -745,6 +746,25 @@ async fn run(
                 next_due = Some(next_due.map_or(at, |n| n.min(at)));
             }
         }
+    }
+}
+
+/// Marks `cell` (now `status`) Degraded, and records the fence.
+async fn fence(
+    routes: &RouteClient,
+    cell: &str,
+    status: CellStatus,
+    fences: &mut std::collections::HashMap<String, Fence>,
+) {
+    match routes
+        .apply(set_cell_status(cell, PbCellStatus::Degraded))
+        .await
+    {
+        Ok(_) => {
+            tracing::warn!(cell, "fenced: marked Degraded until it passes a probe");
+            fences.insert(cell.to_string(), Fence::new(status));
+        }
+        Err(e) => tracing::warn!(cell, error = %e.message(), "fence not written"),
     }
 }
 
@@ -765,6 +785,14 @@ impl Fence {
     }
 }
 
+/// What one round of probes judges the cells by.
+struct Judged<'a> {
+    detector: &'a mut Detector,
+    first_failure: &'a mut std::collections::HashMap<String, Instant>,
+    fences: &'a std::collections::HashMap<String, Fence>,
+    holds: &'a Watched,
+}
+
 /// What one round of probes acts on.
 struct Probed<'a> {
     config: &'a ControlPlaneConfig,
@@ -779,16 +807,21 @@ impl Probed<'_> {
     /// `fences` knows it): at once if it was not called failed, else once
     /// the detector calls it recovered (backfilling one that was failed
     /// over). `registered`: the cells whose coordination lease lives
-    /// (`None`: no leases).
+    /// (`None`: no leases). A held cell's failed probes are not counted
+    /// against it: its restart is planned.
     async fn observe(
         &self,
         cells: &[CellInfo],
         registered: Option<std::collections::BTreeMap<String, String>>,
-        detector: &mut Detector,
-        first_failure: &mut std::collections::HashMap<String, Instant>,
-        fences: &std::collections::HashMap<String, Fence>,
+        judged: Judged<'_>,
         timeout: Duration,
     ) {
+        let Judged {
+            detector,
+            first_failure,
+            fences,
+            holds,
+        } = judged;
         let probes: Vec<_> = cells
             .iter()
             .map(|c| {
@@ -803,17 +836,23 @@ impl Probed<'_> {
                 .as_ref()
                 .is_none_or(|r| r.contains_key(&format!("{CELLS_PREFIX}{}", cell.id)));
             let healthy = probe.await.unwrap_or(false) && live;
-            if !healthy {
+            let down = cell.status == CellStatus::Down;
+            // A held cell's failed probes count for nothing: its restart
+            // is planned.
+            let excused = !healthy && !down && holds.holds(&cell.id);
+            if !healthy && !excused {
                 first_failure
                     .entry(cell.id.clone())
                     .or_insert_with(Instant::now);
             } else if !detector.is_failed(&cell.id) {
                 first_failure.remove(&cell.id);
             }
-            if cell.status == CellStatus::Down && !detector.is_failed(&cell.id) && !healthy {
+            if down && !detector.is_failed(&cell.id) && !healthy {
                 detector.mark_failed(&cell.id);
             }
-            detector.observe(&cell.id, healthy);
+            if !excused {
+                detector.observe(&cell.id, healthy);
+            }
             if cell.status.fenced() && healthy && !detector.is_failed(&cell.id) {
                 let before = fences.get(&cell.id).map_or(CellStatus::Up, |f| f.before);
                 self.recovered(cell, before).await;

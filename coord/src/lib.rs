@@ -81,5 +81,8 @@ pub const OPERATIONS_PREFIX: &str = "cellmesh/operations/";
 
 /// Where cells register: `cellmesh/cells/<cell id>` = address.
 pub const CELLS_PREFIX: &str = "cellmesh/cells/";
+/// Where the control plane records failover holds (planned restarts):
+/// `cellmesh/holds/<cell id>`.
+pub const HOLDS_PREFIX: &str = "cellmesh/holds/";
 /// The control plane's election.
 pub const CONTROL_PLANE_ELECTION: &str = "cellmesh/control-plane";

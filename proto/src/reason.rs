@@ -77,6 +77,8 @@ reasons! {
     EmptyBody => "EMPTY_BODY",
     EmptyChunk => "EMPTY_CHUNK",
     Frozen => "FROZEN",
+    // A failover hold longer than the control plane allows (an hour).
+    HoldTooLong => "HOLD_TOO_LONG",
     IllegalTransition => "ILLEGAL_TRANSITION",
     InvalidRouteCommand => "INVALID_ROUTE_COMMAND",
     InvalidUserId => "INVALID_USER_ID",

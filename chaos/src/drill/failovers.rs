@@ -88,7 +88,7 @@ fn explains(fault: &Fault, cell: &str, at_ms: u64) -> bool {
     let region = cell.split('/').next().unwrap_or(cell);
     // A rolling upgrade's steps name the process (`eu-west-c1`).
     let its_process =
-        super::rolling::is_cell(&fault.target) && super::rolling::cell_id(&fault.target) == cell;
+        crate::upgrade::is_cell(&fault.target) && crate::upgrade::cell_id(&fault.target) == cell;
     let on_it = fault.target == region
         || fault.target.contains(cell)
         || fault.detail.contains(cell)

@@ -104,7 +104,7 @@ pub(super) async fn prepare(
 /// The cell id of dev process `name` (`us-east-c1` → `us-east/c1`), if it
 /// is a cell.
 fn cell_of(name: &str) -> Option<String> {
-    super::rolling::is_cell(name).then(|| super::rolling::cell_id(name))
+    crate::upgrade::is_cell(name).then(|| crate::upgrade::cell_id(name))
 }
 
 impl Injector {

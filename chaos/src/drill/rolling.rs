@@ -18,7 +18,7 @@ use rand::Rng;
 
 use super::faults::{Fault, Injector};
 use super::workload::now_ms;
-use crate::upgrade::rolling_order;
+use crate::upgrade::{cell_id, is_cell, rolling_order};
 
 /// How long one component may take to serve again.
 const STEP_WAIT: Duration = Duration::from_secs(120);
@@ -85,14 +85,6 @@ pub(super) async fn plan(injector: &mut Injector, previous: &Path) -> anyhow::Re
     Ok(steps)
 }
 
-/// The cell id of dev process `name` (`eu-west-c1` → `eu-west/c1`).
-pub(super) fn cell_id(name: &str) -> String {
-    match name.rsplit_once('-') {
-        Some((region, cell)) => format!("{region}/{cell}"),
-        None => name.to_string(),
-    }
-}
-
 impl Injector {
     /// Carries out one step, as a fault of the report.
     pub(super) async fn upgrade_step(&mut self, step: &Step) -> anyhow::Result<Fault> {
@@ -139,11 +131,6 @@ impl Injector {
         fault.recovered_ms = Some(now_ms(self.epoch));
         Ok(fault)
     }
-}
-
-/// Whether dev process `name` is a cell (`REGION-cN`).
-pub(super) fn is_cell(name: &str) -> bool {
-    !(name.starts_with("router-") || name.starts_with("edge-") || name.starts_with("control-"))
 }
 
 /// Runs `plan`'s steps one after another, then the finalize.

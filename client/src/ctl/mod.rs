@@ -15,6 +15,7 @@ use clap::{Args, Subcommand};
 use crate::connect::describe;
 
 mod backup;
+mod hold;
 mod moves;
 mod ops;
 mod status;
@@ -165,6 +166,12 @@ enum CtlCommand {
         #[arg(long, default_value = "2s")]
         fence: humantime::Duration,
     },
+    /// Hold a cell's failover for a planned restart (an upgrade, a host's
+    /// reboot): while it is away the control plane neither fences it nor
+    /// fails it over, until `--for` has passed or `--release`; a cell still
+    /// failing then is failed over as usual. Without a cell: the holds in
+    /// force.
+    Hold(hold::HoldArgs),
     /// Stop placing anything on a cell and move everything it owns (its
     /// tenants and conversation overrides) to another cell by live
     /// migration. Running it again resumes.
@@ -435,6 +442,7 @@ pub async fn run(mut args: CtlArgs) -> anyhow::Result<()> {
         CtlCommand::Ops { command } => {
             return ops::run(&args.control_plane, &secret, command).await;
         }
+        CtlCommand::Hold(hold) => return hold::run(&args.control_plane, &secret, hold).await,
         CtlCommand::Backup {
             command: command @ backup::BackupCommand::Restore { .. },
         } => return backup::run_restore(command, &args.routers, &secret).await,
@@ -460,7 +468,9 @@ pub async fn run(mut args: CtlArgs) -> anyhow::Result<()> {
         .await
         .map_err(|e| anyhow::anyhow!("cannot read the route table: {}", describe(&e)))?;
     match args.command {
-        CtlCommand::Token(_) | CtlCommand::Ops { .. } => unreachable!("handled above"),
+        CtlCommand::Token(_) | CtlCommand::Ops { .. } | CtlCommand::Hold(_) => {
+            unreachable!("handled above")
+        }
         CtlCommand::Status { json } => status::show(&routes, &args, &secret, json).await?,
         CtlCommand::Upgrade { command } => {
             upgrade::run(command, &routes, &args.routers, &secret).await?

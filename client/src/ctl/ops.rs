@@ -97,7 +97,7 @@ pub enum StartCommand {
 }
 
 /// A client of the first control-plane replica that answers.
-async fn connect(endpoints: &[String]) -> anyhow::Result<OperationsClient<Channel>> {
+pub(super) async fn connect(endpoints: &[String]) -> anyhow::Result<OperationsClient<Channel>> {
     let mut last = None;
     for endpoint in endpoints {
         match cellmesh_proto::tls::endpoint(endpoint.clone())?
@@ -113,7 +113,7 @@ async fn connect(endpoints: &[String]) -> anyhow::Result<OperationsClient<Channe
     ))
 }
 
-fn request<T>(secret: &ClusterSecret, message: T) -> tonic::Request<T> {
+pub(super) fn request<T>(secret: &ClusterSecret, message: T) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
     secret.attach(&mut request);
     request

@@ -3,10 +3,12 @@
 //! failed cell is failed over, a pure [`planner`] turns it into route
 //! changes, and [`execute`] applies them through the route
 //! table's compare-and-set (a lost race is re-planned next round).
-//! [`fail_fenced`] is the failover an operator asks for.
+//! [`fail_fenced`] is the failover an operator asks for; [`holds`] are the
+//! planned restarts it waits out.
 
 pub mod backfill;
 pub mod detector;
+pub mod holds;
 pub mod planner;
 pub mod trigger;
 

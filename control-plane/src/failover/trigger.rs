@@ -9,7 +9,10 @@
 //! has run out, and their new owner may write them at once. A cell that
 //! passes a probe again before it is called failed gets its status back
 //! (Up, or Draining) at once: the lease it holds outlasts a short fence,
-//! so one slow probe costs two route writes and no refused send.
+//! so one slow probe costs two route writes and no refused send. A cell
+//! under a failover hold (a planned restart, see [`super::holds`]) is
+//! neither fenced nor failed over until the hold ends, unless a failover
+//! of it was already written.
 
 use std::time::Duration;
 
@@ -28,6 +31,8 @@ pub struct CellNow {
     pub marked_down: bool,
     /// How long this control plane has known it fenced.
     pub fenced_for: Option<Duration>,
+    /// An operator holds its failover (a planned restart).
+    pub held: bool,
 }
 
 /// What to do about one cell.
@@ -59,6 +64,9 @@ pub fn owner_lease(announced_ms: u64, assumed_ms: u64) -> Duration {
 /// waits one lease more). A cell marked Down that owns nothing any more is
 /// left alone.
 pub fn step(cell: CellNow, owner_lease: Duration) -> Step {
+    if held(cell) {
+        return Step::Wait;
+    }
     if !cell.fenced {
         let fence = cell.failed || (cell.failing && cell.owns);
         return if fence { Step::Fence } else { Step::Wait };
@@ -78,10 +86,16 @@ pub fn step(cell: CellNow, owner_lease: Duration) -> Step {
 /// How long until a fenced, failed cell is due for its failover (`None`:
 /// it is not waiting for one).
 pub fn due_in(cell: CellNow, owner_lease: Duration) -> Option<Duration> {
-    if !cell.failed || !cell.fenced || (!cell.owns && cell.marked_down) {
+    if held(cell) || !cell.failed || !cell.fenced || (!cell.owns && cell.marked_down) {
         return None;
     }
     cell.fenced_for.map(|d| owner_lease.saturating_sub(d))
+}
+
+/// Whether a hold keeps `cell` as it is: one marked Down is failed over
+/// whatever holds it (its routes may already be half moved).
+fn held(cell: CellNow) -> bool {
+    cell.held && !cell.marked_down
 }
 
 #[cfg(test)]
@@ -98,6 +112,7 @@ mod tests {
             fenced: true,
             marked_down: false,
             fenced_for: Some(Duration::from_millis(fenced_for)),
+            held: false,
         }
     }
 
@@ -187,6 +202,30 @@ mod tests {
     }
 
     #[test]
+    fn a_held_cell_is_neither_fenced_nor_failed_over_unless_already_marked_down() {
+        let held = |c: CellNow| CellNow { held: true, ..c };
+        let unfenced = CellNow {
+            fenced: false,
+            fenced_for: None,
+            ..fenced(0)
+        };
+        assert_eq!(step(unfenced, LEASE), Step::Fence);
+        assert_eq!(step(held(unfenced), LEASE), Step::Wait);
+        assert_eq!(step(fenced(60_000), LEASE), Step::FailOver);
+        assert_eq!(step(held(fenced(60_000)), LEASE), Step::Wait);
+        assert_eq!(
+            due_in(held(fenced(1_000)), LEASE),
+            None,
+            "nothing falls due"
+        );
+        let marked = CellNow {
+            marked_down: true,
+            ..fenced(60_000)
+        };
+        assert_eq!(step(held(marked), LEASE), Step::FailOver);
+    }
+
+    #[test]
     fn what_a_cell_owns_matters_only_once_it_fails() {
         // The loop scans the routes for a cell only when it fails.
         for (fenced, marked_down) in [(false, false), (true, false), (true, true)] {
@@ -198,6 +237,7 @@ mod tests {
                     fenced,
                     marked_down,
                     fenced_for: fenced_for.map(Duration::from_millis),
+                    held: false,
                 };
                 let empty = CellNow {
                     owns: false,

@@ -1,7 +1,8 @@
 //! The `cellmesh.v1.Operations` gRPC service, on every control-plane
 //! replica: starting an operation records it (the active replica runs it),
 //! reads and watches come from the records, and a cancel, pause or resume
-//! is recorded for the runner to carry out.
+//! is recorded for the runner to carry out. Failover holds (planned
+//! restarts, [`crate::failover::holds`]) are recorded and listed here too.
 
 use cellmesh_proto::reason::Reason;
 use std::pin::Pin;
@@ -16,18 +17,36 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
 use super::{Operation, OperationStore, Spec, StoreError};
+use crate::failover::holds::{Hold, Holds, MAX_HOLD};
 
 /// How often a watch reads the record.
 const WATCH_POLL: Duration = Duration::from_millis(250);
 
 pub struct OperationsApi {
     store: OperationStore,
+    holds: Holds,
     routes: RouteClient,
 }
 
 impl OperationsApi {
-    pub fn new(store: OperationStore, routes: RouteClient) -> Self {
-        Self { store, routes }
+    pub fn new(store: OperationStore, holds: Holds, routes: RouteClient) -> Self {
+        Self {
+            store,
+            holds,
+            routes,
+        }
+    }
+
+    /// Every live hold.
+    async fn holds(&self) -> Result<pb::FailoverHolds, Status> {
+        let live = self
+            .holds
+            .live(super::now_ms())
+            .await
+            .map_err(|e| unavailable(StoreError::Coordination(e)))?;
+        Ok(pb::FailoverHolds {
+            holds: live.values().map(Hold::to_pb).collect(),
+        })
     }
 
     async fn find(&self, id: &str) -> Result<Operation, Status> {
@@ -251,6 +270,47 @@ impl Operations for OperationsApi {
         let id = request.into_inner().id;
         let op = self.request(&id, |op| op.pause_requested = false).await?;
         Ok(Response::new(op.to_pb()))
+    }
+
+    async fn hold_failover(
+        &self,
+        request: Request<pb::HoldFailoverRequest>,
+    ) -> Result<Response<pb::FailoverHolds>, Status> {
+        let r = request.into_inner();
+        if self.routes.read(|t| t.cell(&r.cell_id).is_none()) {
+            return Err(invalid(
+                Reason::UnknownCell,
+                format!("no cell {:?} is registered", r.cell_id),
+            ));
+        }
+        let length = Duration::from_secs(r.seconds.into());
+        if length > MAX_HOLD {
+            return Err(invalid(
+                Reason::HoldTooLong,
+                format!(
+                    "a failover hold lasts {} s at most (asked: {} s); a restart that takes longer is failed over",
+                    MAX_HOLD.as_secs(),
+                    r.seconds
+                ),
+            ));
+        }
+        self.holds
+            .set(&r.cell_id, length, &r.reason, super::now_ms())
+            .await
+            .map_err(|e| unavailable(StoreError::Coordination(e)))?;
+        if length.is_zero() {
+            tracing::info!(cell = %r.cell_id, "failover hold released");
+        } else {
+            tracing::info!(cell = %r.cell_id, seconds = r.seconds, reason = %r.reason, "failover held");
+        }
+        Ok(Response::new(self.holds().await?))
+    }
+
+    async fn list_failover_holds(
+        &self,
+        _request: Request<pb::ListFailoverHoldsRequest>,
+    ) -> Result<Response<pb::FailoverHolds>, Status> {
+        Ok(Response::new(self.holds().await?))
     }
 
     type WatchStream = InfoStream;

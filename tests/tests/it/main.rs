@@ -27,6 +27,7 @@ mod embedded_log;
 mod exactly_once;
 mod export_restore;
 mod failover;
+mod failover_holds;
 mod failover_then_move;
 mod fencing;
 mod floor_jumps;
