@@ -1,5 +1,6 @@
 //! The control plane's Prometheus metrics: failovers (count and time from
-//! the first failed probe to the moved routes), operations by kind and
+//! the first failed probe to the moved routes), failover holds in force,
+//! operations by kind and
 //! outcome, the largest freeze of each finished move, and the progress of
 //! each running operation (its series go away when it ends). RPC counts and
 //! latencies come from the admin server's layer.
@@ -7,7 +8,7 @@
 use std::sync::LazyLock;
 
 use cellmesh_telemetry::{
-    Counter, Family, Gauge, Histogram, Unit, counter, counter_family, float_gauge_family,
+    Counter, Family, Gauge, Histogram, Unit, counter, counter_family, float_gauge_family, gauge,
     gauge_family, histogram, latency_buckets,
 };
 use prometheus_client::encoding::EncodeLabelSet;
@@ -35,6 +36,7 @@ struct PhaseLabels {
 struct Metrics {
     failovers: Counter,
     failover_seconds: Histogram,
+    holds: Gauge,
     operations: Family<OutcomeLabels, Counter>,
     freeze_seconds: Histogram,
     rows: Family<OperationLabels, Gauge>,
@@ -52,6 +54,10 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics {
         "Time from a cell's first failed probe to its routes moved.",
         Some(Unit::Seconds),
         latency_buckets(),
+    ),
+    holds: gauge(
+        "cellmesh_failover_holds",
+        "Cells whose failover an operator holds now (planned restarts).",
     ),
     operations: counter_family(
         "cellmesh_operations_finished",
@@ -86,6 +92,11 @@ pub fn register() {
 pub fn failed_over(took: std::time::Duration) {
     METRICS.failovers.inc();
     METRICS.failover_seconds.observe(took.as_secs_f64());
+}
+
+/// How many cells are held from failover now.
+pub fn holds(held: usize) {
+    METRICS.holds.set(held as i64);
 }
 
 fn kind(spec: &Spec) -> &'static str {

@@ -472,6 +472,23 @@ async fn recent_operations(store: &OperationStore) -> serde_json::Value {
     }
 }
 
+/// The failover holds in force for the console: by cell, the time left
+/// and the reason.
+async fn holds_in_force(holds: &Holds) -> serde_json::Value {
+    let now = crate::operations::now_ms();
+    match holds.live(now).await {
+        Ok(live) => live
+            .values()
+            .map(|h| {
+                let hold = serde_json::json!({"left_ms": h.until_ms - now, "reason": h.reason});
+                (h.cell.clone(), hold)
+            })
+            .collect::<serde_json::Map<_, _>>()
+            .into(),
+        Err(e) => serde_json::json!({"error": e.to_string()}),
+    }
+}
+
 /// Serves the admin API on `listen`; the bound address and the server.
 async fn serve_admin(
     listen: SocketAddr,
@@ -521,6 +538,7 @@ fn sample(
         format!("{:?}", config.coordination.backend).to_lowercase(),
     );
     let operations = OperationStore::new(coordination.clone());
+    let holds = Holds::new(coordination.clone());
     let task = tokio::spawn(async move {
         loop {
             let leader = coordination
@@ -531,6 +549,7 @@ fn sample(
             let control_plane = serde_json::json!({"leader": leader, "coordination": backend, "serving_console": name});
             let mut status = sampler.sample(&routes, control_plane).await;
             status["operations"] = recent_operations(&operations).await;
+            status["holds"] = holds_in_force(&holds).await;
             sampler.panels.track_operations(&mut status["operations"]);
             tx.send_replace(status);
             tokio::time::sleep(Duration::from_secs(1)).await;

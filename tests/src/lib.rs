@@ -294,6 +294,25 @@ pub fn cellmesh_bin() -> PathBuf {
     bin
 }
 
+/// Runs the `cellmesh` binary with `args`; what it printed on stdout. It
+/// must succeed (its stderr is the failure's message).
+pub fn cellmesh_ok<I, S>(args: I) -> Vec<u8>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
+    let out = std::process::Command::new(cellmesh_bin())
+        .args(args)
+        .output()
+        .expect("cellmesh runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
 pub mod process;
 pub use process::{CellProcess, ControlPlaneProcess};
 

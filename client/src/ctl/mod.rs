@@ -60,7 +60,7 @@ pub struct CtlArgs {
     #[arg(long)]
     coordination_dir: Option<std::path::PathBuf>,
     /// Admin API endpoints of the control-plane replicas, comma-separated
-    /// (for `ops`).
+    /// (for `ops` and `hold`).
     #[arg(
         long,
         env = "CELLMESH_CONTROL_PLANE",

@@ -167,7 +167,10 @@ impl Watched {
 
     pub async fn refresh(&mut self) {
         match self.holds.live(crate::operations::now_ms()).await {
-            Ok(live) => self.known = live,
+            Ok(live) => {
+                crate::metrics::holds(live.len());
+                self.known = live;
+            }
             Err(e) => tracing::warn!(error = %e, "failover holds not read; the last read stands"),
         }
     }

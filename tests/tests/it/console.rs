@@ -1,7 +1,8 @@
 //! The control plane's web console, loaded in headless Chromium: the page
 //! renders every cell in its region's column, coloured by health, and a
-//! running migration's progress moves between two loads; and the bytes of
-//! files each tenant keeps.
+//! running migration's progress moves between two loads, and a cell's
+//! failover hold shows on its card; and the bytes of files each tenant
+//! keeps.
 
 use cellmesh_proto::ids::{ConversationId, TenantId};
 use std::net::SocketAddr;
@@ -55,6 +56,19 @@ async fn with_console() -> (
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_shows_every_cell_and_a_migration_moving() {
     let (d, cp, console) = with_console().await;
+    // A planned restart of us-east/c1 is on its card.
+    let admin = [format!("http://{}", cp.admin.expect("admin API"))];
+    let hold = Duration::from_secs(600);
+    let secret = ClusterSecret::new(SECRET);
+    cellmesh_control_plane::failover::holds::request(
+        &admin,
+        &secret,
+        "us-east/c1",
+        hold,
+        "upgrade",
+    )
+    .await
+    .unwrap();
 
     let alice = token(1, 10);
     let mut m = messaging(&d.edge).await;
@@ -99,6 +113,18 @@ async fn the_console_shows_every_cell_and_a_migration_moving() {
         assert!(first.contains(&format!("data-region=\"{region}\"")));
     }
     assert!(first.contains("class=\"arrow\""), "the move is drawn");
+    let card = |cell: &str| {
+        let tag = first.split(&format!("data-cell=\"{cell}\"")).nth(1);
+        tag.and_then(|t| t.split('>').next())
+            .unwrap_or("")
+            .to_string()
+    };
+    assert!(
+        card("us-east/c1").contains("data-held=\"upgrade\""),
+        "{first}"
+    );
+    assert!(!card("eu-west/c1").contains("data-held"), "{first}");
+    assert!(first.contains("failover held"), "{first}");
     let before = progress(&first, &key).unwrap_or_else(|| panic!("{key} is listed: {first}"));
     assert!(
         eventually(Duration::from_secs(20), || async {

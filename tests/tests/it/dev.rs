@@ -4,13 +4,12 @@
 //! every component and a restart on the same data keeps every message.
 
 use std::path::Path;
-use std::process::{Child, Command};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 use cellmesh_proto::v1::messaging_client::MessagingClient;
 use cellmesh_proto::v1::sync_client::SyncClient;
 use cellmesh_proto::v1::*;
-use cellmesh_tests::cellmesh_bin;
 use cellmesh_tests::deploy::authed;
 use cellmesh_tests::dev::{port_base, start_dev, wait_info};
 use cellmesh_tests::sync::next_push;
@@ -49,18 +48,15 @@ fn interrupt_and_wait(mut dev: Child, info: &Value) {
 }
 
 fn ctl_status(dir: &Path) -> Value {
-    let out = Command::new(cellmesh_bin())
-        .args(["ctl", "--dev"])
-        .arg(dir)
-        .args(["status", "--json"])
-        .output()
-        .expect("cellmesh ctl runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("status is JSON")
+    let dir = dir.as_os_str();
+    let out = cellmesh_tests::cellmesh_ok([
+        "ctl".as_ref(),
+        "--dev".as_ref(),
+        dir,
+        "status".as_ref(),
+        "--json".as_ref(),
+    ]);
+    serde_json::from_slice(&out).expect("status is JSON")
 }
 
 async fn channel(url: &Value) -> Channel {

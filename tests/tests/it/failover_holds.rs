@@ -2,7 +2,8 @@
 //! fenced nor failed over however long it is away, and comes back owning
 //! what it owned, its seqs going on where they stopped; a hold released
 //! while the cell is still away lets the failover happen at once; bad
-//! holds are refused with stable reasons.
+//! holds are refused with stable reasons. Holds are placed, listed and
+//! released with `cellmesh ctl hold`.
 
 use std::time::Duration;
 
@@ -101,20 +102,12 @@ async fn a_held_cell_restarts_without_a_failover_and_goes_on_where_it_stopped() 
         .unwrap_err();
     assert_eq!(reason_of(&refused), Some(Reason::HoldTooLong));
 
-    let held = holds::request(
+    let held = ctl_hold(
         &admin,
-        &secret,
-        "eu-west/c1",
-        Duration::from_secs(60),
-        "upgrade",
-    )
-    .await
-    .unwrap();
-    assert_eq!(held.len(), 1);
-    assert_eq!(
-        (held[0].cell_id.as_str(), held[0].reason.as_str()),
-        ("eu-west/c1", "upgrade")
+        &["eu-west/c1", "--for", "60s", "--reason", "upgrade"],
     );
+    assert!(held.starts_with("eu-west/c1: failover held for "), "{held}");
+    assert!(held.trim_end().ends_with(" s more (upgrade)"), "{held}");
 
     let dir = d.cells.remove(0).stop().await;
     tokio::time::sleep(PAST_A_FAILOVER).await;
@@ -144,10 +137,11 @@ async fn a_held_cell_restarts_without_a_failover_and_goes_on_where_it_stopped() 
         last + 1,
         "no floor jump: the cell kept its route"
     );
-    let released = holds::request(&admin, &secret, "eu-west/c1", Duration::ZERO, "")
-        .await
-        .unwrap();
-    assert!(released.is_empty(), "{released:?}");
+    assert!(ctl_hold(&admin, &[]).starts_with("eu-west/c1: failover held"));
+    assert_eq!(
+        ctl_hold(&admin, &["eu-west/c1", "--release"]),
+        "no failover holds\n"
+    );
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(owner(&routes, conv), "eu-west/c1");
     assert_eq!(status(&routes, "eu-west/c1"), Some(CellStatus::Up));
@@ -189,6 +183,14 @@ async fn a_released_hold_lets_a_cell_still_away_fail_over() {
         "not failed over once released"
     );
     assert_eq!(status(&routes, "eu-west/c1"), Some(CellStatus::Down));
+}
+
+/// `cellmesh ctl hold ARGS` against the control plane at `admin`: what it
+/// printed (it must succeed).
+fn ctl_hold(admin: &[String], args: &[&str]) -> String {
+    let admin = admin.join(",");
+    let base = ["ctl", "--control-plane", &admin, "--secret", SECRET, "hold"];
+    String::from_utf8(cellmesh_tests::cellmesh_ok(base.iter().chain(args))).unwrap()
 }
 
 fn reason_of(status: &tonic::Status) -> Option<Reason> {

@@ -12,22 +12,15 @@ use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_route_client::client::RouteClient;
 use cellmesh_route_client::commands::assign_tenant;
 use cellmesh_route_client::table::Key;
-use cellmesh_tests::cellmesh_bin;
+use cellmesh_tests::cellmesh_ok;
 use cellmesh_tests::deploy::deploy;
 use cellmesh_tests::router::{SECRET, router_config};
 
 fn ctl(routers: &[String], args: &[&str]) -> serde_json::Value {
-    let out = std::process::Command::new(cellmesh_bin())
-        .args(["ctl", "--routers", &routers.join(","), "--secret", SECRET])
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    let routers = routers.join(",");
+    let base = ["ctl", "--routers", &routers, "--secret", SECRET];
+    let out = cellmesh_ok(base.iter().chain(args));
+    serde_json::from_slice(&out).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
