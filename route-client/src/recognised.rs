@@ -5,7 +5,9 @@
 //! from the state the write left). Such a write is recognised by the entry
 //! it left: read through the leader, past the epoch the write expected, in
 //! the state its caller wanted. Placing a new tenant is the write every
-//! deployment starts with; it is recognised the same way.
+//! deployment starts with; it is recognised the same way, and so is a
+//! cell's record of who holds its high-water marks (read from the table
+//! as the leader has it).
 
 use std::time::Duration;
 
@@ -37,6 +39,55 @@ impl RouteClient {
         expect_epoch: u64,
         own: impl Fn(&Entry) -> bool,
     ) -> Result<u64, Status> {
+        self.apply_recognised_by(command, &key.to_string(), || async {
+            let entry = self.current_entry(key).await?;
+            Ok(entry
+                .filter(|e| e.key == *key && e.epoch > expect_epoch && own(e))
+                .map(|e| e.epoch))
+        })
+        .await
+    }
+
+    /// Records `holders` as the cells holding a complete copy of `cell`'s
+    /// high-water marks, expecting the cell's entry at `expect_epoch`; the
+    /// entry's new epoch. A refusal is taken for this write's own lost
+    /// answer when the leader's table has the cell past `expect_epoch`
+    /// with exactly these holders.
+    pub async fn set_mark_holders(
+        &self,
+        cell: &str,
+        holders: Vec<String>,
+        expect_epoch: u64,
+    ) -> Result<u64, Status> {
+        let mut wanted = holders.clone();
+        wanted.sort();
+        wanted.dedup();
+        let command = crate::commands::set_mark_holders(cell, holders, expect_epoch);
+        self.apply_recognised_by(command, &format!("cell {cell}"), || async {
+            self.catch_up().await?;
+            Ok(self.read(|t| {
+                t.cell(cell)
+                    .filter(|c| c.epoch > expect_epoch && c.mark_holders == wanted)
+                    .map(|c| c.epoch)
+            }))
+        })
+        .await
+    }
+
+    /// Applies `command`; the epoch it left. A refusal as stale or illegal
+    /// stands unless `recognise` (a read through the leader) finds what
+    /// this write leaves and answers its epoch; a read that fails is tried
+    /// again a few times.
+    async fn apply_recognised_by<F, R>(
+        &self,
+        command: pb::RouteCommand,
+        what: &str,
+        recognise: F,
+    ) -> Result<u64, Status>
+    where
+        F: Fn() -> R,
+        R: std::future::Future<Output = Result<Option<u64>, Status>>,
+    {
         let refusal = match self.apply(command).await {
             Ok(applied) => return Ok(applied.index),
             Err(status) => status,
@@ -48,15 +99,11 @@ impl RouteClient {
             return Err(refusal);
         }
         for attempt in 0..LOST_ANSWER_READS {
-            match self.current_entry(key).await {
-                Ok(Some(entry))
-                    if entry.key == *key && entry.epoch > expect_epoch && own(&entry) =>
-                {
-                    return Ok(entry.epoch);
-                }
-                Ok(_) => break,
+            match recognise().await {
+                Ok(Some(epoch)) => return Ok(epoch),
+                Ok(None) => break,
                 Err(e) => {
-                    tracing::warn!(%key, error = %e.message(), "reading the route a write left: trying again");
+                    tracing::warn!(%what, error = %e.message(), "reading what a write left: trying again");
                     tokio::time::sleep(Duration::from_millis(200 << attempt)).await;
                 }
             }

@@ -303,15 +303,13 @@ impl Rounds {
     /// Writes this cell's holder list; the cell's new epoch, or `None` when
     /// the write failed (tried again next round).
     async fn set_holders(&self, holders: Vec<String>, epoch: u64) -> Option<u64> {
-        let command = cellmesh_route_client::commands::set_mark_holders(
-            &self.cell_id,
-            holders.clone(),
-            epoch,
-        );
-        match self.routes.apply(command).await {
-            Ok(answer) => {
+        let recorded = (self.routes)
+            .set_mark_holders(&self.cell_id, holders.clone(), epoch)
+            .await;
+        match recorded {
+            Ok(epoch) => {
                 tracing::info!(?holders, "high-water mark holders recorded");
-                Some(answer.index)
+                Some(epoch)
             }
             Err(e) => {
                 tracing::warn!(error = %e.message(), "recording the mark holders failed");

@@ -2,8 +2,8 @@
 //! held past the attempt's deadline, and the route client's retry on
 //! another replica finds the entry moved on by that very write. The write
 //! is recognised by the entry it left; someone else's write is not.
-//! Placing a tenant and placing a conversation created on a moving
-//! tenant's target are both recognised.
+//! Placing a tenant, placing a conversation created on a moving tenant's
+//! target and a cell's record of its mark holders are all recognised.
 
 use std::sync::Arc;
 
@@ -17,7 +17,9 @@ use cellmesh_proto::secret::ClusterSecret;
 use cellmesh_proto::status::error_detail;
 use cellmesh_proto::v1::update_route::Transition;
 use cellmesh_route_client::client::RouteClient;
-use cellmesh_route_client::commands::{assign_tenant, register_cell, update_route};
+use cellmesh_route_client::commands::{
+    assign_tenant, register_cell, set_mark_holders, update_route,
+};
 use cellmesh_route_client::table::Key;
 use cellmesh_tests::router::{RouterCluster, SECRET};
 
@@ -138,4 +140,62 @@ async fn a_conversation_placed_on_a_moving_tenants_target_is_placed_though_its_a
         .expect("routed");
     assert_eq!((entry.key, entry.cell.as_str()), (placed, "eu-west/c2"));
     assert!(entry.epoch > moving.index, "written by the placement");
+}
+
+/// `eu-west/c1`'s epoch and mark holders as the leader has them.
+async fn c1(client: &RouteClient) -> (u64, Vec<String>) {
+    client.catch_up().await.expect("the table read through the leader");
+    let cell = client.read(|t| t.cell("eu-west/c1").cloned());
+    let cell = cell.expect("registered");
+    (cell.epoch, cell.mark_holders)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cells_mark_holders_whose_answer_was_lost_are_recognised_and_a_stale_write_is_not() {
+    let (cluster, direct, link) = two_cells().await;
+    let (registered, holders) = c1(&direct).await;
+    assert!(holders.is_empty());
+
+    // A plain write: the retry is refused although the first attempt
+    // recorded the holder.
+    let plain = through(&link, &cluster).await;
+    link.partition(false, true);
+    let holder = vec!["eu-west/c2".to_string()];
+    let refused = plain
+        .apply(set_mark_holders("eu-west/c1", holder.clone(), registered))
+        .await
+        .expect_err("the retry finds the cell moved on");
+    assert_eq!(
+        error_detail(&refused).known_reason(),
+        Some(Reason::StaleEpoch),
+        "{refused:?}"
+    );
+    link.heal();
+    let (recorded, holders) = c1(&direct).await;
+    assert!(recorded > registered);
+    assert_eq!(holders, holder);
+
+    // The cell's own write through `set_mark_holders` is recognised by
+    // the entry it left, with that entry's epoch.
+    let recognising = through(&link, &cluster).await;
+    link.partition(false, true);
+    let epoch = recognising
+        .set_mark_holders("eu-west/c1", Vec::new(), recorded)
+        .await
+        .expect("holders whose answer was lost are recorded");
+    link.heal();
+    assert_eq!(c1(&direct).await, (epoch, Vec::new()));
+    assert!(epoch > recorded);
+
+    // A write expecting an epoch another write moved on from, asking for
+    // holders the cell does not have, is refused.
+    let stale = direct
+        .set_mark_holders("eu-west/c1", holder, recorded)
+        .await
+        .expect_err("the cell moved on since");
+    assert_eq!(
+        error_detail(&stale).known_reason(),
+        Some(Reason::StaleEpoch)
+    );
+    assert_eq!(c1(&direct).await, (epoch, Vec::new()));
 }
