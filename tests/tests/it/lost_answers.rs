@@ -144,7 +144,10 @@ async fn a_conversation_placed_on_a_moving_tenants_target_is_placed_though_its_a
 
 /// `eu-west/c1`'s epoch and mark holders as the leader has them.
 async fn c1(client: &RouteClient) -> (u64, Vec<String>) {
-    client.catch_up().await.expect("the table read through the leader");
+    client
+        .catch_up()
+        .await
+        .expect("the table read through the leader");
     let cell = client.read(|t| t.cell("eu-west/c1").cloned());
     let cell = cell.expect("registered");
     (cell.epoch, cell.mark_holders)
