@@ -303,7 +303,8 @@ impl Rounds {
     /// Writes this cell's holder list; the cell's new epoch, or `None` when
     /// the write failed (tried again next round).
     async fn set_holders(&self, holders: Vec<String>, epoch: u64) -> Option<u64> {
-        let recorded = (self.routes)
+        let recorded = self
+            .routes
             .set_mark_holders(&self.cell_id, holders.clone(), epoch)
             .await;
         match recorded {
