@@ -128,7 +128,7 @@ start_dev() {
   local bin="$1" dir="$2"; shift 2
   mkdir -p "$dir"
   "$bin" dev --data-dir "$dir" "$@" >"$dir/dev.out" 2>&1 &
-  DEV_PID=$!
+  DEV_PID=$! DEV_DIR=$dir
   for _ in $(seq 1 240); do [ -f "$dir/dev.json" ] && break; sleep 0.5; done
   if [ ! -f "$dir/dev.json" ]; then
     echo "cellmesh dev did not come up:"; tail -20 "$dir/dev.out"
@@ -137,8 +137,21 @@ start_dev() {
 }
 
 # Stops the `cellmesh dev` of `start_dev`.
+# A `cellmesh dev` that did not stop cleanly is reported with the end of
+# its output, and any component still running from its data dir is killed,
+# so the next deployment finds its ports free.
 stop_dev() {
   [ -n "${DEV_PID:-}" ] || return 0
+  local rc=0
   kill -INT "$DEV_PID" 2>/dev/null || true
-  wait "$DEV_PID" 2>/dev/null || true
+  wait "$DEV_PID" 2>/dev/null || rc=$?
+  DEV_PID=
+  if [ "$rc" != 0 ]; then
+    echo "cellmesh dev exited with status $rc; the end of its output:"
+    tail -20 "$DEV_DIR/dev.out" || true
+  fi
+  if pkill -KILL -f -- "$DEV_DIR" 2>/dev/null; then
+    echo "killed components of $DEV_DIR left running"
+  fi
+  return 0
 }

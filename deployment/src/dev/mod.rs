@@ -278,9 +278,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     write_info(data, &info)?;
     print_summary(&info, data);
 
-    supervise(data, (&links, &proxies), mock_kafka, &mut sup, &mut info).await?;
-    println!("dev: stopping every component");
-    tokio::task::spawn_blocking(move || sup.stop_all(Duration::from_secs(15))).await?;
+    supervise(data, (&links, &proxies), mock_kafka, sup, &mut info).await?;
     drop(proxies);
     println!("dev: stopped; data kept in {}", data.display());
     Ok(())
@@ -299,12 +297,13 @@ fn install_operator(pki: Option<&pki::Pki>) -> anyhow::Result<TlsConfig> {
 
 /// Until Ctrl-C: applies the partition file to the proxies, the mock
 /// Kafka's fault file to its brokers, restarts processes that exit, and
-/// keeps dev.json's pids current.
+/// keeps dev.json's pids current. Then stops every process, and the mock
+/// Kafka once no cell is left to use it.
 async fn supervise(
     data: &Path,
     (links, proxies): (&[topology::Link], &[FaultProxy]),
     mut mock_kafka: Option<kafka::MockKafka>,
-    sup: &mut Supervisor,
+    mut sup: Supervisor,
     info: &mut serde_json::Value,
 ) -> anyhow::Result<()> {
     let shutdown = cellmesh_proto::server::shutdown_signal();
@@ -331,6 +330,9 @@ async fn supervise(
             }
         }
     }
+    println!("dev: stopping every component");
+    tokio::task::spawn_blocking(move || sup.stop_all(Duration::from_secs(15))).await?;
+    drop(mock_kafka);
     Ok(())
 }
 

@@ -6,9 +6,12 @@
 //! one ([`binary_file`]): a rolling upgrade writes it and stops the child.
 //! A child whose [`held_file`] exists is not restarted while it does: a
 //! drill that loses a region holds its processes down, deletes their data,
-//! and releases them once it has rebuilt it.
+//! and releases them once it has rebuilt it. Children get SIGTERM when
+//! `cellmesh dev` itself dies, however it dies, so none outlives it on
+//! the deployment's ports.
 
 use std::fs::File;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -200,12 +203,29 @@ fn spawn(exe: &Path, logs: &Path, spec: &Spec) -> anyhow::Result<Child> {
         .create(true)
         .append(true)
         .open(logs.join(format!("{}.log", spec.name.replace('/', "-"))))?;
-    Ok(Command::new(exe)
+    let mut command = Command::new(exe);
+    command
         .args(&spec.args)
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
-        .stderr(log)
-        .spawn()?)
+        .stderr(log);
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: prctl(2) and getppid(2) are async-signal-safe; the closure
+    // allocates nothing. Children are spawned from the thread that runs
+    // `cellmesh dev` to its end (the death signal follows that thread).
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The parent died before the signal was armed.
+            if libc::getppid() != parent {
+                return Err(std::io::Error::other("cellmesh dev exited"));
+            }
+            Ok(())
+        });
+    }
+    Ok(command.spawn()?)
 }
 
 impl Drop for Supervisor {

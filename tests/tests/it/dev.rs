@@ -254,3 +254,35 @@ async fn a_message_crosses_three_regions_and_survives_a_restart() {
     assert_eq!(ids, vec![sent.msg_id]);
     interrupt_and_wait(dev.take(), &info);
 }
+
+/// A `cellmesh dev` that dies without stopping its components (SIGKILL,
+/// an abort) still takes them with it: none keeps the deployment's ports
+/// from the next one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_dev_takes_every_component_with_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut dev = start_dev(dir.path(), port_base(), &["--kafka", "mock"]);
+    let info = wait_info(dir.path(), dev.child()).await;
+    let mut child = dev.take();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for (name, pid) in info["processes"].as_object().unwrap() {
+        while running(pid.as_i64().unwrap()) {
+            assert!(
+                Instant::now() < deadline,
+                "{name} still running after cellmesh dev was killed"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// Whether process `pid` runs (exists and is not a zombie waiting for
+/// whoever inherited it to reap it).
+fn running(pid: i64) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| Some(stat.rsplit_once(')')?.1.trim_start().starts_with('Z')))
+        .is_some_and(|zombie| !zombie)
+}
