@@ -136,10 +136,9 @@ start_dev() {
   fi
 }
 
-# Stops the `cellmesh dev` of `start_dev`.
-# A `cellmesh dev` that did not stop cleanly is reported with the end of
-# its output, and any component still running from its data dir is killed,
-# so the next deployment finds its ports free.
+# Stops the `cellmesh dev` of `start_dev`. One that did not stop cleanly is
+# reported with the end of its output, and any component still running from
+# its data dir is killed, so the next deployment finds its ports free.
 stop_dev() {
   [ -n "${DEV_PID:-}" ] || return 0
   local rc=0

@@ -42,8 +42,10 @@ fn interrupt_and_wait(mut dev: Child, info: &Value) {
     assert!(status.success(), "{status}");
     // Every component went with it.
     for (name, pid) in info["processes"].as_object().unwrap() {
-        let alive = unsafe { libc::kill(pid.as_i64().unwrap() as i32, 0) } == 0;
-        assert!(!alive, "{name} still running after Ctrl-C");
+        assert!(
+            !running(pid.as_i64().unwrap()),
+            "{name} still running after Ctrl-C"
+        );
     }
 }
 
@@ -281,8 +283,8 @@ async fn a_killed_dev_takes_every_component_with_it() {
 /// Whether process `pid` runs (exists and is not a zombie waiting for
 /// whoever inherited it to reap it).
 fn running(pid: i64) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|stat| Some(stat.rsplit_once(')')?.1.trim_start().starts_with('Z')))
-        .is_some_and(|zombie| !zombie)
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The state follows the command name's closing parenthesis.
+    stat.rsplit_once(')')
+        .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
 }
