@@ -137,6 +137,19 @@ impl TestCell {
         connect(&self.endpoint).await
     }
 
+    /// Sets fail point `point` to `action` through the cell's fail point
+    /// file, and waits (up to 5 s) until the cell has taken it up.
+    pub async fn arm_failpoint(&self, point: &str, action: &str) {
+        let file = self.dir.path().join("failpoints");
+        std::fs::write(file, format!("{point}={action}\n")).unwrap();
+        let store = self.cell.service.store().clone();
+        let armed = eventually(Duration::from_secs(5), || async {
+            store.failpoints().hit(point).is_some()
+        })
+        .await;
+        assert!(armed, "the cell took up fail point {point}");
+    }
+
     pub async fn stop(self) -> TempDir {
         self.cell.shutdown().await.expect("clean shutdown");
         self.dir

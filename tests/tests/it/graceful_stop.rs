@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use cellmesh_proto::v1::{SyncEventKind, sync_push};
 use cellmesh_tests::sync::{connect_sync, subscribe};
-use cellmesh_tests::{TestCell, create_group, eventually, send_direct, text};
+use cellmesh_tests::{TestCell, create_group, send_direct, text};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_graceful_stop_pushes_what_was_acknowledged_before_it() {
@@ -19,19 +19,9 @@ async fn a_graceful_stop_pushes_what_was_acknowledged_before_it() {
 
     // Every group commit now takes 300 ms: the fan-out of the next send
     // cannot be durable until well after it is acknowledged.
-    std::fs::write(
-        cell.dir.path().join("failpoints"),
-        "storage.slow_write=delay(300ms)\n",
-    )
-    .unwrap();
-    let store = cell.cell.service.store().clone();
-    let armed = eventually(Duration::from_secs(5), || async {
-        store.failpoints().hit("storage.slow_write").is_some()
-    })
-    .await;
-    assert!(armed, "the cell took up its fail point");
+    cell.arm_failpoint("storage.slow_write", "delay(300ms)")
+        .await;
     let sent = send_direct(&mut client, text(1, 1, conv, "r1", "just before the stop")).await;
-    drop(store);
     let stopping = tokio::spawn(cell.stop());
 
     let mut pushed = Vec::new();

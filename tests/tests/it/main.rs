@@ -46,6 +46,7 @@ mod migration;
 mod mixed_version;
 mod move_failover;
 mod operations;
+mod overlapped_commits;
 mod presence;
 mod previous_owner;
 mod process_failover;
