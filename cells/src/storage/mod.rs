@@ -323,13 +323,6 @@ impl Store {
     /// lane, which numbers them, and so does one that writes a family of
     /// [`ONE_LANE`].
     pub async fn commit_fan_out(&self, mutation: Mutation) -> Result<()> {
-        self.submit_fan_out(mutation).await?.wait().await
-    }
-
-    /// [`commit_fan_out`](Self::commit_fan_out) without waiting: the
-    /// mutation's place in its lane is fixed when this returns, and the
-    /// ticket says when it is durable.
-    pub async fn submit_fan_out(&self, mutation: Mutation) -> Result<CommitTicket> {
         let one_lane = (mutation.ops.iter()).any(|op| ONE_LANE.contains(&op.family()));
         let lane = if mutation.outbox.is_empty() && !one_lane {
             Lane::FanOut
@@ -337,7 +330,7 @@ impl Store {
             Lane::Message
         };
         let slot = self.committer.reserve(lane).await?;
-        Ok(slot.submit(mutation))
+        slot.submit(mutation).wait().await
     }
 
     /// Reserves a place in the message lane's queue, so that a caller

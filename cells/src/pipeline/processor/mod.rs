@@ -31,7 +31,6 @@ use cellmesh_proto::v1::{
 use prost::Message as _;
 use tokio::sync::{Notify, mpsc, oneshot};
 
-mod overlap;
 mod remote;
 mod replicate;
 mod sync_queue;
@@ -45,7 +44,7 @@ use crate::convert::message_to_proto;
 use crate::failpoints::Action;
 use crate::homes::{Home, Homes};
 use crate::queue::{Delivery, EventConsumer};
-use crate::storage::{CommitTicket, ForwardQueue, IdemKey, IdemKind, Mutation, Store};
+use crate::storage::{ForwardQueue, IdemKey, IdemKind, Mutation, Store};
 use crate::sync::{HintPacer, Hub, LiveEvent, event_message};
 use crate::user::UserKey;
 
@@ -193,12 +192,6 @@ pub struct Processor {
     /// Users this processor queued events for (a superset of those whose
     /// events still wait in the forward queue).
     queued_for: HashSet<UserKey>,
-    /// The users of the batch whose commit is in flight with events for
-    /// the forward queue (not yet in storage, but queued all the same).
-    queued_in_flight: HashSet<UserKey>,
-    /// A batch's commit is in flight: storage may lack what the caches
-    /// hold, so they are not dropped until it is durable.
-    committing: bool,
 }
 
 /// The signals a processor raises after a commit.
@@ -307,16 +300,6 @@ struct Batch {
     standbys: Option<Arc<[String]>>,
     /// The spans of the batch's traced events.
     trace: BatchTrace,
-    /// The signals to raise once the batch is durable.
-    raise: Raise,
-}
-
-/// Which workers a durable batch gave work to.
-#[derive(Default)]
-struct Raise {
-    notifications: bool,
-    forwards: bool,
-    standby_forwards: bool,
 }
 
 impl Batch {
@@ -391,8 +374,6 @@ impl Processor {
             standbys_queue,
             recent: RecentAnswers::new(RECENT_ANSWERS),
             cell_id,
-            queued_in_flight: HashSet::default(),
-            committing: false,
         })
     }
 
@@ -410,8 +391,7 @@ impl Processor {
     }
 
     /// Consumes until an error; the caller restarts with a fresh consumer,
-    /// which redelivers whatever was not committed. One batch's commit
-    /// overlaps the planning of the next (see [`overlap`]).
+    /// which redelivers whatever was not committed.
     pub async fn run(
         mut self,
         mut consumer: Box<dyn EventConsumer>,
@@ -419,24 +399,48 @@ impl Processor {
         inbound: &mut mpsc::Receiver<Inbound>,
         wake: &Notify,
     ) -> Result<(), PipelineError> {
-        let mut pending = None;
-        let result = self
-            .run_overlapped(consumer.as_mut(), batch, inbound, wake, &mut pending)
-            .await;
-        // A restarted processor reads storage, which must hold every
-        // commit this one submitted.
-        if let Some(pending) = pending {
-            pending.abandon().await;
+        loop {
+            // Between polls (a poll is not safe to cancel midway).
+            while let Ok(job) = inbound.try_recv() {
+                match job {
+                    Inbound::Deliver {
+                        source,
+                        events,
+                        view_behind,
+                        reply,
+                    } => {
+                        let applied = self.apply_remote(&source, &events, view_behind).await;
+                        let _ = reply.send(applied);
+                    }
+                    Inbound::ImportUsers { imports, reply } => {
+                        let _ = reply.send(self.import_users(imports).await);
+                    }
+                    Inbound::Barrier { reply } => {
+                        let _ = reply.send(());
+                    }
+                }
+            }
+            // A job handed in meanwhile ends the wait (see `PeerInbound`).
+            let deliveries = consumer.poll_or_woken(batch, POLL_WAIT, wake).await?;
+            if deliveries.is_empty() {
+                continue;
+            }
+            self.apply_and_commit(&deliveries, consumer.as_mut())
+                .await?;
+            if let Some(last) = deliveries.iter().map(|d| d.event.id).max() {
+                self.processed.send_if_modified(|p| {
+                    let higher = last > *p;
+                    *p = (*p).max(last);
+                    higher
+                });
+            }
         }
-        result
     }
 
     /// Makes the effects of `deliveries` durable and announces them to
     /// online devices. Does not commit queue positions.
     pub async fn apply(&mut self, deliveries: &[Delivery]) -> Result<(), PipelineError> {
-        let batch = self.plan(deliveries)?;
-        let pending = self.submit(batch, deliveries.to_vec(), false).await?;
-        self.settle(pending, None).await
+        self.apply_staging(deliveries, None).await.map(|_| ())
     }
 
     /// [`Self::apply`], then records `deliveries` processed: in the same
@@ -447,26 +451,19 @@ impl Processor {
         deliveries: &[Delivery],
         consumer: &mut dyn EventConsumer,
     ) -> Result<(), PipelineError> {
-        let (batch, commit_positions) = self.plan_staging(deliveries, consumer)?;
-        let pending = (self.submit(batch, deliveries.to_vec(), commit_positions)).await?;
-        self.settle(pending, Some(consumer)).await
+        if !self.apply_staging(deliveries, Some(consumer)).await? {
+            consumer.commit(deliveries).await?;
+        }
+        Ok(())
     }
 
-    /// Plans `deliveries` into one batch, its queue positions staged into
-    /// its commit if `consumer` can; also says whether the consumer must
-    /// still commit them once the batch is durable.
-    fn plan_staging(
+    /// Applies `deliveries`; with `consumer`, stages their positions into
+    /// the same commit if it can, and says whether it did.
+    async fn apply_staging(
         &mut self,
         deliveries: &[Delivery],
-        consumer: &mut dyn EventConsumer,
-    ) -> Result<(Batch, bool), PipelineError> {
-        let mut batch = self.plan(deliveries)?;
-        let staged = consumer.stage_commit(deliveries, &mut batch.mutation)?;
-        Ok((batch, !staged))
-    }
-
-    /// Plans the effects of `deliveries` (nothing is written yet).
-    fn plan(&mut self, deliveries: &[Delivery]) -> Result<Batch, PipelineError> {
+        consumer: Option<&mut dyn EventConsumer>,
+    ) -> Result<bool, PipelineError> {
         let metrics = crate::metrics::metrics();
         let now_ms = self.clock.now_ms();
         let age = |event: &OutboxEvent| now_ms.saturating_sub(event.server_ts_ms) as f64 / 1000.0;
@@ -484,36 +481,36 @@ impl Processor {
             .fanout_batch_entries
             .observe(batch.entries.len() as f64);
         self.store.failpoints().abort_at("fanout.read");
-        Ok(batch)
+        let staged = match consumer {
+            Some(consumer) => consumer.stage_commit(deliveries, &mut batch.mutation)?,
+            None => false,
+        };
+        self.finish(batch).await?;
+        let now_ms = self.clock.now_ms();
+        for event in deliveries.iter().filter_map(|d| d.event.event.as_ref()) {
+            if event.kind == OutboxKind::Message as i32 && event.server_ts_ms > 0 {
+                let lag = now_ms.saturating_sub(event.server_ts_ms);
+                metrics.fanout_lag_seconds.observe(lag as f64 / 1000.0);
+            }
+        }
+        Ok(staged)
     }
 
     /// Commits a batch's effects, then announces them.
     async fn finish(&mut self, mut batch: Batch) -> Result<(), PipelineError> {
-        let ticket = self.submit_batch(&mut batch).await?;
-        self.durable(ticket, batch).await
-    }
-
-    /// Adds a planned batch's remaining writes to its mutation and submits
-    /// it without waiting. From here on the caches hold the batch's pts
-    /// and entries; nothing else may be in flight.
-    async fn submit_batch(
-        &mut self,
-        batch: &mut Batch,
-    ) -> Result<Option<CommitTicket>, PipelineError> {
-        debug_assert!(!self.committing, "one commit in flight at a time");
         let homes = std::mem::take(&mut batch.forward).into_iter();
         let homes = homes.map(|(via, events)| (via.endpoint(), events));
-        batch.raise.forwards = (self.homes_queue).stage(&mut batch.mutation, homes);
+        let to_homes = (self.homes_queue).stage(&mut batch.mutation, homes);
         let standbys = std::mem::take(&mut batch.standby_forward).into_iter();
-        batch.raise.standby_forwards = (self.standbys_queue).stage(&mut batch.mutation, standbys);
+        let to_standbys = (self.standbys_queue).stage(&mut batch.mutation, standbys);
         for ((user, conversation), entry) in &batch.entries {
             batch
                 .mutation
                 .put_conv_list(*user, ConversationId(*conversation), entry);
         }
         // Ids are issued from memory; storage learns the high mark once.
-        batch.raise.notifications = !batch.notifications.is_empty();
-        if batch.raise.notifications {
+        let notified = !batch.notifications.is_empty();
+        if notified {
             let id = self.next_notification;
             self.next_notification += 1;
             let notifications = NotificationBatch {
@@ -522,58 +519,23 @@ impl Processor {
             batch.mutation.put_notifications(id, &notifications);
             batch.mutation.notifications_issued_through(id);
         }
-        // Nothing is in flight: storage holds everything cached.
-        self.notice_handovers();
-        if self.pts.len() > PTS_CACHE || self.entries.len() > ENTRY_CACHE {
-            self.forget_cached();
-        }
-        self.entries.extend(batch.entries.drain());
-        self.queued_in_flight = std::mem::take(&mut batch.forwarded_users);
-        self.pts
-            .extend(batch.pts.iter().map(|(user, pts)| (*user, *pts)));
-        if batch.mutation.is_empty() {
-            return Ok(None);
-        }
-        let mutation = std::mem::take(&mut batch.mutation);
-        match self.store.submit_fan_out(mutation).await {
-            Ok(ticket) => {
-                self.committing = true;
-                Ok(Some(ticket))
-            }
-            Err(e) => {
-                self.forget_cached();
-                Err(e.into())
-            }
-        }
-    }
-
-    /// Waits until a submitted batch is durable, then announces it.
-    async fn durable(
-        &mut self,
-        ticket: Option<CommitTicket>,
-        batch: Batch,
-    ) -> Result<(), PipelineError> {
-        if let Some(ticket) = ticket {
-            let written = ticket.wait().await;
-            self.committing = false;
-            self.queued_in_flight.clear();
-            if let Err(e) = written {
+        if !batch.mutation.is_empty() {
+            let mutation = std::mem::take(&mut batch.mutation);
+            if let Err(e) = self.store.commit_fan_out(mutation).await {
                 // The cached pts and entries may now be ahead of storage.
                 self.forget_cached();
                 return Err(e.into());
             }
             self.store.failpoints().abort_at("fanout.committed");
         }
-        self.announce(batch);
-        Ok(())
-    }
-
-    /// Tells online devices, hint receivers and the queues' workers what a
-    /// durable batch did.
-    fn announce(&mut self, mut batch: Batch) {
+        if self.pts.len() > PTS_CACHE || self.entries.len() > ENTRY_CACHE {
+            self.forget_cached();
+        }
+        self.entries.extend(batch.entries);
         let mut messages = HashMap::default();
         for (user, pts) in batch.pts {
             let _push = batch.trace.push(user);
+            self.pts.insert(user, pts);
             match batch.appended.remove(&user).flatten() {
                 Some(events) => match self.live(events, &mut messages) {
                     Ok(live) => self.hub.appended(user, live),
@@ -585,15 +547,16 @@ impl Processor {
         for (members, hint) in batch.hints {
             self.hints.hint(members, hint);
         }
-        if batch.raise.notifications {
+        if notified {
             self.notifications.notify_one();
         }
-        if batch.raise.forwards {
+        if to_homes {
             self.homes_queue.signal.notify_one();
         }
-        if batch.raise.standby_forwards {
+        if to_standbys {
             self.standbys_queue.signal.notify_one();
         }
+        Ok(())
     }
 
     fn apply_event(

@@ -73,7 +73,7 @@ impl Processor {
         batch: &mut Batch,
         user: UserKey,
     ) -> Result<bool, PipelineError> {
-        if batch.forwarded_users.contains(&user) || self.queued_in_flight.contains(&user) {
+        if batch.forwarded_users.contains(&user) {
             return Ok(true);
         }
         if !self.queued_for.contains(&user) {
@@ -81,10 +81,8 @@ impl Processor {
         }
         if batch.queued.is_none() {
             let queued = queued_users(&self.store)?;
-            let in_flight = &self.queued_in_flight;
-            self.queued_for.retain(|u| {
-                queued.contains(u) || batch.forwarded_users.contains(u) || in_flight.contains(u)
-            });
+            self.queued_for
+                .retain(|u| queued.contains(u) || batch.forwarded_users.contains(u));
             batch.queued = Some(queued);
         }
         Ok(batch.queued.as_ref().is_some_and(|q| q.contains(&user)))
@@ -200,7 +198,7 @@ impl Processor {
         // since: it goes on as a new queue, so devices rebase instead of
         // getting a pts twice. (No lookup while this cell never handed a
         // home over.)
-        if self.store.handovers() > 0 && self.store.home_is_stale(user)? {
+        if self.handovers_seen > 0 && self.store.home_is_stale(user)? {
             tracing::info!(tenant = %user.tenant, user = %user.user, "a home came back without a move: its queue starts anew");
             batch.mutation.restart_queue(user, self.clock.now_ms());
         } else if self.store.queue_id(user)? == 0 {
@@ -213,11 +211,9 @@ impl Processor {
 
     /// Drops what is cached of users' queues once keys were sealed here
     /// (a home handed over may come back stale and must be read again).
-    /// Not while a commit is in flight: storage lacks what it writes, and
-    /// the next batch's submit looks again.
     pub(super) fn notice_handovers(&mut self) {
         let handovers = self.store.handovers();
-        if handovers != self.handovers_seen && !self.committing {
+        if handovers != self.handovers_seen {
             self.forget_cached();
             self.handovers_seen = handovers;
         }
