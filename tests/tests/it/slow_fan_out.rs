@@ -1,8 +1,9 @@
-//! The fan-out processor plans the next batch while the last one commits.
-//! With every group commit slowed down, sends keep arriving during each
-//! fan-out commit, so batches are planned against caches ahead of storage:
-//! every member still gets every message once, with gapless pts, in each
-//! conversation's order, both in storage and on the devices' streams.
+//! Fan-out under slow commits: with every group commit slowed down, sends
+//! from several senders keep arriving during each fan-out commit, so the
+//! processor's batches mix conversations and senders and its cached pts and
+//! list entries run ahead of what it last read from storage. Every member
+//! still gets every message once, with gapless pts, in each conversation's
+//! order, both in storage and on the devices' streams.
 
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
@@ -17,7 +18,7 @@ const SENDERS: u64 = 4;
 const EACH: u64 = 25;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn batches_planned_during_a_commit_lose_and_repeat_nothing() {
+async fn slow_fan_out_commits_lose_and_repeat_nothing() {
     let cell = TestCell::start().await;
     let mut client = cell.client().await;
     let groups = [
