@@ -1,6 +1,7 @@
 //! `cellmesh bench push`: D online devices (one per user) subscribe to
-//! their sync queues while senders, paced at a target rate, send into 1:1
-//! and group conversations among those users. Each body carries its send
+//! their sync queues while senders, paced at a target rate (their ticks
+//! spread evenly, not in step), send into 1:1 and group conversations
+//! among those users. Each body carries its send
 //! time and the region it was sent from, so every push received measures
 //! send→push latency. With `--dev` the devices follow through every
 //! region's edge and the senders send through every region's edge in turn,
@@ -227,17 +228,15 @@ async fn send_all(
 ) -> anyhow::Result<(u64, BTreeMap<String, u64>)> {
     let directs = Arc::new(directs);
     let groups = Arc::new(groups);
-    let per_sender = (args.rate as f64 / args.senders.max(1) as f64).max(0.001);
-    let deadline = Instant::now() + args.duration;
+    let now = Instant::now();
+    let deadline = now + args.duration;
     let mut senders = Vec::new();
-    for s in 0..args.senders.max(1) {
+    for (s, pace) in paces(args.rate, args.senders, now, deadline, epoch)
+        .into_iter()
+        .enumerate()
+    {
         let region = s % clients.len();
         let (directs, groups) = (directs.clone(), groups.clone());
-        let pace = Pace {
-            per_second: per_sender,
-            deadline,
-            epoch,
-        };
         let from = Sender {
             client: clients[region].clone(),
             users: users.clone(),
@@ -433,9 +432,28 @@ struct Sender {
     region: u8,
 }
 
-/// A sending task's pace: sends per second until the deadline.
+/// The paces of `senders` senders sending `rate` sends/s in all from
+/// `now`: their first ticks spread evenly over one period, since senders
+/// that ticked in step would send in bursts of `senders` at once.
+fn paces(rate: u64, senders: usize, now: Instant, deadline: Instant, epoch: Instant) -> Vec<Pace> {
+    let count = senders.max(1);
+    let per_sender = (rate as f64 / count as f64).max(0.001);
+    let every = Duration::from_secs_f64(1.0 / per_sender);
+    (0..count)
+        .map(|s| Pace {
+            every,
+            first: now + every.mul_f64(s as f64 / count as f64),
+            deadline,
+            epoch,
+        })
+        .collect()
+}
+
+/// A sending task's pace: one send `every` from `first` until the
+/// deadline.
 struct Pace {
-    per_second: f64,
+    every: Duration,
+    first: Instant,
     deadline: Instant,
     epoch: Instant,
 }
@@ -451,7 +469,7 @@ async fn send_loop(
     let run = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis());
-    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / pace.per_second));
+    let mut tick = tokio::time::interval_at(pace.first.into(), pace.every);
     let (mut ok, mut errors, mut n) = (0, BTreeMap::new(), 0u64);
     while Instant::now() < pace.deadline {
         tick.tick().await;
@@ -507,6 +525,8 @@ async fn receive(
     tokio::pin!(stopped);
     loop {
         let push = tokio::select! {
+            // In order: no random draw per push on the load generator.
+            biased;
             _ = &mut stopped => break,
             push = stream.message() => push,
         };
@@ -528,4 +548,30 @@ async fn receive(
         }
     }
     received
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn senders_start_spread_over_one_period_at_the_rate_asked() {
+        let now = Instant::now();
+        let paces = paces(3_200, 64, now, now + Duration::from_secs(1), now);
+        assert_eq!(paces.len(), 64);
+        // 50 sends/s each: one every 20 ms.
+        let every = paces[0].every;
+        assert_eq!(every, Duration::from_millis(20));
+        let mut offsets: Vec<Duration> = paces.iter().map(|p| p.first - now).collect();
+        offsets.dedup();
+        assert_eq!(offsets.len(), 64, "no two senders tick together");
+        for pair in offsets.windows(2) {
+            let gap = pair[1] - pair[0];
+            assert!(
+                gap.abs_diff(every / 64) < Duration::from_micros(2),
+                "{gap:?}"
+            );
+        }
+        assert!(offsets[63] < every);
+    }
 }
