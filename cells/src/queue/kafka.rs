@@ -85,7 +85,7 @@ impl KafkaQueue {
             .map_err(kafka)?;
         consumer.subscribe(&[&self.topic]).map_err(kafka)?;
         Ok(KafkaConsumer {
-            consumer: Arc::new(consumer),
+            consumer: ClosedApart(Some(Arc::new(consumer))),
             topic: self.topic.clone(),
             warned: None,
         })
@@ -204,10 +204,40 @@ impl EventQueue for KafkaQueue {
 }
 
 pub struct KafkaConsumer {
-    consumer: Arc<StreamConsumer>,
+    consumer: ClosedApart,
     topic: String,
     /// When consumption errors were last logged.
     warned: Option<Instant>,
+}
+
+/// A consumer that leaves its group on a thread of its own once dropped.
+/// librdkafka's close waits for the group's coordinator for as long as it
+/// takes: dropped where it was used (a runtime worker), a consumer whose
+/// brokers are gone held the worker, and the cell's stop, for good (seen
+/// with the mock cluster of a `cellmesh dev` that was killed). The thread
+/// ends once the brokers answer, or with the process.
+struct ClosedApart(Option<Arc<StreamConsumer>>);
+
+impl std::ops::Deref for ClosedApart {
+    type Target = StreamConsumer;
+
+    fn deref(&self) -> &StreamConsumer {
+        // Taken only by `drop`.
+        self.0.as_deref().expect("a consumer until dropped")
+    }
+}
+
+impl Drop for ClosedApart {
+    fn drop(&mut self) {
+        if let Some(consumer) = self.0.take() {
+            let closing = std::thread::Builder::new()
+                .name("kafka-close".into())
+                .spawn(move || drop(consumer));
+            if let Err(e) = closing {
+                tracing::warn!(error = %e, "no thread to close a kafka consumer on: closing it here");
+            }
+        }
+    }
 }
 
 impl KafkaConsumer {
