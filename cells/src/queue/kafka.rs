@@ -210,13 +210,19 @@ pub struct KafkaConsumer {
     warned: Option<Instant>,
 }
 
-/// A consumer that leaves its group on a thread of its own once dropped.
-/// librdkafka's close waits for the group's coordinator for as long as it
-/// takes: dropped where it was used (a runtime worker), a consumer whose
-/// brokers are gone held the worker, and the cell's stop, for good (seen
-/// with the mock cluster of a `cellmesh dev` that was killed). The thread
-/// ends once the brokers answer, or with the process.
+/// A consumer that leaves its group on a thread of its own once dropped,
+/// waited for at most [`CLOSE_WAIT`]. librdkafka's close waits for the
+/// group's coordinator for as long as it takes: dropped where it was used
+/// (a runtime worker), a consumer whose brokers were gone held the worker,
+/// and the cell's stop, for good (seen with the mock cluster of a
+/// `cellmesh dev` that was killed). With the brokers there it leaves the
+/// group within the wait, so the next member is not kept waiting for its
+/// session to expire; without them the thread goes on alone and ends when
+/// they answer, or with the process.
 struct ClosedApart(Option<Arc<StreamConsumer>>);
+
+/// How long dropping a consumer waits for it to leave its group.
+const CLOSE_WAIT: Duration = Duration::from_secs(5);
 
 impl std::ops::Deref for ClosedApart {
     type Target = StreamConsumer;
@@ -229,13 +235,28 @@ impl std::ops::Deref for ClosedApart {
 
 impl Drop for ClosedApart {
     fn drop(&mut self) {
-        if let Some(consumer) = self.0.take() {
-            let closing = std::thread::Builder::new()
-                .name("kafka-close".into())
-                .spawn(move || drop(consumer));
-            if let Err(e) = closing {
-                tracing::warn!(error = %e, "no thread to close a kafka consumer on: closing it here");
+        let Some(consumer) = self.0.take() else {
+            return;
+        };
+        let (done, closed) = std::sync::mpsc::channel();
+        let closing = std::thread::Builder::new()
+            .name("kafka-close".into())
+            .spawn(move || {
+                drop(consumer);
+                let _ = done.send(());
+            });
+        match closing {
+            Ok(_) => {
+                if closed.recv_timeout(CLOSE_WAIT).is_err() {
+                    tracing::warn!(
+                        wait = ?CLOSE_WAIT,
+                        "a kafka consumer has not left its group (are the brokers gone?): it goes on leaving in the background"
+                    );
+                }
             }
+            // The consumer was closed here, when the thread's closure was
+            // dropped.
+            Err(e) => tracing::warn!(error = %e, "no thread to close a kafka consumer on"),
         }
     }
 }
