@@ -215,10 +215,10 @@ pub struct KafkaConsumer {
 /// group's coordinator for as long as it takes: dropped where it was used
 /// (a runtime worker), a consumer whose brokers were gone held the worker,
 /// and the cell's stop, for good (seen with the mock cluster of a
-/// `cellmesh dev` that was killed). With the brokers there it leaves the
-/// group within the wait, so the next member is not kept waiting for its
-/// session to expire; without them the thread goes on alone and ends when
-/// they answer, or with the process.
+/// `cellmesh dev` that was killed). With the brokers there the close
+/// finishes within the wait, as it did where it was dropped; without them
+/// the thread goes on alone and ends when they answer, or with the
+/// process.
 struct ClosedApart(Option<Arc<StreamConsumer>>);
 
 /// How long dropping a consumer waits for it to leave its group.
