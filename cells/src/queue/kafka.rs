@@ -85,7 +85,7 @@ impl KafkaQueue {
             .map_err(kafka)?;
         consumer.subscribe(&[&self.topic]).map_err(kafka)?;
         Ok(KafkaConsumer {
-            consumer: ClosedApart(Some(Arc::new(consumer))),
+            consumer: ClosedApart(Some(consumer)),
             topic: self.topic.clone(),
             warned: None,
         })
@@ -219,7 +219,7 @@ pub struct KafkaConsumer {
 /// finishes within the wait, as it did where it was dropped; without them
 /// the thread goes on alone and ends when they answer, or with the
 /// process.
-struct ClosedApart(Option<Arc<StreamConsumer>>);
+struct ClosedApart(Option<StreamConsumer>);
 
 /// How long dropping a consumer waits for it to leave its group.
 const CLOSE_WAIT: Duration = Duration::from_secs(5);
@@ -229,7 +229,7 @@ impl std::ops::Deref for ClosedApart {
 
     fn deref(&self) -> &StreamConsumer {
         // Taken only by `drop`.
-        self.0.as_deref().expect("a consumer until dropped")
+        self.0.as_ref().expect("a consumer until dropped")
     }
 }
 
