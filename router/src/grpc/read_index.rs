@@ -8,6 +8,7 @@
 use openraft::error::{CheckIsLeaderError, RaftError};
 use tokio::sync::{mpsc, oneshot};
 
+use super::coalesce::Limits;
 use crate::types::{NodeId, Raft, RouterNode};
 
 pub type CheckError = RaftError<NodeId, CheckIsLeaderError<NodeId, RouterNode>>;
@@ -23,9 +24,12 @@ pub struct ReadIndex {
 
 impl ReadIndex {
     pub fn new(raft: Raft) -> Self {
-        let requests = super::coalesce::start(ROUNDS_IN_FLIGHT, usize::MAX, move |waiters| {
-            check(raft.clone(), waiters)
-        });
+        let limits = Limits {
+            in_flight: ROUNDS_IN_FLIGHT,
+            max_batch: usize::MAX,
+            wide: 1,
+        };
+        let requests = super::coalesce::start(limits, move |waiters| check(raft.clone(), waiters));
         Self { requests }
     }
 
