@@ -49,13 +49,11 @@ where
             let goes = !batch.is_empty()
                 && (n == 0 || (n < limits.in_flight && batch.len() >= limits.wide));
             if goes {
-                under_way.fetch_add(1, Ordering::AcqRel);
+                let slot = Slot::take(&under_way, &done);
                 let served = serve(std::mem::take(&mut batch));
-                let (under_way, done) = (under_way.clone(), done.clone());
                 tokio::spawn(async move {
                     served.await;
-                    under_way.fetch_sub(1, Ordering::AcqRel);
-                    done.notify_one();
+                    drop(slot);
                 });
                 continue;
             }
@@ -73,6 +71,29 @@ where
         }
     });
     tx
+}
+
+/// A batch under way; given back when dropped, also if serving panics.
+struct Slot {
+    under_way: Arc<AtomicUsize>,
+    done: Arc<Notify>,
+}
+
+impl Slot {
+    fn take(under_way: &Arc<AtomicUsize>, done: &Arc<Notify>) -> Self {
+        under_way.fetch_add(1, Ordering::AcqRel);
+        Self {
+            under_way: under_way.clone(),
+            done: done.clone(),
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.under_way.fetch_sub(1, Ordering::AcqRel);
+        self.done.notify_one();
+    }
 }
 
 #[cfg(test)]
@@ -195,5 +216,28 @@ mod tests {
             let release = holds.lock().unwrap().remove(0);
             release.send(()).unwrap();
         }
+    }
+
+    #[tokio::test]
+    async fn a_batch_whose_serving_panics_gives_its_place_back() {
+        let served = Arc::new(Mutex::new(Vec::new()));
+        let s = served.clone();
+        let limits = Limits {
+            in_flight: 1,
+            max_batch: 10,
+            wide: 1,
+        };
+        let tx = start(limits, move |batch: Vec<u32>| {
+            let s = s.clone();
+            async move {
+                assert!(!batch.contains(&0), "serving failed");
+                s.lock().unwrap().extend(batch);
+            }
+        });
+        tx.send(0).unwrap();
+        settle().await;
+        tx.send(1).unwrap();
+        settle().await;
+        assert_eq!(*served.lock().unwrap(), vec![1]);
     }
 }
