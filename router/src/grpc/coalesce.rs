@@ -132,6 +132,22 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
+    /// Sends `count` requests, lets the coalescer run, and checks the
+    /// sizes of the batches served so far.
+    async fn step(
+        tx: &mpsc::UnboundedSender<u32>,
+        count: u32,
+        sizes: &Shared<usize>,
+        served: &[usize],
+        why: &str,
+    ) {
+        for i in 0..count {
+            tx.send(i).unwrap();
+        }
+        settle().await;
+        assert_eq!(*sizes.lock().unwrap(), served, "{why}");
+    }
+
     #[tokio::test]
     async fn small_batches_wait_for_the_one_under_way_and_wide_ones_join_it() {
         let limits = Limits {
@@ -140,60 +156,21 @@ mod tests {
             wide: 10,
         };
         let (tx, sizes, holds) = recorder(limits);
-        tx.send(0).unwrap();
-        settle().await;
-        assert_eq!(
-            *sizes.lock().unwrap(),
-            vec![1],
-            "nothing under way: goes at once"
-        );
-        for i in 1..=4 {
-            tx.send(i).unwrap();
-        }
-        settle().await;
-        assert_eq!(
-            *sizes.lock().unwrap(),
-            vec![1],
-            "four wait beside one under way"
-        );
-        for i in 5..=12 {
-            tx.send(i).unwrap();
-        }
-        settle().await;
-        assert_eq!(
-            *sizes.lock().unwrap(),
-            vec![1, 12],
-            "twelve are wide enough"
-        );
-        for i in 0..25 {
-            tx.send(i).unwrap();
-        }
-        settle().await;
-        assert_eq!(*sizes.lock().unwrap(), vec![1, 12, 25]);
-        for i in 0..30 {
-            tx.send(i).unwrap();
-        }
-        settle().await;
-        assert_eq!(
-            *sizes.lock().unwrap(),
-            vec![1, 12, 25],
-            "three under way: the fourth batch waits"
-        );
+        step(&tx, 1, &sizes, &[1], "nothing under way: goes at once").await;
+        step(&tx, 4, &sizes, &[1], "four wait beside one under way").await;
+        step(&tx, 8, &sizes, &[1, 12], "twelve are wide enough").await;
+        step(&tx, 25, &sizes, &[1, 12, 25], "a third under way").await;
+        let why = "three under way: the fourth batch waits";
+        step(&tx, 30, &sizes, &[1, 12, 25], why).await;
         let first = holds.lock().unwrap().remove(0);
         first.send(()).unwrap();
-        settle().await;
-        assert_eq!(*sizes.lock().unwrap(), vec![1, 12, 25, 30]);
-        tx.send(7).unwrap();
-        settle().await;
+        step(&tx, 0, &sizes, &[1, 12, 25, 30], "a place freed").await;
+        step(&tx, 1, &sizes, &[1, 12, 25, 30], "small: waits").await;
         for release in holds.lock().unwrap().drain(..) {
             release.send(()).unwrap();
         }
-        settle().await;
-        assert_eq!(
-            *sizes.lock().unwrap(),
-            vec![1, 12, 25, 30, 1],
-            "a small batch goes once nothing else is under way"
-        );
+        let why = "a small batch goes once nothing else is under way";
+        step(&tx, 0, &sizes, &[1, 12, 25, 30, 1], why).await;
     }
 
     #[tokio::test]
