@@ -344,6 +344,12 @@ pub struct StorageConfig {
     pub commit_queue_depth: usize,
     pub block_cache_mb: usize,
     pub write_buffer_mb: usize,
+    /// The nice of the fan-out's two threads (its commit lane and the
+    /// processor), -20 to 19; 0 leaves them at the process's. Below the rest
+    /// of the cell's threads, so that a burst of pushes does not hold them
+    /// off a core (see `priority`); lowering it takes `CAP_SYS_NICE` or
+    /// `RLIMIT_NICE`, without which it is logged and left.
+    pub fanout_nice: i32,
 }
 
 impl Default for CellConfig {
@@ -466,6 +472,7 @@ impl Default for StorageConfig {
             commit_queue_depth: 8_192,
             block_cache_mb: 256,
             write_buffer_mb: 64,
+            fanout_nice: -19,
         }
     }
 }
@@ -698,6 +705,7 @@ impl StorageConfig {
         )?;
         check_range("storage.block_cache_mb", self.block_cache_mb, 1, 1 << 20)?;
         check_range("storage.write_buffer_mb", self.write_buffer_mb, 1, 65_536)?;
+        check_range("storage.fanout_nice", self.fanout_nice, -20, 19)?;
         Ok(())
     }
 }

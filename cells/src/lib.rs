@@ -42,6 +42,7 @@ pub mod metrics;
 pub mod migration;
 pub mod ownership;
 pub mod pipeline;
+pub mod priority;
 pub mod queue;
 pub mod ratelimit;
 pub mod replication;

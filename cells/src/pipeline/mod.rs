@@ -210,7 +210,8 @@ pub fn spawn(
         );
         let (cell_id, wake) = (config.cell_id.clone(), wake.clone());
         let log = log.clone();
-        supervise_alone("processor", move || {
+        let nice = config.storage.fanout_nice;
+        supervise_alone("processor", nice, move || {
             let hints = hints.clone();
             let (store, queue, hub, clock, homes, signals, group, inbound, cell_id) = (
                 store.clone(),

@@ -31,8 +31,8 @@ where
 /// and ends the thread; so does the shutdown of the runtime this is called
 /// on (as a task on it would be dropped), which waits for the thread: a
 /// process that returns from `main` leaves no worker using the store while
-/// it exits.
-pub(crate) fn supervise_alone<F, Fut>(name: &'static str, make: F) -> JoinHandle<()>
+/// it exits. The thread runs at `nice` (see [`crate::priority`]).
+pub(crate) fn supervise_alone<F, Fut>(name: &'static str, nice: i32, make: F) -> JoinHandle<()>
 where
     F: Fn() -> Fut + Send + 'static,
     Fut: Future<Output = Result<(), PipelineError>> + Send + 'static,
@@ -53,6 +53,7 @@ where
     let thread = std::thread::Builder::new()
         .name(format!("cellmesh-{name}"))
         .spawn(move || {
+            crate::priority::set_this_thread(nice, name);
             runtime.block_on(async move { _ = end.await });
             drop(runtime);
             let _ = gone.send(());
@@ -147,7 +148,7 @@ mod tests {
     async fn a_worker_alone_runs_on_its_own_thread_and_is_rebuilt_after_an_error() {
         let runs = Arc::new(AtomicUsize::new(0));
         let (tx, mut threads) = tokio::sync::mpsc::unbounded_channel();
-        let handle = supervise_alone("sv-rebuilt", {
+        let handle = supervise_alone("sv-rebuilt", 0, {
             let runs = runs.clone();
             move || {
                 let (runs, tx) = (runs.clone(), tx.clone());
@@ -186,7 +187,7 @@ mod tests {
         let (dropped_tx, dropped) = oneshot::channel();
         let guard = std::sync::Mutex::new(Some(dropped_tx));
         let made = Arc::new(AtomicUsize::new(0));
-        let handle = supervise_alone("sv-aborted", {
+        let handle = supervise_alone("sv-aborted", 0, {
             let made = made.clone();
             move || {
                 let guard = Dropped(guard.lock().unwrap().take());

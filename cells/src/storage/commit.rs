@@ -145,7 +145,7 @@ impl Committer {
             .store(next_outbox_id - 1, Ordering::Relaxed);
         let outbox_signal = Arc::new(Notify::new());
         let outbox_written = Arc::new(watch::Sender::new(next_outbox_id - 1));
-        let lane = |name: &str, label: &'static str| -> Result<LaneQueue> {
+        let lane = |name: &str, label: &'static str, nice: i32| -> Result<LaneQueue> {
             let (tx, rx) = mpsc::channel(config.commit_queue_depth);
             let mut writer = Writer {
                 outbox_signal: outbox_signal.clone(),
@@ -161,9 +161,13 @@ impl Committer {
                 views: views.clone(),
                 lane: crate::metrics::LaneLabel { lane: label },
             };
+            let thread_name = name.to_string();
             let thread = std::thread::Builder::new()
                 .name(name.into())
-                .spawn(move || writer.run(rx))
+                .spawn(move || {
+                    crate::priority::set_this_thread(nice, &thread_name);
+                    writer.run(rx)
+                })
                 .map_err(|e| StorageError::Failed(format!("cannot start commit thread: {e}")))?;
             Ok(LaneQueue {
                 tx: RwLock::new(Some(tx)),
@@ -171,8 +175,10 @@ impl Committer {
             })
         };
         Ok(Self {
-            message: lane("cellmesh-commit", "message")?,
-            fan_out: lane("cellmesh-fanout", "fanout")?,
+            // The message lane keeps the process's priority: sends batch
+            // better when it does not cut in before the tasks submitting them.
+            message: lane("cellmesh-commit", "message", 0)?,
+            fan_out: lane("cellmesh-fanout", "fanout", config.fanout_nice)?,
             stats,
             failed,
             outbox_signal,

@@ -69,3 +69,45 @@ fn the_processor_thread_ends_when_its_cells_runtime_shuts_down() {
     assert_eq!(processor_threads(), 0, "the shutdown waited for the thread");
     drop(cell);
 }
+
+/// The fan-out's two threads (the processor and the fan-out's commit lane)
+/// run at `storage.fanout_nice`, ahead of the cell's runtime; the message
+/// lane keeps the process's nice. Where the process may not lower a nice
+/// (no `CAP_SYS_NICE`), the cell still starts and pushes, at its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fan_out_threads_run_at_the_configured_nice() {
+    use cellmesh_cell::priority::{Applied, nice_of_thread, set_this_thread};
+    let own = nice_of_thread("cellmesh-probe");
+    assert_eq!(own, None);
+    let (own, lowering) = std::thread::Builder::new()
+        .name("cellmesh-probe".into())
+        .spawn(|| {
+            let own = nice_of_thread("cellmesh-probe").expect("this thread");
+            (own, set_this_thread(own - 5, "probe") == Applied::Set)
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+    let asked = own - 5;
+    let cell = TestCell::start_with(
+        |config| config.storage.fanout_nice = asked,
+        std::sync::Arc::new(cellmesh_cell::clock::SystemClock),
+    )
+    .await;
+    let expected = if lowering { asked } else { own };
+    assert_eq!(nice_of_thread("cellmesh-proces"), Some(expected));
+    assert_eq!(nice_of_thread("cellmesh-fanout"), Some(expected));
+    assert_eq!(nice_of_thread("cellmesh-commit"), Some(own));
+
+    let mut client = cell.client().await;
+    let conv = create_group(&mut client, 1, 1, &[2]).await;
+    let mut sync = connect_sync(&cell.endpoint).await;
+    let mut stream = subscribe(&mut sync, 1, 2, "phone", 0).await;
+    send_direct(&mut client, text(1, 1, conv, "r1", "pushed")).await;
+    let events = messages(&mut stream, 1, Duration::from_secs(10)).await;
+    let bodies: Vec<_> = (events.iter())
+        .filter_map(|e| e.message.as_ref())
+        .map(|m| String::from_utf8_lossy(&m.body).into_owned())
+        .collect();
+    assert_eq!(bodies, ["pushed"]);
+}
