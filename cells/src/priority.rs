@@ -7,7 +7,7 @@
 //! (`storage.fanout_nice`, per thread on Linux) gives them a core first.
 //! They do a bounded amount of work per batch, so they cannot starve the
 //! workers. (The message lane keeps the process's nice: sends measured
-//! slower with it raised, its batches smaller.) Lowering a nice takes
+//! slower with it raised.) Lowering a nice takes
 //! `CAP_SYS_NICE` or a large enough `RLIMIT_NICE` (systemd's `LimitNICE=`);
 //! without either the threads keep the process's nice, and the cell says
 //! so once.

@@ -83,6 +83,7 @@ const NEWER_FIELDS: &[&str] = &["insecure_plaintext"];
 const NEWER_TABLE_FIELDS: &[(&str, &str)] = &[
     ("attachments", "quota_sync_secs"),
     ("fanout", "hint_interval_ms"),
+    ("storage", "fanout_nice"),
 ];
 
 /// A cell config as TOML; for the previous release, without the settings
