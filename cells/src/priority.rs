@@ -71,7 +71,7 @@ fn set(_nice: i32) -> std::io::Result<()> {
 }
 
 /// The nice of this process's thread named `name` (the first such), read
-/// from `/proc`: what an operator (or a test) checks.
+/// from `/proc` (what the tests check).
 #[cfg(target_os = "linux")]
 pub fn nice_of_thread(name: &str) -> Option<i32> {
     for task in std::fs::read_dir("/proc/self/task").ok()?.flatten() {

@@ -20,25 +20,30 @@ fn processor_threads() -> usize {
         .count()
 }
 
+/// The bodies a member's device is pushed when user 1 sends `body` into a
+/// new group of theirs on `cell` (the fan-out processor's work).
+async fn pushed_through(cell: &TestCell, body: &str) -> Vec<String> {
+    let mut client = cell.client().await;
+    let conv = create_group(&mut client, 1, 1, &[2, 3]).await;
+    let mut sync = connect_sync(&cell.endpoint).await;
+    let mut stream = subscribe(&mut sync, 1, 3, "phone", 0).await;
+    send_direct(&mut client, text(1, 1, conv, "r1", body)).await;
+    let events = messages(&mut stream, 1, Duration::from_secs(10)).await;
+    (events.iter())
+        .filter_map(|e| e.message.as_ref())
+        .map(|m| String::from_utf8_lossy(&m.body).into_owned())
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_processor_runs_on_a_thread_of_its_own_that_ends_with_the_cell() {
     assert_eq!(processor_threads(), 0);
     let cell = TestCell::start().await;
     assert_eq!(processor_threads(), 1, "one processor thread per cell");
 
-    let mut client = cell.client().await;
-    let conv = create_group(&mut client, 1, 1, &[2, 3]).await;
-    let mut sync = connect_sync(&cell.endpoint).await;
-    let mut stream = subscribe(&mut sync, 1, 3, "phone", 0).await;
-    send_direct(&mut client, text(1, 1, conv, "r1", "through the processor")).await;
-    let events = messages(&mut stream, 1, Duration::from_secs(10)).await;
-    let bodies: Vec<_> = (events.iter())
-        .filter_map(|e| e.message.as_ref())
-        .map(|m| String::from_utf8_lossy(&m.body).into_owned())
-        .collect();
+    let bodies = pushed_through(&cell, "through the processor").await;
     assert_eq!(bodies, ["through the processor"]);
 
-    drop((stream, sync, client));
     let _dir = cell.stop().await;
     let ended = eventually(Duration::from_secs(5), || async {
         processor_threads() == 0
@@ -77,8 +82,6 @@ fn the_processor_thread_ends_when_its_cells_runtime_shuts_down() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_fan_out_threads_run_at_the_configured_nice() {
     use cellmesh_cell::priority::{Applied, nice_of_thread, set_this_thread};
-    let own = nice_of_thread("cellmesh-probe");
-    assert_eq!(own, None);
     let (own, lowering) = std::thread::Builder::new()
         .name("cellmesh-probe".into())
         .spawn(|| {
@@ -98,16 +101,5 @@ async fn the_fan_out_threads_run_at_the_configured_nice() {
     assert_eq!(nice_of_thread("cellmesh-proces"), Some(expected));
     assert_eq!(nice_of_thread("cellmesh-fanout"), Some(expected));
     assert_eq!(nice_of_thread("cellmesh-commit"), Some(own));
-
-    let mut client = cell.client().await;
-    let conv = create_group(&mut client, 1, 1, &[2]).await;
-    let mut sync = connect_sync(&cell.endpoint).await;
-    let mut stream = subscribe(&mut sync, 1, 2, "phone", 0).await;
-    send_direct(&mut client, text(1, 1, conv, "r1", "pushed")).await;
-    let events = messages(&mut stream, 1, Duration::from_secs(10)).await;
-    let bodies: Vec<_> = (events.iter())
-        .filter_map(|e| e.message.as_ref())
-        .map(|m| String::from_utf8_lossy(&m.body).into_owned())
-        .collect();
-    assert_eq!(bodies, ["pushed"]);
+    assert_eq!(pushed_through(&cell, "pushed").await, ["pushed"]);
 }
