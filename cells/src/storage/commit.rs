@@ -213,6 +213,12 @@ impl Committer {
         self.outbox_written.subscribe()
     }
 
+    /// The last outbox id published: its commit is durable and the caches
+    /// it changed are updated (see [`Writer::write`]).
+    pub(super) fn outbox_published(&self) -> u64 {
+        *self.outbox_written.borrow()
+    }
+
     pub(super) fn failed(&self) -> Option<String> {
         self.failed.lock().expect("failed lock").clone()
     }

@@ -469,10 +469,19 @@ impl Store {
         self.get_u64(cf::READ_STATE, &keys::member(conversation, user))
     }
 
-    /// Outbox events with ids above `after`, oldest first.
+    /// Outbox events with ids above `after`, oldest first, up to the last
+    /// one the message lane published. It publishes after updating the
+    /// caches its commit changed (a conversation's members, users' queue
+    /// ids), so an event is never planned from those caches as they were
+    /// before it: a join read as a leave, say.
     pub fn outbox_after(&self, after: u64, limit: usize) -> Result<Vec<(u64, OutboxEvent)>> {
-        let lower = keys::u64_key(after.saturating_add(1)).to_vec();
-        self.records(cf::OUTBOX, lower, keys::u64_key(u64::MAX).to_vec(), limit)
+        let published = self.committer.outbox_published();
+        if published <= after {
+            return Ok(Vec::new());
+        }
+        let lower = keys::u64_key(after + 1).to_vec();
+        let upper = keys::u64_key(published.saturating_add(1)).to_vec();
+        self.records(cf::OUTBOX, lower, upper, limit)
     }
 
     /// Signalled after every commit that appended outbox events.

@@ -134,3 +134,40 @@ impl Store {
         self.outbox_after(self.relay_cursor()?, limit)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Mutation, keys::cf, testing};
+    use cellmesh_proto::storage::v1::OutboxEvent;
+    use prost::Message as _;
+
+    /// An outbox event reaches readers once the message lane published it
+    /// (after updating the caches its commit changed), not as soon as
+    /// RocksDB holds it: the processor would otherwise plan it from those
+    /// caches as they were before (a join read as a leave).
+    #[tokio::test]
+    async fn outbox_readers_see_only_events_the_lane_published() {
+        let (_dir, store) = testing::store();
+        let event = |conversation_id| OutboxEvent {
+            conversation_id,
+            ..Default::default()
+        };
+        let mut m = Mutation::new();
+        m.emit(&event(7));
+        store.commit(m).await.unwrap();
+        // Id 2 as the lane writes it, before it publishes it.
+        let outbox = store.db.cf_handle(cf::OUTBOX).unwrap();
+        (store.db)
+            .put_cf(outbox, 2u64.to_be_bytes(), event(8).encode_to_vec())
+            .unwrap();
+        let seen = |after| {
+            let read = store.outbox_after(after, 10).unwrap();
+            read.into_iter()
+                .map(|(id, e)| (id, e.conversation_id))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(seen(0), [(1, 7)]);
+        assert_eq!(seen(1), []);
+        assert_eq!(store.outbox_pending(10).unwrap().len(), 1);
+    }
+}
