@@ -63,12 +63,35 @@ setup() {
 
 # Test binaries of old builds pile up in the cache (hundreds of MB each);
 # drop those not rebuilt for two days. Libraries are kept: they are what
-# makes a warm build fast.
+# makes a warm build fast. Each checkout path (a CI clone, a worktree)
+# builds its own set of the workspace's binaries and incremental state, so
+# when the disk runs short the oldest of those go too, until
+# CELLMESH_CACHE_MIN_FREE_GB (30) are free: a build that fills the disk
+# fails tests at random ("No space left on device").
 prune_cache() {
   local deps="$CARGO_TARGET_DIR/debug/deps"
   [ -d "$deps" ] || return 0
   find "$deps" -maxdepth 1 -type f -perm -u+x -mtime +2 \
     ! -name '*.so' ! -name '*.rlib' ! -name '*.rmeta' ! -name '*.d' -delete 2>/dev/null || true
+  local need="${CELLMESH_CACHE_MIN_FREE_GB:-30}"
+  [ "$(free_gb)" -lt "$need" ] || return 0
+  echo "setup: $(free_gb) GB free on the build cache's disk (want $need): dropping its oldest binaries and incremental state"
+  local stamp path
+  # Untouched for an hour: not this build's, not a concurrent one's.
+  while read -r stamp path; do
+    [ "$(free_gb)" -lt "$need" ] || break
+    rm -rf "$path"
+  done < <({
+    find "$CARGO_TARGET_DIR"/*/incremental -mindepth 1 -maxdepth 1 -mmin +60 -printf '%T@ %p\n' 2>/dev/null
+    find "$CARGO_TARGET_DIR"/*/deps -maxdepth 1 -type f -perm -u+x -mmin +60 \
+      ! -name '*.so' ! -name '*.rlib' ! -name '*.rmeta' ! -name '*.d' -printf '%T@ %p\n' 2>/dev/null
+  } | sort -n)
+  echo "setup: $(free_gb) GB free"
+}
+
+# Gigabytes free on the build cache's file system.
+free_gb() {
+  df --output=avail -BG "$CARGO_TARGET_DIR" | tail -1 | tr -dc '0-9'
 }
 
 # Starts a real Kafka-protocol broker (tansu, shipped inside the PyPI package
