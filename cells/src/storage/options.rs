@@ -53,6 +53,9 @@ pub(super) fn open(dir: &Path, config: &StorageConfig) -> Result<DB> {
             opts.set_memtable_prefix_bloom_ratio(0.05);
             opts.set_memtable_whole_key_filtering(true);
         }
+        // Before the callbacks: the hinted options are a copy made from
+        // a string, which does not keep the callbacks' owners alive.
+        let mut opts = with_insert_hints(name, opts);
         match *name {
             cf::READ_STATE | cf::DEVICE_CURSOR | cf::HIGH_WATER_MARKS => {
                 opts.set_merge_operator_associative("max_u64", merge_max_u64)
@@ -65,7 +68,7 @@ pub(super) fn open(dir: &Path, config: &StorageConfig) -> Result<DB> {
             }
             _ => {}
         }
-        ColumnFamilyDescriptor::new(*name, with_insert_hints(name, opts))
+        ColumnFamilyDescriptor::new(*name, opts)
     });
     // Families this version no longer uses (RocksDB refuses to open a
     // database without all of them): opened with defaults, left alone.
@@ -87,11 +90,15 @@ pub(super) fn open(dir: &Path, config: &StorageConfig) -> Result<DB> {
 /// messages, each land next to the previous one of the same prefix, so a
 /// fan-out's inserts skip most of the skiplist search (the largest single
 /// cost of a busy cell). The prefix is the key's owner: (tenant, user)
-/// for per-user families, the conversation for messages.
+/// for per-user families (after the kind for answers), the conversation
+/// for messages, its seq and its members' read positions. (The outbox,
+/// written in key order, needs none: an insert without a hint starts
+/// where the last one ended.)
 fn with_insert_hints(name: &str, opts: Options) -> Options {
     let prefix = match name {
-        cf::SYNC | cf::CONV_LIST => 16,
-        cf::MESSAGES => 8,
+        cf::SYNC | cf::CONV_LIST | cf::DEVICE_CURSOR => 16,
+        cf::IDEMPOTENCY => 17,
+        cf::MESSAGES | cf::CONV_SEQ | cf::READ_STATE => 8,
         _ => return opts,
     };
     let hint = format!("memtable_insert_with_hint_prefix_extractor=rocksdb.FixedPrefix.{prefix}");
@@ -131,5 +138,98 @@ fn drop_expired_idempotency(_level: u32, _key: &[u8], value: &[u8]) -> Decision 
     match IdempotencyRecord::decode(value) {
         Ok(record) if record.expires_at_ms <= now_ms => Decision::Remove,
         _ => Decision::Keep,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{IdemKey, IdemKind, Mutation, testing};
+    use super::cf;
+    use cellmesh_proto::ids::{TenantId, UserId};
+    use cellmesh_proto::storage::v1::IdempotencyRecord;
+
+    /// RocksDB's record of the options each family was opened with.
+    fn options_file(dir: &std::path::Path) -> String {
+        let mut found = None;
+        let mut dirs = vec![dir.to_path_buf()];
+        while let Some(d) = dirs.pop() {
+            for entry in std::fs::read_dir(&d).unwrap().flatten() {
+                let path = entry.path();
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if path.is_dir() {
+                    dirs.push(path);
+                } else if name.starts_with("OPTIONS-") {
+                    found = Some(std::fs::read_to_string(path).unwrap());
+                }
+            }
+        }
+        found.expect("an OPTIONS file")
+    }
+
+    /// Each family's section of an OPTIONS file.
+    fn section<'a>(options: &'a str, family: &str) -> &'a str {
+        let head = format!("[CFOptions \"{family}\"]");
+        let start = options.find(&head).expect("the family's section") + head.len();
+        let rest = &options[start..];
+        &rest[..rest.find("\n[").unwrap_or(rest.len())]
+    }
+
+    /// The families written per owner insert next to the owner's last
+    /// key (its prefix), the others without a hint.
+    #[test]
+    fn families_written_per_owner_insert_with_their_owners_prefix() {
+        let (dir, _store) = testing::store();
+        let options = options_file(dir.path());
+        let hint = |family| {
+            section(&options, family)
+                .lines()
+                .find_map(|l| {
+                    l.trim()
+                        .strip_prefix("memtable_insert_with_hint_prefix_extractor=")
+                })
+                .map(str::to_string)
+        };
+        for (family, prefix) in [
+            (cf::SYNC, 16),
+            (cf::CONV_LIST, 16),
+            (cf::DEVICE_CURSOR, 16),
+            (cf::IDEMPOTENCY, 17),
+            (cf::MESSAGES, 8),
+            (cf::CONV_SEQ, 8),
+            (cf::READ_STATE, 8),
+        ] {
+            let expected = format!("rocksdb.FixedPrefix.{prefix}");
+            assert_eq!(hint(family).as_deref(), Some(expected.as_str()), "{family}");
+        }
+        assert_eq!(hint(cf::OUTBOX).as_deref(), Some("nullptr"));
+    }
+
+    /// Compaction drops expired answers and keeps the others: the TTL
+    /// filter is in force on the family that also has insert hints.
+    #[tokio::test]
+    async fn compaction_drops_expired_answers_and_keeps_live_ones() {
+        let (_dir, store) = testing::store();
+        let key = |req: &str| IdemKey {
+            kind: IdemKind::Send,
+            tenant: TenantId(1),
+            user: UserId(2),
+            client_req_id: req.into(),
+        };
+        let answer = |expires_at_ms| IdempotencyRecord {
+            expires_at_ms,
+            ..Default::default()
+        };
+        let mut m = Mutation::new();
+        m.put_idempotency(&key("expired"), &answer(1));
+        m.put_idempotency(&key("live"), &answer(u64::MAX));
+        store.commit(m).await.unwrap();
+        let family = store.db.cf_handle(cf::IDEMPOTENCY).unwrap();
+        store.db.flush_cf(family).unwrap();
+        store
+            .db
+            .compact_range_cf(family, None::<&[u8]>, None::<&[u8]>);
+        let stored = |req| store.db.get_cf(family, key(req).encode()).unwrap();
+        assert!(stored("expired").is_none(), "an expired answer is dropped");
+        assert!(stored("live").is_some(), "a live answer is kept");
     }
 }
