@@ -148,9 +148,11 @@ mod tests {
     use cellmesh_proto::ids::{TenantId, UserId};
     use cellmesh_proto::storage::v1::IdempotencyRecord;
 
-    /// RocksDB's record of the options each family was opened with.
+    /// RocksDB's record of the options each family was opened with: the
+    /// newest OPTIONS file (it keeps the last two; their numbers are
+    /// zero-padded, so the largest name is the newest).
     fn options_file(dir: &std::path::Path) -> String {
-        let mut found = None;
+        let mut found = Vec::new();
         let mut dirs = vec![dir.to_path_buf()];
         while let Some(d) = dirs.pop() {
             for entry in std::fs::read_dir(&d).unwrap().flatten() {
@@ -158,12 +160,13 @@ mod tests {
                 let name = entry.file_name().to_string_lossy().into_owned();
                 if path.is_dir() {
                     dirs.push(path);
-                } else if name.starts_with("OPTIONS-") {
-                    found = Some(std::fs::read_to_string(path).unwrap());
+                } else if name.starts_with("OPTIONS-") && !name.ends_with(".dbtmp") {
+                    found.push((name, path));
                 }
             }
         }
-        found.expect("an OPTIONS file")
+        let (_, newest) = found.into_iter().max().expect("an OPTIONS file");
+        std::fs::read_to_string(newest).unwrap()
     }
 
     /// Each family's section of an OPTIONS file.
