@@ -91,14 +91,18 @@ pub(super) fn open(dir: &Path, config: &StorageConfig) -> Result<DB> {
 /// fan-out's inserts skip most of the skiplist search (the largest single
 /// cost of a busy cell). The prefix is the key's owner: (tenant, user)
 /// for per-user families (after the kind for answers), the conversation
-/// for messages, its seq and its members' read positions. (The outbox,
+/// for messages. Families that rewrite the same keys over and over (a
+/// conversation's seq, a member's read position, a user's list entry of
+/// one conversation) use the whole key: a key's new version goes just
+/// before its last one, so the hint needs no search at all. (The outbox,
 /// written in key order, needs none: an insert without a hint starts
 /// where the last one ended.)
 fn with_insert_hints(name: &str, opts: Options) -> Options {
     let prefix = match name {
-        cf::SYNC | cf::CONV_LIST | cf::DEVICE_CURSOR => 16,
+        cf::CONV_LIST => 24,
+        cf::SYNC | cf::DEVICE_CURSOR | cf::READ_STATE => 16,
         cf::IDEMPOTENCY => 17,
-        cf::MESSAGES | cf::CONV_SEQ | cf::READ_STATE => 8,
+        cf::MESSAGES | cf::CONV_SEQ => 8,
         _ => return opts,
     };
     let hint = format!("memtable_insert_with_hint_prefix_extractor=rocksdb.FixedPrefix.{prefix}");
@@ -194,12 +198,12 @@ mod tests {
         };
         for (family, prefix) in [
             (cf::SYNC, 16),
-            (cf::CONV_LIST, 16),
+            (cf::CONV_LIST, 24),
             (cf::DEVICE_CURSOR, 16),
             (cf::IDEMPOTENCY, 17),
             (cf::MESSAGES, 8),
             (cf::CONV_SEQ, 8),
-            (cf::READ_STATE, 8),
+            (cf::READ_STATE, 16),
         ] {
             let expected = format!("rocksdb.FixedPrefix.{prefix}");
             assert_eq!(hint(family).as_deref(), Some(expected.as_str()), "{family}");
