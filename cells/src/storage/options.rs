@@ -96,7 +96,8 @@ pub(super) fn open(dir: &Path, config: &StorageConfig) -> Result<DB> {
 /// one conversation) use the whole key: a key's new version goes just
 /// before its last one, so the hint needs no search at all. (The outbox,
 /// written in key order, needs none: an insert without a hint starts
-/// where the last one ended.)
+/// where the last one ended.) RocksDB keeps one hint per prefix a memtable
+/// holds, outside the memtable's size: at most one per key here.
 fn with_insert_hints(name: &str, opts: Options) -> Options {
     let prefix = match name {
         cf::CONV_LIST => 24,
