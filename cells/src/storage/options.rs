@@ -183,7 +183,8 @@ mod tests {
     }
 
     /// The families written per owner insert next to the owner's last
-    /// key (its prefix), the others without a hint.
+    /// key (its prefix), those rewriting the same keys next to the key's
+    /// last version (the whole key), the others without a hint.
     #[test]
     fn families_written_per_owner_insert_with_their_owners_prefix() {
         let (dir, _store) = testing::store();
