@@ -344,6 +344,10 @@ pub struct StorageConfig {
     pub commit_queue_depth: usize,
     pub block_cache_mb: usize,
     pub write_buffer_mb: usize,
+    /// Most write-ahead log (MiB) kept before the families holding its
+    /// oldest file are flushed, however rarely they are written: what a
+    /// restart after a crash replays.
+    pub max_wal_mb: usize,
     /// The nice of the fan-out's two threads (its commit lane and the
     /// processor), -20 to 19; 0 leaves them at the process's. Below the rest
     /// of the cell's threads, so that a burst of pushes does not hold them
@@ -472,6 +476,7 @@ impl Default for StorageConfig {
             commit_queue_depth: 8_192,
             block_cache_mb: 256,
             write_buffer_mb: 64,
+            max_wal_mb: 512,
             fanout_nice: -19,
         }
     }
@@ -705,6 +710,7 @@ impl StorageConfig {
         )?;
         check_range("storage.block_cache_mb", self.block_cache_mb, 1, 1 << 20)?;
         check_range("storage.write_buffer_mb", self.write_buffer_mb, 1, 65_536)?;
+        check_range("storage.max_wal_mb", self.max_wal_mb, 1, 1 << 20)?;
         check_range("storage.fanout_nice", self.fanout_nice, -20, 19)?;
         Ok(())
     }

@@ -37,6 +37,10 @@ pub(super) fn open(dir: &Path, config: &StorageConfig) -> Result<DB> {
     // and inserts their batches into the memtables in parallel. (Pipelined
     // writes measured slower here.)
     db_opts.set_allow_concurrent_memtable_write(true);
+    // A family written once in a while would otherwise keep every log
+    // file since alive (up to four times all memtables, gigabytes), and a
+    // restart after a crash would replay them all.
+    db_opts.set_max_total_wal_size(config.max_wal_mb as u64 * 1024 * 1024);
 
     let descriptors = cf::ALL.iter().map(|name| {
         let mut opts = Options::default();
@@ -148,10 +152,12 @@ fn drop_expired_idempotency(_level: u32, _key: &[u8], value: &[u8]) -> Decision 
 
 #[cfg(test)]
 mod tests {
-    use super::super::{IdemKey, IdemKind, Mutation, testing};
+    use super::super::{IdemKey, IdemKind, Mutation, Store, testing};
     use super::cf;
+    use crate::config::StorageConfig;
     use cellmesh_proto::ids::{TenantId, UserId};
     use cellmesh_proto::storage::v1::IdempotencyRecord;
+    use std::time::{Duration, Instant};
 
     /// RocksDB's record of the options each family was opened with: the
     /// newest OPTIONS file (it keeps the last two; their numbers are
@@ -240,5 +246,69 @@ mod tests {
         let stored = |req| store.db.get_cf(family, key(req).encode()).unwrap();
         assert!(stored("expired").is_none(), "an expired answer is dropped");
         assert!(stored("live").is_some(), "a live answer is kept");
+    }
+
+    /// Bytes of the write-ahead log files under `dir` (RocksDB's own
+    /// info log is `LOG`).
+    fn log_bytes(dir: &std::path::Path) -> u64 {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".log"))
+            .map(|e| e.metadata().map_or(0, |m| m.len()))
+            .sum()
+    }
+
+    /// A family written once keeps no log alive for good: past
+    /// `max_wal_mb` the families holding the oldest log file are flushed,
+    /// so what a restart replays stays bounded however long the cell ran.
+    #[tokio::test]
+    async fn the_log_stays_bounded_beside_a_family_written_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = StorageConfig {
+            write_buffer_mb: 1,
+            max_wal_mb: 4,
+            ..testing::config()
+        };
+        let store = Store::open(dir.path(), &config).unwrap();
+        let mut m = Mutation::new();
+        m.put_meta_u64(b"written once", 1);
+        store.commit(m).await.unwrap();
+        // 40 MiB through another family, whose memtables flush each MiB.
+        for i in 0..400u64 {
+            let mut m = Mutation::new();
+            m.put(cf::MESSAGES, i.to_be_bytes().to_vec(), vec![7; 100 * 1024]);
+            store.commit(m).await.unwrap();
+        }
+        // Flushes and the removal of the logs they free run behind.
+        let bound = 3 * (4 << 20);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while log_bytes(dir.path()) > bound && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let kept = log_bytes(dir.path());
+        assert!(kept <= bound, "{kept} bytes of log kept (bound {bound})");
+        assert_eq!(store.meta_u64(b"written once").unwrap(), Some(1));
+    }
+
+    /// A store closed cleanly has flushed every family: nothing is left in
+    /// its log for the next open to replay, and nothing is lost.
+    #[tokio::test]
+    async fn a_closed_store_leaves_no_log_to_replay() {
+        let (dir, store) = testing::store();
+        let mut m = Mutation::new();
+        m.put_meta_u64(b"kept", 42);
+        m.put(
+            cf::MESSAGES,
+            1u64.to_be_bytes().to_vec(),
+            vec![1; 64 * 1024],
+        );
+        store.commit(m).await.unwrap();
+        store.close();
+        let left = log_bytes(dir.path());
+        assert!(left < 4096, "{left} bytes of log left after a clean close");
+        drop(store);
+        let store = Store::open(dir.path(), &testing::config()).unwrap();
+        assert_eq!(store.meta_u64(b"kept").unwrap(), Some(42));
     }
 }
