@@ -44,15 +44,43 @@ const ALL_CFS: [&str; 5] = [CF_LOG, CF_RAFT_META, CF_ROUTES, CF_CHANGES, CF_SM_M
 const FORMAT_KEY: &[u8] = b"format";
 const FORMAT: &[u8] = b"cellmesh.raft.v1/protobuf";
 
+/// Most write-ahead log a replica keeps. The vote and the committed id are
+/// rewritten in place, so their family's memtable fills slowly and would
+/// keep every later log file alive (up to four times all memtables,
+/// gigabytes) for a restart to replay; past this the families holding the
+/// oldest file are flushed.
+const MAX_WAL_BYTES: u64 = 256 << 20;
+
+/// Memtable size per family and the log's bound.
+struct Tuning {
+    write_buffer_bytes: usize,
+    max_wal_bytes: u64,
+}
+
+const TUNING: Tuning = Tuning {
+    write_buffer_bytes: 64 << 20,
+    max_wal_bytes: MAX_WAL_BYTES,
+};
+
 /// Opens (creating if needed) a replica's database and returns its two halves.
 pub fn open(dir: &Path, watch_history: u64) -> Result<(LogStore, StateMachine), StorageError> {
+    open_tuned(dir, watch_history, &TUNING)
+}
+
+fn open_tuned(
+    dir: &Path,
+    watch_history: u64,
+    tuning: &Tuning,
+) -> Result<(LogStore, StateMachine), StorageError> {
     let mut options = Options::default();
     options.create_if_missing(true);
     options.create_missing_column_families(true);
     options.set_compression_type(DBCompressionType::None);
+    options.set_max_total_wal_size(tuning.max_wal_bytes);
     let cfs = ALL_CFS.iter().map(|name| {
         let mut cf = Options::default();
         cf.set_compression_type(DBCompressionType::None);
+        cf.set_write_buffer_size(tuning.write_buffer_bytes);
         ColumnFamilyDescriptor::new(*name, cf)
     });
     let db = DB::open_cf_descriptors(&options, dir, cfs).map_err(read_err)?;

@@ -129,3 +129,56 @@ async fn a_database_in_another_record_format_is_refused_at_open_not_misread() {
     drop(open(fresh.path(), 10).unwrap());
     drop(open(fresh.path(), 10).unwrap());
 }
+
+/// The vote's family written once does not keep the log alive: past the
+/// bound the families holding its oldest file are flushed, so a restart
+/// replays a bounded log however long the replica ran.
+#[tokio::test]
+async fn the_log_stays_bounded_beside_a_vote_written_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let tuning = Tuning {
+        write_buffer_bytes: 1 << 20,
+        max_wal_bytes: 4 << 20,
+    };
+    let (mut log, mut sm) = open_tuned(dir.path(), 10, &tuning).unwrap();
+    openraft::storage::RaftLogStorage::save_vote(&mut log, &openraft::Vote::new(3, 1))
+        .await
+        .unwrap();
+    // About 40 MiB of changes (each cell's address is 4 KiB long, kept in
+    // the table and in the change history), in other families.
+    let address = format!("http://{}", "a".repeat(4096));
+    for chunk in 0..50u64 {
+        let entries = (0..100u64).map(|i| {
+            let n = chunk * 100 + i;
+            entry(
+                n + 1,
+                Command::RegisterCell {
+                    id: format!("eu/c{n}"),
+                    region: "eu".into(),
+                    address: address.clone(),
+                    version: "0.3.0".into(),
+                    owner_lease_ms: 0,
+                },
+            )
+        });
+        sm.apply(entries).await.unwrap();
+    }
+    let log_bytes = || -> u64 {
+        std::fs::read_dir(dir.path())
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".log"))
+            .map(|e| e.metadata().map_or(0, |m| m.len()))
+            .sum()
+    };
+    let bound = 3 * tuning.max_wal_bytes;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while log_bytes() > bound && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(log_bytes() <= bound, "{} bytes of log kept", log_bytes());
+    drop((log, sm));
+    let (mut log, _) = open(dir.path(), 10).unwrap();
+    let vote = openraft::storage::RaftLogStorage::read_vote(&mut log).await;
+    assert_eq!(vote.unwrap(), Some(openraft::Vote::new(3, 1)));
+}
