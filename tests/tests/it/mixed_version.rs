@@ -84,6 +84,7 @@ const NEWER_TABLE_FIELDS: &[(&str, &str)] = &[
     ("attachments", "quota_sync_secs"),
     ("fanout", "hint_interval_ms"),
     ("storage", "fanout_nice"),
+    ("storage", "max_wal_mb"),
 ];
 
 /// A cell config as TOML; for the previous release, without the settings
