@@ -44,22 +44,20 @@ const ALL_CFS: [&str; 5] = [CF_LOG, CF_RAFT_META, CF_ROUTES, CF_CHANGES, CF_SM_M
 const FORMAT_KEY: &[u8] = b"format";
 const FORMAT: &[u8] = b"cellmesh.raft.v1/protobuf";
 
-/// Most write-ahead log a replica keeps. The vote and the committed id are
-/// rewritten in place, so their family's memtable fills slowly and would
-/// keep every later log file alive (up to four times all memtables,
-/// gigabytes) for a restart to replay; past this the families holding the
-/// oldest file are flushed.
-const MAX_WAL_BYTES: u64 = 256 << 20;
-
-/// Memtable size per family and the log's bound.
+/// Memtable size per family and the most write-ahead log kept.
 struct Tuning {
     write_buffer_bytes: usize,
     max_wal_bytes: u64,
 }
 
+/// RocksDB's memtable size, and a log bound of 256 MiB: the vote and the
+/// committed id are rewritten in place, so their family's memtable fills
+/// slowly and would keep every later log file alive (up to four times all
+/// memtables, gigabytes) for a restart to replay; past the bound the
+/// families holding the oldest file are flushed.
 const TUNING: Tuning = Tuning {
     write_buffer_bytes: 64 << 20,
-    max_wal_bytes: MAX_WAL_BYTES,
+    max_wal_bytes: 256 << 20,
 };
 
 /// Opens (creating if needed) a replica's database and returns its two halves.

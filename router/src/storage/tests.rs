@@ -3,6 +3,7 @@ use openraft::RaftSnapshotBuilder;
 use openraft::storage::RaftStateMachine;
 use openraft::testing::{StoreBuilder, Suite};
 use openraft::{CommittedLeaderId, EntryPayload, LogId};
+use std::time::{Duration, Instant};
 use tempfile::TempDir;
 
 use super::*;
@@ -172,9 +173,9 @@ async fn the_log_stays_bounded_beside_a_vote_written_once() {
             .sum()
     };
     let bound = 3 * tuning.max_wal_bytes;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while log_bytes() > bound && std::time::Instant::now() < deadline {
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while log_bytes() > bound && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(log_bytes() <= bound, "{} bytes of log kept", log_bytes());
     drop((log, sm));
