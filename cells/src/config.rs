@@ -711,6 +711,11 @@ impl StorageConfig {
         check_range("storage.block_cache_mb", self.block_cache_mb, 1, 1 << 20)?;
         check_range("storage.write_buffer_mb", self.write_buffer_mb, 1, 65_536)?;
         check_range("storage.max_wal_mb", self.max_wal_mb, 1, 1 << 20)?;
+        check(
+            "storage.max_wal_mb",
+            self.max_wal_mb >= self.write_buffer_mb,
+            "must be at least storage.write_buffer_mb: a smaller bound flushes every column family before its memtable fills",
+        )?;
         check_range("storage.fanout_nice", self.fanout_nice, -20, 19)?;
         Ok(())
     }
@@ -876,6 +881,11 @@ mod tests {
                 "storage.block_cache_mb",
             ),
             ("[fanout]\nbatch = 100000000", "fanout.batch"),
+            // A log bound below a memtable would flush every family early.
+            (
+                "[storage]\nwrite_buffer_mb = 64\nmax_wal_mb = 32",
+                "storage.max_wal_mb",
+            ),
             (
                 "[routing]\ncleanup_grace_secs = 18446744073709551615",
                 "routing.cleanup_grace_secs",
