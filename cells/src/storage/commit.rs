@@ -10,7 +10,11 @@
 //! memtables on its own thread. Nothing orders one lane after the other;
 //! the fan-out lane only writes what follows from records already durable.
 //! Outbox events, whose ids must become visible in order, go through the
-//! message lane only.
+//! message lane only. The fan-out lane writes without a sync of its own and
+//! answers once a sync of the message lane's begun after its write has
+//! ended, or syncs itself when the message lane is idle (see [`wal_sync`]):
+//! every batch is durable before it is answered, with one fsync for both
+//! lanes where there were two.
 //!
 //! A failed write leaves the store refusing every later write, in both
 //! lanes: after an fsync error the state of the WAL is unknown, and
@@ -28,6 +32,7 @@ use tokio::sync::{Notify, mpsc, oneshot, watch};
 use super::changes::Changes;
 use super::keys::{self, cf};
 use super::mirror::Views;
+use super::wal_sync::{self, WalSyncs};
 use super::{Mutation, Op, Result, StorageError};
 use crate::config::StorageConfig;
 
@@ -40,6 +45,9 @@ pub struct CommitStats {
     pub batches: AtomicU64,
     /// Keys written (puts, deletes, merges, outbox events).
     pub keys: AtomicU64,
+    /// WAL syncs the fan-out lane made itself, finding no sync of the
+    /// message lane's to wait for (the rest of its batches rode on those).
+    pub fan_out_syncs: AtomicU64,
     /// The last outbox event id written, and the last one the relay moved
     /// to the queue: their difference is the outbox lag.
     pub outbox_written: AtomicU64,
@@ -145,7 +153,8 @@ impl Committer {
             .store(next_outbox_id - 1, Ordering::Relaxed);
         let outbox_signal = Arc::new(Notify::new());
         let outbox_written = Arc::new(watch::Sender::new(next_outbox_id - 1));
-        let lane = |name: &str, label: &'static str, nice: i32| -> Result<LaneQueue> {
+        let syncs = Arc::new(WalSyncs::default());
+        let lane = |kind: Lane, name: &str, label: &'static str, nice: i32| -> Result<LaneQueue> {
             let (tx, rx) = mpsc::channel(config.commit_queue_depth);
             let mut writer = Writer {
                 outbox_signal: outbox_signal.clone(),
@@ -160,6 +169,8 @@ impl Committer {
                 changes: changes.clone(),
                 views: views.clone(),
                 lane: crate::metrics::LaneLabel { lane: label },
+                kind,
+                syncs: syncs.clone(),
             };
             let thread_name = name.to_string();
             let thread = std::thread::Builder::new()
@@ -177,8 +188,13 @@ impl Committer {
         Ok(Self {
             // The message lane keeps the process's priority: sends measured
             // slower with it raised (see `priority`).
-            message: lane("cellmesh-commit", "message", 0)?,
-            fan_out: lane("cellmesh-fanout", "fanout", config.fanout_nice)?,
+            message: lane(Lane::Message, "cellmesh-commit", "message", 0)?,
+            fan_out: lane(
+                Lane::FanOut,
+                "cellmesh-fanout",
+                "fanout",
+                config.fanout_nice,
+            )?,
             stats,
             failed,
             outbox_signal,
@@ -278,12 +294,14 @@ struct Writer {
     changes: Arc<Changes>,
     views: Arc<Views>,
     lane: crate::metrics::LaneLabel,
+    kind: Lane,
+    syncs: Arc<WalSyncs>,
 }
 
 impl Writer {
     fn run(&mut self, mut rx: mpsc::Receiver<Job>) {
         let mut jobs = Vec::with_capacity(self.max_batch);
-        while let Some(first) = rx.blocking_recv() {
+        while let Some(first) = self.next_job(&mut rx) {
             jobs.push(first);
             while jobs.len() < self.max_batch {
                 match rx.try_recv() {
@@ -298,10 +316,56 @@ impl Writer {
         }
     }
 
-    fn write(&mut self, jobs: &[Job]) -> Result<Written, StorageError> {
-        if let Some(reason) = self.failed.lock().expect("failed lock").clone() {
-            return Err(StorageError::Failed(reason));
+    /// The next job, saying while it waits for one when this is the
+    /// message lane (the fan-out lane then stops waiting for its syncs).
+    fn next_job(&self, rx: &mut mpsc::Receiver<Job>) -> Option<Job> {
+        if self.kind != Lane::Message {
+            return rx.blocking_recv();
         }
+        match rx.try_recv() {
+            Ok(job) => Some(job),
+            Err(mpsc::error::TryRecvError::Disconnected) => None,
+            Err(mpsc::error::TryRecvError::Empty) => {
+                self.syncs.set_idle(true);
+                // Closed: idle for good.
+                let job = rx.blocking_recv()?;
+                self.syncs.set_idle(false);
+                Some(job)
+            }
+        }
+    }
+
+    /// Whether this lane's writes wait for another lane's sync instead of
+    /// their own.
+    fn rides_on_syncs(&self) -> bool {
+        self.sync && self.kind == Lane::FanOut
+    }
+
+    /// After a write without sync: returns once it is durable, through a
+    /// later sync of the message lane's or one of its own.
+    fn await_sync(&self) -> Result<(), String> {
+        let mark = self.syncs.mark();
+        if !self.syncs.covered(mark, wal_sync::COVER_WAIT) {
+            self.refuse_if_failed()?;
+            self.stats.fan_out_syncs.fetch_add(1, Ordering::Relaxed);
+            let sync = self.syncs.begin();
+            let synced = self.db.flush_wal(true).map_err(|e| e.to_string());
+            self.syncs.end(sync, synced.is_ok());
+            synced?;
+        }
+        // A sync that failed meanwhile leaves the log's state unknown.
+        self.refuse_if_failed()
+    }
+
+    fn refuse_if_failed(&self) -> Result<(), String> {
+        match self.failed.lock().expect("failed lock").clone() {
+            Some(reason) => Err(reason),
+            None => Ok(()),
+        }
+    }
+
+    fn write(&mut self, jobs: &[Job]) -> Result<Written, StorageError> {
+        self.refuse_if_failed().map_err(StorageError::Failed)?;
         let mut batch = WriteBatch::default();
         let mut outbox_id = self.next_outbox_id;
         let mut written = 0;
@@ -323,7 +387,8 @@ impl Writer {
             }
         }
         let mut opts = WriteOptions::default();
-        opts.set_sync(self.sync);
+        let rides = self.rides_on_syncs();
+        opts.set_sync(self.sync && !rides);
         if let Some(Action::Delay(d)) = self.failpoints.hit("storage.slow_write") {
             std::thread::sleep(d);
         }
@@ -332,7 +397,16 @@ impl Writer {
             Some(Action::Error) => {
                 Err("IO error: fsync failed (fail point storage.fsync_error)".to_string())
             }
-            _ => self.db.write_opt(batch, &opts).map_err(|e| e.to_string()),
+            _ if rides => (self.db.write_opt(batch, &opts).map_err(|e| e.to_string()))
+                .and_then(|()| self.await_sync()),
+            _ => {
+                let sync = self.sync.then(|| self.syncs.begin());
+                let written = self.db.write_opt(batch, &opts).map_err(|e| e.to_string());
+                if let Some(sync) = sync {
+                    self.syncs.end(sync, written.is_ok());
+                }
+                written
+            }
         };
         match written_batch {
             Ok(()) => {

@@ -25,6 +25,7 @@ pub mod screen;
 mod sync;
 pub mod tally;
 pub(crate) mod uploads;
+mod wal_sync;
 pub mod walk;
 
 use crate::failpoints::FailPoints;

@@ -4,6 +4,7 @@
 //! through, and a failed write stops both lanes.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use cellmesh_cell::config::StorageConfig;
 use cellmesh_cell::failpoints;
@@ -95,4 +96,62 @@ async fn a_failed_write_in_one_lane_stops_the_other() {
     );
     assert!(store.failed().is_some());
     assert_eq!(store.meta_u64(b"lanes/after").unwrap(), None);
+}
+
+/// The fan-out lane writes without a sync and answers once one covers its
+/// batch: with the message lane idle it syncs every batch itself, so
+/// nothing it answered is only in the page cache.
+#[tokio::test]
+async fn a_fan_out_batch_alone_is_synced_before_its_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    for i in 0..20u64 {
+        let mut m = Mutation::new();
+        m.put_meta_u64(&key("alone", 0, i), i);
+        store.commit_fan_out(m).await.expect("fan-out lane");
+    }
+    let own = store.stats().fan_out_syncs.load(Ordering::Relaxed);
+    assert_eq!(
+        own, 20,
+        "one sync of its own per batch, the message lane idle"
+    );
+}
+
+/// While sends flow, the fan-out lane's batches ride on the message lane's
+/// syncs instead of queueing syncs of their own in front of them.
+#[tokio::test]
+async fn fan_out_batches_ride_on_the_message_lanes_syncs() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let busy = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let senders: Vec<_> = (0..8u64)
+        .map(|task| {
+            let (store, busy) = (store.clone(), busy.clone());
+            tokio::spawn(async move {
+                let mut i = 0;
+                while busy.load(Ordering::Relaxed) {
+                    let mut m = Mutation::new();
+                    m.put_meta_u64(&key("sends", task, i), i);
+                    store.commit(m).await.expect("message lane");
+                    i += 1;
+                }
+            })
+        })
+        .collect();
+    let before = store.stats().batches.load(Ordering::Relaxed);
+    for i in 0..200u64 {
+        let mut m = Mutation::new();
+        m.put_meta_u64(&key("beside", 0, i), i);
+        store.commit_fan_out(m).await.expect("fan-out lane");
+    }
+    busy.store(false, Ordering::Relaxed);
+    for sender in senders {
+        sender.await.unwrap();
+    }
+    let own = store.stats().fan_out_syncs.load(Ordering::Relaxed);
+    assert!(
+        own < 100,
+        "{own} of 200 fan-out batches synced themselves beside {} batches of sends",
+        store.stats().batches.load(Ordering::Relaxed) - before
+    );
 }
