@@ -5,6 +5,8 @@
 //!
 //! - `storage.slow_write=delay(300ms)` — every group-commit batch waits
 //!   this long before its write (a slow disk);
+//! - `storage.fan_out_unsynced=delay(300ms)` — the fan-out lane waits
+//!   this long between a batch's write and the sync that makes it durable;
 //! - `storage.fsync_error=error` — the next write fails as an fsync error
 //!   would: the store refuses writes from then on and the cell reports
 //!   itself unhealthy;

@@ -32,6 +32,7 @@ use tokio::sync::{Notify, mpsc, oneshot, watch};
 use super::changes::Changes;
 use super::keys::{self, cf};
 use super::mirror::Views;
+use super::unsynced::Unsynced;
 use super::wal_sync::{self, WalSyncs};
 use super::{Mutation, Op, Result, StorageError};
 use crate::config::StorageConfig;
@@ -139,7 +140,7 @@ impl Committer {
         config: &StorageConfig,
         failpoints: Arc<FailPoints>,
         changes: Arc<Changes>,
-        views: Arc<Views>,
+        (views, unsynced): (Arc<Views>, Arc<Unsynced>),
     ) -> Result<Self> {
         let stats = Arc::new(CommitStats::default());
         let failed = Arc::new(Mutex::new(None));
@@ -171,6 +172,7 @@ impl Committer {
                 lane: crate::metrics::LaneLabel { lane: label },
                 kind,
                 syncs: syncs.clone(),
+                unsynced: unsynced.clone(),
             };
             let thread_name = name.to_string();
             let thread = std::thread::Builder::new()
@@ -296,6 +298,7 @@ struct Writer {
     lane: crate::metrics::LaneLabel,
     kind: Lane,
     syncs: Arc<WalSyncs>,
+    unsynced: Arc<Unsynced>,
 }
 
 impl Writer {
@@ -344,6 +347,9 @@ impl Writer {
     /// After a write without sync: returns once it is durable, through a
     /// later sync of the message lane's or one of its own.
     fn await_sync(&self) -> Result<(), String> {
+        if let Some(Action::Delay(d)) = self.failpoints.hit("storage.fan_out_unsynced") {
+            std::thread::sleep(d);
+        }
         let mark = self.syncs.mark();
         if !self.syncs.covered(mark, wal_sync::COVER_WAIT) {
             self.refuse_if_failed()?;
@@ -397,8 +403,16 @@ impl Writer {
             Some(Action::Error) => {
                 Err("IO error: fsync failed (fail point storage.fsync_error)".to_string())
             }
-            _ if rides => (self.db.write_opt(batch, &opts).map_err(|e| e.to_string()))
-                .and_then(|()| self.await_sync()),
+            _ if rides => {
+                // Readers see the batch's sync events once it is durable.
+                let held = self.unsynced.hold(jobs.iter().map(|j| &j.mutation));
+                let durable = (self.db.write_opt(batch, &opts).map_err(|e| e.to_string()))
+                    .and_then(|()| self.await_sync());
+                if durable.is_ok() {
+                    self.unsynced.release(&held);
+                }
+                durable
+            }
             _ => {
                 let sync = self.sync.then(|| self.syncs.begin());
                 let written = self.db.write_opt(batch, &opts).map_err(|e| e.to_string());

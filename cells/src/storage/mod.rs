@@ -24,6 +24,7 @@ mod scan;
 pub mod screen;
 mod sync;
 pub mod tally;
+mod unsynced;
 pub(crate) mod uploads;
 mod wal_sync;
 pub mod walk;
@@ -216,6 +217,8 @@ pub struct Store {
     changes: Arc<changes::Changes>,
     /// Read counts and first screens, kept up by every commit.
     views: Arc<mirror::Views>,
+    /// Users whose queues the fan-out lane appended to, until durable.
+    unsynced: Arc<unsynced::Unsynced>,
     /// Counts seals of keys handed over by a move (see [`moved`]), from 1
     /// when the store opened holding handed-over homes: what a cache of
     /// per-user state must drop when it changes, and 0 while no home here
@@ -233,12 +236,13 @@ impl Store {
         let failpoints = Arc::new(FailPoints::default());
         let changes = Arc::new(changes::Changes::new());
         let views = Arc::new(mirror::Views::default());
+        let unsynced = Arc::new(unsynced::Unsynced::default());
         let committer = commit::Committer::start(
             db.clone(),
             config,
             failpoints.clone(),
             changes.clone(),
-            views.clone(),
+            (views.clone(), unsynced.clone()),
         )?;
         let store = Arc::new(Self {
             db,
@@ -246,6 +250,7 @@ impl Store {
             failpoints,
             changes,
             views,
+            unsynced,
             handovers: Default::default(),
         });
         if store.holds_handed_over_homes()? {

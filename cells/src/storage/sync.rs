@@ -98,8 +98,15 @@ impl Store {
         after: u64,
         limit: usize,
     ) -> Result<Vec<(u64, SyncRecord)>> {
+        let last = self
+            .unsynced
+            .limit(&keys::user(user))
+            .unwrap_or(u64::MAX - 1);
+        if last <= after {
+            return Ok(Vec::new());
+        }
         let lower = keys::user_item(user, after.saturating_add(1)).to_vec();
-        let upper = keys::user_item(user, u64::MAX).to_vec();
+        let upper = keys::user_item(user, last + 1).to_vec();
         self.records(cf::SYNC, lower, upper, limit)
     }
 
@@ -112,7 +119,8 @@ impl Store {
         iter.seek_for_prev(to);
         let pts = iter.key().and_then(keys::last_u64).unwrap_or(0);
         iter.status()?;
-        Ok(pts)
+        let durable = self.unsynced.limit(&keys::user(user)).unwrap_or(u64::MAX);
+        Ok(pts.min(durable))
     }
 
     pub fn conv_list_entry(

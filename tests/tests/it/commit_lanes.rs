@@ -1,15 +1,19 @@
 //! The store's two commit lanes (messages, fan-out) write concurrently into
 //! one database: everything either lane acknowledges is there after a
 //! reopen, outbox events get one gapless numbering whichever lane they come
-//! through, and a failed write stops both lanes.
+//! through, and a failed write stops both lanes. The fan-out lane's batches
+//! ride on the message lane's syncs, and are answered and read only once
+//! a sync covers them.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use cellmesh_cell::UserKey;
 use cellmesh_cell::config::StorageConfig;
 use cellmesh_cell::failpoints;
 use cellmesh_cell::storage::{Mutation, Store};
-use cellmesh_proto::storage::v1::OutboxEvent;
+use cellmesh_proto::ids::{TenantId, UserId};
+use cellmesh_proto::storage::v1::{OutboxEvent, SyncRecord};
 
 fn key(lane: &str, task: u64, i: u64) -> Vec<u8> {
     format!("lanes/{lane}/{task}/{i}").into_bytes()
@@ -154,4 +158,53 @@ async fn fan_out_batches_ride_on_the_message_lanes_syncs() {
         "{own} of 200 fan-out batches synced themselves beside {} batches of sends",
         store.stats().batches.load(Ordering::Relaxed) - before
     );
+}
+
+/// A fan-out batch is in RocksDB's memtable before it is durable; until
+/// then readers of the users' queues stop below it, so no device gets a
+/// pts a power loss could take back and hand to another event.
+#[tokio::test]
+async fn a_fan_out_batch_is_read_only_once_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let user = UserKey::new(TenantId(4), UserId(7));
+    let other = UserKey::new(TenantId(4), UserId(8));
+    let event = |seq| SyncRecord {
+        conversation_id: 9,
+        seq,
+        ..Default::default()
+    };
+    let mut m = Mutation::new();
+    m.put_sync(user, 1, &event(1));
+    m.put_sync(other, 1, &event(1));
+    store.commit_fan_out(m).await.expect("fan-out lane");
+
+    store
+        .failpoints()
+        .set(failpoints::parse("storage.fan_out_unsynced=delay(400ms)").unwrap());
+    let mut m = Mutation::new();
+    m.put_sync(user, 2, &event(2));
+    m.put_sync(user, 3, &event(3));
+    let pending = tokio::spawn({
+        let store = store.clone();
+        async move { store.commit_fan_out(m).await }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+    let pts = |u| -> Vec<u64> {
+        store
+            .sync_after(u, 0, 10)
+            .unwrap()
+            .iter()
+            .map(|(p, _)| *p)
+            .collect()
+    };
+    assert_eq!(pts(user), [1], "written, not yet durable: not shown");
+    assert_eq!(store.user_pts(user).unwrap(), 1);
+    assert!(store.sync_after(user, 1, 10).unwrap().is_empty());
+    assert_eq!(pts(other), [1], "users outside the batch are not held");
+
+    pending.await.unwrap().expect("fan-out lane");
+    store.failpoints().set(Vec::new());
+    assert_eq!(pts(user), [1, 2, 3]);
+    assert_eq!(store.user_pts(user).unwrap(), 3);
 }
