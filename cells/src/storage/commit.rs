@@ -405,11 +405,11 @@ impl Writer {
             }
             _ if rides => {
                 // Readers see the batch's sync events once it is durable.
-                let held = self.unsynced.hold(jobs.iter().map(|j| &j.mutation));
+                self.unsynced.hold(jobs.iter().map(|j| &j.mutation));
                 let durable = (self.db.write_opt(batch, &opts).map_err(|e| e.to_string()))
                     .and_then(|()| self.await_sync());
                 if durable.is_ok() {
-                    self.unsynced.release(&held);
+                    self.unsynced.release();
                 }
                 durable
             }

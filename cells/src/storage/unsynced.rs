@@ -7,7 +7,6 @@
 //! first for them until the batch is durable, and readers of a user's
 //! queue stop there. One batch is in flight at a time.
 
-use std::collections::HashMap;
 use std::sync::Mutex;
 
 use super::keys::{self, cf};
@@ -18,57 +17,52 @@ type Owner = [u8; 16];
 
 #[derive(Default)]
 pub(super) struct Unsynced {
-    /// Owner → the highest pts readers may see.
-    held: Mutex<HashMap<Owner, u64>>,
+    /// (owner, the highest pts readers may see), sorted by owner: the
+    /// users of the batch being synced.
+    held: Mutex<Vec<(Owner, u64)>>,
 }
 
 impl Unsynced {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Owner, u64>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(Owner, u64)>> {
         self.held.lock().expect("unsynced sync events")
     }
 
     /// Holds readers of every user whose queue `mutations` append to below
-    /// what they append; returns the owners held, for [`Self::release`].
-    pub(super) fn hold<'a>(&self, mutations: impl Iterator<Item = &'a Mutation>) -> Vec<Owner> {
-        let mut below: HashMap<Owner, u64> = HashMap::new();
-        for op in mutations.flat_map(|m| &m.ops) {
-            let Op::Put(family, key, _) = op else {
-                continue;
-            };
-            if *family != cf::SYNC {
-                continue;
-            }
-            let (Some(owner), Some(pts)) = (
-                key.get(..16).and_then(|k| Owner::try_from(k).ok()),
-                keys::last_u64(key),
-            ) else {
-                continue;
-            };
-            let limit = below.entry(owner).or_insert(u64::MAX);
-            *limit = (*limit).min(pts.saturating_sub(1));
-        }
+    /// what they append, until [`Self::release`]. (A batch that fails
+    /// stays held: the store refuses every later write.)
+    pub(super) fn hold<'a>(&self, mutations: impl Iterator<Item = &'a Mutation>) {
+        let mut below: Vec<(Owner, u64)> = mutations
+            .flat_map(|m| &m.ops)
+            .filter_map(|op| match op {
+                Op::Put(family, key, _) if *family == cf::SYNC => Some((
+                    Owner::try_from(key.get(..16)?).ok()?,
+                    keys::last_u64(key)?.saturating_sub(1),
+                )),
+                _ => None,
+            })
+            .collect();
         if below.is_empty() {
-            return Vec::new();
-        }
-        let owners = below.keys().copied().collect();
-        self.lock().extend(below);
-        owners
-    }
-
-    /// The batch that held `owners` is durable.
-    pub(super) fn release(&self, owners: &[Owner]) {
-        if owners.is_empty() {
             return;
         }
+        // Each owner's lowest first.
+        below.sort_unstable();
+        below.dedup_by_key(|(owner, _)| *owner);
+        *self.lock() = below;
+    }
+
+    /// The batch held is durable.
+    pub(super) fn release(&self) {
         let mut held = self.lock();
-        for owner in owners {
-            held.remove(owner);
+        if !held.is_empty() {
+            held.clear();
         }
     }
 
     /// The highest pts of `owner`'s queue a reader may see now, if held.
     pub(super) fn limit(&self, owner: &[u8]) -> Option<u64> {
         let owner = Owner::try_from(owner.get(..16)?).ok()?;
-        self.lock().get(&owner).copied()
+        let held = self.lock();
+        let at = held.binary_search_by(|(o, _)| o.cmp(&owner)).ok()?;
+        Some(held[at].1)
     }
 }
