@@ -5,10 +5,10 @@
 //! them as one WriteBatch with the WAL fsynced, and only then answers their
 //! callers. Concurrent writers therefore share one fsync, and within a lane
 //! the order in which mutations are queued is the order in which they
-//! become durable. The two lanes write concurrently: RocksDB puts both in
-//! one write group (one WAL write and fsync) and inserts each batch into the
-//! memtables on its own thread. Nothing orders one lane after the other;
-//! the fan-out lane only writes what follows from records already durable.
+//! become durable. The two lanes write concurrently, each batch inserted
+//! into the memtables on its lane's thread. Nothing orders one lane after
+//! the other; the fan-out lane only writes what follows from records
+//! already durable.
 //! Outbox events, whose ids must become visible in order, go through the
 //! message lane only. The fan-out lane writes without a sync of its own and
 //! answers once a sync of the message lane's begun after its write has
@@ -140,7 +140,8 @@ impl Committer {
         config: &StorageConfig,
         failpoints: Arc<FailPoints>,
         changes: Arc<Changes>,
-        (views, unsynced): (Arc<Views>, Arc<Unsynced>),
+        views: Arc<Views>,
+        unsynced: Arc<Unsynced>,
     ) -> Result<Self> {
         let stats = Arc::new(CommitStats::default());
         let failed = Arc::new(Mutex::new(None));
@@ -458,9 +459,14 @@ impl Writer {
                 })
             }
             Err(e) => {
-                crate::metrics::metrics().commit_failed.inc();
-                tracing::error!(error = %e, "write batch failed; storage now refuses writes");
-                *self.failed.lock().expect("failed lock") = Some(e.clone());
+                // Counted once: a fan-out batch waiting on the message
+                // lane's failed sync fails with that lane's reason.
+                let mut failed = self.failed.lock().expect("failed lock");
+                if failed.is_none() {
+                    crate::metrics::metrics().commit_failed.inc();
+                    tracing::error!(error = %e, "write batch failed; storage now refuses writes");
+                    *failed = Some(e.clone());
+                }
                 Err(StorageError::Failed(e))
             }
         }

@@ -242,7 +242,8 @@ impl Store {
             config,
             failpoints.clone(),
             changes.clone(),
-            (views.clone(), unsynced.clone()),
+            views.clone(),
+            unsynced.clone(),
         )?;
         let store = Arc::new(Self {
             db,

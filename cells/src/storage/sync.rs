@@ -98,15 +98,12 @@ impl Store {
         after: u64,
         limit: usize,
     ) -> Result<Vec<(u64, SyncRecord)>> {
-        let last = self
-            .unsynced
-            .limit(&keys::user(user))
-            .unwrap_or(u64::MAX - 1);
-        if last <= after {
+        let held = self.unsynced.limit(user);
+        if held.is_some_and(|last| last <= after) {
             return Ok(Vec::new());
         }
         let lower = keys::user_item(user, after.saturating_add(1)).to_vec();
-        let upper = keys::user_item(user, last + 1).to_vec();
+        let upper = keys::user_item(user, held.map_or(u64::MAX, |last| last + 1)).to_vec();
         self.records(cf::SYNC, lower, upper, limit)
     }
 
@@ -119,8 +116,7 @@ impl Store {
         iter.seek_for_prev(to);
         let pts = iter.key().and_then(keys::last_u64).unwrap_or(0);
         iter.status()?;
-        let durable = self.unsynced.limit(&keys::user(user)).unwrap_or(u64::MAX);
-        Ok(pts.min(durable))
+        Ok(self.unsynced.limit(user).map_or(pts, |last| pts.min(last)))
     }
 
     pub fn conv_list_entry(

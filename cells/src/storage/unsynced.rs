@@ -11,6 +11,7 @@ use std::sync::Mutex;
 
 use super::keys::{self, cf};
 use super::{Mutation, Op};
+use crate::user::UserKey;
 
 /// The first 16 bytes of a `sync` key: its owner (tenant, user).
 type Owner = [u8; 16];
@@ -52,15 +53,12 @@ impl Unsynced {
 
     /// The batch held is durable.
     pub(super) fn release(&self) {
-        let mut held = self.lock();
-        if !held.is_empty() {
-            held.clear();
-        }
+        self.lock().clear();
     }
 
-    /// The highest pts of `owner`'s queue a reader may see now, if held.
-    pub(super) fn limit(&self, owner: &[u8]) -> Option<u64> {
-        let owner = Owner::try_from(owner.get(..16)?).ok()?;
+    /// The highest pts of `user`'s queue a reader may see now, if held.
+    pub(super) fn limit(&self, user: UserKey) -> Option<u64> {
+        let owner = keys::user(user);
         let held = self.lock();
         let at = held.binary_search_by(|(o, _)| o.cmp(&owner)).ok()?;
         Some(held[at].1)
