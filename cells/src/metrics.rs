@@ -201,7 +201,7 @@ static METRICS: LazyLock<CellMetrics> = LazyLock::new(|| CellMetrics {
     ),
     member_change_events: counter(
         "cellmesh_member_change_events",
-        "MembersChanged events written: one per caller and direction per commit of merged membership changes.",
+        "MembersChanged events written: one per commit of merged membership changes.",
     ),
     migration_rows: counter_family(
         "cellmesh_migration_rows",

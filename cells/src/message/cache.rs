@@ -21,7 +21,7 @@ pub(crate) struct ConvEntry {
     pub seq: Mutex<SeqState>,
     pub admin: tokio::sync::Mutex<()>,
     /// Membership changes waiting for `admin`, applied together.
-    pub member_changes: Mutex<Vec<super::members::PendingChange>>,
+    pub member_changes: Mutex<super::members::MemberQueue>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -41,7 +41,7 @@ impl ConvEntry {
             kind,
             seq: Mutex::new(seq),
             admin: tokio::sync::Mutex::new(()),
-            member_changes: Mutex::new(Vec::new()),
+            member_changes: Mutex::new(Default::default()),
         }
     }
 }

@@ -1,12 +1,16 @@
 //! A group's membership changes (AddMembers, RemoveMembers), merged. Calls
 //! that arrive while another is being written queue on the conversation;
 //! the next holder of its admin lock applies every queued call in one
-//! commit, with one `MembersChanged` event per caller and direction, so a
-//! burst of joins is a few commits and events, not one per join. Each call
-//! keeps its own answer and its own refusal: one refused call does not
-//! refuse the others, and later calls see the earlier ones' effect.
+//! commit with one `MembersChanged` event listing everyone the commit
+//! changed, whoever asked. When a batch was written moments before
+//! (`BURST_GAP`), the holder waits `BURST_LINGER` first, so a burst of
+//! joins — each caller waiting for its answer before the next call — is a
+//! few commits and events, not one per join, however fast the disk. Each
+//! call keeps its own answer and its own refusal: one refused call does
+//! not refuse the others, and later calls see the earlier ones' effect.
 
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use cellmesh_proto::ids::{ConversationId, Epoch, TenantId, UserId};
 use cellmesh_proto::reason::Reason;
@@ -20,6 +24,29 @@ use crate::convert::conversation_to_proto;
 use crate::error::{CellError, Result};
 use crate::metrics::metrics;
 use crate::storage::{Mutation, StorageError};
+
+/// A batch written less than this long ago marks a burst.
+const BURST_GAP: Duration = Duration::from_millis(50);
+
+/// How long the admin lock's holder gathers calls during a burst before
+/// writing them: a join's added latency, against commits and events saved.
+const BURST_LINGER: Duration = Duration::from_millis(2);
+
+/// The calls waiting for a conversation's admin lock, and when its last
+/// batch was written.
+#[derive(Default)]
+pub(crate) struct MemberQueue {
+    calls: Vec<PendingChange>,
+    last_written: Option<Instant>,
+}
+
+impl MemberQueue {
+    /// Whether the holder should wait for more calls: some wait, and a
+    /// batch was written moments ago.
+    fn in_burst(&self) -> bool {
+        !self.calls.is_empty() && self.last_written.is_some_and(|t| t.elapsed() < BURST_GAP)
+    }
+}
 
 /// A call waiting for the conversation's admin lock.
 pub(crate) struct PendingChange {
@@ -39,8 +66,8 @@ struct Batch<'a> {
     latest_seq: u64,
     now: u64,
     mutation: Mutation,
-    /// Who changed, per (caller, added), in the order first seen.
-    events: Vec<((u64, bool), Vec<u64>)>,
+    /// Who asked for the changes applied, in the order first seen.
+    callers: Vec<u64>,
 }
 
 impl MessageService {
@@ -58,19 +85,22 @@ impl MessageService {
             return Err(CellError::invalid(Reason::NoUsers, "user_ids is empty"));
         }
         let conv = self.group_entry(&cmd.caller, cmd.conversation)?;
-        let (reply, answer) = oneshot::channel();
+        let (reply, mut answer) = oneshot::channel();
         let queued = PendingChange { cmd, add, reply };
-        conv.member_changes
-            .lock()
-            .expect("member changes")
-            .push(queued);
-        {
-            let _admin = conv.admin.lock().await;
-            let batch = std::mem::take(&mut *conv.member_changes.lock().expect("member changes"));
-            // Empty: an earlier holder of the lock applied this call.
-            if !batch.is_empty() {
-                self.apply_member_changes(batch).await;
-            }
+        let queue = || conv.member_changes.lock().expect("member changes");
+        queue().calls.push(queued);
+        let _admin = conv.admin.lock().await;
+        // An earlier holder of the lock may have applied this call.
+        if let Ok(done) = answer.try_recv() {
+            return done;
+        }
+        if queue().in_burst() {
+            tokio::time::sleep(BURST_LINGER).await;
+        }
+        let batch = std::mem::take(&mut queue().calls);
+        if !batch.is_empty() {
+            self.apply_member_changes(batch).await;
+            queue().last_written = Some(Instant::now());
         }
         answer.await.unwrap_or_else(|_| {
             Err(StorageError::Failed("a membership change ended without an answer".into()).into())
@@ -154,7 +184,7 @@ impl<'a> Batch<'a> {
             latest_seq: service.store.conv_seq(conversation)?.latest_seq,
             now: service.now_ms(),
             mutation: Mutation::new(),
-            events: Vec::new(),
+            callers: Vec::new(),
         })
     }
 
@@ -222,10 +252,8 @@ impl<'a> Batch<'a> {
                     .delete_member(self.conversation, UserId(*user));
             }
         }
-        let key = (caller.user.get(), add);
-        match self.events.iter_mut().find(|(k, _)| *k == key) {
-            Some((_, users)) => users.extend(&changed),
-            None => self.events.push((key, changed.clone())),
+        if !self.callers.contains(&caller.user.get()) {
+            self.callers.push(caller.user.get());
         }
         Ok(changed)
     }
@@ -251,29 +279,32 @@ impl<'a> Batch<'a> {
         Ok(())
     }
 
-    /// Writes what the batch changed, if anything: the record and its
-    /// events in one commit. Returns the record.
+    /// Writes what the batch changed, if anything: the record and one
+    /// event listing every user changed (each once; the processor reads
+    /// whether each joined or left from the members it finds), its
+    /// `user_id` the caller when there was one, else 0. Returns the record.
     async fn commit(self) -> Result<ConversationRecord> {
-        if self.events.is_empty() {
+        if self.decided.is_empty() {
             return Ok(self.record);
         }
+        let mut changed: Vec<u64> = self.decided.keys().map(|u| u.get()).collect();
+        changed.sort_unstable();
         let mut m = self.mutation;
         m.put_conversation(self.conversation, &self.record);
-        for ((user, _), items) in self.events.iter() {
-            m.emit(&OutboxEvent {
-                kind: OutboxKind::MembersChanged as i32,
-                tenant_id: self.tenant.get(),
-                conversation_id: self.conversation.get(),
-                user_id: *user,
-                server_ts_ms: self.now,
-                items: items.clone(),
-                ..Default::default()
-            });
-        }
+        m.emit(&OutboxEvent {
+            kind: OutboxKind::MembersChanged as i32,
+            tenant_id: self.tenant.get(),
+            conversation_id: self.conversation.get(),
+            user_id: match self.callers[..] {
+                [caller] => caller,
+                _ => 0,
+            },
+            server_ts_ms: self.now,
+            items: changed,
+            ..Default::default()
+        });
         self.service.store.commit(m).await?;
-        metrics()
-            .member_change_events
-            .inc_by(self.events.len() as u64);
+        metrics().member_change_events.inc();
         Ok(self.record)
     }
 }

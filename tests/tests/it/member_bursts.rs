@@ -1,8 +1,7 @@
 //! Bursts of membership changes on one group are merged: calls that queue
-//! while one is written share a commit and one `MembersChanged` event per
-//! caller and direction. Each call still gets its own answer (who it
-//! changed) and its own refusal, and every joiner or leaver syncs exactly
-//! one event.
+//! while one is written share a commit and one `MembersChanged` event,
+//! whoever made them. Each call still gets its own answer (who it changed)
+//! and its own refusal, and every joiner or leaver syncs exactly one event.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -153,6 +152,57 @@ async fn bursts_of_joins_and_leaves_are_merged_and_each_answered() {
             "user {user}: more events than its own"
         );
     }
+}
+
+/// Many members adding people at once, each waiting for its answer
+/// before its next call (so no caller ever has two calls in one commit):
+/// the commits' events are far fewer than the calls, and each added user
+/// syncs one JOINED.
+#[tokio::test]
+async fn a_burst_from_many_members_is_merged_into_few_events() {
+    const CALLERS: u64 = 30;
+    const EACH: u64 = 10;
+    let cell = TestCell::start().await;
+    let mut c = cell.client().await;
+    let callers: Vec<u64> = (2..2 + CALLERS).collect();
+    let conv = create_group(&mut c, T, 1, &callers).await;
+    let last = FIRST + CALLERS * EACH - 1;
+    let mut s = connect_sync(&cell.endpoint).await;
+    let mut watched = subscribe(&mut s, T, last, "phone", 0).await;
+    let before = metrics().member_change_events.get();
+    let mut tasks = JoinSet::new();
+    for (i, caller) in callers.into_iter().enumerate() {
+        let mut c = c.clone();
+        tasks.spawn(async move {
+            for k in 0..EACH {
+                let user = FIRST + i as u64 * EACH + k;
+                let got = c.add_members(change(caller, conv, vec![user])).await;
+                assert_eq!(got.unwrap().into_inner().changed, vec![user]);
+            }
+        });
+    }
+    tasks.join_all().await;
+    let events = metrics().member_change_events.get() - before;
+    let calls = CALLERS * EACH;
+    assert!(
+        events <= calls / 4,
+        "{calls} calls from {CALLERS} members written as {events} events: not merged"
+    );
+    assert_eq!(
+        member_count(&mut c, conv).await,
+        1 + (CALLERS + CALLERS * EACH) as u32
+    );
+    assert_eq!(
+        one_event(&mut watched, conv).await,
+        SyncEventKind::Joined as i32
+    );
+    assert!(
+        next_push(&mut watched, Duration::from_millis(300))
+            .await
+            .is_none(),
+        "one event for one join"
+    );
+    cell.stop().await;
 }
 
 /// The kind of the next sync event, which is about `conv`.
