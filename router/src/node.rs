@@ -320,7 +320,8 @@ impl RunningRouter {
         format!("http://{}", self.api_addr)
     }
 
-    /// Stops serving and shuts Raft down (storage stays).
+    /// Stops serving, shuts Raft down and flushes storage's memtables, so
+    /// that a restart replays no log (storage stays).
     pub async fn stop(mut self) {
         self.stopping.send_replace(true);
         for tx in self.shutdown.drain(..) {
@@ -333,5 +334,6 @@ impl RunningRouter {
         for s in self.servers.drain(..) {
             let _ = tokio::time::timeout(Duration::from_secs(5), s).await;
         }
+        self.store.close();
     }
 }

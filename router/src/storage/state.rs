@@ -15,8 +15,8 @@ use tokio::sync::watch;
 
 use super::record::{SnapshotData, StoredSnapshot};
 use super::{
-    CF_CHANGES, CF_ROUTES, CF_SM_META, cf, decode, encode, get, index_key, index_of, read_err,
-    synced, write_err,
+    ALL_CFS, CF_CHANGES, CF_ROUTES, CF_SM_META, cf, decode, encode, get, index_key, index_of,
+    read_err, synced, write_err,
 };
 use crate::table::{Change, RouteTable};
 use crate::types::{
@@ -48,6 +48,19 @@ struct Meta {
 }
 
 impl RouteStore {
+    /// Flushes every family's memtables, so that the next open replays no
+    /// log: called once Raft has stopped. A failure is logged (the next
+    /// open replays the log instead).
+    pub fn close(&self) {
+        let families: Vec<_> = ALL_CFS.iter().map(|name| cf(&self.db, name)).collect();
+        if let Err(e) = self
+            .db
+            .flush_cfs_opt(&families, &rocksdb::FlushOptions::default())
+        {
+            tracing::warn!(error = %e, "memtables not flushed at close: the next open replays the log");
+        }
+    }
+
     /// A copy of the table at one applied index.
     pub fn table(&self) -> RouteTable {
         self.table.read().expect("route table lock").clone()

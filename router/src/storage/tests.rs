@@ -164,14 +164,7 @@ async fn the_log_stays_bounded_beside_a_vote_written_once() {
         });
         sm.apply(entries).await.unwrap();
     }
-    let log_bytes = || -> u64 {
-        std::fs::read_dir(dir.path())
-            .unwrap()
-            .flatten()
-            .filter(|e| e.file_name().to_string_lossy().ends_with(".log"))
-            .map(|e| e.metadata().map_or(0, |m| m.len()))
-            .sum()
-    };
+    let log_bytes = || log_bytes(dir.path());
     let bound = 3 * tuning.max_wal_bytes;
     let deadline = Instant::now() + Duration::from_secs(20);
     while log_bytes() > bound && Instant::now() < deadline {
@@ -182,4 +175,50 @@ async fn the_log_stays_bounded_beside_a_vote_written_once() {
     let (mut log, _) = open(dir.path(), 10).unwrap();
     let vote = openraft::storage::RaftLogStorage::read_vote(&mut log).await;
     assert_eq!(vote.unwrap(), Some(openraft::Vote::new(3, 1)));
+}
+
+/// Bytes in the database's write-ahead log files.
+fn log_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".log"))
+        .map(|e| e.metadata().map_or(0, |m| m.len()))
+        .sum()
+}
+
+/// A replica stopped cleanly leaves no log to replay: its memtables are
+/// flushed at close, and what it applied is read back from the tables.
+#[tokio::test]
+async fn a_closed_store_leaves_no_log_to_replay() {
+    let dir = tempfile::tempdir().unwrap();
+    let (log, mut sm) = open(dir.path(), 10).unwrap();
+    let address = format!("http://{}", "a".repeat(1024));
+    let entries = (1..=1_000u64).map(|n| {
+        entry(
+            n,
+            Command::RegisterCell {
+                id: format!("eu/c{n}"),
+                region: "eu".into(),
+                address: address.clone(),
+                version: "0.3.0".into(),
+                owner_lease_ms: 0,
+            },
+        )
+    });
+    sm.apply(entries).await.unwrap();
+    let written = log_bytes(dir.path());
+    assert!(written > 1 << 20, "{written} bytes of log before the close");
+    sm.store().close();
+    drop((log, sm));
+    let left = log_bytes(dir.path());
+    assert!(
+        left < 64 << 10,
+        "{left} bytes of log left to replay after a close"
+    );
+    let (_, sm) = open(dir.path(), 10).unwrap();
+    assert_eq!(sm.store().applied_index(), 1_000);
+    for id in ["eu/c1", "eu/c1000"] {
+        assert!(sm.store().read(|t| t.cell(id).is_some()), "{id} read back");
+    }
 }
