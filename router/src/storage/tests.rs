@@ -149,19 +149,7 @@ async fn the_log_stays_bounded_beside_a_vote_written_once() {
     // the table and in the change history), in other families.
     let address = format!("http://{}", "a".repeat(4096));
     for chunk in 0..50u64 {
-        let entries = (0..100u64).map(|i| {
-            let n = chunk * 100 + i;
-            entry(
-                n + 1,
-                Command::RegisterCell {
-                    id: format!("eu/c{n}"),
-                    region: "eu".into(),
-                    address: address.clone(),
-                    version: "0.3.0".into(),
-                    owner_lease_ms: 0,
-                },
-            )
-        });
+        let entries = (0..100u64).map(|i| register(chunk * 100 + i + 1, &address));
         sm.apply(entries).await.unwrap();
     }
     let log_bytes = || log_bytes(dir.path());
@@ -175,6 +163,20 @@ async fn the_log_stays_bounded_beside_a_vote_written_once() {
     let (mut log, _) = open(dir.path(), 10).unwrap();
     let vote = openraft::storage::RaftLogStorage::read_vote(&mut log).await;
     assert_eq!(vote.unwrap(), Some(openraft::Vote::new(3, 1)));
+}
+
+/// Entry `index` registers cell `eu/c{index}` at `address`.
+fn register(index: u64, address: &str) -> Entry {
+    entry(
+        index,
+        Command::RegisterCell {
+            id: format!("eu/c{index}"),
+            region: "eu".into(),
+            address: address.to_string(),
+            version: "0.3.0".into(),
+            owner_lease_ms: 0,
+        },
+    )
 }
 
 /// Bytes in the database's write-ahead log files.
@@ -194,18 +196,7 @@ async fn a_closed_store_leaves_no_log_to_replay() {
     let dir = tempfile::tempdir().unwrap();
     let (log, mut sm) = open(dir.path(), 10).unwrap();
     let address = format!("http://{}", "a".repeat(1024));
-    let entries = (1..=1_000u64).map(|n| {
-        entry(
-            n,
-            Command::RegisterCell {
-                id: format!("eu/c{n}"),
-                region: "eu".into(),
-                address: address.clone(),
-                version: "0.3.0".into(),
-                owner_lease_ms: 0,
-            },
-        )
-    });
+    let entries = (1..=1_000u64).map(|n| register(n, &address));
     sm.apply(entries).await.unwrap();
     let written = log_bytes(dir.path());
     assert!(written > 1 << 20, "{written} bytes of log before the close");
