@@ -334,6 +334,7 @@ impl RunningRouter {
         for s in self.servers.drain(..) {
             let _ = tokio::time::timeout(Duration::from_secs(5), s).await;
         }
-        self.store.close();
+        let store = self.store.clone();
+        let _ = tokio::task::spawn_blocking(move || store.close()).await;
     }
 }
