@@ -107,6 +107,14 @@ impl Store {
         self.records(cf::SYNC, lower, upper, limit)
     }
 
+    /// The event at `pts` of `user`'s queue, even one of a batch still
+    /// waiting for its sync: what a conversation-list entry written in
+    /// that same batch names (the entry is read without a hold). Not for
+    /// numbering or pushing: those read through [`Self::sync_after`].
+    pub fn sync_event(&self, user: UserKey, pts: u64) -> Result<Option<SyncRecord>> {
+        self.get_record(cf::SYNC, &keys::user_item(user, pts))
+    }
+
     /// The latest pts of `user`: the last key of their sync queue.
     pub fn user_pts(&self, user: UserKey) -> Result<u64> {
         let (from, to) = keys::user_items(user);

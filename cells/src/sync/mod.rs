@@ -201,11 +201,8 @@ impl SyncService {
         if entry.last_message_pts == 0 {
             return Ok(None);
         }
-        let event = self.store.sync_after(user, entry.last_message_pts - 1, 1)?;
-        Ok(event
-            .into_iter()
-            .find(|(pts, _)| *pts == entry.last_message_pts)
-            .and_then(|(_, record)| Message::decode(record.remote_message.as_slice()).ok()))
+        let event = self.store.sync_event(user, entry.last_message_pts)?;
+        Ok(event.and_then(|record| Message::decode(record.remote_message.as_slice()).ok()))
     }
 
     pub async fn set_muted(

@@ -256,6 +256,42 @@ async fn a_user_home_moves_under_load_and_the_device_goes_on_from_its_cursor() {
     assert_eq!(error_detail(&e).code, ErrorCode::WrongCell as i32);
 }
 
+/// On a home away from the conversation, Bob's list takes the last message
+/// from the sync event his list entry names. Entry and event are written in
+/// one batch; while that batch waits for its sync (readers of his queue stop
+/// below it), the list still shows the message the entry counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_home_lists_the_last_message_while_its_batch_waits_for_a_sync() {
+    let d = deploy(None).await;
+    let alice = token(1, 10);
+    let mut m = messaging(&d.edge).await;
+    let conversation = create_via_edge(&mut m, &alice, vec![BOB]).await;
+    let routes = d.cluster.client().await;
+    move_home(&routes, TARGET).await;
+    let target = d.cells[1].cell.service.store().clone();
+    let slow_sync = "storage.fan_out_unsynced=delay(1500ms)";
+    target
+        .failpoints()
+        .set(cellmesh_cell::failpoints::parse(slow_sync).unwrap());
+    let sent = m.send(authed(text(conversation, "while syncing"), &alice));
+    let seq = sent.await.unwrap().into_inner().seq;
+    let edge = d.edge.endpoint();
+    let listed = eventually(Duration::from_secs(5), || {
+        let edge = edge.clone();
+        async move { bob_summary(&edge, conversation).await.unread >= seq }
+    })
+    .await;
+    let summary = bob_summary(&edge, conversation).await;
+    target.failpoints().set(Vec::new());
+    assert!(listed, "the send never reached Bob's list");
+    let last = summary.last_message.as_ref().map(|m| m.seq);
+    assert_eq!(
+        (last, summary.unread),
+        (Some(seq), seq),
+        "the list counts seq {seq} and shows another last message"
+    );
+}
+
 /// The source of a conversation move and of a user-home move drops its copy
 /// once the grace period is over; the new owner serves everything.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
