@@ -19,6 +19,11 @@ pub struct LaneLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PhaseLabel {
+    pub phase: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ScopeLabel {
     pub scope: &'static str,
 }
@@ -41,6 +46,7 @@ pub struct CellMetrics {
     pub queue_lag_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
     pub fanout_lag_seconds: Histogram,
     pub fanout_batch_entries: Histogram,
+    pub fanout_phase_seconds: Family<PhaseLabel, Histogram, fn() -> Histogram>,
     pub push_latency_seconds: Histogram,
     pub online_devices: Gauge,
     pub pulls_unavailable: Counter,
@@ -111,6 +117,13 @@ static METRICS: LazyLock<CellMetrics> = LazyLock::new(|| CellMetrics {
         "Conversation-list entries (member × conversation) updated per fan-out batch.",
         None,
         size_buckets(),
+    ),
+    fanout_phase_seconds: histogram_family(
+        "cellmesh_fanout_phase",
+        "Time one fan-out batch spent in each phase on the processor: planning its effects (apply), \
+         until they are durable (commit), waking its users' streams (announce).",
+        Some(Unit::Seconds),
+        latency_histogram,
     ),
     push_latency_seconds: histogram(
         "cellmesh_push_latency",

@@ -85,6 +85,9 @@ const LEADER_PHASES: [&str; 3] = [
     "cellmesh_raft_append_rpc",
 ];
 
+/// A fan-out batch's phases on the owner cell's processor.
+const FANOUT_PHASES: [&str; 3] = ["apply", "commit", "announce"];
+
 /// The sum of a metric's samples (with `filter` in its labels) in a
 /// Prometheus text exposition.
 fn sample_sum(text: &str, metric: &str, filter: &str) -> f64 {
@@ -163,6 +166,7 @@ async fn processes_expose_valid_metrics_and_prometheus_sees_the_send_rate() {
     let mut edge_sends = 0.0;
     // Route writes seen by the leader's phases, and its replication RPCs.
     let mut route_write_phases = [0.0; LEADER_PHASES.len()];
+    let mut fanout_phases = [0.0; FANOUT_PHASES.len()];
     let metrics = info["metrics"].as_object().unwrap();
     assert_eq!(metrics.len(), 14, "{metrics:?}");
     for (name, url) in metrics {
@@ -179,6 +183,10 @@ async fn processes_expose_valid_metrics_and_prometheus_sees_the_send_rate() {
         );
         promtool_check(name, &text);
         committed += sample_sum(&text, "cellmesh_messages_committed_total", "");
+        for (seen, phase) in fanout_phases.iter_mut().zip(FANOUT_PHASES) {
+            let label = format!("phase=\"{phase}\"");
+            *seen += sample_sum(&text, "cellmesh_fanout_phase_seconds_count", &label);
+        }
         edge_sends += sample_sum(
             &text,
             "cellmesh_rpc_server_requests_total",
@@ -209,6 +217,11 @@ async fn processes_expose_valid_metrics_and_prometheus_sees_the_send_rate() {
     assert!(
         route_write_phases.iter().all(|count| *count > 0.0),
         "{LEADER_PHASES:?}: {route_write_phases:?}"
+    );
+    // Every send's fan-out went through each phase once, in some batch.
+    assert!(
+        fanout_phases.iter().all(|count| *count > 0.0),
+        "{FANOUT_PHASES:?}: {fanout_phases:?}"
     );
     // Each send is one edge call and one owner-cell call (plus the demo's).
     assert!(

@@ -18,7 +18,7 @@
 // Keys here are ids, not attacker-chosen strings: a fast hash suffices.
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cellmesh_proto::ids::{ConversationId, TenantId, UserId};
 use cellmesh_proto::storage::v1::{
@@ -470,6 +470,7 @@ impl Processor {
         if let Some(newest) = deliveries.iter().rev().find_map(|d| d.event.event.as_ref()) {
             metrics.queue_lag_seconds.set(age(newest));
         }
+        let started = Instant::now();
         let mut batch = Batch::default();
         for delivery in deliveries {
             let Some(event) = &delivery.event.event else {
@@ -477,6 +478,7 @@ impl Processor {
             };
             self.apply_event(&mut batch, delivery.event.id, event)?;
         }
+        observe_phase("apply", started);
         metrics
             .fanout_batch_entries
             .observe(batch.entries.len() as f64);
@@ -521,17 +523,20 @@ impl Processor {
         }
         if !batch.mutation.is_empty() {
             let mutation = std::mem::take(&mut batch.mutation);
+            let started = Instant::now();
             if let Err(e) = self.store.commit_fan_out(mutation).await {
                 // The cached pts and entries may now be ahead of storage.
                 self.forget_cached();
                 return Err(e.into());
             }
+            observe_phase("commit", started);
             self.store.failpoints().abort_at("fanout.committed");
         }
         if self.pts.len() > PTS_CACHE || self.entries.len() > ENTRY_CACHE {
             self.forget_cached();
         }
         self.entries.extend(batch.entries);
+        let started = Instant::now();
         let mut messages = HashMap::default();
         for (user, pts) in batch.pts {
             let _push = batch.trace.push(user);
@@ -547,6 +552,7 @@ impl Processor {
         for (members, hint) in batch.hints {
             self.hints.hint(members, hint);
         }
+        observe_phase("announce", started);
         if notified {
             self.notifications.notify_one();
         }
@@ -614,6 +620,15 @@ impl Processor {
         }
         Ok(())
     }
+}
+
+/// Records the time since `started` as `phase` of a fan-out batch.
+fn observe_phase(phase: &'static str, started: Instant) {
+    let phases = &crate::metrics::metrics().fanout_phase_seconds;
+    let label = crate::metrics::PhaseLabel { phase };
+    phases
+        .get_or_create(&label)
+        .observe(started.elapsed().as_secs_f64());
 }
 
 /// The users whose events wait in the forward queue.
