@@ -218,7 +218,7 @@ async fn processes_expose_valid_metrics_and_prometheus_sees_the_send_rate() {
         route_write_phases.iter().all(|count| *count > 0.0),
         "{LEADER_PHASES:?}: {route_write_phases:?}"
     );
-    // Every send's fan-out went through each phase once, in some batch.
+    // The owner cells' fan-out batches were planned, committed and announced.
     assert!(
         fanout_phases.iter().all(|count| *count > 0.0),
         "{FANOUT_PHASES:?}: {fanout_phases:?}"
