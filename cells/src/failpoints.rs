@@ -16,6 +16,8 @@
 //!   standbys (a failover inside the replication lag);
 //! - `backfill.copy=error` — a backfill copy into this cell fails at once
 //!   (an owner that cannot take it now);
+//! - `tenant.list=error` — listing a tenant's conversations here fails
+//!   (a cell not answering yet: a backfill or a move tries again);
 //! - `migration.copy_stored=abort` — the process dies right after a copied
 //!   chunk is stored, before answering (a crash between two steps of a
 //!   migration's copy phase).

@@ -1,6 +1,7 @@
 //! The control plane's Prometheus metrics: failovers (count and time from
 //! the first failed probe to the moved routes), failover holds in force,
-//! operations by kind and
+//! backfills after a return (conversations copied, and what they gave up
+//! on), operations by kind and
 //! outcome, the largest freeze of each finished move, and the progress of
 //! each running operation (its series go away when it ends). RPC counts and
 //! latencies come from the admin server's layer.
@@ -37,6 +38,8 @@ struct Metrics {
     failovers: Counter,
     failover_seconds: Histogram,
     holds: Gauge,
+    backfilled: Counter,
+    backfill_abandoned: Counter,
     operations: Family<OutcomeLabels, Counter>,
     freeze_seconds: Histogram,
     rows: Family<OperationLabels, Gauge>,
@@ -58,6 +61,15 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics {
     holds: gauge(
         "cellmesh_failover_holds",
         "Cells whose failover an operator holds now (planned restarts).",
+    ),
+    backfilled: counter(
+        "cellmesh_backfilled_conversations",
+        "Conversations whose history a returned cell copied back into their owner.",
+    ),
+    backfill_abandoned: counter(
+        "cellmesh_backfill_abandoned",
+        "Backfill work given up after its retries: tenants a returned cell never listed and \
+         conversations whose copy kept failing (their history stays unavailable).",
     ),
     operations: counter_family(
         "cellmesh_operations_finished",
@@ -92,6 +104,12 @@ pub fn register() {
 pub fn failed_over(took: std::time::Duration) {
     METRICS.failovers.inc();
     METRICS.failover_seconds.observe(took.as_secs_f64());
+}
+
+/// A backfill that copied `conversations` and gave up on `abandoned`.
+pub fn backfilled(conversations: usize, abandoned: usize) {
+    METRICS.backfilled.inc_by(conversations as u64);
+    METRICS.backfill_abandoned.inc_by(abandoned as u64);
 }
 
 /// How many cells are held from failover now.

@@ -335,6 +335,10 @@ pub enum Event {
         cell: String,
         conversations: usize,
         messages: u64,
+        /// Tenants the returned cell never listed and conversations whose
+        /// copy kept failing: their history stays unavailable.
+        unlisted: usize,
+        failed: usize,
     },
 }
 
@@ -907,13 +911,19 @@ impl Probed<'_> {
             self.peers.clone(),
         );
         tokio::spawn(async move {
-            let (conversations, messages) =
-                crate::failover::backfill::backfill(&routes, &peers, &secret, &id).await;
-            tracing::info!(cell = %id, conversations, messages, "backfilled");
+            let done = crate::failover::backfill::backfill(&routes, &peers, &secret, &id).await;
+            crate::metrics::backfilled(done.conversations, done.unlisted + done.failed);
+            if done.unlisted + done.failed > 0 {
+                tracing::error!(cell = %id, ?done, "backfill gave up: some history stays unavailable");
+            } else {
+                tracing::info!(cell = %id, ?done, "backfilled");
+            }
             events.lock().expect("events").push(Event::Backfilled {
                 cell: id,
-                conversations,
-                messages,
+                conversations: done.conversations,
+                messages: done.messages,
+                unlisted: done.unlisted,
+                failed: done.failed,
             });
         });
     }

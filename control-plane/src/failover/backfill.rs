@@ -14,14 +14,27 @@ use cellmesh_route_client::client::RouteClient;
 use cellmesh_route_client::peers::Peers;
 use cellmesh_route_client::table::Key;
 
-/// Copies back what `returned` holds; returns (conversations backfilled,
-/// messages copied).
+/// What one backfill did, and what it gave up on.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Outcome {
+    /// Conversations whose history was copied into their owner.
+    pub conversations: usize,
+    /// The messages copied.
+    pub messages: u64,
+    /// Tenants whose conversations the returned cell never listed (it kept
+    /// failing to answer): their history stays unavailable.
+    pub unlisted: usize,
+    /// Conversations whose copy kept failing.
+    pub failed: usize,
+}
+
+/// Copies back what `returned` holds.
 pub async fn backfill(
     routes: &RouteClient,
     peers: &Peers,
     secret: &ClusterSecret,
     returned: &str,
-) -> (usize, u64) {
+) -> Outcome {
     let (source, tenants) = routes.read(|t| {
         let source = t
             .cell(returned)
@@ -38,51 +51,83 @@ pub async fn backfill(
             .collect();
         (source, tenants)
     });
-    // What the returned cell holds of those tenants.
-    let mut held: Vec<(TenantId, ConversationId)> = Vec::new();
-    for tenant in tenants {
-        match stored_conversations(peers, &source, secret, TenantId(tenant)).await {
-            Ok(ids) => held.extend(
-                ids.into_iter()
-                    .map(|c| (TenantId(tenant), ConversationId(c))),
-            ),
-            Err(e) => {
-                tracing::warn!(tenant, error = %e.message(), "backfill cannot list the returned cell");
-            }
+    // What the returned cell holds of those tenants. A cell just back may
+    // not answer at once: its listing is tried again like a copy.
+    let (listed, unlisted) = retried(tenants.into_iter().map(TenantId).collect(), |tenant| {
+        let source = &source;
+        async move {
+            let ids = stored_conversations(peers, source, secret, tenant).await;
+            ids.map_err(|e| {
+                tracing::warn!(tenant = tenant.get(), error = %e.message(), "backfill cannot list the returned cell");
+            })
         }
-    }
-    let (mut done, mut messages) = (0, 0);
+    })
+    .await;
+    let held: Vec<(TenantId, ConversationId)> = listed
+        .into_iter()
+        .flat_map(|(tenant, ids)| ids.into_iter().map(move |c| (tenant, ConversationId(c))))
+        .collect();
     // A copy that fails (an owner busy or restarting, a link cut) is tried
     // again, each time at the conversation's owner then: the history it
     // brings is nowhere else.
+    let (copied, failed) = retried(held, |(tenant, conversation)| {
+        let source = &source;
+        async move {
+            let Some(owner) = owner(routes, returned, (tenant, conversation)) else {
+                return Ok(None);
+            };
+            match copy_back(peers, secret, source, (tenant, conversation), &owner).await {
+                Ok(n) => Ok(Some(n)),
+                // The returned cell never had it: nothing to copy back.
+                Err(e) if e.code() == tonic::Code::NotFound => Ok(None),
+                Err(e) => {
+                    tracing::warn!(conversation = conversation.get(), error = %e.message(), "backfill failed");
+                    Err(())
+                }
+            }
+        }
+    })
+    .await;
+    let copied: Vec<u64> = copied.into_iter().filter_map(|(_, n)| n).collect();
+    Outcome {
+        conversations: copied.len(),
+        messages: copied.iter().sum(),
+        unlisted: unlisted.len(),
+        failed: failed.len(),
+    }
+}
+
+/// Runs `work` on each of `items`, those it fails again up to [`RETRIES`]
+/// times, backing off; returns what each that succeeded gave, and those
+/// that kept failing.
+async fn retried<T: Copy, R, F>(
+    mut items: Vec<T>,
+    mut work: impl FnMut(T) -> F,
+) -> (Vec<(T, R)>, Vec<T>)
+where
+    F: std::future::Future<Output = Result<R, ()>>,
+{
+    let mut done = Vec::new();
     for attempt in 0..=RETRIES {
+        if items.is_empty() {
+            break;
+        }
         if attempt > 0 {
             tokio::time::sleep(retry_after(attempt)).await;
         }
         let mut failed = Vec::new();
-        for (tenant, conversation, owner) in owners(routes, returned, &held) {
-            match copy_back(peers, secret, &source, (tenant, conversation), &owner).await {
-                Ok(n) => {
-                    done += 1;
-                    messages += n;
-                }
-                // The returned cell never had it: nothing to copy back.
-                Err(e) if e.code() == tonic::Code::NotFound => {}
-                Err(e) => {
-                    tracing::warn!(conversation = conversation.get(), attempt, error = %e.message(), "backfill failed");
-                    failed.push((tenant, conversation));
-                }
+        for item in items {
+            match work(item).await {
+                Ok(r) => done.push((item, r)),
+                Err(()) => failed.push(item),
             }
         }
-        if failed.is_empty() {
-            break;
-        }
-        held = failed;
+        items = failed;
     }
-    (done, messages)
+    (done, items)
 }
 
-/// How many times a failed copy is tried again (over about 15 s).
+/// How many times a failed listing or copy is tried again (over about 15 s).
 const RETRIES: u32 = 5;
 
 /// The wait before try `attempt` (0.5, 1, 2, 4, 8 s).
@@ -90,24 +135,16 @@ fn retry_after(attempt: u32) -> Duration {
     Duration::from_millis(500 << (attempt - 1).min(4))
 }
 
-/// Of `held` (tenant, conversation), those failed over away from
-/// `returned`, with their owner's address now.
-fn owners(
+/// The address of `conversation`'s owner now, if it was failed over away
+/// from `returned`.
+fn owner(
     routes: &RouteClient,
     returned: &str,
-    held: &[(TenantId, ConversationId)],
-) -> Vec<(TenantId, ConversationId, String)> {
+    (tenant, conversation): (TenantId, ConversationId),
+) -> Option<String> {
     routes.read(|t| {
-        held.iter()
-            .filter_map(|&(tenant, conversation)| {
-                let r = t.resolve(&Key::conversation(tenant, conversation))?;
-                (r.entry.cell != returned && r.entry.floor_margin > 0).then_some((
-                    tenant,
-                    conversation,
-                    r.cell_address,
-                ))
-            })
-            .collect()
+        let r = t.resolve(&Key::conversation(tenant, conversation))?;
+        (r.entry.cell != returned && r.entry.floor_margin > 0).then_some(r.cell_address)
     })
 }
 

@@ -1,15 +1,23 @@
-//! A backfill copy the conversation's owner cannot take at first is tried
-//! again: the history the returned cell brings is nowhere else.
+//! A backfill the cells cannot serve at first is tried again: a copy the
+//! conversation's owner refuses, or a returned cell that does not list its
+//! tenants' conversations yet. The history the returned cell brings is
+//! nowhere else.
 
-use cellmesh_control_plane::server::Event;
+use cellmesh_control_plane::server::{Event, RunningControlPlane};
 use cellmesh_tests::deploy::{pull_via_edge, wait_for_backfill, wait_for_checkpoint};
 use cellmesh_tests::{TestCell, eventually};
 use std::time::Duration;
 
-use crate::exactly_once::{fail_first_cell, failover_deployment_with, send_before};
+use crate::exactly_once::{
+    FailoverDeployment, fail_first_cell, failover_deployment_with, send_before,
+};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_backfill_the_owner_refuses_at_first_is_tried_again() {
+const FAILED: &str = "eu-west/c1";
+
+/// A deployment whose first cell acknowledged five messages of the
+/// conversation and failed over: the deployment, and the failed cell's
+/// data directory.
+async fn failed_over() -> (FailoverDeployment, tempfile::TempDir) {
     let (mut d, routes, cp, alice, mut m, conversation) = failover_deployment_with(|_| {}).await;
     let acked = send_before(&mut m, &alice, conversation, 5).await;
     let last = acked.last().unwrap().seq;
@@ -17,24 +25,63 @@ async fn a_backfill_the_owner_refuses_at_first_is_tried_again() {
     let data = fail_first_cell(&mut d, conversation).await;
     let unavailable = pull_via_edge(&mut m, &alice, conversation).await;
     assert!(unavailable.unavailable_through > 0, "{unavailable:?}");
+    ((d, routes, cp, alice, m, conversation), data)
+}
 
-    // The owner refuses backfill copies while the failed cell returns.
-    let refusing = cellmesh_cell::failpoints::parse("backfill.copy=error").unwrap();
-    let owner = d.cells[0].cell.service.store().clone();
-    owner.failpoints().set(refusing);
-    let _back = TestCell::start_routed_in("eu-west/c1", d.cluster.endpoints(), data).await;
+/// Waits until the control plane has found the failed cell back.
+async fn recovered(cp: &RunningControlPlane) {
     let recovered = eventually(Duration::from_secs(30), || {
-        let seen = (cp.events().iter())
-            .any(|e| matches!(e, Event::Recovered { cell } if cell == "eu-west/c1"));
+        let seen =
+            (cp.events().iter()).any(|e| matches!(e, Event::Recovered { cell } if cell == FAILED));
         async move { seen }
     })
     .await;
     assert!(recovered, "{:?}", cp.events());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backfill_the_owner_refuses_at_first_is_tried_again() {
+    let ((d, _routes, cp, alice, mut m, conversation), data) = failed_over().await;
+    // The owner refuses backfill copies while the failed cell returns.
+    let refusing = cellmesh_cell::failpoints::parse("backfill.copy=error").unwrap();
+    let owner = d.cells[0].cell.service.store().clone();
+    owner.failpoints().set(refusing);
+    let _back = TestCell::start_routed_in(FAILED, d.cluster.endpoints(), data).await;
+    recovered(&cp).await;
     tokio::time::sleep(Duration::from_millis(1_200)).await;
     owner.failpoints().set(Vec::new());
 
-    wait_for_backfill(&cp, "eu-west/c1", Duration::from_secs(30)).await;
+    wait_for_backfill(&cp, FAILED, Duration::from_secs(30)).await;
     let whole = pull_via_edge(&mut m, &alice, conversation).await;
     assert_eq!(whole.unavailable_through, 0, "{whole:?}");
+    cp.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_returned_cell_that_cannot_list_its_conversations_at_first_is_asked_again() {
+    let ((d, _routes, cp, alice, mut m, conversation), data) = failed_over().await;
+    // The returned cell fails to list its tenants' conversations at first.
+    let points = data.path().join("failpoints");
+    std::fs::write(&points, "tenant.list=error\n").unwrap();
+    let back = TestCell::start_routed_in(FAILED, d.cluster.endpoints(), data).await;
+    recovered(&cp).await;
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    std::fs::write(&points, "").unwrap();
+
+    wait_for_backfill(&cp, FAILED, Duration::from_secs(30)).await;
+    let whole = pull_via_edge(&mut m, &alice, conversation).await;
+    assert_eq!(whole.unavailable_through, 0, "{whole:?}");
+    let gave_up = cp
+        .events()
+        .iter()
+        .any(|e| matches!(e, Event::Backfilled { unlisted, failed, .. } if unlisted + failed > 0));
+    assert!(!gave_up, "{:?}", cp.events());
+    let metrics = cellmesh_telemetry::registry::encode();
+    assert!(
+        metrics.contains("cellmesh_backfilled_conversations_total 1\n")
+            && metrics.contains("cellmesh_backfill_abandoned_total 0\n"),
+        "{metrics}"
+    );
+    drop(back);
     cp.stop();
 }

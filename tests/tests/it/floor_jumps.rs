@@ -177,7 +177,9 @@ async fn returns(
     let secret = ClusterSecret::new(SECRET);
     let backfill = cellmesh_control_plane::failover::backfill::backfill;
     assert_eq!(
-        backfill(routes, &Default::default(), &secret, cell).await.0,
+        backfill(routes, &Default::default(), &secret, cell)
+            .await
+            .conversations,
         1,
         "{cell} backfilled"
     );

@@ -308,8 +308,8 @@ async fn a_failed_over_cell_takes_its_tenant_back_and_is_then_drained() {
     senders.until_acked(10, Duration::from_secs(10)).await;
 
     // The cell is back: its history goes to the new owner, then it is Up.
-    let (backfilled, _) = backfill(&routes, &Default::default(), &secret, SOURCE).await;
-    assert_eq!(backfilled, 12);
+    let backfilled = backfill(&routes, &Default::default(), &secret, SOURCE).await;
+    assert_eq!((backfilled.conversations, backfilled.failed), (12, 0));
     let up = routes
         .apply(set_cell_status(SOURCE, cellmesh_proto::v1::CellStatus::Up))
         .await

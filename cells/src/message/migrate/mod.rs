@@ -247,6 +247,12 @@ impl MessageService {
         limit: usize,
         epoch: u64,
     ) -> Result<(Vec<u64>, bool)> {
+        if self.store.failpoints().hit("tenant.list") == Some(crate::failpoints::Action::Error) {
+            return Err(retry_later(
+                Reason::PipelineBusy,
+                "fail point tenant.list".into(),
+            ));
+        }
         if epoch > 0 {
             self.await_route_epoch(epoch, Instant::now() + SEAL_TIMEOUT)
                 .await?;
