@@ -912,8 +912,8 @@ impl Probed<'_> {
         );
         tokio::spawn(async move {
             let done = crate::failover::backfill::backfill(&routes, &peers, &secret, &id).await;
-            crate::metrics::backfilled(done.conversations, done.unlisted + done.failed);
-            if done.unlisted + done.failed > 0 {
+            crate::metrics::backfilled(done.conversations, done.abandoned());
+            if done.abandoned() > 0 {
                 tracing::error!(cell = %id, ?done, "backfill gave up: some history stays unavailable");
             } else {
                 tracing::info!(cell = %id, ?done, "backfilled");

@@ -28,6 +28,13 @@ pub struct Outcome {
     pub failed: usize,
 }
 
+impl Outcome {
+    /// What it gave up on: tenants unlisted and conversations not copied.
+    pub fn abandoned(&self) -> usize {
+        self.unlisted + self.failed
+    }
+}
+
 /// Copies back what `returned` holds.
 pub async fn backfill(
     routes: &RouteClient,
