@@ -53,6 +53,12 @@ pub struct ControlPlaneConfig {
     pub down_after: u32,
     /// Consecutive good probes before a failed cell is Up again.
     pub up_after: u32,
+    /// How long a replica that takes the lead gives each cell it has not
+    /// yet seen serving before counting that cell's failed probes: cells
+    /// of a deployment that starts (or restarts) as a whole are not failed
+    /// over while they open their storage. A cell dead when the lead
+    /// changes is failed over this much later.
+    pub startup_grace_ms: u64,
     pub failover: FailoverConfig,
     pub coordination: CoordinationConfig,
     /// Where the web console listens (`host:port`); empty turns it off.
@@ -164,6 +170,7 @@ impl Default for ControlPlaneConfig {
             probe_timeout_ms: 250,
             down_after: 3,
             up_after: 3,
+            startup_grace_ms: 10_000,
             failover: FailoverConfig::default(),
             coordination: CoordinationConfig::default(),
             console_listen: "127.0.0.1:7100".into(),
@@ -665,7 +672,8 @@ async fn run(
     events: Arc<Mutex<Vec<Event>>>,
 ) {
     let leases = config.coordination.backend == CoordinationBackend::Etcd;
-    let mut detector = Detector::new(config.down_after, config.up_after);
+    let mut detector = Detector::new(config.down_after, config.up_after)
+        .with_startup_grace(Duration::from_millis(config.startup_grace_ms));
     let mut first_failure: std::collections::HashMap<String, Instant> = Default::default();
     // Cells the table fences: since when this replica knows it, and the
     // status the fence replaced.
@@ -831,7 +839,8 @@ impl Probed<'_> {
     /// the detector calls it recovered (backfilling one that was failed
     /// over). `registered`: the cells whose coordination lease lives
     /// (`None`: no leases). A held cell's failed probes are not counted
-    /// against it: its restart is planned.
+    /// against it: its restart is planned; nor are those of a cell the
+    /// detector sees [starting](Detector::starting).
     async fn observe(
         &self,
         cells: &[CellInfo],
@@ -861,8 +870,9 @@ impl Probed<'_> {
             let healthy = probe.await.unwrap_or(false) && live;
             let down = cell.status == CellStatus::Down;
             // A held cell's failed probes count for nothing: its restart
-            // is planned.
-            let excused = !healthy && !down && holds.holds(&cell.id);
+            // is planned; nor do those of a cell still starting.
+            let excused =
+                !healthy && !down && (holds.holds(&cell.id) || detector.starting(&cell.id));
             if !healthy && !excused {
                 first_failure
                     .entry(cell.id.clone())

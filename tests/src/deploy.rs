@@ -444,7 +444,15 @@ pub async fn control_plane_with(
     routers: Vec<String>,
     failover: FailoverConfig,
 ) -> RunningControlPlane {
-    cellmesh_control_plane::server::start(ControlPlaneConfig {
+    cellmesh_control_plane::server::start(fast_config(routers, failover))
+        .await
+        .expect("control plane starts")
+}
+
+/// The config [`control_plane_with`] starts: probes every 100 ms, a cell
+/// failed after three failed ones.
+pub fn fast_config(routers: Vec<String>, failover: FailoverConfig) -> ControlPlaneConfig {
+    ControlPlaneConfig {
         routers,
         cluster_secret: SECRET.into(),
         probe_interval_ms: 100,
@@ -455,9 +463,7 @@ pub async fn control_plane_with(
         console_listen: String::new(),
         admin_listen: "127.0.0.1:0".into(),
         ..ControlPlaneConfig::default()
-    })
-    .await
-    .expect("control plane starts")
+    }
 }
 
 /// The config of a routed cell process in `dir` whose failover the

@@ -14,6 +14,7 @@ mod bad_input;
 mod chat_cli;
 mod check_config;
 mod cold_moves;
+mod cold_start;
 mod cold_tier;
 mod commit_lanes;
 mod console;
