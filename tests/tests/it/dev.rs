@@ -253,7 +253,9 @@ async fn a_message_crosses_three_regions_and_survives_a_restart() {
         .expect("history after the restart")
         .into_inner();
     let ids: Vec<u64> = page.messages.iter().map(|m| m.msg_id).collect();
-    assert_eq!(ids, vec![sent.msg_id]);
+    // A failover at the restart would show here as a floor and history
+    // reported unavailable: the page says which.
+    assert_eq!(ids, vec![sent.msg_id], "{page:?}");
     interrupt_and_wait(dev.take(), &info);
 }
 
