@@ -340,12 +340,8 @@ pub enum Event {
     },
     Backfilled {
         cell: String,
-        conversations: usize,
-        messages: u64,
-        /// Tenants the returned cell never listed and conversations whose
-        /// copy kept failing: their history stays unavailable.
-        unlisted: usize,
-        failed: usize,
+        /// What it copied, and what it gave up on.
+        done: crate::failover::backfill::Outcome,
     },
 }
 
@@ -928,13 +924,10 @@ impl Probed<'_> {
             } else {
                 tracing::info!(cell = %id, ?done, "backfilled");
             }
-            events.lock().expect("events").push(Event::Backfilled {
-                cell: id,
-                conversations: done.conversations,
-                messages: done.messages,
-                unlisted: done.unlisted,
-                failed: done.failed,
-            });
+            events
+                .lock()
+                .expect("events")
+                .push(Event::Backfilled { cell: id, done });
         });
     }
 }

@@ -604,8 +604,8 @@ pub async fn held_mark(address: &str, tenant: u64, conversation: u64) -> u64 {
 pub async fn wait_for_backfill(cp: &RunningControlPlane, cell: &str, within: Duration) {
     let done = crate::eventually(within, || {
         let done = cp.events().iter().any(|e| {
-            matches!(e, Event::Backfilled { cell: c, conversations, .. }
-                if c == cell && *conversations >= 1)
+            matches!(e, Event::Backfilled { cell: c, done }
+                if c == cell && done.conversations >= 1)
         });
         async move { done }
     })
