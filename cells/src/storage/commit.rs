@@ -2,8 +2,9 @@
 //! message lane (sends, updates, the relay, consumers, everything else) and
 //! the fan-out lane (the processor's sync-queue appends). A lane takes all
 //! mutations queued while its previous batch was being written, applies
-//! them as one WriteBatch with the WAL fsynced, and only then answers their
-//! callers. Concurrent writers therefore share one fsync, and within a lane
+//! them as one WriteBatch (its writes in key order: [`batch`]) with the WAL
+//! fsynced, and only then answers their callers. Concurrent writers
+//! therefore share one fsync, and within a lane
 //! the order in which mutations are queued is the order in which they
 //! become durable. The two lanes write concurrently, each batch inserted
 //! into the memtables on its lane's thread. Nothing orders one lane after
@@ -26,15 +27,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 
-use rocksdb::{DB, IteratorMode, WriteBatch, WriteOptions};
+use rocksdb::{DB, IteratorMode, WriteOptions};
 use tokio::sync::{Notify, mpsc, oneshot, watch};
 
+use super::batch;
 use super::changes::Changes;
 use super::keys::{self, cf};
 use super::mirror::Views;
 use super::unsynced::Unsynced;
 use super::wal_sync::{self, WalSyncs};
-use super::{Mutation, Op, Result, StorageError};
+use super::{Mutation, Result, StorageError};
 use crate::config::StorageConfig;
 
 /// Counters of the commit path.
@@ -373,26 +375,9 @@ impl Writer {
 
     fn write(&mut self, jobs: &[Job]) -> Result<Written, StorageError> {
         self.refuse_if_failed().map_err(StorageError::Failed)?;
-        let mut batch = WriteBatch::default();
-        let mut outbox_id = self.next_outbox_id;
-        let mut written = 0;
-        for job in jobs {
-            written += job.mutation.len() as u64;
-            for op in &job.mutation.ops {
-                match op {
-                    Op::Put(name, k, v) => batch.put_cf(self.handle(name), k, v),
-                    Op::Delete(name, k) => batch.delete_cf(self.handle(name), k),
-                    Op::Merge(name, k, v) => batch.merge_cf(self.handle(name), k, v),
-                    Op::DeleteRange(name, from, to) => {
-                        batch.delete_range_cf(self.handle(name), from, to)
-                    }
-                }
-            }
-            for event in &job.mutation.outbox {
-                batch.put_cf(self.handle(cf::OUTBOX), outbox_id.to_be_bytes(), event);
-                outbox_id += 1;
-            }
-        }
+        let mutations: Vec<&Mutation> = jobs.iter().map(|j| &j.mutation).collect();
+        let written = mutations.iter().map(|m| m.len() as u64).sum();
+        let (batch, outbox_id) = batch::write_batch(&self.db, &mutations, self.next_outbox_id);
         let mut opts = WriteOptions::default();
         let rides = self.rides_on_syncs();
         opts.set_sync(self.sync && !rides);
@@ -470,10 +455,6 @@ impl Writer {
                 Err(StorageError::Failed(e))
             }
         }
-    }
-
-    fn handle(&self, name: &str) -> &rocksdb::ColumnFamily {
-        self.db.cf_handle(name).expect("column family exists")
     }
 }
 

@@ -5,6 +5,7 @@
 
 mod audit;
 mod backup;
+mod batch;
 pub mod changes;
 mod clear;
 mod commit;
