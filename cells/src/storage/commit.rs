@@ -4,9 +4,8 @@
 //! mutations queued while its previous batch was being written, applies
 //! them as one WriteBatch (its writes in key order: [`batch`]) with the WAL
 //! fsynced, and only then answers their callers. Concurrent writers
-//! therefore share one fsync, and within a lane
-//! the order in which mutations are queued is the order in which they
-//! become durable. The two lanes write concurrently, each batch inserted
+//! therefore share one fsync, and within a lane the order in which
+//! mutations are queued is the order in which they become durable. The two lanes write concurrently, each batch inserted
 //! into the memtables on its lane's thread. Nothing orders one lane after
 //! the other; the fan-out lane only writes what follows from records
 //! already durable.
