@@ -427,16 +427,17 @@ pub fn assert_every_invariant(history: &History) {
 /// over after 3 failed probes (and the 2 s owner lease); failover floors
 /// assume 100 sends/s per conversation and 1 s checkpoints.
 pub async fn fast_control_plane(routers: Vec<String>) -> RunningControlPlane {
-    control_plane_with(
-        routers,
-        FailoverConfig {
-            conversation_per_sec: 100,
-            conversation_burst: 100,
-            checkpoint_interval_ms: 1000,
-            owner_lease_ms: 2000,
-        },
-    )
-    .await
+    control_plane_with(routers, fast_failover()).await
+}
+
+/// The failover settings of [`fast_control_plane`].
+pub fn fast_failover() -> FailoverConfig {
+    FailoverConfig {
+        conversation_per_sec: 100,
+        conversation_burst: 100,
+        checkpoint_interval_ms: 1000,
+        owner_lease_ms: 2000,
+    }
 }
 
 /// As [`fast_control_plane`], with these failover settings.

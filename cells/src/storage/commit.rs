@@ -5,10 +5,10 @@
 //! them as one WriteBatch (its writes in key order: [`batch`]) with the WAL
 //! fsynced, and only then answers their callers. Concurrent writers
 //! therefore share one fsync, and within a lane the order in which
-//! mutations are queued is the order in which they become durable. The two lanes write concurrently, each batch inserted
-//! into the memtables on its lane's thread. Nothing orders one lane after
-//! the other; the fan-out lane only writes what follows from records
-//! already durable.
+//! mutations are queued is the order in which they become durable. The two
+//! lanes write concurrently, each batch inserted into the memtables on its
+//! lane's thread. Nothing orders one lane after the other; the fan-out
+//! lane only writes what follows from records already durable.
 //! Outbox events, whose ids must become visible in order, go through the
 //! message lane only. The fan-out lane writes without a sync of its own and
 //! answers once a sync of the message lane's begun after its write has

@@ -125,6 +125,16 @@ impl Op {
             | Op::DeleteRange(name, ..) => name,
         }
     }
+
+    /// The key written (a range delete's first key).
+    pub fn key(&self) -> &[u8] {
+        match self {
+            Op::Put(_, key, _)
+            | Op::Delete(_, key)
+            | Op::Merge(_, key, _)
+            | Op::DeleteRange(_, key, _) => key,
+        }
+    }
 }
 
 impl Mutation {

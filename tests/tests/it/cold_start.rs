@@ -17,15 +17,7 @@ const OWNER: &str = "eu-west/c1";
 
 /// A control plane over `d`'s routers with a startup grace of `grace`.
 async fn control_plane(d: &Deployment, grace: Duration) -> RunningControlPlane {
-    let mut config = fast_config(
-        d.cluster.endpoints(),
-        cellmesh_control_plane::server::FailoverConfig {
-            conversation_per_sec: 100,
-            conversation_burst: 100,
-            checkpoint_interval_ms: 1000,
-            owner_lease_ms: 2000,
-        },
-    );
+    let mut config = fast_config(d.cluster.endpoints(), fast_failover());
     config.startup_grace_ms = grace.as_millis() as u64;
     cellmesh_control_plane::server::start(config)
         .await
