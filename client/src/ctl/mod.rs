@@ -14,6 +14,7 @@ use clap::{Args, Subcommand};
 
 use crate::connect::describe;
 
+pub mod backfill;
 mod backup;
 mod hold;
 mod moves;
@@ -165,6 +166,15 @@ enum CtlCommand {
         /// cell is known to be dead.
         #[arg(long, default_value = "2s")]
         fence: humantime::Duration,
+    },
+    /// Copy the history a failed-over cell holds (what it acknowledged
+    /// before its failover) into its conversations' current owners again:
+    /// the control plane does it when the cell returns, and gives up after
+    /// about 15 s of failed copies. Safe to run again.
+    Backfill {
+        cell: String,
+        #[arg(long)]
+        json: bool,
     },
     /// Hold a cell's failover for a planned restart (an upgrade, a host's
     /// reboot): while it is away the control plane neither fences it nor
@@ -540,6 +550,9 @@ pub async fn run(mut args: CtlArgs) -> anyhow::Result<()> {
             margin,
             fence,
         } => table::fail(&routes, &cell, margin, fence).await?,
+        CtlCommand::Backfill { cell, json } => {
+            backfill::show(&routes, &secret, &cell, json).await?
+        }
         CtlCommand::Migrations { command, json } => {
             table::migrations(&routes, command, json).await?
         }

@@ -1,10 +1,13 @@
 //! A backfill the cells cannot serve at first is tried again: a copy the
 //! conversation's owner refuses, or a returned cell that does not list its
-//! tenants' conversations yet. The history the returned cell brings is
-//! nowhere else.
+//! tenants' conversations yet. One the control plane gave up on is run
+//! again by the operator (`ctl backfill`). The history the returned cell
+//! brings is nowhere else.
 
 use cellmesh_control_plane::server::{Event, RunningControlPlane};
-use cellmesh_tests::deploy::{pull_via_edge, wait_for_backfill, wait_for_checkpoint};
+use cellmesh_proto::secret::ClusterSecret;
+use cellmesh_tests::deploy::{pull_via_edge, stored, wait_for_backfill, wait_for_checkpoint};
+use cellmesh_tests::router::SECRET;
 use cellmesh_tests::{TestCell, eventually};
 use std::time::Duration;
 
@@ -83,5 +86,55 @@ async fn a_returned_cell_that_cannot_list_its_conversations_at_first_is_asked_ag
         "{metrics}"
     );
     drop(back);
+    cp.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backfill_the_control_plane_gave_up_on_is_run_again_from_ctl() {
+    let ((d, routes, cp, alice, mut m, conversation), data) = failed_over().await;
+    let before = pull_via_edge(&mut m, &alice, conversation).await;
+    // The owner refuses every backfill copy until told otherwise.
+    let refusing = cellmesh_cell::failpoints::parse("backfill.copy=error").unwrap();
+    let owner = d.cells[0].cell.service.store().clone();
+    owner.failpoints().set(refusing);
+    let _back = TestCell::start_routed_in(FAILED, d.cluster.endpoints(), data).await;
+    recovered(&cp).await;
+    let gave_up = eventually(Duration::from_secs(60), || {
+        let gave_up = (cp.events().iter()).any(
+            |e| matches!(e, Event::Backfilled { cell, done } if cell == FAILED && done.failed == 1),
+        );
+        async move { gave_up }
+    })
+    .await;
+    assert!(gave_up, "{:?}", cp.events());
+    let still = pull_via_edge(&mut m, &alice, conversation).await;
+    assert!(still.unavailable_through > 0, "{still:?}");
+
+    // The cause is gone; the operator runs it again, twice.
+    owner.failpoints().set(Vec::new());
+    let secret = ClusterSecret::new(SECRET);
+    let done = cellmesh_client::ctl::backfill::run(&routes, &secret, FAILED)
+        .await
+        .unwrap();
+    assert_eq!((done.conversations, done.abandoned()), (1, 0), "{done:?}");
+    assert_eq!(done.messages, 5, "{done:?}");
+    let whole = pull_via_edge(&mut m, &alice, conversation).await;
+    assert_eq!(whole.unavailable_through, 0, "{whole:?}");
+    let again = cellmesh_client::ctl::backfill::run(&routes, &secret, FAILED)
+        .await
+        .unwrap();
+    assert_eq!(again.abandoned(), 0, "{again:?}");
+    let after = pull_via_edge(&mut m, &alice, conversation).await;
+    assert_eq!(stored(&after.messages), stored(&whole.messages));
+    let tags: Vec<_> = (stored(&after.messages).into_iter())
+        .map(|s| s.tag)
+        .filter(|t| t.starts_with("before-"))
+        .collect();
+    let acked: Vec<_> = (0..5).map(|i| format!("before-{i}")).collect();
+    assert_eq!(tags, acked, "the history once, in order: {before:?}");
+
+    // A cell that is not registered, or is Down, is refused.
+    let unknown = cellmesh_client::ctl::backfill::run(&routes, &secret, "nowhere/c9").await;
+    assert!(unknown.unwrap_err().to_string().contains("no cell"));
     cp.stop();
 }
