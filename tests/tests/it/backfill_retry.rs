@@ -93,6 +93,10 @@ async fn a_returned_cell_that_cannot_list_its_conversations_at_first_is_asked_ag
 async fn a_backfill_the_control_plane_gave_up_on_is_run_again_from_ctl() {
     let ((d, routes, cp, alice, mut m, conversation), data) = failed_over().await;
     let before = pull_via_edge(&mut m, &alice, conversation).await;
+    // Nothing to copy from while the cell is away.
+    let secret = ClusterSecret::new(SECRET);
+    let away = cellmesh_client::ctl::backfill::run(&routes, &secret, FAILED).await;
+    assert!(away.unwrap_err().to_string().contains("is Down"));
     // The owner refuses every backfill copy until told otherwise.
     let refusing = cellmesh_cell::failpoints::parse("backfill.copy=error").unwrap();
     let owner = d.cells[0].cell.service.store().clone();
@@ -112,7 +116,6 @@ async fn a_backfill_the_control_plane_gave_up_on_is_run_again_from_ctl() {
 
     // The cause is gone; the operator runs it again, twice.
     owner.failpoints().set(Vec::new());
-    let secret = ClusterSecret::new(SECRET);
     let done = cellmesh_client::ctl::backfill::run(&routes, &secret, FAILED)
         .await
         .unwrap();
@@ -133,7 +136,7 @@ async fn a_backfill_the_control_plane_gave_up_on_is_run_again_from_ctl() {
     let acked: Vec<_> = (0..5).map(|i| format!("before-{i}")).collect();
     assert_eq!(tags, acked, "the history once, in order: {before:?}");
 
-    // A cell that is not registered, or is Down, is refused.
+    // A cell that is not registered is refused.
     let unknown = cellmesh_client::ctl::backfill::run(&routes, &secret, "nowhere/c9").await;
     assert!(unknown.unwrap_err().to_string().contains("no cell"));
     cp.stop();
