@@ -92,7 +92,6 @@ async fn a_returned_cell_that_cannot_list_its_conversations_at_first_is_asked_ag
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backfill_the_control_plane_gave_up_on_is_run_again_from_ctl() {
     let ((d, routes, cp, alice, mut m, conversation), data) = failed_over().await;
-    let before = pull_via_edge(&mut m, &alice, conversation).await;
     // Nothing to copy from while the cell is away.
     let secret = ClusterSecret::new(SECRET);
     let away = cellmesh_client::ctl::backfill::run(&routes, &secret, FAILED).await;
@@ -134,7 +133,7 @@ async fn a_backfill_the_control_plane_gave_up_on_is_run_again_from_ctl() {
         .filter(|t| t.starts_with("before-"))
         .collect();
     let acked: Vec<_> = (0..5).map(|i| format!("before-{i}")).collect();
-    assert_eq!(tags, acked, "the history once, in order: {before:?}");
+    assert_eq!(tags, acked, "the history once, in order");
 
     // A cell that is not registered is refused.
     let unknown = cellmesh_client::ctl::backfill::run(&routes, &secret, "nowhere/c9").await;
